@@ -1,0 +1,59 @@
+"""keyserial: every op on a key runs on one serial executor, so no distributed lock is needed.
+
+``await ks.submit("account:5", withdraw(30))`` routes the op by ``crc32(key) % N`` to one of N
+shards; each shard is a Redis stream that exactly one worker consumes at a time.
+"""
+
+from ._client import Client as Client
+from ._connect import connect as connect
+from ._ops import Call as Call
+from ._ops import Context as Context
+from ._ops import Op as Op
+from ._ops import Registry as Registry
+from ._ops import call as call
+from ._ops import op as op
+from ._routing import shard_for as shard_for
+from ._settings import Settings as Settings
+from ._worker import Worker as Worker
+from .errors import BackendUnavailable as BackendUnavailable
+from .errors import BacklogFull as BacklogFull
+from .errors import ConfigError as ConfigError
+from .errors import InsufficientFunds as InsufficientFunds
+from .errors import KeyserialError as KeyserialError
+from .errors import LeaseLost as LeaseLost
+from .errors import MalformedOperation as MalformedOperation
+from .errors import OperationFailed as OperationFailed
+from .errors import PayloadTooLarge as PayloadTooLarge
+from .errors import PoisonOperation as PoisonOperation
+from .errors import ResultNotFound as ResultNotFound
+from .errors import SubmitTimeout as SubmitTimeout
+from .errors import UnknownOperation as UnknownOperation
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BackendUnavailable",
+    "BacklogFull",
+    "Call",
+    "Client",
+    "ConfigError",
+    "Context",
+    "InsufficientFunds",
+    "KeyserialError",
+    "LeaseLost",
+    "MalformedOperation",
+    "Op",
+    "OperationFailed",
+    "PayloadTooLarge",
+    "PoisonOperation",
+    "Registry",
+    "ResultNotFound",
+    "Settings",
+    "SubmitTimeout",
+    "UnknownOperation",
+    "Worker",
+    "call",
+    "connect",
+    "op",
+    "shard_for",
+]

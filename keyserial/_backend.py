@@ -1,0 +1,200 @@
+"""The one module that talks to Redis: connections, Lua scripts, pub/sub, error translation.
+
+The rest of keyserial speaks in its own types. Standalone servers and Redis/Valkey Cluster are
+both supported; every script touches the keys of one shard (one hash tag, one slot).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any, TypeAlias
+
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import RedisCluster
+
+from ._layout import meta_key
+from .errors import BackendUnavailable, ConfigError
+
+AnyRedis: TypeAlias = "Redis | RedisCluster"
+ScriptArg: TypeAlias = str | int | float | bytes
+
+#: Errors that mean "the server could not be reached or answered in time".
+UNREACHABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
+
+
+@dataclass(frozen=True, slots=True)
+class Script:
+    """A Lua script from ``keyserial/lua``, called by SHA with a fallback to EVAL."""
+
+    name: str
+    text: str
+    sha: str
+
+    @classmethod
+    def load(cls, name: str) -> Script:
+        text = resources.files("keyserial").joinpath(f"lua/{name}.lua").read_text()
+        return cls(name, text, hashlib.sha1(text.encode()).hexdigest())
+
+
+SUBMIT = Script.load("submit")
+FETCH = Script.load("fetch")
+COMMIT = Script.load("commit")
+ACQUIRE = Script.load("acquire")
+RENEW = Script.load("renew")
+RELEASE = Script.load("release")
+
+
+@dataclass(frozen=True, slots=True)
+class ScriptCall:
+    script: Script
+    keys: Sequence[str]
+    args: Sequence[ScriptArg]
+
+
+class Backend:
+    """A connection to one Redis deployment, standalone or cluster."""
+
+    def __init__(self, client: AnyRedis, url: str, *, owned: bool) -> None:
+        self.client = client
+        self.url = url
+        self.is_cluster = isinstance(client, RedisCluster)
+        self._owned = owned
+
+    @classmethod
+    async def connect(cls, redis: str | AnyRedis) -> Backend:
+        """Open ``redis`` (a URL, or a client the caller configured and keeps owning).
+
+        A URL that points at a cluster node gets a cluster client: the deployment is asked,
+        not guessed from the URL.
+
+        :raises BackendUnavailable: if the server does not answer.
+        """
+        if not isinstance(redis, str):
+            backend = cls(redis, _describe(redis), owned=False)
+            await backend.ping()
+            return backend
+        probe = Redis.from_url(redis)
+        try:
+            info = await probe.info("cluster")
+        except UNREACHABLE as exc:
+            raise BackendUnavailable(redis, exc) from exc
+        finally:
+            await probe.aclose()
+        if info.get("cluster_enabled"):
+            try:
+                cluster = RedisCluster.from_url(redis)
+                await cluster.initialize()
+            except (*UNREACHABLE, redis_errors.RedisClusterException) as exc:
+                raise BackendUnavailable(redis, exc) from exc
+            return cls(cluster, redis, owned=True)
+        return cls(Redis.from_url(redis), redis, owned=True)
+
+    async def aclose(self) -> None:
+        if self._owned:
+            await self.client.aclose()
+
+    async def ping(self) -> None:
+        try:
+            await self.client.ping()
+        except UNREACHABLE as exc:
+            raise BackendUnavailable(self.url, exc) from exc
+
+    def pubsub(self) -> PubSub:
+        """A pub/sub handle. On a cluster, channel messages reach every node, so one node will do."""
+        if isinstance(self.client, RedisCluster):
+            node = self.client.get_default_node()
+            assert node is not None, "cluster client is initialized in connect()"
+            kwargs = dict(node.connection_kwargs)
+            return Redis(**kwargs).pubsub(ignore_subscribe_messages=True)
+        return self.client.pubsub(ignore_subscribe_messages=True)
+
+    async def run(self, script: Script, keys: Sequence[str], args: Sequence[ScriptArg]) -> Any:
+        """Run one script. Script errors (``FENCED``, ``BACKLOG``) come back as ``ResponseError``.
+
+        :raises BackendUnavailable: if the server does not answer.
+        """
+        try:
+            try:
+                return await self.client.evalsha(script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+            except redis_errors.NoScriptError:
+                return await self.client.eval(script.text, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        except UNREACHABLE as exc:
+            raise BackendUnavailable(self.url, exc) from exc
+
+    async def run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """Run scripts in one pipeline; each item is its reply or its ``ResponseError``.
+
+        :raises BackendUnavailable: if the server does not answer.
+        """
+        if len(calls) == 1:
+            only = calls[0]
+            try:
+                return [await self.run(only.script, only.keys, only.args)]
+            except redis_errors.ResponseError as exc:
+                return [exc]
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            for each in calls:
+                pipe.evalsha(each.script.sha, len(each.keys), *each.keys, *each.args)  # type: ignore[no-untyped-call]
+            replies: list[Any] = await pipe.execute(raise_on_error=False)
+        except UNREACHABLE as exc:
+            raise BackendUnavailable(self.url, exc) from exc
+        for index, reply in enumerate(replies):
+            if isinstance(reply, redis_errors.NoScriptError):
+                each = calls[index]
+                try:
+                    replies[index] = await self.run(each.script, each.keys, each.args)
+                except redis_errors.ResponseError as exc:
+                    replies[index] = exc
+        return replies
+
+    async def call(self, *command: ScriptArg) -> Any:
+        """One plain command (routed by its key on a cluster).
+
+        :raises BackendUnavailable: if the server does not answer.
+        """
+        try:
+            return await self.client.execute_command(*command)
+        except UNREACHABLE as exc:
+            raise BackendUnavailable(self.url, exc) from exc
+
+    async def hmget(self, key: str, fields: Sequence[str]) -> list[bytes | None]:
+        result: list[bytes | None] = await self.call("HMGET", key, *fields)
+        return result
+
+    async def ensure_shard_count(self, namespace: str, shard_count: int | None) -> int:
+        """Record the namespace's shard count on first use; return the recorded one.
+
+        ``None`` adopts the recorded count, or records 16 for a new namespace.
+
+        :raises ConfigError: when ``shard_count`` differs from the recorded count.
+        """
+        key = meta_key(namespace)
+        wanted = 16 if shard_count is None else shard_count
+        if wanted < 1:
+            raise ConfigError(f"shard count must be at least 1, not {wanted}")
+        await self.call("HSETNX", key, "shards", wanted)
+        recorded = int(await self.call("HGET", key, "shards"))
+        if shard_count is not None and recorded != shard_count:
+            raise ConfigError(
+                f"namespace {namespace!r} has {recorded} shards recorded in Redis, but this"
+                f" process was configured with {shard_count}; routing with a different count"
+                f" would send ops to the wrong shard. Use shards={recorded} (or a new namespace)."
+            )
+        return recorded
+
+
+def _describe(client: AnyRedis) -> str:
+    """A URL-like name for a caller's client, for error messages (no password)."""
+    if isinstance(client, RedisCluster):
+        node = client.get_default_node()
+        return f"redis-cluster://{node.host}:{node.port}" if node else "redis-cluster"
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"

@@ -1,0 +1,305 @@
+"""The client: ``submit`` ops, read state, fetch results by op id.
+
+Submits that arrive while an append is in flight are coalesced: ops bound for one shard are packed
+into one stream entry, and all entries go out in one pipeline. Replies arrive on one pub/sub
+channel per client, read by one task; a sweep fetches stored results for any reply that was lost
+(a reconnect, a server restart), so no waiter depends on pub/sub alone.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from types import TracebackType
+from typing import Any, TypeVar
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+from redis import exceptions as redis_errors
+
+from . import _backend
+from ._backend import Backend, ScriptCall
+from ._codec import WIRE_VERSION, decode_outcome, decode_reply, encode_envelope, pack_entry
+from ._layout import ShardKeys, reply_channel
+from ._ops import Call
+from ._routing import shard_for
+from ._settings import Settings
+from .errors import (
+    BackendUnavailable,
+    BacklogFull,
+    KeyserialError,
+    OperationFailed,
+    PayloadTooLarge,
+    ResultNotFound,
+    SubmitTimeout,
+)
+
+R = TypeVar("R")
+log = logging.getLogger("keyserial.client")
+
+#: Ops packed into one stream entry at most, and its size in bytes at most.
+_ENTRY_OPS = 256
+_ENTRY_BYTES = 256 * 1024
+
+
+class _Pending:
+    """One awaited submit."""
+
+    __slots__ = ("done", "envelope", "key", "op_id", "outcome", "shard", "since")
+
+    def __init__(self, op_id: str, key: str, shard: int, envelope: str) -> None:
+        self.op_id = op_id
+        self.key = key
+        self.shard = shard
+        self.envelope = envelope
+        self.done = anyio.Event()
+        self.outcome: dict[str, Any] | BaseException | None = None
+        self.since = anyio.current_time()
+
+    def settle(self, outcome: dict[str, Any] | BaseException) -> None:
+        if not self.done.is_set():
+            self.outcome = outcome
+            self.done.set()
+
+
+class Client:
+    """A connection to one keyserial namespace. Create it with :func:`keyserial.connect`."""
+
+    def __init__(self, backend: Backend, settings: Settings, shard_count: int) -> None:
+        self.settings = settings
+        self.shard_count = shard_count
+        self.client_id = uuid.uuid4().hex
+        self._backend = backend
+        self._reply = reply_channel(settings.namespace, self.client_id)
+        self._queue: list[_Pending] = []
+        self._queued = anyio.Event()
+        self._waiting: dict[str, list[_Pending]] = defaultdict(list)
+        self._task_group: TaskGroup | None = None
+
+    async def __aenter__(self) -> Client:
+        self._task_group = anyio.create_task_group()
+        await self._task_group.__aenter__()
+        try:
+            await self._task_group.start(self._listen_for_replies)
+        except BaseException:
+            await self.aclose()
+            raise
+        self._task_group.start_soon(self._append_loop)
+        self._task_group.start_soon(self._sweep_loop)
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the background tasks and close the connection (the body's error, if any, stays
+        the body's: it is not wrapped in an exception group)."""
+        task_group, self._task_group = self._task_group, None
+        if task_group is not None:
+            task_group.cancel_scope.cancel()
+            await task_group.__aexit__(None, None, None)
+        await self._backend.aclose()
+
+    def shard_of(self, key: str) -> int:
+        return shard_for(key, self.shard_count)
+
+    async def submit(
+        self, key: str, call: Call[R], *, timeout: float | None = None, op_id: str | None = None
+    ) -> R:
+        """Run ``call`` on ``key``'s shard, after every op already appended for the key.
+
+        Returns the op's return value once its effects are committed. Resubmitting an ``op_id``
+        returns the stored outcome instead of running the op again.
+
+        :raises OperationFailed: (or a subclass such as ``InsufficientFunds``) if the op failed.
+        :raises SubmitTimeout: if no reply came within ``timeout`` seconds; the op may still apply.
+        :raises PayloadTooLarge: if the encoded op is over ``max_payload_bytes``; nothing is sent.
+        :raises BacklogFull: if the shard holds ``max_backlog`` unprocessed entries.
+        :raises BackendUnavailable: if Redis cannot be reached.
+        :raises TypeError: if an argument is not JSON-serializable.
+        """
+        if not isinstance(key, str) or not key:
+            raise TypeError(f"key must be a non-empty string, not {key!r}")
+        if not isinstance(call, Call):
+            raise TypeError(f"expected a keyserial Call (op(...) or keyserial.call(...)), not {call!r}")
+        if self._task_group is None:
+            raise KeyserialError("the client is closed; use `async with keyserial.connect(...)`")
+        op_id = op_id or uuid.uuid4().hex
+        envelope = encode_envelope(op_id, key, call, self._reply)
+        size = len(envelope.encode())
+        if size > self.settings.max_payload_bytes:
+            raise PayloadTooLarge(key=key, size=size, limit=self.settings.max_payload_bytes)
+        pending = _Pending(op_id, key, self.shard_of(key), envelope)
+        self._waiting[op_id].append(pending)
+        self._queue.append(pending)
+        self._queued.set()
+        try:
+            with anyio.fail_after(math.inf if timeout is None else timeout):
+                await pending.done.wait()
+        except TimeoutError:
+            raise SubmitTimeout(key=key, op_id=op_id, timeout=timeout or 0.0) from None
+        finally:
+            self._forget(pending)
+        return self._unwrap(pending)
+
+    async def read(self, key: str) -> Any:
+        """The key's last committed state (``None`` if it has none), without queueing an op.
+
+        It may trail ops that are appended but not yet committed; ``submit`` an op for a read
+        that is ordered after them.
+        """
+        keys = ShardKeys(self.settings.namespace, self.shard_of(key))
+        raw = await self._backend.call("HGET", keys.state, key)
+        return None if raw is None else json.loads(raw)
+
+    async def result(self, op_id: str, *, key: str) -> Any:
+        """The stored outcome of op ``op_id`` on ``key``: its value, or its error raised.
+
+        :raises ResultNotFound: if the op has not been applied yet, or its result expired.
+        :raises OperationFailed: if the op failed.
+        """
+        keys = ShardKeys(self.settings.namespace, self.shard_of(key))
+        raw = await self._backend.call("HGET", keys.results, op_id)
+        if raw is None:
+            raise ResultNotFound(key=key, op_id=op_id)
+        return _value_or_raise(decode_outcome(raw), key=key, op_id=op_id)
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _forget(self, pending: _Pending) -> None:
+        waiters = self._waiting.get(pending.op_id)
+        if waiters is not None:
+            waiters.remove(pending)
+            if not waiters:
+                del self._waiting[pending.op_id]
+
+    def _unwrap(self, pending: _Pending) -> Any:
+        outcome = pending.outcome
+        if isinstance(outcome, BaseException):
+            raise outcome
+        assert outcome is not None
+        return _value_or_raise(outcome, key=pending.key, op_id=pending.op_id)
+
+    def _settle(self, op_id: str, outcome: dict[str, Any] | BaseException) -> None:
+        for pending in self._waiting.get(op_id, ()):
+            pending.settle(outcome)
+
+    async def _append_loop(self) -> None:
+        """Append whatever has queued up while the previous append was in flight."""
+        while True:
+            await self._queued.wait()
+            self._queued = anyio.Event()
+            batch, self._queue = self._queue, []
+            entries = list(_pack(batch))
+            calls = [self._append_call(shard, group) for shard, group in entries]
+            try:
+                replies = await self._backend.run_many(calls)
+            except BackendUnavailable as exc:
+                for pending in batch:
+                    pending.settle(BackendUnavailable(self._backend.url, exc, op_id=pending.op_id))
+                continue
+            for (shard, group), reply in zip(entries, replies, strict=True):
+                if isinstance(reply, redis_errors.ResponseError):
+                    error = self._append_error(shard, reply)
+                    for pending in group:
+                        pending.settle(error)
+
+    def _append_call(self, shard: int, group: list[_Pending]) -> ScriptCall:
+        keys = ShardKeys(self.settings.namespace, shard)
+        packed = pack_entry([pending.envelope for pending in group])
+        return ScriptCall(
+            _backend.SUBMIT,
+            [keys.stream],
+            [self.settings.max_backlog, WIRE_VERSION, packed, keys.wake_channel],
+        )
+
+    def _append_error(self, shard: int, reply: redis_errors.ResponseError) -> KeyserialError:
+        if str(reply).startswith("BACKLOG"):
+            return BacklogFull(shard=shard, limit=self.settings.max_backlog)
+        return KeyserialError(f"Redis refused the append to shard {shard}: {reply}")
+
+    async def _listen_for_replies(self, *, task_status: TaskStatus[None]) -> None:
+        pubsub = self._backend.pubsub()
+        try:
+            await pubsub.subscribe(self._reply)
+        except _backend.UNREACHABLE as exc:
+            raise BackendUnavailable(self._backend.url, exc) from exc
+        task_status.started()
+        try:
+            while True:
+                try:
+                    async for message in pubsub.listen():
+                        self._deliver(message["data"])
+                except _backend.UNREACHABLE as exc:
+                    log.warning("reply channel lost (%s); reconnecting", exc)
+                    await anyio.sleep(0.2)
+                    await _resubscribe(pubsub, self._reply)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await pubsub.aclose()
+
+    def _deliver(self, data: bytes) -> None:
+        try:
+            replies = decode_reply(data)
+        except (ValueError, KeyError, TypeError):
+            log.error("ignoring a malformed reply message: %r", data[:200])
+            return
+        for op_id, outcome in replies:
+            self._settle(op_id, outcome)
+
+    async def _sweep_loop(self) -> None:
+        """Fetch stored results for ops whose reply is overdue (a lost pub/sub message)."""
+        interval = self.settings.idle_poll
+        while True:
+            await anyio.sleep(interval)
+            cutoff = anyio.current_time() - interval
+            overdue: dict[int, list[str]] = defaultdict(list)
+            for op_id, waiters in self._waiting.items():
+                if waiters and waiters[0].since < cutoff:
+                    overdue[waiters[0].shard].append(op_id)
+            for shard, op_ids in overdue.items():
+                keys = ShardKeys(self.settings.namespace, shard)
+                try:
+                    found = await self._backend.hmget(keys.results, op_ids)
+                except BackendUnavailable:
+                    break
+                for op_id, raw in zip(op_ids, found, strict=True):
+                    if raw is not None:
+                        self._settle(op_id, decode_outcome(raw))
+
+
+def _pack(batch: list[_Pending]) -> Iterator[tuple[int, list[_Pending]]]:
+    """Group a batch by shard, in submit order, into entries of bounded size."""
+    by_shard: dict[int, list[_Pending]] = defaultdict(list)
+    for pending in batch:
+        by_shard[pending.shard].append(pending)
+    for shard, group in by_shard.items():
+        entry: list[_Pending] = []
+        size = 0
+        for pending in group:
+            if entry and (len(entry) >= _ENTRY_OPS or size + len(pending.envelope) > _ENTRY_BYTES):
+                yield shard, entry
+                entry, size = [], 0
+            entry.append(pending)
+            size += len(pending.envelope)
+        yield shard, entry
+
+
+async def _resubscribe(pubsub: Any, channel: str) -> None:
+    try:
+        await pubsub.subscribe(channel)
+    except _backend.UNREACHABLE as exc:
+        log.warning("reply channel still down (%s)", exc)
+
+
+def _value_or_raise(outcome: dict[str, Any], *, key: str, op_id: str) -> Any:
+    if "error" in outcome:
+        raise OperationFailed.from_wire(outcome["error"], key=key, op_id=op_id)
+    return outcome["ok"]

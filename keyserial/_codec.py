@@ -1,0 +1,144 @@
+"""Wire format v1: what goes into a shard's stream, what comes back. Never pickle.
+
+Documented for other languages in ``docs/wire-format.md``. In short:
+
+* a stream entry has fields ``v`` = ``"1"`` and ``ops`` = a JSON array of envelopes
+  ``{"id", "key", "op", "args"?, "kwargs"?, "reply"?}``;
+* an outcome is ``{"ok": value}`` or ``{"error": {"type", "message", "data"?}}``;
+* a reply, published on the envelope's ``reply`` channel, is ``{"v": 1, "r": [[id, outcome], …]}``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._ops import Call
+
+WIRE_VERSION = "1"
+
+_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON; refuses NaN/Infinity, which other languages cannot read back."""
+    return _dumps(value)
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One op as it travels in a stream entry."""
+
+    op_id: str
+    key: str
+    name: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    reply: str | None
+
+
+class MalformedEntry(Exception):
+    """A stream entry (or one op in it) that cannot be decoded; ``reason`` says why."""
+
+    def __init__(self, reason: str, *, op_id: str | None = None, reply: str | None = None) -> None:
+        self.reason = reason
+        self.op_id = op_id
+        self.reply = reply
+        super().__init__(reason)
+
+
+def encode_envelope(op_id: str, key: str, call: Call[Any], reply: str | None) -> str:
+    """:raises TypeError, ValueError: when an argument is not JSON-serializable."""
+    envelope: dict[str, Any] = {"id": op_id, "key": key, "op": call.name}
+    if call.args:
+        envelope["args"] = list(call.args)
+    if call.kwargs:
+        envelope["kwargs"] = dict(call.kwargs)
+    if reply is not None:
+        envelope["reply"] = reply
+    return dumps(envelope)
+
+
+def pack_entry(envelopes: Sequence[str]) -> str:
+    """The ``ops`` field of one stream entry: already-encoded envelopes joined as an array."""
+    return "[" + ",".join(envelopes) + "]"
+
+
+def decode_entry(fields: Mapping[bytes, bytes]) -> list[Envelope | MalformedEntry]:
+    """Decode one stream entry. An op that cannot be decoded comes back as a
+    :class:`MalformedEntry` in its place, so the rest of the entry still runs.
+
+    :raises MalformedEntry: when the entry as a whole is unreadable.
+    """
+    version = fields.get(b"v")
+    if version != WIRE_VERSION.encode():
+        raise MalformedEntry(f"unsupported wire version {version!r} (this worker reads v1)")
+    raw = fields.get(b"ops")
+    if raw is None:
+        raise MalformedEntry("entry has no 'ops' field")
+    try:
+        ops = json.loads(raw)
+    except ValueError as exc:
+        raise MalformedEntry(f"'ops' is not valid JSON: {exc}") from None
+    if not isinstance(ops, list) or not ops:
+        raise MalformedEntry("'ops' must be a non-empty JSON array of envelopes")
+    return [_decode_envelope(item) for item in ops]
+
+
+def _decode_envelope(item: Any) -> Envelope | MalformedEntry:
+    if not isinstance(item, dict):
+        return MalformedEntry("op envelope is not a JSON object")
+    op_id, reply = item.get("id"), item.get("reply")
+    if not isinstance(op_id, str) or not op_id:
+        return MalformedEntry("op envelope has no string 'id'")
+    reply = reply if isinstance(reply, str) else None
+    key, name = item.get("key"), item.get("op")
+    args, kwargs = item.get("args", []), item.get("kwargs", {})
+    problem = None
+    if not isinstance(key, str) or not key:
+        problem = "'key' must be a non-empty string"
+    elif not isinstance(name, str) or not name:
+        problem = "'op' must be a non-empty string"
+    elif not isinstance(args, list):
+        problem = "'args' must be a JSON array"
+    elif not isinstance(kwargs, dict):
+        problem = "'kwargs' must be a JSON object"
+    if problem is not None:
+        return MalformedEntry(problem, op_id=op_id, reply=reply)
+    return Envelope(op_id, key, name, args, kwargs, reply)
+
+
+def encode_ok(value: Any) -> str:
+    """:raises TypeError, ValueError: when the op returned something JSON cannot carry."""
+    return '{"ok":' + dumps(value) + "}"
+
+
+def encode_error(error_type: str, message: str, data: Mapping[str, Any] | None = None) -> str:
+    error: dict[str, Any] = {"type": error_type, "message": message}
+    if data:
+        error["data"] = dict(data)
+    try:
+        return dumps({"error": error})
+    except (TypeError, ValueError):
+        return dumps({"error": {"type": error_type, "message": message}})
+
+
+def decode_outcome(raw: str | bytes) -> dict[str, Any]:
+    """An outcome as a dict with exactly one of ``ok`` / ``error``."""
+    outcome = json.loads(raw)
+    if not isinstance(outcome, dict) or not ("ok" in outcome or "error" in outcome):
+        raise ValueError(f"not a keyserial outcome: {raw!r}")
+    return outcome
+
+
+def encode_reply(outcomes: Iterable[tuple[str, str]]) -> str:
+    """A reply message from ``(op_id, encoded outcome)`` pairs, without re-encoding outcomes."""
+    body = ",".join("[" + dumps(op_id) + "," + outcome + "]" for op_id, outcome in outcomes)
+    return '{"v":1,"r":[' + body + "]}"
+
+
+def decode_reply(raw: str | bytes) -> list[tuple[str, dict[str, Any]]]:
+    message = json.loads(raw)
+    return [(str(op_id), outcome) for op_id, outcome in message["r"]]

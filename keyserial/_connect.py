@@ -1,0 +1,47 @@
+"""``keyserial.connect``: the one way in for callers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from ._backend import AnyRedis, Backend
+from ._client import Client
+from ._settings import Settings
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+
+
+def default_url() -> str:
+    """``KEYSERIAL_REDIS_URL``, else the local default server."""
+    return os.environ.get("KEYSERIAL_REDIS_URL", DEFAULT_URL)
+
+
+@asynccontextmanager
+async def connect(
+    redis: str | AnyRedis | None = None,
+    *,
+    shards: int | None = None,
+    namespace: str = "default",
+    **options: Any,
+) -> AsyncIterator[Client]:
+    """Connect to a namespace: ``async with keyserial.connect(url, shards=16) as ks``.
+
+    ``redis`` is a URL (a cluster is detected and used as one) or a ``redis.asyncio`` client you
+    configured (retries, TLS) and keep owning. ``shards`` must match the namespace's recorded
+    shard count; ``None`` adopts it. ``options`` are :class:`Settings` fields.
+
+    :raises ConfigError: on a shard-count mismatch or a bad setting.
+    :raises BackendUnavailable: if Redis cannot be reached.
+    """
+    settings = Settings(namespace=namespace, shard_count=shards, **options)
+    backend = await Backend.connect(default_url() if redis is None else redis)
+    try:
+        shard_count = await backend.ensure_shard_count(settings.namespace, settings.shard_count)
+    except BaseException:
+        await backend.aclose()
+        raise
+    async with Client(backend, settings, shard_count) as client:
+        yield client

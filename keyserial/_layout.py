@@ -1,0 +1,96 @@
+"""Redis key and channel names.
+
+Every key of one shard carries the hash tag ``{<namespace>:<shard>}``, so each Lua script touches
+exactly one cluster slot. Channels are not keys (PUBLISH works from any script, on any topology).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .errors import ConfigError
+
+
+def check_namespace(namespace: str) -> str:
+    """Reject names that would break the hash tag or the key layout."""
+    if not namespace or any(ch in namespace for ch in "{}: \t\r\n"):
+        raise ConfigError(
+            f"namespace {namespace!r} must be non-empty and free of braces, colons and spaces"
+        )
+    return namespace
+
+
+def meta_key(namespace: str) -> str:
+    """The namespace's settings hash (shard count, wire version), written on first use."""
+    return f"ks:{{{namespace}}}:meta"
+
+
+def reply_channel(namespace: str, client_id: str) -> str:
+    return f"ks:{namespace}:reply:{client_id}"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardKeys:
+    """Names of everything one shard keeps in Redis."""
+
+    namespace: str
+    shard: int
+
+    @property
+    def tag(self) -> str:
+        return f"ks:{{{self.namespace}:{self.shard}}}"
+
+    @property
+    def stream(self) -> str:
+        """Ops waiting to run, in order; each entry packs one or more op envelopes."""
+        return f"{self.tag}:stream"
+
+    @property
+    def lease(self) -> str:
+        """Owner token, with a TTL; renewed by the owner."""
+        return f"{self.tag}:lease"
+
+    @property
+    def epoch(self) -> str:
+        """Fencing epoch, incremented at every acquisition; every write checks it."""
+        return f"{self.tag}:epoch"
+
+    @property
+    def progress(self) -> str:
+        """Id of the last stream entry whose ops have all committed."""
+        return f"{self.tag}:progress"
+
+    @property
+    def horizon(self) -> str:
+        """Id of the last entry the owner has fetched; above progress after a crash."""
+        return f"{self.tag}:horizon"
+
+    @property
+    def suspect(self) -> str:
+        """Hash {op, strikes}: the op that was running each time an owner died."""
+        return f"{self.tag}:suspect"
+
+    @property
+    def state(self) -> str:
+        """Hash: resource key -> JSON state."""
+        return f"{self.tag}:state"
+
+    @property
+    def results(self) -> str:
+        """Hash: op id -> JSON outcome."""
+        return f"{self.tag}:results"
+
+    @property
+    def results_expiry(self) -> str:
+        """Sorted set: op id scored by the time (ms) its result may be dropped."""
+        return f"{self.tag}:results:expiry"
+
+    @property
+    def dead(self) -> str:
+        """Dead-letter stream: malformed entries and poison ops, with the reason."""
+        return f"{self.tag}:dead"
+
+    @property
+    def wake_channel(self) -> str:
+        """Published on every append so an idle owner fetches at once instead of polling."""
+        return f"ks:{self.namespace}:wake:{self.shard}"

@@ -1,0 +1,163 @@
+"""Defining ops (``@op``), naming them in calls (``call``), and the context they run with."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
+
+from .errors import ConfigError
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+_ABSENT: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[R]):
+    """A registered op's name and its JSON arguments: all that travels to the worker."""
+
+    name: str
+    args: tuple[Any, ...] = ()
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+
+
+def call(name: str, *args: Any, **kwargs: Any) -> Call[Any]:
+    """Name an op registered on the workers, with JSON-serializable arguments."""
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"op name must be a non-empty string, not {name!r}")
+    return Call(name, args, kwargs)
+
+
+class Context:
+    """What an op sees: its key, its op id, a fencing token, and the key's state.
+
+    ``state`` is the key's committed JSON value (``None`` when the key has none). Assign to it, or
+    mutate it in place; the new value commits atomically with the op's result. If the op raises,
+    nothing it did to ``state`` is kept.
+
+    ``op_id`` is stable across retries: pass it as an idempotency key to external systems.
+    ``fence`` increases with every op the shard runs, across owners: pass it to external systems
+    that can reject stale writers (``UPDATE … WHERE fence < $1``).
+    """
+
+    __slots__ = ("_accessed", "_encoded", "_value", "fence", "key", "op_id", "shard")
+
+    def __init__(
+        self, *, key: str, op_id: str, shard: int, fence: int, encoded_state: str | None
+    ) -> None:
+        self.key = key
+        self.op_id = op_id
+        self.shard = shard
+        self.fence = fence
+        self._encoded = encoded_state
+        self._value: Any = _ABSENT
+        self._accessed = False
+
+    @property
+    def state(self) -> Any:
+        if self._value is _ABSENT:
+            self._value = None if self._encoded is None else json.loads(self._encoded)
+        self._accessed = True
+        return self._value
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        self._value = value
+        self._accessed = True
+
+    def encoded_state(self) -> str | None:
+        """The state to commit, as compact JSON (``None``: the key has no state).
+
+        :raises TypeError, ValueError: if the op left a value JSON cannot carry.
+        """
+        if not self._accessed:
+            return self._encoded
+        if self._value is None:
+            return None
+        return json.dumps(self._value, separators=(",", ":"), allow_nan=False)
+
+
+class Op(Generic[P, R]):
+    """An op function registered under a name. Calling it builds a :class:`Call`, it does not
+    run it: ``await ks.submit("account:5", withdraw(30))``."""
+
+    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+        if not name or not isinstance(name, str):
+            raise ConfigError(f"op name must be a non-empty string, not {name!r}")
+        self.fn = fn
+        self.name = name
+        self.is_async = inspect.iscoroutinefunction(fn)
+        self.__doc__ = fn.__doc__
+        self.__wrapped__ = fn
+
+    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Call[R]:
+        return Call(self.name, args, kwargs)
+
+    def __repr__(self) -> str:
+        return f"<keyserial op {self.name!r}>"
+
+
+class _NamedOp(Protocol):
+    @overload
+    def __call__(self, fn: Callable[Concatenate[Context, P], Awaitable[R]], /) -> Op[P, R]: ...
+    @overload
+    def __call__(self, fn: Callable[Concatenate[Context, P], R], /) -> Op[P, R]: ...
+
+
+@overload
+def op(fn: Callable[Concatenate[Context, P], Awaitable[R]], /) -> Op[P, R]: ...
+@overload
+def op(fn: Callable[Concatenate[Context, P], R], /) -> Op[P, R]: ...
+@overload
+def op(*, name: str) -> _NamedOp: ...
+def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None) -> Any:
+    """Register a function ``fn(ctx, *args, **kwargs)`` as an op, named after it unless ``name``.
+
+    Sync ops run on the worker's event loop and must be quick; use ``async def`` for I/O, so
+    ops on other keys of the shard keep running while it waits.
+    """
+
+    def wrap(function: Callable[..., Any]) -> Op[..., Any]:
+        return Op(function, name or function.__name__)
+
+    return wrap if fn is None else wrap(fn)
+
+
+class Registry:
+    """The ops a worker serves, by name."""
+
+    def __init__(self, ops: Iterable[Op[..., Any]] = ()) -> None:
+        self._ops: dict[str, Op[..., Any]] = {}
+        for each in ops:
+            self.add(each)
+
+    def add(self, new: Op[..., Any]) -> None:
+        existing = self._ops.get(new.name)
+        if existing is not None and existing.fn is not new.fn:
+            raise ConfigError(f"two different ops are registered as {new.name!r}")
+        self._ops[new.name] = new
+
+    def add_module(self, module: ModuleType | str) -> None:
+        """Register every :class:`Op` defined at the top level of ``module``."""
+        if isinstance(module, str):
+            try:
+                module = importlib.import_module(module)
+            except ImportError as exc:
+                raise ConfigError(f"cannot import app module {module!r}: {exc}") from exc
+        found = [value for value in vars(module).values() if isinstance(value, Op)]
+        if not found:
+            raise ConfigError(f"app module {module.__name__!r} defines no @keyserial.op")
+        for each in found:
+            self.add(each)
+
+    def get(self, name: str) -> Op[..., Any] | None:
+        return self._ops.get(name)
+
+    def names(self) -> list[str]:
+        return sorted(self._ops)

@@ -1,0 +1,104 @@
+"""Settings shared by clients and workers."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ._layout import check_namespace
+from .errors import ConfigError
+
+_ENV_PREFIX = "KEYSERIAL_"
+#: Environment variables read elsewhere, not settings.
+_ENV_NOT_SETTINGS = frozenset({"KEYSERIAL_REDIS_SERVER", "KEYSERIAL_REDIS_URL"})
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """How a namespace is laid out and how its workers behave.
+
+    ``shard_count`` is fixed per namespace and recorded in Redis on first use; ``None`` adopts
+    the recorded count (16 for a new namespace).
+    """
+
+    namespace: str = "default"
+    shard_count: int | None = None
+    #: Seconds a shard lease lives without renewal; a dead owner's shards move after at most this.
+    lease_ttl: float = 10.0
+    #: Seconds an op's result is kept for fetching by op id and for deduplicating resubmits.
+    result_ttl: float = 3600.0
+    #: Largest encoded op envelope accepted by ``submit``.
+    max_payload_bytes: int = 1 << 20
+    #: Unprocessed entries a shard's stream may hold before ``submit`` raises ``BacklogFull``.
+    max_backlog: int = 100_000
+    #: Times an op may be running when its worker dies before it is dead-lettered.
+    max_strikes: int = 3
+    #: Stream entries a worker fetches per round trip (each entry may pack many ops).
+    fetch_batch: int = 64
+    #: Ops a worker holds per shard between fetch and commit.
+    max_inflight: int = 4096
+    #: Seconds an idle owner waits for a wake-up before it polls its stream anyway.
+    idle_poll: float = 1.0
+
+    def __post_init__(self) -> None:
+        check_namespace(self.namespace)
+        if self.shard_count is not None and self.shard_count < 1:
+            raise ConfigError(f"shard_count must be at least 1, not {self.shard_count}")
+        positive = {
+            "lease_ttl": self.lease_ttl,
+            "result_ttl": self.result_ttl,
+            "max_payload_bytes": self.max_payload_bytes,
+            "max_strikes": self.max_strikes,
+            "fetch_batch": self.fetch_batch,
+            "max_inflight": self.max_inflight,
+            "idle_poll": self.idle_poll,
+        }
+        for name, value in positive.items():
+            if value <= 0:
+                raise ConfigError(f"{name} must be positive, not {value!r}")
+        if self.max_backlog < 0:
+            raise ConfigError(f"max_backlog must be 0 (unbounded) or positive, not {self.max_backlog}")
+
+    @property
+    def lease_ttl_ms(self) -> int:
+        return max(1, round(self.lease_ttl * 1000))
+
+    @property
+    def result_ttl_ms(self) -> int:
+        return max(1, round(self.result_ttl * 1000))
+
+    def replace(self, **changes: Any) -> Settings:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read ``KEYSERIAL_<FIELD>`` variables (``KEYSERIAL_LEASE_TTL=2.5``).
+
+        :raises ConfigError: for an unknown ``KEYSERIAL_`` variable or a value of the wrong type.
+        """
+        environ = os.environ if environ is None else environ
+        fields = {field.name: field for field in dataclasses.fields(cls)}
+        values: dict[str, Any] = {}
+        for name, raw in environ.items():
+            if not name.startswith(_ENV_PREFIX) or name in _ENV_NOT_SETTINGS:
+                continue
+            field_name = name[len(_ENV_PREFIX):].lower()
+            if field_name not in fields:
+                known = ", ".join(_ENV_PREFIX + each.upper() for each in sorted(fields))
+                raise ConfigError(f"unknown setting {name}; known: {known}")
+            values[field_name] = _parse(name, raw, fields[field_name].type)
+        return cls(**values)
+
+
+def _parse(name: str, raw: str, kind: Any) -> Any:
+    try:
+        if kind in ("int", "int | None"):
+            return int(raw)
+        if kind == "float":
+            return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a valid {kind}") from None
+    return raw

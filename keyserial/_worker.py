@@ -1,0 +1,299 @@
+"""A worker process's runtime: own shards through leases, serve each with a :class:`ShardRunner`.
+
+Several workers may list the same shards: one owns each shard, the others stand by and acquire
+it when its lease expires (a crash) or is released (a clean shutdown). Leases are renewed every
+``min(lease_ttl / 4, 0.5 s)``; a shard whose lease cannot be renewed before it would expire is
+dropped at once, with its cache. Correctness does not depend on that timing: every fetch and
+commit checks the epoch inside the script that writes, so a frozen-then-resumed worker can never
+write.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+from redis import exceptions as redis_errors
+
+from . import _backend
+from ._backend import AnyRedis, Backend, ScriptCall
+from ._layout import ShardKeys
+from ._ops import Registry
+from ._routing import parse_shards
+from ._settings import Settings
+from ._shard import Grant, ShardRunner
+from .errors import BackendUnavailable, ConfigError, LeaseLost
+from .ledger import LEDGER_OPS
+
+log = logging.getLogger("keyserial.worker")
+
+
+class _Owned:
+    """A shard this worker holds: its runner, and when its lease was last renewed."""
+
+    def __init__(self, runner: ShardRunner, renewed_at: float) -> None:
+        self.runner = runner
+        self.renewed_at = renewed_at
+        self.scope = anyio.CancelScope()
+        self.done = anyio.Event()
+
+
+class Worker:
+    """Serve ``shards`` of a namespace until :meth:`stop` is called (or the task is cancelled).
+
+    ``apps`` names modules whose ``@keyserial.op`` functions are served besides the built-in
+    ledger ops. ``shards`` is a list or a spec like ``"0-15"``; ``None`` means all shards.
+    """
+
+    def __init__(
+        self,
+        redis: str | AnyRedis,
+        *,
+        shards: Sequence[int] | str | None = None,
+        settings: Settings | None = None,
+        apps: Sequence[str] = (),
+        registry: Registry | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.registry = registry or Registry(LEDGER_OPS)
+        for app in apps:
+            self.registry.add_module(app)
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._redis = redis
+        self._shard_spec = shards
+        self._owned: dict[int, _Owned] = {}
+        self._stop = anyio.Event()
+        self._started = anyio.Event()
+        self.shards: list[int] = []
+
+    def stop(self) -> None:
+        """Finish in-flight work, release every lease, and return from :meth:`run`."""
+        self._stop.set()
+
+    @property
+    def owned_shards(self) -> list[int]:
+        return sorted(self._owned)
+
+    async def wait_started(self) -> None:
+        await self._started.wait()
+
+    async def run(self) -> None:
+        """:raises ConfigError: for a shard list or shard count that does not fit the namespace.
+        :raises BackendUnavailable: if Redis cannot be reached at start."""
+        backend = await Backend.connect(self._redis)
+        try:
+            shard_count = await backend.ensure_shard_count(
+                self.settings.namespace, self.settings.shard_count
+            )
+            self.shards = self._resolve_shards(shard_count)
+            log.info("worker %s serving shards %s of %d in namespace %r (ops: %s)",
+                     self.token, _ranges(self.shards), shard_count, self.settings.namespace,
+                     ", ".join(self.registry.names()))
+            async with anyio.create_task_group() as task_group:
+                await task_group.start(self._listen_for_wakeups, backend)
+                task_group.start_soon(self._lease_loop, backend, shard_count, task_group)
+                self._started.set()
+                await self._stop.wait()
+                await self._shut_down(backend)
+                task_group.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await backend.aclose()
+
+    def _resolve_shards(self, shard_count: int) -> list[int]:
+        spec = self._shard_spec
+        if spec is None:
+            return list(range(shard_count))
+        if isinstance(spec, str):
+            return parse_shards(spec, shard_count)
+        shards = sorted(set(spec))
+        bad = [shard for shard in shards if not 0 <= shard < shard_count]
+        if bad:
+            raise ConfigError(f"shards {bad} do not exist with {shard_count} shards")
+        return shards
+
+    # -- leases ------------------------------------------------------------------------------
+
+    async def _lease_loop(self, backend: Backend, shard_count: int, task_group: TaskGroup) -> None:
+        """Renew owned leases and try the free ones, until cancelled; it keeps renewing while a
+        shutdown drains, so draining commits are not fenced off."""
+        tick = min(self.settings.lease_ttl / 4, 0.5)
+        while True:
+            await self._lease_round(backend, shard_count, task_group)
+            await anyio.sleep(tick)
+
+    async def _lease_round(self, backend: Backend, shard_count: int, task_group: TaskGroup) -> None:
+        owned = list(self._owned)
+        stopping = self._stop.is_set()
+        free = [s for s in self.shards if s not in self._owned] if not stopping else []
+        ttl = self.settings.lease_ttl_ms
+        calls = [ScriptCall(_backend.RENEW, [ShardKeys(self.settings.namespace, s).lease],
+                            [self.token, ttl]) for s in owned]
+        calls += [self._acquire_call(shard) for shard in free]
+        sent_at = anyio.current_time()
+        try:
+            replies = await backend.run_many(calls)
+        except BackendUnavailable as exc:
+            log.warning("cannot renew or acquire leases: %s", exc)
+            self._drop_expired(sent_at)
+            return
+        for shard, reply in zip(owned, replies, strict=False):
+            holder = self._owned.get(shard)
+            if holder is None:
+                continue
+            if reply == 1:
+                holder.renewed_at = sent_at
+            else:
+                self._drop(shard, "the lease expired and another worker may own the shard")
+        for shard, reply in zip(free, replies[len(owned):], strict=True):
+            if isinstance(reply, redis_errors.ResponseError):
+                log.error("acquiring shard %d failed: %s", shard, reply)
+            elif reply:
+                grant = _grant(reply)
+                self._start(backend, shard_count, shard, grant, sent_at, task_group)
+        self._drop_expired(anyio.current_time())
+
+    def _acquire_call(self, shard: int) -> ScriptCall:
+        k = ShardKeys(self.settings.namespace, shard)
+        return ScriptCall(
+            _backend.ACQUIRE,
+            [k.lease, k.epoch, k.progress, k.horizon, k.suspect, k.stream, k.results,
+             k.results_expiry, k.dead],
+            [self.token, self.settings.lease_ttl_ms, self.settings.max_strikes,
+             self.settings.result_ttl_ms],
+        )
+
+    def _drop_expired(self, now: float) -> None:
+        """Stop serving shards whose lease may have run out: someone else may own them now."""
+        for shard, holder in list(self._owned.items()):
+            if now - holder.renewed_at >= self.settings.lease_ttl * 0.9:
+                self._drop(shard, "the lease could not be renewed in time")
+
+    def _drop(self, shard: int, reason: str) -> None:
+        holder = self._owned.pop(shard, None)
+        if holder is not None:
+            log.warning("shard %d: stopping at once: %s", shard, reason)
+            holder.scope.cancel()
+
+    # -- serving -----------------------------------------------------------------------------
+
+    def _start(
+        self, backend: Backend, shard_count: int, shard: int, grant: Grant, renewed_at: float,
+        task_group: TaskGroup,
+    ) -> None:
+        if grant.careful_until:
+            log.warning("shard %d: previous owner died with entries up to %s in flight;"
+                        " running them one at a time", shard, grant.careful_until)
+        if grant.poisoned:
+            log.error("shard %d: op %s killed its worker %d times; dead-lettered",
+                      shard, grant.poisoned, self.settings.max_strikes)
+        runner = ShardRunner(backend, self.settings, self.registry, shard=shard,
+                             shard_count=shard_count, grant=grant)
+        holder = self._owned[shard] = _Owned(runner, renewed_at)
+        log.info("shard %d: acquired (epoch %d)", shard, grant.epoch)
+        task_group.start_soon(self._serve, backend, shard, holder)
+
+    async def _serve(self, backend: Backend, shard: int, holder: _Owned) -> None:
+        try:
+            with holder.scope:
+                try:
+                    await holder.runner.run()
+                except* LeaseLost as group:
+                    log.warning("shard %d: %s", shard, group.exceptions[0])
+                    self._owned.pop(shard, None)
+                except* Exception as group:
+                    log.error("shard %d: runner failed; releasing the shard", shard,
+                              exc_info=group)
+                    await self._release(backend, [shard])
+        finally:
+            holder.done.set()
+
+    async def _listen_for_wakeups(self, backend: Backend, *, task_status: Any) -> None:
+        channels = {ShardKeys(self.settings.namespace, s).wake_channel: s for s in self.shards}
+        pubsub = backend.pubsub()
+        try:
+            await pubsub.subscribe(*channels)
+        except _backend.UNREACHABLE as exc:
+            raise BackendUnavailable(backend.url, exc) from exc
+        task_status.started()
+        try:
+            while True:
+                try:
+                    async for message in pubsub.listen():
+                        holder = self._owned.get(channels.get(message["channel"].decode(), -1))
+                        if holder is not None:
+                            holder.runner.wake()
+                except _backend.UNREACHABLE as exc:
+                    # Runners fall back to polling every idle_poll seconds meanwhile.
+                    log.warning("wake-up channel lost (%s); reconnecting", exc)
+                    await anyio.sleep(0.5)
+                    try:
+                        await pubsub.subscribe(*channels)
+                    except _backend.UNREACHABLE:
+                        continue
+        finally:
+            with anyio.CancelScope(shield=True):
+                await pubsub.aclose()
+
+    # -- shutdown ----------------------------------------------------------------------------
+
+    async def _shut_down(self, backend: Backend) -> None:
+        """Drain every runner (bounded by one lease TTL), then release the leases."""
+        holders = dict(self._owned)
+        for holder in holders.values():
+            holder.runner.stop()
+        with anyio.move_on_after(self.settings.lease_ttl) as scope:
+            for holder in holders.values():
+                await holder.done.wait()
+        if scope.cancelled_caught:
+            log.warning("shutdown: in-flight ops did not finish in %gs; abandoning them"
+                        " (the next owner runs them)", self.settings.lease_ttl)
+        for holder in holders.values():
+            holder.scope.cancel()
+        await self._release(backend, [s for s in holders if self._owned.get(s) is holders[s]])
+        self._owned.clear()
+
+    async def _release(self, backend: Backend, shards: list[int]) -> None:
+        calls = []
+        for shard in shards:
+            k = ShardKeys(self.settings.namespace, shard)
+            calls.append(ScriptCall(_backend.RELEASE, [k.lease, k.progress, k.horizon], [self.token]))
+            self._owned.pop(shard, None)
+        if not calls:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await backend.run_many(calls)
+                log.info("released shards %s", _ranges(shards))
+            except BackendUnavailable as exc:
+                log.warning("could not release leases (%s); they expire in %gs",
+                            exc, self.settings.lease_ttl)
+
+
+def _grant(reply: list[Any]) -> Grant:
+    epoch, progress, careful, poisoned = reply
+    return Grant(
+        epoch=int(epoch),
+        progress=progress.decode(),
+        careful_until=careful.decode() or None,
+        poisoned=poisoned.decode() or None,
+    )
+
+
+def _ranges(shards: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
+    parts: list[str] = []
+    for shard in shards:
+        if parts and "-" in parts[-1] and int(parts[-1].split("-")[1]) == shard - 1:
+            parts[-1] = f"{parts[-1].split('-')[0]}-{shard}"
+        elif parts and "-" not in parts[-1] and int(parts[-1]) == shard - 1:
+            parts[-1] = f"{parts[-1]}-{shard}"
+        else:
+            parts.append(str(shard))
+    return ",".join(parts)

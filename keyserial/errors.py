@@ -1,0 +1,207 @@
+"""Every error keyserial raises, under one root.
+
+::
+
+    KeyserialError
+    ├── ConfigError (ValueError)            settings that cannot work: shard-count mismatch, bad range
+    ├── BackendUnavailable (ConnectionError) Redis/Valkey cannot be reached; names the URL
+    ├── PayloadTooLarge (ValueError)        an op's encoded envelope is over the limit; nothing sent
+    ├── BacklogFull                         the shard's stream holds too many unprocessed entries
+    ├── SubmitTimeout (TimeoutError)        no reply in time; the op may still apply later
+    ├── ResultNotFound (LookupError)        no stored result for an op id (not applied yet, or expired)
+    ├── LeaseLost                           a worker lost a shard's lease; its writes are fenced off
+    └── OperationFailed                     the op ran (or could not run) and failed; carries the
+        │                                   remote error's type and message
+        ├── UnknownOperation                no op of that name is registered on the worker
+        ├── MalformedOperation              the envelope could not be decoded or was misrouted
+        ├── PoisonOperation                 the op killed its worker repeatedly and was dead-lettered
+        └── InsufficientFunds               a ledger withdraw/transfer would make a balance negative
+
+Errors raised inside an op travel as ``{"type", "message", "data"}`` (see ``docs/wire-format.md``);
+the client rebuilds keyserial's own types from ``type`` and wraps any other in ``OperationFailed``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class KeyserialError(Exception):
+    """Root of every keyserial error."""
+
+
+class ConfigError(KeyserialError, ValueError):
+    """Settings that cannot work together (caught before anything is misrouted)."""
+
+
+class BackendUnavailable(KeyserialError, ConnectionError):
+    """Redis/Valkey at ``url`` could not be reached (after the configured retries)."""
+
+    def __init__(self, url: str, cause: BaseException | str, *, op_id: str | None = None) -> None:
+        self.url = url
+        self.op_id = op_id
+        detail = f"cannot reach Redis at {url}: {cause}"
+        if op_id is not None:
+            detail += (
+                f" (op {op_id!r} may or may not have been appended; resubmit with the same"
+                " op_id to apply it exactly once)"
+            )
+        super().__init__(detail)
+
+
+class PayloadTooLarge(KeyserialError, ValueError):
+    """An op's encoded envelope exceeds ``max_payload_bytes``; nothing was sent."""
+
+    def __init__(self, *, key: str, size: int, limit: int) -> None:
+        self.key = key
+        self.size = size
+        self.limit = limit
+        super().__init__(
+            f"op on key {key!r} encodes to {size} bytes, over the limit of {limit} bytes"
+            " (raise max_payload_bytes, or store the blob elsewhere and pass a reference)"
+        )
+
+
+class BacklogFull(KeyserialError):
+    """The shard's stream holds ``limit`` or more entries its owner has not committed yet."""
+
+    def __init__(self, *, shard: int, limit: int) -> None:
+        self.shard = shard
+        self.limit = limit
+        super().__init__(
+            f"shard {shard} has {limit} or more unprocessed entries; is a worker serving it?"
+            " Nothing was appended."
+        )
+
+
+class SubmitTimeout(KeyserialError, TimeoutError):
+    """No reply within the timeout. The op was appended and may still apply."""
+
+    def __init__(self, *, key: str, op_id: str, timeout: float) -> None:
+        self.key = key
+        self.op_id = op_id
+        self.timeout = timeout
+        super().__init__(
+            f"no reply for op {op_id!r} on key {key!r} within {timeout:g}s; it may still apply."
+            f" Fetch its outcome with `await ks.result({op_id!r}, key={key!r})`, or resubmit"
+            f" with op_id={op_id!r} (it never runs twice)."
+        )
+
+
+class ResultNotFound(KeyserialError, LookupError):
+    """No stored result for ``op_id``: not applied yet, or older than the result retention."""
+
+    def __init__(self, *, key: str, op_id: str) -> None:
+        self.key = key
+        self.op_id = op_id
+        super().__init__(
+            f"no result stored for op {op_id!r} on key {key!r}: it has not been applied yet,"
+            " or its result expired"
+        )
+
+
+class LeaseLost(KeyserialError):
+    """This worker no longer owns ``shard``; whatever it had not committed is discarded."""
+
+    def __init__(self, shard: int, reason: str) -> None:
+        self.shard = shard
+        super().__init__(f"lost the lease on shard {shard}: {reason}")
+
+
+class OperationFailed(KeyserialError):
+    """The op failed on the worker; ``error_type`` and ``message`` describe the remote error."""
+
+    wire_type: ClassVar[str] = ""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        error_type: str | None = None,
+        key: str | None = None,
+        op_id: str | None = None,
+        data: dict[str, Any] | None = None,
+    ) -> None:
+        self.error_type = error_type or self.wire_type or type(self).__name__
+        self.message = message
+        self.key = key
+        self.op_id = op_id
+        self.data = data or {}
+        where = f" (op {op_id!r} on key {key!r})" if op_id is not None else ""
+        super().__init__(f"{self.error_type}: {message}{where}")
+
+    @classmethod
+    def from_wire(
+        cls, error: dict[str, Any], *, key: str | None, op_id: str | None
+    ) -> OperationFailed:
+        """Rebuild the error a worker reported, as keyserial's own type when it is one."""
+        error_type = str(error.get("type", "Error"))
+        message = str(error.get("message", ""))
+        data = error.get("data")
+        data = data if isinstance(data, dict) else {}
+        kind = _WIRE_TYPES.get(error_type, OperationFailed)
+        return kind._rebuild(message, error_type=error_type, key=key, op_id=op_id, data=data)
+
+    @classmethod
+    def _rebuild(
+        cls, message: str, *, error_type: str, key: str | None, op_id: str | None,
+        data: dict[str, Any],
+    ) -> OperationFailed:
+        return cls(message, error_type=error_type, key=key, op_id=op_id, data=data)
+
+
+class UnknownOperation(OperationFailed):
+    """No op of that name is registered on the worker that served the shard."""
+
+    wire_type = "keyserial.UnknownOperation"
+
+
+class MalformedOperation(OperationFailed):
+    """The envelope could not be decoded, or its key does not route to the shard it was sent to."""
+
+    wire_type = "keyserial.MalformedOperation"
+
+
+class PoisonOperation(OperationFailed):
+    """The op killed its worker repeatedly and was moved to the shard's dead-letter stream."""
+
+    wire_type = "keyserial.PoisonOperation"
+
+
+class InsufficientFunds(OperationFailed):
+    """A withdrawal or transfer larger than the balance; the balance is left untouched."""
+
+    wire_type = "keyserial.InsufficientFunds"
+
+    def __init__(
+        self,
+        *,
+        balance: int,
+        amount: int,
+        key: str | None = None,
+        op_id: str | None = None,
+    ) -> None:
+        self.balance = balance
+        self.amount = amount
+        super().__init__(
+            f"balance {balance} is less than {amount}",
+            key=key,
+            op_id=op_id,
+            data={"balance": balance, "amount": amount},
+        )
+
+    @classmethod
+    def _rebuild(
+        cls, message: str, *, error_type: str, key: str | None, op_id: str | None,
+        data: dict[str, Any],
+    ) -> OperationFailed:
+        balance, amount = data.get("balance"), data.get("amount")
+        if isinstance(balance, int) and isinstance(amount, int):
+            return cls(balance=balance, amount=amount, key=key, op_id=op_id)
+        return OperationFailed(message, error_type=error_type, key=key, op_id=op_id, data=data)
+
+
+_WIRE_TYPES: dict[str, type[OperationFailed]] = {
+    kind.wire_type: kind
+    for kind in (UnknownOperation, MalformedOperation, PoisonOperation, InsufficientFunds)
+}

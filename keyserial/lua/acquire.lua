@@ -1,0 +1,91 @@
+-- Take a free shard lease, bump the fencing epoch, and judge the previous owner's end.
+-- KEYS[1]  lease      KEYS[2]  epoch      KEYS[3]  progress    KEYS[4]  horizon
+-- KEYS[5]  suspect    KEYS[6]  stream     KEYS[7]  results     KEYS[8]  results expiry
+-- KEYS[9]  dead-letter stream
+-- ARGV[1]  the new owner's token   ARGV[2]  lease TTL (ms)   ARGV[3]  strikes before dead-letter
+-- ARGV[4]  result retention (ms)
+-- Returns {} when the lease is held by someone else; otherwise
+-- {epoch, progress, careful_until, poisoned}:
+--   progress       the last entry id whose ops have all committed ('0-0': none yet);
+--   careful_until  '' after a clean handover; after a crash, the highest entry id the dead owner
+--                  had fetched: the new owner runs ops one at a time up to it, so that the op that
+--                  kills a worker is the first op without a result and takes the strike alone;
+--   poisoned       '' or the id of an op that reached the strike limit: it now has a
+--                  PoisonOperation result, is copied to the dead-letter stream and never runs.
+local function parse_id(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local function id_gt(a, b)
+  local am, as = parse_id(a)
+  local bm, bs = parse_id(b)
+  return am > bm or (am == bm and as > bs)
+end
+
+-- The first op fetched but not committed: the one that was running when the owner died.
+local function first_unfinished(after, upto)
+  local cursor = after
+  while true do
+    local entries = redis.call('XRANGE', KEYS[6], '(' .. cursor, upto, 'COUNT', 100)
+    if #entries == 0 then return nil end
+    for _, entry in ipairs(entries) do
+      local fields = entry[2]
+      for i = 1, #fields, 2 do
+        if fields[i] == 'ops' then
+          local ok, ops = pcall(cjson.decode, fields[i + 1])
+          if ok and type(ops) == 'table' then
+            for _, envelope in ipairs(ops) do
+              if type(envelope) == 'table' and type(envelope.id) == 'string'
+                  and redis.call('HEXISTS', KEYS[7], envelope.id) == 0 then
+                return entry[1], envelope
+              end
+            end
+          end
+        end
+      end
+      cursor = entry[1]
+    end
+  end
+end
+
+local function dead_letter(entry_id, envelope, strikes)
+  local outcome = cjson.encode({error = {type = 'keyserial.PoisonOperation',
+    message = 'the op was running each of the ' .. strikes .. ' times its worker died;'
+      .. ' it was moved to the dead-letter stream and will not run',
+    data = {strikes = strikes}}})
+  local time = redis.call('TIME')
+  local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+  redis.call('HSET', KEYS[7], envelope.id, outcome)
+  redis.call('ZADD', KEYS[8], now_ms + tonumber(ARGV[4]), envelope.id)
+  redis.call('XADD', KEYS[9], 'MAXLEN', '~', 10000, '*', 'entry', entry_id,
+    'reason', 'poison: killed its worker ' .. strikes .. ' times', 'raw', cjson.encode(envelope))
+  if type(envelope.reply) == 'string' then
+    redis.call('PUBLISH', envelope.reply,
+      '{"v":1,"r":[[' .. cjson.encode(envelope.id) .. ',' .. outcome .. ']]}')
+  end
+end
+
+if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return {}
+end
+local epoch = redis.call('INCR', KEYS[2])
+local progress = redis.call('GET', KEYS[3]) or '0-0'
+local horizon = redis.call('GET', KEYS[4])
+if not horizon or not id_gt(horizon, progress) then
+  return {epoch, progress, '', ''}
+end
+
+local entry_id, envelope = first_unfinished(progress, horizon)
+if not entry_id then
+  return {epoch, progress, horizon, ''}
+end
+local strikes = 1
+if redis.call('HGET', KEYS[5], 'op') == envelope.id then
+  strikes = tonumber(redis.call('HGET', KEYS[5], 'strikes')) + 1
+end
+redis.call('HSET', KEYS[5], 'op', envelope.id, 'strikes', strikes)
+if strikes >= tonumber(ARGV[3]) then
+  dead_letter(entry_id, envelope, strikes)
+  return {epoch, progress, horizon, envelope.id}
+end
+return {epoch, progress, horizon, ''}
