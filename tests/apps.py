@@ -1,0 +1,61 @@
+"""Ops that the tests' workers serve (``--app tests.apps``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import anyio
+
+from keyserial import Context, op
+
+
+@op
+def append(ctx: Context, value: Any) -> list[Any]:
+    """Append to the key's list; return the whole list (ordering tests)."""
+    items = ctx.state or []
+    items.append(value)
+    ctx.state = items
+    return list(items)
+
+
+@op
+def record(ctx: Context) -> int:
+    """Log the op id in the key's state: exactly-once is checked op by op, not by a sum."""
+    applied = ctx.state or []
+    applied.append(ctx.op_id)
+    ctx.state = applied
+    return len(applied)
+
+
+@op
+async def slow_record(ctx: Context, delay: float) -> int:
+    """Read, wait (a slow API call), then write: loses updates unless ops are serial."""
+    applied = list(ctx.state or [])
+    await anyio.sleep(delay)
+    ctx.state = [*applied, ctx.op_id]
+    return len(ctx.state)
+
+
+@op
+async def slow_increment(ctx: Context, delay: float) -> int:
+    value = ctx.state or 0
+    await anyio.sleep(delay)
+    ctx.state = value + 1
+    return int(ctx.state)
+
+
+@op
+def fence(ctx: Context) -> int:
+    return ctx.fence
+
+
+@op
+def crash(ctx: Context) -> None:
+    """Kill the worker process outright, as a segfault or OOM kill would."""
+    os._exit(17)
+
+
+@op
+def return_unserializable(ctx: Context) -> Any:
+    return {1, 2, 3}

@@ -1,0 +1,52 @@
+"""Fixtures: private Redis servers started by the tests (never the machine's shared one).
+
+Every test that talks to Redis runs twice: on a standalone server and on a one-node Redis
+Cluster that owns every slot (which rejects any script touching two hash slots).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+from collections.abc import Iterator
+
+import pytest
+
+from keyserial._server import LocalServer
+from tests.helpers import ROOT
+
+TOPOLOGIES = ("standalone", "cluster")
+_counter = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def standalone_server() -> Iterator[LocalServer]:
+    with LocalServer() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def cluster_server() -> Iterator[LocalServer]:
+    with LocalServer(cluster=True) as server:
+        yield server
+
+
+@pytest.fixture(params=TOPOLOGIES)
+def redis_url(request: pytest.FixtureRequest) -> str:
+    """URL of a private server, once per topology."""
+    server: LocalServer = request.getfixturevalue(f"{request.param}_server")
+    return server.url
+
+
+@pytest.fixture
+def namespace(request: pytest.FixtureRequest) -> str:
+    """A namespace no other test uses, so tests share servers without sharing data."""
+    name = request.node.name.replace("[", "-").replace("]", "").replace(":", "-")
+    return f"t{next(_counter)}-{name}"[:60].replace(" ", "")
+
+
+@pytest.fixture(autouse=True)
+def _importable_test_apps(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Worker subprocesses import ``tests.apps``: put the repository on their path."""
+    path = os.environ.get("PYTHONPATH", "")
+    monkeypatch.setenv("PYTHONPATH", f"{ROOT}{os.pathsep}{path}" if path else str(ROOT))

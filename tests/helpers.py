@@ -1,0 +1,119 @@
+"""Helpers for tests: workers in-process and as real processes, and Redis inspection."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import redis
+
+from keyserial import Settings, Worker
+from keyserial._layout import ShardKeys
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@asynccontextmanager
+async def running_worker(
+    url: str, namespace: str, *, shards: str | Sequence[int] | None = None,
+    apps: Sequence[str] = (), shard_count: int | None = None, **settings: Any,
+) -> AsyncIterator[Worker]:
+    """An in-process worker that owns its shards for the duration of the block."""
+    worker = Worker(url, shards=shards, apps=apps,
+                    settings=Settings(namespace=namespace, shard_count=shard_count, **settings))
+    task_group = anyio.create_task_group()
+    await task_group.__aenter__()
+    try:
+        task_group.start_soon(worker.run)
+        with anyio.fail_after(10):
+            while not worker.shards or len(worker.owned_shards) < len(worker.shards):
+                await anyio.sleep(0.01)
+        yield worker
+    finally:
+        # The body's own error is not handed to the task group, so it is not wrapped in a group.
+        worker.stop()
+        await task_group.__aexit__(None, None, None)
+
+
+class WorkerProcess:
+    """``keyserial worker`` as a real OS process, for kill -9, SIGSTOP and SIGTERM tests."""
+
+    def __init__(self, url: str, namespace: str, *, shards: str = "0-3", shard_count: int = 4,
+                 lease_ttl: float = 1.0, apps: Sequence[str] = ("tests.apps",),
+                 log_path: Path | None = None) -> None:
+        args = [sys.executable, "-m", "keyserial", "worker", "--redis", url,
+                "--namespace", namespace, "--shards", shards, "--shard-count", str(shard_count),
+                "--lease-ttl", str(lease_ttl), "--log-level", "INFO"]
+        for app in apps:
+            args += ["--app", app]
+        self.log_path = log_path
+        self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(args, cwd=ROOT, stdout=self._log, stderr=self._log)
+        self.pid = self.process.pid
+
+    def signal(self, sig: signal.Signals) -> None:
+        os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+
+    def terminate(self, timeout: float = 15) -> int:
+        self.process.send_signal(signal.SIGTERM)
+        return self.process.wait(timeout=timeout)
+
+    def close(self) -> None:
+        try:
+            os.kill(self.pid, signal.SIGCONT)
+        except ProcessLookupError:
+            pass
+        self.kill()
+        if hasattr(self._log, "close"):
+            self._log.close()
+
+    def log(self) -> str:
+        return self.log_path.read_text() if self.log_path else ""
+
+
+def lease_holder(url: str, namespace: str, shard: int) -> str | None:
+    """Token of the worker that holds the shard's lease (``host:pid:nonce``), or None."""
+    client = redis.Redis.from_url(url)
+    try:
+        value = client.get(ShardKeys(namespace, shard).lease)
+        return value.decode() if value else None
+    finally:
+        client.close()
+
+
+def holder_pid(url: str, namespace: str, shard: int) -> int | None:
+    holder = lease_holder(url, namespace, shard)
+    return int(holder.split(":")[1]) if holder else None
+
+
+async def eventually(check: Callable[[], Any], *, timeout: float = 10, interval: float = 0.02,
+                     message: str = "condition") -> Any:
+    """Poll ``check`` until it returns a truthy value (the value is returned)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{message} not reached within {timeout}s")
+        await anyio.sleep(interval)
+
+
+def free_closed_port() -> int:
+    """A port nothing listens on."""
+    from keyserial._server import free_port
+
+    return free_port()

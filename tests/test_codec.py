@@ -1,0 +1,64 @@
+import json
+
+import pytest
+
+from keyserial import call
+from keyserial._codec import (
+    Envelope,
+    MalformedEntry,
+    decode_entry,
+    decode_reply,
+    encode_envelope,
+    encode_error,
+    encode_ok,
+    encode_reply,
+    pack_entry,
+)
+
+
+def test_an_entry_round_trips_its_envelopes() -> None:
+    first = encode_envelope("id1", "account:5", call("deposit", 100), "reply-chan")
+    second = encode_envelope("id2", "account:6", call("move", 1, to="x"), None)
+    decoded = decode_entry({b"v": b"1", b"ops": pack_entry([first, second]).encode()})
+    assert decoded == [
+        Envelope("id1", "account:5", "deposit", [100], {}, "reply-chan"),
+        Envelope("id2", "account:6", "move", [1], {"to": "x"}, None),
+    ]
+
+
+def test_envelopes_are_plain_json_for_other_languages() -> None:
+    raw = encode_envelope("id1", "k", call("deposit", 5), "c")
+    assert json.loads(raw) == {"id": "id1", "key": "k", "op": "deposit", "args": [5], "reply": "c"}
+
+
+def test_arguments_json_cannot_carry_are_refused_before_sending() -> None:
+    with pytest.raises(TypeError):
+        encode_envelope("id", "k", call("deposit", object()), None)
+    with pytest.raises(ValueError):
+        encode_envelope("id", "k", call("deposit", float("nan")), None)
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [({b"ops": b"[]"}, "wire version"), ({b"v": b"2", b"ops": b"[]"}, "wire version"),
+     ({b"v": b"1"}, "no 'ops'"), ({b"v": b"1", b"ops": b"{nope"}, "not valid JSON"),
+     ({b"v": b"1", b"ops": b"[]"}, "non-empty JSON array")],
+)
+def test_unreadable_entries_say_why(fields: dict[bytes, bytes], reason: str) -> None:
+    with pytest.raises(MalformedEntry, match=reason):
+        decode_entry(fields)
+
+
+def test_one_bad_envelope_does_not_spoil_its_entry() -> None:
+    good = encode_envelope("ok", "k", call("deposit", 1), None)
+    decoded = decode_entry({b"v": b"1", b"ops": f'[{good},{{"id":"bad","key":5}}, 7]'.encode()})
+    assert isinstance(decoded[0], Envelope)
+    assert isinstance(decoded[1], MalformedEntry) and decoded[1].op_id == "bad"
+    assert isinstance(decoded[2], MalformedEntry) and decoded[2].op_id is None
+
+
+def test_replies_carry_outcomes_verbatim() -> None:
+    message = encode_reply([("a", encode_ok({"x": 1})), ("b", encode_error("ValueError", "no"))])
+    assert decode_reply(message) == [
+        ("a", {"ok": {"x": 1}}), ("b", {"error": {"type": "ValueError", "message": "no"}})
+    ]

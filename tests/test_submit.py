@@ -1,0 +1,201 @@
+"""The single-key path end to end, on both topologies."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+import redis.asyncio
+
+import keyserial
+from keyserial import (
+    BackendUnavailable,
+    ConfigError,
+    InsufficientFunds,
+    MalformedOperation,
+    OperationFailed,
+    PayloadTooLarge,
+    ResultNotFound,
+    SubmitTimeout,
+    UnknownOperation,
+    call,
+)
+from keyserial._layout import ShardKeys
+from keyserial.ledger import balance, deposit, withdraw
+from tests import apps
+from tests.helpers import free_closed_port, running_worker
+
+
+async def test_ledger_ops_return_values_and_commit_state(redis_url: str, namespace: str) -> None:
+    async with running_worker(redis_url, namespace, shard_count=4), \
+            keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
+        assert await ks.submit("account:5", call("deposit", 100)) == 100
+        assert await ks.submit("account:5", withdraw(30)) == 70
+        assert await ks.submit("account:5", balance()) == 70
+        assert await ks.read("account:5") == 70
+        assert await ks.read("account:never") is None
+
+
+async def test_insufficient_funds_is_raised_as_such_and_leaves_the_balance(
+    redis_url: str, namespace: str
+) -> None:
+    async with running_worker(redis_url, namespace, shard_count=4), \
+            keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
+        await ks.submit("account:1", deposit(10))
+        with pytest.raises(InsufficientFunds) as caught:
+            await ks.submit("account:1", withdraw(25))
+        assert (caught.value.balance, caught.value.amount) == (10, 25)
+        assert caught.value.key == "account:1" and caught.value.op_id
+        assert await ks.submit("account:1", balance()) == 10
+
+
+async def test_errors_raised_by_an_op_carry_the_remote_type_and_message(
+    redis_url: str, namespace: str
+) -> None:
+    async with running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]), \
+            keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
+        with pytest.raises(OperationFailed) as caught:
+            await ks.submit("account:1", deposit(-5))
+        assert caught.value.error_type == "ValueError"
+        assert "positive integer" in caught.value.message
+        with pytest.raises(OperationFailed, match="non-JSON") as bad_return:
+            await ks.submit("x", apps.return_unserializable())
+        assert bad_return.value.error_type == "TypeError"
+
+
+async def test_unknown_op_fails_for_the_caller_and_the_shard_continues(
+    redis_url: str, namespace: str
+) -> None:
+    async with running_worker(redis_url, namespace, shard_count=1), \
+            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+        with pytest.raises(UnknownOperation, match="no op named 'teleport'"):
+            await ks.submit("account:1", call("teleport", 1))
+        assert await ks.submit("account:1", deposit(1)) == 1
+
+
+async def test_app_ops_run_through_their_op_function(redis_url: str, namespace: str) -> None:
+    async with running_worker(redis_url, namespace, shard_count=2, apps=["tests.apps"]), \
+            keyserial.connect(redis_url, shards=2, namespace=namespace) as ks:
+        assert await ks.submit("list", apps.append("a")) == ["a"]
+        assert await ks.submit("list", apps.append("b")) == ["a", "b"]
+
+
+async def test_a_resubmitted_op_id_returns_the_stored_result_and_never_runs_twice(
+    redis_url: str, namespace: str
+) -> None:
+    async with running_worker(redis_url, namespace, shard_count=4), \
+            keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
+        first = await ks.submit("account:9", deposit(40), op_id="pay-1")
+        again = await ks.submit("account:9", deposit(40), op_id="pay-1")
+        concurrent = []
+        async with anyio.create_task_group() as group:
+            for _ in range(5):
+                async def resubmit() -> None:
+                    concurrent.append(await ks.submit("account:9", deposit(7), op_id="pay-2"))
+                group.start_soon(resubmit)
+        assert first == again == 40
+        assert concurrent == [47] * 5
+        assert await ks.submit("account:9", balance()) == 47
+        assert await ks.result("pay-1", key="account:9") == 40
+
+
+async def test_a_failed_op_is_also_stored_under_its_op_id(redis_url: str, namespace: str) -> None:
+    async with running_worker(redis_url, namespace, shard_count=4), \
+            keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
+        with pytest.raises(InsufficientFunds):
+            await ks.submit("account:2", withdraw(5), op_id="w-1")
+        await ks.submit("account:2", deposit(100))
+        with pytest.raises(InsufficientFunds):
+            await ks.submit("account:2", withdraw(5), op_id="w-1")
+        assert await ks.read("account:2") == 100
+        with pytest.raises(InsufficientFunds):
+            await ks.result("w-1", key="account:2")
+        with pytest.raises(ResultNotFound):
+            await ks.result("never-submitted", key="account:2")
+
+
+async def test_without_a_worker_submit_times_out_and_the_op_applies_later(
+    redis_url: str, namespace: str
+) -> None:
+    async with keyserial.connect(redis_url, shards=2, namespace=namespace) as ks:
+        with pytest.raises(SubmitTimeout, match="may still apply") as caught:
+            await ks.submit("account:3", deposit(5), timeout=0.2, op_id="late-1")
+        assert caught.value.op_id == "late-1"
+        with pytest.raises(ResultNotFound):
+            await ks.result("late-1", key="account:3")
+        async with running_worker(redis_url, namespace, shard_count=2):
+            assert await ks.submit("account:3", deposit(5), op_id="late-1") == 5
+            assert await ks.result("late-1", key="account:3") == 5
+            assert await ks.submit("account:3", balance()) == 5
+
+
+async def test_oversize_payload_is_refused_before_anything_is_sent(
+    redis_url: str, namespace: str
+) -> None:
+    async with keyserial.connect(redis_url, shards=2, namespace=namespace,
+                                 max_payload_bytes=1000) as ks:
+        with pytest.raises(PayloadTooLarge, match="over the limit of 1000 bytes"):
+            await ks.submit("k", apps.append("x" * 2000))
+        client = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            for shard in range(2):
+                assert await client.xlen(ShardKeys(namespace, shard).stream) == 0
+        finally:
+            await client.aclose()
+
+
+async def test_a_different_shard_count_is_refused_naming_both(
+    redis_url: str, namespace: str
+) -> None:
+    async with keyserial.connect(redis_url, shards=8, namespace=namespace):
+        pass
+    with pytest.raises(ConfigError, match=r"8 shards recorded.*configured with 16"):
+        async with keyserial.connect(redis_url, shards=16, namespace=namespace):
+            pass
+    worker = keyserial.Worker(redis_url, settings=keyserial.Settings(namespace=namespace,
+                                                                     shard_count=4))
+    with pytest.raises(ConfigError, match="8 shards recorded"):
+        await worker.run()
+    async with keyserial.connect(redis_url, namespace=namespace) as adopted:
+        assert adopted.shard_count == 8
+
+
+async def test_unreachable_redis_is_a_typed_error_naming_the_url() -> None:
+    url = f"redis://127.0.0.1:{free_closed_port()}/0"
+    with pytest.raises(BackendUnavailable, match=url.replace("/", r"\/")):
+        async with keyserial.connect(url, shards=4):
+            pass
+
+
+async def test_a_malformed_entry_is_dead_lettered_and_the_shard_moves_on(
+    redis_url: str, namespace: str
+) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    keys = ShardKeys(namespace, 0)
+    try:
+        async with keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+            await client.xadd(keys.stream, {"v": "1", "ops": "{not json"})
+            await client.xadd(keys.stream, {"v": "9", "ops": "[]"})
+            await client.xadd(keys.stream, {
+                "v": "1",
+                "ops": '[{"id":"no-key","op":"deposit","reply":"%s"}]' % ks._reply,
+            })
+            async with running_worker(redis_url, namespace, shard_count=1):
+                assert await ks.submit("account:1", deposit(3)) == 3
+                with pytest.raises(MalformedOperation, match="'key' must be"):
+                    await ks.result("no-key", key="account:1")
+            dead = await client.xrange(keys.dead)
+            reasons = [fields[b"reason"].decode() for _, fields in dead]
+            assert any("not valid JSON" in reason for reason in reasons)
+            assert any("wire version" in reason for reason in reasons)
+    finally:
+        await client.aclose()
+
+
+async def test_bad_keys_and_calls_are_refused_at_submit(redis_url: str, namespace: str) -> None:
+    async with keyserial.connect(redis_url, shards=2, namespace=namespace) as ks:
+        with pytest.raises(TypeError):
+            await ks.submit("", deposit(1))
+        with pytest.raises(TypeError):
+            await ks.submit("k", "deposit")  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            await ks.submit("k", call("deposit", object()))
