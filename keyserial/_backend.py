@@ -100,12 +100,12 @@ class Backend:
 
     async def ping(self) -> None:
         try:
-            await self.client.ping()
+            await self.client.execute_command("PING")
         except UNREACHABLE as exc:
             raise BackendUnavailable(self.url, exc) from exc
 
     def pubsub(self) -> PubSub:
-        """A pub/sub handle. On a cluster, channel messages reach every node, so one node will do."""
+        """A pub/sub handle; on a cluster, channel messages reach every node, so one node does."""
         if isinstance(self.client, RedisCluster):
             node = self.client.get_default_node()
             assert node is not None, "cluster client is initialized in connect()"
@@ -118,11 +118,12 @@ class Backend:
 
         :raises BackendUnavailable: if the server does not answer.
         """
+        command = self.client.execute_command
         try:
             try:
-                return await self.client.evalsha(script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+                return await command("EVALSHA", script.sha, len(keys), *keys, *args)
             except redis_errors.NoScriptError:
-                return await self.client.eval(script.text, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+                return await command("EVAL", script.text, len(keys), *keys, *args)
         except UNREACHABLE as exc:
             raise BackendUnavailable(self.url, exc) from exc
 
@@ -142,7 +143,9 @@ class Backend:
             for each in calls:
                 # execute_command, not evalsha(): redis-py blocks the latter in cluster pipelines,
                 # though a script with all its keys in one slot is routed like any command.
-                pipe.execute_command("EVALSHA", each.script.sha, len(each.keys), *each.keys, *each.args)
+                pipe.execute_command(
+                    "EVALSHA", each.script.sha, len(each.keys), *each.keys, *each.args
+                )
             replies: list[Any] = await pipe.execute(raise_on_error=False)
         except UNREACHABLE as exc:
             raise BackendUnavailable(self.url, exc) from exc
@@ -199,4 +202,5 @@ def _describe(client: AnyRedis) -> str:
     kwargs = client.connection_pool.connection_kwargs
     if "path" in kwargs:
         return f"unix://{kwargs['path']}"
-    return f"redis://{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+    host, port, db = kwargs.get("host", "localhost"), kwargs.get("port", 6379), kwargs.get("db", 0)
+    return f"redis://{host}:{port}/{db}"

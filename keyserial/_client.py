@@ -93,7 +93,9 @@ class Client:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
@@ -128,7 +130,9 @@ class Client:
         if not isinstance(key, str) or not key:
             raise TypeError(f"key must be a non-empty string, not {key!r}")
         if not isinstance(call, Call):
-            raise TypeError(f"expected a keyserial Call (op(...) or keyserial.call(...)), not {call!r}")
+            raise TypeError(
+                f"expected a keyserial Call (op(...) or keyserial.call(...)), not {call!r}"
+            )
         if self._task_group is None:
             raise KeyserialError("the client is closed; use `async with keyserial.connect(...)`")
         op_id = op_id or uuid.uuid4().hex
@@ -147,7 +151,8 @@ class Client:
             raise SubmitTimeout(key=key, op_id=op_id, timeout=timeout or 0.0) from None
         finally:
             self._forget(pending)
-        return self._unwrap(pending)
+        value: R = self._unwrap(pending)
+        return value
 
     async def read(self, key: str) -> Any:
         """The key's last committed state (``None`` if it has none), without queueing an op.
@@ -243,7 +248,7 @@ class Client:
                     await _resubscribe(pubsub, self._reply)
         finally:
             with anyio.CancelScope(shield=True):
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     def _deliver(self, data: bytes) -> None:
         try:

@@ -107,6 +107,7 @@ def _decode_envelope(item: Any) -> Envelope | MalformedEntry:
         problem = "'kwargs' must be a JSON object"
     if problem is not None:
         return MalformedEntry(problem, op_id=op_id, reply=reply)
+    assert isinstance(key, str) and isinstance(name, str)
     return Envelope(op_id, key, name, args, kwargs, reply)
 
 

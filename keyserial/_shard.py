@@ -34,7 +34,13 @@ from ._layout import ShardKeys
 from ._ops import Context, Registry
 from ._routing import shard_for
 from ._settings import Settings
-from .errors import BackendUnavailable, LeaseLost, MalformedOperation, OperationFailed, UnknownOperation
+from .errors import (
+    BackendUnavailable,
+    LeaseLost,
+    MalformedOperation,
+    OperationFailed,
+    UnknownOperation,
+)
 
 log = logging.getLogger("keyserial.worker")
 
@@ -88,15 +94,25 @@ def error_type_name(exc: BaseException) -> str:
     if isinstance(exc, OperationFailed):
         return exc.error_type
     kind = type(exc)
-    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+    return (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
 
 
 class ShardRunner:
     """Runs the ops of one shard for as long as this worker holds its lease (one epoch)."""
 
     def __init__(
-        self, backend: Backend, settings: Settings, registry: Registry, *, shard: int,
-        shard_count: int, grant: Grant,
+        self,
+        backend: Backend,
+        settings: Settings,
+        registry: Registry,
+        *,
+        shard: int,
+        shard_count: int,
+        grant: Grant,
     ) -> None:
         self.shard = shard
         self.keys = ShardKeys(settings.namespace, shard)
@@ -153,7 +169,9 @@ class ShardRunner:
                 self._capacity = anyio.Event()
                 await self._capacity.wait()
                 continue
-            careful = self._careful_until is not None and parse_id(self._cursor) < self._careful_until
+            careful = (
+                self._careful_until is not None and parse_id(self._cursor) < self._careful_until
+            )
             wake = self._wake = anyio.Event()
             entries, done = await self._fetch(1 if careful else self._settings.fetch_batch)
             if not entries:
@@ -185,7 +203,9 @@ class ShardRunner:
                 # One op per commit: if this op kills the worker, it alone takes the strike.
                 await self._drained()
 
-    def _accept(self, entry_id: str, fields: dict[bytes, bytes], done: dict[bytes, bytes]) -> list[_Run]:
+    def _accept(
+        self, entry_id: str, fields: dict[bytes, bytes], done: dict[bytes, bytes]
+    ) -> list[_Run]:
         """Register an entry; return its ops that must run (the rest are settled already)."""
         try:
             items = decode_entry(fields)
@@ -201,18 +221,29 @@ class ShardRunner:
             if isinstance(item, MalformedEntry):
                 self._reject(entry, item)
             elif (stored := done.get(item.op_id.encode())) is not None:
-                self._finish(_Finished(item.op_id, stored.decode(), [entry], _opt(item.reply), store=False))
+                self._finish(
+                    _Finished(item.op_id, stored.decode(), [entry], _opt(item.reply), store=False)
+                )
             elif (running := self._running.get(item.op_id)) is not None:
                 if running.outcome is None:
                     running.entries.append(entry)
                     running.replies.extend(_opt(item.reply))
                 else:
-                    self._finish(_Finished(item.op_id, running.outcome, [entry], _opt(item.reply), store=False))
+                    self._finish(
+                        _Finished(
+                            item.op_id, running.outcome, [entry], _opt(item.reply), store=False
+                        )
+                    )
             elif shard_for(item.key, self._shard_count) != self.shard:
-                self._reject(entry, MalformedEntry(
-                    f"key {item.key!r} routes to shard {shard_for(item.key, self._shard_count)}"
-                    f" of {self._shard_count}, not to shard {self.shard}",
-                    op_id=item.op_id, reply=item.reply))
+                self._reject(
+                    entry,
+                    MalformedEntry(
+                        f"key {item.key!r} routes to shard {shard_for(item.key, self._shard_count)}"
+                        f" of {self._shard_count}, not to shard {self.shard}",
+                        op_id=item.op_id,
+                        reply=item.reply,
+                    ),
+                )
             else:
                 run = self._running[item.op_id] = _Run(item, [entry], _opt(item.reply))
                 self._uncommitted += 1
@@ -272,9 +303,13 @@ class ShardRunner:
         envelope = run.envelope
         definition = self._registry.get(envelope.name)
         if definition is None:
-            self._failed(run, UnknownOperation(
-                f"no op named {envelope.name!r} on this worker (it serves: "
-                f"{', '.join(self._registry.names())})"))
+            self._failed(
+                run,
+                UnknownOperation(
+                    f"no op named {envelope.name!r} on this worker (it serves: "
+                    f"{', '.join(self._registry.names())})"
+                ),
+            )
             return
         context = self._context(envelope)
         try:
@@ -287,7 +322,10 @@ class ShardRunner:
     def _context(self, envelope: Envelope) -> Context:
         self._fence += 1
         return Context(
-            key=envelope.key, op_id=envelope.op_id, shard=self.shard, fence=self._fence,
+            key=envelope.key,
+            op_id=envelope.op_id,
+            shard=self.shard,
+            fence=self._fence,
             encoded_state=self._cache[envelope.key],
         )
 
@@ -296,7 +334,9 @@ class ShardRunner:
             outcome = encode_ok(value)
             state = context.encoded_state()
         except (TypeError, ValueError) as exc:
-            self._failed(run, TypeError(f"op {run.envelope.name!r} returned or stored non-JSON: {exc}"))
+            self._failed(
+                run, TypeError(f"op {run.envelope.name!r} returned or stored non-JSON: {exc}")
+            )
             return
         if state != self._cache[run.envelope.key]:
             self._cache[run.envelope.key] = state
@@ -305,8 +345,13 @@ class ShardRunner:
 
     def _failed(self, run: _Run, exc: Exception) -> None:
         if not isinstance(exc, OperationFailed):
-            log.warning("shard %d: op %r (%s) raised", self.shard, run.envelope.name,
-                        run.envelope.op_id, exc_info=exc)
+            log.warning(
+                "shard %d: op %r (%s) raised",
+                self.shard,
+                run.envelope.name,
+                run.envelope.op_id,
+                exc_info=exc,
+            )
         data = exc.data if isinstance(exc, OperationFailed) else None
         message = exc.message if isinstance(exc, OperationFailed) else str(exc)
         self._complete(run, encode_error(error_type_name(exc), message, data))
@@ -327,7 +372,9 @@ class ShardRunner:
             self._has_finished = anyio.Event()
             batch, self._finished = self._finished, []
             dead, self._dead = self._dead, []
-            await self._retrying(_backend.COMMIT, self._commit_keys(), self._commit_args(batch, dead))
+            await self._retrying(
+                _backend.COMMIT, self._commit_keys(), self._commit_args(batch, dead)
+            )
             for finished in batch:
                 if self._running.pop(finished.op_id, None) is not None:
                     self._uncommitted -= 1
@@ -405,7 +452,9 @@ def _fields(raw: Any) -> dict[bytes, bytes]:
 
 
 def _raw(fields: dict[bytes, bytes]) -> str:
-    return dumps({k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()})
+    return dumps(
+        {k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()}
+    )
 
 
 def _opt(reply: str | None) -> list[str]:

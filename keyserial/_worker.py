@@ -94,9 +94,14 @@ class Worker:
                 self.settings.namespace, self.settings.shard_count
             )
             self.shards = self._resolve_shards(shard_count)
-            log.info("worker %s serving shards %s of %d in namespace %r (ops: %s)",
-                     self.token, _ranges(self.shards), shard_count, self.settings.namespace,
-                     ", ".join(self.registry.names()))
+            log.info(
+                "worker %s serving shards %s of %d in namespace %r (ops: %s)",
+                self.token,
+                _ranges(self.shards),
+                shard_count,
+                self.settings.namespace,
+                ", ".join(self.registry.names()),
+            )
             async with anyio.create_task_group() as task_group:
                 await task_group.start(self._listen_for_wakeups, backend)
                 task_group.start_soon(self._lease_loop, backend, shard_count, task_group)
@@ -146,8 +151,12 @@ class Worker:
         stopping = self._stop.is_set()
         free = [s for s in self.shards if s not in self._owned] if not stopping else []
         ttl = self.settings.lease_ttl_ms
-        calls = [ScriptCall(_backend.RENEW, [ShardKeys(self.settings.namespace, s).lease],
-                            [self.token, ttl]) for s in owned]
+        calls = [
+            ScriptCall(
+                _backend.RENEW, [ShardKeys(self.settings.namespace, s).lease], [self.token, ttl]
+            )
+            for s in owned
+        ]
         calls += [self._acquire_call(shard) for shard in free]
         sent_at = anyio.current_time()
         try:
@@ -164,7 +173,7 @@ class Worker:
                 holder.renewed_at = sent_at
             else:
                 self._drop(shard, "the lease expired and another worker may own the shard")
-        for shard, reply in zip(free, replies[len(owned):], strict=True):
+        for shard, reply in zip(free, replies[len(owned) :], strict=True):
             if isinstance(reply, redis_errors.ResponseError):
                 log.error("acquiring shard %d failed: %s", shard, reply)
             elif reply:
@@ -176,10 +185,23 @@ class Worker:
         k = ShardKeys(self.settings.namespace, shard)
         return ScriptCall(
             _backend.ACQUIRE,
-            [k.lease, k.epoch, k.progress, k.horizon, k.suspect, k.stream, k.results,
-             k.results_expiry, k.dead],
-            [self.token, self.settings.lease_ttl_ms, self.settings.max_strikes,
-             self.settings.result_ttl_ms],
+            [
+                k.lease,
+                k.epoch,
+                k.progress,
+                k.horizon,
+                k.suspect,
+                k.stream,
+                k.results,
+                k.results_expiry,
+                k.dead,
+            ],
+            [
+                self.token,
+                self.settings.lease_ttl_ms,
+                self.settings.max_strikes,
+                self.settings.result_ttl_ms,
+            ],
         )
 
     def _drop_expired(self, now: float) -> None:
@@ -197,17 +219,31 @@ class Worker:
     # -- serving -----------------------------------------------------------------------------
 
     def _start(
-        self, backend: Backend, shard_count: int, shard: int, grant: Grant, renewed_at: float,
+        self,
+        backend: Backend,
+        shard_count: int,
+        shard: int,
+        grant: Grant,
+        renewed_at: float,
         task_group: TaskGroup,
     ) -> None:
         if grant.careful_until:
-            log.warning("shard %d: previous owner died with entries up to %s in flight;"
-                        " running them one at a time", shard, grant.careful_until)
+            log.warning(
+                "shard %d: previous owner died with entries up to %s in flight;"
+                " running them one at a time",
+                shard,
+                grant.careful_until,
+            )
         if grant.poisoned:
-            log.error("shard %d: op %s killed its worker %d times; dead-lettered",
-                      shard, grant.poisoned, self.settings.max_strikes)
-        runner = ShardRunner(backend, self.settings, self.registry, shard=shard,
-                             shard_count=shard_count, grant=grant)
+            log.error(
+                "shard %d: op %s killed its worker %d times; dead-lettered",
+                shard,
+                grant.poisoned,
+                self.settings.max_strikes,
+            )
+        runner = ShardRunner(
+            backend, self.settings, self.registry, shard=shard, shard_count=shard_count, grant=grant
+        )
         holder = self._owned[shard] = _Owned(runner, renewed_at)
         log.info("shard %d: acquired (epoch %d)", shard, grant.epoch)
         task_group.start_soon(self._serve, backend, shard, holder)
@@ -221,8 +257,7 @@ class Worker:
                     log.warning("shard %d: %s", shard, group.exceptions[0])
                     self._owned.pop(shard, None)
                 except* Exception as group:
-                    log.error("shard %d: runner failed; releasing the shard", shard,
-                              exc_info=group)
+                    log.error("shard %d: runner failed; releasing the shard", shard, exc_info=group)
                     await self._release(backend, [shard])
         finally:
             holder.done.set()
@@ -252,7 +287,7 @@ class Worker:
                         continue
         finally:
             with anyio.CancelScope(shield=True):
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     # -- shutdown ----------------------------------------------------------------------------
 
@@ -265,8 +300,11 @@ class Worker:
             for holder in holders.values():
                 await holder.done.wait()
         if scope.cancelled_caught:
-            log.warning("shutdown: in-flight ops did not finish in %gs; abandoning them"
-                        " (the next owner runs them)", self.settings.lease_ttl)
+            log.warning(
+                "shutdown: in-flight ops did not finish in %gs; abandoning them"
+                " (the next owner runs them)",
+                self.settings.lease_ttl,
+            )
         for holder in holders.values():
             holder.scope.cancel()
         await self._release(backend, [s for s in holders if self._owned.get(s) is holders[s]])
@@ -276,7 +314,9 @@ class Worker:
         calls = []
         for shard in shards:
             k = ShardKeys(self.settings.namespace, shard)
-            calls.append(ScriptCall(_backend.RELEASE, [k.lease, k.progress, k.horizon], [self.token]))
+            calls.append(
+                ScriptCall(_backend.RELEASE, [k.lease, k.progress, k.horizon], [self.token])
+            )
             self._owned.pop(shard, None)
         if not calls:
             return
@@ -285,8 +325,11 @@ class Worker:
                 await backend.run_many(calls)
                 log.info("released shards %s", _ranges(shards))
             except BackendUnavailable as exc:
-                log.warning("could not release leases (%s); they expire in %gs",
-                            exc, self.settings.lease_ttl)
+                log.warning(
+                    "could not release leases (%s); they expire in %gs",
+                    exc,
+                    self.settings.lease_ttl,
+                )
 
 
 def _grant(reply: list[Any]) -> Grant:

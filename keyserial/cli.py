@@ -1,4 +1,4 @@
-"""The ``keyserial`` command: ``worker`` serves shards, ``dev`` runs a private server plus workers."""
+"""The ``keyserial`` command: ``worker`` serves shards, ``dev`` runs a server and workers."""
 
 from __future__ import annotations
 
@@ -40,13 +40,22 @@ def _positive(text: str) -> int:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--app", action="append", default=[], metavar="MODULE",
-                        help="module whose @keyserial.op functions to serve (repeatable);"
-                             " the ledger ops are always served")
+    parser.add_argument(
+        "--app",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="module whose @keyserial.op functions to serve (repeatable);"
+        " the ledger ops are always served",
+    )
     parser.add_argument("--namespace", default="default", help="namespace (default: %(default)s)")
-    parser.add_argument("--lease-ttl", type=_seconds, default=10.0, metavar="SECONDS",
-                        help="shard lease TTL; a dead worker's shards move within it"
-                             " (default: %(default)s)")
+    parser.add_argument(
+        "--lease-ttl",
+        type=_seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="shard lease TTL; a dead worker's shards move within it (default: %(default)s)",
+    )
     parser.add_argument("--log-level", default="INFO", help="(default: %(default)s)")
 
 
@@ -57,33 +66,52 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     worker = commands.add_parser("worker", help="serve shards of a namespace")
-    worker.add_argument("--shards", default=None, metavar="LIST",
-                        help="shards to serve: 0-15, 0,3,7 or 0-3,8-11 (default: all)")
-    worker.add_argument("--redis", default=None, metavar="URL",
-                        help="Redis URL; a cluster is detected (default: $KEYSERIAL_REDIS_URL"
-                             " or redis://127.0.0.1:6379/0)")
-    worker.add_argument("--shard-count", type=_positive, default=None, metavar="N",
-                        help="shards in the namespace; must match the recorded count"
-                             " (default: the recorded count, 16 for a new namespace)")
+    worker.add_argument(
+        "--shards",
+        default=None,
+        metavar="LIST",
+        help="shards to serve: 0-15, 0,3,7 or 0-3,8-11 (default: all)",
+    )
+    worker.add_argument(
+        "--redis",
+        default=None,
+        metavar="URL",
+        help="Redis URL; a cluster is detected (default: $KEYSERIAL_REDIS_URL"
+        " or redis://127.0.0.1:6379/0)",
+    )
+    worker.add_argument(
+        "--shard-count",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="shards in the namespace; must match the recorded count"
+        " (default: the recorded count, 16 for a new namespace)",
+    )
     _add_common(worker)
 
     dev = commands.add_parser(
         "dev", help="run a private Redis/Valkey server and workers for every shard"
     )
     dev.add_argument("--port", type=_positive, default=6390, help="(default: %(default)s)")
-    dev.add_argument("--shard-count", type=_positive, default=16, metavar="N",
-                     help="(default: %(default)s)")
-    dev.add_argument("--data-dir", default=None, metavar="DIR",
-                     help="keep data here with AOF (appendfsync always); default: a temporary"
-                          " directory, removed on exit")
+    dev.add_argument(
+        "--shard-count", type=_positive, default=16, metavar="N", help="(default: %(default)s)"
+    )
+    dev.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="keep data here with AOF (appendfsync always); default: a temporary"
+        " directory, removed on exit",
+    )
     _add_common(dev)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         if args.command == "worker":
             return _run_worker(args)
@@ -94,32 +122,40 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    return Settings(namespace=args.namespace, shard_count=args.shard_count,
-                    lease_ttl=args.lease_ttl)
+    return Settings(
+        namespace=args.namespace, shard_count=args.shard_count, lease_ttl=args.lease_ttl
+    )
 
 
 def _run_worker(args: argparse.Namespace) -> int:
-    worker = Worker(args.redis or default_url(), shards=args.shards, settings=_settings(args),
-                    apps=args.app)
+    worker = Worker(
+        args.redis or default_url(), shards=args.shards, settings=_settings(args), apps=args.app
+    )
     anyio.run(_serve_until_signalled, worker)
     return 0
 
 
 def _run_dev(args: argparse.Namespace) -> int:
     worker_settings = _settings(args)
-    server = LocalServer(port=args.port, data_dir=args.data_dir,
-                         appendfsync="always" if args.data_dir else None)
+    server = LocalServer(
+        port=args.port, data_dir=args.data_dir, appendfsync="always" if args.data_dir else None
+    )
     worker = Worker(server.url, settings=worker_settings, apps=args.app)
     try:
         server.start()
     except RuntimeError as exc:
-        raise ConfigError(f"cannot start {server.binary} on port {args.port}: {exc}"
-                          " (is the port taken? try --port)") from exc
+        raise ConfigError(
+            f"cannot start {server.binary} on port {args.port}: {exc}"
+            " (is the port taken? try --port)"
+        ) from exc
     try:
         print(f"keyserial dev: {server.binary} serving {server.url}", flush=True)
-        print(f"keyserial dev: {args.shard_count} shards in namespace {args.namespace!r};"
-              f" connect with keyserial.connect({server.url!r}, shards={args.shard_count})."
-              " Ctrl-C stops.", flush=True)
+        print(
+            f"keyserial dev: {args.shard_count} shards in namespace {args.namespace!r};"
+            f" connect with keyserial.connect({server.url!r}, shards={args.shard_count})."
+            " Ctrl-C stops.",
+            flush=True,
+        )
         anyio.run(_serve_until_signalled, worker)
     finally:
         server.stop()
@@ -130,6 +166,7 @@ def _run_dev(args: argparse.Namespace) -> int:
 async def _serve_until_signalled(worker: Worker) -> None:
     """Run the worker; SIGTERM or SIGINT drains it, releases its leases, and returns."""
     async with anyio.create_task_group() as task_group:
+
         async def stop_on_signal() -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 async for received in signals:

@@ -3,18 +3,18 @@
 ::
 
     KeyserialError
-    ├── ConfigError (ValueError)            settings that cannot work: shard-count mismatch, bad range
+    ├── ConfigError (ValueError)            unworkable settings: shard-count mismatch, bad range
     ├── BackendUnavailable (ConnectionError) Redis/Valkey cannot be reached; names the URL
     ├── PayloadTooLarge (ValueError)        an op's encoded envelope is over the limit; nothing sent
     ├── BacklogFull                         the shard's stream holds too many unprocessed entries
     ├── SubmitTimeout (TimeoutError)        no reply in time; the op may still apply later
-    ├── ResultNotFound (LookupError)        no stored result for an op id (not applied yet, or expired)
+    ├── ResultNotFound (LookupError)        no stored result for an op id (not applied, or expired)
     ├── LeaseLost                           a worker lost a shard's lease; its writes are fenced off
     └── OperationFailed                     the op ran (or could not run) and failed; carries the
         │                                   remote error's type and message
         ├── UnknownOperation                no op of that name is registered on the worker
         ├── MalformedOperation              the envelope could not be decoded or was misrouted
-        ├── PoisonOperation                 the op killed its worker repeatedly and was dead-lettered
+        ├── PoisonOperation                 the op killed its worker repeatedly; dead-lettered
         └── InsufficientFunds               a ledger withdraw/transfer would make a balance negative
 
 Errors raised inside an op travel as ``{"type", "message", "data"}`` (see ``docs/wire-format.md``);
@@ -144,7 +144,12 @@ class OperationFailed(KeyserialError):
 
     @classmethod
     def _rebuild(
-        cls, message: str, *, error_type: str, key: str | None, op_id: str | None,
+        cls,
+        message: str,
+        *,
+        error_type: str,
+        key: str | None,
+        op_id: str | None,
         data: dict[str, Any],
     ) -> OperationFailed:
         return cls(message, error_type=error_type, key=key, op_id=op_id, data=data)
@@ -192,7 +197,12 @@ class InsufficientFunds(OperationFailed):
 
     @classmethod
     def _rebuild(
-        cls, message: str, *, error_type: str, key: str | None, op_id: str | None,
+        cls,
+        message: str,
+        *,
+        error_type: str,
+        key: str | None,
+        op_id: str | None,
         data: dict[str, Any],
     ) -> OperationFailed:
         balance, amount = data.get("balance"), data.get("amount")

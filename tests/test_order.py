@@ -1,0 +1,90 @@
+"""G2: ops on one key take effect in the order Redis appended them to the shard's stream."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import anyio
+import redis.asyncio
+
+import keyserial
+from keyserial._layout import ShardKeys
+from tests import apps
+from tests.helpers import running_worker
+
+KEYS = [f"item:{n}" for n in range(5)]
+SUBMITTERS = 50
+PER_SUBMITTER = 8
+TOTAL = SUBMITTERS * PER_SUBMITTER
+
+
+async def _stream_order(url: str, namespace: str, shard_count: int) -> dict[str, list[str]]:
+    """Op ids per key, in the order their entries sit in the shards' streams."""
+    client = redis.asyncio.Redis.from_url(url)
+    order: dict[str, list[str]] = defaultdict(list)
+    try:
+        for shard in range(shard_count):
+            for _, fields in await client.xrange(ShardKeys(namespace, shard).stream):
+                for envelope in json.loads(fields[b"ops"]):
+                    order[envelope["key"]].append(envelope["id"])
+    finally:
+        await client.aclose()
+    return order
+
+
+async def test_concurrent_submitters_on_five_keys_apply_in_stream_order(
+    redis_url: str, namespace: str
+) -> None:
+    replied = 0
+    all_replied = anyio.Event()
+    async with keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
+
+        async def submit(key: str, op_id: str) -> None:
+            nonlocal replied
+            await ks.submit(key, apps.record(), op_id=op_id)
+            replied += 1
+            if replied == TOTAL:
+                all_replied.set()
+
+        async def submitter(number: int) -> None:
+            async with anyio.create_task_group() as mine:
+                for step in range(PER_SUBMITTER):
+                    mine.start_soon(submit, KEYS[(number + step) % len(KEYS)], f"s{number}-{step}")
+
+        async with anyio.create_task_group() as group:
+            for number in range(SUBMITTERS):
+                group.start_soon(submitter, number)
+            # No worker runs yet, so every entry is still in the streams: read their order,
+            # then start the worker and let all 400 submits complete.
+            with anyio.fail_after(10):
+                while sum(map(len, (await _stream_order(redis_url, namespace, 4)).values())) < TOTAL:
+                    await anyio.sleep(0.02)
+            expected = await _stream_order(redis_url, namespace, 4)
+            async with running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]):
+                with anyio.fail_after(20):
+                    await all_replied.wait()
+        applied = {key: await ks.read(key) for key in KEYS}
+    assert applied == {key: expected[key] for key in KEYS}
+    assert sum(map(len, applied.values())) == TOTAL
+
+
+async def test_a_client_that_awaits_each_submit_reads_its_own_writes(
+    redis_url: str, namespace: str
+) -> None:
+    async with running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]), \
+            keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
+
+        async def submitter(number: int) -> None:
+            key = KEYS[number % len(KEYS)]
+            for step in range(PER_SUBMITTER):
+                seen = await ks.submit(key, apps.append([number, step]))
+                assert [item for item in seen if item[0] == number] == [
+                    [number, s] for s in range(step + 1)
+                ]
+
+        async with anyio.create_task_group() as group:
+            for number in range(SUBMITTERS):
+                group.start_soon(submitter, number)
+        final = {key: await ks.read(key) for key in KEYS}
+    assert sum(map(len, final.values())) == TOTAL
