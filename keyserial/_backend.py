@@ -42,8 +42,7 @@ class Script:
 
 
 SUBMIT = Script.load("submit")
-FETCH = Script.load("fetch")
-COMMIT = Script.load("commit")
+STEP = Script.load("step")
 ACQUIRE = Script.load("acquire")
 RENEW = Script.load("renew")
 RELEASE = Script.load("release")

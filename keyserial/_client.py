@@ -8,9 +8,10 @@ channel per client, read by one task; a sweep fetches stored results for any rep
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
-import math
+import time
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator
@@ -58,7 +59,7 @@ class _Pending:
         self.envelope = envelope
         self.done = anyio.Event()
         self.outcome: dict[str, Any] | BaseException | None = None
-        self.since = anyio.current_time()
+        self.since = time.monotonic()
 
     def settle(self, outcome: dict[str, Any] | BaseException) -> None:
         if not self.done.is_set():
@@ -73,6 +74,8 @@ class Client:
         self.settings = settings
         self.shard_count = shard_count
         self.client_id = uuid.uuid4().hex
+        # Op ids: the client's random id plus a counter (unique, and cheaper than a uuid4 each).
+        self._op_ids = itertools.count()
         self._backend = backend
         self._reply = reply_channel(settings.namespace, self.client_id)
         self._queue: list[_Pending] = []
@@ -135,7 +138,7 @@ class Client:
             )
         if self._task_group is None:
             raise KeyserialError("the client is closed; use `async with keyserial.connect(...)`")
-        op_id = op_id or uuid.uuid4().hex
+        op_id = op_id or f"{self.client_id}-{next(self._op_ids)}"
         envelope = encode_envelope(op_id, key, call, self._reply)
         size = len(envelope.encode())
         if size > self.settings.max_payload_bytes:
@@ -145,8 +148,11 @@ class Client:
         self._queue.append(pending)
         self._queued.set()
         try:
-            with anyio.fail_after(math.inf if timeout is None else timeout):
+            if timeout is None:
                 await pending.done.wait()
+            else:
+                with anyio.fail_after(timeout):
+                    await pending.done.wait()
         except TimeoutError:
             raise SubmitTimeout(key=key, op_id=op_id, timeout=timeout or 0.0) from None
         finally:
@@ -264,7 +270,7 @@ class Client:
         interval = self.settings.idle_poll
         while True:
             await anyio.sleep(interval)
-            cutoff = anyio.current_time() - interval
+            cutoff = time.monotonic() - interval
             overdue: dict[int, list[str]] = defaultdict(list)
             for op_id, waiters in self._waiting.items():
                 if waiters and waiters[0].since < cutoff:

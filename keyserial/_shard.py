@@ -12,6 +12,7 @@ ahead of it is skipped on replay because its result exists.
 from __future__ import annotations
 
 import logging
+import math
 from collections import OrderedDict, defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any
@@ -125,17 +126,16 @@ class ShardRunner:
         self._careful_until = parse_id(grant.careful_until) if grant.careful_until else None
         self._cache: dict[str, str | None] = {}
         self._dirty: set[str] = set()
+        self._done: dict[bytes, bytes] = {}
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._running: dict[str, _Run] = {}
         self._chains: dict[str, deque[_Run]] = {}
         self._finished: list[_Finished] = []
         self._dead: list[tuple[str, str, str]] = []
-        self._has_finished = anyio.Event()
         self._uncommitted = 0
-        self._settled = anyio.Event()
-        self._capacity = anyio.Event()
-        self._wake = anyio.Event()
         self._stopping = False
+        self._poked = False
+        self._poke = anyio.Event()
         self._fence = grant.epoch << 32
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -143,65 +143,121 @@ class ShardRunner:
     async def run(self) -> None:
         """Serve until :meth:`stop` (then drain) or cancellation.
 
-        :raises LeaseLost: when a fetch or commit finds another owner's epoch.
+        :raises LeaseLost: when a step finds another owner's epoch.
         """
         async with anyio.create_task_group() as task_group:
             self._task_group = task_group
-            task_group.start_soon(self._commit_loop)
-            await self._fetch_loop()
-            await self._drained()
+            await self._step_loop()
             task_group.cancel_scope.cancel()
 
     def stop(self) -> None:
         """Stop fetching; :meth:`run` returns once everything fetched is committed."""
         self._stopping = True
-        self._wake.set()
-        self._capacity.set()
+        self._notify()
 
     def wake(self) -> None:
-        self._wake.set()
+        """New entries were appended (a message on the shard's wake channel)."""
+        self._notify()
 
-    # -- fetching ------------------------------------------------------------------------------
+    def _notify(self) -> None:
+        self._poked = True
+        self._poke.set()
 
-    async def _fetch_loop(self) -> None:
-        while not self._stopping:
-            if self._uncommitted >= self._settings.max_inflight:
-                self._capacity = anyio.Event()
-                await self._capacity.wait()
+    async def _wait(self, timeout: float | None) -> None:
+        """Wait for a notification (new entries, a finished op, stop), or ``timeout``."""
+        if not self._poked:
+            self._poke = anyio.Event()
+            with anyio.move_on_after(math.inf if timeout is None else timeout):
+                await self._poke.wait()
+        self._poked = False
+
+    # -- the step loop -------------------------------------------------------------------------
+
+    async def _step_loop(self) -> None:
+        """Commit what finished and fetch what is next, one round trip per step, until stopped.
+
+        Sync ops run inline while a fetched batch is dispatched, so under load each step commits
+        the previous batch and fetches the next.
+        """
+        idle = False
+        while True:
+            want = self._fetch_size()
+            if self._finished or self._dead or (want and not idle):
+                self._poked = False
+                entries = await self._step(want)
+                if want:
+                    idle = not entries
+                if entries:
+                    await self._dispatch(entries)
                 continue
-            careful = (
-                self._careful_until is not None and parse_id(self._cursor) < self._careful_until
-            )
-            wake = self._wake = anyio.Event()
-            entries, done = await self._fetch(1 if careful else self._settings.fetch_batch)
-            if not entries:
+            if self._stopping and not self._running:
+                return
+            # Idle: wait for a wake-up, but poll now and then in case one was lost.
+            await self._wait(self._settings.idle_poll if want else None)
+            idle = False
+
+    def _fetch_size(self) -> int:
+        if self._stopping or self._uncommitted >= self._settings.max_inflight:
+            return 0
+        if self._careful_until is not None:
+            if parse_id(self._cursor) < self._careful_until:
+                return 1
+            self._careful_until = None
+        return self._settings.fetch_batch
+
+    async def _step(self, want: int) -> list[Any]:
+        batch, self._finished = self._finished, []
+        dead, self._dead = self._dead, []
+        k = self.keys
+        keys = [
+            k.epoch,
+            k.state,
+            k.progress,
+            k.stream,
+            k.results,
+            k.results_expiry,
+            k.dead,
+            k.horizon,
+        ]
+        progress, groups = self._commit_args(batch, dead)
+        args = [self.epoch, progress, self._settings.result_ttl_ms, self._cursor, want, *groups]
+        entries, done, states = await self._retrying(_backend.STEP, keys, args)
+        for finished in batch:
+            if self._running.pop(finished.op_id, None) is not None:
+                self._uncommitted -= 1
+        if not entries:
+            if want and self._careful_until is not None:
                 self._careful_until = None
-                with anyio.move_on_after(self._settings.idle_poll):
-                    await wake.wait()
-                continue
-            await self._dispatch(entries, dict(zip(done[::2], done[1::2], strict=True)), careful)
+            return []
+        self._done = dict(zip(done[::2], done[1::2], strict=True))
+        for raw_key, raw_state in zip(states[::2], states[1::2], strict=True):
+            key = raw_key.decode()
+            if key not in self._cache:
+                self._cache[key] = raw_state.decode() or None
+        return entries  # type: ignore[no-any-return]
 
-    async def _fetch(self, count: int) -> tuple[list[Any], list[bytes]]:
-        reply = await self._retrying(
-            _backend.FETCH,
-            [self.keys.epoch, self.keys.stream, self.keys.horizon, self.keys.results],
-            [self.epoch, self._cursor, count],
-        )
-        entries, done = reply
-        return entries, done
+    async def _settle(self) -> None:
+        """Commit until every fetched op has committed (one op at a time in careful mode)."""
+        while self._running or self._finished or self._dead:
+            if self._finished or self._dead:
+                await self._step(0)
+            else:
+                await self._wait(None)
 
-    async def _dispatch(self, entries: list[Any], done: dict[bytes, bytes], careful: bool) -> None:
+    # -- dispatching ---------------------------------------------------------------------------
+
+    async def _dispatch(self, entries: list[Any]) -> None:
+        careful = self._careful_until is not None
         runnable: list[_Run] = []
         for raw_id, fields in entries:
             entry_id = raw_id.decode()
             self._cursor = entry_id
-            runnable.extend(self._accept(entry_id, _fields(fields), done))
-        await self._load_states({run.envelope.key for run in runnable})
+            runnable.extend(self._accept(entry_id, _fields(fields), self._done))
         for run in runnable:
             self._schedule(run)
             if careful:
                 # One op per commit: if this op kills the worker, it alone takes the strike.
-                await self._drained()
+                await self._settle()
 
     def _accept(
         self, entry_id: str, fields: dict[bytes, bytes], done: dict[bytes, bytes]
@@ -257,14 +313,6 @@ class ShardRunner:
             return
         outcome = encode_error(MalformedOperation.wire_type, problem.reason)
         self._finish(_Finished(problem.op_id, outcome, [entry], _opt(problem.reply)))
-
-    async def _load_states(self, keys: set[str]) -> None:
-        missing = [key for key in keys if key not in self._cache]
-        if not missing:
-            return
-        values = await self._backend.hmget(self.keys.state, missing)
-        for key, value in zip(missing, values, strict=True):
-            self._cache[key] = None if value is None else value.decode()
 
     # -- running ops ---------------------------------------------------------------------------
 
@@ -362,32 +410,14 @@ class ShardRunner:
 
     def _finish(self, finished: _Finished) -> None:
         self._finished.append(finished)
-        self._has_finished.set()
+        self._notify()
 
     # -- committing ----------------------------------------------------------------------------
 
-    async def _commit_loop(self) -> None:
-        while True:
-            await self._has_finished.wait()
-            self._has_finished = anyio.Event()
-            batch, self._finished = self._finished, []
-            dead, self._dead = self._dead, []
-            await self._retrying(
-                _backend.COMMIT, self._commit_keys(), self._commit_args(batch, dead)
-            )
-            for finished in batch:
-                if self._running.pop(finished.op_id, None) is not None:
-                    self._uncommitted -= 1
-            self._capacity.set()
-            if not self._finished and not self._running:
-                self._settled.set()
-
-    def _commit_keys(self) -> list[str]:
-        k = self.keys
-        return [k.epoch, k.state, k.progress, k.stream, k.results, k.results_expiry, k.dead]
-
-    def _commit_args(self, batch: list[_Finished], dead: list[tuple[str, str, str]]) -> list[Any]:
-        states: dict[str, str | None] = {}
+    def _commit_args(
+        self, batch: list[_Finished], dead: list[tuple[str, str, str]]
+    ) -> tuple[str, list[Any]]:
+        """The new progress marker, and the step script's four groups for ``batch``."""
         results: list[str] = []
         replies: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for finished in batch:
@@ -397,22 +427,21 @@ class ShardRunner:
                 results += (finished.op_id, finished.outcome)
             for channel in finished.replies:
                 replies[channel].append((finished.op_id, finished.outcome))
+        groups: list[Any] = [len(self._dirty)]
         for key in self._dirty:
-            states[key] = self._cache[key]
+            encoded = self._cache[key]
+            groups += (key, "" if encoded is None else encoded)
         self._dirty.clear()
-        args: list[Any] = [self.epoch, self._advance_progress(), self._settings.result_ttl_ms]
-        args += [len(states)]
-        for key, encoded in states.items():
-            args += (key, "" if encoded is None else encoded)
-        args += [len(results) // 2, *results, len(dead)]
+        groups += [len(results) // 2, *results, len(dead)]
         for triple in dead:
-            args += triple
-        args += [len(replies)]
+            groups += triple
+        groups += [len(replies)]
         for channel, outcomes in replies.items():
-            args += (channel, encode_reply(outcomes))
-        return args
+            groups += (channel, encode_reply(outcomes))
+        return self._advance_progress(), groups
 
     def _advance_progress(self) -> str:
+        """Id of the last entry of the fetched prefix whose ops have all finished ('' if none)."""
         progress = ""
         while self._entries:
             first = next(iter(self._entries.values()))
@@ -421,12 +450,6 @@ class ShardRunner:
             progress = first.entry_id
             self._entries.popitem(last=False)
         return progress
-
-    async def _drained(self) -> None:
-        """Wait until every fetched op has committed."""
-        while self._running or self._finished or self._dead:
-            self._settled = anyio.Event()
-            await self._settled.wait()
 
     async def _retrying(self, script: _backend.Script, keys: list[str], args: list[Any]) -> Any:
         """Run a fenced script, retrying while Redis is unreachable (the lease loop decides

@@ -1,0 +1,123 @@
+-- One step of a shard's owner: commit the ops finished since the last step, then fetch the next
+-- entries. Under load a shard costs one round trip per batch.
+--
+-- The commit is atomic and fenced: the state writes, results and progress of the finished ops,
+-- then their replies (the output gate: nothing is replied before it is committed).
+-- The fetch returns entries after the owner's cursor, the stored outcome of any op id that
+-- already has one (a resubmitted op: reply with it, never run it again), and the committed
+-- state of every key the entries name (the owner ignores keys it already caches).
+--
+-- KEYS[1]  epoch      KEYS[2]  state      KEYS[3]  progress    KEYS[4]  stream
+-- KEYS[5]  results    KEYS[6]  results expiry (sorted set)     KEYS[7]  dead-letter stream
+-- KEYS[8]  horizon
+-- ARGV[1]  the owner's epoch
+-- ARGV[2]  new progress: id of the last entry whose ops have all finished, or '' to keep it
+-- ARGV[3]  result retention in milliseconds
+-- ARGV[4]  cursor: the last entry id already fetched (exclusive)
+-- ARGV[5]  how many entries to fetch (0: commit only)
+-- then four groups, each a count followed by its items:
+--   state writes   (key, JSON state or '' to delete) pairs
+--   results        (op id, JSON outcome) pairs
+--   dead letters   (entry id, reason, raw entry) triples
+--   replies        (channel, message) pairs
+-- Returns {entries, done, states}: entries as XRANGE returns them; done = {op id, outcome, ...};
+-- states = {key, JSON state or '', ...}. Error "FENCED ..." (nothing written) if another owner
+-- took over: the epoch moved on.
+local function parse_id(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+local function id_gt(a, b)
+  local am, as = parse_id(a)
+  local bm, bs = parse_id(b)
+  return am > bm or (am == bm and as > bs)
+end
+
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then
+  return redis.error_reply('FENCED epoch ' .. ARGV[1] .. ' is no longer the owner')
+end
+
+-- Commit.
+local time = redis.call('TIME')
+local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+local i = 6
+local count = tonumber(ARGV[i])
+for j = i + 1, i + 2 * count, 2 do
+  if ARGV[j + 1] == '' then
+    redis.call('HDEL', KEYS[2], ARGV[j])
+  else
+    redis.call('HSET', KEYS[2], ARGV[j], ARGV[j + 1])
+  end
+end
+i = i + 2 * count + 1
+local results = tonumber(ARGV[i])
+local expires_at = now_ms + tonumber(ARGV[3])
+for j = i + 1, i + 2 * results, 2 do
+  redis.call('HSET', KEYS[5], ARGV[j], ARGV[j + 1])
+  redis.call('ZADD', KEYS[6], expires_at, ARGV[j])
+end
+i = i + 2 * results + 1
+count = tonumber(ARGV[i])
+for j = i + 1, i + 3 * count, 3 do
+  redis.call('XADD', KEYS[7], 'MAXLEN', '~', 10000, '*',
+    'entry', ARGV[j], 'reason', ARGV[j + 1], 'raw', ARGV[j + 2])
+end
+i = i + 3 * count + 1
+if ARGV[2] ~= '' then
+  redis.call('SET', KEYS[3], ARGV[2])
+  redis.call('XTRIM', KEYS[4], 'MINID', '~', ARGV[2])
+end
+if results > 0 then
+  -- Drop expired results, a bounded number per step so no call ever stalls the server.
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now_ms, 'LIMIT', 0, 2 * results)
+  if #expired > 0 then
+    redis.call('HDEL', KEYS[5], unpack(expired))
+    redis.call('ZREM', KEYS[6], unpack(expired))
+  end
+end
+count = tonumber(ARGV[i])
+for j = i + 1, i + 2 * count, 2 do
+  redis.call('PUBLISH', ARGV[j], ARGV[j + 1])
+end
+
+-- Fetch.
+local entries, done, states = {}, {}, {}
+if tonumber(ARGV[5]) == 0 then
+  return {entries, done, states}
+end
+entries = redis.call('XRANGE', KEYS[4], '(' .. ARGV[4], '+', 'COUNT', ARGV[5])
+if #entries == 0 then
+  return {entries, done, states}
+end
+local last = entries[#entries][1]
+local horizon = redis.call('GET', KEYS[8])
+if not horizon or id_gt(last, horizon) then
+  redis.call('SET', KEYS[8], last)
+end
+local seen = {}
+for _, entry in ipairs(entries) do
+  local fields = entry[2]
+  for f = 1, #fields, 2 do
+    if fields[f] == 'ops' then
+      local ok, ops = pcall(cjson.decode, fields[f + 1])
+      if ok and type(ops) == 'table' then
+        for _, envelope in ipairs(ops) do
+          if type(envelope) == 'table' and type(envelope.id) == 'string' then
+            local outcome = redis.call('HGET', KEYS[5], envelope.id)
+            if outcome then
+              done[#done + 1] = envelope.id
+              done[#done + 1] = outcome
+            end
+            local key = envelope.key
+            if type(key) == 'string' and not seen[key] then
+              seen[key] = true
+              states[#states + 1] = key
+              states[#states + 1] = redis.call('HGET', KEYS[2], key) or ''
+            end
+          end
+        end
+      end
+    end
+  end
+end
+return {entries, done, states}
