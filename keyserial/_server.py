@@ -55,11 +55,14 @@ def _command(client: redis.Redis, *args: str | int) -> Any:
     return client.execute_command(*args)  # type: ignore[no-untyped-call]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+def free_port(highest: int = 65535) -> int:
+    """A port nothing listens on now, at most ``highest``."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port: int = sock.getsockname()[1]
+        if port <= highest:
+            return port
 
 
 class LocalServer:
@@ -79,7 +82,8 @@ class LocalServer:
         data_dir: str | Path | None = None,
         binary: str | None = None,
     ) -> None:
-        self.port = port or free_port()
+        # A cluster node also listens on port + 10000 (its bus), so it must be <= 55535.
+        self.port = port or free_port(55535 if cluster else 65535)
         self.cluster = cluster
         self.appendfsync = appendfsync
         self.binary = binary or find_server_binary()

@@ -119,6 +119,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"keyserial: error: {exc}", file=sys.stderr)
         return 2
+    except BaseExceptionGroup as group:
+        # A worker's setup error surfaces through the task group that runs it.
+        config_errors = group.subgroup(ConfigError)
+        if config_errors is None:
+            raise
+        print(f"keyserial: error: {_first_leaf(config_errors)}", file=sys.stderr)
+        return 2
+
+
+def _first_leaf(group: BaseExceptionGroup[ConfigError]) -> BaseException:
+    first = group.exceptions[0]
+    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _settings(args: argparse.Namespace) -> Settings:

@@ -199,3 +199,19 @@ async def test_bad_keys_and_calls_are_refused_at_submit(redis_url: str, namespac
             await ks.submit("k", "deposit")  # type: ignore[arg-type]
         with pytest.raises(TypeError):
             await ks.submit("k", call("deposit", object()))
+
+
+async def test_a_full_backlog_fails_fast_and_appends_nothing(
+    redis_url: str, namespace: str
+) -> None:
+    async with keyserial.connect(redis_url, shards=1, namespace=namespace, max_backlog=2) as ks:
+        for n in range(2):
+            with pytest.raises(SubmitTimeout):
+                await ks.submit("account:1", deposit(1), timeout=0.05, op_id=f"queued-{n}")
+        with pytest.raises(keyserial.BacklogFull, match="2 or more unprocessed entries") as full:
+            await ks.submit("account:1", deposit(1), op_id="refused")
+        assert full.value.shard == 0
+        async with running_worker(redis_url, namespace, shard_count=1):
+            assert await ks.submit("account:1", balance()) == 2
+            with pytest.raises(ResultNotFound):
+                await ks.result("refused", key="account:1")

