@@ -65,7 +65,9 @@ end
 i = i + 3 * count + 1
 if ARGV[2] ~= '' then
   redis.call('SET', KEYS[3], ARGV[2])
-  redis.call('XTRIM', KEYS[4], 'MINID', '~', ARGV[2])
+  -- Exact trim of every committed entry, so XLEN is the backlog the submit script checks.
+  local ms, seq = parse_id(ARGV[2])
+  redis.call('XTRIM', KEYS[4], 'MINID', string.format('%d-%d', ms, seq + 1))
 end
 if results > 0 then
   -- Drop expired results, a bounded number per step so no call ever stalls the server.
