@@ -216,6 +216,11 @@ class Client:
                 for pending in batch:
                     pending.settle(BackendUnavailable(self._backend.url, exc, op_id=pending.op_id))
                 continue
+            except Exception as exc:  # anything else fails this batch, not the client
+                log.exception("appending %d ops failed", len(batch))
+                for pending in batch:
+                    pending.settle(KeyserialError(f"appending op {pending.op_id!r} failed: {exc}"))
+                continue
             for (shard, group), reply in zip(entries, replies, strict=True):
                 if isinstance(reply, redis_errors.ResponseError):
                     error = self._append_error(shard, reply)
