@@ -42,10 +42,13 @@ class Envelope:
 class MalformedEntry(Exception):
     """A stream entry (or one op in it) that cannot be decoded; ``reason`` says why."""
 
-    def __init__(self, reason: str, *, op_id: str | None = None, reply: str | None = None) -> None:
+    def __init__(
+        self, reason: str, *, op_id: str | None = None, reply: str | None = None, raw: str = ""
+    ) -> None:
         self.reason = reason
         self.op_id = op_id
         self.reply = reply
+        self.raw = raw
         super().__init__(reason)
 
 
@@ -74,7 +77,8 @@ def decode_entry(fields: Mapping[bytes, bytes]) -> list[Envelope | MalformedEntr
     """
     version = fields.get(b"v")
     if version != WIRE_VERSION.encode():
-        raise MalformedEntry(f"unsupported wire version {version!r} (this worker reads v1)")
+        shown = "none" if version is None else repr(version.decode(errors="replace"))
+        raise MalformedEntry(f"unsupported wire version {shown} (this worker reads '1')")
     raw = fields.get(b"ops")
     if raw is None:
         raise MalformedEntry("entry has no 'ops' field")
@@ -87,12 +91,29 @@ def decode_entry(fields: Mapping[bytes, bytes]) -> list[Envelope | MalformedEntr
     return [_decode_envelope(item) for item in ops]
 
 
+def salvage_replies(fields: Mapping[bytes, bytes]) -> list[tuple[str, str | None]]:
+    """``(op id, reply channel)`` of every envelope still readable in an unreadable entry, so
+    their submitters hear why instead of waiting for a timeout."""
+    try:
+        ops = json.loads(fields.get(b"ops", b""))
+    except ValueError:
+        return []
+    if not isinstance(ops, list):
+        return []
+    found = []
+    for item in ops:
+        if isinstance(item, dict) and isinstance(item.get("id"), str) and item["id"]:
+            reply = item.get("reply")
+            found.append((item["id"], reply if isinstance(reply, str) else None))
+    return found
+
+
 def _decode_envelope(item: Any) -> Envelope | MalformedEntry:
     if not isinstance(item, dict):
-        return MalformedEntry("op envelope is not a JSON object")
+        return MalformedEntry("op envelope is not a JSON object", raw=_raw_json(item))
     op_id, reply = item.get("id"), item.get("reply")
     if not isinstance(op_id, str) or not op_id:
-        return MalformedEntry("op envelope has no string 'id'")
+        return MalformedEntry("op envelope has no string 'id'", raw=_raw_json(item))
     reply = reply if isinstance(reply, str) else None
     key, name = item.get("key"), item.get("op")
     args, kwargs = item.get("args", []), item.get("kwargs", {})
@@ -109,6 +130,13 @@ def _decode_envelope(item: Any) -> Envelope | MalformedEntry:
         return MalformedEntry(problem, op_id=op_id, reply=reply)
     assert isinstance(key, str) and isinstance(name, str)
     return Envelope(op_id, key, name, args, kwargs, reply)
+
+
+def _raw_json(item: Any) -> str:
+    try:
+        return dumps(item)
+    except (TypeError, ValueError):
+        return repr(item)
 
 
 def encode_ok(value: Any) -> str:

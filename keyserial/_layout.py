@@ -21,7 +21,7 @@ def check_namespace(namespace: str) -> str:
 
 
 def meta_key(namespace: str) -> str:
-    """The namespace's settings hash (shard count, wire version), written on first use."""
+    """The namespace's hash of fixed settings (field ``shards``), written on first use."""
     return f"ks:{{{namespace}}}:meta"
 
 

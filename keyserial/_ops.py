@@ -14,12 +14,13 @@ from .errors import ConfigError
 
 P = ParamSpec("P")
 R = TypeVar("R")
+R_co = TypeVar("R_co", covariant=True)
 
 _ABSENT: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
-class Call(Generic[R]):
+class Call(Generic[R_co]):
     """A registered op's name and its JSON arguments: all that travels to the worker."""
 
     name: str

@@ -30,6 +30,7 @@ from ._codec import (
     encode_error,
     encode_ok,
     encode_reply,
+    salvage_replies,
 )
 from ._layout import ShardKeys
 from ._ops import Context, Registry
@@ -269,7 +270,9 @@ class ShardRunner:
             log.error("shard %d: dead-lettering malformed entry %s: %s", self.shard, entry_id, exc)
             self._dead.append((entry_id, exc.reason, _raw(fields)))
             self._entries[entry_id] = _Entry(entry_id, 0)
-            self._finish(_Finished("", "", [], [], store=False))
+            outcome = encode_error(MalformedOperation.wire_type, exc.reason)
+            for op_id, reply in salvage_replies(fields):
+                self._finish(_Finished(op_id, outcome, [], _opt(reply)))
             return []
         entry = self._entries[entry_id] = _Entry(entry_id, len(items))
         runnable = []
@@ -308,7 +311,7 @@ class ShardRunner:
 
     def _reject(self, entry: _Entry, problem: MalformedEntry) -> None:
         if problem.op_id is None:
-            self._dead.append((entry.entry_id, problem.reason, ""))
+            self._dead.append((entry.entry_id, problem.reason, problem.raw))
             self._finish(_Finished("", "", [entry], [], store=False))
             return
         outcome = encode_error(MalformedOperation.wire_type, problem.reason)

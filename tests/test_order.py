@@ -58,7 +58,8 @@ async def test_concurrent_submitters_on_five_keys_apply_in_stream_order(
             # No worker runs yet, so every entry is still in the streams: read their order,
             # then start the worker and let all 400 submits complete.
             with anyio.fail_after(10):
-                while sum(map(len, (await _stream_order(redis_url, namespace, 4)).values())) < TOTAL:
+                while sum(map(len, (await _stream_order(redis_url, namespace, 4)).values())) \
+                        < TOTAL:
                     await anyio.sleep(0.02)
             expected = await _stream_order(redis_url, namespace, 4)
             async with running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]):

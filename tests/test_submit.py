@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import anyio
 import pytest
 import redis.asyncio
@@ -177,12 +179,16 @@ async def test_a_malformed_entry_is_dead_lettered_and_the_shard_moves_on(
             await client.xadd(keys.stream, {"v": "9", "ops": "[]"})
             await client.xadd(keys.stream, {
                 "v": "1",
-                "ops": '[{"id":"no-key","op":"deposit","reply":"%s"}]' % ks._reply,
+                "ops": json.dumps([{"id": "no-key", "op": "deposit", "reply": ks._reply}]),
             })
+            await client.xadd(keys.stream, {"v": "2", "ops": json.dumps(
+                [{"id": "from-the-future", "key": "account:1", "op": "deposit", "args": [1]}])})
             async with running_worker(redis_url, namespace, shard_count=1):
                 assert await ks.submit("account:1", deposit(3)) == 3
                 with pytest.raises(MalformedOperation, match="'key' must be"):
                     await ks.result("no-key", key="account:1")
+                with pytest.raises(MalformedOperation, match="unsupported wire version '2'"):
+                    await ks.result("from-the-future", key="account:1")
             dead = await client.xrange(keys.dead)
             reasons = [fields[b"reason"].decode() for _, fields in dead]
             assert any("not valid JSON" in reason for reason in reasons)

@@ -1,0 +1,61 @@
+"""Every ``examples/*.py`` script runs against a private server and its invariant holds.
+
+Scripts are found by glob, so a new example is covered as soon as it exists. Each runs as a real
+subprocess (``sys.executable``) with ``KEYSERIAL_REDIS_URL`` pointing at the test server, while an
+in-process worker serves the namespace the scripts use: ``"default"`` with 16 shards (no other
+test uses it; they all take a unique namespace).
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from tests.helpers import ROOT, running_worker
+
+EXAMPLES = sorted((ROOT / "examples").glob("[0-9]*.py"))
+APPS = ["workers.shop", "workers.presence", "workers.mail"]
+#: The line each known example must print; any other example must end with a line "OK: ...".
+EXPECTED = {
+    "01_wallet.py": "OK: final balance 50; no lost update, no overdraft",
+    "02_stock_counter.py": "OK: sold exactly 50, no oversell",
+    "03_online_counter.py": "OK: the counter is exact (200 online) and never goes below zero",
+    "04_send_once.py": "OK: each order's e-mail was sent exactly once",
+}
+
+
+def test_every_example_is_found_and_says_how_to_run_it() -> None:
+    assert {path.name for path in EXAMPLES} >= set(EXPECTED)
+    for path in EXAMPLES:
+        docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        run_lines = [line for line in docstring.splitlines() if line.startswith("Run:")]
+        assert run_lines, f"{path.name} has no 'Run:' line in its docstring"
+        assert f"python examples/{path.name}" in docstring, f"{path.name}: Run: names another file"
+    readme = (ROOT / "examples" / "README.md").read_text(encoding="utf-8")
+    missing = [path.name for path in EXAMPLES if path.name not in readme]
+    assert not missing, f"examples/README.md does not list {missing}"
+
+
+@pytest.mark.parametrize("script", EXAMPLES, ids=[path.stem for path in EXAMPLES])
+async def test_example_runs_and_its_invariant_holds(
+    script: Path, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker (in this process) and the script (a child) must share the mail outbox.
+    monkeypatch.setenv("MAIL_OUTBOX", str(tmp_path / "outbox.jsonl"))
+    env = {**os.environ, "KEYSERIAL_REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
+    async with running_worker(redis_url, "default", shard_count=16, apps=APPS):
+        with anyio.fail_after(60):
+            result = await anyio.run_process(
+                [sys.executable, str(script)], cwd=ROOT, env=env, check=False
+            )
+    stdout, stderr = result.stdout.decode(), result.stderr.decode()
+    report = f"--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
+    assert result.returncode == 0, report
+    lines = stdout.strip().splitlines()
+    assert lines and lines[-1].startswith("OK: "), report
+    assert EXPECTED.get(script.name, "OK: ") in lines[-1], report

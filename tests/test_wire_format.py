@@ -1,0 +1,308 @@
+"""``docs/wire-format.md`` is true: a foreign client that follows it, with plain redis-py commands
+and no keyserial client, submits ops to a running worker and reads replies and stored results.
+
+The routing vectors and the submit script are read from the document itself, and the names of
+keys and channels below are the document's, so the document cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import uuid
+import zlib
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import anyio
+import pytest
+import redis.asyncio
+from redis import exceptions as redis_errors
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import RedisCluster
+
+from keyserial import shard_for
+from tests.helpers import ROOT, running_worker
+
+DOC = (ROOT / "docs" / "wire-format.md").read_text(encoding="utf-8")
+SHARDS = 4
+T = TypeVar("T")
+
+
+def doc_submit_script() -> str:
+    match = re.search(r"```lua\n(.*?)```", DOC, re.DOTALL)
+    assert match, "docs/wire-format.md has no ```lua block"
+    return match.group(1)
+
+
+def doc_routing_vectors() -> list[tuple[str, str, int, int]]:
+    """Rows ``| `key` | `hex` | crc32 | shard of 16 |`` of the routing table."""
+    rows = re.findall(r"^\| `([^`]+)` \| `([0-9a-f]+)` \| (\d+) \| (\d+) \|$", DOC, re.MULTILINE)
+    return [(key, hex_bytes, int(crc), int(shard)) for key, hex_bytes, crc, shard in rows]
+
+
+def test_the_routing_vectors_are_crc32_of_the_utf8_key_modulo_16() -> None:
+    vectors = doc_routing_vectors()
+    assert len(vectors) >= 5
+    for key, hex_bytes, crc, shard in vectors:
+        assert key.encode().hex() == hex_bytes
+        assert zlib.crc32(key.encode()) == crc
+        assert crc % 16 == shard == shard_for(key, 16)
+
+
+def test_the_documented_submit_script_is_the_one_the_python_client_runs() -> None:
+    shipped = (ROOT / "keyserial" / "lua" / "submit.lua").read_text(encoding="utf-8")
+    assert doc_submit_script().strip() == shipped.strip()
+
+
+async def until(check: Callable[[], Awaitable[T | None]], *, timeout: float = 10) -> T:
+    """Poll ``check`` until it returns something other than ``None``."""
+    with anyio.fail_after(timeout):
+        while True:
+            value = await check()
+            if value is not None:
+                return value
+            await anyio.sleep(0.02)
+
+
+class ForeignClient:
+    """What a Go or Node service would do, in redis-py: only the commands the document names."""
+
+    def __init__(self, url: str, namespace: str, commands: Any) -> None:
+        self.namespace = namespace
+        self.commands = commands  # a Redis or RedisCluster client (decode_responses=True)
+        self.reply_channel = f"ks:{namespace}:reply:{uuid.uuid4().hex}"
+        # Channels are not keys: on a cluster, PUBLISH and SUBSCRIBE through any one node.
+        self.node = redis.asyncio.Redis.from_url(url, decode_responses=True)
+        self.pubsub: PubSub = self.node.pubsub(ignore_subscribe_messages=True)
+        self.shard_count = 0
+        self._counter = 0
+
+    @classmethod
+    @asynccontextmanager
+    async def connect(cls, url: str, namespace: str) -> AsyncIterator[ForeignClient]:
+        probe = redis.asyncio.Redis.from_url(url)
+        try:
+            cluster = bool((await probe.info("cluster")).get("cluster_enabled"))
+        finally:
+            await probe.aclose()
+        commands: Any = (
+            RedisCluster.from_url(url, decode_responses=True)
+            if cluster
+            else redis.asyncio.Redis.from_url(url, decode_responses=True)
+        )
+        client = cls(url, namespace, commands)
+        try:
+            # Subscribe before appending anything.
+            await client.pubsub.subscribe(client.reply_channel)
+            yield client
+        finally:
+            await client.pubsub.aclose()  # type: ignore[no-untyped-call]
+            await client.node.aclose()
+            await commands.aclose()
+
+    async def read_shard_count(self) -> int:
+        self.shard_count = int(await self.commands.hget(f"ks:{{{self.namespace}}}:meta", "shards"))
+        return self.shard_count
+
+    def shard(self, key: str) -> int:
+        return zlib.crc32(key.encode("utf-8")) % self.shard_count
+
+    def stream(self, shard: int) -> str:
+        return f"ks:{{{self.namespace}:{shard}}}:stream"
+
+    def results(self, shard: int) -> str:
+        return f"ks:{{{self.namespace}:{shard}}}:results"
+
+    def state(self, shard: int) -> str:
+        return f"ks:{{{self.namespace}:{shard}}}:state"
+
+    def dead(self, shard: int) -> str:
+        return f"ks:{{{self.namespace}:{shard}}}:dead"
+
+    def wake(self, shard: int) -> str:
+        return f"ks:{self.namespace}:wake:{shard}"
+
+    def envelope(self, key: str, op: str, *args: Any, op_id: str | None = None,
+                 reply: bool = True) -> dict[str, Any]:
+        if op_id is None:
+            op_id = f"{self.reply_channel.rsplit(':', 1)[1]}-{self._counter}"
+            self._counter += 1
+        envelope: dict[str, Any] = {"id": op_id, "key": key, "op": op}
+        if args:
+            envelope["args"] = list(args)
+        if reply:
+            envelope["reply"] = self.reply_channel
+        return envelope
+
+    async def xadd(self, shard: int, envelopes: Sequence[dict[str, Any]], *,
+                   version: str = "1") -> str:
+        """Append with XADD, then PUBLISH the wake channel."""
+        ops = json.dumps(list(envelopes), separators=(",", ":"))
+        entry_id: str = await self.commands.xadd(self.stream(shard), {"v": version, "ops": ops})
+        await self.node.publish(self.wake(shard), entry_id)
+        return entry_id
+
+    async def eval_submit(self, shard: int, envelopes: Sequence[dict[str, Any]], *,
+                          backlog: int = 100_000) -> str:
+        """Append with the document's submit script."""
+        ops = json.dumps(list(envelopes), separators=(",", ":"))
+        entry_id: str = await self.commands.eval(
+            doc_submit_script(), 1, self.stream(shard), backlog, "1", ops, self.wake(shard)
+        )
+        return entry_id
+
+    async def next_message(self, *, timeout: float = 10) -> str:
+        """The next message on the reply channel, as published."""
+        with anyio.fail_after(timeout):
+            while (message := await self.pubsub.get_message(timeout=0.2)) is None:
+                pass
+        assert message["channel"] == self.reply_channel
+        data: str = message["data"]
+        return data
+
+    async def replies(self, op_ids: Sequence[str], *, timeout: float = 10) -> dict[str, Any]:
+        """Outcomes by op id from reply messages, until every id in ``op_ids`` has one."""
+        found: dict[str, Any]
+        wanted, found = set(op_ids), {}
+        deadline = time.monotonic() + timeout
+        while not wanted <= found.keys():
+            assert time.monotonic() < deadline, f"no reply for {wanted - found.keys()}"
+            reply = json.loads(await self.next_message(timeout=deadline - time.monotonic()))
+            assert reply["v"] == 1
+            for op_id, outcome in reply["r"]:
+                found[op_id] = outcome
+        return found
+
+    async def stored(self, shard: int, op_id: str) -> Any:
+        raw = await self.commands.hget(self.results(shard), op_id)
+        return None if raw is None else json.loads(raw)
+
+
+async def test_xadd_and_publish_then_reply_stored_result_state_and_dedup(
+    redis_url: str, namespace: str
+) -> None:
+    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
+            ForeignClient.connect(redis_url, namespace) as client:
+        assert await client.read_shard_count() == SHARDS
+        key = "account:5"
+        shard = client.shard(key)
+        assert shard == shard_for(key, SHARDS)
+
+        deposit = client.envelope(key, "deposit", 100)
+        entry_id = await client.xadd(shard, [deposit])
+        assert re.fullmatch(r"\d+-\d+", entry_id)
+        # The reply, byte for byte as documented; committed before it was published.
+        expected = '{"v":1,"r":[[' + json.dumps(deposit["id"]) + ',{"ok":100}]]}'
+        assert await client.next_message() == expected
+        assert await client.commands.hget(client.results(shard), deposit["id"]) == '{"ok":100}'
+        assert await client.commands.hget(client.state(shard), key) == "100"
+        # A committed entry is trimmed: XLEN is the backlog of entries not committed yet.
+        assert await client.commands.xlen(client.stream(shard)) == 0
+
+        withdraw = client.envelope(key, "withdraw", 500)
+        await client.xadd(shard, [withdraw])
+        outcome = (await client.replies([withdraw["id"]]))[withdraw["id"]]
+        assert outcome == {"error": {"type": "keyserial.InsufficientFunds",
+                                     "message": "balance 100 is less than 500",
+                                     "data": {"balance": 100, "amount": 500}}}
+        assert await client.stored(shard, withdraw["id"]) == outcome
+        assert await client.commands.hget(client.state(shard), key) == "100"
+
+        # A resubmitted op id returns the stored outcome and does not run again.
+        await client.xadd(shard, [deposit])
+        assert (await client.replies([deposit["id"]]))[deposit["id"]] == {"ok": 100}
+        balance = client.envelope(key, "balance")
+        await client.xadd(shard, [balance])
+        assert (await client.replies([balance["id"]]))[balance["id"]] == {"ok": 100}
+
+
+async def test_the_submit_script_appends_an_entry_of_several_ops_run_in_array_order(
+    redis_url: str, namespace: str
+) -> None:
+    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
+            ForeignClient.connect(redis_url, namespace) as client:
+        await client.read_shard_count()
+        key = "wallet:7"
+        shard = client.shard(key)
+        ops = [client.envelope(key, "deposit", 10), client.envelope(key, "withdraw", 4),
+               client.envelope(key, "withdraw", 6), client.envelope(key, "balance")]
+        await client.eval_submit(shard, ops)
+        outcomes = await client.replies([op["id"] for op in ops])
+        assert [outcomes[op["id"]] for op in ops] == [{"ok": 10}, {"ok": 6}, {"ok": 0}, {"ok": 0}]
+        for op in ops:
+            assert await client.stored(shard, op["id"]) == outcomes[op["id"]]
+
+        # Without a reply channel nothing is published, but the outcome is stored.
+        silent = client.envelope(key, "deposit", 5, reply=False)
+        await client.eval_submit(shard, [silent])
+        assert await until(lambda: client.stored(shard, silent["id"])) == {"ok": 5}
+        assert await client.pubsub.get_message(timeout=0.1) is None
+
+
+async def test_refused_ops_carry_the_documented_error_types(
+    redis_url: str, namespace: str
+) -> None:
+    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
+            ForeignClient.connect(redis_url, namespace) as client:
+        await client.read_shard_count()
+        key = "account:1"
+        shard = client.shard(key)
+        misrouted_key = next(f"account:{n}" for n in range(100)
+                             if client.shard(f"account:{n}") != shard)
+        unknown = client.envelope(key, "teleport", 1)
+        bad_args = {**client.envelope(key, "deposit"), "args": "not an array"}
+        misrouted = client.envelope(misrouted_key, "deposit", 1)
+        bad_type = client.envelope(key, "deposit", -5)
+        no_id = {"key": key, "op": "deposit", "args": [1]}
+        ops = [unknown, bad_args, misrouted, bad_type]
+        entry_id = await client.xadd(shard, [*ops, no_id])
+        outcomes = await client.replies([op["id"] for op in ops])
+        types = {op_id: outcome["error"]["type"] for op_id, outcome in outcomes.items()}
+        assert types == {unknown["id"]: "keyserial.UnknownOperation",
+                         bad_args["id"]: "keyserial.MalformedOperation",
+                         misrouted["id"]: "keyserial.MalformedOperation",
+                         bad_type["id"]: "ValueError"}
+        assert "routes to shard" in outcomes[misrouted["id"]]["error"]["message"]
+        # The misrouted op's result is stored on the shard it was appended to.
+        assert await client.stored(shard, misrouted["id"]) == outcomes[misrouted["id"]]
+
+        # A failure is stored under its op id: resubmitting the id, fixed, returns the failure.
+        await client.xadd(shard, [{**bad_args, "args": [1]}])
+        assert (await client.replies([bad_args["id"]]))[bad_args["id"]] == outcomes[bad_args["id"]]
+
+        # An envelope with no id and an entry of another version are dead-lettered; the
+        # entry's readable envelopes still get a MalformedOperation reply.
+        wrong_version = client.envelope(key, "deposit", 1)
+        other_entry = await client.xadd(shard, [wrong_version], version="2")
+        refused = (await client.replies([wrong_version["id"]]))[wrong_version["id"]]
+        assert refused["error"]["type"] == "keyserial.MalformedOperation"
+        assert "unsupported wire version '2'" in refused["error"]["message"]
+
+        async def two_dead_letters() -> list[Any] | None:
+            dead: list[Any] = await client.commands.xrange(client.dead(shard))
+            return dead if len(dead) >= 2 else None
+
+        letters = {fields["entry"]: fields for _, fields in await until(two_dead_letters)}
+        assert "no string 'id'" in letters[entry_id]["reason"]
+        assert "unsupported wire version" in letters[other_entry]["reason"]
+        assert await client.stored(shard, wrong_version["id"]) == refused
+        assert await client.commands.hget(client.state(shard), key) is None
+
+
+async def test_the_submit_script_refuses_an_entry_when_the_backlog_is_full(
+    redis_url: str, namespace: str
+) -> None:
+    # No worker serves this namespace, so appended entries stay in the stream.
+    async with ForeignClient.connect(redis_url, namespace) as client:
+        meta = f"ks:{{{namespace}}}:meta"
+        await client.commands.hsetnx(meta, "shards", SHARDS)
+        assert await client.read_shard_count() == SHARDS
+        key = "account:3"
+        shard = client.shard(key)
+        await client.eval_submit(shard, [client.envelope(key, "deposit", 1)], backlog=0)
+        with pytest.raises(redis_errors.ResponseError, match=r"^BACKLOG 1$"):
+            await client.eval_submit(shard, [client.envelope(key, "deposit", 1)], backlog=1)
+        assert await client.commands.xlen(client.stream(shard)) == 1

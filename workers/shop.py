@@ -1,0 +1,78 @@
+"""A stock counter per item: no oversell, however many servers sell the same item at once.
+
+The key is the item (``"item:42"``); its state is the units in stock, an integer (no state: 0).
+Every op on one item runs on the item's shard, one after another, so ``reserve`` can check and
+decrement without a lock::
+
+    await ks.submit("item:42", restock(10))   # -> 10
+    await ks.submit("item:42", reserve(3))    # -> 7 left
+    await ks.submit("item:42", reserve(9))    # OperationFailed, error_type "shop.OutOfStock"
+
+Serve with ``keyserial worker --app workers.shop``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keyserial
+
+
+class OutOfStock(keyserial.OperationFailed):
+    """Fewer units in stock than the reservation asks for; the stock is left untouched.
+
+    It subclasses :class:`keyserial.OperationFailed` so that ``data`` travels to the caller and the
+    worker does not log a traceback for an expected business error (any other exception reaches
+    the caller too, as ``OperationFailed`` with ``error_type`` ``"workers.shop.<ClassName>"``).
+    The caller receives an ``OperationFailed`` whose ``error_type`` is :attr:`wire_type`.
+    """
+
+    wire_type = "shop.OutOfStock"
+
+    def __init__(self, *, item: str, available: int, wanted: int) -> None:
+        super().__init__(
+            f"{item!r} has {available} in stock, cannot reserve {wanted}",
+            key=item,
+            data={"available": available, "wanted": wanted},
+        )
+
+
+def _quantity(qty: Any) -> int:
+    if not isinstance(qty, int) or isinstance(qty, bool) or qty <= 0:
+        raise ValueError(f"qty must be a positive integer, not {qty!r}")
+    return qty
+
+
+def _units(ctx: keyserial.Context) -> int:
+    value = ctx.state
+    if value is None:
+        return 0
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"key {ctx.key!r} holds {value!r}, not a stock count")
+    return value
+
+
+@keyserial.op
+def restock(ctx: keyserial.Context, qty: int) -> int:
+    """Add ``qty`` units; return the new stock."""
+    ctx.state = _units(ctx) + _quantity(qty)
+    return int(ctx.state)
+
+
+@keyserial.op
+def reserve(ctx: keyserial.Context, qty: int = 1) -> int:
+    """Take ``qty`` units out of stock; return the units left.
+
+    :raises OutOfStock: if fewer than ``qty`` are in stock (nothing is taken).
+    """
+    available, wanted = _units(ctx), _quantity(qty)
+    if available < wanted:
+        raise OutOfStock(item=ctx.key, available=available, wanted=wanted)
+    ctx.state = available - wanted
+    return available - wanted
+
+
+@keyserial.op
+def stock(ctx: keyserial.Context) -> int:
+    """The units in stock, ordered after every op submitted before it."""
+    return _units(ctx)
