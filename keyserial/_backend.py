@@ -23,8 +23,16 @@ from .errors import BackendUnavailable, ConfigError
 AnyRedis: TypeAlias = "Redis | RedisCluster"
 ScriptArg: TypeAlias = str | int | float | bytes
 
-#: Errors that mean "the server could not be reached or answered in time".
-UNREACHABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError, OSError)
+#: Errors that mean "the server could not be reached or answered in time". A cluster client
+#: reports an unreachable cluster as RedisClusterException; a node that is still joining after
+#: a restart answers CLUSTERDOWN.
+UNREACHABLE = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.RedisClusterException,
+    redis_errors.ClusterDownError,
+    OSError,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +96,7 @@ class Backend:
             try:
                 cluster = RedisCluster.from_url(redis)
                 await cluster.initialize()
-            except (*UNREACHABLE, redis_errors.RedisClusterException) as exc:
+            except UNREACHABLE as exc:
                 raise BackendUnavailable(redis, exc) from exc
             return cls(cluster, redis, owned=True)
         return cls(Redis.from_url(redis), redis, owned=True)
@@ -148,6 +156,10 @@ class Backend:
             replies: list[Any] = await pipe.execute(raise_on_error=False)
         except UNREACHABLE as exc:
             raise BackendUnavailable(self.url, exc) from exc
+        # A cluster pipeline returns a node's connection error as that command's reply.
+        for reply in replies:
+            if isinstance(reply, UNREACHABLE):
+                raise BackendUnavailable(self.url, reply)
         for index, reply in enumerate(replies):
             if isinstance(reply, redis_errors.NoScriptError):
                 each = calls[index]

@@ -237,9 +237,9 @@ class ShardRunner:
                 self._cache[key] = raw_state.decode() or None
         return entries  # type: ignore[no-any-return]
 
-    async def _settle(self) -> None:
-        """Commit until every fetched op has committed (one op at a time in careful mode)."""
-        while self._running or self._finished or self._dead:
+    async def _commit_through(self, run: _Run) -> None:
+        """Commit until ``run`` has committed (careful mode: one op per commit)."""
+        while self._running.get(run.envelope.op_id) is run or self._finished or self._dead:
             if self._finished or self._dead:
                 await self._step(0)
             else:
@@ -258,7 +258,7 @@ class ShardRunner:
             self._schedule(run)
             if careful:
                 # One op per commit: if this op kills the worker, it alone takes the strike.
-                await self._settle()
+                await self._commit_through(run)
 
     def _accept(
         self, entry_id: str, fields: dict[bytes, bytes], done: dict[bytes, bytes]

@@ -19,7 +19,6 @@ from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
-from redis import exceptions as redis_errors
 
 from . import _backend
 from ._backend import AnyRedis, Backend, ScriptCall
@@ -174,7 +173,7 @@ class Worker:
             else:
                 self._drop(shard, "the lease expired and another worker may own the shard")
         for shard, reply in zip(free, replies[len(owned) :], strict=True):
-            if isinstance(reply, redis_errors.ResponseError):
+            if isinstance(reply, Exception):
                 log.error("acquiring shard %d failed: %s", shard, reply)
             elif reply:
                 grant = _grant(reply)

@@ -59,3 +59,15 @@ def crash(ctx: Context) -> None:
 @op
 def return_unserializable(ctx: Context) -> Any:
     return {1, 2, 3}
+
+
+@op
+async def noted_slow_record(ctx: Context, delay: float, note_path: str) -> int:
+    """``slow_record`` that first appends the running process's pid to ``note_path``, so a test
+    can wait until the op is running (and see which processes ran it)."""
+    async with await anyio.open_file(note_path, "a") as note:
+        await note.write(f"{os.getpid()}\n")
+    applied = list(ctx.state or [])
+    await anyio.sleep(delay)
+    ctx.state = [*applied, ctx.op_id]
+    return len(ctx.state)

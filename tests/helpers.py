@@ -7,15 +7,15 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import anyio
 import redis
 
-from keyserial import Settings, Worker
+from keyserial import Settings, Worker, shard_for
 from keyserial._layout import ShardKeys
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -72,10 +72,8 @@ class WorkerProcess:
         return self.process.wait(timeout=timeout)
 
     def close(self) -> None:
-        try:
+        with suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGCONT)
-        except ProcessLookupError:
-            pass
         self.kill()
         if hasattr(self._log, "close"):
             self._log.close()
@@ -117,3 +115,42 @@ def free_closed_port() -> int:
     from keyserial._server import free_port
 
     return free_port()
+
+
+def keys_on_shard(shard: int, shard_count: int, count: int, prefix: str = "key") -> list[str]:
+    """``count`` resource keys that route to ``shard``."""
+    keys: list[str] = []
+    n = 0
+    while len(keys) < count:
+        key = f"{prefix}:{n}"
+        if shard_for(key, shard_count) == shard:
+            keys.append(key)
+        n += 1
+    return keys
+
+
+async def wait_for_log(worker: WorkerProcess, text: str, *, timeout: float = 10) -> None:
+    """Wait until the worker's log file contains ``text``."""
+    await eventually(lambda: text in worker.log(), timeout=timeout,
+                     message=f"{text!r} in the log of worker {worker.pid}")
+
+
+@contextmanager
+def worker_processes(directory: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """A factory of :class:`WorkerProcess` logging to ``directory``; every process it started is
+    killed on exit, and their logs are printed (pytest shows them when the test failed)."""
+    started: list[WorkerProcess] = []
+
+    def start(url: str, namespace: str, **options: Any) -> WorkerProcess:
+        worker = WorkerProcess(url, namespace,
+                               log_path=directory / f"worker-{len(started)}.log", **options)
+        started.append(worker)
+        return worker
+
+    try:
+        yield start
+    finally:
+        for worker in started:
+            worker.close()
+            print(f"----- log of worker {worker.pid} (exit code {worker.process.returncode}) -----")
+            print(worker.log()[-8000:])
