@@ -8,9 +8,11 @@ from ._client import Client as Client
 from ._connect import connect as connect
 from ._ops import Call as Call
 from ._ops import Context as Context
+from ._ops import MultiContext as MultiContext
 from ._ops import Op as Op
 from ._ops import Registry as Registry
 from ._ops import call as call
+from ._ops import multi_op as multi_op
 from ._ops import op as op
 from ._routing import shard_for as shard_for
 from ._settings import Settings as Settings
@@ -42,6 +44,7 @@ __all__ = [
     "KeyserialError",
     "LeaseLost",
     "MalformedOperation",
+    "MultiContext",
     "Op",
     "OperationFailed",
     "PayloadTooLarge",
@@ -54,6 +57,7 @@ __all__ = [
     "Worker",
     "call",
     "connect",
+    "multi_op",
     "op",
     "shard_for",
 ]

@@ -35,6 +35,13 @@ UNREACHABLE = (
 )
 
 
+#: Timeouts for the command connections keyserial opens from a URL (a ``?socket_timeout=`` in
+#: the URL wins). No command keyserial sends blocks, so a reply that takes longer means a dead
+#: connection; without a timeout, a half-open socket after a server restart could hang forever.
+#: Pub/sub connections get no read timeout: they are idle between messages by design.
+_URL_TIMEOUTS: dict[str, Any] = {"socket_connect_timeout": 5.0, "socket_timeout": 10.0}
+
+
 @dataclass(frozen=True, slots=True)
 class Script:
     """A Lua script from ``keyserial/lua``, called by SHA with a fallback to EVAL."""
@@ -94,12 +101,12 @@ class Backend:
             await probe.aclose()
         if info.get("cluster_enabled"):
             try:
-                cluster = RedisCluster.from_url(redis)
+                cluster = RedisCluster.from_url(redis, **_URL_TIMEOUTS)
                 await cluster.initialize()
             except UNREACHABLE as exc:
                 raise BackendUnavailable(redis, exc) from exc
             return cls(cluster, redis, owned=True)
-        return cls(Redis.from_url(redis), redis, owned=True)
+        return cls(Redis.from_url(redis, **_URL_TIMEOUTS), redis, owned=True)
 
     async def aclose(self) -> None:
         if self._owned:
@@ -116,7 +123,10 @@ class Backend:
         if isinstance(self.client, RedisCluster):
             node = self.client.get_default_node()
             assert node is not None, "cluster client is initialized in connect()"
-            kwargs = dict(node.connection_kwargs)
+            kwargs = {**node.connection_kwargs, "socket_timeout": None}
+            return Redis(**kwargs).pubsub(ignore_subscribe_messages=True)
+        if self._owned:
+            kwargs = {**self.client.connection_pool.connection_kwargs, "socket_timeout": None}
             return Redis(**kwargs).pubsub(ignore_subscribe_messages=True)
         return self.client.pubsub(ignore_subscribe_messages=True)
 

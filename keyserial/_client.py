@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -22,7 +22,7 @@ import anyio
 from anyio.abc import TaskGroup, TaskStatus
 from redis import exceptions as redis_errors
 
-from . import _backend
+from . import _backend, ledger
 from ._backend import Backend, ScriptCall
 from ._codec import WIRE_VERSION, decode_outcome, decode_reply, encode_envelope, pack_entry
 from ._layout import ShardKeys, reply_channel
@@ -132,18 +132,75 @@ class Client:
         """
         if not isinstance(key, str) or not key:
             raise TypeError(f"key must be a non-empty string, not {key!r}")
+        return await self._submit(key, self.shard_of(key), call, timeout, op_id)
+
+    async def submit_many(
+        self,
+        keys: Sequence[str],
+        call: Call[R],
+        *,
+        timeout: float | None = None,
+        op_id: str | None = None,
+    ) -> R:
+        """Run a multi-key op (``@keyserial.multi_op``) on ``keys``, atomically and isolated:
+        it sees and writes all their states as if alone, after every op already appended for
+        any of them.
+
+        Raises as :meth:`submit` does.
+
+        :raises NotImplementedError: if the keys are on more than one shard (not yet supported).
+        """
+        if isinstance(keys, str) or not keys or not all(isinstance(k, str) and k for k in keys):
+            raise TypeError(f"keys must be a list of non-empty strings, not {keys!r}")
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"keys must be distinct: {list(keys)!r}")
+        shards = sorted({self.shard_of(key) for key in keys})
+        if len(shards) > 1:
+            raise NotImplementedError(
+                f"keys {list(keys)!r} are on shards {shards}: multi-key ops across shards are"
+                " not supported yet (keys on one shard are)"
+            )
+        return await self._submit(tuple(keys), shards[0], call, timeout, op_id)
+
+    async def transfer(
+        self,
+        source: str,
+        target: str,
+        amount: int,
+        *,
+        timeout: float | None = None,
+        op_id: str | None = None,
+    ) -> dict[str, int]:
+        """Move ``amount`` from ledger key ``source`` to ``target``, atomically; returns both
+        new balances by key.
+
+        :raises InsufficientFunds: if ``source`` holds less (neither balance changes).
+        """
+        return await self.submit_many(
+            [source, target], ledger.transfer(amount), timeout=timeout, op_id=op_id
+        )
+
+    async def _submit(
+        self,
+        keys: str | tuple[str, ...],
+        shard: int,
+        call: Call[R],
+        timeout: float | None,
+        op_id: str | None,
+    ) -> R:
         if not isinstance(call, Call):
             raise TypeError(
                 f"expected a keyserial Call (op(...) or keyserial.call(...)), not {call!r}"
             )
         if self._task_group is None:
             raise KeyserialError("the client is closed; use `async with keyserial.connect(...)`")
+        key = keys if isinstance(keys, str) else keys[0]
         op_id = op_id or f"{self.client_id}-{next(self._op_ids)}"
-        envelope = encode_envelope(op_id, key, call, self._reply)
+        envelope = encode_envelope(op_id, keys, call, self._reply)
         size = len(envelope.encode())
         if size > self.settings.max_payload_bytes:
             raise PayloadTooLarge(key=key, size=size, limit=self.settings.max_payload_bytes)
-        pending = _Pending(op_id, key, self.shard_of(key), envelope)
+        pending = _Pending(op_id, key, shard, envelope)
         self._waiting[op_id].append(pending)
         self._queue.append(pending)
         self._queued.set()

@@ -3,7 +3,8 @@
 Documented for other languages in ``docs/wire-format.md``. In short:
 
 * a stream entry has fields ``v`` = ``"1"`` and ``ops`` = a JSON array of envelopes
-  ``{"id", "key", "op", "args"?, "kwargs"?, "reply"?}``;
+  ``{"id", "key", "op", "args"?, "kwargs"?, "reply"?}`` (a multi-key op has ``"keys": [...]``
+  instead of ``"key"``);
 * an outcome is ``{"ok": value}`` or ``{"error": {"type", "message", "data"?}}``;
 * a reply, published on the envelope's ``reply`` channel, is ``{"v": 1, "r": [[id, outcome], …]}``.
 """
@@ -32,11 +33,18 @@ class Envelope:
     """One op as it travels in a stream entry."""
 
     op_id: str
-    key: str
+    keys: tuple[str, ...]
     name: str
     args: list[Any]
     kwargs: dict[str, Any]
     reply: str | None
+    #: Sent with ``keys`` (a multi-key op), not ``key``.
+    multi: bool = False
+
+    @property
+    def key(self) -> str:
+        """The op's key (a multi-key op's first key)."""
+        return self.keys[0]
 
 
 class MalformedEntry(Exception):
@@ -52,9 +60,19 @@ class MalformedEntry(Exception):
         super().__init__(reason)
 
 
-def encode_envelope(op_id: str, key: str, call: Call[Any], reply: str | None) -> str:
-    """:raises TypeError, ValueError: when an argument is not JSON-serializable."""
-    envelope: dict[str, Any] = {"id": op_id, "key": key, "op": call.name}
+def encode_envelope(
+    op_id: str, key: str | Sequence[str], call: Call[Any], reply: str | None
+) -> str:
+    """``key`` is one key, or the keys of a multi-key op.
+
+    :raises TypeError, ValueError: when an argument is not JSON-serializable.
+    """
+    envelope: dict[str, Any] = {"id": op_id}
+    if isinstance(key, str):
+        envelope["key"] = key
+    else:
+        envelope["keys"] = list(key)
+    envelope["op"] = call.name
     if call.args:
         envelope["args"] = list(call.args)
     if call.kwargs:
@@ -115,10 +133,14 @@ def _decode_envelope(item: Any) -> Envelope | MalformedEntry:
     if not isinstance(op_id, str) or not op_id:
         return MalformedEntry("op envelope has no string 'id'", raw=_raw_json(item))
     reply = reply if isinstance(reply, str) else None
-    key, name = item.get("key"), item.get("op")
+    multi = "keys" in item
+    keys = item["keys"] if multi else [item.get("key")]
+    name = item.get("op")
     args, kwargs = item.get("args", []), item.get("kwargs", {})
     problem = None
-    if not isinstance(key, str) or not key:
+    if multi and not _distinct_keys(keys):
+        problem = "'keys' must be a non-empty array of distinct non-empty strings"
+    elif not multi and (not isinstance(keys[0], str) or not keys[0]):
         problem = "'key' must be a non-empty string"
     elif not isinstance(name, str) or not name:
         problem = "'op' must be a non-empty string"
@@ -128,8 +150,16 @@ def _decode_envelope(item: Any) -> Envelope | MalformedEntry:
         problem = "'kwargs' must be a JSON object"
     if problem is not None:
         return MalformedEntry(problem, op_id=op_id, reply=reply)
-    assert isinstance(key, str) and isinstance(name, str)
-    return Envelope(op_id, key, name, args, kwargs, reply)
+    assert isinstance(name, str)
+    return Envelope(op_id, tuple(str(key) for key in keys), name, args, kwargs, reply, multi)
+
+
+def _distinct_keys(keys: Any) -> bool:
+    return (
+        isinstance(keys, list) and bool(keys)
+        and all(isinstance(key, str) and key for key in keys)
+        and len(set(keys)) == len(keys)
+    )
 
 
 def _raw_json(item: Any) -> str:

@@ -84,15 +84,60 @@ class Context:
         return json.dumps(self._value, separators=(",", ":"), allow_nan=False)
 
 
+class MultiContext:
+    """What a multi-key op sees: its keys (in the order the caller gave them), its op id, a
+    fencing token, and every key's state.
+
+    ``states`` maps each key to its committed JSON value (``None`` when it has none). Assign to
+    ``states[key]`` or mutate values in place; all changes commit atomically with the result,
+    or none do if the op raises.
+    """
+
+    __slots__ = ("_encoded", "_states", "fence", "keys", "op_id", "shard")
+
+    def __init__(
+        self, *, keys: tuple[str, ...], op_id: str, shard: int, fence: int,
+        encoded_states: Mapping[str, str | None],
+    ) -> None:
+        self.keys = keys
+        self.op_id = op_id
+        self.shard = shard
+        self.fence = fence
+        self._encoded = dict(encoded_states)
+        self._states: dict[str, Any] | None = None
+
+    @property
+    def states(self) -> dict[str, Any]:
+        if self._states is None:
+            self._states = {
+                key: None if raw is None else json.loads(raw) for key, raw in self._encoded.items()
+            }
+        return self._states
+
+    def encoded_states(self) -> dict[str, str | None]:
+        """Every key's state to commit, as compact JSON (``None``: no state).
+
+        :raises TypeError, ValueError: if the op left a value JSON cannot carry.
+        """
+        if self._states is None:
+            return dict(self._encoded)
+        return {
+            key: None if self._states.get(key) is None
+            else json.dumps(self._states[key], separators=(",", ":"), allow_nan=False)
+            for key in self.keys
+        }
+
+
 class Op(Generic[P, R]):
     """An op function registered under a name. Calling it builds a :class:`Call`, it does not
     run it: ``await ks.submit("account:5", withdraw(30))``."""
 
-    def __init__(self, fn: Callable[..., Any], name: str) -> None:
+    def __init__(self, fn: Callable[..., Any], name: str, *, multi_key: bool = False) -> None:
         if not name or not isinstance(name, str):
             raise ConfigError(f"op name must be a non-empty string, not {name!r}")
         self.fn = fn
         self.name = name
+        self.multi_key = multi_key
         self.is_async = inspect.iscoroutinefunction(fn)
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
@@ -126,6 +171,22 @@ def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None) -> A
 
     def wrap(function: Callable[..., Any]) -> Op[..., Any]:
         return Op(function, name or function.__name__)
+
+    return wrap if fn is None else wrap(fn)
+
+
+@overload
+def multi_op(fn: Callable[Concatenate[MultiContext, P], Awaitable[R]], /) -> Op[P, R]: ...
+@overload
+def multi_op(fn: Callable[Concatenate[MultiContext, P], R], /) -> Op[P, R]: ...
+@overload
+def multi_op(*, name: str) -> Callable[[Callable[..., Any]], Op[..., Any]]: ...
+def multi_op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None) -> Any:
+    """Register ``fn(ctx: MultiContext, *args, **kwargs)`` as an op on several keys, submitted
+    with ``ks.submit_many(keys, op(...))``: it sees and writes all their states atomically."""
+
+    def wrap(function: Callable[..., Any]) -> Op[..., Any]:
+        return Op(function, name or function.__name__, multi_key=True)
 
     return wrap if fn is None else wrap(fn)
 

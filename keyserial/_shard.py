@@ -33,7 +33,7 @@ from ._codec import (
     salvage_replies,
 )
 from ._layout import ShardKeys
-from ._ops import Context, Registry
+from ._ops import Context, MultiContext, Registry
 from ._routing import shard_for
 from ._settings import Settings
 from .errors import (
@@ -74,6 +74,16 @@ class _Run:
     replies: list[str] = field(default_factory=list)
     #: Set once the op has run; later occurrences then reuse it instead of joining the run.
     outcome: str | None = None
+
+
+@dataclass(slots=True)
+class _Barrier:
+    """A multi-key op's place in each of its keys' chains: it runs once it heads all of them,
+    and those chains move on only after it has run."""
+
+    run: _Run
+    arrived: int = 0
+    done: anyio.Event = field(default_factory=anyio.Event)
 
 
 @dataclass(slots=True)
@@ -130,7 +140,7 @@ class ShardRunner:
         self._done: dict[bytes, bytes] = {}
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._running: dict[str, _Run] = {}
-        self._chains: dict[str, deque[_Run]] = {}
+        self._chains: dict[str, deque[_Run | _Barrier]] = {}
         self._finished: list[_Finished] = []
         self._dead: list[tuple[str, str, str]] = []
         self._uncommitted = 0
@@ -293,21 +303,29 @@ class ShardRunner:
                             item.op_id, running.outcome, [entry], _opt(item.reply), store=False
                         )
                     )
-            elif shard_for(item.key, self._shard_count) != self.shard:
-                self._reject(
-                    entry,
-                    MalformedEntry(
-                        f"key {item.key!r} routes to shard {shard_for(item.key, self._shard_count)}"
-                        f" of {self._shard_count}, not to shard {self.shard}",
-                        op_id=item.op_id,
-                        reply=item.reply,
-                    ),
-                )
+            elif (misrouted := self._misrouted(item)) is not None:
+                self._reject(entry, MalformedEntry(misrouted, op_id=item.op_id, reply=item.reply))
             else:
                 run = self._running[item.op_id] = _Run(item, [entry], _opt(item.reply))
                 self._uncommitted += 1
                 runnable.append(run)
         return runnable
+
+    def _misrouted(self, envelope: Envelope) -> str | None:
+        """Why the envelope does not belong on this shard, or None."""
+        for key in envelope.keys:
+            shard = shard_for(key, self._shard_count)
+            if shard != self.shard:
+                if envelope.multi:
+                    return (
+                        f"key {key!r} is on shard {shard}, not {self.shard}: multi-key ops"
+                        " across shards are not supported by this worker yet"
+                    )
+                return (
+                    f"key {key!r} routes to shard {shard} of {self._shard_count},"
+                    f" not to shard {self.shard}"
+                )
+        return None
 
     def _reject(self, entry: _Entry, problem: MalformedEntry) -> None:
         if problem.op_id is None:
@@ -320,35 +338,53 @@ class ShardRunner:
     # -- running ops ---------------------------------------------------------------------------
 
     def _schedule(self, run: _Run) -> None:
-        key = run.envelope.key
-        chain = self._chains.get(key)
-        if chain is not None:
-            chain.append(run)
-            return
+        """Run now if every key is free and nothing needs awaiting; otherwise queue the op on
+        each of its keys' chains. A multi-key op waits at the head of all its chains (a barrier);
+        chains fill in stream order, so two barriers can never wait for each other."""
+        keys = run.envelope.keys
         definition = self._registry.get(run.envelope.name)
-        if definition is None or not definition.is_async:
+        if not any(key in self._chains for key in keys) and (
+            definition is None or not definition.is_async
+        ):
             self._execute_now(run)  # nothing to wait for: no task needed
             return
-        self._chains[key] = deque([run])
-        self._task_group.start_soon(self._run_chain, key)
+        item: _Run | _Barrier = run if len(keys) == 1 else _Barrier(run)
+        for key in keys:
+            chain = self._chains.get(key)
+            if chain is None:
+                self._chains[key] = deque([item])
+                self._task_group.start_soon(self._run_chain, key)
+            else:
+                chain.append(item)
 
     async def _run_chain(self, key: str) -> None:
         """Run a key's queued ops one after another; other keys' chains run meanwhile."""
         chain = self._chains[key]
         while chain:
-            run = chain.popleft()
-            definition = self._registry.get(run.envelope.name)
-            if definition is not None and definition.is_async:
-                context = self._context(run.envelope)
-                try:
-                    value = await definition.fn(context, *run.envelope.args, **run.envelope.kwargs)
-                except Exception as exc:
-                    self._failed(run, exc)
-                else:
-                    self._succeeded(run, context, value)
+            item = chain.popleft()
+            if isinstance(item, _Run):
+                await self._execute(item)
+                continue
+            item.arrived += 1
+            if item.arrived == len(item.run.envelope.keys):
+                await self._execute(item.run)  # the last of its keys to get here runs it
+                item.done.set()
             else:
-                self._execute_now(run)
+                await item.done.wait()
         del self._chains[key]
+
+    async def _execute(self, run: _Run) -> None:
+        definition = self._registry.get(run.envelope.name)
+        if definition is None or not definition.is_async:
+            self._execute_now(run)
+            return
+        context = self._context(run.envelope)
+        try:
+            value = await definition.fn(context, *run.envelope.args, **run.envelope.kwargs)
+        except Exception as exc:
+            self._failed(run, exc)
+        else:
+            self._succeeded(run, context, value)
 
     def _execute_now(self, run: _Run) -> None:
         envelope = run.envelope
@@ -362,6 +398,10 @@ class ShardRunner:
                 ),
             )
             return
+        if definition.multi_key != envelope.multi:
+            wanted = "a list of keys (submit_many)" if definition.multi_key else "one key (submit)"
+            self._failed(run, MalformedOperation(f"op {envelope.name!r} takes {wanted}"))
+            return
         context = self._context(envelope)
         try:
             value = definition.fn(context, *envelope.args, **envelope.kwargs)
@@ -370,8 +410,16 @@ class ShardRunner:
         else:
             self._succeeded(run, context, value)
 
-    def _context(self, envelope: Envelope) -> Context:
+    def _context(self, envelope: Envelope) -> Context | MultiContext:
         self._fence += 1
+        if envelope.multi:
+            return MultiContext(
+                keys=envelope.keys,
+                op_id=envelope.op_id,
+                shard=self.shard,
+                fence=self._fence,
+                encoded_states={key: self._cache[key] for key in envelope.keys},
+            )
         return Context(
             key=envelope.key,
             op_id=envelope.op_id,
@@ -380,18 +428,22 @@ class ShardRunner:
             encoded_state=self._cache[envelope.key],
         )
 
-    def _succeeded(self, run: _Run, context: Context, value: Any) -> None:
+    def _succeeded(self, run: _Run, context: Context | MultiContext, value: Any) -> None:
         try:
             outcome = encode_ok(value)
-            state = context.encoded_state()
+            if isinstance(context, MultiContext):
+                states = context.encoded_states()
+            else:
+                states = {context.key: context.encoded_state()}
         except (TypeError, ValueError) as exc:
             self._failed(
                 run, TypeError(f"op {run.envelope.name!r} returned or stored non-JSON: {exc}")
             )
             return
-        if state != self._cache[run.envelope.key]:
-            self._cache[run.envelope.key] = state
-            self._dirty.add(run.envelope.key)
+        for key, state in states.items():
+            if state != self._cache[key]:
+                self._cache[key] = state
+                self._dirty.add(key)
         self._complete(run, outcome)
 
     def _failed(self, run: _Run, exc: Exception) -> None:

@@ -159,10 +159,13 @@ class Worker:
         calls += [self._acquire_call(shard) for shard in free]
         sent_at = anyio.current_time()
         try:
-            replies = await backend.run_many(calls)
-        except BackendUnavailable as exc:
-            log.warning("cannot renew or acquire leases: %s", exc)
-            self._drop_expired(sent_at)
+            # Bounded: a round that outlives a lease TTL is useless, and cancelling it drops
+            # whatever connection it was stuck on.
+            with anyio.fail_after(self.settings.lease_ttl):
+                replies = await backend.run_many(calls)
+        except (BackendUnavailable, TimeoutError) as exc:
+            log.warning("cannot renew or acquire leases: %s", exc or "timed out")
+            self._drop_expired(anyio.current_time())
             return
         for shard, reply in zip(owned, replies, strict=False):
             holder = self._owned.get(shard)

@@ -5,13 +5,14 @@ A key's state is its balance, an integer (no state: 0)::
     await ks.submit("account:5", deposit(100))
     await ks.submit("account:5", withdraw(30))   # raises InsufficientFunds, balance untouched
     await ks.submit("account:5", balance())
+    await ks.transfer("account:5", "account:9", 25)  # both keys, atomically
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from ._ops import Context, Op, op
+from ._ops import Context, MultiContext, Op, multi_op, op
 from .errors import InsufficientFunds
 
 
@@ -22,11 +23,14 @@ def _amount(amount: Any) -> int:
 
 
 def _balance(ctx: Context) -> int:
-    value = ctx.state
+    return _as_balance(ctx.key, ctx.state)
+
+
+def _as_balance(key: str, value: Any) -> int:
     if value is None:
         return 0
     if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"key {ctx.key!r} holds {value!r}, not a ledger balance")
+        raise TypeError(f"key {key!r} holds {value!r}, not a ledger balance")
     return value
 
 
@@ -56,4 +60,22 @@ def balance(ctx: Context) -> int:
     return _balance(ctx)
 
 
-LEDGER_OPS: tuple[Op[..., Any], ...] = (deposit, withdraw, balance)
+@multi_op
+def transfer(ctx: MultiContext, amount: int) -> dict[str, int]:
+    """Move ``amount`` from the first key to the second; return both new balances by key.
+
+    :raises InsufficientFunds: if the first key holds less (neither balance changes).
+    """
+    if len(ctx.keys) != 2:
+        raise ValueError(f"transfer takes two keys (source, target), not {list(ctx.keys)!r}")
+    source, target = ctx.keys
+    amount = _amount(amount)
+    available = _as_balance(source, ctx.states[source])
+    if available < amount:
+        raise InsufficientFunds(balance=available, amount=amount, key=source, op_id=ctx.op_id)
+    ctx.states[source] = available - amount
+    ctx.states[target] = _as_balance(target, ctx.states[target]) + amount
+    return {source: ctx.states[source], target: ctx.states[target]}
+
+
+LEDGER_OPS: tuple[Op[..., Any], ...] = (deposit, withdraw, balance, transfer)

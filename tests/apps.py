@@ -7,7 +7,7 @@ from typing import Any
 
 import anyio
 
-from keyserial import Context, op
+from keyserial import Context, MultiContext, multi_op, op
 
 
 @op
@@ -71,3 +71,13 @@ async def noted_slow_record(ctx: Context, delay: float, note_path: str) -> int:
     await anyio.sleep(delay)
     ctx.state = [*applied, ctx.op_id]
     return len(ctx.state)
+
+
+@multi_op
+async def slow_move(ctx: MultiContext, delay: float) -> list[str]:
+    """Read every key, wait, then write: each key's list gains this op id (isolation check)."""
+    seen = {key: list(ctx.states[key] or []) for key in ctx.keys}
+    await anyio.sleep(delay)
+    for key in ctx.keys:
+        ctx.states[key] = [*seen[key], ctx.op_id]
+    return list(ctx.keys)

@@ -21,8 +21,8 @@ def test_an_entry_round_trips_its_envelopes() -> None:
     second = encode_envelope("id2", "account:6", call("move", 1, to="x"), None)
     decoded = decode_entry({b"v": b"1", b"ops": pack_entry([first, second]).encode()})
     assert decoded == [
-        Envelope("id1", "account:5", "deposit", [100], {}, "reply-chan"),
-        Envelope("id2", "account:6", "move", [1], {"to": "x"}, None),
+        Envelope("id1", ("account:5",), "deposit", [100], {}, "reply-chan"),
+        Envelope("id2", ("account:6",), "move", [1], {"to": "x"}, None),
     ]
 
 

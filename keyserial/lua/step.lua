@@ -110,11 +110,16 @@ for _, entry in ipairs(entries) do
               done[#done + 1] = envelope.id
               done[#done + 1] = outcome
             end
-            local key = envelope.key
-            if type(key) == 'string' and not seen[key] then
-              seen[key] = true
-              states[#states + 1] = key
-              states[#states + 1] = redis.call('HGET', KEYS[2], key) or ''
+            local keys = envelope.keys
+            if type(keys) ~= 'table' then
+              keys = {envelope.key}
+            end
+            for _, key in ipairs(keys) do
+              if type(key) == 'string' and not seen[key] then
+                seen[key] = true
+                states[#states + 1] = key
+                states[#states + 1] = redis.call('HGET', KEYS[2], key) or ''
+              end
             end
           end
         end
