@@ -1,8 +1,10 @@
-"""The ``keyserial`` command: ``worker`` serves shards, ``dev`` runs a server and workers."""
+"""The ``keyserial`` command: ``worker`` serves shards, ``dev`` runs a server and workers,
+``bench`` runs the benchmark suite (``benchmarks/``)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import signal
 import sys
@@ -104,11 +106,21 @@ def build_parser() -> argparse.ArgumentParser:
         " directory, removed on exit",
     )
     _add_common(dev)
+
+    # Parsed by the suite itself (benchmarks/cli.py): main() hands it every argument after "bench".
+    commands.add_parser(
+        "bench",
+        add_help=False,
+        help="benchmark keyserial against lock baselines (see `keyserial bench --help`)",
+    )
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    if arguments[:1] == ["bench"]:
+        return _run_bench(arguments[1:])
+    args = build_parser().parse_args(arguments)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -126,6 +138,22 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"keyserial: error: {_first_leaf(config_errors)}", file=sys.stderr)
         return 2
+
+
+def _run_bench(arguments: list[str]) -> int:
+    """Dispatch to the suite in ``benchmarks/`` (installed with keyserial from a checkout)."""
+    try:
+        suite = importlib.import_module("benchmarks.cli")
+    except ModuleNotFoundError as exc:
+        if exc.name not in ("benchmarks", "benchmarks.cli"):
+            raise
+        print(
+            f"keyserial: error: the benchmark suite is not installed ({exc}); from a checkout,"
+            " run `pip install -e \".[bench]\"`",
+            file=sys.stderr,
+        )
+        return 2
+    return int(suite.main(arguments))
 
 
 def _first_leaf(group: BaseExceptionGroup[ConfigError]) -> BaseException:

@@ -1,0 +1,181 @@
+"""``keyserial bench``: run the suite, print the table, write the JSON file and the PNG chart."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import anyio
+
+from .config import PROFILES, RESULTS_DIR, SYSTEMS, WORKLOADS, BenchConfig
+from .report import markdown, write_chart, write_json
+from .runner import run_suite, stderr_progress
+from .targets import evaluate
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError("must be positive")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _choices(allowed: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    def parse(text: str) -> tuple[str, ...]:
+        items = tuple(item.strip() for item in text.split(",") if item.strip())
+        unknown = [item for item in items if item not in allowed]
+        if unknown or not items:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(unknown) or '(empty)'}; choose from {', '.join(allowed)}"
+            )
+        return items
+
+    return parse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="keyserial bench",
+        description="keyserial against lock baselines on one private (or given) Redis server.",
+    )
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="quick",
+        help="quick: hot, zipf, uniform, < 2 min; full: every workload (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--redis",
+        metavar="URL",
+        default=None,
+        help="use this standalone server instead of a private one (its"
+        " statistics are diffed, never reset; the run's keys are deleted)",
+    )
+    parser.add_argument(
+        "--systems",
+        type=_choices(SYSTEMS),
+        default=SYSTEMS,
+        help=f"comma-separated subset of {','.join(SYSTEMS)}",
+    )
+    parser.add_argument(
+        "--workloads",
+        type=_choices(WORKLOADS),
+        default=None,
+        help=f"comma-separated subset of {','.join(WORKLOADS)} (default: the profile's)",
+    )
+    parser.add_argument(
+        "--duration",
+        type=_positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="measured seconds per run (default: the profile's)",
+    )
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="warm-up seconds per run (default: the profile's)",
+    )
+    parser.add_argument(
+        "--clients", type=_positive_int, default=2, help="client processes (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--callers",
+        type=_positive_int,
+        default=32,
+        help="concurrent callers per client process (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=1,
+        help="keyserial worker processes (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--shards", type=_positive_int, default=16, help="keyserial shards (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=RESULTS_DIR,
+        metavar="DIR",
+        help="where the JSON, PNG and Markdown go (default: benchmarks/results)",
+    )
+    parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
+    parser.add_argument(
+        "--render",
+        type=Path,
+        default=None,
+        metavar="JSON",
+        help="run nothing: redraw the table and chart of a JSON file this suite wrote (next to it)",
+    )
+    parser.add_argument(
+        "--py-spy",
+        action="store_true",
+        help="record py-spy profiles (collapsed stacks) of keyserial's processes"
+        " (into OUT/profiles; costs CPU, so figures of those runs drop)",
+    )
+    return parser  # fmt: skip
+
+
+def config_from(args: argparse.Namespace) -> BenchConfig:
+    profile = PROFILES[args.profile]
+    duration = args.duration or profile.duration
+    return BenchConfig(
+        profile=profile.name,
+        systems=tuple(s for s in SYSTEMS if s in args.systems),
+        workloads=tuple(w for w in WORKLOADS if w in (args.workloads or profile.workloads)),
+        duration=duration,
+        warmup=profile.warmup if args.warmup is None else args.warmup,
+        variant_duration=args.duration or profile.variant_duration,
+        clients=args.clients,
+        callers=args.callers,
+        workers=args.workers,
+        shards=args.shards,
+        tuned_sleeps=profile.tuned_sleeps,
+        slow_keys=profile.slow_keys,
+        sweep_callers=profile.sweep_callers,
+        drain_timeout=profile.drain_timeout,
+        redis_url=args.redis,
+        out_dir=args.out,
+        py_spy=args.py_spy,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(arguments)
+    if args.render is not None:
+        document = json.loads(args.render.read_text())
+        stem = args.render.with_suffix("")
+    else:
+        config = config_from(args)
+        command = shlex.join(["keyserial", "bench", *arguments])
+        document = anyio.run(run_suite, config, stderr_progress, command)
+        stem = config.out_dir / f"bench-{config.profile}"
+    document["targets"] = evaluate(document["results"], document["config"]["slow_io"])
+    table = markdown(document)
+    write_json(document, stem.with_suffix(".json"))
+    stem.with_suffix(".md").write_text(table + "\n")
+    if not args.no_chart:
+        write_chart(document, stem.with_suffix(".png"))
+    print(table)
+    written = ", ".join(str(stem.with_suffix(s)) for s in (".json", ".md", ".png"))
+    print(f"\nwritten: {written}", file=sys.stderr)
+    return 1 if any(r["status"] == "failed" for r in document["results"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

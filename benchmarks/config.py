@@ -1,0 +1,164 @@
+"""What a benchmark run is made of: systems, workloads, profiles, and the spec of one run."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+#: System ids, in table order.
+SYSTEMS: tuple[str, ...] = (
+    "keyserial",
+    "lock-default",
+    "lock-tuned",
+    "lock-notify",
+    "no-lock",
+    "lua",
+)
+
+SYSTEM_LABELS: dict[str, str] = {
+    "keyserial": "keyserial",
+    "lock-default": "redis-py Lock, defaults",
+    "lock-tuned": "redis-py Lock, tuned",
+    "lock-notify": "notification lock (python-redis-lock)",
+    "no-lock": "no lock (read, modify, write)",
+    "lua": "Lua script (ceiling)",
+}
+
+#: Systems that serialize with a lock: the "best lock" of a workload is the best of these.
+LOCKS: tuple[str, ...] = ("lock-default", "lock-tuned", "lock-notify")
+
+#: Workload ids, in table order; ``slow`` and ``sweep`` have several variants each.
+WORKLOADS: tuple[str, ...] = ("hot", "zipf", "uniform", "transfer", "slow", "sweep")
+
+WORKLOAD_LABELS: dict[str, str] = {
+    "hot": "hot key (every caller on one account)",
+    "zipf": "Zipf-skewed keys",
+    "uniform": "uniform keys",
+    "transfer": "cross-shard transfers",
+    "slow": "slow I/O while holding the key",
+    "sweep": "concurrency sweep (hot key)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    """Defaults of ``--profile``; every field can be overridden on the command line."""
+
+    name: str
+    workloads: tuple[str, ...]
+    duration: float
+    warmup: float
+    #: Measured seconds of each point of the ``slow`` and ``sweep`` workloads.
+    variant_duration: float
+    tuned_sleeps: tuple[float, ...]
+    slow_keys: tuple[int, ...]
+    sweep_callers: tuple[int, ...]
+    drain_timeout: float
+
+
+PROFILES: dict[str, Profile] = {
+    "quick": Profile(
+        name="quick",
+        workloads=("hot", "zipf", "uniform"),
+        duration=2.0,
+        warmup=0.5,
+        variant_duration=2.0,
+        tuned_sleeps=(0.001, 0.01, 0.05),
+        slow_keys=(1, 16, 64),
+        sweep_callers=(1, 16, 64, 256),
+        drain_timeout=3.0,
+    ),
+    "full": Profile(
+        name="full",
+        workloads=WORKLOADS,
+        duration=5.0,
+        warmup=1.0,
+        variant_duration=3.0,
+        tuned_sleeps=(0.001, 0.01, 0.05),
+        slow_keys=(1, 4, 16, 64),
+        sweep_callers=(1, 4, 16, 64, 256),
+        drain_timeout=5.0,
+    ),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class BenchConfig:
+    """Everything a suite run needs; recorded in the JSON file."""
+
+    profile: str
+    systems: tuple[str, ...]
+    workloads: tuple[str, ...]
+    duration: float
+    warmup: float
+    variant_duration: float
+    clients: int = 2
+    callers: int = 32
+    #: Shards of the keyserial namespace (hot, Zipf, uniform, transfers, sweep).
+    shards: int = 16
+    #: Shards for the slow-I/O workload: fewer than its largest key count, on purpose.
+    slow_shards: int = 4
+    #: keyserial worker processes; each serves every shard (one owns each, the rest stand by).
+    workers: int = 1
+    keys: int = 10_000
+    zipf_s: float = 1.1
+    slow_io: float = 0.005
+    tuned_ttl: float = 10.0
+    tuned_sleeps: tuple[float, ...] = (0.001, 0.01, 0.05)
+    slow_keys: tuple[int, ...] = (1, 16, 64)
+    sweep_callers: tuple[int, ...] = (1, 16, 64, 256)
+    drain_timeout: float = 3.0
+    #: Starting balance of every account in the transfer workload.
+    transfer_balance: int = 1_000_000
+    redis_url: str | None = None
+    out_dir: Path = RESULTS_DIR
+    seed: int = 4
+    py_spy: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["out_dir"] = str(self.out_dir)
+        return data
+
+
+@dataclass(frozen=True, slots=True)
+class RunSpec:
+    """One system on one workload variant: what every client process of the run is told."""
+
+    run_id: str
+    system: str
+    workload: str
+    #: ``deposit`` (+1 on one account), ``slow`` (read, 5 ms of I/O, write) or ``transfer``.
+    op: str
+    #: ``hot``, ``zipf``, ``uniform`` (one account per op) or ``pairs`` (two, cross-shard).
+    distribution: str
+    keys: int
+    clients: int
+    callers: int
+    shards: int
+    url: str
+    #: Key prefix of the lock systems, or the keyserial namespace: fresh for every run.
+    prefix: str
+    seed: int
+    zipf_s: float = 1.1
+    slow_io: float = 0.005
+    #: redis-py Lock parameters (``None``: the library's default).
+    lock_timeout: float | None = None
+    lock_sleep: float = 0.1
+    #: The variant, as shown in tables: ``{"sleep_ms": 10}``, ``{"keys": 64}``...
+    variant: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def total_callers(self) -> int:
+        return self.clients * self.callers
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunSpec:
+        return cls(**data)

@@ -1,0 +1,218 @@
+"""The benchmark suite (benchmarks/): a smoke run of ``keyserial bench``, the correctness check
+that it rests on, and the notification-lock port checked against the library it ports."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import anyio
+import pytest
+import redis
+from redis.asyncio import Redis
+
+from benchmarks import notifylock, state
+from benchmarks.agent import Window, run_callers
+from benchmarks.config import SYSTEMS, RunSpec
+from benchmarks.metrics import parse_commandstats, percentile
+from benchmarks.runner import Final, correctness
+from benchmarks.systems import NoLockSystem
+from benchmarks.workloads import make_chooser, shard_table
+from keyserial._server import LocalServer
+from tests.helpers import ROOT
+
+QUICK_WORKLOADS = ("hot", "zipf", "uniform")
+
+
+def test_quick_profile_smoke(tmp_path: Path) -> None:
+    """``keyserial bench --profile quick``, briefly: every system × workload has figures,
+    keyserial loses nothing, and the table, JSON and PNG are written."""
+    started = time.monotonic()
+    command = [
+        sys.executable, "-m", "keyserial", "bench", "--profile", "quick",
+        "--duration", "0.3", "--warmup", "0.1", "--callers", "4", "--out", str(tmp_path),
+    ]  # fmt: skip
+    completed = subprocess.run(
+        command,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert time.monotonic() - started < 60
+    assert "[1/24] hot × keyserial" in completed.stderr  # progress while it runs
+    assert "| keyserial |" in completed.stdout  # the table at the end
+    document = json.loads((tmp_path / "bench-quick.json").read_text())
+    png = (tmp_path / "bench-quick.png").read_bytes()
+    assert png.startswith(b"\x89PNG")
+    assert document["machine"]["cores"] and document["server"]["redis_version"]
+    for workload in QUICK_WORKLOADS:
+        for system in SYSTEMS:
+            runs = [
+                r
+                for r in document["results"]
+                if r["workload"] == workload and r["system"] == system
+            ]
+            assert runs, (workload, system)
+            for run in runs:
+                assert run["status"] == "ok", run
+                assert run["throughput"] > 0 and run["ops_in_window"] > 0
+                assert run["latency_ms"]["p50"] <= run["latency_ms"]["p99"]
+                assert run["latency_ms"]["p99"] <= run["latency_ms"]["p99_9"]
+                assert run["commands_per_op"] > 0
+                assert run["cpu"]["server"]["percent"] is not None
+                assert run["cpu"]["clients"]["percent"] is not None
+                if system == "keyserial":
+                    assert run["cpu"]["workers"]["percent"] is not None
+                    assert run["correctness"]["lost_updates"] == 0, run["correctness"]
+                    assert run["correctness"]["accounts_wrong"] == 0
+    tuned = [r for r in document["results"] if r["system"] == "lock-tuned"]
+    assert len(tuned) == 3 * len(QUICK_WORKLOADS)
+    assert sum(bool(r.get("best_tuned")) for r in tuned) == len(QUICK_WORKLOADS)
+    targets = {t["id"]: t for t in document["targets"]}
+    assert targets["keyserial-no-lost-updates"]["met"] is True
+    assert targets["transfer-vs-best-lock"]["met"] is None  # not run in the quick profile
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[LocalServer]:
+    with LocalServer() as running:
+        yield running
+
+
+def _spec(server: LocalServer, system: str, prefix: str, **changes: object) -> RunSpec:
+    fields: dict[str, object] = {
+        "run_id": "t",
+        "system": system,
+        "workload": "hot",
+        "op": "deposit",
+        "distribution": "hot",
+        "keys": 1,
+        "clients": 1,
+        "callers": 32,
+        "shards": 16,
+        "url": server.url,
+        "prefix": prefix,
+        "seed": 1,
+    }
+    fields.update(changes)
+    return RunSpec(**fields)  # type: ignore[arg-type]
+
+
+async def test_no_lock_loses_updates_on_a_hot_key(server: LocalServer) -> None:
+    """Without the lost updates of the no-lock system, the correctness check would prove nothing."""
+    spec = _spec(server, "no-lock", f"nolock-{random.randrange(1 << 30)}")
+    system = NoLockSystem(spec)
+    await system.open()
+    now = time.time()
+    try:
+        tally = await run_callers(spec, system, 0, Window(now, now, now + 0.5, 2.0))
+    finally:
+        await system.close()
+    admin = Redis.from_url(server.url)
+    try:
+        balances = await state.read_balances(admin, spec, [0])
+        await state.clean_up(admin, spec)
+    finally:
+        await admin.aclose()
+    verdict = correctness(Final(tally.acked, tally.slack, balances, 0), [tally.to_json()])
+    assert tally.acked_ops > 100
+    assert verdict["lost_updates"] > 0
+    assert verdict["lost_updates"] == tally.acked_ops - balances[0] - sum(tally.slack.values())
+
+
+def test_the_correctness_check_counts_lost_updates_beyond_doubtful_ops() -> None:
+    final = Final(Counter({1: 10, 2: 5}), Counter({2: 1}), {1: 7, 2: 6, 3: 0}, 0)
+    verdict = correctness(final, [{"acked_ops": 15, "unfinished": 1, "errors": {}}])
+    # account 1 lost 3; account 2 got one more than acknowledged, covered by its doubtful op
+    assert verdict["lost_updates"] == 3
+    assert verdict["accounts_wrong"] == 1
+    assert verdict["unacknowledged_applied"] == 1
+
+
+def test_the_unlock_script_is_the_library_s() -> None:
+    redis_lock = pytest.importorskip("redis_lock")
+    assert notifylock.UNLOCK_SCRIPT == redis_lock.UNLOCK_SCRIPT
+
+
+async def test_notification_lock_never_overlaps_and_interoperates_with_the_library(
+    server: LocalServer,
+) -> None:
+    """python-redis-lock's no-overlap test, for the port: holders of one lock, here asyncio tasks
+    using the port *and* threads using the library itself, never hold it at the same time;
+    each release wakes a waiter of either kind (same keys, same scripts, same signal list)."""
+    redis_lock = pytest.importorskip("redis_lock")
+    name = f"overlap-{random.randrange(1 << 30)}"
+    intervals: list[tuple[float, float, str]] = []
+    guard = f"{name}:holders"
+    sync = redis.Redis.from_url(server.url)
+    stop = time.monotonic() + 2.0
+
+    def hold_with_the_library() -> None:
+        while time.monotonic() < stop:
+            with redis_lock.Lock(sync, name):
+                start = time.monotonic()
+                assert sync.incr(guard) == 1
+                time.sleep(random.uniform(0, 0.002))
+                assert sync.decr(guard) == 0
+                intervals.append((start, time.monotonic(), "library"))
+
+    client = Redis.from_url(server.url, max_connections=24)
+
+    async def hold_with_the_port() -> None:
+        while time.monotonic() < stop:
+            async with notifylock.NotifyLock(client, name):
+                start = time.monotonic()
+                assert await client.incr(guard) == 1
+                await anyio.sleep(random.uniform(0, 0.002))
+                assert await client.decr(guard) == 0
+                intervals.append((start, time.monotonic(), "port"))
+
+    threads = [threading.Thread(target=hold_with_the_library) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    try:
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as group:
+                for _ in range(20):
+                    group.start_soon(hold_with_the_port)
+    finally:
+        for thread in threads:
+            thread.join(timeout=20)
+        await client.aclose()
+        sync.close()
+    kinds = Counter(kind for _, _, kind in intervals)
+    assert kinds["port"] > 20 and kinds["library"] > 5, kinds
+    ordered = sorted(intervals)
+    for (_, end, _), (start, _, _) in itertools.pairwise(ordered):
+        assert start >= end, "two holders at once"
+
+
+def test_choosers_are_deterministic_and_pairs_cross_shards() -> None:
+    first = make_chooser("zipf", 10_000, random.Random(3))
+    second = make_chooser("zipf", 10_000, random.Random(3))
+    picks = [first()[0] for _ in range(2000)]
+    assert picks == [second()[0] for _ in range(2000)]
+    assert Counter(picks).most_common(1)[0][0] == 0  # rank 1 is the hottest account
+    pairs = make_chooser("pairs", 1000, random.Random(4), shards=16)
+    shards = shard_table(1000, 16)
+    for _ in range(200):
+        a, b = pairs()
+        assert a != b and shards[a] != shards[b]
+
+
+def test_percentiles_and_commandstats() -> None:
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.0
+    assert percentile([float(n) for n in range(1, 1001)], 99.9) == 999.0
+    info = {"cmdstat_get": {"calls": 3, "usec": 1}, "cmdstat_set": {"calls": 1}}
+    calls = parse_commandstats(info)
+    assert calls == Counter({"get": 3, "set": 1})
