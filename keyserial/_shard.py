@@ -21,7 +21,7 @@ import anyio
 from redis import exceptions as redis_errors
 
 from . import _backend
-from ._backend import Backend
+from ._backend import ScriptCall
 from ._codec import (
     Envelope,
     MalformedEntry,
@@ -34,6 +34,7 @@ from ._codec import (
 )
 from ._layout import ShardKeys
 from ._ops import Context, MultiContext, Registry
+from ._pipeline import Pipeliner
 from ._routing import shard_for
 from ._settings import Settings
 from .errors import (
@@ -118,7 +119,7 @@ class ShardRunner:
 
     def __init__(
         self,
-        backend: Backend,
+        pipeliner: Pipeliner,
         settings: Settings,
         registry: Registry,
         *,
@@ -129,7 +130,7 @@ class ShardRunner:
         self.shard = shard
         self.keys = ShardKeys(settings.namespace, shard)
         self.epoch = grant.epoch
-        self._backend = backend
+        self._pipeliner = pipeliner
         self._settings = settings
         self._registry = registry
         self._shard_count = shard_count
@@ -512,7 +513,7 @@ class ShardRunner:
         delay = 0.05
         while True:
             try:
-                return await self._backend.run(script, keys, args)
+                return await self._pipeliner.run(ScriptCall(script, keys, args))
             except redis_errors.ResponseError as exc:
                 if str(exc).startswith("FENCED"):
                     raise LeaseLost(self.shard, "another worker took the shard over") from None

@@ -24,6 +24,7 @@ from . import _backend
 from ._backend import AnyRedis, Backend, ScriptCall
 from ._layout import ShardKeys
 from ._ops import Registry
+from ._pipeline import Pipeliner
 from ._routing import parse_shards
 from ._settings import Settings
 from ._shard import Grant, ShardRunner
@@ -101,7 +102,9 @@ class Worker:
                 self.settings.namespace,
                 ", ".join(self.registry.names()),
             )
+            self._pipeliner = Pipeliner(backend)
             async with anyio.create_task_group() as task_group:
+                task_group.start_soon(self._pipeliner.serve)
                 await task_group.start(self._listen_for_wakeups, backend)
                 task_group.start_soon(self._lease_loop, backend, shard_count, task_group)
                 self._started.set()
@@ -244,7 +247,12 @@ class Worker:
                 self.settings.max_strikes,
             )
         runner = ShardRunner(
-            backend, self.settings, self.registry, shard=shard, shard_count=shard_count, grant=grant
+            self._pipeliner,
+            self.settings,
+            self.registry,
+            shard=shard,
+            shard_count=shard_count,
+            grant=grant,
         )
         holder = self._owned[shard] = _Owned(runner, renewed_at)
         log.info("shard %d: acquired (epoch %d)", shard, grant.epoch)
