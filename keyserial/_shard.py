@@ -231,8 +231,8 @@ class ShardRunner:
             k.dead,
             k.horizon,
         ]
-        progress, groups = self._commit_args(batch, dead)
-        args = [self.epoch, progress, self._settings.result_ttl_ms, self._cursor, want, *groups]
+        progress, commit = self._commit_args(batch, dead)
+        args = [self.epoch, progress, self._settings.result_ttl_ms, self._cursor, want, commit]
         entries, done, states = await self._retrying(_backend.STEP, keys, args)
         for finished in batch:
             if self._running.pop(finished.op_id, None) is not None:
@@ -472,29 +472,29 @@ class ShardRunner:
 
     def _commit_args(
         self, batch: list[_Finished], dead: list[tuple[str, str, str]]
-    ) -> tuple[str, list[Any]]:
-        """The new progress marker, and the step script's four groups for ``batch``."""
-        results: list[str] = []
+    ) -> tuple[str, str]:
+        """The new progress marker, and the step script's commit argument for ``batch``."""
+        results: list[tuple[str, str]] = []
         replies: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for finished in batch:
             for entry in finished.entries:
                 entry.remaining -= 1
             if finished.store:
-                results += (finished.op_id, finished.outcome)
+                results.append((finished.op_id, finished.outcome))
             for channel in finished.replies:
                 replies[channel].append((finished.op_id, finished.outcome))
-        groups: list[Any] = [len(self._dirty)]
-        for key in self._dirty:
-            encoded = self._cache[key]
-            groups += (key, "" if encoded is None else encoded)
+        writes = [(key, self._cache[key] or "") for key in self._dirty]
         self._dirty.clear()
-        groups += [len(results) // 2, *results, len(dead)]
-        for triple in dead:
-            groups += triple
-        groups += [len(replies)]
-        for channel, outcomes in replies.items():
-            groups += (channel, encode_reply(outcomes))
-        return self._advance_progress(), groups
+        progress = self._advance_progress()
+        if not (writes or results or dead or replies):
+            return progress, ""
+        commit = {
+            "s": writes,
+            "r": results,
+            "d": dead,
+            "p": [(channel, encode_reply(outcomes)) for channel, outcomes in replies.items()],
+        }
+        return progress, dumps(commit)
 
     def _advance_progress(self) -> str:
         """Id of the last entry of the fetched prefix whose ops have all finished ('' if none)."""

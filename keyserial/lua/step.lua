@@ -15,11 +15,9 @@
 -- ARGV[3]  result retention in milliseconds
 -- ARGV[4]  cursor: the last entry id already fetched (exclusive)
 -- ARGV[5]  how many entries to fetch (0: commit only)
--- then four groups, each a count followed by its items:
---   state writes   (key, JSON state or '' to delete) pairs
---   results        (op id, JSON outcome) pairs
---   dead letters   (entry id, reason, raw entry) triples
---   replies        (channel, message) pairs
+-- ARGV[6]  what to commit, one JSON object (one argument: cheaper to send than many), or '':
+--   {"s": [[key, JSON state or '' to delete], ...], "r": [[op id, JSON outcome], ...],
+--    "d": [[entry id, reason, raw entry], ...], "p": [[channel, message], ...]}
 -- Returns {entries, done, states}: entries as XRANGE returns them; done = {op id, outcome, ...};
 -- states = {key, JSON state or '', ...}. Error "FENCED ..." (nothing written) if another owner
 -- took over: the epoch moved on.
@@ -40,46 +38,42 @@ end
 -- Commit.
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local i = 6
-local count = tonumber(ARGV[i])
-for j = i + 1, i + 2 * count, 2 do
-  if ARGV[j + 1] == '' then
-    redis.call('HDEL', KEYS[2], ARGV[j])
+local commit = {s = {}, r = {}, d = {}, p = {}}
+if ARGV[6] ~= '' then
+  commit = cjson.decode(ARGV[6])
+end
+for _, write in ipairs(commit.s) do
+  if write[2] == '' then
+    redis.call('HDEL', KEYS[2], write[1])
   else
-    redis.call('HSET', KEYS[2], ARGV[j], ARGV[j + 1])
+    redis.call('HSET', KEYS[2], write[1], write[2])
   end
 end
-i = i + 2 * count + 1
-local results = tonumber(ARGV[i])
 local expires_at = now_ms + tonumber(ARGV[3])
-for j = i + 1, i + 2 * results, 2 do
-  redis.call('HSET', KEYS[5], ARGV[j], ARGV[j + 1])
-  redis.call('ZADD', KEYS[6], expires_at, ARGV[j])
+for _, result in ipairs(commit.r) do
+  redis.call('HSET', KEYS[5], result[1], result[2])
+  redis.call('ZADD', KEYS[6], expires_at, result[1])
 end
-i = i + 2 * results + 1
-count = tonumber(ARGV[i])
-for j = i + 1, i + 3 * count, 3 do
+for _, letter in ipairs(commit.d) do
   redis.call('XADD', KEYS[7], 'MAXLEN', '~', 10000, '*',
-    'entry', ARGV[j], 'reason', ARGV[j + 1], 'raw', ARGV[j + 2])
+    'entry', letter[1], 'reason', letter[2], 'raw', letter[3])
 end
-i = i + 3 * count + 1
 if ARGV[2] ~= '' then
   redis.call('SET', KEYS[3], ARGV[2])
   -- Exact trim of every committed entry, so XLEN is the backlog the submit script checks.
   local ms, seq = parse_id(ARGV[2])
   redis.call('XTRIM', KEYS[4], 'MINID', string.format('%d-%d', ms, seq + 1))
 end
-if results > 0 then
+if #commit.r > 0 then
   -- Drop expired results, a bounded number per step so no call ever stalls the server.
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now_ms, 'LIMIT', 0, 2 * results)
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now_ms, 'LIMIT', 0, 2 * #commit.r)
   if #expired > 0 then
     redis.call('HDEL', KEYS[5], unpack(expired))
     redis.call('ZREM', KEYS[6], unpack(expired))
   end
 end
-count = tonumber(ARGV[i])
-for j = i + 1, i + 2 * count, 2 do
-  redis.call('PUBLISH', ARGV[j], ARGV[j + 1])
+for _, reply in ipairs(commit.p) do
+  redis.call('PUBLISH', reply[1], reply[2])
 end
 
 -- Fetch.
