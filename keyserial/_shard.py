@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import OrderedDict, defaultdict, deque
-from dataclasses import dataclass, field
+from collections import OrderedDict, defaultdict
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -28,12 +28,12 @@ from ._codec import (
     decode_entry,
     dumps,
     encode_error,
-    encode_ok,
     encode_reply,
     salvage_replies,
 )
+from ._execution import Entry, Executor, Run
 from ._layout import ShardKeys
-from ._ops import Context, MultiContext, Registry
+from ._ops import Registry
 from ._pipeline import Pipeliner
 from ._routing import shard_for
 from ._settings import Settings
@@ -41,8 +41,6 @@ from .errors import (
     BackendUnavailable,
     LeaseLost,
     MalformedOperation,
-    OperationFailed,
-    UnknownOperation,
 )
 
 log = logging.getLogger("keyserial.worker")
@@ -59,41 +57,12 @@ class Grant:
 
 
 @dataclass(slots=True)
-class _Entry:
-    """A fetched stream entry; progress may pass it once ``remaining`` reaches zero."""
-
-    entry_id: str
-    remaining: int
-
-
-@dataclass(slots=True)
-class _Run:
-    """One op to run, and every fetched occurrence of its op id waiting for its outcome."""
-
-    envelope: Envelope
-    entries: list[_Entry] = field(default_factory=list)
-    replies: list[str] = field(default_factory=list)
-    #: Set once the op has run; later occurrences then reuse it instead of joining the run.
-    outcome: str | None = None
-
-
-@dataclass(slots=True)
-class _Barrier:
-    """A multi-key op's place in each of its keys' chains: it runs once it heads all of them,
-    and those chains move on only after it has run."""
-
-    run: _Run
-    arrived: int = 0
-    done: anyio.Event = field(default_factory=anyio.Event)
-
-
-@dataclass(slots=True)
 class _Finished:
     """An op's outcome waiting for the next commit."""
 
     op_id: str
     outcome: str
-    entries: list[_Entry]
+    entries: list[Entry]
     replies: list[str]
     store: bool = True
 
@@ -101,17 +70,6 @@ class _Finished:
 def parse_id(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
     return int(ms), int(seq)
-
-
-def error_type_name(exc: BaseException) -> str:
-    if isinstance(exc, OperationFailed):
-        return exc.error_type
-    kind = type(exc)
-    return (
-        kind.__qualname__
-        if kind.__module__ == "builtins"
-        else f"{kind.__module__}.{kind.__qualname__}"
-    )
 
 
 class ShardRunner:
@@ -139,16 +97,22 @@ class ShardRunner:
         self._cache: dict[str, str | None] = {}
         self._dirty: set[str] = set()
         self._done: dict[bytes, bytes] = {}
-        self._entries: OrderedDict[str, _Entry] = OrderedDict()
-        self._running: dict[str, _Run] = {}
-        self._chains: dict[str, deque[_Run | _Barrier]] = {}
+        self._entries: OrderedDict[str, Entry] = OrderedDict()
+        self._running: dict[str, Run] = {}
         self._finished: list[_Finished] = []
         self._dead: list[tuple[str, str, str]] = []
         self._uncommitted = 0
         self._stopping = False
         self._poked = False
         self._poke = anyio.Event()
-        self._fence = grant.epoch << 32
+        self._executor = Executor(
+            registry,
+            shard=shard,
+            fence=grant.epoch << 32,
+            cache=self._cache,
+            dirty=self._dirty,
+            on_complete=self._complete,
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -158,7 +122,7 @@ class ShardRunner:
         :raises LeaseLost: when a step finds another owner's epoch.
         """
         async with anyio.create_task_group() as task_group:
-            self._task_group = task_group
+            self._executor.task_group = task_group
             await self._step_loop()
             task_group.cancel_scope.cancel()
 
@@ -248,7 +212,7 @@ class ShardRunner:
                 self._cache[key] = raw_state.decode() or None
         return entries  # type: ignore[no-any-return]
 
-    async def _commit_through(self, run: _Run) -> None:
+    async def _commit_through(self, run: Run) -> None:
         """Commit until ``run`` has committed (careful mode: one op per commit)."""
         while self._running.get(run.envelope.op_id) is run or self._finished or self._dead:
             if self._finished or self._dead:
@@ -260,32 +224,32 @@ class ShardRunner:
 
     async def _dispatch(self, entries: list[Any]) -> None:
         careful = self._careful_until is not None
-        runnable: list[_Run] = []
+        runnable: list[Run] = []
         for raw_id, fields in entries:
             entry_id = raw_id.decode()
             self._cursor = entry_id
             runnable.extend(self._accept(entry_id, _fields(fields), self._done))
         for run in runnable:
-            self._schedule(run)
+            self._executor.schedule(run)
             if careful:
                 # One op per commit: if this op kills the worker, it alone takes the strike.
                 await self._commit_through(run)
 
     def _accept(
         self, entry_id: str, fields: dict[bytes, bytes], done: dict[bytes, bytes]
-    ) -> list[_Run]:
+    ) -> list[Run]:
         """Register an entry; return its ops that must run (the rest are settled already)."""
         try:
             items = decode_entry(fields)
         except MalformedEntry as exc:
             log.error("shard %d: dead-lettering malformed entry %s: %s", self.shard, entry_id, exc)
             self._dead.append((entry_id, exc.reason, _raw(fields)))
-            self._entries[entry_id] = _Entry(entry_id, 0)
+            self._entries[entry_id] = Entry(entry_id, 0)
             outcome = encode_error(MalformedOperation.wire_type, exc.reason)
             for op_id, reply in salvage_replies(fields):
                 self._finish(_Finished(op_id, outcome, [], _opt(reply)))
             return []
-        entry = self._entries[entry_id] = _Entry(entry_id, len(items))
+        entry = self._entries[entry_id] = Entry(entry_id, len(items))
         runnable = []
         for item in items:
             if isinstance(item, MalformedEntry):
@@ -307,7 +271,7 @@ class ShardRunner:
             elif (misrouted := self._misrouted(item)) is not None:
                 self._reject(entry, MalformedEntry(misrouted, op_id=item.op_id, reply=item.reply))
             else:
-                run = self._running[item.op_id] = _Run(item, [entry], _opt(item.reply))
+                run = self._running[item.op_id] = Run(item, [entry], _opt(item.reply))
                 self._uncommitted += 1
                 runnable.append(run)
         return runnable
@@ -328,7 +292,7 @@ class ShardRunner:
                 )
         return None
 
-    def _reject(self, entry: _Entry, problem: MalformedEntry) -> None:
+    def _reject(self, entry: Entry, problem: MalformedEntry) -> None:
         if problem.op_id is None:
             self._dead.append((entry.entry_id, problem.reason, problem.raw))
             self._finish(_Finished("", "", [entry], [], store=False))
@@ -336,131 +300,9 @@ class ShardRunner:
         outcome = encode_error(MalformedOperation.wire_type, problem.reason)
         self._finish(_Finished(problem.op_id, outcome, [entry], _opt(problem.reply)))
 
-    # -- running ops ---------------------------------------------------------------------------
+    # -- outcomes ------------------------------------------------------------------------------
 
-    def _schedule(self, run: _Run) -> None:
-        """Run now if every key is free and nothing needs awaiting; otherwise queue the op on
-        each of its keys' chains. A multi-key op waits at the head of all its chains (a barrier);
-        chains fill in stream order, so two barriers can never wait for each other."""
-        keys = run.envelope.keys
-        definition = self._registry.get(run.envelope.name)
-        if not any(key in self._chains for key in keys) and (
-            definition is None or not definition.is_async
-        ):
-            self._execute_now(run)  # nothing to wait for: no task needed
-            return
-        item: _Run | _Barrier = run if len(keys) == 1 else _Barrier(run)
-        for key in keys:
-            chain = self._chains.get(key)
-            if chain is None:
-                self._chains[key] = deque([item])
-                self._task_group.start_soon(self._run_chain, key)
-            else:
-                chain.append(item)
-
-    async def _run_chain(self, key: str) -> None:
-        """Run a key's queued ops one after another; other keys' chains run meanwhile."""
-        chain = self._chains[key]
-        while chain:
-            item = chain.popleft()
-            if isinstance(item, _Run):
-                await self._execute(item)
-                continue
-            item.arrived += 1
-            if item.arrived == len(item.run.envelope.keys):
-                await self._execute(item.run)  # the last of its keys to get here runs it
-                item.done.set()
-            else:
-                await item.done.wait()
-        del self._chains[key]
-
-    async def _execute(self, run: _Run) -> None:
-        definition = self._registry.get(run.envelope.name)
-        if definition is None or not definition.is_async:
-            self._execute_now(run)
-            return
-        context = self._context(run.envelope)
-        try:
-            value = await definition.fn(context, *run.envelope.args, **run.envelope.kwargs)
-        except Exception as exc:
-            self._failed(run, exc)
-        else:
-            self._succeeded(run, context, value)
-
-    def _execute_now(self, run: _Run) -> None:
-        envelope = run.envelope
-        definition = self._registry.get(envelope.name)
-        if definition is None:
-            self._failed(
-                run,
-                UnknownOperation(
-                    f"no op named {envelope.name!r} on this worker (it serves: "
-                    f"{', '.join(self._registry.names())})"
-                ),
-            )
-            return
-        if definition.multi_key != envelope.multi:
-            wanted = "a list of keys (submit_many)" if definition.multi_key else "one key (submit)"
-            self._failed(run, MalformedOperation(f"op {envelope.name!r} takes {wanted}"))
-            return
-        context = self._context(envelope)
-        try:
-            value = definition.fn(context, *envelope.args, **envelope.kwargs)
-        except Exception as exc:
-            self._failed(run, exc)
-        else:
-            self._succeeded(run, context, value)
-
-    def _context(self, envelope: Envelope) -> Context | MultiContext:
-        self._fence += 1
-        if envelope.multi:
-            return MultiContext(
-                keys=envelope.keys,
-                op_id=envelope.op_id,
-                shard=self.shard,
-                fence=self._fence,
-                encoded_states={key: self._cache[key] for key in envelope.keys},
-            )
-        return Context(
-            key=envelope.key,
-            op_id=envelope.op_id,
-            shard=self.shard,
-            fence=self._fence,
-            encoded_state=self._cache[envelope.key],
-        )
-
-    def _succeeded(self, run: _Run, context: Context | MultiContext, value: Any) -> None:
-        try:
-            outcome = encode_ok(value)
-            if isinstance(context, MultiContext):
-                states = context.encoded_states()
-            else:
-                states = {context.key: context.encoded_state()}
-        except (TypeError, ValueError) as exc:
-            self._failed(
-                run, TypeError(f"op {run.envelope.name!r} returned or stored non-JSON: {exc}")
-            )
-            return
-        for key, state in states.items():
-            if state != self._cache[key]:
-                self._cache[key] = state
-                self._dirty.add(key)
-        self._complete(run, outcome)
-
-    def _failed(self, run: _Run, exc: Exception) -> None:
-        if not isinstance(exc, OperationFailed):
-            log.warning(
-                "shard %d: op %r (%s) raised",
-                self.shard,
-                run.envelope.name,
-                run.envelope.op_id,
-                exc_info=exc,
-            )
-        data = exc.data if isinstance(exc, OperationFailed) else None
-        message = exc.message if isinstance(exc, OperationFailed) else str(exc)
-        self._complete(run, encode_error(error_type_name(exc), message, data))
-
-    def _complete(self, run: _Run, outcome: str) -> None:
+    def _complete(self, run: Run, outcome: str) -> None:
         run.outcome = outcome
         self._finish(_Finished(run.envelope.op_id, outcome, list(run.entries), list(run.replies)))
 

@@ -1,0 +1,218 @@
+"""Running a shard's ops: one key's ops one after another, different keys' ops side by side.
+
+Sync ops on a free key run inline (no task); an ``async`` op gets a chain task for its key, and
+later ops on that key queue behind it. A multi-key op is a :class:`Barrier` placed in every one
+of its keys' chains: the last chain to reach it runs it, the others wait, so it sees and writes
+all its keys alone. Chains fill in stream order, so two barriers can never wait for each other.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from ._codec import Envelope, encode_error, encode_ok
+from ._ops import Context, MultiContext, Registry
+from .errors import MalformedOperation, OperationFailed, UnknownOperation
+
+log = logging.getLogger("keyserial.worker")
+
+
+@dataclass(slots=True)
+class Entry:
+    """A fetched stream entry; progress may pass it once ``remaining`` reaches zero."""
+
+    entry_id: str
+    remaining: int
+
+
+@dataclass(slots=True)
+class Run:
+    """One op to run, and every fetched occurrence of its op id waiting for its outcome."""
+
+    envelope: Envelope
+    entries: list[Entry] = field(default_factory=list)
+    replies: list[str] = field(default_factory=list)
+    #: Set once the op has run; later occurrences then reuse it instead of joining the run.
+    outcome: str | None = None
+
+
+@dataclass(slots=True)
+class Barrier:
+    """A multi-key op's place in each of its keys' chains: it runs once it heads all of them,
+    and those chains move on only after it has run."""
+
+    run: Run
+    arrived: int = 0
+    done: anyio.Event = field(default_factory=anyio.Event)
+
+
+def error_type_name(exc: BaseException) -> str:
+    """The type an op's error travels as: keyserial's own name, or ``module.Class``."""
+    if isinstance(exc, OperationFailed):
+        return exc.error_type
+    kind = type(exc)
+    return (
+        kind.__qualname__
+        if kind.__module__ == "builtins"
+        else f"{kind.__module__}.{kind.__qualname__}"
+    )
+
+
+class Executor:
+    """Runs ops against the owner's state cache and reports each outcome to ``on_complete``.
+
+    ``cache`` (key -> JSON state, ``None``: no state) and ``dirty`` (keys changed since the last
+    commit) are the runner's; the executor updates both when an op succeeds.
+    """
+
+    def __init__(
+        self,
+        registry: Registry,
+        *,
+        shard: int,
+        fence: int,
+        cache: dict[str, str | None],
+        dirty: set[str],
+        on_complete: Callable[[Run, str], None],
+    ) -> None:
+        self.shard = shard
+        self.task_group: TaskGroup | None = None
+        self._registry = registry
+        self._fence = fence
+        self._cache = cache
+        self._dirty = dirty
+        self._on_complete = on_complete
+        self._chains: dict[str, deque[Run | Barrier]] = {}
+
+    def schedule(self, run: Run) -> None:
+        """Run now if every key is free and nothing needs awaiting; otherwise queue the op on
+        each of its keys' chains. A multi-key op waits at the head of all its chains (a barrier);
+        chains fill in stream order, so two barriers can never wait for each other."""
+        keys = run.envelope.keys
+        definition = self._registry.get(run.envelope.name)
+        if not any(key in self._chains for key in keys) and (
+            definition is None or not definition.is_async
+        ):
+            self._execute_now(run)  # nothing to wait for: no task needed
+            return
+        item: Run | Barrier = run if len(keys) == 1 else Barrier(run)
+        for key in keys:
+            chain = self._chains.get(key)
+            if chain is None:
+                self._chains[key] = deque([item])
+                self._task_group().start_soon(self._run_chain, key)
+            else:
+                chain.append(item)
+
+    async def _run_chain(self, key: str) -> None:
+        """Run a key's queued ops one after another; other keys' chains run meanwhile."""
+        chain = self._chains[key]
+        while chain:
+            item = chain.popleft()
+            if isinstance(item, Run):
+                await self._execute(item)
+                continue
+            item.arrived += 1
+            if item.arrived == len(item.run.envelope.keys):
+                await self._execute(item.run)  # the last of its keys to get here runs it
+                item.done.set()
+            else:
+                await item.done.wait()
+        del self._chains[key]
+
+    async def _execute(self, run: Run) -> None:
+        definition = self._registry.get(run.envelope.name)
+        if definition is None or not definition.is_async:
+            self._execute_now(run)
+            return
+        context = self._context(run.envelope)
+        try:
+            value = await definition.fn(context, *run.envelope.args, **run.envelope.kwargs)
+        except Exception as exc:
+            self._failed(run, exc)
+        else:
+            self._succeeded(run, context, value)
+
+    def _execute_now(self, run: Run) -> None:
+        envelope = run.envelope
+        definition = self._registry.get(envelope.name)
+        if definition is None:
+            self._failed(
+                run,
+                UnknownOperation(
+                    f"no op named {envelope.name!r} on this worker (it serves: "
+                    f"{', '.join(self._registry.names())})"
+                ),
+            )
+            return
+        if definition.multi_key != envelope.multi:
+            wanted = "a list of keys (submit_many)" if definition.multi_key else "one key (submit)"
+            self._failed(run, MalformedOperation(f"op {envelope.name!r} takes {wanted}"))
+            return
+        context = self._context(envelope)
+        try:
+            value = definition.fn(context, *envelope.args, **envelope.kwargs)
+        except Exception as exc:
+            self._failed(run, exc)
+        else:
+            self._succeeded(run, context, value)
+
+    def _context(self, envelope: Envelope) -> Context | MultiContext:
+        self._fence += 1
+        if envelope.multi:
+            return MultiContext(
+                keys=envelope.keys,
+                op_id=envelope.op_id,
+                shard=self.shard,
+                fence=self._fence,
+                encoded_states={key: self._cache[key] for key in envelope.keys},
+            )
+        return Context(
+            key=envelope.key,
+            op_id=envelope.op_id,
+            shard=self.shard,
+            fence=self._fence,
+            encoded_state=self._cache[envelope.key],
+        )
+
+    def _succeeded(self, run: Run, context: Context | MultiContext, value: Any) -> None:
+        try:
+            outcome = encode_ok(value)
+            if isinstance(context, MultiContext):
+                states = context.encoded_states()
+            else:
+                states = {context.key: context.encoded_state()}
+        except (TypeError, ValueError) as exc:
+            self._failed(
+                run, TypeError(f"op {run.envelope.name!r} returned or stored non-JSON: {exc}")
+            )
+            return
+        for key, state in states.items():
+            if state != self._cache[key]:
+                self._cache[key] = state
+                self._dirty.add(key)
+        self._on_complete(run, outcome)
+
+    def _failed(self, run: Run, exc: Exception) -> None:
+        if not isinstance(exc, OperationFailed):
+            log.warning(
+                "shard %d: op %r (%s) raised",
+                self.shard,
+                run.envelope.name,
+                run.envelope.op_id,
+                exc_info=exc,
+            )
+        data = exc.data if isinstance(exc, OperationFailed) else None
+        message = exc.message if isinstance(exc, OperationFailed) else str(exc)
+        self._on_complete(run, encode_error(error_type_name(exc), message, data))
+
+    def _task_group(self) -> TaskGroup:
+        assert self.task_group is not None, "the runner sets task_group before scheduling"
+        return self.task_group
