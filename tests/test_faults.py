@@ -591,3 +591,50 @@ async def test_submit_while_redis_is_down_raises_backend_unavailable_then_recove
             load.sequences["all"] = ["before", "during", "after"]
             assert await load.check() == {"down:1": ["before", "during", "after"]}
             assert worker.process.poll() is None, "the worker survived the outage"
+
+
+# -- 8. multi-key ops on one shard survive a kill -9 all-or-nothing --------------------------
+
+
+async def test_kill_9_during_multi_key_ops_leaves_each_op_applied_once_on_all_its_keys(
+    redis_url: str, namespace: str, start: Starter, tmp_path: Path
+) -> None:
+    """Overlapping slow multi-key ops on one shard; the owner dies while some are in flight.
+    Every acknowledged op is in the list of every one of its keys exactly once, and no key has
+    an op that another of its keys lacks (all writes of an op commit together, or none)."""
+    keys = keys_on_shard(1, SHARDS, 4, "multi")
+    note = tmp_path / "started-by"
+    plans = [(f"m{n}", [keys[n % 4], keys[(n + 1) % 4], keys[(n + 2) % 4]][: 2 + n % 2])
+             for n in range(24)]
+    with anyio.fail_after(60):
+        async with inspector(redis_url) as client, \
+                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+            owner, standby = await start_owner_and_standby(start, redis_url, namespace, client,
+                                                           lease_ttl=1.0)
+            acknowledged: list[str] = []
+
+            async def submit(op_id: str, op_keys: list[str]) -> None:
+                while True:  # resubmit with the same op id until acknowledged (exactly once)
+                    try:
+                        await ks.submit_many(op_keys, apps.slow_move(0.05), op_id=op_id,
+                                             timeout=2)
+                    except keyserial.SubmitTimeout:
+                        continue
+                    acknowledged.append(op_id)
+                    return
+
+            async with anyio.create_task_group() as group:
+                # A single-key op that notes when it runs tells us the owner is busy.
+                group.start_soon(lambda: ks.submit(keys[0], apps.noted_slow_record(
+                    0.05, str(note)), op_id="marker", timeout=20))
+                for op_id, op_keys in plans:
+                    group.start_soon(submit, op_id, op_keys)
+                await eventually(note.exists, message="the owner running ops")
+                owner.kill()
+                await wait_for_holder(client, namespace, standby.pid, shards=[1], timeout=5)
+            assert sorted(acknowledged) == sorted(op_id for op_id, _ in plans)
+            for key in keys:
+                applied = [item for item in (await ks.read(key) or []) if item != "marker"]
+                expected = sorted(op_id for op_id, op_keys in plans if key in op_keys)
+                assert sorted(applied) == expected, key
+                assert len(applied) == len(set(applied)), f"{key}: an op applied twice"
