@@ -152,7 +152,7 @@ class LocalServer:
                 if self.process.poll() is not None:
                     raise RuntimeError(f"{self.binary} exited: {self._log_tail()}")
                 try:
-                    if client.ping():
+                    if self._answering_pid(client) == self.process.pid:
                         break
                 except (redis.ConnectionError, redis.ResponseError, redis.TimeoutError):
                     pass
@@ -166,6 +166,13 @@ class LocalServer:
             raise
         finally:
             client.close()
+
+    @staticmethod
+    def _answering_pid(client: redis.Redis) -> int:
+        """Pid of the server answering on the port: another server already listening there must
+        never be mistaken for ours (and then written to, or left running)."""
+        info: dict[str, Any] = _command(client, "INFO", "server")
+        return int(info["process_id"])
 
     def _own_all_slots(self, client: redis.Redis, deadline: float) -> None:
         info = _command(client, "CLUSTER", "INFO")

@@ -14,7 +14,7 @@ import anyio
 import pytest
 
 import keyserial
-from keyserial._server import find_server_binary, free_port
+from keyserial._server import LocalServer, find_server_binary, free_port
 from keyserial.ledger import deposit
 from tests.helpers import ROOT
 
@@ -122,3 +122,14 @@ def test_worker_exits_zero_on_sigterm_after_releasing_its_leases(
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_server_already_on_the_port_is_never_taken_for_ours(redis_url: str) -> None:
+    """Another server listening on the port makes ours fail to start; it must not be used."""
+    taken = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    server = LocalServer(port=taken)
+    with pytest.raises(RuntimeError, match="exited"):
+        server.start(timeout=5)
+    result = _cli("dev", "--port", str(taken), "--shard-count", "2")
+    assert result.returncode == 2
+    assert "is the port taken?" in result.stderr
