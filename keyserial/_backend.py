@@ -6,12 +6,16 @@ both supported; every script touches the keys of one shard (one hash tag, one sl
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeAlias
 
+import anyio
+from anyio.abc import TaskStatus
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
@@ -19,6 +23,8 @@ from redis.asyncio.cluster import RedisCluster
 
 from ._layout import meta_key
 from .errors import BackendUnavailable, ConfigError
+
+log = logging.getLogger("keyserial")
 
 AnyRedis: TypeAlias = "Redis | RedisCluster"
 ScriptArg: TypeAlias = str | int | float | bytes
@@ -129,6 +135,39 @@ class Backend:
             kwargs = {**self.client.connection_pool.connection_kwargs, "socket_timeout": None}
             return Redis(**kwargs).pubsub(ignore_subscribe_messages=True)
         return self.client.pubsub(ignore_subscribe_messages=True)
+
+    async def listen(
+        self,
+        channels: Sequence[str],
+        on_message: Callable[[str, bytes], None],
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Subscribe to ``channels`` and hand every message to ``on_message(channel, data)``,
+        resubscribing after a lost connection, until cancelled. Messages published while the
+        connection was down are lost: callers keep a fallback (result sweep, idle polling).
+
+        :raises BackendUnavailable: if the first subscription fails (before ``started()``).
+        """
+        pubsub = self.pubsub()
+        try:
+            await pubsub.subscribe(*channels)
+        except UNREACHABLE as exc:
+            raise BackendUnavailable(self.url, exc) from exc
+        task_status.started()
+        try:
+            while True:
+                try:
+                    async for message in pubsub.listen():
+                        on_message(message["channel"].decode(), message["data"])
+                except UNREACHABLE as exc:
+                    log.warning("subscription to %s lost (%s); resubscribing", self.url, exc)
+                    await anyio.sleep(0.2)
+                    with contextlib.suppress(*UNREACHABLE):
+                        await pubsub.subscribe(*channels)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[ScriptArg]) -> Any:
         """Run one script. Script errors (``FENCED``, ``BACKLOG``) come back as ``ResponseError``.

@@ -299,24 +299,9 @@ class Client:
         return KeyserialError(f"Redis refused the append to shard {shard}: {reply}")
 
     async def _listen_for_replies(self, *, task_status: TaskStatus[None]) -> None:
-        pubsub = self._backend.pubsub()
-        try:
-            await pubsub.subscribe(self._reply)
-        except _backend.UNREACHABLE as exc:
-            raise BackendUnavailable(self._backend.url, exc) from exc
-        task_status.started()
-        try:
-            while True:
-                try:
-                    async for message in pubsub.listen():
-                        self._deliver(message["data"])
-                except _backend.UNREACHABLE as exc:
-                    log.warning("reply channel lost (%s); reconnecting", exc)
-                    await anyio.sleep(0.2)
-                    await _resubscribe(pubsub, self._reply)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+        await self._backend.listen(
+            [self._reply], lambda _, data: self._deliver(data), task_status=task_status
+        )
 
     def _deliver(self, data: bytes) -> None:
         try:
@@ -363,13 +348,6 @@ def _pack(batch: list[_Pending]) -> Iterator[tuple[int, list[_Pending]]]:
             entry.append(pending)
             size += len(pending.envelope)
         yield shard, entry
-
-
-async def _resubscribe(pubsub: Any, channel: str) -> None:
-    try:
-        await pubsub.subscribe(channel)
-    except _backend.UNREACHABLE as exc:
-        log.warning("reply channel still down (%s)", exc)
 
 
 def _value_or_raise(outcome: dict[str, Any], *, key: str, op_id: str) -> Any:

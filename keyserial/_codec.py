@@ -16,16 +16,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ._json import dumps
 from ._ops import Call
 
 WIRE_VERSION = "1"
 
-_dumps = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode
-
-
-def dumps(value: Any) -> str:
-    """Compact JSON; refuses NaN/Infinity, which other languages cannot read back."""
-    return _dumps(value)
 
 
 @dataclass(frozen=True, slots=True)

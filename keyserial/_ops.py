@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
+from ._json import dumps
 from .errors import ConfigError
 
 P = ParamSpec("P")
@@ -81,7 +82,7 @@ class Context:
             return self._encoded
         if self._value is None:
             return None
-        return json.dumps(self._value, separators=(",", ":"), allow_nan=False)
+        return dumps(self._value)
 
 
 class MultiContext:
@@ -123,7 +124,7 @@ class MultiContext:
             return dict(self._encoded)
         return {
             key: None if self._states.get(key) is None
-            else json.dumps(self._states[key], separators=(",", ":"), allow_nan=False)
+            else dumps(self._states[key])
             for key in self.keys
         }
 

@@ -26,12 +26,12 @@ from ._codec import (
     Envelope,
     MalformedEntry,
     decode_entry,
-    dumps,
     encode_error,
     encode_reply,
     salvage_replies,
 )
 from ._execution import Entry, Executor, Run
+from ._json import dumps
 from ._layout import ShardKeys
 from ._ops import Registry
 from ._pipeline import Pipeliner
@@ -96,7 +96,6 @@ class ShardRunner:
         self._careful_until = parse_id(grant.careful_until) if grant.careful_until else None
         self._cache: dict[str, str | None] = {}
         self._dirty: set[str] = set()
-        self._done: dict[bytes, bytes] = {}
         self._entries: OrderedDict[str, Entry] = OrderedDict()
         self._running: dict[str, Run] = {}
         self._finished: list[_Finished] = []
@@ -160,11 +159,11 @@ class ShardRunner:
             want = self._fetch_size()
             if self._finished or self._dead or (want and not idle):
                 self._poked = False
-                entries = await self._step(want)
+                entries, done = await self._step(want)
                 if want:
                     idle = not entries
                 if entries:
-                    await self._dispatch(entries)
+                    await self._dispatch(entries, done)
                 continue
             if self._stopping and not self._running:
                 return
@@ -181,7 +180,9 @@ class ShardRunner:
             self._careful_until = None
         return self._settings.fetch_batch
 
-    async def _step(self, want: int) -> list[Any]:
+    async def _step(self, want: int) -> tuple[list[Any], dict[bytes, bytes]]:
+        """Commit what finished; fetch up to ``want`` entries. Returns the entries and the stored
+        outcomes of op ids among them that already ran."""
         batch, self._finished = self._finished, []
         dead, self._dead = self._dead, []
         k = self.keys
@@ -204,13 +205,12 @@ class ShardRunner:
         if not entries:
             if want and self._careful_until is not None:
                 self._careful_until = None
-            return []
-        self._done = dict(zip(done[::2], done[1::2], strict=True))
+            return [], {}
         for raw_key, raw_state in zip(states[::2], states[1::2], strict=True):
             key = raw_key.decode()
             if key not in self._cache:
                 self._cache[key] = raw_state.decode() or None
-        return entries  # type: ignore[no-any-return]
+        return entries, dict(zip(done[::2], done[1::2], strict=True))
 
     async def _commit_through(self, run: Run) -> None:
         """Commit until ``run`` has committed (careful mode: one op per commit)."""
@@ -222,13 +222,13 @@ class ShardRunner:
 
     # -- dispatching ---------------------------------------------------------------------------
 
-    async def _dispatch(self, entries: list[Any]) -> None:
+    async def _dispatch(self, entries: list[Any], done: dict[bytes, bytes]) -> None:
         careful = self._careful_until is not None
         runnable: list[Run] = []
         for raw_id, fields in entries:
             entry_id = raw_id.decode()
             self._cursor = entry_id
-            runnable.extend(self._accept(entry_id, _fields(fields), self._done))
+            runnable.extend(self._accept(entry_id, _fields(fields), done))
         for run in runnable:
             self._executor.schedule(run)
             if careful:

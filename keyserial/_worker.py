@@ -3,13 +3,13 @@
 Several workers may list the same shards: one owns each shard, the others stand by and acquire
 it when its lease expires (a crash) or is released (a clean shutdown). Leases are renewed every
 ``min(lease_ttl / 4, 0.5 s)``; a shard whose lease cannot be renewed before it would expire is
-dropped at once, with its cache. Correctness does not depend on that timing: every fetch and
-commit checks the epoch inside the script that writes, so a frozen-then-resumed worker can never
-write.
+dropped at once, with its cache. Correctness does not depend on that timing: every step script
+checks the epoch before it writes, so a frozen-then-resumed worker can never write.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import socket
@@ -273,31 +273,16 @@ class Worker:
             holder.done.set()
 
     async def _listen_for_wakeups(self, backend: Backend, *, task_status: Any) -> None:
-        channels = {ShardKeys(self.settings.namespace, s).wake_channel: s for s in self.shards}
-        pubsub = backend.pubsub()
-        try:
-            await pubsub.subscribe(*channels)
-        except _backend.UNREACHABLE as exc:
-            raise BackendUnavailable(backend.url, exc) from exc
-        task_status.started()
-        try:
-            while True:
-                try:
-                    async for message in pubsub.listen():
-                        holder = self._owned.get(channels.get(message["channel"].decode(), -1))
-                        if holder is not None:
-                            holder.runner.wake()
-                except _backend.UNREACHABLE as exc:
-                    # Runners fall back to polling every idle_poll seconds meanwhile.
-                    log.warning("wake-up channel lost (%s); reconnecting", exc)
-                    await anyio.sleep(0.5)
-                    try:
-                        await pubsub.subscribe(*channels)
-                    except _backend.UNREACHABLE:
-                        continue
-        finally:
-            with anyio.CancelScope(shield=True):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
+        """Wake a shard's runner when its stream gets an entry (runners also poll every
+        ``idle_poll`` seconds, so a wake-up lost while reconnecting costs latency, not ops)."""
+        shard_of = {ShardKeys(self.settings.namespace, s).wake_channel: s for s in self.shards}
+
+        def wake(channel: str, _: bytes) -> None:
+            holder = self._owned.get(shard_of.get(channel, -1))
+            if holder is not None:
+                holder.runner.wake()
+
+        await backend.listen(list(shard_of), wake, task_status=task_status)
 
     # -- shutdown ----------------------------------------------------------------------------
 
@@ -353,13 +338,9 @@ def _grant(reply: list[Any]) -> Grant:
 
 
 def _ranges(shards: Sequence[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2,5"``."""
-    parts: list[str] = []
-    for shard in shards:
-        if parts and "-" in parts[-1] and int(parts[-1].split("-")[1]) == shard - 1:
-            parts[-1] = f"{parts[-1].split('-')[0]}-{shard}"
-        elif parts and "-" not in parts[-1] and int(parts[-1]) == shard - 1:
-            parts[-1] = f"{parts[-1]}-{shard}"
-        else:
-            parts.append(str(shard))
-    return ",".join(parts)
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"`` (sorted input)."""
+    runs = [
+        [shard for _, shard in run]
+        for _, run in itertools.groupby(enumerate(shards), lambda pair: pair[1] - pair[0])
+    ]
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)

@@ -12,6 +12,7 @@
 --                  kills a worker is the first op without a result and takes the strike alone;
 --   poisoned       '' or the id of an op that reached the strike limit: it now has a
 --                  PoisonOperation result, is copied to the dead-letter stream and never runs.
+-- Stream-id helpers: also in the other fenced scripts (a Redis script cannot import code).
 local function parse_id(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
   return tonumber(ms), tonumber(seq)
