@@ -67,6 +67,11 @@ STEP = Script.load("step")
 ACQUIRE = Script.load("acquire")
 RENEW = Script.load("renew")
 RELEASE = Script.load("release")
+BEGIN = Script.load("begin")
+ALIVE = Script.load("alive")
+DECIDE = Script.load("decide")
+RESOLVE = Script.load("resolve")
+GRANT = Script.load("grant")
 
 
 @dataclass(frozen=True, slots=True)

@@ -134,6 +134,14 @@ class Client:
             raise TypeError(f"key must be a non-empty string, not {key!r}")
         return await self._submit(key, self.shard_of(key), call, timeout, op_id)
 
+    def _home(self, keys: Sequence[str]) -> int:
+        """The shard a multi-key op is appended to: the lowest of its keys' shards."""
+        if isinstance(keys, str) or not keys or not all(isinstance(k, str) and k for k in keys):
+            raise TypeError(f"keys must be a list of non-empty strings, not {keys!r}")
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"keys must be distinct: {list(keys)!r}")
+        return min(self.shard_of(key) for key in keys)
+
     async def submit_many(
         self,
         keys: Sequence[str],
@@ -146,21 +154,13 @@ class Client:
         it sees and writes all their states as if alone, after every op already appended for
         any of them.
 
-        Raises as :meth:`submit` does.
+        Keys on one shard cost what a single-key op costs. Keys on several shards are
+        coordinated by the lowest one (the op's home, where its result is stored): it takes the
+        other shards' keys in ascending shard order, so two such ops can never deadlock.
 
-        :raises NotImplementedError: if the keys are on more than one shard (not yet supported).
+        Raises as :meth:`submit` does.
         """
-        if isinstance(keys, str) or not keys or not all(isinstance(k, str) and k for k in keys):
-            raise TypeError(f"keys must be a list of non-empty strings, not {keys!r}")
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"keys must be distinct: {list(keys)!r}")
-        shards = sorted({self.shard_of(key) for key in keys})
-        if len(shards) > 1:
-            raise NotImplementedError(
-                f"keys {list(keys)!r} are on shards {shards}: multi-key ops across shards are"
-                " not supported yet (keys on one shard are)"
-            )
-        return await self._submit(tuple(keys), shards[0], call, timeout, op_id)
+        return await self._submit(tuple(keys), self._home(keys), call, timeout, op_id)
 
     async def transfer(
         self,
@@ -195,6 +195,8 @@ class Client:
         if self._task_group is None:
             raise KeyserialError("the client is closed; use `async with keyserial.connect(...)`")
         key = keys if isinstance(keys, str) else keys[0]
+        if op_id is not None and (not isinstance(op_id, str) or not op_id or "#" in op_id):
+            raise ValueError(f"op_id must be a non-empty string without '#', not {op_id!r}")
         op_id = op_id or f"{self.client_id}-{next(self._op_ids)}"
         envelope = encode_envelope(op_id, keys, call, self._reply)
         size = len(envelope.encode())
@@ -227,13 +229,17 @@ class Client:
         raw = await self._backend.call("HGET", keys.state, key)
         return None if raw is None else json.loads(raw)
 
-    async def result(self, op_id: str, *, key: str) -> Any:
-        """The stored outcome of op ``op_id`` on ``key``: its value, or its error raised.
+    async def result(self, op_id: str, *, key: str | Sequence[str]) -> Any:
+        """The stored outcome of op ``op_id`` on ``key`` (for a multi-key op: its list of keys):
+        its value, or its error raised.
 
         :raises ResultNotFound: if the op has not been applied yet, or its result expired.
         :raises OperationFailed: if the op failed.
         """
-        keys = ShardKeys(self.settings.namespace, self.shard_of(key))
+        shard = self.shard_of(key) if isinstance(key, str) else self._home(key)
+        if not isinstance(key, str):
+            key = key[0]
+        keys = ShardKeys(self.settings.namespace, shard)
         raw = await self._backend.call("HGET", keys.results, op_id)
         if raw is None:
             raise ResultNotFound(key=key, op_id=op_id)

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from anyio.abc import TaskGroup
@@ -45,12 +45,24 @@ class Run:
 
 @dataclass(slots=True)
 class Barrier:
-    """A multi-key op's place in each of its keys' chains: it runs once it heads all of them,
-    and those chains move on only after it has run."""
+    """A multi-key op's place in each of its (local) keys' chains: it runs once it heads all of
+    them, and those chains move on only after it has run."""
 
     run: Run
+    needed: int
     arrived: int = 0
     done: anyio.Event = field(default_factory=anyio.Event)
+
+
+class Coordination(Protocol):
+    """Runs the ops that involve other shards (see ``_crossshard``) once their local keys are
+    held."""
+
+    def local_keys(self, envelope: Envelope) -> tuple[str, ...]: ...
+
+    def handles(self, envelope: Envelope) -> bool: ...
+
+    async def run(self, run: Run) -> None: ...
 
 
 def error_type_name(exc: BaseException) -> str:
@@ -81,9 +93,11 @@ class Executor:
         cache: dict[str, str | None],
         dirty: set[str],
         on_complete: Callable[[Run, str], None],
+        coordination: Coordination | None = None,
     ) -> None:
         self.shard = shard
         self.task_group: TaskGroup | None = None
+        self._coordination = coordination
         self._registry = registry
         self._fence = fence
         self._cache = cache
@@ -95,14 +109,16 @@ class Executor:
         """Run now if every key is free and nothing needs awaiting; otherwise queue the op on
         each of its keys' chains. A multi-key op waits at the head of all its chains (a barrier);
         chains fill in stream order, so two barriers can never wait for each other."""
-        keys = run.envelope.keys
-        definition = self._registry.get(run.envelope.name)
-        if not any(key in self._chains for key in keys) and (
+        envelope, coordination = run.envelope, self._coordination
+        special = coordination is not None and coordination.handles(envelope)
+        keys = coordination.local_keys(envelope) if coordination is not None else envelope.keys
+        definition = self._registry.get(envelope.name)
+        if not special and not any(key in self._chains for key in keys) and (
             definition is None or not definition.is_async
         ):
             self._execute_now(run)  # nothing to wait for: no task needed
             return
-        item: Run | Barrier = run if len(keys) == 1 else Barrier(run)
+        item: Run | Barrier = run if len(keys) == 1 and not special else Barrier(run, len(keys))
         for key in keys:
             chain = self._chains.get(key)
             if chain is None:
@@ -120,16 +136,67 @@ class Executor:
                 await self._execute(item)
                 continue
             item.arrived += 1
-            if item.arrived == len(item.run.envelope.keys):
-                await self._execute(item.run)  # the last of its keys to get here runs it
+            if item.arrived == item.needed:
+                await self._run_held(item.run)  # the last of its keys to get here runs it
                 item.done.set()
             else:
                 await item.done.wait()
         del self._chains[key]
 
+    async def _run_held(self, run: Run) -> None:
+        coordination = self._coordination
+        if coordination is not None and coordination.handles(run.envelope):
+            await coordination.run(run)
+        else:
+            await self._execute(run)
+
+    def problem(self, envelope: Envelope) -> str | None:
+        """The error outcome of an op that cannot run at all (unknown, wrong kind), or None."""
+        definition = self._registry.get(envelope.name)
+        if definition is None:
+            return self._error_outcome(
+                envelope,
+                UnknownOperation(
+                    f"no op named {envelope.name!r} on this worker (it serves: "
+                    f"{', '.join(self._registry.names())})"
+                ),
+            )
+        if definition.multi_key != envelope.multi:
+            wanted = "a list of keys (submit_many)" if definition.multi_key else "one key (submit)"
+            return self._error_outcome(
+                envelope, MalformedOperation(f"op {envelope.name!r} takes {wanted}")
+            )
+        return None
+
+    async def evaluate(
+        self, envelope: Envelope, states: Mapping[str, str | None]
+    ) -> tuple[str, dict[str, str | None] | None]:
+        """Run a multi-key op on ``states`` (keys of any shard) without touching the cache:
+        its outcome, and every key's new state (None if it failed)."""
+        definition = self._registry.get(envelope.name)
+        assert definition is not None, "problem() is checked first"
+        self._fence += 1
+        context = MultiContext(
+            keys=envelope.keys,
+            op_id=envelope.op_id,
+            shard=self.shard,
+            fence=self._fence,
+            encoded_states=states,
+        )
+        try:
+            value = definition.fn(context, *envelope.args, **envelope.kwargs)
+            if definition.is_async:
+                value = await value
+        except Exception as exc:
+            return self._error_outcome(envelope, exc), None
+        try:
+            return encode_ok(value), context.encoded_states()
+        except (TypeError, ValueError) as exc:
+            return self._error_outcome(envelope, _not_json(envelope, exc)), None
+
     async def _execute(self, run: Run) -> None:
         definition = self._registry.get(run.envelope.name)
-        if definition is None or not definition.is_async:
+        if definition is None or not definition.is_async or self.problem(run.envelope):
             self._execute_now(run)
             return
         context = self._context(run.envelope)
@@ -142,20 +209,12 @@ class Executor:
 
     def _execute_now(self, run: Run) -> None:
         envelope = run.envelope
+        problem = self.problem(envelope)
+        if problem is not None:
+            self._on_complete(run, problem)
+            return
         definition = self._registry.get(envelope.name)
-        if definition is None:
-            self._failed(
-                run,
-                UnknownOperation(
-                    f"no op named {envelope.name!r} on this worker (it serves: "
-                    f"{', '.join(self._registry.names())})"
-                ),
-            )
-            return
-        if definition.multi_key != envelope.multi:
-            wanted = "a list of keys (submit_many)" if definition.multi_key else "one key (submit)"
-            self._failed(run, MalformedOperation(f"op {envelope.name!r} takes {wanted}"))
-            return
+        assert definition is not None
         context = self._context(envelope)
         try:
             value = definition.fn(context, *envelope.args, **envelope.kwargs)
@@ -190,9 +249,7 @@ class Executor:
             else:
                 states = {context.key: context.encoded_state()}
         except (TypeError, ValueError) as exc:
-            self._failed(
-                run, TypeError(f"op {run.envelope.name!r} returned or stored non-JSON: {exc}")
-            )
+            self._failed(run, _not_json(run.envelope, exc))
             return
         for key, state in states.items():
             if state != self._cache[key]:
@@ -201,18 +258,25 @@ class Executor:
         self._on_complete(run, outcome)
 
     def _failed(self, run: Run, exc: Exception) -> None:
+        self._on_complete(run, self._error_outcome(run.envelope, exc))
+
+    def _error_outcome(self, envelope: Envelope, exc: Exception) -> str:
         if not isinstance(exc, OperationFailed):
             log.warning(
                 "shard %d: op %r (%s) raised",
                 self.shard,
-                run.envelope.name,
-                run.envelope.op_id,
+                envelope.name,
+                envelope.op_id,
                 exc_info=exc,
             )
         data = exc.data if isinstance(exc, OperationFailed) else None
         message = exc.message if isinstance(exc, OperationFailed) else str(exc)
-        self._on_complete(run, encode_error(error_type_name(exc), message, data))
+        return encode_error(error_type_name(exc), message, data)
 
     def _task_group(self) -> TaskGroup:
         assert self.task_group is not None, "the runner sets task_group before scheduling"
         return self.task_group
+
+
+def _not_json(envelope: Envelope, exc: Exception) -> TypeError:
+    return TypeError(f"op {envelope.name!r} returned or stored non-JSON: {exc}")

@@ -29,6 +29,11 @@ def reply_channel(namespace: str, client_id: str) -> str:
     return f"ks:{namespace}:reply:{client_id}"
 
 
+def worker_channel(namespace: str, token: str) -> str:
+    """A worker's coordination channel: grants and decisions of cross-shard ops."""
+    return f"ks:{namespace}:worker:{token}"
+
+
 @dataclass(frozen=True, slots=True)
 class ShardKeys:
     """Names of everything one shard keeps in Redis."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +22,7 @@ import anyio
 from redis import exceptions as redis_errors
 
 from . import _backend
-from ._backend import ScriptCall
+from ._backend import Backend, Script, ScriptCall
 from ._codec import (
     Envelope,
     MalformedEntry,
@@ -30,6 +31,7 @@ from ._codec import (
     encode_reply,
     salvage_replies,
 )
+from ._crossshard import GRANT_OP, CrossShard, Mailbox
 from ._execution import Entry, Executor, Run
 from ._json import dumps
 from ._layout import ShardKeys
@@ -84,6 +86,8 @@ class ShardRunner:
         shard: int,
         shard_count: int,
         grant: Grant,
+        backend: Backend,
+        mailbox: Mailbox,
     ) -> None:
         self.shard = shard
         self.keys = ShardKeys(settings.namespace, shard)
@@ -94,8 +98,8 @@ class ShardRunner:
         self._shard_count = shard_count
         self._cursor = grant.progress
         self._careful_until = parse_id(grant.careful_until) if grant.careful_until else None
-        self._cache: dict[str, str | None] = {}
-        self._dirty: set[str] = set()
+        self.cache: dict[str, str | None] = {}
+        self.dirty: set[str] = set()
         self._entries: OrderedDict[str, Entry] = OrderedDict()
         self._running: dict[str, Run] = {}
         self._finished: list[_Finished] = []
@@ -104,13 +108,17 @@ class ShardRunner:
         self._stopping = False
         self._poked = False
         self._poke = anyio.Event()
+        self._steps_started = 0
+        self._steps_done = 0
+        self._stepped = anyio.Event()
         self._executor = Executor(
             registry,
             shard=shard,
             fence=grant.epoch << 32,
-            cache=self._cache,
-            dirty=self._dirty,
+            cache=self.cache,
+            dirty=self.dirty,
             on_complete=self._complete,
+            coordination=CrossShard(self, backend, mailbox, settings, shard_count),
         )
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -198,7 +206,12 @@ class ShardRunner:
         ]
         progress, commit = self._commit_args(batch, dead)
         args = [self.epoch, progress, self._settings.result_ttl_ms, self._cursor, want, commit]
-        entries, done, states = await self._retrying(_backend.STEP, keys, args)
+        self._steps_started += 1
+        step = self._steps_started
+        entries, done, states = await self.fenced(_backend.STEP, keys, args)
+        self._steps_done = step
+        self._stepped.set()
+        self._stepped = anyio.Event()
         for finished in batch:
             if self._running.pop(finished.op_id, None) is not None:
                 self._uncommitted -= 1
@@ -208,8 +221,8 @@ class ShardRunner:
             return [], {}
         for raw_key, raw_state in zip(states[::2], states[1::2], strict=True):
             key = raw_key.decode()
-            if key not in self._cache:
-                self._cache[key] = raw_state.decode() or None
+            if key not in self.cache:
+                self.cache[key] = raw_state.decode() or None
         return entries, dict(zip(done[::2], done[1::2], strict=True))
 
     async def _commit_through(self, run: Run) -> None:
@@ -277,15 +290,19 @@ class ShardRunner:
         return runnable
 
     def _misrouted(self, envelope: Envelope) -> str | None:
-        """Why the envelope does not belong on this shard, or None."""
-        for key in envelope.keys:
-            shard = shard_for(key, self._shard_count)
+        """Why the envelope does not belong on this shard, or None. A multi-key op belongs on
+        the lowest shard of its keys (its home), which coordinates the others."""
+        shards = [shard_for(key, self._shard_count) for key in envelope.keys]
+        if envelope.multi and envelope.name != GRANT_OP:
+            if min(shards) != self.shard:
+                return (
+                    f"keys {list(envelope.keys)!r} are on shards {sorted(set(shards))} of"
+                    f" {self._shard_count}: a multi-key op goes to the lowest, not to shard"
+                    f" {self.shard}"
+                )
+            return None
+        for key, shard in zip(envelope.keys, shards, strict=True):
             if shard != self.shard:
-                if envelope.multi:
-                    return (
-                        f"key {key!r} is on shard {shard}, not {self.shard}: multi-key ops"
-                        " across shards are not supported by this worker yet"
-                    )
                 return (
                     f"key {key!r} routes to shard {shard} of {self._shard_count},"
                     f" not to shard {self.shard}"
@@ -310,6 +327,31 @@ class ShardRunner:
         self._finished.append(finished)
         self._notify()
 
+    def settle(self, run: Run, outcome: str, *, stored: bool, replies: list[str]) -> None:
+        """Report an op finished outside the executor (a cross-shard op or a grant request);
+        ``stored``: its result is in Redis already."""
+        run.outcome = outcome
+        self._finish(
+            _Finished(run.envelope.op_id, outcome, list(run.entries), replies, store=not stored)
+        )
+
+    def problem(self, envelope: Envelope) -> str | None:
+        return self._executor.problem(envelope)
+
+    async def evaluate(
+        self, envelope: Envelope, states: Mapping[str, str | None]
+    ) -> tuple[str, dict[str, str | None] | None]:
+        return await self._executor.evaluate(envelope, states)
+
+    async def flush(self) -> None:
+        """Return once every op finished so far has committed (the next step takes them, or the
+        one in flight already has)."""
+        target = self._steps_started + (1 if self._finished or self._dead else 0)
+        if target > self._steps_done:
+            self._notify()
+        while self._steps_done < target:
+            await self._stepped.wait()
+
     # -- committing ----------------------------------------------------------------------------
 
     def _commit_args(
@@ -325,8 +367,8 @@ class ShardRunner:
                 results.append((finished.op_id, finished.outcome))
             for channel in finished.replies:
                 replies[channel].append((finished.op_id, finished.outcome))
-        writes = [(key, self._cache[key] or "") for key in self._dirty]
-        self._dirty.clear()
+        writes = [(key, self.cache[key] or "") for key in self.dirty]
+        self.dirty.clear()
         progress = self._advance_progress()
         if not (writes or results or dead or replies):
             return progress, ""
@@ -349,7 +391,7 @@ class ShardRunner:
             self._entries.popitem(last=False)
         return progress
 
-    async def _retrying(self, script: _backend.Script, keys: list[str], args: list[Any]) -> Any:
+    async def fenced(self, script: Script, keys: list[str], args: list[Any]) -> Any:
         """Run a fenced script, retrying while Redis is unreachable (the lease loop decides
         whether this worker still owns the shard)."""
         delay = 0.05

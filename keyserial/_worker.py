@@ -22,7 +22,8 @@ from anyio.abc import TaskGroup
 
 from . import _backend
 from ._backend import AnyRedis, Backend, ScriptCall
-from ._layout import ShardKeys
+from ._crossshard import Mailbox
+from ._layout import ShardKeys, worker_channel
 from ._ops import Registry
 from ._pipeline import Pipeliner
 from ._routing import parse_shards
@@ -68,6 +69,7 @@ class Worker:
         self._redis = redis
         self._shard_spec = shards
         self._owned: dict[int, _Owned] = {}
+        self._mailbox = Mailbox(worker_channel(self.settings.namespace, self.token))
         self._stop = anyio.Event()
         self._started = anyio.Event()
         self.shards: list[int] = []
@@ -253,6 +255,8 @@ class Worker:
             shard=shard,
             shard_count=shard_count,
             grant=grant,
+            backend=backend,
+            mailbox=self._mailbox,
         )
         holder = self._owned[shard] = _Owned(runner, renewed_at)
         log.info("shard %d: acquired (epoch %d)", shard, grant.epoch)
@@ -274,15 +278,20 @@ class Worker:
 
     async def _listen_for_wakeups(self, backend: Backend, *, task_status: Any) -> None:
         """Wake a shard's runner when its stream gets an entry (runners also poll every
-        ``idle_poll`` seconds, so a wake-up lost while reconnecting costs latency, not ops)."""
+        ``idle_poll`` seconds, so a wake-up lost while reconnecting costs latency, not ops), and
+        hand coordination messages (grants, decisions) to the mailbox (whose waiters poll too)."""
         shard_of = {ShardKeys(self.settings.namespace, s).wake_channel: s for s in self.shards}
+        mailbox = self._mailbox
 
-        def wake(channel: str, _: bytes) -> None:
+        def receive(channel: str, data: bytes) -> None:
+            if channel == mailbox.channel:
+                mailbox.deliver(data)
+                return
             holder = self._owned.get(shard_of.get(channel, -1))
             if holder is not None:
                 holder.runner.wake()
 
-        await backend.listen(list(shard_of), wake, task_status=task_status)
+        await backend.listen([*shard_of, mailbox.channel], receive, task_status=task_status)
 
     # -- shutdown ----------------------------------------------------------------------------
 

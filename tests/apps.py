@@ -7,7 +7,7 @@ from typing import Any
 
 import anyio
 
-from keyserial import Context, MultiContext, multi_op, op
+from keyserial import Context, InsufficientFunds, MultiContext, multi_op, op
 
 
 @op
@@ -81,3 +81,49 @@ async def slow_move(ctx: MultiContext, delay: float) -> list[str]:
     for key in ctx.keys:
         ctx.states[key] = [*seen[key], ctx.op_id]
     return list(ctx.keys)
+
+
+@op
+def open_account(ctx: Context, amount: int) -> None:
+    """A bank account for the cross-shard tests: a balance and the ids of the ops it saw."""
+    ctx.state = {"balance": amount, "ops": []}
+
+
+@multi_op
+async def pay(ctx: MultiContext, amount: int, delay: float = 0, note_path: str = "") -> int:
+    """The first key pays ``amount`` to each of the others; every key logs the op id, so
+    exactly-once is checked op by op. ``note_path``: append the pid before waiting ``delay``
+    (a test can then act while the op holds every key)."""
+    if note_path:
+        async with await anyio.open_file(note_path, "a") as note:
+            await note.write(f"{os.getpid()}\n")
+    if delay:
+        await anyio.sleep(delay)
+    source, *targets = ctx.keys
+    accounts = {key: ctx.states[key] or {"balance": 0, "ops": []} for key in ctx.keys}
+    owed = amount * len(targets)
+    if accounts[source]["balance"] < owed:
+        raise InsufficientFunds(balance=accounts[source]["balance"], amount=owed, key=source,
+                                op_id=ctx.op_id)
+    accounts[source]["balance"] -= owed
+    for target in targets:
+        accounts[target]["balance"] += amount
+    for key, account in accounts.items():
+        account["ops"].append(ctx.op_id)
+        ctx.states[key] = account
+    return int(accounts[source]["balance"])
+
+
+@op
+async def hold(ctx: Context, delay: float, note_path: str) -> None:
+    """Keep the key busy for ``delay`` seconds, leaving its state alone; the pid goes to
+    ``note_path`` first, so a test knows the key is held."""
+    async with await anyio.open_file(note_path, "a") as note:
+        await note.write(f"{os.getpid()}\n")
+    await anyio.sleep(delay)
+
+
+@op
+def peek(ctx: Context) -> Any:
+    """The key's state, as an op: it runs after every op appended before it."""
+    return ctx.state

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
 from keyserial._server import LocalServer
-from tests.helpers import ROOT
+from tests.helpers import ROOT, WorkerProcess, worker_processes
 
 TOPOLOGIES = ("standalone", "cluster")
 _counter = itertools.count()
@@ -50,3 +51,10 @@ def _importable_test_apps(monkeypatch: pytest.MonkeyPatch) -> None:
     """Worker subprocesses import ``tests.apps``: put the repository on their path."""
     path = os.environ.get("PYTHONPATH", "")
     monkeypatch.setenv("PYTHONPATH", f"{ROOT}{os.pathsep}{path}" if path else str(ROOT))
+
+
+@pytest.fixture
+def start(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
+    """Start ``keyserial worker`` processes; all are killed at the end (logs shown on failure)."""
+    with worker_processes(tmp_path) as starter:
+        yield starter

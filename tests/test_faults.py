@@ -32,7 +32,7 @@ from keyserial import BackendUnavailable, Call, PoisonOperation, SubmitTimeout
 from keyserial._layout import ShardKeys
 from keyserial._server import LocalServer
 from tests import apps
-from tests.helpers import WorkerProcess, eventually, keys_on_shard, wait_for_log, worker_processes
+from tests.helpers import WorkerProcess, eventually, keys_on_shard, wait_for_log
 
 SHARDS = 4
 
@@ -251,13 +251,6 @@ def assert_exactly_once(key: str, applied: list[str], acked: dict[str, Any],
     for sequence in sequences:
         members = set(sequence)
         assert [op for op in applied if op in members] == sequence, f"{key}: order broken"
-
-
-@pytest.fixture
-def start(tmp_path: Path) -> Iterator[Starter]:
-    """Start ``keyserial worker`` processes; all are killed at the end (logs shown on failure)."""
-    with worker_processes(tmp_path) as starter:
-        yield starter
 
 
 # -- 1. one writer per shard -----------------------------------------------------------------

@@ -1,0 +1,367 @@
+"""Multi-key ops across shards: grants taken in ascending shard order, one decision record.
+
+An op whose keys sit on several shards is appended to its *home* shard, the lowest of them.
+The home owner holds the op's local keys (a barrier in their chains) and coordinates:
+
+1. ``begin``: a fresh attempt number from the home shard (fenced), which also aborts any earlier
+   attempt left undecided by a dead coordinator, and an *alive* deadline it keeps renewing;
+2. for each other shard, in ascending order, it appends a grant request (op ``keyserial.grant``
+   for that shard's keys) and waits for the grant: the participant holds those keys (a barrier,
+   so only they wait; its other keys keep flowing), commits every earlier op on them, and
+   publishes their committed states;
+3. it runs the op on all the states, then ``decide``: set-if-absent of the attempt's decision
+   record in the home shard, atomically with the home keys' writes and the op's result (fenced);
+4. each participant applies the decision's writes for its keys through its own fenced commit,
+   stores a result for the grant (so a replay of the request is a no-op) and releases the keys.
+
+Why it cannot deadlock: an op waiting for a grant at shard ``j`` holds keys only on shards below
+``j``; inside one shard, keys are granted in stream order, so an earlier entry never waits for a
+later one. A cycle of waits would need some op to wait on a lower shard than one it holds: never.
+(Fetch limits could in theory couple unrelated keys of one shard; participants' alive checks
+break any such wait: a grant is held only while its coordinator keeps the attempt alive.)
+
+Why it is atomic: a participant that stops hearing from its coordinator (the alive deadline
+passed, or a newer attempt began) aborts the attempt with set-if-absent on the same record, so
+a late commit and an abort can never both win. A zombie coordinator or participant is fenced by
+its shard's epoch in every write it makes. A home owner that dies after the decision leaves the
+op's result behind, so its successor never reruns the op; one that dies before it leaves an
+undecided attempt that the successor's ``begin`` aborts. A participant that dies while holding
+keys is replayed by its successor: the grant request runs again and learns the decision.
+
+Records (in the results hash, so they expire with the results): home ``<op>#attempts``,
+``<op>#alive``, ``<op>#<n>#d``; participant ``<op>#<n>`` (the grant request's own result) and
+``<op>#<n>#g`` (the grant, for a coordinator that missed the message).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import anyio
+from redis import exceptions as redis_errors
+
+from . import _backend
+from ._backend import Backend, Script, ScriptCall
+from ._codec import WIRE_VERSION, Envelope, encode_error, encode_reply, pack_entry
+from ._execution import Run
+from ._json import dumps
+from ._layout import ShardKeys
+from ._routing import shard_for
+from ._settings import Settings
+from .errors import BackendUnavailable, MalformedOperation
+
+log = logging.getLogger("keyserial.worker")
+
+#: The op name of a grant request; served by every worker, never by an app.
+GRANT_OP = "keyserial.grant"
+_APPLIED = '{"ok":"applied"}'
+_RELEASED = '{"ok":"released"}'
+
+
+def attempt_id(op_id: str, attempt: int) -> str:
+    """The op id of an attempt's grant requests (``#`` is reserved in op ids for this)."""
+    return f"{op_id}#{attempt}"
+
+
+@dataclass(slots=True)
+class _Letter:
+    """Waits for one kind of message: a grant from one shard, or an attempt's decision."""
+
+    event: anyio.Event
+    message: dict[str, Any] | None = None
+
+
+class Mailbox:
+    """A worker's channel for coordination messages: grants to the ops it coordinates and
+    decisions to the grants it holds. A message nobody waits for is dropped; every waiter also
+    polls Redis, so a lost message costs latency, never correctness."""
+
+    def __init__(self, channel: str) -> None:
+        self.channel = channel
+        self._waiting: dict[tuple[Any, ...], list[_Letter]] = defaultdict(list)
+
+    @contextmanager
+    def expect(self, *topic: Any) -> Iterator[_Letter]:
+        """Register interest before causing the message, so it cannot arrive unseen."""
+        letter = _Letter(anyio.Event())
+        self._waiting[topic].append(letter)
+        try:
+            yield letter
+        finally:
+            letters = self._waiting[topic]
+            letters.remove(letter)
+            if not letters:
+                del self._waiting[topic]
+
+    def deliver(self, data: bytes) -> None:
+        try:
+            message = json.loads(data)
+            if message["t"] == "g":
+                topic: tuple[Any, ...] = ("g", message["op"], message["a"], message["s"])
+            else:
+                topic = ("d", message["op"], message["a"])
+        except (ValueError, KeyError, TypeError):
+            log.error("ignoring a malformed coordination message: %r", data[:200])
+            return
+        for letter in self._waiting.get(topic, ()):
+            letter.message = message
+            letter.event.set()
+
+
+class Host(Protocol):
+    """What a shard runner offers the coordination of its cross-shard ops."""
+
+    shard: int
+    epoch: int
+    keys: ShardKeys
+    cache: dict[str, str | None]
+    dirty: set[str]
+
+    async def flush(self) -> None:
+        """Return once every op finished so far has committed."""
+
+    async def fenced(self, script: Script, keys: list[str], args: list[Any]) -> Any:
+        """Run a script that checks this owner's epoch (raises ``LeaseLost`` when fenced)."""
+
+    def problem(self, envelope: Envelope) -> str | None:
+        """The error outcome of an op that cannot run at all (unknown op, wrong kind), or None."""
+
+    async def evaluate(
+        self, envelope: Envelope, states: Mapping[str, str | None]
+    ) -> tuple[str, dict[str, str | None] | None]:
+        """Run the op on ``states``: its outcome, and every key's new state (None if it failed)."""
+
+    def settle(self, run: Run, outcome: str, *, stored: bool, replies: list[str]) -> None:
+        """Report a finished op; ``stored``: its result is in Redis already."""
+
+
+class CrossShard:
+    """Coordinates the cross-shard ops homed on one shard, and grants its keys to others'."""
+
+    def __init__(
+        self,
+        host: Host,
+        backend: Backend,
+        mailbox: Mailbox,
+        settings: Settings,
+        shard_count: int,
+    ) -> None:
+        self._host = host
+        self._backend = backend
+        self._mailbox = mailbox
+        self._settings = settings
+        self._shard_count = shard_count
+        #: How often a waiter looks in Redis for a message it may have missed.
+        self._poll = min(settings.idle_poll, settings.lease_ttl / 8)
+
+    def local_keys(self, envelope: Envelope) -> tuple[str, ...]:
+        """The op's keys on this shard: the ones its barrier holds here."""
+        if not envelope.multi or envelope.name == GRANT_OP:
+            return envelope.keys
+        here = self._host.shard
+        return tuple(k for k in envelope.keys if shard_for(k, self._shard_count) == here)
+
+    def handles(self, envelope: Envelope) -> bool:
+        return envelope.name == GRANT_OP or len(self.local_keys(envelope)) < len(envelope.keys)
+
+    async def run(self, run: Run) -> None:
+        """Run a grant request or coordinate an op, once its barrier holds the local keys."""
+        if run.envelope.name == GRANT_OP:
+            await self._grant(run)
+        else:
+            await self._coordinate(run)
+
+    # -- the home shard: coordinating ----------------------------------------------------------
+
+    async def _coordinate(self, run: Run) -> None:
+        host, envelope = self._host, run.envelope
+        problem = host.problem(envelope)
+        if problem is not None:
+            host.settle(run, problem, stored=False, replies=list(run.replies))
+            return
+        await host.flush()  # the home keys' earlier writes commit before this op's can
+        remote: dict[int, list[str]] = defaultdict(list)
+        for key in envelope.keys:
+            shard = shard_for(key, self._shard_count)
+            if shard != host.shard:
+                remote[shard].append(key)
+        while True:
+            attempt = await self._begin(envelope.op_id)
+            async with anyio.create_task_group() as keeping:
+                keeping.start_soon(self._keep_alive, envelope.op_id)
+                decided = await self._attempt(run, attempt, sorted(remote.items()))
+                keeping.cancel_scope.cancel()
+            if decided:
+                return
+            log.info("shard %d: op %s attempt %d aborted; retrying", host.shard, envelope.op_id,
+                     attempt)
+
+    async def _begin(self, op_id: str) -> int:
+        k = self._host.keys
+        return int(await self._host.fenced(
+            _backend.BEGIN,
+            [k.epoch, k.results, k.results_expiry],
+            [self._host.epoch, op_id, self._settings.lease_ttl_ms, self._settings.result_ttl_ms],
+        ))
+
+    async def _keep_alive(self, op_id: str) -> None:
+        k = self._host.keys
+        while True:
+            await anyio.sleep(self._settings.lease_ttl / 8)
+            await self._host.fenced(
+                _backend.ALIVE, [k.epoch, k.results],
+                [self._host.epoch, op_id, self._settings.lease_ttl_ms],
+            )
+
+    async def _attempt(self, run: Run, attempt: int, remote: list[tuple[int, list[str]]]) -> bool:
+        """One attempt: grants in ascending shard order, the op, the decision. False if a
+        participant aborted the attempt first."""
+        host, envelope = self._host, run.envelope
+        states = {key: host.cache[key] for key in self.local_keys(envelope)}
+        participants: list[str] = []
+        for shard, keys in remote:
+            grant = await self._request_grant(envelope.op_id, attempt, shard, keys)
+            if grant is None:
+                return False
+            states.update({key: state for key, state in grant["st"]})
+            participants.append(grant["c"])
+        outcome, new_states = await host.evaluate(envelope, states)
+        writes: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        for key, state in (new_states or {}).items():
+            if state != states[key]:
+                writes[shard_for(key, self._shard_count)].append((key, state or ""))
+        home_writes = writes.pop(host.shard, [])
+        decision = dumps({"w": {str(shard): w for shard, w in writes.items()}})
+        replies = list(run.replies)
+        notice = dumps({"t": "d", "op": envelope.op_id, "a": attempt, "d": json.loads(decision)})
+        notices = [(channel, notice) for channel in dict.fromkeys(participants)]
+        notices += [(reply, encode_reply([(envelope.op_id, outcome)])) for reply in replies]
+        k = host.keys
+        won = await host.fenced(
+            _backend.DECIDE,
+            [k.epoch, k.state, k.results, k.results_expiry],
+            [host.epoch, envelope.op_id, attempt, decision, dumps(home_writes), outcome,
+             self._settings.result_ttl_ms, dumps(notices)],
+        )
+        if int(won[0]) != 1:
+            return False
+        for key, state in home_writes:
+            host.cache[key] = state or None
+        # Callers that resubmitted the op while it ran have not been told yet.
+        host.settle(run, outcome, stored=True, replies=run.replies[len(replies):])
+        return True
+
+    async def _request_grant(
+        self, op_id: str, attempt: int, shard: int, keys: list[str]
+    ) -> dict[str, Any] | None:
+        """Append a grant request to ``shard`` and wait for the grant; None if the attempt was
+        decided (aborted) meanwhile."""
+        request = dumps({
+            "id": attempt_id(op_id, attempt), "keys": keys, "op": GRANT_OP,
+            "kwargs": {"home": self._host.shard, "op": op_id, "attempt": attempt,
+                       "channel": self._mailbox.channel},
+        })
+        there = ShardKeys(self._settings.namespace, shard)
+        home = self._host.keys
+        grant_field = attempt_id(op_id, attempt) + "#g"
+        decision_field = attempt_id(op_id, attempt) + "#d"
+        with self._mailbox.expect("g", op_id, attempt, shard) as letter:
+            await self._append(there, request)
+            while True:
+                with anyio.move_on_after(self._poll):
+                    await letter.event.wait()
+                if letter.message is not None:
+                    return letter.message
+                try:
+                    raw = await self._backend.call("HGET", there.results, grant_field)
+                    if raw is not None:
+                        grant: dict[str, Any] = json.loads(raw)
+                        return grant
+                    if await self._backend.call("HGET", home.results, decision_field):
+                        return None
+                except BackendUnavailable as exc:
+                    log.warning("shard %d: waiting for a grant: %s", self._host.shard, exc)
+
+    async def _append(self, there: ShardKeys, request: str) -> None:
+        """Append a grant request, waiting out a full backlog or an unreachable server."""
+        call = ScriptCall(
+            _backend.SUBMIT, [there.stream],
+            [self._settings.max_backlog, WIRE_VERSION, pack_entry([request]), there.wake_channel],
+        )
+        delay = 0.05
+        while True:
+            try:
+                await self._backend.run(call.script, call.keys, call.args)
+                return
+            except (BackendUnavailable, redis_errors.ResponseError) as exc:
+                log.warning("shard %d: appending a grant request to shard %d: %s",
+                            self._host.shard, there.shard, exc)
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    # -- a participant shard: granting ---------------------------------------------------------
+
+    async def _grant(self, run: Run) -> None:
+        host, envelope = self._host, run.envelope
+        request = envelope.kwargs
+        home, op_id, attempt, channel = (
+            request.get("home"), request.get("op"), request.get("attempt"), request.get("channel")
+        )
+        if not (isinstance(home, int) and 0 <= home < host.shard and isinstance(op_id, str)
+                and isinstance(attempt, int) and isinstance(channel, str)):
+            outcome = encode_error(MalformedOperation.wire_type, f"bad grant request {request!r}")
+            host.settle(run, outcome, stored=False, replies=[])
+            return
+        await host.flush()  # the granted states are committed states
+        with self._mailbox.expect("d", op_id, attempt) as letter:
+            grant = dumps({
+                "t": "g", "op": op_id, "a": attempt, "s": host.shard,
+                "st": [(key, host.cache[key]) for key in envelope.keys],
+                "c": self._mailbox.channel,
+            })
+            k = host.keys
+            await host.fenced(
+                _backend.GRANT, [k.epoch, k.results, k.results_expiry],
+                [host.epoch, attempt_id(op_id, attempt) + "#g", grant, channel,
+                 self._settings.result_ttl_ms],
+            )
+            decision = await self._await_decision(letter, home, op_id, attempt)
+        if "abort" in decision:
+            host.settle(run, _RELEASED, stored=False, replies=[])
+            return
+        mine = set(envelope.keys)
+        for key, state in decision.get("w", {}).get(str(host.shard), []):
+            if key in mine:
+                host.cache[key] = state or None
+                host.dirty.add(key)
+        host.settle(run, _APPLIED, stored=False, replies=[])
+
+    async def _await_decision(
+        self, letter: _Letter, home: int, op_id: str, attempt: int
+    ) -> dict[str, Any]:
+        """The attempt's decision: from the coordinator's notice, or read (or, if the
+        coordinator stopped, written as an abort) in the home shard."""
+        there = ShardKeys(self._settings.namespace, home)
+        while True:
+            with anyio.move_on_after(self._poll):
+                await letter.event.wait()
+            if letter.message is not None:
+                decision: dict[str, Any] = letter.message["d"]
+                return decision
+            try:
+                raw = await self._backend.run(
+                    _backend.RESOLVE, [there.results, there.results_expiry],
+                    [op_id, attempt, self._settings.result_ttl_ms],
+                )
+            except BackendUnavailable as exc:
+                log.warning("shard %d: waiting for a decision: %s", self._host.shard, exc)
+                continue
+            if raw is not None:
+                decision = json.loads(raw)
+                return decision

@@ -1,0 +1,232 @@
+"""Multi-key ops across shards (G4): atomic, isolated, deadlock-free, only involved keys wait.
+
+Fault tests (kill -9, SIGSTOP of coordinator and participants) are in test_cross_shard_faults.py.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis as sync_redis
+import redis.asyncio
+
+import keyserial
+from keyserial import InsufficientFunds, SubmitTimeout
+from keyserial._layout import ShardKeys
+from keyserial.ledger import balance, deposit
+from tests import apps
+from tests.helpers import eventually, keys_on_shard, running_worker, worker_processes
+
+SHARDS = 16
+
+
+async def test_transfer_across_shards_is_atomic_refuses_overdrafts_and_is_idempotent(
+    redis_url: str, namespace: str
+) -> None:
+    source, target = keys_on_shard(3, SHARDS, 1, "acct")[0], keys_on_shard(9, SHARDS, 1, "acct")[0]
+    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+        await ks.submit(source, deposit(100))
+        # Either direction: the home shard is the lower one whichever key comes first.
+        assert await ks.transfer(source, target, 30, op_id="t1") == {source: 70, target: 30}
+        assert await ks.transfer(target, source, 5) == {target: 25, source: 75}
+        with pytest.raises(InsufficientFunds) as refused:
+            await ks.transfer(target, source, 26)
+        assert (refused.value.balance, refused.value.amount) == (25, 26)
+        # Resubmitting an op id returns its stored outcome; the money moves once.
+        assert await ks.transfer(source, target, 30, op_id="t1") == {source: 70, target: 30}
+        assert await ks.result("t1", key=[source, target]) == {source: 70, target: 30}
+        assert [await ks.submit(source, balance()), await ks.submit(target, balance())] == [75, 25]
+
+
+async def test_an_op_on_three_shards_sees_and_writes_every_key(
+    redis_url: str, namespace: str
+) -> None:
+    keys = [keys_on_shard(shard, SHARDS, 1, "acct")[0] for shard in (12, 2, 7)]
+    async with running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]), \
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+        await ks.submit(keys[0], apps.open_account(50))
+        assert await ks.submit_many(keys, apps.pay(20), op_id="split") == 10
+        with pytest.raises(InsufficientFunds):
+            await ks.submit_many(keys, apps.pay(6), op_id="too-much")
+        states = {key: await ks.read(key) for key in keys}
+        assert states == {
+            keys[0]: {"balance": 10, "ops": ["split"]},
+            keys[1]: {"balance": 20, "ops": ["split"]},
+            keys[2]: {"balance": 20, "ops": ["split"]},
+        }
+
+
+async def test_random_ops_across_shards_in_both_directions_never_deadlock(
+    redis_url: str, namespace: str
+) -> None:
+    """Overlapping key sets in random orders across shards, each op reading, waiting and
+    writing all its keys: all complete, and every key lists exactly the ops that touched it."""
+    shards = 8
+    keys = [f"acct:{n}" for n in range(10)]
+    assert len({keyserial.shard_for(key, shards) for key in keys}) >= 5
+    async with running_worker(redis_url, namespace, shard_count=shards, apps=["tests.apps"]), \
+            keyserial.connect(redis_url, shards=shards, namespace=namespace) as ks:
+        rng = random.Random(5)
+        plans = [(f"op-{n}", rng.sample(keys, rng.randint(2, 4))) for n in range(80)]
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as group:
+                for op_id, op_keys in plans:
+                    group.start_soon(lambda i=op_id, k=op_keys: ks.submit_many(
+                        k, apps.slow_move(0.002), op_id=i))
+        for key in keys:
+            applied = await ks.read(key) or []
+            assert sorted(applied) == sorted(op_id for op_id, k in plans if key in k), key
+
+
+async def test_only_the_involved_keys_wait_while_an_op_waits_on_another_shard(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """The op holds its key on the home shard and waits for a busy key on a participant shard:
+    ops on other keys of both shards complete meanwhile; ops on its keys wait for it."""
+    home, participant = 1, 5
+    held, other_home = keys_on_shard(home, SHARDS, 2, "h")
+    busy, other_participant = keys_on_shard(participant, SHARDS, 2, "p")
+    note = tmp_path / "busy"
+    async with running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]), \
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+        done: list[str] = []
+
+        async def run(name: str, op: Any) -> None:
+            await op
+            done.append(name)
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(run, "busy", ks.submit(busy, apps.hold(1.0, str(note))))
+            await eventually(note.exists, message="the participant key is busy")
+            group.start_soon(run, "move", ks.submit_many([held, busy], apps.slow_move(0),
+                                                         op_id="move"))
+            await eventually(lambda: grant_requests(redis_url, namespace, participant),
+                             message="the grant request reached the participant shard")
+            group.start_soon(run, "after-move", ks.submit(held, apps.append("after")))
+            started = time.monotonic()
+            await ks.submit(other_home, apps.append("x"))
+            await ks.submit(other_participant, apps.append("y"))
+            waited = time.monotonic() - started
+            assert done == [], "the uninvolved ops did not wait for the held keys"
+        assert waited < 0.5
+        assert done == ["busy", "move", "after-move"]
+        assert await ks.read(held) == ["move", "after"]
+        assert await ks.read(busy) == ["move"]
+
+
+def grant_requests(url: str, namespace: str, shard: int) -> bool:
+    client = sync_redis.Redis.from_url(url)
+    try:
+        entries = client.xrange(ShardKeys(namespace, shard).stream)
+        return any(b"keyserial.grant" in fields[b"ops"] for _, fields in entries)
+    finally:
+        client.close()
+
+
+async def test_bank_two_workers_32_clients_money_conserved_each_op_applied_once(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """16 shards, 50 accounts, 2,000 random payments (2 and 3 keys, same shard and across
+    shards, both directions) from 32 clients, two worker processes sharing the shards. At the
+    end: money conserved, no negative balance, each account's log of op ids holds exactly the
+    acknowledged payments that touched it, and its balance is what those payments imply."""
+    accounts = [f"bank:{n}" for n in range(50)]
+    opening = 1_000
+    rng = random.Random(2026)
+    plans: list[tuple[str, list[str], int]] = []
+    for n in range(2_000):
+        keys = rng.sample(accounts, 3 if n % 4 == 0 else 2)
+        plans.append((f"pay-{n}", keys, rng.randint(1, 400)))
+    cross = sum(len({keyserial.shard_for(k, SHARDS) for k in keys}) > 1 for _, keys, _ in plans)
+    assert cross > 1_500 and len(plans) - cross > 50, "both kinds of op are exercised"
+
+    outcomes: dict[str, str] = {}
+    with worker_processes(tmp_path) as start, anyio.fail_after(240):
+        start(redis_url, namespace, shards="0-11", shard_count=SHARDS, lease_ttl=2.0)
+        start(redis_url, namespace, shards="4-15", shard_count=SHARDS, lease_ttl=2.0)
+        async with keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+            for account in accounts:
+                await ks.submit(account, apps.open_account(opening), timeout=30)
+
+            async def client(plans_of_client: list[tuple[str, list[str], int]]) -> None:
+                async with keyserial.connect(redis_url, shards=SHARDS,
+                                             namespace=namespace) as own:
+                    for op_id, keys, amount in plans_of_client:
+                        outcomes[op_id] = await pay_until_settled(own, op_id, keys, amount)
+
+            async with anyio.create_task_group() as group:
+                for n in range(32):
+                    group.start_soon(client, plans[n::32])
+            # Ops, not read(): a participant applies its part just after the caller's reply,
+            # and an op on the key is ordered after that apply (read() may trail it).
+            states = {account: await ks.submit(account, apps.peek()) for account in accounts}
+
+    assert len(outcomes) == len(plans)
+    assert Counter(outcomes.values())["paid"] > 1_000
+    check_bank(states, plans, outcomes, opening)
+
+
+async def pay_until_settled(ks: keyserial.Client, op_id: str, keys: list[str],
+                            amount: int) -> str:
+    """Submit until the op is acknowledged ("paid" or "refused"), always under the same op id,
+    so it applies at most once however often it is resubmitted."""
+    while True:
+        try:
+            await ks.submit_many(keys, apps.pay(amount), op_id=op_id, timeout=20)
+        except InsufficientFunds:
+            return "refused"
+        except SubmitTimeout:
+            continue
+        return "paid"
+
+
+def check_bank(states: dict[str, Any], plans: list[tuple[str, list[str], int]],
+               outcomes: dict[str, str], opening: int) -> None:
+    """Money conserved, no negative balance, every account's op log is exactly the paid ops
+    that touched it (each once), and its balance is what those ops imply."""
+    for account, state in states.items():
+        logged = Counter(state["ops"])
+        assert max(logged.values(), default=1) == 1, f"{account}: an op applied twice"
+        paid_here = {op_id for op_id, keys, _ in plans
+                     if account in keys and outcomes[op_id] == "paid"}
+        assert set(logged) == paid_here, (account, set(logged) ^ paid_here)
+    balances = {account: state["balance"] for account, state in states.items()}
+    assert sum(balances.values()) == opening * len(states)
+    assert min(balances.values()) >= 0
+    expected = dict.fromkeys(states, opening)
+    for op_id, keys, amount in plans:
+        if outcomes[op_id] == "paid":
+            expected[keys[0]] -= amount * (len(keys) - 1)
+            for key in keys[1:]:
+                expected[key] += amount
+    assert balances == expected
+
+
+async def test_the_decision_record_is_in_the_home_shard_and_expires_with_results(
+    redis_url: str, namespace: str
+) -> None:
+    """Everything a cross-shard op leaves in Redis sits in the results hashes (one hash tag per
+    shard, so nothing spans two slots) and is scheduled for expiry with the results."""
+    source, target = keys_on_shard(0, SHARDS, 1, "acct")[0], keys_on_shard(4, SHARDS, 1, "acct")[0]
+    home, there = ShardKeys(namespace, 0), ShardKeys(namespace, 4)
+    client = redis.asyncio.Redis.from_url(redis_url)
+    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+        await ks.submit(source, deposit(10))
+        await ks.transfer(source, target, 3, op_id="rec")
+    try:
+        home_fields = set(await client.hkeys(home.results))
+        there_fields = set(await client.hkeys(there.results))
+        assert {b"rec", b"rec#attempts", b"rec#1#d"} <= home_fields
+        assert {b"rec#1", b"rec#1#g"} <= there_fields
+        for keys, fields in ((home, home_fields), (there, there_fields)):
+            assert fields <= set(await client.zrange(keys.results_expiry, 0, -1))
+    finally:
+        await client.aclose()

@@ -1,0 +1,236 @@
+"""Cross-shard ops under faults: kill -9 and SIGSTOP of the coordinator and of a participant.
+
+Layout: four shards; the op pays from A (shard 0, its home) to B (shard 1) and C (shard 2).
+Worker W0 owns shard 0, W1 shard 1, W2 shards 2-3, and a standby lists all four, so it takes
+over whatever a fault frees. After every fault:
+
+* the op ends fully applied (the home stream keeps it, so a successor finishes it): each
+  account logs it exactly once and the balances are 80/110/110 (money conserved);
+* the caller hears the outcome, or times out and then reads it by op id;
+* new ops on A, B and C all complete within two lease TTLs of the fault.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+import redis.asyncio
+
+import keyserial
+from keyserial import SubmitTimeout
+from keyserial._layout import ShardKeys
+from tests import apps
+from tests.helpers import WorkerProcess, eventually, keys_on_shard, wait_for_log
+
+SHARDS = 4
+TTL = 1.5
+A, B, C = (keys_on_shard(shard, SHARDS, 1, "acct")[0] for shard in (0, 1, 2))
+Starter = Callable[..., WorkerProcess]
+
+
+@dataclass
+class Bank:
+    url: str
+    namespace: str
+    ks: keyserial.Client
+    redis: Any
+    w0: WorkerProcess
+    w1: WorkerProcess
+    w2: WorkerProcess
+    standby: WorkerProcess
+    note: Path
+    outcome: list[Any] = field(default_factory=list)
+    recovered_at: list[float] = field(default_factory=list)
+
+    async def holder(self, shard: int) -> int | None:
+        value = await self.redis.get(ShardKeys(self.namespace, shard).lease)
+        return int(value.decode().split(":")[1]) if value else None
+
+    async def recorded(self, shard: int, name: str) -> bool:
+        return bool(await self.redis.hexists(ShardKeys(self.namespace, shard).results, name))
+
+    async def pay(self, delay: float) -> None:
+        """The op under test: A pays 10 to B and to C (its body notes its pid, then waits)."""
+        try:
+            value = await self.ks.submit_many(
+                [A, B, C], apps.pay(10, delay, str(self.note)), op_id="victim", timeout=30)
+        except SubmitTimeout as exc:
+            value = exc
+        self.outcome.append(value)
+
+    async def probe(self) -> None:
+        """Started at the fault: ops on every key of the op; notes when all have completed."""
+        async with anyio.create_task_group() as group:
+            for account in (A, B, C):
+                group.start_soon(self.ks.submit, account, apps.peek())
+        self.recovered_at.append(time.monotonic())
+
+    def fault(self, group: Any) -> float:
+        """Mark the moment of the fault (and start probing the keys)."""
+        group.start_soon(self.probe)
+        return time.monotonic()
+
+
+async def until(check: Callable[[], Any], message: str, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{message} not reached within {timeout}s")
+        await anyio.sleep(0.005)
+
+
+@asynccontextmanager
+async def bank(url: str, namespace: str, start: Starter, tmp_path: Path) -> AsyncIterator[Bank]:
+    def worker(shards: str) -> WorkerProcess:
+        return start(url, namespace, shards=shards, shard_count=SHARDS, lease_ttl=TTL)
+
+    client = redis.asyncio.Redis.from_url(url, socket_timeout=2)
+    try:
+        async with keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks:
+            w0, w1, w2 = worker("0"), worker("1"), worker("2-3")
+            expected = [w0.pid, w1.pid, w2.pid, w2.pid]
+
+            async def all_owned() -> bool:
+                leases = [ShardKeys(namespace, shard).lease for shard in range(SHARDS)]
+                tokens = [await client.get(lease) for lease in leases]
+                return [int(t.decode().split(":")[1]) if t else None for t in tokens] == expected
+
+            await until(all_owned, "every shard owned")
+            standby = worker("0-3")
+            await wait_for_log(standby, "serving shards", timeout=15)
+            the_bank = Bank(url, namespace, ks, client, w0, w1, w2, standby, tmp_path / "paying")
+            for account in (A, B, C):
+                await ks.submit(account, apps.open_account(100), timeout=10)
+            with anyio.fail_after(60):
+                yield the_bank
+    finally:
+        await client.aclose()
+
+
+async def check_after_fault(b: Bank, fault_at: float) -> None:
+    """New ops on every key within two lease TTLs; the op applied exactly once everywhere;
+    the caller told the truth (or timed out and reads it by op id)."""
+    await eventually(lambda: b.recovered_at and b.outcome, message="the probes and the answer")
+    recovered = b.recovered_at[0] - fault_at
+    assert recovered < 2 * TTL, f"keys accepted new ops only {recovered:.2f}s after the fault"
+    [answer] = b.outcome
+    assert answer == 80 or isinstance(answer, SubmitTimeout), answer
+    assert await b.ks.result("victim", key=[A, B, C]) == 80
+    states = {account: await b.ks.read(account) for account in (A, B, C)}
+    assert states == {
+        A: {"balance": 80, "ops": ["victim"]},
+        B: {"balance": 110, "ops": ["victim"]},
+        C: {"balance": 110, "ops": ["victim"]},
+    }
+
+
+async def lost_its_shard(worker: WorkerProcess, shard: int) -> None:
+    """Wait until a resumed zombie has noticed that it no longer owns ``shard``."""
+    await eventually(
+        lambda: f"shard {shard}: stopping at once" in worker.log()
+        or f"lost the lease on shard {shard}" in worker.log(),
+        message=f"worker {worker.pid} noticing it lost shard {shard}")
+
+
+async def test_coordinator_killed_after_the_first_grant(
+    redis_url: str, namespace: str, start: Starter, tmp_path: Path
+) -> None:
+    held = tmp_path / "held"
+    async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
+        group.start_soon(b.ks.submit, C, apps.hold(1.0, str(held)))  # C's grant comes later
+        await eventually(held.exists, message="C held")
+        group.start_soon(b.pay, 0)
+        await until(lambda: b.recorded(1, "victim#1#g"), "B granted")
+        assert not await b.recorded(2, "victim#1#g")
+        b.w0.kill()
+        await check_after_fault(b, b.fault(group))
+
+
+async def test_coordinator_killed_after_the_decision_record(
+    redis_url: str, namespace: str, start: Starter, tmp_path: Path
+) -> None:
+    async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
+        group.start_soon(b.pay, 0.2)
+        await until(lambda: b.recorded(0, "victim#1#d"), "the decision recorded")
+        b.w0.kill()
+        await check_after_fault(b, b.fault(group))
+
+
+async def test_coordinator_killed_after_part_of_the_apply(
+    redis_url: str, namespace: str, start: Starter, tmp_path: Path
+) -> None:
+    async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
+        group.start_soon(b.pay, 0.3)
+        await eventually(b.note.exists, message="the op running with every key held")
+        b.w2.signal(signal.SIGSTOP)  # C cannot apply yet
+
+        async def b_applied() -> bool:
+            return "victim" in ((await b.ks.read(B)) or {}).get("ops", [])
+
+        await until(b_applied, "B applied")
+        assert "victim" not in (await b.ks.read(C))["ops"]
+        b.w0.kill()
+        fault_at = b.fault(group)
+        b.w2.signal(signal.SIGCONT)
+        await check_after_fault(b, fault_at)
+
+
+async def test_participant_killed_while_holding_keys(
+    redis_url: str, namespace: str, start: Starter, tmp_path: Path
+) -> None:
+    async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
+        group.start_soon(b.pay, 0.5)
+        await eventually(b.note.exists, message="the op running with every key held")
+        b.w1.kill()
+        fault_at = b.fault(group)
+        await until(lambda: holder_is(b, 1, b.standby), "the standby owns B's shard")
+        await check_after_fault(b, fault_at)
+
+
+async def holder_is(b: Bank, shard: int, worker: WorkerProcess) -> bool:
+    return await b.holder(shard) == worker.pid
+
+
+async def test_zombie_coordinator_changes_nothing(
+    redis_url: str, namespace: str, start: Starter, tmp_path: Path
+) -> None:
+    """Frozen mid-op past its lease, the coordinator's successor finishes the op; resumed, the
+    zombie finishes its own run of the op body, and none of it lands."""
+    async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
+        group.start_soon(b.pay, 0.3)
+        await eventually(b.note.exists, message="the op running with every key held")
+        b.w0.signal(signal.SIGSTOP)
+        fault_at = b.fault(group)
+        await until(lambda: holder_is(b, 0, b.standby), "the standby owns the home shard")
+        await until(lambda: b.recorded(0, "victim"), "the standby finished the op")
+        b.w0.signal(signal.SIGCONT)
+        await lost_its_shard(b.w0, 0)
+        await check_after_fault(b, fault_at)
+        ran_by = b.note.read_text().split()
+        assert ran_by[0] == str(b.w0.pid) and str(b.standby.pid) in ran_by[1:]
+
+
+async def test_zombie_participant_changes_nothing(
+    redis_url: str, namespace: str, start: Starter, tmp_path: Path
+) -> None:
+    async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
+        group.start_soon(b.pay, 0.3)
+        await eventually(b.note.exists, message="the op running with every key held")
+        b.w1.signal(signal.SIGSTOP)
+        fault_at = b.fault(group)
+        await until(lambda: holder_is(b, 1, b.standby), "the standby owns B's shard")
+
+        async def b_applied() -> bool:
+            return "victim" in ((await b.ks.read(B)) or {}).get("ops", [])
+
+        await until(b_applied, "the standby applied B's part")
+        b.w1.signal(signal.SIGCONT)  # it still holds B's grant and the decision is waiting
+        await lost_its_shard(b.w1, 1)
+        await check_after_fault(b, fault_at)
