@@ -63,7 +63,7 @@ class Profile:
 PROFILES: dict[str, Profile] = {
     "quick": Profile(
         name="quick",
-        workloads=("hot", "zipf", "uniform"),
+        workloads=("hot", "zipf", "uniform", "transfer"),
         duration=2.0,
         warmup=0.5,
         variant_duration=2.0,

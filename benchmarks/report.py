@@ -281,6 +281,7 @@ def _cpu_per_op(record: Record) -> float:
 def _bars(axis: Any, results: list[Record], value: Any, title: str) -> None:
     workloads = [w for w in _MAIN if any(r["workload"] == w for r in results)]
     width = 0.8 / len(SYSTEMS)
+    plotted = False
     for n, system in enumerate(SYSTEMS):
         xs, ys = [], []
         for x, workload in enumerate(workloads):
@@ -296,8 +297,10 @@ def _bars(axis: Any, results: list[Record], value: Any, title: str) -> None:
                     rotation=90, ha="center", fontsize=7, color=_COLORS[system],
                 )  # fmt: skip
         axis.bar(xs, ys, width, label=system, color=_COLORS[system])
+        plotted = plotted or bool(ys)
     axis.set_xticks(range(len(workloads)), workloads)
-    axis.set_yscale("log")
+    if plotted:  # a log scale needs a positive value (every run may have been skipped)
+        axis.set_yscale("log")
     axis.set_title(title)
     axis.grid(axis="y", alpha=0.3)
 

@@ -98,13 +98,10 @@ async def settle_keyserial(spec: RunSpec, accounts: Sequence[int], timeout: floa
 
 
 async def probe_keyserial_transfer(spec: RunSpec, timeout: float = 10.0) -> str | None:
-    """``None`` if this keyserial runs a transfer across two shards; otherwise why not.
-
-    The transfer workload's keyserial row waits for the multi-key op: the client may lack
-    ``transfer``, or refuse keys on two shards; either way the row says so instead of a number.
-    """
+    """``None`` if this keyserial runs a transfer across two shards; otherwise why not (an
+    older keyserial, or a broken one): the row then says so instead of a number."""
     if not callable(getattr(keyserial.Client, "transfer", None)):
-        return "not available yet: keyserial has no transfer op in this version"
+        return "not available: keyserial has no transfer op in this version"
     source, target = account_key(-1), account_key(-2)
     n = 2
     while keyserial.shard_for(target, spec.shards) == keyserial.shard_for(source, spec.shards):
@@ -118,9 +115,9 @@ async def probe_keyserial_transfer(spec: RunSpec, timeout: float = 10.0) -> str 
     except keyserial.OperationFailed:
         return None  # it ran (and refused: the probe accounts hold nothing)
     except NotImplementedError as exc:
-        return f"not available yet: {exc}"
+        return f"not available: {exc}"
     except TimeoutError:
-        return f"not available yet: a cross-shard transfer did not complete in {timeout:g} s"
+        return f"not available: a cross-shard transfer did not complete in {timeout:g} s"
     except Exception as exc:
         return f"not available: {type(exc).__name__}: {exc}"
     return None

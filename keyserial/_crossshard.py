@@ -1,36 +1,36 @@
 """Multi-key ops across shards: grants taken in ascending shard order, one decision record.
 
 An op whose keys sit on several shards is appended to its *home* shard, the lowest of them.
-The home owner holds the op's local keys (a barrier in their chains) and coordinates:
+The home owner holds the op's local keys (a barrier in their chains) and coordinates one
+*attempt*, named by its epoch (unique to this owner, and over once another owner's fence
+replaces it):
 
-1. ``begin``: a fresh attempt number from the home shard (fenced), which also aborts any earlier
-   attempt left undecided by a dead coordinator, and an *alive* deadline it keeps renewing;
-2. for each other shard, in ascending order, it appends a grant request (op ``keyserial.grant``
+1. for each other shard, in ascending order, it appends a grant request (op ``keyserial.grant``
    for that shard's keys) and waits for the grant: the participant holds those keys (a barrier,
-   so only they wait; its other keys keep flowing), commits every earlier op on them, and
+   so only they wait; its other keys keep flowing), commits every earlier write to them, and
    publishes their committed states;
-3. it runs the op on all the states, then ``decide``: set-if-absent of the attempt's decision
+2. it runs the op on all the states, then ``decide``: set-if-absent of the attempt's decision
    record in the home shard, atomically with the home keys' writes and the op's result (fenced);
-4. each participant applies the decision's writes for its keys through its own fenced commit,
-   stores a result for the grant (so a replay of the request is a no-op) and releases the keys.
+   the decision goes to the participants and the outcome to the caller from the same script;
+3. each participant applies the decision's writes for its keys through its own fenced commit,
+   stores a result for the grant request (so a replay of it is a no-op) and releases the keys.
 
 Why it cannot deadlock: an op waiting for a grant at shard ``j`` holds keys only on shards below
 ``j``; inside one shard, keys are granted in stream order, so an earlier entry never waits for a
 later one. A cycle of waits would need some op to wait on a lower shard than one it holds: never.
-(Fetch limits could in theory couple unrelated keys of one shard; participants' alive checks
-break any such wait: a grant is held only while its coordinator keeps the attempt alive.)
 
-Why it is atomic: a participant that stops hearing from its coordinator (the alive deadline
-passed, or a newer attempt began) aborts the attempt with set-if-absent on the same record, so
-a late commit and an abort can never both win. A zombie coordinator or participant is fenced by
-its shard's epoch in every write it makes. A home owner that dies after the decision leaves the
-op's result behind, so its successor never reruns the op; one that dies before it leaves an
-undecided attempt that the successor's ``begin`` aborts. A participant that dies while holding
-keys is replayed by its successor: the grant request runs again and learns the decision.
+Why it is atomic: a participant holds keys until it learns the decision. It looks it up in the
+home shard now and then (``resolve``); if the attempt is undecided and the home shard's epoch
+has moved on, no commit can ever come (``decide`` is fenced by that epoch), so it writes an abort
+with set-if-absent on the same record: a commit and an abort can never both win. The home
+shard's next owner finds the op's result if the decision committed (and never reruns it), or
+else runs it again as a new attempt under its own epoch. A participant that dies while holding
+keys is replayed by its successor: the grant request runs again and learns the decision. A
+zombie coordinator or participant is fenced by its shard's epoch in every write it makes.
 
-Records (in the results hash, so they expire with the results): home ``<op>#attempts``,
-``<op>#alive``, ``<op>#<n>#d``; participant ``<op>#<n>`` (the grant request's own result) and
-``<op>#<n>#g`` (the grant, for a coordinator that missed the message).
+Records (in the results hash, so they expire with the results): home ``<op>#<epoch>#d`` (the
+decision); participant ``<op>#<epoch>`` (the grant request's own result) and ``<op>#<epoch>#g``
+(the grant, for a coordinator that missed the message).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -54,7 +54,7 @@ from ._json import dumps
 from ._layout import ShardKeys
 from ._routing import shard_for
 from ._settings import Settings
-from .errors import BackendUnavailable, MalformedOperation
+from .errors import BackendUnavailable, LeaseLost, MalformedOperation
 
 log = logging.getLogger("keyserial.worker")
 
@@ -123,11 +123,14 @@ class Host(Protocol):
     cache: dict[str, str | None]
     dirty: set[str]
 
-    async def flush(self) -> None:
-        """Return once every op finished so far has committed."""
+    async def flush(self, keys: Iterable[str]) -> None:
+        """Return once every write to ``keys`` made so far has committed."""
 
     async def fenced(self, script: Script, keys: list[str], args: list[Any]) -> Any:
         """Run a script that checks this owner's epoch (raises ``LeaseLost`` when fenced)."""
+
+    async def pipelined(self, call: ScriptCall) -> Any:
+        """Run a script in the worker's next shared pipeline (not fenced)."""
 
     def problem(self, envelope: Envelope) -> str | None:
         """The error outcome of an op that cannot run at all (unknown op, wrong kind), or None."""
@@ -157,7 +160,8 @@ class CrossShard:
         self._mailbox = mailbox
         self._settings = settings
         self._shard_count = shard_count
-        #: How often a waiter looks in Redis for a message it may have missed.
+        #: How often a waiter looks in Redis for a message it may have missed (and a
+        #: participant checks that its coordinator still owns the home shard).
         self._poll = min(settings.idle_poll, settings.lease_ttl / 8)
 
     def local_keys(self, envelope: Envelope) -> tuple[str, ...]:
@@ -185,50 +189,19 @@ class CrossShard:
         if problem is not None:
             host.settle(run, problem, stored=False, replies=list(run.replies))
             return
-        await host.flush()  # the home keys' earlier writes commit before this op's can
+        local = self.local_keys(envelope)
+        await host.flush(local)  # the home keys' earlier writes commit before this op's can
         remote: dict[int, list[str]] = defaultdict(list)
         for key in envelope.keys:
             shard = shard_for(key, self._shard_count)
             if shard != host.shard:
                 remote[shard].append(key)
-        while True:
-            attempt = await self._begin(envelope.op_id)
-            async with anyio.create_task_group() as keeping:
-                keeping.start_soon(self._keep_alive, envelope.op_id)
-                decided = await self._attempt(run, attempt, sorted(remote.items()))
-                keeping.cancel_scope.cancel()
-            if decided:
-                return
-            log.info("shard %d: op %s attempt %d aborted; retrying", host.shard, envelope.op_id,
-                     attempt)
-
-    async def _begin(self, op_id: str) -> int:
-        k = self._host.keys
-        return int(await self._host.fenced(
-            _backend.BEGIN,
-            [k.epoch, k.results, k.results_expiry],
-            [self._host.epoch, op_id, self._settings.lease_ttl_ms, self._settings.result_ttl_ms],
-        ))
-
-    async def _keep_alive(self, op_id: str) -> None:
-        k = self._host.keys
-        while True:
-            await anyio.sleep(self._settings.lease_ttl / 8)
-            await self._host.fenced(
-                _backend.ALIVE, [k.epoch, k.results],
-                [self._host.epoch, op_id, self._settings.lease_ttl_ms],
-            )
-
-    async def _attempt(self, run: Run, attempt: int, remote: list[tuple[int, list[str]]]) -> bool:
-        """One attempt: grants in ascending shard order, the op, the decision. False if a
-        participant aborted the attempt first."""
-        host, envelope = self._host, run.envelope
-        states = {key: host.cache[key] for key in self.local_keys(envelope)}
+        # The attempt is this owner's epoch: unique to it, and over once the fence moves on.
+        attempt = host.epoch
+        states = {key: host.cache[key] for key in local}
         participants: list[str] = []
-        for shard, keys in remote:
+        for shard, keys in sorted(remote.items()):  # ascending: no wait cycle can form
             grant = await self._request_grant(envelope.op_id, attempt, shard, keys)
-            if grant is None:
-                return False
             states.update({key: state for key, state in grant["st"]})
             participants.append(grant["c"])
         outcome, new_states = await host.evaluate(envelope, states)
@@ -237,31 +210,32 @@ class CrossShard:
             if state != states[key]:
                 writes[shard_for(key, self._shard_count)].append((key, state or ""))
         home_writes = writes.pop(host.shard, [])
-        decision = dumps({"w": {str(shard): w for shard, w in writes.items()}})
+        decision = {"w": {str(shard): w for shard, w in writes.items()}}
+        notice = dumps({"t": "d", "op": envelope.op_id, "a": attempt, "d": decision})
         replies = list(run.replies)
-        notice = dumps({"t": "d", "op": envelope.op_id, "a": attempt, "d": json.loads(decision)})
         notices = [(channel, notice) for channel in dict.fromkeys(participants)]
         notices += [(reply, encode_reply([(envelope.op_id, outcome)])) for reply in replies]
         k = host.keys
         won = await host.fenced(
             _backend.DECIDE,
             [k.epoch, k.state, k.results, k.results_expiry],
-            [host.epoch, envelope.op_id, attempt, decision, dumps(home_writes), outcome,
+            [host.epoch, envelope.op_id, attempt, dumps(decision), dumps(home_writes), outcome,
              self._settings.result_ttl_ms, dumps(notices)],
         )
-        if int(won[0]) != 1:
-            return False
+        if int(won[0]) != 1:  # only a participant that saw the epoch end writes an abort
+            raise LeaseLost(host.shard, f"op {envelope.op_id} was aborted: {won[1]!r}")
         for key, state in home_writes:
             host.cache[key] = state or None
         # Callers that resubmitted the op while it ran have not been told yet.
         host.settle(run, outcome, stored=True, replies=run.replies[len(replies):])
-        return True
 
     async def _request_grant(
         self, op_id: str, attempt: int, shard: int, keys: list[str]
-    ) -> dict[str, Any] | None:
-        """Append a grant request to ``shard`` and wait for the grant; None if the attempt was
-        decided (aborted) meanwhile."""
+    ) -> dict[str, Any]:
+        """Append a grant request to ``shard`` and wait for the grant.
+
+        :raises LeaseLost: if the attempt was aborted meanwhile (this owner's epoch is over).
+        """
         request = dumps({
             "id": attempt_id(op_id, attempt), "keys": keys, "op": GRANT_OP,
             "kwargs": {"home": self._host.shard, "op": op_id, "attempt": attempt,
@@ -284,7 +258,7 @@ class CrossShard:
                         grant: dict[str, Any] = json.loads(raw)
                         return grant
                     if await self._backend.call("HGET", home.results, decision_field):
-                        return None
+                        raise LeaseLost(self._host.shard, f"op {op_id} was aborted")
                 except BackendUnavailable as exc:
                     log.warning("shard %d: waiting for a grant: %s", self._host.shard, exc)
 
@@ -297,7 +271,7 @@ class CrossShard:
         delay = 0.05
         while True:
             try:
-                await self._backend.run(call.script, call.keys, call.args)
+                await self._host.pipelined(call)
                 return
             except (BackendUnavailable, redis_errors.ResponseError) as exc:
                 log.warning("shard %d: appending a grant request to shard %d: %s",
@@ -318,7 +292,7 @@ class CrossShard:
             outcome = encode_error(MalformedOperation.wire_type, f"bad grant request {request!r}")
             host.settle(run, outcome, stored=False, replies=[])
             return
-        await host.flush()  # the granted states are committed states
+        await host.flush(envelope.keys)  # the granted states are committed states
         with self._mailbox.expect("d", op_id, attempt) as letter:
             grant = dumps({
                 "t": "g", "op": op_id, "a": attempt, "s": host.shard,
@@ -330,7 +304,7 @@ class CrossShard:
                 _backend.GRANT, [k.epoch, k.results, k.results_expiry],
                 [host.epoch, attempt_id(op_id, attempt) + "#g", grant, channel,
                  self._settings.result_ttl_ms],
-            )
+                )
             decision = await self._await_decision(letter, home, op_id, attempt)
         if "abort" in decision:
             host.settle(run, _RELEASED, stored=False, replies=[])
@@ -356,7 +330,7 @@ class CrossShard:
                 return decision
             try:
                 raw = await self._backend.run(
-                    _backend.RESOLVE, [there.results, there.results_expiry],
+                    _backend.RESOLVE, [there.epoch, there.results, there.results_expiry],
                     [op_id, attempt, self._settings.result_ttl_ms],
                 )
             except BackendUnavailable as exc:

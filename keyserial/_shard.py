@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict, defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,6 +110,8 @@ class ShardRunner:
         self._poke = anyio.Event()
         self._steps_started = 0
         self._steps_done = 0
+        #: Keys whose writes the step in flight carries.
+        self._writing: set[str] = set()
         self._stepped = anyio.Event()
         self._executor = Executor(
             registry,
@@ -338,17 +340,25 @@ class ShardRunner:
     def problem(self, envelope: Envelope) -> str | None:
         return self._executor.problem(envelope)
 
+    async def pipelined(self, call: ScriptCall) -> Any:
+        return await self._pipeliner.run(call)
+
     async def evaluate(
         self, envelope: Envelope, states: Mapping[str, str | None]
     ) -> tuple[str, dict[str, str | None] | None]:
         return await self._executor.evaluate(envelope, states)
 
-    async def flush(self) -> None:
-        """Return once every op finished so far has committed (the next step takes them, or the
-        one in flight already has)."""
-        target = self._steps_started + (1 if self._finished or self._dead else 0)
-        if target > self._steps_done:
+    async def flush(self, keys: Iterable[str]) -> None:
+        """Return once every write to ``keys`` made so far has committed: the next step takes
+        it (dirty keys), or the step in flight carries it."""
+        keys = set(keys)
+        if not self.dirty.isdisjoint(keys):
+            target = self._steps_started + 1
             self._notify()
+        elif not self._writing.isdisjoint(keys):
+            target = self._steps_started
+        else:
+            return
         while self._steps_done < target:
             await self._stepped.wait()
 
@@ -368,6 +378,7 @@ class ShardRunner:
             for channel in finished.replies:
                 replies[channel].append((finished.op_id, finished.outcome))
         writes = [(key, self.cache[key] or "") for key in self.dirty]
+        self._writing = set(self.dirty)
         self.dirty.clear()
         progress = self._advance_progress()
         if not (writes or results or dead or replies):

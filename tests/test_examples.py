@@ -26,6 +26,7 @@ EXPECTED = {
     "02_stock_counter.py": "OK: sold exactly 50, no oversell",
     "03_online_counter.py": "OK: the counter is exact (200 online) and never goes below zero",
     "04_send_once.py": "OK: each order's e-mail was sent exactly once",
+    "05_no_lock_manager.py": "OK: money conserved, none negative across 3 shards",
 }
 
 

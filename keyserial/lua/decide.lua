@@ -1,6 +1,8 @@
 -- Commit the decision of a cross-shard op's attempt on its home shard (fenced), only if the
 -- attempt has no decision yet: set-if-absent on one field decides the race with a participant
--- that gave up on the attempt, so exactly one of commit and abort wins.
+-- that gave up on the attempt, so exactly one of commit and abort wins. (The attempt is the
+-- epoch it began in, so a participant only gives up once that epoch is over, and then the fence
+-- refuses this script first.)
 -- When it wins, the home shard's own writes and the op's result commit with it, atomically, and
 -- the notices go out (the output gate: participants and callers hear only committed decisions).
 -- KEYS[1]  epoch      KEYS[2]  state      KEYS[3]  results    KEYS[4]  results expiry
@@ -28,7 +30,6 @@ for _, write in ipairs(cjson.decode(ARGV[5])) do
   end
 end
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[6])
-redis.call('HDEL', KEYS[3], ARGV[2] .. '#alive')
 redis.call('ZADD', KEYS[4], expires_at, ARGV[2], expires_at, field)
 for _, notice in ipairs(cjson.decode(ARGV[8])) do
   redis.call('PUBLISH', notice[1], notice[2])
