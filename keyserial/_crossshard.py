@@ -273,7 +273,12 @@ class CrossShard:
             try:
                 await self._host.pipelined(call)
                 return
-            except (BackendUnavailable, redis_errors.ResponseError) as exc:
+            except redis_errors.ResponseError as exc:
+                if not str(exc).startswith("BACKLOG"):
+                    raise
+                log.warning("shard %d: shard %d's backlog is full; retrying a grant request",
+                            self._host.shard, there.shard)
+            except BackendUnavailable as exc:
                 log.warning("shard %d: appending a grant request to shard %d: %s",
                             self._host.shard, there.shard, exc)
             await anyio.sleep(delay)
@@ -290,7 +295,7 @@ class CrossShard:
         if not (isinstance(home, int) and 0 <= home < host.shard and isinstance(op_id, str)
                 and isinstance(attempt, int) and isinstance(channel, str)):
             outcome = encode_error(MalformedOperation.wire_type, f"bad grant request {request!r}")
-            host.settle(run, outcome, stored=False, replies=[])
+            host.settle(run, outcome, stored=False, replies=list(run.replies))
             return
         await host.flush(envelope.keys)  # the granted states are committed states
         with self._mailbox.expect("d", op_id, attempt) as letter:
@@ -304,7 +309,7 @@ class CrossShard:
                 _backend.GRANT, [k.epoch, k.results, k.results_expiry],
                 [host.epoch, attempt_id(op_id, attempt) + "#g", grant, channel,
                  self._settings.result_ttl_ms],
-                )
+            )
             decision = await self._await_decision(letter, home, op_id, attempt)
         if "abort" in decision:
             host.settle(run, _RELEASED, stored=False, replies=[])

@@ -230,3 +230,17 @@ async def test_the_decision_record_is_in_the_home_shard_and_expires_with_results
             assert fields <= set(await client.zrange(keys.results_expiry, 0, -1))
     finally:
         await client.aclose()
+
+
+async def test_an_unknown_or_single_key_op_across_shards_is_refused_with_nothing_held(
+    redis_url: str, namespace: str
+) -> None:
+    first, second = keys_on_shard(2, SHARDS, 1, "k")[0], keys_on_shard(6, SHARDS, 1, "k")[0]
+    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+        with pytest.raises(keyserial.UnknownOperation):
+            await ks.submit_many([first, second], keyserial.call("teleport"))
+        with pytest.raises(keyserial.MalformedOperation, match=r"takes one key"):
+            await ks.submit_many([first, second], deposit(1))
+        await ks.submit(second, deposit(1))  # the keys were never held
+        assert await ks.transfer(second, first, 1) == {second: 0, first: 1}

@@ -306,3 +306,27 @@ async def test_the_submit_script_refuses_an_entry_when_the_backlog_is_full(
         with pytest.raises(redis_errors.ResponseError, match=r"^BACKLOG 1$"):
             await client.eval_submit(shard, [client.envelope(key, "deposit", 1)], backlog=1)
         assert await client.commands.xlen(client.stream(shard)) == 1
+
+
+async def test_a_multi_key_op_across_shards_is_appended_to_its_lowest_shard(
+    redis_url: str, namespace: str
+) -> None:
+    """As documented: the envelope with ``keys`` goes to the home (lowest) shard, which replies
+    and stores the result; appended to another of its shards it is refused."""
+    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
+            ForeignClient.connect(redis_url, namespace) as client:
+        await client.read_shard_count()
+        source = "account:1"
+        target = next(f"account:{n}" for n in range(2, 100)
+                      if client.shard(f"account:{n}") > client.shard(source))
+        home, other = client.shard(source), client.shard(target)
+        await client.xadd(home, [client.envelope(source, "deposit", 10)])
+        move = {"id": "move-1", "keys": [source, target], "op": "transfer", "args": [4],
+                "reply": client.reply_channel}
+        await client.xadd(other, [{**move, "id": "move-2"}])
+        refused = (await client.replies(["move-2"]))["move-2"]
+        assert refused["error"]["type"] == "keyserial.MalformedOperation"
+        assert "a multi-key op goes to the lowest" in refused["error"]["message"]
+        await client.xadd(home, [move])
+        assert (await client.replies(["move-1"]))["move-1"] == {"ok": {source: 6, target: 4}}
+        assert await client.stored(home, "move-1") == {"ok": {source: 6, target: 4}}
