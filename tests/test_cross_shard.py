@@ -133,19 +133,19 @@ def grant_requests(url: str, namespace: str, shard: int) -> bool:
 async def test_bank_two_workers_32_clients_money_conserved_each_op_applied_once(
     redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
-    """16 shards, 50 accounts, 2,000 random payments (2 and 3 keys, same shard and across
-    shards, both directions) from 32 clients, two worker processes sharing the shards. At the
+    """16 shards, 50 accounts, 2,000 random transfers plus 400 three-key payments (same shard
+    and across shards, both directions) from 32 clients, two worker processes sharing the shards. At the
     end: money conserved, no negative balance, each account's log of op ids holds exactly the
     acknowledged payments that touched it, and its balance is what those payments imply."""
     accounts = [f"bank:{n}" for n in range(50)]
     opening = 1_000
     rng = random.Random(2026)
     plans: list[tuple[str, list[str], int]] = []
-    for n in range(2_000):
-        keys = rng.sample(accounts, 3 if n % 4 == 0 else 2)
+    for n in range(2_400):  # 2,000 two-key transfers and 400 three-key payments, interleaved
+        keys = rng.sample(accounts, 3 if n % 6 == 5 else 2)
         plans.append((f"pay-{n}", keys, rng.randint(1, 400)))
     cross = sum(len({keyserial.shard_for(k, SHARDS) for k in keys}) > 1 for _, keys, _ in plans)
-    assert cross > 1_500 and len(plans) - cross > 50, "both kinds of op are exercised"
+    assert cross > 1_800 and len(plans) - cross > 50, "both kinds of op are exercised"
 
     outcomes: dict[str, str] = {}
     with worker_processes(tmp_path) as start, anyio.fail_after(240):
