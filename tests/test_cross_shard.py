@@ -134,9 +134,10 @@ async def test_bank_two_workers_32_clients_money_conserved_each_op_applied_once(
     redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
     """16 shards, 50 accounts, 2,000 random transfers plus 400 three-key payments (same shard
-    and across shards, both directions) from 32 clients, two worker processes sharing the shards. At the
-    end: money conserved, no negative balance, each account's log of op ids holds exactly the
-    acknowledged payments that touched it, and its balance is what those payments imply."""
+    and across shards, both directions) from 32 clients, two worker processes sharing the
+    shards. At the end: money conserved, no negative balance, each account's log of op ids
+    holds exactly the acknowledged payments that touched it, and its balance is what those
+    payments imply."""
     accounts = [f"bank:{n}" for n in range(50)]
     opening = 1_000
     rng = random.Random(2026)

@@ -53,6 +53,10 @@ class Bank:
         value = await self.redis.get(ShardKeys(self.namespace, shard).lease)
         return int(value.decode().split(":")[1]) if value else None
 
+    async def applied(self, key: str) -> bool:
+        """The op under test is in the key's committed log."""
+        return "victim" in ((await self.ks.read(key)) or {}).get("ops", [])
+
     async def recorded(self, shard: int, name: str) -> bool:
         return bool(await self.redis.hexists(ShardKeys(self.namespace, shard).results, name))
 
@@ -170,11 +174,7 @@ async def test_coordinator_killed_after_part_of_the_apply(
         group.start_soon(b.pay, 0.3)
         await eventually(b.note.exists, message="the op running with every key held")
         b.w2.signal(signal.SIGSTOP)  # C cannot apply yet
-
-        async def b_applied() -> bool:
-            return "victim" in ((await b.ks.read(B)) or {}).get("ops", [])
-
-        await until(b_applied, "B applied")
+        await until(lambda: b.applied(B), "B applied")
         assert "victim" not in (await b.ks.read(C))["ops"]
         b.w0.kill()
         fault_at = b.fault(group)
@@ -226,11 +226,7 @@ async def test_zombie_participant_changes_nothing(
         b.w1.signal(signal.SIGSTOP)
         fault_at = b.fault(group)
         await until(lambda: holder_is(b, 1, b.standby), "the standby owns B's shard")
-
-        async def b_applied() -> bool:
-            return "victim" in ((await b.ks.read(B)) or {}).get("ops", [])
-
-        await until(b_applied, "the standby applied B's part")
+        await until(lambda: b.applied(B), "the standby applied B's part")
         b.w1.signal(signal.SIGCONT)  # it still holds B's grant and the decision is waiting
         await lost_its_shard(b.w1, 1)
         await check_after_fault(b, fault_at)
