@@ -196,6 +196,7 @@ class CrossShard:
             shard = shard_for(key, self._shard_count)
             if shard != host.shard:
                 remote[shard].append(key)
+                host.cache.pop(key, None)  # the fetch looked it up here: it is not ours
         # The attempt is this owner's epoch: unique to it, and over once the fence moves on.
         attempt = host.epoch
         states = {key: host.cache[key] for key in local}

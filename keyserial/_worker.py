@@ -69,6 +69,8 @@ class Worker:
         self._redis = redis
         self._shard_spec = shards
         self._owned: dict[int, _Owned] = {}
+        #: Shards whose runner failed, and until when this worker leaves them to others.
+        self._resting: dict[int, float] = {}
         self._mailbox = Mailbox(worker_channel(self.settings.namespace, self.token))
         self._stop = anyio.Event()
         self._started = anyio.Event()
@@ -153,7 +155,11 @@ class Worker:
     async def _lease_round(self, backend: Backend, shard_count: int, task_group: TaskGroup) -> None:
         owned = list(self._owned)
         stopping = self._stop.is_set()
-        free = [s for s in self.shards if s not in self._owned] if not stopping else []
+        now = anyio.current_time()
+        free = [
+            s for s in self.shards
+            if s not in self._owned and self._resting.get(s, 0) <= now and not stopping
+        ]
         ttl = self.settings.lease_ttl_ms
         calls = [
             ScriptCall(
@@ -271,7 +277,14 @@ class Worker:
                     log.warning("shard %d: %s", shard, group.exceptions[0])
                     self._owned.pop(shard, None)
                 except* Exception as group:
-                    log.error("shard %d: runner failed; releasing the shard", shard, exc_info=group)
+                    log.error(
+                        "shard %d: runner failed; releasing the shard for %gs",
+                        shard,
+                        self.settings.lease_ttl,
+                        exc_info=group,
+                    )
+                    # Not straight back: a bug would fail again at once, in a tight loop.
+                    self._resting[shard] = anyio.current_time() + self.settings.lease_ttl
                     await self._release(backend, [shard])
         finally:
             holder.done.set()

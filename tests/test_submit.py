@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import time
+from typing import Any
 
 import anyio
 import pytest
@@ -22,6 +24,7 @@ from keyserial import (
     call,
 )
 from keyserial._layout import ShardKeys
+from keyserial._shard import ShardRunner
 from keyserial.ledger import balance, deposit, withdraw
 from tests import apps
 from tests.helpers import free_closed_port, running_worker
@@ -229,3 +232,32 @@ async def test_a_full_backlog_fails_fast_and_appends_nothing(
             assert await ks.submit("account:1", balance()) == 2
             with pytest.raises(ResultNotFound):
                 await ks.result("refused", key="account:1")
+
+
+async def test_a_failed_runner_releases_its_shard_and_rests_before_taking_it_again(
+    redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in a shard's runner (simulated: its first dispatch raises) releases the shard, which
+    this worker then leaves alone for a lease TTL instead of failing again in a tight loop;
+    after that it takes the shard back and the op that was in flight applies."""
+    failures: list[float] = []
+    dispatch = ShardRunner._dispatch
+
+    async def failing_once(self: ShardRunner, entries: Any, done: Any) -> None:
+        if not failures:
+            failures.append(time.monotonic())
+            raise RuntimeError("a bug in the runner")
+        await dispatch(self, entries, done)
+
+    monkeypatch.setattr(ShardRunner, "_dispatch", failing_once)
+    lease = ShardKeys(namespace, 0).lease
+    async with running_worker(redis_url, namespace, shard_count=1, lease_ttl=1.0), \
+            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+        assert await ks.submit("acct:1", deposit(5), timeout=10) == 5
+        retaken = time.monotonic()
+        assert failures and retaken - failures[0] >= 0.9  # it rested about a lease TTL
+        client = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            assert await client.get(lease) is not None
+        finally:
+            await client.aclose()
