@@ -201,6 +201,8 @@ class Registry:
             self.add(each)
 
     def add(self, new: Op[..., Any]) -> None:
+        if new.name.startswith("keyserial."):
+            raise ConfigError(f"op names starting with 'keyserial.' are reserved: {new.name!r}")
         existing = self._ops.get(new.name)
         if existing is not None and existing.fn is not new.fn:
             raise ConfigError(f"two different ops are registered as {new.name!r}")

@@ -122,3 +122,12 @@ async def test_bad_key_lists_are_refused_at_submit(redis_url: str, namespace: st
             await ks.submit_many(["acct:a", "acct:a"], transfer(1))
         with pytest.raises(ValueError, match="without '#'"):
             await ks.transfer("acct:a", "acct:b", 1, op_id="mine#1")  # '#' is reserved
+
+
+def test_op_names_in_keyserial_s_own_namespace_are_refused() -> None:
+    """``keyserial.grant`` and the like are the workers' own: an app cannot shadow them."""
+
+    def grant(ctx: keyserial.Context) -> None: ...
+
+    with pytest.raises(keyserial.ConfigError, match="reserved"):
+        keyserial.Registry().add(keyserial.op(name="keyserial.grant")(grant))
