@@ -99,15 +99,17 @@ class Mailbox:
             if not letters:
                 del self._waiting[topic]
 
-    def deliver(self, data: bytes) -> None:
+    def deliver(self, data: bytes | dict[str, Any]) -> None:
+        """Hand a message (as received, or already decoded when it comes from this worker
+        itself, which skips the round trip through Redis) to whoever waits for it."""
         try:
-            message = json.loads(data)
+            message = json.loads(data) if isinstance(data, bytes) else data
             if message["t"] == "g":
                 topic: tuple[Any, ...] = ("g", message["op"], message["a"], message["s"])
             else:
                 topic = ("d", message["op"], message["a"])
         except (ValueError, KeyError, TypeError):
-            log.error("ignoring a malformed coordination message: %r", data[:200])
+            log.error("ignoring a malformed coordination message: %r", str(data)[:200])
             return
         for letter in self._waiting.get(topic, ()):
             letter.message = message
@@ -212,9 +214,11 @@ class CrossShard:
                 writes[shard_for(key, self._shard_count)].append((key, state or ""))
         home_writes = writes.pop(host.shard, [])
         decision = {"w": {str(shard): w for shard, w in writes.items()}}
-        notice = dumps({"t": "d", "op": envelope.op_id, "a": attempt, "d": decision})
+        notice = {"t": "d", "op": envelope.op_id, "a": attempt, "d": decision}
         replies = list(run.replies)
-        notices = [(channel, notice) for channel in dict.fromkeys(participants)]
+        here = self._mailbox.channel
+        notices = [(channel, dumps(notice)) for channel in dict.fromkeys(participants)
+                   if channel != here]
         notices += [(reply, encode_reply([(envelope.op_id, outcome)])) for reply in replies]
         k = host.keys
         won = await host.fenced(
@@ -227,6 +231,8 @@ class CrossShard:
             raise LeaseLost(host.shard, f"op {envelope.op_id} was aborted: {won[1]!r}")
         for key, state in home_writes:
             host.cache[key] = state or None
+        if here in participants:  # shards of this worker hear it now, not through Redis
+            self._mailbox.deliver(notice)
         # Callers that resubmitted the op while it ran have not been told yet.
         host.settle(run, outcome, stored=True, replies=run.replies[len(replies):])
 
@@ -300,17 +306,20 @@ class CrossShard:
             return
         await host.flush(envelope.keys)  # the granted states are committed states
         with self._mailbox.expect("d", op_id, attempt) as letter:
-            grant = dumps({
+            grant = {
                 "t": "g", "op": op_id, "a": attempt, "s": host.shard,
                 "st": [(key, host.cache[key]) for key in envelope.keys],
                 "c": self._mailbox.channel,
-            })
+            }
+            local = channel == self._mailbox.channel
             k = host.keys
             await host.fenced(
                 _backend.GRANT, [k.epoch, k.results, k.results_expiry],
-                [host.epoch, attempt_id(op_id, attempt) + "#g", grant, channel,
-                 self._settings.result_ttl_ms],
+                [host.epoch, attempt_id(op_id, attempt) + "#g", dumps(grant),
+                 "" if local else channel, self._settings.result_ttl_ms],
             )
+            if local:  # the coordinator is this worker: hand it over now, not through Redis
+                self._mailbox.deliver(grant)
             decision = await self._await_decision(letter, home, op_id, attempt)
         if "abort" in decision:
             host.settle(run, _RELEASED, stored=False, replies=[])
