@@ -38,7 +38,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -82,8 +82,10 @@ class Mailbox:
     decisions to the grants it holds. A message nobody waits for is dropped; every waiter also
     polls Redis, so a lost message costs latency, never correctness."""
 
-    def __init__(self, channel: str) -> None:
+    def __init__(self, channel: str, wake_local: Callable[[int], bool]) -> None:
         self.channel = channel
+        #: Wakes this worker's runner of a shard, if it owns the shard; False if it does not.
+        self.wake_local = wake_local
         self._waiting: dict[tuple[Any, ...], list[_Letter]] = defaultdict(list)
 
     @contextmanager
@@ -270,15 +272,21 @@ class CrossShard:
                     log.warning("shard %d: waiting for a grant: %s", self._host.shard, exc)
 
     async def _append(self, there: ShardKeys, request: str) -> None:
-        """Append a grant request, waiting out a full backlog or an unreachable server."""
+        """Append a grant request, waiting out a full backlog or an unreachable server. A shard
+        this worker owns is woken in process (if it changes hands meanwhile, its new owner
+        finds the request at its next poll)."""
+        local = self._mailbox.wake_local(there.shard)
         call = ScriptCall(
             _backend.SUBMIT, [there.stream],
-            [self._settings.max_backlog, WIRE_VERSION, pack_entry([request]), there.wake_channel],
+            [self._settings.max_backlog, WIRE_VERSION, pack_entry([request]),
+             "" if local else there.wake_channel],
         )
         delay = 0.05
         while True:
             try:
                 await self._host.pipelined(call)
+                if local:
+                    self._mailbox.wake_local(there.shard)
                 return
             except redis_errors.ResponseError as exc:
                 if not str(exc).startswith("BACKLOG"):

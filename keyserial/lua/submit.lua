@@ -4,7 +4,8 @@
 -- ARGV[1]  backlog limit in entries (0: unbounded)
 -- ARGV[2]  wire version ("1")
 -- ARGV[3]  the entry's ops: a JSON array of op envelopes
--- ARGV[4]  the shard's wake channel
+-- ARGV[4]  the shard's wake channel ('' for none: a worker appending to a shard it owns wakes
+--          its runner itself)
 -- Returns the new entry id; the error "BACKLOG <length>" when the backlog is full (nothing added).
 local limit = tonumber(ARGV[1])
 if limit > 0 then
@@ -14,5 +15,7 @@ if limit > 0 then
   end
 end
 local id = redis.call('XADD', KEYS[1], '*', 'v', ARGV[2], 'ops', ARGV[3])
-redis.call('PUBLISH', ARGV[4], id)
+if ARGV[4] ~= '' then
+  redis.call('PUBLISH', ARGV[4], id)
+end
 return id
