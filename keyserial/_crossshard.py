@@ -319,15 +319,18 @@ class CrossShard:
                 "st": [(key, host.cache[key]) for key in envelope.keys],
                 "c": self._mailbox.channel,
             }
-            local = channel == self._mailbox.channel
-            k = host.keys
-            await host.fenced(
-                _backend.GRANT, [k.epoch, k.results, k.results_expiry],
-                [host.epoch, attempt_id(op_id, attempt) + "#g", dumps(grant),
-                 "" if local else channel, self._settings.result_ttl_ms],
-            )
-            if local:  # the coordinator is this worker: hand it over now, not through Redis
+            if channel == self._mailbox.channel:
+                # The coordinator is this worker: hand the grant over in process. (No record
+                # is needed, an in-process message cannot be lost; and a grant writes nothing,
+                # so this worker's zombie could not change anything by granting.)
                 self._mailbox.deliver(grant)
+            else:
+                k = host.keys
+                await host.fenced(
+                    _backend.GRANT, [k.epoch, k.results, k.results_expiry],
+                    [host.epoch, attempt_id(op_id, attempt) + "#g", dumps(grant), channel,
+                     self._settings.result_ttl_ms],
+                )
             decision = await self._await_decision(letter, home, op_id, attempt)
         if "abort" in decision:
             host.settle(run, _RELEASED, stored=False, replies=[])

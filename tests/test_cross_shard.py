@@ -214,11 +214,13 @@ async def test_the_decision_record_is_in_the_home_shard_and_expires_with_results
     redis_url: str, namespace: str
 ) -> None:
     """Everything a cross-shard op leaves in Redis sits in the results hashes (one hash tag per
-    shard, so nothing spans two slots) and is scheduled for expiry with the results."""
-    source, target = keys_on_shard(0, SHARDS, 1, "acct")[0], keys_on_shard(4, SHARDS, 1, "acct")[0]
-    home, there = ShardKeys(namespace, 0), ShardKeys(namespace, 4)
+    shard, so nothing spans two slots) and is scheduled for expiry with the results. (Two
+    workers: a grant between them is recorded; within one worker it is handed over in process.)"""
+    source, target = keys_on_shard(0, SHARDS, 1, "acct")[0], keys_on_shard(12, SHARDS, 1, "acct")[0]
+    home, there = ShardKeys(namespace, 0), ShardKeys(namespace, 12)
     client = redis.asyncio.Redis.from_url(redis_url)
-    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
+    async with running_worker(redis_url, namespace, shard_count=SHARDS, shards="0-7"), \
+            running_worker(redis_url, namespace, shard_count=SHARDS, shards="8-15"), \
             keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
         await ks.submit(source, deposit(10))
         await ks.transfer(source, target, 3, op_id="rec")

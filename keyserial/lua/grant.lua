@@ -4,8 +4,8 @@
 -- the states it carries are committed states.
 -- KEYS[1]  epoch      KEYS[2]  results    KEYS[3]  results expiry
 -- ARGV[1]  the owner's epoch   ARGV[2]  grant field ('<op>#<attempt>#g')   ARGV[3]  the grant
--- ARGV[4]  the coordinator's channel ('' when it is the granting worker itself: it is handed
---          over in process)   ARGV[5]  retention (ms)
+-- ARGV[4]  the coordinator's channel   ARGV[5]  retention (ms)
+-- (A worker granting to an op it coordinates itself hands the grant over in process instead.)
 -- Returns 1; error "FENCED ..." if another owner took over.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('FENCED epoch ' .. ARGV[1] .. ' is no longer the owner')
@@ -14,7 +14,5 @@ local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[5]), ARGV[2])
-if ARGV[4] ~= '' then
-  redis.call('PUBLISH', ARGV[4], ARGV[3])
-end
+redis.call('PUBLISH', ARGV[4], ARGV[3])
 return 1
