@@ -30,7 +30,8 @@ zombie coordinator or participant is fenced by its shard's epoch in every write 
 
 Records (in the results hash, so they expire with the results): home ``<op>#<epoch>#d`` (the
 decision); participant ``<op>#<epoch>`` (the grant request's own result) and ``<op>#<epoch>#g``
-(the grant, for a coordinator that missed the message).
+(the grant, for a coordinator on another worker that missed the message). Between shards of one
+worker, grants, decisions and wake-ups are handed over in process once their writes commit.
 """
 
 from __future__ import annotations
