@@ -112,6 +112,8 @@ class ShardRunner:
         self._steps_done = 0
         #: Keys whose writes the step in flight carries.
         self._writing: set[str] = set()
+        self._stored_since_trim = 0
+        self._trimmed_at = -math.inf
         self._stepped = anyio.Event()
         self._executor = Executor(
             registry,
@@ -207,7 +209,11 @@ class ShardRunner:
             k.horizon,
         ]
         progress, commit = self._commit_args(batch, dead)
-        args = [self.epoch, progress, self._settings.result_ttl_ms, self._cursor, want, commit]
+        careful = "1" if self._careful_until is not None else "0"
+        args = [
+            self.epoch, progress, self._settings.result_ttl_ms, self._cursor, want, commit,
+            careful, self._expiry_trim(sum(f.store for f in batch)),
+        ]
         self._steps_started += 1
         step = self._steps_started
         entries, done, states = await self.fenced(_backend.STEP, keys, args)
@@ -390,6 +396,20 @@ class ShardRunner:
             "p": [(channel, encode_reply(outcomes)) for channel, outcomes in replies.items()],
         }
         return progress, dumps(commit)
+
+    def _expiry_trim(self, stored: int) -> int:
+        """How many expired results this step should drop: twice those stored since the last
+        trim, once 32 have been stored or a second has passed (not on every step: it is a
+        command each time, and most steps store a handful)."""
+        self._stored_since_trim += stored
+        now = anyio.current_time()
+        if self._stored_since_trim < 32 and (
+            not self._stored_since_trim or now - self._trimmed_at < 1.0
+        ):
+            return 0
+        limit = min(2 * self._stored_since_trim, 4096)
+        self._stored_since_trim, self._trimmed_at = 0, now
+        return limit
 
     def _advance_progress(self) -> str:
         """Id of the last entry of the fetched prefix whose ops have all finished ('' if none)."""

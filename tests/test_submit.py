@@ -261,3 +261,30 @@ async def test_a_failed_runner_releases_its_shard_and_rests_before_taking_it_aga
             assert await client.get(lease) is not None
         finally:
             await client.aclose()
+
+
+async def test_results_are_dropped_some_time_after_their_retention(
+    redis_url: str, namespace: str
+) -> None:
+    """With ``result_ttl`` 0.2 s an op's result is there right after it commits, then later
+    commits drop it (``result()`` raises ResultNotFound), while fresh results stay."""
+    async with running_worker(redis_url, namespace, shard_count=1, result_ttl=0.2), \
+            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+        await ks.submit("acct:1", deposit(1), op_id="old")
+        assert await ks.result("old", key="acct:1") == 1
+        n = 0
+
+        async def old_dropped() -> bool:
+            nonlocal n
+            n += 1
+            await ks.submit("acct:1", deposit(1), op_id=f"new-{n}")
+            try:
+                await ks.result("old", key="acct:1")
+            except ResultNotFound:
+                return True
+            return False
+
+        with anyio.fail_after(10):
+            while not await old_dropped():
+                await anyio.sleep(0.05)
+        assert await ks.result(f"new-{n}", key="acct:1") == n + 1

@@ -18,6 +18,11 @@
 -- ARGV[6]  what to commit, one JSON object (one argument: cheaper to send than many), or '':
 --   {"s": [[key, JSON state or '' to delete], ...], "r": [[op id, JSON outcome], ...],
 --    "d": [[entry id, reason, raw entry], ...], "p": [[channel, message], ...]}
+-- ARGV[7]  '1' in careful mode (after an unclean takeover: entries at or below the horizon are
+--          fetched again, so the horizon is only raised); '0' otherwise (every fetched entry is
+--          past the horizon, so it is set without reading it)
+-- ARGV[8]  how many expired results to drop at most (0: none this step; the owner asks every so
+--          often rather than on every step)
 -- Returns {entries, done, states}: entries as XRANGE returns them; done = {op id, outcome, ...};
 -- states = {key, JSON state or '', ...}. Error "FENCED ..." (nothing written) if another owner
 -- took over: the epoch moved on.
@@ -65,9 +70,9 @@ if ARGV[2] ~= '' then
   local ms, seq = parse_id(ARGV[2])
   redis.call('XTRIM', KEYS[4], 'MINID', string.format('%d-%d', ms, seq + 1))
 end
-if #commit.r > 0 then
-  -- Drop expired results, a bounded number per step so no call ever stalls the server.
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now_ms, 'LIMIT', 0, 2 * #commit.r)
+if tonumber(ARGV[8]) > 0 then
+  -- Drop expired results, a bounded number per call so no call ever stalls the server.
+  local expired = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now_ms, 'LIMIT', 0, ARGV[8])
   if #expired > 0 then
     redis.call('HDEL', KEYS[5], unpack(expired))
     redis.call('ZREM', KEYS[6], unpack(expired))
@@ -87,9 +92,13 @@ if #entries == 0 then
   return {entries, done, states}
 end
 local last = entries[#entries][1]
-local horizon = redis.call('GET', KEYS[8])
-if not horizon or id_gt(last, horizon) then
+if ARGV[7] == '0' then
   redis.call('SET', KEYS[8], last)
+else
+  local horizon = redis.call('GET', KEYS[8])
+  if not horizon or id_gt(last, horizon) then
+    redis.call('SET', KEYS[8], last)
+  end
 end
 local seen = {}
 for _, entry in ipairs(entries) do
