@@ -36,6 +36,7 @@ worker, grants, decisions and wake-ups are handed over in process once their wri
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 from collections import defaultdict
@@ -70,6 +71,10 @@ def attempt_id(op_id: str, attempt: int) -> str:
     return f"{op_id}#{attempt}"
 
 
+class Wakeable(Protocol):
+    def wake(self) -> None: ...
+
+
 @dataclass(slots=True)
 class _Letter:
     """Waits for one kind of message: a grant from one shard, or an attempt's decision."""
@@ -83,10 +88,10 @@ class Mailbox:
     decisions to the grants it holds. A message nobody waits for is dropped; every waiter also
     polls Redis, so a lost message costs latency, never correctness."""
 
-    def __init__(self, channel: str, wake_local: Callable[[int], bool]) -> None:
+    def __init__(self, channel: str, local_runner: Callable[[int], Wakeable | None]) -> None:
         self.channel = channel
-        #: Wakes this worker's runner of a shard, if it owns the shard; False if it does not.
-        self.wake_local = wake_local
+        #: This worker's runner of a shard, or None if the worker does not own the shard.
+        self.local_runner = local_runner
         self._waiting: dict[tuple[Any, ...], list[_Letter]] = defaultdict(list)
 
     @contextmanager
@@ -194,19 +199,18 @@ class CrossShard:
         if problem is not None:
             host.settle(run, problem, stored=False, replies=list(run.replies))
             return
-        local = self.local_keys(envelope)
-        await host.flush(local)  # the home keys' earlier writes commit before this op's can
-        remote: dict[int, list[str]] = defaultdict(list)
+        by_shard: dict[int, list[str]] = defaultdict(list)
         for key in envelope.keys:
-            shard = shard_for(key, self._shard_count)
-            if shard != host.shard:
-                remote[shard].append(key)
-                host.cache.pop(key, None)  # the fetch looked it up here: it is not ours
+            by_shard[shard_for(key, self._shard_count)].append(key)
+        local = by_shard.pop(host.shard)
+        for key in itertools.chain.from_iterable(by_shard.values()):
+            host.cache.pop(key, None)  # the fetch looked it up here: it is not ours
+        await host.flush(local)  # the home keys' earlier writes commit before this op's can
         # The attempt is this owner's epoch: unique to it, and over once the fence moves on.
         attempt = host.epoch
         states = {key: host.cache[key] for key in local}
         participants: list[str] = []
-        for shard, keys in sorted(remote.items()):  # ascending: no wait cycle can form
+        for shard, keys in sorted(by_shard.items()):  # ascending: no wait cycle can form
             grant = await self._request_grant(envelope.op_id, attempt, shard, keys)
             states.update({key: state for key, state in grant["st"]})
             participants.append(grant["c"])
@@ -276,7 +280,7 @@ class CrossShard:
         """Append a grant request, waiting out a full backlog or an unreachable server. A shard
         this worker owns is woken in process (if it changes hands meanwhile, its new owner
         finds the request at its next poll)."""
-        local = self._mailbox.wake_local(there.shard)
+        local = self._mailbox.local_runner(there.shard)
         call = ScriptCall(
             _backend.SUBMIT, [there.stream],
             [self._settings.max_backlog, WIRE_VERSION, pack_entry([request]),
@@ -286,8 +290,8 @@ class CrossShard:
         while True:
             try:
                 await self._host.pipelined(call)
-                if local:
-                    self._mailbox.wake_local(there.shard)
+                if local is not None:
+                    local.wake()
                 return
             except redis_errors.ResponseError as exc:
                 if not str(exc).startswith("BACKLOG"):

@@ -50,6 +50,8 @@ class Barrier:
 
     run: Run
     needed: int
+    #: Run by the cross-shard coordination (a grant request, or an op with keys elsewhere).
+    coordinated: bool = False
     arrived: int = 0
     done: anyio.Event = field(default_factory=anyio.Event)
 
@@ -118,7 +120,9 @@ class Executor:
         ):
             self._execute_now(run)  # nothing to wait for: no task needed
             return
-        item: Run | Barrier = run if len(keys) == 1 and not special else Barrier(run, len(keys))
+        item: Run | Barrier = (
+            run if len(keys) == 1 and not special else Barrier(run, len(keys), special)
+        )
         for key in keys:
             chain = self._chains.get(key)
             if chain is None:
@@ -136,19 +140,16 @@ class Executor:
                 await self._execute(item)
                 continue
             item.arrived += 1
-            if item.arrived == item.needed:
-                await self._run_held(item.run)  # the last of its keys to get here runs it
+            if item.arrived == item.needed:  # the last of its keys to get here runs it
+                if item.coordinated:
+                    assert self._coordination is not None
+                    await self._coordination.run(item.run)
+                else:
+                    await self._execute(item.run)
                 item.done.set()
             else:
                 await item.done.wait()
         del self._chains[key]
-
-    async def _run_held(self, run: Run) -> None:
-        coordination = self._coordination
-        if coordination is not None and coordination.handles(run.envelope):
-            await coordination.run(run)
-        else:
-            await self._execute(run)
 
     def problem(self, envelope: Envelope) -> str | None:
         """The error outcome of an op that cannot run at all (unknown, wrong kind), or None."""

@@ -71,7 +71,7 @@ class Worker:
         self._owned: dict[int, _Owned] = {}
         #: Shards whose runner failed, and until when this worker leaves them to others.
         self._resting: dict[int, float] = {}
-        self._mailbox = Mailbox(worker_channel(self.settings.namespace, self.token), self._wake)
+        self._mailbox = Mailbox(worker_channel(self.settings.namespace, self.token), self._runner)
         self._stop = anyio.Event()
         self._started = anyio.Event()
         self.shards: list[int] = []
@@ -289,12 +289,9 @@ class Worker:
         finally:
             holder.done.set()
 
-    def _wake(self, shard: int) -> bool:
-        """Wake the runner of ``shard`` if this worker owns it (False if it does not)."""
+    def _runner(self, shard: int) -> ShardRunner | None:
         holder = self._owned.get(shard)
-        if holder is not None:
-            holder.runner.wake()
-        return holder is not None
+        return None if holder is None else holder.runner
 
     async def _listen_for_wakeups(self, backend: Backend, *, task_status: Any) -> None:
         """Wake a shard's runner when its stream gets an entry (runners also poll every

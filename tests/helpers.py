@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
@@ -15,8 +16,10 @@ from typing import Any
 import anyio
 import redis
 
-from keyserial import Settings, Worker, shard_for
+import keyserial
+from keyserial import InsufficientFunds, Settings, SubmitTimeout, Worker, shard_for
 from keyserial._layout import ShardKeys
+from tests import apps
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -154,3 +157,39 @@ def worker_processes(directory: Path) -> Iterator[Callable[..., WorkerProcess]]:
             worker.close()
             print(f"----- log of worker {worker.pid} (exit code {worker.process.returncode}) -----")
             print(worker.log()[-8000:])
+
+
+async def pay_until_settled(ks: keyserial.Client, op_id: str, keys: list[str],
+                            amount: int) -> str:
+    """Submit until the op is acknowledged ("paid" or "refused"), always under the same op id,
+    so it applies at most once however often it is resubmitted."""
+    while True:
+        try:
+            await ks.submit_many(keys, apps.pay(amount), op_id=op_id, timeout=20)
+        except InsufficientFunds:
+            return "refused"
+        except SubmitTimeout:
+            continue
+        return "paid"
+
+
+def check_bank(states: dict[str, Any], plans: list[tuple[str, list[str], int]],
+               outcomes: dict[str, str], opening: int) -> None:
+    """Money conserved, no negative balance, every account's op log is exactly the paid ops
+    that touched it (each once), and its balance is what those ops imply."""
+    for account, state in states.items():
+        logged = Counter(state["ops"])
+        assert max(logged.values(), default=1) == 1, f"{account}: an op applied twice"
+        paid_here = {op_id for op_id, keys, _ in plans
+                     if account in keys and outcomes[op_id] == "paid"}
+        assert set(logged) == paid_here, (account, set(logged) ^ paid_here)
+    balances = {account: state["balance"] for account, state in states.items()}
+    assert sum(balances.values()) == opening * len(states)
+    assert min(balances.values()) >= 0
+    expected = dict.fromkeys(states, opening)
+    for op_id, keys, amount in plans:
+        if outcomes[op_id] == "paid":
+            expected[keys[0]] -= amount * (len(keys) - 1)
+            for key in keys[1:]:
+                expected[key] += amount
+    assert balances == expected

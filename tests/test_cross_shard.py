@@ -17,11 +17,18 @@ import redis as sync_redis
 import redis.asyncio
 
 import keyserial
-from keyserial import InsufficientFunds, SubmitTimeout
+from keyserial import InsufficientFunds
 from keyserial._layout import ShardKeys
 from keyserial.ledger import balance, deposit
 from tests import apps
-from tests.helpers import eventually, keys_on_shard, running_worker, worker_processes
+from tests.helpers import (
+    check_bank,
+    eventually,
+    keys_on_shard,
+    pay_until_settled,
+    running_worker,
+    worker_processes,
+)
 
 SHARDS = 16
 
@@ -172,42 +179,6 @@ async def test_bank_two_workers_32_clients_money_conserved_each_op_applied_once(
     assert len(outcomes) == len(plans)
     assert Counter(outcomes.values())["paid"] > 1_000
     check_bank(states, plans, outcomes, opening)
-
-
-async def pay_until_settled(ks: keyserial.Client, op_id: str, keys: list[str],
-                            amount: int) -> str:
-    """Submit until the op is acknowledged ("paid" or "refused"), always under the same op id,
-    so it applies at most once however often it is resubmitted."""
-    while True:
-        try:
-            await ks.submit_many(keys, apps.pay(amount), op_id=op_id, timeout=20)
-        except InsufficientFunds:
-            return "refused"
-        except SubmitTimeout:
-            continue
-        return "paid"
-
-
-def check_bank(states: dict[str, Any], plans: list[tuple[str, list[str], int]],
-               outcomes: dict[str, str], opening: int) -> None:
-    """Money conserved, no negative balance, every account's op log is exactly the paid ops
-    that touched it (each once), and its balance is what those ops imply."""
-    for account, state in states.items():
-        logged = Counter(state["ops"])
-        assert max(logged.values(), default=1) == 1, f"{account}: an op applied twice"
-        paid_here = {op_id for op_id, keys, _ in plans
-                     if account in keys and outcomes[op_id] == "paid"}
-        assert set(logged) == paid_here, (account, set(logged) ^ paid_here)
-    balances = {account: state["balance"] for account, state in states.items()}
-    assert sum(balances.values()) == opening * len(states)
-    assert min(balances.values()) >= 0
-    expected = dict.fromkeys(states, opening)
-    for op_id, keys, amount in plans:
-        if outcomes[op_id] == "paid":
-            expected[keys[0]] -= amount * (len(keys) - 1)
-            for key in keys[1:]:
-                expected[key] += amount
-    assert balances == expected
 
 
 async def test_the_decision_record_is_in_the_home_shard_and_expires_with_results(

@@ -12,6 +12,7 @@ over whatever a fault frees. After every fault:
 
 from __future__ import annotations
 
+import random
 import signal
 import time
 from collections.abc import AsyncIterator, Callable
@@ -27,7 +28,14 @@ import keyserial
 from keyserial import SubmitTimeout
 from keyserial._layout import ShardKeys
 from tests import apps
-from tests.helpers import WorkerProcess, eventually, keys_on_shard, wait_for_log
+from tests.helpers import (
+    WorkerProcess,
+    check_bank,
+    eventually,
+    keys_on_shard,
+    pay_until_settled,
+    wait_for_log,
+)
 
 SHARDS = 4
 TTL = 1.5
@@ -230,3 +238,58 @@ async def test_zombie_participant_changes_nothing(
         b.w1.signal(signal.SIGCONT)  # it still holds B's grant and the decision is waiting
         await lost_its_shard(b.w1, 1)
         await check_after_fault(b, fault_at)
+
+
+async def test_kill_9_of_a_worker_owning_every_shard_mid_transfers(
+    redis_url: str, namespace: str, start: Starter, tmp_path: Path
+) -> None:
+    """One worker owns all the shards, so grants and decisions pass in process between them;
+    killed while cross-shard payments both ways are in flight, its standby finishes them: each
+    is applied exactly once on every key, and the money adds up."""
+    accounts = [f"acct:{n}" for n in range(8)]
+    rng = random.Random(9)
+    plans = [(f"p{n}", rng.sample(accounts, 3 if n % 3 == 0 else 2), rng.randint(1, 30))
+             for n in range(60)]
+    outcomes: dict[str, str] = {}
+    client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=2)
+    try:
+        async with keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+            owner = start(redis_url, namespace, shards="0-3", shard_count=SHARDS, lease_ttl=TTL)
+
+            async def holder(shard: int) -> int | None:
+                value = await client.get(ShardKeys(namespace, shard).lease)
+                return int(value.decode().split(":")[1]) if value else None
+
+            async def all_held_by(pid: int) -> bool:
+                return [await holder(s) for s in range(SHARDS)] == [pid] * SHARDS
+
+            await until(lambda: all_held_by(owner.pid), "the owner holds every shard")
+            standby = start(redis_url, namespace, shards="0-3", shard_count=SHARDS, lease_ttl=TTL)
+            await wait_for_log(standby, "serving shards", timeout=15)
+            for account in accounts:
+                await ks.submit(account, apps.open_account(100), timeout=10)
+
+            async def pay(op_id: str, keys: list[str], amount: int) -> None:
+                outcomes[op_id] = await pay_until_settled(ks, op_id, keys, amount)
+
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as group:
+                    for op_id, keys, amount in plans:
+                        group.start_soon(pay, op_id, keys, amount)
+                    await until(lambda: ks_results_exist(client, namespace), "payments landing")
+                    owner.kill()
+                await until(lambda: all_held_by(standby.pid), "the standby holds every shard")
+                states = {account: await ks.submit(account, apps.peek()) for account in accounts}
+    finally:
+        await client.aclose()
+    assert len(outcomes) == len(plans)
+    check_bank(states, plans, outcomes, 100)
+
+
+async def ks_results_exist(client: Any, namespace: str) -> bool:
+    """Some payment has committed on some shard (so the kill lands mid-stream)."""
+    for shard in range(SHARDS):
+        fields = await client.hkeys(ShardKeys(namespace, shard).results)
+        if any(field.startswith(b"p") for field in fields):
+            return True
+    return False
