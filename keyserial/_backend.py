@@ -70,6 +70,7 @@ RELEASE = Script.load("release")
 DECIDE = Script.load("decide")
 RESOLVE = Script.load("resolve")
 GRANT = Script.load("grant")
+COMMIT_ACROSS = Script.load("commit_across")
 
 
 @dataclass(frozen=True, slots=True)

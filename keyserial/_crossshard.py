@@ -28,6 +28,14 @@ else runs it again as a new attempt under its own epoch. A participant that dies
 keys is replayed by its successor: the grant request runs again and learns the decision. A
 zombie coordinator or participant is fenced by its shard's epoch in every write it makes.
 
+When this worker owns every shard of the op and the server is standalone, no messages are
+needed: the home owner holds the other shards' keys in process (a hold in their chains, in the
+same ascending order, so the argument above is unchanged) and commits every shard's writes, the
+result and the reply in one script fenced by all their epochs (``commit_across``). Atomic by
+itself, it needs no decision record. If a participant shard changes hands meanwhile, that
+script writes nothing and the op goes through grant requests. (On a cluster the shards' keys
+sit in different slots, which one script cannot touch.)
+
 Records (in the results hash, so they expire with the results): home ``<op>#<epoch>#d`` (the
 decision); participant ``<op>#<epoch>`` (the grant request's own result) and ``<op>#<epoch>#g``
 (the grant, for a coordinator on another worker that missed the message). Between shards of one
@@ -41,7 +49,7 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -71,8 +79,25 @@ def attempt_id(op_id: str, attempt: int) -> str:
     return f"{op_id}#{attempt}"
 
 
-class Wakeable(Protocol):
-    def wake(self) -> None: ...
+class OwnedShard(Protocol):
+    """A shard this worker owns: its epoch, keys and state cache."""
+
+    shard: int
+    epoch: int
+    keys: ShardKeys
+    cache: dict[str, str | None]
+
+
+class LocalShard(OwnedShard, Protocol):
+    """Another shard this worker owns, as a cross-shard op coordinated here sees it."""
+
+    def wake(self) -> None:
+        """New entries were appended to the shard."""
+
+    def hold(
+        self, keys: tuple[str, ...]
+    ) -> AbstractAsyncContextManager[dict[str, str | None] | None]:
+        """Hold ``keys``; yields their committed states, or None if the shard stopped first."""
 
 
 @dataclass(slots=True)
@@ -88,7 +113,7 @@ class Mailbox:
     decisions to the grants it holds. A message nobody waits for is dropped; every waiter also
     polls Redis, so a lost message costs latency, never correctness."""
 
-    def __init__(self, channel: str, local_runner: Callable[[int], Wakeable | None]) -> None:
+    def __init__(self, channel: str, local_runner: Callable[[int], LocalShard | None]) -> None:
         self.channel = channel
         #: This worker's runner of a shard, or None if the worker does not own the shard.
         self.local_runner = local_runner
@@ -124,13 +149,9 @@ class Mailbox:
             letter.event.set()
 
 
-class Host(Protocol):
+class Host(OwnedShard, Protocol):
     """What a shard runner offers the coordination of its cross-shard ops."""
 
-    shard: int
-    epoch: int
-    keys: ShardKeys
-    cache: dict[str, str | None]
     dirty: set[str]
 
     async def flush(self, keys: Iterable[str]) -> None:
@@ -206,6 +227,8 @@ class CrossShard:
         for key in itertools.chain.from_iterable(by_shard.values()):
             host.cache.pop(key, None)  # the fetch looked it up here: it is not ours
         await host.flush(local)  # the home keys' earlier writes commit before this op's can
+        if not self._backend.is_cluster and await self._commit_in_process(run, local, by_shard):
+            return
         # The attempt is this owner's epoch: unique to it, and over once the fence moves on.
         attempt = host.epoch
         states = {key: host.cache[key] for key in local}
@@ -215,10 +238,7 @@ class CrossShard:
             states.update({key: state for key, state in grant["st"]})
             participants.append(grant["c"])
         outcome, new_states = await host.evaluate(envelope, states)
-        writes: dict[int, list[tuple[str, str]]] = defaultdict(list)
-        for key, state in (new_states or {}).items():
-            if state != states[key]:
-                writes[shard_for(key, self._shard_count)].append((key, state or ""))
+        writes = self._writes(states, new_states)
         home_writes = writes.pop(host.shard, [])
         decision = {"w": {str(shard): w for shard, w in writes.items()}}
         notice = {"t": "d", "op": envelope.op_id, "a": attempt, "d": decision}
@@ -242,6 +262,64 @@ class CrossShard:
             self._mailbox.deliver(notice)
         # Callers that resubmitted the op while it ran have not been told yet.
         host.settle(run, outcome, stored=True, replies=run.replies[len(replies):])
+
+    async def _commit_in_process(
+        self, run: Run, local: list[str], by_shard: dict[int, list[str]]
+    ) -> bool:
+        """Run an op whose other shards this worker owns too: hold their keys in process, then
+        commit every shard at once (``commit_across``, one script: standalone servers only).
+        False, with nothing written, if some shard is not (or no longer) this worker's: the
+        grant protocol runs instead."""
+        host, envelope = self._host, run.envelope
+        others: list[LocalShard] = []
+        for shard in sorted(by_shard):  # ascending: no wait cycle can form
+            other = self._mailbox.local_runner(shard)
+            if other is None:
+                return False
+            others.append(other)
+        states = {key: host.cache[key] for key in local}
+        replies = list(run.replies)
+        async with AsyncExitStack() as stack:
+            for other in others:
+                held = await stack.enter_async_context(other.hold(tuple(by_shard[other.shard])))
+                if held is None:
+                    log.info("shard %d: shard %d stopped during op %s; asking it for a grant",
+                             host.shard, other.shard, envelope.op_id)
+                    return False
+                states.update(held)
+            outcome, new_states = await host.evaluate(envelope, states)
+            writes = self._writes(states, new_states)
+            keys = [host.keys.results, host.keys.results_expiry]
+            args: list[Any] = [
+                envelope.op_id, outcome, self._settings.result_ttl_ms,
+                dumps([(reply, encode_reply([(envelope.op_id, outcome)])) for reply in replies]),
+            ]
+            owned: list[OwnedShard] = [host, *others]
+            for owner in owned:
+                keys += [owner.keys.epoch, owner.keys.state]
+                args += [owner.epoch, dumps(writes.get(owner.shard, []))]
+            committed = await host.fenced(_backend.COMMIT_ACROSS, keys, args)
+            if int(committed[0]) != 1:
+                moved = others[int(committed[1]) - 2].shard
+                log.info("shard %d: shard %d changed hands during op %s; asking it for a grant",
+                         host.shard, moved, envelope.op_id)
+                return False
+            for owner in owned:
+                for key, state in writes.get(owner.shard, []):
+                    owner.cache[key] = state or None
+        # Callers that resubmitted the op while it ran have not been told yet.
+        host.settle(run, outcome, stored=True, replies=run.replies[len(replies):])
+        return True
+
+    def _writes(
+        self, states: Mapping[str, str | None], new_states: Mapping[str, str | None] | None
+    ) -> dict[int, list[tuple[str, str]]]:
+        """The keys an op changed, by shard ('' for a deleted state)."""
+        writes: dict[int, list[tuple[str, str]]] = defaultdict(list)
+        for key, state in (new_states or {}).items():
+            if state != states[key]:
+                writes[shard_for(key, self._shard_count)].append((key, state or ""))
+        return writes
 
     async def _request_grant(
         self, op_id: str, attempt: int, shard: int, keys: list[str]

@@ -56,6 +56,21 @@ class Barrier:
     done: anyio.Event = field(default_factory=anyio.Event)
 
 
+@dataclass(slots=True, eq=False)
+class Hold:
+    """Keys held for a cross-shard op that another shard of this worker coordinates: like a
+    barrier, but what runs at the head of the chains is that coordinator, elsewhere."""
+
+    keys: tuple[str, ...]
+    arrived: int = 0
+    #: Set once the hold heads every chain, or once the runner stops (``abandoned``).
+    held: anyio.Event = field(default_factory=anyio.Event)
+    abandoned: bool = False
+    released: anyio.Event = field(default_factory=anyio.Event)
+    #: Its keys were free: it heads chains that no task runs until it is released.
+    taskless: bool = False
+
+
 class Coordination(Protocol):
     """Runs the ops that involve other shards (see ``_crossshard``) once their local keys are
     held."""
@@ -105,7 +120,8 @@ class Executor:
         self._cache = cache
         self._dirty = dirty
         self._on_complete = on_complete
-        self._chains: dict[str, deque[Run | Barrier]] = {}
+        self._chains: dict[str, deque[Run | Barrier | Hold]] = {}
+        self._holds: set[Hold] = set()
 
     def schedule(self, run: Run) -> None:
         """Run now if every key is free and nothing needs awaiting; otherwise queue the op on
@@ -124,12 +140,55 @@ class Executor:
             run if len(keys) == 1 and not special else Barrier(run, len(keys), special)
         )
         for key in keys:
-            chain = self._chains.get(key)
-            if chain is None:
+            self._enqueue(key, item)
+
+    def hold(self, keys: tuple[str, ...]) -> Hold:
+        """Queue a hold on ``keys``: its ``held`` is set once every op queued on them before it
+        has run; ops queued after it wait until :meth:`release`."""
+        item = Hold(keys)
+        if self.task_group is None:  # the runner has stopped
+            item.abandoned = True
+            item.held.set()
+            return item
+        if not any(key in self._chains for key in keys):
+            # Free keys: held at once, and no chain task until something queues behind it.
+            for key in keys:
                 self._chains[key] = deque([item])
+            item.taskless = True
+            item.held.set()
+            return item
+        self._holds.add(item)
+        for key in keys:
+            self._enqueue(key, item)
+        return item
+
+    def release(self, item: Hold) -> None:
+        """Let the ops queued behind a hold run."""
+        item.released.set()
+        if not item.taskless or self.task_group is None:
+            return
+        for key in item.keys:
+            chain = self._chains[key]
+            chain.popleft()
+            if chain:
                 self._task_group().start_soon(self._run_chain, key)
             else:
-                chain.append(item)
+                del self._chains[key]
+
+    def abandon_holds(self) -> None:
+        """The runner stopped: its chains will never reach the holds still waiting."""
+        for item in self._holds:
+            item.abandoned = True
+            item.held.set()
+        self._holds.clear()
+
+    def _enqueue(self, key: str, item: Run | Barrier | Hold) -> None:
+        chain = self._chains.get(key)
+        if chain is None:
+            self._chains[key] = deque([item])
+            self._task_group().start_soon(self._run_chain, key)
+        else:
+            chain.append(item)
 
     async def _run_chain(self, key: str) -> None:
         """Run a key's queued ops one after another; other keys' chains run meanwhile."""
@@ -140,6 +199,12 @@ class Executor:
                 await self._execute(item)
                 continue
             item.arrived += 1
+            if isinstance(item, Hold):
+                if item.arrived == len(item.keys):
+                    self._holds.discard(item)
+                    item.held.set()
+                await item.released.wait()
+                continue
             if item.arrived == item.needed:  # the last of its keys to get here runs it
                 if item.coordinated:
                     assert self._coordination is not None

@@ -14,7 +14,8 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict, defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +94,7 @@ class ShardRunner:
         self.keys = ShardKeys(settings.namespace, shard)
         self.epoch = grant.epoch
         self._pipeliner = pipeliner
+        self._backend = backend
         self._settings = settings
         self._registry = registry
         self._shard_count = shard_count
@@ -132,10 +134,14 @@ class ShardRunner:
 
         :raises LeaseLost: when a step finds another owner's epoch.
         """
-        async with anyio.create_task_group() as task_group:
-            self._executor.task_group = task_group
-            await self._step_loop()
-            task_group.cancel_scope.cancel()
+        try:
+            async with anyio.create_task_group() as task_group:
+                self._executor.task_group = task_group
+                await self._step_loop()
+                task_group.cancel_scope.cancel()
+        finally:
+            self._executor.task_group = None
+            self._executor.abandon_holds()
 
     def stop(self) -> None:
         """Stop fetching; :meth:`run` returns once everything fetched is committed."""
@@ -346,6 +352,26 @@ class ShardRunner:
     def problem(self, envelope: Envelope) -> str | None:
         return self._executor.problem(envelope)
 
+    @asynccontextmanager
+    async def hold(self, keys: tuple[str, ...]) -> AsyncIterator[dict[str, str | None] | None]:
+        """Hold ``keys`` for a cross-shard op coordinated by another shard of this worker:
+        yields their committed states once every earlier op on them has run and committed (None
+        if this runner stopped first); later ops on them wait until the block exits."""
+        hold = self._executor.hold(keys)
+        try:
+            await hold.held.wait()
+            if hold.abandoned:
+                yield None
+                return
+            await self.flush(keys)
+            missing = [key for key in keys if key not in self.cache]
+            if missing:
+                for key, state in zip(missing, await self._read_states(missing), strict=True):
+                    self.cache.setdefault(key, None if state is None else state.decode())
+            yield {key: self.cache[key] for key in keys}
+        finally:
+            self._executor.release(hold)
+
     async def pipelined(self, call: ScriptCall) -> Any:
         return await self._pipeliner.run(call)
 
@@ -421,6 +447,17 @@ class ShardRunner:
             progress = first.entry_id
             self._entries.popitem(last=False)
         return progress
+
+    async def _read_states(self, keys: list[str]) -> list[bytes | None]:
+        """Committed states of keys this owner has not cached, retrying while Redis is down."""
+        delay = 0.05
+        while True:
+            try:
+                return await self._backend.hmget(self.keys.state, keys)
+            except BackendUnavailable as exc:
+                log.warning("shard %d: %s; retrying in %.2fs", self.shard, exc, delay)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def fenced(self, script: Script, keys: list[str], args: list[Any]) -> Any:
         """Run a fenced script, retrying while Redis is unreachable (the lease loop decides

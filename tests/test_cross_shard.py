@@ -5,9 +5,11 @@ Fault tests (kill -9, SIGSTOP of coordinator and participants) are in test_cross
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections import Counter
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +21,7 @@ import redis.asyncio
 import keyserial
 from keyserial import InsufficientFunds
 from keyserial._layout import ShardKeys
+from keyserial._server import LocalServer
 from keyserial.ledger import balance, deposit
 from tests import apps
 from tests.helpers import (
@@ -92,17 +95,29 @@ async def test_random_ops_across_shards_in_both_directions_never_deadlock(
             assert sorted(applied) == sorted(op_id for op_id, k in plans if key in k), key
 
 
+@pytest.mark.parametrize("owners", ["one worker", "two workers"])
 async def test_only_the_involved_keys_wait_while_an_op_waits_on_another_shard(
-    redis_url: str, namespace: str, tmp_path: Path
+    redis_url: str, namespace: str, tmp_path: Path, owners: str
 ) -> None:
     """The op holds its key on the home shard and waits for a busy key on a participant shard:
-    ops on other keys of both shards complete meanwhile; ops on its keys wait for it."""
+    ops on other keys of both shards complete meanwhile; ops on its keys wait for it. With one
+    worker owning both shards (on a standalone server) the participant's key is held in process;
+    with two, through a grant request."""
     home, participant = 1, 5
     held, other_home = keys_on_shard(home, SHARDS, 2, "h")
     busy, other_participant = keys_on_shard(participant, SHARDS, 2, "p")
     note = tmp_path / "busy"
-    async with running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+    split = owners == "two workers"
+    async with AsyncExitStack() as stack:
+        if split:
+            await stack.enter_async_context(running_worker(
+                redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"],
+                shards=[participant]))
+        await stack.enter_async_context(running_worker(
+            redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"],
+            shards=[s for s in range(SHARDS) if s != participant] if split else None))
+        ks = await stack.enter_async_context(
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace))
         done: list[str] = []
 
         async def run(name: str, op: Any) -> None:
@@ -114,8 +129,11 @@ async def test_only_the_involved_keys_wait_while_an_op_waits_on_another_shard(
             await eventually(note.exists, message="the participant key is busy")
             group.start_soon(run, "move", ks.submit_many([held, busy], apps.slow_move(0),
                                                          op_id="move"))
-            await eventually(lambda: grant_requests(redis_url, namespace, participant),
-                             message="the grant request reached the participant shard")
+            await eventually(lambda: fetched(redis_url, namespace, home, "move"),
+                             message="the home shard's owner fetched the op")
+            if split:
+                await eventually(lambda: grant_requests(redis_url, namespace, participant),
+                                 message="the grant request reached the participant shard")
             group.start_soon(run, "after-move", ks.submit(held, apps.append("after")))
             started = time.monotonic()
             await ks.submit(other_home, apps.append("x"))
@@ -126,6 +144,24 @@ async def test_only_the_involved_keys_wait_while_an_op_waits_on_another_shard(
         assert done == ["busy", "move", "after-move"]
         assert await ks.read(held) == ["move", "after"]
         assert await ks.read(busy) == ["move"]
+
+
+def fetched(url: str, namespace: str, shard: int, op_id: str) -> bool:
+    """The shard's owner has fetched the entry that carries ``op_id`` (the horizon passed it)."""
+    client = sync_redis.Redis.from_url(url)
+    try:
+        keys = ShardKeys(namespace, shard)
+        horizon = client.get(keys.horizon)
+        carrying = [entry_id for entry_id, fields in client.xrange(keys.stream)
+                    if f'"id":"{op_id}"'.encode() in fields[b"ops"]]
+        return bool(horizon and carrying) and _id(horizon) >= _id(carrying[0])
+    finally:
+        client.close()
+
+
+def _id(raw: bytes) -> tuple[int, int]:
+    ms, _, seq = raw.decode().partition("-")
+    return int(ms), int(seq)
 
 
 def grant_requests(url: str, namespace: str, shard: int) -> bool:
@@ -218,3 +254,55 @@ async def test_an_unknown_or_single_key_op_across_shards_is_refused_with_nothing
             await ks.submit_many([first, second], deposit(1))
         await ks.submit(second, deposit(1))  # the keys were never held
         assert await ks.transfer(second, first, 1) == {second: 0, first: 1}
+
+
+@pytest.mark.parametrize("when", ["while the op runs", "while the op waits for the key"])
+async def test_a_participant_shard_changing_hands_mid_op_sends_the_op_through_grants(
+    standalone_server: LocalServer, namespace: str, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture, when: str,
+) -> None:
+    """One worker owns both shards, so the op holds the participant's key in process and
+    commits both shards in one script, fenced by both epochs. If the participant shard changes
+    hands while the op runs, that script writes nothing; if it does so while the op waits for
+    the key (behind a slow op), the hold is abandoned. Either way the op then asks the
+    participant for a grant like any cross-shard op, and its effects land once."""
+    caplog.set_level(logging.INFO, "keyserial.worker")
+    url = standalone_server.url
+    source, target = keys_on_shard(0, 4, 1, "acct")[0], keys_on_shard(2, 4, 1, "acct")[0]
+    note = tmp_path / "paying"
+    async with running_worker(url, namespace, shard_count=4, apps=["tests.apps"], lease_ttl=1.0), \
+            keyserial.connect(url, shards=4, namespace=namespace) as ks:
+        for account in (source, target):
+            await ks.submit(account, apps.open_account(100))
+        async with anyio.create_task_group() as group:
+            answers: list[Any] = []
+
+            async def pay() -> None:
+                answers.append(await ks.submit_many([source, target], apps.pay(10, 0.5, str(note)),
+                                                    op_id="moved", timeout=20))
+
+            if when == "while the op runs":
+                group.start_soon(pay)
+                await eventually(note.exists, message="the op's body started")
+            else:
+                busy = tmp_path / "busy"
+                group.start_soon(ks.submit, target, apps.hold(0.5, str(busy)))
+                await eventually(busy.exists, message="the participant's key is busy")
+                group.start_soon(pay)
+                await eventually(lambda: fetched(url, namespace, 0, "moved"),
+                                 message="the op fetched")
+            # Another owner took shard 2 (and left): its epoch moved on, its lease is gone.
+            client = redis.asyncio.Redis.from_url(url)
+            participant = ShardKeys(namespace, 2)
+            await client.delete(participant.lease)
+            await client.incr(participant.epoch)
+            await client.aclose()
+        assert answers == [90]
+        assert await ks.read(source) == {"balance": 90, "ops": ["moved"]}
+        assert await ks.submit(target, apps.peek()) == {"balance": 110, "ops": ["moved"]}
+    if when == "while the op runs":
+        assert "shard 2 changed hands during op moved; asking it for a grant" in caplog.text
+        assert len(note.read_text().split()) == 2  # the body ran twice, its effects landed once
+    else:
+        assert "shard 2 stopped during op moved; asking it for a grant" in caplog.text
+        assert len(note.read_text().split()) == 1
