@@ -330,3 +330,31 @@ async def test_a_multi_key_op_across_shards_is_appended_to_its_lowest_shard(
         await client.xadd(home, [move])
         assert (await client.replies(["move-1"]))["move-1"] == {"ok": {source: 6, target: 4}}
         assert await client.stored(home, "move-1") == {"ok": {source: 6, target: 4}}
+
+
+async def test_an_entry_of_1500_ops_on_1500_keys_commits_and_dedups_in_one_piece(
+    redis_url: str, namespace: str
+) -> None:
+    """The step script reads and writes many keys and results per command, in chunks (Lua's
+    unpack has a stack limit): an entry larger than a chunk loses nothing, and resubmitting it
+    replays every stored outcome without running anything again."""
+    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
+            ForeignClient.connect(redis_url, namespace) as client:
+        await client.read_shard_count()
+        keys = [key for key in (f"many:{n}" for n in range(8_000)) if client.shard(key) == 1]
+        keys = keys[:1_500]
+        assert len(keys) == 1_500
+        deposits = [client.envelope(key, "deposit", n + 1) for n, key in enumerate(keys)]
+        await client.eval_submit(1, deposits)
+        outcomes = await client.replies([op["id"] for op in deposits])
+        assert [outcomes[op["id"]] for op in deposits] == [{"ok": n + 1} for n in range(1_500)]
+        states = await client.commands.hmget(client.state(1), keys)
+        assert states == [str(n + 1) for n in range(1_500)]
+
+        await client.eval_submit(1, deposits)  # every id again: replayed, not run
+        again = await client.replies([op["id"] for op in deposits])
+        assert again == outcomes
+        balances = [client.envelope(key, "balance") for key in keys]
+        await client.eval_submit(1, balances)
+        read = await client.replies([op["id"] for op in balances])
+        assert [read[op["id"]] for op in balances] == [{"ok": n + 1} for n in range(1_500)]

@@ -37,29 +37,62 @@ local function id_gt(a, b)
   return am > bm or (am == bm and as > bs)
 end
 
+-- One command for many arguments (a few per step, not one per op), in bounded chunks: unpack()
+-- has a stack limit. (The chunk is even, so field-value pairs never split.)
+local CHUNK = 1000
+local function each_chunk(args, call)
+  for first = 1, #args, CHUNK do
+    call(unpack(args, first, math.min(first + CHUNK - 1, #args)))
+  end
+end
+local function multi(command, key, args)
+  each_chunk(args, function(...) redis.call(command, key, ...) end)
+end
+local function hmget(key, fields)
+  local values = {}
+  each_chunk(fields, function(...)
+    for _, value in ipairs(redis.call('HMGET', key, ...)) do
+      values[#values + 1] = value
+    end
+  end)
+  return values
+end
+
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('FENCED epoch ' .. ARGV[1] .. ' is no longer the owner')
 end
 
 -- Commit.
-local time = redis.call('TIME')
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local commit = {s = {}, r = {}, d = {}, p = {}}
 if ARGV[6] ~= '' then
   commit = cjson.decode(ARGV[6])
 end
+local sets, deletes = {}, {}
 for _, write in ipairs(commit.s) do
   if write[2] == '' then
-    redis.call('HDEL', KEYS[2], write[1])
+    deletes[#deletes + 1] = write[1]
   else
-    redis.call('HSET', KEYS[2], write[1], write[2])
+    sets[#sets + 1] = write[1]
+    sets[#sets + 1] = write[2]
   end
 end
+multi('HSET', KEYS[2], sets)
+multi('HDEL', KEYS[2], deletes)
+local now_ms = 0
+if #commit.r > 0 or tonumber(ARGV[8]) > 0 then
+  local time = redis.call('TIME')
+  now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+end
+local stored, expiry = {}, {}
 local expires_at = now_ms + tonumber(ARGV[3])
 for _, result in ipairs(commit.r) do
-  redis.call('HSET', KEYS[5], result[1], result[2])
-  redis.call('ZADD', KEYS[6], expires_at, result[1])
+  stored[#stored + 1] = result[1]
+  stored[#stored + 1] = result[2]
+  expiry[#expiry + 1] = expires_at
+  expiry[#expiry + 1] = result[1]
 end
+multi('HSET', KEYS[5], stored)
+multi('ZADD', KEYS[6], expiry)
 for _, letter in ipairs(commit.d) do
   redis.call('XADD', KEYS[7], 'MAXLEN', '~', 10000, '*',
     'entry', letter[1], 'reason', letter[2], 'raw', letter[3])
@@ -100,7 +133,7 @@ else
     redis.call('SET', KEYS[8], last)
   end
 end
-local seen = {}
+local ids, keys, seen = {}, {}, {}
 for _, entry in ipairs(entries) do
   local fields = entry[2]
   for f = 1, #fields, 2 do
@@ -109,20 +142,15 @@ for _, entry in ipairs(entries) do
       if ok and type(ops) == 'table' then
         for _, envelope in ipairs(ops) do
           if type(envelope) == 'table' and type(envelope.id) == 'string' then
-            local outcome = redis.call('HGET', KEYS[5], envelope.id)
-            if outcome then
-              done[#done + 1] = envelope.id
-              done[#done + 1] = outcome
+            ids[#ids + 1] = envelope.id
+            local named = envelope.keys
+            if type(named) ~= 'table' then
+              named = {envelope.key}
             end
-            local keys = envelope.keys
-            if type(keys) ~= 'table' then
-              keys = {envelope.key}
-            end
-            for _, key in ipairs(keys) do
+            for _, key in ipairs(named) do
               if type(key) == 'string' and not seen[key] then
                 seen[key] = true
-                states[#states + 1] = key
-                states[#states + 1] = redis.call('HGET', KEYS[2], key) or ''
+                keys[#keys + 1] = key
               end
             end
           end
@@ -130,5 +158,15 @@ for _, entry in ipairs(entries) do
       end
     end
   end
+end
+for i, outcome in ipairs(hmget(KEYS[5], ids)) do
+  if outcome then
+    done[#done + 1] = ids[i]
+    done[#done + 1] = outcome
+  end
+end
+for i, state in ipairs(hmget(KEYS[2], keys)) do
+  states[#states + 1] = keys[i]
+  states[#states + 1] = state or ''
 end
 return {entries, done, states}
