@@ -117,6 +117,8 @@ class ShardRunner:
         self._stored_since_trim = 0
         self._trimmed_at = -math.inf
         self._stepped = anyio.Event()
+        #: Set once :meth:`run` has returned: no step will ever come again.
+        self._ended = False
         self._executor = Executor(
             registry,
             shard=shard,
@@ -140,6 +142,8 @@ class ShardRunner:
                 await self._step_loop()
                 task_group.cancel_scope.cancel()
         finally:
+            self._ended = True
+            self._stepped.set()  # flush() waiters from other shards' coordinators
             self._executor.task_group = None
             self._executor.abandon_holds()
 
@@ -360,15 +364,13 @@ class ShardRunner:
         hold = self._executor.hold(keys)
         try:
             await hold.held.wait()
-            if hold.abandoned:
-                yield None
-                return
-            await self.flush(keys)
-            missing = [key for key in keys if key not in self.cache]
-            if missing:
-                for key, state in zip(missing, await self._read_states(missing), strict=True):
-                    self.cache.setdefault(key, None if state is None else state.decode())
-            yield {key: self.cache[key] for key in keys}
+            if not hold.abandoned:
+                await self.flush(keys)
+                missing = [key for key in keys if key not in self.cache]
+                if missing and not self._ended:
+                    for key, state in zip(missing, await self._read_states(missing), strict=True):
+                        self.cache.setdefault(key, None if state is None else state.decode())
+            yield None if hold.abandoned or self._ended else {key: self.cache[key] for key in keys}
         finally:
             self._executor.release(hold)
 
@@ -391,7 +393,7 @@ class ShardRunner:
             target = self._steps_started
         else:
             return
-        while self._steps_done < target:
+        while self._steps_done < target and not self._ended:
             await self._stepped.wait()
 
     # -- committing ----------------------------------------------------------------------------
