@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import OrderedDict, defaultdict
 from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
@@ -116,7 +117,12 @@ class ShardRunner:
         self._writing: set[str] = set()
         self._stored_since_trim = 0
         self._trimmed_at = -math.inf
-        self._stepped = anyio.Event()
+        #: Set at the end of every step someone waits for (see :meth:`flush`).
+        self._stepped: anyio.Event | None = None
+        k = self.keys
+        self._step_keys = [
+            k.epoch, k.state, k.progress, k.stream, k.results, k.results_expiry, k.dead, k.horizon,
+        ]
         #: Set once :meth:`run` has returned: no step will ever come again.
         self._ended = False
         self._executor = Executor(
@@ -139,11 +145,13 @@ class ShardRunner:
         try:
             async with anyio.create_task_group() as task_group:
                 self._executor.task_group = task_group
+                task_group.start_soon(self._poll)
                 await self._step_loop()
                 task_group.cancel_scope.cancel()
         finally:
             self._ended = True
-            self._stepped.set()  # flush() waiters from other shards' coordinators
+            if self._stepped is not None:
+                self._stepped.set()  # flush() waiters from other shards' coordinators
             self._executor.task_group = None
             self._executor.abandon_holds()
 
@@ -160,13 +168,20 @@ class ShardRunner:
         self._poked = True
         self._poke.set()
 
-    async def _wait(self, timeout: float | None) -> None:
-        """Wait for a notification (new entries, a finished op, stop), or ``timeout``."""
+    async def _wait(self) -> None:
+        """Wait for a notification (new entries, a finished op, stop, the poll)."""
         if not self._poked:
             self._poke = anyio.Event()
-            with anyio.move_on_after(math.inf if timeout is None else timeout):
-                await self._poke.wait()
+            await self._poke.wait()
         self._poked = False
+
+    async def _poll(self) -> None:
+        """Notify every ``idle_poll`` seconds, in case a wake-up was lost. (One timer for the
+        runner's life, rather than a timeout on every wait: a cancel scope per wait was a
+        visible cost under spread-out load.)"""
+        while True:
+            await anyio.sleep(self._settings.idle_poll)
+            self._notify()
 
     # -- the step loop -------------------------------------------------------------------------
 
@@ -189,8 +204,7 @@ class ShardRunner:
                 continue
             if self._stopping and not self._running:
                 return
-            # Idle: wait for a wake-up, but poll now and then in case one was lost.
-            await self._wait(self._settings.idle_poll if want else None)
+            await self._wait()
             idle = False
 
     def _fetch_size(self) -> int:
@@ -207,17 +221,6 @@ class ShardRunner:
         outcomes of op ids among them that already ran."""
         batch, self._finished = self._finished, []
         dead, self._dead = self._dead, []
-        k = self.keys
-        keys = [
-            k.epoch,
-            k.state,
-            k.progress,
-            k.stream,
-            k.results,
-            k.results_expiry,
-            k.dead,
-            k.horizon,
-        ]
         progress, commit = self._commit_args(batch, dead)
         careful = "1" if self._careful_until is not None else "0"
         args = [
@@ -226,10 +229,11 @@ class ShardRunner:
         ]
         self._steps_started += 1
         step = self._steps_started
-        entries, done, states = await self.fenced(_backend.STEP, keys, args)
+        entries, done, states = await self.fenced(_backend.STEP, self._step_keys, args)
         self._steps_done = step
-        self._stepped.set()
-        self._stepped = anyio.Event()
+        if self._stepped is not None:
+            self._stepped.set()
+            self._stepped = None
         for finished in batch:
             if self._running.pop(finished.op_id, None) is not None:
                 self._uncommitted -= 1
@@ -249,7 +253,7 @@ class ShardRunner:
             if self._finished or self._dead:
                 await self._step(0)
             else:
-                await self._wait(None)
+                await self._wait()
 
     # -- dispatching ---------------------------------------------------------------------------
 
@@ -394,6 +398,8 @@ class ShardRunner:
         else:
             return
         while self._steps_done < target and not self._ended:
+            if self._stepped is None:
+                self._stepped = anyio.Event()
             await self._stepped.wait()
 
     # -- committing ----------------------------------------------------------------------------
@@ -430,7 +436,7 @@ class ShardRunner:
         trim, once 32 have been stored or a second has passed (not on every step: it is a
         command each time, and most steps store a handful)."""
         self._stored_since_trim += stored
-        now = anyio.current_time()
+        now = time.monotonic()
         if self._stored_since_trim < 32 and (
             not self._stored_since_trim or now - self._trimmed_at < 1.0
         ):
