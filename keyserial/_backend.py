@@ -1,7 +1,8 @@
 """The one module that talks to Redis: connections, Lua scripts, pub/sub, error translation.
 
 The rest of keyserial speaks in its own types. Standalone servers and Redis/Valkey Cluster are
-both supported; every script touches the keys of one shard (one hash tag, one slot).
+both supported; every script touches the keys of one shard (one hash tag, one slot), except
+``commit_across``, which only runs on a standalone server.
 """
 
 from __future__ import annotations

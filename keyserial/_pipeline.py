@@ -2,8 +2,8 @@
 
 A worker serving 16 shards under spread-out load would otherwise pay one round trip (and
 redis-py's per-call overhead) per shard step; batched, the steps of every ready shard go out
-together. Each call still touches one shard's keys only, so this is cluster-safe: on a cluster
-the pipeline is split per node.
+together. Each call is routed by its keys, so this is cluster-safe: on a cluster the pipeline
+is split per node.
 """
 
 from __future__ import annotations
