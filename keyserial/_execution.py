@@ -53,7 +53,8 @@ class Barrier:
     #: Run by the cross-shard coordination (a grant request, or an op with keys elsewhere).
     coordinated: bool = False
     arrived: int = 0
-    done: anyio.Event = field(default_factory=anyio.Event)
+    #: Set once it has run; created by the first chain that has to wait for that.
+    done: anyio.Event | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -63,12 +64,13 @@ class Hold:
 
     keys: tuple[str, ...]
     arrived: int = 0
-    #: Set once the hold heads every chain, or once the runner stops (``abandoned``).
-    held: anyio.Event = field(default_factory=anyio.Event)
+    #: Queued behind other ops: set once the hold heads every chain, or once the runner stops
+    #: (``abandoned``). None: held (or abandoned) from the start.
+    held: anyio.Event | None = None
     abandoned: bool = False
-    released: anyio.Event = field(default_factory=anyio.Event)
-    #: Its keys were free: it heads chains that no task runs until it is released.
-    taskless: bool = False
+    #: Queued: what its chains wait on. None: its keys were free, so it heads chains that no
+    #: task runs until it is released.
+    released: anyio.Event | None = None
 
 
 class Coordination(Protocol):
@@ -148,15 +150,13 @@ class Executor:
         item = Hold(keys)
         if self.task_group is None:  # the runner has stopped
             item.abandoned = True
-            item.held.set()
             return item
         if not any(key in self._chains for key in keys):
             # Free keys: held at once, and no chain task until something queues behind it.
             for key in keys:
                 self._chains[key] = deque([item])
-            item.taskless = True
-            item.held.set()
             return item
+        item.held, item.released = anyio.Event(), anyio.Event()
         self._holds.add(item)
         for key in keys:
             self._enqueue(key, item)
@@ -164,8 +164,10 @@ class Executor:
 
     def release(self, item: Hold) -> None:
         """Let the ops queued behind a hold run."""
-        item.released.set()
-        if not item.taskless or self.task_group is None:
+        if item.released is not None:
+            item.released.set()
+            return
+        if item.abandoned or self.task_group is None:
             return
         for key in item.keys:
             chain = self._chains[key]
@@ -179,6 +181,7 @@ class Executor:
         """The runner stopped: its chains will never reach the holds still waiting."""
         for item in self._holds:
             item.abandoned = True
+            assert item.held is not None, "only queued holds wait"
             item.held.set()
         self._holds.clear()
 
@@ -200,6 +203,7 @@ class Executor:
                 continue
             item.arrived += 1
             if isinstance(item, Hold):
+                assert item.held is not None and item.released is not None, "queued"
                 if item.arrived == len(item.keys):
                     self._holds.discard(item)
                     item.held.set()
@@ -211,8 +215,11 @@ class Executor:
                     await self._coordination.run(item.run)
                 else:
                     await self._execute(item.run)
-                item.done.set()
+                if item.done is not None:
+                    item.done.set()
             else:
+                if item.done is None:
+                    item.done = anyio.Event()
                 await item.done.wait()
         del self._chains[key]
 

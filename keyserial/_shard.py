@@ -367,7 +367,8 @@ class ShardRunner:
         if this runner stopped first); later ops on them wait until the block exits."""
         hold = self._executor.hold(keys)
         try:
-            await hold.held.wait()
+            if hold.held is not None:
+                await hold.held.wait()
             if not hold.abandoned:
                 await self.flush(keys)
                 missing = [key for key in keys if key not in self.cache]
