@@ -8,6 +8,9 @@ over whatever a fault frees. After every fault:
   account logs it exactly once and the balances are 80/110/110 (money conserved);
 * the caller hears the outcome, or times out and then reads it by op id;
 * new ops on A, B and C all complete within two lease TTLs of the fault.
+
+The last two tests use one worker that owns every shard (and a standby): on a standalone server
+its cross-shard ops hold keys in process and commit all their shards in one script.
 """
 
 from __future__ import annotations
@@ -293,3 +296,52 @@ async def ks_results_exist(client: Any, namespace: str) -> bool:
         if any(field.startswith(b"p") for field in fields):
             return True
     return False
+
+
+async def test_zombie_worker_owning_every_shard_changes_nothing(
+    redis_url: str, namespace: str, start: Starter, tmp_path: Path
+) -> None:
+    """One worker owns every shard, so (on a standalone server) the op commits all its shards in
+    one script. Frozen mid-op past its lease, its standby takes every shard over and finishes the
+    op; resumed, the zombie finishes its own run of the body, and its commit is fenced out."""
+    note = tmp_path / "paying"
+    outcome: list[Any] = []
+    client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=2)
+    try:
+        async with keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+            owner = start(redis_url, namespace, shards="0-3", shard_count=SHARDS, lease_ttl=TTL)
+
+            async def all_held_by(pid: int) -> bool:
+                leases = [ShardKeys(namespace, shard).lease for shard in range(SHARDS)]
+                tokens = [await client.get(lease) for lease in leases]
+                return [int(t.decode().split(":")[1]) if t else None for t in tokens] == [pid] * 4
+
+            await until(lambda: all_held_by(owner.pid), "the owner holds every shard")
+            standby = start(redis_url, namespace, shards="0-3", shard_count=SHARDS, lease_ttl=TTL)
+            await wait_for_log(standby, "serving shards", timeout=15)
+            for account in (A, B, C):
+                await ks.submit(account, apps.open_account(100), timeout=10)
+
+            async def pay() -> None:
+                outcome.append(await ks.submit_many(
+                    [A, B, C], apps.pay(10, 0.3, str(note)), op_id="victim", timeout=30))
+
+            with anyio.fail_after(60):
+                async with anyio.create_task_group() as group:
+                    group.start_soon(pay)
+                    await eventually(note.exists, message="the op running with every key held")
+                    owner.signal(signal.SIGSTOP)
+                    await until(lambda: all_held_by(standby.pid), "the standby holds every shard")
+                    owner.signal(signal.SIGCONT)
+                await lost_its_shard(owner, 0)
+                states = {account: await ks.submit(account, apps.peek()) for account in (A, B, C)}
+    finally:
+        await client.aclose()
+    assert outcome == [80]
+    assert states == {
+        A: {"balance": 80, "ops": ["victim"]},
+        B: {"balance": 110, "ops": ["victim"]},
+        C: {"balance": 110, "ops": ["victim"]},
+    }
+    ran_by = note.read_text().split()
+    assert ran_by[0] == str(owner.pid) and str(standby.pid) in ran_by[1:]
