@@ -39,6 +39,18 @@ def redis_url(request: pytest.FixtureRequest) -> str:
     return server.url
 
 
+@pytest.fixture(params=TOPOLOGIES)
+def durable_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalServer]:
+    """A private server of its own (it gets killed), persisting every write before replying."""
+    server = LocalServer(cluster=request.param == "cluster", appendfsync="always",
+                         data_dir=tmp_path / "redis")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
 @pytest.fixture
 def namespace(request: pytest.FixtureRequest) -> str:
     """A namespace no other test uses, so tests share servers without sharing data."""

@@ -17,7 +17,14 @@ import anyio
 import redis
 
 import keyserial
-from keyserial import InsufficientFunds, Settings, SubmitTimeout, Worker, shard_for
+from keyserial import (
+    BackendUnavailable,
+    InsufficientFunds,
+    Settings,
+    SubmitTimeout,
+    Worker,
+    shard_for,
+)
 from keyserial._layout import ShardKeys
 from tests import apps
 
@@ -169,6 +176,9 @@ async def pay_until_settled(ks: keyserial.Client, op_id: str, keys: list[str],
         except InsufficientFunds:
             return "refused"
         except SubmitTimeout:
+            continue
+        except BackendUnavailable:  # Redis restarting: same op id again, a moment later
+            await anyio.sleep(0.1)
             continue
         return "paid"
 

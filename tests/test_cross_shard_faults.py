@@ -9,8 +9,9 @@ over whatever a fault frees. After every fault:
 * the caller hears the outcome, or times out and then reads it by op id;
 * new ops on A, B and C all complete within two lease TTLs of the fault.
 
-The last two tests use one worker that owns every shard (and a standby): on a standalone server
-its cross-shard ops hold keys in process and commit all their shards in one script.
+The last three tests use one worker that owns every shard: on a standalone server its
+cross-shard ops hold keys in process and commit all their shards in one script. They kill it,
+freeze it, and restart Redis under it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import redis.asyncio
 import keyserial
 from keyserial import SubmitTimeout
 from keyserial._layout import ShardKeys
+from keyserial._server import LocalServer
 from tests import apps
 from tests.helpers import (
     WorkerProcess,
@@ -345,3 +347,43 @@ async def test_zombie_worker_owning_every_shard_changes_nothing(
     }
     ran_by = note.read_text().split()
     assert ran_by[0] == str(owner.pid) and str(standby.pid) in ran_by[1:]
+
+
+async def test_a_redis_restart_mid_transfers_loses_no_payment_and_applies_none_twice(
+    durable_server: LocalServer, namespace: str, start: Starter
+) -> None:
+    """Redis killed (-9; every write on disk before its reply) and restarted while cross-shard
+    payments both ways are in flight through a worker owning every shard: callers resubmit under
+    the same op ids until answered, and every payment lands exactly once on every key."""
+    url = durable_server.url
+    accounts = [f"acct:{n}" for n in range(8)]
+    rng = random.Random(11)
+    plans = [(f"p{n}", rng.sample(accounts, 3 if n % 3 == 0 else 2), rng.randint(1, 30))
+             for n in range(60)]
+    outcomes: dict[str, str] = {}
+    client = redis.asyncio.Redis.from_url(url, socket_timeout=2)
+    try:
+        async with keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks:
+            worker = start(url, namespace, shards="0-3", shard_count=SHARDS, lease_ttl=TTL)
+            await wait_for_log(worker, "shard 3: acquired", timeout=15)
+            for account in accounts:
+                await ks.submit(account, apps.open_account(100), timeout=10)
+
+            async def pay(op_id: str, keys: list[str], amount: int) -> None:
+                outcomes[op_id] = await pay_until_settled(ks, op_id, keys, amount)
+
+            with anyio.fail_after(90):
+                async with anyio.create_task_group() as group:
+                    for op_id, keys, amount in plans:
+                        group.start_soon(pay, op_id, keys, amount)
+                    await until(lambda: ks_results_exist(client, namespace), "payments landing")
+                    await anyio.to_thread.run_sync(durable_server.kill)
+                    await anyio.sleep(0.5)
+                    await anyio.to_thread.run_sync(durable_server.start)
+                states = {account: await ks.submit(account, apps.peek(), timeout=10)
+                          for account in accounts}
+            assert worker.process.poll() is None, "the worker survived the restart"
+    finally:
+        await client.aclose()
+    assert len(outcomes) == len(plans)
+    check_bank(states, plans, outcomes, 100)

@@ -18,7 +18,7 @@ import re
 import signal
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -412,18 +412,6 @@ async def test_a_frozen_owner_resumed_after_takeover_cannot_commit(
 
 
 # -- 4. Redis restarts (kill -9, AOF appendfsync always) -------------------------------------
-
-
-@pytest.fixture(params=["standalone", "cluster"])
-def durable_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalServer]:
-    """A private server of its own (it gets killed), persisting every write before replying."""
-    server = LocalServer(cluster=request.param == "cluster", appendfsync="always",
-                         data_dir=tmp_path / "redis")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def test_a_redis_restart_loses_no_acknowledged_op_and_applies_none_twice(
