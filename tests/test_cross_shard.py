@@ -286,7 +286,9 @@ async def test_a_participant_shard_changing_hands_mid_op_sends_the_op_through_gr
                 await eventually(note.exists, message="the op's body started")
             else:
                 busy = tmp_path / "busy"
-                group.start_soon(ks.submit, target, apps.hold(0.5, str(busy)))
+                # Long enough that the worker drops the shard (next lease round, 0.25 s) while
+                # the op still waits behind it.
+                group.start_soon(ks.submit, target, apps.hold(2.0, str(busy)))
                 await eventually(busy.exists, message="the participant's key is busy")
                 group.start_soon(pay)
                 await eventually(lambda: fetched(url, namespace, 0, "moved"),
