@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 import signal
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -248,47 +248,73 @@ async def test_zombie_participant_changes_nothing(
 async def test_kill_9_of_a_worker_owning_every_shard_mid_transfers(
     redis_url: str, namespace: str, start: Starter, tmp_path: Path
 ) -> None:
-    """One worker owns all the shards, so grants and decisions pass in process between them;
-    killed while cross-shard payments both ways are in flight, its standby finishes them: each
-    is applied exactly once on every key, and the money adds up."""
+    """One worker owns all the shards (on a standalone server each cross-shard op commits in
+    one script); killed while cross-shard payments both ways are in flight, its standby finishes
+    them: each is applied exactly once on every key, and the money adds up."""
     accounts = [f"acct:{n}" for n in range(8)]
-    rng = random.Random(9)
-    plans = [(f"p{n}", rng.sample(accounts, 3 if n % 3 == 0 else 2), rng.randint(1, 30))
-             for n in range(60)]
-    outcomes: dict[str, str] = {}
+    plans = payment_plans(accounts, seed=9)
     client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=2)
     try:
         async with keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
-            owner = start(redis_url, namespace, shards="0-3", shard_count=SHARDS, lease_ttl=TTL)
+            owner, standby = await owner_and_standby(start, client, redis_url, namespace)
 
-            async def holder(shard: int) -> int | None:
-                value = await client.get(ShardKeys(namespace, shard).lease)
-                return int(value.decode().split(":")[1]) if value else None
-
-            async def all_held_by(pid: int) -> bool:
-                return [await holder(s) for s in range(SHARDS)] == [pid] * SHARDS
-
-            await until(lambda: all_held_by(owner.pid), "the owner holds every shard")
-            standby = start(redis_url, namespace, shards="0-3", shard_count=SHARDS, lease_ttl=TTL)
-            await wait_for_log(standby, "serving shards", timeout=15)
-            for account in accounts:
-                await ks.submit(account, apps.open_account(100), timeout=10)
-
-            async def pay(op_id: str, keys: list[str], amount: int) -> None:
-                outcomes[op_id] = await pay_until_settled(ks, op_id, keys, amount)
+            async def kill() -> None:
+                owner.kill()
 
             with anyio.fail_after(60):
-                async with anyio.create_task_group() as group:
-                    for op_id, keys, amount in plans:
-                        group.start_soon(pay, op_id, keys, amount)
-                    await until(lambda: ks_results_exist(client, namespace), "payments landing")
-                    owner.kill()
-                await until(lambda: all_held_by(standby.pid), "the standby holds every shard")
+                outcomes = await pay_through_a_fault(ks, client, namespace, accounts, plans, kill)
+                await until(lambda: all_held_by(client, namespace, standby.pid),
+                            "the standby holds every shard")
                 states = {account: await ks.submit(account, apps.peek()) for account in accounts}
     finally:
         await client.aclose()
-    assert len(outcomes) == len(plans)
     check_bank(states, plans, outcomes, 100)
+
+
+async def owner_and_standby(
+    start: Starter, client: Any, url: str, namespace: str
+) -> tuple[WorkerProcess, WorkerProcess]:
+    """A worker holding every shard, then a standby listing them all."""
+    owner = start(url, namespace, shards="0-3", shard_count=SHARDS, lease_ttl=TTL)
+    await until(lambda: all_held_by(client, namespace, owner.pid), "the owner holds every shard")
+    standby = start(url, namespace, shards="0-3", shard_count=SHARDS, lease_ttl=TTL)
+    await wait_for_log(standby, "serving shards", timeout=15)
+    return owner, standby
+
+
+async def all_held_by(client: Any, namespace: str, pid: int) -> bool:
+    """Worker ``pid`` holds the lease of every shard."""
+    leases = [await client.get(ShardKeys(namespace, shard).lease) for shard in range(SHARDS)]
+    return [int(t.decode().split(":")[1]) if t else None for t in leases] == [pid] * SHARDS
+
+
+def payment_plans(accounts: list[str], *, seed: int) -> list[tuple[str, list[str], int]]:
+    """60 payments between random accounts, both ways; every third pays two others."""
+    rng = random.Random(seed)
+    return [(f"p{n}", rng.sample(accounts, 3 if n % 3 == 0 else 2), rng.randint(1, 30))
+            for n in range(60)]
+
+
+async def pay_through_a_fault(
+    ks: keyserial.Client, client: Any, namespace: str, accounts: list[str],
+    plans: list[tuple[str, list[str], int]], fault: Callable[[], Awaitable[None]],
+) -> dict[str, str]:
+    """Open the accounts with 100 each, submit every payment at once, run ``fault`` once some
+    have committed, and return how each one settled (resubmitted under its op id until then)."""
+    for account in accounts:
+        await ks.submit(account, apps.open_account(100), timeout=10)
+    outcomes: dict[str, str] = {}
+
+    async def pay(op_id: str, keys: list[str], amount: int) -> None:
+        outcomes[op_id] = await pay_until_settled(ks, op_id, keys, amount)
+
+    async with anyio.create_task_group() as group:
+        for op_id, keys, amount in plans:
+            group.start_soon(pay, op_id, keys, amount)
+        await until(lambda: ks_results_exist(client, namespace), "payments landing")
+        await fault()
+    assert len(outcomes) == len(plans)
+    return outcomes
 
 
 async def ks_results_exist(client: Any, namespace: str) -> bool:
@@ -311,16 +337,7 @@ async def test_zombie_worker_owning_every_shard_changes_nothing(
     client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=2)
     try:
         async with keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
-            owner = start(redis_url, namespace, shards="0-3", shard_count=SHARDS, lease_ttl=TTL)
-
-            async def all_held_by(pid: int) -> bool:
-                leases = [ShardKeys(namespace, shard).lease for shard in range(SHARDS)]
-                tokens = [await client.get(lease) for lease in leases]
-                return [int(t.decode().split(":")[1]) if t else None for t in tokens] == [pid] * 4
-
-            await until(lambda: all_held_by(owner.pid), "the owner holds every shard")
-            standby = start(redis_url, namespace, shards="0-3", shard_count=SHARDS, lease_ttl=TTL)
-            await wait_for_log(standby, "serving shards", timeout=15)
+            owner, standby = await owner_and_standby(start, client, redis_url, namespace)
             for account in (A, B, C):
                 await ks.submit(account, apps.open_account(100), timeout=10)
 
@@ -333,7 +350,8 @@ async def test_zombie_worker_owning_every_shard_changes_nothing(
                     group.start_soon(pay)
                     await eventually(note.exists, message="the op running with every key held")
                     owner.signal(signal.SIGSTOP)
-                    await until(lambda: all_held_by(standby.pid), "the standby holds every shard")
+                    await until(lambda: all_held_by(client, namespace, standby.pid),
+                                "the standby holds every shard")
                     owner.signal(signal.SIGCONT)
                 await lost_its_shard(owner, 0)
                 states = {account: await ks.submit(account, apps.peek()) for account in (A, B, C)}
@@ -357,33 +375,24 @@ async def test_a_redis_restart_mid_transfers_loses_no_payment_and_applies_none_t
     the same op ids until answered, and every payment lands exactly once on every key."""
     url = durable_server.url
     accounts = [f"acct:{n}" for n in range(8)]
-    rng = random.Random(11)
-    plans = [(f"p{n}", rng.sample(accounts, 3 if n % 3 == 0 else 2), rng.randint(1, 30))
-             for n in range(60)]
-    outcomes: dict[str, str] = {}
+    plans = payment_plans(accounts, seed=11)
     client = redis.asyncio.Redis.from_url(url, socket_timeout=2)
     try:
         async with keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks:
             worker = start(url, namespace, shards="0-3", shard_count=SHARDS, lease_ttl=TTL)
             await wait_for_log(worker, "shard 3: acquired", timeout=15)
-            for account in accounts:
-                await ks.submit(account, apps.open_account(100), timeout=10)
 
-            async def pay(op_id: str, keys: list[str], amount: int) -> None:
-                outcomes[op_id] = await pay_until_settled(ks, op_id, keys, amount)
+            async def restart_redis() -> None:
+                await anyio.to_thread.run_sync(durable_server.kill)
+                await anyio.sleep(0.5)
+                await anyio.to_thread.run_sync(durable_server.start)
 
             with anyio.fail_after(90):
-                async with anyio.create_task_group() as group:
-                    for op_id, keys, amount in plans:
-                        group.start_soon(pay, op_id, keys, amount)
-                    await until(lambda: ks_results_exist(client, namespace), "payments landing")
-                    await anyio.to_thread.run_sync(durable_server.kill)
-                    await anyio.sleep(0.5)
-                    await anyio.to_thread.run_sync(durable_server.start)
+                outcomes = await pay_through_a_fault(
+                    ks, client, namespace, accounts, plans, restart_redis)
                 states = {account: await ks.submit(account, apps.peek(), timeout=10)
                           for account in accounts}
             assert worker.process.poll() is None, "the worker survived the restart"
     finally:
         await client.aclose()
-    assert len(outcomes) == len(plans)
     check_bank(states, plans, outcomes, 100)
