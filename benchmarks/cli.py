@@ -108,6 +108,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--shards", type=_positive_int, default=16, help="keyserial shards (default: %(default)s)"
     )
     parser.add_argument(
+        "--split-shards",
+        action="store_true",
+        help="each keyserial worker process owns its own contiguous range of shards (no standby),"
+        " so cross-shard ops between ranges go through grant requests",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=RESULTS_DIR,
@@ -144,6 +150,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         clients=args.clients,
         callers=args.callers,
         workers=args.workers,
+        split_shards=args.split_shards,
         shards=args.shards,
         tuned_sleeps=profile.tuned_sleeps,
         slow_keys=profile.slow_keys,
@@ -157,12 +164,16 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(arguments)
+    parser = build_parser()
+    args = parser.parse_args(arguments)
     if args.render is not None:
         document = json.loads(args.render.read_text())
         stem = args.render.with_suffix("")
     else:
         config = config_from(args)
+        fewest = min([config.shards] + [config.slow_shards] * ("slow" in config.workloads))
+        if config.split_shards and config.workers > fewest:
+            parser.error(f"--split-shards: {config.workers} workers cannot split {fewest} shards")
         command = shlex.join(["keyserial", "bench", *arguments])
         document = anyio.run(run_suite, config, stderr_progress, command)
         stem = config.out_dir / f"bench-{config.profile}"

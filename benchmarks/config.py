@@ -104,6 +104,8 @@ class BenchConfig:
     slow_shards: int = 4
     #: keyserial worker processes; each serves every shard (one owns each, the rest stand by).
     workers: int = 1
+    #: Give each worker process its own contiguous range of shards instead (no standby).
+    split_shards: bool = False
     keys: int = 10_000
     zipf_s: float = 1.1
     slow_io: float = 0.005

@@ -151,12 +151,23 @@ async def _stop(process: Process, timeout: float) -> None:
     await process.wait()
 
 
-class KeyserialWorkers:
-    """``count`` ``keyserial worker`` processes serving every shard of the run's namespace."""
+def shard_range(shards: int, workers: int, index: int) -> str:
+    """Worker ``index``'s share of ``shards`` split into ``workers`` contiguous ranges, as
+    ``--shards`` takes it ("0-7"); the first ranges take one more when it does not divide."""
+    size, extra = divmod(shards, workers)
+    first = index * size + min(index, extra)
+    last = first + size + (index < extra) - 1
+    return f"{first}-{last}"
 
-    def __init__(self, spec: RunSpec, count: int, log_dir: Path) -> None:
+
+class KeyserialWorkers:
+    """``count`` ``keyserial worker`` processes serving every shard of the run's namespace (or,
+    ``split``, each its own range of them)."""
+
+    def __init__(self, spec: RunSpec, count: int, log_dir: Path, *, split: bool = False) -> None:
         self.spec = spec
         self.count = count
+        self.split = split
         self.log_dir = log_dir
         self.processes: list[Process] = []
         self._logs: list[IO[bytes]] = []
@@ -179,9 +190,12 @@ class KeyserialWorkers:
             for index in range(self.count):
                 log = _open_log(self.log_dir / f"worker-{spec.run_id}-{index}.log")
                 self._logs.append(log)
+                own = []
+                if self.split:
+                    own = ["--shards", shard_range(spec.shards, self.count, index)]
                 self.processes.append(
                     await anyio.open_process(
-                        command, stderr=log, stdout=log, env=subprocess_env(), cwd=ROOT
+                        command + own, stderr=log, stdout=log, env=subprocess_env(), cwd=ROOT
                     )
                 )
             await self._wait_serving()

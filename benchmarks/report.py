@@ -191,7 +191,8 @@ def markdown(document: dict[str, Any]) -> str:
         "",
         f"`{document['command']}` — {machine['cores']} cores ({machine['cpu_model']}),"
         f" {name} {version}, Python {machine['python']}, redis-py {machine['packages']['redis']};"
-        f" keyserial: {config['workers']} worker process, {config['shards']} shards;"
+        f" keyserial: {config['workers']} worker process, {config['shards']} shards"
+        f"{' split between them' if config.get('split_shards') else ''};"
         f" warm-up {config['warmup']:g} s, measured {config['duration']:g} s per run."
         " Clients, workers and the server share the machine's cores. CPU is % of one core;"
         " client CPU includes keyserial's worker processes.",

@@ -286,7 +286,7 @@ async def run_one(context: Context, spec: RunSpec) -> dict[str, Any]:
         workers: KeyserialWorkers | None = None
         if spec.system == "keyserial":
             workers = await stack.enter_async_context(
-                KeyserialWorkers(spec, config.workers, context.log_dir)
+                KeyserialWorkers(spec, config.workers, context.log_dir, split=config.split_shards)
             )
         if spec.op == "transfer":
             if spec.system == "keyserial":
