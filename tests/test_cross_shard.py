@@ -146,6 +146,38 @@ async def test_only_the_involved_keys_wait_while_an_op_waits_on_another_shard(
         assert await ks.read(busy) == ["move"]
 
 
+@pytest.mark.parametrize("owners", ["one worker", "two workers"])
+async def test_an_op_on_a_participant_key_waits_for_the_cross_shard_op_holding_it(
+    redis_url: str, namespace: str, owners: str
+) -> None:
+    """The op holds its participant key while its body waits (with one worker: a hold on a
+    free key, which no chain task runs). An op appended on that key meanwhile runs after it,
+    sees its write, and answers."""
+    held, participant_key = keys_on_shard(1, SHARDS, 1, "h")[0], keys_on_shard(5, SHARDS, 1, "p")[0]
+    split = owners == "two workers"
+    async with AsyncExitStack() as stack:
+        if split:
+            await stack.enter_async_context(running_worker(
+                redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"], shards=[5]))
+        await stack.enter_async_context(running_worker(
+            redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"],
+            shards=[s for s in range(SHARDS) if s != 5] if split else None))
+        ks = await stack.enter_async_context(
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace))
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as group:
+                group.start_soon(lambda: ks.submit_many([held, participant_key],
+                                                        apps.slow_move(0.5), op_id="move"))
+                await eventually(lambda: fetched(redis_url, namespace, 1, "move"),
+                                 message="the home shard's owner fetched the op")
+                if split:  # the op's place on the participant shard is its grant request's
+                    await eventually(lambda: grant_requests(redis_url, namespace, 5),
+                                     message="the grant request reached the participant shard")
+                after = await ks.submit(participant_key, apps.append("after"))
+        assert after == ["move", "after"]
+        assert await ks.read(held) == ["move"]
+
+
 def fetched(url: str, namespace: str, shard: int, op_id: str) -> bool:
     """The shard's owner has fetched the entry that carries ``op_id`` (the horizon passed it)."""
     client = sync_redis.Redis.from_url(url)
