@@ -171,7 +171,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         stem = args.render.with_suffix("")
     else:
         config = config_from(args)
-        fewest = min([config.shards] + [config.slow_shards] * ("slow" in config.workloads))
+        fewest = config.shards
+        if "slow" in config.workloads:
+            fewest = min(fewest, config.slow_shards)
         if config.split_shards and config.workers > fewest:
             parser.error(f"--split-shards: {config.workers} workers cannot split {fewest} shards")
         command = shlex.join(["keyserial", "bench", *arguments])

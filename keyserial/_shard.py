@@ -15,10 +15,10 @@ import logging
 import math
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from redis import exceptions as redis_errors
@@ -48,6 +48,7 @@ from .errors import (
 )
 
 log = logging.getLogger("keyserial.worker")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -458,32 +459,31 @@ class ShardRunner:
         return progress
 
     async def _read_states(self, keys: list[str]) -> list[bytes | None]:
-        """Committed states of keys this owner has not cached, retrying while Redis is down."""
-        delay = 0.05
-        while True:
-            try:
-                return await self._backend.hmget(self.keys.state, keys)
-            except BackendUnavailable as exc:
-                log.warning("shard %d: %s; retrying in %.2fs", self.shard, exc, delay)
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+        """Committed states of keys this owner has not cached."""
+        return await self._retrying(lambda: self._backend.hmget(self.keys.state, keys))
 
     async def fenced(self, script: Script, keys: list[str], args: list[Any]) -> Any:
-        """Run a fenced script, retrying while Redis is unreachable (the lease loop decides
-        whether this worker still owns the shard)."""
+        """Run a fenced script (raises ``LeaseLost`` when another owner's epoch refuses it)."""
+        try:
+            return await self._retrying(
+                lambda: self._pipeliner.run(ScriptCall(script, keys, args))
+            )
+        except redis_errors.ResponseError as exc:
+            if str(exc).startswith("FENCED"):
+                raise LeaseLost(self.shard, "another worker took the shard over") from None
+            raise
+
+    async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()``, again while Redis is unreachable: the lease loop, not this runner,
+        decides whether the worker still owns the shard."""
         delay = 0.05
         while True:
             try:
-                return await self._pipeliner.run(ScriptCall(script, keys, args))
-            except redis_errors.ResponseError as exc:
-                if str(exc).startswith("FENCED"):
-                    raise LeaseLost(self.shard, "another worker took the shard over") from None
-                raise
+                return await attempt()
             except BackendUnavailable as exc:
                 log.warning("shard %d: %s; retrying in %.2fs", self.shard, exc, delay)
                 await anyio.sleep(delay)
                 delay = min(delay * 2, 2.0)
-
 
 def _fields(raw: Any) -> dict[bytes, bytes]:
     if isinstance(raw, dict):

@@ -20,7 +20,7 @@ for i = 1, shards do
   end
 end
 for i = 1, shards do
-  -- The same state-write loop as step.lua's (a Redis script cannot import code).
+  -- The same state-write loop as decide.lua's (a Redis script cannot import code).
   for _, write in ipairs(cjson.decode(ARGV[4 + 2 * i])) do
     if write[2] == '' then
       redis.call('HDEL', KEYS[2 + 2 * i], write[1])

@@ -22,7 +22,7 @@ end
 local time = redis.call('TIME')
 local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local expires_at = now_ms + tonumber(ARGV[7])
--- The same state-write loop as step.lua's (a Redis script cannot import code).
+-- One command per write: an op has few keys (step.lua, which writes a whole batch, groups them).
 for _, write in ipairs(cjson.decode(ARGV[5])) do
   if write[2] == '' then
     redis.call('HDEL', KEYS[2], write[1])
