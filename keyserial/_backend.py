@@ -30,6 +30,8 @@ from ._layout import meta_key
 
 if HIREDIS_AVAILABLE:  # a dependency (redis[hiredis]), but redis-py also runs without it
     import hiredis
+
+    from ._resp import PipelinedConnection, Subscriber
 from .errors import BackendUnavailable, ConfigError
 
 log = logging.getLogger("keyserial")
@@ -81,6 +83,26 @@ def _client_options(url: str) -> dict[str, Any]:
     return options
 
 
+def _pipelined_connection(client: AnyRedis) -> PipelinedConnection | None:
+    """The hot path's own connection, where redis-py's would be a plain TCP one with the C
+    packer (see ``_client_options``)."""
+    if isinstance(client, RedisCluster):
+        return None
+    pool = client.connection_pool
+    if pool.connection_class is not HiredisPackedConnection:
+        return None
+    options = pool.connection_kwargs
+    return PipelinedConnection(
+        options.get("host", "localhost"),
+        int(options.get("port", 6379)),
+        db=int(options.get("db", 0) or 0),
+        username=options.get("username"),
+        password=options.get("password"),
+        connect_timeout=options.get("socket_connect_timeout"),
+        timeout=options.get("socket_timeout"),
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Script:
     """A Lua script from ``keyserial/lua``, called by SHA with a fallback to EVAL."""
@@ -121,6 +143,8 @@ class Backend:
         self.url = url
         self.is_cluster = isinstance(client, RedisCluster)
         self._owned = owned
+        #: The hot path's connection (see ``_resp``), on plain TCP connections we opened.
+        self._pipelined = _pipelined_connection(client) if owned else None
 
     @classmethod
     async def connect(cls, redis: str | AnyRedis) -> Backend:
@@ -152,6 +176,8 @@ class Backend:
         return cls(Redis.from_url(redis, **_client_options(redis)), redis, owned=True)
 
     async def aclose(self) -> None:
+        if self._pipelined is not None:
+            await self._pipelined.aclose()
         if self._owned:
             await self.client.aclose()
 
@@ -186,6 +212,9 @@ class Backend:
 
         :raises BackendUnavailable: if the first subscription fails (before ``started()``).
         """
+        if self._pipelined is not None:
+            await self._listen_pipelined(channels, on_message, task_status)
+            return
         pubsub = self.pubsub()
         try:
             await pubsub.subscribe(*channels)
@@ -206,11 +235,40 @@ class Backend:
             with anyio.CancelScope(shield=True):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]
 
+    async def _listen_pipelined(
+        self,
+        channels: Sequence[str],
+        on_message: Callable[[str, bytes], None],
+        task_status: TaskStatus[None],
+    ) -> None:
+        """:meth:`listen` on the hot path's own kind of connection (see ``_resp``)."""
+        assert self._pipelined is not None
+        subscriber = Subscriber(self._pipelined, channels, on_message)
+        try:
+            try:
+                await subscriber.subscribe()
+            except UNREACHABLE as exc:
+                raise BackendUnavailable(self.url, exc) from exc
+            task_status.started()
+            while True:
+                error = await subscriber.wait_closed()
+                log.warning("subscription to %s lost (%s); resubscribing", self.url, error)
+                await anyio.sleep(0.2)
+                with contextlib.suppress(*UNREACHABLE):
+                    await subscriber.subscribe()
+        finally:
+            subscriber.close()
+
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[ScriptArg]) -> Any:
-        """Run one script. Script errors (``FENCED``, ``BACKLOG``) come back as ``ResponseError``.
+        """Run one script. Script errors (``FENCED``, ``BACKLOG``) raise ``ResponseError``.
 
         :raises BackendUnavailable: if the server does not answer.
         """
+        if self._pipelined is not None:
+            (reply,) = await self._run_pipelined([ScriptCall(script, keys, args)])
+            if isinstance(reply, redis_errors.ResponseError):
+                raise reply
+            return reply
         command = self.client.execute_command
         try:
             try:
@@ -225,6 +283,11 @@ class Backend:
 
         :raises BackendUnavailable: if the server does not answer.
         """
+        if self._pipelined is not None:
+            return await self._run_pipelined(calls)
+        return await self._run_redis_py(calls)
+
+    async def _run_redis_py(self, calls: Sequence[ScriptCall]) -> list[Any]:
         if len(calls) == 1:
             only = calls[0]
             try:
@@ -255,15 +318,44 @@ class Backend:
                     replies[index] = exc
         return replies
 
+    async def _run_pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        assert self._pipelined is not None
+        try:
+            replies = await self._pipelined.execute(
+                [("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args) for c in calls]
+            )
+            missing = [
+                index for index, reply in enumerate(replies)
+                if isinstance(reply, redis_errors.NoScriptError)
+            ]
+            if missing:  # a restarted or flushed server: send those once as EVAL
+                again = await self._pipelined.execute(
+                    [
+                        ("EVAL", calls[i].script.text, len(calls[i].keys), *calls[i].keys,
+                         *calls[i].args)
+                        for i in missing
+                    ]
+                )
+                for index, reply in zip(missing, again, strict=True):
+                    replies[index] = reply
+        except UNREACHABLE as exc:
+            raise BackendUnavailable(self.url, exc) from exc
+        return replies
+
     async def call(self, *command: ScriptArg) -> Any:
         """One plain command (routed by its key on a cluster).
 
         :raises BackendUnavailable: if the server does not answer.
         """
         try:
-            return await self.client.execute_command(*command)
+            if self._pipelined is None:
+                return await self.client.execute_command(*command)
+            (reply,) = await self._pipelined.execute([command])
         except UNREACHABLE as exc:
             raise BackendUnavailable(self.url, exc) from exc
+        if isinstance(reply, redis_errors.ResponseError):
+            raise reply
+        return reply
 
     async def hmget(self, key: str, fields: Sequence[str]) -> list[bytes | None]:
         result: list[bytes | None] = await self.call("HMGET", key, *fields)

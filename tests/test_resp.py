@@ -1,0 +1,175 @@
+"""The hot path's own pipelined connection (``keyserial._resp``) against a real server: it returns
+what redis-py returns, keeps replies in order across concurrent batches and cancelled callers,
+reconnects after a server restart, authenticates, and its subscriptions deliver every message."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis.asyncio
+from redis import exceptions as redis_errors
+
+from keyserial._backend import STEP, Backend, ScriptCall
+from keyserial._resp import PipelinedConnection, Subscriber
+from keyserial._server import LocalServer
+from keyserial.errors import BackendUnavailable
+
+LUA = "return {KEYS[1], tonumber(ARGV[1]) + 1, {ARGV[2], false}, redis.status_reply('FINE')}"
+
+
+def _connection(server: LocalServer, **options: Any) -> PipelinedConnection:
+    return PipelinedConnection("127.0.0.1", server.port, timeout=5.0, **options)
+
+
+async def test_replies_match_redis_py(standalone_server: LocalServer) -> None:
+    commands: list[tuple[Any, ...]] = [
+        ("SET", "resp:a", "ünïcødé"),
+        ("GET", "resp:a"),
+        ("GET", "resp:missing"),
+        ("INCRBY", "resp:n", 5),
+        ("HSET", "resp:h", "f", b"\x00raw"),
+        ("HMGET", "resp:h", "f", "g"),
+        ("EVAL", LUA, 1, "resp:k", 41, "x"),
+        ("EVALSHA", "0" * 40, 0),
+        ("EVAL", "return redis.error_reply('FENCED epoch 3 is no longer the owner')", 0),
+        ("DEL", "resp:a", "resp:n", "resp:h"),
+    ]
+    ours = await _connection(standalone_server).execute(commands)
+    client = redis.asyncio.Redis.from_url(standalone_server.url)
+    client.response_callbacks.clear()  # raw replies, as keyserial reads them
+    try:
+        pipe = client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        theirs = await pipe.execute(raise_on_error=False)
+    finally:
+        await client.aclose()
+    assert [type(reply) for reply in ours] == [type(reply) for reply in theirs]
+    for mine, redis_py in zip(ours, theirs, strict=True):
+        if isinstance(mine, Exception):
+            assert str(mine) == str(redis_py)
+        else:
+            assert mine == redis_py
+    assert isinstance(ours[7], redis_errors.NoScriptError)
+    assert str(ours[8]).startswith("FENCED")
+
+
+async def test_concurrent_batches_and_cancelled_callers_keep_replies_in_order(
+    standalone_server: LocalServer,
+) -> None:
+    connection = _connection(standalone_server)
+    results: dict[int, list[Any]] = {}
+
+    async def batch(index: int) -> None:
+        results[index] = await connection.execute(
+            [("ECHO", f"{index}:{n}") for n in range(index % 7 + 1)]
+        )
+
+    async def cancelled(index: int) -> None:
+        with anyio.move_on_after(0):  # gives up before its replies arrive
+            await connection.execute([("ECHO", f"gone:{index}")] * 3)
+
+    async with anyio.create_task_group() as tasks:
+        for index in range(200):
+            tasks.start_soon(batch, index)
+            if index % 10 == 0:
+                tasks.start_soon(cancelled, index)
+    for index, replies in results.items():
+        assert replies == [f"{index}:{n}".encode() for n in range(index % 7 + 1)]
+    assert len(results) == 200
+    assert await connection.execute([("ECHO", "after")]) == [b"after"]
+    await connection.aclose()
+
+
+async def test_a_restarted_server_is_reconnected_and_a_dead_one_reported(tmp_path: Path) -> None:
+    server = LocalServer(data_dir=tmp_path / "redis")
+    server.start()
+    backend = await Backend.connect(server.url)
+    try:
+        assert backend._pipelined is not None, "a redis:// URL takes the hot path's connection"
+        assert await backend.call("SET", "resp:k", "v") == b"OK"
+        server.restart()
+        # The old connection is gone: a batch that races its close fails as BackendUnavailable
+        # (it may or may not have run, as with redis-py), and the next one reconnects. A script
+        # the restarted server no longer knows is sent again in full.
+        call = ScriptCall(STEP, [f"resp:{n}" for n in range(8)], ["1", "", 1, "0-0", 0, "", "0", 0])
+        failures = 0
+        while True:
+            try:
+                (reply,) = await backend.run_many([call])
+                break
+            except BackendUnavailable:
+                failures += 1
+                assert failures == 1, "only a batch sent on the dead connection fails"
+        assert isinstance(reply, redis_errors.ResponseError) and "FENCED" in str(reply)
+        server.stop()
+        with pytest.raises(BackendUnavailable):
+            await backend.run_many([call])
+        with pytest.raises(BackendUnavailable):
+            await backend.call("GET", "resp:k")
+    finally:
+        server.stop()
+        await backend.aclose()
+
+
+async def test_a_reply_that_never_comes_fails_the_batch_in_time(
+    standalone_server: LocalServer,
+) -> None:
+    connection = PipelinedConnection("127.0.0.1", standalone_server.port, timeout=0.3)
+    assert await connection.execute([("PING",)]) == [b"PONG"]
+    admin = redis.asyncio.Redis(port=standalone_server.port)
+    await admin.execute_command("CLIENT", "PAUSE", 1500, "ALL")  # the server stops answering
+    try:
+        with anyio.fail_after(1.2), pytest.raises(redis_errors.TimeoutError):
+            await connection.execute([("PING",)])
+    finally:
+        await admin.execute_command("CLIENT", "UNPAUSE")
+        await admin.aclose()
+    # The connection that timed out was dropped: a new one serves the next batch.
+    assert await connection.execute([("PING",)]) == [b"PONG"]
+    await connection.aclose()
+
+
+async def test_password_and_database_from_the_url(tmp_path: Path) -> None:
+    server = LocalServer(data_dir=tmp_path / "redis")
+    server.start()
+    try:
+        admin = redis.asyncio.Redis(port=server.port)
+        await admin.config_set("requirepass", "s3cret")
+        await admin.aclose()
+        backend = await Backend.connect(f"redis://:s3cret@127.0.0.1:{server.port}/3")
+        try:
+            await backend.call("SET", "resp:db", "three")
+        finally:
+            await backend.aclose()
+        check = redis.asyncio.Redis(port=server.port, password="s3cret", db=3)
+        assert await check.get("resp:db") == b"three"
+        await check.aclose()
+        wrong = PipelinedConnection("127.0.0.1", server.port, password="nope", timeout=5.0)
+        with pytest.raises(redis_errors.AuthenticationError):
+            await wrong.execute([("PING",)])
+    finally:
+        server.stop()
+
+
+async def test_a_subscriber_gets_every_message_in_order(standalone_server: LocalServer) -> None:
+    received: list[tuple[str, bytes]] = []
+    subscriber = Subscriber(
+        _connection(standalone_server), ["resp:one", "resp:two"],
+        lambda channel, data: received.append((channel, data)),
+    )
+    await subscriber.subscribe()  # returns once both channels are confirmed
+    publisher = _connection(standalone_server)
+    sent = [("resp:one" if n % 2 else "resp:two", f"m{n}".encode()) for n in range(500)]
+    await publisher.execute([("PUBLISH", channel, data) for channel, data in sent])
+    with anyio.fail_after(5):
+        while len(received) < len(sent):
+            await asyncio.sleep(0.01)
+    assert received == sent
+    subscriber.close()
+    assert isinstance(await subscriber.wait_closed(), redis_errors.ConnectionError)
+    await publisher.aclose()
