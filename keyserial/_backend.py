@@ -1,4 +1,5 @@
-"""The one module that talks to Redis: connections, Lua scripts, pub/sub, error translation.
+"""The one module the rest of keyserial talks to Redis through: connections, Lua scripts,
+pub/sub, error translation (its hot path's own connections live in ``_resp``).
 
 The rest of keyserial speaks in its own types. Standalone servers and Redis/Valkey Cluster are
 both supported; every script touches the keys of one shard (one hash tag, one slot), except
@@ -60,9 +61,10 @@ _URL_TIMEOUTS: dict[str, Any] = {"socket_connect_timeout": 5.0, "socket_timeout"
 
 class HiredisPackedConnection(Connection):
     """A TCP connection that packs commands with hiredis's C packer, as redis-py's synchronous
-    connection already does; its asyncio one packs in Python, which was the largest single cost
-    in a worker's profile (about a sixth of its CPU on cross-shard transfers; 9x less per
-    command). Anything hiredis cannot pack (a bool) goes to redis-py's packer and its error."""
+    connection already does (its asyncio one packs in Python, 9x slower per command). It also
+    marks a client whose script batches, commands and subscriptions can take the hot path's own
+    connection (``_resp``). Anything hiredis cannot pack (a bool) goes to redis-py's packer and
+    its error."""
 
     def pack_command(self, *args: EncodableT) -> list[bytes]:
         command: tuple[Any, ...] = args

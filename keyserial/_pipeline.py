@@ -1,7 +1,7 @@
 """Coalesce script calls from many shard runners into one pipeline per round trip.
 
 A worker serving 16 shards under spread-out load would otherwise pay one round trip (and
-redis-py's per-call overhead) per shard step; batched, the steps of every ready shard go out
+the per-call overhead) per shard step; batched, the steps of every ready shard go out
 together. Each call is routed by its keys, so this is cluster-safe: on a cluster the pipeline
 is split per node.
 """
