@@ -5,6 +5,7 @@ reconnects after a server restart, authenticates, and its subscriptions deliver 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +174,28 @@ async def test_a_subscriber_gets_every_message_in_order(standalone_server: Local
     subscriber.close()
     assert isinstance(await subscriber.wait_closed(), redis_errors.ConnectionError)
     await publisher.aclose()
+
+
+async def test_a_subscription_lost_to_a_server_restart_resubscribes(tmp_path: Path) -> None:
+    server = LocalServer(data_dir=tmp_path / "redis")
+    server.start()
+    backend = await Backend.connect(server.url)
+    received: list[bytes] = []
+    try:
+        async with anyio.create_task_group() as tasks:
+            await tasks.start(
+                backend.listen, ["resp:wake"], lambda _, data: received.append(data)
+            )
+            server.restart()
+            # Publish until the resubscribed connection hears one (messages published while
+            # it was down are lost, as the docstring says; callers keep a fallback).
+            with anyio.fail_after(10):
+                while not received:
+                    with contextlib.suppress(BackendUnavailable):  # the server coming back
+                        await backend.call("PUBLISH", "resp:wake", "after")
+                    await anyio.sleep(0.05)
+            assert set(received) == {b"after"}
+            tasks.cancel_scope.cancel()
+    finally:
+        server.stop()
+        await backend.aclose()
