@@ -177,6 +177,18 @@ class Backend:
             return cls(cluster, redis, owned=True)
         return cls(Redis.from_url(redis, **_client_options(redis)), redis, owned=True)
 
+    @property
+    def in_order(self) -> bool:
+        """Whether commands reach the server in the order they were sent (one connection, not
+        a pool): keyserial's own connection."""
+        return self._pipelined is not None
+
+    @property
+    def sends_once(self) -> bool:
+        """Whether a command is sent at most once (never retried by the transport), so an entry
+        appended through it cannot land twice: keyserial's own connection does not retry."""
+        return self._pipelined is not None
+
     async def aclose(self) -> None:
         if self._pipelined is not None:
             await self._pipelined.aclose()
@@ -358,6 +370,23 @@ class Backend:
         if isinstance(reply, redis_errors.ResponseError):
             raise reply
         return reply
+
+    async def publish_many(self, messages: Sequence[tuple[str, str]]) -> None:
+        """``PUBLISH`` each ``(channel, message)``, in one pipeline.
+
+        :raises BackendUnavailable: if the server does not answer.
+        """
+        commands = [("PUBLISH", channel, message) for channel, message in messages]
+        try:
+            if self._pipelined is not None:
+                await self._pipelined.execute(commands)
+                return
+            pipe = self.client.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+            await pipe.execute()
+        except UNREACHABLE as exc:
+            raise BackendUnavailable(self.url, exc) from exc
 
     async def hmget(self, key: str, fields: Sequence[str]) -> list[bytes | None]:
         result: list[bytes | None] = await self.call("HMGET", key, *fields)

@@ -50,10 +50,12 @@ _ENTRY_BYTES = 256 * 1024
 class _Pending:
     """One awaited submit."""
 
-    __slots__ = ("done", "envelope", "key", "op_id", "outcome", "shard", "since")
+    __slots__ = ("done", "envelope", "fresh", "key", "op_id", "outcome", "shard", "since")
 
-    def __init__(self, op_id: str, key: str, shard: int, envelope: str) -> None:
+    def __init__(self, op_id: str, key: str, shard: int, envelope: str, *, fresh: bool) -> None:
         self.op_id = op_id
+        #: The op id was generated for this submit: no entry carried it before.
+        self.fresh = fresh
         self.key = key
         self.shard = shard
         self.envelope = envelope
@@ -197,12 +199,13 @@ class Client:
         key = keys if isinstance(keys, str) else keys[0]
         if op_id is not None and (not isinstance(op_id, str) or not op_id or "#" in op_id):
             raise ValueError(f"op_id must be a non-empty string without '#', not {op_id!r}")
+        fresh = op_id is None
         op_id = op_id or f"{self.client_id}-{next(self._op_ids)}"
         envelope = encode_envelope(op_id, keys, call, self._reply)
         size = len(envelope.encode())
         if size > self.settings.max_payload_bytes:
             raise PayloadTooLarge(key=key, size=size, limit=self.settings.max_payload_bytes)
-        pending = _Pending(op_id, key, shard, envelope)
+        pending = _Pending(op_id, key, shard, envelope, fresh=fresh)
         self._waiting[op_id].append(pending)
         self._queue.append(pending)
         self._queued.set()
@@ -293,10 +296,12 @@ class Client:
     def _append_call(self, shard: int, group: list[_Pending]) -> ScriptCall:
         keys = ShardKeys(self.settings.namespace, shard)
         packed = pack_entry([pending.envelope for pending in group])
+        # Fresh only if the entry cannot land twice either (a transport that retries could).
+        fresh = self._backend.sends_once and all(pending.fresh for pending in group)
         return ScriptCall(
             _backend.SUBMIT,
             [keys.stream],
-            [self.settings.max_backlog, WIRE_VERSION, packed, keys.wake_channel],
+            [self.settings.max_backlog, WIRE_VERSION, packed, keys.wake_channel, int(fresh)],
         )
 
     def _append_error(self, shard: int, reply: redis_errors.ResponseError) -> KeyserialError:

@@ -59,7 +59,7 @@ from redis import exceptions as redis_errors
 from . import _backend
 from ._backend import Backend, Script, ScriptCall
 from ._codec import WIRE_VERSION, Envelope, encode_error, encode_reply, pack_entry
-from ._execution import Run
+from ._execution import Run, StateCache
 from ._json import dumps
 from ._layout import ShardKeys
 from ._routing import shard_for
@@ -85,7 +85,7 @@ class OwnedShard(Protocol):
     shard: int
     epoch: int
     keys: ShardKeys
-    cache: dict[str, str | None]
+    cache: StateCache
 
 
 class LocalShard(OwnedShard, Protocol):

@@ -24,6 +24,20 @@ from .errors import MalformedOperation, OperationFailed, UnknownOperation
 log = logging.getLogger("keyserial.worker")
 
 
+class StateCache(dict[str, str | None]):
+    """The owner's copy of its shard's committed states (key -> JSON, ``None``: no state).
+    Once :attr:`complete` (every state was loaded when the owner took the shard over, and only
+    the owner writes them), a key it does not hold has no state."""
+
+    complete = False
+
+    def __missing__(self, key: str) -> str | None:
+        if not self.complete:
+            raise KeyError(key)
+        self[key] = None
+        return None
+
+
 @dataclass(slots=True)
 class Entry:
     """A fetched stream entry; progress may pass it once ``remaining`` reaches zero."""

@@ -4,23 +4,39 @@ A worker serving 16 shards under spread-out load would otherwise pay one round t
 the per-call overhead) per shard step; batched, the steps of every ready shard go out
 together. Each call is routed by its keys, so this is cluster-safe: on a cluster the pipeline
 is split per node.
+
+Replies travel the same way, on a backend whose commands reach the server in the order sent
+(keyserial's own connection): once the batch's replies show which steps committed, their ops'
+replies go out together, one message per client channel for the whole batch (not one per shard
+step: a Redis command each, and a message for the client to parse). Elsewhere each step script
+publishes its own replies.
 """
 
 from __future__ import annotations
 
+import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import anyio
 
 from ._backend import Backend, ScriptCall
+from ._codec import encode_reply
 from .errors import BackendUnavailable
+
+log = logging.getLogger("keyserial.worker")
+
+#: Outcomes to reply once a call has committed them: channel -> [(op id, outcome JSON)].
+Replies = Mapping[str, Sequence[tuple[str, str]]]
 
 
 class _Slot:
-    __slots__ = ("done", "reply")
+    __slots__ = ("done", "replies", "reply")
 
-    def __init__(self) -> None:
+    def __init__(self, replies: Replies | None) -> None:
         self.done = anyio.Event()
+        self.replies = replies
         self.reply: Any = None
 
 
@@ -34,13 +50,15 @@ class Pipeliner:
         self._queue: list[tuple[ScriptCall, _Slot]] = []
         self._queued = anyio.Event()
 
-    async def run(self, call: ScriptCall) -> Any:
-        """The script's reply.
+    async def run(self, call: ScriptCall, replies: Replies | None = None) -> Any:
+        """The script's reply. ``replies`` are published once the call has succeeded (never
+        after an error: a fenced step committed nothing); only on an in-order backend.
 
         :raises redis.exceptions.ResponseError: the script's own error (``FENCED …``).
         :raises BackendUnavailable: if the server does not answer.
         """
-        slot = _Slot()
+        assert replies is None or self._backend.in_order, "replies could overtake each other"
+        slot = _Slot(replies)
         self._queue.append((call, slot))
         self._queued.set()
         await slot.done.wait()
@@ -49,14 +67,42 @@ class Pipeliner:
         return slot.reply
 
     async def serve(self) -> None:
-        while True:
-            await self._queued.wait()
-            self._queued = anyio.Event()
-            batch, self._queue = self._queue, []
+        async with anyio.create_task_group() as publishing:
+            while True:
+                await self._queued.wait()
+                self._queued = anyio.Event()
+                batch, self._queue = self._queue, []
+                try:
+                    replies = await self._backend.run_many([call for call, _ in batch])
+                except BackendUnavailable as exc:
+                    replies = [exc] * len(batch)
+                if messages := self._messages(batch, replies):
+                    # Scheduled before the runners wake, so written before anything they send
+                    # next on the one connection (a later commit's replies cannot overtake
+                    # these), yet not waited for.
+                    publishing.start_soon(self._publish, messages)
+                for (_, slot), reply in zip(batch, replies, strict=True):
+                    slot.reply = reply
+                    slot.done.set()
+
+    @staticmethod
+    def _messages(
+        batch: list[tuple[ScriptCall, _Slot]], replies: list[Any]
+    ) -> list[tuple[str, str]]:
+        """One reply message per channel, for the calls that succeeded."""
+        merged: defaultdict[str, list[tuple[str, str]]] = defaultdict(list)
+        for (_, slot), reply in zip(batch, replies, strict=True):
+            if slot.replies and not isinstance(reply, Exception):
+                for channel, outcomes in slot.replies.items():
+                    merged[channel].extend(outcomes)
+        return [(channel, encode_reply(outcomes)) for channel, outcomes in merged.items()]
+
+    async def _publish(self, messages: list[tuple[str, str]]) -> None:
+        # Shielded: a worker that stops still sends what it committed. A reply lost anyway (the
+        # server went away) is not an op lost: clients look up overdue results.
+        with anyio.CancelScope(shield=True):
             try:
-                replies = await self._backend.run_many([call for call, _ in batch])
+                await self._backend.publish_many(messages)
             except BackendUnavailable as exc:
-                replies = [exc] * len(batch)
-            for (_, slot), reply in zip(batch, replies, strict=True):
-                slot.reply = reply
-                slot.done.set()
+                log.warning("could not publish %d replies (%s); clients will look them up",
+                            len(messages), exc)

@@ -42,6 +42,9 @@ class Settings:
     max_inflight: int = 4096
     #: Seconds an idle owner waits for a wake-up before it polls its stream anyway.
     idle_poll: float = 1.0
+    #: A worker taking over a shard with at most this many keys' states loads them all, then
+    #: never reads a state from Redis again (0: never; larger shards' states load as ops need).
+    preload_states: int = 10_000
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
@@ -59,10 +62,11 @@ class Settings:
         for name, value in positive.items():
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, not {value!r}")
-        if self.max_backlog < 0:
-            raise ConfigError(
-                f"max_backlog must be 0 (unbounded) or positive, not {self.max_backlog}"
-            )
+        for name, value in {
+            "max_backlog": self.max_backlog, "preload_states": self.preload_states
+        }.items():
+            if value < 0:
+                raise ConfigError(f"{name} must be 0 or positive, not {value!r}")
 
     @property
     def lease_ttl_ms(self) -> int:

@@ -34,11 +34,11 @@ from ._codec import (
     salvage_replies,
 )
 from ._crossshard import GRANT_OP, CrossShard, Mailbox
-from ._execution import Entry, Executor, Run
+from ._execution import Entry, Executor, Run, StateCache
 from ._json import dumps
 from ._layout import ShardKeys
 from ._ops import Registry
-from ._pipeline import Pipeliner
+from ._pipeline import Pipeliner, Replies
 from ._routing import shard_for
 from ._settings import Settings
 from .errors import (
@@ -49,6 +49,9 @@ from .errors import (
 
 log = logging.getLogger("keyserial.worker")
 T = TypeVar("T")
+
+#: Committed entries a busy shard leaves in its stream at most before a step trims them.
+_TRIM_EVERY = 32
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +105,7 @@ class ShardRunner:
         self._shard_count = shard_count
         self._cursor = grant.progress
         self._careful_until = parse_id(grant.careful_until) if grant.careful_until else None
-        self.cache: dict[str, str | None] = {}
+        self.cache = StateCache()
         self.dirty: set[str] = set()
         self._entries: OrderedDict[str, Entry] = OrderedDict()
         self._running: dict[str, Run] = {}
@@ -117,6 +120,9 @@ class ShardRunner:
         #: Keys whose writes the step in flight carries.
         self._writing: set[str] = set()
         self._stored_since_trim = 0
+        #: The last committed entry still in the stream ('' if none), and how many such entries.
+        self._untrimmed = ""
+        self._untrimmed_entries = 0
         self._trimmed_at = -math.inf
         #: Set at the end of every step someone waits for (see :meth:`flush`).
         self._stepped: anyio.Event | None = None
@@ -144,6 +150,7 @@ class ShardRunner:
         :raises LeaseLost: when a step finds another owner's epoch.
         """
         try:
+            await self._preload()
             async with anyio.create_task_group() as task_group:
                 self._executor.task_group = task_group
                 task_group.start_soon(self._poll)
@@ -155,6 +162,18 @@ class ShardRunner:
                 self._stepped.set()  # flush() waiters from other shards' coordinators
             self._executor.task_group = None
             self._executor.abandon_holds()
+
+    async def _preload(self) -> None:
+        """Load every state of a small shard, so steps need not read any. (The epoch is ours
+        already: an earlier owner's late writes are fenced out.)"""
+        limit = self._settings.preload_states
+        state = self.keys.state
+        if not limit or await self._retrying(lambda: self._backend.call("HLEN", state)) > limit:
+            return
+        loaded = await self._retrying(lambda: self._backend.call("HGETALL", state))
+        for raw_key, raw_state in _fields(loaded).items():
+            self.cache[raw_key.decode()] = raw_state.decode()
+        self.cache.complete = True
 
     def stop(self) -> None:
         """Stop fetching; :meth:`run` returns once everything fetched is committed."""
@@ -222,16 +241,22 @@ class ShardRunner:
         outcomes of op ids among them that already ran."""
         batch, self._finished = self._finished, []
         dead, self._dead = self._dead, []
-        progress, commit = self._commit_args(batch, dead)
+        progress, commit, replies = self._commit_args(batch, dead)
         careful = "1" if self._careful_until is not None else "0"
+        trim_to, trim_now = self._trim_args(progress)
         args = [
             self.epoch, progress, self._settings.result_ttl_ms, self._cursor, want, commit,
-            careful, self._expiry_trim(sum(f.store for f in batch)),
+            careful, self._expiry_trim(sum(f.store for f in batch)), int(time.time() * 1000),
+            trim_to, trim_now, int(self.cache.complete),
         ]
         self._steps_started += 1
         step = self._steps_started
-        entries, done, states = await self.fenced(_backend.STEP, self._step_keys, args)
+        entries, done, states = await self.fenced(
+            _backend.STEP, self._step_keys, args, replies=replies or None
+        )
         self._steps_done = step
+        if trim_to and (trim_now == "1" or not want or not entries):
+            self._untrimmed, self._untrimmed_entries = "", 0
         if self._stepped is not None:
             self._stepped.set()
             self._stepped = None
@@ -373,7 +398,7 @@ class ShardRunner:
             if not hold.abandoned:
                 await self.flush(keys)
                 missing = [key for key in keys if key not in self.cache]
-                if missing and not self._ended:
+                if missing and not self._ended and not self.cache.complete:
                     for key, state in zip(missing, await self._read_states(missing), strict=True):
                         self.cache.setdefault(key, None if state is None else state.decode())
             yield None if hold.abandoned or self._ended else {key: self.cache[key] for key in keys}
@@ -408,8 +433,9 @@ class ShardRunner:
 
     def _commit_args(
         self, batch: list[_Finished], dead: list[tuple[str, str, str]]
-    ) -> tuple[str, str]:
-        """The new progress marker, and the step script's commit argument for ``batch``."""
+    ) -> tuple[str, str, dict[str, list[tuple[str, str]]]]:
+        """The new progress marker, the step script's commit argument for ``batch``, and the
+        replies to publish once it has committed."""
         results: list[tuple[str, str]] = []
         replies: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for finished in batch:
@@ -423,15 +449,13 @@ class ShardRunner:
         self._writing = set(self.dirty)
         self.dirty.clear()
         progress = self._advance_progress()
-        if not (writes or results or dead or replies):
-            return progress, ""
-        commit = {
-            "s": writes,
-            "r": results,
-            "d": dead,
-            "p": [(channel, encode_reply(outcomes)) for channel, outcomes in replies.items()],
-        }
-        return progress, dumps(commit)
+        published: list[tuple[str, str]] = []
+        if not self._backend.in_order:  # the step publishes them (see _pipeline)
+            published = [(channel, encode_reply(outcomes)) for channel, outcomes in replies.items()]
+            replies = {}
+        if not (writes or results or dead or published):
+            return progress, "", replies
+        return progress, dumps({"s": writes, "r": results, "d": dead, "p": published}), replies
 
     def _expiry_trim(self, stored: int) -> int:
         """How many expired results this step should drop: twice those stored since the last
@@ -447,6 +471,13 @@ class ShardRunner:
         self._stored_since_trim, self._trimmed_at = 0, now
         return limit
 
+    def _trim_args(self, progress: str) -> tuple[str, str]:
+        """What the step trims from the stream: committed entries go every ``_TRIM_EVERY`` of
+        them while the shard is busy (a command each time), and at once when it goes idle."""
+        if progress:
+            self._untrimmed = progress
+        return self._untrimmed, "1" if self._untrimmed_entries >= _TRIM_EVERY else "0"
+
     def _advance_progress(self) -> str:
         """Id of the last entry of the fetched prefix whose ops have all finished ('' if none)."""
         progress = ""
@@ -456,17 +487,21 @@ class ShardRunner:
                 break
             progress = first.entry_id
             self._entries.popitem(last=False)
+            self._untrimmed_entries += 1
         return progress
 
     async def _read_states(self, keys: list[str]) -> list[bytes | None]:
         """Committed states of keys this owner has not cached."""
         return await self._retrying(lambda: self._backend.hmget(self.keys.state, keys))
 
-    async def fenced(self, script: Script, keys: list[str], args: list[Any]) -> Any:
-        """Run a fenced script (raises ``LeaseLost`` when another owner's epoch refuses it)."""
+    async def fenced(
+        self, script: Script, keys: list[str], args: list[Any], *, replies: Replies | None = None
+    ) -> Any:
+        """Run a fenced script (raises ``LeaseLost`` when another owner's epoch refuses it);
+        ``replies`` go out once it has committed."""
         try:
             return await self._retrying(
-                lambda: self._pipeliner.run(ScriptCall(script, keys, args))
+                lambda: self._pipeliner.run(ScriptCall(script, keys, args), replies)
             )
         except redis_errors.ResponseError as exc:
             if str(exc).startswith("FENCED"):

@@ -22,7 +22,7 @@ def test_a_value_of_the_wrong_type_names_the_variable() -> None:
 @pytest.mark.parametrize(
     "changes",
     [{"lease_ttl": 0}, {"shard_count": 0}, {"namespace": "a{b}"}, {"namespace": ""},
-     {"max_backlog": -1}],
+     {"max_backlog": -1}, {"preload_states": -1}],
 )
 def test_unworkable_settings_are_refused(changes: dict[str, object]) -> None:
     with pytest.raises(ConfigError):

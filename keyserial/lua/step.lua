@@ -17,12 +17,23 @@
 -- ARGV[5]  how many entries to fetch (0: commit only)
 -- ARGV[6]  what to commit, one JSON object (one argument: cheaper to send than many), or '':
 --   {"s": [[key, JSON state or '' to delete], ...], "r": [[op id, JSON outcome], ...],
---    "d": [[entry id, reason, raw entry], ...], "p": [[channel, message], ...]}
+--    "d": [[entry id, reason, raw entry], ...], "p": [[channel, reply message], ...]}
+--   ("p" is empty on keyserial's own connection: the owner publishes the replies of a whole
+--   batch of steps once they have returned, see _pipeline.py.)
 -- ARGV[7]  '1' in careful mode (after an unclean takeover: entries at or below the horizon are
 --          fetched again, so the horizon is only raised); '0' otherwise (every fetched entry is
 --          past the horizon, so it is set without reading it)
 -- ARGV[8]  how many expired results to drop at most (0: none this step; the owner asks every so
 --          often rather than on every step)
+-- ARGV[9]  the owner's clock in milliseconds (when stored results expire; one TIME call fewer)
+-- ARGV[10] the last committed entry id not trimmed from the stream yet, or '' (none)
+-- ARGV[11] '1': trim through ARGV[10] now; '0': only if the fetch finds nothing new (the owner
+--          trims every so many entries while busy, and always before it goes idle, so an idle
+--          shard's XLEN is exactly its backlog)
+-- ARGV[12] '1': the owner holds every state of the shard (loaded when it took the shard over),
+--          so none is read
+-- Entries with the field fresh = '1' carry op ids appended for the first time (see the wire
+-- format), so their stored outcomes are not looked up, except in careful mode.
 -- Returns {entries, done, states}: entries as XRANGE returns them; done = {op id, outcome, ...};
 -- states = {key, JSON state or '', ...}. Error "FENCED ..." (nothing written) if another owner
 -- took over: the epoch moved on.
@@ -78,11 +89,7 @@ for _, write in ipairs(commit.s) do
 end
 multi('HSET', KEYS[2], sets)
 multi('HDEL', KEYS[2], deletes)
-local now_ms = 0
-if #commit.r > 0 or tonumber(ARGV[8]) > 0 then
-  local time = redis.call('TIME')
-  now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-end
+local now_ms = tonumber(ARGV[9])
 local stored, expiry = {}, {}
 local expires_at = now_ms + tonumber(ARGV[3])
 for _, result in ipairs(commit.r) do
@@ -97,12 +104,6 @@ for _, letter in ipairs(commit.d) do
   redis.call('XADD', KEYS[7], 'MAXLEN', '~', 10000, '*',
     'entry', letter[1], 'reason', letter[2], 'raw', letter[3])
 end
-if ARGV[2] ~= '' then
-  redis.call('SET', KEYS[3], ARGV[2])
-  -- Exact trim of every committed entry, so XLEN is the backlog the submit script checks.
-  local ms, seq = parse_id(ARGV[2])
-  redis.call('XTRIM', KEYS[4], 'MINID', string.format('%d-%d', ms, seq + 1))
-end
 if tonumber(ARGV[8]) > 0 then
   -- Drop expired results, a bounded number per call so no call ever stalls the server.
   local expired = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now_ms, 'LIMIT', 0, ARGV[8])
@@ -111,47 +112,69 @@ if tonumber(ARGV[8]) > 0 then
     redis.call('ZREM', KEYS[6], unpack(expired))
   end
 end
+
+-- Fetch, then set progress and horizon (in one command when both move), then trim.
+local entries, done, states = {}, {}, {}
+local fetching = tonumber(ARGV[5]) > 0
+if fetching then
+  entries = redis.call('XRANGE', KEYS[4], '(' .. ARGV[4], '+', 'COUNT', ARGV[5])
+end
+local horizon = nil
+if #entries > 0 then
+  horizon = entries[#entries][1]
+  if ARGV[7] == '1' then
+    local stored_horizon = redis.call('GET', KEYS[8])
+    if stored_horizon and not id_gt(horizon, stored_horizon) then
+      horizon = nil
+    end
+  end
+end
+if ARGV[2] ~= '' and horizon then
+  redis.call('MSET', KEYS[3], ARGV[2], KEYS[8], horizon)
+elseif ARGV[2] ~= '' then
+  redis.call('SET', KEYS[3], ARGV[2])
+elseif horizon then
+  redis.call('SET', KEYS[8], horizon)
+end
 for _, reply in ipairs(commit.p) do
   redis.call('PUBLISH', reply[1], reply[2])
 end
-
--- Fetch.
-local entries, done, states = {}, {}, {}
-if tonumber(ARGV[5]) == 0 then
-  return {entries, done, states}
+if ARGV[10] ~= '' and (ARGV[11] == '1' or not fetching or #entries == 0) then
+  -- Drop committed entries, so XLEN counts the entries not committed yet.
+  local ms, seq = parse_id(ARGV[10])
+  redis.call('XTRIM', KEYS[4], 'MINID', string.format('%d-%d', ms, seq + 1))
 end
-entries = redis.call('XRANGE', KEYS[4], '(' .. ARGV[4], '+', 'COUNT', ARGV[5])
 if #entries == 0 then
   return {entries, done, states}
 end
-local last = entries[#entries][1]
-if ARGV[7] == '0' then
-  redis.call('SET', KEYS[8], last)
-else
-  local horizon = redis.call('GET', KEYS[8])
-  if not horizon or id_gt(last, horizon) then
-    redis.call('SET', KEYS[8], last)
-  end
-end
 local ids, keys, seen = {}, {}, {}
+local careful, cached = ARGV[7] == '1', ARGV[12] == '1'
 for _, entry in ipairs(entries) do
-  local fields = entry[2]
+  local fields, ops_json, fresh = entry[2], nil, false
   for f = 1, #fields, 2 do
     if fields[f] == 'ops' then
-      local ok, ops = pcall(cjson.decode, fields[f + 1])
-      if ok and type(ops) == 'table' then
-        for _, envelope in ipairs(ops) do
-          if type(envelope) == 'table' and type(envelope.id) == 'string' then
+      ops_json = fields[f + 1]
+    elseif fields[f] == 'fresh' then
+      fresh = fields[f + 1] == '1' and not careful
+    end
+  end
+  -- (Decoding JSON is most of a fetch's cost in Lua: skipped when nothing is to be read.)
+  if ops_json and not (fresh and cached) then
+    local ok, ops = pcall(cjson.decode, ops_json)
+    if ok and type(ops) == 'table' then
+      for _, envelope in ipairs(ops) do
+        if type(envelope) == 'table' and type(envelope.id) == 'string' then
+          if not fresh then
             ids[#ids + 1] = envelope.id
-            local named = envelope.keys
-            if type(named) ~= 'table' then
-              named = {envelope.key}
-            end
-            for _, key in ipairs(named) do
-              if type(key) == 'string' and not seen[key] then
-                seen[key] = true
-                keys[#keys + 1] = key
-              end
+          end
+          local named = envelope.keys
+          if type(named) ~= 'table' then
+            named = {envelope.key}
+          end
+          for _, key in ipairs(named) do
+            if not cached and type(key) == 'string' and not seen[key] then
+              seen[key] = true
+              keys[#keys + 1] = key
             end
           end
         end
