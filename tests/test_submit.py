@@ -288,3 +288,71 @@ async def test_results_are_dropped_some_time_after_their_retention(
             while not await old_dropped():
                 await anyio.sleep(0.05)
         assert await ks.result(f"new-{n}", key="acct:1") == n + 1
+
+
+async def test_only_entries_of_op_ids_generated_for_one_append_skip_the_resubmit_lookup(
+    redis_url: str, namespace: str, request: pytest.FixtureRequest
+) -> None:
+    """An entry is marked fresh (its owner need not look up stored outcomes) only if the client
+    generated its op ids and its connection never retries an append: keyserial's own connection
+    to a standalone server. An op id given by the caller may be a resubmit, and is looked up."""
+    standalone = "standalone" in request.node.callspec.id
+    key = "account:4"
+    async with keyserial.connect(redis_url, shards=2, namespace=namespace) as ks:
+        for op_id in (None, "given-1"):
+            with pytest.raises(SubmitTimeout):
+                await ks.submit(key, deposit(5), timeout=0.2, op_id=op_id)
+        stream = ShardKeys(namespace, ks.shard_of(key)).stream
+        client = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            generated, given = [fields for _, fields in await client.xrange(stream)]
+        finally:
+            await client.aclose()
+        assert generated.get(b"fresh") == (b"1" if standalone else None)
+        assert b"fresh" not in given
+        async with running_worker(redis_url, namespace, shard_count=2):
+            assert await ks.submit(key, deposit(5), op_id="given-1") == 10  # stored: not rerun
+            assert await ks.submit(key, balance()) == 10
+
+
+@pytest.mark.parametrize("preload_states", [0, 3, 10_000])
+async def test_a_new_owner_continues_from_the_committed_states_preloaded_or_not(
+    redis_url: str, namespace: str, preload_states: int
+) -> None:
+    """A worker taking a shard over loads its states at once when there are at most
+    ``preload_states`` of them (then reads none), or reads each as ops need it: either way it
+    continues from what the last owner committed, and a key with no state starts empty."""
+    keys = [f"account:{n}" for n in range(8)]
+    async with keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+        async with running_worker(redis_url, namespace, shard_count=1):
+            for n, key in enumerate(keys[:6]):
+                await ks.submit(key, deposit(10 + n))
+            await ks.submit(keys[0], withdraw(10))  # a state of 0 is a state too
+        async with running_worker(
+            redis_url, namespace, shard_count=1, preload_states=preload_states
+        ) as worker:
+            for n, key in enumerate(keys):
+                assert await ks.submit(key, deposit(1)) == (11 + n if 0 < n < 6 else 1)
+            runner = worker._runner(0)
+            assert runner is not None
+            assert runner.cache.complete == (preload_states >= 6)
+        assert [await ks.read(key) for key in keys] == [1, 12, 13, 14, 15, 16, 1, 1]
+
+
+async def test_an_idle_shard_keeps_only_its_unprocessed_entries(
+    redis_url: str, namespace: str
+) -> None:
+    """While busy, a worker trims committed entries from its stream in batches; once idle, the
+    stream's length is its backlog again: zero."""
+    async with running_worker(redis_url, namespace, shard_count=1), \
+            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+        for _ in range(3):
+            async with anyio.create_task_group() as group:
+                for n in range(100):
+                    group.start_soon(ks.submit, f"account:{n % 7}", deposit(1))
+        assert sum([await ks.read(f"account:{n}") for n in range(7)]) == 300
+        client = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            assert await client.xlen(ShardKeys(namespace, 0).stream) == 0
+        finally:
+            await client.aclose()
