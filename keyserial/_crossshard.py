@@ -47,6 +47,7 @@ from __future__ import annotations
 import itertools
 import json
 import logging
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
@@ -62,6 +63,7 @@ from ._codec import WIRE_VERSION, Envelope, encode_error, encode_reply, pack_ent
 from ._execution import Run, StateCache
 from ._json import dumps
 from ._layout import ShardKeys
+from ._pipeline import Replies
 from ._routing import shard_for
 from ._settings import Settings
 from .errors import BackendUnavailable, LeaseLost, MalformedOperation
@@ -157,8 +159,11 @@ class Host(OwnedShard, Protocol):
     async def flush(self, keys: Iterable[str]) -> None:
         """Return once every write to ``keys`` made so far has committed."""
 
-    async def fenced(self, script: Script, keys: list[str], args: list[Any]) -> Any:
-        """Run a script that checks this owner's epoch (raises ``LeaseLost`` when fenced)."""
+    async def fenced(
+        self, script: Script, keys: list[str], args: list[Any], *, replies: Replies | None = None
+    ) -> Any:
+        """Run a script that checks this owner's epoch (raises ``LeaseLost`` when fenced);
+        ``replies`` go out once it has succeeded (see :class:`Pipeliner`)."""
 
     async def pipelined(self, call: ScriptCall) -> Any:
         """Run a script in the worker's next shared pipeline (not fenced)."""
@@ -290,17 +295,29 @@ class CrossShard:
             outcome, new_states = await host.evaluate(envelope, states)
             writes = self._writes(states, new_states)
             keys = [host.keys.results, host.keys.results_expiry]
+            # Replies go with the worker's batch where commands stay in order, else the script
+            # publishes them (see _pipeline).
+            batched = self._backend.in_order
             args: list[Any] = [
-                envelope.op_id, outcome, self._settings.result_ttl_ms,
-                dumps([(reply, encode_reply([(envelope.op_id, outcome)])) for reply in replies]),
+                envelope.op_id, outcome, int(time.time() * 1000) + self._settings.result_ttl_ms,
+                "[]" if batched else dumps(
+                    [(reply, encode_reply([(envelope.op_id, outcome)])) for reply in replies]
+                ),
             ]
             owned: list[OwnedShard] = [host, *others]
             for owner in owned:
                 keys += [owner.keys.epoch, owner.keys.state]
                 args += [owner.epoch, dumps(writes.get(owner.shard, []))]
-            committed = await host.fenced(_backend.COMMIT_ACROSS, keys, args)
-            if int(committed[0]) != 1:
-                moved = others[int(committed[1]) - 2].shard
+            try:
+                await host.fenced(
+                    _backend.COMMIT_ACROSS, keys, args,
+                    replies={reply: [(envelope.op_id, outcome)] for reply in replies}
+                    if batched and replies else None,
+                )
+            except redis_errors.ResponseError as exc:
+                if not str(exc).startswith("ELSEWHERE"):
+                    raise
+                moved = others[int(str(exc).split()[1]) - 2].shard
                 log.info("shard %d: shard %d changed hands during op %s; asking it for a grant",
                          host.shard, moved, envelope.op_id)
                 return False

@@ -31,13 +31,16 @@ log = logging.getLogger("keyserial.worker")
 Replies = Mapping[str, Sequence[tuple[str, str]]]
 
 
-class _Slot:
-    __slots__ = ("done", "replies", "reply")
+class _Batch:
+    """Calls that go out in one pipeline; one event wakes all their callers."""
 
-    def __init__(self, replies: Replies | None) -> None:
+    __slots__ = ("calls", "done", "replies", "results")
+
+    def __init__(self) -> None:
+        self.calls: list[ScriptCall] = []
+        self.replies: list[Replies | None] = []
         self.done = anyio.Event()
-        self.replies = replies
-        self.reply: Any = None
+        self.results: list[Any] = []
 
 
 class Pipeliner:
@@ -47,7 +50,7 @@ class Pipeliner:
 
     def __init__(self, backend: Backend) -> None:
         self._backend = backend
-        self._queue: list[tuple[ScriptCall, _Slot]] = []
+        self._next = _Batch()
         self._queued = anyio.Event()
 
     async def run(self, call: ScriptCall, replies: Replies | None = None) -> Any:
@@ -58,42 +61,41 @@ class Pipeliner:
         :raises BackendUnavailable: if the server does not answer.
         """
         assert replies is None or self._backend.in_order, "replies could overtake each other"
-        slot = _Slot(replies)
-        self._queue.append((call, slot))
+        batch = self._next
+        index = len(batch.calls)
+        batch.calls.append(call)
+        batch.replies.append(replies)
         self._queued.set()
-        await slot.done.wait()
-        if isinstance(slot.reply, Exception):
-            raise slot.reply
-        return slot.reply
+        await batch.done.wait()
+        result = batch.results[index]
+        if isinstance(result, Exception):
+            raise result
+        return result
 
     async def serve(self) -> None:
         async with anyio.create_task_group() as publishing:
             while True:
                 await self._queued.wait()
                 self._queued = anyio.Event()
-                batch, self._queue = self._queue, []
+                batch, self._next = self._next, _Batch()
                 try:
-                    replies = await self._backend.run_many([call for call, _ in batch])
+                    batch.results = await self._backend.run_many(batch.calls)
                 except BackendUnavailable as exc:
-                    replies = [exc] * len(batch)
-                if messages := self._messages(batch, replies):
+                    batch.results = [exc] * len(batch.calls)
+                if messages := self._messages(batch):
                     # Scheduled before the runners wake, so written before anything they send
                     # next on the one connection (a later commit's replies cannot overtake
                     # these), yet not waited for.
                     publishing.start_soon(self._publish, messages)
-                for (_, slot), reply in zip(batch, replies, strict=True):
-                    slot.reply = reply
-                    slot.done.set()
+                batch.done.set()
 
     @staticmethod
-    def _messages(
-        batch: list[tuple[ScriptCall, _Slot]], replies: list[Any]
-    ) -> list[tuple[str, str]]:
+    def _messages(batch: _Batch) -> list[tuple[str, str]]:
         """One reply message per channel, for the calls that succeeded."""
         merged: defaultdict[str, list[tuple[str, str]]] = defaultdict(list)
-        for (_, slot), reply in zip(batch, replies, strict=True):
-            if slot.replies and not isinstance(reply, Exception):
-                for channel, outcomes in slot.replies.items():
+        for replies, result in zip(batch.replies, batch.results, strict=True):
+            if replies and not isinstance(result, Exception):
+                for channel, outcomes in replies.items():
                     merged[channel].extend(outcomes)
         return [(channel, encode_reply(outcomes)) for channel, outcomes in merged.items()]
 

@@ -4,19 +4,21 @@
 -- shards' keys sit in different slots, which one script cannot touch: the grant protocol runs.)
 -- KEYS[1]  home results      KEYS[2]  home results expiry
 -- KEYS[2 + 2i - 1], KEYS[2 + 2i]  shard i's epoch and state (i = 1: the home, then the others)
--- ARGV[1]  op id   ARGV[2]  the op's outcome (JSON)   ARGV[3]  retention (ms)
--- ARGV[4]  replies, JSON [[channel, message], ...]
+-- ARGV[1]  op id   ARGV[2]  the op's outcome (JSON)
+-- ARGV[3]  when the result expires, in ms of the owner's clock
+-- ARGV[4]  replies, JSON [[channel, message], ...] (empty on keyserial's own connection: the
+--          owner publishes them with its batch, see _pipeline.py)
 -- ARGV[4 + 2i - 1], ARGV[4 + 2i]  shard i's owner epoch, and its writes, JSON
 --          [[key, JSON state or '' to delete], ...]
--- Returns {1} when committed; {0, i} when shard i > 1 has another owner now (nothing written).
--- Error "FENCED ..." if the home shard has another owner.
+-- Returns 1 when committed. Error "ELSEWHERE i" when shard i > 1 has another owner now, error
+-- "FENCED ..." if the home shard has (nothing written either way).
 local shards = (#KEYS - 2) / 2
 for i = 1, shards do
   if redis.call('GET', KEYS[2 + 2 * i - 1]) ~= ARGV[4 + 2 * i - 1] then
     if i == 1 then
       return redis.error_reply('FENCED epoch ' .. ARGV[5] .. ' is no longer the owner')
     end
-    return {0, i}
+    return redis.error_reply('ELSEWHERE ' .. i)
   end
 end
 for i = 1, shards do
@@ -29,11 +31,9 @@ for i = 1, shards do
     end
   end
 end
-local time = redis.call('TIME')
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-redis.call('ZADD', KEYS[2], now_ms + tonumber(ARGV[3]), ARGV[1])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 for _, reply in ipairs(cjson.decode(ARGV[4])) do
   redis.call('PUBLISH', reply[1], reply[2])
 end
-return {1}
+return 1
