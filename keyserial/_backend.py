@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeAlias
@@ -59,7 +59,30 @@ UNREACHABLE = (
 _URL_TIMEOUTS: dict[str, Any] = {"socket_connect_timeout": 5.0, "socket_timeout": 10.0}
 
 
-class HiredisPackedConnection(Connection):
+class CloseSafeConnection(Connection):
+    """A TCP connection whose write, when another task closes it meanwhile (a cluster client
+    resets its connections after one fails), raises ``ConnectionError`` as any lost connection
+    does. redis-py through 8.1 leaks ``AttributeError``/``TypeError`` there (redis/redis-py#3546,
+    #4287), which no retry loop recognises: a worker would crash mid-outage instead of waiting
+    it out. (redis-py has already dropped the connection when this re-raises.)"""
+
+    async def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        try:
+            await super().send_packed_command(command, check_health)
+        except (AttributeError, TypeError) as exc:
+            # The race's signature: a method called on, or of, a torn-down writer (None).
+            # Anything else is a bug, shown as it is.
+            if not (
+                (isinstance(exc, AttributeError) and exc.obj is None)
+                or "'NoneType' object is not callable" in str(exc)
+            ):
+                raise
+            raise redis_errors.ConnectionError(f"connection closed during a write ({exc})") from exc
+
+
+class HiredisPackedConnection(CloseSafeConnection):
     """A TCP connection that packs commands with hiredis's C packer, as redis-py's synchronous
     connection already does (its asyncio one packs in Python, 9x slower per command). It also
     marks a client whose script batches, commands and subscriptions can take the hot path's own
@@ -83,6 +106,17 @@ def _client_options(url: str) -> dict[str, Any]:
     if HIREDIS_AVAILABLE and urlsplit(url).scheme == "redis":
         options["connection_class"] = HiredisPackedConnection
     return options
+
+
+def _use_close_safe_connections(cluster: RedisCluster, url: str) -> None:
+    """Make ``cluster``'s nodes open :class:`CloseSafeConnection` s. (RedisCluster takes no
+    connection class; its nodes take one from the connection options they are created with.)
+    TLS keeps redis-py's own class."""
+    if urlsplit(url).scheme != "redis":
+        return
+    cluster.nodes_manager.connection_kwargs["connection_class"] = CloseSafeConnection
+    for node in cluster.nodes_manager.startup_nodes.values():
+        node.connection_class = CloseSafeConnection
 
 
 def _pipelined_connection(client: AnyRedis) -> PipelinedConnection | None:
@@ -171,6 +205,7 @@ class Backend:
         if info.get("cluster_enabled"):
             try:
                 cluster = RedisCluster.from_url(redis, **_URL_TIMEOUTS)
+                _use_close_safe_connections(cluster, redis)
                 await cluster.initialize()
             except UNREACHABLE as exc:
                 raise BackendUnavailable(redis, exc) from exc

@@ -1,0 +1,61 @@
+"""redis-py's own connections, where keyserial still uses them (clusters, TLS, callers' clients)."""
+
+from __future__ import annotations
+
+import pytest
+from redis import exceptions as redis_errors
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import Connection
+
+from keyserial._backend import Backend, CloseSafeConnection
+from keyserial._server import LocalServer
+
+
+def closed_under_the_write(base: type[Connection]) -> type[Connection]:
+    """A connection that another task closes while it writes (as a cluster client resetting its
+    connections after one failed does): the writer is torn down after the connected check."""
+
+    class Raced(base):  # type: ignore[valid-type,misc]
+        armed = False
+
+        async def check_health(self) -> None:
+            if self.armed:
+                self.armed = False
+                self._writer = None
+
+    return Raced
+
+
+@pytest.mark.parametrize("timeout", [None, 5.0])
+async def test_a_connection_closed_under_a_write_is_a_connection_error(
+    standalone_server: LocalServer, timeout: float | None
+) -> None:
+    """redis-py leaks AttributeError there (redis/redis-py#3546), which no retry recognises."""
+    port = standalone_server.port
+    plain = closed_under_the_write(Connection)(port=port, socket_timeout=timeout)
+    safe = closed_under_the_write(CloseSafeConnection)(port=port, socket_timeout=timeout)
+    for connection in (plain, safe):
+        await connection.connect()
+        connection.armed = True  # type: ignore[attr-defined]
+    try:
+        with pytest.raises(AttributeError):
+            await plain.send_packed_command(plain.pack_command("PING"))
+        with pytest.raises(redis_errors.ConnectionError, match="closed during a write"):
+            await safe.send_packed_command(safe.pack_command("PING"))
+        await safe.send_packed_command(safe.pack_command("PING"))  # it reconnects
+        assert await safe.read_response() == b"PONG"
+    finally:
+        for connection in (plain, safe):
+            await connection.disconnect()
+
+
+async def test_a_cluster_backend_opens_close_safe_connections(cluster_server: LocalServer) -> None:
+    backend = await Backend.connect(cluster_server.url)
+    try:
+        await backend.call("SET", "{close-safe}key", "1")
+        assert isinstance(backend.client, RedisCluster)
+        connections = [c for node in backend.client.get_nodes() for c in node._connections]
+        assert connections
+        assert all(isinstance(c, CloseSafeConnection) for c in connections)
+    finally:
+        await backend.aclose()
