@@ -27,7 +27,7 @@ from redis.asyncio.connection import Connection
 from redis.typing import EncodableT
 from redis.utils import HIREDIS_AVAILABLE
 
-from ._layout import meta_key
+from ._layout import ShardKeys, meta_key
 
 if HIREDIS_AVAILABLE:  # a dependency (redis[hiredis]), but redis-py also runs without it
     import hiredis
@@ -422,6 +422,17 @@ class Backend:
             await pipe.execute()
         except UNREACHABLE as exc:
             raise BackendUnavailable(self.url, exc) from exc
+
+    async def stored(self, shard: ShardKeys, fields: Sequence[str]) -> list[bytes | None]:
+        """Stored results (or cross-shard records) of ``fields`` in a shard: the current
+        generation, then the previous one for those not found."""
+        found = await self.hmget(shard.results, fields)
+        missing = [index for index, value in enumerate(found) if value is None]
+        if missing:
+            older = await self.hmget(shard.results_old, [fields[index] for index in missing])
+            for index, value in zip(missing, older, strict=True):
+                found[index] = value
+        return found
 
     async def hmget(self, key: str, fields: Sequence[str]) -> list[bytes | None]:
         result: list[bytes | None] = await self.call("HMGET", key, *fields)

@@ -243,7 +243,7 @@ class Client:
         if not isinstance(key, str):
             key = key[0]
         keys = ShardKeys(self.settings.namespace, shard)
-        raw = await self._backend.call("HGET", keys.results, op_id)
+        (raw,) = await self._backend.stored(keys, [op_id])
         if raw is None:
             raise ResultNotFound(key=key, op_id=op_id)
         return _value_or_raise(decode_outcome(raw), key=key, op_id=op_id)
@@ -336,7 +336,7 @@ class Client:
             for shard, op_ids in overdue.items():
                 keys = ShardKeys(self.settings.namespace, shard)
                 try:
-                    found = await self._backend.hmget(keys.results, op_ids)
+                    found = await self._backend.stored(keys, op_ids)
                 except BackendUnavailable:
                     break
                 for op_id, raw in zip(op_ids, found, strict=True):

@@ -47,7 +47,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
@@ -255,9 +254,9 @@ class CrossShard:
         k = host.keys
         won = await host.fenced(
             _backend.DECIDE,
-            [k.epoch, k.state, k.results, k.results_expiry],
+            [k.epoch, k.state, k.results, k.results_old],
             [host.epoch, envelope.op_id, attempt, dumps(decision), dumps(home_writes), outcome,
-             self._settings.result_ttl_ms, dumps(notices)],
+             dumps(notices)],
         )
         if int(won[0]) != 1:  # only a participant that saw the epoch end writes an abort
             raise LeaseLost(host.shard, f"op {envelope.op_id} was aborted: {won[1]!r}")
@@ -294,12 +293,12 @@ class CrossShard:
                 states.update(held)
             outcome, new_states = await host.evaluate(envelope, states)
             writes = self._writes(states, new_states)
-            keys = [host.keys.results, host.keys.results_expiry]
+            keys = [host.keys.results]
             # Replies go with the worker's batch where commands stay in order, else the script
             # publishes them (see _pipeline).
             batched = self._backend.in_order
             args: list[Any] = [
-                envelope.op_id, outcome, int(time.time() * 1000) + self._settings.result_ttl_ms,
+                envelope.op_id, outcome,
                 "[]" if batched else dumps(
                     [(reply, encode_reply([(envelope.op_id, outcome)])) for reply in replies]
                 ),
@@ -362,11 +361,11 @@ class CrossShard:
                 if letter.message is not None:
                     return letter.message
                 try:
-                    raw = await self._backend.call("HGET", there.results, grant_field)
+                    (raw,) = await self._backend.stored(there, [grant_field])
                     if raw is not None:
                         grant: dict[str, Any] = json.loads(raw)
                         return grant
-                    if await self._backend.call("HGET", home.results, decision_field):
+                    if (await self._backend.stored(home, [decision_field]))[0] is not None:
                         raise LeaseLost(self._host.shard, f"op {op_id} was aborted")
                 except BackendUnavailable as exc:
                     log.warning("shard %d: waiting for a grant: %s", self._host.shard, exc)
@@ -427,9 +426,8 @@ class CrossShard:
             else:
                 k = host.keys
                 await host.fenced(
-                    _backend.GRANT, [k.epoch, k.results, k.results_expiry],
-                    [host.epoch, attempt_id(op_id, attempt) + "#g", dumps(grant), channel,
-                     self._settings.result_ttl_ms],
+                    _backend.GRANT, [k.epoch, k.results],
+                    [host.epoch, attempt_id(op_id, attempt) + "#g", dumps(grant), channel],
                 )
             decision = await self._await_decision(letter, home, op_id, attempt)
         if "abort" in decision:
@@ -456,8 +454,8 @@ class CrossShard:
                 return decision
             try:
                 raw = await self._backend.run(
-                    _backend.RESOLVE, [there.epoch, there.results, there.results_expiry],
-                    [op_id, attempt, self._settings.result_ttl_ms],
+                    _backend.RESOLVE, [there.epoch, there.results, there.results_old],
+                    [op_id, attempt],
                 )
             except BackendUnavailable as exc:
                 log.warning("shard %d: waiting for a decision: %s", self._host.shard, exc)

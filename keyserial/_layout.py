@@ -83,13 +83,19 @@ class ShardKeys:
 
     @property
     def results(self) -> str:
-        """Hash: op id -> JSON outcome."""
+        """Hash: op id -> JSON outcome, for results stored since :attr:`results_since`."""
         return f"{self.tag}:results"
 
     @property
-    def results_expiry(self) -> str:
-        """Sorted set: op id scored by the time (ms) its result may be dropped."""
-        return f"{self.tag}:results:expiry"
+    def results_old(self) -> str:
+        """The previous generation of :attr:`results`, dropped when the current one is a
+        retention period old: so a result lives between one and two retention periods."""
+        return f"{self.tag}:results:old"
+
+    @property
+    def results_since(self) -> str:
+        """When (ms, the owner's clock) the current results generation began."""
+        return f"{self.tag}:results:since"
 
     @property
     def dead(self) -> str:

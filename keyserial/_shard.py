@@ -12,7 +12,6 @@ ahead of it is skipped on replay because its result exists.
 from __future__ import annotations
 
 import logging
-import math
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
@@ -62,6 +61,8 @@ class Grant:
     progress: str
     careful_until: str | None
     poisoned: str | None
+    #: When (ms) the shard's current results generation began; None: none has.
+    results_since: int | None = None
 
 
 @dataclass(slots=True)
@@ -119,16 +120,16 @@ class ShardRunner:
         self._steps_done = 0
         #: Keys whose writes the step in flight carries.
         self._writing: set[str] = set()
-        self._stored_since_trim = 0
         #: The last committed entry still in the stream ('' if none), and how many such entries.
         self._untrimmed = ""
         self._untrimmed_entries = 0
-        self._trimmed_at = -math.inf
+        self._results_since = grant.results_since
         #: Set at the end of every step someone waits for (see :meth:`flush`).
         self._stepped: anyio.Event | None = None
         k = self.keys
         self._step_keys = [
-            k.epoch, k.state, k.progress, k.stream, k.results, k.results_expiry, k.dead, k.horizon,
+            k.epoch, k.state, k.progress, k.stream, k.results, k.results_old, k.dead, k.horizon,
+            k.results_since,
         ]
         #: Set once :meth:`run` has returned: no step will ever come again.
         self._ended = False
@@ -244,9 +245,10 @@ class ShardRunner:
         progress, commit, replies = self._commit_args(batch, dead)
         careful = "1" if self._careful_until is not None else "0"
         trim_to, trim_now = self._trim_args(progress)
+        now_ms = int(time.time() * 1000)
+        rotate = self._rotate_results(now_ms)
         args = [
-            self.epoch, progress, self._settings.result_ttl_ms, self._cursor, want, commit,
-            careful, self._expiry_trim(sum(f.store for f in batch)), int(time.time() * 1000),
+            self.epoch, progress, rotate, self._cursor, want, commit, careful, now_ms,
             trim_to, trim_now, int(self.cache.complete),
         ]
         self._steps_started += 1
@@ -457,19 +459,15 @@ class ShardRunner:
             return progress, "", replies
         return progress, dumps({"s": writes, "r": results, "d": dead, "p": published}), replies
 
-    def _expiry_trim(self, stored: int) -> int:
-        """How many expired results this step should drop: twice those stored since the last
-        trim, once 32 have been stored or a second has passed (not on every step: it is a
-        command each time, and most steps store a handful)."""
-        self._stored_since_trim += stored
-        now = time.monotonic()
-        if self._stored_since_trim < 32 and (
-            not self._stored_since_trim or now - self._trimmed_at < 1.0
-        ):
-            return 0
-        limit = min(2 * self._stored_since_trim, 4096)
-        self._stored_since_trim, self._trimmed_at = 0, now
-        return limit
+    def _rotate_results(self, now_ms: int) -> str:
+        """'1' if this step starts a new results generation: the current one is a retention
+        period old (or there is none). Results then live one to two periods, with no expiry
+        recorded per result."""
+        since = self._results_since
+        if since is not None and now_ms < since + self._settings.result_ttl_ms:
+            return "0"
+        self._results_since = now_ms
+        return "1"
 
     def _trim_args(self, progress: str) -> tuple[str, str]:
         """What the step trims from the stream: committed entries go every ``_TRIM_EVERY`` of

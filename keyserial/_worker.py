@@ -206,15 +206,11 @@ class Worker:
                 k.suspect,
                 k.stream,
                 k.results,
-                k.results_expiry,
+                k.results_old,
                 k.dead,
+                k.results_since,
             ],
-            [
-                self.token,
-                self.settings.lease_ttl_ms,
-                self.settings.max_strikes,
-                self.settings.result_ttl_ms,
-            ],
+            [self.token, self.settings.lease_ttl_ms, self.settings.max_strikes],
         )
 
     def _drop_expired(self, now: float) -> None:
@@ -354,12 +350,13 @@ class Worker:
 
 
 def _grant(reply: list[Any]) -> Grant:
-    epoch, progress, careful, poisoned = reply
+    epoch, progress, careful, poisoned, results_since = reply
     return Grant(
         epoch=int(epoch),
         progress=progress.decode(),
         careful_until=careful.decode() or None,
         poisoned=poisoned.decode() or None,
+        results_since=int(results_since) if results_since else None,
     )
 
 

@@ -356,3 +356,30 @@ async def test_an_idle_shard_keeps_only_its_unprocessed_entries(
             assert await client.xlen(ShardKeys(namespace, 0).stream) == 0
         finally:
             await client.aclose()
+
+
+async def test_a_step_sent_again_after_a_lost_reply_rotates_results_only_once(
+    redis_url: str, namespace: str
+) -> None:
+    """Results expire a generation at a time. A step whose reply was lost is sent again as it
+    was; if it rotated twice, results younger than the retention would be dropped and a
+    resubmitted op could run again."""
+    from keyserial._backend import STEP, Backend
+
+    k = ShardKeys(namespace, 0)
+    backend = await Backend.connect(redis_url)
+    try:
+        await backend.call("SET", k.epoch, "7")
+        await backend.call("HSET", k.results, "young", '{"ok":1}')
+        await backend.call("HSET", k.results_old, "older", '{"ok":0}')
+        keys = [k.epoch, k.state, k.progress, k.stream, k.results, k.results_old, k.dead,
+                k.horizon, k.results_since]
+        commit = json.dumps({"s": [], "r": [["new", '{"ok":2}']], "d": [], "p": []})
+        args = [7, "", "1", "0-0", 0, commit, "0", 5000, "", "0", "0"]
+        for _ in range(2):
+            await backend.run(STEP, keys, args)
+            assert await backend.call("HKEYS", k.results_old) == [b"young"]
+            assert await backend.call("HKEYS", k.results) == [b"new"]
+            assert await backend.call("GET", k.results_since) == b"5000"
+    finally:
+        await backend.aclose()

@@ -1,17 +1,17 @@
 -- Take a free shard lease, bump the fencing epoch, and judge the previous owner's end.
 -- KEYS[1]  lease      KEYS[2]  epoch      KEYS[3]  progress    KEYS[4]  horizon
--- KEYS[5]  suspect    KEYS[6]  stream     KEYS[7]  results     KEYS[8]  results expiry
--- KEYS[9]  dead-letter stream
+-- KEYS[5]  suspect    KEYS[6]  stream     KEYS[7]  results     KEYS[8]  results, previous
+-- KEYS[9]  dead-letter stream         KEYS[10] when the current results generation began
 -- ARGV[1]  the new owner's token   ARGV[2]  lease TTL (ms)   ARGV[3]  strikes before dead-letter
--- ARGV[4]  result retention (ms)
 -- Returns {} when the lease is held by someone else; otherwise
--- {epoch, progress, careful_until, poisoned}:
+-- {epoch, progress, careful_until, poisoned, results_since}
 --   progress       the last entry id whose ops have all committed ('0-0': none yet);
 --   careful_until  '' after a clean handover; after a crash, the highest entry id the dead owner
 --                  had fetched: the new owner runs ops one at a time up to it, so that the op that
 --                  kills a worker is the first op without a result and takes the strike alone;
 --   poisoned       '' or the id of an op that reached the strike limit: it now has a
---                  PoisonOperation result, is copied to the dead-letter stream and never runs.
+--                  PoisonOperation result, is copied to the dead-letter stream and never runs;
+--   results_since  when the current results generation began (ms), '' if none has.
 -- Stream-id helpers: also in the other fenced scripts (a Redis script cannot import code).
 local function parse_id(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
@@ -37,7 +37,8 @@ local function first_unfinished(after, upto)
           if ok and type(ops) == 'table' then
             for _, envelope in ipairs(ops) do
               if type(envelope) == 'table' and type(envelope.id) == 'string'
-                  and redis.call('HEXISTS', KEYS[7], envelope.id) == 0 then
+                  and redis.call('HEXISTS', KEYS[7], envelope.id) == 0
+                  and redis.call('HEXISTS', KEYS[8], envelope.id) == 0 then
                 return entry[1], envelope
               end
             end
@@ -54,10 +55,7 @@ local function dead_letter(entry_id, envelope, strikes)
     message = 'the op was running each of the ' .. strikes .. ' times its worker died;'
       .. ' it was moved to the dead-letter stream and will not run',
     data = {strikes = strikes}}})
-  local time = redis.call('TIME')
-  local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
   redis.call('HSET', KEYS[7], envelope.id, outcome)
-  redis.call('ZADD', KEYS[8], now_ms + tonumber(ARGV[4]), envelope.id)
   redis.call('XADD', KEYS[9], 'MAXLEN', '~', 10000, '*', 'entry', entry_id,
     'reason', 'poison: killed its worker ' .. strikes .. ' times', 'raw', cjson.encode(envelope))
   if type(envelope.reply) == 'string' then
@@ -72,13 +70,14 @@ end
 local epoch = redis.call('INCR', KEYS[2])
 local progress = redis.call('GET', KEYS[3]) or '0-0'
 local horizon = redis.call('GET', KEYS[4])
+local since = redis.call('GET', KEYS[10]) or ''
 if not horizon or not id_gt(horizon, progress) then
-  return {epoch, progress, '', ''}
+  return {epoch, progress, '', '', since}
 end
 
 local entry_id, envelope = first_unfinished(progress, horizon)
 if not entry_id then
-  return {epoch, progress, horizon, ''}
+  return {epoch, progress, horizon, '', since}
 end
 local strikes = 1
 if redis.call('HGET', KEYS[5], 'op') == envelope.id then
@@ -87,6 +86,6 @@ end
 redis.call('HSET', KEYS[5], 'op', envelope.id, 'strikes', strikes)
 if strikes >= tonumber(ARGV[3]) then
   dead_letter(entry_id, envelope, strikes)
-  return {epoch, progress, horizon, envelope.id}
+  return {epoch, progress, horizon, envelope.id, since}
 end
-return {epoch, progress, horizon, ''}
+return {epoch, progress, horizon, '', since}

@@ -5,23 +5,24 @@
 -- refuses this script first.)
 -- When it wins, the home shard's own writes and the op's result commit with it, atomically, and
 -- the notices go out (the output gate: participants and callers hear only committed decisions).
--- KEYS[1]  epoch      KEYS[2]  state      KEYS[3]  results    KEYS[4]  results expiry
+-- KEYS[1]  epoch      KEYS[2]  state      KEYS[3]  results    KEYS[4]  results, previous
 -- ARGV[1]  the owner's epoch   ARGV[2]  op id   ARGV[3]  attempt   ARGV[4]  decision (JSON)
 -- ARGV[5]  home writes, JSON [[key, JSON state or '' to delete], ...]
--- ARGV[6]  the op's outcome (JSON)   ARGV[7]  retention (ms)
--- ARGV[8]  notices, JSON [[channel, message], ...]
+-- ARGV[6]  the op's outcome (JSON)
+-- ARGV[7]  notices, JSON [[channel, message], ...]
 -- Returns {1} when this decision won; {0, the decision that was there} otherwise (nothing
 -- written). Error "FENCED ..." if another owner took over.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('FENCED epoch ' .. ARGV[1] .. ' is no longer the owner')
 end
 local field = ARGV[2] .. '#' .. ARGV[3] .. '#d'
+local earlier = redis.call('HGET', KEYS[4], field)
+if earlier then
+  return {0, earlier}
+end
 if redis.call('HSETNX', KEYS[3], field, ARGV[4]) == 0 then
   return {0, redis.call('HGET', KEYS[3], field)}
 end
-local time = redis.call('TIME')
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local expires_at = now_ms + tonumber(ARGV[7])
 -- One command per write: an op has few keys (step.lua, which writes a whole batch, groups them).
 for _, write in ipairs(cjson.decode(ARGV[5])) do
   if write[2] == '' then
@@ -31,8 +32,7 @@ for _, write in ipairs(cjson.decode(ARGV[5])) do
   end
 end
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[6])
-redis.call('ZADD', KEYS[4], expires_at, ARGV[2], expires_at, field)
-for _, notice in ipairs(cjson.decode(ARGV[8])) do
+for _, notice in ipairs(cjson.decode(ARGV[7])) do
   redis.call('PUBLISH', notice[1], notice[2])
 end
 return {1}

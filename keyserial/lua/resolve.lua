@@ -4,21 +4,18 @@
 -- can never get a commit (every commit is fenced by the epoch), so the participant aborts it:
 -- set-if-absent in one script, so a commit and an abort can never both win.
 -- Not fenced: aborting is always safe, and this only writes an abort.
--- KEYS[1]  the home shard's epoch   KEYS[2]  its results hash   KEYS[3]  its results expiry
--- ARGV[1]  op id   ARGV[2]  attempt (the home epoch it began in)   ARGV[3]  retention (ms)
+-- KEYS[1]  the home shard's epoch   KEYS[2]  its results   KEYS[3]  their previous generation
+-- ARGV[1]  op id   ARGV[2]  attempt (the home epoch it began in)
 -- Returns the decision (JSON), or nil while the attempt is undecided and its coordinator owns
 -- the home shard.
 local field = ARGV[1] .. '#' .. ARGV[2] .. '#d'
-local decision = redis.call('HGET', KEYS[2], field)
+local decision = redis.call('HGET', KEYS[2], field) or redis.call('HGET', KEYS[3], field)
 if decision then
   return decision
 end
 if redis.call('GET', KEYS[1]) == ARGV[2] then
   return nil
 end
-local time = redis.call('TIME')
-local now_ms = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 decision = '{"abort":"the coordinator lost the home shard"}'
 redis.call('HSET', KEYS[2], field, decision)
-redis.call('ZADD', KEYS[3], now_ms + tonumber(ARGV[3]), field)
 return decision

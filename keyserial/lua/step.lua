@@ -8,11 +8,12 @@
 -- state of every key the entries name (the owner ignores keys it already caches).
 --
 -- KEYS[1]  epoch      KEYS[2]  state      KEYS[3]  progress    KEYS[4]  stream
--- KEYS[5]  results    KEYS[6]  results expiry (sorted set)     KEYS[7]  dead-letter stream
--- KEYS[8]  horizon
+-- KEYS[5]  results    KEYS[6]  results, previous generation    KEYS[7]  dead-letter stream
+-- KEYS[8]  horizon    KEYS[9]  when the current results generation began
 -- ARGV[1]  the owner's epoch
 -- ARGV[2]  new progress: id of the last entry whose ops have all finished, or '' to keep it
--- ARGV[3]  result retention in milliseconds
+-- ARGV[3]  '1': start a new results generation first (the current one is a retention period
+--          old): the previous one is dropped, the current one becomes the previous; '0' not
 -- ARGV[4]  cursor: the last entry id already fetched (exclusive)
 -- ARGV[5]  how many entries to fetch (0: commit only)
 -- ARGV[6]  what to commit, one JSON object (one argument: cheaper to send than many), or '':
@@ -23,14 +24,12 @@
 -- ARGV[7]  '1' in careful mode (after an unclean takeover: entries at or below the horizon are
 --          fetched again, so the horizon is only raised); '0' otherwise (every fetched entry is
 --          past the horizon, so it is set without reading it)
--- ARGV[8]  how many expired results to drop at most (0: none this step; the owner asks every so
---          often rather than on every step)
--- ARGV[9]  the owner's clock in milliseconds (when stored results expire; one TIME call fewer)
--- ARGV[10] the last committed entry id not trimmed from the stream yet, or '' (none)
--- ARGV[11] '1': trim through ARGV[10] now; '0': only if the fetch finds nothing new (the owner
+-- ARGV[8]  the owner's clock in milliseconds (when a new results generation begins)
+-- ARGV[9]  the last committed entry id not trimmed from the stream yet, or '' (none)
+-- ARGV[10] '1': trim through ARGV[9] now; '0': only if the fetch finds nothing new (the owner
 --          trims every so many entries while busy, and always before it goes idle, so an idle
 --          shard's XLEN is exactly its backlog)
--- ARGV[12] '1': the owner holds every state of the shard (loaded when it took the shard over),
+-- ARGV[11] '1': the owner holds every state of the shard (loaded when it took the shard over),
 --          so none is read
 -- Entries with the field fresh = '1' carry op ids appended for the first time (see the wire
 -- format), so their stored outcomes are not looked up, except in careful mode.
@@ -89,28 +88,25 @@ for _, write in ipairs(commit.s) do
 end
 multi('HSET', KEYS[2], sets)
 multi('HDEL', KEYS[2], deletes)
-local now_ms = tonumber(ARGV[9])
-local stored, expiry = {}, {}
-local expires_at = now_ms + tonumber(ARGV[3])
+if ARGV[3] == '1' and redis.call('GET', KEYS[9]) ~= ARGV[8] then
+  -- Results expire a generation at a time: no expiry to record per result. (UNLINK frees the
+  -- dropped generation off the main thread. A step sent again after a lost reply does not
+  -- rotate twice: that would drop results younger than the retention.)
+  redis.call('UNLINK', KEYS[6])
+  if redis.call('EXISTS', KEYS[5]) == 1 then
+    redis.call('RENAME', KEYS[5], KEYS[6])
+  end
+  redis.call('SET', KEYS[9], ARGV[8])
+end
+local stored = {}
 for _, result in ipairs(commit.r) do
   stored[#stored + 1] = result[1]
   stored[#stored + 1] = result[2]
-  expiry[#expiry + 1] = expires_at
-  expiry[#expiry + 1] = result[1]
 end
 multi('HSET', KEYS[5], stored)
-multi('ZADD', KEYS[6], expiry)
 for _, letter in ipairs(commit.d) do
   redis.call('XADD', KEYS[7], 'MAXLEN', '~', 10000, '*',
     'entry', letter[1], 'reason', letter[2], 'raw', letter[3])
-end
-if tonumber(ARGV[8]) > 0 then
-  -- Drop expired results, a bounded number per call so no call ever stalls the server.
-  local expired = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', now_ms, 'LIMIT', 0, ARGV[8])
-  if #expired > 0 then
-    redis.call('HDEL', KEYS[5], unpack(expired))
-    redis.call('ZREM', KEYS[6], unpack(expired))
-  end
 end
 
 -- Fetch, then set progress and horizon (in one command when both move), then trim.
@@ -139,16 +135,16 @@ end
 for _, reply in ipairs(commit.p) do
   redis.call('PUBLISH', reply[1], reply[2])
 end
-if ARGV[10] ~= '' and (ARGV[11] == '1' or not fetching or #entries == 0) then
+if ARGV[9] ~= '' and (ARGV[10] == '1' or not fetching or #entries == 0) then
   -- Drop committed entries, so XLEN counts the entries not committed yet.
-  local ms, seq = parse_id(ARGV[10])
+  local ms, seq = parse_id(ARGV[9])
   redis.call('XTRIM', KEYS[4], 'MINID', string.format('%d-%d', ms, seq + 1))
 end
 if #entries == 0 then
   return {entries, done, states}
 end
 local ids, keys, seen = {}, {}, {}
-local careful, cached = ARGV[7] == '1', ARGV[12] == '1'
+local careful, cached = ARGV[7] == '1', ARGV[11] == '1'
 for _, entry in ipairs(entries) do
   local fields, ops_json, fresh = entry[2], nil, false
   for f = 1, #fields, 2 do
@@ -182,9 +178,18 @@ for _, entry in ipairs(entries) do
     end
   end
 end
+local older = {}
 for i, outcome in ipairs(hmget(KEYS[5], ids)) do
   if outcome then
     done[#done + 1] = ids[i]
+    done[#done + 1] = outcome
+  else
+    older[#older + 1] = ids[i]
+  end
+end
+for i, outcome in ipairs(hmget(KEYS[6], older)) do
+  if outcome then
+    done[#done + 1] = older[i]
     done[#done + 1] = outcome
   end
 end
