@@ -406,6 +406,15 @@ class Backend:
             raise reply
         return reply
 
+    def publish_nowait(self, messages: Sequence[tuple[str, str]]) -> bool:
+        """``PUBLISH`` each message now, on keyserial's own open connection, without waiting
+        for the server's replies; False (nothing sent) where there is none."""
+        if self._pipelined is None:
+            return False
+        return self._pipelined.send_nowait(
+            [("PUBLISH", channel, message) for channel, message in messages]
+        )
+
     async def publish_many(self, messages: Sequence[tuple[str, str]]) -> None:
         """``PUBLISH`` each ``(channel, message)``, in one pipeline.
 

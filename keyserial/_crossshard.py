@@ -159,7 +159,8 @@ class Host(OwnedShard, Protocol):
         """Return once every write to ``keys`` made so far has committed."""
 
     async def fenced(
-        self, script: Script, keys: list[str], args: list[Any], *, replies: Replies | None = None
+        self, script: Script, keys: list[str], args: list[Any], *,
+        replies: Replies | None = None, replies_at: int | None = None,
     ) -> Any:
         """Run a script that checks this owner's epoch (raises ``LeaseLost`` when fenced);
         ``replies`` go out once it has succeeded (see :class:`Pipeliner`)."""
@@ -294,15 +295,7 @@ class CrossShard:
             outcome, new_states = await host.evaluate(envelope, states)
             writes = self._writes(states, new_states)
             keys = [host.keys.results]
-            # Replies go with the worker's batch where commands stay in order, else the script
-            # publishes them (see _pipeline).
-            batched = self._backend.in_order
-            args: list[Any] = [
-                envelope.op_id, outcome,
-                "[]" if batched else dumps(
-                    [(reply, encode_reply([(envelope.op_id, outcome)])) for reply in replies]
-                ),
-            ]
+            args: list[Any] = [envelope.op_id, outcome, "[]"]  # [2]: the replies, see fenced()
             owned: list[OwnedShard] = [host, *others]
             for owner in owned:
                 keys += [owner.keys.epoch, owner.keys.state]
@@ -310,8 +303,8 @@ class CrossShard:
             try:
                 await host.fenced(
                     _backend.COMMIT_ACROSS, keys, args,
-                    replies={reply: [(envelope.op_id, outcome)] for reply in replies}
-                    if batched and replies else None,
+                    replies={reply: [(envelope.op_id, outcome)] for reply in replies},
+                    replies_at=2,
                 )
             except redis_errors.ResponseError as exc:
                 if not str(exc).startswith("ELSEWHERE"):

@@ -5,11 +5,13 @@ the per-call overhead) per shard step; batched, the steps of every ready shard g
 together. Each call is routed by its keys, so this is cluster-safe: on a cluster the pipeline
 is split per node.
 
-Replies travel the same way, on a backend whose commands reach the server in the order sent
-(keyserial's own connection): once the batch's replies show which steps committed, their ops'
-replies go out together, one message per client channel for the whole batch (not one per shard
-step: a Redis command each, and a message for the client to parse). Elsewhere each step script
-publishes its own replies.
+Replies travel the same way. A call may carry the replies of the ops it commits, published only
+if it succeeds (the output gate). When several calls of a batch carry replies, on a backend whose
+commands reach the server in the order sent (keyserial's own connection), they go out after the
+batch, one message per client channel for the whole batch (not one per shard step: a Redis
+command each, and a message for the client to parse). Otherwise, and for a call that carries
+the batch's only replies (low load, where the extra hop would cost latency and save nothing),
+the script publishes them itself.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import anyio
 
 from ._backend import Backend, ScriptCall
 from ._codec import encode_reply
+from ._json import dumps
 from .errors import BackendUnavailable
 
 log = logging.getLogger("keyserial.worker")
@@ -34,11 +37,12 @@ Replies = Mapping[str, Sequence[tuple[str, str]]]
 class _Batch:
     """Calls that go out in one pipeline; one event wakes all their callers."""
 
-    __slots__ = ("calls", "done", "replies", "results")
+    __slots__ = ("calls", "done", "replies", "replies_at", "results")
 
     def __init__(self) -> None:
         self.calls: list[ScriptCall] = []
         self.replies: list[Replies | None] = []
+        self.replies_at: list[int | None] = []
         self.done = anyio.Event()
         self.results: list[Any] = []
 
@@ -53,18 +57,24 @@ class Pipeliner:
         self._next = _Batch()
         self._queued = anyio.Event()
 
-    async def run(self, call: ScriptCall, replies: Replies | None = None) -> Any:
+    async def run(
+        self, call: ScriptCall, replies: Replies | None = None, replies_at: int | None = None
+    ) -> Any:
         """The script's reply. ``replies`` are published once the call has succeeded (never
-        after an error: a fenced step committed nothing); only on an in-order backend.
+        after an error: a fenced step committed nothing): by the script itself, given them
+        as JSON ``[[channel, message], ...]`` in ``call.args[replies_at]``, or with the batch.
 
         :raises redis.exceptions.ResponseError: the script's own error (``FENCED …``).
         :raises BackendUnavailable: if the server does not answer.
         """
-        assert replies is None or self._backend.in_order, "replies could overtake each other"
+        if replies and not self._backend.in_order:
+            assert replies_at is not None, "the script must publish its replies itself"
+            call, replies = _inline(call, replies, replies_at), None
         batch = self._next
         index = len(batch.calls)
         batch.calls.append(call)
-        batch.replies.append(replies)
+        batch.replies.append(replies or None)
+        batch.replies_at.append(replies_at)
         self._queued.set()
         await batch.done.wait()
         result = batch.results[index]
@@ -78,14 +88,21 @@ class Pipeliner:
                 await self._queued.wait()
                 self._queued = anyio.Event()
                 batch, self._next = self._next, _Batch()
+                carrying = [i for i, replies in enumerate(batch.replies) if replies]
+                if len(carrying) == 1 and batch.replies_at[carrying[0]] is not None:
+                    i = carrying[0]
+                    replies, at = batch.replies[i], batch.replies_at[i]
+                    assert replies is not None and at is not None
+                    batch.calls[i], batch.replies[i] = _inline(batch.calls[i], replies, at), None
                 try:
                     batch.results = await self._backend.run_many(batch.calls)
                 except BackendUnavailable as exc:
                     batch.results = [exc] * len(batch.calls)
-                if messages := self._messages(batch):
-                    # Scheduled before the runners wake, so written before anything they send
-                    # next on the one connection (a later commit's replies cannot overtake
-                    # these), yet not waited for.
+                messages = self._messages(batch)
+                # Written before the runners wake, so before anything they send next on the one
+                # connection (a later commit's replies cannot overtake these), and not waited
+                # for. (If the connection just closed: by a task, which reconnects.)
+                if messages and not self._backend.publish_nowait(messages):
                     publishing.start_soon(self._publish, messages)
                 batch.done.set()
 
@@ -108,3 +125,10 @@ class Pipeliner:
             except BackendUnavailable as exc:
                 log.warning("could not publish %d replies (%s); clients will look them up",
                             len(messages), exc)
+
+
+def _inline(call: ScriptCall, replies: Replies, at: int) -> ScriptCall:
+    """``call`` with its replies in its arguments, for the script to publish."""
+    args = list(call.args)
+    args[at] = dumps([(channel, encode_reply(outcomes)) for channel, outcomes in replies.items()])
+    return ScriptCall(call.script, call.keys, args)

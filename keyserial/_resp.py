@@ -140,6 +140,16 @@ class PipelinedConnection:
         protocol = await self._connected()
         return await _replies(protocol, protocol.send(commands), self.timeout)
 
+    def send_nowait(self, commands: Sequence[Command]) -> bool:
+        """Write ``commands`` now, on the open connection, without waiting for their replies
+        (errors are dropped); False, with nothing sent, if no connection is open."""
+        protocol = self._protocol
+        if protocol is None or protocol.closed.done():
+            return False
+        for future in protocol.send(commands):
+            future.add_done_callback(_drop)
+        return True
+
     async def open(self, on_message: MessageHandler | None = None) -> _Protocol:
         """A new connection, authenticated and on the configured database."""
         loop = asyncio.get_running_loop()
@@ -175,6 +185,11 @@ class PipelinedConnection:
             if protocol is None or protocol.closed.done():
                 protocol = self._protocol = await self.open()
         return protocol
+
+
+def _drop(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()  # retrieved, so asyncio does not log it as never retrieved
 
 
 async def _replies(

@@ -29,7 +29,6 @@ from ._codec import (
     MalformedEntry,
     decode_entry,
     encode_error,
-    encode_reply,
     salvage_replies,
 )
 from ._crossshard import GRANT_OP, CrossShard, Mailbox
@@ -51,6 +50,8 @@ T = TypeVar("T")
 
 #: Committed entries a busy shard leaves in its stream at most before a step trims them.
 _TRIM_EVERY = 32
+#: Where the step script takes the replies it publishes itself (ARGV[12]).
+_STEP_REPLIES = 11
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,12 +250,12 @@ class ShardRunner:
         rotate = self._rotate_results(now_ms)
         args = [
             self.epoch, progress, rotate, self._cursor, want, commit, careful, now_ms,
-            trim_to, trim_now, int(self.cache.complete),
+            trim_to, trim_now, int(self.cache.complete), "",
         ]
         self._steps_started += 1
         step = self._steps_started
         entries, done, states = await self.fenced(
-            _backend.STEP, self._step_keys, args, replies=replies or None
+            _backend.STEP, self._step_keys, args, replies=replies, replies_at=_STEP_REPLIES
         )
         self._steps_done = step
         if trim_to and (trim_now == "1" or not want or not entries):
@@ -451,13 +452,9 @@ class ShardRunner:
         self._writing = set(self.dirty)
         self.dirty.clear()
         progress = self._advance_progress()
-        published: list[tuple[str, str]] = []
-        if not self._backend.in_order:  # the step publishes them (see _pipeline)
-            published = [(channel, encode_reply(outcomes)) for channel, outcomes in replies.items()]
-            replies = {}
-        if not (writes or results or dead or published):
+        if not (writes or results or dead):
             return progress, "", replies
-        return progress, dumps({"s": writes, "r": results, "d": dead, "p": published}), replies
+        return progress, dumps({"s": writes, "r": results, "d": dead}), replies
 
     def _rotate_results(self, now_ms: int) -> str:
         """'1' if this step starts a new results generation: the current one is a retention
@@ -493,14 +490,14 @@ class ShardRunner:
         return await self._retrying(lambda: self._backend.hmget(self.keys.state, keys))
 
     async def fenced(
-        self, script: Script, keys: list[str], args: list[Any], *, replies: Replies | None = None
+        self, script: Script, keys: list[str], args: list[Any], *,
+        replies: Replies | None = None, replies_at: int | None = None,
     ) -> Any:
         """Run a fenced script (raises ``LeaseLost`` when another owner's epoch refuses it);
-        ``replies`` go out once it has committed."""
+        ``replies`` go out once it has committed (see :meth:`Pipeliner.run`)."""
+        call = ScriptCall(script, keys, args)
         try:
-            return await self._retrying(
-                lambda: self._pipeliner.run(ScriptCall(script, keys, args), replies)
-            )
+            return await self._retrying(lambda: self._pipeliner.run(call, replies, replies_at))
         except redis_errors.ResponseError as exc:
             if str(exc).startswith("FENCED"):
                 raise LeaseLost(self.shard, "another worker took the shard over") from None

@@ -374,8 +374,8 @@ async def test_a_step_sent_again_after_a_lost_reply_rotates_results_only_once(
         await backend.call("HSET", k.results_old, "older", '{"ok":0}')
         keys = [k.epoch, k.state, k.progress, k.stream, k.results, k.results_old, k.dead,
                 k.horizon, k.results_since]
-        commit = json.dumps({"s": [], "r": [["new", '{"ok":2}']], "d": [], "p": []})
-        args = [7, "", "1", "0-0", 0, commit, "0", 5000, "", "0", "0"]
+        commit = json.dumps({"s": [], "r": [["new", '{"ok":2}']], "d": []})
+        args = [7, "", "1", "0-0", 0, commit, "0", 5000, "", "0", "0", ""]
         for _ in range(2):
             await backend.run(STEP, keys, args)
             assert await backend.call("HKEYS", k.results_old) == [b"young"]

@@ -5,8 +5,8 @@
 -- KEYS[1]  home results
 -- KEYS[1 + 2i - 1], KEYS[1 + 2i]  shard i's epoch and state (i = 1: the home, then the others)
 -- ARGV[1]  op id   ARGV[2]  the op's outcome (JSON)
--- ARGV[3]  replies, JSON [[channel, message], ...] (empty on keyserial's own connection: the
---          owner publishes them with its batch, see _pipeline.py)
+-- ARGV[3]  replies to publish, JSON [[channel, message], ...] (empty when the owner publishes
+--          them with its batch, see _pipeline.py)
 -- ARGV[3 + 2i - 1], ARGV[3 + 2i]  shard i's owner epoch, and its writes, JSON
 --          [[key, JSON state or '' to delete], ...]
 -- Returns 1 when committed. Error "ELSEWHERE i" when shard i > 1 has another owner now, error

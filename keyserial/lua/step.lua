@@ -18,9 +18,7 @@
 -- ARGV[5]  how many entries to fetch (0: commit only)
 -- ARGV[6]  what to commit, one JSON object (one argument: cheaper to send than many), or '':
 --   {"s": [[key, JSON state or '' to delete], ...], "r": [[op id, JSON outcome], ...],
---    "d": [[entry id, reason, raw entry], ...], "p": [[channel, reply message], ...]}
---   ("p" is empty on keyserial's own connection: the owner publishes the replies of a whole
---   batch of steps once they have returned, see _pipeline.py.)
+--    "d": [[entry id, reason, raw entry], ...]}
 -- ARGV[7]  '1' in careful mode (after an unclean takeover: entries at or below the horizon are
 --          fetched again, so the horizon is only raised); '0' otherwise (every fetched entry is
 --          past the horizon, so it is set without reading it)
@@ -31,6 +29,9 @@
 --          shard's XLEN is exactly its backlog)
 -- ARGV[11] '1': the owner holds every state of the shard (loaded when it took the shard over),
 --          so none is read
+-- ARGV[12] replies to publish once committed, JSON [[channel, message], ...], or ''. (On
+--          keyserial's own connection the owner publishes the replies of several steps of one
+--          batch itself, one message per channel, once they have returned: see _pipeline.py.)
 -- Entries with the field fresh = '1' carry op ids appended for the first time (see the wire
 -- format), so their stored outcomes are not looked up, except in careful mode.
 -- Returns {entries, done, states}: entries as XRANGE returns them; done = {op id, outcome, ...};
@@ -73,7 +74,7 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
 end
 
 -- Commit.
-local commit = {s = {}, r = {}, d = {}, p = {}}
+local commit = {s = {}, r = {}, d = {}}
 if ARGV[6] ~= '' then
   commit = cjson.decode(ARGV[6])
 end
@@ -132,8 +133,10 @@ elseif ARGV[2] ~= '' then
 elseif horizon then
   redis.call('SET', KEYS[8], horizon)
 end
-for _, reply in ipairs(commit.p) do
-  redis.call('PUBLISH', reply[1], reply[2])
+if ARGV[12] ~= '' then
+  for _, reply in ipairs(cjson.decode(ARGV[12])) do
+    redis.call('PUBLISH', reply[1], reply[2])
+  end
 end
 if ARGV[9] ~= '' and (ARGV[10] == '1' or not fetching or #entries == 0) then
   -- Drop committed entries, so XLEN counts the entries not committed yet.

@@ -1,0 +1,92 @@
+"""The worker's pipeliner: how the replies of committed ops go out."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import anyio
+import pytest
+from anyio import wait_all_tasks_blocked
+
+from keyserial._backend import Backend, Script, ScriptCall
+from keyserial._pipeline import Pipeliner
+
+# Publishes ARGV[2] (JSON [[channel, message], ...]) and returns how many messages that was;
+# fails, publishing nothing, on ARGV[1] 'fail'.
+_TEXT = """
+if ARGV[1] == 'fail' then return redis.error_reply('FENCED test') end
+local replies = cjson.decode(ARGV[2])
+for _, reply in ipairs(replies) do redis.call('PUBLISH', reply[1], reply[2]) end
+return #replies
+"""
+PUBLISHING = Script("publishing", _TEXT, hashlib.sha1(_TEXT.encode()).hexdigest())
+CHANNEL = "ks:test-pipeline:reply"
+
+
+async def one_batch(
+    redis_url: str, calls: list[tuple[str, str | None]]
+) -> tuple[list[Any], list[Any]]:
+    """Run ``(mode, op id)`` calls in one pipeline batch, each committing one op whose reply goes
+    to CHANNEL (none without an op id). What each call returned, and the reply messages
+    published, decoded."""
+    backend = await Backend.connect(redis_url)
+    messages: list[Any] = []
+    ended = anyio.Event()
+
+    def receive(_: str, data: bytes) -> None:
+        if data == b"end":
+            ended.set()
+        else:
+            messages.append(json.loads(data))
+
+    results: list[Any] = [None] * len(calls)
+    pipeliner = Pipeliner(backend)
+
+    async def run(index: int, mode: str, op_id: str | None) -> None:
+        call = ScriptCall(PUBLISHING, ["{t}x"], [mode, "[]"])
+        replies = None if op_id is None else {CHANNEL: [(op_id, '{"ok":1}')]}
+        try:
+            results[index] = await pipeliner.run(call, replies, 1)
+        except Exception as exc:
+            results[index] = str(exc)
+
+    try:
+        async with anyio.create_task_group() as group:
+            await group.start(backend.listen, [CHANNEL], receive)
+            async with anyio.create_task_group() as callers:
+                for index, (mode, op_id) in enumerate(calls):
+                    callers.start_soon(run, index, mode, op_id)
+                await wait_all_tasks_blocked()  # every call queued: they go out as one batch
+                group.start_soon(pipeliner.serve)
+            # Published after the batch's replies, so heard after them.
+            await backend.call("PUBLISH", CHANNEL, "end")
+            with anyio.fail_after(5):
+                await ended.wait()
+            group.cancel_scope.cancel()
+    finally:
+        await backend.aclose()
+    return results, messages
+
+
+async def test_replies_of_a_batch_go_out_once_committed_one_message_per_channel(
+    redis_url: str, request: pytest.FixtureRequest
+) -> None:
+    """Several committed calls: on keyserial's own connection (standalone) one message carries
+    all their replies; elsewhere each script publishes its own. A failed call's replies are
+    never published."""
+    results, messages = await one_batch(redis_url, [("ok", "a"), ("fail", "b"), ("ok", "c")])
+    standalone = "standalone" in request.node.callspec.id
+    by_script = 0 if standalone else 1
+    assert results == [by_script, "FENCED test", by_script]
+    replied = sorted(op_id for message in messages for op_id, _ in message["r"])
+    assert replied == ["a", "c"]
+    assert len(messages) == (1 if standalone else 2)
+
+
+async def test_a_batch_with_one_call_replying_lets_its_script_publish(redis_url: str) -> None:
+    """Alone, a call's replies go out from its script (no extra hop after the batch)."""
+    results, messages = await one_batch(redis_url, [("ok", "a"), ("ok", None)])
+    assert results == [1, 0]  # the first call's script published its reply
+    assert messages == [{"v": 1, "r": [["a", {"ok": 1}]]}]
