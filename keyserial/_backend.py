@@ -415,23 +415,6 @@ class Backend:
             [("PUBLISH", channel, message) for channel, message in messages]
         )
 
-    async def publish_many(self, messages: Sequence[tuple[str, str]]) -> None:
-        """``PUBLISH`` each ``(channel, message)``, in one pipeline.
-
-        :raises BackendUnavailable: if the server does not answer.
-        """
-        commands = [("PUBLISH", channel, message) for channel, message in messages]
-        try:
-            if self._pipelined is not None:
-                await self._pipelined.execute(commands)
-                return
-            pipe = self.client.pipeline(transaction=False)
-            for command in commands:
-                pipe.execute_command(*command)
-            await pipe.execute()
-        except UNREACHABLE as exc:
-            raise BackendUnavailable(self.url, exc) from exc
-
     async def stored(self, shard: ShardKeys, fields: Sequence[str]) -> list[bytes | None]:
         """Stored results (or cross-shard records) of ``fields`` in a shard: the current
         generation, then the previous one for those not found."""

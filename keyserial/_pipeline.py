@@ -83,28 +83,28 @@ class Pipeliner:
         return result
 
     async def serve(self) -> None:
-        async with anyio.create_task_group() as publishing:
-            while True:
-                await self._queued.wait()
-                self._queued = anyio.Event()
-                batch, self._next = self._next, _Batch()
-                carrying = [i for i, replies in enumerate(batch.replies) if replies]
-                if len(carrying) == 1 and batch.replies_at[carrying[0]] is not None:
-                    i = carrying[0]
-                    replies, at = batch.replies[i], batch.replies_at[i]
-                    assert replies is not None and at is not None
-                    batch.calls[i], batch.replies[i] = _inline(batch.calls[i], replies, at), None
-                try:
-                    batch.results = await self._backend.run_many(batch.calls)
-                except BackendUnavailable as exc:
-                    batch.results = [exc] * len(batch.calls)
-                messages = self._messages(batch)
-                # Written before the runners wake, so before anything they send next on the one
-                # connection (a later commit's replies cannot overtake these), and not waited
-                # for. (If the connection just closed: by a task, which reconnects.)
-                if messages and not self._backend.publish_nowait(messages):
-                    publishing.start_soon(self._publish, messages)
-                batch.done.set()
+        while True:
+            await self._queued.wait()
+            self._queued = anyio.Event()
+            batch, self._next = self._next, _Batch()
+            carrying = [i for i, replies in enumerate(batch.replies) if replies]
+            if len(carrying) == 1 and batch.replies_at[carrying[0]] is not None:
+                i = carrying[0]
+                replies, at = batch.replies[i], batch.replies_at[i]
+                assert replies is not None and at is not None
+                batch.calls[i], batch.replies[i] = _inline(batch.calls[i], replies, at), None
+            try:
+                batch.results = await self._backend.run_many(batch.calls)
+            except BackendUnavailable as exc:
+                batch.results = [exc] * len(batch.calls)
+            # Written before the runners wake, so before anything they send next on the one
+            # connection (a later commit's replies cannot overtake these), and not waited for.
+            messages = self._messages(batch)
+            if messages and not self._backend.publish_nowait(messages):
+                # The connection closed since the batch returned. A reply is at most once
+                # anyway: the result is stored, and clients look up overdue ones.
+                log.warning("connection lost: %d reply messages not sent", len(messages))
+            batch.done.set()
 
     @staticmethod
     def _messages(batch: _Batch) -> list[tuple[str, str]]:
@@ -114,21 +114,16 @@ class Pipeliner:
             if replies and not isinstance(result, Exception):
                 for channel, outcomes in replies.items():
                     merged[channel].extend(outcomes)
-        return [(channel, encode_reply(outcomes)) for channel, outcomes in merged.items()]
-
-    async def _publish(self, messages: list[tuple[str, str]]) -> None:
-        # Shielded: a worker that stops still sends what it committed. A reply lost anyway (the
-        # server went away) is not an op lost: clients look up overdue results.
-        with anyio.CancelScope(shield=True):
-            try:
-                await self._backend.publish_many(messages)
-            except BackendUnavailable as exc:
-                log.warning("could not publish %d replies (%s); clients will look them up",
-                            len(messages), exc)
+        return _encoded(merged)
 
 
 def _inline(call: ScriptCall, replies: Replies, at: int) -> ScriptCall:
     """``call`` with its replies in its arguments, for the script to publish."""
     args = list(call.args)
-    args[at] = dumps([(channel, encode_reply(outcomes)) for channel, outcomes in replies.items()])
+    args[at] = dumps(_encoded(replies))
     return ScriptCall(call.script, call.keys, args)
+
+
+def _encoded(replies: Replies) -> list[tuple[str, str]]:
+    """``(channel, reply message)`` for each channel."""
+    return [(channel, encode_reply(outcomes)) for channel, outcomes in replies.items()]
