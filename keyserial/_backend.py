@@ -416,15 +416,35 @@ class Backend:
         )
 
     async def stored(self, shard: ShardKeys, fields: Sequence[str]) -> list[bytes | None]:
-        """Stored results (or cross-shard records) of ``fields`` in a shard: the current
-        generation, then the previous one for those not found."""
-        found = await self.hmget(shard.results, fields)
-        missing = [index for index, value in enumerate(found) if value is None]
-        if missing:
-            older = await self.hmget(shard.results_old, [fields[index] for index in missing])
-            for index, value in zip(missing, older, strict=True):
-                found[index] = value
-        return found
+        """Stored results (or cross-shard records) of ``fields`` in a shard: from the current
+        generation, else the previous one (both read in one round trip).
+
+        :raises BackendUnavailable: if the server does not answer.
+        """
+        current, previous = await self._pipeline(
+            [("HMGET", shard.results, *fields), ("HMGET", shard.results_old, *fields)]
+        )
+        pairs = zip(current, previous, strict=True)
+        return [now if now is not None else before for now, before in pairs]
+
+    async def _pipeline(self, commands: Sequence[Sequence[ScriptArg]]) -> list[Any]:
+        """Plain commands in one pipeline (on a cluster, all in one slot); their replies."""
+        try:
+            if self._pipelined is not None:
+                replies = await self._pipelined.execute(commands)
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                for command in commands:
+                    pipe.execute_command(*command)
+                replies = await pipe.execute(raise_on_error=False)
+        except UNREACHABLE as exc:
+            raise BackendUnavailable(self.url, exc) from exc
+        for reply in replies:
+            if isinstance(reply, UNREACHABLE):
+                raise BackendUnavailable(self.url, reply)
+            if isinstance(reply, redis_errors.ResponseError):
+                raise reply
+        return replies
 
     async def hmget(self, key: str, fields: Sequence[str]) -> list[bytes | None]:
         result: list[bytes | None] = await self.call("HMGET", key, *fields)

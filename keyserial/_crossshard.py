@@ -71,6 +71,8 @@ log = logging.getLogger("keyserial.worker")
 
 #: The op name of a grant request; served by every worker, never by an app.
 GRANT_OP = "keyserial.grant"
+#: Where ``commit_across`` takes the replies it publishes itself (ARGV[3]).
+_ACROSS_REPLIES = 2
 _APPLIED = '{"ok":"applied"}'
 _RELEASED = '{"ok":"released"}'
 
@@ -295,7 +297,7 @@ class CrossShard:
             outcome, new_states = await host.evaluate(envelope, states)
             writes = self._writes(states, new_states)
             keys = [host.keys.results]
-            args: list[Any] = [envelope.op_id, outcome, "[]"]  # [2]: the replies, see fenced()
+            args: list[Any] = [envelope.op_id, outcome, "[]"]  # replies: see fenced()
             owned: list[OwnedShard] = [host, *others]
             for owner in owned:
                 keys += [owner.keys.epoch, owner.keys.state]
@@ -304,7 +306,7 @@ class CrossShard:
                 await host.fenced(
                     _backend.COMMIT_ACROSS, keys, args,
                     replies={reply: [(envelope.op_id, outcome)] for reply in replies},
-                    replies_at=2,
+                    replies_at=_ACROSS_REPLIES,
                 )
             except redis_errors.ResponseError as exc:
                 if not str(exc).startswith("ELSEWHERE"):

@@ -63,7 +63,7 @@ class Grant:
     careful_until: str | None
     poisoned: str | None
     #: When (ms) the shard's current results generation began; None: none has.
-    results_since: int | None = None
+    results_since: int | None
 
 
 @dataclass(slots=True)

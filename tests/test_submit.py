@@ -383,3 +383,26 @@ async def test_a_step_sent_again_after_a_lost_reply_rotates_results_only_once(
             assert await backend.call("GET", k.results_since) == b"5000"
     finally:
         await backend.aclose()
+
+
+async def test_a_result_of_the_previous_generation_is_still_found(
+    redis_url: str, namespace: str
+) -> None:
+    """After its generation rotates to ``…:results:old``, a result still deduplicates a
+    resubmit and is returned by ``result()``, and the client's lookups read both generations."""
+    k = ShardKeys(namespace, 0)
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        async with running_worker(redis_url, namespace, shard_count=1, result_ttl=0.5), \
+                keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+            assert await ks.submit("acct:1", deposit(5), op_id="first") == 5
+            with anyio.fail_after(10):
+                while not await client.hexists(k.results_old, "first"):
+                    await ks.submit("acct:2", deposit(1))  # steps rotate the generations
+                    await anyio.sleep(0.05)
+            assert not await client.hexists(k.results, "first")
+            assert await ks.result("first", key="acct:1") == 5
+            assert await ks.submit("acct:1", deposit(5), op_id="first") == 5  # not run again
+            assert await ks.read("acct:1") == 5
+    finally:
+        await client.aclose()
