@@ -33,8 +33,10 @@ needed: the home owner holds the other shards' keys in process (a hold in their 
 same ascending order, so the argument above is unchanged) and commits every shard's writes, the
 result and the reply in one script fenced by all their epochs (``commit_across``). Atomic by
 itself, it needs no decision record. If a participant shard changes hands meanwhile, that
-script writes nothing and the op goes through grant requests. (On a cluster the shards' keys
-sit in different slots, which one script cannot touch.)
+script writes nothing and the op goes through grant requests. A sync op whose keys are all
+idle needs no task for this: :meth:`CrossShard.start_now` holds its keys, runs it and queues
+the script while its entry is dispatched. (On a cluster the shards' keys sit in different
+slots, which one script cannot touch.)
 
 Records (in the results hash, so they expire with the results): home ``<op>#<epoch>#d`` (the
 decision); participant ``<op>#<epoch>`` (the grant request's own result) and ``<op>#<epoch>#g``
@@ -48,9 +50,10 @@ import itertools
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, contextmanager
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import anyio
@@ -59,7 +62,7 @@ from redis import exceptions as redis_errors
 from . import _backend
 from ._backend import Backend, Script, ScriptCall
 from ._codec import WIRE_VERSION, Envelope, encode_error, encode_reply, pack_entry
-from ._execution import Run, StateCache
+from ._execution import Hold, Run, StateCache
 from ._json import dumps
 from ._layout import ShardKeys
 from ._pipeline import Replies
@@ -101,6 +104,12 @@ class LocalShard(OwnedShard, Protocol):
         self, keys: tuple[str, ...]
     ) -> AbstractAsyncContextManager[dict[str, str | None] | None]:
         """Hold ``keys``; yields their committed states, or None if the shard stopped first."""
+
+    def try_hold(self, keys: tuple[str, ...]) -> Hold | None:
+        """Hold ``keys`` at once if they are idle (committed, cached, nothing queued), or None."""
+
+    def release(self, hold: Hold) -> None:
+        """End a hold :meth:`try_hold` took."""
 
 
 @dataclass(slots=True)
@@ -152,10 +161,26 @@ class Mailbox:
             letter.event.set()
 
 
-class Host(OwnedShard, Protocol):
+class Host(LocalShard, Protocol):
     """What a shard runner offers the coordination of its cross-shard ops."""
 
     dirty: set[str]
+
+    def spawn(self, task: Callable[[], Coroutine[Any, Any, None]]) -> bool:
+        """Run ``task`` in the runner's task group; False if the runner has stopped."""
+
+    def runs_inline(self, envelope: Envelope) -> bool:
+        """Whether the op exists, takes a list of keys, and is not ``async``."""
+
+    def evaluate_now(
+        self, envelope: Envelope, states: Mapping[str, str | None]
+    ) -> tuple[str, dict[str, str | None] | None]:
+        """:meth:`evaluate` for an op that :meth:`runs_inline`."""
+
+    def commit_later(
+        self, call: ScriptCall, replies: Replies, replies_at: int, on_done: Callable[[Any], None]
+    ) -> None:
+        """Queue a fenced script in the next pipeline; ``on_done`` gets its reply or error."""
 
     async def flush(self, keys: Iterable[str]) -> None:
         """Return once every write to ``keys`` made so far has committed."""
@@ -221,18 +246,110 @@ class CrossShard:
 
     # -- the home shard: coordinating ----------------------------------------------------------
 
+    def start_now(self, run: Run) -> bool:
+        """Start an op whose shards this worker owns and whose keys are all idle, with no task:
+        hold its keys, run it, and queue its ``commit_across`` in the next pipeline; the
+        script's reply ends it (:meth:`_committed`). Under load most transfers go this way: the
+        waiting and the task of :meth:`_commit_in_process` cost more than the op. False, with
+        nothing done, if the op has to queue: some key busy, uncommitted or not cached, some
+        shard not this worker's, an ``async`` op, or a cluster."""
+        host, envelope = self._host, run.envelope
+        if self._backend.is_cluster or envelope.name == GRANT_OP or not host.runs_inline(envelope):
+            return False
+        local, by_shard = self._split(envelope)
+        owners: list[LocalShard] = [host]
+        for shard in sorted(by_shard):
+            other = self._mailbox.local_runner(shard)
+            if other is None:
+                return False
+            owners.append(other)
+        holds: list[tuple[LocalShard, Hold]] = []
+        for owner in owners:
+            hold = owner.try_hold(tuple(local if owner is host else by_shard[owner.shard]))
+            if hold is None:
+                for taken, held in holds:
+                    taken.release(held)
+                return False
+            holds.append((owner, hold))
+        states = {key: owner.cache[key] for owner, hold in holds for key in hold.keys}
+        outcome, new_states = host.evaluate_now(envelope, states)
+        writes = self._writes(states, new_states)
+        replies = list(run.replies)
+        host.commit_later(
+            self._across_call(envelope.op_id, outcome, owners, writes),
+            {reply: [(envelope.op_id, outcome)] for reply in replies},
+            _ACROSS_REPLIES,
+            partial(self._committed, run, holds, writes, outcome, len(replies)),
+        )
+        return True
+
+    def _committed(
+        self,
+        run: Run,
+        holds: list[tuple[LocalShard, Hold]],
+        writes: dict[int, list[tuple[str, str]]],
+        outcome: str,
+        replied: int,
+        result: Any,
+    ) -> None:
+        """The reply of :meth:`start_now`'s commit. If it failed (a shard changed hands, the
+        server is unreachable), nothing was written: the op takes the usual path, its home
+        keys still held so that no later op on them overtakes it."""
+        host = self._host
+        if isinstance(result, Exception):
+            log.info("shard %d: op %s did not commit (%s); running it again",
+                     host.shard, run.envelope.op_id, result)
+            for owner, hold in holds[1:]:
+                owner.release(hold)
+            home_hold = holds[0][1]
+            # If the home runner stopped, its successor runs the op again.
+            host.spawn(partial(self._coordinate_holding, run, home_hold))
+            return
+        for owner, hold in holds:
+            for key, state in writes.get(owner.shard, []):
+                owner.cache[key] = state or None
+            owner.release(hold)
+        # Callers that resubmitted the op while it ran have not been told yet.
+        host.settle(run, outcome, stored=True, replies=run.replies[replied:])
+
+    async def _coordinate_holding(self, run: Run, hold: Hold) -> None:
+        try:
+            await self._coordinate(run)
+        finally:
+            self._host.release(hold)
+
+    def _split(self, envelope: Envelope) -> tuple[list[str], dict[int, list[str]]]:
+        """The op's keys on this shard, and on each other shard."""
+        by_shard: dict[int, list[str]] = defaultdict(list)
+        for key in envelope.keys:
+            by_shard[shard_for(key, self._shard_count)].append(key)
+        local = by_shard.pop(self._host.shard)
+        for key in itertools.chain.from_iterable(by_shard.values()):
+            self._host.cache.pop(key, None)  # the fetch looked it up here: it is not ours
+        return local, by_shard
+
+    def _across_call(
+        self,
+        op_id: str,
+        outcome: str,
+        owners: Sequence[OwnedShard],
+        writes: Mapping[int, list[tuple[str, str]]],
+    ) -> ScriptCall:
+        """``commit_across`` of an op's writes, fenced by every shard's epoch (home first)."""
+        keys = [self._host.keys.results]
+        args: list[Any] = [op_id, outcome, "[]"]  # replies: see Pipeliner.run
+        for owner in owners:
+            keys += [owner.keys.epoch, owner.keys.state]
+            args += [owner.epoch, dumps(writes.get(owner.shard, []))]
+        return ScriptCall(_backend.COMMIT_ACROSS, keys, args)
+
     async def _coordinate(self, run: Run) -> None:
         host, envelope = self._host, run.envelope
         problem = host.problem(envelope)
         if problem is not None:
             host.settle(run, problem, stored=False, replies=list(run.replies))
             return
-        by_shard: dict[int, list[str]] = defaultdict(list)
-        for key in envelope.keys:
-            by_shard[shard_for(key, self._shard_count)].append(key)
-        local = by_shard.pop(host.shard)
-        for key in itertools.chain.from_iterable(by_shard.values()):
-            host.cache.pop(key, None)  # the fetch looked it up here: it is not ours
+        local, by_shard = self._split(envelope)
         await host.flush(local)  # the home keys' earlier writes commit before this op's can
         if not self._backend.is_cluster and await self._commit_in_process(run, local, by_shard):
             return
@@ -296,15 +413,11 @@ class CrossShard:
                 states.update(held)
             outcome, new_states = await host.evaluate(envelope, states)
             writes = self._writes(states, new_states)
-            keys = [host.keys.results]
-            args: list[Any] = [envelope.op_id, outcome, "[]"]  # replies: see fenced()
             owned: list[OwnedShard] = [host, *others]
-            for owner in owned:
-                keys += [owner.keys.epoch, owner.keys.state]
-                args += [owner.epoch, dumps(writes.get(owner.shard, []))]
+            call = self._across_call(envelope.op_id, outcome, owned, writes)
             try:
                 await host.fenced(
-                    _backend.COMMIT_ACROSS, keys, args,
+                    call.script, list(call.keys), list(call.args),
                     replies={reply: [(envelope.op_id, outcome)] for reply in replies},
                     replies_at=_ACROSS_REPLIES,
                 )

@@ -97,6 +97,10 @@ class Coordination(Protocol):
 
     async def run(self, run: Run) -> None: ...
 
+    def start_now(self, run: Run) -> bool:
+        """Take the op without a task if it can (see ``CrossShard.start_now``)."""
+        ...
+
 
 def error_type_name(exc: BaseException) -> str:
     """The type an op's error travels as: keyserial's own name, or ``module.Class``."""
@@ -152,11 +156,22 @@ class Executor:
         ):
             self._execute_now(run)  # nothing to wait for: no task needed
             return
+        if special and coordination is not None and coordination.start_now(run):
+            return
         item: Run | Barrier = (
             run if len(keys) == 1 and not special else Barrier(run, len(keys), special)
         )
         for key in keys:
             self._enqueue(key, item)
+
+    def try_hold(self, keys: tuple[str, ...]) -> Hold | None:
+        """Hold ``keys`` now if nothing is queued on them (no task needed), else None."""
+        if self.task_group is None or any(key in self._chains for key in keys):
+            return None
+        item = Hold(keys)
+        for key in keys:
+            self._chains[key] = deque([item])
+        return item
 
     def hold(self, keys: tuple[str, ...]) -> Hold:
         """Queue a hold on ``keys``: its ``held`` is set once every op queued on them before it
@@ -255,6 +270,15 @@ class Executor:
             )
         return None
 
+    def runs_inline(self, envelope: Envelope) -> bool:
+        """Whether the op exists, takes the keys it was given, and is not ``async``."""
+        definition = self._registry.get(envelope.name)
+        return (
+            definition is not None
+            and definition.multi_key == envelope.multi
+            and not definition.is_async
+        )
+
     async def evaluate(
         self, envelope: Envelope, states: Mapping[str, str | None]
     ) -> tuple[str, dict[str, str | None] | None]:
@@ -262,20 +286,43 @@ class Executor:
         its outcome, and every key's new state (None if it failed)."""
         definition = self._registry.get(envelope.name)
         assert definition is not None, "problem() is checked first"
-        self._fence += 1
-        context = MultiContext(
-            keys=envelope.keys,
-            op_id=envelope.op_id,
-            shard=self.shard,
-            fence=self._fence,
-            encoded_states=states,
-        )
+        context = self._multi_context(envelope, states)
         try:
             value = definition.fn(context, *envelope.args, **envelope.kwargs)
             if definition.is_async:
                 value = await value
         except Exception as exc:
             return self._error_outcome(envelope, exc), None
+        return self._multi_outcome(envelope, context, value)
+
+    def evaluate_now(
+        self, envelope: Envelope, states: Mapping[str, str | None]
+    ) -> tuple[str, dict[str, str | None] | None]:
+        """:meth:`evaluate` for an op that :meth:`runs_inline`."""
+        definition = self._registry.get(envelope.name)
+        assert definition is not None and not definition.is_async, "runs_inline() first"
+        context = self._multi_context(envelope, states)
+        try:
+            value = definition.fn(context, *envelope.args, **envelope.kwargs)
+        except Exception as exc:
+            return self._error_outcome(envelope, exc), None
+        return self._multi_outcome(envelope, context, value)
+
+    def _multi_context(
+        self, envelope: Envelope, states: Mapping[str, str | None]
+    ) -> MultiContext:
+        self._fence += 1
+        return MultiContext(
+            keys=envelope.keys,
+            op_id=envelope.op_id,
+            shard=self.shard,
+            fence=self._fence,
+            encoded_states=states,
+        )
+
+    def _multi_outcome(
+        self, envelope: Envelope, context: MultiContext, value: Any
+    ) -> tuple[str, dict[str, str | None] | None]:
         try:
             return encode_ok(value), context.encoded_states()
         except (TypeError, ValueError) as exc:

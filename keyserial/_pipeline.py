@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import anyio
@@ -37,12 +37,14 @@ Replies = Mapping[str, Sequence[tuple[str, str]]]
 class _Batch:
     """Calls that go out in one pipeline; one event wakes all their callers."""
 
-    __slots__ = ("calls", "done", "replies", "replies_at", "results")
+    __slots__ = ("callbacks", "calls", "done", "replies", "replies_at", "results")
 
     def __init__(self) -> None:
         self.calls: list[ScriptCall] = []
         self.replies: list[Replies | None] = []
         self.replies_at: list[int | None] = []
+        #: Called with the call's reply (or its error) once the batch is back; None: awaited.
+        self.callbacks: list[Callable[[Any], None] | None] = []
         self.done = anyio.Event()
         self.results: list[Any] = []
 
@@ -67,20 +69,43 @@ class Pipeliner:
         :raises redis.exceptions.ResponseError: the script's own error (``FENCED …``).
         :raises BackendUnavailable: if the server does not answer.
         """
-        if replies and not self._backend.in_order:
-            assert replies_at is not None, "the script must publish its replies itself"
-            call, replies = _inline(call, replies, replies_at), None
         batch = self._next
         index = len(batch.calls)
-        batch.calls.append(call)
-        batch.replies.append(replies or None)
-        batch.replies_at.append(replies_at)
-        self._queued.set()
+        self._add(call, replies, replies_at, None)
         await batch.done.wait()
         result = batch.results[index]
         if isinstance(result, Exception):
             raise result
         return result
+
+    def submit(
+        self,
+        call: ScriptCall,
+        replies: Replies | None,
+        replies_at: int | None,
+        on_done: Callable[[Any], None],
+    ) -> None:
+        """Like :meth:`run`, without a task to await it: ``on_done`` gets the script's reply,
+        or the error :meth:`run` would raise, once the batch is back (before the awaiting
+        callers of that batch wake)."""
+        self._add(call, replies, replies_at, on_done)
+
+    def _add(
+        self,
+        call: ScriptCall,
+        replies: Replies | None,
+        replies_at: int | None,
+        on_done: Callable[[Any], None] | None,
+    ) -> None:
+        if replies and not self._backend.in_order:
+            assert replies_at is not None, "the script must publish its replies itself"
+            call, replies = _inline(call, replies, replies_at), None
+        batch = self._next
+        batch.calls.append(call)
+        batch.replies.append(replies or None)
+        batch.replies_at.append(replies_at)
+        batch.callbacks.append(on_done)
+        self._queued.set()
 
     async def serve(self) -> None:
         while True:
@@ -104,6 +129,9 @@ class Pipeliner:
                 # The connection closed since the batch returned. A reply is at most once
                 # anyway: the result is stored, and clients look up overdue ones.
                 log.warning("connection lost: %d reply messages not sent", len(messages))
+            for on_done, result in zip(batch.callbacks, batch.results, strict=True):
+                if on_done is not None:
+                    on_done(result)
             batch.done.set()
 
     @staticmethod

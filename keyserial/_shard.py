@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -32,7 +32,7 @@ from ._codec import (
     salvage_replies,
 )
 from ._crossshard import GRANT_OP, CrossShard, Mailbox
-from ._execution import Entry, Executor, Run, StateCache
+from ._execution import Entry, Executor, Hold, Run, StateCache
 from ._json import dumps
 from ._layout import ShardKeys
 from ._ops import Registry
@@ -407,6 +407,44 @@ class ShardRunner:
             yield None if hold.abandoned or self._ended else {key: self.cache[key] for key in keys}
         finally:
             self._executor.release(hold)
+
+    def try_hold(self, keys: tuple[str, ...]) -> Hold | None:
+        """Hold ``keys`` at once, with no task, if they are idle: nothing queued on them, every
+        write to them committed, their states cached. None if not (or if this runner is
+        stopping); :meth:`hold` waits instead."""
+        if self._ended or self._stopping or not self.dirty.isdisjoint(keys):
+            return None
+        if self._steps_done < self._steps_started and not self._writing.isdisjoint(keys):
+            return None
+        if not self.cache.complete and any(key not in self.cache for key in keys):
+            return None
+        return self._executor.try_hold(keys)
+
+    def release(self, hold: Hold) -> None:
+        self._executor.release(hold)
+
+    def spawn(self, task: Callable[[], Coroutine[Any, Any, None]]) -> bool:
+        """Run ``task`` in this runner's task group (its errors end the runner); False if the
+        runner has stopped."""
+        group = self._executor.task_group
+        if group is None:
+            return False
+        group.start_soon(task)
+        return True
+
+    def runs_inline(self, envelope: Envelope) -> bool:
+        return self._executor.runs_inline(envelope)
+
+    def evaluate_now(
+        self, envelope: Envelope, states: Mapping[str, str | None]
+    ) -> tuple[str, dict[str, str | None] | None]:
+        return self._executor.evaluate_now(envelope, states)
+
+    def commit_later(
+        self, call: ScriptCall, replies: Replies, replies_at: int, on_done: Callable[[Any], None]
+    ) -> None:
+        """Queue a fenced script in the next pipeline; ``on_done`` gets its reply or error."""
+        self._pipeliner.submit(call, replies, replies_at, on_done)
 
     async def pipelined(self, call: ScriptCall) -> Any:
         return await self._pipeliner.run(call)

@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 import anyio
+import redis
 
 from keyserial import Context, InsufficientFunds, MultiContext, multi_op, op
 
@@ -99,6 +100,35 @@ async def pay(ctx: MultiContext, amount: int, delay: float = 0, note_path: str =
             await note.write(f"{os.getpid()}\n")
     if delay:
         await anyio.sleep(delay)
+    return _pay(ctx, amount)
+
+
+@multi_op
+def pay_now(ctx: MultiContext, amount: int) -> int:
+    """:func:`pay` as a sync op: when its keys are idle, a worker owning all its shards runs it
+    with no task and commits it in the next pipeline (``CrossShard.start_now``)."""
+    return _pay(ctx, amount)
+
+
+@multi_op
+def pay_while_taken_over(
+    ctx: MultiContext, amount: int, url: str, epoch_key: str, lease_key: str, note_path: str
+) -> int:
+    """:func:`pay_now` that, the first time it runs, makes it look as if another worker took a
+    participant shard over (its lease gone, its epoch moved on) after the keys were held: the
+    commit that follows is fenced out. Every run appends the pid to ``note_path``."""
+    first = not os.path.exists(note_path)
+    with open(note_path, "a") as note:
+        note.write(f"{os.getpid()}\n")
+    if first:
+        client = redis.Redis.from_url(url)
+        client.delete(lease_key)
+        client.incr(epoch_key)
+        client.close()
+    return _pay(ctx, amount)
+
+
+def _pay(ctx: MultiContext, amount: int) -> int:
     source, *targets = ctx.keys
     accounts = {key: ctx.states[key] or {"balance": 0, "ops": []} for key in ctx.keys}
     owed = amount * len(targets)

@@ -167,12 +167,13 @@ def worker_processes(directory: Path) -> Iterator[Callable[..., WorkerProcess]]:
 
 
 async def pay_until_settled(ks: keyserial.Client, op_id: str, keys: list[str],
-                            amount: int) -> str:
+                            amount: int, pay: Any = apps.pay) -> str:
     """Submit until the op is acknowledged ("paid" or "refused"), always under the same op id,
-    so it applies at most once however often it is resubmitted."""
+    so it applies at most once however often it is resubmitted. ``pay``: ``apps.pay`` (async:
+    every cross-shard op takes a task) or ``apps.pay_now`` (sync: idle keys take none)."""
     while True:
         try:
-            await ks.submit_many(keys, apps.pay(amount), op_id=op_id, timeout=20)
+            await ks.submit_many(keys, pay(amount), op_id=op_id, timeout=20)
         except InsufficientFunds:
             return "refused"
         except SubmitTimeout:

@@ -348,3 +348,41 @@ async def test_a_participant_shard_changing_hands_mid_op_sends_the_op_through_gr
     else:
         assert "shard 2 stopped during op moved; asking it for a grant" in caplog.text
         assert len(note.read_text().split()) == 1
+
+
+async def test_a_sync_op_whose_commit_is_fenced_out_takes_the_grant_path_keeping_its_order(
+    standalone_server: LocalServer, namespace: str, tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A sync op on idle keys is held, run and its commit queued with no task. Here another
+    owner takes the participant shard over in between (the op's first run does that), so the
+    commit is fenced out and writes nothing: the op runs again through the usual path, its
+    home key held throughout, so an op on that key appended meanwhile runs after it."""
+    caplog.set_level(logging.INFO, "keyserial.worker")
+    url = standalone_server.url
+    source, target = keys_on_shard(0, 4, 1, "acct")[0], keys_on_shard(2, 4, 1, "acct")[0]
+    note = tmp_path / "paying"
+    participant = ShardKeys(namespace, 2)
+    async with running_worker(url, namespace, shard_count=4, apps=["tests.apps"], lease_ttl=1.0), \
+            keyserial.connect(url, shards=4, namespace=namespace) as ks:
+        for account in (source, target):
+            await ks.submit(account, apps.open_account(100))
+        answers: list[Any] = []
+
+        async def pay() -> None:
+            answers.append(await ks.submit_many(
+                [source, target],
+                apps.pay_while_taken_over(10, url, participant.epoch, participant.lease,
+                                          str(note)),
+                op_id="moved", timeout=20))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(pay)
+            await eventually(note.exists, message="the op's first run")
+            after = await ks.submit(source, apps.peek(), timeout=20)
+        assert answers == [90]
+        assert after == {"balance": 90, "ops": ["moved"]}, "the later op ran first"
+        assert await ks.submit(target, apps.peek()) == {"balance": 110, "ops": ["moved"]}
+    assert "shard 0: op moved did not commit (ELSEWHERE 2); running it again" in caplog.text
+    assert "asking it for a grant" in caplog.text
+    assert len(note.read_text().split()) >= 2  # its body ran again; its effects landed once

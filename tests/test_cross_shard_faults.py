@@ -9,9 +9,10 @@ over whatever a fault frees. After every fault:
 * the caller hears the outcome, or times out and then reads it by op id;
 * new ops on A, B and C all complete within two lease TTLs of the fault.
 
-The last three tests use one worker that owns every shard: on a standalone server its
-cross-shard ops hold keys in process and commit all their shards in one script. They kill it,
-freeze it, and restart Redis under it.
+The last tests use one worker that owns every shard: on a standalone server its cross-shard
+ops hold keys in process and commit all their shards in one script. They kill it, freeze it,
+and restart Redis under it, with an async op (a task per op) and a sync one (idle keys: no task,
+the commit queued for the next pipeline).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 import redis.asyncio
 
 import keyserial
@@ -245,12 +247,14 @@ async def test_zombie_participant_changes_nothing(
         await check_after_fault(b, fault_at)
 
 
+@pytest.mark.parametrize("pay", [apps.pay, apps.pay_now], ids=["async", "sync"])
 async def test_kill_9_of_a_worker_owning_every_shard_mid_transfers(
-    redis_url: str, namespace: str, start: Starter, tmp_path: Path
+    redis_url: str, namespace: str, start: Starter, tmp_path: Path, pay: Any
 ) -> None:
     """One worker owns all the shards (on a standalone server each cross-shard op commits in
-    one script); killed while cross-shard payments both ways are in flight, its standby finishes
-    them: each is applied exactly once on every key, and the money adds up."""
+    one script: queued from a task, or, for a sync op on idle keys, with none); killed while
+    cross-shard payments both ways are in flight, its standby finishes them: each is applied
+    exactly once on every key, and the money adds up."""
     accounts = [f"acct:{n}" for n in range(8)]
     plans = payment_plans(accounts, seed=9)
     client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=2)
@@ -262,7 +266,8 @@ async def test_kill_9_of_a_worker_owning_every_shard_mid_transfers(
                 owner.kill()
 
             with anyio.fail_after(60):
-                outcomes = await pay_through_a_fault(ks, client, namespace, accounts, plans, kill)
+                outcomes = await pay_through_a_fault(
+                    ks, client, namespace, accounts, plans, kill, pay)
                 await until(lambda: all_held_by(client, namespace, standby.pid),
                             "the standby holds every shard")
                 states = {account: await ks.submit(account, apps.peek()) for account in accounts}
@@ -298,6 +303,7 @@ def payment_plans(accounts: list[str], *, seed: int) -> list[tuple[str, list[str
 async def pay_through_a_fault(
     ks: keyserial.Client, client: Any, namespace: str, accounts: list[str],
     plans: list[tuple[str, list[str], int]], fault: Callable[[], Awaitable[None]],
+    pay_op: Any = apps.pay,
 ) -> dict[str, str]:
     """Open the accounts with 100 each, submit every payment at once, run ``fault`` once some
     have committed, and return how each one settled (resubmitted under its op id until then)."""
@@ -306,7 +312,7 @@ async def pay_through_a_fault(
     outcomes: dict[str, str] = {}
 
     async def pay(op_id: str, keys: list[str], amount: int) -> None:
-        outcomes[op_id] = await pay_until_settled(ks, op_id, keys, amount)
+        outcomes[op_id] = await pay_until_settled(ks, op_id, keys, amount, pay_op)
 
     async with anyio.create_task_group() as group:
         for op_id, keys, amount in plans:
@@ -367,8 +373,38 @@ async def test_zombie_worker_owning_every_shard_changes_nothing(
     assert ran_by[0] == str(owner.pid) and str(standby.pid) in ran_by[1:]
 
 
+async def test_zombie_worker_owning_every_shard_mid_sync_transfers_changes_nothing(
+    redis_url: str, namespace: str, start: Starter
+) -> None:
+    """Frozen past its lease while sync cross-shard payments stream through it (commits queued
+    with no task), the owner's standby takes every shard over and finishes them; resumed, the
+    zombie's queued commits are fenced out: every payment lands once, and the money adds up."""
+    accounts = [f"acct:{n}" for n in range(8)]
+    plans = payment_plans(accounts, seed=13)
+    client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=2)
+    try:
+        async with keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+            owner, standby = await owner_and_standby(start, client, redis_url, namespace)
+
+            async def freeze() -> None:
+                owner.signal(signal.SIGSTOP)
+                await until(lambda: all_held_by(client, namespace, standby.pid),
+                            "the standby holds every shard")
+                owner.signal(signal.SIGCONT)
+
+            with anyio.fail_after(60):
+                outcomes = await pay_through_a_fault(
+                    ks, client, namespace, accounts, plans, freeze, apps.pay_now)
+                await lost_its_shard(owner, 0)
+                states = {account: await ks.submit(account, apps.peek()) for account in accounts}
+    finally:
+        await client.aclose()
+    check_bank(states, plans, outcomes, 100)
+
+
+@pytest.mark.parametrize("pay", [apps.pay, apps.pay_now], ids=["async", "sync"])
 async def test_a_redis_restart_mid_transfers_loses_no_payment_and_applies_none_twice(
-    durable_server: LocalServer, namespace: str, start: Starter
+    durable_server: LocalServer, namespace: str, start: Starter, pay: Any
 ) -> None:
     """Redis killed (-9; every write on disk before its reply) and restarted while cross-shard
     payments both ways are in flight through a worker owning every shard: callers resubmit under
@@ -389,7 +425,7 @@ async def test_a_redis_restart_mid_transfers_loses_no_payment_and_applies_none_t
 
             with anyio.fail_after(90):
                 outcomes = await pay_through_a_fault(
-                    ks, client, namespace, accounts, plans, restart_redis)
+                    ks, client, namespace, accounts, plans, restart_redis, pay)
                 states = {account: await ks.submit(account, apps.peek(), timeout=10)
                           for account in accounts}
             assert worker.process.poll() is None, "the worker survived the restart"

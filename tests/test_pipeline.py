@@ -90,3 +90,37 @@ async def test_a_batch_with_one_call_replying_lets_its_script_publish(redis_url:
     results, messages = await one_batch(redis_url, [("ok", "a"), ("ok", None)])
     assert results == [1, 0]  # the first call's script published its reply
     assert messages == [{"v": 1, "r": [["a", {"ok": 1}]]}]
+
+
+async def test_a_submitted_call_hands_its_reply_or_error_to_its_callback_with_its_batch(
+    redis_url: str,
+) -> None:
+    """``submit`` needs no task: the callback gets the script's reply, or its error, once the
+    batch is back, before the batch's awaiting callers wake (so they see its effects)."""
+    backend = await Backend.connect(redis_url)
+    seen: list[tuple[str, Any]] = []
+    pipeliner = Pipeliner(backend)
+
+    async def awaited() -> None:
+        call = ScriptCall(PUBLISHING, ["{t}x"], ["ok", "[]"])
+        seen.append(("awaited", await pipeliner.run(call)))
+
+    try:
+        async with anyio.create_task_group() as group:
+            for mode in ("ok", "fail"):
+                pipeliner.submit(
+                    ScriptCall(PUBLISHING, ["{t}x"], [mode, "[]"]), None, None,
+                    lambda result, mode=mode: seen.append((mode, result)),
+                )
+            group.start_soon(awaited)
+            await wait_all_tasks_blocked()  # all three queued: they go out as one batch
+            group.start_soon(pipeliner.serve)
+            with anyio.fail_after(5):
+                while len(seen) < 3:
+                    await anyio.sleep(0.01)
+            group.cancel_scope.cancel()
+    finally:
+        await backend.aclose()
+    assert [name for name, _ in seen] == ["ok", "fail", "awaited"]
+    assert seen[0][1] == 0 and seen[2][1] == 0
+    assert isinstance(seen[1][1], Exception) and str(seen[1][1]) == "FENCED test"
