@@ -7,8 +7,18 @@ import json
 from typing import Any
 
 _encode = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False).encode
+#: What that encoder does with a str (the C function, where CPython has it).
+_encode_str = json.encoder.encode_basestring
 
 
 def dumps(value: Any) -> str:
     """:raises TypeError, ValueError: for values JSON cannot carry."""
+    # Ints and strings (balances, counters, op ids) are most of what a busy worker encodes: they
+    # skip the encoder's machinery and come out exactly as it would write them.
+    kind = type(value)
+    if kind is int:
+        return int.__repr__(value)
+    if kind is str:
+        return _encode_str(value)
     return _encode(value)
+
