@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import importlib
 import inspect
-import json
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
-from ._json import dumps
+from ._json import dumps, loads
 from .errors import ConfigError
 
 P = ParamSpec("P")
@@ -64,7 +63,7 @@ class Context:
     @property
     def state(self) -> Any:
         if self._value is _ABSENT:
-            self._value = None if self._encoded is None else json.loads(self._encoded)
+            self._value = None if self._encoded is None else loads(self._encoded)
         self._accessed = True
         return self._value
 
@@ -111,7 +110,7 @@ class MultiContext:
     def states(self) -> dict[str, Any]:
         if self._states is None:
             self._states = {
-                key: None if raw is None else json.loads(raw) for key, raw in self._encoded.items()
+                key: None if raw is None else loads(raw) for key, raw in self._encoded.items()
             }
         return self._states
 

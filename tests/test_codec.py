@@ -14,6 +14,7 @@ from keyserial._codec import (
     encode_reply,
     pack_entry,
 )
+from keyserial._json import dumps, loads
 
 
 def test_an_entry_round_trips_its_envelopes() -> None:
@@ -62,3 +63,38 @@ def test_replies_carry_outcomes_verbatim() -> None:
     assert decode_reply(message) == [
         ("a", {"ok": {"x": 1}}), ("b", {"error": {"type": "ValueError", "message": "no"}})
     ]
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
+
+
+@pytest.mark.parametrize("value", [
+    0, -5, 10**30, True, None, 1.5, "", "plain", 'a"b\\c\n\t\x00\x1f\x7f', "\u2028é😀", "\ud800",
+    [1, "x"], {"k": [None]},
+])
+def test_dumps_shortcuts_write_exactly_what_the_encoder_writes(value: object) -> None:
+    """Ints and strings skip the encoder (a busy worker's most common values): same text."""
+    assert dumps(value) == _ENCODER.encode(value)
+
+
+def test_dumps_still_refuses_what_json_cannot_carry() -> None:
+    for value in (float("nan"), float("inf"), {1, 2}):
+        with pytest.raises((TypeError, ValueError)):
+            dumps(value)
+
+
+@pytest.mark.parametrize("text", [
+    "0", "-0", "7", "-12", "123456789012345678901234567890", "01", "-01", "", "-", "1.5",
+    "1e3", " 1", "1 ", "\u0661", "²", "true", "null", "[1]", '"x"', "-1.0",
+])
+def test_loads_shortcut_for_ints_reads_exactly_what_json_reads(text: str) -> None:
+    """Canonical ints are parsed directly; anything else (or not JSON at all) is json's."""
+    try:
+        expected: object = ("ok", json.loads(text), type(json.loads(text)))
+    except ValueError:
+        expected = "refused"
+    try:
+        got: object = ("ok", loads(text), type(loads(text)))
+    except ValueError:
+        got = "refused"
+    assert got == expected
