@@ -8,6 +8,7 @@ channel per client, read by one task; a sweep fetches stored results for any rep
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import json
 import logging
@@ -59,14 +60,15 @@ class _Pending:
         self.key = key
         self.shard = shard
         self.envelope = envelope
-        self.done = anyio.Event()
+        # A bare future: an anyio Event costs several times as much to make, once per submit.
+        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.outcome: dict[str, Any] | BaseException | None = None
         self.since = time.monotonic()
 
     def settle(self, outcome: dict[str, Any] | BaseException) -> None:
-        if not self.done.is_set():
+        if not self.done.done():  # (also done once its waiter is cancelled: a timeout)
             self.outcome = outcome
-            self.done.set()
+            self.done.set_result(None)
 
 
 class Client:
@@ -202,7 +204,7 @@ class Client:
         fresh = op_id is None
         op_id = op_id or f"{self.client_id}-{next(self._op_ids)}"
         envelope = encode_envelope(op_id, keys, call, self._reply)
-        size = len(envelope.encode())
+        size = len(envelope) if envelope.isascii() else len(envelope.encode())  # bytes
         if size > self.settings.max_payload_bytes:
             raise PayloadTooLarge(key=key, size=size, limit=self.settings.max_payload_bytes)
         pending = _Pending(op_id, key, shard, envelope, fresh=fresh)
@@ -211,10 +213,10 @@ class Client:
         self._queued.set()
         try:
             if timeout is None:
-                await pending.done.wait()
+                await pending.done
             else:
                 with anyio.fail_after(timeout):
-                    await pending.done.wait()
+                    await pending.done
         except TimeoutError:
             raise SubmitTimeout(key=key, op_id=op_id, timeout=timeout or 0.0) from None
         finally:

@@ -18,7 +18,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from ._codec import Envelope, encode_error, encode_ok
-from ._ops import Context, MultiContext, Registry
+from ._ops import Context, MultiContext, Op, Registry
 from .errors import MalformedOperation, OperationFailed, UnknownOperation
 
 log = logging.getLogger("keyserial.worker")
@@ -149,12 +149,13 @@ class Executor:
         chains fill in stream order, so two barriers can never wait for each other."""
         envelope, coordination = run.envelope, self._coordination
         special = coordination is not None and coordination.handles(envelope)
-        keys = coordination.local_keys(envelope) if coordination is not None else envelope.keys
+        # Only an op that involves other shards holds fewer keys here than it names.
+        keys = coordination.local_keys(envelope) if special and coordination else envelope.keys
         definition = self._registry.get(envelope.name)
         if not special and not any(key in self._chains for key in keys) and (
             definition is None or not definition.is_async
         ):
-            self._execute_now(run)  # nothing to wait for: no task needed
+            self._execute_now(run, definition)  # nothing to wait for: no task needed
             return
         if special and coordination is not None and coordination.start_now(run):
             return
@@ -331,7 +332,7 @@ class Executor:
     async def _execute(self, run: Run) -> None:
         definition = self._registry.get(run.envelope.name)
         if definition is None or not definition.is_async or self.problem(run.envelope):
-            self._execute_now(run)
+            self._execute_now(run, definition)
             return
         context = self._context(run.envelope)
         try:
@@ -341,14 +342,14 @@ class Executor:
         else:
             self._succeeded(run, context, value)
 
-    def _execute_now(self, run: Run) -> None:
+    def _execute_now(self, run: Run, definition: Op[..., Any] | None) -> None:
+        """Run ``run``'s op (``definition``: the registry's, looked up by the caller) now."""
         envelope = run.envelope
-        problem = self.problem(envelope)
-        if problem is not None:
+        if definition is None or definition.multi_key != envelope.multi:
+            problem = self.problem(envelope)
+            assert problem is not None
             self._on_complete(run, problem)
             return
-        definition = self._registry.get(envelope.name)
-        assert definition is not None
         context = self._context(envelope)
         try:
             value = definition.fn(context, *envelope.args, **envelope.kwargs)
@@ -381,15 +382,21 @@ class Executor:
             if isinstance(context, MultiContext):
                 states = context.encoded_states()
             else:
-                states = {context.key: context.encoded_state()}
+                state = context.encoded_state()
         except (TypeError, ValueError) as exc:
             self._failed(run, _not_json(run.envelope, exc))
             return
-        for key, state in states.items():
-            if state != self._cache[key]:
-                self._cache[key] = state
-                self._dirty.add(key)
+        if isinstance(context, MultiContext):
+            for key, state in states.items():
+                self._store(key, state)
+        else:
+            self._store(context.key, state)
         self._on_complete(run, outcome)
+
+    def _store(self, key: str, state: str | None) -> None:
+        if state != self._cache[key]:
+            self._cache[key] = state
+            self._dirty.add(key)
 
     def _failed(self, run: Run, exc: Exception) -> None:
         self._on_complete(run, self._error_outcome(run.envelope, exc))

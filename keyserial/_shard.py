@@ -371,8 +371,8 @@ class ShardRunner:
     # -- outcomes ------------------------------------------------------------------------------
 
     def _complete(self, run: Run, outcome: str) -> None:
-        run.outcome = outcome
-        self._finish(_Finished(run.envelope.op_id, outcome, list(run.entries), list(run.replies)))
+        run.outcome = outcome  # from now on, no occurrence of the op joins the run
+        self._finish(_Finished(run.envelope.op_id, outcome, run.entries, run.replies))
 
     def _finish(self, finished: _Finished) -> None:
         self._finished.append(finished)
