@@ -97,8 +97,8 @@ def decode_entry(fields: Mapping[bytes, bytes]) -> list[Envelope | MalformedEntr
     if raw is None:
         raise MalformedEntry("entry has no 'ops' field")
     try:
-        ops = json.loads(raw)
-    except ValueError as exc:
+        ops = json.loads(raw.decode())  # (given bytes, json first sniffs their encoding)
+    except ValueError as exc:  # UnicodeDecodeError included
         raise MalformedEntry(f"'ops' is not valid JSON: {exc}") from None
     if not isinstance(ops, list) or not ops:
         raise MalformedEntry("'ops' must be a non-empty JSON array of envelopes")
@@ -195,5 +195,5 @@ def encode_reply(outcomes: Iterable[tuple[str, str]]) -> str:
 
 
 def decode_reply(raw: str | bytes) -> list[tuple[str, dict[str, Any]]]:
-    message = json.loads(raw)
+    message = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
     return [(str(op_id), outcome) for op_id, outcome in message["r"]]

@@ -51,21 +51,19 @@ end
 -- One command for many arguments (a few per step, not one per op), in bounded chunks: unpack()
 -- has a stack limit. (The chunk is even, so field-value pairs never split.)
 local CHUNK = 1000
-local function each_chunk(args, call)
-  for first = 1, #args, CHUNK do
-    call(unpack(args, first, math.min(first + CHUNK - 1, #args)))
-  end
-end
 local function multi(command, key, args)
-  each_chunk(args, function(...) redis.call(command, key, ...) end)
+  for first = 1, #args, CHUNK do
+    redis.call(command, key, unpack(args, first, math.min(first + CHUNK - 1, #args)))
+  end
 end
 local function hmget(key, fields)
   local values = {}
-  each_chunk(fields, function(...)
-    for _, value in ipairs(redis.call('HMGET', key, ...)) do
+  for first = 1, #fields, CHUNK do
+    local last = math.min(first + CHUNK - 1, #fields)
+    for _, value in ipairs(redis.call('HMGET', key, unpack(fields, first, last))) do
       values[#values + 1] = value
     end
-  end)
+  end
   return values
 end
 
@@ -73,22 +71,22 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('FENCED epoch ' .. ARGV[1] .. ' is no longer the owner')
 end
 
--- Commit.
-local commit = {s = {}, r = {}, d = {}}
+-- Commit: the state writes, then (in the current generation) the results and dead letters.
+local commit = nil
 if ARGV[6] ~= '' then
   commit = cjson.decode(ARGV[6])
-end
-local sets, deletes = {}, {}
-for _, write in ipairs(commit.s) do
-  if write[2] == '' then
-    deletes[#deletes + 1] = write[1]
-  else
-    sets[#sets + 1] = write[1]
-    sets[#sets + 1] = write[2]
+  local sets, deletes = {}, {}
+  for _, write in ipairs(commit.s) do
+    if write[2] == '' then
+      deletes[#deletes + 1] = write[1]
+    else
+      sets[#sets + 1] = write[1]
+      sets[#sets + 1] = write[2]
+    end
   end
+  multi('HSET', KEYS[2], sets)
+  multi('HDEL', KEYS[2], deletes)
 end
-multi('HSET', KEYS[2], sets)
-multi('HDEL', KEYS[2], deletes)
 if ARGV[3] == '1' and redis.call('GET', KEYS[9]) ~= ARGV[8] then
   -- Results expire a generation at a time: no expiry to record per result. (UNLINK frees the
   -- dropped generation off the main thread. A step sent again after a lost reply does not
@@ -99,15 +97,17 @@ if ARGV[3] == '1' and redis.call('GET', KEYS[9]) ~= ARGV[8] then
   end
   redis.call('SET', KEYS[9], ARGV[8])
 end
-local stored = {}
-for _, result in ipairs(commit.r) do
-  stored[#stored + 1] = result[1]
-  stored[#stored + 1] = result[2]
-end
-multi('HSET', KEYS[5], stored)
-for _, letter in ipairs(commit.d) do
-  redis.call('XADD', KEYS[7], 'MAXLEN', '~', 10000, '*',
-    'entry', letter[1], 'reason', letter[2], 'raw', letter[3])
+if commit then
+  local stored = {}
+  for _, result in ipairs(commit.r) do
+    stored[#stored + 1] = result[1]
+    stored[#stored + 1] = result[2]
+  end
+  multi('HSET', KEYS[5], stored)
+  for _, letter in ipairs(commit.d) do
+    redis.call('XADD', KEYS[7], 'MAXLEN', '~', 10000, '*',
+      'entry', letter[1], 'reason', letter[2], 'raw', letter[3])
+  end
 end
 
 -- Fetch, then set progress and horizon (in one command when both move), then trim.
