@@ -86,6 +86,11 @@ class Client:
         self._queued = anyio.Event()
         self._waiting: dict[str, list[_Pending]] = defaultdict(list)
         self._task_group: TaskGroup | None = None
+        #: Each shard's stream and wake channel, named once rather than at every append.
+        self._append_to = [
+            (keys.stream, keys.wake_channel)
+            for keys in (ShardKeys(settings.namespace, shard) for shard in range(shard_count))
+        ]
 
     async def __aenter__(self) -> Client:
         self._task_group = anyio.create_task_group()
@@ -296,14 +301,14 @@ class Client:
                         pending.settle(error)
 
     def _append_call(self, shard: int, group: list[_Pending]) -> ScriptCall:
-        keys = ShardKeys(self.settings.namespace, shard)
+        stream, wake_channel = self._append_to[shard]
         packed = pack_entry([pending.envelope for pending in group])
         # Fresh only if the entry cannot land twice either (a transport that retries could).
         fresh = self._backend.sends_once and all(pending.fresh for pending in group)
         return ScriptCall(
             _backend.SUBMIT,
-            [keys.stream],
-            [self.settings.max_backlog, WIRE_VERSION, packed, keys.wake_channel, int(fresh)],
+            [stream],
+            [self.settings.max_backlog, WIRE_VERSION, packed, wake_channel, int(fresh)],
         )
 
     def _append_error(self, shard: int, reply: redis_errors.ResponseError) -> KeyserialError:
