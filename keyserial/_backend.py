@@ -164,7 +164,7 @@ GRANT = Script.load("grant")
 COMMIT_ACROSS = Script.load("commit_across")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # (not frozen: one is made per step, and frozen ones build slower)
 class ScriptCall:
     script: Script
     keys: Sequence[str]

@@ -343,6 +343,8 @@ class ShardRunner:
     def _misrouted(self, envelope: Envelope) -> str | None:
         """Why the envelope does not belong on this shard, or None. A multi-key op belongs on
         the lowest shard of its keys (its home), which coordinates the others."""
+        if not envelope.multi and shard_for(envelope.keys[0], self._shard_count) == self.shard:
+            return None  # most ops: one key, routed right
         shards = [shard_for(key, self._shard_count) for key in envelope.keys]
         if envelope.multi and envelope.name != GRANT_OP:
             if min(shards) != self.shard:
