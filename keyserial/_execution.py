@@ -287,11 +287,11 @@ class Executor:
         its outcome, and every key's new state (None if it failed)."""
         definition = self._registry.get(envelope.name)
         assert definition is not None, "problem() is checked first"
+        if not definition.is_async:
+            return self.evaluate_now(envelope, states)
         context = self._multi_context(envelope, states)
         try:
-            value = definition.fn(context, *envelope.args, **envelope.kwargs)
-            if definition.is_async:
-                value = await value
+            value = await definition.fn(context, *envelope.args, **envelope.kwargs)
         except Exception as exc:
             return self._error_outcome(envelope, exc), None
         return self._multi_outcome(envelope, context, value)

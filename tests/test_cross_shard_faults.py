@@ -249,27 +249,46 @@ async def test_zombie_participant_changes_nothing(
 
 @pytest.mark.parametrize("pay", [apps.pay, apps.pay_now], ids=["async", "sync"])
 async def test_kill_9_of_a_worker_owning_every_shard_mid_transfers(
-    redis_url: str, namespace: str, start: Starter, tmp_path: Path, pay: Any
+    redis_url: str, namespace: str, start: Starter, pay: Any
 ) -> None:
     """One worker owns all the shards (on a standalone server each cross-shard op commits in
     one script: queued from a task, or, for a sync op on idle keys, with none); killed while
     cross-shard payments both ways are in flight, its standby finishes them: each is applied
     exactly once on every key, and the money adds up."""
-    accounts = [f"acct:{n}" for n in range(8)]
-    plans = payment_plans(accounts, seed=9)
-    client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=2)
-    try:
-        async with keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
-            owner, standby = await owner_and_standby(start, client, redis_url, namespace)
 
-            async def kill() -> None:
-                owner.kill()
+    async def kill(owner: WorkerProcess, standby_holds: Callable[[], Awaitable[None]]) -> None:
+        owner.kill()
+        await standby_holds()
+
+    await owner_fault_mid_payments(redis_url, namespace, start, kill, pay, seed=9)
+
+
+async def owner_fault_mid_payments(
+    url: str, namespace: str, start: Starter,
+    fault: Callable[[WorkerProcess, Callable[[], Awaitable[None]]], Awaitable[None]],
+    pay: Any, *, seed: int,
+) -> None:
+    """Payments between 8 accounts through a worker owning every shard, with a standby;
+    ``fault(owner, standby_holds)`` strikes once some have committed (``standby_holds()``
+    returns once the standby owns every shard). Then the bank must add up."""
+    accounts = [f"acct:{n}" for n in range(8)]
+    plans = payment_plans(accounts, seed=seed)
+    client = redis.asyncio.Redis.from_url(url, socket_timeout=2)
+    try:
+        async with keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks:
+            owner, standby = await owner_and_standby(start, client, url, namespace)
+
+            async def standby_holds() -> None:
+                await until(lambda: all_held_by(client, namespace, standby.pid),
+                            "the standby holds every shard")
+
+            async def strike() -> None:
+                await fault(owner, standby_holds)
 
             with anyio.fail_after(60):
                 outcomes = await pay_through_a_fault(
-                    ks, client, namespace, accounts, plans, kill, pay)
-                await until(lambda: all_held_by(client, namespace, standby.pid),
-                            "the standby holds every shard")
+                    ks, client, namespace, accounts, plans, strike, pay)
+                await standby_holds()
                 states = {account: await ks.submit(account, apps.peek()) for account in accounts}
     finally:
         await client.aclose()
@@ -379,27 +398,14 @@ async def test_zombie_worker_owning_every_shard_mid_sync_transfers_changes_nothi
     """Frozen past its lease while sync cross-shard payments stream through it (commits queued
     with no task), the owner's standby takes every shard over and finishes them; resumed, the
     zombie's queued commits are fenced out: every payment lands once, and the money adds up."""
-    accounts = [f"acct:{n}" for n in range(8)]
-    plans = payment_plans(accounts, seed=13)
-    client = redis.asyncio.Redis.from_url(redis_url, socket_timeout=2)
-    try:
-        async with keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
-            owner, standby = await owner_and_standby(start, client, redis_url, namespace)
 
-            async def freeze() -> None:
-                owner.signal(signal.SIGSTOP)
-                await until(lambda: all_held_by(client, namespace, standby.pid),
-                            "the standby holds every shard")
-                owner.signal(signal.SIGCONT)
+    async def freeze(owner: WorkerProcess, standby_holds: Callable[[], Awaitable[None]]) -> None:
+        owner.signal(signal.SIGSTOP)
+        await standby_holds()
+        owner.signal(signal.SIGCONT)
+        await lost_its_shard(owner, 0)
 
-            with anyio.fail_after(60):
-                outcomes = await pay_through_a_fault(
-                    ks, client, namespace, accounts, plans, freeze, apps.pay_now)
-                await lost_its_shard(owner, 0)
-                states = {account: await ks.submit(account, apps.peek()) for account in accounts}
-    finally:
-        await client.aclose()
-    check_bank(states, plans, outcomes, 100)
+    await owner_fault_mid_payments(redis_url, namespace, start, freeze, apps.pay_now, seed=13)
 
 
 @pytest.mark.parametrize("pay", [apps.pay, apps.pay_now], ids=["async", "sync"])
