@@ -166,8 +166,8 @@ class Host(LocalShard, Protocol):
 
     dirty: set[str]
 
-    def spawn(self, task: Callable[[], Coroutine[Any, Any, None]]) -> bool:
-        """Run ``task`` in the runner's task group; False if the runner has stopped."""
+    def spawn(self, task: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``task`` in the runner's task group; nothing if the runner has stopped."""
 
     def runs_inline(self, envelope: Envelope) -> bool:
         """Whether the op exists, takes a list of keys, and is not ``async``."""
@@ -186,7 +186,7 @@ class Host(LocalShard, Protocol):
         """Return once every write to ``keys`` made so far has committed."""
 
     async def fenced(
-        self, script: Script, keys: list[str], args: list[Any], *,
+        self, script: Script, keys: Sequence[str], args: Sequence[Any], *,
         replies: Replies | None = None, replies_at: int | None = None,
     ) -> Any:
         """Run a script that checks this owner's epoch (raises ``LeaseLost`` when fenced);
@@ -302,15 +302,28 @@ class CrossShard:
             for owner, hold in holds[1:]:
                 owner.release(hold)
             home_hold = holds[0][1]
-            # If the home runner stopped, its successor runs the op again.
+            # (If the home runner has stopped, its successor runs the op again.)
             host.spawn(partial(self._coordinate_holding, run, home_hold))
             return
+        self._landed(run, [owner for owner, _ in holds], writes, outcome, replied)
         for owner, hold in holds:
+            owner.release(hold)
+
+    def _landed(
+        self,
+        run: Run,
+        owners: Sequence[OwnedShard],
+        writes: Mapping[int, list[tuple[str, str]]],
+        outcome: str,
+        replied: int,
+    ) -> None:
+        """``commit_across`` wrote the op: every owner caches its new states, and the op is
+        settled (``replied``: how many of its callers the script's reply told)."""
+        for owner in owners:
             for key, state in writes.get(owner.shard, []):
                 owner.cache[key] = state or None
-            owner.release(hold)
         # Callers that resubmitted the op while it ran have not been told yet.
-        host.settle(run, outcome, stored=True, replies=run.replies[replied:])
+        self._host.settle(run, outcome, stored=True, replies=run.replies[replied:])
 
     async def _coordinate_holding(self, run: Run, hold: Hold) -> None:
         try:
@@ -417,7 +430,7 @@ class CrossShard:
             call = self._across_call(envelope.op_id, outcome, owned, writes)
             try:
                 await host.fenced(
-                    call.script, list(call.keys), list(call.args),
+                    call.script, call.keys, call.args,
                     replies={reply: [(envelope.op_id, outcome)] for reply in replies},
                     replies_at=_ACROSS_REPLIES,
                 )
@@ -428,11 +441,7 @@ class CrossShard:
                 log.info("shard %d: shard %d changed hands during op %s; asking it for a grant",
                          host.shard, moved, envelope.op_id)
                 return False
-            for owner in owned:
-                for key, state in writes.get(owner.shard, []):
-                    owner.cache[key] = state or None
-        # Callers that resubmitted the op while it ran have not been told yet.
-        host.settle(run, outcome, stored=True, replies=run.replies[len(replies):])
+            self._landed(run, owned, writes, outcome, len(replies))
         return True
 
     def _writes(

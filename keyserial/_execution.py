@@ -12,7 +12,7 @@ import logging
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard
 
 import anyio
 from anyio.abc import TaskGroup
@@ -264,7 +264,7 @@ class Executor:
                     f"{', '.join(self._registry.names())})"
                 ),
             )
-        if definition.multi_key != envelope.multi:
+        if not _takes(definition, envelope):
             wanted = "a list of keys (submit_many)" if definition.multi_key else "one key (submit)"
             return self._error_outcome(
                 envelope, MalformedOperation(f"op {envelope.name!r} takes {wanted}")
@@ -274,11 +274,7 @@ class Executor:
     def runs_inline(self, envelope: Envelope) -> bool:
         """Whether the op exists, takes the keys it was given, and is not ``async``."""
         definition = self._registry.get(envelope.name)
-        return (
-            definition is not None
-            and definition.multi_key == envelope.multi
-            and not definition.is_async
-        )
+        return _takes(definition, envelope) and not definition.is_async
 
     async def evaluate(
         self, envelope: Envelope, states: Mapping[str, str | None]
@@ -345,7 +341,7 @@ class Executor:
     def _execute_now(self, run: Run, definition: Op[..., Any] | None) -> None:
         """Run ``run``'s op (``definition``: the registry's, looked up by the caller) now."""
         envelope = run.envelope
-        if definition is None or definition.multi_key != envelope.multi:
+        if not _takes(definition, envelope):
             problem = self.problem(envelope)
             assert problem is not None
             self._on_complete(run, problem)
@@ -417,6 +413,11 @@ class Executor:
     def _task_group(self) -> TaskGroup:
         assert self.task_group is not None, "the runner sets task_group before scheduling"
         return self.task_group
+
+
+def _takes(definition: Op[..., Any] | None, envelope: Envelope) -> TypeGuard[Op[..., Any]]:
+    """The op exists and takes what the envelope carries (one key, or a list of keys)."""
+    return definition is not None and definition.multi_key == envelope.multi
 
 
 def _not_json(envelope: Envelope, exc: Exception) -> TypeError:

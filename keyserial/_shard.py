@@ -14,7 +14,15 @@ from __future__ import annotations
 import logging
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -425,14 +433,11 @@ class ShardRunner:
     def release(self, hold: Hold) -> None:
         self._executor.release(hold)
 
-    def spawn(self, task: Callable[[], Coroutine[Any, Any, None]]) -> bool:
-        """Run ``task`` in this runner's task group (its errors end the runner); False if the
+    def spawn(self, task: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``task`` in this runner's task group (its errors end the runner); nothing if the
         runner has stopped."""
-        group = self._executor.task_group
-        if group is None:
-            return False
-        group.start_soon(task)
-        return True
+        if self._executor.task_group is not None:
+            self._executor.task_group.start_soon(task)
 
     def runs_inline(self, envelope: Envelope) -> bool:
         return self._executor.runs_inline(envelope)
@@ -530,7 +535,7 @@ class ShardRunner:
         return await self._retrying(lambda: self._backend.hmget(self.keys.state, keys))
 
     async def fenced(
-        self, script: Script, keys: list[str], args: list[Any], *,
+        self, script: Script, keys: Sequence[str], args: Sequence[Any], *,
         replies: Replies | None = None, replies_at: int | None = None,
     ) -> Any:
         """Run a fenced script (raises ``LeaseLost`` when another owner's epoch refuses it);
