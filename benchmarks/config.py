@@ -58,6 +58,8 @@ class Profile:
     slow_keys: tuple[int, ...]
     sweep_callers: tuple[int, ...]
     drain_timeout: float
+    #: Rounds of the hot, Zipf, uniform and transfer runs (see ``rounds.py``).
+    rounds: int = 1
 
 
 PROFILES: dict[str, Profile] = {
@@ -75,13 +77,14 @@ PROFILES: dict[str, Profile] = {
     "full": Profile(
         name="full",
         workloads=WORKLOADS,
-        duration=5.0,
+        duration=4.0,
         warmup=1.0,
         variant_duration=3.0,
         tuned_sleeps=(0.001, 0.01, 0.05),
         slow_keys=(1, 4, 16, 64),
         sweep_callers=(1, 4, 16, 64, 256),
         drain_timeout=5.0,
+        rounds=3,
     ),
 }
 
@@ -114,6 +117,8 @@ class BenchConfig:
     slow_keys: tuple[int, ...] = (1, 16, 64)
     sweep_callers: tuple[int, ...] = (1, 16, 64, 256)
     drain_timeout: float = 3.0
+    #: Rounds of the hot, Zipf, uniform and transfer runs; each system's median round counts.
+    rounds: int = 1
     #: Starting balance of every account in the transfer workload.
     transfer_balance: int = 1_000_000
     redis_url: str | None = None
@@ -153,6 +158,8 @@ class RunSpec:
     lock_sleep: float = 0.1
     #: The variant, as shown in tables: ``{"sleep_ms": 10}``, ``{"keys": 64}``...
     variant: dict[str, Any] = field(default_factory=dict)
+    #: Which round of its workload variant this run is (see ``rounds.py``).
+    round: int = 1
 
     @property
     def total_callers(self) -> int:

@@ -124,7 +124,22 @@ def _main_tables(results: list[Record]) -> list[str]:
         lines += [_row(record, keyserial) for record in rows]
         lines.append("")
         lines += _noise_note(rows)
+        lines += _rounds_note(rows)
     return lines
+
+
+def _rounds_note(rows: list[Record]) -> list[str]:
+    """Every round's throughput, in run order, for the systems that ran in rounds."""
+    parts = [
+        f"{_system_label(r)}: "
+        + " · ".join(_num(t.get("throughput")) if t["status"] == "ok" else t["status"]
+                     for t in r["rounds"])
+        for r in rows
+        if r.get("rounds")
+    ]  # fmt: skip
+    if not parts:
+        return []
+    return [f"Each round's ops/s, in run order (the median one is shown): {'; '.join(parts)}.", ""]
 
 
 def _noise_note(rows: list[Record]) -> list[str]:
@@ -198,6 +213,15 @@ def markdown(document: dict[str, Any]) -> str:
         " client CPU includes keyserial's worker processes.",
         "",
     ]
+    rounds = config.get("rounds", 1)
+    if rounds > 1:
+        lines += [
+            f"Hot key, Zipf, uniform and transfers ran in {rounds} rounds, back to back per"
+            " workload (every system, then every system again); each row is the system's"
+            " median round by throughput, every figure of the row from that round. Lost"
+            " updates are checked in every round (the targets count them all).",
+            "",
+        ]
     lines += _main_tables(results)
     lines += _variant_table(results, "slow", "keys", "keys")
     lines += _variant_table(results, "sweep", "callers", "callers")

@@ -38,6 +38,7 @@ from .procs import (
     run_agents,
     start_py_spy,
 )
+from .rounds import REPEATED, median_rounds
 from .systems import unavailable_reason
 from .workloads import Cell, cells
 
@@ -72,14 +73,17 @@ class Context:
 
 
 def plan(config: BenchConfig, url: str, token: str) -> list[RunSpec]:
-    """Every run of the suite, in order: workloads, their variants, systems (tuned: per sleep)."""
+    """Every run of the suite, in order: workloads, their variants, rounds (of the repeated
+    workloads), systems (tuned: per sleep)."""
     specs: list[RunSpec] = []
     for workload in config.workloads:
+        rounds = config.rounds if workload in REPEATED else 1
         for cell in cells(config, workload):
-            for system in config.systems:
-                for lock in _lock_settings(config, system):
-                    run_id = f"r{len(specs) + 1:03d}"
-                    specs.append(_spec(config, cell, system, lock, url, f"bench-{token}-{run_id}"))
+            for round_ in range(1, rounds + 1):
+                for system in config.systems:
+                    for lock in _lock_settings(config, system):
+                        prefix = f"bench-{token}-r{len(specs) + 1:03d}"
+                        specs.append(_spec(config, cell, system, lock, url, prefix, round_))
     return specs
 
 
@@ -90,7 +94,13 @@ def _lock_settings(config: BenchConfig, system: str) -> list[dict[str, Any]]:
 
 
 def _spec(
-    config: BenchConfig, cell: Cell, system: str, lock: dict[str, Any], url: str, prefix: str
+    config: BenchConfig,
+    cell: Cell,
+    system: str,
+    lock: dict[str, Any],
+    url: str,
+    prefix: str,
+    round_: int,
 ) -> RunSpec:
     variant = dict(cell.variant)
     if "lock_sleep" in lock:
@@ -111,13 +121,15 @@ def _spec(
         zipf_s=config.zipf_s,
         slow_io=config.slow_io,
         variant=variant,
+        round=round_,
         **lock,
     )
 
 
 def describe(spec: RunSpec) -> str:
     variant = ", ".join(f"{k} {v}" for k, v in spec.variant.items())
-    return f"{spec.workload}{f' ({variant})' if variant else ''} × {spec.system}"
+    round_ = f", round {spec.round}" if spec.round > 1 else ""
+    return f"{spec.workload}{f' ({variant})' if variant else ''} × {spec.system}{round_}"
 
 
 def duration_of(config: BenchConfig, spec: RunSpec) -> float:
@@ -142,12 +154,13 @@ async def run_suite(
                 "machine": machine,
                 "server": await server_info(admin, server.binary if server else None),
             }
-            results = await _run_all(config, admin, url, server is not None, progress)
+            runs = await _run_all(config, admin, url, server is not None, progress)
         finally:
             await admin.aclose()
     finally:
         if server is not None:
             server.stop()
+    results = median_rounds(runs)
     mark_best_tuned(results)
     document.update(
         {
@@ -160,6 +173,8 @@ async def run_suite(
             "results": results,
         }
     )
+    if len(runs) > len(results):
+        document["runs"] = runs  # every round; ``results`` holds each system's median one
     return document
 
 
@@ -250,6 +265,7 @@ def _base_record(config: BenchConfig, spec: RunSpec) -> dict[str, Any]:
         "workload": spec.workload,
         "system": spec.system,
         "variant": spec.variant,
+        "round": spec.round,
         "op": spec.op,
         "distribution": spec.distribution,
         "keys": spec.keys,

@@ -49,13 +49,17 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else math.inf
 
 
-def evaluate(results: list[Record], slow_io: float) -> list[Record]:
+def evaluate(
+    results: list[Record], slow_io: float, runs: list[Record] | None = None
+) -> list[Record]:
+    """The targets, from each system's figures (``results``: its median round where the
+    workload ran in rounds); lost updates are counted over every run (``runs``)."""
     targets = _hot(results)
     for workload in ("zipf", "uniform"):
         targets += _spread(results, workload)
     targets.append(_transfer(results))
     targets.append(_slow(results, slow_io))
-    targets += _correctness(results)
+    targets += _correctness(results if runs is None else runs)
     return targets
 
 
@@ -168,7 +172,7 @@ def _correctness(results: list[Record]) -> list[Record]:
     )
     none = [r for r in results if r["system"] == "no-lock" and r["status"] == "ok"]
     parts = [
-        f"{r['workload']}{_variant(r)}: {r['correctness']['lost_updates']:,}"
+        f"{r['workload']}{_variant(r)}{_round(r)}: {r['correctness']['lost_updates']:,}"
         f" of {r['correctness']['acknowledged_ops']:,}"
         for r in none
     ]
@@ -186,3 +190,7 @@ def _variant(record: Record) -> str:
     if not record["variant"]:
         return ""
     return " (" + ", ".join(f"{k} {v}" for k, v in record["variant"].items()) + ")"
+
+
+def _round(record: Record) -> str:
+    return f" round {record['round']}" if record.get("round", 1) > 1 else ""

@@ -21,10 +21,12 @@ from redis.asyncio import Redis
 
 from benchmarks import notifylock, state
 from benchmarks.agent import Window, run_callers
+from benchmarks.cli import build_parser, config_from
 from benchmarks.config import SYSTEMS, RunSpec
 from benchmarks.metrics import parse_commandstats, percentile
 from benchmarks.procs import shard_range
-from benchmarks.runner import Final, correctness
+from benchmarks.rounds import median_rounds
+from benchmarks.runner import Final, correctness, plan
 from benchmarks.systems import NoLockSystem
 from benchmarks.workloads import make_chooser, shard_table
 from keyserial._server import LocalServer
@@ -254,3 +256,70 @@ def test_split_shards_refuses_more_workers_than_shards(tmp_path: Path) -> None:
     completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert completed.returncode == 2
     assert "--split-shards: 3 workers cannot split 2 shards" in completed.stderr
+
+
+def _measured(run_id: str, system: str, throughput: float, **changes: object) -> dict[str, object]:
+    record: dict[str, object] = {
+        "run_id": run_id, "workload": "uniform", "system": system, "variant": {}, "round": 1,
+        "status": "ok", "throughput": throughput, "latency_ms": {"p99": 5.0},
+        "correctness": {"lost_updates": 0},
+    }  # fmt: skip
+    record.update(changes)
+    return record
+
+
+def test_each_system_counts_by_its_median_round() -> None:
+    runs = [
+        _measured("r1", "keyserial", 900.0),
+        _measured("r2", "lua", 5.0),
+        _measured("r3", "keyserial", 700.0, round=2),
+        _measured("r4", "lua", 3.0, round=2),
+        _measured("r5", "keyserial", 800.0, round=3),
+        {**_measured("r6", "lua", 0.0, round=3), "status": "failed"},
+        _measured("r7", "lock-default", 100.0, workload="hot"),
+    ]
+    keyserial, lua, once = median_rounds(runs)
+    assert keyserial["run_id"] == "r5" and keyserial["throughput"] == 800.0
+    assert [r["throughput"] for r in keyserial["rounds"]] == [900.0, 700.0, 800.0]
+    assert lua["run_id"] == "r4"  # of two measured rounds, the lower middle one
+    assert lua["rounds"][2] == {"run_id": "r6", "status": "failed"}
+    assert once is runs[6] and "rounds" not in once  # measured once: passed through
+
+
+def test_rounds_run_back_to_back_per_workload() -> None:
+    args = build_parser().parse_args(
+        ["--profile", "full", "--workloads", "uniform,slow", "--systems", "keyserial,lua"]
+    )
+    config = config_from(args)
+    assert config.rounds == 3  # the full profile's
+    order = [(s.workload, s.round, s.system) for s in plan(config, "redis://x", "t")]
+    uniform = [("uniform", r, s) for r in (1, 2, 3) for s in ("keyserial", "lua")]
+    assert order[:6] == uniform
+    assert {(w, r) for w, r, _ in order[6:]} == {("slow", 1)}  # slow I/O: one round
+
+
+def test_rounds_end_to_end(tmp_path: Path) -> None:
+    """Two rounds of uniform keys: the JSON keeps every run, the table each system's median
+    round and every round's throughput, and the no-lock losses of every round are reported."""
+    command = [
+        sys.executable, "-m", "keyserial", "bench", "--workloads", "uniform",
+        "--systems", "keyserial,no-lock", "--rounds", "2", "--duration", "0.3",
+        "--warmup", "0.1", "--callers", "4", "--no-chart", "--out", str(tmp_path),
+    ]  # fmt: skip
+    completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert "uniform × keyserial, round 2" in completed.stderr
+    document = json.loads((tmp_path / "bench-quick.json").read_text())
+    assert [(r["system"], r["round"]) for r in document["runs"]] == [
+        ("keyserial", 1), ("no-lock", 1), ("keyserial", 2), ("no-lock", 2),
+    ]  # fmt: skip
+    assert [r["system"] for r in document["results"]] == ["keyserial", "no-lock"]
+    for record in document["results"]:
+        assert [t["run_id"] for t in record["rounds"]] == [
+            r["run_id"] for r in document["runs"] if r["system"] == record["system"]
+        ]
+        assert record["run_id"] in {t["run_id"] for t in record["rounds"]}
+    assert "Each round's ops/s, in run order" in completed.stdout
+    targets = {t["id"]: t for t in document["targets"]}
+    assert targets["keyserial-no-lost-updates"]["measured"].endswith("in 2 runs")
+    assert "uniform round 2:" in targets["no-lock-lost-updates-reported"]["measured"]
