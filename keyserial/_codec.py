@@ -36,6 +36,9 @@ class Envelope:
     reply: str | None
     #: Sent with ``keys`` (a multi-key op), not ``key``.
     multi: bool = False
+    #: Each key's shard, once the worker has routed a multi-key op (see ``_crossshard.route``):
+    #: routed once, not at every step of its way.
+    shards: tuple[int, ...] = ()
 
     @property
     def key(self) -> str:

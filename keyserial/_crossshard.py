@@ -80,6 +80,14 @@ _APPLIED = '{"ok":"applied"}'
 _RELEASED = '{"ok":"released"}'
 
 
+def route(envelope: Envelope, shard_count: int) -> tuple[int, ...]:
+    """Each key's shard, computed once per envelope (a cross-shard op is routed at several
+    steps of its way: the misroute check, its barrier, its split, its writes)."""
+    if not envelope.shards:
+        envelope.shards = tuple(shard_for(key, shard_count) for key in envelope.keys)
+    return envelope.shards
+
+
 def attempt_id(op_id: str, attempt: int) -> str:
     """The op id of an attempt's grant requests (``#`` is reserved in op ids for this)."""
     return f"{op_id}#{attempt}"
@@ -227,15 +235,18 @@ class CrossShard:
         #: participant checks that its coordinator still owns the home shard).
         self._poll = min(settings.idle_poll, settings.lease_ttl / 8)
 
-    def local_keys(self, envelope: Envelope) -> tuple[str, ...]:
-        """The op's keys on this shard: the ones its barrier holds here."""
-        if not envelope.multi or envelope.name == GRANT_OP:
+    def local_keys(self, envelope: Envelope) -> tuple[str, ...] | None:
+        """For a grant request or an op with keys on other shards, its keys on this shard (the
+        ones its barrier holds here); None for any other op."""
+        if envelope.name == GRANT_OP:
             return envelope.keys
+        if not envelope.multi:
+            return None
         here = self._host.shard
-        return tuple(k for k in envelope.keys if shard_for(k, self._shard_count) == here)
-
-    def handles(self, envelope: Envelope) -> bool:
-        return envelope.name == GRANT_OP or len(self.local_keys(envelope)) < len(envelope.keys)
+        shards = route(envelope, self._shard_count)
+        if all(shard == here for shard in shards):
+            return None
+        return tuple(key for key, shard in zip(envelope.keys, shards, strict=True) if shard == here)
 
     async def run(self, run: Run) -> None:
         """Run a grant request or coordinate an op, once its barrier holds the local keys."""
@@ -273,7 +284,7 @@ class CrossShard:
             holds.append((owner, hold))
         states = {key: owner.cache[key] for owner, hold in holds for key in hold.keys}
         outcome, new_states = host.evaluate_now(envelope, states)
-        writes = self._writes(states, new_states)
+        writes = self._writes(envelope, states, new_states)
         replies = list(run.replies)
         host.commit_later(
             self._across_call(envelope.op_id, outcome, owners, writes),
@@ -334,8 +345,8 @@ class CrossShard:
     def _split(self, envelope: Envelope) -> tuple[list[str], dict[int, list[str]]]:
         """The op's keys on this shard, and on each other shard."""
         by_shard: dict[int, list[str]] = defaultdict(list)
-        for key in envelope.keys:
-            by_shard[shard_for(key, self._shard_count)].append(key)
+        for key, shard in zip(envelope.keys, route(envelope, self._shard_count), strict=True):
+            by_shard[shard].append(key)
         local = by_shard.pop(self._host.shard)
         for key in itertools.chain.from_iterable(by_shard.values()):
             self._host.cache.pop(key, None)  # the fetch looked it up here: it is not ours
@@ -375,7 +386,7 @@ class CrossShard:
             states.update({key: state for key, state in grant["st"]})
             participants.append(grant["c"])
         outcome, new_states = await host.evaluate(envelope, states)
-        writes = self._writes(states, new_states)
+        writes = self._writes(envelope, states, new_states)
         home_writes = writes.pop(host.shard, [])
         decision = {"w": {str(shard): w for shard, w in writes.items()}}
         notice = {"t": "d", "op": envelope.op_id, "a": attempt, "d": decision}
@@ -425,7 +436,7 @@ class CrossShard:
                     return False
                 states.update(held)
             outcome, new_states = await host.evaluate(envelope, states)
-            writes = self._writes(states, new_states)
+            writes = self._writes(envelope, states, new_states)
             owned: list[OwnedShard] = [host, *others]
             call = self._across_call(envelope.op_id, outcome, owned, writes)
             try:
@@ -445,13 +456,19 @@ class CrossShard:
         return True
 
     def _writes(
-        self, states: Mapping[str, str | None], new_states: Mapping[str, str | None] | None
+        self,
+        envelope: Envelope,
+        states: Mapping[str, str | None],
+        new_states: Mapping[str, str | None] | None,
     ) -> dict[int, list[tuple[str, str]]]:
         """The keys an op changed, by shard ('' for a deleted state)."""
         writes: dict[int, list[tuple[str, str]]] = defaultdict(list)
-        for key, state in (new_states or {}).items():
+        if new_states is None:
+            return writes
+        for key, shard in zip(envelope.keys, route(envelope, self._shard_count), strict=True):
+            state = new_states[key]
             if state != states[key]:
-                writes[shard_for(key, self._shard_count)].append((key, state or ""))
+                writes[shard].append((key, state or ""))
         return writes
 
     async def _request_grant(

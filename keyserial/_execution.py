@@ -91,9 +91,9 @@ class Coordination(Protocol):
     """Runs the ops that involve other shards (see ``_crossshard``) once their local keys are
     held."""
 
-    def local_keys(self, envelope: Envelope) -> tuple[str, ...]: ...
-
-    def handles(self, envelope: Envelope) -> bool: ...
+    def local_keys(self, envelope: Envelope) -> tuple[str, ...] | None:
+        """The keys the op's barrier holds here if the coordination runs it, else None."""
+        ...
 
     async def run(self, run: Run) -> None: ...
 
@@ -148,9 +148,10 @@ class Executor:
         each of its keys' chains. A multi-key op waits at the head of all its chains (a barrier);
         chains fill in stream order, so two barriers can never wait for each other."""
         envelope, coordination = run.envelope, self._coordination
-        special = coordination is not None and coordination.handles(envelope)
         # Only an op that involves other shards holds fewer keys here than it names.
-        keys = coordination.local_keys(envelope) if special and coordination else envelope.keys
+        local = None if coordination is None else coordination.local_keys(envelope)
+        special = local is not None
+        keys = envelope.keys if local is None else local
         definition = self._registry.get(envelope.name)
         if not special and not any(key in self._chains for key in keys) and (
             definition is None or not definition.is_async

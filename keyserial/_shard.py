@@ -39,7 +39,7 @@ from ._codec import (
     encode_error,
     salvage_replies,
 )
-from ._crossshard import GRANT_OP, CrossShard, Mailbox
+from ._crossshard import GRANT_OP, CrossShard, Mailbox, route
 from ._execution import Entry, Executor, Hold, Run, StateCache
 from ._json import dumps
 from ._layout import ShardKeys
@@ -353,7 +353,7 @@ class ShardRunner:
         the lowest shard of its keys (its home), which coordinates the others."""
         if not envelope.multi and shard_for(envelope.keys[0], self._shard_count) == self.shard:
             return None  # most ops: one key, routed right
-        shards = [shard_for(key, self._shard_count) for key in envelope.keys]
+        shards = route(envelope, self._shard_count)
         if envelope.multi and envelope.name != GRANT_OP:
             if min(shards) != self.shard:
                 return (
