@@ -275,9 +275,12 @@ def write_chart(document: dict[str, Any], path: Path) -> None:
     handles, labels = axes[0][0].get_legend_handles_labels()
     figure.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=9)
     config = document["config"]
+    rounds = config.get("rounds", 1)
+    medians = f"; bars: median of {rounds} rounds" if rounds > 1 else ""
     figure.suptitle(
         f"keyserial bench, profile {config['profile']}: {config['clients']} client processes"
         f" × {config['callers']} callers, {document['machine']['cores']} cores (log scales)"
+        + medians
     )
     figure.tight_layout(rect=(0, 0.03, 1, 1))
     path.parent.mkdir(parents=True, exist_ok=True)
