@@ -36,7 +36,7 @@ class Envelope:
     reply: str | None
     #: Sent with ``keys`` (a multi-key op), not ``key``.
     multi: bool = False
-    #: Each key's shard, once the worker has routed a multi-key op (see ``_crossshard.route``):
+    #: Each key's shard, once the worker has routed a multi-key op (see ``_routing.route``):
     #: routed once, not at every step of its way.
     shards: tuple[int, ...] = ()
 

@@ -66,7 +66,7 @@ from ._execution import Hold, Run, StateCache
 from ._json import dumps
 from ._layout import ShardKeys
 from ._pipeline import Replies
-from ._routing import shard_for
+from ._routing import route
 from ._settings import Settings
 from .errors import BackendUnavailable, LeaseLost, MalformedOperation
 
@@ -78,14 +78,6 @@ GRANT_OP = "keyserial.grant"
 _ACROSS_REPLIES = 2
 _APPLIED = '{"ok":"applied"}'
 _RELEASED = '{"ok":"released"}'
-
-
-def route(envelope: Envelope, shard_count: int) -> tuple[int, ...]:
-    """Each key's shard, computed once per envelope (a cross-shard op is routed at several
-    steps of its way: the misroute check, its barrier, its split, its writes)."""
-    if not envelope.shards:
-        envelope.shards = tuple(shard_for(key, shard_count) for key in envelope.keys)
-    return envelope.shards
 
 
 def attempt_id(op_id: str, attempt: int) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import zlib
 
+from ._codec import Envelope
 from .errors import ConfigError
 
 _RANGE_ITEM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
@@ -13,6 +14,15 @@ _RANGE_ITEM = re.compile(r"^\s*(\d+)\s*(?:-\s*(\d+)\s*)?$")
 def shard_for(key: str, shard_count: int) -> int:
     """``crc32(utf-8 key) % shard_count``: the same in every language with a crc32."""
     return zlib.crc32(key.encode()) % shard_count
+
+
+def route(envelope: Envelope, shard_count: int) -> tuple[int, ...]:
+    """The shard of each of the envelope's keys, computed once per envelope: a worker routes a
+    cross-shard op at several steps of its way (the misroute check, its barrier, its split,
+    its writes)."""
+    if not envelope.shards:
+        envelope.shards = tuple(shard_for(key, shard_count) for key in envelope.keys)
+    return envelope.shards
 
 
 def parse_shards(spec: str, shard_count: int) -> list[int]:

@@ -39,13 +39,13 @@ from ._codec import (
     encode_error,
     salvage_replies,
 )
-from ._crossshard import GRANT_OP, CrossShard, Mailbox, route
+from ._crossshard import GRANT_OP, CrossShard, Mailbox
 from ._execution import Entry, Executor, Hold, Run, StateCache
 from ._json import dumps
 from ._layout import ShardKeys
 from ._ops import Registry
 from ._pipeline import Pipeliner, Replies
-from ._routing import shard_for
+from ._routing import route, shard_for
 from ._settings import Settings
 from .errors import (
     BackendUnavailable,
