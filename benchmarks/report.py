@@ -132,7 +132,7 @@ def _rounds_note(rows: list[Record]) -> list[str]:
     """Every round's throughput, in run order, for the systems that ran in rounds."""
     parts = [
         f"{_system_label(r)}: "
-        + " · ".join(_num(t.get("throughput")) if t["status"] == "ok" else t["status"]
+        + " · ".join(_num(t["throughput"]) if t["status"] == "ok" else t["status"]
                      for t in r["rounds"])
         for r in rows
         if r.get("rounds")

@@ -49,9 +49,7 @@ def _ratio(numerator: float, denominator: float) -> float:
     return numerator / denominator if denominator else math.inf
 
 
-def evaluate(
-    results: list[Record], slow_io: float, runs: list[Record] | None = None
-) -> list[Record]:
+def evaluate(results: list[Record], slow_io: float, runs: list[Record]) -> list[Record]:
     """The targets, from each system's figures (``results``: its median round where the
     workload ran in rounds); lost updates are counted over every run (``runs``)."""
     targets = _hot(results)
@@ -59,7 +57,7 @@ def evaluate(
         targets += _spread(results, workload)
     targets.append(_transfer(results))
     targets.append(_slow(results, slow_io))
-    targets += _correctness(results if runs is None else runs)
+    targets += _correctness(runs)
     return targets
 
 
@@ -160,8 +158,8 @@ def _slow(results: list[Record], slow_io: float) -> Record:
     return _target("slow-grows-with-keys", text, measured, value, growing and beyond)
 
 
-def _correctness(results: list[Record]) -> list[Record]:
-    ks_runs = [r for r in results if r["system"] == "keyserial" and r["status"] == "ok"]
+def _correctness(runs: list[Record]) -> list[Record]:
+    ks_runs = [r for r in runs if r["system"] == "keyserial" and r["status"] == "ok"]
     lost = sum(r["correctness"]["lost_updates"] for r in ks_runs)
     ks = _target(
         "keyserial-no-lost-updates",
@@ -170,7 +168,7 @@ def _correctness(results: list[Record]) -> list[Record]:
         float(lost),
         (lost == 0) if ks_runs else None,
     )
-    none = [r for r in results if r["system"] == "no-lock" and r["status"] == "ok"]
+    none = [r for r in runs if r["system"] == "no-lock" and r["status"] == "ok"]
     parts = [
         f"{r['workload']}{_variant(r)}{_round(r)}: {r['correctness']['lost_updates']:,}"
         f" of {r['correctness']['acknowledged_ops']:,}"
