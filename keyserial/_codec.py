@@ -12,6 +12,7 @@ Documented for other languages in ``docs/wire-format.md``. In short:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +21,8 @@ from ._json import dumps
 from ._ops import Call
 
 WIRE_VERSION = "1"
-
+#: A JSON escape of a UTF-16 surrogate: an entry with one may decode to invalid text.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 @dataclass(slots=True)
@@ -103,8 +105,12 @@ def decode_entry(fields: Mapping[bytes, bytes]) -> list[Envelope | MalformedEntr
         ops = json.loads(raw.decode())  # (given bytes, json first sniffs their encoding)
     except ValueError as exc:  # UnicodeDecodeError included
         raise MalformedEntry(f"'ops' is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise MalformedEntry("'ops' is nested too deeply to decode") from None
     if not isinstance(ops, list) or not ops:
         raise MalformedEntry("'ops' must be a non-empty JSON array of envelopes")
+    if _SURROGATE_ESCAPE.search(raw):  # rare: only then is every envelope's text checked
+        return [_decode_checked(item) for item in ops]
     return [_decode_envelope(item) for item in ops]
 
 
@@ -113,16 +119,44 @@ def salvage_replies(fields: Mapping[bytes, bytes]) -> list[tuple[str, str | None
     their submitters hear why instead of waiting for a timeout."""
     try:
         ops = json.loads(fields.get(b"ops", b""))
-    except ValueError:
+    except (ValueError, RecursionError):
         return []
     if not isinstance(ops, list):
         return []
     found = []
     for item in ops:
-        if isinstance(item, dict) and isinstance(item.get("id"), str) and item["id"]:
+        if isinstance(item, dict) and _is_text(item.get("id")) and item["id"]:
             reply = item.get("reply")
-            found.append((item["id"], reply if isinstance(reply, str) else None))
+            found.append((item["id"], reply if _is_text(reply) else None))
     return found
+
+
+def _is_text(value: Any) -> bool:
+    """A string that can be written back to Redis (valid Unicode)."""
+    if not isinstance(value, str):
+        return False
+    try:
+        dumps(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _decode_checked(item: Any) -> Envelope | MalformedEntry:
+    """:func:`_decode_envelope` for an envelope that may hold a lone surrogate: such text can
+    be neither stored nor replied, so the op is refused (anonymously if its id is the bad
+    text)."""
+    try:
+        dumps(item)
+    except ValueError:
+        if not isinstance(item, dict) or not _is_text(item.get("id")) or not item["id"]:
+            return MalformedEntry("op envelope holds text that is not valid Unicode")
+        reply = item.get("reply")
+        return MalformedEntry(
+            "op envelope holds text that is not valid Unicode (a lone surrogate)",
+            op_id=item["id"], reply=reply if _is_text(reply) else None,
+        )
+    return _decode_envelope(item)
 
 
 def _decode_envelope(item: Any) -> Envelope | MalformedEntry:
@@ -174,13 +208,19 @@ def encode_ok(value: Any) -> str:
 
 
 def encode_error(error_type: str, message: str, data: Mapping[str, Any] | None = None) -> str:
+    """An error outcome. It always encodes: data JSON cannot carry is dropped, and text that
+    is not valid Unicode is escaped."""
     error: dict[str, Any] = {"type": error_type, "message": message}
     if data:
         error["data"] = dict(data)
     try:
         return dumps({"error": error})
     except (TypeError, ValueError):
-        return dumps({"error": {"type": error_type, "message": message}})
+        return dumps({"error": {"type": _printable(error_type), "message": _printable(message)}})
+
+
+def _printable(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode()
 
 
 def decode_outcome(raw: str | bytes) -> dict[str, Any]:

@@ -1,5 +1,12 @@
 """The one JSON encoding keyserial writes: compact, UTF-8, and no NaN/Infinity (which other
-languages cannot read back)."""
+languages cannot read back).
+
+Whatever it returns can be sent to Redis and read back by any JSON reader: text that is not
+valid Unicode (a lone surrogate, which a JavaScript string cut inside an emoji carries) and
+values nested too deeply to read back are refused with ``ValueError``, like any other value
+JSON cannot carry. A worker that wrote such text would fail on the wire instead, with every
+op of its batch.
+"""
 
 from __future__ import annotations
 
@@ -19,8 +26,21 @@ def dumps(value: Any) -> str:
     if kind is int:
         return int.__repr__(value)
     if kind is str:
-        return _encode_str(value)
-    return _encode(value)
+        text: str = _encode_str(value)
+    else:
+        try:
+            text = _encode(value)
+        except RecursionError:
+            raise ValueError("the value is nested too deeply to encode") from None
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError as exc:
+            raise ValueError(
+                f"text that is not valid Unicode (a lone surrogate at {exc.start}) cannot be"
+                " stored or sent"
+            ) from None
+    return text
 
 
 def loads(text: str) -> Any:

@@ -122,6 +122,11 @@ class Pipeliner:
                 batch.results = await self._backend.run_many(batch.calls)
             except BackendUnavailable as exc:
                 batch.results = [exc] * len(batch.calls)
+            except Exception as exc:
+                # A defect, not an outage (a call that cannot be sent at all): it fails the
+                # calls of this batch, whose runners stop, never the worker's other shards.
+                log.error("a pipeline of %d calls failed", len(batch.calls), exc_info=exc)
+                batch.results = [exc] * len(batch.calls)
             # Written before the runners wake, so before anything they send next on the one
             # connection (a later commit's replies cannot overtake these), and not waited for.
             messages = self._messages(batch)

@@ -7,12 +7,14 @@ from keyserial._codec import (
     Envelope,
     MalformedEntry,
     decode_entry,
+    decode_outcome,
     decode_reply,
     encode_envelope,
     encode_error,
     encode_ok,
     encode_reply,
     pack_entry,
+    salvage_replies,
 )
 from keyserial._json import dumps, loads
 
@@ -69,7 +71,7 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii
 
 
 @pytest.mark.parametrize("value", [
-    0, -5, 10**30, True, None, 1.5, "", "plain", 'a"b\\c\n\t\x00\x1f\x7f', "\u2028é😀", "\ud800",
+    0, -5, 10**30, True, None, 1.5, "", "plain", 'a"b\\c\n\t\x00\x1f\x7f', "\u2028é😀",
     [1, "x"], {"k": [None]},
 ])
 def test_dumps_shortcuts_write_exactly_what_the_encoder_writes(value: object) -> None:
@@ -81,6 +83,43 @@ def test_dumps_still_refuses_what_json_cannot_carry() -> None:
     for value in (float("nan"), float("inf"), {1, 2}):
         with pytest.raises((TypeError, ValueError)):
             dumps(value)
+
+
+def _nested(depth: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize("value", ["\ud83d", ["ok", {"k": "x\udc00"}], _nested(5000)])
+def test_dumps_refuses_what_redis_or_a_reader_could_not_take_back(value: object) -> None:
+    """A lone surrogate cannot be sent as UTF-8, and a value nested thousands deep cannot be
+    read back: both are ValueError, like NaN, never an error on the wire."""
+    with pytest.raises(ValueError):
+        dumps(value)
+
+
+def test_an_envelope_with_a_lone_surrogate_is_refused_alone() -> None:
+    ops = '[{"id":"a","key":"k","op":"append","args":["\\ud83d"]},' \
+          '{"id":"\\ud83d","key":"k","op":"append"},{"id":"b","key":"k","op":"append",' \
+          '"args":["\\ud83d\\ude00"]}]'
+    first, anonymous, fine = decode_entry({b"v": b"1", b"ops": ops.encode()})
+    assert isinstance(first, MalformedEntry) and first.op_id == "a"
+    assert "not valid Unicode" in first.reason
+    assert isinstance(anonymous, MalformedEntry) and anonymous.op_id is None
+    assert isinstance(fine, Envelope) and fine.args == ["😀"]
+
+
+def test_an_entry_nested_too_deeply_is_malformed_not_a_crash() -> None:
+    with pytest.raises(MalformedEntry, match="nested too deeply"):
+        decode_entry({b"v": b"1", b"ops": b"[" * 3000 + b"]" * 3000})
+    assert salvage_replies({b"v": b"1", b"ops": b"[" * 3000}) == []
+
+
+def test_an_error_outcome_always_encodes() -> None:
+    outcome = decode_outcome(encode_error("ValueError", "bad \ud83d", {"x": {1}}))
+    assert outcome == {"error": {"type": "ValueError", "message": "bad \\ud83d"}}
 
 
 @pytest.mark.parametrize("text", [
