@@ -195,7 +195,7 @@ class Backend:
             backend = cls(redis, _describe(redis), owned=False)
             await backend.ping()
             return backend
-        probe = Redis.from_url(redis)
+        probe = Redis.from_url(redis, **_URL_TIMEOUTS)
         try:
             info = await probe.info("cluster")
         except UNREACHABLE as exc:

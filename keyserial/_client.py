@@ -27,7 +27,7 @@ from . import _backend, ledger
 from ._backend import Backend, ScriptCall
 from ._codec import WIRE_VERSION, decode_outcome, decode_reply, encode_envelope, pack_entry
 from ._layout import ShardKeys, reply_channel
-from ._ops import Call
+from ._ops import RESERVED_PREFIX, Call
 from ._routing import shard_for
 from ._settings import Settings
 from .errors import (
@@ -201,6 +201,8 @@ class Client:
             raise TypeError(
                 f"expected a keyserial Call (op(...) or keyserial.call(...)), not {call!r}"
             )
+        if call.name.startswith(RESERVED_PREFIX):
+            raise ValueError(f"op {call.name!r} is keyserial's own; it cannot be submitted")
         if self._task_group is None:
             raise KeyserialError("the client is closed; use `async with keyserial.connect(...)`")
         key = keys if isinstance(keys, str) else keys[0]

@@ -278,11 +278,11 @@ class CrossShard:
         outcome, new_states = host.evaluate_now(envelope, states)
         writes = self._writes(envelope, states, new_states)
         replies = list(run.replies)
+        call = self._across_call(envelope.op_id, outcome, owners, writes)
+        gated = {reply: [(envelope.op_id, outcome)] for reply in replies}
         host.commit_later(
-            self._across_call(envelope.op_id, outcome, owners, writes),
-            {reply: [(envelope.op_id, outcome)] for reply in replies},
-            _ACROSS_REPLIES,
-            partial(self._committed, run, holds, writes, outcome, len(replies)),
+            call, gated, _ACROSS_REPLIES,
+            partial(self._committed, run, holds, writes, outcome, len(replies), call),
         )
         return True
 
@@ -293,12 +293,17 @@ class CrossShard:
         writes: dict[int, list[tuple[str, str]]],
         outcome: str,
         replied: int,
+        call: ScriptCall,
         result: Any,
     ) -> None:
-        """The reply of :meth:`start_now`'s commit. If it failed (a shard changed hands, the
-        server is unreachable), nothing was written: the op takes the usual path, its home
-        keys still held so that no later op on them overtakes it."""
+        """The reply of :meth:`start_now`'s commit. If the server refused it (a shard changed
+        hands), nothing was written: the op takes the usual path, its home keys still held so
+        that no later op on them overtakes it. If the reply was lost, the commit may or may not
+        have landed: the same (idempotent) call is sent until the server says which."""
         host = self._host
+        if isinstance(result, BackendUnavailable):
+            host.spawn(partial(self._confirm, run, holds, writes, outcome, call))
+            return
         if isinstance(result, Exception):
             log.info("shard %d: op %s did not commit (%s); running it again",
                      host.shard, run.envelope.op_id, result)
@@ -311,6 +316,24 @@ class CrossShard:
         self._landed(run, [owner for owner, _ in holds], writes, outcome, replied)
         for owner, hold in holds:
             owner.release(hold)
+
+    async def _confirm(
+        self,
+        run: Run,
+        holds: list[tuple[LocalShard, Hold]],
+        writes: dict[int, list[tuple[str, str]]],
+        outcome: str,
+        call: ScriptCall,
+    ) -> None:
+        """Send a commit whose reply was lost again, until it lands or is refused (retried
+        while the server is unreachable; ``LeaseLost`` ends the runner, holds and all)."""
+        try:
+            result: Any = await self._host.fenced(call.script, call.keys, call.args)
+        except redis_errors.ResponseError as exc:
+            result = exc
+        # Every caller is told again: the first call may have told them already, and a second
+        # reply to the same op is ignored.
+        self._committed(run, holds, writes, outcome, 0, call, result)
 
     def _landed(
         self,
@@ -352,7 +375,7 @@ class CrossShard:
         writes: Mapping[int, list[tuple[str, str]]],
     ) -> ScriptCall:
         """``commit_across`` of an op's writes, fenced by every shard's epoch (home first)."""
-        keys = [self._host.keys.results]
+        keys = [self._host.keys.results, self._host.keys.results_old]
         args: list[Any] = [op_id, outcome, "[]"]  # replies: see Pipeliner.run
         for owner in owners:
             keys += [owner.keys.epoch, owner.keys.state]

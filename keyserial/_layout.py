@@ -72,6 +72,18 @@ class ShardKeys:
         return f"{self.tag}:horizon"
 
     @property
+    def handover(self) -> str:
+        """The horizon a clean release left: the next owner replays up to it without
+        suspecting any op."""
+        return f"{self.tag}:handover"
+
+    @property
+    def last_grant(self) -> str:
+        """The last lease grant (JSON ``[token, grant]``), so a lost acquire reply can be
+        asked again without a second epoch or strike."""
+        return f"{self.tag}:grant"
+
+    @property
     def suspect(self) -> str:
         """Hash {op, strikes}: the op that was running each time an owner died."""
         return f"{self.tag}:suspect"

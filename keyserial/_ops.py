@@ -18,6 +18,9 @@ R_co = TypeVar("R_co", covariant=True)
 
 _ABSENT: Any = object()
 
+#: Op names keyserial keeps for itself (a cross-shard grant request is one).
+RESERVED_PREFIX = "keyserial."
+
 
 @dataclass(frozen=True, slots=True)
 class Call(Generic[R_co]):
@@ -32,6 +35,8 @@ def call(name: str, *args: Any, **kwargs: Any) -> Call[Any]:
     """Name an op registered on the workers, with JSON-serializable arguments."""
     if not isinstance(name, str) or not name:
         raise TypeError(f"op name must be a non-empty string, not {name!r}")
+    if name.startswith(RESERVED_PREFIX):
+        raise ValueError(f"op names starting with {RESERVED_PREFIX!r} are keyserial's: {name!r}")
     return Call(name, args, kwargs)
 
 
@@ -200,8 +205,10 @@ class Registry:
             self.add(each)
 
     def add(self, new: Op[..., Any]) -> None:
-        if new.name.startswith("keyserial."):
-            raise ConfigError(f"op names starting with 'keyserial.' are reserved: {new.name!r}")
+        if new.name.startswith(RESERVED_PREFIX):
+            raise ConfigError(
+                f"op names starting with {RESERVED_PREFIX!r} are reserved: {new.name!r}"
+            )
         existing = self._ops.get(new.name)
         if existing is not None and existing.fn is not new.fn:
             raise ConfigError(f"two different ops are registered as {new.name!r}")

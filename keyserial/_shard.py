@@ -60,6 +60,7 @@ T = TypeVar("T")
 _TRIM_EVERY = 32
 #: Where the step script takes the replies it publishes itself (ARGV[12]).
 _STEP_REPLIES = 11
+_RESERVED_ID = "'#' is reserved in op ids (keyserial names its coordination records with it)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +73,9 @@ class Grant:
     poisoned: str | None
     #: When (ms) the shard's current results generation began; None: none has.
     results_since: int | None
+    #: The last entry the previous owner fetched, if it is past progress: up to it, stored
+    #: outcomes are looked up before any op runs again (some may have committed).
+    replay_until: str | None = None
 
 
 @dataclass(slots=True)
@@ -114,7 +118,15 @@ class ShardRunner:
         self._registry = registry
         self._shard_count = shard_count
         self._cursor = grant.progress
-        self._careful_until = parse_id(grant.careful_until) if grant.careful_until else None
+        #: Up to this entry, the previous owner may have committed some ops: look them up.
+        self._replay_until = parse_id(grant.replay_until) if grant.replay_until else None
+        #: Replay one op per commit (the previous owner crashed: find the op to blame).
+        self._careful = grant.careful_until is not None
+        #: Set once the replay is over: only then can another shard's op hold keys here in
+        #: process, since until then this owner does not know what the last one had granted.
+        self._replayed = anyio.Event()
+        if self._replay_until is None:
+            self._replayed.set()
         self.cache = StateCache()
         self.dirty: set[str] = set()
         self._entries: OrderedDict[str, Entry] = OrderedDict()
@@ -168,6 +180,7 @@ class ShardRunner:
                 task_group.cancel_scope.cancel()
         finally:
             self._ended = True
+            self._replayed.set()  # (holds waiting for it find the runner ended: abandoned)
             if self._stepped is not None:
                 self._stepped.set()  # flush() waiters from other shards' coordinators
             self._executor.task_group = None
@@ -240,11 +253,16 @@ class ShardRunner:
     def _fetch_size(self) -> int:
         if self._stopping or self._uncommitted >= self._settings.max_inflight:
             return 0
-        if self._careful_until is not None:
-            if parse_id(self._cursor) < self._careful_until:
-                return 1
-            self._careful_until = None
+        if self._replay_until is not None:
+            if parse_id(self._cursor) < self._replay_until:
+                return 1 if self._careful else self._settings.fetch_batch
+            self._end_replay()
         return self._settings.fetch_batch
+
+    def _end_replay(self) -> None:
+        self._replay_until = None
+        self._careful = False
+        self._replayed.set()
 
     async def _step(self, want: int) -> tuple[list[Any], dict[bytes, bytes]]:
         """Commit what finished; fetch up to ``want`` entries. Returns the entries and the stored
@@ -252,12 +270,13 @@ class ShardRunner:
         batch, self._finished = self._finished, []
         dead, self._dead = self._dead, []
         progress, commit, replies = self._commit_args(batch, dead)
-        careful = "1" if self._careful_until is not None else "0"
+        replaying = "1" if self._replay_until is not None else "0"
         trim_to, trim_now = self._trim_args(progress)
         now_ms = int(time.time() * 1000)
         rotate = self._rotate_results(now_ms)
         args = [
-            self.epoch, progress, rotate, self._cursor, want, commit, careful, now_ms,
+            self.epoch, progress, rotate, self._cursor, want, commit, replaying,
+            self._settings.result_ttl_ms,
             trim_to, trim_now, int(self.cache.complete), "",
         ]
         self._steps_started += 1
@@ -275,8 +294,8 @@ class ShardRunner:
             if self._running.pop(finished.op_id, None) is not None:
                 self._uncommitted -= 1
         if not entries:
-            if want and self._careful_until is not None:
-                self._careful_until = None
+            if want and self._replay_until is not None:
+                self._end_replay()
             return [], {}
         for raw_key, raw_state in zip(states[::2], states[1::2], strict=True):
             key = raw_key.decode()
@@ -285,17 +304,20 @@ class ShardRunner:
         return entries, dict(zip(done[::2], done[1::2], strict=True))
 
     async def _commit_through(self, run: Run) -> None:
-        """Commit until ``run`` has committed (careful mode: one op per commit)."""
-        while self._running.get(run.envelope.op_id) is run or self._finished or self._dead:
-            if self._finished or self._dead:
-                await self._step(0)
-            else:
-                await self._wait()
+        """Commit until ``run`` has committed (careful mode: one op per commit). An op still
+        running after a lease TTL is left to run on (it holds its key, not the shard): if the
+        worker then dies, it is the first op without a result and takes the strike."""
+        with anyio.move_on_after(self._settings.lease_ttl):
+            while self._running.get(run.envelope.op_id) is run or self._finished or self._dead:
+                if self._finished or self._dead:
+                    await self._step(0)
+                else:
+                    await self._wait()
 
     # -- dispatching ---------------------------------------------------------------------------
 
     async def _dispatch(self, entries: list[Any], done: dict[bytes, bytes]) -> None:
-        careful = self._careful_until is not None
+        careful = self._careful
         runnable: list[Run] = []
         for raw_id, fields in entries:
             entry_id = raw_id.decode()
@@ -352,7 +374,15 @@ class ShardRunner:
         """Why the envelope does not belong on this shard, or None. A multi-key op belongs on
         the lowest shard of its keys (its home), which coordinates the others."""
         if not envelope.multi and shard_for(envelope.keys[0], self._shard_count) == self.shard:
+            if "#" in envelope.op_id:
+                return _RESERVED_ID
             return None  # most ops: one key, routed right
+        if envelope.name == GRANT_OP:
+            request = envelope.kwargs
+            if envelope.op_id != f"{request.get('op')}#{request.get('attempt')}":
+                return "a grant request's id must be '<op id>#<attempt>' (keyserial's own op)"
+        elif "#" in envelope.op_id:
+            return _RESERVED_ID
         shards = route(envelope, self._shard_count)
         if envelope.multi and envelope.name != GRANT_OP:
             if min(shards) != self.shard:
@@ -404,6 +434,7 @@ class ShardRunner:
         """Hold ``keys`` for a cross-shard op coordinated by another shard of this worker:
         yields their committed states once every earlier op on them has run and committed (None
         if this runner stopped first); later ops on them wait until the block exits."""
+        await self._replayed.wait()
         hold = self._executor.hold(keys)
         try:
             if hold.held is not None:
@@ -423,6 +454,8 @@ class ShardRunner:
         write to them committed, their states cached. None if not (or if this runner is
         stopping); :meth:`hold` waits instead."""
         if self._ended or self._stopping or not self.dirty.isdisjoint(keys):
+            return None
+        if not self._replayed.is_set():
             return None
         if self._steps_done < self._steps_started and not self._writing.isdisjoint(keys):
             return None
@@ -502,9 +535,11 @@ class ShardRunner:
         return progress, dumps({"s": writes, "r": results, "d": dead}), replies
 
     def _rotate_results(self, now_ms: int) -> str:
-        """'1' if this step starts a new results generation: the current one is a retention
-        period old (or there is none). Results then live one to two periods, with no expiry
-        recorded per result."""
+        """'1' if this step should ask for a new results generation: by this owner's clock,
+        the current one is a retention period old (or there is none). The script decides by
+        the server's clock, and not while a result of the generation it would drop may still
+        be needed by a replay: results live at least one period, and until progress passes
+        their entry. (A clock off either way only makes it ask early or late.)"""
         since = self._results_since
         if since is not None and now_ms < since + self._settings.result_ttl_ms:
             return "0"

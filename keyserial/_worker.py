@@ -92,7 +92,9 @@ class Worker:
 
         :raises ConfigError: for a shard list or shard count that does not fit the namespace.
         """
-        backend = await self._connect()
+        backend = await self._connect_unless_stopped()
+        if backend is None:
+            return
         try:
             shard_count = await backend.ensure_shard_count(
                 self.settings.namespace, self.settings.shard_count
@@ -118,6 +120,22 @@ class Worker:
         finally:
             with anyio.CancelScope(shield=True):
                 await backend.aclose()
+
+    async def _connect_unless_stopped(self) -> Backend | None:
+        """:meth:`_connect`, given up (None) as soon as :meth:`stop` is called: a worker told
+        to stop while Redis is unreachable has nothing to drain."""
+        backend: Backend | None = None
+        async with anyio.create_task_group() as task_group:
+
+            async def connect() -> None:
+                nonlocal backend
+                backend = await self._connect()
+                task_group.cancel_scope.cancel()
+
+            task_group.start_soon(connect)
+            await self._stop.wait()
+            task_group.cancel_scope.cancel()
+        return backend
 
     async def _connect(self) -> Backend:
         """Connect, retrying with backoff while Redis is unreachable (as a worker should)."""
@@ -209,6 +227,8 @@ class Worker:
                 k.results_old,
                 k.dead,
                 k.results_since,
+                k.handover,
+                k.last_grant,
             ],
             [self.token, self.settings.lease_ttl_ms, self.settings.max_strikes],
         )
@@ -281,7 +301,7 @@ class Worker:
                     )
                     # Not straight back: a bug would fail again at once, in a tight loop.
                     self._resting[shard] = anyio.current_time() + self.settings.lease_ttl
-                    await self._release(backend, [shard])
+                    await self._release(backend, [shard], clean=False)
         finally:
             holder.done.set()
 
@@ -324,15 +344,21 @@ class Worker:
             )
         for holder in holders.values():
             holder.scope.cancel()
-        await self._release(backend, [s for s in holders if self._owned.get(s) is holders[s]])
+        await self._release(
+            backend, [s for s in holders if self._owned.get(s) is holders[s]], clean=True
+        )
         self._owned.clear()
 
-    async def _release(self, backend: Backend, shards: list[int]) -> None:
+    async def _release(self, backend: Backend, shards: list[int], *, clean: bool) -> None:
+        """Give leases up. ``clean``: a drained shutdown, whose unfinished ops are not to
+        blame; otherwise the runner failed, and its first unfinished op takes a strike."""
         calls = []
         for shard in shards:
             k = ShardKeys(self.settings.namespace, shard)
             calls.append(
-                ScriptCall(_backend.RELEASE, [k.lease, k.progress, k.horizon], [self.token])
+                ScriptCall(
+                    _backend.RELEASE, [k.lease, k.horizon, k.handover], [self.token, int(clean)]
+                )
             )
             self._owned.pop(shard, None)
         if not calls:
@@ -350,13 +376,14 @@ class Worker:
 
 
 def _grant(reply: list[Any]) -> Grant:
-    epoch, progress, careful, poisoned, results_since = reply
+    epoch, progress, careful, poisoned, results_since, replay = reply
     return Grant(
         epoch=int(epoch),
         progress=progress.decode(),
         careful_until=careful.decode() or None,
         poisoned=poisoned.decode() or None,
         results_since=int(results_since) if results_since else None,
+        replay_until=replay.decode() or None,
     )
 
 

@@ -1,17 +1,24 @@
 -- Take a free shard lease, bump the fencing epoch, and judge the previous owner's end.
+-- Idempotent for one token: called again by the owner it granted (its reply was lost), it
+-- renews the lease and returns the same grant, with no second epoch and no second strike.
 -- KEYS[1]  lease      KEYS[2]  epoch      KEYS[3]  progress    KEYS[4]  horizon
 -- KEYS[5]  suspect    KEYS[6]  stream     KEYS[7]  results     KEYS[8]  results, previous
 -- KEYS[9]  dead-letter stream         KEYS[10] when the current results generation began
+-- KEYS[11] handover (set by a clean release: the horizon it left)
+-- KEYS[12] the last grant, JSON {token, grant}
 -- ARGV[1]  the new owner's token   ARGV[2]  lease TTL (ms)   ARGV[3]  strikes before dead-letter
 -- Returns {} when the lease is held by someone else; otherwise
--- {epoch, progress, careful_until, poisoned, results_since}
+-- {epoch, progress, careful_until, poisoned, results_since, replay_until}
 --   progress       the last entry id whose ops have all committed ('0-0': none yet);
 --   careful_until  '' after a clean handover; after a crash, the highest entry id the dead owner
 --                  had fetched: the new owner runs ops one at a time up to it, so that the op that
 --                  kills a worker is the first op without a result and takes the strike alone;
 --   poisoned       '' or the id of an op that reached the strike limit: it now has a
 --                  PoisonOperation result, is copied to the dead-letter stream and never runs;
---   results_since  when the current results generation began (ms), '' if none has.
+--   results_since  when the current results generation began (ms), '' if none has;
+--   replay_until   '' or the highest entry id the previous owner had fetched (after a crash or a
+--                  clean handover alike): up to it, the new owner looks up every op's stored
+--                  outcome before running it, since some of them may have committed already.
 -- Stream-id helpers: also in the other fenced scripts (a Redis script cannot import code).
 local function parse_id(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
@@ -36,7 +43,9 @@ local function first_unfinished(after, upto)
           local ok, ops = pcall(cjson.decode, fields[i + 1])
           if ok and type(ops) == 'table' then
             for _, envelope in ipairs(ops) do
+              -- (A grant request waits for its coordinator, it runs no code: never a suspect.)
               if type(envelope) == 'table' and type(envelope.id) == 'string'
+                  and envelope.op ~= 'keyserial.grant'
                   and redis.call('HEXISTS', KEYS[7], envelope.id) == 0
                   and redis.call('HEXISTS', KEYS[8], envelope.id) == 0 then
                 return entry[1], envelope
@@ -64,20 +73,41 @@ local function dead_letter(entry_id, envelope, strikes)
   end
 end
 
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  local last = redis.call('GET', KEYS[12])
+  if last then
+    local granted = cjson.decode(last)
+    if granted[1] == ARGV[1] then
+      redis.call('PEXPIRE', KEYS[1], ARGV[2])
+      return granted[2]
+    end
+  end
+end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {}
 end
+
+local function granted(reply)
+  redis.call('SET', KEYS[12], cjson.encode({ARGV[1], reply}))
+  return reply
+end
+
 local epoch = redis.call('INCR', KEYS[2])
 local progress = redis.call('GET', KEYS[3]) or '0-0'
 local horizon = redis.call('GET', KEYS[4])
 local since = redis.call('GET', KEYS[10]) or ''
+local handover = redis.call('GET', KEYS[11])
+redis.call('DEL', KEYS[11])
 if not horizon or not id_gt(horizon, progress) then
-  return {epoch, progress, '', '', since}
+  return granted({epoch, progress, '', '', since, ''})
+end
+if handover == horizon then  -- a clean release: nothing to suspect, only outcomes to look up
+  return granted({epoch, progress, '', '', since, horizon})
 end
 
 local entry_id, envelope = first_unfinished(progress, horizon)
 if not entry_id then
-  return {epoch, progress, horizon, '', since}
+  return granted({epoch, progress, horizon, '', since, horizon})
 end
 local strikes = 1
 if redis.call('HGET', KEYS[5], 'op') == envelope.id then
@@ -86,6 +116,6 @@ end
 redis.call('HSET', KEYS[5], 'op', envelope.id, 'strikes', strikes)
 if strikes >= tonumber(ARGV[3]) then
   dead_letter(entry_id, envelope, strikes)
-  return {epoch, progress, horizon, envelope.id, since}
+  return granted({epoch, progress, horizon, envelope.id, since, horizon})
 end
-return {epoch, progress, horizon, '', since}
+return granted({epoch, progress, horizon, '', since, horizon})

@@ -2,18 +2,23 @@
 -- fenced by every shard's epoch, writes every shard's keys, the op's result and its replies.
 -- Being atomic across the shards, it needs no grant or decision records. (On a cluster the
 -- shards' keys sit in different slots, which one script cannot touch: the grant protocol runs.)
--- KEYS[1]  home results
--- KEYS[1 + 2i - 1], KEYS[1 + 2i]  shard i's epoch and state (i = 1: the home, then the others)
+-- Idempotent: sent again after a lost reply, it finds the op's result and writes nothing more.
+-- KEYS[1]  home results   KEYS[2]  home results, previous generation
+-- KEYS[2 + 2i - 1], KEYS[2 + 2i]  shard i's epoch and state (i = 1: the home, then the others)
 -- ARGV[1]  op id   ARGV[2]  the op's outcome (JSON)
 -- ARGV[3]  replies to publish, JSON [[channel, message], ...] (empty when the owner publishes
 --          them with its batch, see _pipeline.py)
 -- ARGV[3 + 2i - 1], ARGV[3 + 2i]  shard i's owner epoch, and its writes, JSON
 --          [[key, JSON state or '' to delete], ...]
--- Returns 1 when committed. Error "ELSEWHERE i" when shard i > 1 has another owner now, error
--- "FENCED ..." if the home shard has (nothing written either way).
-local shards = (#KEYS - 1) / 2
+-- Returns 1 when committed (now, or by an earlier call of the same commit: the op's result is
+-- there). Error "ELSEWHERE i" when shard i > 1 has another owner now, error "FENCED ..." if
+-- the home shard has (nothing written either way).
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 or redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
+  return 1
+end
+local shards = (#KEYS - 2) / 2
 for i = 1, shards do
-  if redis.call('GET', KEYS[1 + 2 * i - 1]) ~= ARGV[3 + 2 * i - 1] then
+  if redis.call('GET', KEYS[2 + 2 * i - 1]) ~= ARGV[3 + 2 * i - 1] then
     if i == 1 then
       return redis.error_reply('FENCED epoch ' .. ARGV[4] .. ' is no longer the owner')
     end
@@ -24,9 +29,9 @@ for i = 1, shards do
   -- The same state-write loop as decide.lua's (a Redis script cannot import code).
   for _, write in ipairs(cjson.decode(ARGV[3 + 2 * i])) do
     if write[2] == '' then
-      redis.call('HDEL', KEYS[1 + 2 * i], write[1])
+      redis.call('HDEL', KEYS[2 + 2 * i], write[1])
     else
-      redis.call('HSET', KEYS[1 + 2 * i], write[1], write[2])
+      redis.call('HSET', KEYS[2 + 2 * i], write[1], write[2])
     end
   end
 end

@@ -10,19 +10,22 @@
 -- ARGV[5]  home writes, JSON [[key, JSON state or '' to delete], ...]
 -- ARGV[6]  the op's outcome (JSON)
 -- ARGV[7]  notices, JSON [[channel, message], ...]
--- Returns {1} when this decision won; {0, the decision that was there} otherwise (nothing
--- written). Error "FENCED ..." if another owner took over.
+-- Returns {1} when this decision won, also when a first call of this same script did (its
+-- reply was lost, the call is sent again: only the attempt's own coordinator ever records a
+-- commit for it, so a commit found there is this one); {0, the abort that was there}
+-- otherwise (nothing written). Error "FENCED ..." if another owner took over.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('FENCED epoch ' .. ARGV[1] .. ' is no longer the owner')
 end
 local field = ARGV[2] .. '#' .. ARGV[3] .. '#d'
-local earlier = redis.call('HGET', KEYS[4], field)
+local earlier = redis.call('HGET', KEYS[3], field) or redis.call('HGET', KEYS[4], field)
 if earlier then
+  if earlier == ARGV[4] then
+    return {1}
+  end
   return {0, earlier}
 end
-if redis.call('HSETNX', KEYS[3], field, ARGV[4]) == 0 then
-  return {0, redis.call('HGET', KEYS[3], field)}
-end
+redis.call('HSET', KEYS[3], field, ARGV[4])
 -- One command per write: an op has few keys (step.lua, which writes a whole batch, groups them).
 for _, write in ipairs(cjson.decode(ARGV[5])) do
   if write[2] == '' then

@@ -1,16 +1,23 @@
--- Give a shard's lease up cleanly (shutdown), so a standby takes over at once. Entries fetched
--- but not committed are not the ops' fault: the horizon drops back to progress, so the next
--- owner neither suspects them nor runs in careful mode.
--- KEYS[1]  lease      KEYS[2]  progress      KEYS[3]  horizon
--- ARGV[1]  the owner's token
+-- Give a shard's lease up, so a standby takes over at once.
+-- The horizon (the last entry the owner fetched) is kept either way: entries between progress
+-- and the horizon may hold ops that already committed (an entry's ops commit one by one, and
+-- progress only passes an entry once all of them have), so the next owner must look up their
+-- stored outcomes before running anything again. What the release says is whose fault the
+-- unfinished ops are:
+--   clean ('1', a drained shutdown): not the ops' fault; the next owner replays the entries
+--     without suspecting any op (no strike, no one-at-a-time);
+--   failed ('0', the runner crashed on something): as after a crash, the first unfinished op is
+--     suspected and takes a strike, so data that kills runners is dead-lettered in the end.
+-- KEYS[1]  lease      KEYS[2]  horizon      KEYS[3]  handover
+-- ARGV[1]  the owner's token      ARGV[2]  '1' clean, '0' failed
 -- Returns 1 if released, 0 if the lease was not the caller's.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
-local progress = redis.call('GET', KEYS[2])
-if progress then
-  redis.call('SET', KEYS[3], progress)
+local horizon = redis.call('GET', KEYS[2])
+if ARGV[2] == '1' and horizon then
+  redis.call('SET', KEYS[3], horizon)
 else
   redis.call('DEL', KEYS[3])
 end

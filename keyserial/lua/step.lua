@@ -12,17 +12,21 @@
 -- KEYS[8]  horizon    KEYS[9]  when the current results generation began
 -- ARGV[1]  the owner's epoch
 -- ARGV[2]  new progress: id of the last entry whose ops have all finished, or '' to keep it
--- ARGV[3]  '1': start a new results generation first (the current one is a retention period
---          old): the previous one is dropped, the current one becomes the previous; '0' not
+-- ARGV[3]  '1': start a new results generation first if the current one is a retention period
+--          old by the server's clock (ARGV[8]), and no entry past progress is older than it: the
+--          previous one is dropped, the current one becomes the previous; '0' not. (An entry
+--          past progress may be replayed, and its ops' results are needed then: a result stored
+--          before the current generation began belongs to an entry appended before that.)
 -- ARGV[4]  cursor: the last entry id already fetched (exclusive)
 -- ARGV[5]  how many entries to fetch (0: commit only)
 -- ARGV[6]  what to commit, one JSON object (one argument: cheaper to send than many), or '':
 --   {"s": [[key, JSON state or '' to delete], ...], "r": [[op id, JSON outcome], ...],
 --    "d": [[entry id, reason, raw entry], ...]}
--- ARGV[7]  '1' in careful mode (after an unclean takeover: entries at or below the horizon are
---          fetched again, so the horizon is only raised); '0' otherwise (every fetched entry is
---          past the horizon, so it is set without reading it)
--- ARGV[8]  the owner's clock in milliseconds (when a new results generation begins)
+-- ARGV[7]  '1' while replaying (after a takeover, up to the previous owner's horizon: those
+--          entries are fetched again, so the horizon is only raised, and some of their ops may
+--          have committed, so every stored outcome is looked up); '0' otherwise (every fetched
+--          entry is past the horizon, so it is set without reading it)
+-- ARGV[8]  the results retention in milliseconds
 -- ARGV[9]  the last committed entry id not trimmed from the stream yet, or '' (none)
 -- ARGV[10] '1': trim through ARGV[9] now; '0': only if the fetch finds nothing new (the owner
 --          trims every so many entries while busy, and always before it goes idle, so an idle
@@ -33,7 +37,7 @@
 --          keyserial's own connection the owner publishes the replies of several steps of one
 --          batch itself, one message per channel, once they have returned: see _pipeline.py.)
 -- Entries with the field fresh = '1' carry op ids appended for the first time (see the wire
--- format), so their stored outcomes are not looked up, except in careful mode.
+-- format), so their stored outcomes are not looked up, except while replaying.
 -- Returns {entries, done, states}: entries as XRANGE returns them; done = {op id, outcome, ...};
 -- states = {key, JSON state or '', ...}. Error "FENCED ..." (nothing written) if another owner
 -- took over: the epoch moved on.
@@ -87,15 +91,35 @@ if ARGV[6] ~= '' then
   multi('HSET', KEYS[2], sets)
   multi('HDEL', KEYS[2], deletes)
 end
-if ARGV[3] == '1' and redis.call('GET', KEYS[9]) ~= ARGV[8] then
-  -- Results expire a generation at a time: no expiry to record per result. (UNLINK frees the
-  -- dropped generation off the main thread. A step sent again after a lost reply does not
-  -- rotate twice: that would drop results younger than the retention.)
-  redis.call('UNLINK', KEYS[6])
-  if redis.call('EXISTS', KEYS[5]) == 1 then
-    redis.call('RENAME', KEYS[5], KEYS[6])
+-- Results expire a generation at a time: no expiry to record per result. (UNLINK frees the
+-- dropped generation off the main thread. A step sent again after a lost reply does not
+-- rotate twice: the generation it began is younger than the retention.)
+local function rotation_due()
+  local now = redis.call('TIME')
+  local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  local since = tonumber(redis.call('GET', KEYS[9]) or '0')
+  if now_ms - since < tonumber(ARGV[8]) then
+    return nil
   end
-  redis.call('SET', KEYS[9], ARGV[8])
+  local passed = ARGV[2]
+  if passed == '' then
+    passed = redis.call('GET', KEYS[3]) or '0-0'
+  end
+  local oldest = redis.call('XRANGE', KEYS[4], '(' .. passed, '+', 'COUNT', 1)[1]
+  if oldest and parse_id(oldest[1]) < since then
+    return nil
+  end
+  return now_ms
+end
+if ARGV[3] == '1' then
+  local now_ms = rotation_due()
+  if now_ms then
+    redis.call('UNLINK', KEYS[6])
+    if redis.call('EXISTS', KEYS[5]) == 1 then
+      redis.call('RENAME', KEYS[5], KEYS[6])
+    end
+    redis.call('SET', KEYS[9], now_ms)
+  end
 end
 if commit then
   local stored = {}

@@ -1,0 +1,167 @@
+"""Regression tests for faults that hand-picked scenarios missed: each one failed on the code
+before its fix. Real worker processes, real signals, a private server per topology."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+import keyserial
+from keyserial._layout import ShardKeys
+from tests import apps
+from tests.helpers import eventually, keys_on_shard
+from tests.test_faults import Starter, inspector, wait_for_holder
+
+SHARDS = 4
+
+
+def envelope(op_id: str, key: str, op: str, *args: Any) -> dict[str, Any]:
+    return {"id": op_id, "key": key, "op": op, "args": list(args)}
+
+
+async def append_entry(client: Any, namespace: str, shard: int, envelopes: list[Any], *,
+                       fresh: bool) -> str:
+    """One stream entry carrying ``envelopes``, as the documented wire format has it."""
+    fields = {"v": "1", "ops": json.dumps(envelopes)}
+    if fresh:
+        fields["fresh"] = "1"
+    entry_id: bytes = await client.xadd(ShardKeys(namespace, shard).stream, fields)
+    return entry_id.decode()
+
+
+async def stored(client: Any, namespace: str, shard: int, op_id: str) -> Any:
+    keys = ShardKeys(namespace, shard)
+    raw = await client.hget(keys.results, op_id) or await client.hget(keys.results_old, op_id)
+    return None if raw is None else json.loads(raw)
+
+
+async def run_one(ks: keyserial.Client, key: str) -> list[str]:
+    """A later op on ``key``: it runs after everything appended before it, and shows the
+    key's op log as it committed."""
+    await ks.submit(key, apps.record(), timeout=20)
+    state = await ks.read(key)
+    assert isinstance(state, list)
+    return state
+
+
+async def test_a_graceful_stop_never_replays_an_op_that_committed(
+    redis_url: str, namespace: str, start: Starter, tmp_path: Path
+) -> None:
+    """An entry carries op A (sync, committed and answered) and op B (slow, still running).
+    SIGTERM gives up on B after a lease TTL and releases the shard: the next owner must run B
+    again but must not run A again, although the entry was appended with ``fresh`` op ids."""
+    fast_key, slow_key = keys_on_shard(0, SHARDS, 2, prefix="graceful")
+    with anyio.fail_after(60):
+        async with inspector(redis_url) as client, \
+                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+            owner = start(redis_url, namespace, lease_ttl=1.0)
+            await wait_for_holder(client, namespace, owner.pid, timeout=15)
+            note = tmp_path / "running"
+            await append_entry(client, namespace, 0, [
+                envelope("A", fast_key, "record"),
+                envelope("B", slow_key, "noted_slow_record", 30, str(note)),
+            ], fresh=True)
+            await eventually(lambda: note.exists(), message="B running")
+            assert await stored(client, namespace, 0, "A") == {"ok": 1}
+
+            assert owner.terminate() == 0
+            assert "released shards" in owner.log()
+            successor = start(redis_url, namespace, lease_ttl=1.0)
+            await wait_for_holder(client, namespace, successor.pid, timeout=15)
+            await eventually(lambda: note.read_text().count("\n") == 2, timeout=15,
+                             message="B running again on the successor")
+
+            log = await run_one(ks, fast_key)
+            assert log[0] == "A" and len(log) == 2, f"A applied twice: {log}"
+            assert "one at a time" not in successor.log(), "a clean release blames no op"
+
+
+async def test_a_failed_runner_replays_without_running_a_committed_op_twice(
+    redis_url: str, namespace: str, start: Starter
+) -> None:
+    """An entry holds a committed op and then an op whose result cannot be encoded for Redis
+    (the runner fails on it). Whatever happens to the runner, the committed op stays applied
+    once and the shard keeps serving its other keys."""
+    fast_key, bad_key, other_key = keys_on_shard(1, SHARDS, 3, prefix="failed")
+    with anyio.fail_after(60):
+        async with inspector(redis_url) as client, \
+                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+            worker = start(redis_url, namespace, lease_ttl=1.0)
+            await wait_for_holder(client, namespace, worker.pid, timeout=15)
+            await append_entry(client, namespace, 1, [
+                envelope("A", fast_key, "record"),
+                envelope("bad", bad_key, "append", "\ud83d"),
+            ], fresh=True)
+            outcome = await eventually(
+                lambda: _sync_stored(redis_url, namespace, 1, "bad"), timeout=20,
+                message="an outcome for the op with undecodable text")
+            assert outcome["error"]["type"] == "keyserial.MalformedOperation", outcome
+            assert len(await run_one(ks, other_key)) == 1
+            assert (await ks.read(fast_key)) == ["A"]
+            assert worker.process.poll() is None, "one op's data never kills the worker"
+
+
+def _sync_stored(url: str, namespace: str, shard: int, op_id: str) -> Any:
+    import redis as sync_redis
+
+    client = sync_redis.Redis.from_url(url)
+    try:
+        keys = ShardKeys(namespace, shard)
+        raw = client.hget(keys.results, op_id) or client.hget(keys.results_old, op_id)
+        return None if raw is None else json.loads(raw)
+    finally:
+        client.close()
+
+
+async def test_one_sigterm_stops_a_worker_that_cannot_reach_redis(
+    namespace: str, start: Starter
+) -> None:
+    """A service manager's SIGTERM must stop a worker still waiting for Redis at start, not
+    wait for a SIGKILL."""
+    from tests.helpers import free_closed_port, wait_for_log
+    from tests.test_faults import wait_for_exit
+
+    worker = start(f"redis://127.0.0.1:{free_closed_port()}/0", namespace)
+    await wait_for_log(worker, "retrying", timeout=15)
+    worker.signal(signal.SIGTERM)
+    assert await wait_for_exit(worker, timeout=5) == 0
+
+
+async def test_results_a_replay_needs_outlive_the_retention_while_progress_is_pinned(
+    redis_url: str, namespace: str
+) -> None:
+    """A slow op pins progress; a deposit behind it commits; the retention passes several
+    times. The next owner replays the deposit's entry: its result must still be there, or the
+    deposit would apply twice."""
+    from keyserial.ledger import deposit
+    from tests.helpers import running_worker
+
+    options: dict[str, Any] = {"shard_count": 1, "apps": ["tests.apps"], "lease_ttl": 1.0,
+                               "result_ttl": 0.2}
+    with anyio.fail_after(60):
+        async with inspector(redis_url) as client, \
+                keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+            async with running_worker(redis_url, namespace, **options):
+                await append_entry(client, namespace, 0, [envelope("slow", "k1",
+                                   "slow_record", 30)], fresh=True)
+                await append_entry(client, namespace, 0, [envelope("dep", "k2", "deposit", 10)],
+                                   fresh=True)
+                assert await _outcome(ks, "dep", "k2") == 10
+                began = anyio.current_time()
+                while anyio.current_time() - began < 5 * options["result_ttl"]:
+                    await ks.submit("k3", deposit(1), timeout=10)  # steps that may rotate
+            async with running_worker(redis_url, namespace, **options):
+                assert await ks.submit("k2", keyserial.call("balance"), timeout=10) == 10
+
+
+async def _outcome(ks: keyserial.Client, op_id: str, key: str) -> Any:
+    with anyio.fail_after(10):
+        while True:
+            try:
+                return await ks.result(op_id, key=key)
+            except keyserial.ResultNotFound:
+                await anyio.sleep(0.02)

@@ -1,0 +1,156 @@
+"""Every script keyserial may send twice (its reply lost to a reset or a timeout, so the caller
+cannot tell "not executed" from "executed") gives the same answer the second time and writes
+nothing more. Each test sends the call as the runtime builds it, twice."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import anyio
+import pytest
+import redis.asyncio
+
+import keyserial
+from keyserial import _backend
+from keyserial._backend import Backend
+from keyserial._layout import ShardKeys
+from tests.helpers import keys_on_shard, running_worker
+from tests.test_reliability import envelope
+
+pytestmark = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    connection = redis.asyncio.Redis.from_url(redis_url)
+    yield connection
+    await connection.aclose()
+
+
+@pytest.fixture
+async def backend(redis_url: str) -> AsyncIterator[Backend]:
+    connected = await Backend.connect(redis_url)
+    yield connected
+    await connected.aclose()
+
+
+def acquire_keys(keys: ShardKeys) -> list[str]:
+    return [keys.lease, keys.epoch, keys.progress, keys.horizon, keys.suspect, keys.stream,
+            keys.results, keys.results_old, keys.dead, keys.results_since, keys.handover,
+            keys.last_grant]
+
+
+async def test_an_acquire_sent_again_by_its_owner_returns_the_same_grant_and_no_strike(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """After a crash (horizon past progress), the acquire strikes the first unfinished op. Its
+    reply lost, the same worker asks again: same epoch, same grant, no second strike."""
+    keys = ShardKeys(namespace, 0)
+    entry = await client.xadd(keys.stream, {"v": "1", "ops": json.dumps(
+        [{"id": "suspect", "key": "k", "op": "record"}])})
+    await client.set(keys.horizon, entry)
+    first = await backend.run(_backend.ACQUIRE, acquire_keys(keys), ["me", 5000, 3])
+    again = await backend.run(_backend.ACQUIRE, acquire_keys(keys), ["me", 5000, 3])
+    assert again == first
+    assert await client.get(keys.epoch) == b"1"
+    assert await client.hgetall(keys.suspect) == {b"op": b"suspect", b"strikes": b"1"}
+    assert await backend.run(_backend.ACQUIRE, acquire_keys(keys), ["other", 5000, 3]) == []
+
+
+async def test_a_grant_request_left_unfinished_by_a_crash_is_never_a_suspect(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """A grant request waits for its coordinator and runs no code: the op behind it takes the
+    strike, and a grant request can never be dead-lettered."""
+    keys = ShardKeys(namespace, 2)
+    grant = {"id": "x#1", "keys": ["k"], "op": "keyserial.grant",
+             "kwargs": {"home": 0, "op": "x", "attempt": 1, "channel": "c"}}
+    await client.xadd(keys.stream, {"v": "1", "ops": json.dumps([grant])})
+    entry = await client.xadd(keys.stream, {"v": "1", "ops": json.dumps(
+        [{"id": "after", "key": "k2", "op": "record"}])})
+    await client.set(keys.horizon, entry)
+    for strike in (1, 2, 3):
+        await client.delete(keys.lease)
+        await backend.run(_backend.ACQUIRE, acquire_keys(keys), [f"w{strike}", 5000, 3])
+    assert await client.hget(keys.suspect, "op") == b"after"
+    dead = await client.xrange(keys.dead)
+    assert [json.loads(fields[b"raw"])["id"] for _, fields in dead] == ["after"]
+
+
+async def test_a_decide_sent_again_after_it_won_reports_the_win(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    keys = ShardKeys(namespace, 0)
+    await client.set(keys.epoch, 7)
+    call = [[keys.epoch, keys.state, keys.results, keys.results_old],
+            [7, "op", 7, '{"w":{}}', '[["a","5"]]', '{"ok":5}', "[]"]]
+    assert await backend.run(_backend.DECIDE, *call) == [1]
+    await client.hset(keys.state, "a", "6")  # a later op moved the key on
+    assert await backend.run(_backend.DECIDE, *call) == [1]
+    assert await client.hget(keys.state, "a") == b"6", "the second call wrote nothing"
+
+
+async def test_a_decide_never_wins_over_an_abort(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    keys = ShardKeys(namespace, 0)
+    await client.set(keys.epoch, 7)
+    abort = '{"abort":"the coordinator lost the home shard"}'
+    await client.hset(keys.results, "op#7#d", abort)
+    reply = await backend.run(
+        _backend.DECIDE, [keys.epoch, keys.state, keys.results, keys.results_old],
+        [7, "op", 7, '{"w":{}}', "[]", '{"ok":5}', "[]"])
+    assert reply == [0, abort.encode()]
+
+
+async def test_a_commit_across_sent_again_after_it_landed_writes_nothing_more(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """Sent again after a lost reply, when a participant has changed hands meanwhile, it must
+    not answer ELSEWHERE (the caller would run the op again through grants): it landed."""
+    home, other = ShardKeys(namespace, 0), ShardKeys(namespace, 1)
+    await client.set(home.epoch, 3)
+    await client.set(other.epoch, 4)
+    call = [[home.results, home.results_old, home.epoch, home.state, other.epoch, other.state],
+            ["op", '{"ok":1}', "[]", 3, '[["a","9"]]', 4, '[["b","11"]]']]
+    assert await backend.run(_backend.COMMIT_ACROSS, *call) == 1
+    await client.incr(other.epoch)  # the participant shard changed hands
+    await client.hset(other.state, "b", "12")  # and its new owner moved b on
+    assert await backend.run(_backend.COMMIT_ACROSS, *call) == 1
+    assert await client.hget(other.state, "b") == b"12"
+    assert await client.hget(home.results, "op") == b'{"ok":1}'
+
+
+async def test_reserved_op_names_and_ids_are_refused(
+    redis_url: str, namespace: str, client: redis.asyncio.Redis
+) -> None:
+    """A client cannot submit keyserial's own grant op, and a worker refuses a foreign entry
+    whose op id holds '#' (coordination records are named with it) or a forged grant."""
+    with pytest.raises(ValueError, match="keyserial"):
+        keyserial.call("keyserial.grant", home=0)
+
+    key = keys_on_shard(0, 4, 1, prefix="reserved")[0]
+    forged = {"id": "victim", "keys": [key], "op": "keyserial.grant",
+              "kwargs": {"home": 0, "op": "x", "attempt": 1, "channel": "c"}}
+    async with running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]), \
+            keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
+        with pytest.raises(ValueError, match="keyserial's own"):
+            await ks.submit(key, keyserial.Call("keyserial.grant"))
+        await client.xadd(ShardKeys(namespace, 0).stream, {"v": "1", "ops": json.dumps(
+            [envelope("a#1#d", key, "record"), forged])})
+        with pytest.raises(keyserial.MalformedOperation, match="reserved"):
+            await _outcome(ks, "a#1#d", key)
+        with pytest.raises(keyserial.MalformedOperation, match="grant request"):
+            await _outcome(ks, "victim", key)
+        assert await ks.submit(key, keyserial.call("record"), timeout=10) == 1
+
+
+async def _outcome(ks: keyserial.Client, op_id: str, key: str) -> object:
+    """The stored outcome, once there is one (raised if it is an error)."""
+    with anyio.fail_after(10):
+        while True:
+            try:
+                return await ks.result(op_id, key=key)
+            except keyserial.ResultNotFound:
+                await anyio.sleep(0.02)
