@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeAlias
@@ -50,6 +50,63 @@ UNREACHABLE = (
     redis_errors.ClusterDownError,
     OSError,
 )
+
+
+#: Error replies that mean "not now": the server is loading its dataset, running a slow script
+#: (BUSY), or its cluster is failing over. The command was not executed; it may be sent again.
+_TRANSIENT_PREFIXES = ("BUSY ", "LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN", "READONLY",
+                       "NOREPLICAS", "NOTREADY", "UNBLOCKED")
+#: What a subscription is resubscribed after: a lost connection, or any error reply (a BUSY
+#: script, a restart still LOADING), which must not end the task that listens.
+_RESUBSCRIBE_AFTER = (redis_errors.RedisError, OSError)
+#: Error replies that no retry cures: the credentials or the ACL user do not allow keyserial in.
+_REFUSED = (redis_errors.AuthenticationError, redis_errors.NoPermissionError)
+
+
+def classify_reply(reply: Any, url: str) -> Any:
+    """An error reply as keyserial sees it (every reply from Redis passes through here): a
+    transient refusal becomes :class:`BackendUnavailable` (retried like an outage), a refusal of
+    the credentials or the ACL a :class:`ConfigError`; the scripts' own refusals (``FENCED``,
+    ``BACKLOG``, ``ELSEWHERE``) and anything else stay a ``ResponseError``. Other replies pass
+    through unchanged."""
+    if not isinstance(reply, redis_errors.RedisError):
+        return reply
+    if isinstance(reply, _REFUSED):
+        return ConfigError(f"Redis at {url} refused keyserial: {reply}")
+    if isinstance(reply, UNREACHABLE) or str(reply).startswith(_TRANSIENT_PREFIXES):
+        return BackendUnavailable(url, reply)
+    return reply
+
+
+def _translated(exc: redis_errors.RedisError, url: str) -> Exception:
+    """What to raise for a redis-py error: keyserial's error (see :func:`classify_reply`), or
+    the script's own refusal as it is."""
+    error: Exception = classify_reply(exc, url)
+    if error is exc and isinstance(exc, UNREACHABLE):
+        return BackendUnavailable(url, exc)
+    return error
+
+
+@contextlib.contextmanager
+def _translating(url: str) -> Iterator[None]:
+    """Raise keyserial's errors for redis-py's (the one place that maps them, as httpx's
+    ``map_httpcore_exceptions`` does); a script's own refusal is raised as it is."""
+    try:
+        yield
+    except redis_errors.RedisError as exc:
+        error = _translated(exc, url)
+        if error is exc:
+            raise
+        raise error from exc
+    except OSError as exc:
+        raise BackendUnavailable(url, exc) from exc
+
+
+def _raise_if_error(reply: Any, url: str) -> Any:
+    reply = classify_reply(reply, url)
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
 
 
 #: Timeouts for the command connections keyserial opens from a URL (a ``?socket_timeout=`` in
@@ -197,18 +254,15 @@ class Backend:
             return backend
         probe = Redis.from_url(redis, **_URL_TIMEOUTS)
         try:
-            info = await probe.info("cluster")
-        except UNREACHABLE as exc:
-            raise BackendUnavailable(redis, exc) from exc
+            with _translating(redis):
+                info = await probe.info("cluster")
         finally:
             await probe.aclose()
         if info.get("cluster_enabled"):
-            try:
+            with _translating(redis):
                 cluster = RedisCluster.from_url(redis, **_URL_TIMEOUTS)
                 _use_close_safe_connections(cluster, redis)
                 await cluster.initialize()
-            except UNREACHABLE as exc:
-                raise BackendUnavailable(redis, exc) from exc
             return cls(cluster, redis, owned=True)
         return cls(Redis.from_url(redis, **_client_options(redis)), redis, owned=True)
 
@@ -231,10 +285,8 @@ class Backend:
             await self.client.aclose()
 
     async def ping(self) -> None:
-        try:
+        with _translating(self.url):
             await self.client.execute_command("PING")
-        except UNREACHABLE as exc:
-            raise BackendUnavailable(self.url, exc) from exc
 
     def pubsub(self) -> PubSub:
         """A pub/sub handle; on a cluster, channel messages reach every node, so one node does."""
@@ -265,20 +317,18 @@ class Backend:
             await self._listen_pipelined(channels, on_message, task_status)
             return
         pubsub = self.pubsub()
-        try:
+        with _translating(self.url):
             await pubsub.subscribe(*channels)
-        except UNREACHABLE as exc:
-            raise BackendUnavailable(self.url, exc) from exc
         task_status.started()
         try:
             while True:
                 try:
                     async for message in pubsub.listen():
                         on_message(message["channel"].decode(), message["data"])
-                except UNREACHABLE as exc:
+                except _RESUBSCRIBE_AFTER as exc:
                     log.warning("subscription to %s lost (%s); resubscribing", self.url, exc)
                     await anyio.sleep(0.2)
-                    with contextlib.suppress(*UNREACHABLE):
+                    with contextlib.suppress(*_RESUBSCRIBE_AFTER):
                         await pubsub.subscribe(*channels)
         finally:
             with anyio.CancelScope(shield=True):
@@ -294,16 +344,14 @@ class Backend:
         assert self._pipelined is not None
         subscriber = Subscriber(self._pipelined, channels, on_message)
         try:
-            try:
+            with _translating(self.url):
                 await subscriber.subscribe()
-            except UNREACHABLE as exc:
-                raise BackendUnavailable(self.url, exc) from exc
             task_status.started()
             while True:
                 error = await subscriber.wait_closed()
                 log.warning("subscription to %s lost (%s); resubscribing", self.url, error)
                 await anyio.sleep(0.2)
-                with contextlib.suppress(*UNREACHABLE):
+                with contextlib.suppress(*_RESUBSCRIBE_AFTER):
                     await subscriber.subscribe()
         finally:
             subscriber.close()
@@ -315,17 +363,13 @@ class Backend:
         """
         if self._pipelined is not None:
             (reply,) = await self._run_pipelined([ScriptCall(script, keys, args)])
-            if isinstance(reply, redis_errors.ResponseError):
-                raise reply
-            return reply
+            return _raise_if_error(reply, self.url)
         command = self.client.execute_command
-        try:
+        with _translating(self.url):
             try:
                 return await command("EVALSHA", script.sha, len(keys), *keys, *args)
             except redis_errors.NoScriptError:
                 return await command("EVAL", script.text, len(keys), *keys, *args)
-        except UNREACHABLE as exc:
-            raise BackendUnavailable(self.url, exc) from exc
 
     async def run_many(self, calls: Sequence[ScriptCall]) -> list[Any]:
         """Run scripts in one pipeline; each item is its reply or its ``ResponseError``.
@@ -333,17 +377,26 @@ class Backend:
         :raises BackendUnavailable: if the server does not answer.
         """
         if self._pipelined is not None:
-            return await self._run_pipelined(calls)
-        return await self._run_redis_py(calls)
+            replies = await self._run_pipelined(calls)
+        else:
+            replies = await self._run_redis_py(calls)
+        return [classify_reply(reply, self.url) for reply in replies]
+
+    async def _run_one(self, call: ScriptCall) -> Any:
+        """One script's reply, or its error reply (not raised, as in a pipeline)."""
+        try:
+            return await self.run(call.script, call.keys, call.args)
+        except (redis_errors.ResponseError, ConfigError) as exc:
+            return exc
+        except BackendUnavailable as exc:
+            if isinstance(exc.__cause__, redis_errors.ResponseError):
+                return exc  # a transient refusal of this call, not an outage
+            raise
 
     async def _run_redis_py(self, calls: Sequence[ScriptCall]) -> list[Any]:
         if len(calls) == 1:
-            only = calls[0]
-            try:
-                return [await self.run(only.script, only.keys, only.args)]
-            except redis_errors.ResponseError as exc:
-                return [exc]
-        try:
+            return [await self._run_one(calls[0])]
+        with _translating(self.url):
             pipe = self.client.pipeline(transaction=False)
             for each in calls:
                 # execute_command, not evalsha(): redis-py blocks the latter in cluster pipelines,
@@ -352,24 +405,18 @@ class Backend:
                     "EVALSHA", each.script.sha, len(each.keys), *each.keys, *each.args
                 )
             replies: list[Any] = await pipe.execute(raise_on_error=False)
-        except UNREACHABLE as exc:
-            raise BackendUnavailable(self.url, exc) from exc
         # A cluster pipeline returns a node's connection error as that command's reply.
         for reply in replies:
             if isinstance(reply, UNREACHABLE):
                 raise BackendUnavailable(self.url, reply)
         for index, reply in enumerate(replies):
             if isinstance(reply, redis_errors.NoScriptError):
-                each = calls[index]
-                try:
-                    replies[index] = await self.run(each.script, each.keys, each.args)
-                except redis_errors.ResponseError as exc:
-                    replies[index] = exc
+                replies[index] = await self._run_one(calls[index])
         return replies
 
     async def _run_pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:
         assert self._pipelined is not None
-        try:
+        with _translating(self.url):
             replies = await self._pipelined.execute(
                 [("EVALSHA", c.script.sha, len(c.keys), *c.keys, *c.args) for c in calls]
             )
@@ -387,8 +434,6 @@ class Backend:
                 )
                 for index, reply in zip(missing, again, strict=True):
                     replies[index] = reply
-        except UNREACHABLE as exc:
-            raise BackendUnavailable(self.url, exc) from exc
         return replies
 
     async def call(self, *command: ScriptArg) -> Any:
@@ -396,15 +441,11 @@ class Backend:
 
         :raises BackendUnavailable: if the server does not answer.
         """
-        try:
+        with _translating(self.url):
             if self._pipelined is None:
                 return await self.client.execute_command(*command)
             (reply,) = await self._pipelined.execute([command])
-        except UNREACHABLE as exc:
-            raise BackendUnavailable(self.url, exc) from exc
-        if isinstance(reply, redis_errors.ResponseError):
-            raise reply
-        return reply
+        return _raise_if_error(reply, self.url)
 
     def publish_nowait(self, messages: Sequence[tuple[str, str]]) -> bool:
         """``PUBLISH`` each message now, on keyserial's own open connection, without waiting
@@ -429,7 +470,7 @@ class Backend:
 
     async def _pipeline(self, commands: Sequence[Sequence[ScriptArg]]) -> list[Any]:
         """Plain commands in one pipeline (on a cluster, all in one slot); their replies."""
-        try:
+        with _translating(self.url):
             if self._pipelined is not None:
                 replies = await self._pipelined.execute(commands)
             else:
@@ -437,14 +478,7 @@ class Backend:
                 for command in commands:
                     pipe.execute_command(*command)
                 replies = await pipe.execute(raise_on_error=False)
-        except UNREACHABLE as exc:
-            raise BackendUnavailable(self.url, exc) from exc
-        for reply in replies:
-            if isinstance(reply, UNREACHABLE):
-                raise BackendUnavailable(self.url, reply)
-            if isinstance(reply, redis_errors.ResponseError):
-                raise reply
-        return replies
+        return [_raise_if_error(reply, self.url) for reply in replies]
 
     async def hmget(self, key: str, fields: Sequence[str]) -> list[bytes | None]:
         result: list[bytes | None] = await self.call("HMGET", key, *fields)

@@ -43,6 +43,8 @@ from .errors import (
 R = TypeVar("R")
 log = logging.getLogger("keyserial.client")
 
+#: Seconds before an append the server refused for now (BUSY, LOADING) is sent again.
+_REFUSED_RETRY = 0.1
 #: Ops packed into one stream entry at most, and its size in bytes at most.
 _ENTRY_OPS = 256
 _ENTRY_BYTES = 256 * 1024
@@ -296,11 +298,29 @@ class Client:
                 for pending in batch:
                     pending.settle(KeyserialError(f"appending op {pending.op_id!r} failed: {exc}"))
                 continue
-            for (shard, group), reply in zip(entries, replies, strict=True):
-                if isinstance(reply, redis_errors.ResponseError):
-                    error = self._append_error(shard, reply)
-                    for pending in group:
-                        pending.settle(error)
+            self._settle_refused(entries, replies)
+
+    def _settle_refused(
+        self, entries: list[tuple[int, list[_Pending]]], replies: list[Any]
+    ) -> None:
+        """Fail the ops of entries the server refused; queue again those refused for now."""
+        refused: list[_Pending] = []
+        for (shard, group), reply in zip(entries, replies, strict=True):
+            if isinstance(reply, BackendUnavailable):
+                refused += group  # "not now" (BUSY, LOADING): nothing was appended
+            elif isinstance(reply, Exception):
+                error = self._append_error(shard, reply)
+                for pending in group:
+                    pending.settle(error)
+        if refused and self._task_group is not None:
+            self._task_group.start_soon(self._append_again, refused)
+
+    async def _append_again(self, refused: list[_Pending]) -> None:
+        """Queue again, a moment later, ops whose append the server refused for now; each
+        waits until it is appended or its caller's timeout."""
+        await anyio.sleep(_REFUSED_RETRY)
+        self._queue.extend(pending for pending in refused if not pending.done.done())
+        self._queued.set()
 
     def _append_call(self, shard: int, group: list[_Pending]) -> ScriptCall:
         stream, wake_channel = self._append_to[shard]
@@ -313,7 +333,10 @@ class Client:
             [self.settings.max_backlog, WIRE_VERSION, packed, wake_channel, int(fresh)],
         )
 
-    def _append_error(self, shard: int, reply: redis_errors.ResponseError) -> KeyserialError:
+    def _append_error(self, shard: int, reply: Exception) -> KeyserialError:
+        """The error of an append the server answered with an error: nothing was appended."""
+        if isinstance(reply, KeyserialError):  # the credentials or the ACL refused it
+            return reply
         if str(reply).startswith("BACKLOG"):
             return BacklogFull(shard=shard, limit=self.settings.max_backlog)
         return KeyserialError(f"Redis refused the append to shard {shard}: {reply}")
@@ -346,7 +369,8 @@ class Client:
                 keys = ShardKeys(self.settings.namespace, shard)
                 try:
                     found = await self._backend.stored(keys, op_ids)
-                except BackendUnavailable:
+                except (BackendUnavailable, redis_errors.ResponseError) as exc:
+                    log.warning("looking up overdue replies: %s", exc)
                     break
                 for op_id, raw in zip(op_ids, found, strict=True):
                     if raw is not None:

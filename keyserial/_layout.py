@@ -79,7 +79,7 @@ class ShardKeys:
 
     @property
     def last_grant(self) -> str:
-        """The last lease grant (JSON ``[token, grant]``), so a lost acquire reply can be
+        """The last lease grant (JSON ``[attempt id, grant]``), so a lost acquire reply can be
         asked again without a second epoch or strike."""
         return f"{self.tag}:grant"
 

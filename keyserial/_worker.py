@@ -71,8 +71,11 @@ class Worker:
         self._owned: dict[int, _Owned] = {}
         #: Shards whose runner failed, and until when this worker leaves them to others.
         self._resting: dict[int, float] = {}
+        #: Each shard's acquire attempt whose answer was lost (see ``acquire.lua``).
+        self._attempts: dict[int, str] = {}
         self._mailbox = Mailbox(worker_channel(self.settings.namespace, self.token), self._runner)
         self._stop = anyio.Event()
+        self._shard_count = 0
         self._started = anyio.Event()
         self.shards: list[int] = []
 
@@ -96,9 +99,7 @@ class Worker:
         if backend is None:
             return
         try:
-            shard_count = await backend.ensure_shard_count(
-                self.settings.namespace, self.settings.shard_count
-            )
+            shard_count = self._shard_count
             self.shards = self._resolve_shards(shard_count)
             log.info(
                 "worker %s serving shards %s of %d in namespace %r (ops: %s)",
@@ -138,11 +139,20 @@ class Worker:
         return backend
 
     async def _connect(self) -> Backend:
-        """Connect, retrying with backoff while Redis is unreachable (as a worker should)."""
+        """Connect and check the namespace's shard count, retrying with backoff while Redis is
+        unreachable or not ready (a restart still loading its data), as a worker should."""
         delay = 0.1
         while True:
             try:
-                return await Backend.connect(self._redis)
+                backend = await Backend.connect(self._redis)
+                try:
+                    self._shard_count = await backend.ensure_shard_count(
+                        self.settings.namespace, self.settings.shard_count
+                    )
+                except BaseException:
+                    await backend.aclose()
+                    raise
+                return backend
             except BackendUnavailable as exc:
                 log.warning("%s; retrying in %.1fs", exc, delay)
                 await anyio.sleep(delay)
@@ -202,12 +212,18 @@ class Worker:
                 continue
             if reply == 1:
                 holder.renewed_at = sent_at
+            elif isinstance(reply, Exception):
+                # An error reply (BUSY, LOADING) says nothing about the lease: it is tried again
+                # next round, and dropped only once it may have expired (_drop_expired).
+                log.warning("shard %d: renewing the lease: %s", shard, reply)
             else:
                 self._drop(shard, "the lease expired and another worker may own the shard")
         for shard, reply in zip(free, replies[len(owned) :], strict=True):
             if isinstance(reply, Exception):
                 log.error("acquiring shard %d failed: %s", shard, reply)
-            elif reply:
+                continue
+            self._attempts.pop(shard, None)  # answered: the next acquire is a new attempt
+            if reply:
                 grant = _grant(reply)
                 self._start(backend, shard_count, shard, grant, sent_at, task_group)
         self._drop_expired(anyio.current_time())
@@ -230,7 +246,13 @@ class Worker:
                 k.handover,
                 k.last_grant,
             ],
-            [self.token, self.settings.lease_ttl_ms, self.settings.max_strikes],
+            [
+                self.token,
+                self.settings.lease_ttl_ms,
+                self.settings.max_strikes,
+                # Kept until the server answers: a resend after a lost reply is the same attempt.
+                self._attempts.setdefault(shard, uuid.uuid4().hex),
+            ],
         )
 
     def _drop_expired(self, now: float) -> None:

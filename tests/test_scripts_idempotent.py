@@ -50,12 +50,16 @@ async def test_an_acquire_sent_again_by_its_owner_returns_the_same_grant_and_no_
     entry = await client.xadd(keys.stream, {"v": "1", "ops": json.dumps(
         [{"id": "suspect", "key": "k", "op": "record"}])})
     await client.set(keys.horizon, entry)
-    first = await backend.run(_backend.ACQUIRE, acquire_keys(keys), ["me", 5000, 3])
-    again = await backend.run(_backend.ACQUIRE, acquire_keys(keys), ["me", 5000, 3])
+    first = await backend.run(_backend.ACQUIRE, acquire_keys(keys), ["me", 5000, 3, "try-1"])
+    again = await backend.run(_backend.ACQUIRE, acquire_keys(keys), ["me", 5000, 3, "try-1"])
     assert again == first
     assert await client.get(keys.epoch) == b"1"
     assert await client.hgetall(keys.suspect) == {b"op": b"suspect", b"strikes": b"1"}
-    assert await backend.run(_backend.ACQUIRE, acquire_keys(keys), ["other", 5000, 3]) == []
+    for token, attempt in (("other", "try-1"), ("me", "try-2")):
+        # Another worker, or a new attempt of this one (its old runner's calls may still land),
+        # gets nothing while the lease lives.
+        assert await backend.run(
+            _backend.ACQUIRE, acquire_keys(keys), [token, 5000, 3, attempt]) == []
 
 
 async def test_a_grant_request_left_unfinished_by_a_crash_is_never_a_suspect(
@@ -72,7 +76,7 @@ async def test_a_grant_request_left_unfinished_by_a_crash_is_never_a_suspect(
     await client.set(keys.horizon, entry)
     for strike in (1, 2, 3):
         await client.delete(keys.lease)
-        await backend.run(_backend.ACQUIRE, acquire_keys(keys), [f"w{strike}", 5000, 3])
+        await backend.run(_backend.ACQUIRE, acquire_keys(keys), [f"w{strike}", 5000, 3, "a"])
     assert await client.hget(keys.suspect, "op") == b"after"
     dead = await client.xrange(keys.dead)
     assert [json.loads(fields[b"raw"])["id"] for _, fields in dead] == ["after"]

@@ -1,12 +1,15 @@
 -- Take a free shard lease, bump the fencing epoch, and judge the previous owner's end.
--- Idempotent for one token: called again by the owner it granted (its reply was lost), it
--- renews the lease and returns the same grant, with no second epoch and no second strike.
+-- Idempotent for one attempt: sent again with the same attempt id by the worker it granted
+-- (the reply was lost), it renews the lease and returns the same grant, with no second epoch
+-- and no second strike. (A new attempt by the same worker, after it dropped the shard, gets
+-- nothing while its old lease lives: its old runner's calls may still land.)
 -- KEYS[1]  lease      KEYS[2]  epoch      KEYS[3]  progress    KEYS[4]  horizon
 -- KEYS[5]  suspect    KEYS[6]  stream     KEYS[7]  results     KEYS[8]  results, previous
 -- KEYS[9]  dead-letter stream         KEYS[10] when the current results generation began
 -- KEYS[11] handover (set by a clean release: the horizon it left)
--- KEYS[12] the last grant, JSON {token, grant}
+-- KEYS[12] the last grant, JSON {attempt id, grant}
 -- ARGV[1]  the new owner's token   ARGV[2]  lease TTL (ms)   ARGV[3]  strikes before dead-letter
+-- ARGV[4]  the attempt id (unique per attempt, the same when the call is sent again)
 -- Returns {} when the lease is held by someone else; otherwise
 -- {epoch, progress, careful_until, poisoned, results_since, replay_until}
 --   progress       the last entry id whose ops have all committed ('0-0': none yet);
@@ -77,7 +80,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   local last = redis.call('GET', KEYS[12])
   if last then
     local granted = cjson.decode(last)
-    if granted[1] == ARGV[1] then
+    if granted[1] == ARGV[4] then
       redis.call('PEXPIRE', KEYS[1], ARGV[2])
       return granted[2]
     end
@@ -88,7 +91,7 @@ if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
 end
 
 local function granted(reply)
-  redis.call('SET', KEYS[12], cjson.encode({ARGV[1], reply}))
+  redis.call('SET', KEYS[12], cjson.encode({ARGV[4], reply}))
   return reply
 end
 
