@@ -8,10 +8,11 @@ import importlib
 import logging
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
 
+from . import __version__
 from ._connect import default_url
 from ._server import LocalServer
 from ._settings import Settings
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="keyserial", description="Per-key serialized execution on Redis streams."
     )
+    parser.add_argument("--version", action="version", version=f"keyserial {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     worker = commands.add_parser("worker", help="serve shards of a namespace")
@@ -190,22 +192,39 @@ def _run_dev(args: argparse.Namespace) -> int:
         ) from exc
     try:
         print(f"keyserial dev: {server.binary} serving {server.url}", flush=True)
-        print(
-            f"keyserial dev: {args.shard_count} shards in namespace {args.namespace!r};"
-            f" connect with keyserial.connect({server.url!r}, shards={args.shard_count})."
-            " Ctrl-C stops.",
-            flush=True,
-        )
-        anyio.run(_serve_until_signalled, worker)
+
+        def ready() -> None:
+            print(_ready_line(server.url, args.shard_count, args.namespace), flush=True)
+
+        anyio.run(_serve_until_signalled, worker, ready)
     finally:
         server.stop()
         print("keyserial dev: stopped", flush=True)
     return 0
 
 
-async def _serve_until_signalled(worker: Worker) -> None:
-    """Run the worker; SIGTERM or SIGINT drains it, releases its leases, and returns."""
+def _ready_line(url: str, shard_count: int, namespace: str) -> str:
+    """What ``keyserial dev`` says once it serves: where, how to point clients at it (a
+    ``connect()`` with no URL reads the variable), and how to stop."""
+    return (
+        f"keyserial dev: ready on {url} ({shard_count} shards, namespace {namespace!r});"
+        f" in another shell: export KEYSERIAL_REDIS_URL={url} ; Ctrl-C stops"
+    )
+
+
+async def _serve_until_signalled(
+    worker: Worker, on_ready: Callable[[], None] | None = None
+) -> None:
+    """Run the worker; SIGTERM or SIGINT drains it, releases its leases, and returns.
+    ``on_ready`` is called once the worker serves."""
     async with anyio.create_task_group() as task_group:
+
+        async def announce(ready: Callable[[], None]) -> None:
+            await worker.wait_started()
+            ready()
+
+        if on_ready is not None:
+            task_group.start_soon(announce, on_ready)
 
         async def stop_on_signal() -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -81,6 +81,34 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=30)
 
 
+def test_version_prints_the_package_version() -> None:
+    result = _cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"keyserial {keyserial.__version__}"
+
+
+def test_dev_prints_one_ready_line_with_the_url_the_export_and_how_to_stop() -> None:
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "keyserial", "dev", "--port", str(port), "--shard-count", "2"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        assert process.stdout is not None
+        lines = [process.stdout.readline(), process.stdout.readline()]
+        ready = [line for line in lines if "ready" in line]
+        assert len(ready) == 1, lines
+        assert url in ready[0]
+        assert f"export KEYSERIAL_REDIS_URL={url}" in ready[0]
+        assert "Ctrl-C" in ready[0]
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=15) == 0
+    finally:
+        process.kill()
+        process.wait()
+
+
 def test_worker_refuses_a_bad_shard_list_with_a_clear_message(redis_url: str) -> None:
     result = _cli("worker", "--redis", redis_url, "--namespace", "cli-bad-shards",
                   "--shard-count", "16", "--shards", "0-16")
