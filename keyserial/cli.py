@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -126,6 +127,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    _import_from_cwd()
     try:
         if args.command == "worker":
             return _run_worker(args)
@@ -140,6 +142,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"keyserial: error: {_first_leaf(config_errors)}", file=sys.stderr)
         return 2
+
+
+def _import_from_cwd() -> None:
+    """Let ``--app myapp.ops`` find ``myapp`` in the current directory, as ``python -m`` would:
+    a console script's path starts at its own directory, not the current one."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 def _run_bench(arguments: list[str]) -> int:

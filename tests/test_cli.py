@@ -161,3 +161,42 @@ def test_a_server_already_on_the_port_is_never_taken_for_ours(redis_url: str) ->
     result = _cli("dev", "--port", str(taken), "--shard-count", "2")
     assert result.returncode == 2
     assert "is the port taken?" in result.stderr
+
+
+def _console_script(tmp_path: Path) -> Path:
+    """A stand-in for the installed ``keyserial`` console script: a script outside the current
+    directory, so Python puts its own directory on the path, not the current one."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "keyserial"
+    script.write_text("import sys\nfrom keyserial.cli import main\nsys.exit(main())\n")
+    return script
+
+
+def test_worker_app_modules_are_found_in_the_current_directory(
+    standalone_server: LocalServer, namespace: str, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    (project / "myshop").mkdir(parents=True)
+    (project / "myshop" / "__init__.py").write_text("")
+    (project / "myshop" / "ops.py").write_text(
+        "import keyserial\n\n\n@keyserial.op\ndef stock_up(ctx, quantity):\n"
+        "    ctx.state = (ctx.state or 0) + quantity\n    return ctx.state\n"
+    )
+    url = standalone_server.url
+    process = subprocess.Popen(
+        [sys.executable, str(_console_script(tmp_path)), "worker", "--redis", url,
+         "--namespace", namespace, "--shard-count", "2", "--app", "myshop.ops"],
+        cwd=project, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    async def use_it() -> int:
+        async with keyserial.connect(url, shards=2, namespace=namespace) as ks:
+            return await ks.submit("sku:1", keyserial.call("stock_up", 3), timeout=20)
+
+    try:
+        assert anyio.run(use_it) == 3
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+    finally:
+        process.kill()
+        process.wait()
