@@ -15,6 +15,7 @@ import anyio
 
 from . import __version__
 from ._connect import default_url
+from ._logging import FORMATS, LEVELS, configure
 from ._server import LocalServer
 from ._settings import Settings
 from ._worker import Worker
@@ -43,6 +44,15 @@ def _positive(text: str) -> int:
     return value
 
 
+def _log_level(text: str) -> str:
+    level = text.upper()
+    if level not in LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a log level; choose from {', '.join(LEVELS)}"
+        )
+    return level
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--app",
@@ -60,7 +70,19 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="shard lease TTL; a dead worker's shards move within it (default: %(default)s)",
     )
-    parser.add_argument("--log-level", default="INFO", help="(default: %(default)s)")
+    parser.add_argument(
+        "--log-level",
+        type=_log_level,
+        default="INFO",
+        metavar="LEVEL",
+        help=f"{', '.join(LEVELS)} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="json: one JSON object per line (default: %(default)s)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,24 +146,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments[:1] == ["bench"]:
         return _run_bench(arguments[1:])
     args = build_parser().parse_args(arguments)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure(args.log_level, args.log_format)
     _import_from_cwd()
     try:
         if args.command == "worker":
             return _run_worker(args)
         return _run_dev(args)
-    except ConfigError as exc:
-        print(f"keyserial: error: {exc}", file=sys.stderr)
+    except Exception as exc:  # a group, when it comes through the worker's task group
+        problem = _config_error(exc)
+        if problem is None:
+            log.error("keyserial %s stopped by an unexpected error", args.command, exc_info=exc)
+            return 1
+        print(f"keyserial: error: {problem}", file=sys.stderr)
         return 2
-    except BaseExceptionGroup as group:
-        # A worker's setup error surfaces through the task group that runs it.
-        config_errors = group.subgroup(ConfigError)
-        if config_errors is None:
-            raise
-        print(f"keyserial: error: {_first_leaf(config_errors)}", file=sys.stderr)
-        return 2
+
+
+def _config_error(exc: BaseException) -> ConfigError | None:
+    """The setup error (``ConfigError``) in ``exc``, or among the errors it groups."""
+    if isinstance(exc, ConfigError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for each in exc.exceptions:
+            found = _config_error(each)
+            if found is not None:
+                return found
+    return None
 
 
 def _import_from_cwd() -> None:
@@ -166,11 +195,6 @@ def _run_bench(arguments: list[str]) -> int:
         )
         return 2
     return int(suite.main(arguments))
-
-
-def _first_leaf(group: BaseExceptionGroup[ConfigError]) -> BaseException:
-    first = group.exceptions[0]
-    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
 
 
 def _settings(args: argparse.Namespace) -> Settings:
