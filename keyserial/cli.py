@@ -62,13 +62,16 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         help="module whose @keyserial.op functions to serve (repeatable);"
         " the ledger ops are always served",
     )
-    parser.add_argument("--namespace", default="default", help="namespace (default: %(default)s)")
+    parser.add_argument(
+        "--namespace", default=None, help="namespace (default: $KEYSERIAL_NAMESPACE or default)"
+    )
     parser.add_argument(
         "--lease-ttl",
         type=_seconds,
-        default=10.0,
+        default=None,
         metavar="SECONDS",
-        help="shard lease TTL; a dead worker's shards move within it (default: %(default)s)",
+        help="shard lease TTL; a dead worker's shards move within it"
+        " (default: $KEYSERIAL_LEASE_TTL or 10)",
     )
     parser.add_argument(
         "--log-level",
@@ -111,8 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive,
         default=None,
         metavar="N",
-        help="shards in the namespace; must match the recorded count"
-        " (default: the recorded count, 16 for a new namespace)",
+        help="shards in the namespace; must match the recorded count (default:"
+        " $KEYSERIAL_SHARD_COUNT, else the recorded count, 16 for a new namespace)",
     )
     _add_common(worker)
 
@@ -121,7 +124,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dev.add_argument("--port", type=_positive, default=6390, help="(default: %(default)s)")
     dev.add_argument(
-        "--shard-count", type=_positive, default=16, metavar="N", help="(default: %(default)s)"
+        "--shard-count",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="(default: $KEYSERIAL_SHARD_COUNT or 16)",
     )
     dev.add_argument(
         "--data-dir",
@@ -198,7 +205,9 @@ def _run_bench(arguments: list[str]) -> int:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    return Settings(
+    """A flag, else its ``KEYSERIAL_*`` variable, else the default; every other setting from
+    its variable or the default."""
+    return Settings.resolve(
         namespace=args.namespace, shard_count=args.shard_count, lease_ttl=args.lease_ttl
     )
 
@@ -212,11 +221,13 @@ def _run_worker(args: argparse.Namespace) -> int:
 
 
 def _run_dev(args: argparse.Namespace) -> int:
-    worker_settings = _settings(args)
+    settings = _settings(args)
+    if settings.shard_count is None:  # a new namespace on a fresh server, where 16 is recorded
+        settings = settings.replace(shard_count=16)
     server = LocalServer(
         port=args.port, data_dir=args.data_dir, appendfsync="always" if args.data_dir else None
     )
-    worker = Worker(server.url, settings=worker_settings, apps=args.app)
+    worker = Worker(server.url, settings=settings, apps=args.app)
     try:
         server.start()
     except RuntimeError as exc:
@@ -228,7 +239,7 @@ def _run_dev(args: argparse.Namespace) -> int:
         print(f"keyserial dev: {server.binary} serving {server.url}", flush=True)
 
         def ready() -> None:
-            print(_ready_line(server.url, args.shard_count, args.namespace), flush=True)
+            print(_ready_line(server.url, settings), flush=True)
 
         anyio.run(_serve_until_signalled, worker, ready)
     finally:
@@ -237,11 +248,12 @@ def _run_dev(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ready_line(url: str, shard_count: int, namespace: str) -> str:
+def _ready_line(url: str, settings: Settings) -> str:
     """What ``keyserial dev`` says once it serves: where, how to point clients at it (a
     ``connect()`` with no URL reads the variable), and how to stop."""
     return (
-        f"keyserial dev: ready on {url} ({shard_count} shards, namespace {namespace!r});"
+        f"keyserial dev: ready on {url} ({settings.shard_count} shards, namespace"
+        f" {settings.namespace!r});"
         f" in another shell: export KEYSERIAL_REDIS_URL={url} ; Ctrl-C stops"
     )
 
