@@ -33,7 +33,7 @@ if HIREDIS_AVAILABLE:  # a dependency (redis[hiredis]), but redis-py also runs w
     import hiredis
 
     from ._resp import PipelinedConnection, Subscriber
-from .errors import BackendUnavailable, ConfigError
+from .errors import BackendUnavailable, ConfigError, ShardCountMismatch
 
 log = logging.getLogger("keyserial")
 
@@ -195,11 +195,15 @@ class Backend:
             backend = cls(redis, _describe(redis), owned=False)
             await backend.ping()
             return backend
-        probe = Redis.from_url(redis)
+        probe = Redis.from_url(redis, **_URL_TIMEOUTS)
         try:
             info = await probe.info("cluster")
         except UNREACHABLE as exc:
             raise BackendUnavailable(redis, exc) from exc
+        except redis_errors.InvalidResponse as exc:  # a port that some other server listens on
+            raise BackendUnavailable(
+                redis, f"the server there does not speak the Redis protocol ({exc})"
+            ) from exc
         finally:
             await probe.aclose()
         if info.get("cluster_enabled"):
@@ -455,7 +459,7 @@ class Backend:
 
         ``None`` adopts the recorded count, or records 16 for a new namespace.
 
-        :raises ConfigError: when ``shard_count`` differs from the recorded count.
+        :raises ShardCountMismatch: when ``shard_count`` differs from the recorded count.
         """
         key = meta_key(namespace)
         wanted = 16 if shard_count is None else shard_count
@@ -464,10 +468,8 @@ class Backend:
         await self.call("HSETNX", key, "shards", wanted)
         recorded = int(await self.call("HGET", key, "shards"))
         if shard_count is not None and recorded != shard_count:
-            raise ConfigError(
-                f"namespace {namespace!r} has {recorded} shards recorded in Redis, but this"
-                f" process was configured with {shard_count}; routing with a different count"
-                f" would send ops to the wrong shard. Use shards={recorded} (or a new namespace)."
+            raise ShardCountMismatch(
+                namespace=namespace, recorded=recorded, configured=shard_count
             )
         return recorded
 

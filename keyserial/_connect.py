@@ -10,6 +10,7 @@ from typing import Any
 from ._backend import AnyRedis, Backend
 from ._client import Client
 from ._settings import Settings
+from .errors import ShardCountMismatch
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
@@ -42,6 +43,11 @@ async def connect(
     backend = await Backend.connect(default_url() if redis is None else redis)
     try:
         shard_count = await backend.ensure_shard_count(settings.namespace, settings.shard_count)
+    except ShardCountMismatch as exc:
+        await backend.aclose()
+        if shards is None:  # the count came from the environment
+            raise exc.configured_by("KEYSERIAL_SHARD_COUNT=") from None
+        raise
     except BaseException:
         await backend.aclose()
         raise

@@ -19,7 +19,7 @@ from ._logging import FORMATS, LEVELS, configure
 from ._server import LocalServer
 from ._settings import Settings
 from ._worker import Worker
-from .errors import ConfigError
+from .errors import ConfigError, ShardCountMismatch
 
 log = logging.getLogger("keyserial")
 
@@ -164,6 +164,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if problem is None:
             log.error("keyserial %s stopped by an unexpected error", args.command, exc_info=exc)
             return 1
+        if isinstance(problem, ShardCountMismatch):
+            flag = args.shard_count is not None or "KEYSERIAL_SHARD_COUNT" not in os.environ
+            problem = problem.configured_by("--shard-count" if flag else "KEYSERIAL_SHARD_COUNT=")
         print(f"keyserial: error: {problem}", file=sys.stderr)
         return 2
 
