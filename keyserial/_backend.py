@@ -28,6 +28,7 @@ from redis.typing import EncodableT
 from redis.utils import HIREDIS_AVAILABLE
 
 from ._layout import ShardKeys, meta_key
+from ._urls import redact
 
 if HIREDIS_AVAILABLE:  # a dependency (redis[hiredis]), but redis-py also runs without it
     import hiredis
@@ -176,7 +177,8 @@ class Backend:
 
     def __init__(self, client: AnyRedis, url: str, *, owned: bool) -> None:
         self.client = client
-        self.url = url
+        #: For messages and logs: the password is hidden.
+        self.url = redact(url)
         self.is_cluster = isinstance(client, RedisCluster)
         self._owned = owned
         #: The hot path's connection (see ``_resp``), on plain TCP connections we opened.

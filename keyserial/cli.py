@@ -18,6 +18,7 @@ from ._connect import default_url
 from ._logging import FORMATS, LEVELS, configure
 from ._server import LocalServer
 from ._settings import Settings
+from ._urls import redact
 from ._worker import Worker
 from .errors import ConfigError, ShardCountMismatch
 
@@ -239,10 +240,10 @@ def _run_dev(args: argparse.Namespace) -> int:
             " (is the port taken? try --port)"
         ) from exc
     try:
-        print(f"keyserial dev: {server.binary} serving {server.url}", flush=True)
+        print(f"keyserial dev: {server.binary} serving {redact(server.url)}", flush=True)
 
         def ready() -> None:
-            print(_ready_line(server.url, settings), flush=True)
+            print(_ready_line(redact(server.url), settings), flush=True)
 
         anyio.run(_serve_until_signalled, worker, ready)
     finally:

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from ._urls import redact
+
 
 class KeyserialError(Exception):
     """Root of every keyserial error."""
@@ -65,12 +67,14 @@ class ShardCountMismatch(ConfigError):
 
 
 class BackendUnavailable(KeyserialError, ConnectionError):
-    """Redis/Valkey at ``url`` could not be reached (after the configured retries)."""
+    """Redis/Valkey at ``url`` could not be reached (after the configured retries); ``url`` is
+    shown with its password hidden."""
 
     def __init__(self, url: str, cause: BaseException | str, *, op_id: str | None = None) -> None:
-        self.url = url
+        #: The URL with its password hidden: this error reaches logs.
+        self.url = redact(url)
         self.op_id = op_id
-        detail = f"cannot reach Redis at {url}: {cause}"
+        detail = f"cannot reach Redis at {self.url}: {cause}"
         if op_id is not None:
             detail += (
                 f" (op {op_id!r} may or may not have been appended; resubmit with the same"
