@@ -23,7 +23,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.connection import Connection
+from redis.asyncio.connection import AbstractConnection, Connection, ConnectionPool
 from redis.typing import EncodableT
 from redis.utils import HIREDIS_AVAILABLE
 
@@ -243,15 +243,16 @@ class Backend:
             raise BackendUnavailable(self.url, exc) from exc
 
     def pubsub(self) -> PubSub:
-        """A pub/sub handle; on a cluster, channel messages reach every node, so one node does."""
+        """A pub/sub handle; on a cluster, channel messages reach every node, so one node does.
+        It connects as the command connections do (TLS and its certificates included), with no
+        read timeout."""
         if isinstance(self.client, RedisCluster):
             node = self.client.get_default_node()
             assert node is not None, "cluster client is initialized in connect()"
-            kwargs = {**node.connection_kwargs, "socket_timeout": None}
-            return Redis(**kwargs).pubsub(ignore_subscribe_messages=True)
+            return _subscriber(node.connection_class, node.connection_kwargs)
         if self._owned:
-            kwargs = {**self.client.connection_pool.connection_kwargs, "socket_timeout": None}
-            return Redis(**kwargs).pubsub(ignore_subscribe_messages=True)
+            pool = self.client.connection_pool
+            return _subscriber(pool.connection_class, pool.connection_kwargs)
         return self.client.pubsub(ignore_subscribe_messages=True)
 
     async def listen(
@@ -474,6 +475,13 @@ class Backend:
                 namespace=namespace, recorded=recorded, configured=shard_count
             )
         return recorded
+
+
+def _subscriber(connection_class: type[AbstractConnection], options: dict[str, Any]) -> PubSub:
+    """A pub/sub handle on a client of its own. The connection class is passed on, not only
+    the options: a TLS connection's options alone would make a plaintext connection."""
+    pool = ConnectionPool(connection_class=connection_class, **{**options, "socket_timeout": None})
+    return Redis.from_pool(pool).pubsub(ignore_subscribe_messages=True)
 
 
 def _describe(client: AnyRedis) -> str:
