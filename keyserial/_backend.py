@@ -460,16 +460,27 @@ class Backend:
     async def ensure_shard_count(self, namespace: str, shard_count: int | None) -> int:
         """Record the namespace's shard count on first use; return the recorded one.
 
-        ``None`` adopts the recorded count, or records 16 for a new namespace.
+        ``None`` adopts the recorded count, or records 16 for a new namespace. A namespace in
+        use is only read, so a client's ACL user needs no write access to it.
 
         :raises ShardCountMismatch: when ``shard_count`` differs from the recorded count.
+        :raises ConfigError: when the count is not recorded yet and this user may not record it.
         """
         key = meta_key(namespace)
         wanted = 16 if shard_count is None else shard_count
         if wanted < 1:
             raise ConfigError(f"shard count must be at least 1, not {wanted}")
-        await self.call("HSETNX", key, "shards", wanted)
-        recorded = int(await self.call("HGET", key, "shards"))
+        stored = await self.call("HGET", key, "shards")
+        if stored is None:
+            try:
+                await self.call("HSETNX", key, "shards", wanted)
+            except redis_errors.NoPermissionError as exc:
+                raise ConfigError(
+                    f"namespace {namespace!r} has no shard count recorded yet, and this Redis"
+                    f" user may not record it ({exc}); start a worker first, which records it"
+                ) from exc
+            stored = await self.call("HGET", key, "shards")
+        recorded = int(stored)
         if shard_count is not None and recorded != shard_count:
             raise ShardCountMismatch(
                 namespace=namespace, recorded=recorded, configured=shard_count
