@@ -28,6 +28,7 @@ from .errors import OperationFailed as OperationFailed
 from .errors import PayloadTooLarge as PayloadTooLarge
 from .errors import PoisonOperation as PoisonOperation
 from .errors import ResultNotFound as ResultNotFound
+from .errors import ShardCountMismatch as ShardCountMismatch
 from .errors import SubmitTimeout as SubmitTimeout
 from .errors import UnknownOperation as UnknownOperation
 
@@ -52,6 +53,7 @@ __all__ = [
     "Registry",
     "ResultNotFound",
     "Settings",
+    "ShardCountMismatch",
     "SubmitTimeout",
     "UnknownOperation",
     "Worker",

@@ -23,17 +23,18 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.connection import Connection
+from redis.asyncio.connection import AbstractConnection, Connection, ConnectionPool
 from redis.typing import EncodableT
 from redis.utils import HIREDIS_AVAILABLE
 
 from ._layout import ShardKeys, meta_key
+from ._urls import redact
 
 if HIREDIS_AVAILABLE:  # a dependency (redis[hiredis]), but redis-py also runs without it
     import hiredis
 
     from ._resp import PipelinedConnection, Subscriber
-from .errors import BackendUnavailable, ConfigError
+from .errors import BackendUnavailable, ConfigError, ShardCountMismatch
 
 log = logging.getLogger("keyserial")
 
@@ -72,7 +73,7 @@ def classify_reply(reply: Any, url: str) -> Any:
     if not isinstance(reply, redis_errors.RedisError):
         return reply
     if isinstance(reply, _REFUSED):
-        return ConfigError(f"Redis at {url} refused keyserial: {reply}")
+        return ConfigError(f"Redis at {redact(url)} refused keyserial: {reply}")
     if isinstance(reply, UNREACHABLE) or str(reply).startswith(_TRANSIENT_PREFIXES):
         return BackendUnavailable(url, reply)
     return reply
@@ -81,6 +82,8 @@ def classify_reply(reply: Any, url: str) -> Any:
 def _translated(exc: redis_errors.RedisError, url: str) -> Exception:
     """What to raise for a redis-py error: keyserial's error (see :func:`classify_reply`), or
     the script's own refusal as it is."""
+    if isinstance(exc, redis_errors.InvalidResponse):  # a port another server listens on
+        return BackendUnavailable(url, f"the server there does not speak Redis ({exc})")
     error: Exception = classify_reply(exc, url)
     if error is exc and isinstance(exc, UNREACHABLE):
         return BackendUnavailable(url, exc)
@@ -233,7 +236,8 @@ class Backend:
 
     def __init__(self, client: AnyRedis, url: str, *, owned: bool) -> None:
         self.client = client
-        self.url = url
+        #: For messages and logs: the password is hidden.
+        self.url = redact(url)
         self.is_cluster = isinstance(client, RedisCluster)
         self._owned = owned
         #: The hot path's connection (see ``_resp``), on plain TCP connections we opened.
@@ -289,15 +293,16 @@ class Backend:
             await self.client.execute_command("PING")
 
     def pubsub(self) -> PubSub:
-        """A pub/sub handle; on a cluster, channel messages reach every node, so one node does."""
+        """A pub/sub handle; on a cluster, channel messages reach every node, so one node does.
+        It connects as the command connections do (TLS and its certificates included), with no
+        read timeout."""
         if isinstance(self.client, RedisCluster):
             node = self.client.get_default_node()
             assert node is not None, "cluster client is initialized in connect()"
-            kwargs = {**node.connection_kwargs, "socket_timeout": None}
-            return Redis(**kwargs).pubsub(ignore_subscribe_messages=True)
+            return _subscriber(node.connection_class, node.connection_kwargs)
         if self._owned:
-            kwargs = {**self.client.connection_pool.connection_kwargs, "socket_timeout": None}
-            return Redis(**kwargs).pubsub(ignore_subscribe_messages=True)
+            pool = self.client.connection_pool
+            return _subscriber(pool.connection_class, pool.connection_kwargs)
         return self.client.pubsub(ignore_subscribe_messages=True)
 
     async def listen(
@@ -487,23 +492,39 @@ class Backend:
     async def ensure_shard_count(self, namespace: str, shard_count: int | None) -> int:
         """Record the namespace's shard count on first use; return the recorded one.
 
-        ``None`` adopts the recorded count, or records 16 for a new namespace.
+        ``None`` adopts the recorded count, or records 16 for a new namespace. A namespace in
+        use is only read, so a client's ACL user needs no write access to it.
 
-        :raises ConfigError: when ``shard_count`` differs from the recorded count.
+        :raises ShardCountMismatch: when ``shard_count`` differs from the recorded count.
+        :raises ConfigError: when the count is not recorded yet and this user may not record it.
         """
         key = meta_key(namespace)
         wanted = 16 if shard_count is None else shard_count
         if wanted < 1:
             raise ConfigError(f"shard count must be at least 1, not {wanted}")
-        await self.call("HSETNX", key, "shards", wanted)
-        recorded = int(await self.call("HGET", key, "shards"))
+        stored = await self.call("HGET", key, "shards")
+        if stored is None:
+            try:
+                await self.call("HSETNX", key, "shards", wanted)
+            except redis_errors.NoPermissionError as exc:
+                raise ConfigError(
+                    f"namespace {namespace!r} has no shard count recorded yet, and this Redis"
+                    f" user may not record it ({exc}); start a worker first, which records it"
+                ) from exc
+            stored = await self.call("HGET", key, "shards")
+        recorded = int(stored)
         if shard_count is not None and recorded != shard_count:
-            raise ConfigError(
-                f"namespace {namespace!r} has {recorded} shards recorded in Redis, but this"
-                f" process was configured with {shard_count}; routing with a different count"
-                f" would send ops to the wrong shard. Use shards={recorded} (or a new namespace)."
+            raise ShardCountMismatch(
+                namespace=namespace, recorded=recorded, configured=shard_count
             )
         return recorded
+
+
+def _subscriber(connection_class: type[AbstractConnection], options: dict[str, Any]) -> PubSub:
+    """A pub/sub handle on a client of its own. The connection class is passed on, not only
+    the options: a TLS connection's options alone would make a plaintext connection."""
+    pool = ConnectionPool(connection_class=connection_class, **{**options, "socket_timeout": None})
+    return Redis.from_pool(pool).pubsub(ignore_subscribe_messages=True)
 
 
 def _describe(client: AnyRedis) -> str:

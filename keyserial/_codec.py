@@ -66,7 +66,8 @@ def encode_envelope(
 ) -> str:
     """``key`` is one key, or the keys of a multi-key op.
 
-    :raises TypeError, ValueError: when an argument is not JSON-serializable.
+    :raises TypeError, ValueError: when an argument is not JSON-serializable (the message names
+        the op and the argument).
     """
     envelope: dict[str, Any] = {"id": op_id}
     if isinstance(key, str):
@@ -80,7 +81,34 @@ def encode_envelope(
         envelope["kwargs"] = dict(call.kwargs)
     if reply is not None:
         envelope["reply"] = reply
-    return dumps(envelope)
+    try:
+        return dumps(envelope)
+    except (TypeError, ValueError) as exc:
+        raise _not_json_argument(call, exc) from None
+
+
+def _not_json_argument(call: Call[Any], exc: TypeError | ValueError) -> TypeError | ValueError:
+    """The encoding error, saying which argument of which op JSON cannot carry (a datetime, a
+    set, NaN), and what it can."""
+    named = [(f"argument {index}", value) for index, value in enumerate(call.args)]
+    named += [(f"argument {name!r}", value) for name, value in call.kwargs.items()]
+    where = "an argument"
+    for label, value in named:
+        try:
+            dumps(value)
+        except (TypeError, ValueError):
+            where = f"{label} ({type(value).__name__} {_short(value)})"
+            break
+    message = (
+        f"op {call.name!r}: {where} is not JSON ({exc}); op arguments must be JSON values:"
+        " str, int, float (not NaN or infinity), bool, None, lists, and dicts with str keys"
+    )
+    return type(exc)(message)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def pack_entry(envelopes: Sequence[str]) -> str:

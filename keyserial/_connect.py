@@ -10,6 +10,7 @@ from typing import Any
 from ._backend import AnyRedis, Backend
 from ._client import Client
 from ._settings import Settings
+from .errors import ShardCountMismatch
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
 
@@ -24,22 +25,29 @@ async def connect(
     redis: str | AnyRedis | None = None,
     *,
     shards: int | None = None,
-    namespace: str = "default",
+    namespace: str | None = None,
     **options: Any,
 ) -> AsyncIterator[Client]:
     """Connect to a namespace: ``async with keyserial.connect(url, shards=16) as ks``.
 
-    ``redis`` is a URL (a cluster is detected and used as one) or a ``redis.asyncio`` client you
-    configured (retries, TLS) and keep owning. ``shards`` must match the namespace's recorded
-    shard count; ``None`` adopts it. ``options`` are :class:`Settings` fields.
+    ``redis`` is a URL (a cluster is detected and used as one; default: ``KEYSERIAL_REDIS_URL``)
+    or a ``redis.asyncio`` client you configured (retries, TLS) and keep owning. ``shards`` must
+    match the namespace's recorded shard count; ``None`` adopts it. ``options`` are
+    :class:`Settings` fields. An argument left out (or ``None``) comes from its
+    ``KEYSERIAL_<FIELD>`` variable, else the default (namespace ``"default"``).
 
-    :raises ConfigError: on a shard-count mismatch or a bad setting.
+    :raises ConfigError: on a shard-count mismatch, a bad setting or ``KEYSERIAL_*`` variable.
     :raises BackendUnavailable: if Redis cannot be reached.
     """
-    settings = Settings(namespace=namespace, shard_count=shards, **options)
+    settings = Settings.resolve(namespace=namespace, shard_count=shards, **options)
     backend = await Backend.connect(default_url() if redis is None else redis)
     try:
         shard_count = await backend.ensure_shard_count(settings.namespace, settings.shard_count)
+    except ShardCountMismatch as exc:
+        await backend.aclose()
+        if shards is None:  # the count came from the environment
+            raise exc.configured_by("KEYSERIAL_SHARD_COUNT=") from None
+        raise
     except BaseException:
         await backend.aclose()
         raise

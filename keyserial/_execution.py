@@ -400,12 +400,14 @@ class Executor:
 
     def _error_outcome(self, envelope: Envelope, exc: Exception) -> str:
         if not isinstance(exc, OperationFailed):
-            log.warning(
-                "shard %d: op %r (%s) raised",
+            # The op's own refusal, reported to its caller: not a fault of the worker.
+            log.info(
+                "shard %d: op %r (%s) failed: %s: %s",
                 self.shard,
                 envelope.name,
                 envelope.op_id,
-                exc_info=exc,
+                type(exc).__name__,
+                exc,
             )
         data = exc.data if isinstance(exc, OperationFailed) else None
         message = exc.message if isinstance(exc, OperationFailed) else str(exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -80,23 +81,47 @@ class Settings:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
-        """Read ``KEYSERIAL_<FIELD>`` variables (``KEYSERIAL_LEASE_TTL=2.5``).
+    def resolve(cls, environ: Mapping[str, str] | None = None, **explicit: Any) -> Settings:
+        """Settings from ``explicit`` values, then ``KEYSERIAL_<FIELD>`` variables of
+        ``environ`` (default: ``os.environ``), then the defaults. An explicit ``None`` means "not
+        given" (the variable or the default applies), as a flag left out does.
 
-        :raises ConfigError: for an unknown ``KEYSERIAL_`` variable or a value of the wrong type.
+        :raises ConfigError: for an unknown ``KEYSERIAL_`` variable or a bad value (naming the
+            variable), or an unworkable explicit value.
+        :raises TypeError: for an explicit name that is not a setting.
         """
-        environ = os.environ if environ is None else environ
-        fields = {field.name: field for field in dataclasses.fields(cls)}
-        values: dict[str, Any] = {}
-        for name, raw in environ.items():
-            if not name.startswith(_ENV_PREFIX) or name in _ENV_NOT_SETTINGS:
-                continue
-            field_name = name[len(_ENV_PREFIX) :].lower()
-            if field_name not in fields:
-                known = ", ".join(_ENV_PREFIX + each.upper() for each in sorted(fields))
-                raise ConfigError(f"unknown setting {name}; known: {known}")
-            values[field_name] = _parse(name, raw, fields[field_name].type)
+        values = _from_environ(os.environ if environ is None else environ)
+        values.update({name: value for name, value in explicit.items() if value is not None})
         return cls(**values)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> Settings:
+        """Read ``KEYSERIAL_<FIELD>`` variables (``KEYSERIAL_LEASE_TTL=2.5``) over the defaults.
+
+        :raises ConfigError: for an unknown ``KEYSERIAL_`` variable or a bad value.
+        """
+        return cls.resolve(environ)
+
+
+def _from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
+    """Each ``KEYSERIAL_<FIELD>`` variable's value, checked on its own so that an error names
+    the variable that caused it."""
+    fields = {field.name: field for field in dataclasses.fields(Settings)}
+    values: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith(_ENV_PREFIX) or name in _ENV_NOT_SETTINGS:
+            continue
+        field_name = name[len(_ENV_PREFIX) :].lower()
+        if field_name not in fields:
+            known = ", ".join(_ENV_PREFIX + each.upper() for each in sorted(fields))
+            raise ConfigError(f"unknown setting {name}; known: {known}")
+        value = _parse(name, raw, fields[field_name].type)
+        try:
+            Settings(**{field_name: value})
+        except ConfigError as exc:
+            raise ConfigError(f"{name}={raw!r}: {exc}") from None
+        values[field_name] = value
+    return values
 
 
 def _parse(name: str, raw: str, kind: Any) -> Any:
@@ -104,7 +129,10 @@ def _parse(name: str, raw: str, kind: Any) -> Any:
         if kind in ("int", "int | None"):
             return int(raw)
         if kind == "float":
-            return float(raw)
+            value = float(raw)
+            if not math.isfinite(value):
+                raise ValueError(raw)
+            return value
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a valid {kind}") from None
     return raw

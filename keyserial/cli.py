@@ -6,17 +6,21 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import anyio
 
+from . import __version__
 from ._connect import default_url
+from ._logging import FORMATS, LEVELS, configure
 from ._server import LocalServer
 from ._settings import Settings
+from ._urls import redact
 from ._worker import Worker
-from .errors import ConfigError
+from .errors import ConfigError, ShardCountMismatch
 
 log = logging.getLogger("keyserial")
 
@@ -41,6 +45,15 @@ def _positive(text: str) -> int:
     return value
 
 
+def _log_level(text: str) -> str:
+    level = text.upper()
+    if level not in LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a log level; choose from {', '.join(LEVELS)}"
+        )
+    return level
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--app",
@@ -50,21 +63,37 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         help="module whose @keyserial.op functions to serve (repeatable);"
         " the ledger ops are always served",
     )
-    parser.add_argument("--namespace", default="default", help="namespace (default: %(default)s)")
+    parser.add_argument(
+        "--namespace", default=None, help="namespace (default: $KEYSERIAL_NAMESPACE or default)"
+    )
     parser.add_argument(
         "--lease-ttl",
         type=_seconds,
-        default=10.0,
+        default=None,
         metavar="SECONDS",
-        help="shard lease TTL; a dead worker's shards move within it (default: %(default)s)",
+        help="shard lease TTL; a dead worker's shards move within it"
+        " (default: $KEYSERIAL_LEASE_TTL or 10)",
     )
-    parser.add_argument("--log-level", default="INFO", help="(default: %(default)s)")
+    parser.add_argument(
+        "--log-level",
+        type=_log_level,
+        default="INFO",
+        metavar="LEVEL",
+        help=f"{', '.join(LEVELS)} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="json: one JSON object per line (default: %(default)s)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="keyserial", description="Per-key serialized execution on Redis streams."
     )
+    parser.add_argument("--version", action="version", version=f"keyserial {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     worker = commands.add_parser("worker", help="serve shards of a namespace")
@@ -86,8 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
         type=_positive,
         default=None,
         metavar="N",
-        help="shards in the namespace; must match the recorded count"
-        " (default: the recorded count, 16 for a new namespace)",
+        help="shards in the namespace; must match the recorded count (default:"
+        " $KEYSERIAL_SHARD_COUNT, else the recorded count, 16 for a new namespace)",
     )
     _add_common(worker)
 
@@ -96,7 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dev.add_argument("--port", type=_positive, default=6390, help="(default: %(default)s)")
     dev.add_argument(
-        "--shard-count", type=_positive, default=16, metavar="N", help="(default: %(default)s)"
+        "--shard-count",
+        type=_positive,
+        default=None,
+        metavar="N",
+        help="(default: $KEYSERIAL_SHARD_COUNT or 16)",
     )
     dev.add_argument(
         "--data-dir",
@@ -121,23 +154,42 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments[:1] == ["bench"]:
         return _run_bench(arguments[1:])
     args = build_parser().parse_args(arguments)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure(args.log_level, args.log_format)
+    _import_from_cwd()
     try:
         if args.command == "worker":
             return _run_worker(args)
         return _run_dev(args)
-    except ConfigError as exc:
-        print(f"keyserial: error: {exc}", file=sys.stderr)
+    except Exception as exc:  # a group, when it comes through the worker's task group
+        problem = _config_error(exc)
+        if problem is None:
+            log.error("keyserial %s stopped by an unexpected error", args.command, exc_info=exc)
+            return 1
+        if isinstance(problem, ShardCountMismatch):
+            flag = args.shard_count is not None or "KEYSERIAL_SHARD_COUNT" not in os.environ
+            problem = problem.configured_by("--shard-count" if flag else "KEYSERIAL_SHARD_COUNT=")
+        print(f"keyserial: error: {problem}", file=sys.stderr)
         return 2
-    except BaseExceptionGroup as group:
-        # A worker's setup error surfaces through the task group that runs it.
-        config_errors = group.subgroup(ConfigError)
-        if config_errors is None:
-            raise
-        print(f"keyserial: error: {_first_leaf(config_errors)}", file=sys.stderr)
-        return 2
+
+
+def _config_error(exc: BaseException) -> ConfigError | None:
+    """The setup error (``ConfigError``) in ``exc``, or among the errors it groups."""
+    if isinstance(exc, ConfigError):
+        return exc
+    if isinstance(exc, BaseExceptionGroup):
+        for each in exc.exceptions:
+            found = _config_error(each)
+            if found is not None:
+                return found
+    return None
+
+
+def _import_from_cwd() -> None:
+    """Let ``--app myapp.ops`` find ``myapp`` in the current directory, as ``python -m`` would:
+    a console script's path starts at its own directory, not the current one."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 def _run_bench(arguments: list[str]) -> int:
@@ -156,13 +208,10 @@ def _run_bench(arguments: list[str]) -> int:
     return int(suite.main(arguments))
 
 
-def _first_leaf(group: BaseExceptionGroup[ConfigError]) -> BaseException:
-    first = group.exceptions[0]
-    return _first_leaf(first) if isinstance(first, BaseExceptionGroup) else first
-
-
 def _settings(args: argparse.Namespace) -> Settings:
-    return Settings(
+    """A flag, else its ``KEYSERIAL_*`` variable, else the default; every other setting from
+    its variable or the default."""
+    return Settings.resolve(
         namespace=args.namespace, shard_count=args.shard_count, lease_ttl=args.lease_ttl
     )
 
@@ -176,11 +225,13 @@ def _run_worker(args: argparse.Namespace) -> int:
 
 
 def _run_dev(args: argparse.Namespace) -> int:
-    worker_settings = _settings(args)
+    settings = _settings(args)
+    if settings.shard_count is None:  # a new namespace on a fresh server, where 16 is recorded
+        settings = settings.replace(shard_count=16)
     server = LocalServer(
         port=args.port, data_dir=args.data_dir, appendfsync="always" if args.data_dir else None
     )
-    worker = Worker(server.url, settings=worker_settings, apps=args.app)
+    worker = Worker(server.url, settings=settings, apps=args.app)
     try:
         server.start()
     except RuntimeError as exc:
@@ -189,23 +240,41 @@ def _run_dev(args: argparse.Namespace) -> int:
             " (is the port taken? try --port)"
         ) from exc
     try:
-        print(f"keyserial dev: {server.binary} serving {server.url}", flush=True)
-        print(
-            f"keyserial dev: {args.shard_count} shards in namespace {args.namespace!r};"
-            f" connect with keyserial.connect({server.url!r}, shards={args.shard_count})."
-            " Ctrl-C stops.",
-            flush=True,
-        )
-        anyio.run(_serve_until_signalled, worker)
+        print(f"keyserial dev: {server.binary} serving {redact(server.url)}", flush=True)
+
+        def ready() -> None:
+            print(_ready_line(redact(server.url), settings), flush=True)
+
+        anyio.run(_serve_until_signalled, worker, ready)
     finally:
         server.stop()
         print("keyserial dev: stopped", flush=True)
     return 0
 
 
-async def _serve_until_signalled(worker: Worker) -> None:
-    """Run the worker; SIGTERM or SIGINT drains it, releases its leases, and returns."""
+def _ready_line(url: str, settings: Settings) -> str:
+    """What ``keyserial dev`` says once it serves: where, how to point clients at it (a
+    ``connect()`` with no URL reads the variable), and how to stop."""
+    return (
+        f"keyserial dev: ready on {url} ({settings.shard_count} shards, namespace"
+        f" {settings.namespace!r});"
+        f" in another shell: export KEYSERIAL_REDIS_URL={url} ; Ctrl-C stops"
+    )
+
+
+async def _serve_until_signalled(
+    worker: Worker, on_ready: Callable[[], None] | None = None
+) -> None:
+    """Run the worker; SIGTERM or SIGINT drains it, releases its leases, and returns.
+    ``on_ready`` is called once the worker serves."""
     async with anyio.create_task_group() as task_group:
+
+        async def announce(ready: Callable[[], None]) -> None:
+            await worker.wait_started()
+            ready()
+
+        if on_ready is not None:
+            task_group.start_soon(announce, on_ready)
 
         async def stop_on_signal() -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:

@@ -3,7 +3,8 @@
 ::
 
     KeyserialError
-    ├── ConfigError (ValueError)            unworkable settings: shard-count mismatch, bad range
+    ├── ConfigError (ValueError)            unworkable settings: bad range, unknown variable
+    │   └── ShardCountMismatch              the namespace records another shard count
     ├── BackendUnavailable (ConnectionError) Redis/Valkey cannot be reached; names the URL
     ├── PayloadTooLarge (ValueError)        an op's encoded envelope is over the limit; nothing sent
     ├── BacklogFull                         the shard's stream holds too many unprocessed entries
@@ -25,6 +26,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
+from ._urls import redact
+
 
 class KeyserialError(Exception):
     """Root of every keyserial error."""
@@ -34,13 +37,44 @@ class ConfigError(KeyserialError, ValueError):
     """Settings that cannot work together (caught before anything is misrouted)."""
 
 
+class ShardCountMismatch(ConfigError):
+    """The namespace's shard count recorded in Redis differs from the configured one; routing
+    with another count would send ops to the wrong shard. ``setting`` names what configured it
+    (``shards=`` in Python, ``--shard-count`` on the command line), for the advice."""
+
+    def __init__(
+        self, *, namespace: str, recorded: int, configured: int, setting: str = "shards="
+    ) -> None:
+        self.namespace = namespace
+        self.recorded = recorded
+        self.configured = configured
+        self.setting = setting
+        separator = "" if setting.endswith("=") else " "
+        super().__init__(
+            f"namespace {namespace!r} has {recorded} shards recorded in Redis, but this process"
+            f" was configured with {configured}; routing with a different count would send ops"
+            f" to the wrong shard. Use {setting}{separator}{recorded} (or a new namespace)."
+        )
+
+    def configured_by(self, setting: str) -> ShardCountMismatch:
+        """The same error, advising ``setting`` (``--shard-count``, ``KEYSERIAL_SHARD_COUNT=``)."""
+        return ShardCountMismatch(
+            namespace=self.namespace,
+            recorded=self.recorded,
+            configured=self.configured,
+            setting=setting,
+        )
+
+
 class BackendUnavailable(KeyserialError, ConnectionError):
-    """Redis/Valkey at ``url`` could not be reached (after the configured retries)."""
+    """Redis/Valkey at ``url`` could not be reached (after the configured retries); ``url`` is
+    shown with its password hidden."""
 
     def __init__(self, url: str, cause: BaseException | str, *, op_id: str | None = None) -> None:
-        self.url = url
+        #: The URL with its password hidden: this error reaches logs.
+        self.url = redact(url)
         self.op_id = op_id
-        detail = f"cannot reach Redis at {url}: {cause}"
+        detail = f"cannot reach Redis at {self.url}: {cause}"
         if op_id is not None:
             detail += (
                 f" (op {op_id!r} may or may not have been appended; resubmit with the same"
@@ -122,13 +156,16 @@ class OperationFailed(KeyserialError):
         op_id: str | None = None,
         data: dict[str, Any] | None = None,
     ) -> None:
+        # A remote error's type leads the message ("ValueError: only 3 left"); this class's
+        # own type is already the exception's name, so it is not repeated.
+        remote = error_type is not None and error_type != self.wire_type
         self.error_type = error_type or self.wire_type or type(self).__name__
         self.message = message
         self.key = key
         self.op_id = op_id
         self.data = data or {}
         where = f" (op {op_id!r} on key {key!r})" if op_id is not None else ""
-        super().__init__(f"{self.error_type}: {message}{where}")
+        super().__init__(f"{self.error_type}: {message}{where}" if remote else f"{message}{where}")
 
     @classmethod
     def from_wire(

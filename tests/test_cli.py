@@ -81,6 +81,34 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=30)
 
 
+def test_version_prints_the_package_version() -> None:
+    result = _cli("--version")
+    assert result.returncode == 0
+    assert result.stdout.strip() == f"keyserial {keyserial.__version__}"
+
+
+def test_dev_prints_one_ready_line_with_the_url_the_export_and_how_to_stop() -> None:
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "keyserial", "dev", "--port", str(port), "--shard-count", "2"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    )
+    try:
+        assert process.stdout is not None
+        lines = [process.stdout.readline(), process.stdout.readline()]
+        ready = [line for line in lines if "ready" in line]
+        assert len(ready) == 1, lines
+        assert url in ready[0]
+        assert f"export KEYSERIAL_REDIS_URL={url}" in ready[0]
+        assert "Ctrl-C" in ready[0]
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=15) == 0
+    finally:
+        process.kill()
+        process.wait()
+
+
 def test_worker_refuses_a_bad_shard_list_with_a_clear_message(redis_url: str) -> None:
     result = _cli("worker", "--redis", redis_url, "--namespace", "cli-bad-shards",
                   "--shard-count", "16", "--shards", "0-16")
@@ -133,3 +161,42 @@ def test_a_server_already_on_the_port_is_never_taken_for_ours(redis_url: str) ->
     result = _cli("dev", "--port", str(taken), "--shard-count", "2")
     assert result.returncode == 2
     assert "is the port taken?" in result.stderr
+
+
+def _console_script(tmp_path: Path) -> Path:
+    """A stand-in for the installed ``keyserial`` console script: a script outside the current
+    directory, so Python puts its own directory on the path, not the current one."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    script = bin_dir / "keyserial"
+    script.write_text("import sys\nfrom keyserial.cli import main\nsys.exit(main())\n")
+    return script
+
+
+def test_worker_app_modules_are_found_in_the_current_directory(
+    standalone_server: LocalServer, namespace: str, tmp_path: Path
+) -> None:
+    project = tmp_path / "project"
+    (project / "myshop").mkdir(parents=True)
+    (project / "myshop" / "__init__.py").write_text("")
+    (project / "myshop" / "ops.py").write_text(
+        "import keyserial\n\n\n@keyserial.op\ndef stock_up(ctx, quantity):\n"
+        "    ctx.state = (ctx.state or 0) + quantity\n    return ctx.state\n"
+    )
+    url = standalone_server.url
+    process = subprocess.Popen(
+        [sys.executable, str(_console_script(tmp_path)), "worker", "--redis", url,
+         "--namespace", namespace, "--shard-count", "2", "--app", "myshop.ops"],
+        cwd=project, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    async def use_it() -> int:
+        async with keyserial.connect(url, shards=2, namespace=namespace) as ks:
+            return await ks.submit("sku:1", keyserial.call("stock_up", 3), timeout=20)
+
+    try:
+        assert anyio.run(use_it) == 3
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+    finally:
+        process.kill()
+        process.wait()

@@ -1,6 +1,21 @@
-import pytest
+"""Settings: defaults, KEYSERIAL_* variables and explicit values, through Python and the CLI."""
 
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import redis
+
+import keyserial
 from keyserial import ConfigError, Settings
+from keyserial._layout import ShardKeys
+from keyserial._server import LocalServer
+from keyserial.ledger import deposit
+from tests.helpers import ROOT, running_worker
 
 
 def test_settings_come_from_keyserial_environment_variables() -> None:
@@ -32,3 +47,101 @@ def test_unworkable_settings_are_refused(changes: dict[str, object]) -> None:
 def test_unknown_settings_are_refused() -> None:
     with pytest.raises(TypeError):
         Settings(lease_tll=3)  # type: ignore[call-arg]
+
+
+def test_explicit_values_win_over_variables_which_win_over_defaults() -> None:
+    settings = Settings.resolve({"KEYSERIAL_LEASE_TTL": "2.5", "KEYSERIAL_NAMESPACE": "env"},
+                                namespace="explicit", shard_count=None)
+    assert (settings.namespace, settings.lease_ttl, settings.shard_count) == ("explicit", 2.5, None)
+    assert settings.result_ttl == Settings().result_ttl
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [("KEYSERIAL_LEASE_TTL", "0"), ("KEYSERIAL_LEASE_TTL", "nan"), ("KEYSERIAL_SHARD_COUNT", "0"),
+     ("KEYSERIAL_NAMESPACE", "a{b}"), ("KEYSERIAL_MAX_BACKLOG", "-1")],
+)
+def test_an_unworkable_value_names_its_variable(variable: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{variable}="):
+        Settings.resolve({variable: value})
+
+
+# -- through the command line ------------------------------------------------------------------
+
+
+def _worker(url: str, *flags: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "keyserial", "worker", "--redis", url, *flags],
+        cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_the_worker_command_takes_flags_over_variables_over_defaults(
+    standalone_server: LocalServer, namespace: str
+) -> None:
+    process = _worker(standalone_server.url, "--namespace", namespace,
+                      env={"KEYSERIAL_NAMESPACE": "not-this-one", "KEYSERIAL_SHARD_COUNT": "3",
+                           "KEYSERIAL_LEASE_TTL": "30"})
+    try:
+        assert process.stderr is not None
+        serving = process.stderr.readline()
+        assert f"serving shards 0-2 of 3 in namespace {namespace!r}" in serving, serving
+        acquired = process.stderr.readline()
+        assert "acquired" in acquired, acquired
+        lease = redis.Redis.from_url(standalone_server.url)
+        try:  # the lease TTL came from KEYSERIAL_LEASE_TTL: 30 s, not the default 10
+            shard = int(acquired.split("shard ")[1].split(":")[0])
+            assert lease.pttl(ShardKeys(namespace, shard).lease) > 10_000
+        finally:
+            lease.close()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "expected"),
+    [("KEYSERIAL_LEASE_TLL", "2", "unknown setting KEYSERIAL_LEASE_TLL"),
+     ("KEYSERIAL_MAX_STRIKES", "many", "KEYSERIAL_MAX_STRIKES='many' is not a valid int")],
+)
+def test_the_worker_command_refuses_a_bad_variable_in_one_line(
+    variable: str, value: str, expected: str
+) -> None:
+    process = _worker("redis://127.0.0.1:1/0", env={variable: value})
+    _, stderr = process.communicate(timeout=30)
+    assert process.returncode == 2
+    (line,) = stderr.splitlines()  # one line, no traceback
+    assert line.startswith("keyserial: error: ") and expected in line
+
+
+# -- through connect() -------------------------------------------------------------------------
+
+
+async def test_connect_takes_arguments_over_variables_over_defaults(
+    redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KEYSERIAL_NAMESPACE", namespace)
+    monkeypatch.setenv("KEYSERIAL_SHARD_COUNT", "2")
+    monkeypatch.setenv("KEYSERIAL_RESULT_TTL", "600")
+    monkeypatch.setenv("KEYSERIAL_REDIS_URL", redis_url)
+    async with running_worker(redis_url, namespace, shard_count=2):
+        async with keyserial.connect() as ks:
+            assert (ks.settings.namespace, ks.shard_count, ks.settings.result_ttl) == (
+                namespace, 2, 600)
+            assert await ks.submit("account:1", deposit(5), timeout=10) == 5
+        async with keyserial.connect(namespace=f"{namespace}-other", shards=3,
+                                     result_ttl=60) as other:
+            assert (other.settings.namespace, other.shard_count, other.settings.result_ttl) == (
+                f"{namespace}-other", 3, 60)
+
+
+async def test_connect_refuses_a_misspelled_variable(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KEYSERIAL_SHARDS", "16")
+    with pytest.raises(ConfigError, match="unknown setting KEYSERIAL_SHARDS"):
+        async with keyserial.connect("redis://127.0.0.1:1/0"):
+            pass

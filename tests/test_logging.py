@@ -1,0 +1,88 @@
+"""What the worker logs, and how: levels, JSON lines, and op refusals without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import keyserial
+from keyserial._server import LocalServer
+from tests.helpers import ROOT, running_worker
+
+
+@keyserial.op
+def refuse(ctx: keyserial.Context, reason: str) -> None:
+    """An op that refuses, as user code does: the caller gets OperationFailed."""
+    raise ValueError(reason)
+
+
+def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "keyserial", *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=30)
+
+
+def test_an_unknown_log_level_is_a_usage_error_without_traceback() -> None:
+    result = _cli("worker", "--log-level", "chatty")
+    assert result.returncode == 2
+    assert "--log-level" in result.stderr and "'chatty' is not a log level" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_json_log_lines_carry_time_level_logger_and_message(
+    standalone_server: LocalServer, namespace: str
+) -> None:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "keyserial", "worker", "--redis", standalone_server.url,
+         "--namespace", namespace, "--shard-count", "1", "--log-format", "json"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert process.stderr is not None
+        first = json.loads(process.stderr.readline())
+        acquired = json.loads(process.stderr.readline())  # before it, there is nothing to release
+        assert "shard 0: acquired" in acquired["message"]
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=15) == 0
+        rest = [json.loads(line) for line in process.stderr.read().splitlines()]
+    finally:
+        process.kill()
+        process.wait()
+    for entry in [first, acquired, *rest]:
+        assert set(entry) == {"time", "level", "logger", "message"}, entry
+    assert first["level"] == "INFO" and first["logger"] == "keyserial.worker"
+    assert "serving shards 0 of 1" in first["message"]
+    assert any("released shards 0" in entry["message"] for entry in rest)
+
+
+def test_an_unexpected_error_is_logged_at_error_with_its_traceback(tmp_path: Path) -> None:
+    (tmp_path / "broken_app.py").write_text("raise RuntimeError('boom at import')\n")
+    result = _cli("worker", "--app", "broken_app", "--log-format", "json", cwd=tmp_path)
+    assert result.returncode == 1
+    entry = json.loads(result.stderr.splitlines()[-1])
+    assert entry["level"] == "ERROR"
+    assert "unexpected error" in entry["message"]
+    assert "Traceback" in entry["exc_info"] and "RuntimeError: boom at import" in entry["exc_info"]
+
+
+async def test_an_op_refusal_is_logged_at_info_without_traceback(
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="keyserial")
+    async with (
+        running_worker(redis_url, namespace, shard_count=1, apps=["tests.test_logging"]),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
+        with pytest.raises(keyserial.OperationFailed, match="no stock left"):
+            await ks.submit("sku:1", refuse("no stock left"), timeout=10)
+    refusals = [r for r in caplog.records if "'refuse'" in r.getMessage()]
+    assert len(refusals) == 1
+    assert refusals[0].levelno == logging.INFO
+    assert refusals[0].exc_info is None
+    assert "ValueError: no stock left" in refusals[0].getMessage()
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
