@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import anyio
 
 from ._connect import default_url
+from ._operator_cli import OPERATOR_COMMANDS, add_operator_commands, run_operator_command
 from ._server import LocalServer
 from ._settings import Settings
 from ._worker import Worker
@@ -113,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
         help="benchmark keyserial against lock baselines (see `keyserial bench --help`)",
     )
+    add_operator_commands(commands)
     return parser
 
 
@@ -125,6 +127,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        if args.command in OPERATOR_COMMANDS:
+            return run_operator_command(args)
         if args.command == "worker":
             return _run_worker(args)
         return _run_dev(args)
