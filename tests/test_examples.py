@@ -19,7 +19,9 @@ import pytest
 from tests.helpers import ROOT, running_worker
 
 EXAMPLES = sorted((ROOT / "examples").glob("[0-9]*.py"))
-APPS = ["workers.shop", "workers.presence", "workers.mail"]
+APPS = ["workers.shop", "workers.presence", "workers.mail", "workers.mail_pg"]
+#: Examples that also need a PostgreSQL database (``$MAIL_PG_DSN``).
+NEEDS_POSTGRES = {"06_send_once_postgres.py"}
 #: The line each known example must print; any other example must end with a line "OK: ...".
 EXPECTED = {
     "01_wallet.py": "OK: final balance 50; no lost update, no overdraft",
@@ -27,6 +29,7 @@ EXPECTED = {
     "03_online_counter.py": "OK: the counter is exact (200 online) and never goes below zero",
     "04_send_once.py": "OK: each order's e-mail was sent exactly once",
     "05_no_lock_manager.py": "OK: money conserved, none negative across 3 shards",
+    "06_send_once_postgres.py": "OK: one send recorded in PostgreSQL; the stale fence was refused",
 }
 
 
@@ -44,10 +47,13 @@ def test_every_example_is_found_and_says_how_to_run_it() -> None:
 
 @pytest.mark.parametrize("script", EXAMPLES, ids=[path.stem for path in EXAMPLES])
 async def test_example_runs_and_its_invariant_holds(
-    script: Path, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    script: Path, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
 ) -> None:
     # The worker (in this process) and the script (a child) must share the mail outbox.
     monkeypatch.setenv("MAIL_OUTBOX", str(tmp_path / "outbox.jsonl"))
+    if script.name in NEEDS_POSTGRES:  # (skips, saying why, without PostgreSQL binaries)
+        monkeypatch.setenv("MAIL_PG_DSN", request.getfixturevalue("postgres_dsn"))
     env = {**os.environ, "KEYSERIAL_REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
     async with running_worker(redis_url, "default", shard_count=16, apps=APPS):
         with anyio.fail_after(60):
