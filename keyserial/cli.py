@@ -16,6 +16,7 @@ import anyio
 from . import __version__
 from ._connect import default_url
 from ._logging import FORMATS, LEVELS, configure
+from ._operator_cli import OPERATOR_COMMANDS, add_operator_commands, run_operator_command
 from ._server import LocalServer
 from ._settings import Settings
 from ._urls import redact
@@ -146,6 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
         add_help=False,
         help="benchmark keyserial against lock baselines (see `keyserial bench --help`)",
     )
+    add_operator_commands(commands)
     return parser
 
 
@@ -154,9 +156,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if arguments[:1] == ["bench"]:
         return _run_bench(arguments[1:])
     args = build_parser().parse_args(arguments)
-    configure(args.log_level, args.log_format)
+    configure(args.log_level, getattr(args, "log_format", "text"))
     _import_from_cwd()
     try:
+        if args.command in OPERATOR_COMMANDS:
+            return run_operator_command(args)
         if args.command == "worker":
             return _run_worker(args)
         return _run_dev(args)

@@ -15,6 +15,7 @@ import pytest
 
 from keyserial._server import LocalServer
 from tests.helpers import ROOT, WorkerProcess, worker_processes
+from tests.postgres import LocalPostgres, find_binaries
 
 TOPOLOGIES = ("standalone", "cluster")
 _counter = itertools.count()
@@ -70,3 +71,20 @@ def start(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     """Start ``keyserial worker`` processes; all are killed at the end (logs shown on failure)."""
     with worker_processes(tmp_path) as starter:
         yield starter
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[LocalPostgres]:
+    """A private PostgreSQL server (initdb + pg_ctl on a free port); skips without binaries."""
+    bindir = find_binaries()
+    if bindir is None:
+        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl) on PATH or under"
+                    " /usr/lib/postgresql/*/bin: install the postgresql package")
+    with LocalPostgres(bindir) as server:
+        yield server
+
+
+@pytest.fixture
+def postgres_dsn(postgres_server: LocalPostgres) -> str:
+    """A fresh database on the private server, for one test."""
+    return postgres_server.create_database(f"t{next(_counter)}")

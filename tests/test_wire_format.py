@@ -358,3 +358,47 @@ async def test_an_entry_of_1500_ops_on_1500_keys_commits_and_dedups_in_one_piece
         await client.eval_submit(1, balances)
         read = await client.replies([op["id"] for op in balances])
         assert [read[op["id"]] for op in balances] == [{"ok": n + 1} for n in range(1_500)]
+
+
+async def test_the_ledger_ops_take_plain_json_integers_and_refuse_as_documented(
+    redis_url: str, namespace: str
+) -> None:
+    """The built-in ops' arguments, results and errors, as the document lists them."""
+    async with running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]), \
+            ForeignClient.connect(redis_url, namespace) as client:
+        await client.read_shard_count()
+        key, listed = "account:1", "account:2"
+        shard = client.shard(key)
+        plain = client.envelope(key, "deposit", 10)
+        # What some JSON encoders write for the number ten: a float to a Python worker.
+        as_float, as_exponent, as_string = (client.envelope(key, "deposit", 0) for _ in range(3))
+        as_float["args"], as_string["args"], as_exponent["args"] = [10.0], ["10"], ["EXP"]
+        ops = [plain, as_float, as_string, client.envelope(key, "balance")]
+        await client.xadd(shard, ops)
+        exponent_entry = json.dumps([as_exponent]).replace('"EXP"', "1e1")
+        await client.commands.xadd(client.stream(shard), {"v": "1", "ops": exponent_entry})
+        await client.node.publish(client.wake(shard), "x")
+        outcomes = await client.replies([*(op["id"] for op in ops), as_exponent["id"]])
+        assert outcomes[plain["id"]] == {"ok": 10}
+        for refused, shown in ((as_float, "10.0"), (as_exponent, "10.0"), (as_string, "'10'")):
+            assert outcomes[refused["id"]] == {"error": {
+                "type": "ValueError", "message": f"amount must be a positive integer, not {shown}"}}
+        assert outcomes[ops[3]["id"]] == {"ok": 10}
+
+        # A key whose state is not an integer is not a ledger balance.
+        listed_shard = client.shard(listed)
+        await client.xadd(listed_shard, [client.envelope(listed, "append", "x")])
+        not_a_balance = client.envelope(listed, "balance")
+        await client.xadd(listed_shard, [not_a_balance])
+        outcome = (await client.replies([not_a_balance["id"]]))[not_a_balance["id"]]
+        assert outcome == {"error": {
+            "type": "TypeError", "message": "key 'account:2' holds ['x'], not a ledger balance"}}
+
+        # transfer takes exactly two keys, source first.
+        three = {"id": "three-keys", "keys": [key, "account:3", "account:4"], "op": "transfer",
+                 "args": [1], "reply": client.reply_channel}
+        home = min(client.shard(k) for k in three["keys"])
+        await client.xadd(home, [three])
+        outcome = (await client.replies(["three-keys"]))["three-keys"]
+        assert outcome["error"]["type"] == "ValueError"
+        assert outcome["error"]["message"].startswith("transfer takes two keys (source, target)")

@@ -1,0 +1,192 @@
+"""``keyserial dead-letters list|show|replay|drop`` through the real command line: replay appends
+the ops again under their op ids, so an op that already has an outcome never runs twice and one
+that never ran runs once."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import anyio
+import pytest
+import redis.asyncio
+
+import keyserial
+from keyserial import PoisonOperation, ResultNotFound
+from keyserial._deadletters import envelopes
+from keyserial._layout import ShardKeys
+from keyserial._server import LocalServer
+from tests import apps
+from tests.helpers import ROOT, WorkerProcess, keys_on_shard, running_worker, wait_for_log
+
+SHARDS = 2
+
+
+async def cli(url: str, namespace: str, *args: str) -> tuple[int, str, str]:
+    """``python -m keyserial dead-letters ARGS --redis URL --namespace NS``."""
+    with anyio.fail_after(30):
+        result = await anyio.run_process(
+            [sys.executable, "-m", "keyserial", "dead-letters", *args, "--redis", url,
+             "--namespace", namespace], cwd=ROOT, check=False)
+    return result.returncode, result.stdout.decode(), result.stderr.decode()
+
+
+async def listed(url: str, namespace: str, *args: str) -> list[dict[str, Any]]:
+    code, out, err = await cli(url, namespace, "list", "--json", *args)
+    assert code == 0, err
+    return [json.loads(line) for line in out.splitlines()]
+
+
+async def dead_lettered(client: Any, namespace: str, shard: int, count: int) -> None:
+    """Wait until the shard's dead-letter stream holds ``count`` letters."""
+    with anyio.fail_after(10):
+        while await client.xlen(ShardKeys(namespace, shard).dead) < count:
+            await anyio.sleep(0.02)
+
+
+async def append_raw(client: Any, namespace: str, shard: int, ops: str) -> None:
+    """An entry another client wrote wrong, woken at once."""
+    keys = ShardKeys(namespace, shard)
+    entry = await client.xadd(keys.stream, {"v": "1", "ops": ops})
+    await client.publish(keys.wake_channel, entry)
+
+
+def single_envelope(op_id: str, key: str) -> str:
+    """An entry's ``ops`` written as one envelope instead of an array of them: the entry is
+    dead-lettered whole and no outcome is stored (the op never ran)."""
+    return json.dumps({"id": op_id, "key": key, "op": "record"})
+
+
+async def test_replaying_an_op_that_never_ran_runs_it_once(
+    redis_url: str, namespace: str
+) -> None:
+    key = keys_on_shard(1, SHARDS, 1)[0]
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        async with running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]), \
+                keyserial.connect(redis_url, namespace=namespace) as ks:
+            await append_raw(client, namespace, 1, single_envelope("lonely-1", key))
+            await dead_lettered(client, namespace, 1, 1)
+            with pytest.raises(ResultNotFound):
+                await ks.result("lonely-1", key=key)
+            (letter,) = await listed(redis_url, namespace)
+            assert letter["op_ids"] == ["lonely-1"] and letter["shard"] == 1
+
+            code, out, err = await cli(redis_url, namespace, "replay", letter["id"])
+            assert code == 0, err
+            assert out.strip().startswith("replayed op 'lonely-1' to shard 1 as entry ")
+            assert "stored outcome" not in out
+            assert await ks.submit(key, apps.peek(), timeout=10) == ["lonely-1"]
+            assert await ks.result("lonely-1", key=key) == 1
+    finally:
+        await client.aclose()
+
+
+async def test_replaying_an_op_that_already_ran_does_not_run_it_again(
+    redis_url: str, namespace: str
+) -> None:
+    key = keys_on_shard(0, SHARDS, 1)[0]
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        async with running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]), \
+                keyserial.connect(redis_url, namespace=namespace) as ks:
+            assert await ks.submit(key, apps.record(), op_id="done-1", timeout=10) == 1
+            await append_raw(client, namespace, 0, single_envelope("done-1", key))
+            await dead_lettered(client, namespace, 0, 1)
+            (letter,) = await listed(redis_url, namespace, "--shard", "0")
+
+            code, out, err = await cli(redis_url, namespace, "replay", "--all")
+            assert code == 0, err
+            assert "replayed op 'done-1' to shard 0 as entry" in out
+            assert "it has a stored outcome: the worker answers with it and does not run it" in out
+            # Ops on a key run in stream order: once this one ran, the replayed one was handled.
+            assert await ks.submit(key, apps.peek(), timeout=10) == ["done-1"]
+            assert letter["op_ids"] == ["done-1"]
+    finally:
+        await client.aclose()
+
+
+async def test_replaying_a_poison_op_answers_its_stored_outcome_and_never_runs_it(
+    standalone_server: LocalServer, namespace: str, start: Callable[..., WorkerProcess]
+) -> None:
+    url, key = standalone_server.url, keys_on_shard(0, SHARDS, 1)[0]
+    with anyio.fail_after(90):
+        async with keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks:
+            workers = [start(url, namespace, shards="0-1", shard_count=SHARDS, lease_ttl=0.5)
+                       for _ in range(4)]
+            for worker in workers:
+                await wait_for_log(worker, "serving shards", timeout=15)
+            with pytest.raises(PoisonOperation):
+                await ks.submit(key, apps.crash(), op_id="crash-op", timeout=30)
+            survivors = [worker for worker in workers if worker.process.poll() is None]
+            assert len(survivors) == 1
+
+            (letter,) = await listed(url, namespace)
+            assert letter["op_ids"] == ["crash-op"] and "poison" in letter["reason"]
+            code, out, err = await cli(url, namespace, "replay", letter["id"])
+            assert code == 0, err
+            assert "it has a stored outcome" in out
+            # Behind the replayed entry in the key's order: had the crash run, no worker would
+            # be left to run this.
+            assert await ks.submit(key, apps.record(), timeout=15) == 1
+            assert survivors[0].process.poll() is None, "the replayed poison op ran"
+            with pytest.raises(PoisonOperation):
+                await ks.result("crash-op", key=key)
+
+
+async def test_dead_letters_are_listed_shown_and_dropped(
+    standalone_server: LocalServer, namespace: str
+) -> None:
+    url = standalone_server.url
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        async with running_worker(url, namespace, shard_count=SHARDS):
+            await append_raw(client, namespace, 0, "{not json")
+            await append_raw(client, namespace, 1, json.dumps([{"op": "deposit", "key": "k"}]))
+            await dead_lettered(client, namespace, 0, 1)
+            await dead_lettered(client, namespace, 1, 1)
+        first, second = await listed(url, namespace)
+        assert (first["shard"], second["shard"]) == (0, 1)
+        assert "not valid JSON" in first["reason"] and first["op_ids"] == []
+        assert "no string 'id'" in second["reason"]
+        assert await listed(url, namespace, "--shard", "1") == [second]
+
+        code, out, _ = await cli(url, namespace, "show", second["id"], "--shard", "1")
+        assert code == 0 and '"op": "deposit"' in out and second["reason"] in out
+        code, out, _ = await cli(url, namespace, "replay", second["id"], "--shard", "1")
+        assert code == 0 and "skipped from dead letter" in out and "no op id" in out
+
+        code, out, _ = await cli(url, namespace, "drop", first["id"], "--shard", "0")
+        assert (code, out.strip()) == (0, "dropped 1 dead letter(s)")
+        assert await listed(url, namespace) == [second]
+        code, out, _ = await cli(url, namespace, "drop", "--all")
+        assert (code, out.strip()) == (0, "dropped 1 dead letter(s)")
+        code, out, _ = await cli(url, namespace, "list")
+        assert (code, out.strip()) == (0, "no dead letters")
+        code, _, err = await cli(url, namespace, "show", first["id"])
+        assert code == 1 and "no dead letter with id" in err
+    finally:
+        await client.aclose()
+
+
+@pytest.mark.parametrize(
+    ("raw", "ops", "skipped"),
+    [
+        # A poison op's envelope, as the server's cjson re-encodes it: [] comes back as {}.
+        ('{"id":"p","key":"k","op":"x","args":{}}', [{"id": "p", "key": "k", "op": "x",
+                                                      "args": []}], []),
+        # An unreadable entry's fields: ops as an array, or as one envelope.
+        ('{"v":"2","ops":"[{\\"id\\":\\"a\\"},{\\"op\\":\\"x\\"}]"}', [{"id": "a"}],
+         ['no op id: {"op": "x"}']),
+        ('{"v":"1","ops":"{\\"id\\":\\"b\\"}"}', [{"id": "b"}], []),
+        ('{"v":"1","ops":"{nope"}', [], ["the entry's ops are not JSON"]),
+        # An element with no op id.
+        ("7", [], ["no op id: 7"]),
+    ],
+)
+def test_the_ops_of_each_kind_of_dead_letter_are_recovered(
+    raw: str, ops: list[dict[str, Any]], skipped: list[str]
+) -> None:
+    assert envelopes(raw) == (ops, skipped)

@@ -1,0 +1,171 @@
+"""``keyserial status``: owners, epochs, leases, backlog, oldest op, dead letters and ops/s of
+every shard, as JSON and as a table, through the real command line."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+import time
+from typing import Any
+
+import anyio
+import pytest
+import redis.asyncio
+
+import keyserial
+from keyserial import _status
+from keyserial._backend import Backend
+from keyserial._layout import ShardKeys
+from keyserial._server import LocalServer
+from keyserial.ledger import deposit
+from tests.helpers import ROOT, keys_on_shard, running_worker
+
+
+async def keyserial_cli(*args: str) -> tuple[int, str, str]:
+    """Run ``python -m keyserial ARGS``; its exit code, stdout and stderr."""
+    with anyio.fail_after(30):
+        result = await anyio.run_process(
+            [sys.executable, "-m", "keyserial", *args], cwd=ROOT, check=False
+        )
+    return result.returncode, result.stdout.decode(), result.stderr.decode()
+
+
+async def eventually_async(check: Any, timeout: float = 10) -> None:
+    with anyio.fail_after(timeout):
+        while not await check():
+            await anyio.sleep(0.02)
+
+
+async def test_status_json_reports_every_field_and_exits_1_when_a_shard_has_no_owner(
+    redis_url: str, namespace: str
+) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        async with running_worker(redis_url, namespace, shards=[0], shard_count=2,
+                                  lease_ttl=5.0) as worker, \
+                keyserial.connect(redis_url, namespace=namespace) as ks:
+            await ks.submit(keys_on_shard(0, 2, 1)[0], deposit(1))
+            # A malformed entry on the owned shard becomes its one dead letter.
+            await client.xadd(ShardKeys(namespace, 0).stream, {"v": "1", "ops": "{not json"})
+            await eventually_async(lambda: client.xlen(ShardKeys(namespace, 0).dead))
+            # Shard 1 has no worker: three entries wait there.
+            appended = time.time()
+            for n in range(3):
+                await client.xadd(ShardKeys(namespace, 1).stream, {
+                    "v": "1", "ops": json.dumps([{"id": f"wait-{n}", "key": keys_on_shard(
+                        1, 2, 1)[0], "op": "deposit", "args": [1]}])})
+            epoch = int(await client.get(ShardKeys(namespace, 0).epoch))
+            started = time.time()
+            code, out, err = await keyserial_cli("status", "--json", "--redis", redis_url,
+                                                 "--namespace", namespace, "--interval", "0.1")
+            assert worker.owned_shards  # still serving when the command read it
+    finally:
+        await client.aclose()
+    assert code == 1, err
+    report = json.loads(out)
+    assert report["namespace"] == namespace and report["shard_count"] == 2
+    assert report["healthy"] is False
+    owned, orphan = report["shards"]
+    assert owned["shard"] == 0 and orphan["shard"] == 1
+    assert owned["owner"]["pid"] == os.getpid()
+    assert owned["owner"]["host"] == socket.gethostname()
+    assert owned["owner"]["worker"].startswith(f"{socket.gethostname()}:{os.getpid()}:")
+    assert owned["epoch"] == epoch
+    assert 0 < owned["lease_expires_in_ms"] <= 5000
+    assert owned["backlog"] == 0 and owned["oldest_waiting_age_ms"] is None
+    assert owned["dead_letters"] == 1
+    assert owned["ops_per_s"] == 0
+    assert orphan["owner"] is None and orphan["epoch"] is None
+    assert orphan["lease_expires_in_ms"] is None
+    assert orphan["backlog"] == 3
+    waited_at_least = (started - appended) * 1000
+    assert waited_at_least - 50 <= orphan["oldest_waiting_age_ms"] <= 30_000
+    assert orphan["dead_letters"] == 0
+
+
+async def test_status_table_lists_every_shard_and_exits_0_when_all_are_owned(
+    standalone_server: LocalServer, namespace: str
+) -> None:
+    url = standalone_server.url
+    async with running_worker(url, namespace, shard_count=3):
+        code, out, err = await keyserial_cli("status", "--redis", url, "--namespace", namespace,
+                                             "--interval", "0.1")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == f"namespace {namespace!r}: 3 shards"
+    assert lines[1].split()[:2] == ["SHARD", "OWNER"]
+    for shard, line in enumerate(lines[2:5]):
+        assert line.split()[:2] == [str(shard), f"{socket.gethostname()}:{os.getpid()}"]
+    assert lines[5] == "ok: every shard has an owner"
+
+
+async def test_ops_per_second_counts_the_ops_committed_between_two_snapshots(
+    redis_url: str, namespace: str
+) -> None:
+    keys = keys_on_shard(1, 2, 5)
+    async with running_worker(redis_url, namespace, shard_count=2), \
+            keyserial.connect(redis_url, namespace=namespace) as ks:
+        backend = await Backend.connect(redis_url)
+        try:
+            before = await _status.snapshot(backend, namespace, 2)
+            for n in range(40):
+                await ks.submit(keys[n % len(keys)], deposit(1))
+            after = await _status.snapshot(backend, namespace, 2)
+        finally:
+            await backend.aclose()
+    idle, busy = _status.compare(before, after)
+    seconds = (after[1].time_ms - before[1].time_ms) / 1000
+    assert idle.ops_per_s == 0
+    assert busy.ops_per_s is not None
+    assert round(busy.ops_per_s * seconds) == 40
+
+
+async def test_status_of_an_unused_namespace_is_an_error_that_says_so(
+    standalone_server: LocalServer, namespace: str
+) -> None:
+    code, _, err = await keyserial_cli("status", "--redis", standalone_server.url,
+                                         "--namespace", namespace)
+    assert code == 2
+    assert f"namespace {namespace!r} has no shard count recorded" in err
+
+
+async def test_status_watch_prints_a_report_per_interval_until_interrupted(
+    standalone_server: LocalServer, namespace: str
+) -> None:
+    url = standalone_server.url
+    async with running_worker(url, namespace, shard_count=2):
+        process = await anyio.open_process(
+            [sys.executable, "-m", "keyserial", "status", "--watch", "--json", "--redis", url,
+             "--namespace", namespace, "--interval", "0.1"],
+            cwd=ROOT,
+        )
+        try:
+            assert process.stdout is not None
+            output = b""
+            with anyio.fail_after(20):
+                while output.count(b"\n") < 3:
+                    output += await process.stdout.receive()
+            process.send_signal(signal.SIGINT)
+            with anyio.fail_after(10):
+                code = await process.wait()
+        finally:
+            if process.returncode is None:
+                process.kill()
+            await process.aclose()
+    reports: list[dict[str, Any]] = [json.loads(line) for line in output.splitlines()[:3]]
+    assert code == 0
+    assert all(report["healthy"] for report in reports)
+    assert [len(report["shards"]) for report in reports] == [2, 2, 2]
+
+
+@pytest.mark.parametrize(
+    ("token", "host", "pid"),
+    [("web-1:4242:0a1b2c3d", "web-1", 4242), ("weird", "weird", None)],
+)
+def test_an_owner_token_reads_as_host_pid_and_nonce(token: str, host: str, pid: int | None
+                                                    ) -> None:
+    owner = _status.Owner.parse(token)
+    assert (owner.worker, owner.host, owner.pid) == (token, host, pid)
