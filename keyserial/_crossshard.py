@@ -80,6 +80,14 @@ _APPLIED = '{"ok":"applied"}'
 _RELEASED = '{"ok":"released"}'
 
 
+def _fences(holds: Sequence[tuple[OwnedShard, Hold]]) -> dict[str, int]:
+    """A fencing token from each holding shard's owner, for the keys it holds."""
+    fences: dict[str, int] = {}
+    for owner, hold in holds:
+        fences.update(dict.fromkeys(hold.keys, owner.next_fence()))
+    return fences
+
+
 def attempt_id(op_id: str, attempt: int) -> str:
     """The op id of an attempt's grant requests (``#`` is reserved in op ids for this)."""
     return f"{op_id}#{attempt}"
@@ -92,6 +100,9 @@ class OwnedShard(Protocol):
     epoch: int
     keys: ShardKeys
     cache: StateCache
+
+    def next_fence(self) -> int:
+        """A fencing token for an op on the shard's keys, larger than any before."""
 
 
 class LocalShard(OwnedShard, Protocol):
@@ -173,7 +184,7 @@ class Host(LocalShard, Protocol):
         """Whether the op exists, takes a list of keys, and is not ``async``."""
 
     def evaluate_now(
-        self, envelope: Envelope, states: Mapping[str, str | None]
+        self, envelope: Envelope, states: Mapping[str, str | None], fences: Mapping[str, int]
     ) -> tuple[str, dict[str, str | None] | None]:
         """:meth:`evaluate` for an op that :meth:`runs_inline`."""
 
@@ -199,9 +210,10 @@ class Host(LocalShard, Protocol):
         """The error outcome of an op that cannot run at all (unknown op, wrong kind), or None."""
 
     async def evaluate(
-        self, envelope: Envelope, states: Mapping[str, str | None]
+        self, envelope: Envelope, states: Mapping[str, str | None], fences: Mapping[str, int]
     ) -> tuple[str, dict[str, str | None] | None]:
-        """Run the op on ``states``: its outcome, and every key's new state (None if it failed)."""
+        """Run the op on ``states`` (``fences``: its other shards' keys' tokens): its outcome,
+        and every key's new state (None if it failed)."""
 
     def settle(self, run: Run, outcome: str, *, stored: bool, replies: list[str]) -> None:
         """Report a finished op; ``stored``: its result is in Redis already."""
@@ -275,7 +287,8 @@ class CrossShard:
                 return False
             holds.append((owner, hold))
         states = {key: owner.cache[key] for owner, hold in holds for key in hold.keys}
-        outcome, new_states = host.evaluate_now(envelope, states)
+        fences = _fences(holds[1:])
+        outcome, new_states = host.evaluate_now(envelope, states, fences)
         writes = self._writes(envelope, states, new_states)
         replies = list(run.replies)
         call = self._across_call(envelope.op_id, outcome, owners, writes)
@@ -395,12 +408,15 @@ class CrossShard:
         # The attempt is this owner's epoch: unique to it, and over once the fence moves on.
         attempt = host.epoch
         states = {key: host.cache[key] for key in local}
+        fences: dict[str, int] = {}
         participants: list[str] = []
         for shard, keys in sorted(by_shard.items()):  # ascending: no wait cycle can form
             grant = await self._request_grant(envelope.op_id, attempt, shard, keys)
             states.update({key: state for key, state in grant["st"]})
+            if isinstance(grant.get("f"), int):  # (a grant from an older worker has none)
+                fences.update(dict.fromkeys(keys, grant["f"]))
             participants.append(grant["c"])
-        outcome, new_states = await host.evaluate(envelope, states)
+        outcome, new_states = await host.evaluate(envelope, states, fences)
         writes = self._writes(envelope, states, new_states)
         home_writes = writes.pop(host.shard, [])
         decision = {"w": {str(shard): w for shard, w in writes.items()}}
@@ -441,6 +457,7 @@ class CrossShard:
                 return False
             others.append(other)
         states = {key: host.cache[key] for key in local}
+        fences: dict[str, int] = {}
         replies = list(run.replies)
         async with AsyncExitStack() as stack:
             for other in others:
@@ -450,7 +467,8 @@ class CrossShard:
                              host.shard, other.shard, envelope.op_id)
                     return False
                 states.update(held)
-            outcome, new_states = await host.evaluate(envelope, states)
+                fences.update(dict.fromkeys(held, other.next_fence()))
+            outcome, new_states = await host.evaluate(envelope, states, fences)
             writes = self._writes(envelope, states, new_states)
             owned: list[OwnedShard] = [host, *others]
             call = self._across_call(envelope.op_id, outcome, owned, writes)
@@ -565,6 +583,7 @@ class CrossShard:
             grant = {
                 "t": "g", "op": op_id, "a": attempt, "s": host.shard,
                 "st": [(key, host.cache[key]) for key in envelope.keys],
+                "f": host.next_fence(),  # the granted keys' fencing token, for the op
                 "c": self._mailbox.channel,
             }
             if channel == self._mailbox.channel:

@@ -278,15 +278,17 @@ class Executor:
         return _takes(definition, envelope) and not definition.is_async
 
     async def evaluate(
-        self, envelope: Envelope, states: Mapping[str, str | None]
+        self, envelope: Envelope, states: Mapping[str, str | None], fences: Mapping[str, int]
     ) -> tuple[str, dict[str, str | None] | None]:
         """Run a multi-key op on ``states`` (keys of any shard) without touching the cache:
-        its outcome, and every key's new state (None if it failed)."""
+        its outcome, and every key's new state (None if it failed). ``fences``: the fencing
+        tokens of its keys on other shards, from their owners (this shard's keys get one of
+        this shard's)."""
         definition = self._registry.get(envelope.name)
         assert definition is not None, "problem() is checked first"
         if not definition.is_async:
-            return self.evaluate_now(envelope, states)
-        context = self._multi_context(envelope, states)
+            return self.evaluate_now(envelope, states, fences)
+        context = self._multi_context(envelope, states, fences)
         try:
             value = await definition.fn(context, *envelope.args, **envelope.kwargs)
         except Exception as exc:
@@ -294,27 +296,33 @@ class Executor:
         return self._multi_outcome(envelope, context, value)
 
     def evaluate_now(
-        self, envelope: Envelope, states: Mapping[str, str | None]
+        self, envelope: Envelope, states: Mapping[str, str | None], fences: Mapping[str, int]
     ) -> tuple[str, dict[str, str | None] | None]:
         """:meth:`evaluate` for an op that :meth:`runs_inline`."""
         definition = self._registry.get(envelope.name)
         assert definition is not None and not definition.is_async, "runs_inline() first"
-        context = self._multi_context(envelope, states)
+        context = self._multi_context(envelope, states, fences)
         try:
             value = definition.fn(context, *envelope.args, **envelope.kwargs)
         except Exception as exc:
             return self._error_outcome(envelope, exc), None
         return self._multi_outcome(envelope, context, value)
 
-    def _multi_context(
-        self, envelope: Envelope, states: Mapping[str, str | None]
-    ) -> MultiContext:
+    def next_fence(self) -> int:
+        """A fencing token for an op on this shard's keys: larger than every one before it
+        (a new owner's start above all of an older owner's: they carry the epoch)."""
         self._fence += 1
+        return self._fence
+
+    def _multi_context(
+        self, envelope: Envelope, states: Mapping[str, str | None], fences: Mapping[str, int]
+    ) -> MultiContext:
+        here = self.next_fence()
         return MultiContext(
             keys=envelope.keys,
             op_id=envelope.op_id,
             shard=self.shard,
-            fence=self._fence,
+            fences={key: fences.get(key, here) for key in envelope.keys},
             encoded_states=states,
         )
 
@@ -356,20 +364,15 @@ class Executor:
             self._succeeded(run, context, value)
 
     def _context(self, envelope: Envelope) -> Context | MultiContext:
-        self._fence += 1
         if envelope.multi:
-            return MultiContext(
-                keys=envelope.keys,
-                op_id=envelope.op_id,
-                shard=self.shard,
-                fence=self._fence,
-                encoded_states={key: self._cache[key] for key in envelope.keys},
+            return self._multi_context(
+                envelope, {key: self._cache[key] for key in envelope.keys}, {}
             )
         return Context(
             key=envelope.key,
             op_id=envelope.op_id,
             shard=self.shard,
-            fence=self._fence,
+            fence=self.next_fence(),
             encoded_state=self._cache[envelope.key],
         )
 

@@ -48,8 +48,10 @@ class Context:
     nothing it did to ``state`` is kept.
 
     ``op_id`` is stable across retries: pass it as an idempotency key to external systems.
-    ``fence`` increases with every op the shard runs, across owners: pass it to external systems
-    that can reject stale writers (``UPDATE … WHERE fence < $1``).
+    ``fence`` is the key's fencing token: every op on the key, multi-key ops included, gets a
+    larger one than the op before it on that key, across owners, so an external store that
+    keeps the last token per key refuses a stale writer (``UPDATE … WHERE fence < $1``). An op
+    run again (its worker died before it committed) gets a new, larger token.
     """
 
     __slots__ = ("_accessed", "_encoded", "_value", "fence", "key", "op_id", "shard")
@@ -90,24 +92,29 @@ class Context:
 
 
 class MultiContext:
-    """What a multi-key op sees: its keys (in the order the caller gave them), its op id, a
-    fencing token, and every key's state.
+    """What a multi-key op sees: its keys (in the order the caller gave them), its op id, each
+    key's fencing token, and every key's state.
 
     ``states`` maps each key to its committed JSON value (``None`` when it has none). Assign to
     ``states[key]`` or mutate values in place; all changes commit atomically with the result,
     or none do if the op raises.
+
+    ``fences`` maps each key to its fencing token, as :attr:`Context.fence` (keys on other
+    shards get their own shard's token, so each key's tokens keep increasing); ``fence`` is the
+    first key's.
     """
 
-    __slots__ = ("_encoded", "_states", "fence", "keys", "op_id", "shard")
+    __slots__ = ("_encoded", "_states", "fence", "fences", "keys", "op_id", "shard")
 
     def __init__(
-        self, *, keys: tuple[str, ...], op_id: str, shard: int, fence: int,
+        self, *, keys: tuple[str, ...], op_id: str, shard: int, fences: Mapping[str, int],
         encoded_states: Mapping[str, str | None],
     ) -> None:
         self.keys = keys
         self.op_id = op_id
         self.shard = shard
-        self.fence = fence
+        self.fences = dict(fences)
+        self.fence = self.fences[keys[0]]
         self._encoded = dict(encoded_states)
         self._states: dict[str, Any] | None = None
 

@@ -476,9 +476,12 @@ class ShardRunner:
         return self._executor.runs_inline(envelope)
 
     def evaluate_now(
-        self, envelope: Envelope, states: Mapping[str, str | None]
+        self, envelope: Envelope, states: Mapping[str, str | None], fences: Mapping[str, int]
     ) -> tuple[str, dict[str, str | None] | None]:
-        return self._executor.evaluate_now(envelope, states)
+        return self._executor.evaluate_now(envelope, states, fences)
+
+    def next_fence(self) -> int:
+        return self._executor.next_fence()
 
     def commit_later(
         self, call: ScriptCall, replies: Replies, replies_at: int, on_done: Callable[[Any], None]
@@ -490,9 +493,9 @@ class ShardRunner:
         return await self._pipeliner.run(call)
 
     async def evaluate(
-        self, envelope: Envelope, states: Mapping[str, str | None]
+        self, envelope: Envelope, states: Mapping[str, str | None], fences: Mapping[str, int]
     ) -> tuple[str, dict[str, str | None] | None]:
-        return await self._executor.evaluate(envelope, states)
+        return await self._executor.evaluate(envelope, states, fences)
 
     async def flush(self, keys: Iterable[str]) -> None:
         """Return once every write to ``keys`` made so far has committed: the next step takes

@@ -157,3 +157,9 @@ async def hold(ctx: Context, delay: float, note_path: str) -> None:
 def peek(ctx: Context) -> Any:
     """The key's state, as an op: it runs after every op appended before it."""
     return ctx.state
+
+
+@multi_op
+def fences(ctx: MultiContext) -> dict[str, int]:
+    """Each key's fencing token, as the op saw it."""
+    return dict(ctx.fences)
