@@ -144,6 +144,8 @@ class ShardRunner:
         #: The last committed entry still in the stream ('' if none), and how many such entries.
         self._untrimmed = ""
         self._untrimmed_entries = 0
+        #: The fewest fetched entries held since :meth:`_passed_by_ops` last looked.
+        self._fewest = 0
         self._results_since = grant.results_since
         #: Set at the end of every step someone waits for (see :meth:`flush`).
         self._stepped: anyio.Event | None = None
@@ -533,9 +535,27 @@ class ShardRunner:
         self._writing = set(self.dirty)
         self.dirty.clear()
         progress = self._advance_progress()
-        if not (writes or results or dead):
+        passed = self._passed_by_ops()
+        if not (writes or results or dead or passed):
             return progress, "", replies
-        return progress, dumps({"s": writes, "r": results, "d": dead}), replies
+        commit: dict[str, Any] = {"s": writes, "r": results, "d": dead}
+        if passed:
+            commit["x"] = passed
+        return progress, dumps(commit), replies
+
+    def _passed_by_ops(self) -> list[str]:
+        """Entries whose ops have all committed, but that progress cannot pass yet (an
+        unfinished op in an earlier entry): removed from the stream, so that a stuck op keeps
+        its own entry only, not the shard's backlog. (Looked for once it holds ``_TRIM_EVERY``
+        more entries than the fewest it held since the last look.)"""
+        self._fewest = min(self._fewest, len(self._entries))
+        if len(self._entries) < self._fewest + _TRIM_EVERY:
+            return []
+        passed = [entry_id for entry_id, entry in self._entries.items() if entry.remaining == 0]
+        for entry_id in passed:
+            del self._entries[entry_id]
+        self._fewest = len(self._entries)
+        return passed
 
     def _rotate_results(self, now_ms: int) -> str:
         """'1' if this step should ask for a new results generation: by this owner's clock,

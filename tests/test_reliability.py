@@ -3,6 +3,7 @@ before its fix. Real worker processes, real signals, a private server per topolo
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 from pathlib import Path
@@ -165,3 +166,33 @@ async def _outcome(ks: keyserial.Client, op_id: str, key: str) -> Any:
                 return await ks.result(op_id, key=key)
             except keyserial.ResultNotFound:
                 await anyio.sleep(0.02)
+
+
+async def test_a_stuck_op_holds_its_key_not_the_shards_backlog(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """An op that never returns pins progress at its entry. Entries after it whose ops all
+    committed leave the stream, so the backlog counts only what waits: with a backlog limit of
+    40 entries, 150 later ops on other keys of the shard are all accepted and applied."""
+    from keyserial.ledger import deposit
+    from tests.helpers import running_worker
+
+    note = tmp_path / "stuck"
+    with anyio.fail_after(60):
+        async with inspector(redis_url) as client, \
+                running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"],
+                               max_backlog=40), \
+                keyserial.connect(redis_url, shards=1, namespace=namespace,
+                                  max_backlog=40) as ks, anyio.create_task_group() as group:
+            group.start_soon(_submit_quietly, ks, "stuck", apps.hold(3600, str(note)))
+            await eventually(note.exists, message="the stuck op running")
+            for n in range(150):
+                assert await ks.submit(f"other:{n % 7}", deposit(1), timeout=10) >= 1
+            length = await client.xlen(ShardKeys(namespace, 0).stream)
+            assert length < 40, f"{length} entries left in the stream"
+            group.cancel_scope.cancel()
+
+
+async def _submit_quietly(ks: keyserial.Client, key: str, call: Any) -> None:
+    with contextlib.suppress(keyserial.SubmitTimeout):
+        await ks.submit(key, call, timeout=3600)

@@ -21,7 +21,8 @@
 -- ARGV[5]  how many entries to fetch (0: commit only)
 -- ARGV[6]  what to commit, one JSON object (one argument: cheaper to send than many), or '':
 --   {"s": [[key, JSON state or '' to delete], ...], "r": [[op id, JSON outcome], ...],
---    "d": [[entry id, reason, raw entry], ...]}
+--    "d": [[entry id, reason, raw entry], ...], "x": [entry id, ...]?}
+--   ("x": entries whose ops have all committed, past progress: removed from the stream)
 -- ARGV[7]  '1' while replaying (after a takeover, up to the previous owner's horizon: those
 --          entries are fetched again, so the horizon is only raised, and some of their ops may
 --          have committed, so every stored outcome is looked up); '0' otherwise (every fetched
@@ -131,6 +132,9 @@ if commit then
   for _, letter in ipairs(commit.d) do
     redis.call('XADD', KEYS[7], 'MAXLEN', '~', 10000, '*',
       'entry', letter[1], 'reason', letter[2], 'raw', letter[3])
+  end
+  if commit.x then
+    multi('XDEL', KEYS[4], commit.x)
   end
 end
 
