@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from typing import Any
 
 import anyio
@@ -12,8 +13,16 @@ import pytest
 import redis.asyncio
 
 import keyserial
-from keyserial import InsufficientFunds, KeyserialError, ResultNotFound, Settings, SubmitTimeout
+from keyserial import (
+    BackendUnavailable,
+    InsufficientFunds,
+    KeyserialError,
+    ResultNotFound,
+    Settings,
+    SubmitTimeout,
+)
 from keyserial._layout import ShardKeys
+from keyserial._server import LocalServer
 from keyserial.ledger import balance, deposit
 from tests import apps
 from tests.helpers import running_worker
@@ -192,3 +201,21 @@ async def test_a_client_used_from_another_event_loop_raises_at_once(
                 await anyio.to_thread.run_sync(asyncio.run, submit_elsewhere())
         assert not isinstance(caught.value, SubmitTimeout)
         assert await ks.submit("account:2", balance()) == 0  # nothing was appended
+
+
+async def test_a_transfer_that_cannot_reach_redis_carries_all_its_keys(
+    durable_server: LocalServer, namespace: str
+) -> None:
+    async with keyserial.connect(durable_server.url, shards=4, namespace=namespace) as ks:
+        source, target = _keys_on_descending_shards(ks)
+        durable_server.stop()
+        with pytest.raises(BackendUnavailable) as caught:
+            await ks.transfer(source, target, 1, timeout=10)
+        assert caught.value.keys == (source, target) and caught.value.op_id
+
+
+async def test_an_infinite_timeout_outwaits_the_default_one(redis_url: str, namespace: str) -> None:
+    async with running_worker(redis_url, namespace, shard_count=2, apps=["tests.apps"]), \
+            keyserial.connect(redis_url, shards=2, namespace=namespace,
+                              submit_timeout=0.1) as ks:
+        assert await ks.submit("counter:3", apps.slow_increment(0.4), timeout=math.inf) == 1
