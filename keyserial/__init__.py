@@ -16,6 +16,8 @@ from ._ops import multi_op as multi_op
 from ._ops import op as op
 from ._routing import shard_for as shard_for
 from ._settings import Settings as Settings
+from ._sync import SyncClient as SyncClient
+from ._sync import connect_sync as connect_sync
 from ._worker import Worker as Worker
 from .errors import BackendUnavailable as BackendUnavailable
 from .errors import BacklogFull as BacklogFull
@@ -55,10 +57,12 @@ __all__ = [
     "Settings",
     "ShardCountMismatch",
     "SubmitTimeout",
+    "SyncClient",
     "UnknownOperation",
     "Worker",
     "call",
     "connect",
+    "connect_sync",
     "multi_op",
     "op",
     "shard_for",

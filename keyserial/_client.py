@@ -12,6 +12,7 @@ import asyncio
 import itertools
 import json
 import logging
+import math
 import time
 import uuid
 from collections import defaultdict
@@ -50,27 +51,60 @@ _ENTRY_OPS = 256
 _ENTRY_BYTES = 256 * 1024
 
 
+#: What a pending submit is settled with when its timeout fires first.
+_TIMED_OUT: dict[str, Any] = {}
+
+
 class _Pending:
     """One awaited submit."""
 
-    __slots__ = ("done", "envelope", "fresh", "key", "op_id", "outcome", "shard", "since")
+    __slots__ = ("done", "envelope", "fresh", "keys", "op_id", "outcome", "shard", "since")
 
-    def __init__(self, op_id: str, key: str, shard: int, envelope: str, *, fresh: bool) -> None:
+    def __init__(
+        self,
+        op_id: str,
+        keys: str | tuple[str, ...],
+        shard: int,
+        envelope: str,
+        done: asyncio.Future[None],
+        *,
+        fresh: bool,
+    ) -> None:
         self.op_id = op_id
         #: The op id was generated for this submit: no entry carried it before.
         self.fresh = fresh
-        self.key = key
+        self.keys = keys
         self.shard = shard
         self.envelope = envelope
-        # A bare future: an anyio Event costs several times as much to make, once per submit.
-        self.done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        # A bare future of the client's own loop: an anyio Event costs several times as much to
+        # make, once per submit, and the client's transport is bound to that loop anyway.
+        self.done = done
         self.outcome: dict[str, Any] | BaseException | None = None
         self.since = time.monotonic()
 
+    @property
+    def key(self) -> str:
+        """The op's key; for a multi-key op, its first."""
+        return self.keys if isinstance(self.keys, str) else self.keys[0]
+
+    @property
+    def all_keys(self) -> tuple[str, ...]:
+        return (self.keys,) if isinstance(self.keys, str) else self.keys
+
     def settle(self, outcome: dict[str, Any] | BaseException) -> None:
-        if not self.done.done():  # (also done once its waiter is cancelled: a timeout)
+        if not self.done.done():  # (also done once its waiter is cancelled)
             self.outcome = outcome
             self.done.set_result(None)
+
+    def expire(self) -> None:
+        self.settle(_TIMED_OUT)
+
+
+def _running_loop() -> asyncio.AbstractEventLoop | None:
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:  # another async library (trio), or no event loop at all
+        return None
 
 
 class Client:
@@ -88,6 +122,8 @@ class Client:
         self._queued = anyio.Event()
         self._waiting: dict[str, list[_Pending]] = defaultdict(list)
         self._task_group: TaskGroup | None = None
+        #: The event loop the client was opened on: its connection and tasks live there.
+        self._loop: asyncio.AbstractEventLoop | None = None
         #: Each shard's stream and wake channel, named once rather than at every append.
         self._append_to = [
             (keys.stream, keys.wake_channel)
@@ -95,6 +131,7 @@ class Client:
         ]
 
     async def __aenter__(self) -> Client:
+        self._loop = asyncio.get_running_loop()
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
         try:
@@ -126,6 +163,26 @@ class Client:
     def shard_of(self, key: str) -> int:
         return shard_for(key, self.shard_count)
 
+    def new_op_id(self) -> str:
+        """A fresh op id, unique across clients, to pass as ``op_id=``: the caller then knows
+        the op's id before it awaits, so after a cancel it can fetch the outcome
+        (``ks.result(op_id, key=...)``) or resubmit under the same id (it never runs twice)."""
+        return f"{self.client_id}-{next(self._op_ids)}"
+
+    def _check_loop(self) -> asyncio.AbstractEventLoop:
+        """The client's loop, if the caller runs on it (a client used from another loop would
+        append ops whose replies never reach the caller)."""
+        if self._task_group is None:
+            raise KeyserialError("the client is closed; use `async with keyserial.connect(...)`")
+        loop = _running_loop()
+        if loop is None or loop is not self._loop:
+            raise KeyserialError(
+                "this keyserial client was opened on another event loop (or thread); a client"
+                " serves only the loop it was opened on: open one per loop, or use"
+                " keyserial.connect_sync() from threads"
+            )
+        return loop
+
     async def submit(
         self, key: str, call: Call[R], *, timeout: float | None = None, op_id: str | None = None
     ) -> R:
@@ -135,6 +192,12 @@ class Client:
         returns the stored outcome instead of running the op again.
 
         :raises OperationFailed: (or a subclass such as ``InsufficientFunds``) if the op failed.
+        ``timeout`` is in seconds; ``None`` means the ``submit_timeout`` setting (30 s by default)
+        and ``math.inf`` waits without limit. If the caller is cancelled (``anyio.move_on_after``,
+        a web framework, ``asyncio.wait_for``) before the op was sent, it is withdrawn and never
+        appended; once sent it may still apply: pass ``op_id=ks.new_op_id()`` to be able to fetch
+        its outcome or resubmit it.
+
         :raises SubmitTimeout: if no reply came within ``timeout`` seconds; the op may still apply.
         :raises PayloadTooLarge: if the encoded op is over ``max_payload_bytes``; nothing is sent.
         :raises BacklogFull: if the shard holds ``max_backlog`` unprocessed entries.
@@ -205,31 +268,37 @@ class Client:
             )
         if call.name.startswith(RESERVED_PREFIX):
             raise ValueError(f"op {call.name!r} is keyserial's own; it cannot be submitted")
-        if self._task_group is None:
-            raise KeyserialError("the client is closed; use `async with keyserial.connect(...)`")
-        key = keys if isinstance(keys, str) else keys[0]
+        loop = self._check_loop()
         if op_id is not None and (not isinstance(op_id, str) or not op_id or "#" in op_id):
             raise ValueError(f"op_id must be a non-empty string without '#', not {op_id!r}")
         fresh = op_id is None
-        op_id = op_id or f"{self.client_id}-{next(self._op_ids)}"
+        op_id = op_id or self.new_op_id()
         envelope = encode_envelope(op_id, keys, call, self._reply)
         size = len(envelope) if envelope.isascii() else len(envelope.encode())  # bytes
         if size > self.settings.max_payload_bytes:
+            key = keys if isinstance(keys, str) else keys[0]
             raise PayloadTooLarge(key=key, size=size, limit=self.settings.max_payload_bytes)
-        pending = _Pending(op_id, key, shard, envelope, fresh=fresh)
+        # A caller whose deadline has already passed (``move_on_after(0)``) sends nothing.
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        pending = _Pending(op_id, keys, shard, envelope, loop.create_future(), fresh=fresh)
         self._waiting[op_id].append(pending)
         self._queue.append(pending)
         self._queued.set()
+        if timeout is None:
+            timeout = self.settings.submit_timeout
+        # A timer, not a cancel scope: a deadline on every submit then costs next to nothing.
+        timer = loop.call_later(timeout, pending.expire) if timeout < math.inf else None
         try:
-            if timeout is None:
-                await pending.done
-            else:
-                with anyio.fail_after(timeout):
-                    await pending.done
-        except TimeoutError:
-            raise SubmitTimeout(key=key, op_id=op_id, timeout=timeout or 0.0) from None
+            await pending.done
+        except BaseException:  # cancelled: withdrawn if not sent yet; else it may still apply
+            self._withdraw(pending)
+            raise
         finally:
+            if timer is not None:
+                timer.cancel()
             self._forget(pending)
+        if pending.outcome is _TIMED_OUT:
+            raise await self._timed_out(pending, timeout)
         value: R = self._unwrap(pending)
         return value
 
@@ -239,6 +308,7 @@ class Client:
         It may trail ops that are appended but not yet committed; ``submit`` an op for a read
         that is ordered after them.
         """
+        self._check_loop()
         keys = ShardKeys(self.settings.namespace, self.shard_of(key))
         raw = await self._backend.call("HGET", keys.state, key)
         return None if raw is None else json.loads(raw)
@@ -250,16 +320,48 @@ class Client:
         :raises ResultNotFound: if the op has not been applied yet, or its result expired.
         :raises OperationFailed: if the op failed.
         """
+        self._check_loop()
         shard = self.shard_of(key) if isinstance(key, str) else self._home(key)
-        if not isinstance(key, str):
-            key = key[0]
+        all_keys = (key,) if isinstance(key, str) else tuple(key)
         keys = ShardKeys(self.settings.namespace, shard)
         (raw,) = await self._backend.stored(keys, [op_id])
         if raw is None:
-            raise ResultNotFound(key=key, op_id=op_id)
-        return _value_or_raise(decode_outcome(raw), key=key, op_id=op_id)
+            raise ResultNotFound(key=all_keys[0], op_id=op_id)
+        return _value_or_raise(decode_outcome(raw), keys=all_keys, op_id=op_id)
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _withdraw(self, pending: _Pending) -> bool:
+        """Take a cancelled submit out of the queue if it has not been sent (True if so)."""
+        try:
+            self._queue.remove(pending)
+        except ValueError:
+            return False
+        return True
+
+    async def _timed_out(self, pending: _Pending, timeout: float) -> SubmitTimeout:
+        """The timeout error, naming the op's shards that no worker holds (the usual reason an
+        op waits that long: no worker serves its namespace, or none runs at all)."""
+        withdrawn = self._withdraw(pending)
+        shards = sorted({self.shard_of(key) for key in pending.all_keys})
+        vacant: list[int] = []
+        with anyio.move_on_after(min(1.0, timeout)):
+            for shard in shards:
+                lease = ShardKeys(self.settings.namespace, shard).lease
+                try:
+                    if not await self._backend.call("EXISTS", lease):
+                        vacant.append(shard)
+                except KeyserialError:  # the timeout is the error to report
+                    break
+        log.debug("op %s timed out (withdrawn unsent: %s)", pending.op_id, withdrawn)
+        return SubmitTimeout(
+            key=pending.key,
+            op_id=pending.op_id,
+            timeout=timeout,
+            keys=pending.all_keys,
+            namespace=self.settings.namespace,
+            vacant=vacant,
+        )
 
     def _forget(self, pending: _Pending) -> None:
         waiters = self._waiting.get(pending.op_id)
@@ -273,7 +375,7 @@ class Client:
         if isinstance(outcome, BaseException):
             raise outcome
         assert outcome is not None
-        return _value_or_raise(outcome, key=pending.key, op_id=pending.op_id)
+        return _value_or_raise(outcome, keys=pending.all_keys, op_id=pending.op_id)
 
     def _settle(self, op_id: str, outcome: dict[str, Any] | BaseException) -> None:
         for pending in self._waiting.get(op_id, ()):
@@ -285,13 +387,19 @@ class Client:
             await self._queued.wait()
             self._queued = anyio.Event()
             batch, self._queue = self._queue, []
+            if not batch:  # every queued submit was withdrawn
+                continue
             entries = list(_pack(batch))
             calls = [self._append_call(shard, group) for shard, group in entries]
             try:
                 replies = await self._backend.run_many(calls)
             except BackendUnavailable as exc:
                 for pending in batch:
-                    pending.settle(BackendUnavailable(self._backend.url, exc, op_id=pending.op_id))
+                    pending.settle(
+                        BackendUnavailable(
+                            self._backend.url, exc, op_id=pending.op_id, keys=pending.all_keys
+                        )
+                    )
                 continue
             except Exception as exc:  # anything else fails this batch, not the client
                 log.exception("appending %d ops failed", len(batch))
@@ -394,7 +502,7 @@ def _pack(batch: list[_Pending]) -> Iterator[tuple[int, list[_Pending]]]:
         yield shard, entry
 
 
-def _value_or_raise(outcome: dict[str, Any], *, key: str, op_id: str) -> Any:
+def _value_or_raise(outcome: dict[str, Any], *, keys: tuple[str, ...], op_id: str) -> Any:
     if "error" in outcome:
-        raise OperationFailed.from_wire(outcome["error"], key=key, op_id=op_id)
+        raise OperationFailed.from_wire(outcome["error"], key=keys[0], op_id=op_id, keys=keys)
     return outcome["ok"]

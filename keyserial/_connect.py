@@ -7,8 +7,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import sniffio
+
 from ._backend import AnyRedis, Backend
 from ._client import Client
+from ._foreign import ForeignLoopClient
 from ._settings import Settings
 from .errors import ShardCountMismatch
 
@@ -36,9 +39,30 @@ async def connect(
     :class:`Settings` fields. An argument left out (or ``None``) comes from its
     ``KEYSERIAL_<FIELD>`` variable, else the default (namespace ``"default"``).
 
+    Under trio (through anyio) the client runs on an asyncio loop in a thread of its own, and
+    ``redis`` must be a URL.
+
     :raises ConfigError: on a shard-count mismatch, a bad setting or ``KEYSERIAL_*`` variable.
     :raises BackendUnavailable: if Redis cannot be reached.
     """
+    if sniffio.current_async_library() == "asyncio":
+        async with _connect_asyncio(redis, shards, namespace, options) as client:
+            yield client
+        return
+    if redis is not None and not isinstance(redis, str):
+        raise TypeError("under trio, pass a Redis URL: a redis.asyncio client runs on asyncio only")
+    client = await ForeignLoopClient.open(
+        lambda: _connect_asyncio(redis, shards, namespace, options)
+    )
+    async with client:
+        yield client
+
+
+@asynccontextmanager
+async def _connect_asyncio(
+    redis: str | AnyRedis | None, shards: int | None, namespace: str | None,
+    options: dict[str, Any],
+) -> AsyncIterator[Client]:
     settings = Settings.resolve(namespace=namespace, shard_count=shards, **options)
     backend = await Backend.connect(default_url() if redis is None else redis)
     try:

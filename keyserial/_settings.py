@@ -46,6 +46,8 @@ class Settings:
     #: A worker taking over a shard with at most this many keys' states loads them all, then
     #: never reads a state from Redis again (0: never; larger shards' states load as ops need).
     preload_states: int = 10_000
+    #: Seconds a submit waits for its reply when the caller passes no ``timeout``.
+    submit_timeout: float = 30.0
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
@@ -59,6 +61,7 @@ class Settings:
             "fetch_batch": self.fetch_batch,
             "max_inflight": self.max_inflight,
             "idle_poll": self.idle_poll,
+            "submit_timeout": self.submit_timeout,
         }
         for name, value in positive.items():
             if value <= 0:

@@ -24,6 +24,7 @@ the client rebuilds keyserial's own types from ``type`` and wraps any other in `
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from ._urls import redact
@@ -70,10 +71,19 @@ class BackendUnavailable(KeyserialError, ConnectionError):
     """Redis/Valkey at ``url`` could not be reached (after the configured retries); ``url`` is
     shown with its password hidden."""
 
-    def __init__(self, url: str, cause: BaseException | str, *, op_id: str | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        cause: BaseException | str,
+        *,
+        op_id: str | None = None,
+        keys: Sequence[str] = (),
+    ) -> None:
         #: The URL with its password hidden: this error reaches logs.
         self.url = redact(url)
         self.op_id = op_id
+        #: Every key of the op (pass them as ``ks.result(op_id, key=keys)``).
+        self.keys = tuple(keys)
         detail = f"cannot reach Redis at {self.url}: {cause}"
         if op_id is not None:
             detail += (
@@ -109,16 +119,41 @@ class BacklogFull(KeyserialError):
 
 
 class SubmitTimeout(KeyserialError, TimeoutError):
-    """No reply within the timeout. The op was appended and may still apply."""
+    """No reply within the timeout. The op may still apply (unless it was never sent).
 
-    def __init__(self, *, key: str, op_id: str, timeout: float) -> None:
+    ``keys`` holds every key of the op, so ``ks.result(op_id, key=keys)`` looks in the op's home
+    shard; ``vacant`` lists the op's shards that no worker held when the timeout fired.
+    """
+
+    def __init__(
+        self,
+        *,
+        key: str,
+        op_id: str,
+        timeout: float,
+        keys: Sequence[str] = (),
+        namespace: str | None = None,
+        vacant: Sequence[int] = (),
+    ) -> None:
         self.key = key
         self.op_id = op_id
         self.timeout = timeout
+        self.keys = tuple(keys) or (key,)
+        self.namespace = namespace
+        self.vacant = tuple(vacant)
+        where = repr(key) if len(self.keys) == 1 else repr(list(self.keys))
+        why = ""
+        if self.vacant:
+            shards = ", ".join(str(shard) for shard in self.vacant)
+            why = (
+                f": no worker holds shard {shards} of namespace {namespace!r} (its lease is"
+                " vacant; is a worker serving this namespace?)"
+            )
         super().__init__(
-            f"no reply for op {op_id!r} on key {key!r} within {timeout:g}s; it may still apply."
-            f" Fetch its outcome with `await ks.result({op_id!r}, key={key!r})`, or resubmit"
-            f" with op_id={op_id!r} (it never runs twice)."
+            f"no reply for op {op_id!r} on key{'s' if len(self.keys) > 1 else ''} {where} within"
+            f" {timeout:g}s{why}; it may still apply. Fetch its outcome with"
+            f" `await ks.result({op_id!r}, key={where})`, or resubmit with op_id={op_id!r}"
+            " (it never runs twice)."
         )
 
 
@@ -155,6 +190,7 @@ class OperationFailed(KeyserialError):
         key: str | None = None,
         op_id: str | None = None,
         data: dict[str, Any] | None = None,
+        keys: Sequence[str] = (),
     ) -> None:
         # A remote error's type leads the message ("ValueError: only 3 left"); this class's
         # own type is already the exception's name, so it is not repeated.
@@ -164,12 +200,20 @@ class OperationFailed(KeyserialError):
         self.key = key
         self.op_id = op_id
         self.data = data or {}
-        where = f" (op {op_id!r} on key {key!r})" if op_id is not None else ""
+        #: Every key of the op (``key`` is the first): ``ks.result(op_id, key=keys)`` finds it.
+        self.keys = tuple(keys) or ((key,) if key is not None else ())
+        on = f"keys {list(self.keys)!r}" if len(self.keys) > 1 else f"key {key!r}"
+        where = f" (op {op_id!r} on {on})" if op_id is not None else ""
         super().__init__(f"{self.error_type}: {message}{where}" if remote else f"{message}{where}")
 
     @classmethod
     def from_wire(
-        cls, error: dict[str, Any], *, key: str | None, op_id: str | None
+        cls,
+        error: dict[str, Any],
+        *,
+        key: str | None,
+        op_id: str | None,
+        keys: Sequence[str] = (),
     ) -> OperationFailed:
         """Rebuild the error a worker reported, as keyserial's own type when it is one."""
         error_type = str(error.get("type", "Error"))
@@ -177,7 +221,9 @@ class OperationFailed(KeyserialError):
         data = error.get("data")
         data = data if isinstance(data, dict) else {}
         kind = _WIRE_TYPES.get(error_type, OperationFailed)
-        return kind._rebuild(message, error_type=error_type, key=key, op_id=op_id, data=data)
+        return kind._rebuild(
+            message, error_type=error_type, key=key, op_id=op_id, data=data, keys=keys
+        )
 
     @classmethod
     def _rebuild(
@@ -188,8 +234,9 @@ class OperationFailed(KeyserialError):
         key: str | None,
         op_id: str | None,
         data: dict[str, Any],
+        keys: Sequence[str] = (),
     ) -> OperationFailed:
-        return cls(message, error_type=error_type, key=key, op_id=op_id, data=data)
+        return cls(message, error_type=error_type, key=key, op_id=op_id, data=data, keys=keys)
 
 
 class UnknownOperation(OperationFailed):
@@ -222,6 +269,7 @@ class InsufficientFunds(OperationFailed):
         amount: int,
         key: str | None = None,
         op_id: str | None = None,
+        keys: Sequence[str] = (),
     ) -> None:
         self.balance = balance
         self.amount = amount
@@ -230,6 +278,7 @@ class InsufficientFunds(OperationFailed):
             key=key,
             op_id=op_id,
             data={"balance": balance, "amount": amount},
+            keys=keys,
         )
 
     @classmethod
@@ -241,11 +290,14 @@ class InsufficientFunds(OperationFailed):
         key: str | None,
         op_id: str | None,
         data: dict[str, Any],
+        keys: Sequence[str] = (),
     ) -> OperationFailed:
         balance, amount = data.get("balance"), data.get("amount")
         if isinstance(balance, int) and isinstance(amount, int):
-            return cls(balance=balance, amount=amount, key=key, op_id=op_id)
-        return OperationFailed(message, error_type=error_type, key=key, op_id=op_id, data=data)
+            return cls(balance=balance, amount=amount, key=key, op_id=op_id, keys=keys)
+        return OperationFailed(
+            message, error_type=error_type, key=key, op_id=op_id, data=data, keys=keys
+        )
 
 
 _WIRE_TYPES: dict[str, type[OperationFailed]] = {
