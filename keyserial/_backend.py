@@ -59,9 +59,13 @@ _TRANSIENT_PREFIXES = ("BUSY ", "LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOW
                        "NOREPLICAS", "NOTREADY", "UNBLOCKED")
 #: What a subscription is resubscribed after: a lost connection, or any error reply (a BUSY
 #: script, a restart still LOADING), which must not end the task that listens.
-_RESUBSCRIBE_AFTER = (redis_errors.RedisError, OSError)
+_RESUBSCRIBE_AFTER = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError)
 #: Error replies that no retry cures: the credentials or the ACL user do not allow keyserial in.
 _REFUSED = (redis_errors.AuthenticationError, redis_errors.NoPermissionError)
+
+
+#: Everything redis-py raises (a cluster client's "no node reachable" is not a RedisError).
+_REDIS_ERRORS = (redis_errors.RedisError, redis_errors.RedisClusterException)
 
 
 def classify_reply(reply: Any, url: str) -> Any:
@@ -70,7 +74,7 @@ def classify_reply(reply: Any, url: str) -> Any:
     the credentials or the ACL a :class:`ConfigError`; the scripts' own refusals (``FENCED``,
     ``BACKLOG``, ``ELSEWHERE``) and anything else stay a ``ResponseError``. Other replies pass
     through unchanged."""
-    if not isinstance(reply, redis_errors.RedisError):
+    if not isinstance(reply, _REDIS_ERRORS):
         return reply
     if isinstance(reply, _REFUSED):
         return ConfigError(f"Redis at {redact(url)} refused keyserial: {reply}")
@@ -79,7 +83,7 @@ def classify_reply(reply: Any, url: str) -> Any:
     return reply
 
 
-def _translated(exc: redis_errors.RedisError, url: str) -> Exception:
+def _translated(exc: Exception, url: str) -> Exception:
     """What to raise for a redis-py error: keyserial's error (see :func:`classify_reply`), or
     the script's own refusal as it is."""
     if isinstance(exc, redis_errors.InvalidResponse):  # a port another server listens on
@@ -96,7 +100,7 @@ def _translating(url: str) -> Iterator[None]:
     ``map_httpcore_exceptions`` does); a script's own refusal is raised as it is."""
     try:
         yield
-    except redis_errors.RedisError as exc:
+    except _REDIS_ERRORS as exc:
         error = _translated(exc, url)
         if error is exc:
             raise

@@ -126,16 +126,22 @@ class Worker:
         """:meth:`_connect`, given up (None) as soon as :meth:`stop` is called: a worker told
         to stop while Redis is unreachable has nothing to drain."""
         backend: Backend | None = None
+        error: Exception | None = None
         async with anyio.create_task_group() as task_group:
 
             async def connect() -> None:
-                nonlocal backend
-                backend = await self._connect()
+                nonlocal backend, error
+                try:
+                    backend = await self._connect()
+                except Exception as exc:  # raised below as it is, not in an exception group
+                    error = exc
                 task_group.cancel_scope.cancel()
 
             task_group.start_soon(connect)
             await self._stop.wait()
             task_group.cancel_scope.cancel()
+        if error is not None:
+            raise error
         return backend
 
     async def _connect(self) -> Backend:
