@@ -42,6 +42,8 @@ class Observed:
     resolved: dict[str, Resolved]
     appended: dict[str, Appended]
     finals: dict[str, Any]
+    #: When the load (and the fault schedule's clock) started.
+    t0: float = 0.0
 
 
 def effective(record: OpRecord, observed: Observed) -> tuple[str, Any]:
@@ -99,10 +101,14 @@ def check_appends(observed: Observed) -> list[Violation]:
 def _exactly_once(checker: str, key: str, final: list[Any], records: list[OpRecord],
                   observed: Observed) -> list[Violation]:
     violations = []
-    twice = [tag for tag, times in Counter(final).items() if times > 1]
-    if twice:
-        violations.append(Violation(checker, "an op applied twice", {"key": key, "tags": twice}))
-    submitted = {record.tag for record in records}
+    records_by_tag = {record.tag: record for record in records}
+    for tag, times in Counter(final).items():
+        if times > 1:
+            evidence = {"key": key, "tag": tag, "times": times}
+            if tag in records_by_tag:
+                evidence = _evidence(records_by_tag[tag], observed, **evidence)
+            violations.append(Violation(checker, "an op applied twice", evidence))
+    submitted = set(records_by_tag)
     stray = [tag for tag in final if tag not in submitted]
     if stray:
         violations.append(Violation(checker, "applied but never submitted on this key",
@@ -152,6 +158,7 @@ def check_bank(observed: Observed) -> list[Violation]:
     balances: dict[str, int] = {}
     violations = _accounts(accounts, observed.finals, logs, balances)
     if violations:
+        _twice_evidence(violations, observed)
         return violations
     violations += _payments(records, logs, observed)
     expected = dict.fromkeys(accounts, OPENING_BALANCE)
@@ -191,6 +198,15 @@ def _accounts(accounts: list[str], finals: dict[str, Any], logs: dict[str, list[
             violations.append(Violation("bank", "a payment applied twice",
                                         {"key": account, "tags": twice}))
     return violations
+
+
+def _twice_evidence(violations: list[Violation], observed: Observed) -> None:
+    """Name the op ids and entries of each payment a log holds twice."""
+    records = observed.history.by_tag()
+    for violation in violations:
+        for tag in violation.evidence.get("tags", []):
+            if tag in records:
+                violation.evidence[tag] = _evidence(records[tag], observed)
 
 
 def _payments(records: list[OpRecord], logs: dict[str, list[str]],
@@ -240,14 +256,18 @@ def check_appended_were_applied(observed: Observed) -> list[Violation]:
         violations.append(Violation(
             "appended-never-applied", "an appended op has no outcome after healing",
             {**_evidence(record, observed), "op_id": op_id, "shard": seen.shard,
-             "entry": seen.entry}))
+             "entries": seen.entries}))
     return violations
 
 
 def _evidence(record: OpRecord, observed: Observed, **extra: Any) -> dict[str, Any]:
     evidence: dict[str, Any] = {"tag": record.tag, "keys": list(record.keys),
                                 "op_ids": op_ids_of(record, observed),
-                                "caller_saw": record.via or "cancelled by the run's end"}
+                                "own_op_id": record.own_id,
+                                "caller_saw": record.via or "cancelled by the run's end",
+                                "submitted_at": round(record.started - observed.t0, 2),
+                                "entries": [entry for seen in observed.appended.values()
+                                            if seen.tag == record.tag for entry in seen.entries]}
     if record.error:
         evidence["error"] = record.error[:160]
     return {**extra, **evidence}

@@ -45,6 +45,9 @@ class Faults:
     started: float = field(default_factory=time.monotonic)
     log: list[str] = field(default_factory=list)
     garbage: list[GarbageSent] = field(default_factory=list)
+    #: Faults injected in full (a fault still waiting for its target when the load ended, or
+    #: cut short by it, does not count).
+    injected: int = 0
     _locks: dict[str, anyio.Lock] = field(default_factory=dict)
 
     def note(self, text: str) -> None:
@@ -64,6 +67,7 @@ class Faults:
         async with self.lock(event.target):
             try:
                 await INJECTORS[event.kind](self, number, event)
+                self.injected += 1
             except Exception as error:
                 self.note(f"{event.kind} {event.target} failed to inject: {error!r}")
 

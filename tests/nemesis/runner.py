@@ -98,10 +98,10 @@ async def _run(plan: Plan, system: System, report: RunReport) -> None:
         resolved = await _resolve(clients[0], load, tap, profile)
         finals = await _finals(clients[0], system, load, keys)
         report.violations += await _garbage_answered(system, faults)
-        observed = Observed(load.history, resolved, dict(tap.seen), finals)
+        observed = Observed(load.history, resolved, dict(tap.seen), finals, faults.started)
         report.violations += check_all(observed)
         report.injected = faults.log
-        report.stats.update(_stats(observed))
+        report.stats.update(_stats(observed), faults=faults.injected)
         background.cancel_scope.cancel()
 
 

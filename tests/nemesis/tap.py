@@ -29,7 +29,8 @@ class Appended:
     tag: str
     keys: tuple[str, ...]
     shard: int
-    entry: str
+    #: Every entry that carried the op id (more than one: appended twice).
+    entries: list[str]
 
 
 @dataclass
@@ -82,4 +83,4 @@ class StreamTap:
         if not isinstance(tag, str):
             return
         keys = tuple(envelope["keys"]) if "keys" in envelope else (envelope["key"],)
-        self.seen.setdefault(op_id, Appended(op_id, tag, keys, shard, entry))
+        self.seen.setdefault(op_id, Appended(op_id, tag, keys, shard, [])).entries.append(entry)
