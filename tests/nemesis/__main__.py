@@ -9,6 +9,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
 
@@ -46,9 +47,18 @@ def main(argv: list[str] | None = None) -> int:
             args.json.write_text(json.dumps([asdict(each) for each in reports], indent=1,
                                             default=repr))
     failed = [report.seed for report in reports if not report.ok]
+    for report in reports:
+        if not report.ok:
+            print(f"  seed {report.seed}: {summary(report)}")
     print(f"{len(reports)} seeds in {time.monotonic() - began:.0f}s; "
           f"{len(failed)} failed: {failed}; logs of failures under {root}")
     return 1 if failed else 0
+
+
+def summary(report: RunReport) -> str:
+    """The failed checkers and what they found, counted: ``bank: a payment applied twice (3)``."""
+    counts = Counter(f"{v.checker}: {v.what}" for v in report.violations)
+    return "; ".join(f"{what} ({count})" for what, count in sorted(counts.items()))
 
 
 if __name__ == "__main__":

@@ -79,6 +79,7 @@ def _slot(event: FaultEvent) -> int:
 async def kill9(faults: Faults, number: int, event: FaultEvent) -> None:
     slot = _slot(event)
     victim = faults.system.worker(slot)
+    faults.system.ended_by_nemesis.add(victim.pid)
     victim.kill()
     faults.note(f"kill -9 {event.target} (pid {victim.pid})")
     await anyio.sleep(event.params["restart_after"])
@@ -105,6 +106,7 @@ async def sigterm_slow(faults: Faults, number: int, event: FaultEvent) -> None:
                       params["slow_delay"], f"burst{number}")
     await anyio.sleep(min(0.3, params["slow_delay"] / 2))
     system.terminating.add(slot)
+    system.ended_by_nemesis.add(victim.pid)
     with suppress(ProcessLookupError):
         victim.signal(signal.SIGTERM)
     faults.note(f"SIGTERM {event.target} (pid {victim.pid}) with {params['slow_ops']} slow ops")

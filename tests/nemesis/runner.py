@@ -100,6 +100,8 @@ async def _run(plan: Plan, system: System, report: RunReport) -> None:
         report.violations += await _garbage_answered(system, faults)
         observed = Observed(load.history, resolved, dict(tap.seen), finals, faults.started)
         report.violations += check_all(observed)
+        report.violations += [Violation("worker-crashes", "a worker process exited by itself",
+                                        crash) for crash in system.crashed()]
         report.injected = faults.log
         report.stats.update(_stats(observed), faults=faults.injected)
         background.cancel_scope.cancel()

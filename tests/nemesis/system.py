@@ -42,6 +42,8 @@ class System:
         #: Slots whose process was sent SIGTERM: healing starts their replacement.
         self.terminating: set[int] = set()
         self.every_process: list[WorkerProcess] = []
+        #: Pids the nemesis killed or sent SIGTERM: any other exit is a crash.
+        self.ended_by_nemesis: set[int] = set()
         self.inspector: aredis.Redis | None = None
         self._started = 0
 
@@ -89,6 +91,21 @@ class System:
         self.terminating.discard(slot)
         self.every_process.append(process)
         return process
+
+    def crashed(self) -> list[dict[str, object]]:
+        """Worker processes that exited although the nemesis neither killed nor stopped them,
+        with their exit code and the last error their log shows."""
+        crashes: list[dict[str, object]] = []
+        for process in self.every_process:
+            code = process.process.poll()
+            if code is None or process.pid in self.ended_by_nemesis:
+                continue
+            errors = [line for line in process.log().splitlines()
+                      if "Error" in line and not line.startswith(("redis.", "future:"))]
+            crashes.append({"pid": process.pid, "exit_code": code,
+                            "last_error": errors[-1].strip()[:300] if errors else "",
+                            "log": str(process.log_path)})
+        return crashes
 
     def redis_up(self) -> bool:
         process = self.server.process
