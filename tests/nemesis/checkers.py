@@ -193,7 +193,8 @@ def _accounts(accounts: list[str], finals: dict[str, Any], logs: dict[str, list[
                                         {"key": account, "state": repr(state)[:200]}))
             continue
         logs[account], balances[account] = list(state["ops"]), int(state["balance"])
-        twice = [tag for tag, times in Counter(state["ops"]).items() if times > 1]
+        applied: Counter[str] = Counter(state["ops"])
+        twice = [tag for tag, times in applied.items() if times > 1]
         if twice:
             violations.append(Violation("bank", "a payment applied twice",
                                         {"key": account, "tags": twice}))

@@ -193,7 +193,8 @@ async def _finals(client: keyserial.Client, system: System, load: Load,
         except KeyserialError:
             assert system.inspector is not None
             shard = client.shard_of(key)
-            raw = await system.inspector.hget(ShardKeys(system.namespace, shard).state, key)
+            raw = await system.inspector.execute_command(  # type: ignore[no-untyped-call]
+                "HGET", ShardKeys(system.namespace, shard).state, key)
             finals[key] = None if raw is None else json.loads(raw)
 
     async with anyio.create_task_group() as group:
@@ -209,7 +210,8 @@ async def _garbage_answered(system: System, faults: Faults) -> list[Violation]:
     for sent in faults.garbage:
         keys = ShardKeys(system.namespace, sent.shard)
         for op_id in sent.answer_expected:
-            found = [await system.inspector.hget(name, op_id)
+            found = [await system.inspector.execute_command(  # type: ignore[no-untyped-call]
+                "HGET", name, op_id)
                      for name in (keys.results, keys.results_old)]
             if not any(found):
                 violations.append(Violation(

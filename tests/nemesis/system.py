@@ -114,10 +114,10 @@ class System:
     async def heal(self) -> None:
         """End every fault: resume paused processes, heal the links, bring Redis back and put
         a live worker in every slot."""
-        for process in self.every_process:
-            if process.process.poll() is None:
+        for each in self.every_process:
+            if each.process.poll() is None:
                 with suppress(ProcessLookupError):
-                    process.signal(signal.SIGCONT)
+                    each.signal(signal.SIGCONT)
         for proxy in self.proxies():
             proxy.heal()
         if not self.redis_up():

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,7 +112,7 @@ class Load:
             for caller in range(self.profile.callers):
                 group.start_soon(self._caller, caller)
 
-    def spawn(self, function: Callable[..., Awaitable[None]], *args: Any) -> None:
+    def spawn(self, function: Callable[..., Coroutine[Any, Any, None]], *args: Any) -> None:
         """Run ``function`` among the callers: the load drains it like a caller's submit."""
         assert self._group is not None, "the load is not running"
         self._group.start_soon(function, *args)
