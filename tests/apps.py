@@ -128,7 +128,31 @@ def pay_while_taken_over(
     return _pay(ctx, amount)
 
 
-def _pay(ctx: MultiContext, amount: int) -> int:
+@multi_op
+async def pay_tagged(ctx: MultiContext, amount: int, tag: str, delay: float = 0) -> int:
+    """:func:`pay` that logs ``tag`` (unique per submission) instead of the op id: the nemesis
+    checks ops whose id the client generated (and a cancelled caller never learned)."""
+    if delay:
+        await anyio.sleep(delay)
+    return _pay(ctx, amount, logged=tag)
+
+
+@multi_op
+def pay_now_tagged(ctx: MultiContext, amount: int, tag: str) -> int:
+    """:func:`pay_tagged` as a sync op (see :func:`pay_now`)."""
+    return _pay(ctx, amount, logged=tag)
+
+
+@op
+async def slow_append(ctx: Context, value: Any, delay: float) -> list[Any]:
+    """:func:`append` that waits while it holds the key (a slow API call) before it writes."""
+    items = list(ctx.state or [])
+    await anyio.sleep(delay)
+    ctx.state = [*items, value]
+    return list(ctx.state)
+
+
+def _pay(ctx: MultiContext, amount: int, logged: str | None = None) -> int:
     source, *targets = ctx.keys
     accounts = {key: ctx.states[key] or {"balance": 0, "ops": []} for key in ctx.keys}
     owed = amount * len(targets)
@@ -139,7 +163,7 @@ def _pay(ctx: MultiContext, amount: int) -> int:
     for target in targets:
         accounts[target]["balance"] += amount
     for key, account in accounts.items():
-        account["ops"].append(ctx.op_id)
+        account["ops"].append(ctx.op_id if logged is None else logged)
         ctx.states[key] = account
     return int(accounts[source]["balance"])
 

@@ -1,0 +1,214 @@
+"""Fault injectors, one per kind of ``schedule.FAULT_WEIGHTS``, run at their planned offsets.
+
+An injector gets the run's :class:`Faults` (the system, the load, the log) and its event. It may
+be cancelled at any await when the load ends: ``System.heal`` then ends whatever it left
+(a paused process, a held link, Redis down, a slot without a live worker), so an injector needs
+no cleanup of its own. Kinds to add later (a cluster master killed or paused past its
+failover, a worker whose clock is off by minutes) register here the same way, against a system
+class that can do them.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import suppress
+from dataclasses import dataclass, field
+
+import anyio
+
+from keyserial._layout import ShardKeys
+from tests.helpers import keys_on_shard
+from tests.nemesis.schedule import FaultEvent
+from tests.nemesis.system import System
+from tests.nemesis.tap import GARBAGE_PREFIX
+from tests.nemesis.workloads import Load
+
+
+@dataclass
+class GarbageSent:
+    """A foreign entry appended by the nemesis; ``answer_expected`` lists the op ids the wire
+    format says get a stored outcome."""
+
+    shard: int
+    kind: str
+    entry: str
+    answer_expected: list[str]
+
+
+@dataclass
+class Faults:
+    system: System
+    load: Load
+    started: float = field(default_factory=time.monotonic)
+    log: list[str] = field(default_factory=list)
+    garbage: list[GarbageSent] = field(default_factory=list)
+    #: Faults injected in full (a fault still waiting for its target when the load ended, or
+    #: cut short by it, does not count).
+    injected: int = 0
+    _locks: dict[str, anyio.Lock] = field(default_factory=dict)
+
+    def note(self, text: str) -> None:
+        self.log.append(f"t={time.monotonic() - self.started:6.2f}s {text}")
+
+    def lock(self, target: str) -> anyio.Lock:
+        """One fault at a time per target (a slot is not killed while it is paused)."""
+        return self._locks.setdefault(target, anyio.Lock())
+
+    async def run(self, events: tuple[FaultEvent, ...]) -> None:
+        async with anyio.create_task_group() as group:
+            for number, event in enumerate(events):
+                group.start_soon(self._inject_at, number, event)
+
+    async def _inject_at(self, number: int, event: FaultEvent) -> None:
+        await anyio.sleep(max(0.0, self.started + event.at - time.monotonic()))
+        async with self.lock(event.target):
+            try:
+                await INJECTORS[event.kind](self, number, event)
+                self.injected += 1
+            except Exception as error:
+                self.note(f"{event.kind} {event.target} failed to inject: {error!r}")
+
+
+def _slot(event: FaultEvent) -> int:
+    return int(event.target.split(":")[1])
+
+
+async def kill9(faults: Faults, number: int, event: FaultEvent) -> None:
+    slot = _slot(event)
+    victim = faults.system.worker(slot)
+    faults.system.ended_by_nemesis.add(victim.pid)
+    victim.kill()
+    faults.note(f"kill -9 {event.target} (pid {victim.pid})")
+    await anyio.sleep(event.params["restart_after"])
+    faults.note(f"{event.target} replaced (pid {faults.system.start_worker(slot).pid})")
+
+
+async def sigstop(faults: Faults, number: int, event: FaultEvent) -> None:
+    victim = faults.system.worker(_slot(event))
+    victim.signal(signal.SIGSTOP)
+    faults.note(f"SIGSTOP {event.target} (pid {victim.pid})")
+    await anyio.sleep(event.params["paused"])
+    with suppress(ProcessLookupError):
+        victim.signal(signal.SIGCONT)
+    faults.note(f"SIGCONT {event.target} (pid {victim.pid})")
+
+
+async def sigterm_slow(faults: Faults, number: int, event: FaultEvent) -> None:
+    """SIGTERM while slow async ops run on the victim's shards, then a replacement."""
+    slot = _slot(event)
+    system = faults.system
+    victim = system.worker(slot)
+    params = event.params
+    faults.load.spawn(faults.load.burst, system.plan.layouts[slot], params["slow_ops"],
+                      params["slow_delay"], f"burst{number}")
+    await anyio.sleep(min(0.3, params["slow_delay"] / 2))
+    system.terminating.add(slot)
+    system.ended_by_nemesis.add(victim.pid)
+    with suppress(ProcessLookupError):
+        victim.signal(signal.SIGTERM)
+    faults.note(f"SIGTERM {event.target} (pid {victim.pid}) with {params['slow_ops']} slow ops")
+    with anyio.move_on_after(system.profile.lease_ttl * 3 + 5):
+        while victim.process.poll() is None:
+            await anyio.sleep(0.05)
+    faults.note(f"{event.target} pid {victim.pid} exited: {victim.process.poll()}")
+    await anyio.sleep(params["restart_after"])
+    faults.note(f"{event.target} replaced (pid {system.start_worker(slot).pid})")
+
+
+async def redis_restart(faults: Faults, number: int, event: FaultEvent) -> None:
+    server = faults.system.server
+    await anyio.to_thread.run_sync(server.kill)
+    faults.note("kill -9 redis")
+    await anyio.sleep(event.params["down_for"])
+    await anyio.to_thread.run_sync(server.start)
+    faults.note("redis restarted")
+
+
+async def net_reset(faults: Faults, number: int, event: FaultEvent) -> None:
+    proxy = faults.system.proxy(event.target)
+    for _ in range(event.params["times"]):
+        proxy.reset()
+        faults.note(f"reset the links of {event.target}")
+        await anyio.sleep(0.3)
+
+
+async def net_blackhole(faults: Faults, number: int, event: FaultEvent) -> None:
+    proxy = faults.system.proxy(event.target)
+    held = event.params["held"]
+    proxy.hold(held + 0.1)  # still held when the links are reset below
+    faults.note(f"blackhole {event.target} for {held}s")
+    await anyio.sleep(held)
+    if event.params["then_reset"]:
+        proxy.reset()
+        faults.note(f"reset the held links of {event.target}")
+
+
+async def net_delay(faults: Faults, number: int, event: FaultEvent) -> None:
+    proxy = faults.system.proxy(event.target)
+    proxy.delay = event.params["delay"]
+    faults.note(f"delay {event.target} by {proxy.delay}s")
+    await anyio.sleep(event.params["lasting"])
+    proxy.delay = 0.0
+    faults.note(f"delay of {event.target} lifted")
+
+
+async def garbage(faults: Faults, number: int, event: FaultEvent) -> None:
+    """Append a foreign or broken entry with raw XADD (docs/wire-format.md), and wake the
+    shard's owner."""
+    system = faults.system
+    shard = _slot(event)
+    count = system.profile.shard_count
+    kind = event.params["entry"]
+    op_id = f"{GARBAGE_PREFIX}{system.plan.seed}-{number}"
+    key = keys_on_shard(shard, count, 1, "garbage")[0]
+    elsewhere = keys_on_shard((shard + 1) % count, count, 1, "garbage")[0]
+    version, ops, answered = garbage_entry(kind, op_id, key, elsewhere)
+    keys = ShardKeys(system.namespace, shard)
+    assert system.inspector is not None
+    entry = await system.inspector.xadd(keys.stream, {"v": version, "ops": ops})
+    await system.inspector.publish(keys.wake_channel, entry)
+    faults.garbage.append(GarbageSent(shard, kind, entry.decode(), [op_id] if answered else []))
+    faults.note(f"garbage {kind} appended to shard {shard} ({entry.decode()})")
+
+
+def garbage_entry(kind: str, op_id: str, key: str, elsewhere: str) -> tuple[str, str, bool]:
+    """``(v, ops, answered)``: the fields of a garbage entry, and whether the wire format
+    promises its op id a stored outcome."""
+    def envelope(**fields: object) -> str:
+        return json.dumps({"id": op_id, "key": key, "op": "append", "args": ["g"], **fields})
+
+    if kind == "deep_nesting":
+        nested = "[" * 3000 + "]" * 3000
+        return "1", f'[{{"id":"{op_id}","key":"{key}","op":"append","args":{nested}}}]', False
+    if kind == "invalid_json":
+        return "1", envelope()[:-7], False
+    if kind == "non_list":
+        return "1", envelope(), False
+    if kind == "lone_surrogate":  # a JSON escape that decodes to a str UTF-8 cannot carry
+        return "1", f'[{{"id":"{op_id}","key":"{key}","op":"append","args":["\\ud83d"]}}]', True
+    if kind == "bad_version":
+        return "2", f"[{envelope()}]", False
+    if kind == "bad_element":
+        return "1", f"[42, {envelope()}]", True
+    if kind == "misrouted":
+        return "1", f"[{envelope(key=elsewhere)}]", True
+    if kind == "unknown_op":
+        return "1", f"[{envelope(op='no_such_op')}]", True
+    raise ValueError(f"unknown garbage kind {kind!r}")
+
+
+Injector = Callable[[Faults, int, FaultEvent], Awaitable[None]]
+
+INJECTORS: dict[str, Injector] = {
+    "kill9": kill9,
+    "sigstop": sigstop,
+    "sigterm_slow": sigterm_slow,
+    "redis_restart": redis_restart,
+    "net_reset": net_reset,
+    "net_blackhole": net_blackhole,
+    "net_delay": net_delay,
+    "garbage": garbage,
+}

@@ -1,0 +1,146 @@
+"""A TCP fault proxy on 127.0.0.1 in front of Redis (these machines' kernels have no netem).
+
+One proxy per worker slot and per client, so a network fault hits one party only. It forwards
+bytes both ways, and on command it adds latency, holds every byte without forwarding it (a
+blackhole: TCP would retransmit, so held bytes are delivered once it heals unless the links
+are reset), or resets every open connection (RST, as a dropped NAT entry or a crashed peer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import struct
+import time
+from contextlib import suppress
+
+_CHUNK = 1 << 16
+
+
+class _Link:
+    """One proxied connection: the client side and the upstream side."""
+
+    def __init__(self, client: asyncio.StreamWriter, upstream: asyncio.StreamWriter) -> None:
+        self.writers = (client, upstream)
+
+    def reset(self) -> None:
+        for writer in self.writers:
+            sock = writer.get_extra_info("socket")
+            if sock is not None:
+                with suppress(OSError):
+                    # Linger 0: close() sends RST instead of FIN.
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            writer.transport.abort()
+
+
+class FaultProxy:
+    """Forward ``127.0.0.1:<port>`` to ``127.0.0.1:<upstream_port>``, with faults on demand."""
+
+    def __init__(self, name: str, upstream_port: int) -> None:
+        self.name = name
+        self.upstream_port = upstream_port
+        self.port = 0
+        self.delay = 0.0
+        self._held_until = 0.0
+        self._links: set[_Link] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        self.reset()
+        for task in list(self._tasks):
+            task.cancel()
+        for task in list(self._tasks):
+            with suppress(BaseException):
+                await task
+
+    # -- faults ----------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        """RST every open connection (new ones are accepted as usual)."""
+        for link in list(self._links):
+            link.reset()
+        self._links.clear()
+
+    def hold(self, seconds: float) -> None:
+        """Blackhole: accept connections and bytes, forward nothing for ``seconds``."""
+        self._held_until = max(self._held_until, time.monotonic() + seconds)
+
+    def heal(self) -> None:
+        """Forward at once and without delay again (held bytes are delivered now)."""
+        self.delay = 0.0
+        self._held_until = 0.0
+
+    # -- forwarding ------------------------------------------------------------------------
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._tasks.add(task)
+        try:
+            await self._forward(reader, writer)
+        except asyncio.CancelledError:
+            # The proxy is closing. asyncio's server reads the handler task's exception (which
+            # a cancelled task raises) and would log a traceback per connection.
+            pass
+        finally:
+            self._tasks.discard(task)
+
+    async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self._wait(time.monotonic() + self.delay)
+        try:
+            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        except OSError:  # Redis is down: the client sees its connection refused-then-closed
+            writer.transport.abort()
+            return
+        link = _Link(writer, up_writer)
+        self._links.add(link)
+        try:
+            # Each pipe aborts its target when its source ends, which ends the other pipe.
+            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer),
+                                 return_exceptions=True)
+        finally:
+            self._links.discard(link)
+            link.reset()
+
+    async def _pipe(self, source: asyncio.StreamReader, target: asyncio.StreamWriter) -> None:
+        """Copy ``source`` to ``target``, each chunk no earlier than its arrival plus the delay
+        and never while held; order is kept (a queue, so delay adds latency, not a cap)."""
+        queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
+
+        async def read() -> None:
+            try:
+                while data := await source.read(_CHUNK):
+                    queue.put_nowait((time.monotonic() + self.delay, data))
+            finally:
+                queue.put_nowait(None)
+
+        reading = asyncio.create_task(read())
+        try:
+            while (item := await queue.get()) is not None:
+                due, data = item
+                await self._wait(due)
+                target.write(data)
+                await target.drain()
+        finally:
+            reading.cancel()
+            with suppress(BaseException):
+                await reading
+            target.transport.abort()
+
+    async def _wait(self, due: float) -> None:
+        while True:
+            wait = max(due, self._held_until) - time.monotonic()
+            if wait <= 0:
+                return
+            await asyncio.sleep(min(wait, 0.05))

@@ -1,0 +1,230 @@
+"""One seeded run: start the system, load it while the faults fire, heal, check.
+
+After the load: every fault is healed, each shard must take and commit a new op within the
+profile's liveness bound, unknown outcomes are polled by op id (never resubmitted), the keys'
+final states are read through ops (ordered after everything appended), and the checkers run.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+import keyserial
+from keyserial import KeyserialError, OperationFailed
+from keyserial._layout import ShardKeys
+from tests import apps
+from tests.helpers import keys_on_shard
+from tests.nemesis.checkers import Observed, Resolved, Violation, check_all, op_ids_of
+from tests.nemesis.faults import Faults
+from tests.nemesis.schedule import Plan, Profile, make_plan
+from tests.nemesis.system import System
+from tests.nemesis.tap import StreamTap
+from tests.nemesis.workloads import OPENING_BALANCE, UNKNOWN, Keys, Load
+
+
+@dataclass
+class RunReport:
+    seed: int
+    profile: str
+    schedule: str
+    injected: list[str] = field(default_factory=list)
+    violations: list[Violation] = field(default_factory=list)
+    stats: dict[str, Any] = field(default_factory=dict)
+    workdir: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+    def describe(self, *, verbose: bool = False) -> str:
+        lines = [f"seed {self.seed} ({self.profile}): "
+                 f"{'ok' if self.ok else f'{len(self.violations)} VIOLATION(S)'} {self.stats}"]
+        if verbose or not self.ok:
+            lines += ["schedule:", self.schedule, "injected:"]
+            lines += [f"  {line}" for line in self.injected]
+        if not self.ok:
+            lines += ["violations:"] + [f"  {v.describe()}"[:1500] for v in self.violations]
+            lines.append(f"logs: {self.workdir}")
+            lines.append(f"reproduce: python -m tests.nemesis --seeds 1 --seed-start {self.seed}"
+                         f" --profile {self.profile}")
+        return "\n".join(lines)
+
+
+async def run_seed(seed: int, profile: Profile, workdir: Path) -> RunReport:
+    plan = make_plan(seed, profile)
+    report = RunReport(seed, profile.name, plan.describe(), workdir=str(workdir))
+    began = time.monotonic()
+    with anyio.fail_after(profile.load_seconds + profile.submit_timeout
+                          + profile.resolve_seconds + 90):
+        async with System(plan, workdir) as system:
+            if not await system.wait_all_held(30):
+                report.violations.append(Violation("setup", "workers did not take every shard",
+                                                   {"holders": await system.holders()}))
+                return report
+            await _run(plan, system, report)
+    report.stats["seconds"] = round(time.monotonic() - began, 1)
+    return report
+
+
+async def _run(plan: Plan, system: System, report: RunReport) -> None:
+    profile = plan.profile
+    tap = StreamTap(system.server.port, system.namespace, profile.shard_count)
+    async with anyio.create_task_group() as background, AsyncExitStack() as stack:
+        background.start_soon(tap.run)
+        clients = [await stack.enter_async_context(keyserial.connect(
+            proxy.url, shards=profile.shard_count, namespace=system.namespace))
+            for proxy in system.client_proxies]
+        keys = Keys.for_profile(profile)
+        await _open_accounts(clients[0], keys)
+        load = Load(plan.seed, profile, keys, clients)
+        faults = Faults(system, load)
+        async with anyio.create_task_group() as running:
+            running.start_soon(load.run)
+            with anyio.move_on_after(profile.load_seconds):
+                await faults.run(plan.events)
+                await anyio.sleep_forever()
+            load.stop()
+            await system.heal()
+            faults.note("load stopped, every fault healed")
+            report.violations += await _liveness(system, clients[0], faults)
+        faults.note("load drained")
+        resolved = await _resolve(clients[0], load, tap, profile)
+        finals = await _finals(clients[0], system, load, keys)
+        report.violations += await _garbage_answered(system, faults)
+        observed = Observed(load.history, resolved, dict(tap.seen), finals, faults.started)
+        report.violations += check_all(observed)
+        report.violations += [Violation("worker-crashes", "a worker process exited by itself",
+                                        crash) for crash in system.crashed()]
+        report.injected = faults.log
+        report.stats.update(_stats(observed), faults=faults.injected)
+        background.cancel_scope.cancel()
+
+
+async def _open_accounts(client: keyserial.Client, keys: Keys) -> None:
+    for account in keys.accounts:
+        await client.submit(account, apps.open_account(OPENING_BALANCE),
+                            op_id=f"open-{account}", timeout=30)
+
+
+async def _liveness(system: System, client: keyserial.Client, faults: Faults) -> list[Violation]:
+    """Each shard takes and commits a new op within the bound, counted from the heal."""
+    profile = system.profile
+    healed = time.monotonic()
+    violations: list[Violation] = []
+
+    async def probe(shard: int) -> None:
+        key = keys_on_shard(shard, profile.shard_count, 1, "live")[0]
+        try:
+            left = healed + profile.liveness_bound - time.monotonic()
+            await client.submit(key, apps.append(f"live-{shard}"), timeout=max(0.1, left))
+        except KeyserialError as error:
+            violations.append(Violation(
+                "liveness", f"shard {shard} committed no new op within "
+                f"{profile.liveness_bound}s of healing",
+                {"shard": shard, "error": str(error)[:200], "holders": await system.holders(),
+                 "live_pids": sorted(system.live_pids())}))
+
+    async with anyio.create_task_group() as group:
+        for shard in range(profile.shard_count):
+            group.start_soon(probe, shard)
+    faults.note(f"liveness probed: {len(violations)} shard(s) stuck")
+    return violations
+
+
+async def _resolve(client: keyserial.Client, load: Load, tap: StreamTap,
+                   profile: Profile) -> dict[str, Resolved]:
+    """Poll the stored outcome of every op whose caller did not learn it, and of every op the
+    tap saw appended, until found or the deadline: never resubmitting."""
+    wanted = _unresolved(load, tap)
+    resolved: dict[str, Resolved] = {}
+    deadline = time.monotonic() + profile.resolve_seconds
+    while wanted and time.monotonic() < deadline:
+        for op_id, key in list(wanted.items()):
+            outcome = await _stored(client, op_id, key)
+            if outcome is not None:
+                resolved[op_id] = outcome
+                del wanted[op_id]
+        if wanted:
+            await anyio.sleep(0.25)
+    return resolved
+
+
+def _unresolved(load: Load, tap: StreamTap) -> dict[str, str | list[str]]:
+    """Op id -> the key (or keys) to look it up by."""
+    observed = Observed(load.history, {}, dict(tap.seen), {})
+    wanted: dict[str, str | list[str]] = {}
+    for record in load.history.records:
+        if record.outcome == UNKNOWN:
+            for op_id in op_ids_of(record, observed):
+                wanted[op_id] = record.keys[0] if len(record.keys) == 1 else list(record.keys)
+    for op_id, seen in tap.seen.items():
+        wanted.setdefault(op_id, seen.keys[0] if len(seen.keys) == 1 else list(seen.keys))
+    return wanted
+
+
+async def _stored(client: keyserial.Client, op_id: str, key: str | list[str]) -> Resolved | None:
+    try:
+        return ("ok", await client.result(op_id, key=key))
+    except OperationFailed as error:
+        return ("error", f"{type(error).__name__}: {error}"[:200])
+    except KeyserialError:  # ResultNotFound: not yet; BackendUnavailable: ask again later
+        return None
+
+
+async def _finals(client: keyserial.Client, system: System, load: Load,
+                  keys: Keys) -> dict[str, Any]:
+    """Every key's state, read by an op (after every op appended on it) where the shard
+    answers, else straight from the state hash."""
+    names = {key for record in load.history.records for key in record.keys}
+    names |= set(keys.accounts)
+    finals: dict[str, Any] = {}
+
+    async def read(key: str) -> None:
+        try:
+            finals[key] = await client.submit(key, apps.peek(), timeout=system.profile.
+                                              liveness_bound)
+        except KeyserialError:
+            assert system.inspector is not None
+            shard = client.shard_of(key)
+            raw = await system.inspector.execute_command(  # type: ignore[no-untyped-call]
+                "HGET", ShardKeys(system.namespace, shard).state, key)
+            finals[key] = None if raw is None else json.loads(raw)
+
+    async with anyio.create_task_group() as group:
+        for key in sorted(names):
+            group.start_soon(read, key)
+    return finals
+
+
+async def _garbage_answered(system: System, faults: Faults) -> list[Violation]:
+    """Every garbage envelope the wire format promises an outcome got one stored."""
+    assert system.inspector is not None
+    violations = []
+    for sent in faults.garbage:
+        keys = ShardKeys(system.namespace, sent.shard)
+        for op_id in sent.answer_expected:
+            found = [await system.inspector.execute_command(  # type: ignore[no-untyped-call]
+                "HGET", name, op_id)
+                     for name in (keys.results, keys.results_old)]
+            if not any(found):
+                violations.append(Violation(
+                    "garbage", "a foreign envelope with an id got no stored outcome",
+                    {"kind": sent.kind, "shard": sent.shard, "op_id": op_id,
+                     "entry": sent.entry}))
+    return violations
+
+
+def _stats(observed: Observed) -> dict[str, Any]:
+    counts: dict[str, int] = {}
+    for record in observed.history.records:
+        name = f"{record.outcome}:{record.via}"
+        counts[name] = counts.get(name, 0) + 1
+    return {"ops": len(observed.history.records), "appended_seen": len(observed.appended),
+            "resolved": len(observed.resolved), **dict(sorted(counts.items()))}

@@ -1,0 +1,187 @@
+"""The seeded plan of a run: topology, fault events and their parameters.
+
+Everything a run does at random is drawn from ``random.Random`` instances derived from the
+seed, so a seed replays the same faults at the same offsets and every caller draws the same ops
+(only the interleaving, set by the machine's timing, differs between runs of one seed).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Fault kinds a plan draws from, with their weights. A new kind needs an entry here, a
+#: parameter drawer in ``_PARAMS`` and an injector registered in ``faults.INJECTORS``.
+FAULT_WEIGHTS: dict[str, int] = {
+    "kill9": 3,
+    "sigstop": 3,
+    "sigterm_slow": 3,
+    "redis_restart": 2,
+    "net_reset": 2,
+    "net_blackhole": 2,
+    "net_delay": 2,
+    "garbage": 2,
+}
+
+#: Foreign or broken stream entries the ``garbage`` fault appends (see ``faults.garbage_entry``).
+GARBAGE_KINDS = (
+    "deep_nesting", "invalid_json", "non_list", "lone_surrogate", "bad_version", "bad_element",
+    "misrouted", "unknown_op",
+)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How long a run loads the system, how hard, and how many faults it injects."""
+
+    name: str
+    load_seconds: float
+    faults: tuple[int, int]  # fewest, most
+    callers: int = 24
+    clients: int = 2
+    workers: int = 3
+    shard_count: int = 6
+    lease_ttl: float = 1.0
+    submit_timeout: float = 8.0
+    #: After healing, every shard must commit a new op within this many seconds.
+    liveness_bound: float = 5.0
+    #: After healing, outcomes of unknown ops are polled for this long (never resubmitted).
+    resolve_seconds: float = 15.0
+
+
+PROFILES = {
+    "short": Profile("short", load_seconds=7.0, faults=(2, 4)),
+    "long": Profile("long", load_seconds=18.0, faults=(5, 9)),
+}
+
+
+@dataclass(frozen=True)
+class FaultEvent:
+    """One fault: ``kind`` at ``at`` seconds into the load, against ``target``."""
+
+    at: float
+    kind: str
+    target: str  # "worker:<slot>", "client:<n>", "redis", "shard:<n>"
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        args = ", ".join(f"{name}={_short(value)}" for name, value in sorted(self.params.items()))
+        return f"t={self.at:6.2f}s {self.kind:<14} {self.target:<10} {args}"
+
+
+@dataclass(frozen=True)
+class Plan:
+    seed: int
+    profile: Profile
+    #: Shards each worker slot serves (a replacement in a slot serves the same ones).
+    layouts: tuple[tuple[int, ...], ...]
+    events: tuple[FaultEvent, ...]
+
+    def describe(self) -> str:
+        lines = [f"seed {self.seed}, profile {self.profile.name}: "
+                 f"{self.profile.workers} workers over {self.profile.shard_count} shards, "
+                 f"lease {self.profile.lease_ttl}s, load {self.profile.load_seconds}s"]
+        lines += [f"  worker:{slot} serves shards {list(shards)}"
+                  for slot, shards in enumerate(self.layouts)]
+        lines += [f"  {event.describe()}" for event in self.events]
+        return "\n".join(lines)
+
+
+def rng_for(seed: int, stream: str) -> random.Random:
+    """An independent generator per purpose (plan, caller n), so adding a caller or a fault kind
+    does not shift every other draw of the seed."""
+    return random.Random(f"{seed}:{stream}")
+
+
+def make_plan(seed: int, profile: Profile) -> Plan:
+    rng = rng_for(seed, "plan")
+    layouts = _layouts(rng, profile)
+    count = rng.randint(*profile.faults)
+    kinds = list(FAULT_WEIGHTS)
+    weights = [FAULT_WEIGHTS[kind] for kind in kinds]
+    events = []
+    for _ in range(count):
+        kind = rng.choices(kinds, weights)[0]
+        at = round(rng.uniform(0.1, 0.8) * profile.load_seconds, 2)
+        target, params = _PARAMS[kind](rng, profile)
+        events.append(FaultEvent(at, kind, target, params))
+    events.sort(key=lambda event: event.at)
+    return Plan(seed, profile, layouts, tuple(events))
+
+
+def _layouts(rng: random.Random, profile: Profile) -> tuple[tuple[int, ...], ...]:
+    """Overlapping shard lists: every shard served by at least one slot, most by two or more."""
+    shards = range(profile.shard_count)
+    layouts = [set(rng.sample(shards, rng.randint(2, profile.shard_count)))
+               for _ in range(profile.workers)]
+    for shard in shards:
+        holders = [slot for slot, layout in enumerate(layouts) if shard in layout]
+        if len(holders) < 2:
+            others = [slot for slot in range(profile.workers) if slot not in holders]
+            for slot in rng.sample(others, min(len(others), 2 - len(holders))):
+                layouts[slot].add(shard)
+    return tuple(tuple(sorted(layout)) for layout in layouts)
+
+
+def _worker(rng: random.Random, profile: Profile) -> str:
+    return f"worker:{rng.randrange(profile.workers)}"
+
+
+def _link(rng: random.Random, profile: Profile) -> str:
+    if rng.random() < 0.6:
+        return _worker(rng, profile)
+    return f"client:{rng.randrange(profile.clients)}"
+
+
+def _kill9(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
+    return _worker(rng, profile), {"restart_after": round(rng.uniform(0.0, 2.0), 2)}
+
+
+def _sigstop(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
+    paused = round(profile.lease_ttl * rng.uniform(1.5, 3.5), 2)
+    return _worker(rng, profile), {"paused": paused}
+
+
+def _sigterm(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
+    return _worker(rng, profile), {"slow_ops": rng.randint(4, 16),
+                                   "slow_delay": round(rng.uniform(0.3, 2.5), 2),
+                                   "restart_after": round(rng.uniform(0.0, 1.5), 2)}
+
+
+def _redis(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
+    return "redis", {"down_for": round(rng.uniform(0.1, 2.0), 2)}
+
+
+def _reset(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
+    return _link(rng, profile), {"times": rng.randint(1, 3)}
+
+
+def _blackhole(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
+    return _link(rng, profile), {"held": round(rng.uniform(0.3, 3.0), 2),
+                                 "then_reset": rng.random() < 0.5}
+
+
+def _delay(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
+    return _link(rng, profile), {"delay": round(rng.uniform(0.005, 0.3), 3),
+                                 "lasting": round(rng.uniform(1.0, 4.0), 2)}
+
+
+def _garbage(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
+    return f"shard:{rng.randrange(profile.shard_count)}", {"entry": rng.choice(GARBAGE_KINDS)}
+
+
+_PARAMS = {
+    "kill9": _kill9,
+    "sigstop": _sigstop,
+    "sigterm_slow": _sigterm,
+    "redis_restart": _redis,
+    "net_reset": _reset,
+    "net_blackhole": _blackhole,
+    "net_delay": _delay,
+    "garbage": _garbage,
+}
+
+
+def _short(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)

@@ -1,0 +1,151 @@
+"""The system under test for one run: a durable private Redis, fault proxies, worker slots.
+
+A worker *slot* is a place in the plan's topology (its shard list and its proxy); the process in
+it changes when a fault kills it and a replacement starts. Other topologies (a multi-node
+cluster whose masters a fault kills or pauses) would be another class with the same surface:
+``heal``, ``holders`` and the members the injectors use.
+"""
+
+from __future__ import annotations
+
+import signal
+from contextlib import suppress
+from pathlib import Path
+from types import TracebackType
+
+import anyio
+import redis.asyncio as aredis
+
+from keyserial._layout import ShardKeys
+from keyserial._server import LocalServer, free_port
+from tests.helpers import WorkerProcess
+from tests.nemesis.proxy import FaultProxy
+from tests.nemesis.schedule import Plan
+
+
+class System:
+    """Start with ``async with System(plan, workdir)``; everything is stopped on exit."""
+
+    def __init__(self, plan: Plan, workdir: Path) -> None:
+        self.plan = plan
+        self.profile = plan.profile
+        self.workdir = workdir
+        self.namespace = f"nem{plan.seed}"
+        # Ports below 55536: the range a cluster node (port + 10000) could also use.
+        self.server = LocalServer(port=free_port(55535), appendfsync="always",
+                                  data_dir=workdir / "redis")
+        self.worker_proxies = [FaultProxy(f"worker:{slot}", self.server.port)
+                               for slot in range(self.profile.workers)]
+        self.client_proxies = [FaultProxy(f"client:{n}", self.server.port)
+                               for n in range(self.profile.clients)]
+        self.slots: list[WorkerProcess | None] = [None] * self.profile.workers
+        #: Slots whose process was sent SIGTERM: healing starts their replacement.
+        self.terminating: set[int] = set()
+        self.every_process: list[WorkerProcess] = []
+        #: Pids the nemesis killed or sent SIGTERM: any other exit is a crash.
+        self.ended_by_nemesis: set[int] = set()
+        self.inspector: aredis.Redis | None = None
+        self._started = 0
+
+    async def __aenter__(self) -> System:
+        await anyio.to_thread.run_sync(self.server.start)
+        self.inspector = aredis.Redis(port=self.server.port, socket_timeout=5)
+        for proxy in self.proxies():
+            await proxy.start()
+        for slot in range(self.profile.workers):
+            self.start_worker(slot)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None,
+                        exc: BaseException | None, tb: TracebackType | None) -> None:
+        with anyio.CancelScope(shield=True):
+            for process in self.every_process:
+                process.close()
+            for proxy in self.proxies():
+                await proxy.aclose()
+            if self.inspector is not None:
+                await self.inspector.aclose()
+            await anyio.to_thread.run_sync(self.server.stop)
+
+    def proxies(self) -> list[FaultProxy]:
+        return [*self.worker_proxies, *self.client_proxies]
+
+    def proxy(self, target: str) -> FaultProxy:
+        """The proxy of ``worker:<slot>`` or ``client:<n>``."""
+        kind, number = target.split(":")
+        return (self.worker_proxies if kind == "worker" else self.client_proxies)[int(number)]
+
+    def worker(self, slot: int) -> WorkerProcess:
+        process = self.slots[slot]
+        assert process is not None
+        return process
+
+    def start_worker(self, slot: int) -> WorkerProcess:
+        shards = ",".join(map(str, self.plan.layouts[slot]))
+        process = WorkerProcess(
+            self.worker_proxies[slot].url, self.namespace, shards=shards,
+            shard_count=self.profile.shard_count, lease_ttl=self.profile.lease_ttl,
+            log_path=self.workdir / f"worker-{slot}-{self._started}.log")
+        self._started += 1
+        self.slots[slot] = process
+        self.terminating.discard(slot)
+        self.every_process.append(process)
+        return process
+
+    def crashed(self) -> list[dict[str, object]]:
+        """Worker processes that exited although the nemesis neither killed nor stopped them,
+        with their exit code and the last error their log shows."""
+        crashes: list[dict[str, object]] = []
+        for process in self.every_process:
+            code = process.process.poll()
+            if code is None or process.pid in self.ended_by_nemesis:
+                continue
+            errors = [line for line in process.log().splitlines()
+                      if "Error" in line and not line.startswith(("redis.", "future:"))]
+            crashes.append({"pid": process.pid, "exit_code": code,
+                            "last_error": errors[-1].strip()[:300] if errors else "",
+                            "log": str(process.log_path)})
+        return crashes
+
+    def redis_up(self) -> bool:
+        process = self.server.process
+        return process is not None and process.poll() is None
+
+    async def heal(self) -> None:
+        """End every fault: resume paused processes, heal the links, bring Redis back and put
+        a live worker in every slot."""
+        for each in self.every_process:
+            if each.process.poll() is None:
+                with suppress(ProcessLookupError):
+                    each.signal(signal.SIGCONT)
+        for proxy in self.proxies():
+            proxy.heal()
+        if not self.redis_up():
+            await anyio.to_thread.run_sync(self.server.start)
+        for slot, process in enumerate(self.slots):
+            if process is None or process.process.poll() is not None or slot in self.terminating:
+                self.start_worker(slot)
+
+    async def holders(self) -> dict[int, int | None]:
+        """The pid holding each shard's lease (None: no holder)."""
+        assert self.inspector is not None
+        keys = [ShardKeys(self.namespace, shard).lease
+                for shard in range(self.profile.shard_count)]
+        values = [await self.inspector.get(key) for key in keys]
+        return {shard: int(value.decode().split(":")[1]) if value else None
+                for shard, value in enumerate(values)}
+
+    def live_pids(self) -> set[int]:
+        return {process.pid for process in self.slots
+                if process is not None and process.process.poll() is None}
+
+    async def wait_all_held(self, timeout: float) -> bool:
+        """Until every shard's lease is held by a live process in a slot."""
+        with anyio.move_on_after(timeout):
+            while True:
+                with suppress(OSError, aredis.RedisError):
+                    holders = await self.holders()
+                    if all(pid in self.live_pids() for pid in holders.values()):
+                        return True
+                await anyio.sleep(0.05)
+        return False

@@ -1,0 +1,86 @@
+"""A tap on every shard stream: which op ids were appended, so a lost one can be named.
+
+It reads the streams directly from Redis (never through a proxy) as entries arrive. The worker
+trims only entries whose ops all committed, so an entry the tap missed (trimmed before it was
+read) was applied; the tap can miss appended ops only on the safe side.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import suppress
+from dataclasses import dataclass, field
+from typing import Any
+
+import anyio
+import redis.asyncio as aredis
+
+from keyserial._layout import ShardKeys
+
+#: Op ids of the entries the ``garbage`` fault appends start with this.
+GARBAGE_PREFIX = "garbage-"
+#: The argument position of the tag, per op the load submits.
+_TAG_POSITION = {"append": 0, "slow_append": 0, "pay_tagged": 1, "pay_now_tagged": 1}
+
+
+@dataclass
+class Appended:
+    op_id: str
+    tag: str
+    keys: tuple[str, ...]
+    shard: int
+    #: Every entry that carried the op id (more than one: appended twice).
+    entries: list[str]
+
+
+@dataclass
+class StreamTap:
+    port: int
+    namespace: str
+    shard_count: int
+    #: op id -> what the tap saw appended (only ops the load submitted, tagged).
+    seen: dict[str, Appended] = field(default_factory=dict)
+
+    async def run(self) -> None:
+        """Read every stream until cancelled, resuming after a Redis restart."""
+        streams = {ShardKeys(self.namespace, shard).stream: shard
+                   for shard in range(self.shard_count)}
+        last: dict[str, str] = dict.fromkeys(streams, "0-0")
+        while True:
+            client = aredis.Redis(port=self.port, socket_timeout=None, socket_connect_timeout=2)
+            try:
+                while True:
+                    replies = await client.xread(dict(last.items()), count=500, block=200)
+                    for stream, entries in replies:
+                        name = stream.decode()
+                        for entry_id, fields in entries:
+                            last[name] = entry_id.decode()
+                            self._note(streams[name], last[name], fields)
+            except (OSError, aredis.RedisError):
+                await anyio.sleep(0.1)
+            finally:
+                with anyio.CancelScope(shield=True):
+                    await client.aclose()
+
+    def _note(self, shard: int, entry: str, fields: dict[bytes, bytes]) -> None:
+        try:
+            envelopes = json.loads(fields.get(b"ops", b"[]"))
+        except (ValueError, RecursionError):  # garbage the nemesis itself appended
+            return
+        if not isinstance(envelopes, list):
+            return
+        for envelope in envelopes:
+            with suppress(KeyError, IndexError, TypeError, ValueError):
+                self._note_envelope(shard, entry, envelope)
+
+    def _note_envelope(self, shard: int, entry: str, envelope: dict[str, Any]) -> None:
+        op_id = envelope["id"]
+        position = _TAG_POSITION.get(envelope.get("op", ""))
+        if (not isinstance(op_id, str) or "#" in op_id or op_id.startswith(GARBAGE_PREFIX)
+                or position is None):
+            return  # a grant request, or a foreign op
+        tag = envelope["args"][position]
+        if not isinstance(tag, str):
+            return
+        keys = tuple(envelope["keys"]) if "keys" in envelope else (envelope["key"],)
+        self.seen.setdefault(op_id, Appended(op_id, tag, keys, shard, [])).entries.append(entry)
