@@ -13,7 +13,7 @@ import pytest
 
 from tests.nemesis.runner import run_seed
 from tests.nemesis.schedule import PROFILES, make_plan
-from tests.nemesis.seeds import DEFAULT_SEEDS, KNOWN_FAILING
+from tests.nemesis.seeds import CI_REGRESSIONS, DEFAULT_SEEDS, KNOWN_FAILING, REGRESSIONS
 
 
 @pytest.mark.parametrize("seed", DEFAULT_SEEDS)
@@ -23,8 +23,17 @@ async def test_a_short_nemesis_run_finds_no_violation(seed: int, tmp_path: Path)
     assert report.ok, report.describe()
 
 
+@pytest.mark.parametrize("seed", CI_REGRESSIONS)
+async def test_a_seed_that_once_found_a_defect_finds_none(seed: int, tmp_path: Path) -> None:
+    """Each of these seeds once broke a guarantee (see ``REGRESSIONS`` for which)."""
+    report = await run_seed(seed, PROFILES["short"], tmp_path)
+    assert report.ok, report.describe()
+
+
 def test_a_seed_always_draws_the_same_schedule() -> None:
-    for seed in (*DEFAULT_SEEDS, *(known.seed for known in KNOWN_FAILING)):
+    known = (*KNOWN_FAILING, *REGRESSIONS)
+    assert set(CI_REGRESSIONS) <= {each.seed for each in REGRESSIONS if each.profile == "short"}
+    for seed in (*DEFAULT_SEEDS, *(each.seed for each in known)):
         for profile in PROFILES.values():
             plan = make_plan(seed, profile)
             assert plan == make_plan(seed, profile)
