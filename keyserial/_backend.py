@@ -510,10 +510,11 @@ class Backend:
         if stored is None:
             try:
                 await self.call("HSETNX", key, "shards", wanted)
-            except redis_errors.NoPermissionError as exc:
+            except ConfigError as exc:  # the ACL refused it (see classify_reply)
                 raise ConfigError(
                     f"namespace {namespace!r} has no shard count recorded yet, and this Redis"
-                    f" user may not record it ({exc}); start a worker first, which records it"
+                    f" user may not record it ({exc.__cause__}); start a worker first, which"
+                    " records it"
                 ) from exc
             stored = await self.call("HGET", key, "shards")
         recorded = int(stored)
