@@ -267,10 +267,15 @@ class Backend:
         finally:
             await probe.aclose()
         if info.get("cluster_enabled"):
-            with _translating(redis):
-                cluster = RedisCluster.from_url(redis, **_URL_TIMEOUTS)
-                _use_close_safe_connections(cluster, redis)
-                await cluster.initialize()
+            cluster = RedisCluster.from_url(redis, **_URL_TIMEOUTS)
+            _use_close_safe_connections(cluster, redis)
+            try:
+                with _translating(redis):
+                    await cluster.initialize()
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await cluster.aclose()
+                raise
             return cls(cluster, redis, owned=True)
         return cls(Redis.from_url(redis, **_client_options(redis)), redis, owned=True)
 

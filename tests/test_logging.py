@@ -85,4 +85,7 @@ async def test_an_op_refusal_is_logged_at_info_without_traceback(
     assert refusals[0].levelno == logging.INFO
     assert refusals[0].exc_info is None
     assert "ValueError: no stock left" in refusals[0].getMessage()
-    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    # (keyserial's own records: another library's, such as asyncio's report of a client an
+    # earlier test left to the garbage collector, say nothing about this op.)
+    assert not [r for r in caplog.records
+                if r.levelno >= logging.WARNING and r.name.startswith("keyserial")]
