@@ -17,6 +17,7 @@ import anyio
 from redis.exceptions import ResponseError
 
 from . import _deadletters, _status
+from ._argtypes import seconds
 from ._backend import Backend
 from ._connect import default_url
 from ._settings import Settings
@@ -24,16 +25,6 @@ from .errors import KeyserialError
 
 OPERATOR_COMMANDS = ("status", "dead-letters")
 _CLEAR_SCREEN = "\x1b[2J\x1b[H"
-
-
-def _interval(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be positive")
-    return value
 
 
 def _connection_options() -> argparse.ArgumentParser:
@@ -54,7 +45,7 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
     )
     status.add_argument("--json", action="store_true", help="print JSON (docs/operations.md)")
     status.add_argument("--watch", action="store_true", help="refresh until interrupted")
-    status.add_argument("--interval", type=_interval, default=1.0, metavar="SECONDS",
+    status.add_argument("--interval", type=seconds, default=1.0, metavar="SECONDS",
                         help="seconds ops/s is measured over, and between refreshes"
                         " (default: %(default)s)")
 

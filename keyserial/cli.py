@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import anyio
 
 from . import __version__
+from ._argtypes import positive, seconds
 from ._connect import default_url
 from ._logging import FORMATS, LEVELS, configure
 from ._operator_cli import OPERATOR_COMMANDS, add_operator_commands, run_operator_command
@@ -24,26 +25,6 @@ from ._worker import Worker
 from .errors import ConfigError, ShardCountMismatch
 
 log = logging.getLogger("keyserial")
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be positive")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
 
 
 def _log_level(text: str) -> str:
@@ -69,7 +50,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--lease-ttl",
-        type=_seconds,
+        type=seconds,
         default=None,
         metavar="SECONDS",
         help="shard lease TTL; a dead worker's shards move within it"
@@ -113,7 +94,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument(
         "--shard-count",
-        type=_positive,
+        type=positive,
         default=None,
         metavar="N",
         help="shards in the namespace; must match the recorded count (default:"
@@ -124,10 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     dev = commands.add_parser(
         "dev", help="run a private Redis/Valkey server and workers for every shard"
     )
-    dev.add_argument("--port", type=_positive, default=6390, help="(default: %(default)s)")
+    dev.add_argument("--port", type=positive, default=6390, help="(default: %(default)s)")
     dev.add_argument(
         "--shard-count",
-        type=_positive,
+        type=positive,
         default=None,
         metavar="N",
         help="(default: $KEYSERIAL_SHARD_COUNT or 16)",

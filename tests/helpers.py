@@ -120,6 +120,18 @@ async def eventually(check: Callable[[], Any], *, timeout: float = 10, interval:
         await anyio.sleep(interval)
 
 
+async def stored_outcome(ks: keyserial.Client, op_id: str, key: str | list[str], *,
+                         timeout: float = 10) -> Any:
+    """The op's stored outcome once there is one (its value; its error raised), polled with
+    ``ks.result``: never by resubmitting, which would hide an op that was lost."""
+    with anyio.fail_after(timeout):
+        while True:
+            try:
+                return await ks.result(op_id, key=key)
+            except keyserial.ResultNotFound:
+                await anyio.sleep(0.02)
+
+
 def free_closed_port() -> int:
     """A port nothing listens on."""
     from keyserial._server import free_port

@@ -14,7 +14,7 @@ import anyio
 import keyserial
 from keyserial._layout import ShardKeys
 from tests import apps
-from tests.helpers import eventually, keys_on_shard
+from tests.helpers import eventually, keys_on_shard, stored_outcome
 from tests.test_faults import Starter, inspector, wait_for_holder
 
 SHARDS = 4
@@ -151,21 +151,13 @@ async def test_results_a_replay_needs_outlive_the_retention_while_progress_is_pi
                                    "slow_record", 30)], fresh=True)
                 await append_entry(client, namespace, 0, [envelope("dep", "k2", "deposit", 10)],
                                    fresh=True)
-                assert await _outcome(ks, "dep", "k2") == 10
+                assert await stored_outcome(ks, "dep", "k2") == 10
                 began = anyio.current_time()
                 while anyio.current_time() - began < 5 * options["result_ttl"]:
                     await ks.submit("k3", deposit(1), timeout=10)  # steps that may rotate
             async with running_worker(redis_url, namespace, **options):
                 assert await ks.submit("k2", keyserial.call("balance"), timeout=10) == 10
 
-
-async def _outcome(ks: keyserial.Client, op_id: str, key: str) -> Any:
-    with anyio.fail_after(10):
-        while True:
-            try:
-                return await ks.result(op_id, key=key)
-            except keyserial.ResultNotFound:
-                await anyio.sleep(0.02)
 
 
 async def test_a_stuck_op_holds_its_key_not_the_shards_backlog(

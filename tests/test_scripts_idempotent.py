@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
-import anyio
 import pytest
 import redis.asyncio
 
@@ -15,7 +14,7 @@ import keyserial
 from keyserial import _backend
 from keyserial._backend import Backend
 from keyserial._layout import ShardKeys
-from tests.helpers import keys_on_shard, running_worker
+from tests.helpers import keys_on_shard, running_worker, stored_outcome
 from tests.test_reliability import envelope
 
 pytestmark = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
@@ -144,17 +143,7 @@ async def test_reserved_op_names_and_ids_are_refused(
         await client.xadd(ShardKeys(namespace, 0).stream, {"v": "1", "ops": json.dumps(
             [envelope("a#1#d", key, "record"), forged])})
         with pytest.raises(keyserial.MalformedOperation, match="reserved"):
-            await _outcome(ks, "a#1#d", key)
+            await stored_outcome(ks, "a#1#d", key)
         with pytest.raises(keyserial.MalformedOperation, match="grant request"):
-            await _outcome(ks, "victim", key)
+            await stored_outcome(ks, "victim", key)
         assert await ks.submit(key, keyserial.call("record"), timeout=10) == 1
-
-
-async def _outcome(ks: keyserial.Client, op_id: str, key: str) -> object:
-    """The stored outcome, once there is one (raised if it is an error)."""
-    with anyio.fail_after(10):
-        while True:
-            try:
-                return await ks.result(op_id, key=key)
-            except keyserial.ResultNotFound:
-                await anyio.sleep(0.02)
