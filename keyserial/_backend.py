@@ -482,6 +482,14 @@ class Backend:
         pairs = zip(current, previous, strict=True)
         return [now if now is not None else before for now, before in pairs]
 
+    async def entries_present(self, shard: ShardKeys, ids: Sequence[bytes]) -> list[bool]:
+        """Whether each entry is still in the shard's stream (one round trip).
+
+        :raises BackendUnavailable: if the server does not answer.
+        """
+        replies = await self._pipeline([("XRANGE", shard.stream, id_, id_) for id_ in ids])
+        return [bool(reply) for reply in replies]
+
     async def _pipeline(self, commands: Sequence[Sequence[ScriptArg]]) -> list[Any]:
         """Plain commands in one pipeline (on a cluster, all in one slot); their replies."""
         with _translating(self.url):

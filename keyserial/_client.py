@@ -58,7 +58,9 @@ _TIMED_OUT: dict[str, Any] = {}
 class _Pending:
     """One awaited submit."""
 
-    __slots__ = ("done", "envelope", "fresh", "keys", "op_id", "outcome", "shard", "since")
+    __slots__ = (
+        "done", "entry", "envelope", "fresh", "keys", "op_id", "outcome", "shard", "since"
+    )
 
     def __init__(
         self,
@@ -81,6 +83,8 @@ class _Pending:
         self.done = done
         self.outcome: dict[str, Any] | BaseException | None = None
         self.since = time.monotonic()
+        #: The stream entry that carries the op, once appended (the sweep checks it is there).
+        self.entry: bytes | None = None
 
     @property
     def key(self) -> str:
@@ -411,10 +415,14 @@ class Client:
     def _settle_refused(
         self, entries: list[tuple[int, list[_Pending]]], replies: list[Any]
     ) -> None:
-        """Fail the ops of entries the server refused; queue again those refused for now."""
+        """Note each appended op's entry; fail the ops of entries the server refused, and queue
+        again those refused for now."""
         refused: list[_Pending] = []
         for (shard, group), reply in zip(entries, replies, strict=True):
-            if isinstance(reply, BackendUnavailable):
+            if isinstance(reply, bytes):
+                for pending in group:
+                    pending.entry = reply
+            elif isinstance(reply, BackendUnavailable):
                 refused += group  # "not now" (BUSY, LOADING): nothing was appended
             elif isinstance(reply, Exception):
                 error = self._append_error(shard, reply)
@@ -474,15 +482,34 @@ class Client:
                 if waiters and waiters[0].since < cutoff:
                     overdue[waiters[0].shard].append(op_id)
             for shard, op_ids in overdue.items():
-                keys = ShardKeys(self.settings.namespace, shard)
                 try:
-                    found = await self._backend.stored(keys, op_ids)
+                    await self._sweep_shard(ShardKeys(self.settings.namespace, shard), op_ids)
                 except (BackendUnavailable, redis_errors.ResponseError) as exc:
                     log.warning("looking up overdue replies: %s", exc)
                     break
-                for op_id, raw in zip(op_ids, found, strict=True):
-                    if raw is not None:
-                        self._settle(op_id, decode_outcome(raw))
+
+    async def _sweep_shard(self, keys: ShardKeys, op_ids: list[str]) -> None:
+        """Settle overdue ops whose outcome is stored. Append again those whose entry is gone
+        with no outcome: a failover lost it (the op id makes a second append harmless: an op
+        that did commit meanwhile is answered from its stored outcome, never run again)."""
+        found = await self._backend.stored(keys, op_ids)
+        unanswered: list[_Pending] = []
+        for op_id, raw in zip(op_ids, found, strict=True):
+            if raw is not None:
+                self._settle(op_id, decode_outcome(raw))
+            elif (waiters := self._waiting.get(op_id)) and waiters[0].entry is not None:
+                unanswered.append(waiters[0])
+        if not unanswered:
+            return
+        present = await self._backend.entries_present(keys, [p.entry or b"" for p in unanswered])
+        lost = [pending for pending, there in zip(unanswered, present, strict=True) if not there]
+        for pending in lost:
+            log.warning("op %s: its entry %s is gone with no outcome (a failover?); appending"
+                        " it again", pending.op_id, (pending.entry or b"").decode())
+            pending.entry, pending.fresh = None, False
+        if lost:
+            self._queue.extend(lost)
+            self._queued.set()
 
 
 def _pack(batch: list[_Pending]) -> Iterator[tuple[int, list[_Pending]]]:

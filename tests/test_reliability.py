@@ -12,6 +12,7 @@ from typing import Any
 import anyio
 
 import keyserial
+from keyserial import shard_for
 from keyserial._layout import ShardKeys
 from tests import apps
 from tests.helpers import eventually, keys_on_shard, stored_outcome
@@ -188,3 +189,45 @@ async def test_a_stuck_op_holds_its_key_not_the_shards_backlog(
 async def _submit_quietly(ks: keyserial.Client, key: str, call: Any) -> None:
     with contextlib.suppress(keyserial.SubmitTimeout):
         await ks.submit(key, call, timeout=3600)
+
+
+async def test_an_append_lost_before_any_worker_saw_it_is_appended_again(
+    redis_url: str, namespace: str
+) -> None:
+    """A failover can lose an acknowledged append (replication is asynchronous): the entry is
+    gone and no outcome will ever come. The client's sweep notices the entry missing with no
+    outcome and appends the op again under its op id, so it applies once instead of leaving
+    its caller waiting until the timeout."""
+    from tests.helpers import running_worker
+
+    key = "lost:1"
+    stream = ShardKeys(namespace, shard_for(key, 1)).stream
+    with anyio.fail_after(30):
+        async with inspector(redis_url) as client, \
+                keyserial.connect(redis_url, shards=1, namespace=namespace, idle_poll=0.2) as ks:
+            async with anyio.create_task_group() as group:
+                results: list[int] = []
+
+                async def submit() -> None:
+                    results.append(await ks.submit(key, apps.record(), timeout=20))
+
+                group.start_soon(submit)
+                (entry_id, _), = await eventually_async(lambda: client.xrange(stream))
+                await client.xdel(stream, entry_id)  # what the failover lost
+                async with running_worker(redis_url, namespace, shard_count=1,
+                                          apps=["tests.apps"]):
+                    await eventually_async(lambda: _done(results))
+            assert results == [1]
+            assert len(await ks.read(key)) == 1
+
+
+async def _done(results: list[int]) -> bool:
+    return bool(results)
+
+
+async def eventually_async(check: Any, *, timeout: float = 10) -> Any:
+    """Poll an async ``check`` until it returns something truthy."""
+    with anyio.fail_after(timeout):
+        while not (value := await check()):
+            await anyio.sleep(0.02)
+    return value
