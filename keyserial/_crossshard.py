@@ -206,8 +206,9 @@ class Host(LocalShard, Protocol):
     async def pipelined(self, call: ScriptCall) -> Any:
         """Run a script in the worker's next shared pipeline (not fenced)."""
 
-    def problem(self, envelope: Envelope) -> str | None:
-        """The error outcome of an op that cannot run at all (unknown op, wrong kind), or None."""
+    def refusal(self, run: Run) -> str | None:
+        """The error outcome of an op that cannot run at all (unknown op, wrong kind), or
+        None; ``run.keep`` says whether it is stored."""
 
     async def evaluate(
         self, envelope: Envelope, states: Mapping[str, str | None], fences: Mapping[str, int]
@@ -215,8 +216,9 @@ class Host(LocalShard, Protocol):
         """Run the op on ``states`` (``fences``: its other shards' keys' tokens): its outcome,
         and every key's new state (None if it failed)."""
 
-    def settle(self, run: Run, outcome: str, *, stored: bool, replies: list[str]) -> None:
-        """Report a finished op; ``stored``: its result is in Redis already."""
+    def settle(self, run: Run, outcome: str, *, store: bool, replies: list[str]) -> None:
+        """Report a finished op; ``store``: the next commit stores its outcome (False: it is
+        in Redis already, or must not be kept)."""
 
 
 class CrossShard:
@@ -362,7 +364,7 @@ class CrossShard:
             for key, state in writes.get(owner.shard, []):
                 owner.cache[key] = state or None
         # Callers that resubmitted the op while it ran have not been told yet.
-        self._host.settle(run, outcome, stored=True, replies=run.replies[replied:])
+        self._host.settle(run, outcome, store=False, replies=run.replies[replied:])
 
     async def _coordinate_holding(self, run: Run, hold: Hold) -> None:
         try:
@@ -397,9 +399,9 @@ class CrossShard:
 
     async def _coordinate(self, run: Run) -> None:
         host, envelope = self._host, run.envelope
-        problem = host.problem(envelope)
+        problem = host.refusal(run)
         if problem is not None:
-            host.settle(run, problem, stored=False, replies=list(run.replies))
+            host.settle(run, problem, store=run.keep, replies=list(run.replies))
             return
         local, by_shard = self._split(envelope)
         await host.flush(local)  # the home keys' earlier writes commit before this op's can
@@ -440,7 +442,7 @@ class CrossShard:
         if here in participants:  # shards of this worker hear it now, not through Redis
             self._mailbox.deliver(notice)
         # Callers that resubmitted the op while it ran have not been told yet.
-        host.settle(run, outcome, stored=True, replies=run.replies[len(replies):])
+        host.settle(run, outcome, store=False, replies=run.replies[len(replies):])
 
     async def _commit_in_process(
         self, run: Run, local: list[str], by_shard: dict[int, list[str]]
@@ -576,7 +578,7 @@ class CrossShard:
         if not (isinstance(home, int) and 0 <= home < host.shard and isinstance(op_id, str)
                 and isinstance(attempt, int) and isinstance(channel, str)):
             outcome = encode_error(MalformedOperation.wire_type, f"bad grant request {request!r}")
-            host.settle(run, outcome, stored=False, replies=list(run.replies))
+            host.settle(run, outcome, store=True, replies=list(run.replies))
             return
         await host.flush(envelope.keys)  # the granted states are committed states
         with self._mailbox.expect("d", op_id, attempt) as letter:
@@ -599,14 +601,14 @@ class CrossShard:
                 )
             decision = await self._await_decision(letter, home, op_id, attempt)
         if "abort" in decision:
-            host.settle(run, _RELEASED, stored=False, replies=[])
+            host.settle(run, _RELEASED, store=True, replies=[])
             return
         mine = set(envelope.keys)
         for key, state in decision.get("w", {}).get(str(host.shard), []):
             if key in mine:
                 host.cache[key] = state or None
                 host.dirty.add(key)
-        host.settle(run, _APPLIED, stored=False, replies=[])
+        host.settle(run, _APPLIED, store=True, replies=[])
 
     async def _await_decision(
         self, letter: _Letter, home: int, op_id: str, attempt: int

@@ -55,6 +55,9 @@ class Run:
     replies: list[str] = field(default_factory=list)
     #: Set once the op has run; later occurrences then reuse it instead of joining the run.
     outcome: str | None = None
+    #: Whether its outcome is stored (not for an op this worker does not know: see
+    #: :meth:`Executor.refusal`).
+    keep: bool = True
 
 
 @dataclass(slots=True)
@@ -262,7 +265,8 @@ class Executor:
                 envelope,
                 UnknownOperation(
                     f"no op named {envelope.name!r} on this worker (it serves: "
-                    f"{', '.join(self._registry.names())})"
+                    f"{', '.join(self._registry.names())}); nothing was stored: once every"
+                    " worker serves it, submit the same op id again"
                 ),
             )
         if not _takes(definition, envelope):
@@ -271,6 +275,20 @@ class Executor:
                 envelope, MalformedOperation(f"op {envelope.name!r} takes {wanted}")
             )
         return None
+
+    def refusal(self, run: Run) -> str | None:
+        """:meth:`problem` for a run. An op this worker does not know is refused without
+        storing the refusal (``run.keep``): during a rolling deploy, a worker that does know
+        it must be able to run it when the caller submits the same op id again."""
+        problem = self.problem(run.envelope)
+        if problem is not None and self._registry.get(run.envelope.name) is None:
+            run.keep = False
+            log.error(
+                "shard %d: op %r (%s) is not served by this worker; refused, nothing stored"
+                " (deploy it to every worker of the namespace; the caller may resubmit the"
+                " same op id then)", self.shard, run.envelope.name, run.envelope.op_id,
+            )
+        return problem
 
     def runs_inline(self, envelope: Envelope) -> bool:
         """Whether the op exists, takes the keys it was given, and is not ``async``."""
@@ -351,7 +369,7 @@ class Executor:
         """Run ``run``'s op (``definition``: the registry's, looked up by the caller) now."""
         envelope = run.envelope
         if not _takes(definition, envelope):
-            problem = self.problem(envelope)
+            problem = self.refusal(run)
             assert problem is not None
             self._on_complete(run, problem)
             return

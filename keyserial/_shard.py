@@ -414,22 +414,25 @@ class ShardRunner:
 
     def _complete(self, run: Run, outcome: str) -> None:
         run.outcome = outcome  # from now on, no occurrence of the op joins the run
-        self._finish(_Finished(run.envelope.op_id, outcome, run.entries, run.replies))
+        self._finish(
+            _Finished(run.envelope.op_id, outcome, run.entries, run.replies, store=run.keep)
+        )
 
     def _finish(self, finished: _Finished) -> None:
         self._finished.append(finished)
         self._notify()
 
-    def settle(self, run: Run, outcome: str, *, stored: bool, replies: list[str]) -> None:
+    def settle(self, run: Run, outcome: str, *, store: bool, replies: list[str]) -> None:
         """Report an op finished outside the executor (a cross-shard op or a grant request);
-        ``stored``: its result is in Redis already."""
+        ``store``: the next commit stores its outcome (False: it is in Redis already, or must
+        not be kept)."""
         run.outcome = outcome
         self._finish(
-            _Finished(run.envelope.op_id, outcome, list(run.entries), replies, store=not stored)
+            _Finished(run.envelope.op_id, outcome, list(run.entries), replies, store=store)
         )
 
-    def problem(self, envelope: Envelope) -> str | None:
-        return self._executor.problem(envelope)
+    def refusal(self, run: Run) -> str | None:
+        return self._executor.refusal(run)
 
     @asynccontextmanager
     async def hold(self, keys: tuple[str, ...]) -> AsyncIterator[dict[str, str | None] | None]:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 import keyserial
 from keyserial import shard_for
@@ -231,3 +232,21 @@ async def eventually_async(check: Any, *, timeout: float = 10) -> Any:
         while not (value := await check()):
             await anyio.sleep(0.02)
     return value
+
+
+async def test_an_op_unknown_to_the_worker_is_refused_without_storing_the_refusal(
+    redis_url: str, namespace: str
+) -> None:
+    """During a rolling deploy that adds an op, a worker that lacks it refuses it, but must not
+    make the refusal the op id's outcome: once a worker that knows the op serves the shard, the
+    same op id runs."""
+    from tests.helpers import running_worker
+
+    async with keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+        async with running_worker(redis_url, namespace, shard_count=1):  # the ledger ops only
+            with pytest.raises(keyserial.UnknownOperation, match="submit the same op id"):
+                await ks.submit("evt:1", apps.record(), op_id="order-7", timeout=10)
+        with pytest.raises(keyserial.ResultNotFound):
+            await ks.result("order-7", key="evt:1")
+        async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]):
+            assert await ks.submit("evt:1", apps.record(), op_id="order-7", timeout=10) == 1
