@@ -319,6 +319,7 @@ class Backend:
         channels: Sequence[str],
         on_message: Callable[[str, bytes], None],
         *,
+        health_interval: float = 5.0,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Subscribe to ``channels`` and hand every message to ``on_message(channel, data)``,
@@ -328,7 +329,7 @@ class Backend:
         :raises BackendUnavailable: if the first subscription fails (before ``started()``).
         """
         if self._pipelined is not None:
-            await self._listen_pipelined(channels, on_message, task_status)
+            await self._listen_pipelined(channels, on_message, health_interval, task_status)
             return
         pubsub = self.pubsub()
         with _translating(self.url):
@@ -352,9 +353,11 @@ class Backend:
         self,
         channels: Sequence[str],
         on_message: Callable[[str, bytes], None],
+        health_interval: float,
         task_status: TaskStatus[None],
     ) -> None:
-        """:meth:`listen` on the hot path's own kind of connection (see ``_resp``)."""
+        """:meth:`listen` on the hot path's own kind of connection (see ``_resp``), with a
+        health check every ``health_interval`` seconds."""
         assert self._pipelined is not None
         subscriber = Subscriber(self._pipelined, channels, on_message)
         try:
@@ -362,7 +365,7 @@ class Backend:
                 await subscriber.subscribe()
             task_status.started()
             while True:
-                error = await subscriber.wait_closed()
+                error = await _closed_or_silent(subscriber, health_interval)
                 log.warning("subscription to %s lost (%s); resubscribing", self.url, error)
                 await anyio.sleep(0.2)
                 with contextlib.suppress(*_RESUBSCRIBE_AFTER):
@@ -543,6 +546,18 @@ def _subscriber(connection_class: type[AbstractConnection], options: dict[str, A
     the options: a TLS connection's options alone would make a plaintext connection."""
     pool = ConnectionPool(connection_class=connection_class, **{**options, "socket_timeout": None})
     return Redis.from_pool(pool).pubsub(ignore_subscribe_messages=True)
+
+
+async def _closed_or_silent(subscriber: Subscriber, interval: float) -> Exception:
+    """Wait until the subscription's connection closes, or until it fails a health check (a
+    PING every ``interval`` seconds, answered within as long): why it is lost."""
+    while True:
+        with anyio.move_on_after(interval):
+            return await subscriber.wait_closed()
+        try:
+            await subscriber.ping(interval)
+        except _RESUBSCRIBE_AFTER as exc:
+            return exc
 
 
 def _describe(client: AnyRedis) -> str:

@@ -459,7 +459,8 @@ class Client:
 
     async def _listen_for_replies(self, *, task_status: TaskStatus[None]) -> None:
         await self._backend.listen(
-            [self._reply], lambda _, data: self._deliver(data), task_status=task_status
+            [self._reply], lambda _, data: self._deliver(data),
+            health_interval=self.settings.health_interval, task_status=task_status,
         )
 
     def _deliver(self, data: bytes) -> None:

@@ -232,10 +232,26 @@ class Subscriber:
                 protocol.fail(reply)
                 raise reply
 
+    async def ping(self, timeout: float) -> None:
+        """Check that the subscription's connection still answers (a connection dropped
+        silently, by a NAT or a load balancer, does not close: it only goes quiet).
+
+        :raises redis.exceptions.RedisError: if it does not answer within ``timeout`` (the
+            connection is then closed).
+        """
+        assert self._protocol is not None, "subscribe() first"
+        protocol = self._protocol
+        (reply,) = await _replies(protocol, protocol.send([("PING",)]), timeout)
+        if isinstance(reply, Exception):
+            protocol.fail(reply)
+            raise reply
+
     async def wait_closed(self) -> Exception:
         """Wait until the subscription's connection is closed; the reason."""
         assert self._protocol is not None, "subscribe() first"
-        return await self._protocol.closed
+        # Shielded: a caller that stops waiting (a health check's timer) must not cancel the
+        # future itself, which every later wait and the close share.
+        return await asyncio.shield(self._protocol.closed)
 
     def close(self) -> None:
         if self._protocol is not None:

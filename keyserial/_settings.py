@@ -48,6 +48,10 @@ class Settings:
     preload_states: int = 10_000
     #: Seconds a submit waits for its reply when the caller passes no ``timeout``.
     submit_timeout: float = 30.0
+    #: Seconds between health checks (a PING) of an idle subscription (replies, wake-ups): one
+    #: that a NAT or a load balancer dropped without a word is reconnected within about twice
+    #: this.
+    health_interval: float = 5.0
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
@@ -62,6 +66,7 @@ class Settings:
             "max_inflight": self.max_inflight,
             "idle_poll": self.idle_poll,
             "submit_timeout": self.submit_timeout,
+            "health_interval": self.health_interval,
         }
         for name, value in positive.items():
             if value <= 0:

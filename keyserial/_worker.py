@@ -352,7 +352,10 @@ class Worker:
             if holder is not None:
                 holder.runner.wake()
 
-        await backend.listen([*shard_of, mailbox.channel], receive, task_status=task_status)
+        await backend.listen(
+            [*shard_of, mailbox.channel], receive,
+            health_interval=self.settings.health_interval, task_status=task_status,
+        )
 
     # -- shutdown ----------------------------------------------------------------------------
 
