@@ -134,8 +134,10 @@ class Executor:
         dirty: set[str],
         on_complete: Callable[[Run, str], None],
         coordination: Coordination | None = None,
+        max_state_bytes: int = 16 << 20,
     ) -> None:
         self.shard = shard
+        self._max_state_bytes = max_state_bytes
         self.task_group: TaskGroup | None = None
         self._coordination = coordination
         self._registry = registry
@@ -348,9 +350,12 @@ class Executor:
         self, envelope: Envelope, context: MultiContext, value: Any
     ) -> tuple[str, dict[str, str | None] | None]:
         try:
-            return encode_ok(value), context.encoded_states()
+            outcome, states = encode_ok(value), context.encoded_states()
         except (TypeError, ValueError) as exc:
             return self._error_outcome(envelope, _not_json(envelope, exc)), None
+        if (too_large := self._too_large(envelope, outcome, states)) is not None:
+            return self._error_outcome(envelope, too_large), None
+        return outcome, states
 
     async def _execute(self, run: Run) -> None:
         definition = self._registry.get(run.envelope.name)
@@ -404,12 +409,33 @@ class Executor:
         except (TypeError, ValueError) as exc:
             self._failed(run, _not_json(run.envelope, exc))
             return
-        if isinstance(context, MultiContext):
-            for key, state in states.items():
-                self._store(key, state)
-        else:
-            self._store(context.key, state)
+        if not isinstance(context, MultiContext):
+            states = {context.key: state}
+        if (too_large := self._too_large(run.envelope, outcome, states)) is not None:
+            self._failed(run, too_large)
+            return
+        for key, each in states.items():
+            self._store(key, each)
         self._on_complete(run, outcome)
+
+    def _too_large(
+        self, envelope: Envelope, outcome: str, states: Mapping[str, str | None]
+    ) -> ValueError | None:
+        """Why an op may not commit what it produced (a state or result over
+        ``max_state_bytes``: a step carrying it could grow past what Redis takes), or None."""
+        limit = self._max_state_bytes
+        quarter = limit // 4  # (a character is at most 4 bytes: the common case encodes none)
+        if len(outcome) <= quarter and all(s is None or len(s) <= quarter for s in states.values()):
+            return None
+        sized = [("its result", outcome)]
+        sized += [(f"key {key!r}", state) for key, state in states.items() if state is not None]
+        for what, text in sized:
+            if len(text.encode()) > limit:
+                return ValueError(
+                    f"op {envelope.name!r} left {what} at {len(text.encode())} bytes of JSON,"
+                    f" over max_state_bytes ({limit}); nothing was written"
+                )
+        return None
 
     def _store(self, key: str, state: str | None) -> None:
         if state != self._cache[key]:

@@ -46,6 +46,9 @@ class Settings:
     #: A worker taking over a shard with at most this many keys' states loads them all, then
     #: never reads a state from Redis again (0: never; larger shards' states load as ops need).
     preload_states: int = 10_000
+    #: Largest encoded state or result one op may commit; an op over it fails (ValueError) and
+    #: writes nothing. (A state is written whole at every commit that changes it.)
+    max_state_bytes: int = 16 << 20
     #: Seconds a submit waits for its reply when the caller passes no ``timeout``.
     submit_timeout: float = 30.0
     #: Seconds between health checks (a PING) of an idle subscription (replies, wake-ups): one
@@ -67,6 +70,7 @@ class Settings:
             "idle_poll": self.idle_poll,
             "submit_timeout": self.submit_timeout,
             "health_interval": self.health_interval,
+            "max_state_bytes": self.max_state_bytes,
         }
         for name, value in positive.items():
             if value <= 0:

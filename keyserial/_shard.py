@@ -164,6 +164,7 @@ class ShardRunner:
             dirty=self.dirty,
             on_complete=self._complete,
             coordination=CrossShard(self, backend, mailbox, settings, shard_count),
+            max_state_bytes=settings.max_state_bytes,
         )
 
     # -- lifecycle -----------------------------------------------------------------------------

@@ -250,3 +250,20 @@ async def test_an_op_unknown_to_the_worker_is_refused_without_storing_the_refusa
             await ks.result("order-7", key="evt:1")
         async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]):
             assert await ks.submit("evt:1", apps.record(), op_id="order-7", timeout=10) == 1
+
+
+async def test_an_op_that_would_commit_a_state_over_the_limit_fails_and_writes_nothing(
+    redis_url: str, namespace: str
+) -> None:
+    """A state is written whole at every commit that changes it: one over ``max_state_bytes``
+    fails its op with a clear error instead of making the shard's steps too large to send."""
+    from tests.helpers import running_worker
+
+    async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"],
+                              max_state_bytes=1000), \
+            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+        assert await ks.submit("big", apps.append("x" * 400), timeout=10) == ["x" * 400]
+        with pytest.raises(keyserial.OperationFailed, match="over max_state_bytes"):
+            await ks.submit("big", apps.append("y" * 700), timeout=10)
+        assert await ks.read("big") == ["x" * 400]
+        assert await ks.submit("big", apps.append("z"), timeout=10) == ["x" * 400, "z"]
