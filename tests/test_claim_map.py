@@ -57,3 +57,4 @@ def test_the_map_shows_a_full_run_of_every_mutant() -> None:
     text = (ROOT / "docs" / "guarantees.md").read_text()
     shown = re.findall(r"^\| `([\w-]+)` \| (G[\d.]+) \| (yes|\*\*no\*\*) \|", text, re.MULTILINE)
     assert {name for name, _, _ in shown} == {mutant.name for mutant in MUTANTS}
+    assert [name for name, _, killed in shown if killed != "yes"] == [], "survivors"
