@@ -6,6 +6,7 @@ import os
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import redis
 
 from keyserial import Context, InsufficientFunds, MultiContext, multi_op, op
@@ -187,3 +188,26 @@ def peek(ctx: Context) -> Any:
 def fences(ctx: MultiContext) -> dict[str, int]:
     """Each key's fencing token, as the op saw it."""
     return dict(ctx.fences)
+
+
+@op
+def write_then_fail(ctx: Context, value: Any) -> None:
+    """Writes ``value`` to the key's state, then raises: none of it may be kept."""
+    ctx.state = value
+    raise ValueError("failed after writing")
+
+
+@op
+async def slow_write_then_fail(ctx: Context, value: Any) -> None:
+    """:func:`write_then_fail` as an async op (it runs in a task)."""
+    ctx.state = value
+    await anyio.lowlevel.checkpoint()
+    raise ValueError("failed after writing")
+
+
+@multi_op
+def write_all_then_fail(ctx: MultiContext, value: Any) -> None:
+    """Writes ``value`` to every key's state, then raises: none of it may be kept."""
+    for key in ctx.keys:
+        ctx.states[key] = value
+    raise ValueError("failed after writing")

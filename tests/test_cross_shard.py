@@ -386,3 +386,39 @@ async def test_a_sync_op_whose_commit_is_fenced_out_takes_the_grant_path_keeping
     assert "shard 0: op moved did not commit (ELSEWHERE 2); running it again" in caplog.text
     assert "asking it for a grant" in caplog.text
     assert len(note.read_text().split()) >= 2  # its body ran again; its effects landed once
+
+
+async def test_concurrent_sync_payments_of_one_worker_across_shards_apply_each_once(
+    redis_url: str, namespace: str
+) -> None:
+    """One worker owns every shard, so sync payments on idle keys take no task and commit in
+    one script each (on a standalone server); many at once on few accounts, each key is let go
+    only once its op's commit has landed: every account logs exactly the payments that touched
+    it, and its balance is what they imply."""
+    shards, opening = 8, 1_000
+    accounts = [keys_on_shard(shard, shards, 1, "acct")[0] for shard in range(shards)]
+    rng = random.Random(11)
+    plans = [(f"pay-{n}", rng.sample(accounts, 2 + n % 2), rng.randint(1, 300))
+             for n in range(240)]
+    outcomes: dict[str, str] = {}
+    async with running_worker(redis_url, namespace, shard_count=shards, apps=["tests.apps"]), \
+            keyserial.connect(redis_url, shards=shards, namespace=namespace) as ks:
+        for account in accounts:
+            await ks.submit(account, apps.open_account(opening))
+
+        async def payer(mine: list[tuple[str, list[str], int]]) -> None:
+            for op_id, keys, amount in mine:
+                try:
+                    await ks.submit_many(keys, apps.pay_now(amount), op_id=op_id, timeout=20)
+                except InsufficientFunds:
+                    outcomes[op_id] = "refused"
+                else:
+                    outcomes[op_id] = "paid"
+
+        with anyio.fail_after(60):
+            async with anyio.create_task_group() as group:
+                for n in range(24):
+                    group.start_soon(payer, plans[n::24])
+        states = {account: await ks.submit(account, apps.peek()) for account in accounts}
+    assert Counter(outcomes.values())["paid"] > 100
+    check_bank(states, plans, outcomes, opening)

@@ -4,7 +4,12 @@ import keyserial
 def test_public_names_are_exported_and_sorted() -> None:
     assert keyserial.__all__ == sorted(keyserial.__all__)
     for name in keyserial.__all__:
-        assert getattr(keyserial, name) is not None
+        exported = getattr(keyserial, name)
+        # Each name is keyserial's own class or function under that name, not a stray import.
+        assert (exported.__module__.split(".")[0], exported.__name__) == ("keyserial", name)
+    star: dict[str, object] = {}
+    exec("from keyserial import *", star)  # what a star import exports
+    assert sorted(set(star) - {"__builtins__"}) == keyserial.__all__
 
 
 def test_every_error_descends_from_the_root() -> None:

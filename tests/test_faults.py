@@ -262,20 +262,22 @@ async def test_two_workers_on_the_same_shards_never_lose_an_update(
     with anyio.fail_after(60):
         async with inspector(redis_url) as client, \
                 keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
-            first = start(redis_url, namespace)
-            second = start(redis_url, namespace)
-            await wait_for_log(first, "serving shards", timeout=15)
-            await wait_for_log(second, "serving shards", timeout=15)
-            owners = await all_held(client, namespace)
-            assert set(owners) <= {first.pid, second.pid}
+            # Both list shards 0-1 (one owns them, the other stands by) and each owns half of
+            # the shards: the first, started alone on 0-1, takes them before the second starts.
+            first = start(redis_url, namespace, shards="0-1")
+            await wait_for_holder(client, namespace, first.pid, shards=[0, 1], timeout=15)
+            second = start(redis_url, namespace, shards="0-3")
+            await wait_for_holder(client, namespace, second.pid, shards=[2, 3], timeout=15)
+            assert await all_held(client, namespace) == [first.pid] * 2 + [second.pid] * 2
 
-            keys = ["acct:a", "acct:b", "acct:c", "acct:d"]
+            keys = [keys_on_shard(shard, SHARDS, 1, "acct")[0] for shard in range(SHARDS)]
             load = Load(ks, keys, lambda: apps.slow_record(0.005), per_key=8, ops_each=10,
                         timeout=20)
             await load.run()
 
             applied = await load.check()
             assert sum(map(len, applied.values())) == 4 * 8 * 10
+            assert await holders(client, namespace) == [first.pid] * 2 + [second.pid] * 2
             assert first.process.poll() is None and second.process.poll() is None
 
 

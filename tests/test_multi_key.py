@@ -40,23 +40,35 @@ async def test_concurrent_transfers_both_ways_conserve_money_and_never_go_negati
         for account in ACCOUNTS:
             await ks.submit(account, deposit(100))
         rng = random.Random(7)
-        refused = 0
+        moved: list[tuple[str, str, int]] = []
+        refused: list[InsufficientFunds] = []
 
         async def mover() -> None:
-            nonlocal refused
             for _ in range(25):
                 source, target = rng.sample(ACCOUNTS, 2)
+                amount = rng.randint(1, 60)
                 try:
-                    await ks.transfer(source, target, rng.randint(1, 60))
-                except InsufficientFunds:
-                    refused += 1
+                    await ks.transfer(source, target, amount)
+                except InsufficientFunds as error:
+                    assert (error.key, error.amount) == (source, amount)
+                    refused.append(error)
+                else:
+                    moved.append((source, target, amount))
 
         async with anyio.create_task_group() as group:
             for _ in range(16):
                 group.start_soon(mover)
-        balances = [await ks.submit(account, balance()) for account in ACCOUNTS]
-        assert sum(balances) == 100 * len(ACCOUNTS)
-        assert min(balances) >= 0
+        balances = {account: await ks.submit(account, balance()) for account in ACCOUNTS}
+        # 400 transfers of up to 60 between accounts of 100: some are refused, each for a
+        # balance below its amount, and the rest moved exactly what they said.
+        assert refused and all(error.balance < error.amount for error in refused)
+        assert len(moved) + len(refused) == 16 * 25
+        expected = dict.fromkeys(ACCOUNTS, 100)
+        for source, target, amount in moved:
+            expected[source] -= amount
+            expected[target] += amount
+        assert balances == expected
+        assert min(balances.values()) >= 0
 
 
 async def test_overlapping_slow_multi_key_ops_are_isolated_and_all_complete(

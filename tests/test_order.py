@@ -88,4 +88,11 @@ async def test_a_client_that_awaits_each_submit_reads_its_own_writes(
             for number in range(SUBMITTERS):
                 group.start_soon(submitter, number)
         final = {key: await ks.read(key) for key in KEYS}
-    assert sum(map(len, final.values())) == TOTAL
+    for index, key in enumerate(KEYS):
+        items = final[key]
+        # Every write of every submitter on the key is there once, each submitter's in order.
+        assert sorted(map(tuple, items)) == sorted(
+            (number, step) for number in range(index, SUBMITTERS, len(KEYS))
+            for step in range(PER_SUBMITTER))
+        for number in range(index, SUBMITTERS, len(KEYS)):
+            assert [item[1] for item in items if item[0] == number] == list(range(PER_SUBMITTER))

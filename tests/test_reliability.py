@@ -137,9 +137,10 @@ async def test_one_sigterm_stops_a_worker_that_cannot_reach_redis(
 async def test_results_a_replay_needs_outlive_the_retention_while_progress_is_pinned(
     redis_url: str, namespace: str
 ) -> None:
-    """A slow op pins progress; a deposit behind it commits; the retention passes several
-    times. The next owner replays the deposit's entry: its result must still be there, or the
-    deposit would apply twice."""
+    """A slow op pins progress; a deposit in the same entry commits (an entry whose ops have
+    all committed leaves the stream, this one cannot); the retention passes several times. The
+    next owner replays the entry: the deposit's result must still be there, or the deposit
+    would apply twice."""
     from keyserial.ledger import deposit
     from tests.helpers import running_worker
 
@@ -149,10 +150,9 @@ async def test_results_a_replay_needs_outlive_the_retention_while_progress_is_pi
         async with inspector(redis_url) as client, \
                 keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
             async with running_worker(redis_url, namespace, **options):
-                await append_entry(client, namespace, 0, [envelope("slow", "k1",
-                                   "slow_record", 30)], fresh=True)
-                await append_entry(client, namespace, 0, [envelope("dep", "k2", "deposit", 10)],
-                                   fresh=True)
+                await append_entry(client, namespace, 0, [
+                    envelope("slow", "k1", "slow_record", 30), envelope("dep", "k2", "deposit", 10),
+                ], fresh=True)
                 assert await stored_outcome(ks, "dep", "k2") == 10
                 began = anyio.current_time()
                 while anyio.current_time() - began < 5 * options["result_ttl"]:

@@ -1,0 +1,302 @@
+"""Mutants that must die: semantic breakages of keyserial that the claim map's tests must catch.
+
+``python -m tests.mutants [--fast] [--only NAME]... [--list]`` applies each mutant, one at a
+time, to a fresh copy of the repository in a temporary directory (the working tree is never
+touched), runs the tests the claim map names for it there (``PYTHONPATH`` pointing at the
+copy), and reports whether some test failed (killed) or all passed (survived). It exits 1 if
+any mutant survived.
+
+A mutant is a list of exact text replacements; each old text must occur exactly once in its
+file, or the run fails loudly: when the library's code moves, the list must move with it.
+``--fast`` runs the subset CI runs (``tests/test_mutants.py``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+#: Never copied: caches, VCS data, and benchmark output nothing here reads.
+_SKIP = shutil.ignore_patterns(".git", "__pycache__", ".mypy_cache", ".ruff_cache",
+                               ".pytest_cache", "results", "*.egg-info")
+#: A mutant's tests that hang are stopped after this long (the mutant counts as killed).
+MUTANT_TIMEOUT = 300.0
+
+
+class MutantDrift(RuntimeError):
+    """A mutant's old text no longer occurs exactly once: the library moved, fix the list."""
+
+    def __init__(self, mutant: str, path: str, count: int) -> None:
+        super().__init__(f"mutant {mutant!r}: its old text occurs {count} times in {path}"
+                         " (expected exactly once); update tests/mutants.py")
+        self.mutant, self.path, self.count = mutant, path, count
+
+
+@dataclass(frozen=True)
+class Edit:
+    path: str
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    claim: str  # the claim map's id (docs/guarantees.md)
+    what: str
+    edits: tuple[Edit, ...]
+    tests: tuple[str, ...]
+    fast: bool = False
+
+
+def _no_fence(path: str, check: str) -> Edit:
+    return Edit(path, check, "if false then")
+
+
+_STEP = "keyserial/lua/step.lua"
+_FROZEN = "tests/test_faults.py::test_a_frozen_owner_resumed_after_takeover_cannot_commit"
+_XS = "tests/test_cross_shard_faults.py::"
+_ZW = "tests/test_zombie_writes.py::"
+_LANDED = "        self._landed(run, [owner for owner, _ in holds], writes, outcome, replied)\n"
+_RELEASE = "        for owner, hold in holds:\n            owner.release(hold)\n"
+_STANDALONE = "[standalone]"
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        "step-no-epoch-check", "G1.1", "step.lua commits without checking the owner's epoch",
+        (_no_fence(_STEP, "if redis.call('GET', KEYS[1]) ~= ARGV[1] then"),),
+        (_FROZEN + _STANDALONE,), fast=True,
+    ),
+    Mutant(
+        "decide-no-epoch-check", "G5.3", "decide.lua records a decision without the epoch check",
+        (_no_fence("keyserial/lua/decide.lua", "if redis.call('GET', KEYS[1]) ~= ARGV[1] then"),),
+        (_ZW + "test_a_zombie_coordinator_s_decision_reaches_redis_and_is_refused"
+         + _STANDALONE,),
+    ),
+    Mutant(
+        "grant-no-epoch-check", "G5.3", "grant.lua grants keys without the epoch check",
+        (_no_fence("keyserial/lua/grant.lua", "if redis.call('GET', KEYS[1]) ~= ARGV[1] then"),),
+        (_ZW + "test_a_zombie_participant_s_grant_reaches_redis_and_is_refused"
+         + _STANDALONE,),
+    ),
+    Mutant(
+        "commit-across-no-epoch-check", "G5.3",
+        "commit_across.lua writes every shard without checking their epochs",
+        (_no_fence("keyserial/lua/commit_across.lua",
+                   "if redis.call('GET', KEYS[2 + 2 * i - 1]) ~= ARGV[3 + 2 * i - 1] then"),),
+        ("tests/test_cross_shard.py::"
+         "test_a_participant_shard_changing_hands_mid_op_sends_the_op_through_grants"
+         "[while the op runs]",),
+    ),
+    Mutant(
+        "step-no-dedup-lookup", "G3.2", "step.lua never looks up a fetched op id's stored outcome",
+        (Edit(_STEP, "          if not fresh then\n", "          if false then\n"),),
+        ("tests/test_submit.py::"
+         "test_a_resubmitted_op_id_returns_the_stored_result_and_never_runs_twice"
+         + _STANDALONE,), fast=True,
+    ),
+    Mutant(
+        "step-no-retention-guard", "G3.5",
+        "step.lua rotates results away although an entry past progress may need them",
+        (Edit(_STEP, "  if oldest and parse_id(oldest[1]) < since then\n",
+              "  if false then\n"),),
+        ("tests/test_reliability.py::"
+         "test_results_a_replay_needs_outlive_the_retention_while_progress_is_pinned"
+         + _STANDALONE,), fast=True,
+    ),
+    Mutant(
+        "raise-keeps-state", "G2.4", "a sync op that raises keeps what it wrote to ctx.state",
+        (Edit("keyserial/_execution.py",
+              "            value = definition.fn(context, *envelope.args, **envelope.kwargs)\n"
+              "        except Exception as exc:\n            self._failed(run, exc)\n",
+              "            value = definition.fn(context, *envelope.args, **envelope.kwargs)\n"
+              "        except Exception as exc:\n"
+              "            if isinstance(context, Context):\n"
+              "                self._store(context.key, context.encoded_state())\n"
+              "            self._failed(run, exc)\n"),),
+        ("tests/test_failed_ops.py::test_an_op_that_raises_after_writing_state_keeps_nothing"
+         "[standalone-sync]",), fast=True,
+    ),
+    Mutant(
+        "grant-skips-decision-record", "G5.2",
+        "a participant that missed the decision notice releases its keys as if aborted, without"
+        " reading the decision record",
+        (Edit("keyserial/_crossshard.py",
+              "            try:\n                raw = await self._backend.run(\n"
+              "                    _backend.RESOLVE,",
+              "            return {\"abort\": \"assumed\"}\n"
+              "            try:\n                raw = await self._backend.run(\n"
+              "                    _backend.RESOLVE,"),),
+        (_XS + "test_participant_killed_while_holding_keys" + _STANDALONE,),
+    ),
+    Mutant(
+        "sync-across-releases-before-commit", "G5.1",
+        "a sync cross-shard op lets its keys go before its commit_across lands",
+        (Edit("keyserial/_crossshard.py",
+              "        host.commit_later(\n            call, gated,",
+              "        for owner, hold in holds:\n            owner.release(hold)\n"
+              "        host.commit_later(\n            call, gated,"),
+         Edit("keyserial/_crossshard.py", _LANDED + _RELEASE, _LANDED)),
+        ("tests/test_cross_shard.py::"
+         "test_concurrent_sync_payments_of_one_worker_across_shards_apply_each_once"
+         + _STANDALONE,), fast=True,
+    ),
+    Mutant(
+        "async-across-releases-before-commit", "G5.1",
+        "an async cross-shard op of one worker lets the other shards' keys go before it commits",
+        (Edit("keyserial/_crossshard.py",
+              "            outcome, new_states = await host.evaluate(envelope, states, fences)\n"
+              "            writes = self._writes(envelope, states, new_states)\n"
+              "            owned: list[OwnedShard]",
+              "            await stack.aclose()\n"
+              "            outcome, new_states = await host.evaluate(envelope, states, fences)\n"
+              "            writes = self._writes(envelope, states, new_states)\n"
+              "            owned: list[OwnedShard]"),),
+        ("tests/test_cross_shard.py::"
+         "test_an_op_on_a_participant_key_waits_for_the_cross_shard_op_holding_it"
+         "[standalone-one worker]",),
+    ),
+    Mutant(
+        "client-forgets-sweep", "G6.2", "the client never looks up overdue replies",
+        (Edit("keyserial/_client.py",
+              "        interval = self.settings.idle_poll\n        while True:\n",
+              "        interval = self.settings.idle_poll\n        await anyio.sleep_forever()\n"
+              "        while True:\n"),),
+        ("tests/test_lost_replies.py::test_a_lost_reply_is_fetched_by_the_client_s_sweep"
+         + _STANDALONE,), fast=True,
+    ),
+    Mutant(
+        "release-resets-horizon", "G3.3",
+        "release.lua sets the horizon back to progress: the next owner forgets what to look up",
+        (Edit("keyserial/lua/release.lua",
+              "redis.call('DEL', KEYS[1])\nlocal horizon = redis.call('GET', KEYS[2])\n",
+              "redis.call('DEL', KEYS[1])\n"
+              "redis.call('SET', KEYS[2], redis.call('GET', (string.gsub(KEYS[2], 'horizon$',"
+              " 'progress'))) or '0-0')\n"
+              "local horizon = redis.call('GET', KEYS[2])\n"),),
+        ("tests/test_reliability.py::test_a_graceful_stop_never_replays_an_op_that_committed"
+         + _STANDALONE,), fast=True,
+    ),
+    Mutant(
+        "acquire-ignores-attempt", "G1.3",
+        "acquire.lua re-grants an old grant to any attempt of the lease's holder",
+        (Edit("keyserial/lua/acquire.lua", "    if granted[1] == ARGV[4] then\n",
+              "    if true then\n"),),
+        ("tests/test_scripts_idempotent.py::"
+         "test_an_acquire_sent_again_by_its_owner_returns_the_same_grant_and_no_strike"
+         + _STANDALONE,),
+        fast=True,
+    ),
+)
+
+
+def names() -> list[str]:
+    return [mutant.name for mutant in MUTANTS]
+
+
+def mutated(mutant: Mutant, root: Path) -> dict[str, str]:
+    """Every file ``mutant`` changes under ``root``, as the mutant has it (MutantDrift if an old
+    text does not occur exactly once)."""
+    texts: dict[str, str] = {}
+    for edit in mutant.edits:
+        text = texts.get(edit.path) or (root / edit.path).read_text()
+        count = text.count(edit.old)
+        if count != 1:
+            raise MutantDrift(mutant.name, edit.path, count)
+        texts[edit.path] = text.replace(edit.old, edit.new)
+    return texts
+
+
+@dataclass(frozen=True)
+class Verdict:
+    mutant: Mutant
+    killed: bool
+    killer: str  # the first failing test, or what ended the run
+    seconds: float
+
+
+def run(mutant: Mutant, *, root: Path = ROOT) -> Verdict:
+    """Apply ``mutant`` to a fresh copy of ``root`` and run its tests there."""
+    began = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as temp:
+        copy = Path(temp) / "repo"
+        shutil.copytree(root, copy, ignore=_SKIP)
+        for path, text in mutated(mutant, copy).items():
+            (copy / path).write_text(text)
+        env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
+        command = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider",
+                   *mutant.tests]
+        try:
+            done = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True,
+                                  timeout=MUTANT_TIMEOUT, check=False)
+        except subprocess.TimeoutExpired:
+            return Verdict(mutant, True, f"timeout after {MUTANT_TIMEOUT:.0f} s",
+                           time.monotonic() - began)
+    seconds = time.monotonic() - began
+    if done.returncode == 0:
+        return Verdict(mutant, False, "", seconds)
+    failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", done.stdout, re.MULTILINE)
+    if done.returncode != 1 or not failed:
+        raise RuntimeError(f"mutant {mutant.name}: pytest exited {done.returncode} without a"
+                           f" failing test:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return Verdict(mutant, True, failed[0], seconds)
+
+
+def select(*, fast: bool, only: Sequence[str]) -> list[Mutant]:
+    unknown = set(only) - set(names())
+    if unknown:
+        raise SystemExit(f"unknown mutants: {', '.join(sorted(unknown))} (see --list)")
+    chosen = [m for m in MUTANTS if (not only or m.name in only) and (m.fast or not fast)]
+    for mutant in chosen:
+        mutated(mutant, ROOT)  # every edit still applies, before anything runs
+    missing = unknown_tests([test for mutant in chosen for test in mutant.tests])
+    if missing:
+        raise SystemExit(f"mutants name tests that do not exist: {', '.join(missing)}")
+    return chosen
+
+
+def unknown_tests(node_ids: Sequence[str]) -> list[str]:
+    """The node ids pytest does not collect (in this repository, not a copy)."""
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+         *sorted({node.split("::")[0] for node in node_ids})],
+        cwd=ROOT, capture_output=True, text=True, check=False)
+    collected = set(done.stdout.split("\n"))
+    return sorted({node for node in node_ids if node not in collected})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.mutants", description=__doc__)
+    parser.add_argument("--fast", action="store_true", help="only the subset CI runs")
+    parser.add_argument("--only", action="append", default=[], metavar="NAME")
+    parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    options = parser.parse_args(argv)
+    chosen = select(fast=options.fast, only=options.only)
+    if options.list:
+        for mutant in chosen:
+            print(f"{mutant.name:40} {mutant.claim:6} {'fast' if mutant.fast else '':5}"
+                  f" {mutant.what}")
+        return 0
+    print("| mutant | claim | killed? | killed by | seconds |\n|---|---|---|---|---:|")
+    survivors = 0
+    for mutant in chosen:
+        verdict = run(mutant)
+        survivors += not verdict.killed
+        print(f"| `{mutant.name}` | {mutant.claim} | {'yes' if verdict.killed else '**no**'}"
+              f" | {f'`{verdict.killer}`' if verdict.killer else '—'} | {verdict.seconds:.0f} |",
+              flush=True)
+    return 1 if survivors else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,60 @@
+"""docs/guarantees.md names, for every claim, the tests that fail when it breaks: every named
+test exists, ids are unique, and each mutant of tests/mutants.py names a claim of the map and
+only tests the map lists under that claim."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from tests.mutants import MUTANTS
+
+ROOT = Path(__file__).resolve().parent.parent
+ROW = re.compile(r"^\| (G\d+\.\d+) \| (.+?) \| (.+?) \| (.+) \|$")
+NAMED = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
+
+
+def claim_map() -> dict[str, list[tuple[str, str]]]:
+    """Claim id -> the (file, test name) pairs it names."""
+    claims: dict[str, list[tuple[str, str]]] = {}
+    for line in (ROOT / "docs" / "guarantees.md").read_text().splitlines():
+        row = ROW.match(line)
+        if row:
+            assert row[1] not in claims, f"claim {row[1]} listed twice"
+            tests = NAMED.findall(row[4])
+            assert tests or row[4].startswith("UNTESTED"), f"{row[1]}: no test and not UNTESTED"
+            claims[row[1]] = tests
+    return claims
+
+
+def test_the_map_lists_claims_of_every_part_of_the_guarantees() -> None:
+    claims = claim_map()
+    assert len(claims) >= 60
+    assert {claim.split(".")[0] for claim in claims} == {f"G{n}" for n in range(1, 11)}
+
+
+def test_every_test_the_map_names_exists() -> None:
+    missing = []
+    for claim, tests in claim_map().items():
+        for path, name in tests:
+            source = ROOT / path
+            if not source.exists() or not re.search(
+                    rf"^(async )?def {name}\(", source.read_text(), re.MULTILINE):
+                missing.append(f"{claim}: {path}::{name}")
+    assert not missing, missing
+
+
+def test_every_mutant_runs_tests_the_map_lists_under_its_claim() -> None:
+    claims = claim_map()
+    for mutant in MUTANTS:
+        assert mutant.claim in claims, mutant.name
+        listed = {f"{path}::{name}" for path, name in claims[mutant.claim]}
+        for node in mutant.tests:
+            assert node.split("[")[0] in listed, (mutant.name, node)
+
+
+def test_the_map_shows_a_full_run_of_every_mutant() -> None:
+    text = (ROOT / "docs" / "guarantees.md").read_text()
+    shown = re.findall(r"^\| `([\w-]+)` \| (G[\d.]+) \| (yes|\*\*no\*\*) \|", text, re.MULTILINE)
+    assert {name for name, _, _ in shown} == {mutant.name for mutant in MUTANTS}
+    assert [name for name, _, killed in shown if killed != "yes"] == [], "survivors"

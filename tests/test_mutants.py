@@ -1,0 +1,27 @@
+"""The fast subset of tests/mutants.py: each mutant must make one of its tests fail. (A full
+run, every mutant, is ``python -m tests.mutants``; its table is in docs/guarantees.md.)"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import mutants
+
+
+def test_every_mutant_still_applies_to_the_library_exactly_once() -> None:
+    """The mutants follow the code: an edit whose old text moved fails here first."""
+    assert len(mutants.select(fast=False, only=[])) == len(mutants.MUTANTS)
+
+
+def test_a_mutant_whose_old_text_is_gone_fails_loudly() -> None:
+    drifted = mutants.Mutant("drifted", "G1.1", "no such code",
+                             (mutants.Edit("keyserial/lua/step.lua", "no such text", ""),), ())
+    with pytest.raises(mutants.MutantDrift, match="occurs 0 times"):
+        mutants.mutated(drifted, mutants.ROOT)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mutant", [m for m in mutants.MUTANTS if m.fast], ids=lambda m: m.name)
+def test_the_fast_mutants_are_killed(mutant: mutants.Mutant) -> None:
+    verdict = mutants.run(mutant)
+    assert verdict.killed, f"mutant {mutant.name} survived: {mutant.what}"

@@ -1,0 +1,125 @@
+"""A zombie's cross-shard writes reach Redis and are refused by the fence (G5.3).
+
+The zombie tests of test_cross_shard_faults.py check that nothing changes, but a zombie's late
+write would often carry the very values its successor wrote. These tests prove the write was
+sent: they hold Redis's writes for a moment (CLIENT PAUSE WRITE) while the frozen worker
+resumes, so its pending script leaves before it can notice that it lost the lease, record what
+arrives with MONITOR, and check that each script sent under the stale epoch was refused with
+FENCED (Redis's error counter) and that the op still ended applied exactly once.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import anyio
+
+from keyserial._layout import ShardKeys
+from tests import apps
+from tests.helpers import WorkerProcess, eventually
+from tests.test_cross_shard_faults import (
+    B,
+    Bank,
+    Starter,
+    bank,
+    check_after_fault,
+    holder_is,
+    lost_its_shard,
+    until,
+)
+from tests.test_faults import _fenced_errors, _stale_calls
+
+
+async def _resume_under_paused_writes(b: Bank, zombie: WorkerProcess, shard: int, epoch: str,
+                                      script_marker: str) -> list[list[str]]:
+    """SIGCONT ``zombie`` while Redis holds writes; once a stale call naming ``script_marker``
+    has reached Redis and the zombie has given the shard up, return every call it sent to
+    ``shard`` under its old epoch (each one a fenced script that must be refused)."""
+    epoch_key = ShardKeys(b.namespace, shard).epoch
+    commands: list[str] = []
+    monitor = b.redis.__class__.from_url(b.url)
+    try:
+        async with anyio.create_task_group() as group:
+            started = anyio.Event()
+
+            async def feed() -> None:
+                async with monitor.monitor() as lines:
+                    started.set()
+                    while True:
+                        commands.append((await lines.next_command())["command"])
+
+            group.start_soon(feed)
+            await started.wait()
+            await b.redis.execute_command("CLIENT", "PAUSE", 500, "WRITE")
+            zombie.signal(signal.SIGCONT)
+            await eventually(
+                lambda: [call for call in _stale_calls(commands, epoch_key, epoch)
+                         if any(script_marker in word for word in call)],
+                timeout=10, message=f"the zombie's stale {script_marker} reaching Redis")
+            await lost_its_shard(zombie, shard)
+            group.cancel_scope.cancel()
+    finally:
+        await monitor.aclose()
+    return _stale_calls(commands, epoch_key, epoch)
+
+
+async def _epoch(b: Bank, shard: int) -> str:
+    value: Any = await b.redis.get(ShardKeys(b.namespace, shard).epoch)
+    return str(value.decode())
+
+
+async def test_a_zombie_coordinator_s_decision_reaches_redis_and_is_refused(
+    redis_url: str, namespace: str, start: Starter, tmp_path: Path
+) -> None:
+    """Frozen while the op holds every key, the coordinator's successor finishes the op; the
+    resumed zombie sends its decision under its old epoch, and Redis refuses it."""
+    async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
+        stale_epoch = await _epoch(b, 0)
+        group.start_soon(b.pay, 0.3)
+        await eventually(b.note.exists, message="the op running with every key held")
+        b.w0.signal(signal.SIGSTOP)
+        fault_at = b.fault(group)
+        await until(lambda: holder_is(b, 0, b.standby), "the standby owns the home shard")
+        await until(lambda: b.recorded(0, "victim"), "the standby finished the op")
+        fenced_before = await _fenced_errors(b.redis)
+        # The decision names the op's attempt field, "victim#<epoch>#d" is not in the call,
+        # but the op id is: the zombie's decide is the stale call carrying "victim".
+        stale = await _resume_under_paused_writes(b, b.w0, 0, stale_epoch, "victim")
+        # Every one of them was refused, the decision (or grant) included.
+        assert await _fenced_errors(b.redis) - fenced_before >= len(stale) >= 1
+        await check_after_fault(b, fault_at)
+
+
+async def test_a_zombie_participant_s_grant_reaches_redis_and_is_refused(
+    redis_url: str, namespace: str, start: Starter, tmp_path: Path
+) -> None:
+    """The participant has fetched the grant request but is still busy with an earlier op on
+    the key when it freezes; its successor grants and the op completes. Resumed, the zombie
+    finishes the earlier op and sends its own grant under its old epoch: Redis refuses it."""
+    held = tmp_path / "held"
+    async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
+        stale_epoch = await _epoch(b, 1)
+        group.start_soon(b.ks.submit, B, apps.hold(0.5, str(held)))
+        await eventually(held.exists, message="B busy on its owner")
+        group.start_soon(b.pay, 0)
+        shard_1 = ShardKeys(b.namespace, 1)
+
+        async def request_fetched() -> bool:
+            last = await b.redis.xrevrange(shard_1.stream, count=1)
+            horizon = await b.redis.get(shard_1.horizon)
+            return bool(last) and b"keyserial.grant" in last[0][1][b"ops"] \
+                and horizon == last[0][0]
+
+        await until(request_fetched, "the grant request fetched by B's owner")
+        assert not await b.recorded(1, "victim#1#g"), "B is still busy: no grant yet"
+        b.w1.signal(signal.SIGSTOP)
+        fault_at = b.fault(group)
+        await until(lambda: holder_is(b, 1, b.standby), "the standby owns B's shard")
+        await until(lambda: b.applied(B), "the standby granted and applied B's part")
+        fenced_before = await _fenced_errors(b.redis)
+        stale = await _resume_under_paused_writes(b, b.w1, 1, stale_epoch, "victim#1#g")
+        # Every one of them was refused, the decision (or grant) included.
+        assert await _fenced_errors(b.redis) - fenced_before >= len(stale) >= 1
+        await check_after_fault(b, fault_at)
