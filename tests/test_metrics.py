@@ -255,6 +255,24 @@ async def test_an_op_id_resubmitted_is_counted_once(
         worker.stop()
 
 
+async def test_lease_renewals_that_time_out_are_counted(namespace: str) -> None:
+    with LocalServer() as server:  # private: the whole server is paused
+        worker = Worker(server.url, metrics_port=0,
+                        settings=Settings(namespace=namespace, shard_count=SHARDS, lease_ttl=0.5))
+        async with anyio.create_task_group() as group:
+            group.start_soon(worker.run)
+            await worker.wait_started()
+            port = worker.metrics.bound_port
+            assert port is not None
+            assert value(await scrape(port), "keyserial_lease_renew_failures_total") == 0
+            async with redis.asyncio.Redis.from_url(server.url) as client:
+                await client.execute_command("CLIENT", "PAUSE", 1500, "WRITE")
+            await scraped_when(
+                port, lambda text: value(text, "keyserial_lease_renew_failures_total") >= 1
+            )
+            worker.stop()
+
+
 async def test_two_workers_in_one_process_keep_their_own_metrics(
     standalone_server: LocalServer, namespace: str
 ) -> None:
