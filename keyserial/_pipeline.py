@@ -58,6 +58,8 @@ class Pipeliner:
         self._backend = backend
         self._next = _Batch()
         self._queued = anyio.Event()
+        #: Told how many calls each pipeline sends (the worker's metrics).
+        self.on_batch: Callable[[int], None] = _ignore
 
     async def run(
         self, call: ScriptCall, replies: Replies | None = None, replies_at: int | None = None
@@ -112,6 +114,7 @@ class Pipeliner:
             await self._queued.wait()
             self._queued = anyio.Event()
             batch, self._next = self._next, _Batch()
+            self.on_batch(len(batch.calls))
             carrying = [i for i, replies in enumerate(batch.replies) if replies]
             if len(carrying) == 1 and batch.replies_at[carrying[0]] is not None:
                 i = carrying[0]
@@ -148,6 +151,10 @@ class Pipeliner:
                 for channel, outcomes in replies.items():
                     merged[channel].extend(outcomes)
         return _encoded(merged)
+
+
+def _ignore(calls: int) -> None:
+    pass
 
 
 def _inline(call: ScriptCall, replies: Replies, at: int) -> ScriptCall:

@@ -13,8 +13,12 @@ from ._layout import check_namespace
 from .errors import ConfigError
 
 _ENV_PREFIX = "KEYSERIAL_"
+#: A worker process's metrics port (cli.py): not a setting, clients have no use for it.
+METRICS_PORT_VARIABLE = "KEYSERIAL_METRICS_PORT"
 #: Environment variables read elsewhere, not settings.
-_ENV_NOT_SETTINGS = frozenset({"KEYSERIAL_REDIS_SERVER", "KEYSERIAL_REDIS_URL"})
+_ENV_NOT_SETTINGS = frozenset(
+    {"KEYSERIAL_REDIS_SERVER", "KEYSERIAL_REDIS_URL", METRICS_PORT_VARIABLE}
+)
 
 
 @dataclass(frozen=True, slots=True)

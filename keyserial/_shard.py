@@ -43,6 +43,7 @@ from ._crossshard import GRANT_OP, CrossShard, Mailbox
 from ._execution import Entry, Executor, Hold, Run, StateCache
 from ._json import dumps
 from ._layout import ShardKeys
+from ._metrics import NO_METRICS, ShardMetrics
 from ._ops import Registry
 from ._pipeline import Pipeliner, Replies
 from ._routing import route, shard_for
@@ -96,6 +97,9 @@ def parse_id(entry_id: str) -> tuple[int, int]:
 
 class ShardRunner:
     """Runs the ops of one shard for as long as this worker holds its lease (one epoch)."""
+
+    #: What it reports to (``Metrics.acquired``); the default ignores everything.
+    metrics: ShardMetrics = NO_METRICS
 
     def __init__(
         self,
@@ -284,9 +288,11 @@ class ShardRunner:
         ]
         self._steps_started += 1
         step = self._steps_started
+        began = time.monotonic()  # (metrics)
         entries, done, states = await self.fenced(
             _backend.STEP, self._step_keys, args, replies=replies, replies_at=_STEP_REPLIES
         )
+        self.metrics.stepped(batch, len(dead), began)
         self._steps_done = step
         if trim_to and (trim_now == "1" or not want or not entries):
             self._untrimmed, self._untrimmed_entries = "", 0
@@ -326,6 +332,7 @@ class ShardRunner:
             entry_id = raw_id.decode()
             self._cursor = entry_id
             runnable.extend(self._accept(entry_id, _fields(fields), done))
+        self.metrics.dispatched(runnable)
         for run in runnable:
             self._executor.schedule(run)
             if careful:

@@ -22,8 +22,9 @@ from anyio.abc import TaskGroup
 
 from . import _backend
 from ._backend import AnyRedis, Backend, ScriptCall
-from ._crossshard import Mailbox
+from ._crossshard import GRANT_OP, Mailbox
 from ._layout import ShardKeys, worker_channel
+from ._metrics import Metrics
 from ._ops import Registry
 from ._pipeline import Pipeliner
 from ._routing import parse_shards
@@ -50,6 +51,7 @@ class Worker:
 
     ``apps`` names modules whose ``@keyserial.op`` functions are served besides the built-in
     ledger ops. ``shards`` is a list or a spec like ``"0-15"``; ``None`` means all shards.
+    ``metrics_port``: serve Prometheus metrics there while running (docs/metrics.md).
     """
 
     def __init__(
@@ -60,6 +62,7 @@ class Worker:
         settings: Settings | None = None,
         apps: Sequence[str] = (),
         registry: Registry | None = None,
+        metrics_port: int | None = None,
     ) -> None:
         self.settings = settings or Settings()
         self.registry = registry or Registry(LEDGER_OPS)
@@ -78,6 +81,11 @@ class Worker:
         self._shard_count = 0
         self._started = anyio.Event()
         self.shards: list[int] = []
+        #: Served over HTTP when ``metrics_port`` is given (0: any free port).
+        self.metrics = Metrics(
+            self.settings.namespace, [*self.registry.names(), GRANT_OP],
+            lambda: {shard: holder.runner for shard, holder in self._owned.items()}, metrics_port,
+        )
 
     def stop(self) -> None:
         """Finish in-flight work, release every lease, and return from :meth:`run`."""
@@ -110,9 +118,11 @@ class Worker:
                 ", ".join(self.registry.names()),
             )
             self._pipeliner = Pipeliner(backend)
+            self._pipeliner.on_batch = self.metrics.pipelined
             async with anyio.create_task_group() as task_group:
                 task_group.start_soon(self._pipeliner.serve)
                 await task_group.start(self._listen_for_wakeups, backend)
+                await task_group.start(self.metrics.serve)
                 task_group.start_soon(self._lease_loop, backend, shard_count, task_group)
                 self._started.set()
                 await self._stop.wait()
@@ -210,6 +220,7 @@ class Worker:
                 replies = await backend.run_many(calls)
         except (BackendUnavailable, TimeoutError) as exc:
             log.warning("cannot renew or acquire leases: %s", exc or "timed out")
+            self.metrics.renew_failed(owned)
             self._drop_expired(anyio.current_time())
             return
         for shard, reply in zip(owned, replies, strict=False):
@@ -222,7 +233,9 @@ class Worker:
                 # An error reply (BUSY, LOADING) says nothing about the lease: it is tried again
                 # next round, and dropped only once it may have expired (_drop_expired).
                 log.warning("shard %d: renewing the lease: %s", shard, reply)
+                self.metrics.renew_failed([shard])
             else:
+                self.metrics.renew_failed([shard])
                 self._drop(shard, "the lease expired and another worker may own the shard")
         for shard, reply in zip(free, replies[len(owned) :], strict=True):
             if isinstance(reply, Exception):
@@ -308,6 +321,7 @@ class Worker:
             backend=backend,
             mailbox=self._mailbox,
         )
+        runner.metrics = self.metrics.acquired(shard, grant)
         holder = self._owned[shard] = _Owned(runner, renewed_at)
         log.info("shard %d: acquired (epoch %d)", shard, grant.epoch)
         task_group.start_soon(self._serve, backend, shard, holder)

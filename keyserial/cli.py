@@ -14,12 +14,12 @@ from collections.abc import Callable, Sequence
 import anyio
 
 from . import __version__
-from ._argtypes import positive, seconds
+from ._argtypes import port, positive, seconds
 from ._connect import default_url
 from ._logging import FORMATS, LEVELS, configure
 from ._operator_cli import OPERATOR_COMMANDS, add_operator_commands, run_operator_command
 from ._server import LocalServer
-from ._settings import Settings
+from ._settings import METRICS_PORT_VARIABLE, Settings
 from ._urls import redact
 from ._worker import Worker
 from .errors import ConfigError, ShardCountMismatch
@@ -55,6 +55,14 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="shard lease TTL; a dead worker's shards move within it"
         " (default: $KEYSERIAL_LEASE_TTL or 10)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=port,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port, every interface (default:"
+        " $KEYSERIAL_METRICS_PORT, else none); see docs/metrics.md",
     )
     parser.add_argument(
         "--log-level",
@@ -201,9 +209,23 @@ def _settings(args: argparse.Namespace) -> Settings:
     )
 
 
+def _metrics_port(args: argparse.Namespace) -> int | None:
+    """``--metrics-port``, else ``KEYSERIAL_METRICS_PORT``, else None (no metrics served)."""
+    if args.metrics_port is not None:
+        return int(args.metrics_port)
+    raw = os.environ.get(METRICS_PORT_VARIABLE, "")
+    if not raw:
+        return None
+    try:
+        return port(raw)
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"{METRICS_PORT_VARIABLE}={raw!r}: {exc}") from None
+
+
 def _run_worker(args: argparse.Namespace) -> int:
     worker = Worker(
-        args.redis or default_url(), shards=args.shards, settings=_settings(args), apps=args.app
+        args.redis or default_url(), shards=args.shards, settings=_settings(args), apps=args.app,
+        metrics_port=_metrics_port(args),
     )
     anyio.run(_serve_until_signalled, worker)
     return 0
@@ -216,7 +238,7 @@ def _run_dev(args: argparse.Namespace) -> int:
     server = LocalServer(
         port=args.port, data_dir=args.data_dir, appendfsync="always" if args.data_dir else None
     )
-    worker = Worker(server.url, settings=settings, apps=args.app)
+    worker = Worker(server.url, settings=settings, apps=args.app, metrics_port=_metrics_port(args))
     try:
         server.start()
     except RuntimeError as exc:

@@ -58,10 +58,10 @@ class WorkerProcess:
 
     def __init__(self, url: str, namespace: str, *, shards: str = "0-3", shard_count: int = 4,
                  lease_ttl: float = 1.0, apps: Sequence[str] = ("tests.apps",),
-                 log_path: Path | None = None) -> None:
+                 log_path: Path | None = None, extra_args: Sequence[str] = ()) -> None:
         args = [sys.executable, "-m", "keyserial", "worker", "--redis", url,
                 "--namespace", namespace, "--shards", shards, "--shard-count", str(shard_count),
-                "--lease-ttl", str(lease_ttl), "--log-level", "INFO"]
+                "--lease-ttl", str(lease_ttl), "--log-level", "INFO", *extra_args]
         for app in apps:
             args += ["--app", app]
         self.log_path = log_path
