@@ -174,7 +174,8 @@ async def garbage(faults: Faults, number: int, event: FaultEvent) -> None:
     keys = ShardKeys(system.namespace, shard)
     assert system.inspector is not None
     entry = await system.inspector.xadd(keys.stream, {"v": version, "ops": ops})
-    await system.inspector.publish(keys.wake_channel, entry)
+    # execute_command: a cluster client has no publish() (any node fans a message out).
+    await system.inspector.execute_command("PUBLISH", keys.wake_channel, entry)
     faults.garbage.append(GarbageSent(shard, kind, entry.decode(), [op_id] if answered else []))
     faults.note(f"garbage {kind} appended to shard {shard} ({entry.decode()})")
 
