@@ -15,11 +15,14 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from .errors import ConfigError
 
@@ -81,10 +84,15 @@ class LocalServer:
         appendfsync: str | None = None,
         data_dir: str | Path | None = None,
         binary: str | None = None,
+        own_slots: bool = True,
+        extra_args: Sequence[str] = (),
     ) -> None:
         # A cluster node also listens on port + 10000 (its bus), so it must be <= 55535.
         self.port = port or free_port(55535 if cluster else 65535)
         self.cluster = cluster
+        #: A cluster node that joins a multi-node cluster owns no slot by itself.
+        self.own_slots = own_slots
+        self.extra_args = list(extra_args)
         self.appendfsync = appendfsync
         self.binary = binary or find_server_binary()
         self._own_dir = data_dir is None
@@ -134,7 +142,7 @@ class LocalServer:
                 "--cluster-config-file",
                 str(self.data_dir / "nodes.conf"),
             ]
-        return args
+        return args + self.extra_args
 
     def start(self, timeout: float = 10.0) -> None:
         """Start the server and wait until it serves (and, as a cluster, owns every slot).
@@ -146,7 +154,9 @@ class LocalServer:
             self.command_line(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         deadline = time.monotonic() + timeout
-        client = redis.Redis(port=self.port, socket_timeout=1)
+        # No retries inside redis-py: its backoff would add seconds to every poll that finds the
+        # port not listening yet; this loop polls on its own.
+        client = redis.Redis(port=self.port, socket_timeout=1, retry=Retry(NoBackoff(), 0))
         try:
             while True:
                 if self.process.poll() is not None:
@@ -159,7 +169,7 @@ class LocalServer:
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{self.binary} did not answer on port {self.port}")
                 time.sleep(0.02)
-            if self.cluster:
+            if self.cluster and self.own_slots:
                 self._own_all_slots(client, deadline)
         except BaseException:
             self.kill()
@@ -207,10 +217,22 @@ class LocalServer:
         self._terminate(signal.SIGKILL if hard else signal.SIGTERM)
         self.start()
 
+    @property
+    def running(self) -> bool:
+        """Whether the process is alive (a paused one is)."""
+        return self.process is not None and self.process.poll() is None
+
+    def send_signal(self, sig: signal.Signals) -> None:
+        """Send ``sig`` (SIGSTOP, SIGCONT) to the running process; nothing if it is not running."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+
     def _terminate(self, sig: signal.Signals) -> None:
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
+        if sig != signal.SIGKILL:
+            process.send_signal(signal.SIGCONT)  # a paused server would not act on ``sig``
         process.send_signal(sig)
         try:
             process.wait(timeout=10)

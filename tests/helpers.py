@@ -8,7 +8,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,8 @@ class WorkerProcess:
 
     def __init__(self, url: str, namespace: str, *, shards: str = "0-3", shard_count: int = 4,
                  lease_ttl: float = 1.0, apps: Sequence[str] = ("tests.apps",),
-                 log_path: Path | None = None, extra_args: Sequence[str] = ()) -> None:
+                 log_path: Path | None = None, extra_args: Sequence[str] = (),
+                 env: Mapping[str, str] | None = None) -> None:
         args = [sys.executable, "-m", "keyserial", "worker", "--redis", url,
                 "--namespace", namespace, "--shards", shards, "--shard-count", str(shard_count),
                 "--lease-ttl", str(lease_ttl), "--log-level", "INFO", *extra_args]
@@ -66,7 +67,9 @@ class WorkerProcess:
             args += ["--app", app]
         self.log_path = log_path
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(args, cwd=ROOT, stdout=self._log, stderr=self._log)
+        # ``env``: variables added to this process's (LD_PRELOAD of libfaketime: a skewed clock).
+        self.process = subprocess.Popen(args, cwd=ROOT, stdout=self._log, stderr=self._log,
+                                        env={**os.environ, **env} if env else None)
         self.pid = self.process.pid
 
     def signal(self, sig: signal.Signals) -> None:

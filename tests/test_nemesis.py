@@ -1,8 +1,10 @@
-"""The nemesis's short profile on fixed seeds: randomized faults, then every checker.
+"""The nemesis's short and cluster profiles on fixed seeds: randomized faults, then every
+checker.
 
 Each seed starts its own durable Redis, three worker processes and two clients behind fault
-proxies (see ``tests/nemesis``). Seeds known to fail are listed in ``tests/nemesis/seeds.py``
-with their cause and stay out of this list until fixed.
+proxies (see ``tests/nemesis``); a cluster seed, its own 3-master / 3-replica cluster instead.
+Seeds known to fail are listed in ``tests/nemesis/seeds.py`` with their cause and stay out of
+these lists until fixed.
 """
 
 from __future__ import annotations
@@ -13,12 +15,27 @@ import pytest
 
 from tests.nemesis.runner import run_seed
 from tests.nemesis.schedule import PROFILES, make_plan
-from tests.nemesis.seeds import CI_REGRESSIONS, DEFAULT_SEEDS, KNOWN_FAILING, REGRESSIONS
+from tests.nemesis.seeds import (
+    CI_REGRESSIONS,
+    CLUSTER_SEEDS,
+    DEFAULT_SEEDS,
+    KNOWN_FAILING,
+    REGRESSIONS,
+)
 
 
 @pytest.mark.parametrize("seed", DEFAULT_SEEDS)
 async def test_a_short_nemesis_run_finds_no_violation(seed: int, tmp_path: Path) -> None:
     report = await run_seed(seed, PROFILES["short"], tmp_path)
+    assert report.stats["faults"] >= 1, f"no fault was injected in full: {report.injected}"
+    assert report.ok, report.describe()
+
+
+@pytest.mark.parametrize("seed", CLUSTER_SEEDS)
+async def test_a_cluster_nemesis_run_finds_no_violation(seed: int, tmp_path: Path) -> None:
+    """The cluster profile: 3 masters with a replica each, masters killed or paused past their
+    failover, workers whose clock is off by minutes (about 25 s a seed)."""
+    report = await run_seed(seed, PROFILES["cluster"], tmp_path)
     assert report.stats["faults"] >= 1, f"no fault was injected in full: {report.injected}"
     assert report.ok, report.describe()
 

@@ -3,9 +3,7 @@
 An injector gets the run's :class:`Faults` (the system, the load, the log) and its event. It may
 be cancelled at any await when the load ends: ``System.heal`` then ends whatever it left
 (a paused process, a held link, Redis down, a slot without a live worker), so an injector needs
-no cleanup of its own. Kinds to add later (a cluster master killed or paused past its
-failover, a worker whose clock is off by minutes) register here the same way, against a system
-class that can do them.
+no cleanup of its own. The cluster profile's kinds live in ``cluster_faults``.
 """
 
 from __future__ import annotations
@@ -21,8 +19,9 @@ import anyio
 
 from keyserial._layout import ShardKeys
 from tests.helpers import keys_on_shard
+from tests.nemesis import cluster_faults
 from tests.nemesis.schedule import FaultEvent
-from tests.nemesis.system import System
+from tests.nemesis.system import BaseSystem, System
 from tests.nemesis.tap import GARBAGE_PREFIX
 from tests.nemesis.workloads import Load
 
@@ -40,7 +39,7 @@ class GarbageSent:
 
 @dataclass
 class Faults:
-    system: System
+    system: BaseSystem
     load: Load
     started: float = field(default_factory=time.monotonic)
     log: list[str] = field(default_factory=list)
@@ -70,6 +69,12 @@ class Faults:
                 self.injected += 1
             except Exception as error:
                 self.note(f"{event.kind} {event.target} failed to inject: {error!r}")
+
+
+def _standalone(faults: Faults) -> System:
+    """The system of a proxy or single-server fault (the standalone profiles' only)."""
+    assert isinstance(faults.system, System), "a proxy or server fault in a standalone run only"
+    return faults.system
 
 
 def _slot(event: FaultEvent) -> int:
@@ -119,7 +124,7 @@ async def sigterm_slow(faults: Faults, number: int, event: FaultEvent) -> None:
 
 
 async def redis_restart(faults: Faults, number: int, event: FaultEvent) -> None:
-    server = faults.system.server
+    server = _standalone(faults).server
     await anyio.to_thread.run_sync(server.kill)
     faults.note("kill -9 redis")
     await anyio.sleep(event.params["down_for"])
@@ -128,7 +133,7 @@ async def redis_restart(faults: Faults, number: int, event: FaultEvent) -> None:
 
 
 async def net_reset(faults: Faults, number: int, event: FaultEvent) -> None:
-    proxy = faults.system.proxy(event.target)
+    proxy = _standalone(faults).proxy(event.target)
     for _ in range(event.params["times"]):
         proxy.reset()
         faults.note(f"reset the links of {event.target}")
@@ -136,7 +141,7 @@ async def net_reset(faults: Faults, number: int, event: FaultEvent) -> None:
 
 
 async def net_blackhole(faults: Faults, number: int, event: FaultEvent) -> None:
-    proxy = faults.system.proxy(event.target)
+    proxy = _standalone(faults).proxy(event.target)
     held = event.params["held"]
     proxy.hold(held + 0.1)  # still held when the links are reset below
     faults.note(f"blackhole {event.target} for {held}s")
@@ -147,7 +152,7 @@ async def net_blackhole(faults: Faults, number: int, event: FaultEvent) -> None:
 
 
 async def net_delay(faults: Faults, number: int, event: FaultEvent) -> None:
-    proxy = faults.system.proxy(event.target)
+    proxy = _standalone(faults).proxy(event.target)
     proxy.delay = event.params["delay"]
     faults.note(f"delay {event.target} by {proxy.delay}s")
     await anyio.sleep(event.params["lasting"])
@@ -169,7 +174,8 @@ async def garbage(faults: Faults, number: int, event: FaultEvent) -> None:
     keys = ShardKeys(system.namespace, shard)
     assert system.inspector is not None
     entry = await system.inspector.xadd(keys.stream, {"v": version, "ops": ops})
-    await system.inspector.publish(keys.wake_channel, entry)
+    # execute_command: a cluster client has no publish() (any node fans a message out).
+    await system.inspector.execute_command("PUBLISH", keys.wake_channel, entry)
     faults.garbage.append(GarbageSent(shard, kind, entry.decode(), [op_id] if answered else []))
     faults.note(f"garbage {kind} appended to shard {shard} ({entry.decode()})")
 
@@ -211,4 +217,7 @@ INJECTORS: dict[str, Injector] = {
     "net_blackhole": net_blackhole,
     "net_delay": net_delay,
     "garbage": garbage,
+    "master_kill9": cluster_faults.master_kill9,
+    "master_pause": cluster_faults.master_pause,
+    "clock_skew": cluster_faults.clock_skew,
 }

@@ -22,9 +22,10 @@ from keyserial._layout import ShardKeys
 from tests import apps
 from tests.helpers import keys_on_shard
 from tests.nemesis.checkers import Observed, Resolved, Violation, check_all, op_ids_of
+from tests.nemesis.cluster_system import ClusterSystem
 from tests.nemesis.faults import Faults
 from tests.nemesis.schedule import Plan, Profile, make_plan
-from tests.nemesis.system import System
+from tests.nemesis.system import BaseSystem, System
 from tests.nemesis.tap import StreamTap
 from tests.nemesis.workloads import OPENING_BALANCE, UNKNOWN, Keys, Load
 
@@ -63,7 +64,7 @@ async def run_seed(seed: int, profile: Profile, workdir: Path) -> RunReport:
     began = time.monotonic()
     with anyio.fail_after(profile.load_seconds + profile.submit_timeout
                           + profile.resolve_seconds + 90):
-        async with System(plan, workdir) as system:
+        async with make_system(plan, workdir) as system:
             if not await system.wait_all_held(30):
                 report.violations.append(Violation("setup", "workers did not take every shard",
                                                    {"holders": await system.holders()}))
@@ -73,14 +74,18 @@ async def run_seed(seed: int, profile: Profile, workdir: Path) -> RunReport:
     return report
 
 
-async def _run(plan: Plan, system: System, report: RunReport) -> None:
+def make_system(plan: Plan, workdir: Path) -> BaseSystem:
+    return (ClusterSystem if plan.profile.topology == "cluster" else System)(plan, workdir)
+
+
+async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
     profile = plan.profile
-    tap = StreamTap(system.server.port, system.namespace, profile.shard_count)
+    tap = system.tap()
     async with anyio.create_task_group() as background, AsyncExitStack() as stack:
         background.start_soon(tap.run)
         clients = [await stack.enter_async_context(keyserial.connect(
-            proxy.url, shards=profile.shard_count, namespace=system.namespace))
-            for proxy in system.client_proxies]
+            url, shards=profile.shard_count, namespace=system.namespace))
+            for url in system.client_urls()]
         keys = Keys.for_profile(profile)
         await _open_accounts(clients[0], keys)
         load = Load(plan.seed, profile, keys, clients)
@@ -92,6 +97,8 @@ async def _run(plan: Plan, system: System, report: RunReport) -> None:
                 await anyio.sleep_forever()
             load.stop()
             await system.heal()
+            for note in system.heal_notes:
+                faults.note(f"healing: {note}")
             faults.note("load stopped, every fault healed")
             report.violations += await _liveness(system, clients[0], faults)
         faults.note("load drained")
@@ -113,7 +120,8 @@ async def _open_accounts(client: keyserial.Client, keys: Keys) -> None:
                             op_id=f"open-{account}", timeout=30)
 
 
-async def _liveness(system: System, client: keyserial.Client, faults: Faults) -> list[Violation]:
+async def _liveness(system: BaseSystem, client: keyserial.Client,
+                    faults: Faults) -> list[Violation]:
     """Each shard takes and commits a new op within the bound, counted from the heal."""
     profile = system.profile
     healed = time.monotonic()
@@ -178,7 +186,7 @@ async def _stored(client: keyserial.Client, op_id: str, key: str | list[str]) ->
         return None
 
 
-async def _finals(client: keyserial.Client, system: System, load: Load,
+async def _finals(client: keyserial.Client, system: BaseSystem, load: Load,
                   keys: Keys) -> dict[str, Any]:
     """Every key's state, read by an op (after every op appended on it) where the shard
     answers, else straight from the state hash."""
@@ -203,7 +211,7 @@ async def _finals(client: keyserial.Client, system: System, load: Load,
     return finals
 
 
-async def _garbage_answered(system: System, faults: Faults) -> list[Violation]:
+async def _garbage_answered(system: BaseSystem, faults: Faults) -> list[Violation]:
     """Every garbage envelope the wire format promises an outcome got one stored, except an
     op no worker knows: that refusal is replied but never stored (a newer worker could run
     the same op id)."""

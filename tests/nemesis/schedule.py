@@ -24,6 +24,19 @@ FAULT_WEIGHTS: dict[str, int] = {
     "garbage": 2,
 }
 
+#: The cluster profile's kinds: worker faults, and faults of the cluster's nodes and clocks in
+#: place of the proxy and single-server ones (a proxy cannot stand between a cluster client and
+#: the nodes its redirections name).
+CLUSTER_FAULT_WEIGHTS: dict[str, int] = {
+    "kill9": 2,
+    "sigstop": 2,
+    "sigterm_slow": 2,
+    "garbage": 1,
+    "master_kill9": 3,
+    "master_pause": 4,
+    "clock_skew": 2,
+}
+
 #: Foreign or broken stream entries the ``garbage`` fault appends (see ``faults.garbage_entry``).
 GARBAGE_KINDS = (
     "deep_nesting", "invalid_json", "non_list", "lone_surrogate", "bad_version", "bad_element",
@@ -48,11 +61,18 @@ class Profile:
     liveness_bound: float = 5.0
     #: After healing, outcomes of unknown ops are polled for this long (never resubmitted).
     resolve_seconds: float = 15.0
+    #: "standalone" (one durable server behind fault proxies) or "cluster" (3 masters with a
+    #: replica each, see ``cluster_system``).
+    topology: str = "standalone"
+    #: The fault kinds drawn, with weights (empty: ``FAULT_WEIGHTS``).
+    fault_weights: tuple[tuple[str, int], ...] = ()
 
 
 PROFILES = {
     "short": Profile("short", load_seconds=7.0, faults=(2, 4)),
     "long": Profile("long", load_seconds=18.0, faults=(5, 9)),
+    "cluster": Profile("cluster", load_seconds=20.0, faults=(2, 4), callers=12,
+                       topology="cluster", fault_weights=tuple(CLUSTER_FAULT_WEIGHTS.items())),
 }
 
 
@@ -62,7 +82,7 @@ class FaultEvent:
 
     at: float
     kind: str
-    target: str  # "worker:<slot>", "client:<n>", "redis", "shard:<n>"
+    target: str  # "worker:<slot>", "client:<n>", "redis", "shard:<n>", "cluster"
     params: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> str:
@@ -98,8 +118,9 @@ def make_plan(seed: int, profile: Profile) -> Plan:
     rng = rng_for(seed, "plan")
     layouts = _layouts(rng, profile)
     count = rng.randint(*profile.faults)
-    kinds = list(FAULT_WEIGHTS)
-    weights = [FAULT_WEIGHTS[kind] for kind in kinds]
+    table = dict(profile.fault_weights) or FAULT_WEIGHTS
+    kinds = list(table)
+    weights = [table[kind] for kind in kinds]
     events = []
     for _ in range(count):
         kind = rng.choices(kinds, weights)[0]
@@ -171,6 +192,24 @@ def _garbage(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]
     return f"shard:{rng.randrange(profile.shard_count)}", {"entry": rng.choice(GARBAGE_KINDS)}
 
 
+def _master(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
+    """A master (the one serving a slot range when it fires), restarted after its failover."""
+    return "cluster", {"slot_range": rng.randrange(3),
+                       "restart_after": round(rng.uniform(0.0, 3.0), 2)}
+
+
+def _master_pause(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
+    """A master stopped until its replica is promoted, and ``past_failover`` seconds more."""
+    return "cluster", {"slot_range": rng.randrange(3),
+                       "past_failover": round(rng.uniform(0.0, 3.0), 2)}
+
+
+def _clock_skew(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
+    """A worker replaced by one whose wall clock is off by minutes, either way."""
+    minutes = rng.choice((-1, 1)) * rng.randint(2, 30)
+    return _worker(rng, profile), {"skew_minutes": minutes}
+
+
 _PARAMS = {
     "kill9": _kill9,
     "sigstop": _sigstop,
@@ -180,6 +219,9 @@ _PARAMS = {
     "net_blackhole": _blackhole,
     "net_delay": _delay,
     "garbage": _garbage,
+    "master_kill9": _master,
+    "master_pause": _master_pause,
+    "clock_skew": _clock_skew,
 }
 
 

@@ -15,6 +15,10 @@ class KnownFailure(NamedTuple):
 #: Short-profile seeds ``tests/test_nemesis.py`` runs (each passed when it was added).
 DEFAULT_SEEDS: tuple[int, ...] = (102, 104, 112, 114)
 
+#: Cluster-profile seeds ``tests/test_nemesis.py`` runs (each passed every time it was run; the
+#: cluster's runs depend on timing more than the standalone ones).
+CLUSTER_SEEDS: tuple[int, ...] = (7,)
+
 #: Seeds that failed once, each for a defect since fixed: ``tests/test_nemesis.py`` runs them
 #: as regression tests (the short ones; the long ones with ``python -m tests.nemesis``).
 REGRESSIONS: list[KnownFailure] = [
@@ -50,4 +54,14 @@ KNOWN_FAILING: list[KnownFailure] = [
                  " owner's in-flight entries one op at a time, waiting up to a lease TTL for each"
                  " op still running; with many slow ops in flight the shard takes longer than"
                  " the checker's 5 s to accept a new op"),
+    # The cluster seeds fail in some runs, not all: what a paused master's failover loses
+    # depends on what had reached its replica, so more under a contended CPU.
+    KnownFailure(0, "cluster", "counters/lists/read-your-writes: acknowledged ops lost, and bank:"
+                 " a payment applied on one key only, money not conserved, after a master was"
+                 " paused past its failover then killed (1 run of 2)"),
+    KnownFailure(1, "cluster", "appended-never-applied: entries appended around a master's pause"
+                 " lost in its failover; their submits time out and are never re-appended"
+                 " (1 run of 2)"),
+    KnownFailure(4, "cluster", "appended-never-applied: an entry appended as a master was paused"
+                 " lost in its failover, its submit timed out (1 run of 1)"),
 ]

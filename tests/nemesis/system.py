@@ -1,17 +1,19 @@
-"""The system under test for one run: a durable private Redis, fault proxies, worker slots.
+"""The system under test for one run: Redis, worker slots, and how to reach and heal them.
 
-A worker *slot* is a place in the plan's topology (its shard list and its proxy); the process in
-it changes when a fault kills it and a replacement starts. Other topologies (a multi-node
-cluster whose masters a fault kills or pauses) would be another class with the same surface:
-``heal``, ``holders`` and the members the injectors use.
+A worker *slot* is a place in the plan's topology (its shard list); the process in it changes
+when a fault kills it and a replacement starts. :class:`BaseSystem` runs the slots;
+:class:`System` adds a durable private Redis and the fault proxies in front of it, and
+``cluster_system.ClusterSystem`` a 3-master / 3-replica cluster (no proxies).
 """
 
 from __future__ import annotations
 
 import signal
+from collections.abc import Mapping
 from contextlib import suppress
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 import anyio
 import redis.asyncio as aredis
@@ -21,37 +23,31 @@ from keyserial._server import LocalServer, free_port
 from tests.helpers import WorkerProcess
 from tests.nemesis.proxy import FaultProxy
 from tests.nemesis.schedule import Plan
+from tests.nemesis.tap import StreamTap
 
 
-class System:
-    """Start with ``async with System(plan, workdir)``; everything is stopped on exit."""
+class BaseSystem:
+    """Worker slots; subclasses provide Redis. Start with ``async with``; all is stopped on
+    exit."""
 
     def __init__(self, plan: Plan, workdir: Path) -> None:
         self.plan = plan
         self.profile = plan.profile
         self.workdir = workdir
         self.namespace = f"nem{plan.seed}"
-        # Ports below 55536: the range a cluster node (port + 10000) could also use.
-        self.server = LocalServer(port=free_port(55535), appendfsync="always",
-                                  data_dir=workdir / "redis")
-        self.worker_proxies = [FaultProxy(f"worker:{slot}", self.server.port)
-                               for slot in range(self.profile.workers)]
-        self.client_proxies = [FaultProxy(f"client:{n}", self.server.port)
-                               for n in range(self.profile.clients)]
         self.slots: list[WorkerProcess | None] = [None] * self.profile.workers
         #: Slots whose process was sent SIGTERM: healing starts their replacement.
         self.terminating: set[int] = set()
         self.every_process: list[WorkerProcess] = []
         #: Pids the nemesis killed or sent SIGTERM: any other exit is a crash.
         self.ended_by_nemesis: set[int] = set()
-        self.inspector: aredis.Redis | None = None
+        self.inspector: Any = None  # a redis.asyncio client of the deployment
+        #: What healing could not do (named in the run's log).
+        self.heal_notes: list[str] = []
         self._started = 0
 
-    async def __aenter__(self) -> System:
-        await anyio.to_thread.run_sync(self.server.start)
-        self.inspector = aredis.Redis(port=self.server.port, socket_timeout=5)
-        for proxy in self.proxies():
-            await proxy.start()
+    async def __aenter__(self) -> BaseSystem:
+        await self.start_redis()
         for slot in range(self.profile.workers):
             self.start_worker(slot)
         return self
@@ -61,31 +57,41 @@ class System:
         with anyio.CancelScope(shield=True):
             for process in self.every_process:
                 process.close()
-            for proxy in self.proxies():
-                await proxy.aclose()
             if self.inspector is not None:
                 await self.inspector.aclose()
-            await anyio.to_thread.run_sync(self.server.stop)
+            await self.stop_redis()
 
-    def proxies(self) -> list[FaultProxy]:
-        return [*self.worker_proxies, *self.client_proxies]
+    async def start_redis(self) -> None:
+        raise NotImplementedError
 
-    def proxy(self, target: str) -> FaultProxy:
-        """The proxy of ``worker:<slot>`` or ``client:<n>``."""
-        kind, number = target.split(":")
-        return (self.worker_proxies if kind == "worker" else self.client_proxies)[int(number)]
+    async def stop_redis(self) -> None:
+        raise NotImplementedError
+
+    def worker_url(self, slot: int) -> str:
+        raise NotImplementedError
+
+    def client_urls(self) -> list[str]:
+        """One URL per client of the load."""
+        raise NotImplementedError
+
+    def tap(self) -> StreamTap:
+        raise NotImplementedError
+
+    async def heal_redis(self) -> None:
+        """End every fault of Redis itself (and of the links to it)."""
+        raise NotImplementedError
 
     def worker(self, slot: int) -> WorkerProcess:
         process = self.slots[slot]
         assert process is not None
         return process
 
-    def start_worker(self, slot: int) -> WorkerProcess:
+    def start_worker(self, slot: int, env: Mapping[str, str] | None = None) -> WorkerProcess:
         shards = ",".join(map(str, self.plan.layouts[slot]))
         process = WorkerProcess(
-            self.worker_proxies[slot].url, self.namespace, shards=shards,
+            self.worker_url(slot), self.namespace, shards=shards,
             shard_count=self.profile.shard_count, lease_ttl=self.profile.lease_ttl,
-            log_path=self.workdir / f"worker-{slot}-{self._started}.log")
+            log_path=self.workdir / f"worker-{slot}-{self._started}.log", env=env)
         self._started += 1
         self.slots[slot] = process
         self.terminating.discard(slot)
@@ -107,21 +113,14 @@ class System:
                             "log": str(process.log_path)})
         return crashes
 
-    def redis_up(self) -> bool:
-        process = self.server.process
-        return process is not None and process.poll() is None
-
     async def heal(self) -> None:
-        """End every fault: resume paused processes, heal the links, bring Redis back and put
+        """End every fault: resume paused processes, heal Redis and the links to it, and put
         a live worker in every slot."""
         for each in self.every_process:
             if each.process.poll() is None:
                 with suppress(ProcessLookupError):
                     each.signal(signal.SIGCONT)
-        for proxy in self.proxies():
-            proxy.heal()
-        if not self.redis_up():
-            await anyio.to_thread.run_sync(self.server.start)
+        await self.heal_redis()
         for slot, process in enumerate(self.slots):
             if process is None or process.process.poll() is not None or slot in self.terminating:
                 self.start_worker(slot)
@@ -149,3 +148,58 @@ class System:
                         return True
                 await anyio.sleep(0.05)
         return False
+
+
+class System(BaseSystem):
+    """A durable private Redis; every worker and client reaches it through its own proxy."""
+
+    def __init__(self, plan: Plan, workdir: Path) -> None:
+        super().__init__(plan, workdir)
+        # Ports below 55536: the range a cluster node (port + 10000) could also use.
+        self.server = LocalServer(port=free_port(55535), appendfsync="always",
+                                  data_dir=workdir / "redis")
+        self.worker_proxies = [FaultProxy(f"worker:{slot}", self.server.port)
+                               for slot in range(self.profile.workers)]
+        self.client_proxies = [FaultProxy(f"client:{n}", self.server.port)
+                               for n in range(self.profile.clients)]
+
+    async def start_redis(self) -> None:
+        await anyio.to_thread.run_sync(self.server.start)
+        self.inspector = aredis.Redis(port=self.server.port, socket_timeout=5)
+        for proxy in self.proxies():
+            await proxy.start()
+
+    async def stop_redis(self) -> None:
+        for proxy in self.proxies():
+            await proxy.aclose()
+        await anyio.to_thread.run_sync(self.server.stop)
+
+    def proxies(self) -> list[FaultProxy]:
+        return [*self.worker_proxies, *self.client_proxies]
+
+    def proxy(self, target: str) -> FaultProxy:
+        """The proxy of ``worker:<slot>`` or ``client:<n>``."""
+        kind, number = target.split(":")
+        return (self.worker_proxies if kind == "worker" else self.client_proxies)[int(number)]
+
+    def worker_url(self, slot: int) -> str:
+        return self.worker_proxies[slot].url
+
+    def client_urls(self) -> list[str]:
+        return [proxy.url for proxy in self.client_proxies]
+
+    def tap(self) -> StreamTap:
+        port = self.server.port
+        return StreamTap(lambda: aredis.Redis(port=port, socket_timeout=None,
+                                              socket_connect_timeout=2),
+                         self.namespace, self.profile.shard_count)
+
+    def redis_up(self) -> bool:
+        process = self.server.process
+        return process is not None and process.poll() is None
+
+    async def heal_redis(self) -> None:
+        for proxy in self.proxies():
+            proxy.heal()
+        if not self.redis_up():
+            await anyio.to_thread.run_sync(self.server.start)

@@ -8,12 +8,14 @@ read) was applied; the tap can miss appended ops only on the safe side.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
 import redis.asyncio as aredis
+from redis.exceptions import RedisClusterException
 
 from keyserial._layout import ShardKeys
 
@@ -35,28 +37,41 @@ class Appended:
 
 @dataclass
 class StreamTap:
-    port: int
+    #: A new client of the deployment (called again after a failure).
+    connect: Callable[[], Any]
     namespace: str
     shard_count: int
+    #: One blocking read per stream (a cluster: each stream lives in its own slot, and one XREAD
+    #: may not span slots), else one read of every stream.
+    per_stream: bool = False
     #: op id -> what the tap saw appended (only ops the load submitted, tagged).
     seen: dict[str, Appended] = field(default_factory=dict)
 
     async def run(self) -> None:
-        """Read every stream until cancelled, resuming after a Redis restart."""
+        """Read every stream until cancelled, resuming after a Redis restart or failover."""
         streams = {ShardKeys(self.namespace, shard).stream: shard
                    for shard in range(self.shard_count)}
         last: dict[str, str] = dict.fromkeys(streams, "0-0")
+        if not self.per_stream:
+            await self._follow(streams, last)
+            return
+        async with anyio.create_task_group() as group:
+            for name, shard in streams.items():
+                group.start_soon(self._follow, {name: shard}, last)
+
+    async def _follow(self, streams: dict[str, int], last: dict[str, str]) -> None:
         while True:
-            client = aredis.Redis(port=self.port, socket_timeout=None, socket_connect_timeout=2)
+            client = self.connect()
             try:
                 while True:
-                    replies = await client.xread(dict(last.items()), count=500, block=200)
+                    replies = await client.xread({name: last[name] for name in streams},
+                                                 count=500, block=200)
                     for stream, entries in replies:
                         name = stream.decode()
                         for entry_id, fields in entries:
                             last[name] = entry_id.decode()
                             self._note(streams[name], last[name], fields)
-            except (OSError, aredis.RedisError):
+            except (OSError, aredis.RedisError, RedisClusterException):
                 await anyio.sleep(0.1)
             finally:
                 with anyio.CancelScope(shield=True):

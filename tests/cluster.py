@@ -1,0 +1,230 @@
+"""A private Redis Cluster of several nodes on 127.0.0.1, for failover tests and the nemesis."""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from keyserial._server import LocalServer, find_server_binary, free_port
+
+_CLUSTER_SLOTS = 16384
+
+
+def _node_client(port: int, timeout: float = 1.0) -> redis.Redis:
+    """A client of one node that never retries: a paused node must cost one timeout."""
+    return redis.Redis(port=port, socket_timeout=timeout, socket_connect_timeout=timeout,
+                       retry=Retry(NoBackoff(), 0))
+
+
+def _command(client: redis.Redis, *args: str | int) -> Any:
+    return client.execute_command(*args)  # type: ignore[no-untyped-call]
+
+
+def _text(reply: Any) -> str:
+    return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+
+def _cluster_ports(count: int) -> list[int]:
+    """``count`` distinct free ports whose bus port (port + 10000) is free too."""
+    ports: list[int] = []
+    while len(ports) < count:
+        port = free_port(55535)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
+class LocalCluster:
+    """A private Redis Cluster on 127.0.0.1: ``masters`` masters with ``replicas`` replicas each.
+
+    Built for failover tests. The node timeout is short, so a replica replaces a dead or paused
+    master within seconds. ``cluster-require-full-coverage no`` keeps the healthy masters serving
+    while one slot range has no master (what a deployment wanting partial availability sets),
+    and ``cluster-replica-validity-factor 0`` lets a replica take over however long it was cut
+    off from its master. A node keeps its directory across :meth:`LocalServer.restart`, so a
+    killed master comes back with its node id and rejoins as a replica of its successor.
+    """
+
+    def __init__(
+        self,
+        *,
+        masters: int = 3,
+        replicas: int = 1,
+        node_timeout_ms: int = 1500,
+        appendfsync: str | None = None,
+        data_dir: str | Path | None = None,
+        binary: str | None = None,
+    ) -> None:
+        self._own_dir = data_dir is None
+        self.root = Path(data_dir or tempfile.mkdtemp(prefix="keyserial-cluster-"))
+        self.master_count = masters
+        self.replicas = replicas
+        binary = binary or find_server_binary()
+        options = [
+            "--cluster-node-timeout", str(node_timeout_ms),
+            "--cluster-require-full-coverage", "no",
+            "--cluster-replica-validity-factor", "0",
+            # A replica (re)joining syncs at once instead of waiting for others to join it.
+            "--repl-diskless-sync-delay", "0",
+        ]
+        self.nodes = [
+            LocalServer(port=port, cluster=True, own_slots=False, appendfsync=appendfsync,
+                        data_dir=self.root / f"node-{port}", binary=binary, extra_args=options)
+            for port in _cluster_ports(masters * (1 + replicas))
+        ]
+        step = _CLUSTER_SLOTS // masters
+        #: The slot range each master was given at creation: ``(first, last)``.
+        self.ranges = [(n * step, _CLUSTER_SLOTS - 1 if n == masters - 1 else (n + 1) * step - 1)
+                       for n in range(masters)]
+        #: Ports of nodes :meth:`pause` stopped and :meth:`resume` has not resumed.
+        self.paused: set[int] = set()
+
+    @property
+    def url(self) -> str:
+        """URL of a node that is running and not paused (a cluster client finds the others)."""
+        for node in self.nodes:
+            if node.running and node.port not in self.paused:
+                return node.url
+        return self.nodes[0].url
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 60.0) -> None:
+        """Start every node, join them, give each master its range and each its replicas, and
+        wait until every node sees every slot served and every replica in sync.
+
+        :raises RuntimeError: if that does not happen in ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        try:
+            for node in self.nodes:
+                node.start()
+            self._create(deadline)
+            self.wait_healthy(deadline - time.monotonic())
+        except BaseException:
+            self.stop()
+            raise
+
+    def _create(self, deadline: float) -> None:
+        clients = [_node_client(node.port, 5) for node in self.nodes]
+        try:
+            ids = [_text(_command(client, "CLUSTER", "MYID")) for client in clients]
+            for client in clients[1:]:
+                _command(client, "CLUSTER", "MEET", "127.0.0.1", self.nodes[0].port)
+            for client, (first, last) in zip(clients, self.ranges, strict=False):
+                _command(client, "CLUSTER", "ADDSLOTS", *range(first, last + 1))
+            known = f"cluster_known_nodes:{len(self.nodes)}"
+            while not all(known in _text(_command(each, "CLUSTER", "INFO")) for each in clients):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("cluster nodes did not all meet")
+                time.sleep(0.05)
+            for number, client in enumerate(clients[self.master_count:]):
+                _command(client, "CLUSTER", "REPLICATE", ids[number % self.master_count])
+        finally:
+            for client in clients:
+                client.close()
+
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        """Until every node runs and says the cluster is ok with every slot served, and every
+        master has its replicas online.
+
+        :raises RuntimeError: if that does not happen in ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        while not self.healthy():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"cluster under {self.root} did not become healthy")
+            time.sleep(0.1)
+
+    def healthy(self) -> bool:
+        masters = 0
+        for node in self.nodes:
+            if not node.running or node.port in self.paused:
+                return False
+            client = _node_client(node.port)
+            try:
+                info = _text(_command(client, "CLUSTER", "INFO"))
+                replication: dict[str, Any] = _command(client, "INFO", "replication")
+            except (redis.RedisError, OSError):
+                return False
+            finally:
+                client.close()
+            wanted = ("cluster_state:ok", f"cluster_slots_ok:{_CLUSTER_SLOTS}",
+                      f"cluster_known_nodes:{len(self.nodes)}")
+            if not all(each in info for each in wanted):
+                return False
+            if replication["role"] == "master":
+                masters += 1
+                online = [value for name, value in replication.items()
+                          if name.startswith("slave") and isinstance(value, dict)
+                          and value.get("state") == "online"]
+                if len(online) < self.replicas:
+                    return False
+            elif replication.get("master_link_status") != "up":
+                return False
+        return masters == self.master_count
+
+    def master_of(self, slot: int, *, asking: Sequence[LocalServer] = ()) -> LocalServer | None:
+        """The node serving ``slot`` as some running, unpaused node (of ``asking``, default any)
+        sees it; None if none answers or it has no master."""
+        for node in asking or self.nodes:
+            if not node.running or node.port in self.paused:
+                continue
+            client = _node_client(node.port)
+            try:
+                ranges = _command(client, "CLUSTER", "SLOTS")
+            except (redis.RedisError, OSError):
+                continue
+            finally:
+                client.close()
+            for first, last, master, *_ in ranges:
+                if first <= slot <= last:
+                    return self.node_at(int(master[1]))
+            return None
+        return None
+
+    def node_at(self, port: int) -> LocalServer | None:
+        return next((node for node in self.nodes if node.port == port), None)
+
+    def pause(self, node: LocalServer) -> None:
+        """SIGSTOP ``node``: to the others it stops answering, as a stalled host does."""
+        node.send_signal(signal.SIGSTOP)
+        self.paused.add(node.port)
+
+    def resume(self, node: LocalServer) -> None:
+        node.send_signal(signal.SIGCONT)
+        self.paused.discard(node.port)
+
+    def stop(self) -> None:
+        """Stop every node and remove the cluster's temporary directory."""
+        for node in self.nodes:
+            node.stop()
+        self.paused.clear()
+        if self._own_dir:
+            shutil.rmtree(self.root, ignore_errors=True)
