@@ -219,7 +219,9 @@ class Worker:
             with anyio.fail_after(self.settings.lease_ttl):
                 replies = await backend.run_many(calls)
         except (BackendUnavailable, TimeoutError) as exc:
-            log.warning("cannot renew or acquire leases: %s", exc or "timed out")
+            # (A TimeoutError from fail_after has no message of its own.)
+            reason = str(exc) or f"no reply within the lease TTL ({self.settings.lease_ttl:g}s)"
+            log.warning("cannot renew or acquire leases: %s", reason)
             self.metrics.renew_failed(owned)
             self._drop_expired(anyio.current_time())
             return

@@ -75,3 +75,25 @@ async def test_refused_credentials_are_a_clear_error_not_a_retry(tmp_path: objec
         with pytest.raises(ConfigError, match="refused"):
             async with keyserial.connect(server.url, shards=4):
                 pass
+
+
+async def test_a_lease_round_with_no_reply_logs_why(
+    namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A stalled server (here: CLIENT PAUSE) leaves the lease round without a reply; the
+    warning says so instead of an empty reason."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="keyserial")
+    with LocalServer() as server:
+        async with running_worker(server.url, namespace, shard_count=2, lease_ttl=0.5):
+            admin = redis.Redis.from_url(server.url)
+            admin.execute_command("CLIENT", "PAUSE", 1500, "WRITE")
+            admin.close()
+            with anyio.fail_after(10):
+                while not any("cannot renew or acquire leases" in record.getMessage()
+                              for record in caplog.records):
+                    await anyio.sleep(0.05)
+    warning = next(record.getMessage() for record in caplog.records
+                   if "cannot renew or acquire leases" in record.getMessage())
+    assert warning.endswith("no reply within the lease TTL (0.5s)"), warning
