@@ -203,7 +203,19 @@ async def _replies(
         # blocks): drop it, and with it every batch still waiting on it.
         error = redis_errors.TimeoutError(f"no reply within {timeout}s")
         protocol.fail(error)
+        _retrieve(futures)
         raise error from None
+    except BaseException:
+        _retrieve(futures)
+        raise
+
+
+def _retrieve(futures: list[asyncio.Future[Any]]) -> None:
+    """A lost connection fails every future of a batch: the first error is raised, the others
+    are the same news. Retrieve them, or asyncio logs each as never retrieved."""
+    for future in futures:
+        if future.done() and not future.cancelled():
+            future.exception()
 
 
 class Subscriber:

@@ -199,3 +199,29 @@ async def test_a_subscription_lost_to_a_server_restart_resubscribes(tmp_path: Pa
     finally:
         server.stop()
         await backend.aclose()
+
+
+async def test_a_batch_failed_by_a_lost_connection_leaves_no_unretrieved_errors(
+    standalone_server: LocalServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every future of a batch fails when its connection is lost; the caller sees the first
+    error, and none of the others is reported by asyncio as 'never retrieved'."""
+    import gc
+
+    connection = _connection(standalone_server)
+    try:
+        (client_id,) = await connection.execute([("CLIENT", "ID")])
+        killer = redis.asyncio.Redis.from_url(standalone_server.url)
+        batch = asyncio.ensure_future(  # a blocking pop holds the connection, not the server
+            connection.execute([("BLPOP", "nothing-here", "2"), ("PING",), ("PING",)]))
+        await anyio.sleep(0.1)
+        await killer.execute_command("CLIENT", "KILL", "ID", client_id)
+        await killer.aclose()
+        with pytest.raises(redis_errors.ConnectionError):
+            await batch
+        del batch
+        gc.collect()
+        await anyio.sleep(0.05)
+        assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+    finally:
+        await connection.aclose()
