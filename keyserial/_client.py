@@ -410,9 +410,9 @@ class Client:
                 for pending in batch:
                     pending.settle(KeyserialError(f"appending op {pending.op_id!r} failed: {exc}"))
                 continue
-            self._settle_refused(entries, replies)
+            self._after_append(entries, replies)
 
-    def _settle_refused(
+    def _after_append(
         self, entries: list[tuple[int, list[_Pending]]], replies: list[Any]
     ) -> None:
         """Note each appended op's entry; fail the ops of entries the server refused, and queue
@@ -435,7 +435,11 @@ class Client:
         """Queue again, a moment later, ops whose append the server refused for now; each
         waits until it is appended or its caller's timeout."""
         await anyio.sleep(_REFUSED_RETRY)
-        self._queue.extend(pending for pending in refused if not pending.done.done())
+        self._requeue(refused)
+
+    def _requeue(self, pendings: list[_Pending]) -> None:
+        """Append these ops again with the next batch (those still awaited)."""
+        self._queue.extend(pending for pending in pendings if not pending.done.done())
         self._queued.set()
 
     def _append_call(self, shard: int, group: list[_Pending]) -> ScriptCall:
@@ -509,8 +513,7 @@ class Client:
                         " it again", pending.op_id, (pending.entry or b"").decode())
             pending.entry, pending.fresh = None, False
         if lost:
-            self._queue.extend(lost)
-            self._queued.set()
+            self._requeue(lost)
 
 
 def _pack(batch: list[_Pending]) -> Iterator[tuple[int, list[_Pending]]]:
