@@ -267,3 +267,26 @@ async def test_an_op_that_would_commit_a_state_over_the_limit_fails_and_writes_n
             await ks.submit("big", apps.append("y" * 700), timeout=10)
         assert await ks.read("big") == ["x" * 400]
         assert await ks.submit("big", apps.append("z"), timeout=10) == ["x" * 400, "z"]
+
+
+async def test_a_stuck_op_does_not_hold_its_shard_through_a_careful_replay(
+    redis_url: str, namespace: str, start: Starter, tmp_path: Path
+) -> None:
+    """The owner dies (kill -9) while an op that never returns runs. Its successor replays the
+    dead owner's entries one op at a time, to find the op to blame; it waits at most a lease TTL
+    for the stuck one, so an op on another key of the shard, appended after, still commits."""
+    stuck_key, other_key = keys_on_shard(2, SHARDS, 2, prefix="careful")
+    note = tmp_path / "holding"
+    with anyio.fail_after(60):
+        async with inspector(redis_url) as client, \
+                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+            owner = start(redis_url, namespace, lease_ttl=1.0)
+            await wait_for_holder(client, namespace, owner.pid, timeout=15)
+            await append_entry(client, namespace, 2, [
+                envelope("stuck", stuck_key, "hold", 3600, str(note))], fresh=True)
+            await eventually(note.exists, message="the stuck op running")
+            owner.kill()
+            successor = start(redis_url, namespace, lease_ttl=1.0)
+            await wait_for_holder(client, namespace, successor.pid, timeout=15)
+            assert len(await run_one(ks, other_key)) == 1
+            assert "one at a time" in successor.log(), "the takeover replayed carefully"
