@@ -27,7 +27,7 @@ from redis.asyncio.connection import AbstractConnection, Connection, ConnectionP
 from redis.typing import EncodableT
 from redis.utils import HIREDIS_AVAILABLE
 
-from ._layout import ShardKeys, meta_key
+from ._layout import ShardKeys, meta_key, same_slot_key
 from ._urls import redact
 
 if HIREDIS_AVAILABLE:  # a dependency (redis[hiredis]), but redis-py also runs without it
@@ -246,6 +246,8 @@ class Backend:
         self._owned = owned
         #: The hot path's connection (see ``_resp``), on plain TCP connections we opened.
         self._pipelined = _pipelined_connection(client) if owned else None
+        #: On a cluster, a plain client per master, for :meth:`confirm`.
+        self._node_clients: dict[str, Redis] = {}
 
     @classmethod
     async def connect(cls, redis: str | AnyRedis) -> Backend:
@@ -292,6 +294,8 @@ class Backend:
         return self._pipelined is not None
 
     async def aclose(self) -> None:
+        for client in self._node_clients.values():
+            await client.aclose()
         if self._pipelined is not None:
             await self._pipelined.aclose()
         if self._owned:
@@ -453,6 +457,87 @@ class Backend:
                     replies[index] = reply
         return replies
 
+    async def run_confirmed(
+        self, calls: Sequence[ScriptCall], replicas: int, timeout_ms: int
+    ) -> tuple[list[Any], bool]:
+        """:meth:`run_many`, then :meth:`confirm` behind its writes: the replies, and whether
+        ``replicas`` replicas have them. On keyserial's own connection both go out in one
+        round trip.
+
+        :raises BackendUnavailable: if the server does not answer.
+        """
+        barrier = same_slot_key(calls[0].keys[0], "barrier")
+        if self._pipelined is None or self.is_cluster:
+            replies = await self.run_many(calls)
+            # On a cluster, one barrier on each master the calls wrote to.
+            barriers = {self.node_of(call.keys[0]): call.keys[0] for call in calls}
+            for key in barriers.values():
+                barrier = same_slot_key(key, "barrier")
+                if await self.confirm(barrier, replicas, timeout_ms) < replicas:
+                    return replies, False
+            return replies, True
+        commands = [_evalsha(call) for call in calls] + _barrier_then_wait(
+            barrier, replicas, timeout_ms
+        )
+        with _translating(self.url):
+            replies = await self._pipelined.execute(commands)
+        acked = replies.pop()
+        replies.pop()  # the barrier's OK
+        if any(isinstance(reply, redis_errors.NoScriptError) for reply in replies):
+            # A restarted server: the EVALs that follow must be covered by a WAIT of their own.
+            replies = await self._run_pipelined(calls)
+            acked = await self.confirm(barrier, replicas, timeout_ms)
+        confirmed = isinstance(acked, int) and acked >= replicas
+        return [classify_reply(reply, self.url) for reply in replies], confirmed
+
+    async def confirm(self, key: str, replicas: int, timeout_ms: int) -> int:
+        """How many replicas have every write the server had executed before this call (at most
+        ``timeout_ms`` spent waiting for ``replicas`` of them): a write to ``key`` (its node, on
+        a cluster), then WAIT, on one connection. Zero when the server refuses either.
+
+        :raises BackendUnavailable: if the server does not answer.
+        """
+        commands = _barrier_then_wait(key, replicas, timeout_ms)
+        with _translating(self.url):
+            if self._pipelined is not None:
+                replies = await self._pipelined.execute(commands)
+            else:
+                pipe = self._node_client(key).pipeline(transaction=False)
+                for command in commands:
+                    pipe.execute_command(*command)
+                replies = await pipe.execute(raise_on_error=False)
+        acked = replies[-1]
+        if isinstance(acked, Exception):
+            log.warning("cannot confirm writes on replicas (%s): %s", self.url, acked)
+            return 0
+        return int(acked)
+
+    def node_of(self, key: str) -> str:
+        """The name of the master that serves ``key`` as far as this client knows ('' on a
+        standalone server)."""
+        if not isinstance(self.client, RedisCluster):
+            return ""
+        try:
+            node = self.client.get_node_from_key(key)
+        except redis_errors.RedisClusterException:  # a slot no master serves right now
+            return ""
+        return "" if node is None else node.name
+
+    def _node_client(self, key: str) -> Redis:
+        """A plain client of the server that holds ``key``: on a cluster, its slot's master
+        (a WAIT must follow the write it covers on one connection, which a cluster client's
+        routing cannot promise)."""
+        if not isinstance(self.client, RedisCluster):
+            return self.client
+        node = self.client.get_node_from_key(key)
+        if node is None:
+            raise BackendUnavailable(self.url, f"no node serves the slot of {key!r}")
+        client = self._node_clients.get(node.name)
+        if client is None:
+            pool = ConnectionPool(connection_class=node.connection_class, **node.connection_kwargs)
+            client = self._node_clients[node.name] = Redis.from_pool(pool)
+        return client
+
     async def call(self, *command: ScriptArg) -> Any:
         """One plain command (routed by its key on a cluster).
 
@@ -539,6 +624,20 @@ class Backend:
                 namespace=namespace, recorded=recorded, configured=shard_count
             )
         return recorded
+
+
+def _evalsha(call: ScriptCall) -> tuple[ScriptArg, ...]:
+    return ("EVALSHA", call.script.sha, len(call.keys), *call.keys, *call.args)
+
+
+#: How long a barrier key lives: it only has to be written, never read.
+_BARRIER_PX = 60_000
+
+
+def _barrier_then_wait(key: str, replicas: int, timeout_ms: int) -> list[tuple[ScriptArg, ...]]:
+    """A write that is always replicated, then a WAIT for it: its count covers every write the
+    server executed before the barrier, whoever sent it (the replication stream is ordered)."""
+    return [("SET", key, "1", "PX", _BARRIER_PX), ("WAIT", replicas, timeout_ms)]
 
 
 def _subscriber(connection_class: type[AbstractConnection], options: dict[str, Any]) -> PubSub:

@@ -329,11 +329,27 @@ class Client:
         all_keys = (key,) if isinstance(key, str) else tuple(key)
         keys = ShardKeys(self.settings.namespace, shard)
         (raw,) = await self._backend.stored(keys, [op_id])
+        if raw is not None and not await self._confirmed(keys):
+            raise BackendUnavailable(
+                self._backend.url,
+                f"the result of op {op_id!r} is stored, but fewer than"
+                f" {self.settings.durable_replicas} replicas confirmed it in time (try again)",
+                op_id=op_id, keys=all_keys,
+            )
         if raw is None:
             raise ResultNotFound(key=all_keys[0], op_id=op_id)
         return _value_or_raise(decode_outcome(raw), keys=all_keys, op_id=op_id)
 
     # -- internals -----------------------------------------------------------------------------
+
+    async def _confirmed(self, keys: ShardKeys) -> bool:
+        """Whether the ``durable_replicas`` setting's replicas have what the shard stores now
+        (always, when it is 0): a stored result is an answer only once they do, as a reply is."""
+        wanted = self.settings.durable_replicas
+        if not wanted:
+            return True
+        acked = await self._backend.confirm(keys.barrier, wanted, self.settings.durable_wait_ms)
+        return acked >= wanted
 
     def _withdraw(self, pending: _Pending) -> bool:
         """Take a cancelled submit out of the queue if it has not been sent (True if so)."""
@@ -498,6 +514,8 @@ class Client:
         with no outcome: a failover lost it (the op id makes a second append harmless: an op
         that did commit meanwhile is answered from its stored outcome, never run again)."""
         found = await self._backend.stored(keys, op_ids)
+        if any(raw is not None for raw in found) and not await self._confirmed(keys):
+            return  # the next sweep looks again
         unanswered: list[_Pending] = []
         for op_id, raw in zip(op_ids, found, strict=True):
             if raw is not None:

@@ -26,6 +26,15 @@ def meta_key(namespace: str) -> str:
     return f"ks:{{{namespace}}}:meta"
 
 
+def same_slot_key(key: str, name: str) -> str:
+    """A key named ``name`` in the hash tag (so the cluster slot) of ``key``."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    if start < 0 or end < 0:
+        raise ValueError(f"{key!r} has no hash tag")
+    return f"{key[: end + 1]}:{name}"
+
+
 def reply_channel(namespace: str, client_id: str) -> str:
     return f"ks:{namespace}:reply:{client_id}"
 
@@ -113,6 +122,12 @@ class ShardKeys:
     def dead(self) -> str:
         """Dead-letter stream: malformed entries and poison ops, with the reason."""
         return f"{self.tag}:dead"
+
+    @property
+    def barrier(self) -> str:
+        """A key written only to be replicated: a WAIT after it covers every write before it
+        (the ``durable_replicas`` setting)."""
+        return f"{self.tag}:barrier"
 
     @property
     def wake_channel(self) -> str:

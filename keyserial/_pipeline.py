@@ -12,6 +12,12 @@ batch, one message per client channel for the whole batch (not one per shard ste
 command each, and a message for the client to parse). Otherwise, and for a call that carries
 the batch's only replies (low load, where the extra hop would cost latency and save nothing),
 the script publishes them itself.
+
+With ``durable_replicas`` (see :class:`Durability`), replies go out only once that many replicas
+have the batch's writes (a WAIT behind them), never from a script: a reply is an acknowledgement,
+and one sent before the replicas have the commit could be lost with the master. The replies of
+a batch that is not confirmed in time are held and go out after the next batch that is (its
+WAIT covers every write before it).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -32,6 +39,15 @@ log = logging.getLogger("keyserial.worker")
 
 #: Outcomes to reply once a call has committed them: channel -> [(op id, outcome JSON)].
 Replies = Mapping[str, Sequence[tuple[str, str]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Durability:
+    """Replies wait until ``replicas`` replicas have the writes they acknowledge; one WAIT
+    blocks at most ``wait_ms``."""
+
+    replicas: int
+    wait_ms: int
 
 
 class _Batch:
@@ -54,8 +70,11 @@ class Pipeliner:
     it is in flight go out together in the next. (Two in flight measured slower: smaller batches,
     more CPU per op.) Start :meth:`serve` in a task group."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, durability: Durability | None = None) -> None:
         self._backend = backend
+        self._durability = durability
+        #: Reply messages of committed batches that replicas have not confirmed yet.
+        self._held: list[tuple[str, str]] = []
         self._next = _Batch()
         self._queued = anyio.Event()
         #: Told how many calls each pipeline sends (the worker's metrics).
@@ -99,7 +118,7 @@ class Pipeliner:
         replies_at: int | None,
         on_done: Callable[[Any], None] | None,
     ) -> None:
-        if replies and not self._backend.in_order:
+        if replies and not self._backend.in_order and self._durability is None:
             assert replies_at is not None, "the script must publish its replies itself"
             call, replies = _inline(call, replies, replies_at), None
         batch = self._next
@@ -116,31 +135,72 @@ class Pipeliner:
             batch, self._next = self._next, _Batch()
             self.on_batch(len(batch.calls))
             carrying = [i for i, replies in enumerate(batch.replies) if replies]
-            if len(carrying) == 1 and batch.replies_at[carrying[0]] is not None:
+            if (len(carrying) == 1 and batch.replies_at[carrying[0]] is not None
+                    and self._durability is None):
                 i = carrying[0]
                 replies, at = batch.replies[i], batch.replies_at[i]
                 assert replies is not None and at is not None
                 batch.calls[i], batch.replies[i] = _inline(batch.calls[i], replies, at), None
             try:
-                batch.results = await self._backend.run_many(batch.calls)
+                batch.results, confirmed = await self._run(batch.calls)
             except BackendUnavailable as exc:
+                confirmed = False
                 batch.results = [exc] * len(batch.calls)
             except Exception as exc:
                 # A defect, not an outage (a call that cannot be sent at all): it fails the
                 # calls of this batch, whose runners stop, never the worker's other shards.
                 log.error("a pipeline of %d calls failed", len(batch.calls), exc_info=exc)
                 batch.results = [exc] * len(batch.calls)
+                confirmed = False
             # Written before the runners wake, so before anything they send next on the one
             # connection (a later commit's replies cannot overtake these), and not waited for.
-            messages = self._messages(batch)
+            messages = self._releasable(self._messages(batch), confirmed)
             if messages and not self._backend.publish_nowait(messages):
-                # The connection closed since the batch returned. A reply is at most once
-                # anyway: the result is stored, and clients look up overdue ones.
-                log.warning("connection lost: %d reply messages not sent", len(messages))
+                if self._backend.in_order:
+                    # The connection closed since the batch returned. A reply is at most once
+                    # anyway: the result is stored, and clients look up overdue ones.
+                    log.warning("connection lost: %d reply messages not sent", len(messages))
+                else:
+                    await self._publish(messages)
             for on_done, result in zip(batch.callbacks, batch.results, strict=True):
                 if on_done is not None:
                     on_done(result)
             batch.done.set()
+
+    async def _run(self, calls: Sequence[ScriptCall]) -> tuple[list[Any], bool]:
+        """The calls' replies, and whether the replicas the durability asks for have them."""
+        if self._durability is None:
+            return await self._backend.run_many(calls), True
+        return await self._backend.run_confirmed(
+            calls, self._durability.replicas, self._durability.wait_ms
+        )
+
+    def _releasable(
+        self, messages: list[tuple[str, str]], confirmed: bool
+    ) -> list[tuple[str, str]]:
+        """The reply messages that may go out now: with durability, those held so far and this
+        batch's once a WAIT confirmed them; none until then."""
+        if self._durability is None:
+            return messages
+        self._held.extend(messages)
+        if not confirmed:
+            if self._held:
+                log.warning(
+                    "%d replies held: fewer than %d replicas confirmed the commits in %d ms",
+                    len(self._held), self._durability.replicas, self._durability.wait_ms,
+                )
+            return []
+        released, self._held = self._held, []
+        return released
+
+    async def _publish(self, messages: list[tuple[str, str]]) -> None:
+        """PUBLISH on a backend without keyserial's own connection (with durability only:
+        otherwise the scripts publish)."""
+        try:
+            for channel, message in messages:
+                await self._backend.call("PUBLISH", channel, message)
+        except BackendUnavailable as exc:
+            log.warning("%d reply messages not sent: %s", len(messages), exc)
 
     @staticmethod
     def _messages(batch: _Batch) -> list[tuple[str, str]]:

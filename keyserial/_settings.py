@@ -59,6 +59,10 @@ class Settings:
     #: that a NAT or a load balancer dropped without a word is reconnected within about twice
     #: this.
     health_interval: float = 5.0
+    #: Replicas that must have a commit (WAIT) before its replies go out and before a client
+    #: takes a stored result as an answer; 0: the master's word is enough. See
+    #: docs/deployment.md#durability.
+    durable_replicas: int = 0
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
@@ -80,7 +84,9 @@ class Settings:
             if value <= 0:
                 raise ConfigError(f"{name} must be positive, not {value!r}")
         for name, value in {
-            "max_backlog": self.max_backlog, "preload_states": self.preload_states
+            "max_backlog": self.max_backlog,
+            "preload_states": self.preload_states,
+            "durable_replicas": self.durable_replicas,
         }.items():
             if value < 0:
                 raise ConfigError(f"{name} must be 0 or positive, not {value!r}")
@@ -88,6 +94,12 @@ class Settings:
     @property
     def lease_ttl_ms(self) -> int:
         return max(1, round(self.lease_ttl * 1000))
+
+    @property
+    def durable_wait_ms(self) -> int:
+        """How long one WAIT for ``durable_replicas`` may block: short against the lease, so
+        a missing replica delays replies, never the worker's lease renewals."""
+        return max(1, round(min(self.lease_ttl / 4, 1.0) * 1000))
 
     @property
     def result_ttl_ms(self) -> int:

@@ -15,6 +15,7 @@ from typing import Any
 
 import anyio
 import pytest
+import redis
 from redis.crc import key_slot
 
 import keyserial
@@ -23,7 +24,7 @@ from keyserial._layout import ShardKeys
 from keyserial._server import LocalServer
 from tests import apps
 from tests.cluster import LocalCluster
-from tests.helpers import WorkerProcess, keys_on_shard
+from tests.helpers import WorkerProcess, eventually, keys_on_shard
 
 SHARDS = 6
 LEASE_TTL = 1.0
@@ -177,3 +178,64 @@ async def test_with_durable_replicas_no_acknowledged_op_is_lost_in_a_failover(
                 lost[key] = missing
     assert sum(map(len, traffic.acknowledged.values())) > 0, "nothing was acknowledged"
     assert not lost, f"acknowledged ops lost in the failover: {lost}"
+
+
+def replica_of(cluster: LocalCluster, master: LocalServer) -> LocalServer:
+    with redis.Redis(port=master.port) as client:
+        info = client.info("replication")
+    port = next(int(value["port"]) for name, value in info.items()
+                if name.startswith("slave") and isinstance(value, dict))
+    node = cluster.node_at(port)
+    assert node is not None
+    return node
+
+
+def stored_on(node: LocalServer, keys: ShardKeys, op_ids: list[str]) -> list[str]:
+    with redis.Redis(port=node.port) as client:
+        return [op_id for op_id in op_ids if client.hexists(keys.results, op_id)]
+
+
+async def test_with_durable_replicas_a_master_lost_ahead_of_its_replica_loses_no_ack(
+    cluster: LocalCluster, start: Callable[..., WorkerProcess],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The window durability is for: a master commits ops its stopped replica lacks, then dies
+    (kill -9) and the replica takes over. Without the setting those ops were acknowledged and
+    are gone; with it none of them was acknowledged before the replica had it, and each submit
+    is answered once the op applied (its entry appended again by the client) on the new master."""
+    namespace = "failover-lagging"
+    where = placement(cluster, namespace)
+    shard = where.stalled[0]
+    keys = ShardKeys(namespace, shard)
+    master = where.victim
+    replica = replica_of(cluster, master)
+    monkeypatch.setenv("KEYSERIAL_DURABLE_REPLICAS", "1")
+    start(cluster.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS,
+          lease_ttl=LEASE_TTL)
+    key = keys_on_shard(shard, SHARDS, 1, "acct")[0]
+    acknowledged: list[str] = []
+    async with keyserial.connect(cluster.url, shards=SHARDS, namespace=namespace,
+                                 durable_replicas=1, idle_poll=0.3) as ks:
+        await ks.submit(key, apps.append("warm"), op_id="warm", timeout=20)
+
+        async def submit(tag: str) -> None:
+            await ks.submit(key, apps.append(tag), op_id=tag, timeout=60)
+            acknowledged.append(tag)
+
+        cluster.pause(replica)
+        tags = [f"op-{number}" for number in range(6)]
+        async with anyio.create_task_group() as group:
+            for tag in tags:
+                group.start_soon(submit, tag)
+            # The window: committed on the master, which the stopped replica cannot have.
+            await eventually(lambda: len(stored_on(master, keys, tags)) == len(tags), timeout=20)
+            assert not acknowledged, f"acknowledged with the replica stopped: {acknowledged}"
+            master.kill()
+            cluster.resume(replica)
+            with redis.Redis(port=replica.port) as client:
+                client.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
+            master.start()  # rejoins as the new master's replica: WAITs can succeed again
+            await anyio.to_thread.run_sync(cluster.wait_healthy, 30)
+        final = await ks.submit(key, apps.peek(), timeout=20)
+    assert sorted(acknowledged) == tags
+    assert final[0] == "warm" and sorted(final[1:]) == tags, f"lost or applied twice: {final}"

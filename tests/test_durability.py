@@ -1,0 +1,95 @@
+"""The ``durable_replicas`` setting on a master with one replica: an acknowledgement (a reply,
+or a stored result a client takes as its answer) waits until the replica has the commit.
+
+The replica is stopped (SIGSTOP) while an op commits on the master: the op's submit must stay
+unanswered and its stored result must not count as an answer until the replica is resumed and
+has caught up. Without the setting the submit would return at once.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Callable, Iterator
+
+import anyio
+import pytest
+import redis
+
+import keyserial
+from keyserial import BackendUnavailable, Settings
+from keyserial._layout import ShardKeys
+from keyserial._routing import shard_for
+from keyserial._server import LocalServer
+from tests import apps
+from tests.helpers import WorkerProcess, eventually
+
+SHARDS = 2
+
+
+@pytest.fixture
+def replicated() -> Iterator[tuple[LocalServer, LocalServer]]:
+    """A master and its replica, in sync."""
+    with LocalServer() as master:
+        replica = LocalServer(extra_args=["--replicaof", "127.0.0.1", str(master.port)])
+        with replica:
+            with redis.Redis(port=replica.port) as client:
+                deadline = time.monotonic() + 10
+                while client.info("replication").get("master_link_status") != "up":
+                    assert time.monotonic() < deadline, "the replica never came in sync"
+                    time.sleep(0.02)
+            yield master, replica
+            replica.send_signal(signal.SIGCONT)
+
+
+def stored_on(server: LocalServer, namespace: str, key: str, op_id: str) -> bool:
+    shard = ShardKeys(namespace, shard_for(key, SHARDS))
+    with redis.Redis(port=server.port) as client:
+        return any(client.hexists(hash_, op_id) for hash_ in (shard.results, shard.results_old))
+
+
+async def test_an_acknowledgement_waits_until_a_replica_has_the_commit(
+    replicated: tuple[LocalServer, LocalServer], namespace: str,
+    start: Callable[..., WorkerProcess], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    master, replica = replicated
+    monkeypatch.setenv("KEYSERIAL_DURABLE_REPLICAS", "1")  # the worker process's setting
+    start(master.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS, lease_ttl=2.0)
+    async with keyserial.connect(master.url, shards=SHARDS, namespace=namespace,
+                                 durable_replicas=1, idle_poll=0.2) as ks:
+        for number in range(5):  # acknowledged: the replica has each one already
+            op_id = f"warm-{number}"
+            await ks.submit("acct", apps.append(number), op_id=op_id, timeout=20)
+            assert stored_on(replica, namespace, "acct", op_id)
+
+        replica.send_signal(signal.SIGSTOP)
+        done = anyio.Event()
+        answers: list[object] = []
+
+        async def submit() -> None:
+            answers.append(await ks.submit("acct", apps.append("late"), op_id="late",
+                                           timeout=60))
+            done.set()
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(submit)
+            await eventually(lambda: stored_on(master, namespace, "acct", "late"))
+            # Committed on the master, not on the stopped replica: neither the reply nor the
+            # client's sweep (every 0.2 s here) may take it as acknowledged meanwhile.
+            with anyio.move_on_after(1.5):
+                await done.wait()
+            assert not done.is_set(), "acknowledged before the replica had the commit"
+            with pytest.raises(BackendUnavailable, match="fewer than 1 replicas confirmed"):
+                await ks.result("late", key="acct")
+            replica.send_signal(signal.SIGCONT)
+            with anyio.fail_after(20):
+                await done.wait()
+        assert answers == [[0, 1, 2, 3, 4, "late"]]
+        assert stored_on(replica, namespace, "acct", "late")
+        assert await ks.result("late", key="acct") == [0, 1, 2, 3, 4, "late"]
+
+
+def test_durable_replicas_is_a_setting_with_a_checked_value() -> None:
+    assert Settings.resolve({"KEYSERIAL_DURABLE_REPLICAS": "2"}).durable_replicas == 2
+    with pytest.raises(keyserial.ConfigError, match="durable_replicas"):
+        Settings(durable_replicas=-1)
