@@ -124,6 +124,8 @@ class Client:
         self._reply = reply_channel(settings.namespace, self.client_id)
         self._queue: list[_Pending] = []
         self._queued = anyio.Event()
+        #: Redis nodes with an append in flight (see ``_append_loop``).
+        self._appending: set[str] = set()
         self._waiting: dict[str, list[_Pending]] = defaultdict(list)
         self._task_group: TaskGroup | None = None
         #: The event loop the client was opened on: its connection and tasks live there.
@@ -402,13 +404,26 @@ class Client:
             pending.settle(outcome)
 
     async def _append_loop(self) -> None:
-        """Append whatever has queued up while the previous append was in flight."""
+        """Append whatever has queued up while the previous append was in flight: one append
+        in flight per Redis node (each master of a cluster), so a stalled node holds up the
+        ops of its own shards only, and each shard's entries land in submit order."""
         while True:
             await self._queued.wait()
             self._queued = anyio.Event()
             batch, self._queue = self._queue, []
-            if not batch:  # every queued submit was withdrawn
-                continue
+            by_node: dict[str, list[_Pending]] = defaultdict(list)
+            for pending in batch:
+                by_node[self._backend.node_of(self._append_to[pending.shard][0])].append(pending)
+            for node, pendings in by_node.items():
+                if node in self._appending:
+                    self._queue.extend(pendings)  # sent once that node's append returns
+                elif self._task_group is not None:
+                    self._appending.add(node)
+                    self._task_group.start_soon(self._append, node, pendings)
+
+    async def _append(self, node: str, batch: list[_Pending]) -> None:
+        """Append ``batch`` (ops of shards on one node) in one pipeline."""
+        try:
             entries = list(_pack(batch))
             calls = [self._append_call(shard, group) for shard, group in entries]
             try:
@@ -420,13 +435,17 @@ class Client:
                             self._backend.url, exc, op_id=pending.op_id, keys=pending.all_keys
                         )
                     )
-                continue
+                return
             except Exception as exc:  # anything else fails this batch, not the client
                 log.exception("appending %d ops failed", len(batch))
                 for pending in batch:
                     pending.settle(KeyserialError(f"appending op {pending.op_id!r} failed: {exc}"))
-                continue
+                return
             self._after_append(entries, replies)
+        finally:
+            self._appending.discard(node)
+            if self._queue:
+                self._queued.set()
 
     def _after_append(
         self, entries: list[tuple[int, list[_Pending]]], replies: list[Any]

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+from anyio.abc import TaskGroup
 
 from ._backend import Backend, ScriptCall
 from ._codec import encode_reply
@@ -66,9 +67,57 @@ class _Batch:
 
 
 class Pipeliner:
+    """Runs :class:`ScriptCall` s in pipelines: one :class:`_NodePipeliner` per Redis server
+    (each master of a cluster), so a stalled node delays the shards it serves and no others.
+    Start :meth:`serve` in a task group."""
+
+    def __init__(self, backend: Backend, durability: Durability | None = None) -> None:
+        self._backend = backend
+        self._durability = durability
+        self._by_node: dict[str, _NodePipeliner] = {}
+        self._task_group: TaskGroup | None = None
+        #: Told how many calls each pipeline sends (the worker's metrics).
+        self.on_batch: Callable[[int], None] = _ignore
+
+    async def serve(self) -> None:
+        async with anyio.create_task_group() as task_group:
+            self._task_group = task_group
+            for pipeliner in self._by_node.values():
+                task_group.start_soon(pipeliner.serve)
+            await anyio.sleep_forever()
+
+    async def run(
+        self, call: ScriptCall, replies: Replies | None = None, replies_at: int | None = None
+    ) -> Any:
+        """See :meth:`_NodePipeliner.run`."""
+        return await self._of(call).run(call, replies, replies_at)
+
+    def submit(
+        self,
+        call: ScriptCall,
+        replies: Replies | None,
+        replies_at: int | None,
+        on_done: Callable[[Any], None],
+    ) -> None:
+        """See :meth:`_NodePipeliner.submit`."""
+        self._of(call).submit(call, replies, replies_at, on_done)
+
+    def _of(self, call: ScriptCall) -> _NodePipeliner:
+        """The pipeliner of the node that serves the call's keys (as the client knows now)."""
+        node = self._backend.node_of(call.keys[0])
+        pipeliner = self._by_node.get(node)
+        if pipeliner is None:
+            pipeliner = self._by_node[node] = _NodePipeliner(self._backend, self._durability)
+            pipeliner.on_batch = lambda calls: self.on_batch(calls)
+            if self._task_group is not None:
+                self._task_group.start_soon(pipeliner.serve)
+        return pipeliner
+
+
+class _NodePipeliner:
     """Runs :class:`ScriptCall` s in pipelines, one in flight at a time; calls that arrive while
     it is in flight go out together in the next. (Two in flight measured slower: smaller batches,
-    more CPU per op.) Start :meth:`serve` in a task group."""
+    more CPU per op.)"""
 
     def __init__(self, backend: Backend, durability: Durability | None = None) -> None:
         self._backend = backend

@@ -14,6 +14,7 @@ import logging
 import os
 import socket
 import uuid
+from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
 
@@ -74,6 +75,8 @@ class Worker:
         self._owned: dict[int, _Owned] = {}
         #: Shards whose runner failed, and until when this worker leaves them to others.
         self._resting: dict[int, float] = {}
+        #: Redis nodes whose lease round is in flight (one at a time per node).
+        self._lease_rounds: set[str] = set()
         #: Each shard's acquire attempt whose answer was lost (see ``acquire.lua``).
         self._attempts: dict[int, str] = {}
         self._mailbox = Mailbox(worker_channel(self.settings.namespace, self.token), self._runner)
@@ -193,38 +196,77 @@ class Worker:
         shutdown drains, so draining commits are not fenced off."""
         tick = min(self.settings.lease_ttl / 4, 0.5)
         while True:
-            await self._lease_round(backend, shard_count, task_group)
+            self._drop_expired(anyio.current_time())
+            self._lease_round(backend, shard_count, task_group)
             await anyio.sleep(tick)
 
-    async def _lease_round(self, backend: Backend, shard_count: int, task_group: TaskGroup) -> None:
-        owned = list(self._owned)
+    def _lease_round(self, backend: Backend, shard_count: int, task_group: TaskGroup) -> None:
+        """Start a round for each Redis node (each master of a cluster) whose last round has
+        ended: a node that does not answer holds up the leases of its own shards only."""
         stopping = self._stop.is_set()
         now = anyio.current_time()
-        free = [
-            s for s in self.shards
-            if s not in self._owned and self._resting.get(s, 0) <= now and not stopping
-        ]
-        ttl = self.settings.lease_ttl_ms
-        calls = [
-            ScriptCall(
-                _backend.RENEW, [ShardKeys(self.settings.namespace, s).lease], [self.token, ttl]
+        rounds: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+        for shard in self._owned:
+            rounds[backend.node_of(ShardKeys(self.settings.namespace, shard).lease)][0].append(
+                shard
             )
-            for s in owned
-        ]
-        calls += [self._acquire_call(shard) for shard in free]
-        sent_at = anyio.current_time()
+        for shard in self.shards:
+            if shard not in self._owned and self._resting.get(shard, 0) <= now and not stopping:
+                key = ShardKeys(self.settings.namespace, shard).lease
+                rounds[backend.node_of(key)][1].append(shard)
+        for node, (owned, free) in rounds.items():
+            if node not in self._lease_rounds:
+                self._lease_rounds.add(node)
+                task_group.start_soon(
+                    self._node_lease_round, backend, shard_count, node, owned, free, task_group
+                )
+
+    async def _node_lease_round(
+        self,
+        backend: Backend,
+        shard_count: int,
+        node: str,
+        owned: list[int],
+        free: list[int],
+        task_group: TaskGroup,
+    ) -> None:
+        """Renew ``owned`` and try to acquire ``free``, the shards of one node, in one
+        pipeline."""
         try:
-            # Bounded: a round that outlives a lease TTL is useless, and cancelling it drops
-            # whatever connection it was stuck on.
-            with anyio.fail_after(self.settings.lease_ttl):
-                replies = await backend.run_many(calls)
-        except (BackendUnavailable, TimeoutError) as exc:
-            # (A TimeoutError from fail_after has no message of its own.)
-            reason = str(exc) or f"no reply within the lease TTL ({self.settings.lease_ttl:g}s)"
-            log.warning("cannot renew or acquire leases: %s", reason)
-            self.metrics.renew_failed(owned)
-            self._drop_expired(anyio.current_time())
-            return
+            ttl = self.settings.lease_ttl_ms
+            calls = [
+                ScriptCall(
+                    _backend.RENEW, [ShardKeys(self.settings.namespace, s).lease], [self.token, ttl]
+                )
+                for s in owned
+            ]
+            calls += [self._acquire_call(shard) for shard in free]
+            sent_at = anyio.current_time()
+            try:
+                # Bounded: a round that outlives a lease TTL is useless, and cancelling it drops
+                # whatever connection it was stuck on.
+                with anyio.fail_after(self.settings.lease_ttl):
+                    replies = await backend.run_many(calls)
+            except (BackendUnavailable, TimeoutError) as exc:
+                # (A TimeoutError from fail_after has no message of its own.)
+                reason = str(exc) or f"no reply within the lease TTL ({self.settings.lease_ttl:g}s)"
+                log.warning("cannot renew or acquire leases (shards %s): %s",
+                            _ranges(sorted([*owned, *free])), reason)
+                self.metrics.renew_failed(owned)
+                return
+            self._renewed(owned, replies, sent_at)
+            for shard, reply in zip(free, replies[len(owned) :], strict=True):
+                if isinstance(reply, Exception):
+                    log.error("acquiring shard %d failed: %s", shard, reply)
+                    continue
+                self._attempts.pop(shard, None)  # answered: the next acquire is a new attempt
+                if reply:
+                    grant = _grant(reply)
+                    self._start(backend, shard_count, shard, grant, sent_at, task_group)
+        finally:
+            self._lease_rounds.discard(node)
+
+    def _renewed(self, owned: list[int], replies: list[Any], sent_at: float) -> None:
         for shard, reply in zip(owned, replies, strict=False):
             holder = self._owned.get(shard)
             if holder is None:
@@ -239,15 +281,6 @@ class Worker:
             else:
                 self.metrics.renew_failed([shard])
                 self._drop(shard, "the lease expired and another worker may own the shard")
-        for shard, reply in zip(free, replies[len(owned) :], strict=True):
-            if isinstance(reply, Exception):
-                log.error("acquiring shard %d failed: %s", shard, reply)
-                continue
-            self._attempts.pop(shard, None)  # answered: the next acquire is a new attempt
-            if reply:
-                grant = _grant(reply)
-                self._start(backend, shard_count, shard, grant, sent_at, task_group)
-        self._drop_expired(anyio.current_time())
 
     def _acquire_call(self, shard: int) -> ScriptCall:
         k = ShardKeys(self.settings.namespace, shard)

@@ -136,8 +136,6 @@ async def run_failover(cluster: LocalCluster, start: Callable[..., WorkerProcess
     return where, traffic, worker
 
 
-@pytest.mark.xfail(strict=True, reason="defect 9: one stalled Redis node makes the worker stop"
-                   " every shard ('stopping at once: the lease could not be renewed in time')")
 async def test_a_paused_master_stalls_only_the_shards_it_serves(
     cluster: LocalCluster, start: Callable[..., WorkerProcess]
 ) -> None:
