@@ -509,6 +509,11 @@ class Backend:
         acked = replies[-1]
         if isinstance(acked, Exception):
             log.warning("cannot confirm writes on replicas (%s): %s", self.url, acked)
+            if isinstance(self.client, RedisCluster):
+                # Most likely a failover moved the slot (MOVED, or WAIT refused by what is now
+                # a replica): learn where it lives now.
+                with _translating(self.url):
+                    await self.client.nodes_manager.initialize()
             return 0
         return int(acked)
 

@@ -429,16 +429,20 @@ class CrossShard:
                    if channel != here]
         notices += [(reply, encode_reply([(envelope.op_id, outcome)])) for reply in replies]
         k = host.keys
+        durable = self._settings.durable_replicas > 0
         won = await host.fenced(
             _backend.DECIDE,
             [k.epoch, k.state, k.results, k.results_old],
             [host.epoch, envelope.op_id, attempt, dumps(decision), dumps(home_writes), outcome,
-             dumps(notices)],
+             "[]" if durable else dumps(notices)],
         )
         if int(won[0]) != 1:  # only a participant that saw the epoch end writes an abort
             raise LeaseLost(host.shard, f"op {envelope.op_id} was aborted: {won[1]!r}")
         for key, state in home_writes:
             host.cache[key] = state or None
+        await self._replicated(k)
+        if durable:
+            await self._publish(notices)
         if here in participants:  # shards of this worker hear it now, not through Redis
             self._mailbox.deliver(notice)
         # Callers that resubmitted the op while it ran have not been told yet.
@@ -523,26 +527,35 @@ class CrossShard:
         grant_field = attempt_id(op_id, attempt) + "#g"
         decision_field = attempt_id(op_id, attempt) + "#d"
         with self._mailbox.expect("g", op_id, attempt, shard) as letter:
-            await self._append(there, request)
+            entry = await self._append(there, request)
             while True:
                 with anyio.move_on_after(self._poll):
                     await letter.event.wait()
                 if letter.message is not None:
                     return letter.message
                 try:
+                    # (Looked for before the grant: a request leaves the stream only after its
+                    # grant was recorded, so gone with no grant means a failover lost it.)
+                    present = await self._backend.entries_present(there, [entry])
                     (raw,) = await self._backend.stored(there, [grant_field])
                     if raw is not None:
+                        await self._replicated(there)
                         grant: dict[str, Any] = json.loads(raw)
                         return grant
                     if (await self._backend.stored(home, [decision_field]))[0] is not None:
                         raise LeaseLost(self._host.shard, f"op {op_id} was aborted")
+                    if not present[0]:
+                        log.warning("shard %d: the grant request of op %s to shard %d is gone"
+                                    " (a failover?); appending it again", self._host.shard,
+                                    op_id, shard)
+                        entry = await self._append(there, request)
                 except BackendUnavailable as exc:
                     log.warning("shard %d: waiting for a grant: %s", self._host.shard, exc)
 
-    async def _append(self, there: ShardKeys, request: str) -> None:
-        """Append a grant request, waiting out a full backlog or an unreachable server. A shard
-        this worker owns is woken in process (if it changes hands meanwhile, its new owner
-        finds the request at its next poll)."""
+    async def _append(self, there: ShardKeys, request: str) -> bytes:
+        """Append a grant request, waiting out a full backlog or an unreachable server; its
+        entry id. A shard this worker owns is woken in process (if it changes hands meanwhile,
+        its new owner finds the request at its next poll)."""
         local = self._mailbox.local_runner(there.shard)
         call = ScriptCall(
             _backend.SUBMIT, [there.stream],
@@ -552,10 +565,10 @@ class CrossShard:
         delay = 0.05
         while True:
             try:
-                await self._host.pipelined(call)
+                entry: bytes = await self._host.pipelined(call)
                 if local is not None:
                     local.wake()
-                return
+                return entry
             except redis_errors.ResponseError as exc:
                 if not str(exc).startswith("BACKLOG"):
                     raise
@@ -566,6 +579,39 @@ class CrossShard:
                             self._host.shard, there.shard, exc)
             await anyio.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+    async def _replicated(self, keys: ShardKeys) -> None:
+        """Wait until the ``durable_replicas`` setting's replicas have every write the shard's
+        node has made (at once when it is 0). A grant or a decision leaves its shard only then:
+        states derived from a commit a failover could still lose must not reach another shard,
+        where they would outlive it."""
+        wanted = self._settings.durable_replicas
+        delay = 0.05
+        while wanted:
+            try:
+                acked = await self._backend.confirm(
+                    keys.barrier, wanted, self._settings.durable_wait_ms
+                )
+                if acked >= wanted:
+                    return
+                log.warning("shard %d: %d of %d replicas confirmed shard %d's writes; waiting",
+                            self._host.shard, acked, wanted, keys.shard)
+            except BackendUnavailable as exc:
+                log.warning("shard %d: confirming shard %d's writes: %s", self._host.shard,
+                            keys.shard, exc)
+            await anyio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+
+    async def _publish(self, messages: Sequence[tuple[str, str]]) -> None:
+        """PUBLISH what a script publishes itself without durability. A message lost here is
+        found by its receiver's poll of the records."""
+        for channel, message in messages:
+            try:
+                await self._backend.call("PUBLISH", channel, message)
+            except BackendUnavailable as exc:
+                log.warning("shard %d: a coordination message not sent: %s",
+                            self._host.shard, exc)
+                return
 
     # -- a participant shard: granting ---------------------------------------------------------
 
@@ -588,17 +634,23 @@ class CrossShard:
                 "f": host.next_fence(),  # the granted keys' fencing token, for the op
                 "c": self._mailbox.channel,
             }
+            durable = self._settings.durable_replicas > 0
             if channel == self._mailbox.channel:
                 # The coordinator is this worker: hand the grant over in process. (No record
                 # is needed, an in-process message cannot be lost; and a grant writes nothing,
                 # so this worker's zombie could not change anything by granting.)
+                await self._replicated(host.keys)
                 self._mailbox.deliver(grant)
             else:
                 k = host.keys
                 await host.fenced(
                     _backend.GRANT, [k.epoch, k.results],
-                    [host.epoch, attempt_id(op_id, attempt) + "#g", dumps(grant), channel],
+                    [host.epoch, attempt_id(op_id, attempt) + "#g", dumps(grant),
+                     "" if durable else channel],
                 )
+                await self._replicated(k)
+                if durable:
+                    await self._publish([(channel, dumps(grant))])
             decision = await self._await_decision(letter, home, op_id, attempt)
         if "abort" in decision:
             host.settle(run, _RELEASED, store=True, replies=[])
@@ -631,5 +683,6 @@ class CrossShard:
                 log.warning("shard %d: waiting for a decision: %s", self._host.shard, exc)
                 continue
             if raw is not None:
+                await self._replicated(there)
                 decision = json.loads(raw)
                 return decision

@@ -17,7 +17,8 @@ With ``durable_replicas`` (see :class:`Durability`), replies go out only once th
 have the batch's writes (a WAIT behind them), never from a script: a reply is an acknowledgement,
 and one sent before the replicas have the commit could be lost with the master. The replies of
 a batch that is not confirmed in time are held and go out after the next batch that is (its
-WAIT covers every write before it).
+WAIT covers every write before it); if none comes (the shards moved to another node), clients
+find the results with their sweep, which confirms them the same way.
 """
 
 from __future__ import annotations

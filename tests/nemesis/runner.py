@@ -84,7 +84,8 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
     async with anyio.create_task_group() as background, AsyncExitStack() as stack:
         background.start_soon(tap.run)
         clients = [await stack.enter_async_context(keyserial.connect(
-            url, shards=profile.shard_count, namespace=system.namespace))
+            url, shards=profile.shard_count, namespace=system.namespace,
+            durable_replicas=profile.durable_replicas))
             for url in system.client_urls()]
         keys = Keys.for_profile(profile)
         await _open_accounts(clients[0], keys)

@@ -66,13 +66,17 @@ class Profile:
     topology: str = "standalone"
     #: The fault kinds drawn, with weights (empty: ``FAULT_WEIGHTS``).
     fault_weights: tuple[tuple[str, int], ...] = ()
+    #: The ``durable_replicas`` setting of workers and clients (the cluster's masters have one
+    #: replica each: with 1, a failover must lose no acknowledged op).
+    durable_replicas: int = 0
 
 
 PROFILES = {
     "short": Profile("short", load_seconds=7.0, faults=(2, 4)),
     "long": Profile("long", load_seconds=18.0, faults=(5, 9)),
     "cluster": Profile("cluster", load_seconds=20.0, faults=(2, 4), callers=12,
-                       topology="cluster", fault_weights=tuple(CLUSTER_FAULT_WEIGHTS.items())),
+                       topology="cluster", fault_weights=tuple(CLUSTER_FAULT_WEIGHTS.items()),
+                       durable_replicas=1),
 }
 
 

@@ -88,6 +88,8 @@ class BaseSystem:
 
     def start_worker(self, slot: int, env: Mapping[str, str] | None = None) -> WorkerProcess:
         shards = ",".join(map(str, self.plan.layouts[slot]))
+        if self.profile.durable_replicas:
+            env = {**(env or {}), "KEYSERIAL_DURABLE_REPLICAS": str(self.profile.durable_replicas)}
         process = WorkerProcess(
             self.worker_url(slot), self.namespace, shards=shards,
             shard_count=self.profile.shard_count, lease_ttl=self.profile.lease_ttl,
