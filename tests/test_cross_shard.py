@@ -422,3 +422,35 @@ async def test_concurrent_sync_payments_of_one_worker_across_shards_apply_each_o
         states = {account: await ks.submit(account, apps.peek()) for account in accounts}
     assert Counter(outcomes.values())["paid"] > 100
     check_bank(states, plans, outcomes, opening)
+
+
+async def test_a_grant_request_lost_before_its_participant_saw_it_is_appended_again(
+    redis_url: str, namespace: str
+) -> None:
+    """A failover can lose an entry appended to a master that dies: here the grant request of
+    a transfer is deleted from the participant's stream before any worker fetched it (its
+    shard has no worker yet). The coordinator must notice and append it again; before, the
+    transfer waited for its grant forever."""
+    source, target = keys_on_shard(0, 2, 1, "src")[0], keys_on_shard(1, 2, 1, "dst")[0]
+    stream = ShardKeys(namespace, 1).stream
+    admin = sync_redis.Redis.from_url(redis_url)
+    async with running_worker(redis_url, namespace, shards=[0], shard_count=2, idle_poll=0.1), \
+            keyserial.connect(redis_url, shards=2, namespace=namespace) as ks:
+        await ks.submit(source, deposit(10), timeout=10)
+        results: list[Any] = []
+
+        async def transfer() -> None:
+            results.append(await ks.transfer(source, target, 4, timeout=30))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(transfer)
+            await eventually(lambda: admin.xlen(stream) == 1)
+            ((entry_id, _),) = admin.xrange(stream)
+            assert admin.xdel(stream, entry_id) == 1
+            async with running_worker(redis_url, namespace, shards=[1], shard_count=2):
+                with anyio.fail_after(20):
+                    while not results:
+                        await anyio.sleep(0.02)
+                assert await ks.submit(source, balance(), timeout=10) == 6
+                assert await ks.submit(target, balance(), timeout=10) == 4
+    admin.close()
