@@ -11,7 +11,8 @@ from pathlib import Path
 
 import anyio
 
-from .config import PROFILES, RESULTS_DIR, SYSTEMS, WORKLOADS, BenchConfig
+from .config import DEFAULT_SYSTEMS, DURABLE, PROFILES, RESULTS_DIR, SYSTEMS, WORKLOADS, BenchConfig
+from .durability import cost
 from .report import markdown, write_chart, write_json
 from .runner import run_suite, stderr_progress
 from .targets import evaluate
@@ -66,8 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--systems",
         type=_choices(SYSTEMS),
-        default=SYSTEMS,
-        help=f"comma-separated subset of {','.join(SYSTEMS)}",
+        default=DEFAULT_SYSTEMS,
+        help=f"comma-separated subset of {','.join(SYSTEMS)} (default: all but {DURABLE},"
+        " which attaches a replica to the server for the whole run)",
     )
     parser.add_argument(
         "--workloads",
@@ -189,6 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         stem = config.out_dir / f"bench-{config.profile}"
     runs = document.get("runs", document["results"])
     document["targets"] = evaluate(document["results"], document["config"]["slow_io"], runs)
+    document["durability"] = cost(document["results"])
     table = markdown(document)
     write_json(document, stem.with_suffix(".json"))
     stem.with_suffix(".md").write_text(table + "\n")

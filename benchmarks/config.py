@@ -12,6 +12,7 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 #: System ids, in table order.
 SYSTEMS: tuple[str, ...] = (
     "keyserial",
+    "keyserial-durable",
     "lock-default",
     "lock-tuned",
     "lock-notify",
@@ -21,12 +22,28 @@ SYSTEMS: tuple[str, ...] = (
 
 SYSTEM_LABELS: dict[str, str] = {
     "keyserial": "keyserial",
+    "keyserial-durable": "keyserial, durable_replicas=1",
     "lock-default": "redis-py Lock, defaults",
     "lock-tuned": "redis-py Lock, tuned",
     "lock-notify": "notification lock (python-redis-lock)",
     "no-lock": "no lock (read, modify, write)",
     "lua": "Lua script (ceiling)",
 }
+
+#: keyserial with ``durable_replicas=1``: it needs a replica (the suite starts one for its
+#: private server), which every system of that suite run then shares, so it runs only when named.
+DURABLE = "keyserial-durable"
+
+#: ``--systems`` when none is given.
+DEFAULT_SYSTEMS: tuple[str, ...] = tuple(s for s in SYSTEMS if s != DURABLE)
+
+#: The systems that run keyserial workers: the same code, with and without ``durable_replicas``.
+KEYSERIAL_SYSTEMS: tuple[str, ...] = ("keyserial", DURABLE)
+
+
+def is_keyserial(system: str) -> bool:
+    return system in KEYSERIAL_SYSTEMS
+
 
 #: Systems that serialize with a lock: the "best lock" of a workload is the best of these.
 LOCKS: tuple[str, ...] = ("lock-default", "lock-tuned", "lock-notify")
@@ -160,6 +177,8 @@ class RunSpec:
     variant: dict[str, Any] = field(default_factory=dict)
     #: Which round of its workload variant this run is (see ``rounds.py``).
     round: int = 1
+    #: keyserial's ``durable_replicas`` for the run's workers and clients (``keyserial-durable``).
+    durable_replicas: int = 0
 
     @property
     def total_callers(self) -> int:

@@ -162,7 +162,7 @@ def shard_range(shards: int, workers: int, index: int) -> str:
 
 class KeyserialWorkers:
     """``count`` ``keyserial worker`` processes serving every shard of the run's namespace (or,
-    ``split``, each its own range of them)."""
+    ``split``, each its own range of them), with the spec's ``durable_replicas``."""
 
     def __init__(self, spec: RunSpec, count: int, log_dir: Path, *, split: bool = False) -> None:
         self.spec = spec
@@ -186,6 +186,8 @@ class KeyserialWorkers:
             "--app", "benchmarks.ops",
             "--log-level", "WARNING",
         ]  # fmt: skip
+        # Set either way: a value in the suite's own environment must not leak into a run.
+        env = {**subprocess_env(), "KEYSERIAL_DURABLE_REPLICAS": str(spec.durable_replicas)}
         try:
             for index in range(self.count):
                 log = _open_log(self.log_dir / f"worker-{spec.run_id}-{index}.log")
@@ -195,7 +197,7 @@ class KeyserialWorkers:
                     own = ["--shards", shard_range(spec.shards, self.count, index)]
                 self.processes.append(
                     await anyio.open_process(
-                        command + own, stderr=log, stdout=log, env=subprocess_env(), cwd=ROOT
+                        command + own, stderr=log, stdout=log, env=env, cwd=ROOT
                     )
                 )
             await self._wait_serving()

@@ -15,6 +15,7 @@ Record = dict[str, Any]
 
 _COLORS = {
     "keyserial": "#1b9e77",
+    "keyserial-durable": "#66a61e",
     "lock-default": "#d95f02",
     "lock-tuned": "#e6ab02",
     "lock-notify": "#7570b3",
@@ -187,6 +188,45 @@ def _cell(record: Record | None) -> str:
     return f"{text}, lost {lost:,}" if lost else text
 
 
+def _durability_table(document: dict[str, Any]) -> list[str]:
+    """keyserial-durable ÷ keyserial per workload: what waiting for a replica costs."""
+    rows: list[Record] = document.get("durability", [])
+    replication = document.get("replication")
+    if replication is None:
+        return []
+    lines = ["### Durability's cost: durable_replicas=1 ÷ 0, same master and replica", ""]
+    if replication.get("unavailable"):
+        return [*lines, f"Not measured: {replication['unavailable']}.", ""]
+    if not rows:
+        why = "Not measured: run `keyserial` too (`--systems keyserial,keyserial-durable`)."
+        return [*lines, why, ""]
+    lines += [
+        "| workload | keyserial ops/s | durable ops/s | durable ÷ keyserial, ops/s"
+        " | keyserial p99 ms | durable p99 ms | durable ÷ keyserial, p99 |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        plain, durable = row["keyserial"], row["durable"]
+        lines.append(
+            f"| {row['workload']}{_variant_text(row['variant'])} | {_num(plain['throughput'])}"
+            f" | {_num(durable['throughput'])} | {row['throughput_ratio']:.2f}×"
+            f" | {_ms(plain['p99_ms'])} | {_ms(durable['p99_ms'])} | {row['p99_ratio']:.2f}× |"
+        )
+    who = "started by the suite" if replication.get("started_by_suite") else "the server's own"
+    count = replication.get("replicas_online")
+    lines += [
+        "",
+        f"Every system of this run ran with the replica attached ({count} online, {who});"
+        " the two keyserial systems ran back to back on each workload.",
+        "",
+    ]
+    return lines
+
+
+def _variant_text(variant: dict[str, Any]) -> str:
+    return f" ({', '.join(f'{k} {v}' for k, v in variant.items())})" if variant else ""
+
+
 def _targets_table(targets: Iterable[Record]) -> list[str]:
     marks = {True: "met", False: "**missed**", None: "not measured"}
     lines = ["### Targets (ratios within this run)", "", "| target | measured | |", "|---|---|---|"]
@@ -225,6 +265,7 @@ def markdown(document: dict[str, Any]) -> str:
     lines += _main_tables(results)
     lines += _variant_table(results, "slow", "keys", "keys")
     lines += _variant_table(results, "sweep", "callers", "callers")
+    lines += _durability_table(document)
     lines += _targets_table(document.get("targets", []))
     return "\n".join(lines)
 

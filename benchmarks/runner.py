@@ -27,8 +27,8 @@ from redis.asyncio import Redis
 
 from keyserial._server import LocalServer
 
-from . import metrics, state
-from .config import BenchConfig, RunSpec
+from . import durability, metrics, state
+from .config import DURABLE, BenchConfig, RunSpec, is_keyserial
 from .machine import load_average, machine_info, server_info
 from .procs import (
     AgentError,
@@ -60,6 +60,7 @@ class Snapshot:
     server_cpu: float
     worker_cpu: list[float | None]
     machine_busy: float | None
+    replica_cpu: float | None = None
 
 
 @dataclass(slots=True)
@@ -70,6 +71,8 @@ class Context:
     agents: AgentPool
     log_dir: Path
     progress: Progress
+    #: The replicas ``keyserial-durable`` runs against (``None``: it was not selected).
+    replication: durability.Replication | None = None
 
 
 def plan(config: BenchConfig, url: str, token: str) -> list[RunSpec]:
@@ -122,6 +125,7 @@ def _spec(
         slow_io=config.slow_io,
         variant=variant,
         round=round_,
+        durable_replicas=1 if system == DURABLE else 0,
         **lock,
     )
 
@@ -143,6 +147,7 @@ async def run_suite(
     started = time.time()
     machine = machine_info()
     server = None if config.redis_url else LocalServer()
+    replica: LocalServer | None = None
     if server is not None:
         server.start()
     url = config.redis_url or (server.url if server else "")
@@ -154,10 +159,18 @@ async def run_suite(
                 "machine": machine,
                 "server": await server_info(admin, server.binary if server else None),
             }
-            runs = await _run_all(config, admin, url, server is not None, progress)
+            replication = None
+            if DURABLE in config.systems:
+                if server is not None:
+                    replica = await durability.start_replica(server, admin)
+                replication = await durability.replication(admin, url, replica)
+                document["replication"] = replication.to_json()
+            runs = await _run_all(config, admin, url, server is not None, progress, replication)
         finally:
             await admin.aclose()
     finally:
+        if replica is not None:
+            replica.stop()
         if server is not None:
             server.stop()
     results = median_rounds(runs)
@@ -188,17 +201,22 @@ async def _check_standalone(admin: Redis, url: str) -> None:
 
 
 async def _run_all(
-    config: BenchConfig, admin: Redis, url: str, private: bool, progress: Progress
+    config: BenchConfig,
+    admin: Redis,
+    url: str,
+    private: bool,
+    progress: Progress,
+    replication: durability.Replication | None,
 ) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     with _log_dir() as log_dir:
         specs = plan(config, url, secrets.token_hex(3))
         pool_size = max([spec.clients for spec in specs], default=1)
-        progress(_announce(config, specs, private))
+        progress(_announce(config, specs, private, replication))
         stack = AsyncExitStack()
         agents = await stack.enter_async_context(AgentPool(pool_size, log_dir))
         try:
-            context = Context(config, admin, private, agents, log_dir, progress)
+            context = Context(config, admin, private, agents, log_dir, progress, replication)
             for index, spec in enumerate(specs, 1):
                 result = await _run_guarded(context, spec, f"[{index}/{len(specs)}]")
                 results.append(result)
@@ -211,9 +229,17 @@ async def _run_all(
     return results
 
 
-def _announce(config: BenchConfig, specs: list[RunSpec], private: bool) -> str:
+def _announce(
+    config: BenchConfig,
+    specs: list[RunSpec],
+    private: bool,
+    replication: durability.Replication | None,
+) -> str:
     seconds = sum(duration_of(config, s) + config.warmup + 0.6 for s in specs)
-    where = "a private server" if private else config.redis_url
+    where = "a private server" if private else str(config.redis_url)
+    if replication is not None and replication.unavailable is None:
+        replicas = replication.replicas_online
+        where += f" with {replicas} replica{'s' if replicas != 1 else ''} attached"
     return (
         f"keyserial bench: profile {config.profile}, {len(specs)} runs on {where},"
         f" about {seconds / 60:.1f} min"
@@ -229,6 +255,8 @@ def _log_dir() -> Iterator[Path]:
 async def _run_guarded(context: Context, spec: RunSpec, counter: str) -> dict[str, Any]:
     base = _base_record(context.config, spec)
     reason = unavailable_reason(spec.system, spec.op)
+    if reason is None and spec.system == DURABLE and context.replication is not None:
+        reason = context.replication.unavailable
     if reason is not None:
         context.progress(f"{counter} {describe(spec)}: skipped ({reason})")
         return {**base, "status": "skipped", "reason": reason}
@@ -272,8 +300,9 @@ def _base_record(config: BenchConfig, spec: RunSpec) -> dict[str, Any]:
         "clients": spec.clients,
         "callers_per_client": spec.callers,
         "callers": spec.total_callers,
-        "shards": spec.shards if spec.system == "keyserial" else None,
-        "workers": config.workers if spec.system == "keyserial" else None,
+        "shards": spec.shards if is_keyserial(spec.system) else None,
+        "workers": config.workers if is_keyserial(spec.system) else None,
+        "durable_replicas": spec.durable_replicas if is_keyserial(spec.system) else None,
         "lock": (
             {"timeout": spec.lock_timeout, "sleep": spec.lock_sleep}
             if spec.system in ("lock-default", "lock-tuned")
@@ -300,12 +329,12 @@ async def run_one(context: Context, spec: RunSpec) -> dict[str, Any]:
     duration = duration_of(config, spec)
     async with AsyncExitStack() as stack:
         workers: KeyserialWorkers | None = None
-        if spec.system == "keyserial":
+        if is_keyserial(spec.system):
             workers = await stack.enter_async_context(
                 KeyserialWorkers(spec, config.workers, context.log_dir, split=config.split_shards)
             )
         if spec.op == "transfer":
-            if spec.system == "keyserial":
+            if is_keyserial(spec.system):
                 reason = await state.probe_keyserial_transfer(spec)
                 if reason is not None:
                     raise Skipped(reason)
@@ -344,12 +373,13 @@ async def _measure(
     await anyio.sleep(max(0.0, go["measure_from"] - time.time()))
     if context.private:
         await context.admin.config_resetstat()
-    before = await _snapshot(context.admin, worker_pids)
+    replica = context.replication.replica_pid if context.replication else None
+    before = await _snapshot(context.admin, worker_pids, replica)
     samplers: list[Process] = []
-    if context.config.py_spy and spec.system == "keyserial":
+    if context.config.py_spy and is_keyserial(spec.system):
         samplers = await _profile(context, spec, go, worker_pids + client_pids)
     await anyio.sleep(max(0.0, go["measure_until"] - time.time()))
-    after = await _snapshot(context.admin, worker_pids)
+    after = await _snapshot(context.admin, worker_pids, replica)
     for sampler in samplers:
         with anyio.move_on_after(15):
             await sampler.wait()
@@ -374,13 +404,14 @@ async def _profile(
     return samplers
 
 
-async def _snapshot(admin: Redis, worker_pids: list[int]) -> Snapshot:
+async def _snapshot(admin: Redis, worker_pids: list[int], replica_pid: int | None) -> Snapshot:
     return Snapshot(
         at=time.time(),
         commands=await metrics.commandstats(admin),
         server_cpu=await metrics.server_cpu_seconds(admin),
         worker_cpu=[metrics.process_cpu_seconds(pid) for pid in worker_pids],
         machine_busy=metrics.machine_busy_seconds(),
+        replica_cpu=None if replica_pid is None else metrics.process_cpu_seconds(replica_pid),
     )
 
 
@@ -400,7 +431,7 @@ async def _final_state(context: Context, spec: RunSpec, tallies: list[dict[str, 
         slack.update({int(k): v for k, v in tally["slack"].items()})
     initial = context.config.transfer_balance if spec.op == "transfer" else 0
     accounts = sorted(set(range(spec.keys)) if spec.op == "transfer" else set(acked) | set(slack))
-    if spec.system == "keyserial" and slack:
+    if is_keyserial(spec.system) and slack:
         # Ops the clients gave up on may still run: wait until they have, then read.
         await state.settle_keyserial(spec, sorted(slack), timeout=30)
     balances = await state.read_balances(context.admin, spec, accounts)
@@ -456,8 +487,10 @@ def _figures(
     client_cpu = sum(t["cpu_seconds"] for t in tallies)
     server_cpu = after.server_cpu - before.server_cpu
     worker_cpu = _worker_cpu(before, after)
+    replica_cpu = _delta(before.replica_cpu, after.replica_cpu)
     busy = _delta(before.machine_busy, after.machine_busy)
-    others = None if busy is None else max(0.0, busy - server_cpu - client_cpu - (worker_cpu or 0))
+    own = server_cpu + client_cpu + (worker_cpu or 0) + (replica_cpu or 0)
+    others = None if busy is None else max(0.0, busy - own)
     errors: Counter[str] = Counter()
     for tally in tallies:
         errors.update(tally["errors"])
@@ -472,6 +505,8 @@ def _figures(
             "server": metrics.cpu_figures(server_cpu, window, ops),
             "clients": metrics.cpu_figures(client_cpu, duration, ops),
             "workers": metrics.cpu_figures(worker_cpu, window, ops),
+            # The suite's own replica (only while ``keyserial-durable`` is selected).
+            "replica": metrics.cpu_figures(replica_cpu, window, ops),
             # Every process on the machine, and those not part of the run (noise).
             "machine": metrics.cpu_figures(busy, window, ops),
             "others": metrics.cpu_figures(others, window, ops),

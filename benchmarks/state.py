@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 import keyserial
 from keyserial.ledger import deposit
 
-from .config import RunSpec
+from .config import RunSpec, is_keyserial
 from .workloads import account_key
 
 _CHUNK = 1000
@@ -42,7 +42,7 @@ def _chunks(items: Sequence[int]) -> Iterable[Sequence[int]]:
 async def seed(admin: Redis, spec: RunSpec, balance: int) -> None:
     """Give every account of the run ``balance`` before it starts (the transfer workload)."""
     accounts = list(range(spec.keys))
-    if spec.system == "keyserial":
+    if is_keyserial(spec.system):
         async with keyserial.connect(spec.url, shards=spec.shards, namespace=spec.prefix) as ks:
             limiter = anyio.Semaphore(256)
 
@@ -60,7 +60,7 @@ async def seed(admin: Redis, spec: RunSpec, balance: int) -> None:
 
 async def read_balances(admin: Redis, spec: RunSpec, accounts: Sequence[int]) -> dict[int, int]:
     """The committed balance of each account (0 for one never written)."""
-    if spec.system == "keyserial":
+    if is_keyserial(spec.system):
         return await _read_keyserial(spec, accounts)
     balances: dict[int, int] = {}
     for chunk in _chunks(accounts):
@@ -125,7 +125,7 @@ async def probe_keyserial_transfer(spec: RunSpec, timeout: float = 10.0) -> str 
 
 def patterns(spec: RunSpec) -> list[str]:
     """``SCAN MATCH`` patterns covering every key the run may have written."""
-    if spec.system == "keyserial":
+    if is_keyserial(spec.system):
         return [f"ks:{{{spec.prefix}:*", f"ks:{{{spec.prefix}}}:*"]
     return [f"{spec.prefix}:*", f"lock:{spec.prefix}:*", f"lock-signal:{spec.prefix}:*"]
 

@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 import keyserial
 from keyserial.ledger import deposit
 
-from .config import RunSpec
+from .config import RunSpec, is_keyserial
 from .notifylock import NotifyLock
 from .ops import slow_deposit
 from .state import lock_key, value_key
@@ -70,7 +70,8 @@ def unavailable_reason(system: str, op: str) -> str | None:
 
 
 class KeyserialSystem:
-    """``keyserial.connect`` once per client process; ``submit`` per op."""
+    """``keyserial.connect`` once per client process; ``submit`` per op (``keyserial-durable``:
+    with ``durable_replicas=1``, so a stored result counts only once a replica has it)."""
 
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
@@ -79,7 +80,12 @@ class KeyserialSystem:
 
     async def open(self) -> None:
         self._ks = await self._stack.enter_async_context(
-            keyserial.connect(self.spec.url, shards=self.spec.shards, namespace=self.spec.prefix)
+            keyserial.connect(
+                self.spec.url,
+                shards=self.spec.shards,
+                namespace=self.spec.prefix,
+                durable_replicas=self.spec.durable_replicas,
+            )
         )
 
     async def close(self) -> None:
@@ -210,7 +216,7 @@ class LuaSystem(_RedisSystem):
 
 
 def make_system(spec: RunSpec) -> System:
-    if spec.system == "keyserial":
+    if is_keyserial(spec.system):
         return KeyserialSystem(spec)
     if spec.system in ("lock-default", "lock-tuned"):
         return RedisLockSystem(spec)

@@ -7,7 +7,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from .config import LOCKS
+from .config import LOCKS, is_keyserial
 
 Record = dict[str, Any]
 
@@ -159,7 +159,7 @@ def _slow(results: list[Record], slow_io: float) -> Record:
 
 
 def _correctness(runs: list[Record]) -> list[Record]:
-    ks_runs = [r for r in runs if r["system"] == "keyserial" and r["status"] == "ok"]
+    ks_runs = [r for r in runs if is_keyserial(r["system"]) and r["status"] == "ok"]
     lost = sum(r["correctness"]["lost_updates"] for r in ks_runs)
     ks = _target(
         "keyserial-no-lost-updates",

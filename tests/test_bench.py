@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import re
 import subprocess
 import sys
 import threading
@@ -22,7 +23,7 @@ from redis.asyncio import Redis
 from benchmarks import notifylock, state
 from benchmarks.agent import Window, run_callers
 from benchmarks.cli import build_parser, config_from
-from benchmarks.config import SYSTEMS, RunSpec
+from benchmarks.config import DEFAULT_SYSTEMS, RunSpec
 from benchmarks.metrics import parse_commandstats, percentile
 from benchmarks.procs import shard_range
 from benchmarks.rounds import median_rounds
@@ -53,13 +54,14 @@ def test_quick_profile_smoke(tmp_path: Path) -> None:
     assert completed.returncode == 0, completed.stderr[-4000:]
     assert time.monotonic() - started < 60
     assert "[1/32] hot × keyserial" in completed.stderr  # progress while it runs
-    assert "| keyserial |" in completed.stdout  # the table at the end
+    # the table at the end († marks a run during which other processes took CPU)
+    assert re.search(r"^\| keyserial( †)? \|", completed.stdout, re.MULTILINE)
     document = json.loads((tmp_path / "bench-quick.json").read_text())
     png = (tmp_path / "bench-quick.png").read_bytes()
     assert png.startswith(b"\x89PNG")
     assert document["machine"]["cores"] and document["server"]["redis_version"]
     for workload in QUICK_WORKLOADS:
-        for system in SYSTEMS:
+        for system in DEFAULT_SYSTEMS:
             runs = [
                 r
                 for r in document["results"]
@@ -87,6 +89,36 @@ def test_quick_profile_smoke(tmp_path: Path) -> None:
     assert all(t["met"] is None for name, t in targets.items() if name.startswith("slow"))
 
 
+def test_durable_system_runs_next_to_keyserial_on_a_replicated_server(tmp_path: Path) -> None:
+    """``keyserial-durable``: the suite attaches a replica to its server; the durable workers
+    WAIT for it, the plain ones do not, and the table and JSON give durable ÷ plain."""
+    command = [
+        sys.executable, "-m", "keyserial", "bench", "--workloads", "hot",
+        "--systems", "keyserial,keyserial-durable", "--duration", "0.3", "--warmup", "0.1",
+        "--callers", "4", "--no-chart", "--out", str(tmp_path),
+    ]  # fmt: skip
+    completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert "with 1 replica attached" in completed.stderr
+    document = json.loads((tmp_path / "bench-quick.json").read_text())
+    assert document["replication"] == {
+        "replicas_online": 1, "started_by_suite": True, "unavailable": None,
+    }  # fmt: skip
+    plain, durable = document["results"]
+    assert (plain["system"], durable["system"]) == ("keyserial", "keyserial-durable")
+    for run in (plain, durable):
+        assert run["status"] == "ok" and run["correctness"]["lost_updates"] == 0, run
+        assert run["cpu"]["replica"]["percent"] is not None
+    assert durable["durable_replicas"] == 1 and durable["commands"].get("wait", 0) > 0
+    assert plain["durable_replicas"] == 0 and "wait" not in plain["commands"]
+    [cost] = document["durability"]
+    assert cost["workload"] == "hot"
+    assert cost["throughput_ratio"] == durable["throughput"] / plain["throughput"]
+    assert cost["p99_ratio"] == durable["latency_ms"]["p99"] / plain["latency_ms"]["p99"]
+    assert "### Durability's cost" in completed.stdout
+    assert f"| hot | {plain['throughput']:,.0f} |" in completed.stdout
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[LocalServer]:
     with LocalServer() as running:
@@ -110,6 +142,21 @@ def _spec(server: LocalServer, system: str, prefix: str, **changes: object) -> R
     }
     fields.update(changes)
     return RunSpec(**fields)  # type: ignore[arg-type]
+
+
+def test_durable_system_is_skipped_on_a_server_without_a_replica(
+    server: LocalServer, tmp_path: Path
+) -> None:
+    command = [
+        sys.executable, "-m", "keyserial", "bench", "--redis", server.url, "--workloads", "hot",
+        "--systems", "keyserial-durable", "--no-chart", "--out", str(tmp_path),
+    ]  # fmt: skip
+    completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    [run] = json.loads((tmp_path / "bench-quick.json").read_text())["results"]
+    assert run["status"] == "skipped"
+    assert run["reason"].startswith(f"needs a replica: {server.url} has none online")
+    assert "hot × keyserial-durable: skipped (needs a replica" in completed.stderr
 
 
 async def test_no_lock_loses_updates_on_a_hot_key(server: LocalServer) -> None:
