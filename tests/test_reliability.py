@@ -349,8 +349,14 @@ async def test_a_poison_op_behind_slow_ops_is_dead_lettered_and_they_are_not(
                 envelope("slow-b", slow_b, "slow_record", 0.2),
                 envelope("killer", poison_key, "crash"),
             ], fresh=True)
-            poisoned = await eventually_async(
-                lambda: stored(client, namespace, 1, "killer"), timeout=40)
+
+            async def killer_settled() -> Any:
+                outcome = await stored(client, namespace, 1, "killer")
+                if outcome is None and all(each.process.poll() is not None for each in workers):
+                    return {"error": {"type": "(every worker died)"}}
+                return outcome
+
+            poisoned = await eventually_async(killer_settled, timeout=40)
             assert poisoned["error"]["type"] == "keyserial.PoisonOperation", poisoned
             assert poisoned["error"]["data"] == {"strikes": 3}
             dead = [worker for worker in workers if worker.process.poll() is not None]
