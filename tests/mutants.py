@@ -71,6 +71,7 @@ _LANDED = "        self._landed(run, [owner for owner, _ in holds], writes, outc
 _RELEASE = "        for owner, hold in holds:\n            owner.release(hold)\n"
 _STANDALONE = "[standalone]"
 _SHARD = "keyserial/_shard.py"
+_RACES = "tests/test_cross_shard_races.py::"
 _SUSPECT = "            if run.envelope.op_id == self._suspect:\n"
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -203,6 +204,24 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit(_SHARD, _SUSPECT, "            if False:\n"),),
         ("tests/test_reliability.py::"
          "test_a_poison_op_behind_slow_ops_is_dead_lettered_and_they_are_not" + _STANDALONE,),
+    ),
+    Mutant(
+        "holds-during-replay", "G5.2",
+        "another shard's in-process op may hold keys while a new owner still replays",
+        (Edit(_SHARD, "        await self._replayed.wait()\n", ""),
+         Edit(_SHARD, "        if not self._replayed.is_set():\n            return None\n", "")),
+        (_RACES + "test_a_participant_takeover_lets_no_in_process_op_overtake_a_replayed_grant"
+         + _STANDALONE,),
+    ),
+    Mutant(
+        "lost-across-reply-taken-as-not-written", "G1.3",
+        "a sync cross-shard op whose commit_across reply was lost runs again on stale caches",
+        (Edit("keyserial/_crossshard.py",
+              "        if isinstance(result, BackendUnavailable):\n"
+              "            host.spawn(partial(self._confirm, run, holds, writes, outcome, call))\n"
+              "            return\n", ""),),
+        (_RACES + "test_a_lost_commit_across_reply_is_sent_again_not_taken_as_not_written"
+         + _STANDALONE,),
     ),
     Mutant(
         "acquire-ignores-attempt", "G1.3",
