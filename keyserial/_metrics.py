@@ -301,7 +301,8 @@ class _Collector:
                        " error, no answer in time, or the lease was gone).", ["shard"],
                        {(shard,): n for shard, n in m.renew_failures.items()}, ns)
         yield _counter("keyserial_takeovers", "Shard leases acquired, by what the new owner had"
-                       " to do: clean, replay (look up outcomes) or careful (one op at a time).",
+                       " to do: clean, replay (look up outcomes) or careful (run the op blamed"
+                       " for a crash alone).",
                        ["shard", "mode"], m.takeovers, ns)
         yield _counter("keyserial_dead_letters", "Entries or ops moved to a dead-letter stream,"
                        " by reason: malformed or poison.", ["shard", "reason"], m.dead_letters, ns)

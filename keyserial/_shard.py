@@ -7,6 +7,18 @@ every op finished since the last one; it writes their state, results and the sha
 atomically, fenced by the epoch, and publishes their replies (nothing is replied before it is
 committed). Progress only passes an entry once all its ops have committed; an op that committed
 ahead of it is skipped on replay because its result exists.
+
+After a crash, the acquire script strikes the first op without a result, in stream order (the
+*suspect*). The new owner replays as usual (batched, ops on different keys overlapping), except
+that the suspect runs alone: nothing after it starts until it has committed, or has run for a
+lease TTL. If it kills this owner too, it is again the first op without a result and takes the
+next strike, so a poison op reaches ``max_strikes`` in that many deaths in a row. The trade-off:
+when an owner dies with several ops in flight, the strike may land on an innocent op ahead of the
+killer (a slow one). That op then runs alone and commits, and clears its name; the killer is
+struck once every op ahead of it has committed, after one more death per such op. An innocent op
+is dead-lettered only if it is still running, a lease TTL after it started alone, at
+``max_strikes`` deaths in a row. In exchange a takeover stalls the shard for at most one lease
+TTL (the suspect), however many slow ops were in flight: an op stuck forever holds its key only.
 """
 
 from __future__ import annotations
@@ -77,6 +89,8 @@ class Grant:
     #: The last entry the previous owner fetched, if it is past progress: up to it, stored
     #: outcomes are looked up before any op runs again (some may have committed).
     replay_until: str | None = None
+    #: The op that took a strike when this owner was granted the shard: it runs alone.
+    suspect: str | None = None
 
 
 @dataclass(slots=True)
@@ -124,8 +138,8 @@ class ShardRunner:
         self._cursor = grant.progress
         #: Up to this entry, the previous owner may have committed some ops: look them up.
         self._replay_until = parse_id(grant.replay_until) if grant.replay_until else None
-        #: Replay one op per commit (the previous owner crashed: find the op to blame).
-        self._careful = grant.careful_until is not None
+        #: The op blamed for the previous owner's death: it runs alone (see the module doc).
+        self._suspect = grant.suspect
         #: Set once the replay is over: only then can another shard's op hold keys here in
         #: process, since until then this owner does not know what the last one had granted.
         self._replayed = anyio.Event()
@@ -260,15 +274,13 @@ class ShardRunner:
     def _fetch_size(self) -> int:
         if self._stopping or self._uncommitted >= self._settings.max_inflight:
             return 0
-        if self._replay_until is not None:
-            if parse_id(self._cursor) < self._replay_until:
-                return 1 if self._careful else self._settings.fetch_batch
+        if self._replay_until is not None and parse_id(self._cursor) >= self._replay_until:
             self._end_replay()
         return self._settings.fetch_batch
 
     def _end_replay(self) -> None:
         self._replay_until = None
-        self._careful = False
+        self._suspect = None
         self._replayed.set()
 
     async def _step(self, want: int) -> tuple[list[Any], dict[bytes, bytes]]:
@@ -313,9 +325,10 @@ class ShardRunner:
         return entries, dict(zip(done[::2], done[1::2], strict=True))
 
     async def _commit_through(self, run: Run) -> None:
-        """Commit until ``run`` has committed (careful mode: one op per commit). An op still
-        running after a lease TTL is left to run on (it holds its key, not the shard): if the
-        worker then dies, it is the first op without a result and takes the strike."""
+        """Commit until ``run`` (the suspect) has committed, scheduling nothing else meanwhile.
+        A suspect still running after a lease TTL is left to run on (it holds its key, not the
+        shard): if the worker then dies, it is still the first op without a result and takes
+        the strike."""
         with anyio.move_on_after(self._settings.lease_ttl):
             while self._running.get(run.envelope.op_id) is run or self._finished or self._dead:
                 if self._finished or self._dead:
@@ -326,7 +339,6 @@ class ShardRunner:
     # -- dispatching ---------------------------------------------------------------------------
 
     async def _dispatch(self, entries: list[Any], done: dict[bytes, bytes]) -> None:
-        careful = self._careful
         runnable: list[Run] = []
         for raw_id, fields in entries:
             entry_id = raw_id.decode()
@@ -335,8 +347,10 @@ class ShardRunner:
         self.metrics.dispatched(runnable)
         for run in runnable:
             self._executor.schedule(run)
-            if careful:
-                # One op per commit: if this op kills the worker, it alone takes the strike.
+            if run.envelope.op_id == self._suspect:
+                # Alone: every op before it has a result (or is a grant request, which runs
+                # no code), and nothing after it starts until it has committed.
+                self._suspect = None
                 await self._commit_through(run)
 
     def _accept(

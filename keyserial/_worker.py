@@ -335,9 +335,10 @@ class Worker:
         if grant.careful_until:
             log.warning(
                 "shard %d: previous owner died with entries up to %s in flight;"
-                " running them one at a time",
+                " running the suspect op %s alone first",
                 shard,
                 grant.careful_until,
+                grant.suspect or "(none)",
             )
         if grant.poisoned:
             log.error(
@@ -456,7 +457,7 @@ class Worker:
 
 
 def _grant(reply: list[Any]) -> Grant:
-    epoch, progress, careful, poisoned, results_since, replay = reply
+    epoch, progress, careful, poisoned, results_since, replay, suspect = reply
     return Grant(
         epoch=int(epoch),
         progress=progress.decode(),
@@ -464,6 +465,7 @@ def _grant(reply: list[Any]) -> Grant:
         poisoned=poisoned.decode() or None,
         results_since=int(results_since) if results_since else None,
         replay_until=replay.decode() or None,
+        suspect=suspect.decode() or None,
     )
 
 

@@ -70,6 +70,9 @@ _ZW = "tests/test_zombie_writes.py::"
 _LANDED = "        self._landed(run, [owner for owner, _ in holds], writes, outcome, replied)\n"
 _RELEASE = "        for owner, hold in holds:\n            owner.release(hold)\n"
 _STANDALONE = "[standalone]"
+_SHARD = "keyserial/_shard.py"
+_RACES = "tests/test_cross_shard_races.py::"
+_SUSPECT = "            if run.envelope.op_id == self._suspect:\n"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -186,6 +189,39 @@ MUTANTS: tuple[Mutant, ...] = (
               "local horizon = redis.call('GET', KEYS[2])\n"),),
         ("tests/test_reliability.py::test_a_graceful_stop_never_replays_an_op_that_committed"
          + _STANDALONE,), fast=True,
+    ),
+    Mutant(
+        "replay-runs-every-op-alone", "G6.5",
+        "after a crash, the new owner runs every replayed op alone, a lease TTL at most each",
+        (Edit(_SHARD, _SUSPECT, "            if self._replay_until is not None:\n"),),
+        ("tests/test_reliability.py::"
+         "test_a_takeover_with_many_stuck_ops_in_flight_stalls_its_shard_one_lease_ttl_at_most"
+         + _STANDALONE,),
+    ),
+    Mutant(
+        "suspect-runs-with-others", "G6.3",
+        "after a crash, the op the acquire struck runs side by side with the others",
+        (Edit(_SHARD, _SUSPECT, "            if False:\n"),),
+        ("tests/test_reliability.py::"
+         "test_a_poison_op_behind_slow_ops_is_dead_lettered_and_they_are_not" + _STANDALONE,),
+    ),
+    Mutant(
+        "holds-during-replay", "G5.2",
+        "another shard's in-process op may hold keys while a new owner still replays",
+        (Edit(_SHARD, "        await self._replayed.wait()\n", ""),
+         Edit(_SHARD, "        if not self._replayed.is_set():\n            return None\n", "")),
+        (_RACES + "test_a_participant_takeover_lets_no_in_process_op_overtake_a_replayed_grant"
+         + _STANDALONE,),
+    ),
+    Mutant(
+        "lost-across-reply-taken-as-not-written", "G1.3",
+        "a sync cross-shard op whose commit_across reply was lost runs again on stale caches",
+        (Edit("keyserial/_crossshard.py",
+              "        if isinstance(result, BackendUnavailable):\n"
+              "            host.spawn(partial(self._confirm, run, holds, writes, outcome, call))\n"
+              "            return\n", ""),),
+        (_RACES + "test_a_lost_commit_across_reply_is_sent_again_not_taken_as_not_written"
+         + _STANDALONE,),
     ),
     Mutant(
         "acquire-ignores-attempt", "G1.3",

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from keyserial import shard_for
 from keyserial._layout import ShardKeys
 from tests import apps
 from tests.helpers import eventually, keys_on_shard, stored_outcome
-from tests.test_faults import Starter, inspector, wait_for_holder
+from tests.test_faults import Starter, all_held, inspector, wait_for_holder
 
 SHARDS = 4
 
@@ -80,7 +81,7 @@ async def test_a_graceful_stop_never_replays_an_op_that_committed(
 
             log = await run_one(ks, fast_key)
             assert log[0] == "A" and len(log) == 2, f"A applied twice: {log}"
-            assert "one at a time" not in successor.log(), "a clean release blames no op"
+            assert "died with entries" not in successor.log(), "a clean release blames no op"
 
 
 async def test_a_failed_runner_replays_without_running_a_committed_op_twice(
@@ -272,9 +273,9 @@ async def test_an_op_that_would_commit_a_state_over_the_limit_fails_and_writes_n
 async def test_a_stuck_op_does_not_hold_its_shard_through_a_careful_replay(
     redis_url: str, namespace: str, start: Starter, tmp_path: Path
 ) -> None:
-    """The owner dies (kill -9) while an op that never returns runs. Its successor replays the
-    dead owner's entries one op at a time, to find the op to blame; it waits at most a lease TTL
-    for the stuck one, so an op on another key of the shard, appended after, still commits."""
+    """The owner dies (kill -9) while an op that never returns runs. Its successor runs that op
+    (the one the acquire blamed) alone, to see whether it kills this owner too; it waits at most
+    a lease TTL for it, so an op on another key of the shard, appended after, still commits."""
     stuck_key, other_key = keys_on_shard(2, SHARDS, 2, prefix="careful")
     note = tmp_path / "holding"
     with anyio.fail_after(60):
@@ -289,4 +290,81 @@ async def test_a_stuck_op_does_not_hold_its_shard_through_a_careful_replay(
             successor = start(redis_url, namespace, lease_ttl=1.0)
             await wait_for_holder(client, namespace, successor.pid, timeout=15)
             assert len(await run_one(ks, other_key)) == 1
-            assert "one at a time" in successor.log(), "the takeover replayed carefully"
+            assert "died with entries" in successor.log(), "the takeover replayed carefully"
+
+
+@pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
+async def test_a_takeover_with_many_stuck_ops_in_flight_stalls_its_shard_one_lease_ttl_at_most(
+    redis_url: str, namespace: str, start: Starter, tmp_path: Path
+) -> None:
+    """The owner dies (kill -9) with eight ops that never return in flight, on eight keys of
+    one shard, in two entries. The successor runs the op the acquire blamed alone, for a lease
+    TTL at most, and the others side by side: an op on another key commits within a few lease
+    TTLs of the takeover, not one lease TTL per stuck op (nemesis seeds 105 and 212)."""
+    ttl = 1.0
+    *stuck_keys, other_key = keys_on_shard(2, SHARDS, 9, prefix="stalled")
+    note = tmp_path / "holding"
+    with anyio.fail_after(60):
+        async with inspector(redis_url) as client, \
+                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+            owner = start(redis_url, namespace, lease_ttl=ttl)
+            await wait_for_holder(client, namespace, owner.pid, timeout=15)
+            for keys in (stuck_keys[:4], stuck_keys[4:]):
+                await append_entry(client, namespace, 2, [
+                    envelope(f"stuck-{key}", key, "hold", 3600, str(note)) for key in keys
+                ], fresh=True)
+            await eventually(lambda: note.exists() and len(note.read_text().split()) == 8,
+                             message="every stuck op running")
+            owner.kill()
+            successor = start(redis_url, namespace, lease_ttl=ttl)
+            await wait_for_holder(client, namespace, successor.pid, shards=[2], timeout=15)
+            began = time.monotonic()
+            assert len(await run_one(ks, other_key)) == 1
+            stalled = time.monotonic() - began
+            assert stalled < 3 * ttl, f"a new op waited {stalled:.1f}s (lease TTL {ttl}s)"
+            assert "died with entries" in successor.log(), "the takeover was unclean"
+            await eventually(lambda: len(note.read_text().split()) == 16, timeout=2 * ttl,
+                             message="every stuck op running again on the successor")
+
+
+@pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
+async def test_a_poison_op_behind_slow_ops_is_dead_lettered_and_they_are_not(
+    redis_url: str, namespace: str, start: Starter
+) -> None:
+    """One entry: two slow ops, then an op that kills its worker, on three keys of one shard.
+    Each death strikes the first op without a result: a slow op first, which then runs alone
+    under the next owner and commits; the killer once both have. It is dead-lettered after
+    ``max_strikes`` deaths in a row; the slow ops apply once each and are never dead-lettered.
+    (One extra death per slow op ahead of the killer: the price of not running every in-flight
+    op alone after a takeover.)"""
+    slow_a, slow_b, poison_key = keys_on_shard(1, SHARDS, 3, prefix="behind")
+    keys = ShardKeys(namespace, 1)
+    with anyio.fail_after(60):
+        async with inspector(redis_url) as client, \
+                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+            workers = [start(redis_url, namespace, lease_ttl=0.5) for _ in range(6)]
+            await all_held(client, namespace)
+            await append_entry(client, namespace, 1, [
+                envelope("slow-a", slow_a, "slow_record", 0.2),
+                envelope("slow-b", slow_b, "slow_record", 0.2),
+                envelope("killer", poison_key, "crash"),
+            ], fresh=True)
+
+            async def killer_settled() -> Any:
+                outcome = await stored(client, namespace, 1, "killer")
+                if outcome is None and all(each.process.poll() is not None for each in workers):
+                    return {"error": {"type": "(every worker died)"}}
+                return outcome
+
+            poisoned = await eventually_async(killer_settled, timeout=40)
+            assert poisoned["error"]["type"] == "keyserial.PoisonOperation", poisoned
+            assert poisoned["error"]["data"] == {"strikes": 3}
+            dead = [worker for worker in workers if worker.process.poll() is not None]
+            assert [worker.process.returncode for worker in dead] == [17] * len(dead)
+            assert 3 <= len(dead) <= 3 + 2, f"{len(dead)} deaths"
+            for op_id, key in (("slow-a", slow_a), ("slow-b", slow_b)):
+                assert await stored(client, namespace, 1, op_id) == {"ok": 1}
+                assert await ks.read(key) == [op_id]
+            letters = await client.xrange(keys.dead)
+            assert [json.loads(fields[b"raw"])["id"] for _, fields in letters] == ["killer"]
+            assert len(await run_one(ks, poison_key)) == 1

@@ -52,6 +52,7 @@ async def test_an_acquire_sent_again_by_its_owner_returns_the_same_grant_and_no_
     first = await backend.run(_backend.ACQUIRE, acquire_keys(keys), ["me", 5000, 3, "try-1"])
     again = await backend.run(_backend.ACQUIRE, acquire_keys(keys), ["me", 5000, 3, "try-1"])
     assert again == first
+    assert first[6] == b"suspect", "the grant names the struck op: the new owner runs it alone"
     assert await client.get(keys.epoch) == b"1"
     assert await client.hgetall(keys.suspect) == {b"op": b"suspect", b"strikes": b"1"}
     for token, attempt in (("other", "try-1"), ("me", "try-2")):

@@ -11,17 +11,20 @@
 -- ARGV[1]  the new owner's token   ARGV[2]  lease TTL (ms)   ARGV[3]  strikes before dead-letter
 -- ARGV[4]  the attempt id (unique per attempt, the same when the call is sent again)
 -- Returns {} when the lease is held by someone else; otherwise
--- {epoch, progress, careful_until, poisoned, results_since, replay_until}
+-- {epoch, progress, careful_until, poisoned, results_since, replay_until, suspect}
 --   progress       the last entry id whose ops have all committed ('0-0': none yet);
 --   careful_until  '' after a clean handover; after a crash, the highest entry id the dead owner
---                  had fetched: the new owner runs ops one at a time up to it, so that the op that
---                  kills a worker is the first op without a result and takes the strike alone;
+--                  had fetched (its in-flight ops are suspect);
 --   poisoned       '' or the id of an op that reached the strike limit: it now has a
 --                  PoisonOperation result, is copied to the dead-letter stream and never runs;
 --   results_since  when the current results generation began (ms), '' if none has;
 --   replay_until   '' or the highest entry id the previous owner had fetched (after a crash or a
 --                  clean handover alike): up to it, the new owner looks up every op's stored
---                  outcome before running it, since some of them may have committed already.
+--                  outcome before running it, since some of them may have committed already;
+--   suspect        '' or the id of the op that took a strike here (the first op without a
+--                  result): the new owner runs it alone, and the rest only once it has committed
+--                  (or has run for a lease TTL), so that if it kills this owner too, it is the
+--                  first op without a result again and takes the next strike.
 -- Stream-id helpers: also in the other fenced scripts (a Redis script cannot import code).
 local function parse_id(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
@@ -33,7 +36,11 @@ local function id_gt(a, b)
   return am > bm or (am == bm and as > bs)
 end
 
--- The first op fetched but not committed: the one that was running when the owner died.
+-- The first op fetched but not committed, in stream order. When the owner died with several ops
+-- in flight, it may be an innocent slow op rather than the one that killed the owner: running
+-- alone under the next owner, it commits, and the next death strikes an op further on. So a
+-- poison op is struck once every op ahead of it has committed, and only a death while an op is
+-- the first without a result counts against it.
 local function first_unfinished(after, upto)
   local cursor = after
   while true do
@@ -102,15 +109,15 @@ local since = redis.call('GET', KEYS[10]) or ''
 local handover = redis.call('GET', KEYS[11])
 redis.call('DEL', KEYS[11])
 if not horizon or not id_gt(horizon, progress) then
-  return granted({epoch, progress, '', '', since, ''})
+  return granted({epoch, progress, '', '', since, '', ''})
 end
 if handover == horizon then  -- a clean release: nothing to suspect, only outcomes to look up
-  return granted({epoch, progress, '', '', since, horizon})
+  return granted({epoch, progress, '', '', since, horizon, ''})
 end
 
 local entry_id, envelope = first_unfinished(progress, horizon)
 if not entry_id then
-  return granted({epoch, progress, horizon, '', since, horizon})
+  return granted({epoch, progress, horizon, '', since, horizon, ''})
 end
 local strikes = 1
 if redis.call('HGET', KEYS[5], 'op') == envelope.id then
@@ -119,6 +126,6 @@ end
 redis.call('HSET', KEYS[5], 'op', envelope.id, 'strikes', strikes)
 if strikes >= tonumber(ARGV[3]) then
   dead_letter(entry_id, envelope, strikes)
-  return granted({epoch, progress, horizon, envelope.id, since, horizon})
+  return granted({epoch, progress, horizon, envelope.id, since, horizon, ''})
 end
-return granted({epoch, progress, horizon, '', since, horizon})
+return granted({epoch, progress, horizon, '', since, horizon, envelope.id})
