@@ -196,7 +196,6 @@ class Worker:
         shutdown drains, so draining commits are not fenced off."""
         tick = min(self.settings.lease_ttl / 4, 0.5)
         while True:
-            self._drop_expired(anyio.current_time())
             self._lease_round(backend, shard_count, task_group)
             await anyio.sleep(tick)
 
@@ -265,6 +264,7 @@ class Worker:
                     self._start(backend, shard_count, shard, grant, sent_at, task_group)
         finally:
             self._lease_rounds.discard(node)
+            self._drop_expired(anyio.current_time())
 
     def _renewed(self, owned: list[int], replies: list[Any], sent_at: float) -> None:
         for shard, reply in zip(owned, replies, strict=False):
