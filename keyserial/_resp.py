@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import anyio
 import hiredis
 from redis import exceptions as redis_errors
 from redis._parsers.base import BaseParser
@@ -265,6 +266,22 @@ class Subscriber:
         # future itself, which every later wait and the close share.
         return await asyncio.shield(self._protocol.closed)
 
+    async def until_lost(self, interval: float) -> Exception:
+        """Wait until the subscription's connection closes, or until it fails a health check
+        (a PING every ``interval`` seconds, answered within as long): why it is lost."""
+        while True:
+            with anyio.move_on_after(interval):
+                return await self.wait_closed()
+            try:
+                await self.ping(interval)
+            except redis_errors.TimeoutError:
+                return redis_errors.TimeoutError(f"no answer to a PING within {interval:g}s")
+            except redis_errors.RedisError as exc:
+                return exc
+
     def close(self) -> None:
         if self._protocol is not None:
             self._protocol.fail(redis_errors.ConnectionError("subscription closed"))
+
+    async def aclose(self) -> None:
+        self.close()
