@@ -247,17 +247,16 @@ class Subscriber:
 
     async def ping(self, timeout: float) -> None:
         """Check that the subscription's connection still answers (a connection dropped
-        silently, by a NAT or a load balancer, does not close: it only goes quiet).
+        silently, by a NAT or a load balancer, does not close: it only goes quiet). An error
+        reply is an answer too: a server running a slow script (-BUSY) is still there, and so
+        is the subscription.
 
         :raises redis.exceptions.RedisError: if it does not answer within ``timeout`` (the
             connection is then closed).
         """
         assert self._protocol is not None, "subscribe() first"
         protocol = self._protocol
-        (reply,) = await _replies(protocol, protocol.send([("PING",)]), timeout)
-        if isinstance(reply, Exception):
-            protocol.fail(reply)
-            raise reply
+        await _replies(protocol, protocol.send([("PING",)]), timeout)
 
     async def wait_closed(self) -> Exception:
         """Wait until the subscription's connection is closed; the reason."""

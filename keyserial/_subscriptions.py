@@ -94,6 +94,12 @@ class PubSubSubscription:
                 message = await self._pubsub.get_message(
                     timeout=max(wake - time.monotonic(), 0.001)
                 )
+            except redis_errors.ResponseError as exc:
+                if answer_due is None:
+                    return exc
+                # An error reply to the PING (a slow script's -BUSY) is an answer: the server
+                # and the subscription are still there.
+                message = {"type": "pong"}
             except RESUBSCRIBE_AFTER as exc:
                 return exc
             if message is not None and message["type"] == "pong":

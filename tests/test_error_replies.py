@@ -4,6 +4,8 @@ outage, refused credentials are a clear error, and no background task dies of ei
 
 from __future__ import annotations
 
+import functools
+import logging
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ import redis.asyncio
 
 import keyserial
 from keyserial import BackendUnavailable, ConfigError, SubmitTimeout
+from keyserial._backend import Backend
 from keyserial._layout import ShardKeys
 from keyserial._server import LocalServer
 from keyserial.ledger import deposit
@@ -85,8 +88,6 @@ async def test_a_lease_round_with_no_reply_logs_why(
 ) -> None:
     """A stalled server (here: CLIENT PAUSE) leaves the lease round without a reply; the
     warning says so instead of an empty reason."""
-    import logging
-
     caplog.set_level(logging.WARNING, logger="keyserial")
     with LocalServer() as server:
         async with running_worker(server.url, namespace, shard_count=2, lease_ttl=0.5):
@@ -184,3 +185,31 @@ async def test_a_restart_that_loads_slowly_loses_and_repeats_nothing(
         assert "is loading the dataset" in late, late[-3000:]  # (it waited it out)
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("via", ["url", "callers_client"])
+async def test_a_busy_script_costs_no_subscription(
+    busy_server: LocalServer, via: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A health check's PING answered -BUSY is an answer: the subscription is kept (not
+    dropped and made again, with a warning, every health interval of the spell), on keyserial's
+    own connection and on redis-py's."""
+    caplog.set_level(logging.WARNING, "keyserial")
+    client = redis.asyncio.Redis.from_url(busy_server.url)
+    backend = await Backend.connect(busy_server.url if via == "url" else client)
+    received: list[bytes] = []
+    try:
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tasks:
+                await tasks.start(functools.partial(
+                    backend.listen, ["busy:wake"], lambda _, data: received.append(data),
+                    health_interval=0.3))  # (the server says BUSY after 100 ms)
+                await anyio.to_thread.run_sync(run_busy_script, busy_server.url, 1.0)
+                while not received:
+                    await client.publish("busy:wake", "after")
+                    await anyio.sleep(0.05)
+                tasks.cancel_scope.cancel()
+    finally:
+        await backend.aclose()
+        await client.aclose()
+    assert not [r.getMessage() for r in caplog.records if "subscription" in r.getMessage()]
