@@ -27,7 +27,8 @@ log = logging.getLogger("keyserial")
 #: script, a restart still LOADING), which must not end the task that listens.
 RESUBSCRIBE_AFTER = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError)
 
-#: The health check's PING carries this, so its answer is told from anything else.
+#: The health check's PING carries this: redis-py drops the answers to its own health checks
+#: (``redis-py-health-check``, on a client configured with them), but hands this one over.
 _PING_TOKEN = b"keyserial-health-check"
 #: Seconds the server has to confirm a subscription (as a command's reply, see ``_backend``).
 _CONFIRM_TIMEOUT = 10.0
