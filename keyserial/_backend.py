@@ -21,13 +21,13 @@ import anyio
 from anyio.abc import TaskStatus
 from redis import exceptions as redis_errors
 from redis.asyncio import Redis
-from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.connection import AbstractConnection, Connection, ConnectionPool
+from redis.asyncio.connection import Connection, ConnectionPool
 from redis.typing import EncodableT
 from redis.utils import HIREDIS_AVAILABLE
 
 from ._layout import ShardKeys, meta_key, same_slot_key
+from ._subscriptions import RESUBSCRIBE_AFTER, PubSubSubscription, Subscription, pubsub_on
 from ._urls import redact
 
 if HIREDIS_AVAILABLE:  # a dependency (redis[hiredis]), but redis-py also runs without it
@@ -57,9 +57,6 @@ UNREACHABLE = (
 #: (BUSY), or its cluster is failing over. The command was not executed; it may be sent again.
 _TRANSIENT_PREFIXES = ("BUSY ", "LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN", "READONLY",
                        "NOREPLICAS", "NOTREADY", "UNBLOCKED")
-#: What a subscription is resubscribed after: a lost connection, or any error reply (a BUSY
-#: script, a restart still LOADING), which must not end the task that listens.
-_RESUBSCRIBE_AFTER = (redis_errors.RedisError, redis_errors.RedisClusterException, OSError)
 #: Error replies that no retry cures: the credentials or the ACL user do not allow keyserial in.
 _REFUSED = (redis_errors.AuthenticationError, redis_errors.NoPermissionError)
 
@@ -305,18 +302,24 @@ class Backend:
         with _translating(self.url):
             await self.client.execute_command("PING")
 
-    def pubsub(self) -> PubSub:
-        """A pub/sub handle; on a cluster, channel messages reach every node, so one node does.
-        It connects as the command connections do (TLS and its certificates included), with no
-        read timeout."""
+    def _subscription(
+        self, channels: Sequence[str], on_message: Callable[[str, bytes], None]
+    ) -> Subscription:
+        """A subscription that connects as the command connections do (TLS and its
+        certificates included), with no read timeout. On a cluster, channel messages reach
+        every node, so one node does."""
+        if self._pipelined is not None:
+            return Subscriber(self._pipelined, channels, on_message)
         if isinstance(self.client, RedisCluster):
             node = self.client.get_default_node()
             assert node is not None, "cluster client is initialized in connect()"
-            return _subscriber(node.connection_class, node.connection_kwargs)
-        if self._owned:
+            pubsub = pubsub_on(node.connection_class, node.connection_kwargs)
+        elif self._owned:
             pool = self.client.connection_pool
-            return _subscriber(pool.connection_class, pool.connection_kwargs)
-        return self.client.pubsub(ignore_subscribe_messages=True)
+            pubsub = pubsub_on(pool.connection_class, pool.connection_kwargs)
+        else:
+            pubsub = self.client.pubsub()
+        return PubSubSubscription(pubsub, channels, on_message)
 
     async def listen(
         self,
@@ -326,56 +329,28 @@ class Backend:
         health_interval: float = 5.0,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
-        """Subscribe to ``channels`` and hand every message to ``on_message(channel, data)``,
-        resubscribing after a lost connection, until cancelled. Messages published while the
+        """Subscribe to ``channels`` and hand every message to ``on_message(channel, data)``
+        until cancelled, resubscribing after a lost connection, an error reply, or a failed
+        health check (a PING every ``health_interval`` seconds, answered within as long: a
+        connection dropped without a word only goes quiet). Messages published while the
         connection was down are lost: callers keep a fallback (result sweep, idle polling).
 
         :raises BackendUnavailable: if the first subscription fails (before ``started()``).
         """
-        if self._pipelined is not None:
-            await self._listen_pipelined(channels, on_message, health_interval, task_status)
-            return
-        pubsub = self.pubsub()
-        with _translating(self.url):
-            await pubsub.subscribe(*channels)
-        task_status.started()
-        try:
-            while True:
-                try:
-                    async for message in pubsub.listen():
-                        on_message(message["channel"].decode(), message["data"])
-                except _RESUBSCRIBE_AFTER as exc:
-                    log.warning("subscription to %s lost (%s); resubscribing", self.url, exc)
-                    await anyio.sleep(0.2)
-                    with contextlib.suppress(*_RESUBSCRIBE_AFTER):
-                        await pubsub.subscribe(*channels)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]
-
-    async def _listen_pipelined(
-        self,
-        channels: Sequence[str],
-        on_message: Callable[[str, bytes], None],
-        health_interval: float,
-        task_status: TaskStatus[None],
-    ) -> None:
-        """:meth:`listen` on the hot path's own kind of connection (see ``_resp``), with a
-        health check every ``health_interval`` seconds."""
-        assert self._pipelined is not None
-        subscriber = Subscriber(self._pipelined, channels, on_message)
+        subscription = self._subscription(channels, on_message)
         try:
             with _translating(self.url):
-                await subscriber.subscribe()
+                await subscription.subscribe()
             task_status.started()
             while True:
-                error = await _closed_or_silent(subscriber, health_interval)
+                error = await subscription.until_lost(health_interval)
                 log.warning("subscription to %s lost (%s); resubscribing", self.url, error)
                 await anyio.sleep(0.2)
-                with contextlib.suppress(*_RESUBSCRIBE_AFTER):
-                    await subscriber.subscribe()
+                with contextlib.suppress(*RESUBSCRIBE_AFTER):
+                    await subscription.subscribe()
         finally:
-            subscriber.close()
+            with anyio.CancelScope(shield=True):
+                await subscription.aclose()
 
     async def run(self, script: Script, keys: Sequence[str], args: Sequence[ScriptArg]) -> Any:
         """Run one script. Script errors (``FENCED``, ``BACKLOG``) raise ``ResponseError``.
@@ -643,25 +618,6 @@ def _barrier_then_wait(key: str, replicas: int, timeout_ms: int) -> list[tuple[S
     """A write that is always replicated, then a WAIT for it: its count covers every write the
     server executed before the barrier, whoever sent it (the replication stream is ordered)."""
     return [("SET", key, "1", "PX", _BARRIER_PX), ("WAIT", replicas, timeout_ms)]
-
-
-def _subscriber(connection_class: type[AbstractConnection], options: dict[str, Any]) -> PubSub:
-    """A pub/sub handle on a client of its own. The connection class is passed on, not only
-    the options: a TLS connection's options alone would make a plaintext connection."""
-    pool = ConnectionPool(connection_class=connection_class, **{**options, "socket_timeout": None})
-    return Redis.from_pool(pool).pubsub(ignore_subscribe_messages=True)
-
-
-async def _closed_or_silent(subscriber: Subscriber, interval: float) -> Exception:
-    """Wait until the subscription's connection closes, or until it fails a health check (a
-    PING every ``interval`` seconds, answered within as long): why it is lost."""
-    while True:
-        with anyio.move_on_after(interval):
-            return await subscriber.wait_closed()
-        try:
-            await subscriber.ping(interval)
-        except _RESUBSCRIBE_AFTER as exc:
-            return exc
 
 
 def _describe(client: AnyRedis) -> str:

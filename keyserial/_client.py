@@ -158,13 +158,22 @@ class Client:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Stop the background tasks and close the connection (the body's error, if any, stays
-        the body's: it is not wrapped in an exception group)."""
+        """Stop the background tasks and close the connection. Submits still waiting (in
+        other tasks) fail at once, each saying whether its op may still apply: none waits for
+        a reply that can no longer come. (The body's error, if any, stays the body's: it is not
+        wrapped in an exception group.)"""
         task_group, self._task_group = self._task_group, None
         if task_group is not None:
             task_group.cancel_scope.cancel()
             await task_group.__aexit__(None, None, None)
+        self._settle_waiting_on_close()
         await self._backend.aclose()
+
+    def _settle_waiting_on_close(self) -> None:
+        unsent, self._queue = set(self._queue), []
+        for waiters in list(self._waiting.values()):
+            for pending in waiters:
+                pending.settle(_closed_while_waiting(pending, sent=pending not in unsent))
 
     def shard_of(self, key: str) -> int:
         return shard_for(key, self.shard_count)
@@ -415,9 +424,10 @@ class Client:
             for pending in batch:
                 by_node[self._backend.node_of(self._append_to[pending.shard][0])].append(pending)
             for node, pendings in by_node.items():
-                if node in self._appending:
-                    self._queue.extend(pendings)  # sent once that node's append returns
-                elif self._task_group is not None:
+                if node in self._appending or self._task_group is None:
+                    # Sent once that node's append returns (or never: the client is closing).
+                    self._queue.extend(pendings)
+                else:
                     self._appending.add(node)
                     self._task_group.start_soon(self._append, node, pendings)
 
@@ -575,6 +585,21 @@ def _pack(batch: list[_Pending]) -> Iterator[tuple[int, list[_Pending]]]:
             entry.append(pending)
             size += len(pending.envelope)
         yield shard, entry
+
+
+def _closed_while_waiting(pending: _Pending, *, sent: bool) -> KeyserialError:
+    op_id = pending.op_id
+    if not sent:
+        return KeyserialError(
+            f"the client was closed before op {op_id!r} was sent; it was never appended"
+        )
+    keys = pending.all_keys
+    where = repr(keys[0]) if len(keys) == 1 else repr(list(keys))
+    return KeyserialError(
+        f"the client was closed while op {op_id!r} waited for its outcome; it may still apply."
+        f" Fetch its outcome on an open client with `await ks.result({op_id!r}, key={where})`,"
+        f" or resubmit with op_id={op_id!r} (it never runs twice)."
+    )
 
 
 def _value_or_raise(outcome: dict[str, Any], *, keys: tuple[str, ...], op_id: str) -> Any:

@@ -21,6 +21,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import anyio
 import hiredis
 from redis import exceptions as redis_errors
 from redis._parsers.base import BaseParser
@@ -246,17 +247,16 @@ class Subscriber:
 
     async def ping(self, timeout: float) -> None:
         """Check that the subscription's connection still answers (a connection dropped
-        silently, by a NAT or a load balancer, does not close: it only goes quiet).
+        silently, by a NAT or a load balancer, does not close: it only goes quiet). An error
+        reply is an answer too: a server running a slow script (-BUSY) is still there, and so
+        is the subscription.
 
         :raises redis.exceptions.RedisError: if it does not answer within ``timeout`` (the
             connection is then closed).
         """
         assert self._protocol is not None, "subscribe() first"
         protocol = self._protocol
-        (reply,) = await _replies(protocol, protocol.send([("PING",)]), timeout)
-        if isinstance(reply, Exception):
-            protocol.fail(reply)
-            raise reply
+        await _replies(protocol, protocol.send([("PING",)]), timeout)
 
     async def wait_closed(self) -> Exception:
         """Wait until the subscription's connection is closed; the reason."""
@@ -265,6 +265,22 @@ class Subscriber:
         # future itself, which every later wait and the close share.
         return await asyncio.shield(self._protocol.closed)
 
+    async def until_lost(self, interval: float) -> Exception:
+        """Wait until the subscription's connection closes, or until it fails a health check
+        (a PING every ``interval`` seconds, answered within as long): why it is lost."""
+        while True:
+            with anyio.move_on_after(interval):
+                return await self.wait_closed()
+            try:
+                await self.ping(interval)
+            except redis_errors.TimeoutError:
+                return redis_errors.TimeoutError(f"no answer to a PING within {interval:g}s")
+            except redis_errors.RedisError as exc:
+                return exc
+
     def close(self) -> None:
         if self._protocol is not None:
             self._protocol.fail(redis_errors.ConnectionError("subscription closed"))
+
+    async def aclose(self) -> None:
+        self.close()

@@ -256,7 +256,11 @@ class Worker:
             self._renewed(owned, replies, sent_at)
             for shard, reply in zip(free, replies[len(owned) :], strict=True):
                 if isinstance(reply, Exception):
-                    log.error("acquiring shard %d failed: %s", shard, reply)
+                    # "Not now" (a restart LOADING, a BUSY script) is tried again next round.
+                    level = (
+                        logging.WARNING if isinstance(reply, BackendUnavailable) else logging.ERROR
+                    )
+                    log.log(level, "acquiring shard %d failed: %s", shard, reply)
                     continue
                 self._attempts.pop(shard, None)  # answered: the next acquire is a new attempt
                 if reply:

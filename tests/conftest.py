@@ -16,6 +16,7 @@ import pytest
 from keyserial._server import LocalServer
 from tests.helpers import ROOT, WorkerProcess, worker_processes
 from tests.postgres import LocalPostgres, find_binaries
+from tests.tls import TlsServer, TlsUnsupported, make_certificates
 
 TOPOLOGIES = ("standalone", "cluster")
 _counter = itertools.count()
@@ -31,6 +32,21 @@ def standalone_server() -> Iterator[LocalServer]:
 def cluster_server() -> Iterator[LocalServer]:
     with LocalServer(cluster=True) as server:
         yield server
+
+
+@pytest.fixture(scope="session")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
+    """A private server listening on TLS only, requiring a client certificate (tests/tls.py)."""
+    directory = tmp_path_factory.mktemp("tls")
+    try:
+        server = TlsServer(directory, make_certificates(directory))
+        server.start()
+    except TlsUnsupported as exc:
+        pytest.skip(f"no TLS-capable redis-server: {exc}")
+    try:
+        yield server
+    finally:
+        server.stop()
 
 
 @pytest.fixture(params=TOPOLOGIES)

@@ -219,3 +219,49 @@ async def test_an_infinite_timeout_outwaits_the_default_one(redis_url: str, name
             keyserial.connect(redis_url, shards=2, namespace=namespace,
                               submit_timeout=0.1) as ks:
         assert await ks.submit("counter:3", apps.slow_increment(0.4), timeout=math.inf) == 1
+
+
+async def test_closing_the_client_settles_the_submits_other_tasks_wait_on(
+    redis_url: str, namespace: str
+) -> None:
+    """No worker, so every op waits (without a timeout). The client is closed while one op is
+    appended, one append is held by the server (CLIENT PAUSE) and one op waits unsent behind
+    it: each submit, in a task of its own outside the client's block, fails at once saying
+    whether the op may still apply, and the unsent one is never appended."""
+    admin = redis.asyncio.Redis.from_url(redis_url)
+    errors: dict[str, KeyserialError] = {}
+
+    async def submit(ks: keyserial.Client, op_id: str, *, task_status: Any) -> None:
+        task_status.started()  # (the submit is queued before the starter resumes)
+        try:
+            await ks.submit("account:1", deposit(1), timeout=math.inf, op_id=op_id)
+        except KeyserialError as exc:
+            errors[op_id] = exc
+
+    async def blocked_clients() -> int:
+        return int((await admin.info("clients"))["blocked_clients"])
+
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tasks, \
+                    keyserial.connect(redis_url, shards=2, namespace=namespace) as ks:
+                stream = ShardKeys(namespace, ks.shard_of("account:1")).stream
+                await tasks.start(submit, ks, "appended")
+                while "appended" not in await _op_ids_in_stream(redis_url, stream):
+                    await anyio.sleep(0.01)
+                blocked_before = await blocked_clients()
+                await admin.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
+                await tasks.start(submit, ks, "in-flight")
+                while await blocked_clients() == blocked_before:
+                    await anyio.sleep(0.01)
+                await tasks.start(submit, ks, "queued")
+            # Closed here: the three submits end now, not at some timeout.
+    finally:
+        await admin.execute_command("CLIENT", "UNPAUSE")
+    assert set(errors) == {"appended", "in-flight", "queued"}
+    for op_id in ("appended", "in-flight"):
+        assert "may still apply" in str(errors[op_id]), errors[op_id]
+        assert f"ks.result({op_id!r}, key='account:1')" in str(errors[op_id])
+    assert "never appended" in str(errors["queued"]), errors["queued"]
+    assert "queued" not in await _op_ids_in_stream(redis_url, stream)
+    await admin.aclose()

@@ -4,18 +4,24 @@ outage, refused credentials are a clear error, and no background task dies of ei
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+import logging
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import anyio
 import pytest
 import redis
+import redis.asyncio
 
 import keyserial
-from keyserial import ConfigError
+from keyserial import BackendUnavailable, ConfigError, SubmitTimeout
+from keyserial._backend import Backend
 from keyserial._layout import ShardKeys
 from keyserial._server import LocalServer
 from keyserial.ledger import deposit
-from tests.helpers import running_worker
+from tests.helpers import WorkerProcess, eventually, running_worker, wait_for_log
 
 
 @pytest.fixture
@@ -82,8 +88,6 @@ async def test_a_lease_round_with_no_reply_logs_why(
 ) -> None:
     """A stalled server (here: CLIENT PAUSE) leaves the lease round without a reply; the
     warning says so instead of an empty reason."""
-    import logging
-
     caplog.set_level(logging.WARNING, logger="keyserial")
     with LocalServer() as server:
         async with running_worker(server.url, namespace, shard_count=2, lease_ttl=0.5):
@@ -97,3 +101,115 @@ async def test_a_lease_round_with_no_reply_logs_why(
     warning = next(record.getMessage() for record in caplog.records
                    if "cannot renew or acquire leases" in record.getMessage())
     assert warning.endswith("no reply within the lease TTL (0.5s)"), warning
+
+
+def _slow_to_load(server: LocalServer, keys: int, per_key_us: int) -> None:
+    """Give the server ``keys`` filler keys in its AOF's base (an RDB, loaded key by key) and
+    make every later start load each one ``per_key_us`` µs slowly, answering -LOADING to
+    commands meanwhile (it serves clients every 1 KiB of loading)."""
+    client = redis.Redis.from_url(server.url)
+    try:
+        client.mset({f"filler:{n}": "x" for n in range(keys)})
+        client.bgrewriteaof()
+        deadline = time.monotonic() + 10
+        while any(client.info("persistence")[flag]
+                  for flag in ("aof_rewrite_in_progress", "aof_rewrite_scheduled")):
+            assert time.monotonic() < deadline, "the AOF rewrite did not finish"
+            time.sleep(0.02)
+    finally:
+        client.close()
+    server.extra_args += ["--key-load-delay", str(per_key_us),
+                          "--loading-process-events-interval-bytes", "1024"]
+
+
+async def _deposit_until_acknowledged(ks: keyserial.Client, key: str, op_id: str) -> None:
+    """One deposit, resubmitted under its op id until acknowledged (so it applies once)."""
+    while True:
+        try:
+            await ks.submit(key, deposit(1), op_id=op_id, timeout=20)
+            return
+        except BackendUnavailable:  # Redis down: same op id again, a moment later
+            await anyio.sleep(0.05)
+        except SubmitTimeout:
+            continue
+
+
+async def test_a_restart_that_loads_slowly_loses_and_repeats_nothing(
+    tmp_path: Path, namespace: str, start: Callable[..., WorkerProcess]
+) -> None:
+    """A Redis restart whose dataset takes seconds to load (every command answered -LOADING
+    meanwhile), while a worker serves and clients submit: every submit completes (none hangs,
+    none is lost), none applies twice, the running worker keeps running, and a worker started
+    while Redis loads waits for it instead of exiting."""
+    server = LocalServer(appendfsync="always", data_dir=tmp_path / "redis")
+    server.start()
+    try:
+        _slow_to_load(server, keys=2000, per_key_us=1000)  # about 2 s of loading
+        running = start(server.url, namespace)
+        keys = [f"acct:{n}" for n in range(4)]
+        acknowledged = dict.fromkeys(keys, 0)
+        loading_seen = False
+        stop = anyio.Event()
+
+        async def deposit_until_stopped(key: str) -> None:
+            while not stop.is_set():
+                await _deposit_until_acknowledged(ks, key, f"{key}:{acknowledged[key]}")
+                acknowledged[key] += 1
+
+        with anyio.fail_after(60):
+            async with keyserial.connect(server.url, shards=4, namespace=namespace) as ks:
+                async with anyio.create_task_group() as group:
+                    for key in keys:
+                        group.start_soon(deposit_until_stopped, key)
+                    await eventually(lambda: all(acknowledged.values()))
+                    server.kill()
+                    started_while_down = start(server.url, namespace)
+                    await wait_for_log(started_while_down, "retrying")  # it runs, and waits
+                    server.start()  # returns once INFO answers: while the dataset loads
+                    admin = redis.asyncio.Redis.from_url(server.url)
+                    while int((await admin.info("persistence"))["loading"]):
+                        loading_seen = True
+                        await anyio.sleep(0.02)
+                    refused = (await admin.info("errorstats")).get("errorstat_LOADING", {})
+                    await admin.aclose()
+                    before = sum(acknowledged.values())
+                    await eventually(lambda: sum(acknowledged.values()) > before + 8)
+                    stop.set()
+                balances = {key: await ks.read(key) for key in keys}
+        assert loading_seen, "the restart loaded too fast to test anything"
+        assert refused.get("count", 0) > 10, "nobody was refused with -LOADING"
+        assert balances == acknowledged, "an op was lost or applied twice"
+        assert running.process.poll() is None, running.log()[-3000:]
+        late = started_while_down.log()
+        assert started_while_down.process.poll() is None, late[-3000:]
+        assert "is loading the dataset" in late, late[-3000:]  # (it waited it out)
+    finally:
+        server.stop()
+
+
+@pytest.mark.parametrize("via", ["url", "callers_client"])
+async def test_a_busy_script_costs_no_subscription(
+    busy_server: LocalServer, via: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A health check's PING answered -BUSY is an answer: the subscription is kept (not
+    dropped and made again, with a warning, every health interval of the spell), on keyserial's
+    own connection and on redis-py's."""
+    caplog.set_level(logging.WARNING, "keyserial")
+    client = redis.asyncio.Redis.from_url(busy_server.url)
+    backend = await Backend.connect(busy_server.url if via == "url" else client)
+    received: list[bytes] = []
+    try:
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tasks:
+                await tasks.start(functools.partial(
+                    backend.listen, ["busy:wake"], lambda _, data: received.append(data),
+                    health_interval=0.3))  # (the server says BUSY after 100 ms)
+                await anyio.to_thread.run_sync(run_busy_script, busy_server.url, 1.0)
+                while not received:
+                    await client.publish("busy:wake", "after")
+                    await anyio.sleep(0.05)
+                tasks.cancel_scope.cancel()
+    finally:
+        await backend.aclose()
+        await client.aclose()
+    assert not [r.getMessage() for r in caplog.records if "subscription" in r.getMessage()]

@@ -3,7 +3,6 @@ CA and client certificate (the server requires one)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,24 +11,10 @@ import pytest
 import keyserial
 from keyserial.ledger import deposit
 from tests.helpers import WorkerProcess, keys_on_shard, running_worker
-from tests.tls import TlsServer, TlsUnsupported, make_certificates
+from tests.tls import TlsServer
 
 #: What the server logs when a client speaks plaintext (or a bad handshake) to its TLS port.
 _HANDSHAKE_ERRORS = ("wrong version number", "SSL routines", "Error accepting a client")
-
-
-@pytest.fixture(scope="module")
-def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
-    directory = tmp_path_factory.mktemp("tls")
-    try:
-        server = TlsServer(directory, make_certificates(directory))
-        server.start()
-    except TlsUnsupported as exc:
-        pytest.skip(f"no TLS-capable redis-server: {exc}")
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 async def _submit_and_transfer(url: str, namespace: str) -> dict[str, Any]:

@@ -402,3 +402,24 @@ async def test_the_ledger_ops_take_plain_json_integers_and_refuse_as_documented(
         outcome = (await client.replies(["three-keys"]))["three-keys"]
         assert outcome["error"]["type"] == "ValueError"
         assert outcome["error"]["message"].startswith("transfer takes two keys (source, target)")
+
+
+async def test_non_finite_numbers_are_read_but_never_written(
+    redis_url: str, namespace: str
+) -> None:
+    """``NaN`` and ``Infinity`` in arguments reach the op (as Python's json reads them), but an
+    op that would store or return one fails with TypeError and its key keeps its state."""
+    async with running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]), \
+            ForeignClient.connect(redis_url, namespace) as client:
+        await client.read_shard_count()
+        key = "list:1"
+        shard = client.shard(key)
+        stored, refused = client.envelope(key, "append", "x"), client.envelope(key, "append", 0)
+        entry = json.dumps([stored, refused]).replace('"args": [0]', '"args": [NaN]')
+        await client.commands.xadd(client.stream(shard), {"v": "1", "ops": entry})
+        await client.node.publish(client.wake(shard), "x")
+        outcomes = await client.replies([stored["id"], refused["id"]])
+        assert outcomes[stored["id"]] == {"ok": ["x"]}
+        error = outcomes[refused["id"]]["error"]
+        assert error["type"] == "TypeError" and "returned or stored non-JSON" in error["message"]
+        assert await client.commands.hget(client.state(shard), key) == '["x"]'

@@ -14,8 +14,11 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
+from typing import Any
 
 import anyio
+import redis.asyncio as aredis
+from redis.exceptions import BusyLoadingError
 
 from keyserial._layout import ShardKeys
 from tests.helpers import keys_on_shard
@@ -44,6 +47,8 @@ class Faults:
     started: float = field(default_factory=time.monotonic)
     log: list[str] = field(default_factory=list)
     garbage: list[GarbageSent] = field(default_factory=list)
+    #: Dropped subscriptions that were not replaced in time (each a violation).
+    stale_subscriptions: list[dict[str, object]] = field(default_factory=list)
     #: Faults injected in full (a fault still waiting for its target when the load ended, or
     #: cut short by it, does not count).
     injected: int = 0
@@ -160,6 +165,83 @@ async def net_delay(faults: Faults, number: int, event: FaultEvent) -> None:
     faults.note(f"delay of {event.target} lifted")
 
 
+#: A Lua script that spins for ARGV[1] µs (it writes nothing, so SCRIPT KILL could end it).
+_SPIN = ("local t0 = redis.call('TIME') repeat local t = redis.call('TIME') until"
+         " (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > tonumber(ARGV[1])")
+
+
+async def redis_busy(faults: Faults, number: int, event: FaultEvent) -> None:
+    """Keep Redis in a script past its busy threshold (lowered to 100 ms): every other command
+    is answered -BUSY until it ends (healing kills it, if the load ends first)."""
+    system = _standalone(faults)
+    seconds = event.params["busy_for"]
+    client = aredis.Redis(port=system.server.port, socket_timeout=seconds + 10)
+    try:
+        await client.config_set("busy-reply-threshold", 100)
+        faults.note(f"redis BUSY for {seconds}s (a script spinning)")
+        await client.eval(_SPIN, 0, int(seconds * 1_000_000))  # type: ignore[misc]
+        faults.note("redis BUSY ended")
+    finally:
+        with anyio.CancelScope(shield=True):
+            await client.aclose()
+
+
+async def redis_loading(faults: Faults, number: int, event: FaultEvent) -> None:
+    """kill -9 Redis and restart it with a dataset that loads slowly (filler keys in the AOF's
+    RDB base, each loaded ``per_key_us`` late): commands are answered -LOADING meanwhile."""
+    system = _standalone(faults)
+    server, inspector = system.server, system.inspector
+    filler, per_key = event.params["filler"], event.params["per_key_us"]
+    await inspector.mset({f"nemesis-filler:{n}": "x" for n in range(filler)})
+    await inspector.bgrewriteaof()
+    with anyio.fail_after(10):
+        while True:
+            persistence = await inspector.info("persistence")
+            if not any(int(persistence[flag])
+                       for flag in ("aof_rewrite_in_progress", "aof_rewrite_scheduled")):
+                break
+            await anyio.sleep(0.02)
+    await anyio.to_thread.run_sync(server.kill)
+    faults.note(f"kill -9 redis, restarted loading {filler} keys {per_key} µs each")
+    usual = server.extra_args
+    server.extra_args = [*usual, "--key-load-delay", str(per_key),
+                         "--loading-process-events-interval-bytes", "1024"]
+    try:
+        await anyio.to_thread.run_sync(server.start)  # it answers INFO while it loads
+    finally:
+        server.extra_args = usual
+    began = time.monotonic()
+    with anyio.move_on_after(30):
+        while True:
+            with suppress(OSError, aredis.RedisError):
+                if not int((await inspector.info("persistence"))["loading"]):
+                    break
+            await anyio.sleep(0.05)
+    faults.note(f"redis loaded after {time.monotonic() - began:.2f}s")
+
+
+async def sub_drop(faults: Faults, number: int, event: FaultEvent) -> None:
+    """Silence the subscriptions on a worker's or a client's link for good. Each must be
+    replaced (its health check fails, it subscribes on a new connection) within about twice
+    the health interval (the bound allows three, plus a second, for a loaded machine); one that
+    is not is a violation."""
+    proxy = _standalone(faults).proxy(event.target)
+    before = proxy.subscribing_links
+    dropped = proxy.silence_subscriptions()
+    faults.note(f"silenced {dropped} subscription link(s) of {event.target}")
+    if not dropped:
+        return
+    bound = 3 * faults.system.profile.health_interval + 1
+    began = time.monotonic()
+    while proxy.subscribing_links == before:
+        if time.monotonic() - began > bound:
+            faults.stale_subscriptions.append({"target": event.target, "bound": bound})
+            faults.note(f"{event.target} did not subscribe again within {bound:g}s")
+            return
+        await anyio.sleep(0.05)
+    faults.note(f"{event.target} subscribed again after {time.monotonic() - began:.2f}s")
+
+
 async def garbage(faults: Faults, number: int, event: FaultEvent) -> None:
     """Append a foreign or broken entry with raw XADD (docs/wire-format.md), and wake the
     shard's owner."""
@@ -173,11 +255,26 @@ async def garbage(faults: Faults, number: int, event: FaultEvent) -> None:
     version, ops, answered = garbage_entry(kind, op_id, key, elsewhere)
     keys = ShardKeys(system.namespace, shard)
     assert system.inspector is not None
-    entry = await system.inspector.xadd(keys.stream, {"v": version, "ops": ops})
+    inspector = system.inspector
+    entry = await _not_busy(lambda: inspector.xadd(keys.stream, {"v": version, "ops": ops}))
     # execute_command: a cluster client has no publish() (any node fans a message out).
-    await system.inspector.execute_command("PUBLISH", keys.wake_channel, entry)
+    await _not_busy(lambda: inspector.execute_command("PUBLISH", keys.wake_channel, entry))
     faults.garbage.append(GarbageSent(shard, kind, entry.decode(), [op_id] if answered else []))
     faults.note(f"garbage {kind} appended to shard {shard} ({entry.decode()})")
+
+
+async def _not_busy(command: Callable[[], Awaitable[Any]]) -> Any:
+    """``command()``'s reply, sent again while Redis refuses it for now (-BUSY, -LOADING: it did
+    not run), as keyserial's own commands wait out the nemesis's error-reply faults."""
+    while True:
+        try:
+            return await command()
+        except BusyLoadingError:
+            pass
+        except aredis.ResponseError as error:
+            if not str(error).startswith("BUSY"):
+                raise
+        await anyio.sleep(0.05)
 
 
 def garbage_entry(kind: str, op_id: str, key: str, elsewhere: str) -> tuple[str, str, bool]:
@@ -217,6 +314,9 @@ INJECTORS: dict[str, Injector] = {
     "net_blackhole": net_blackhole,
     "net_delay": net_delay,
     "garbage": garbage,
+    "redis_busy": redis_busy,
+    "redis_loading": redis_loading,
+    "sub_drop": sub_drop,
     "master_kill9": cluster_faults.master_kill9,
     "master_pause": cluster_faults.master_pause,
     "clock_skew": cluster_faults.clock_skew,

@@ -3,7 +3,9 @@
 One proxy per worker slot and per client, so a network fault hits one party only. It forwards
 bytes both ways, and on command it adds latency, holds every byte without forwarding it (a
 blackhole: TCP would retransmit, so held bytes are delivered once it heals unless the links
-are reset), or resets every open connection (RST, as a dropped NAT entry or a crashed peer).
+are reset), resets every open connection (RST, as a dropped NAT entry or a crashed peer), or
+silences the links that carry a subscription for good (a NAT or load balancer that forgot an
+idle connection: no FIN, no RST, nothing ever arrives again either way).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import time
 from contextlib import suppress
 
 _CHUNK = 1 << 16
+#: How a SUBSCRIBE command starts in RESP (redis-py and hiredis both send it in capitals).
+_SUBSCRIBE = b"\r\nSUBSCRIBE\r\n"
 
 
 class _Link:
@@ -22,6 +26,10 @@ class _Link:
 
     def __init__(self, client: asyncio.StreamWriter, upstream: asyncio.StreamWriter) -> None:
         self.writers = (client, upstream)
+        #: The client sent SUBSCRIBE on it.
+        self.subscribed = False
+        #: Nothing is forwarded on it any more, either way (it stays open).
+        self.silenced = False
 
     def reset(self) -> None:
         for writer in self.writers:
@@ -42,6 +50,8 @@ class FaultProxy:
         self.port = 0
         self.delay = 0.0
         self._held_until = 0.0
+        #: Links that ever sent SUBSCRIBE (a resubscription opens a new one).
+        self.subscribing_links = 0
         self._links: set[_Link] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
@@ -76,10 +86,21 @@ class FaultProxy:
         """Blackhole: accept connections and bytes, forward nothing for ``seconds``."""
         self._held_until = max(self._held_until, time.monotonic() + seconds)
 
+    def silence_subscriptions(self) -> int:
+        """Silence every open link that carries a subscription; how many."""
+        links = [link for link in self._links if link.subscribed and not link.silenced]
+        for link in links:
+            link.silenced = True
+        return len(links)
+
     def heal(self) -> None:
-        """Forward at once and without delay again (held bytes are delivered now)."""
+        """Forward at once and without delay again (held bytes are delivered now); silenced
+        links are reset (their peers reconnect)."""
         self.delay = 0.0
         self._held_until = 0.0
+        for link in [link for link in self._links if link.silenced]:
+            link.reset()
+            self._links.discard(link)
 
     # -- forwarding ------------------------------------------------------------------------
 
@@ -107,21 +128,28 @@ class FaultProxy:
         self._links.add(link)
         try:
             # Each pipe aborts its target when its source ends, which ends the other pipe.
-            await asyncio.gather(self._pipe(reader, up_writer), self._pipe(up_reader, writer),
+            await asyncio.gather(self._pipe(link, reader, up_writer, outbound=True),
+                                 self._pipe(link, up_reader, writer, outbound=False),
                                  return_exceptions=True)
         finally:
             self._links.discard(link)
             link.reset()
 
-    async def _pipe(self, source: asyncio.StreamReader, target: asyncio.StreamWriter) -> None:
+    async def _pipe(self, link: _Link, source: asyncio.StreamReader,
+                    target: asyncio.StreamWriter, *, outbound: bool) -> None:
         """Copy ``source`` to ``target``, each chunk no earlier than its arrival plus the delay
-        and never while held; order is kept (a queue, so delay adds latency, not a cap)."""
+        and never while held; order is kept (a queue, so delay adds latency, not a cap). A
+        silenced link's bytes are dropped."""
         queue: asyncio.Queue[tuple[float, bytes] | None] = asyncio.Queue()
 
         async def read() -> None:
             try:
                 while data := await source.read(_CHUNK):
-                    queue.put_nowait((time.monotonic() + self.delay, data))
+                    if outbound and not link.subscribed and _SUBSCRIBE in data:
+                        link.subscribed = True
+                        self.subscribing_links += 1
+                    if not link.silenced:
+                        queue.put_nowait((time.monotonic() + self.delay, data))
             finally:
                 queue.put_nowait(None)
 
@@ -130,8 +158,9 @@ class FaultProxy:
             while (item := await queue.get()) is not None:
                 due, data = item
                 await self._wait(due)
-                target.write(data)
-                await target.drain()
+                if not link.silenced:
+                    target.write(data)
+                    await target.drain()
         finally:
             reading.cancel()
             with suppress(BaseException):

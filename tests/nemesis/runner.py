@@ -85,7 +85,8 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
         background.start_soon(tap.run)
         clients = [await stack.enter_async_context(keyserial.connect(
             url, shards=profile.shard_count, namespace=system.namespace,
-            durable_replicas=profile.durable_replicas))
+            durable_replicas=profile.durable_replicas,
+            health_interval=profile.health_interval))
             for url in system.client_urls()]
         keys = Keys.for_profile(profile)
         await _open_accounts(clients[0], keys)
@@ -110,6 +111,9 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
         report.violations += check_all(observed)
         report.violations += [Violation("worker-crashes", "a worker process exited by itself",
                                         crash) for crash in system.crashed()]
+        report.violations += [Violation("subscription-health", "a silently dropped subscription"
+                                        " was not replaced in time", stale)
+                              for stale in faults.stale_subscriptions]
         report.injected = faults.log
         report.stats.update(_stats(observed), faults=faults.injected)
         background.cancel_scope.cancel()
@@ -147,19 +151,28 @@ async def _liveness(system: BaseSystem, client: keyserial.Client,
     return violations
 
 
+#: Seconds an op the tap never saw appended is looked up for (the tap reads every 200 ms).
+#: Past that, it was never appended, or it was trimmed before the tap read it, which a worker
+#: does only once it committed: its outcome was stored, and found by then.
+_UNSEEN_GRACE = 2.0
+
+
 async def _resolve(client: keyserial.Client, load: Load, tap: StreamTap,
                    profile: Profile) -> dict[str, Resolved]:
     """Poll the stored outcome of every op whose caller did not learn it, and of every op the
-    tap saw appended, until found or the deadline: never resubmitting."""
+    tap saw appended, until found or the deadline (for an op the tap never saw, a grace):
+    never resubmitting."""
     wanted = _unresolved(load, tap)
     resolved: dict[str, Resolved] = {}
-    deadline = time.monotonic() + profile.resolve_seconds
-    while wanted and time.monotonic() < deadline:
+    began = time.monotonic()
+    while wanted and time.monotonic() < began + profile.resolve_seconds:
         for op_id, key in list(wanted.items()):
             outcome = await _stored(client, op_id, key)
             if outcome is not None:
                 resolved[op_id] = outcome
                 del wanted[op_id]
+        if time.monotonic() > began + _UNSEEN_GRACE:
+            wanted = {op_id: key for op_id, key in wanted.items() if op_id in tap.seen}
         if wanted:
             await anyio.sleep(0.25)
     return resolved

@@ -24,6 +24,16 @@ FAULT_WEIGHTS: dict[str, int] = {
     "garbage": 2,
 }
 
+#: Faults at the edges of what Redis and the network do besides answering or failing a
+#: connection: error replies (a script keeping Redis BUSY, a restart LOADING its dataset) and a
+#: subscription dropped without a word. A plan draws them from a stream of their own, after the
+#: others, so adding them left every seed's earlier faults as they were.
+EDGE_FAULT_WEIGHTS: dict[str, int] = {
+    "redis_busy": 2,
+    "redis_loading": 1,
+    "sub_drop": 2,
+}
+
 #: The cluster profile's kinds: worker faults, and faults of the cluster's nodes and clocks in
 #: place of the proxy and single-server ones (a proxy cannot stand between a cluster client and
 #: the nodes its redirections name).
@@ -69,11 +79,16 @@ class Profile:
     #: The ``durable_replicas`` setting of workers and clients (the cluster's masters have one
     #: replica each: with 1, a failover must lose no acknowledged op).
     durable_replicas: int = 0
+    #: How many faults of ``EDGE_FAULT_WEIGHTS`` a run adds: fewest, most.
+    edge_faults: tuple[int, int] = (0, 0)
+    #: Workers' and clients' ``health_interval``: a dropped subscription must be replaced
+    #: within three times this, plus a second, while the load runs.
+    health_interval: float = 1.0
 
 
 PROFILES = {
-    "short": Profile("short", load_seconds=7.0, faults=(2, 4)),
-    "long": Profile("long", load_seconds=18.0, faults=(5, 9)),
+    "short": Profile("short", load_seconds=7.0, faults=(2, 4), edge_faults=(0, 2)),
+    "long": Profile("long", load_seconds=18.0, faults=(5, 9), edge_faults=(1, 3)),
     "cluster": Profile("cluster", load_seconds=20.0, faults=(2, 4), callers=12,
                        topology="cluster", fault_weights=tuple(CLUSTER_FAULT_WEIGHTS.items()),
                        durable_replicas=1),
@@ -123,6 +138,15 @@ def make_plan(seed: int, profile: Profile) -> Plan:
     layouts = _layouts(rng, profile)
     count = rng.randint(*profile.faults)
     table = dict(profile.fault_weights) or FAULT_WEIGHTS
+    events = _draw(rng, profile, count, table)
+    edges = rng_for(seed, "plan:edges")
+    events += _draw(edges, profile, edges.randint(*profile.edge_faults), EDGE_FAULT_WEIGHTS)
+    events.sort(key=lambda event: event.at)
+    return Plan(seed, profile, layouts, tuple(events))
+
+
+def _draw(rng: random.Random, profile: Profile, count: int,
+          table: dict[str, int]) -> list[FaultEvent]:
     kinds = list(table)
     weights = [table[kind] for kind in kinds]
     events = []
@@ -131,8 +155,7 @@ def make_plan(seed: int, profile: Profile) -> Plan:
         at = round(rng.uniform(0.1, 0.8) * profile.load_seconds, 2)
         target, params = _PARAMS[kind](rng, profile)
         events.append(FaultEvent(at, kind, target, params))
-    events.sort(key=lambda event: event.at)
-    return Plan(seed, profile, layouts, tuple(events))
+    return events
 
 
 def _layouts(rng: random.Random, profile: Profile) -> tuple[tuple[int, ...], ...]:
@@ -196,6 +219,21 @@ def _garbage(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]
     return f"shard:{rng.randrange(profile.shard_count)}", {"entry": rng.choice(GARBAGE_KINDS)}
 
 
+def _busy(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
+    """A Lua script that keeps Redis busy past its (lowered) busy threshold: -BUSY meanwhile."""
+    return "redis", {"busy_for": round(rng.uniform(0.3, 1.5), 2)}
+
+
+def _loading(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
+    """A restart that loads ``filler`` keys ``per_key_us`` µs each: -LOADING meanwhile."""
+    return "redis", {"filler": 1500, "per_key_us": rng.randrange(300, 1000, 100)}
+
+
+def _sub_drop(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
+    """The subscriptions on a link go quiet for good (a NAT forgot them): no FIN, no RST."""
+    return _link(rng, profile), {}
+
+
 def _master(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
     """A master (the one serving a slot range when it fires), restarted after its failover."""
     return "cluster", {"slot_range": rng.randrange(3),
@@ -223,6 +261,9 @@ _PARAMS = {
     "net_blackhole": _blackhole,
     "net_delay": _delay,
     "garbage": _garbage,
+    "redis_busy": _busy,
+    "redis_loading": _loading,
+    "sub_drop": _sub_drop,
     "master_kill9": _master,
     "master_pause": _master_pause,
     "clock_skew": _clock_skew,

@@ -93,7 +93,8 @@ class BaseSystem:
         process = WorkerProcess(
             self.worker_url(slot), self.namespace, shards=shards,
             shard_count=self.profile.shard_count, lease_ttl=self.profile.lease_ttl,
-            log_path=self.workdir / f"worker-{slot}-{self._started}.log", env=env)
+            log_path=self.workdir / f"worker-{slot}-{self._started}.log",
+            env={"KEYSERIAL_HEALTH_INTERVAL": str(self.profile.health_interval), **(env or {})})
         self._started += 1
         self.slots[slot] = process
         self.terminating.discard(slot)
@@ -205,3 +206,5 @@ class System(BaseSystem):
             proxy.heal()
         if not self.redis_up():
             await anyio.to_thread.run_sync(self.server.start)
+        with suppress(OSError, aredis.RedisError):  # NOTBUSY: no script of redis_busy runs
+            await self.inspector.script_kill()
