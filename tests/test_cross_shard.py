@@ -28,7 +28,7 @@ from tests.helpers import (
     check_bank,
     eventually,
     keys_on_shard,
-    pay_until_settled,
+    pay_once,
     running_worker,
     worker_processes,
 )
@@ -235,7 +235,7 @@ async def test_bank_two_workers_32_clients_money_conserved_each_op_applied_once(
                 async with keyserial.connect(redis_url, shards=SHARDS,
                                              namespace=namespace) as own:
                     for op_id, keys, amount in plans_of_client:
-                        outcomes[op_id] = await pay_until_settled(own, op_id, keys, amount)
+                        outcomes[op_id] = await pay_once(own, op_id, keys, amount)
 
             async with anyio.create_task_group() as group:
                 for n in range(32):
