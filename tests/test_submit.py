@@ -371,7 +371,8 @@ async def test_a_step_sent_again_after_a_lost_reply_rotates_results_only_once(
     resubmitted op could run again.
 
     The step is sent by hand, twice, because no process fault loses the reply of the one step
-    that rotates (once per retention period) on demand; the nemesis drops replies at random."""
+    that rotates (once per retention period) on demand; the nemesis's connection resets lose
+    replies at random."""
     from keyserial._backend import STEP, Backend
 
     k = ShardKeys(namespace, 0)
