@@ -229,6 +229,12 @@ async def submit_once(ks: keyserial.Client, keys: str | list[str], call: keyseri
         # documented recovery) hides nothing.
 
 
+#: What a plain client hears from a Redis that is down or still coming back (a restarted
+#: cluster node says CLUSTERDOWN until it has its slots again).
+_NOT_BACK_YET = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterDownError,
+                 redis.exceptions.TryAgainError, redis.exceptions.MasterDownError, OSError)
+
+
 async def reached_redis(ks: keyserial.Client, client: Any, namespace: str, op_id: str,
                         keys: str | list[str], *, timeout: float) -> bool:
     """Whether op ``op_id`` was appended: its entry is in its shard's stream, or (committed,
@@ -247,8 +253,8 @@ async def reached_redis(ks: keyserial.Client, client: Any, namespace: str, op_id
                 return False
             except keyserial.OperationFailed:
                 return True
-            except (BackendUnavailable, redis.ConnectionError, redis.TimeoutError, OSError):
-                await anyio.sleep(0.05)  # Redis is still down: ask again
+            except (*_NOT_BACK_YET, BackendUnavailable):
+                await anyio.sleep(0.05)  # Redis is not back yet: ask again
             else:
                 return True
 
