@@ -307,9 +307,11 @@ async def in_flight(client: Any, namespace: str, shard: int) -> InFlight:
 def is_stopped(pid: int) -> bool:
     """Every thread of process ``pid`` is stopped (SIGSTOP has taken effect, not just been
     sent)."""
-    tasks = Path(f"/proc/{pid}/task")
-    states = [(task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-              for task in tasks.iterdir()]
+    try:
+        states = [(task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                  for task in Path(f"/proc/{pid}/task").iterdir()]
+    except FileNotFoundError:  # a thread ended meanwhile: look again
+        return False
     return bool(states) and all(state in ("T", "t") for state in states)
 
 
