@@ -185,16 +185,27 @@ class LocalServer:
         return int(info["process_id"])
 
     def _own_all_slots(self, client: redis.Redis, deadline: float) -> None:
-        info = _command(client, "CLUSTER", "INFO")
-        text = info.decode() if isinstance(info, bytes) else str(info)
+        text = self._cluster_info(client, deadline)
         if "cluster_slots_assigned:16384" not in text:
             _command(client, "CLUSTER", "ADDSLOTS", *range(_CLUSTER_SLOTS))
         while "cluster_state:ok" not in text:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"cluster on port {self.port} did not reach state ok")
             time.sleep(0.05)
-            info = _command(client, "CLUSTER", "INFO")
-            text = info.decode() if isinstance(info, bytes) else str(info)
+            text = self._cluster_info(client, deadline)
+
+    def _cluster_info(self, client: redis.Redis, deadline: float) -> str:
+        """CLUSTER INFO, once the node has loaded its data: a node started on existing data
+        answers INFO while loading it, but LOADING to CLUSTER INFO."""
+        while True:
+            try:
+                info = _command(client, "CLUSTER", "INFO")
+            except redis.BusyLoadingError:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{self.binary} on port {self.port} still loading") from None
+                time.sleep(0.02)
+            else:
+                return info.decode() if isinstance(info, bytes) else str(info)
 
     def _log_tail(self) -> str:
         try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -10,6 +11,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +23,6 @@ from keyserial import (
     BackendUnavailable,
     InsufficientFunds,
     Settings,
-    SubmitTimeout,
     Worker,
     shard_for,
 )
@@ -181,22 +182,168 @@ def worker_processes(directory: Path) -> Iterator[Callable[..., WorkerProcess]]:
             print(worker.log()[-8000:])
 
 
-async def pay_until_settled(ks: keyserial.Client, op_id: str, keys: list[str],
-                            amount: int, pay: Any = apps.pay) -> str:
-    """Submit until the op is acknowledged ("paid" or "refused"), always under the same op id,
-    so it applies at most once however often it is resubmitted. ``pay``: ``apps.pay`` (async:
-    every cross-shard op takes a task) or ``apps.pay_now`` (sync: idle keys take none)."""
+async def pay_once(ks: keyserial.Client, op_id: str, keys: list[str], amount: int,
+                   pay: Any = apps.pay, *, inspect: tuple[Any, str] | None = None) -> str:
+    """Submit a payment once and wait for it: "paid" or "refused" (see :func:`submit_once`).
+    ``pay``: ``apps.pay`` (async: every cross-shard op takes a task) or ``apps.pay_now`` (sync:
+    idle keys take none)."""
+    try:
+        await submit_once(ks, keys, pay(amount), op_id, inspect=inspect)
+    except InsufficientFunds:
+        return "refused"
+    return "paid"
+
+
+#: How long a test waits for one submit through a fault. The client's sweep fetches a reply the
+#: fault lost and appends again an entry a failover lost, so one submit rides out every fault
+#: these tests make: a SubmitTimeout is a failure, never a reason to submit again.
+THROUGH_A_FAULT = 30.0
+
+
+async def submit_once(ks: keyserial.Client, keys: str | list[str], call: keyserial.Call[Any],
+                      op_id: str, *, inspect: tuple[Any, str] | None = None,
+                      unavailable: list[BackendUnavailable] | None = None,
+                      timeout: float = THROUGH_A_FAULT) -> Any:
+    """Submit ``call`` under ``op_id`` and wait for that same submit's outcome.
+
+    Never resubmitted on SubmitTimeout: a new owner that skipped the entries its dead
+    predecessor had fetched but not committed would then still pass (the second append would
+    apply the op). Only BackendUnavailable (Redis down at the append) leads to a second
+    submit, and only for an op that never reached Redis: once Redis answers again, ``inspect``
+    (a Redis client and the namespace) looks the op up by its id; if its entry is in the stream
+    or its outcome is stored, that outcome is awaited by op id. (Without ``inspect``,
+    BackendUnavailable is raised; ``unavailable`` collects each one.)"""
     while True:
         try:
-            await ks.submit_many(keys, pay(amount), op_id=op_id, timeout=20)
-        except InsufficientFunds:
-            return "refused"
-        except SubmitTimeout:
-            continue
-        except BackendUnavailable:  # Redis restarting: same op id again, a moment later
-            await anyio.sleep(0.1)
-            continue
-        return "paid"
+            if isinstance(keys, str):
+                return await ks.submit(keys, call, op_id=op_id, timeout=timeout)
+            return await ks.submit_many(keys, call, op_id=op_id, timeout=timeout)
+        except BackendUnavailable as exc:
+            if inspect is None:
+                raise
+            if unavailable is not None:
+                unavailable.append(exc)
+        if await reached_redis(ks, *inspect, op_id, keys, timeout=timeout):
+            return await stored_outcome(ks, op_id, keys, timeout=timeout)
+        # It never reached Redis: no entry a new owner could skip, so appending it now (the
+        # documented recovery) hides nothing.
+
+
+#: What a plain client hears from a Redis that is down or still coming back (a restarted
+#: cluster node says CLUSTERDOWN until it has its slots again).
+_NOT_BACK_YET = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterDownError,
+                 redis.exceptions.TryAgainError, redis.exceptions.MasterDownError, OSError)
+
+
+async def reached_redis(ks: keyserial.Client, client: Any, namespace: str, op_id: str,
+                        keys: str | list[str], *, timeout: float) -> bool:
+    """Whether op ``op_id`` was appended: its entry is in its shard's stream, or (committed,
+    its entry trimmed) its outcome is stored. Asked again until Redis answers. The stream is
+    read first, so an op committed in between is found by its outcome."""
+    home = ks.shard_of(keys) if isinstance(keys, str) else min(map(ks.shard_of, keys))
+    with anyio.fail_after(timeout):
+        while True:
+            try:
+                entries = await client.xrange(ShardKeys(namespace, home).stream)
+                if any(op_id in {op["id"] for op in json.loads(fields[b"ops"])}
+                       for _, fields in entries):
+                    return True
+                await ks.result(op_id, key=keys)
+            except keyserial.ResultNotFound:
+                return False
+            except keyserial.OperationFailed:
+                return True
+            except (*_NOT_BACK_YET, BackendUnavailable):
+                await anyio.sleep(0.05)  # Redis is not back yet: ask again
+            else:
+                return True
+
+
+# -- confirming a fault's window ---------------------------------------------------------------
+
+#: One shard's ops fetched by its owner but not committed, read atomically: the op ids of the
+#: entries past progress up to the horizon (the last entry the owner fetched) that have no
+#: stored outcome yet. Returns {epoch, progress, horizon, op ids}.
+_IN_FLIGHT = """
+local progress = redis.call('GET', KEYS[2]) or '0-0'
+local horizon = redis.call('GET', KEYS[3]) or '0-0'
+local pending = {}
+for _, entry in ipairs(redis.call('XRANGE', KEYS[4], '(' .. progress, horizon)) do
+  local fields = entry[2]
+  for f = 1, #fields, 2 do
+    if fields[f] == 'ops' then
+      for _, op in ipairs(cjson.decode(fields[f + 1])) do
+        if redis.call('HEXISTS', KEYS[5], op.id) == 0
+            and redis.call('HEXISTS', KEYS[6], op.id) == 0 then
+          pending[#pending + 1] = op.id
+        end
+      end
+    end
+  end
+end
+return {redis.call('GET', KEYS[1]) or '', progress, horizon, pending}
+"""
+
+
+@dataclass(frozen=True)
+class InFlight:
+    """What one shard's owner had fetched but not committed (see :func:`in_flight`)."""
+
+    epoch: str
+    progress: str
+    horizon: str
+    ops: tuple[str, ...]
+
+
+async def in_flight(client: Any, namespace: str, shard: int) -> InFlight:
+    keys = ShardKeys(namespace, shard)
+    epoch, progress, horizon, ops = await client.eval(
+        _IN_FLIGHT, 6, keys.epoch, keys.progress, keys.horizon, keys.stream, keys.results,
+        keys.results_old)
+    return InFlight(epoch.decode(), progress.decode(), horizon.decode(),
+                    tuple(op.decode() for op in ops))
+
+
+def is_stopped(pid: int) -> bool:
+    """Every thread of process ``pid`` is stopped (SIGSTOP has taken effect, not just been
+    sent)."""
+    try:
+        states = [(task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+                  for task in Path(f"/proc/{pid}/task").iterdir()]
+    except FileNotFoundError:  # a thread ended meanwhile: look again
+        return False
+    return bool(states) and all(state in ("T", "t") for state in states)
+
+
+async def freeze(worker: WorkerProcess) -> None:
+    """SIGSTOP ``worker`` and wait until it is stopped."""
+    worker.signal(signal.SIGSTOP)
+    await eventually(lambda: is_stopped(worker.pid), timeout=5, interval=0.001,
+                     message=f"worker {worker.pid} stopped")
+
+
+async def freeze_mid_ops(worker: WorkerProcess, client: Any, namespace: str,
+                         shards: Sequence[int], *, ops: Callable[[str], bool] = lambda _: True,
+                         timeout: float = 10) -> dict[int, InFlight]:
+    """Freeze ``worker`` at a moment when it has fetched some ops (those ``ops`` accepts) on
+    ``shards`` without committing them, thawing it again until then; return what each shard
+    had in flight, the worker left frozen (kill it, or thaw it later).
+
+    A frozen worker sends nothing more, but what it sent before may still wait in Redis's input
+    buffer: the state is read until two reads in a row, a round trip apart, agree."""
+    with anyio.fail_after(timeout):
+        while True:
+            await freeze(worker)
+            seen: dict[int, InFlight] | None = None
+            while True:
+                now = {shard: await in_flight(client, namespace, shard) for shard in shards}
+                if now == seen:
+                    break
+                seen = now
+            if any(op for found in seen.values() for op in found.ops if ops(op)):
+                return seen
+            worker.signal(signal.SIGCONT)
+            await anyio.sleep(0.005)  # let it run a little before the next look
 
 
 def check_bank(states: dict[str, Any], plans: list[tuple[str, list[str], int]],

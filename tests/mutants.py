@@ -224,6 +224,15 @@ MUTANTS: tuple[Mutant, ...] = (
          + _STANDALONE,),
     ),
     Mutant(
+        "takeover-skips-fetched-entries", "G3.1",
+        "a new owner starts after the entries its dead predecessor fetched, as if committed",
+        (Edit("keyserial/_shard.py", "        self._cursor = grant.progress\n",
+              "        self._cursor = grant.replay_until or grant.progress\n"),),
+        ("tests/test_faults.py::"
+         "test_kill_9_of_the_owner_under_load_moves_the_shard_within_a_lease_ttl"
+         + _STANDALONE,),
+    ),
+    Mutant(
         "acquire-ignores-attempt", "G1.3",
         "acquire.lua re-grants an old grant to any attempt of the lease's holder",
         (Edit("keyserial/lua/acquire.lua", "    if granted[1] == ARGV[4] then\n",

@@ -39,8 +39,10 @@ from tests.helpers import (
     WorkerProcess,
     check_bank,
     eventually,
+    freeze,
+    freeze_mid_ops,
     keys_on_shard,
-    pay_until_settled,
+    pay_once,
     wait_for_log,
 )
 
@@ -175,11 +177,22 @@ async def test_coordinator_killed_after_the_first_grant(
 async def test_coordinator_killed_after_the_decision_record(
     redis_url: str, namespace: str, start: Starter, tmp_path: Path
 ) -> None:
+    """The coordinator dies once its decision is recorded, before any participant applied its
+    part: both participants are frozen (within their leases) from the moment the op's body
+    runs, so neither can apply until after the kill. They learn the decision and apply it."""
     async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
         group.start_soon(b.pay, 0.2)
+        await eventually(b.note.exists, message="the op running with every key held")
+        for participant in (b.w1, b.w2):
+            await freeze(participant)
         await until(lambda: b.recorded(0, "victim#1#d"), "the decision recorded")
         b.w0.kill()
-        await check_after_fault(b, b.fault(group))
+        fault_at = b.fault(group)
+        for shard, account in ((1, B), (2, C)):  # not yet applied on either participant
+            assert not await b.recorded(shard, "victim#1") and not await b.applied(account)
+        for participant in (b.w1, b.w2):
+            participant.signal(signal.SIGCONT)
+        await check_after_fault(b, fault_at)
 
 
 async def test_coordinator_killed_after_part_of_the_apply(
@@ -205,6 +218,7 @@ async def test_participant_killed_while_holding_keys(
         await eventually(b.note.exists, message="the op running with every key held")
         b.w1.kill()
         fault_at = b.fault(group)
+        assert not await b.recorded(1, "victim#1"), "B's part was applied before the kill"
         await until(lambda: holder_is(b, 1, b.standby), "the standby owns B's shard")
         await check_after_fault(b, fault_at)
 
@@ -253,8 +267,8 @@ async def test_kill_9_of_a_worker_owning_every_shard_mid_transfers(
 ) -> None:
     """One worker owns all the shards (on a standalone server each cross-shard op commits in
     one script: queued from a task, or, for a sync op on idle keys, with none); killed while
-    cross-shard payments both ways are in flight, its standby finishes them: each is applied
-    exactly once on every key, and the money adds up."""
+    it has fetched cross-shard payments both ways and not committed them, its standby finishes
+    them: each is applied exactly once on every key, and the money adds up."""
 
     async def kill(owner: WorkerProcess, standby_holds: Callable[[], Awaitable[None]]) -> None:
         owner.kill()
@@ -268,11 +282,15 @@ async def owner_fault_mid_payments(
     fault: Callable[[WorkerProcess, Callable[[], Awaitable[None]]], Awaitable[None]],
     pay: Any, *, seed: int,
 ) -> None:
-    """Payments between 8 accounts through a worker owning every shard, with a standby;
-    ``fault(owner, standby_holds)`` strikes once some have committed (``standby_holds()``
-    returns once the standby owns every shard). Then the bank must add up."""
+    """Payments between 8 accounts through a worker owning every shard, with a standby. Once
+    some have committed, the owner is frozen at a moment when it has fetched payments it has
+    not committed (their entries past progress, no outcome stored), and ``fault(owner,
+    standby_holds)`` strikes the frozen owner (``standby_holds()`` returns once the standby
+    owns every shard). Then the bank must add up."""
     accounts = [f"acct:{n}" for n in range(8)]
     plans = payment_plans(accounts, seed=seed)
+    payments = {op_id for op_id, _, _ in plans}
+    unapplied: list[str] = []
     client = redis.asyncio.Redis.from_url(url, socket_timeout=2)
     try:
         async with keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks:
@@ -283,6 +301,10 @@ async def owner_fault_mid_payments(
                             "the standby holds every shard")
 
             async def strike() -> None:
+                window = await freeze_mid_ops(owner, client, namespace, range(SHARDS),
+                                              ops=payments.__contains__)
+                unapplied.extend(op for found in window.values() for op in found.ops
+                                 if op in payments)
                 await fault(owner, standby_holds)
 
             with anyio.fail_after(60):
@@ -292,6 +314,7 @@ async def owner_fault_mid_payments(
                 states = {account: await ks.submit(account, apps.peek()) for account in accounts}
     finally:
         await client.aclose()
+    assert unapplied, "the fault found payments in flight"
     check_bank(states, plans, outcomes, 100)
 
 
@@ -322,16 +345,18 @@ def payment_plans(accounts: list[str], *, seed: int) -> list[tuple[str, list[str
 async def pay_through_a_fault(
     ks: keyserial.Client, client: Any, namespace: str, accounts: list[str],
     plans: list[tuple[str, list[str], int]], fault: Callable[[], Awaitable[None]],
-    pay_op: Any = apps.pay,
+    pay_op: Any = apps.pay, outcomes: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Open the accounts with 100 each, submit every payment at once, run ``fault`` once some
-    have committed, and return how each one settled (resubmitted under its op id until then)."""
+    have committed, and return how each one settled (``outcomes``, filled as they do). Each
+    payment is submitted once and waited for (see :func:`tests.helpers.submit_once`)."""
     for account in accounts:
         await ks.submit(account, apps.open_account(100), timeout=10)
-    outcomes: dict[str, str] = {}
+    outcomes = {} if outcomes is None else outcomes
 
     async def pay(op_id: str, keys: list[str], amount: int) -> None:
-        outcomes[op_id] = await pay_until_settled(ks, op_id, keys, amount, pay_op)
+        outcomes[op_id] = await pay_once(ks, op_id, keys, amount, pay_op,
+                                         inspect=(client, namespace))
 
     async with anyio.create_task_group() as group:
         for op_id, keys, amount in plans:
@@ -399,13 +424,14 @@ async def test_zombie_worker_owning_every_shard_mid_sync_transfers_changes_nothi
     with no task), the owner's standby takes every shard over and finishes them; resumed, the
     zombie's queued commits are fenced out: every payment lands once, and the money adds up."""
 
-    async def freeze(owner: WorkerProcess, standby_holds: Callable[[], Awaitable[None]]) -> None:
-        owner.signal(signal.SIGSTOP)
-        await standby_holds()
+    async def past_the_lease(owner: WorkerProcess,
+                             standby_holds: Callable[[], Awaitable[None]]) -> None:
+        await standby_holds()  # the owner stays frozen until then
         owner.signal(signal.SIGCONT)
         await lost_its_shard(owner, 0)
 
-    await owner_fault_mid_payments(redis_url, namespace, start, freeze, apps.pay_now, seed=13)
+    await owner_fault_mid_payments(redis_url, namespace, start, past_the_lease, apps.pay_now,
+                                   seed=13)
 
 
 @pytest.mark.parametrize("pay", [apps.pay, apps.pay_now], ids=["async", "sync"])
@@ -413,8 +439,9 @@ async def test_a_redis_restart_mid_transfers_loses_no_payment_and_applies_none_t
     durable_server: LocalServer, namespace: str, start: Starter, pay: Any
 ) -> None:
     """Redis killed (-9; every write on disk before its reply) and restarted while cross-shard
-    payments both ways are in flight through a worker owning every shard: callers resubmit under
-    the same op ids until answered, and every payment lands exactly once on every key."""
+    payments both ways are in flight through a worker owning every shard: each caller waits
+    for its one submit (one refused with Redis down is looked up by op id, and submitted again
+    only if it never reached Redis), and every payment lands exactly once on every key."""
     url = durable_server.url
     accounts = [f"acct:{n}" for n in range(8)]
     plans = payment_plans(accounts, seed=11)
@@ -424,14 +451,18 @@ async def test_a_redis_restart_mid_transfers_loses_no_payment_and_applies_none_t
             worker = start(url, namespace, shards="0-3", shard_count=SHARDS, lease_ttl=TTL)
             await wait_for_log(worker, "shard 3: acquired", timeout=15)
 
+            outcomes: dict[str, str] = {}
+
             async def restart_redis() -> None:
                 await anyio.to_thread.run_sync(durable_server.kill)
+                # Payments the kill caught unanswered: their callers wait on through it.
+                assert len(outcomes) < len(plans)
                 await anyio.sleep(0.5)
                 await anyio.to_thread.run_sync(durable_server.start)
 
             with anyio.fail_after(90):
-                outcomes = await pay_through_a_fault(
-                    ks, client, namespace, accounts, plans, restart_redis, pay)
+                await pay_through_a_fault(
+                    ks, client, namespace, accounts, plans, restart_redis, pay, outcomes)
                 states = {account: await ks.submit(account, apps.peek(), timeout=10)
                           for account in accounts}
             assert worker.process.poll() is None, "the worker survived the restart"

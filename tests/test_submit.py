@@ -239,7 +239,12 @@ async def test_a_failed_runner_releases_its_shard_and_rests_before_taking_it_aga
 ) -> None:
     """A bug in a shard's runner (simulated: its first dispatch raises) releases the shard, which
     this worker then leaves alone for a lease TTL instead of failing again in a tight loop;
-    after that it takes the shard back and the op that was in flight applies."""
+    after that it takes the shard back and the op that was in flight applies.
+
+    The bug is patched in because no real fault reaches this path: a process fault (kill -9,
+    SIGSTOP, SIGTERM) ends or freezes the whole worker, a lost lease raises LeaseLost, a
+    malformed entry is dead-lettered and an op's own error fails that op; this path is what is
+    left for a defect in keyserial itself."""
     failures: list[float] = []
     dispatch = ShardRunner._dispatch
 
@@ -363,7 +368,11 @@ async def test_a_step_sent_again_after_a_lost_reply_rotates_results_only_once(
 ) -> None:
     """Results expire a generation at a time. A step whose reply was lost is sent again as it
     was; if it rotated twice, results younger than the retention would be dropped and a
-    resubmitted op could run again."""
+    resubmitted op could run again.
+
+    The step is sent by hand, twice, because no process fault loses the reply of the one step
+    that rotates (once per retention period) on demand; the nemesis's connection resets lose
+    replies at random."""
     from keyserial._backend import STEP, Backend
 
     k = ShardKeys(namespace, 0)
