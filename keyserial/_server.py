@@ -89,6 +89,9 @@ class LocalServer:
     ) -> None:
         # A cluster node also listens on port + 10000 (its bus), so it must be <= 55535.
         self.port = port or free_port(55535 if cluster else 65535)
+        #: Whether :meth:`start` may move to another free port if another process took this
+        #: one first (only before the first start: once started, clients know the port).
+        self._may_move = port is None
         self.cluster = cluster
         #: A cluster node that joins a multi-node cluster owns no slot by itself.
         self.own_slots = own_slots
@@ -149,6 +152,20 @@ class LocalServer:
 
         :raises RuntimeError: if it does not come up in ``timeout`` seconds.
         """
+        for _ in range(5):
+            try:
+                self._start(timeout)
+            except RuntimeError as exc:
+                # Another process bound the free port between our probe and the server's bind.
+                if not (self._may_move and "Address already in use" in str(exc)):
+                    raise
+                self.port = free_port(55535 if self.cluster else 65535)
+                continue
+            self._may_move = False
+            return
+        raise RuntimeError(f"{self.binary}: no free port found to listen on")
+
+    def _start(self, timeout: float) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.process = subprocess.Popen(
             self.command_line(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
