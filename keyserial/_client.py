@@ -531,11 +531,18 @@ class Client:
             for op_id, waiters in self._waiting.items():
                 if waiters and waiters[0].since < cutoff:
                     overdue[waiters[0].shard].append(op_id)
+            failed: dict[int, Exception] = {}
             async with anyio.create_task_group() as group:
                 for shard, op_ids in overdue.items():
-                    group.start_soon(self._sweep_bounded, shard, op_ids, interval)
+                    group.start_soon(self._sweep_bounded, shard, op_ids, interval, failed)
+            if failed:  # one line per sweep, not one per shard
+                shard, error = next(iter(failed.items()))
+                log.warning("looking up overdue replies of shards %s: %s",
+                            ",".join(map(str, sorted(failed))), error)
 
-    async def _sweep_bounded(self, shard: int, op_ids: list[str], interval: float) -> None:
+    async def _sweep_bounded(
+        self, shard: int, op_ids: list[str], interval: float, failed: dict[int, Exception]
+    ) -> None:
         """:meth:`_sweep_shard`, given up after a few intervals (tried again at the next
         sweep): a node that stalls, or fails over meanwhile, must not hold up the sweep of the
         other shards, nor this shard's next sweep, which may reach its new master."""
@@ -543,7 +550,7 @@ class Client:
             try:
                 await self._sweep_shard(ShardKeys(self.settings.namespace, shard), op_ids)
             except (BackendUnavailable, redis_errors.ResponseError) as exc:
-                log.warning("looking up overdue replies of shard %d: %s", shard, exc)
+                failed[shard] = exc
 
     async def _sweep_shard(self, keys: ShardKeys, op_ids: list[str]) -> None:
         """Settle overdue ops whose outcome is stored. Append again those whose entry is gone
