@@ -27,6 +27,7 @@ from redis.typing import EncodableT
 from redis.utils import HIREDIS_AVAILABLE
 
 from ._layout import ShardKeys, meta_key, same_slot_key
+from ._settings import Durability
 from ._subscriptions import RESUBSCRIBE_AFTER, PubSubSubscription, Subscription, pubsub_on
 from ._urls import redact
 
@@ -433,11 +434,11 @@ class Backend:
         return replies
 
     async def run_confirmed(
-        self, calls: Sequence[ScriptCall], replicas: int, timeout_ms: int
+        self, calls: Sequence[ScriptCall], durability: Durability
     ) -> tuple[list[Any], bool]:
         """:meth:`run_many`, then :meth:`confirm` behind its writes: the replies, and whether
-        ``replicas`` replicas have them. On keyserial's own connection both go out in one
-        round trip.
+        the durability asked for holds for them. On keyserial's own connection both go out in
+        one round trip.
 
         :raises BackendUnavailable: if the server does not answer.
         """
@@ -447,32 +448,31 @@ class Backend:
             # On a cluster, one barrier on each master the calls wrote to.
             barriers = {self.node_of(call.keys[0]): call.keys[0] for call in calls}
             for key in barriers.values():
-                barrier = same_slot_key(key, "barrier")
-                if await self.confirm(barrier, replicas, timeout_ms) < replicas:
+                if not await self.confirm(same_slot_key(key, "barrier"), durability):
                     return replies, False
             return replies, True
-        commands = [_evalsha(call) for call in calls] + _barrier_then_wait(
-            barrier, replicas, timeout_ms
-        )
+        commands = [_evalsha(call) for call in calls] + _barrier_then_wait(barrier, durability)
         with _translating(self.url):
             replies = await self._pipelined.execute(commands)
-        acked = replies.pop()
+        waited = replies.pop()
         replies.pop()  # the barrier's OK
         if any(isinstance(reply, redis_errors.NoScriptError) for reply in replies):
-            # A restarted server: the EVALs that follow must be covered by a WAIT of their own.
+            # A restarted server: the EVALs that follow must be covered by a wait of their own.
             replies = await self._run_pipelined(calls)
-            acked = await self.confirm(barrier, replicas, timeout_ms)
-        confirmed = isinstance(acked, int) and acked >= replicas
+            confirmed = await self.confirm(barrier, durability)
+        else:
+            confirmed = self._enough(waited, durability)
         return [classify_reply(reply, self.url) for reply in replies], confirmed
 
-    async def confirm(self, key: str, replicas: int, timeout_ms: int) -> int:
-        """How many replicas have every write the server had executed before this call (at most
-        ``timeout_ms`` spent waiting for ``replicas`` of them): a write to ``key`` (its node, on
-        a cluster), then WAIT, on one connection. Zero when the server refuses either.
+    async def confirm(self, key: str, durability: Durability) -> bool:
+        """Whether every write the server had executed before this call is on
+        ``durability.replicas`` replicas (and in the AOFs, with ``fsync``), waiting at most
+        ``durability.wait_ms``: a write to ``key`` (its node, on a cluster), then WAIT or
+        WAITAOF, on one connection. False when the server refuses either.
 
         :raises BackendUnavailable: if the server does not answer.
         """
-        commands = _barrier_then_wait(key, replicas, timeout_ms)
+        commands = _barrier_then_wait(key, durability)
         with _translating(self.url):
             if self._pipelined is not None:
                 replies = await self._pipelined.execute(commands)
@@ -481,16 +481,39 @@ class Backend:
                 for command in commands:
                     pipe.execute_command(*command)
                 replies = await pipe.execute(raise_on_error=False)
-        acked = replies[-1]
-        if isinstance(acked, Exception):
-            log.warning("cannot confirm writes on replicas (%s): %s", self.url, acked)
-            if isinstance(self.client, RedisCluster):
-                # Most likely a failover moved the slot (MOVED, or WAIT refused by what is now
-                # a replica): learn where it lives now.
-                with _translating(self.url):
-                    await self.client.nodes_manager.initialize()
-            return 0
-        return int(acked)
+        waited = replies[-1]
+        if isinstance(waited, Exception) and isinstance(self.client, RedisCluster):
+            # Most likely a failover moved the slot (MOVED, or a wait refused by what is now
+            # a replica): learn where it lives now.
+            with _translating(self.url):
+                await self.client.nodes_manager.initialize()
+        return self._enough(waited, durability)
+
+    def _enough(self, waited: Any, durability: Durability) -> bool:
+        """Whether a WAIT's (or WAITAOF's) reply meets ``durability``."""
+        if isinstance(waited, Exception):
+            log.warning("cannot confirm writes (%s): %s", self.url, waited)
+            return False
+        if durability.fsync:
+            local, replicas = waited
+            return int(local) >= 1 and int(replicas) >= durability.replicas
+        return int(waited) >= durability.replicas
+
+    async def check_durability(self, durability: Durability | None) -> None:
+        """Refuse at once what could never be confirmed: ``durable_fsync`` on a server without
+        WAITAOF or with appendonly off (every acknowledgement would wait forever).
+
+        :raises ConfigError: naming what the server lacks.
+        """
+        if durability is None or not durability.fsync:
+            return
+        try:
+            await self.call("WAITAOF", 1, 0, 1)
+        except redis_errors.ResponseError as exc:
+            raise ConfigError(
+                f"durable_fsync needs WAITAOF (Redis 7.2+, Valkey 8+) with appendonly on;"
+                f" {self.url} answered: {exc}"
+            ) from None
 
     def node_of(self, key: str) -> str:
         """The name of the master that serves ``key`` as far as this client knows ('' on a
@@ -614,10 +637,15 @@ def _evalsha(call: ScriptCall) -> tuple[ScriptArg, ...]:
 _BARRIER_PX = 60_000
 
 
-def _barrier_then_wait(key: str, replicas: int, timeout_ms: int) -> list[tuple[ScriptArg, ...]]:
-    """A write that is always replicated, then a WAIT for it: its count covers every write the
-    server executed before the barrier, whoever sent it (the replication stream is ordered)."""
-    return [("SET", key, "1", "PX", _BARRIER_PX), ("WAIT", replicas, timeout_ms)]
+def _barrier_then_wait(key: str, durability: Durability) -> list[tuple[ScriptArg, ...]]:
+    """A write that is always replicated, then a WAIT (WAITAOF) for it: its count covers every
+    write the server executed before the barrier, whoever sent it (the replication stream and
+    the AOF are ordered)."""
+    wait: tuple[ScriptArg, ...] = (
+        ("WAITAOF", 1, durability.replicas, durability.wait_ms) if durability.fsync
+        else ("WAIT", durability.replicas, durability.wait_ms)
+    )
+    return [("SET", key, "1", "PX", _BARRIER_PX), wait]
 
 
 def _describe(client: AnyRedis) -> str:

@@ -343,8 +343,10 @@ class Client:
         if raw is not None and not await self._confirmed(keys):
             raise BackendUnavailable(
                 self._backend.url,
-                f"the result of op {op_id!r} is stored, but fewer than"
-                f" {self.settings.durable_replicas} replicas confirmed it in time (try again)",
+                f"the result of op {op_id!r} is stored, but its durability"
+                f" (durable_replicas={self.settings.durable_replicas},"
+                f" durable_fsync={self.settings.durable_fsync}) was not confirmed in time"
+                " (try again)",
                 op_id=op_id, keys=all_keys,
             )
         if raw is None:
@@ -354,13 +356,11 @@ class Client:
     # -- internals -----------------------------------------------------------------------------
 
     async def _confirmed(self, keys: ShardKeys) -> bool:
-        """Whether the ``durable_replicas`` setting's replicas have what the shard stores now
-        (always, when it is 0): a stored result is an answer only once they do, as a reply is."""
-        wanted = self.settings.durable_replicas
-        if not wanted:
-            return True
-        acked = await self._backend.confirm(keys.barrier, wanted, self.settings.durable_wait_ms)
-        return acked >= wanted
+        """Whether what the shard stores now is as durable as the settings ask (always, when
+        they ask nothing more than the master): a stored result is an answer only then, as a
+        reply is."""
+        durability = self.settings.durability
+        return durability is None or await self._backend.confirm(keys.barrier, durability)
 
     def _withdraw(self, pending: _Pending) -> bool:
         """Take a cancelled submit out of the queue if it has not been sent (True if so)."""

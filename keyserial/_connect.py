@@ -67,6 +67,7 @@ async def _connect_asyncio(
     backend = await Backend.connect(default_url() if redis is None else redis)
     try:
         shard_count = await backend.ensure_shard_count(settings.namespace, settings.shard_count)
+        await backend.check_durability(settings.durability)
     except ShardCountMismatch as exc:
         await backend.aclose()
         if shards is None:  # the count came from the environment

