@@ -186,15 +186,17 @@ def _import_from_cwd() -> None:
 
 
 def _run_bench(arguments: list[str]) -> int:
-    """Dispatch to the suite in ``benchmarks/`` (installed with keyserial from a checkout)."""
+    """Dispatch to the suite in ``benchmarks/``, which lives in a keyserial checkout (it is not
+    installed: run ``keyserial bench`` from the checkout's root)."""
+    _import_from_cwd()
     try:
         suite = importlib.import_module("benchmarks.cli")
     except ModuleNotFoundError as exc:
         if exc.name not in ("benchmarks", "benchmarks.cli"):
             raise
         print(
-            f"keyserial: error: the benchmark suite is not installed ({exc}); from a checkout,"
-            " run `pip install -e \".[bench]\"`",
+            f"keyserial: error: the benchmark suite is not here ({exc}); run `keyserial bench`"
+            " from the root of a keyserial checkout, after `pip install -e \".[bench]\"`",
             file=sys.stderr,
         )
         return 2
