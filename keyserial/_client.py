@@ -556,25 +556,44 @@ class Client:
         """Settle overdue ops whose outcome is stored. Append again those whose entry is gone
         with no outcome: a failover lost it (the op id makes a second append harmless: an op
         that did commit meanwhile is answered from its stored outcome, never run again)."""
-        found = await self._backend.stored(keys, op_ids)
-        if any(raw is not None for raw in found) and not await self._confirmed(keys):
-            return  # the next sweep looks again
-        unanswered: list[_Pending] = []
-        for op_id, raw in zip(op_ids, found, strict=True):
-            if raw is not None:
-                self._settle(op_id, decode_outcome(raw))
-            elif (waiters := self._waiting.get(op_id)) and waiters[0].entry is not None:
-                unanswered.append(waiters[0])
+        unsettled = await self._settle_stored(keys, op_ids)
+        if unsettled is None:
+            return
+        unanswered = [
+            waiters[0] for op_id in unsettled
+            if (waiters := self._waiting.get(op_id)) and waiters[0].entry is not None
+        ]
         if not unanswered:
             return
         present = await self._backend.entries_present(keys, [p.entry or b"" for p in unanswered])
-        lost = [pending for pending, there in zip(unanswered, present, strict=True) if not there]
+        gone = {p.op_id: p for p, there in zip(unanswered, present, strict=True) if not there}
+        if not gone:
+            return
+        # Looked up again: the op may have committed, and its entry left the stream, between
+        # the first lookup and the check above (an entry leaves only after its outcome is
+        # stored, so gone with no outcome now means lost).
+        still = await self._settle_stored(keys, list(gone))
+        lost = [gone[op_id] for op_id in still or ()]
         for pending in lost:
             log.warning("op %s: its entry %s is gone with no outcome (a failover?); appending"
                         " it again", pending.op_id, (pending.entry or b"").decode())
             pending.entry, pending.fresh = None, False
         if lost:
             self._requeue(lost)
+
+    async def _settle_stored(self, keys: ShardKeys, op_ids: list[str]) -> list[str] | None:
+        """Settle the ops whose outcome the shard stores; the op ids left. None: some outcome
+        is stored but not confirmed as durable yet (the next sweep looks again)."""
+        found = await self._backend.stored(keys, op_ids)
+        if any(raw is not None for raw in found) and not await self._confirmed(keys):
+            return None
+        left = []
+        for op_id, raw in zip(op_ids, found, strict=True):
+            if raw is None:
+                left.append(op_id)
+            else:
+                self._settle(op_id, decode_outcome(raw))
+        return left
 
 
 def _pack(batch: list[_Pending]) -> Iterator[tuple[int, list[_Pending]]]:
