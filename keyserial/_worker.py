@@ -407,10 +407,20 @@ class Worker:
             if holder is not None:
                 holder.runner.wake()
 
-        await backend.listen(
-            [*shard_of, mailbox.channel], receive,
-            health_interval=self.settings.health_interval, task_status=task_status,
-        )
+        # Serving starts at once: until the first subscription succeeds (Redis may be going
+        # down again right after the worker connected), the runners' polling stands in for it.
+        task_status.started()
+        delay = 0.1
+        while True:
+            try:
+                await backend.listen(
+                    [*shard_of, mailbox.channel], receive,
+                    health_interval=self.settings.health_interval,
+                )
+            except BackendUnavailable as exc:
+                log.warning("subscribing to wake-ups: %s; retrying in %.1fs", exc, delay)
+                await anyio.sleep(delay)
+                delay = min(delay * 2, 5.0)
 
     # -- shutdown ----------------------------------------------------------------------------
 

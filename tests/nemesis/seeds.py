@@ -48,6 +48,9 @@ REGRESSIONS: list[KnownFailure] = [
     KnownFailure(1004, "long", "payments applied twice after SIGTERM (fixed)"),
     KnownFailure(1005, "long", "garbage crash-looped shards 0 and 1 (fixed)"),
     KnownFailure(1007, "long", "fresh ops applied twice after SIGTERM (fixed)"),
+    KnownFailure(3161, "long", "a worker started while Redis was being killed exited: its first"
+                 " wake-up subscription failed (fixed: the worker serves at once and retries"
+                 " the subscription)"),
     KnownFailure(0, "cluster", "acknowledged ops lost, a payment applied on one key only, money"
                  " not conserved after a master was paused past its failover then killed"
                  " (fixed: durable_replicas=1, grants and decisions behind WAIT)"),
