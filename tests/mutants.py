@@ -279,8 +279,9 @@ def run(mutant: Mutant, *, root: Path = ROOT) -> Verdict:
         for path, text in mutated(mutant, copy).items():
             (copy / path).write_text(text)
         env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
-        command = [sys.executable, "-m", "pytest", "-x", "-q", "-rfE", "-p", "no:cacheprovider",
-                   *mutant.tests]
+        # One process (-n 0): under xdist, -x ends the run as interrupted (exit code 2).
+        command = [sys.executable, "-m", "pytest", "-n", "0", "-x", "-q", "-rfE", "-p",
+                   "no:cacheprovider", *mutant.tests]
         try:
             done = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True,
                                   timeout=MUTANT_TIMEOUT, check=False)
@@ -313,7 +314,8 @@ def select(*, fast: bool, only: Sequence[str]) -> list[Mutant]:
 def unknown_tests(node_ids: Sequence[str]) -> list[str]:
     """The node ids pytest does not collect (in this repository, not a copy)."""
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+        [sys.executable, "-m", "pytest", "-n", "0", "--collect-only", "-q", "-p",
+         "no:cacheprovider",
          *sorted({node.split("::")[0] for node in node_ids})],
         cwd=ROOT, capture_output=True, text=True, check=False)
     collected = set(done.stdout.split("\n"))
