@@ -66,8 +66,10 @@ CI_REGRESSIONS: tuple[int, ...] = (103, 105, 117, 119, 120)
 
 #: Reproduce one with ``python -m tests.nemesis --seeds 1 --seed-start SEED --profile PROFILE``.
 KNOWN_FAILING: list[KnownFailure] = [
-    KnownFailure(3145, "long", "counters: an op applied twice (1 run of 3): its client found the"
-                 " entry gone with no outcome and appended it again, after a SIGTERM with slow"
-                 " ops, Redis killed twice and a BUSY script; the sweep's race between its two"
-                 " lookups is fixed since, but the second application is not explained yet"),
+    KnownFailure(3145, "long", "counters: one op (tag 3145-burst2-8 on ctr:16, shard 0) applied"
+                 " twice, in about 1 run of 3. It was the struck suspect when a takeover followed a"
+                 " SIGTERM with slow ops and Redis kills; its first application reached the key's"
+                 " committed state with no result stored for it, so its client found the entry"
+                 " gone with no outcome, appended it again, and the second application stored the"
+                 " result. Cause not found yet"),
 ]
