@@ -61,6 +61,7 @@ from redis import exceptions as redis_errors
 
 from . import _backend
 from ._backend import Backend, Script, ScriptCall
+from ._backoff import Backoff
 from ._codec import WIRE_VERSION, Envelope, encode_error, encode_reply, pack_entry
 from ._execution import Hold, Run, StateCache
 from ._json import dumps
@@ -562,7 +563,7 @@ class CrossShard:
             [self._settings.max_backlog, WIRE_VERSION, pack_entry([request]),
              "" if local else there.wake_channel],
         )
-        delay = 0.05
+        backoff = Backoff(0.05, 2.0)
         while True:
             try:
                 entry: bytes = await self._host.pipelined(call)
@@ -577,8 +578,7 @@ class CrossShard:
             except BackendUnavailable as exc:
                 log.warning("shard %d: appending a grant request to shard %d: %s",
                             self._host.shard, there.shard, exc)
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            await backoff.sleep()
 
     async def _replicated(self, keys: ShardKeys) -> None:
         """Wait until every write the shard's node has made is as durable as the settings ask
@@ -586,7 +586,7 @@ class CrossShard:
         decision leaves its shard only then: states derived from a commit a failover could still
         lose must not reach another shard, where they would outlive it."""
         durability = self._settings.durability
-        delay = 0.05
+        backoff = Backoff(0.05, 1.0)
         while durability is not None:
             try:
                 if await self._backend.confirm(keys.barrier, durability):
@@ -596,8 +596,7 @@ class CrossShard:
             except BackendUnavailable as exc:
                 log.warning("shard %d: confirming shard %d's writes: %s", self._host.shard,
                             keys.shard, exc)
-            await anyio.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            await backoff.sleep()
 
     async def _publish(self, messages: Sequence[tuple[str, str]]) -> None:
         """PUBLISH what a script publishes itself without durability. A message lost here is

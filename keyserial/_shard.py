@@ -44,6 +44,7 @@ from redis import exceptions as redis_errors
 
 from . import _backend
 from ._backend import Backend, Script, ScriptCall
+from ._backoff import Backoff
 from ._codec import (
     Envelope,
     MalformedEntry,
@@ -634,14 +635,13 @@ class ShardRunner:
     async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """``attempt()``, again while Redis is unreachable: the lease loop, not this runner,
         decides whether the worker still owns the shard."""
-        delay = 0.05
+        backoff = Backoff(0.05, 2.0)
         while True:
             try:
                 return await attempt()
             except BackendUnavailable as exc:
-                log.warning("shard %d: %s; retrying in %.2fs", self.shard, exc, delay)
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+                log.warning("shard %d: %s; retrying in %.2fs", self.shard, exc, backoff.delay)
+                await backoff.sleep()
 
 def _fields(raw: Any) -> dict[bytes, bytes]:
     if isinstance(raw, dict):

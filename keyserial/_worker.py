@@ -23,6 +23,7 @@ from anyio.abc import TaskGroup
 
 from . import _backend
 from ._backend import AnyRedis, Backend, ScriptCall
+from ._backoff import Backoff
 from ._crossshard import GRANT_OP, Mailbox
 from ._layout import ShardKeys, worker_channel
 from ._metrics import Metrics
@@ -160,7 +161,7 @@ class Worker:
     async def _connect(self) -> Backend:
         """Connect and check the namespace's shard count, retrying with backoff while Redis is
         unreachable or not ready (a restart still loading its data), as a worker should."""
-        delay = 0.1
+        backoff = Backoff(0.1, 5.0)
         while True:
             try:
                 backend = await Backend.connect(self._redis)
@@ -174,9 +175,8 @@ class Worker:
                     raise
                 return backend
             except BackendUnavailable as exc:
-                log.warning("%s; retrying in %.1fs", exc, delay)
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                log.warning("%s; retrying in %.1fs", exc, backoff.delay)
+                await backoff.sleep()
 
     def _resolve_shards(self, shard_count: int) -> list[int]:
         spec = self._shard_spec
@@ -206,14 +206,14 @@ class Worker:
         stopping = self._stop.is_set()
         now = anyio.current_time()
         rounds: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+        def node_of(shard: int) -> str:
+            return backend.node_of(ShardKeys(self.settings.namespace, shard).lease)
+
         for shard in self._owned:
-            rounds[backend.node_of(ShardKeys(self.settings.namespace, shard).lease)][0].append(
-                shard
-            )
+            rounds[node_of(shard)][0].append(shard)
         for shard in self.shards:
             if shard not in self._owned and self._resting.get(shard, 0) <= now and not stopping:
-                key = ShardKeys(self.settings.namespace, shard).lease
-                rounds[backend.node_of(key)][1].append(shard)
+                rounds[node_of(shard)][1].append(shard)
         for node, (owned, free) in rounds.items():
             if node not in self._lease_rounds:
                 self._lease_rounds.add(node)
@@ -410,7 +410,7 @@ class Worker:
         # Serving starts at once: until the first subscription succeeds (Redis may be going
         # down again right after the worker connected), the runners' polling stands in for it.
         task_status.started()
-        delay = 0.1
+        backoff = Backoff(0.1, 5.0)
         while True:
             try:
                 await backend.listen(
@@ -418,9 +418,9 @@ class Worker:
                     health_interval=self.settings.health_interval,
                 )
             except BackendUnavailable as exc:
-                log.warning("subscribing to wake-ups: %s; retrying in %.1fs", exc, delay)
-                await anyio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                log.warning("subscribing to wake-ups: %s; retrying in %.1fs", exc,
+                            backoff.delay)
+                await backoff.sleep()
 
     # -- shutdown ----------------------------------------------------------------------------
 

@@ -13,6 +13,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -69,30 +70,44 @@ async def test_an_acknowledgement_waits_until_a_replica_has_the_commit(
             assert stored_on(replica, namespace, "acct", op_id)
 
         replica.send_signal(signal.SIGSTOP)
-        done = anyio.Event()
-        answers: list[object] = []
-
-        async def submit() -> None:
-            answers.append(await ks.submit("acct", apps.append("late"), op_id="late",
-                                           timeout=60))
-            done.set()
-
-        async with anyio.create_task_group() as group:
-            group.start_soon(submit)
-            await eventually(lambda: stored_on(master, namespace, "acct", "late"))
-            # Committed on the master, not on the stopped replica: neither the reply nor the
-            # client's sweep (every 0.2 s here) may take it as acknowledged meanwhile.
-            with anyio.move_on_after(1.5):
-                await done.wait()
-            assert not done.is_set(), "acknowledged before the replica had the commit"
-            with pytest.raises(BackendUnavailable, match="not confirmed in time"):
-                await ks.result("late", key="acct")
-            replica.send_signal(signal.SIGCONT)
-            with anyio.fail_after(20):
-                await done.wait()
-        assert answers == [[0, 1, 2, 3, 4, "late"]]
+        # Committed on the master, not on the stopped replica: neither the reply nor the
+        # client's sweep (every 0.2 s here) may take it as acknowledged meanwhile.
+        answer = await held_until_released(
+            ks, "late", apps.append("late"),
+            committed=lambda: stored_on(master, namespace, "acct", "late"),
+            refusal="not confirmed in time",
+            release=lambda: replica.send_signal(signal.SIGCONT),
+        )
+        assert answer == [0, 1, 2, 3, 4, "late"]
         assert stored_on(replica, namespace, "acct", "late")
         assert await ks.result("late", key="acct") == [0, 1, 2, 3, 4, "late"]
+
+
+async def held_until_released(
+    ks: keyserial.Client, op_id: str, op: Any, *, committed: Callable[[], bool], refusal: str,
+    release: Callable[[], object],
+) -> Any:
+    """Submit ``op`` on "acct" and wait until ``committed()``; it must stay unacknowledged (no
+    reply, and ``ks.result`` refused with ``refusal``) until ``release()``; then its answer."""
+    answers: list[Any] = []
+    done = anyio.Event()
+
+    async def submit() -> None:
+        answers.append(await ks.submit("acct", op, op_id=op_id, timeout=60))
+        done.set()
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(submit)
+        await eventually(committed)
+        with anyio.move_on_after(1.5):
+            await done.wait()
+        assert not done.is_set(), "acknowledged before the commit was as durable as asked"
+        with pytest.raises(BackendUnavailable, match=refusal):
+            await ks.result(op_id, key="acct")
+        release()
+        with anyio.fail_after(20):
+            await done.wait()
+    return answers[0]
 
 
 def test_durable_replicas_is_a_setting_with_a_checked_value() -> None:
@@ -140,22 +155,11 @@ async def test_with_durable_fsync_an_acknowledgement_waits_for_the_replica_s_aof
             async with keyserial.connect(master.url, shards=SHARDS, namespace=namespace,
                                          idle_poll=0.2) as ks:
                 assert ks.settings.durable_fsync and ks.settings.durable_replicas == 1
-                done = anyio.Event()
-
-                async def submit() -> None:
-                    await ks.submit("acct", apps.append("x"), op_id="fsynced", timeout=60)
-                    done.set()
-
-                async with anyio.create_task_group() as group:
-                    group.start_soon(submit)
-                    await eventually(lambda: stored_on(replica, namespace, "acct", "fsynced"))
-                    # On the replica (WAIT would count it), not in its AOF (WAITAOF does not).
-                    with anyio.move_on_after(1.5):
-                        await done.wait()
-                    assert not done.is_set(), "acknowledged before the replica's AOF had it"
-                    with pytest.raises(BackendUnavailable, match="durable_fsync=True"):
-                        await ks.result("fsynced", key="acct")
-                    replica_client.config_set("appendonly", "yes")
-                    with anyio.fail_after(20):
-                        await done.wait()
+                # On the replica (WAIT would count it), not in its AOF (WAITAOF does not).
+                assert await held_until_released(
+                    ks, "fsynced", apps.append("x"),
+                    committed=lambda: stored_on(replica, namespace, "acct", "fsynced"),
+                    refusal="durable_fsync=True",
+                    release=lambda: replica_client.config_set("appendonly", "yes"),
+                ) == ["x"]
                 assert await ks.result("fsynced", key="acct") == ["x"]

@@ -10,6 +10,7 @@ import logging
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from contextlib import suppress
 
 import anyio
@@ -18,7 +19,8 @@ import redis.asyncio
 
 import keyserial
 from keyserial.ledger import deposit
-from tests.helpers import running_worker
+from tests.helpers import WorkerProcess, running_worker
+from tests.nemesis.proxy import FaultProxy
 from tests.tls import TlsServer
 
 standalone_only = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
@@ -124,14 +126,9 @@ async def test_a_silently_dropped_reply_subscription_is_noticed_and_reconnected(
                     keyserial.connect(f"redis://127.0.0.1:{proxy.port}/0", shards=1,
                                       namespace=namespace, idle_poll=30,
                                       health_interval=0.3) as ks:
-                assert await ks.submit("acct", deposit(1), timeout=10) == 1
-                assert proxy.subscribing_links == 1
-                proxy.silence_subscriptions()
-                while proxy.subscribing_links < 2:  # the health check resubscribes
-                    await anyio.sleep(0.05)
-                started = time.monotonic()
-                assert await ks.submit("acct", deposit(1), timeout=10) == 2
-                assert time.monotonic() - started < 2, "the reply came by the sweep, not pub/sub"
+                took = await _silence_and_time_a_submit(ks, proxy)
+                assert await ks.read("acct") == 2
+        assert took < 2, "the reply came by the sweep, not pub/sub"
     finally:
         proxy.close()
 
@@ -234,3 +231,34 @@ async def test_a_silently_dropped_wake_up_subscription_of_a_worker_is_noticed(
     finally:
         await client.aclose()
         proxy.close()
+
+
+@standalone_only
+async def test_a_worker_whose_first_subscription_fails_keeps_serving(
+    redis_url: str, namespace: str, start: Callable[..., WorkerProcess]
+) -> None:
+    """Started while Redis keeps going away, a worker may connect and then lose its first
+    SUBSCRIBE (long nemesis seed 3161): it must serve by polling and subscribe once it can,
+    not exit."""
+    proxy = FaultProxy("worker", int(redis_url.rsplit(":", 1)[1].split("/")[0]))
+    await proxy.start()
+    proxy.refuse_subscriptions = True
+    try:
+        worker = start(proxy.url, namespace, shards="0", shard_count=1,
+                       env={"KEYSERIAL_IDLE_POLL": "0.2"})
+        async with keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+            with anyio.fail_after(30):
+                while proxy.subscribing_links < 2:  # refused, and tried again
+                    await anyio.sleep(0.05)
+            assert await ks.submit("acct", deposit(1), timeout=20) == 1
+            assert worker.process.poll() is None, worker.log()[-2000:]
+            proxy.refuse_subscriptions = False
+            refused = proxy.subscribing_links
+            with anyio.fail_after(30):
+                while proxy.subscribing_links == refused:  # its next try gets through
+                    await anyio.sleep(0.05)
+            assert await ks.submit("acct", deposit(1), timeout=20) == 2
+        assert worker.process.poll() is None
+        assert "subscribing to wake-ups" in worker.log()
+    finally:
+        await proxy.aclose()

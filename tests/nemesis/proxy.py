@@ -52,6 +52,8 @@ class FaultProxy:
         self._held_until = 0.0
         #: Links that ever sent SUBSCRIBE (a resubscription opens a new one).
         self.subscribing_links = 0
+        #: Reset a link as soon as it sends SUBSCRIBE (a server that keeps going away).
+        self.refuse_subscriptions = False
         self._links: set[_Link] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
@@ -148,6 +150,9 @@ class FaultProxy:
                     if outbound and not link.subscribed and _SUBSCRIBE in data:
                         link.subscribed = True
                         self.subscribing_links += 1
+                        if self.refuse_subscriptions:
+                            link.reset()
+                            return
                     if not link.silenced:
                         queue.put_nowait((time.monotonic() + self.delay, data))
             finally:
