@@ -286,7 +286,11 @@ class ShardRunner:
 
     async def _step(self, want: int) -> tuple[list[Any], dict[bytes, bytes]]:
         """Commit what finished; fetch up to ``want`` entries. Returns the entries and the stored
-        outcomes of op ids among them that already ran."""
+        outcomes of op ids among them that already ran.
+
+        Never cancel a step while the runner goes on: it takes its batch out of memory first,
+        so a cancelled step that never reached Redis loses the batch's results while the cache
+        keeps their effects, and the next commit of those keys writes the effects alone."""
         batch, self._finished = self._finished, []
         dead, self._dead = self._dead, []
         progress, commit, replies = self._commit_args(batch, dead)
@@ -329,13 +333,16 @@ class ShardRunner:
         """Commit until ``run`` (the suspect) has committed, scheduling nothing else meanwhile.
         A suspect still running after a lease TTL is left to run on (it holds its key, not the
         shard): if the worker then dies, it is still the first op without a result and takes
-        the strike."""
-        with anyio.move_on_after(self._settings.lease_ttl):
-            while self._running.get(run.envelope.op_id) is run or self._finished or self._dead:
-                if self._finished or self._dead:
-                    await self._step(0)
-                else:
-                    await self._wait()
+        the strike. The time limit ends a wait, never a step (see :meth:`_step`)."""
+        deadline = anyio.current_time() + self._settings.lease_ttl
+        while self._running.get(run.envelope.op_id) is run or self._finished or self._dead:
+            if self._finished or self._dead:
+                await self._step(0)
+                continue
+            with anyio.move_on_after(deadline - anyio.current_time()) as waiting:
+                await self._wait()
+            if waiting.cancelled_caught:
+                return
 
     # -- dispatching ---------------------------------------------------------------------------
 

@@ -179,6 +179,19 @@ async def hold(ctx: Context, delay: float, note_path: str) -> None:
 
 
 @op
+async def gated_append(ctx: Context, value: Any, note_path: str, gate_path: str) -> list[Any]:
+    """:func:`append` that notes its pid in ``note_path`` as it starts, then waits until
+    ``gate_path`` exists: the test decides when it finishes."""
+    items = list(ctx.state or [])
+    async with await anyio.open_file(note_path, "a") as note:
+        await note.write(f"{os.getpid()}\n")
+    while not os.path.exists(gate_path):
+        await anyio.sleep(0.01)
+    ctx.state = [*items, value]
+    return list(ctx.state)
+
+
+@op
 def peek(ctx: Context) -> Any:
     """The key's state, as an op: it runs after every op appended before it."""
     return ctx.state

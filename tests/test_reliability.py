@@ -9,6 +9,7 @@ import signal
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import pytest
@@ -18,6 +19,7 @@ from keyserial import shard_for
 from keyserial._layout import ShardKeys
 from tests import apps
 from tests.helpers import eventually, keys_on_shard, stored_outcome
+from tests.nemesis.proxy import FaultProxy
 from tests.test_faults import Starter, all_held, inspector, wait_for_holder
 
 SHARDS = 4
@@ -368,3 +370,56 @@ async def test_a_poison_op_behind_slow_ops_is_dead_lettered_and_they_are_not(
             letters = await client.xrange(keys.dead)
             assert [json.loads(fields[b"raw"])["id"] for _, fields in letters] == ["killer"]
             assert len(await run_one(ks, poison_key)) == 1
+
+
+@pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
+async def test_a_suspect_finishing_as_its_time_alone_ends_commits_its_result_with_its_state(
+    redis_url: str, namespace: str, start: Starter, tmp_path: Path
+) -> None:
+    """After a takeover, the suspect (the op the acquire blamed) runs alone for a lease TTL at
+    most. Here it finishes shortly before that time is up, and the step that commits it cannot
+    reach Redis until after it: the successor's link holds every byte, then is reset. The
+    commit must still land, the op's result together with its state. Giving up on the suspect
+    must never give up on a step: the step has taken its batch out of memory, while the
+    cache keeps the op's effect, so the next commit of the key wrote the effect with no result
+    stored; a client that found the entry gone with no outcome then appended the op again,
+    which ran it twice (nemesis seed 3145)."""
+    ttl = 4.0
+    [key] = keys_on_shard(2, SHARDS, 1, prefix="suspect")
+    note, gate = tmp_path / "note", tmp_path / "gate"
+
+    def started() -> int:
+        return len(note.read_text().split()) if note.exists() else 0
+
+    proxy = FaultProxy("successor", int(urlsplit(redis_url).port or 0))
+    await proxy.start()
+    try:
+        with anyio.fail_after(90):
+            async with inspector(redis_url) as client, \
+                    keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+                owner = start(redis_url, namespace, lease_ttl=ttl)
+                await wait_for_holder(client, namespace, owner.pid, timeout=15)
+                await append_entry(client, namespace, 2, [
+                    envelope("x", key, "gated_append", "x", str(note), str(gate))], fresh=True)
+                await eventually(lambda: started() == 1, message="the op running")
+                owner.kill()
+                successor = start(proxy.url, namespace, lease_ttl=ttl)
+                await eventually(lambda: started() == 2, timeout=30,
+                                 message="the op running alone on the successor")
+                alone = time.monotonic()
+                # Renewals every 0.5 s: the successor holds its lease through a stall of up to
+                # 0.9 lease TTL minus that, here from 0.6 to 1.15 lease TTLs of running alone.
+                await anyio.sleep(0.6 * ttl)
+                proxy.hold(60)
+                gate.touch()  # the suspect finishes; the step carrying it is held
+                await anyio.sleep(alone + 1.15 * ttl - time.monotonic())
+                proxy.reset()  # what was held is lost
+                proxy.heal()
+                assert await eventually_async(lambda: stored(client, namespace, 2, "x"),
+                                              timeout=20) == {"ok": ["x"]}
+                state = await run_one(ks, key)  # ["x", the op id of the op run_one submits]
+                assert state[0] == "x" and len(state) == 2, state
+                assert successor.process.poll() is None, "the successor kept its lease"
+                assert "died with entries" in successor.log(), "the takeover was unclean"
+    finally:
+        await proxy.aclose()
