@@ -185,7 +185,7 @@ async def gated_append(ctx: Context, value: Any, note_path: str, gate_path: str)
     items = list(ctx.state or [])
     async with await anyio.open_file(note_path, "a") as note:
         await note.write(f"{os.getpid()}\n")
-    while not os.path.exists(gate_path):
+    while not await anyio.Path(gate_path).exists():
         await anyio.sleep(0.01)
     ctx.state = [*items, value]
     return list(ctx.state)
