@@ -30,8 +30,9 @@ from prometheus_client.exposition import generate_latest
 from .errors import ConfigError
 
 if TYPE_CHECKING:
+    from ._commits import Finished
     from ._execution import Run
-    from ._shard import Grant, ShardRunner, _Finished
+    from ._shard import LeaseGrant, ShardRunner
 
 log = logging.getLogger("keyserial.worker")
 
@@ -135,7 +136,7 @@ class Metrics:
 
     # -- hooks: the worker and its runners call these ----------------------------------------
 
-    def acquired(self, shard: int, grant: Grant) -> ShardMetrics:
+    def acquired(self, shard: int, grant: LeaseGrant) -> ShardMetrics:
         """Count a takeover; return what the shard's runner reports to."""
         if not self.enabled:
             return NO_METRICS
@@ -243,7 +244,7 @@ class ShardMetrics:
         for run in runs:
             self._dispatched[run.envelope.op_id] = (label(run.envelope.name), now)
 
-    def stepped(self, batch: Sequence[_Finished], dead: int, began: float) -> None:
+    def stepped(self, batch: Sequence[Finished], dead: int, began: float) -> None:
         """A step script began at ``began`` (``time.monotonic``) has committed ``batch`` and
         ``dead`` dead letters. Counted: the ops this runner ran, ops it refused (malformed), and
         poison outcomes; not the stored outcomes it merely answered again."""
@@ -322,8 +323,8 @@ class _Collector:
         )
         owned = dict(self._m._owned())
         for shard, runner in sorted(owned.items()):
-            backlog.add_metric([ns, str(shard)], runner._uncommitted)
-            cached.add_metric([ns, str(shard)], len(runner.cache))
+            backlog.add_metric([ns, str(shard)], runner.uncommitted)
+            cached.add_metric([ns, str(shard)], len(runner.states))
         yield backlog
         yield cached
         yield _owned_gauge(ns, len(owned))

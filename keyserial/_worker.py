@@ -24,14 +24,15 @@ from anyio.abc import TaskGroup
 from . import _backend
 from ._backend import AnyRedis, Backend, ScriptCall
 from ._backoff import Backoff
-from ._crossshard import GRANT_OP, Mailbox
+from ._intake import GRANT_OP
 from ._layout import ShardKeys, worker_channel
+from ._mailbox import Mailbox
 from ._metrics import Metrics
 from ._ops import Registry
 from ._pipeline import Pipeliner
 from ._routing import parse_shards
 from ._settings import Settings
-from ._shard import Grant, ShardRunner
+from ._shard import LeaseGrant, ShardRunner
 from .errors import BackendUnavailable, ConfigError, LeaseLost
 from .ledger import LEDGER_OPS
 
@@ -333,7 +334,7 @@ class Worker:
         backend: Backend,
         shard_count: int,
         shard: int,
-        grant: Grant,
+        grant: LeaseGrant,
         renewed_at: float,
         task_group: TaskGroup,
     ) -> None:
@@ -401,7 +402,7 @@ class Worker:
 
         def receive(channel: str, data: bytes) -> None:
             if channel == mailbox.channel:
-                mailbox.deliver(data)
+                mailbox.receive(data)
                 return
             holder = self._owned.get(shard_of.get(channel, -1))
             if holder is not None:
@@ -471,9 +472,9 @@ class Worker:
                 )
 
 
-def _grant(reply: list[Any]) -> Grant:
+def _grant(reply: list[Any]) -> LeaseGrant:
     epoch, progress, careful, poisoned, results_since, replay, suspect = reply
-    return Grant(
+    return LeaseGrant(
         epoch=int(epoch),
         progress=progress.decode(),
         careful_until=careful.decode() or None,

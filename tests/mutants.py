@@ -67,10 +67,12 @@ _STEP = "keyserial/lua/step.lua"
 _FROZEN = "tests/test_faults.py::test_a_frozen_owner_resumed_after_takeover_cannot_commit"
 _XS = "tests/test_cross_shard_faults.py::"
 _ZW = "tests/test_zombie_writes.py::"
-_LANDED = "        self._landed(run, [owner for owner, _ in holds], writes, outcome, replied)\n"
-_RELEASE = "        for owner, hold in holds:\n            owner.release(hold)\n"
+_LANDED = ("        self._landed(run, owners, pending.writes, pending.outcome,"
+           " pending.replied)\n")
+_RELEASE = "        for owner, hold in pending.holds:\n            owner.release(hold)\n"
 _STANDALONE = "[standalone]"
 _SHARD = "keyserial/_shard.py"
+_COORDINATOR = "keyserial/_coordinator.py"
 _RACES = "tests/test_cross_shard_races.py::"
 _SUSPECT = "            if run.envelope.op_id == self._suspect:\n"
 
@@ -120,13 +122,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "raise-keeps-state", "G2.4", "a sync op that raises keeps what it wrote to ctx.state",
         (Edit("keyserial/_execution.py",
-              "            value = definition.fn(context, *envelope.args, **envelope.kwargs)\n"
-              "        except Exception as exc:\n            self._failed(run, exc)\n",
-              "            value = definition.fn(context, *envelope.args, **envelope.kwargs)\n"
+              "            value: Any = definition.fn(context, *envelope.args, **envelope.kwargs)\n"
+              "        except Exception as exc:\n            value = _Raised(exc)\n",
+              "            value: Any = definition.fn(context, *envelope.args, **envelope.kwargs)\n"
               "        except Exception as exc:\n"
               "            if isinstance(context, Context):\n"
-              "                self._store(context.key, context.encoded_state())\n"
-              "            self._failed(run, exc)\n"),),
+              "                self._states.write(context.key, context.encoded_state())\n"
+              "            value = _Raised(exc)\n"),),
         ("tests/test_failed_ops.py::test_an_op_that_raises_after_writing_state_keeps_nothing"
          "[standalone-sync]",), fast=True,
     ),
@@ -134,22 +136,22 @@ MUTANTS: tuple[Mutant, ...] = (
         "grant-skips-decision-record", "G5.2",
         "a participant that missed the decision notice releases its keys as if aborted, without"
         " reading the decision record",
-        (Edit("keyserial/_crossshard.py",
-              "            try:\n                raw = await self._backend.run(\n"
+        (Edit("keyserial/_participant.py",
+              "            try:\n                raw = await parts.backend.run(\n"
               "                    _backend.RESOLVE,",
-              "            return {\"abort\": \"assumed\"}\n"
-              "            try:\n                raw = await self._backend.run(\n"
+              "            return Decision({}, \"assumed\")\n"
+              "            try:\n                raw = await parts.backend.run(\n"
               "                    _backend.RESOLVE,"),),
         (_XS + "test_participant_killed_while_holding_keys" + _STANDALONE,),
     ),
     Mutant(
         "sync-across-releases-before-commit", "G5.1",
         "a sync cross-shard op lets its keys go before its commit_across lands",
-        (Edit("keyserial/_crossshard.py",
-              "        host.commit_later(\n            call, gated,",
+        (Edit(_COORDINATOR,
+              "        parts.pipeliner.submit(\n            pending.call, gated,",
               "        for owner, hold in holds:\n            owner.release(hold)\n"
-              "        host.commit_later(\n            call, gated,"),
-         Edit("keyserial/_crossshard.py", _LANDED + _RELEASE, _LANDED)),
+              "        parts.pipeliner.submit(\n            pending.call, gated,"),
+         Edit(_COORDINATOR, _LANDED + _RELEASE, _LANDED)),
         ("tests/test_cross_shard.py::"
          "test_concurrent_sync_payments_of_one_worker_across_shards_apply_each_once"
          + _STANDALONE,), fast=True,
@@ -157,14 +159,18 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "async-across-releases-before-commit", "G5.1",
         "an async cross-shard op of one worker lets the other shards' keys go before it commits",
-        (Edit("keyserial/_crossshard.py",
-              "            outcome, new_states = await host.evaluate(envelope, states, fences)\n"
-              "            writes = self._writes(envelope, states, new_states)\n"
-              "            owned: list[OwnedShard]",
+        (Edit(_COORDINATOR,
+              "            outcome, new_states = await home.executor.evaluate(envelope, states,"
+              " fences)\n"
+              "            writes = writes_by_shard(envelope, states, new_states,"
+              " parts.shard_count)\n"
+              "            owned: list[LocalShard]",
               "            await stack.aclose()\n"
-              "            outcome, new_states = await host.evaluate(envelope, states, fences)\n"
-              "            writes = self._writes(envelope, states, new_states)\n"
-              "            owned: list[OwnedShard]"),),
+              "            outcome, new_states = await home.executor.evaluate(envelope, states,"
+              " fences)\n"
+              "            writes = writes_by_shard(envelope, states, new_states,"
+              " parts.shard_count)\n"
+              "            owned: list[LocalShard]"),),
         ("tests/test_cross_shard.py::"
          "test_an_op_on_a_participant_key_waits_for_the_cross_shard_op_holding_it"
          "[standalone-one worker]",),
@@ -209,16 +215,16 @@ MUTANTS: tuple[Mutant, ...] = (
         "holds-during-replay", "G5.2",
         "another shard's in-process op may hold keys while a new owner still replays",
         (Edit(_SHARD, "        await self._replayed.wait()\n", ""),
-         Edit(_SHARD, "        if not self._replayed.is_set():\n            return None\n", "")),
+         Edit(_SHARD, " or not self._replayed.is_set():\n", ":\n")),
         (_RACES + "test_a_participant_takeover_lets_no_in_process_op_overtake_a_replayed_grant"
          + _STANDALONE,),
     ),
     Mutant(
         "lost-across-reply-taken-as-not-written", "G1.3",
         "a sync cross-shard op whose commit_across reply was lost runs again on stale caches",
-        (Edit("keyserial/_crossshard.py",
+        (Edit(_COORDINATOR,
               "        if isinstance(result, BackendUnavailable):\n"
-              "            host.spawn(partial(self._confirm, run, holds, writes, outcome, call))\n"
+              "            parts.spawn(partial(self._confirm, pending))\n"
               "            return\n", ""),),
         (_RACES + "test_a_lost_commit_across_reply_is_sent_again_not_taken_as_not_written"
          + _STANDALONE,),

@@ -340,7 +340,7 @@ async def test_a_new_owner_continues_from_the_committed_states_preloaded_or_not(
                 assert await ks.submit(key, deposit(1)) == (11 + n if 0 < n < 6 else 1)
             runner = worker._runner(0)
             assert runner is not None
-            assert runner.cache.complete == (preload_states >= 6)
+            assert runner.states.complete == (preload_states >= 6)
         assert [await ks.read(key) for key in keys] == [1, 12, 13, 14, 15, 16, 1, 1]
 
 

@@ -1,0 +1,139 @@
+"""What a step commits: the finished ops' results and writes, how far progress moves, which
+entries leave the stream, and when results start a new generation.
+
+Progress only passes an entry once all its ops have committed (an op that committed ahead of
+it is skipped on replay because its result exists). A stuck op must hold its own entry only,
+so entries whose ops have all committed behind it are deleted from the stream on their own.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._execution import Entry
+from ._json import dumps
+
+#: Committed entries a busy shard leaves in its stream at most before a step trims them.
+TRIM_EVERY = 32
+
+#: A dead letter: the entry id, why, and the raw entry as JSON.
+DeadLetter = tuple[str, str, str]
+
+
+@dataclass(slots=True)
+class Finished:
+    """An op's outcome waiting for the next commit."""
+
+    op_id: str
+    outcome: str
+    entries: list[Entry]
+    replies: list[str]
+    store: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """The commit part of one step."""
+
+    #: The last entry whose ops have all finished, or '' to keep progress where it is.
+    progress: str
+    #: The step script's commit argument, JSON (see step.lua), or '' when there is none.
+    payload: str
+    #: The outcomes to reply once committed: channel -> [(op id, outcome)].
+    replies: Mapping[str, Sequence[tuple[str, str]]]
+    #: The last committed entry to trim through ('' for none), and '1' to trim it now.
+    trim_to: str
+    trim_now: str
+
+
+class CommitPlanner:
+    """Tracks a runner's fetched entries and plans each step's commit."""
+
+    def __init__(self) -> None:
+        self._entries: OrderedDict[str, Entry] = OrderedDict()
+        #: The last committed entry still in the stream ('' if none), and how many such entries.
+        self._untrimmed = ""
+        self._untrimmed_entries = 0
+        #: The fewest fetched entries held since :meth:`_passed_by_ops` last looked.
+        self._fewest = 0
+
+    def track(self, entry: Entry) -> None:
+        self._entries[entry.entry_id] = entry
+
+    def plan(
+        self, batch: Sequence[Finished], dead: Sequence[DeadLetter], writes: list[tuple[str, str]]
+    ) -> Commit:
+        """The commit of ``batch``, ``dead`` letters and the pending ``writes``."""
+        results: list[tuple[str, str]] = []
+        replies: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for finished in batch:
+            for entry in finished.entries:
+                entry.remaining -= 1
+            if finished.store:
+                results.append((finished.op_id, finished.outcome))
+            for channel in finished.replies:
+                replies[channel].append((finished.op_id, finished.outcome))
+        progress = self._advance_progress()
+        passed = self._passed_by_ops()
+        if progress:
+            self._untrimmed = progress
+        trim_now = "1" if self._untrimmed_entries >= TRIM_EVERY else "0"
+        payload = ""
+        if writes or results or dead or passed:
+            commit: dict[str, Any] = {"s": writes, "r": results, "d": list(dead)}
+            if passed:
+                commit["x"] = passed
+            payload = dumps(commit)
+        return Commit(progress, payload, replies, self._untrimmed, trim_now)
+
+    def trimmed(self) -> None:
+        """The step trimmed the stream through :attr:`Commit.trim_to`."""
+        self._untrimmed, self._untrimmed_entries = "", 0
+
+    def _advance_progress(self) -> str:
+        """Id of the last entry of the fetched prefix whose ops have all finished ('' if none)."""
+        progress = ""
+        while self._entries:
+            first = next(iter(self._entries.values()))
+            if first.remaining > 0:
+                break
+            progress = first.entry_id
+            self._entries.popitem(last=False)
+            self._untrimmed_entries += 1
+        return progress
+
+    def _passed_by_ops(self) -> list[str]:
+        """Entries whose ops have all committed, but that progress cannot pass yet (an
+        unfinished op in an earlier entry): removed from the stream, so that a stuck op keeps
+        its own entry only, not the shard's backlog. (Looked for once it holds ``TRIM_EVERY``
+        more entries than the fewest it held since the last look.)"""
+        self._fewest = min(self._fewest, len(self._entries))
+        if len(self._entries) < self._fewest + TRIM_EVERY:
+            return []
+        passed = [entry_id for entry_id, entry in self._entries.items() if entry.remaining == 0]
+        for entry_id in passed:
+            del self._entries[entry_id]
+        self._fewest = len(self._entries)
+        return passed
+
+
+class ResultGenerations:
+    """When to ask for a new results generation: by this owner's clock, once the current one
+    is a retention period old (or there is none). The step script decides by the server's
+    clock, and not while a result of the generation it would drop may still be needed by a
+    replay: results live at least one period, and until progress passes their entry. (A clock
+    off either way only makes it ask early or late.)"""
+
+    def __init__(self, since_ms: int | None, retention_ms: int) -> None:
+        self._since = since_ms
+        self._retention = retention_ms
+
+    def rotate(self, now_ms: int) -> str:
+        """'1' if this step should ask for a new generation, else '0'."""
+        if self._since is not None and now_ms < self._since + self._retention:
+            return "0"
+        self._since = now_ms
+        return "1"

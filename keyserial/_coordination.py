@@ -1,0 +1,132 @@
+"""What the two sides of a cross-shard op share: the collaborators a shard's runner passes in,
+how an op's keys and writes split by shard, and the wait for durability before anything
+derived from a commit leaves its shard. The protocol itself is described in docs/multi-key.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ._backend import Backend, Script
+from ._backoff import Backoff
+from ._codec import Envelope
+from ._execution import Run
+from ._layout import ShardKeys
+from ._mailbox import LocalShard, Mailbox
+from ._pipeline import Pipeliner, Replies
+from ._routing import route
+from ._settings import Settings
+from .errors import BackendUnavailable
+
+log = logging.getLogger("keyserial.worker")
+
+#: A shard's writes: [(key, JSON state or '' to delete)].
+Writes = list[tuple[str, str]]
+
+
+class Fenced(Protocol):
+    """The runner's way to run a script fenced by its epoch (``LeaseLost`` when refused)."""
+
+    async def __call__(
+        self, script: Script, keys: Sequence[str], args: Sequence[Any], *,
+        replies: Replies | None = None, replies_at: int | None = None,
+    ) -> Any: ...
+
+
+class Finish(Protocol):
+    """The runner's way to take an op's outcome into its next commit; ``store``: the commit
+    stores it (False: it is in Redis already, or must not be kept)."""
+
+    def __call__(self, run: Run, outcome: str, *, store: bool, replies: list[str]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Collaborators:
+    """What a shard's runner gives the cross-shard side of that shard."""
+
+    home: LocalShard
+    pipeliner: Pipeliner
+    backend: Backend
+    mailbox: Mailbox
+    settings: Settings
+    shard_count: int
+    fenced: Fenced
+    finish: Finish
+    #: Runs a task in the runner's task group (its errors end the runner); nothing once the
+    #: runner has stopped.
+    spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
+
+    @property
+    def poll(self) -> float:
+        """How often a waiter looks in Redis for a message it may have missed (and a
+        participant checks that its coordinator still owns the home shard)."""
+        return min(self.settings.idle_poll, self.settings.lease_ttl / 8)
+
+
+def attempt_id(op_id: str, attempt: int) -> str:
+    """The op id of an attempt's grant requests (``#`` is reserved in op ids for this)."""
+    return f"{op_id}#{attempt}"
+
+
+def split_keys(
+    envelope: Envelope, here: LocalShard, shard_count: int
+) -> tuple[list[str], dict[int, list[str]]]:
+    """The op's keys on ``here``, and on each other shard."""
+    by_shard: dict[int, list[str]] = defaultdict(list)
+    for key, shard in zip(envelope.keys, route(envelope, shard_count), strict=True):
+        by_shard[shard].append(key)
+    local = by_shard.pop(here.shard)
+    for keys in by_shard.values():
+        for key in keys:
+            here.states.forget(key)  # the fetch looked it up here: it is not ours
+    return local, by_shard
+
+
+def writes_by_shard(
+    envelope: Envelope,
+    states: Mapping[str, str | None],
+    new_states: Mapping[str, str | None] | None,
+    shard_count: int,
+) -> dict[int, Writes]:
+    """The keys an op changed, by shard ('' for a deleted state)."""
+    writes: dict[int, Writes] = defaultdict(list)
+    if new_states is None:
+        return writes
+    for key, shard in zip(envelope.keys, route(envelope, shard_count), strict=True):
+        state = new_states[key]
+        if state != states[key]:
+            writes[shard].append((key, state or ""))
+    return writes
+
+
+async def replicated(parts: Collaborators, keys: ShardKeys) -> None:
+    """Wait until every write the shard's node has made is as durable as the settings ask
+    (``durable_replicas``, ``durable_fsync``; at once when they ask nothing). A grant or a
+    decision leaves its shard only then: states derived from a commit a failover could still
+    lose must not reach another shard, where they would outlive it."""
+    durability = parts.settings.durability
+    backoff = Backoff(0.05, 1.0)
+    here = parts.home.shard
+    while durability is not None:
+        try:
+            if await parts.backend.confirm(keys.barrier, durability):
+                return
+            log.warning("shard %d: shard %d's writes not confirmed yet; waiting", here, keys.shard)
+        except BackendUnavailable as exc:
+            log.warning("shard %d: confirming shard %d's writes: %s", here, keys.shard, exc)
+        await backoff.sleep()
+
+
+async def publish(parts: Collaborators, messages: Sequence[tuple[str, str]]) -> None:
+    """PUBLISH what a script publishes itself without durability. A message lost here is found
+    by its receiver's poll of the records."""
+    for channel, message in messages:
+        try:
+            await parts.backend.call("PUBLISH", channel, message)
+        except BackendUnavailable as exc:
+            log.warning("shard %d: a coordination message not sent: %s", parts.home.shard, exc)
+            return

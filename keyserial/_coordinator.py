@@ -1,0 +1,364 @@
+"""The home shard's side of a cross-shard op: take the other shards' keys, run the op, commit.
+
+Two ways, the cheaper first. When this worker owns every shard of the op and the server is
+standalone, it holds the other shards' keys in process and commits every shard's writes, the
+result and the reply in one script fenced by all their epochs (``commit_across``). Otherwise it
+asks each other shard for a grant, in ascending shard order, and writes a decision record that
+the participants apply (see docs/multi-key.md for why neither way can deadlock or half-apply).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from redis import exceptions as redis_errors
+
+from . import _backend
+from ._backend import ScriptCall
+from ._backoff import Backoff
+from ._chains import Hold
+from ._codec import WIRE_VERSION, encode_reply, pack_entry
+from ._coordination import (
+    Collaborators,
+    Writes,
+    attempt_id,
+    publish,
+    replicated,
+    split_keys,
+    writes_by_shard,
+)
+from ._execution import Run
+from ._intake import GRANT_OP
+from ._json import dumps
+from ._layout import ShardKeys
+from ._mailbox import LocalShard
+from ._messages import Decision, DecisionNotice, GrantRequest, KeyGrant
+from .errors import BackendUnavailable, LeaseLost
+
+log = logging.getLogger("keyserial.worker")
+
+#: Where ``commit_across`` takes the replies it publishes itself (ARGV[3]).
+_ACROSS_REPLIES = 2
+
+
+class Coordinator:
+    """Coordinates the cross-shard ops homed on one shard."""
+
+    def __init__(self, parts: Collaborators) -> None:
+        self._parts = parts
+
+    # -- in process, with no task --------------------------------------------------------------
+
+    def start_now(self, run: Run) -> bool:
+        """Start an op whose shards this worker owns and whose keys are all idle, with no task:
+        hold its keys, run it, and queue its ``commit_across`` in the next pipeline; the
+        script's reply ends it (:meth:`_committed`). Under load most transfers go this way.
+        False, with nothing done, if the op has to queue: some key busy, uncommitted or not
+        cached, some shard not this worker's, an ``async`` op, or a cluster."""
+        parts, envelope = self._parts, run.envelope
+        home = parts.home
+        if (parts.backend.is_cluster or envelope.name == GRANT_OP
+                or not home.executor.runs_inline(envelope)):
+            return False
+        local, by_shard = split_keys(envelope, home, parts.shard_count)
+        owners: list[LocalShard] = [home]
+        for shard in sorted(by_shard):
+            other = parts.mailbox.local_shard(shard)
+            if other is None:
+                return False
+            owners.append(other)
+        holds: list[tuple[LocalShard, Hold]] = []
+        for owner in owners:
+            hold = owner.try_hold(tuple(local if owner is home else by_shard[owner.shard]))
+            if hold is None:
+                for taken, held in holds:
+                    taken.release(held)
+                return False
+            holds.append((owner, hold))
+        states = {key: owner.states[key] for owner, hold in holds for key in hold.keys}
+        fences = _fences(holds[1:])
+        outcome, new_states = home.executor.evaluate_now(envelope, states, fences)
+        writes = writes_by_shard(envelope, states, new_states, parts.shard_count)
+        replies = list(run.replies)
+        pending = _PendingCommit(
+            run, holds, writes, outcome, len(replies),
+            self._across_call(envelope.op_id, outcome, owners, writes),
+        )
+        gated = {reply: [(envelope.op_id, outcome)] for reply in replies}
+        parts.pipeliner.submit(
+            pending.call, gated, _ACROSS_REPLIES, partial(self._committed, pending)
+        )
+        return True
+
+    def _committed(self, pending: _PendingCommit, result: Any) -> None:
+        """The reply of :meth:`start_now`'s commit. If the server refused it (a shard changed
+        hands), nothing was written: the op takes the usual path, its home keys still held so
+        that no later op on them overtakes it. If the reply was lost, the commit may or may not
+        have landed: the same (idempotent) call is sent until the server says which."""
+        parts, run = self._parts, pending.run
+        if isinstance(result, BackendUnavailable):
+            parts.spawn(partial(self._confirm, pending))
+            return
+        if isinstance(result, Exception):
+            log.info("shard %d: op %s did not commit (%s); running it again",
+                     parts.home.shard, run.envelope.op_id, result)
+            for owner, hold in pending.holds[1:]:
+                owner.release(hold)
+            # (If the home runner has stopped, its successor runs the op again.)
+            parts.spawn(partial(self._coordinate_holding, run, pending.holds[0][1]))
+            return
+        owners = [owner for owner, _ in pending.holds]
+        self._landed(run, owners, pending.writes, pending.outcome, pending.replied)
+        for owner, hold in pending.holds:
+            owner.release(hold)
+
+    async def _confirm(self, pending: _PendingCommit) -> None:
+        """Send a commit whose reply was lost again, until it lands or is refused (retried
+        while the server is unreachable; ``LeaseLost`` ends the runner, holds and all)."""
+        call = pending.call
+        try:
+            result: Any = await self._parts.fenced(call.script, call.keys, call.args)
+        except redis_errors.ResponseError as exc:
+            result = exc
+        # Every caller is told again: the first call may have told them already, and a second
+        # reply to the same op is ignored.
+        pending.replied = 0
+        self._committed(pending, result)
+
+    def _landed(
+        self,
+        run: Run,
+        owners: Sequence[LocalShard],
+        writes: Mapping[int, Writes],
+        outcome: str,
+        replied: int,
+    ) -> None:
+        """``commit_across`` wrote the op: every owner caches its new states, and the op is
+        finished (``replied``: how many of its callers the script's reply told)."""
+        for owner in owners:
+            for key, state in writes.get(owner.shard, []):
+                owner.states.committed(key, state or None)
+        # Callers that resubmitted the op while it ran have not been told yet.
+        self._parts.finish(run, outcome, store=False, replies=run.replies[replied:])
+
+    async def _coordinate_holding(self, run: Run, hold: Hold) -> None:
+        try:
+            await self.coordinate(run)
+        finally:
+            self._parts.home.release(hold)
+
+    def _across_call(
+        self, op_id: str, outcome: str, owners: Sequence[LocalShard],
+        writes: Mapping[int, Writes],
+    ) -> ScriptCall:
+        """``commit_across`` of an op's writes, fenced by every shard's epoch (home first)."""
+        home = self._parts.home.keys
+        keys = [home.results, home.results_old]
+        args: list[Any] = [op_id, outcome, "[]"]  # replies: see Pipeliner.run
+        for owner in owners:
+            keys += [owner.keys.epoch, owner.keys.state]
+            args += [owner.epoch, dumps(writes.get(owner.shard, []))]
+        return ScriptCall(_backend.COMMIT_ACROSS, keys, args)
+
+    # -- with a task, once the op's barrier holds its home keys --------------------------------
+
+    async def coordinate(self, run: Run) -> None:
+        parts, envelope = self._parts, run.envelope
+        home = parts.home
+        refused = home.executor.refusal(run)
+        if refused is not None:
+            parts.finish(run, refused, store=run.keep, replies=list(run.replies))
+            return
+        local, by_shard = split_keys(envelope, home, parts.shard_count)
+        await home.states.flush(local)  # the home keys' earlier writes commit before this op's
+        if not parts.backend.is_cluster and await self._commit_in_process(run, local, by_shard):
+            return
+        # The attempt is this owner's epoch: unique to it, and over once the fence moves on.
+        attempt = home.epoch
+        states = {key: home.states[key] for key in local}
+        fences: dict[str, int] = {}
+        participants: list[str] = []
+        for shard, keys in sorted(by_shard.items()):  # ascending: no wait cycle can form
+            grant = await self._request_grant(envelope.op_id, attempt, shard, keys)
+            states.update(grant.states)
+            if grant.fence is not None:  # (a grant from an older worker has none)
+                fences.update(dict.fromkeys(keys, grant.fence))
+            participants.append(grant.channel)
+        outcome, new_states = await home.executor.evaluate(envelope, states, fences)
+        writes = writes_by_shard(envelope, states, new_states, parts.shard_count)
+        home_writes = writes.pop(home.shard, [])
+        notice = DecisionNotice(envelope.op_id, attempt, Decision(dict(writes)))
+        await self._decide(run, notice, home_writes, outcome, participants)
+
+    async def _decide(
+        self, run: Run, notice: DecisionNotice, home_writes: Writes, outcome: str,
+        participants: list[str],
+    ) -> None:
+        """Write the attempt's decision with the home keys and the result, then tell everyone."""
+        parts, home, op_id = self._parts, self._parts.home, notice.op_id
+        replies = list(run.replies)
+        here = parts.mailbox.channel
+        message = dumps(notice.to_wire())
+        notices = [(channel, message) for channel in dict.fromkeys(participants) if channel != here]
+        notices += [(reply, encode_reply([(op_id, outcome)])) for reply in replies]
+        k = home.keys
+        durable = parts.settings.durability is not None
+        won = await parts.fenced(
+            _backend.DECIDE,
+            [k.epoch, k.state, k.results, k.results_old],
+            [home.epoch, op_id, notice.attempt, dumps(notice.decision.to_wire()),
+             dumps(home_writes), outcome, "[]" if durable else dumps(notices)],
+        )
+        if int(won[0]) != 1:  # only a participant that saw the epoch end writes an abort
+            raise LeaseLost(home.shard, f"op {op_id} was aborted: {won[1]!r}")
+        for key, state in home_writes:
+            home.states.committed(key, state or None)
+        await replicated(parts, k)
+        if durable:
+            await publish(parts, notices)
+        if here in participants:  # shards of this worker hear it now, not through Redis
+            parts.mailbox.deliver(notice)
+        # Callers that resubmitted the op while it ran have not been told yet.
+        parts.finish(run, outcome, store=False, replies=run.replies[len(replies):])
+
+    async def _commit_in_process(
+        self, run: Run, local: list[str], by_shard: dict[int, list[str]]
+    ) -> bool:
+        """Run an op whose other shards this worker owns too: hold their keys in process, then
+        commit every shard at once (``commit_across``, one script: standalone servers only).
+        False, with nothing written, if some shard is not (or no longer) this worker's: the
+        grant protocol runs instead."""
+        parts, envelope = self._parts, run.envelope
+        home = parts.home
+        others: list[LocalShard] = []
+        for shard in sorted(by_shard):  # ascending: no wait cycle can form
+            other = parts.mailbox.local_shard(shard)
+            if other is None:
+                return False
+            others.append(other)
+        states = {key: home.states[key] for key in local}
+        fences: dict[str, int] = {}
+        replies = list(run.replies)
+        async with AsyncExitStack() as stack:
+            for other in others:
+                held = await stack.enter_async_context(other.hold(tuple(by_shard[other.shard])))
+                if held is None:
+                    log.info("shard %d: shard %d stopped during op %s; asking it for a grant",
+                             home.shard, other.shard, envelope.op_id)
+                    return False
+                states.update(held)
+                fences.update(dict.fromkeys(held, other.executor.next_fence()))
+            outcome, new_states = await home.executor.evaluate(envelope, states, fences)
+            writes = writes_by_shard(envelope, states, new_states, parts.shard_count)
+            owned: list[LocalShard] = [home, *others]
+            call = self._across_call(envelope.op_id, outcome, owned, writes)
+            try:
+                await parts.fenced(
+                    call.script, call.keys, call.args,
+                    replies={reply: [(envelope.op_id, outcome)] for reply in replies},
+                    replies_at=_ACROSS_REPLIES,
+                )
+            except redis_errors.ResponseError as exc:
+                if not str(exc).startswith("ELSEWHERE"):
+                    raise
+                moved = others[int(str(exc).split()[1]) - 2].shard
+                log.info("shard %d: shard %d changed hands during op %s; asking it for a grant",
+                         home.shard, moved, envelope.op_id)
+                return False
+            self._landed(run, owned, writes, outcome, len(replies))
+        return True
+
+    # -- grants --------------------------------------------------------------------------------
+
+    async def _request_grant(
+        self, op_id: str, attempt: int, shard: int, keys: list[str]
+    ) -> KeyGrant:
+        """Append a grant request to ``shard`` and wait for the grant.
+
+        :raises LeaseLost: if the attempt was aborted meanwhile (this owner's epoch is over).
+        """
+        parts = self._parts
+        home = parts.home
+        request = GrantRequest(home.shard, op_id, attempt, parts.mailbox.channel)
+        entry_json = dumps({"id": attempt_id(op_id, attempt), "keys": keys, "op": GRANT_OP,
+                            "kwargs": request.to_wire()})
+        there = ShardKeys(parts.settings.namespace, shard)
+        grant_field = attempt_id(op_id, attempt) + "#g"
+        decision_field = attempt_id(op_id, attempt) + "#d"
+        with parts.mailbox.expect_grant(op_id, attempt, shard) as letter:
+            entry = await self._append(there, entry_json)
+            while True:
+                if isinstance(message := await letter.within(parts.poll), KeyGrant):
+                    return message
+                try:
+                    # (Looked for before the grant: a request leaves the stream only after its
+                    # grant was recorded, so gone with no grant means a failover lost it.)
+                    present = await parts.backend.entries_present(there, [entry])
+                    (raw,) = await parts.backend.stored(there, [grant_field])
+                    if raw is not None:
+                        await replicated(parts, there)
+                        return KeyGrant.from_wire(json.loads(raw))
+                    if (await parts.backend.stored(home.keys, [decision_field]))[0] is not None:
+                        raise LeaseLost(home.shard, f"op {op_id} was aborted")
+                    if not present[0]:
+                        log.warning("shard %d: the grant request of op %s to shard %d is gone"
+                                    " (a failover?); appending it again", home.shard, op_id,
+                                    shard)
+                        entry = await self._append(there, entry_json)
+                except BackendUnavailable as exc:
+                    log.warning("shard %d: waiting for a grant: %s", home.shard, exc)
+
+    async def _append(self, there: ShardKeys, request: str) -> bytes:
+        """Append a grant request, waiting out a full backlog or an unreachable server; its
+        entry id. A shard this worker owns is woken in process (if it changes hands meanwhile,
+        its new owner finds the request at its next poll)."""
+        parts = self._parts
+        local = parts.mailbox.local_shard(there.shard)
+        call = ScriptCall(
+            _backend.SUBMIT, [there.stream],
+            [parts.settings.max_backlog, WIRE_VERSION, pack_entry([request]),
+             "" if local else there.wake_channel],
+        )
+        backoff = Backoff(0.05, 2.0)
+        while True:
+            try:
+                entry: bytes = await parts.pipeliner.run(call)
+                if local is not None:
+                    local.wake()
+                return entry
+            except redis_errors.ResponseError as exc:
+                if not str(exc).startswith("BACKLOG"):
+                    raise
+                log.warning("shard %d: shard %d's backlog is full; retrying a grant request",
+                            parts.home.shard, there.shard)
+            except BackendUnavailable as exc:
+                log.warning("shard %d: appending a grant request to shard %d: %s",
+                            parts.home.shard, there.shard, exc)
+            await backoff.sleep()
+
+
+@dataclass(slots=True)
+class _PendingCommit:
+    """A ``commit_across`` that :meth:`Coordinator.start_now` queued, until its reply."""
+
+    run: Run
+    holds: list[tuple[LocalShard, Hold]]
+    writes: dict[int, Writes]
+    outcome: str
+    #: How many of the op's callers the script's reply tells.
+    replied: int
+    call: ScriptCall
+
+
+def _fences(holds: Sequence[tuple[LocalShard, Hold]]) -> dict[str, int]:
+    """A fencing token from each holding shard's owner, for the keys it holds."""
+    fences: dict[str, int] = {}
+    for owner, hold in holds:
+        fences.update(dict.fromkeys(hold.keys, owner.executor.next_fence()))
+    return fences

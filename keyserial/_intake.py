@@ -1,0 +1,127 @@
+"""What a fetched entry asks of its shard: decode it, settle what needs no run (already done,
+already running, misrouted, malformed) and hand back the ops that must run. Pure: no Redis, no
+I/O, so every rule here is testable on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, MutableMapping
+from dataclasses import dataclass, field
+
+from ._codec import Envelope, MalformedEntry, decode_entry, encode_error, salvage_replies
+from ._commits import DeadLetter, Finished
+from ._execution import Entry, Run
+from ._json import dumps
+from ._routing import route, shard_for
+from .errors import MalformedOperation
+
+log = logging.getLogger("keyserial.worker")
+
+#: The op name of a grant request; served by every worker, never by an app.
+GRANT_OP = "keyserial.grant"
+_RESERVED_ID = "'#' is reserved in op ids (keyserial names its coordination records with it)"
+
+
+@dataclass(slots=True)
+class Accepted:
+    """One entry, as its shard's owner takes it in."""
+
+    entry: Entry
+    #: Ops to run: new runs, each already added to the ``running`` map it was given.
+    runs: list[Run] = field(default_factory=list)
+    #: Ops settled without running: their outcome goes out with the next commit.
+    finished: list[Finished] = field(default_factory=list)
+    dead: list[DeadLetter] = field(default_factory=list)
+
+
+def accept(
+    entry_id: str,
+    fields: Mapping[bytes, bytes],
+    *,
+    shard: int,
+    shard_count: int,
+    done: Mapping[bytes, bytes],
+    running: MutableMapping[str, Run],
+) -> Accepted:
+    """Take in one entry. ``done``: stored outcomes of op ids that already ran; ``running``:
+    the owner's runs by op id (an op id seen again joins its run, or reuses its outcome)."""
+    try:
+        items = decode_entry(dict(fields))
+    except MalformedEntry as exc:
+        log.error("shard %d: dead-lettering malformed entry %s: %s", shard, entry_id, exc)
+        accepted = Accepted(Entry(entry_id, 0), dead=[(entry_id, exc.reason, raw_json(fields))])
+        outcome = encode_error(MalformedOperation.wire_type, exc.reason)
+        for op_id, reply in salvage_replies(dict(fields)):
+            accepted.finished.append(Finished(op_id, outcome, [], channels(reply)))
+        return accepted
+    accepted = Accepted(Entry(entry_id, len(items)))
+    entry = accepted.entry
+    for item in items:
+        if isinstance(item, MalformedEntry):
+            _reject(accepted, item)
+        elif (stored := done.get(item.op_id.encode())) is not None:
+            accepted.finished.append(
+                Finished(item.op_id, stored.decode(), [entry], channels(item.reply), store=False)
+            )
+        elif (run := running.get(item.op_id)) is not None:
+            if run.outcome is None:
+                run.entries.append(entry)
+                run.replies.extend(channels(item.reply))
+            else:
+                accepted.finished.append(
+                    Finished(item.op_id, run.outcome, [entry], channels(item.reply), store=False)
+                )
+        elif (wrong := misrouted(item, shard, shard_count)) is not None:
+            _reject(accepted, MalformedEntry(wrong, op_id=item.op_id, reply=item.reply))
+        else:
+            run = running[item.op_id] = Run(item, [entry], channels(item.reply))
+            accepted.runs.append(run)
+    return accepted
+
+
+def _reject(accepted: Accepted, problem: MalformedEntry) -> None:
+    entry = accepted.entry
+    if problem.op_id is None:
+        accepted.dead.append((entry.entry_id, problem.reason, problem.raw))
+        accepted.finished.append(Finished("", "", [entry], [], store=False))
+        return
+    outcome = encode_error(MalformedOperation.wire_type, problem.reason)
+    accepted.finished.append(Finished(problem.op_id, outcome, [entry], channels(problem.reply)))
+
+
+def misrouted(envelope: Envelope, shard: int, shard_count: int) -> str | None:
+    """Why the envelope does not belong on ``shard``, or None. A multi-key op belongs on the
+    lowest shard of its keys (its home), which coordinates the others."""
+    if not envelope.multi and shard_for(envelope.keys[0], shard_count) == shard:
+        return _RESERVED_ID if "#" in envelope.op_id else None  # most ops: one key, routed right
+    if envelope.name == GRANT_OP:
+        request = envelope.kwargs
+        if envelope.op_id != f"{request.get('op')}#{request.get('attempt')}":
+            return "a grant request's id must be '<op id>#<attempt>' (keyserial's own op)"
+    elif "#" in envelope.op_id:
+        return _RESERVED_ID
+    shards = route(envelope, shard_count)
+    if envelope.multi and envelope.name != GRANT_OP:
+        if min(shards) != shard:
+            return (
+                f"keys {list(envelope.keys)!r} are on shards {sorted(set(shards))} of"
+                f" {shard_count}: a multi-key op goes to the lowest, not to shard {shard}"
+            )
+        return None
+    for key, home in zip(envelope.keys, shards, strict=True):
+        if home != shard:
+            return f"key {key!r} routes to shard {home} of {shard_count}, not to shard {shard}"
+    return None
+
+
+def channels(reply: str | None) -> list[str]:
+    """The reply channels of one occurrence of an op (none if its caller wants no reply)."""
+    return [] if reply is None else [reply]
+
+
+def raw_json(fields: Mapping[bytes, bytes]) -> str:
+    """An entry's fields as JSON text, for the dead-letter stream."""
+    return dumps(
+        {k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()}
+    )

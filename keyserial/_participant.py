@@ -1,0 +1,105 @@
+"""A participant shard's side of a cross-shard op: run a grant request (hold the keys, grant
+their committed states to the coordinator), then apply the decision for them.
+
+The request's barrier holds the keys (only they wait; the shard's other keys keep flowing) from
+the grant until the decision is known, so the states the coordinator computed on stay current.
+A participant that cannot learn the decision because its coordinator lost the home shard writes
+an abort on the attempt's decision record, set-if-absent: a commit and an abort never both win.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from . import _backend
+from ._codec import encode_error
+from ._coordination import Collaborators, attempt_id, publish, replicated
+from ._execution import Run
+from ._json import dumps
+from ._layout import ShardKeys
+from ._mailbox import Letter
+from ._messages import Decision, DecisionNotice, GrantRequest, KeyGrant, MalformedMessage
+from .errors import BackendUnavailable, MalformedOperation
+
+log = logging.getLogger("keyserial.worker")
+
+_APPLIED = '{"ok":"applied"}'
+_RELEASED = '{"ok":"released"}'
+
+
+class Participant:
+    """Grants a shard's keys to cross-shard ops homed on lower shards."""
+
+    def __init__(self, parts: Collaborators) -> None:
+        self._parts = parts
+
+    async def grant(self, run: Run) -> None:
+        """Run a grant request once its barrier holds the requested keys."""
+        parts, envelope = self._parts, run.envelope
+        home = parts.home
+        try:
+            request = GrantRequest.from_wire(envelope.kwargs, below=home.shard)
+        except MalformedMessage as exc:
+            outcome = encode_error(MalformedOperation.wire_type, str(exc))
+            parts.finish(run, outcome, store=True, replies=list(run.replies))
+            return
+        await home.states.flush(envelope.keys)  # the granted states are committed states
+        with parts.mailbox.expect_decision(request.op_id, request.attempt) as letter:
+            grant = KeyGrant(
+                request.op_id, request.attempt, home.shard,
+                [(key, home.states[key]) for key in envelope.keys],
+                home.executor.next_fence(),  # the granted keys' fencing token, for the op
+                parts.mailbox.channel,
+            )
+            await self._send(request, grant)
+            decision = await self._await_decision(letter, request)
+        if decision.aborted is not None:
+            parts.finish(run, _RELEASED, store=True, replies=[])
+            return
+        mine = set(envelope.keys)
+        for key, state in decision.writes_of(home.shard):
+            if key in mine:
+                home.states.write(key, state or None)
+        parts.finish(run, _APPLIED, store=True, replies=[])
+
+    async def _send(self, request: GrantRequest, grant: KeyGrant) -> None:
+        parts = self._parts
+        home = parts.home
+        if request.channel == parts.mailbox.channel:
+            # The coordinator is this worker: hand the grant over in process. (No record is
+            # needed, an in-process message cannot be lost; and a grant writes nothing, so this
+            # worker's zombie could not change anything by granting.)
+            await replicated(parts, home.keys)
+            parts.mailbox.deliver(grant)
+            return
+        durable = parts.settings.durability is not None
+        k = home.keys
+        await parts.fenced(
+            _backend.GRANT, [k.epoch, k.results],
+            [home.epoch, attempt_id(request.op_id, request.attempt) + "#g",
+             dumps(grant.to_wire()), "" if durable else request.channel],
+        )
+        await replicated(parts, k)
+        if durable:
+            await publish(parts, [(request.channel, dumps(grant.to_wire()))])
+
+    async def _await_decision(self, letter: Letter, request: GrantRequest) -> Decision:
+        """The attempt's decision: from the coordinator's notice, or read (or, if the
+        coordinator stopped, written as an abort) in the home shard."""
+        parts = self._parts
+        there = ShardKeys(parts.settings.namespace, request.home)
+        while True:
+            if isinstance(message := await letter.within(parts.poll), DecisionNotice):
+                return message.decision
+            try:
+                raw = await parts.backend.run(
+                    _backend.RESOLVE, [there.epoch, there.results, there.results_old],
+                    [request.op_id, request.attempt],
+                )
+            except BackendUnavailable as exc:
+                log.warning("shard %d: waiting for a decision: %s", parts.home.shard, exc)
+                continue
+            if raw is not None:
+                await replicated(parts, there)
+                return Decision.from_wire(json.loads(raw))
