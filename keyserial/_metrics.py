@@ -342,17 +342,23 @@ def _counter(
     name: str, text: str, labels: list[str], values: Mapping[Any, int], ns: str
 ) -> Metric:
     family = CounterMetricFamily(name, text, labels=["namespace", *labels])
-    for key, value in sorted(values.items()):
-        family.add_metric([ns, *_labels(key)], value)
-    return family
+    return _samples(family, ns, {key: (value,) for key, value in values.items()})
 
 
 def _histogram(
     name: str, text: str, labels: list[str], values: Mapping[Any, _Histogram], ns: str
 ) -> Metric:
     family = HistogramMetricFamily(name, text, labels=["namespace", *labels])
-    for key, histogram in sorted(values.items()):
-        family.add_metric([ns, *_labels(key)], histogram.buckets(), histogram.total)
+    return _samples(family, ns, {key: (h.buckets(), h.total) for key, h in values.items()})
+
+
+def _samples(
+    family: CounterMetricFamily | HistogramMetricFamily, ns: str,
+    samples: Mapping[Any, tuple[Any, ...]],
+) -> Metric:
+    """``family`` with one sample per label key, in label order."""
+    for key, sample in sorted(samples.items()):
+        family.add_metric([ns, *_labels(key)], *sample)
     return family
 
 
