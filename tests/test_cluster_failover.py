@@ -232,6 +232,11 @@ async def test_with_durable_replicas_a_master_lost_ahead_of_its_replica_loses_no
             cluster.resume(replica)
             with redis.Redis(port=replica.port) as client:
                 client.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
+                # The takeover happens later, in the replica's cluster cron. The old master
+                # restarts empty (no persistence here): back before it, it would still own its
+                # slots, and the replica would resync from it and come out empty too.
+                await eventually(lambda: client.info("replication")["role"] == "master",
+                                 timeout=20, message="the replica taking over")
             master.start()  # rejoins as the new master's replica: WAITs can succeed again
             await anyio.to_thread.run_sync(cluster.wait_healthy, 30)
         final = await ks.submit(key, apps.peek(), timeout=20)
