@@ -1,4 +1,5 @@
-"""Helpers for tests: workers in-process and as real processes, and Redis inspection."""
+"""Helpers for tests: workers as real processes, and Redis inspection (the in-process worker is
+``keyserial.testing.running_worker``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager, suppress
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,39 +20,11 @@ import anyio
 import redis
 
 import keyserial
-from keyserial import (
-    BackendUnavailable,
-    InsufficientFunds,
-    Settings,
-    Worker,
-    shard_for,
-)
-from keyserial._layout import ShardKeys
+from keyserial import BackendUnavailable, InsufficientFunds, shard_for
+from keyserial.testing import ShardKeys, free_port
 from tests import apps
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@asynccontextmanager
-async def running_worker(
-    url: str, namespace: str, *, shards: str | Sequence[int] | None = None,
-    apps: Sequence[str] = (), shard_count: int | None = None, **settings: Any,
-) -> AsyncIterator[Worker]:
-    """An in-process worker that owns its shards for the duration of the block."""
-    worker = Worker(url, shards=shards, apps=apps,
-                    settings=Settings(namespace=namespace, shard_count=shard_count, **settings))
-    task_group = anyio.create_task_group()
-    await task_group.__aenter__()
-    try:
-        task_group.start_soon(worker.run)
-        with anyio.fail_after(10):
-            while not worker.shards or len(worker.owned_shards) < len(worker.shards):
-                await anyio.sleep(0.01)
-        yield worker
-    finally:
-        # The body's own error is not handed to the task group, so it is not wrapped in a group.
-        worker.stop()
-        await task_group.__aexit__(None, None, None)
 
 
 class WorkerProcess:
@@ -138,8 +111,6 @@ async def stored_outcome(ks: keyserial.Client, op_id: str, key: str | list[str],
 
 def free_closed_port() -> int:
     """A port nothing listens on."""
-    from keyserial._server import free_port
-
     return free_port()
 
 

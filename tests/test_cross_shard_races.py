@@ -14,9 +14,9 @@ import anyio
 import pytest
 
 import keyserial
-from keyserial._layout import ShardKeys
+from keyserial.testing import ShardKeys, running_worker
 from tests import apps
-from tests.helpers import check_bank, eventually, keys_on_shard, running_worker
+from tests.helpers import check_bank, eventually, keys_on_shard
 from tests.nemesis.proxy import FaultProxy
 from tests.test_faults import Starter, inspector, wait_for_holder
 from tests.test_reliability import append_entry, envelope, eventually_async, stored

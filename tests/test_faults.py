@@ -32,8 +32,7 @@ import redis.asyncio
 
 import keyserial
 from keyserial import BackendUnavailable, Call, PoisonOperation, SubmitTimeout
-from keyserial._layout import ShardKeys
-from keyserial._server import LocalServer
+from keyserial.testing import LocalServer, ShardKeys
 from tests import apps
 from tests.helpers import (
     THROUGH_A_FAULT,

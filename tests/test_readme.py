@@ -8,8 +8,8 @@ import sys
 
 import anyio
 
-from keyserial._server import LocalServer
-from tests.helpers import ROOT, running_worker
+from keyserial.testing import LocalServer, running_worker
+from tests.helpers import ROOT
 
 README = (ROOT / "README.md").read_text()
 

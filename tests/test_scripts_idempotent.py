@@ -13,8 +13,8 @@ import redis.asyncio
 import keyserial
 from keyserial import _backend
 from keyserial._backend import Backend
-from keyserial._layout import ShardKeys
-from tests.helpers import keys_on_shard, running_worker, stored_outcome
+from keyserial.testing import ShardKeys, running_worker
+from tests.helpers import keys_on_shard, stored_outcome
 from tests.test_reliability import envelope
 
 pytestmark = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)

@@ -19,7 +19,8 @@ import redis.asyncio
 
 import keyserial
 from keyserial.ledger import deposit
-from tests.helpers import WorkerProcess, running_worker
+from keyserial.testing import running_worker
+from tests.helpers import WorkerProcess
 from tests.nemesis.proxy import FaultProxy
 from tests.tls import TlsServer
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from keyserial._layout import ShardKeys
+from keyserial.testing import ShardKeys
 from tests import apps
 from tests.helpers import WorkerProcess, eventually
 from tests.test_cross_shard_faults import (
