@@ -17,7 +17,7 @@ import keyserial
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
 from tests.helpers import check_bank, eventually, keys_on_shard
-from tests.nemesis.proxy import FaultProxy
+from tests.proxy import FaultProxy
 from tests.test_faults import Starter, inspector, wait_for_holder
 from tests.test_reliability import append_entry, envelope, eventually_async, stored
 

@@ -19,7 +19,7 @@ from keyserial import shard_for
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
 from tests.helpers import eventually, keys_on_shard, stored_outcome
-from tests.nemesis.proxy import FaultProxy
+from tests.proxy import FaultProxy
 from tests.test_faults import Starter, all_held, inspector, wait_for_holder
 
 SHARDS = 4

@@ -20,9 +20,9 @@ import redis.asyncio as aredis
 
 from keyserial.testing import LocalServer, ShardKeys, free_port
 from tests.helpers import WorkerProcess
-from tests.nemesis.proxy import FaultProxy
 from tests.nemesis.schedule import Plan
 from tests.nemesis.tap import StreamTap
+from tests.proxy import FaultProxy
 
 
 class BaseSystem:
