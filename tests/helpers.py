@@ -97,6 +97,14 @@ async def eventually(check: Callable[[], Any], *, timeout: float = 10, interval:
         await anyio.sleep(interval)
 
 
+async def eventually_async(check: Any, *, timeout: float = 10) -> Any:
+    """Poll an async ``check`` until it returns something truthy."""
+    with anyio.fail_after(timeout):
+        while not (value := await check()):
+            await anyio.sleep(0.02)
+    return value
+
+
 async def stored_outcome(ks: keyserial.Client, op_id: str, key: str | list[str], *,
                          timeout: float = 10) -> Any:
     """The op's stored outcome once there is one (its value; its error raised), polled with
@@ -107,6 +115,14 @@ async def stored_outcome(ks: keyserial.Client, op_id: str, key: str | list[str],
                 return await ks.result(op_id, key=key)
             except keyserial.ResultNotFound:
                 await anyio.sleep(0.02)
+
+
+async def wait_for_exit(worker: WorkerProcess, timeout: float) -> int:
+    """The worker's exit code, once it has exited."""
+    with anyio.fail_after(timeout):
+        while (code := worker.process.poll()) is None:
+            await anyio.sleep(0.02)
+    return code
 
 
 def free_closed_port() -> int:
@@ -130,6 +146,10 @@ async def wait_for_log(worker: WorkerProcess, text: str, *, timeout: float = 10)
     """Wait until the worker's log file contains ``text``."""
     await eventually(lambda: text in worker.log(), timeout=timeout,
                      message=f"{text!r} in the log of worker {worker.pid}")
+
+
+#: What the ``start`` fixture is: starts a :class:`WorkerProcess`.
+Starter = Callable[..., WorkerProcess]
 
 
 @contextmanager

@@ -18,31 +18,25 @@ import keyserial
 from keyserial import shard_for
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
-from tests.helpers import eventually, keys_on_shard, stored_outcome
+from tests.entries import append_entry, envelope, stored
+from tests.helpers import (
+    Starter,
+    eventually,
+    eventually_async,
+    keys_on_shard,
+    stored_outcome,
+    wait_for_exit,
+)
+from tests.ownership import all_held, inspector, wait_for_holder
 from tests.proxy import FaultProxy
-from tests.test_faults import Starter, all_held, inspector, wait_for_holder
 
 SHARDS = 4
 
 
-def envelope(op_id: str, key: str, op: str, *args: Any) -> dict[str, Any]:
-    return {"id": op_id, "key": key, "op": op, "args": list(args)}
 
 
-async def append_entry(client: Any, namespace: str, shard: int, envelopes: list[Any], *,
-                       fresh: bool) -> str:
-    """One stream entry carrying ``envelopes``, as the documented wire format has it."""
-    fields = {"v": "1", "ops": json.dumps(envelopes)}
-    if fresh:
-        fields["fresh"] = "1"
-    entry_id: bytes = await client.xadd(ShardKeys(namespace, shard).stream, fields)
-    return entry_id.decode()
 
 
-async def stored(client: Any, namespace: str, shard: int, op_id: str) -> Any:
-    keys = ShardKeys(namespace, shard)
-    raw = await client.hget(keys.results, op_id) or await client.hget(keys.results_old, op_id)
-    return None if raw is None else json.loads(raw)
 
 
 async def run_one(ks: keyserial.Client, key: str) -> list[str]:
@@ -129,8 +123,6 @@ async def test_one_sigterm_stops_a_worker_that_cannot_reach_redis(
     """A service manager's SIGTERM must stop a worker still waiting for Redis at start, not
     wait for a SIGKILL."""
     from tests.helpers import free_closed_port, wait_for_log
-    from tests.test_faults import wait_for_exit
-
     worker = start(f"redis://127.0.0.1:{free_closed_port()}/0", namespace)
     await wait_for_log(worker, "retrying", timeout=15)
     worker.signal(signal.SIGTERM)
@@ -223,12 +215,6 @@ async def _done(results: list[int]) -> bool:
     return bool(results)
 
 
-async def eventually_async(check: Any, *, timeout: float = 10) -> Any:
-    """Poll an async ``check`` until it returns something truthy."""
-    with anyio.fail_after(timeout):
-        while not (value := await check()):
-            await anyio.sleep(0.02)
-    return value
 
 
 async def test_an_op_unknown_to_the_worker_is_refused_without_storing_the_refusal(

@@ -14,8 +14,8 @@ import keyserial
 from keyserial import _backend
 from keyserial._backend import Backend
 from keyserial.testing import ShardKeys, running_worker
+from tests.entries import envelope
 from tests.helpers import keys_on_shard, stored_outcome
-from tests.test_reliability import envelope
 
 pytestmark = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
 
