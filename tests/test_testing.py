@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import redis
 
 import keyserial
 from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests import apps
+from tests.helpers import ROOT
 
 
 async def test_a_private_server_and_a_worker_run_a_users_op_and_go_away() -> None:
@@ -54,3 +60,19 @@ async def test_the_blocks_own_error_reaches_the_caller_as_itself(
     with pytest.raises(LookupError, match="raised in the block"):
         async with running_worker(redis_url, namespace, shard_count=1):
             raise LookupError("raised in the block")
+
+
+def test_the_guide_s_example_suite_passes_as_written(tmp_path: Path) -> None:
+    """docs/testing.md's files (each block starting ``# <path>``), run by pytest as a user's
+    project would run them."""
+    guide = (ROOT / "docs" / "testing.md").read_text()
+    files = re.findall(r"```(?:python|toml)\n# ([\w/.]+)\n(.*?)```", guide, re.S)
+    assert {name for name, _ in files} == {"myapp/ops.py", "conftest.py", "pyproject.toml",
+                                           "test_stock.py"}
+    for name, text in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout, result.stdout
