@@ -20,7 +20,7 @@ from typing import Any
 import anyio
 from redis.asyncio import Redis
 
-from keyserial._server import LocalServer
+from keyserial.testing import LocalServer
 
 from .config import DURABLE
 from .targets import find

@@ -25,7 +25,7 @@ import anyio
 from anyio.abc import Process
 from redis.asyncio import Redis
 
-from keyserial._server import LocalServer
+from keyserial.testing import LocalServer
 
 from . import durability, metrics, state
 from .config import DURABLE, BenchConfig, RunSpec, is_keyserial

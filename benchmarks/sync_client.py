@@ -26,9 +26,8 @@ import anyio
 import redis
 
 import keyserial
-from keyserial._layout import ShardKeys
-from keyserial._server import LocalServer
 from keyserial.ledger import deposit
+from keyserial.testing import LocalServer, ShardKeys
 
 SHARDS = 16
 ACCOUNTS = 1_000

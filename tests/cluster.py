@@ -16,7 +16,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from keyserial._server import LocalServer, find_server_binary, free_port
+from keyserial.testing import LocalServer, find_server_binary, free_port
 
 _CLUSTER_SLOTS = 16384
 

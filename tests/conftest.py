@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from keyserial._server import LocalServer
+from keyserial.testing import LocalServer
 from tests.helpers import ROOT, WorkerProcess, worker_processes
 from tests.postgres import LocalPostgres, find_binaries
 from tests.tls import TlsServer, TlsUnsupported, make_certificates

@@ -1,4 +1,5 @@
-"""Helpers for tests: workers in-process and as real processes, and Redis inspection."""
+"""Helpers for tests: workers as real processes, and Redis inspection (the in-process worker is
+``keyserial.testing.running_worker``)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from contextlib import asynccontextmanager, contextmanager, suppress
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,39 +20,11 @@ import anyio
 import redis
 
 import keyserial
-from keyserial import (
-    BackendUnavailable,
-    InsufficientFunds,
-    Settings,
-    Worker,
-    shard_for,
-)
-from keyserial._layout import ShardKeys
+from keyserial import BackendUnavailable, InsufficientFunds, shard_for
+from keyserial.testing import ShardKeys, free_port
 from tests import apps
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-@asynccontextmanager
-async def running_worker(
-    url: str, namespace: str, *, shards: str | Sequence[int] | None = None,
-    apps: Sequence[str] = (), shard_count: int | None = None, **settings: Any,
-) -> AsyncIterator[Worker]:
-    """An in-process worker that owns its shards for the duration of the block."""
-    worker = Worker(url, shards=shards, apps=apps,
-                    settings=Settings(namespace=namespace, shard_count=shard_count, **settings))
-    task_group = anyio.create_task_group()
-    await task_group.__aenter__()
-    try:
-        task_group.start_soon(worker.run)
-        with anyio.fail_after(10):
-            while not worker.shards or len(worker.owned_shards) < len(worker.shards):
-                await anyio.sleep(0.01)
-        yield worker
-    finally:
-        # The body's own error is not handed to the task group, so it is not wrapped in a group.
-        worker.stop()
-        await task_group.__aexit__(None, None, None)
 
 
 class WorkerProcess:
@@ -124,6 +97,14 @@ async def eventually(check: Callable[[], Any], *, timeout: float = 10, interval:
         await anyio.sleep(interval)
 
 
+async def eventually_async(check: Any, *, timeout: float = 10) -> Any:
+    """Poll an async ``check`` until it returns something truthy."""
+    with anyio.fail_after(timeout):
+        while not (value := await check()):
+            await anyio.sleep(0.02)
+    return value
+
+
 async def stored_outcome(ks: keyserial.Client, op_id: str, key: str | list[str], *,
                          timeout: float = 10) -> Any:
     """The op's stored outcome once there is one (its value; its error raised), polled with
@@ -136,10 +117,16 @@ async def stored_outcome(ks: keyserial.Client, op_id: str, key: str | list[str],
                 await anyio.sleep(0.02)
 
 
+async def wait_for_exit(worker: WorkerProcess, timeout: float) -> int:
+    """The worker's exit code, once it has exited."""
+    with anyio.fail_after(timeout):
+        while (code := worker.process.poll()) is None:
+            await anyio.sleep(0.02)
+    return code
+
+
 def free_closed_port() -> int:
     """A port nothing listens on."""
-    from keyserial._server import free_port
-
     return free_port()
 
 
@@ -159,6 +146,10 @@ async def wait_for_log(worker: WorkerProcess, text: str, *, timeout: float = 10)
     """Wait until the worker's log file contains ``text``."""
     await eventually(lambda: text in worker.log(), timeout=timeout,
                      message=f"{text!r} in the log of worker {worker.pid}")
+
+
+#: What the ``start`` fixture is: starts a :class:`WorkerProcess`.
+Starter = Callable[..., WorkerProcess]
 
 
 @contextmanager

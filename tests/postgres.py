@@ -10,7 +10,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from keyserial._server import free_port
+from keyserial.testing import free_port
 
 #: Where Debian's packages put the server binaries (initdb, pg_ctl are not on PATH there).
 _DEBIAN_BINARIES = "/usr/lib/postgresql"

@@ -12,9 +12,9 @@ import pytest
 import redis
 
 import keyserial
-from keyserial._layout import ShardKeys
 from keyserial.ledger import deposit
-from tests.helpers import ROOT, keys_on_shard, running_worker
+from keyserial.testing import ShardKeys, running_worker
+from tests.helpers import ROOT, keys_on_shard
 
 DOCS = (ROOT / "docs" / "deployment.md").read_text()
 

@@ -17,8 +17,8 @@ import pytest
 import keyserial
 from keyserial import InsufficientFunds, ResultNotFound, SubmitTimeout
 from keyserial.ledger import balance, deposit, withdraw
+from keyserial.testing import running_worker
 from tests import apps
-from tests.helpers import running_worker
 
 BACKENDS = ["asyncio", "trio"]
 Scenario = Callable[[keyserial.Client], Awaitable[None]]

@@ -30,7 +30,7 @@ from benchmarks.rounds import median_rounds
 from benchmarks.runner import Final, correctness, plan
 from benchmarks.systems import NoLockSystem
 from benchmarks.workloads import make_chooser, shard_table
-from keyserial._server import LocalServer
+from keyserial.testing import LocalServer
 from tests.helpers import ROOT
 
 QUICK_WORKLOADS = ("hot", "zipf", "uniform", "transfer")

@@ -15,8 +15,8 @@ import pytest
 import redis
 
 import keyserial
-from keyserial._server import LocalServer, find_server_binary, free_port
 from keyserial.ledger import deposit
+from keyserial.testing import LocalServer, find_server_binary, free_port
 from tests.helpers import ROOT
 
 

@@ -21,11 +21,9 @@ from keyserial import (
     Settings,
     SubmitTimeout,
 )
-from keyserial._layout import ShardKeys
-from keyserial._server import LocalServer
 from keyserial.ledger import balance, deposit
+from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests import apps
-from tests.helpers import running_worker
 
 
 async def _op_ids_in_stream(url: str, stream: str) -> list[str]:

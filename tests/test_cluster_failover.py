@@ -20,8 +20,7 @@ from redis.crc import key_slot
 
 import keyserial
 from keyserial import KeyserialError, Settings
-from keyserial._layout import ShardKeys
-from keyserial._server import LocalServer
+from keyserial.testing import LocalServer, ShardKeys
 from tests import apps
 from tests.cluster import LocalCluster
 from tests.helpers import WorkerProcess, eventually, keys_on_shard

@@ -8,7 +8,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import Connection
 
 from keyserial._backend import Backend, CloseSafeConnection
-from keyserial._server import LocalServer
+from keyserial.testing import LocalServer
 
 
 def closed_under_the_write(base: type[Connection]) -> type[Connection]:

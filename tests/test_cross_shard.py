@@ -20,18 +20,10 @@ import redis.asyncio
 
 import keyserial
 from keyserial import InsufficientFunds
-from keyserial._layout import ShardKeys
-from keyserial._server import LocalServer
 from keyserial.ledger import balance, deposit
+from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests import apps
-from tests.helpers import (
-    check_bank,
-    eventually,
-    keys_on_shard,
-    pay_once,
-    running_worker,
-    worker_processes,
-)
+from tests.helpers import check_bank, eventually, keys_on_shard, pay_once, worker_processes
 
 SHARDS = 16
 

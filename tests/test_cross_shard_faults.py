@@ -19,10 +19,7 @@ from __future__ import annotations
 
 import random
 import signal
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,133 +28,30 @@ import pytest
 import redis.asyncio
 
 import keyserial
-from keyserial import SubmitTimeout
-from keyserial._layout import ShardKeys
-from keyserial._server import LocalServer
+from keyserial.testing import LocalServer, ShardKeys
 from tests import apps
+from tests.cross_shard_bank import (
+    SHARDS,
+    TTL,
+    A,
+    B,
+    C,
+    bank,
+    check_after_fault,
+    holder_is,
+    lost_its_shard,
+    until,
+)
 from tests.helpers import (
+    Starter,
     WorkerProcess,
     check_bank,
     eventually,
     freeze,
     freeze_mid_ops,
-    keys_on_shard,
     pay_once,
     wait_for_log,
 )
-
-SHARDS = 4
-TTL = 1.5
-A, B, C = (keys_on_shard(shard, SHARDS, 1, "acct")[0] for shard in (0, 1, 2))
-Starter = Callable[..., WorkerProcess]
-
-
-@dataclass
-class Bank:
-    url: str
-    namespace: str
-    ks: keyserial.Client
-    redis: Any
-    w0: WorkerProcess
-    w1: WorkerProcess
-    w2: WorkerProcess
-    standby: WorkerProcess
-    note: Path
-    outcome: list[Any] = field(default_factory=list)
-    recovered_at: list[float] = field(default_factory=list)
-
-    async def holder(self, shard: int) -> int | None:
-        value = await self.redis.get(ShardKeys(self.namespace, shard).lease)
-        return int(value.decode().split(":")[1]) if value else None
-
-    async def applied(self, key: str) -> bool:
-        """The op under test is in the key's committed log."""
-        return "victim" in ((await self.ks.read(key)) or {}).get("ops", [])
-
-    async def recorded(self, shard: int, name: str) -> bool:
-        return bool(await self.redis.hexists(ShardKeys(self.namespace, shard).results, name))
-
-    async def pay(self, delay: float) -> None:
-        """The op under test: A pays 10 to B and to C (its body notes its pid, then waits)."""
-        try:
-            value = await self.ks.submit_many(
-                [A, B, C], apps.pay(10, delay, str(self.note)), op_id="victim", timeout=30)
-        except SubmitTimeout as exc:
-            value = exc
-        self.outcome.append(value)
-
-    async def probe(self) -> None:
-        """Started at the fault: ops on every key of the op; notes when all have completed."""
-        async with anyio.create_task_group() as group:
-            for account in (A, B, C):
-                group.start_soon(self.ks.submit, account, apps.peek())
-        self.recovered_at.append(time.monotonic())
-
-    def fault(self, group: Any) -> float:
-        """Mark the moment of the fault (and start probing the keys)."""
-        group.start_soon(self.probe)
-        return time.monotonic()
-
-
-async def until(check: Callable[[], Any], message: str, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{message} not reached within {timeout}s")
-        await anyio.sleep(0.005)
-
-
-@asynccontextmanager
-async def bank(url: str, namespace: str, start: Starter, tmp_path: Path) -> AsyncIterator[Bank]:
-    def worker(shards: str) -> WorkerProcess:
-        return start(url, namespace, shards=shards, shard_count=SHARDS, lease_ttl=TTL)
-
-    client = redis.asyncio.Redis.from_url(url, socket_timeout=2)
-    try:
-        async with keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks:
-            w0, w1, w2 = worker("0"), worker("1"), worker("2-3")
-            expected = [w0.pid, w1.pid, w2.pid, w2.pid]
-
-            async def all_owned() -> bool:
-                leases = [ShardKeys(namespace, shard).lease for shard in range(SHARDS)]
-                tokens = [await client.get(lease) for lease in leases]
-                return [int(t.decode().split(":")[1]) if t else None for t in tokens] == expected
-
-            await until(all_owned, "every shard owned")
-            standby = worker("0-3")
-            await wait_for_log(standby, "serving shards", timeout=15)
-            the_bank = Bank(url, namespace, ks, client, w0, w1, w2, standby, tmp_path / "paying")
-            for account in (A, B, C):
-                await ks.submit(account, apps.open_account(100), timeout=10)
-            with anyio.fail_after(60):
-                yield the_bank
-    finally:
-        await client.aclose()
-
-
-async def check_after_fault(b: Bank, fault_at: float) -> None:
-    """New ops on every key within two lease TTLs; the op applied exactly once everywhere;
-    the caller told the truth (or timed out and reads it by op id)."""
-    await eventually(lambda: b.recovered_at and b.outcome, message="the probes and the answer")
-    recovered = b.recovered_at[0] - fault_at
-    assert recovered < 2 * TTL, f"keys accepted new ops only {recovered:.2f}s after the fault"
-    [answer] = b.outcome
-    assert answer == 80 or isinstance(answer, SubmitTimeout), answer
-    assert await b.ks.result("victim", key=[A, B, C]) == 80
-    states = {account: await b.ks.read(account) for account in (A, B, C)}
-    assert states == {
-        A: {"balance": 80, "ops": ["victim"]},
-        B: {"balance": 110, "ops": ["victim"]},
-        C: {"balance": 110, "ops": ["victim"]},
-    }
-
-
-async def lost_its_shard(worker: WorkerProcess, shard: int) -> None:
-    """Wait until a resumed zombie has noticed that it no longer owns ``shard``."""
-    await eventually(
-        lambda: f"shard {shard}: stopping at once" in worker.log()
-        or f"lost the lease on shard {shard}" in worker.log(),
-        message=f"worker {worker.pid} noticing it lost shard {shard}")
 
 
 async def test_coordinator_killed_after_the_first_grant(
@@ -223,8 +117,6 @@ async def test_participant_killed_while_holding_keys(
         await check_after_fault(b, fault_at)
 
 
-async def holder_is(b: Bank, shard: int, worker: WorkerProcess) -> bool:
-    return await b.holder(shard) == worker.pid
 
 
 async def test_zombie_coordinator_changes_nothing(

@@ -14,12 +14,12 @@ import anyio
 import pytest
 
 import keyserial
-from keyserial._layout import ShardKeys
+from keyserial.testing import ShardKeys, running_worker
 from tests import apps
-from tests.helpers import check_bank, eventually, keys_on_shard, running_worker
-from tests.nemesis.proxy import FaultProxy
-from tests.test_faults import Starter, inspector, wait_for_holder
-from tests.test_reliability import append_entry, envelope, eventually_async, stored
+from tests.entries import append_entry, envelope, stored
+from tests.helpers import Starter, check_bank, eventually, eventually_async, keys_on_shard
+from tests.ownership import inspector, wait_for_holder
+from tests.proxy import FaultProxy
 
 pytestmark = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
 

@@ -16,10 +16,9 @@ import redis.asyncio
 import keyserial
 from keyserial import PoisonOperation, ResultNotFound
 from keyserial._deadletters import envelopes
-from keyserial._layout import ShardKeys
-from keyserial._server import LocalServer
+from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests import apps
-from tests.helpers import ROOT, WorkerProcess, keys_on_shard, running_worker, wait_for_log
+from tests.helpers import ROOT, WorkerProcess, keys_on_shard, wait_for_log
 
 SHARDS = 2
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import redis
 
-from keyserial._server import free_port
+from keyserial.testing import free_port
 from tests.helpers import ROOT
 
 

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from keyserial import shard_for
-from keyserial._layout import ShardKeys
+from keyserial.testing import ShardKeys
 from tests.helpers import ROOT, lease_holder
 
 django = pytest.importorskip("django", reason="the Django example needs Django (dev extras)")

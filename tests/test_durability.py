@@ -20,10 +20,8 @@ import pytest
 import redis
 
 import keyserial
-from keyserial import BackendUnavailable, Settings
-from keyserial._layout import ShardKeys
-from keyserial._routing import shard_for
-from keyserial._server import LocalServer
+from keyserial import BackendUnavailable, Settings, shard_for
+from keyserial.testing import LocalServer, ShardKeys
 from tests import apps
 from tests.helpers import WorkerProcess, eventually
 

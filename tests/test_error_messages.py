@@ -16,8 +16,8 @@ import anyio
 import pytest
 
 import keyserial
-from keyserial._server import LocalServer
-from tests.helpers import ROOT, running_worker
+from keyserial.testing import LocalServer, running_worker
+from tests.helpers import ROOT
 
 
 @pytest.fixture

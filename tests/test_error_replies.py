@@ -18,10 +18,9 @@ import redis.asyncio
 import keyserial
 from keyserial import BackendUnavailable, ConfigError, SubmitTimeout
 from keyserial._backend import Backend
-from keyserial._layout import ShardKeys
-from keyserial._server import LocalServer
 from keyserial.ledger import deposit
-from tests.helpers import WorkerProcess, eventually, running_worker, wait_for_log
+from keyserial.testing import LocalServer, ShardKeys, running_worker
+from tests.helpers import WorkerProcess, eventually, wait_for_log
 
 
 @pytest.fixture

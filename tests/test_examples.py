@@ -18,7 +18,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.helpers import ROOT, running_worker
+from keyserial.testing import running_worker
+from tests.helpers import ROOT
 
 EXAMPLES = sorted((ROOT / "examples").glob("[0-9]*.py"))
 #: Examples that also need a PostgreSQL database (``$MAIL_PG_DSN``).

@@ -1,15 +1,31 @@
+from types import ModuleType
+
+import pytest
+
 import keyserial
+import keyserial.testing
 
 
-def test_public_names_are_exported_and_sorted() -> None:
-    assert keyserial.__all__ == sorted(keyserial.__all__)
-    for name in keyserial.__all__:
-        exported = getattr(keyserial, name)
+def public_names(module: ModuleType) -> set[str]:
+    """Every name a user sees on ``module`` (as httpx's test has it): all but underscored names
+    and the package's own submodules (``keyserial.errors``), which ``__all__`` does not list."""
+    return {name for name, value in vars(module).items()
+            if not name.startswith("_")
+            and not (isinstance(value, ModuleType)
+                     and value.__name__.startswith(f"{module.__name__}."))}
+
+
+@pytest.mark.parametrize("module", [keyserial, keyserial.testing], ids=lambda m: m.__name__)
+def test_all_is_exactly_the_public_names_sorted(module: ModuleType) -> None:
+    assert module.__all__ == sorted(module.__all__)
+    assert set(module.__all__) == public_names(module)
+    for name in module.__all__:
+        exported = getattr(module, name)
         # Each name is keyserial's own class or function under that name, not a stray import.
         assert (exported.__module__.split(".")[0], exported.__name__) == ("keyserial", name)
     star: dict[str, object] = {}
-    exec("from keyserial import *", star)  # what a star import exports
-    assert sorted(set(star) - {"__builtins__"}) == keyserial.__all__
+    exec(f"from {module.__name__} import *", star)  # what a star import exports
+    assert sorted(set(star) - {"__builtins__"}) == module.__all__
 
 
 def test_every_error_descends_from_the_root() -> None:

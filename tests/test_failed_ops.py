@@ -7,8 +7,9 @@ import pytest
 
 import keyserial
 from keyserial import OperationFailed
+from keyserial.testing import running_worker
 from tests import apps
-from tests.helpers import keys_on_shard, running_worker
+from tests.helpers import keys_on_shard
 
 
 @pytest.mark.parametrize("failing", [apps.write_then_fail, apps.slow_write_then_fail],

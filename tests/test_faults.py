@@ -22,21 +22,19 @@ import signal
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable
-from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
 import anyio
 import pytest
-import redis.asyncio
 
 import keyserial
 from keyserial import BackendUnavailable, Call, PoisonOperation, SubmitTimeout
-from keyserial._layout import ShardKeys
-from keyserial._server import LocalServer
+from keyserial.testing import LocalServer, ShardKeys
 from tests import apps
 from tests.helpers import (
     THROUGH_A_FAULT,
+    Starter,
     WorkerProcess,
     eventually,
     freeze_mid_ops,
@@ -44,56 +42,34 @@ from tests.helpers import (
     reached_redis,
     stored_outcome,
     submit_once,
+    wait_for_exit,
     wait_for_log,
+)
+from tests.ownership import (
+    all_held,
+    fenced_errors,
+    holder_pid,
+    holders,
+    inspector,
+    stale_calls,
+    wait_for_holder,
 )
 
 SHARDS = 4
 
-Starter = Callable[..., WorkerProcess]
 
 
 # -- helpers ---------------------------------------------------------------------------------
 
 
-@asynccontextmanager
-async def inspector(url: str) -> Any:
-    """A plain async Redis client for looking at a namespace's keys (lease, state, dead letters)."""
-    client = redis.asyncio.Redis.from_url(url, socket_timeout=2)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
-async def holder_pid(client: Any, namespace: str, shard: int) -> int | None:
-    """Pid of the worker holding the shard's lease; None if nobody does (or Redis is down)."""
-    try:
-        value = await client.get(ShardKeys(namespace, shard).lease)
-    except (redis.ConnectionError, redis.TimeoutError, OSError):
-        return None
-    return int(value.decode().split(":")[1]) if value else None
 
 
-async def holders(client: Any, namespace: str) -> list[int | None]:
-    return [await holder_pid(client, namespace, shard) for shard in range(SHARDS)]
 
 
-async def wait_for_holder(client: Any, namespace: str, pid: int, *, shards: range | list[int]
-                          = range(SHARDS), timeout: float = 10) -> float:
-    """Wait until ``pid`` holds every one of ``shards``; return the time it took."""
-    started = time.monotonic()
-    with anyio.fail_after(timeout):
-        while [await holder_pid(client, namespace, s) for s in shards] != [pid] * len(shards):
-            await anyio.sleep(0.01)
-    return time.monotonic() - started
 
 
-async def all_held(client: Any, namespace: str) -> list[int]:
-    """Wait until every shard has a lease holder; return their pids."""
-    with anyio.fail_after(15):
-        while None in (current := await holders(client, namespace)):
-            await anyio.sleep(0.02)
-    return [pid for pid in current if pid is not None]
 
 
 async def start_owner_and_standby(start: Starter, url: str, namespace: str,
@@ -108,11 +84,6 @@ async def start_owner_and_standby(start: Starter, url: str, namespace: str,
     return owner, standby
 
 
-async def wait_for_exit(worker: WorkerProcess, timeout: float) -> int:
-    with anyio.fail_after(timeout):
-        while (code := worker.process.poll()) is None:
-            await anyio.sleep(0.02)
-    return code
 
 
 class Load:
@@ -365,22 +336,8 @@ async def test_kill_9_of_the_owner_under_load_moves_the_shard_within_a_lease_ttl
 # -- 3. a frozen owner (zombie) is fenced off ------------------------------------------------
 
 
-def _stale_calls(commands: list[str], epoch_key: str, epoch: str) -> list[list[str]]:
-    """The script calls among MONITOR lines made with ``epoch`` on the shard of ``epoch_key``
-    (the fenced scripts take the epoch key first and the caller's epoch as first argument)."""
-    calls = []
-    for command in commands:
-        words = command.split(" ")
-        if len(words) > 3 and words[0].upper() in ("EVALSHA", "EVAL") and words[3] == epoch_key:
-            count = int(words[2])
-            if len(words) > 3 + count and words[3 + count] == epoch:
-                calls.append(words)
-    return calls
 
 
-async def _fenced_errors(client: Any) -> int:
-    stats = await client.info("errorstats")
-    return int(stats.get("errorstat_FENCED", {}).get("count", 0))
 
 
 async def test_a_frozen_owner_resumed_after_takeover_cannot_commit(
@@ -420,7 +377,7 @@ async def test_a_frozen_owner_resumed_after_takeover_cannot_commit(
             # Resume the zombie. Left alone, its failed lease renewal would usually cancel the op
             # before its commit leaves; Redis holding writes for a moment lets the commit go out
             # first, so that the fence itself is what stops it. MONITOR records what arrives.
-            fenced_before = await _fenced_errors(client)
+            fenced_before = await fenced_errors(client)
             commands: list[str] = []
             async with anyio.create_task_group() as group:
                 monitor_started = anyio.Event()
@@ -436,7 +393,7 @@ async def test_a_frozen_owner_resumed_after_takeover_cannot_commit(
                 await client.execute_command("CLIENT", "PAUSE", 500, "WRITE")
                 owner.signal(signal.SIGCONT)
                 stale_commit = await eventually(
-                    lambda: [call for call in _stale_calls(commands, keys.epoch, stale_epoch)
+                    lambda: [call for call in stale_calls(commands, keys.epoch, stale_epoch)
                              if any("slow-op" in word for word in call)],
                     timeout=10, message="the zombie's commit of slow-op reaching Redis")
                 await eventually(
@@ -447,9 +404,9 @@ async def test_a_frozen_owner_resumed_after_takeover_cannot_commit(
 
             assert len(stale_commit) == 1
             # Redis refused every script the zombie sent with its old epochs (FENCED).
-            sent = sum(len(_stale_calls(commands, epoch_key, epoch))
+            sent = sum(len(stale_calls(commands, epoch_key, epoch))
                        for epoch_key, epoch in stale.items())
-            assert await _fenced_errors(client) - fenced_before >= sent >= 1
+            assert await fenced_errors(client) - fenced_before >= sent >= 1
             assert await ks.read(key) == ["slow-op", "after-takeover"], "nothing was overwritten"
             assert await ks.result("slow-op", key=key) == 1
             assert owner.process.poll() is None, "the zombie stays alive as a standby"

@@ -9,10 +9,10 @@ import pytest
 import redis.asyncio
 
 import keyserial
-from keyserial._layout import ShardKeys
+from keyserial.testing import ShardKeys, running_worker
 from tests import apps
-from tests.helpers import keys_on_shard, running_worker
-from tests.test_faults import Starter, inspector, wait_for_holder
+from tests.helpers import Starter, keys_on_shard
+from tests.ownership import inspector, wait_for_holder
 
 SHARDS = 4
 

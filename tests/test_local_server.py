@@ -7,7 +7,7 @@ import socket
 import pytest
 import redis
 
-from keyserial._server import LocalServer
+from keyserial.testing import LocalServer
 
 
 def test_a_server_whose_free_port_was_taken_meanwhile_moves_to_another() -> None:

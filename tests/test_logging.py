@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 import keyserial
-from keyserial._server import LocalServer
-from tests.helpers import ROOT, running_worker
+from keyserial.testing import LocalServer, running_worker
+from tests.helpers import ROOT
 
 
 @keyserial.op

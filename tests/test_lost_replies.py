@@ -15,9 +15,8 @@ import anyio
 import redis.asyncio
 
 import keyserial
-from keyserial._layout import ShardKeys
+from keyserial.testing import ShardKeys, running_worker
 from tests import apps
-from tests.helpers import running_worker
 
 LARGE = "x" * 200_000
 

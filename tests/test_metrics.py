@@ -19,10 +19,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import keyserial
 from keyserial import InsufficientFunds, PoisonOperation, Settings, UnknownOperation, Worker
-from keyserial._layout import ShardKeys
 from keyserial._metrics import Metrics
-from keyserial._server import LocalServer, free_port
 from keyserial.ledger import deposit, withdraw
+from keyserial.testing import LocalServer, ShardKeys, free_port
 from tests import apps
 from tests.helpers import ROOT, WorkerProcess, holder_pid, wait_for_log
 

@@ -11,8 +11,9 @@ import pytest
 import keyserial
 from keyserial import InsufficientFunds, MalformedOperation
 from keyserial.ledger import balance, deposit, transfer
+from keyserial.testing import running_worker
 from tests import apps
-from tests.helpers import eventually, running_worker
+from tests.helpers import eventually
 
 ACCOUNTS = [f"acct:{n}" for n in range(6)]
 

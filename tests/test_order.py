@@ -9,9 +9,8 @@ import anyio
 import redis.asyncio
 
 import keyserial
-from keyserial._layout import ShardKeys
+from keyserial.testing import ShardKeys, running_worker
 from tests import apps
-from tests.helpers import running_worker
 
 KEYS = [f"item:{n}" for n in range(5)]
 SUBMITTERS = 50

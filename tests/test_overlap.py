@@ -8,8 +8,8 @@ import anyio
 
 import keyserial
 from keyserial.ledger import deposit
+from keyserial.testing import running_worker
 from tests import apps
-from tests.helpers import running_worker
 
 
 async def test_a_slow_op_does_not_stall_other_keys_of_its_shard(

@@ -14,8 +14,8 @@ import asyncpg
 import pytest
 
 import keyserial
-from keyserial._server import LocalServer
-from tests.helpers import WorkerProcess, eventually, holder_pid, running_worker, wait_for_log
+from keyserial.testing import LocalServer, running_worker
+from tests.helpers import WorkerProcess, eventually, holder_pid, wait_for_log
 from workers.mail_pg import StaleFence, create_schema, record_send, send_shipped_email_pg
 
 SHARDS = 4

@@ -1,28 +1,30 @@
-"""The README's 30-second example runs as written (against a fresh private server)."""
+"""The README's 30-second example runs as written (against a fresh private server), and so does
+its test of the Testing section (as a user's pytest would run it)."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import anyio
 
-from keyserial._server import LocalServer
-from tests.helpers import ROOT, running_worker
+from keyserial.testing import LocalServer, running_worker
+from tests.helpers import ROOT
 
 README = (ROOT / "README.md").read_text()
 
 
-def _quick_start() -> str:
-    section = README.split("## 30-second example", 1)[1]
+def _first_python_block(heading: str) -> str:
+    section = README.split(f"## {heading}\n", 1)[1]
     match = re.search(r"```python\n(.*?)```", section, re.S)
-    assert match, "the 30-second example has no python block"
+    assert match, f"the section {heading!r} has no python block"
     return match.group(1)
 
 
 def test_the_quick_start_runs_as_written() -> None:
-    code = _quick_start()
+    code = _first_python_block("30-second example")
     assert 'keyserial.connect("redis://127.0.0.1:6390/0", shards=16)' in code
     with LocalServer() as server:
         script = code.replace("redis://127.0.0.1:6390/0", server.url)
@@ -43,3 +45,12 @@ def test_the_two_setup_commands_are_the_ones_ci_runs() -> None:
     ci = (ROOT / ".ci" / "run").read_text()
     assert 'pip install --quiet -e ".[dev]"' in ci
     assert "python -m pytest -q" in ci
+
+
+def test_the_testing_example_passes_as_written(tmp_path: Path) -> None:
+    (tmp_path / "test_example.py").write_text(_first_python_block("Testing"))
+    (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\nasyncio_mode = "auto"\n')
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 passed" in result.stdout, result.stdout

@@ -16,33 +16,27 @@ import pytest
 
 import keyserial
 from keyserial import shard_for
-from keyserial._layout import ShardKeys
+from keyserial.testing import ShardKeys, running_worker
 from tests import apps
-from tests.helpers import eventually, keys_on_shard, stored_outcome
-from tests.nemesis.proxy import FaultProxy
-from tests.test_faults import Starter, all_held, inspector, wait_for_holder
+from tests.entries import append_entry, envelope, stored
+from tests.helpers import (
+    Starter,
+    eventually,
+    eventually_async,
+    keys_on_shard,
+    stored_outcome,
+    wait_for_exit,
+)
+from tests.ownership import all_held, inspector, wait_for_holder
+from tests.proxy import FaultProxy
 
 SHARDS = 4
 
 
-def envelope(op_id: str, key: str, op: str, *args: Any) -> dict[str, Any]:
-    return {"id": op_id, "key": key, "op": op, "args": list(args)}
 
 
-async def append_entry(client: Any, namespace: str, shard: int, envelopes: list[Any], *,
-                       fresh: bool) -> str:
-    """One stream entry carrying ``envelopes``, as the documented wire format has it."""
-    fields = {"v": "1", "ops": json.dumps(envelopes)}
-    if fresh:
-        fields["fresh"] = "1"
-    entry_id: bytes = await client.xadd(ShardKeys(namespace, shard).stream, fields)
-    return entry_id.decode()
 
 
-async def stored(client: Any, namespace: str, shard: int, op_id: str) -> Any:
-    keys = ShardKeys(namespace, shard)
-    raw = await client.hget(keys.results, op_id) or await client.hget(keys.results_old, op_id)
-    return None if raw is None else json.loads(raw)
 
 
 async def run_one(ks: keyserial.Client, key: str) -> list[str]:
@@ -129,8 +123,6 @@ async def test_one_sigterm_stops_a_worker_that_cannot_reach_redis(
     """A service manager's SIGTERM must stop a worker still waiting for Redis at start, not
     wait for a SIGKILL."""
     from tests.helpers import free_closed_port, wait_for_log
-    from tests.test_faults import wait_for_exit
-
     worker = start(f"redis://127.0.0.1:{free_closed_port()}/0", namespace)
     await wait_for_log(worker, "retrying", timeout=15)
     worker.signal(signal.SIGTERM)
@@ -145,8 +137,6 @@ async def test_results_a_replay_needs_outlive_the_retention_while_progress_is_pi
     next owner replays the entry: the deposit's result must still be there, or the deposit
     would apply twice."""
     from keyserial.ledger import deposit
-    from tests.helpers import running_worker
-
     options: dict[str, Any] = {"shard_count": 1, "apps": ["tests.apps"], "lease_ttl": 1.0,
                                "result_ttl": 0.2}
     with anyio.fail_after(60):
@@ -172,8 +162,6 @@ async def test_a_stuck_op_holds_its_key_not_the_shards_backlog(
     committed leave the stream, so the backlog counts only what waits: with a backlog limit of
     40 entries, 150 later ops on other keys of the shard are all accepted and applied."""
     from keyserial.ledger import deposit
-    from tests.helpers import running_worker
-
     note = tmp_path / "stuck"
     with anyio.fail_after(60):
         async with inspector(redis_url) as client, \
@@ -202,8 +190,6 @@ async def test_an_append_lost_before_any_worker_saw_it_is_appended_again(
     gone and no outcome will ever come. The client's sweep notices the entry missing with no
     outcome and appends the op again under its op id, so it applies once instead of leaving
     its caller waiting until the timeout."""
-    from tests.helpers import running_worker
-
     key = "lost:1"
     stream = ShardKeys(namespace, shard_for(key, 1)).stream
     with anyio.fail_after(30):
@@ -229,12 +215,6 @@ async def _done(results: list[int]) -> bool:
     return bool(results)
 
 
-async def eventually_async(check: Any, *, timeout: float = 10) -> Any:
-    """Poll an async ``check`` until it returns something truthy."""
-    with anyio.fail_after(timeout):
-        while not (value := await check()):
-            await anyio.sleep(0.02)
-    return value
 
 
 async def test_an_op_unknown_to_the_worker_is_refused_without_storing_the_refusal(
@@ -243,8 +223,6 @@ async def test_an_op_unknown_to_the_worker_is_refused_without_storing_the_refusa
     """During a rolling deploy that adds an op, a worker that lacks it refuses it, but must not
     make the refusal the op id's outcome: once a worker that knows the op serves the shard, the
     same op id runs."""
-    from tests.helpers import running_worker
-
     async with keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
         async with running_worker(redis_url, namespace, shard_count=1):  # the ledger ops only
             with pytest.raises(keyserial.UnknownOperation, match="submit the same op id"):
@@ -260,8 +238,6 @@ async def test_an_op_that_would_commit_a_state_over_the_limit_fails_and_writes_n
 ) -> None:
     """A state is written whole at every commit that changes it: one over ``max_state_bytes``
     fails its op with a clear error instead of making the shard's steps too large to send."""
-    from tests.helpers import running_worker
-
     async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"],
                               max_state_bytes=1000), \
             keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:

@@ -16,8 +16,8 @@ from redis import exceptions as redis_errors
 
 from keyserial._backend import STEP, Backend, ScriptCall
 from keyserial._resp import PipelinedConnection, Subscriber
-from keyserial._server import LocalServer
 from keyserial.errors import BackendUnavailable
+from keyserial.testing import LocalServer
 
 LUA = "return {KEYS[1], tonumber(ARGV[1]) + 1, {ARGV[2], false}, redis.status_reply('FINE')}"
 

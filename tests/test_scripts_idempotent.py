@@ -13,9 +13,9 @@ import redis.asyncio
 import keyserial
 from keyserial import _backend
 from keyserial._backend import Backend
-from keyserial._layout import ShardKeys
-from tests.helpers import keys_on_shard, running_worker, stored_outcome
-from tests.test_reliability import envelope
+from keyserial.testing import ShardKeys, running_worker
+from tests.entries import envelope
+from tests.helpers import keys_on_shard, stored_outcome
 
 pytestmark = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
 

@@ -12,10 +12,9 @@ import redis
 
 import keyserial
 from keyserial import ConfigError, Settings
-from keyserial._layout import ShardKeys
-from keyserial._server import LocalServer
 from keyserial.ledger import deposit
-from tests.helpers import ROOT, running_worker
+from keyserial.testing import LocalServer, ShardKeys, running_worker
+from tests.helpers import ROOT
 
 
 def test_settings_come_from_keyserial_environment_variables() -> None:

@@ -18,10 +18,9 @@ import redis.asyncio
 import keyserial
 from keyserial import _status
 from keyserial._backend import Backend
-from keyserial._layout import ShardKeys
-from keyserial._server import LocalServer
 from keyserial.ledger import deposit
-from tests.helpers import ROOT, keys_on_shard, running_worker
+from keyserial.testing import LocalServer, ShardKeys, running_worker
+from tests.helpers import ROOT, keys_on_shard
 
 
 async def keyserial_cli(*args: str) -> tuple[int, str, str]:

@@ -23,11 +23,11 @@ from keyserial import (
     UnknownOperation,
     call,
 )
-from keyserial._layout import ShardKeys
 from keyserial._shard import ShardRunner
 from keyserial.ledger import balance, deposit, withdraw
+from keyserial.testing import ShardKeys, running_worker
 from tests import apps
-from tests.helpers import free_closed_port, running_worker
+from tests.helpers import free_closed_port
 
 
 async def test_ledger_ops_return_values_and_commit_state(redis_url: str, namespace: str) -> None:

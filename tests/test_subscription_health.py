@@ -5,13 +5,11 @@ connections (``redis://`` URLs) and on redis-py's (TLS, clients the caller confi
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import ssl
-import threading
 import time
 from collections.abc import Callable
-from contextlib import suppress
+from urllib.parse import urlsplit
 
 import anyio
 import pytest
@@ -19,121 +17,35 @@ import redis.asyncio
 
 import keyserial
 from keyserial.ledger import deposit
-from tests.helpers import WorkerProcess, running_worker
-from tests.nemesis.proxy import FaultProxy
+from keyserial.testing import running_worker
+from tests.helpers import WorkerProcess
+from tests.proxy import FaultProxy, TlsContexts
 from tests.tls import TlsServer
 
 standalone_only = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
-
-
-class SilencingProxy:
-    """Forwards 127.0.0.1:<port> to Redis; :meth:`silence_subscriptions` makes every link that
-    has sent SUBSCRIBE stop forwarding in both directions, forever, without closing it. With
-    ``tls`` (a server-side and an upstream context) it terminates TLS on both sides, so that it
-    sees the commands."""
-
-    def __init__(
-        self, upstream_port: int, tls: tuple[ssl.SSLContext, ssl.SSLContext] | None = None
-    ) -> None:
-        self.upstream_port = upstream_port
-        self._tls = tls
-        self.port = 0
-        self.subscribing_links = 0
-        self._silenced: set[int] = set()
-        self._subscribed: set[int] = set()
-        self._server: asyncio.Server | None = None
-        self._links: set[asyncio.Task[None]] = set()
-        self._next = 0
-
-    def start(self) -> None:
-        """Serve from an event loop of its own, in a thread: the proxy is the network, not
-        part of the program under test."""
-        ready = threading.Event()
-        self._loop = asyncio.new_event_loop()
-
-        async def serve() -> None:
-            self._stopping = asyncio.Event()
-            self._server = await asyncio.start_server(
-                self._serve, "127.0.0.1", 0, ssl=self._tls[0] if self._tls else None
-            )
-            self.port = self._server.sockets[0].getsockname()[1]
-            ready.set()
-            await self._stopping.wait()  # close()
-            self._server.close()
-            for task in self._links:
-                task.cancel()
-            await asyncio.gather(*self._links, return_exceptions=True)
-
-        self._thread = threading.Thread(
-            target=lambda: self._loop.run_until_complete(serve()), daemon=True
-        )
-        self._thread.start()
-        ready.wait(5)
-
-    def close(self) -> None:
-        """Stop serving and drop every link, then end the proxy's thread."""
-        if self._server is not None:
-            self._loop.call_soon_threadsafe(self._stopping.set)
-            self._thread.join(10)
-            self._loop.close()
-
-    def silence_subscriptions(self) -> None:
-        self._silenced |= self._subscribed
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        link, self._next = self._next, self._next + 1
-        task = asyncio.current_task()
-        assert task is not None
-        self._links.add(task)
-        up_writer: asyncio.StreamWriter | None = None
-        try:
-            up_reader, up_writer = await asyncio.open_connection(
-                "127.0.0.1", self.upstream_port, ssl=self._tls[1] if self._tls else None
-            )
-            await asyncio.gather(self._pipe(link, reader, up_writer, outbound=True),
-                                 self._pipe(link, up_reader, writer, outbound=False))
-        except asyncio.CancelledError:
-            pass  # close(); asyncio's server would log a cancelled handler's "exception"
-        finally:
-            self._links.discard(task)
-            for each in (writer, up_writer):
-                if each is not None:
-                    each.transport.abort()
-
-    async def _pipe(self, link: int, source: asyncio.StreamReader,
-                    target: asyncio.StreamWriter, *, outbound: bool) -> None:
-        with suppress(OSError, asyncio.IncompleteReadError):
-            while data := await source.read(65536):
-                if outbound and b"SUBSCRIBE" in data.upper() and link not in self._subscribed:
-                    self._subscribed.add(link)
-                    self.subscribing_links += 1
-                if link in self._silenced:
-                    continue  # dropped on the floor; the connection stays open
-                target.write(data)
-                await target.drain()
 
 
 @standalone_only
 async def test_a_silently_dropped_reply_subscription_is_noticed_and_reconnected(
     redis_url: str, namespace: str
 ) -> None:
-    port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
-    proxy = SilencingProxy(port)
-    proxy.start()
-    try:
+    async with FaultProxy("client", _port(redis_url)) as proxy:
         with anyio.fail_after(60):
             async with running_worker(redis_url, namespace, shard_count=1), \
-                    keyserial.connect(f"redis://127.0.0.1:{proxy.port}/0", shards=1,
-                                      namespace=namespace, idle_poll=30,
+                    keyserial.connect(proxy.url, shards=1, namespace=namespace, idle_poll=30,
                                       health_interval=0.3) as ks:
                 took = await _silence_and_time_a_submit(ks, proxy)
                 assert await ks.read("acct") == 2
         assert took < 2, "the reply came by the sweep, not pub/sub"
-    finally:
-        proxy.close()
 
 
-def _tls_contexts(server: TlsServer) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+def _port(url: str) -> int:
+    port = urlsplit(url).port
+    assert port is not None, url
+    return port
+
+
+def _tls_contexts(server: TlsServer) -> TlsContexts:
     """The proxy's TLS: it shows the server's certificate to clients, and the client
     certificate to the server."""
     c = server.certificates
@@ -144,7 +56,7 @@ def _tls_contexts(server: TlsServer) -> tuple[ssl.SSLContext, ssl.SSLContext]:
     return facing_clients, facing_server
 
 
-async def _silence_and_time_a_submit(ks: keyserial.Client, proxy: SilencingProxy) -> float:
+async def _silence_and_time_a_submit(ks: keyserial.Client, proxy: FaultProxy) -> float:
     """Silence the proxied subscription once it is up, wait for the health check to replace
     it, and time a submit then (it waited for the sweep or idle polling had nothing noticed)."""
     assert await ks.submit("acct", deposit(1), timeout=10) >= 1
@@ -168,9 +80,7 @@ async def test_a_silently_dropped_tls_reply_subscription_is_noticed_and_reconnec
 ) -> None:
     """``rediss://`` subscriptions run on redis-py's connections: checked all the same."""
     caplog.set_level(logging.WARNING, "keyserial")
-    proxy = SilencingProxy(tls_server.port, tls=_tls_contexts(tls_server))
-    proxy.start()
-    try:
+    async with FaultProxy("client", tls_server.port, tls=_tls_contexts(tls_server)) as proxy:
         proxied = tls_server.url.replace(f":{tls_server.port}/", f":{proxy.port}/")
         with anyio.fail_after(60):
             async with running_worker(tls_server.url, namespace, shard_count=1), \
@@ -179,8 +89,6 @@ async def test_a_silently_dropped_tls_reply_subscription_is_noticed_and_reconnec
                 took = await _silence_and_time_a_submit(ks, proxy)
         assert took < 2, "the reply came by the sweep, not pub/sub"
         _assert_warned(caplog)
-    finally:
-        proxy.close()
 
 
 @standalone_only
@@ -190,20 +98,18 @@ async def test_a_silently_dropped_subscription_of_a_callers_client_is_noticed(
     """A redis-py client the caller configured (and keeps owning) subscribes through redis-py:
     checked all the same."""
     caplog.set_level(logging.WARNING, "keyserial")
-    proxy = SilencingProxy(int(redis_url.rsplit(":", 1)[1].split("/")[0]))
-    proxy.start()
-    client = redis.asyncio.Redis(host="127.0.0.1", port=proxy.port)
-    try:
-        with anyio.fail_after(60):
-            async with running_worker(redis_url, namespace, shard_count=1), \
-                    keyserial.connect(client, shards=1, namespace=namespace, idle_poll=30,
-                                      health_interval=0.3) as ks:
-                took = await _silence_and_time_a_submit(ks, proxy)
-        assert took < 2, "the reply came by the sweep, not pub/sub"
-        _assert_warned(caplog)
-    finally:
-        await client.aclose()
-        proxy.close()
+    async with FaultProxy("client", _port(redis_url)) as proxy:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=proxy.port)
+        try:
+            with anyio.fail_after(60):
+                async with running_worker(redis_url, namespace, shard_count=1), \
+                        keyserial.connect(client, shards=1, namespace=namespace, idle_poll=30,
+                                          health_interval=0.3) as ks:
+                    took = await _silence_and_time_a_submit(ks, proxy)
+            assert took < 2, "the reply came by the sweep, not pub/sub"
+            _assert_warned(caplog)
+        finally:
+            await client.aclose()
 
 
 @standalone_only
@@ -214,23 +120,19 @@ async def test_a_silently_dropped_wake_up_subscription_of_a_worker_is_noticed(
     """A worker's wake-ups (and coordination messages) come by a subscription too: one that
     went quiet is replaced, not left to idle polling (every 30 s here)."""
     caplog.set_level(logging.WARNING, "keyserial")
-    proxy = SilencingProxy(int(redis_url.rsplit(":", 1)[1].split("/")[0]))
-    proxy.start()
-    client = redis.asyncio.Redis(host="127.0.0.1", port=proxy.port)
-    redis_for_worker: str | redis.asyncio.Redis = (
-        f"redis://127.0.0.1:{proxy.port}/0" if via == "url" else client
-    )
-    try:
-        with anyio.fail_after(60):
-            async with running_worker(redis_for_worker, namespace, shard_count=1,  # type: ignore[arg-type]
-                                      idle_poll=30, health_interval=0.3), \
-                    keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
-                took = await _silence_and_time_a_submit(ks, proxy)
-        assert took < 2, "the worker heard of the entry by polling, not by its wake-up"
-        _assert_warned(caplog)
-    finally:
-        await client.aclose()
-        proxy.close()
+    async with FaultProxy("worker", _port(redis_url)) as proxy:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=proxy.port)
+        redis_for_worker: str | redis.asyncio.Redis = proxy.url if via == "url" else client
+        try:
+            with anyio.fail_after(60):
+                async with running_worker(redis_for_worker, namespace, shard_count=1,
+                                          idle_poll=30, health_interval=0.3), \
+                        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+                    took = await _silence_and_time_a_submit(ks, proxy)
+            assert took < 2, "the worker heard of the entry by polling, not by its wake-up"
+            _assert_warned(caplog)
+        finally:
+            await client.aclose()
 
 
 @standalone_only
@@ -240,7 +142,7 @@ async def test_a_worker_whose_first_subscription_fails_keeps_serving(
     """Started while Redis keeps going away, a worker may connect and then lose its first
     SUBSCRIBE (long nemesis seed 3161): it must serve by polling and subscribe once it can,
     not exit."""
-    proxy = FaultProxy("worker", int(redis_url.rsplit(":", 1)[1].split("/")[0]))
+    proxy = FaultProxy("worker", _port(redis_url))
     await proxy.start()
     proxy.refuse_subscriptions = True
     try:

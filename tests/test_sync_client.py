@@ -22,8 +22,9 @@ from keyserial import (
     SubmitTimeout,
 )
 from keyserial.ledger import balance, deposit, withdraw
+from keyserial.testing import running_worker
 from tests import apps
-from tests.helpers import free_closed_port, running_worker
+from tests.helpers import free_closed_port
 
 
 @contextmanager

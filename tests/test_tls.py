@@ -10,7 +10,8 @@ import pytest
 
 import keyserial
 from keyserial.ledger import deposit
-from tests.helpers import WorkerProcess, keys_on_shard, running_worker
+from keyserial.testing import running_worker
+from tests.helpers import WorkerProcess, keys_on_shard
 from tests.tls import TlsServer
 
 #: What the server logs when a client speaks plaintext (or a bad handshake) to its TLS port.

@@ -24,7 +24,8 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 
 from keyserial import shard_for
-from tests.helpers import ROOT, running_worker
+from keyserial.testing import running_worker
+from tests.helpers import ROOT
 
 DOC = (ROOT / "docs" / "wire-format.md").read_text(encoding="utf-8")
 SHARDS = 4

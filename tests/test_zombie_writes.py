@@ -16,20 +16,19 @@ from typing import Any
 
 import anyio
 
-from keyserial._layout import ShardKeys
+from keyserial.testing import ShardKeys
 from tests import apps
-from tests.helpers import WorkerProcess, eventually
-from tests.test_cross_shard_faults import (
+from tests.cross_shard_bank import (
     B,
     Bank,
-    Starter,
     bank,
     check_after_fault,
     holder_is,
     lost_its_shard,
     until,
 )
-from tests.test_faults import _fenced_errors, _stale_calls
+from tests.helpers import Starter, WorkerProcess, eventually
+from tests.ownership import fenced_errors, stale_calls
 
 
 async def _resume_under_paused_writes(b: Bank, zombie: WorkerProcess, shard: int, epoch: str,
@@ -55,14 +54,14 @@ async def _resume_under_paused_writes(b: Bank, zombie: WorkerProcess, shard: int
             await b.redis.execute_command("CLIENT", "PAUSE", 500, "WRITE")
             zombie.signal(signal.SIGCONT)
             await eventually(
-                lambda: [call for call in _stale_calls(commands, epoch_key, epoch)
+                lambda: [call for call in stale_calls(commands, epoch_key, epoch)
                          if any(script_marker in word for word in call)],
                 timeout=10, message=f"the zombie's stale {script_marker} reaching Redis")
             await lost_its_shard(zombie, shard)
             group.cancel_scope.cancel()
     finally:
         await monitor.aclose()
-    return _stale_calls(commands, epoch_key, epoch)
+    return stale_calls(commands, epoch_key, epoch)
 
 
 async def _epoch(b: Bank, shard: int) -> str:
@@ -83,12 +82,12 @@ async def test_a_zombie_coordinator_s_decision_reaches_redis_and_is_refused(
         fault_at = b.fault(group)
         await until(lambda: holder_is(b, 0, b.standby), "the standby owns the home shard")
         await until(lambda: b.recorded(0, "victim"), "the standby finished the op")
-        fenced_before = await _fenced_errors(b.redis)
+        fenced_before = await fenced_errors(b.redis)
         # The decision names the op's attempt field, "victim#<epoch>#d" is not in the call,
         # but the op id is: the zombie's decide is the stale call carrying "victim".
         stale = await _resume_under_paused_writes(b, b.w0, 0, stale_epoch, "victim")
         # Every one of them was refused, the decision (or grant) included.
-        assert await _fenced_errors(b.redis) - fenced_before >= len(stale) >= 1
+        assert await fenced_errors(b.redis) - fenced_before >= len(stale) >= 1
         await check_after_fault(b, fault_at)
 
 
@@ -118,8 +117,8 @@ async def test_a_zombie_participant_s_grant_reaches_redis_and_is_refused(
         fault_at = b.fault(group)
         await until(lambda: holder_is(b, 1, b.standby), "the standby owns B's shard")
         await until(lambda: b.applied(B), "the standby granted and applied B's part")
-        fenced_before = await _fenced_errors(b.redis)
+        fenced_before = await fenced_errors(b.redis)
         stale = await _resume_under_paused_writes(b, b.w1, 1, stale_epoch, "victim#1#g")
         # Every one of them was refused, the decision (or grant) included.
-        assert await _fenced_errors(b.redis) - fenced_before >= len(stale) >= 1
+        assert await fenced_errors(b.redis) - fenced_before >= len(stale) >= 1
         await check_after_fault(b, fault_at)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import redis
 
-from keyserial._server import find_server_binary, free_port
+from keyserial.testing import find_server_binary, free_port
 
 
 @dataclass(frozen=True)

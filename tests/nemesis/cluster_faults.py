@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from keyserial._server import LocalServer
+from keyserial.testing import LocalServer
 from tests.cluster import LocalCluster
 
 if TYPE_CHECKING:

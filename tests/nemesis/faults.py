@@ -20,7 +20,7 @@ import anyio
 import redis.asyncio as aredis
 from redis.exceptions import BusyLoadingError
 
-from keyserial._layout import ShardKeys
+from keyserial.testing import ShardKeys
 from tests.helpers import keys_on_shard
 from tests.nemesis import cluster_faults
 from tests.nemesis.schedule import FaultEvent

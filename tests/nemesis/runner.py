@@ -18,7 +18,7 @@ import anyio
 
 import keyserial
 from keyserial import KeyserialError, OperationFailed
-from keyserial._layout import ShardKeys
+from keyserial.testing import ShardKeys
 from tests import apps
 from tests.helpers import keys_on_shard
 from tests.nemesis.checkers import Observed, Resolved, Violation, check_all, op_ids_of

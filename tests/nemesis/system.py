@@ -18,12 +18,11 @@ from typing import Any
 import anyio
 import redis.asyncio as aredis
 
-from keyserial._layout import ShardKeys
-from keyserial._server import LocalServer, free_port
+from keyserial.testing import LocalServer, ShardKeys, free_port
 from tests.helpers import WorkerProcess
-from tests.nemesis.proxy import FaultProxy
 from tests.nemesis.schedule import Plan
 from tests.nemesis.tap import StreamTap
+from tests.proxy import FaultProxy
 
 
 class BaseSystem:

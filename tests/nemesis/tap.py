@@ -17,7 +17,7 @@ import anyio
 import redis.asyncio as aredis
 from redis.exceptions import RedisClusterException
 
-from keyserial._layout import ShardKeys
+from keyserial.testing import ShardKeys
 
 #: Op ids of the entries the ``garbage`` fault appends start with this.
 GARBAGE_PREFIX = "garbage-"

@@ -1,20 +1,24 @@
 """A TCP fault proxy on 127.0.0.1 in front of Redis (these machines' kernels have no netem).
 
-One proxy per worker slot and per client, so a network fault hits one party only. It forwards
-bytes both ways, and on command it adds latency, holds every byte without forwarding it (a
-blackhole: TCP would retransmit, so held bytes are delivered once it heals unless the links
-are reset), resets every open connection (RST, as a dropped NAT entry or a crashed peer), or
-silences the links that carry a subscription for good (a NAT or load balancer that forgot an
-idle connection: no FIN, no RST, nothing ever arrives again either way).
+The nemesis puts one in front of each worker slot and each client, so a network fault hits one
+party only; a test puts one in front of the party it faults. It forwards bytes both ways, and
+on command it adds latency, holds every byte without forwarding it (a blackhole: TCP would
+retransmit, so held bytes are delivered once it heals unless the links are reset), resets every
+open connection (RST, as a dropped NAT entry or a crashed peer), silences the links that carry
+a subscription for good (a NAT or load balancer that forgot an idle connection: no FIN, no RST,
+nothing ever arrives again either way), or refuses subscriptions. It serves on the asyncio
+event loop that starts it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import struct
 import time
 from contextlib import suppress
+from types import TracebackType
 
 _CHUNK = 1 << 16
 #: How a SUBSCRIBE command starts in RESP (redis-py and hiredis both send it in capitals).
@@ -41,12 +45,22 @@ class _Link:
             writer.transport.abort()
 
 
-class FaultProxy:
-    """Forward ``127.0.0.1:<port>`` to ``127.0.0.1:<upstream_port>``, with faults on demand."""
+#: A TLS proxy's contexts: the one it shows clients (the server's certificate), and the one it
+#: shows the server (a client certificate).
+TlsContexts = tuple[ssl.SSLContext, ssl.SSLContext]
 
-    def __init__(self, name: str, upstream_port: int) -> None:
+
+class FaultProxy:
+    """Forward ``127.0.0.1:<port>`` to ``127.0.0.1:<upstream_port>``, with faults on demand.
+
+    With ``tls`` it terminates TLS on both sides rather than passing the bytes through: it must
+    read the commands to know which links carry a subscription.
+    """
+
+    def __init__(self, name: str, upstream_port: int, *, tls: TlsContexts | None = None) -> None:
         self.name = name
         self.upstream_port = upstream_port
+        self._tls = tls
         self.port = 0
         self.delay = 0.0
         self._held_until = 0.0
@@ -60,11 +74,22 @@ class FaultProxy:
 
     @property
     def url(self) -> str:
+        """A plain ``redis://`` URL through the proxy (with ``tls``, give the client the
+        server's ``rediss://`` URL with :attr:`port` in it)."""
         return f"redis://127.0.0.1:{self.port}/0"
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        self._server = await asyncio.start_server(
+            self._serve, "127.0.0.1", 0, ssl=self._tls[0] if self._tls else None)
         self.port = self._server.sockets[0].getsockname()[1]
+
+    async def __aenter__(self) -> FaultProxy:
+        await self.start()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.aclose()
 
     async def aclose(self) -> None:
         if self._server is not None:
@@ -122,7 +147,8 @@ class FaultProxy:
     async def _forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await self._wait(time.monotonic() + self.delay)
         try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+            up_reader, up_writer = await asyncio.open_connection(
+                "127.0.0.1", self.upstream_port, ssl=self._tls[1] if self._tls else None)
         except OSError:  # Redis is down: the client sees its connection refused-then-closed
             writer.transport.abort()
             return

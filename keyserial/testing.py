@@ -1,0 +1,20 @@
+"""Run keyserial for real in a test suite: a private server, a worker in process, the key layout.
+
+keyserial's own tests use exactly these; so can yours (docs/testing.md)::
+
+    with LocalServer() as server:
+        async with running_worker(server.url), keyserial.connect(server.url) as ks:
+            assert await ks.submit("account:5", deposit(100)) == 100
+
+Real Redis rather than a fake: the guarantees live in Lua scripts, streams and pub/sub that a
+fake would have to reimplement. :class:`ShardKeys` names a shard's keys (stream, state, results;
+docs/wire-format.md), for a test that looks into Redis.
+"""
+
+from ._layout import ShardKeys as ShardKeys
+from ._running import running_worker as running_worker
+from ._server import LocalServer as LocalServer
+from ._server import find_server_binary as find_server_binary
+from ._server import free_port as free_port
+
+__all__ = ["LocalServer", "ShardKeys", "find_server_binary", "free_port", "running_worker"]

@@ -1,0 +1,77 @@
+"""Who owns which shard, and what a former owner's fenced scripts did, read from Redis: for the
+tests that kill, freeze and restart workers."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import redis.asyncio
+
+from keyserial.testing import ShardKeys
+
+#: The shard count of the fault tests' namespaces.
+SHARDS = 4
+
+
+@asynccontextmanager
+async def inspector(url: str) -> AsyncIterator[Any]:
+    """A plain async Redis client for looking at a namespace's keys (lease, state, dead letters)."""
+    client = redis.asyncio.Redis.from_url(url, socket_timeout=2)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def holder_pid(client: Any, namespace: str, shard: int) -> int | None:
+    """Pid of the worker holding the shard's lease; None if nobody does (or Redis is down)."""
+    try:
+        value = await client.get(ShardKeys(namespace, shard).lease)
+    except (redis.ConnectionError, redis.TimeoutError, OSError):
+        return None
+    return int(value.decode().split(":")[1]) if value else None
+
+
+async def holders(client: Any, namespace: str) -> list[int | None]:
+    return [await holder_pid(client, namespace, shard) for shard in range(SHARDS)]
+
+
+async def wait_for_holder(client: Any, namespace: str, pid: int, *, shards: range | list[int]
+                          = range(SHARDS), timeout: float = 10) -> float:
+    """Wait until ``pid`` holds every one of ``shards``; return the time it took."""
+    started = time.monotonic()
+    with anyio.fail_after(timeout):
+        while [await holder_pid(client, namespace, s) for s in shards] != [pid] * len(shards):
+            await anyio.sleep(0.01)
+    return time.monotonic() - started
+
+
+async def all_held(client: Any, namespace: str) -> list[int]:
+    """Wait until every shard has a lease holder; return their pids."""
+    with anyio.fail_after(15):
+        while None in (current := await holders(client, namespace)):
+            await anyio.sleep(0.02)
+    return [pid for pid in current if pid is not None]
+
+
+def stale_calls(commands: list[str], epoch_key: str, epoch: str) -> list[list[str]]:
+    """The script calls among MONITOR lines made with ``epoch`` on the shard of ``epoch_key``
+    (the fenced scripts take the epoch key first and the caller's epoch as first argument)."""
+    calls = []
+    for command in commands:
+        words = command.split(" ")
+        if len(words) > 3 and words[0].upper() in ("EVALSHA", "EVAL") and words[3] == epoch_key:
+            count = int(words[2])
+            if len(words) > 3 + count and words[3 + count] == epoch:
+                calls.append(words)
+    return calls
+
+
+async def fenced_errors(client: Any) -> int:
+    """How many scripts Redis has refused with FENCED since it started."""
+    stats = await client.info("errorstats")
+    return int(stats.get("errorstat_FENCED", {}).get("count", 0))
