@@ -22,15 +22,17 @@ from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
-from redis import exceptions as redis_errors
 
-from . import _backend, ledger
-from ._backend import Backend, ScriptCall
+from . import _durability, ledger
+from ._backend import Backend
 from ._codec import WIRE_VERSION, decode_outcome, decode_reply, encode_envelope, pack_entry
 from ._layout import ShardKeys, reply_channel
 from ._ops import RESERVED_PREFIX, Call
+from ._refusals import BacklogRefused, Refused
 from ._routing import shard_for
+from ._scripts import ScriptCall
 from ._settings import Settings
+from ._submit_scripts import SubmitArgs, submit
 from .errors import (
     BackendUnavailable,
     BacklogFull,
@@ -130,11 +132,9 @@ class Client:
         self._task_group: TaskGroup | None = None
         #: The event loop the client was opened on: its connection and tasks live there.
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: Each shard's stream and wake channel, named once rather than at every append.
-        self._append_to = [
-            (keys.stream, keys.wake_channel)
-            for keys in (ShardKeys(settings.namespace, shard) for shard in range(shard_count))
-        ]
+        self._shards = [ShardKeys(settings.namespace, shard) for shard in range(shard_count)]
+        #: Each shard's stream, named once rather than for every op appended.
+        self._streams = [keys.stream for keys in self._shards]
 
     async def __aenter__(self) -> Client:
         self._loop = asyncio.get_running_loop()
@@ -324,8 +324,7 @@ class Client:
         that is ordered after them.
         """
         self._check_loop()
-        keys = ShardKeys(self.settings.namespace, self.shard_of(key))
-        raw = await self._backend.call("HGET", keys.state, key)
+        raw = await self._backend.state(self._shards[self.shard_of(key)], key)
         return None if raw is None else json.loads(raw)
 
     async def result(self, op_id: str, *, key: str | Sequence[str]) -> Any:
@@ -360,7 +359,9 @@ class Client:
         they ask nothing more than the master): a stored result is an answer only then, as a
         reply is."""
         durability = self.settings.durability
-        return durability is None or await self._backend.confirm(keys.barrier, durability)
+        return durability is None or await _durability.confirm(
+            self._backend, keys.barrier, durability
+        )
 
     def _withdraw(self, pending: _Pending) -> bool:
         """Take a cancelled submit out of the queue if it has not been sent (True if so)."""
@@ -378,9 +379,8 @@ class Client:
         vacant: list[int] = []
         with anyio.move_on_after(min(1.0, timeout)):
             for shard in shards:
-                lease = ShardKeys(self.settings.namespace, shard).lease
                 try:
-                    if not await self._backend.call("EXISTS", lease):
+                    if not await self._backend.lease_held(self._shards[shard]):
                         vacant.append(shard)
                 except KeyserialError:  # the timeout is the error to report
                     break
@@ -422,7 +422,7 @@ class Client:
             batch, self._queue = self._queue, []
             by_node: dict[str, list[_Pending]] = defaultdict(list)
             for pending in batch:
-                by_node[self._backend.node_of(self._append_to[pending.shard][0])].append(pending)
+                by_node[self._backend.node_of(self._streams[pending.shard])].append(pending)
             for node, pendings in by_node.items():
                 if node in self._appending or self._task_group is None:
                     # Sent once that node's append returns (or never: the client is closing).
@@ -487,23 +487,21 @@ class Client:
         self._queue.extend(pending for pending in pendings if not pending.done.done())
         self._queued.set()
 
-    def _append_call(self, shard: int, group: list[_Pending]) -> ScriptCall:
-        stream, wake_channel = self._append_to[shard]
+    def _append_call(self, shard: int, group: list[_Pending]) -> ScriptCall[bytes]:
+        keys = self._shards[shard]
         packed = pack_entry([pending.envelope for pending in group])
         # Fresh only if the entry cannot land twice either (a transport that retries could).
         fresh = self._backend.sends_once and all(pending.fresh for pending in group)
-        return ScriptCall(
-            _backend.SUBMIT,
-            [stream],
-            [self.settings.max_backlog, WIRE_VERSION, packed, wake_channel, int(fresh)],
-        )
+        return submit(keys, SubmitArgs(
+            self.settings.max_backlog, WIRE_VERSION, packed, keys.wake_channel, fresh
+        ))
 
     def _append_error(self, shard: int, reply: Exception) -> KeyserialError:
         """The error of an append the server answered with an error: nothing was appended."""
-        if isinstance(reply, KeyserialError):  # the credentials or the ACL refused it
-            return reply
-        if str(reply).startswith("BACKLOG"):
+        if isinstance(reply, BacklogRefused):
             return BacklogFull(shard=shard, limit=self.settings.max_backlog)
+        if isinstance(reply, KeyserialError) and not isinstance(reply, Refused):
+            return reply  # the credentials or the ACL refused it
         return KeyserialError(f"Redis refused the append to shard {shard}: {reply}")
 
     async def _listen_for_replies(self, *, task_status: TaskStatus[None]) -> None:
@@ -549,7 +547,7 @@ class Client:
         with anyio.move_on_after(max(3 * interval, 1.0)):
             try:
                 await self._sweep_shard(ShardKeys(self.settings.namespace, shard), op_ids)
-            except (BackendUnavailable, redis_errors.ResponseError) as exc:
+            except (BackendUnavailable, Refused) as exc:
                 failed[shard] = exc
 
     async def _sweep_shard(self, keys: ShardKeys, op_ids: list[str]) -> None:

@@ -57,7 +57,6 @@ from functools import partial
 from typing import Any, Protocol
 
 import anyio
-from redis import exceptions as redis_errors
 
 from . import _backend
 from ._backend import Backend, Script, ScriptCall
@@ -67,6 +66,7 @@ from ._execution import Hold, Run, StateCache
 from ._json import dumps
 from ._layout import ShardKeys
 from ._pipeline import Replies
+from ._refusals import BacklogRefused, OwnedElsewhere, Refused
 from ._routing import route
 from ._settings import Settings
 from .errors import BackendUnavailable, LeaseLost, MalformedOperation
@@ -75,8 +75,6 @@ log = logging.getLogger("keyserial.worker")
 
 #: The op name of a grant request; served by every worker, never by an app.
 GRANT_OP = "keyserial.grant"
-#: Where ``commit_across`` takes the replies it publishes itself (ARGV[3]).
-_ACROSS_REPLIES = 2
 _APPLIED = '{"ok":"applied"}'
 _RELEASED = '{"ok":"released"}'
 
@@ -190,7 +188,7 @@ class Host(LocalShard, Protocol):
         """:meth:`evaluate` for an op that :meth:`runs_inline`."""
 
     def commit_later(
-        self, call: ScriptCall, replies: Replies, replies_at: int, on_done: Callable[[Any], None]
+        self, call: ScriptCall[Any], replies: Replies, on_done: Callable[[Any], None]
     ) -> None:
         """Queue a fenced script in the next pipeline; ``on_done`` gets its reply or error."""
 
@@ -199,12 +197,12 @@ class Host(LocalShard, Protocol):
 
     async def fenced(
         self, script: Script, keys: Sequence[str], args: Sequence[Any], *,
-        replies: Replies | None = None, replies_at: int | None = None,
+        replies: Replies | None = None,
     ) -> Any:
         """Run a script that checks this owner's epoch (raises ``LeaseLost`` when fenced);
         ``replies`` go out once it has succeeded (see :class:`Pipeliner`)."""
 
-    async def pipelined(self, call: ScriptCall) -> Any:
+    async def pipelined(self, call: ScriptCall[Any]) -> Any:
         """Run a script in the worker's next shared pipeline (not fenced)."""
 
     def refusal(self, run: Run) -> str | None:
@@ -297,7 +295,7 @@ class CrossShard:
         call = self._across_call(envelope.op_id, outcome, owners, writes)
         gated = {reply: [(envelope.op_id, outcome)] for reply in replies}
         host.commit_later(
-            call, gated, _ACROSS_REPLIES,
+            call, gated,
             partial(self._committed, run, holds, writes, outcome, len(replies), call),
         )
         return True
@@ -309,7 +307,7 @@ class CrossShard:
         writes: dict[int, list[tuple[str, str]]],
         outcome: str,
         replied: int,
-        call: ScriptCall,
+        call: ScriptCall[Any],
         result: Any,
     ) -> None:
         """The reply of :meth:`start_now`'s commit. If the server refused it (a shard changed
@@ -339,13 +337,13 @@ class CrossShard:
         holds: list[tuple[LocalShard, Hold]],
         writes: dict[int, list[tuple[str, str]]],
         outcome: str,
-        call: ScriptCall,
+        call: ScriptCall[Any],
     ) -> None:
         """Send a commit whose reply was lost again, until it lands or is refused (retried
         while the server is unreachable; ``LeaseLost`` ends the runner, holds and all)."""
         try:
             result: Any = await self._host.fenced(call.script, call.keys, call.args)
-        except redis_errors.ResponseError as exc:
+        except Refused as exc:
             result = exc
         # Every caller is told again: the first call may have told them already, and a second
         # reply to the same op is ignored.
@@ -389,7 +387,7 @@ class CrossShard:
         outcome: str,
         owners: Sequence[OwnedShard],
         writes: Mapping[int, list[tuple[str, str]]],
-    ) -> ScriptCall:
+    ) -> ScriptCall[Any]:
         """``commit_across`` of an op's writes, fenced by every shard's epoch (home first)."""
         keys = [self._host.keys.results, self._host.keys.results_old]
         args: list[Any] = [op_id, outcome, "[]"]  # replies: see Pipeliner.run
@@ -483,12 +481,9 @@ class CrossShard:
                 await host.fenced(
                     call.script, call.keys, call.args,
                     replies={reply: [(envelope.op_id, outcome)] for reply in replies},
-                    replies_at=_ACROSS_REPLIES,
                 )
-            except redis_errors.ResponseError as exc:
-                if not str(exc).startswith("ELSEWHERE"):
-                    raise
-                moved = others[int(str(exc).split()[1]) - 2].shard
+            except OwnedElsewhere as exc:
+                moved = others[exc.index - 2].shard
                 log.info("shard %d: shard %d changed hands during op %s; asking it for a grant",
                          host.shard, moved, envelope.op_id)
                 return False
@@ -558,7 +553,7 @@ class CrossShard:
         entry id. A shard this worker owns is woken in process (if it changes hands meanwhile,
         its new owner finds the request at its next poll)."""
         local = self._mailbox.local_runner(there.shard)
-        call = ScriptCall(
+        call: ScriptCall[Any] = ScriptCall(
             _backend.SUBMIT, [there.stream],
             [self._settings.max_backlog, WIRE_VERSION, pack_entry([request]),
              "" if local else there.wake_channel],
@@ -570,9 +565,7 @@ class CrossShard:
                 if local is not None:
                     local.wake()
                 return entry
-            except redis_errors.ResponseError as exc:
-                if not str(exc).startswith("BACKLOG"):
-                    raise
+            except BacklogRefused:
                 log.warning("shard %d: shard %d's backlog is full; retrying a grant request",
                             self._host.shard, there.shard)
             except BackendUnavailable as exc:
@@ -603,7 +596,7 @@ class CrossShard:
         found by its receiver's poll of the records."""
         for channel, message in messages:
             try:
-                await self._backend.call("PUBLISH", channel, message)
+                await self._backend.publish(channel, message)
             except BackendUnavailable as exc:
                 log.warning("shard %d: a coordination message not sent: %s",
                             self._host.shard, exc)

@@ -31,7 +31,8 @@ from .errors import ConfigError
 
 if TYPE_CHECKING:
     from ._execution import Run
-    from ._shard import Grant, ShardRunner, _Finished
+    from ._lease_scripts import Grant
+    from ._shard import ShardRunner, _Finished
 
 log = logging.getLogger("keyserial.worker")
 

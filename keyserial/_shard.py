@@ -40,7 +40,6 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
-from redis import exceptions as redis_errors
 
 from . import _backend
 from ._backend import Backend, Script, ScriptCall
@@ -56,9 +55,11 @@ from ._crossshard import GRANT_OP, CrossShard, Mailbox
 from ._execution import Entry, Executor, Hold, Run, StateCache
 from ._json import dumps
 from ._layout import ShardKeys
+from ._lease_scripts import Grant
 from ._metrics import NO_METRICS, ShardMetrics
 from ._ops import Registry
 from ._pipeline import Pipeliner, Replies
+from ._refusals import Fenced
 from ._routing import route, shard_for
 from ._settings import Settings
 from .errors import (
@@ -72,26 +73,7 @@ T = TypeVar("T")
 
 #: Committed entries a busy shard leaves in its stream at most before a step trims them.
 _TRIM_EVERY = 32
-#: Where the step script takes the replies it publishes itself (ARGV[12]).
-_STEP_REPLIES = 11
 _RESERVED_ID = "'#' is reserved in op ids (keyserial names its coordination records with it)"
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """What acquiring a shard's lease returned."""
-
-    epoch: int
-    progress: str
-    careful_until: str | None
-    poisoned: str | None
-    #: When (ms) the shard's current results generation began; None: none has.
-    results_since: int | None
-    #: The last entry the previous owner fetched, if it is past progress: up to it, stored
-    #: outcomes are looked up before any op runs again (some may have committed).
-    replay_until: str | None = None
-    #: The op that took a strike when this owner was granted the shard: it runs alone.
-    suspect: str | None = None
 
 
 @dataclass(slots=True)
@@ -212,10 +194,9 @@ class ShardRunner:
         """Load every state of a small shard, so steps need not read any. (The epoch is ours
         already: an earlier owner's late writes are fenced out.)"""
         limit = self._settings.preload_states
-        state = self.keys.state
-        if not limit or await self._retrying(lambda: self._backend.call("HLEN", state)) > limit:
+        if not limit or await self._retrying(lambda: self._backend.state_count(self.keys)) > limit:
             return
-        loaded = await self._retrying(lambda: self._backend.call("HGETALL", state))
+        loaded = await self._retrying(lambda: self._backend.all_states(self.keys))
         for raw_key, raw_state in _fields(loaded).items():
             self.cache[raw_key.decode()] = raw_state.decode()
         self.cache.complete = True
@@ -307,7 +288,7 @@ class ShardRunner:
         step = self._steps_started
         began = time.monotonic()  # (metrics)
         entries, done, states = await self.fenced(
-            _backend.STEP, self._step_keys, args, replies=replies, replies_at=_STEP_REPLIES
+            _backend.STEP, self._step_keys, args, replies=replies
         )
         self.metrics.stepped(batch, len(dead), began)
         self._steps_done = step
@@ -519,12 +500,12 @@ class ShardRunner:
         return self._executor.next_fence()
 
     def commit_later(
-        self, call: ScriptCall, replies: Replies, replies_at: int, on_done: Callable[[Any], None]
+        self, call: ScriptCall[Any], replies: Replies, on_done: Callable[[Any], None]
     ) -> None:
         """Queue a fenced script in the next pipeline; ``on_done`` gets its reply or error."""
-        self._pipeliner.submit(call, replies, replies_at, on_done)
+        self._pipeliner.submit(call, replies, on_done)
 
-    async def pipelined(self, call: ScriptCall) -> Any:
+    async def pipelined(self, call: ScriptCall[Any]) -> Any:
         return await self._pipeliner.run(call)
 
     async def evaluate(
@@ -623,21 +604,19 @@ class ShardRunner:
 
     async def _read_states(self, keys: list[str]) -> list[bytes | None]:
         """Committed states of keys this owner has not cached."""
-        return await self._retrying(lambda: self._backend.hmget(self.keys.state, keys))
+        return await self._retrying(lambda: self._backend.states(self.keys, keys))
 
     async def fenced(
         self, script: Script, keys: Sequence[str], args: Sequence[Any], *,
-        replies: Replies | None = None, replies_at: int | None = None,
+        replies: Replies | None = None,
     ) -> Any:
         """Run a fenced script (raises ``LeaseLost`` when another owner's epoch refuses it);
         ``replies`` go out once it has committed (see :meth:`Pipeliner.run`)."""
-        call = ScriptCall(script, keys, args)
+        call: ScriptCall[Any] = ScriptCall(script, keys, args)
         try:
-            return await self._retrying(lambda: self._pipeliner.run(call, replies, replies_at))
-        except redis_errors.ResponseError as exc:
-            if str(exc).startswith("FENCED"):
-                raise LeaseLost(self.shard, "another worker took the shard over") from None
-            raise
+            return await self._retrying(lambda: self._pipeliner.run(call, replies))
+        except Fenced:
+            raise LeaseLost(self.shard, "another worker took the shard over") from None
 
     async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """``attempt()``, again while Redis is unreachable: the lease loop, not this runner,

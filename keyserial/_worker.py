@@ -21,17 +21,27 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
-from . import _backend
-from ._backend import AnyRedis, Backend, ScriptCall
+from . import _durability
+from ._backend import AnyRedis, Backend
 from ._backoff import Backoff
 from ._crossshard import GRANT_OP, Mailbox
 from ._layout import ShardKeys, worker_channel
+from ._lease_scripts import (
+    AcquireArgs,
+    Grant,
+    ReleaseArgs,
+    RenewArgs,
+    acquire,
+    release,
+    renew,
+)
 from ._metrics import Metrics
 from ._ops import Registry
 from ._pipeline import Pipeliner
 from ._routing import parse_shards
+from ._scripts import ScriptCall
 from ._settings import Settings
-from ._shard import Grant, ShardRunner
+from ._shard import ShardRunner
 from .errors import BackendUnavailable, ConfigError, LeaseLost
 from .ledger import LEDGER_OPS
 
@@ -169,7 +179,7 @@ class Worker:
                     self._shard_count = await backend.ensure_shard_count(
                         self.settings.namespace, self.settings.shard_count
                     )
-                    await backend.check_durability(self.settings.durability)
+                    await _durability.check_durability(backend, self.settings.durability)
                 except BaseException:
                     await backend.aclose()
                     raise
@@ -233,12 +243,9 @@ class Worker:
         """Renew ``owned`` and try to acquire ``free``, the shards of one node, in one
         pipeline."""
         try:
-            ttl = self.settings.lease_ttl_ms
-            calls = [
-                ScriptCall(
-                    _backend.RENEW, [ShardKeys(self.settings.namespace, s).lease], [self.token, ttl]
-                )
-                for s in owned
+            renewal = RenewArgs(self.token, self.settings.lease_ttl_ms)
+            calls: list[ScriptCall[Any]] = [
+                renew(ShardKeys(self.settings.namespace, shard), renewal) for shard in owned
             ]
             calls += [self._acquire_call(shard) for shard in free]
             sent_at = anyio.current_time()
@@ -264,9 +271,8 @@ class Worker:
                     log.log(level, "acquiring shard %d failed: %s", shard, reply)
                     continue
                 self._attempts.pop(shard, None)  # answered: the next acquire is a new attempt
-                if reply:
-                    grant = _grant(reply)
-                    self._start(backend, shard_count, shard, grant, sent_at, task_group)
+                if reply is not None:  # (None: someone else holds the lease)
+                    self._start(backend, shard_count, shard, reply, sent_at, task_group)
         finally:
             self._lease_rounds.discard(node)
             self._drop_expired(anyio.current_time())
@@ -276,42 +282,27 @@ class Worker:
             holder = self._owned.get(shard)
             if holder is None:
                 continue
-            if reply == 1:
-                holder.renewed_at = sent_at
-            elif isinstance(reply, Exception):
+            if isinstance(reply, Exception):
                 # An error reply (BUSY, LOADING) says nothing about the lease: it is tried again
                 # next round, and dropped only once it may have expired (_drop_expired).
                 log.warning("shard %d: renewing the lease: %s", shard, reply)
                 self.metrics.renew_failed([shard])
+            elif reply:
+                holder.renewed_at = sent_at
             else:
                 self.metrics.renew_failed([shard])
                 self._drop(shard, "the lease expired and another worker may own the shard")
 
-    def _acquire_call(self, shard: int) -> ScriptCall:
-        k = ShardKeys(self.settings.namespace, shard)
-        return ScriptCall(
-            _backend.ACQUIRE,
-            [
-                k.lease,
-                k.epoch,
-                k.progress,
-                k.horizon,
-                k.suspect,
-                k.stream,
-                k.results,
-                k.results_old,
-                k.dead,
-                k.results_since,
-                k.handover,
-                k.last_grant,
-            ],
-            [
+    def _acquire_call(self, shard: int) -> ScriptCall[Grant | None]:
+        return acquire(
+            ShardKeys(self.settings.namespace, shard),
+            AcquireArgs(
                 self.token,
                 self.settings.lease_ttl_ms,
                 self.settings.max_strikes,
                 # Kept until the server answers: a resend after a lost reply is the same attempt.
                 self._attempts.setdefault(shard, uuid.uuid4().hex),
-            ],
+            ),
         )
 
     def _drop_expired(self, now: float) -> None:
@@ -450,11 +441,8 @@ class Worker:
         blame; otherwise the runner failed, and its first unfinished op takes a strike."""
         calls = []
         for shard in shards:
-            k = ShardKeys(self.settings.namespace, shard)
             calls.append(
-                ScriptCall(
-                    _backend.RELEASE, [k.lease, k.horizon, k.handover], [self.token, int(clean)]
-                )
+                release(ShardKeys(self.settings.namespace, shard), ReleaseArgs(self.token, clean))
             )
             self._owned.pop(shard, None)
         if not calls:
@@ -469,19 +457,6 @@ class Worker:
                     exc,
                     self.settings.lease_ttl,
                 )
-
-
-def _grant(reply: list[Any]) -> Grant:
-    epoch, progress, careful, poisoned, results_since, replay, suspect = reply
-    return Grant(
-        epoch=int(epoch),
-        progress=progress.decode(),
-        careful_until=careful.decode() or None,
-        poisoned=poisoned.decode() or None,
-        results_since=int(results_since) if results_since else None,
-        replay_until=replay.decode() or None,
-        suspect=suspect.decode() or None,
-    )
 
 
 def _ranges(shards: Sequence[int]) -> str:
