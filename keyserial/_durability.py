@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._commands import Command
-from ._layout import same_slot_key
+from ._layout import ShardKeys, same_slot_key
 from ._refusals import Refused, ScriptMissing
 from ._scripts import ScriptCall, decoded
 from ._settings import Durability
@@ -51,6 +51,17 @@ async def confirm(backend: Backend, key: str, durability: Durability) -> bool:
         # replica): learn where it lives now.
         await backend.refresh_routing()
     return _enough(backend.url, waited, durability)
+
+
+async def stored_confirmed(
+    backend: Backend, durability: Durability | None, shard: ShardKeys
+) -> bool:
+    """Whether what ``shard`` stores now is as durable as ``durability`` asks (always, when it
+    asks nothing more than the master): a stored result is an answer only then, as a reply is.
+
+    :raises BackendUnavailable: if the server does not answer.
+    """
+    return durability is None or await confirm(backend, shard.barrier, durability)
 
 
 async def run_confirmed(

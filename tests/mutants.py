@@ -171,9 +171,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "client-forgets-sweep", "G6.2", "the client never looks up overdue replies",
-        (Edit("keyserial/_client.py",
-              "        interval = self.settings.idle_poll\n        while True:\n",
-              "        interval = self.settings.idle_poll\n        await anyio.sleep_forever()\n"
+        (Edit("keyserial/_sweep.py",
+              "        interval = self._settings.idle_poll\n        while True:\n",
+              "        interval = self._settings.idle_poll\n        await anyio.sleep_forever()\n"
               "        while True:\n"),),
         ("tests/test_lost_replies.py::test_a_lost_reply_is_fetched_by_the_client_s_sweep"
          + _STANDALONE,), fast=True,
