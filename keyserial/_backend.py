@@ -104,9 +104,9 @@ def _refusal(error: redis_errors.ResponseError) -> Refused:
         return ScriptMissing(message)
     if code == "FENCED":
         return Fenced(message)
-    if code == "BACKLOG":
+    if code == "BACKLOG" and detail.isdigit():
         return BacklogRefused(message, length=int(detail))
-    if code == "ELSEWHERE":
+    if code == "ELSEWHERE" and detail.isdigit():
         return OwnedElsewhere(message, index=int(detail))
     return Refused(message)
 

@@ -58,11 +58,11 @@ class Commands:
 
     async def run_many(self, calls: Sequence[ScriptCall[Any]]) -> list[Any]:
         """Run scripts in one pipeline: each reply as its call decodes it, or its error."""
-        replies = await self.pipeline([call.evalsha() for call in calls])
+        replies = await self.pipeline([call.evalsha_command() for call in calls])
         missing = [index for index, reply in enumerate(replies)
                    if isinstance(reply, ScriptMissing)]
         if missing:  # a restarted or flushed server: send those once as EVAL
-            again = await self.pipeline([calls[index].eval() for index in missing])
+            again = await self.pipeline([calls[index].eval_command() for index in missing])
             for index, reply in zip(missing, again, strict=True):
                 replies[index] = reply
         return decoded(calls, replies)

@@ -16,7 +16,7 @@ from typing import Any
 
 from ._json import dumps
 from ._layout import ShardKeys
-from ._scripts import Script, ScriptArg, ScriptArgs, ScriptCall, done, pairs, text
+from ._scripts import Script, ScriptArg, ScriptArgs, ScriptCall, acknowledged, pairs, text
 
 
 @dataclass(slots=True)  # (not frozen: one is made per step, and frozen ones build slower)
@@ -124,4 +124,4 @@ def commit_across(args: CommitAcrossArgs) -> ScriptCall[None]:
     keys = [home.results, home.results_old]
     for part in args.shards:
         keys += [part.shard.epoch, part.shard.state]
-    return ScriptCall(COMMIT_ACROSS, keys, args.argv(), done)
+    return ScriptCall(COMMIT_ACROSS, keys, args.argv(), acknowledged)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._layout import ShardKeys
-from ._scripts import Script, ScriptArgs, ScriptCall, done, text
+from ._scripts import Script, ScriptArgs, ScriptCall, acknowledged, text
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +36,7 @@ GRANT = Script.load("grant", GrantArgs)
 
 def grant(shard: ShardKeys, args: GrantArgs) -> ScriptCall[None]:
     """Record a grant of the participant shard's keys and publish it (fenced)."""
-    return ScriptCall(GRANT, [shard.epoch, shard.results], args.argv(), done)
+    return ScriptCall(GRANT, [shard.epoch, shard.results], args.argv(), acknowledged)
 
 
 @dataclass(frozen=True, slots=True)

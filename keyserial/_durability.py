@@ -82,7 +82,7 @@ async def run_confirmed(
             if not await confirm(backend, same_slot_key(key, "barrier"), durability):
                 return replies, False
         return replies, True
-    commands = [call.evalsha() for call in calls] + barrier_then_wait(barrier, durability)
+    commands = [call.evalsha_command() for call in calls] + barrier_then_wait(barrier, durability)
     replies = await backend.on_node(barrier, commands)  # (on keyserial's own connection)
     waited = replies.pop()
     replies.pop()  # the barrier's OK

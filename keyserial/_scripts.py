@@ -90,11 +90,11 @@ class ScriptCall(Generic[R]):
         args[self.script.argv.index(name)] = value
         return ScriptCall(self.script, self.keys, args, self.decode)
 
-    def evalsha(self) -> tuple[ScriptArg, ...]:
+    def evalsha_command(self) -> tuple[ScriptArg, ...]:
         """The command that runs it, by SHA."""
         return ("EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
 
-    def eval(self) -> tuple[ScriptArg, ...]:
+    def eval_command(self) -> tuple[ScriptArg, ...]:
         """The command that runs it, sending its text (for a server that lacks the SHA)."""
         return ("EVAL", self.script.text, len(self.keys), *self.keys, *self.args)
 
@@ -117,5 +117,5 @@ def pairs(flat: Sequence[Any]) -> list[tuple[Any, Any]]:
     return list(zip(flat[::2], flat[1::2], strict=True))
 
 
-def done(reply: Any) -> None:
+def acknowledged(reply: Any) -> None:
     """A script that answers 1 once it has done its work: nothing to read."""

@@ -1,10 +1,11 @@
 """A worker process's runtime: own shards through leases, serve each with a :class:`ShardRunner`.
 
 Several workers may list the same shards: one owns each shard, the others stand by and acquire
-it when its lease expires (a crash) or is released (a clean shutdown). Leases are renewed every
-``min(lease_ttl / 4, 0.5 s)``; a shard whose lease cannot be renewed before it would expire is
-dropped at once, with its cache (``_leases``). Correctness does not depend on that timing: every step script
-checks the epoch before it writes, so a frozen-then-resumed worker can never write.
+it when its lease expires (a crash) or is released (a clean shutdown). Leases (``_leases``) are
+renewed every ``min(lease_ttl / 4, 0.5 s)``; a shard whose lease cannot be renewed before it
+would expire is dropped at once, with its cache. Correctness does not depend on that timing:
+every step script checks the epoch before it writes, so a frozen-then-resumed worker can never
+write.
 """
 
 from __future__ import annotations
