@@ -66,8 +66,8 @@ STATUS = Script.load("status")
 
 
 def _status_reply(reply: list[Any]) -> StatusReply:
-    token, pttl, epoch, _, backlog, oldest, dead, results, since, seconds, micros = (
-        text(value) if isinstance(value, bytes) else str(value) for value in reply
+    token, pttl, epoch, _, backlog, oldest, dead, results, since, seconds, micros = map(
+        text, reply
     )
     return StatusReply(
         owner=token or None,
