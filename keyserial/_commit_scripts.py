@@ -19,7 +19,7 @@ from ._layout import ShardKeys
 from ._scripts import Script, ScriptArg, ScriptArgs, ScriptCall, acknowledged, pairs, text
 
 
-@dataclass(slots=True)  # (not frozen: one is made per step, and frozen ones build slower)
+@dataclass(slots=True)
 class StepArgs(ScriptArgs):
     """``step.lua``'s ARGV."""
 
@@ -96,7 +96,7 @@ class ShardWrites:
     writes: Sequence[tuple[str, str]] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class CommitAcrossArgs(ScriptArgs):
     """``commit_across.lua``'s ARGV: three named, then an epoch and the writes per shard."""
 

@@ -17,7 +17,7 @@ from ._layout import ShardKeys
 from ._scripts import Script, ScriptArgs, ScriptCall, acknowledged, text
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class GrantArgs(ScriptArgs):
     """``grant.lua``'s ARGV."""
 
@@ -39,7 +39,7 @@ def grant(shard: ShardKeys, args: GrantArgs) -> ScriptCall[None]:
     return ScriptCall(GRANT, [shard.epoch, shard.results], args.argv(), acknowledged)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class DecideArgs(ScriptArgs):
     """``decide.lua``'s ARGV."""
 
@@ -82,7 +82,7 @@ def decide(home: ShardKeys, args: DecideArgs) -> ScriptCall[Decided]:
     return ScriptCall(DECIDE, keys, args.argv(), _decided)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ResolveArgs(ScriptArgs):
     """``resolve.lua``'s ARGV."""
 

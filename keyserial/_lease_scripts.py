@@ -31,7 +31,7 @@ class Grant:
     suspect: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class AcquireArgs(ScriptArgs):
     """``acquire.lua``'s ARGV."""
 
@@ -70,7 +70,7 @@ def acquire(shard: ShardKeys, args: AcquireArgs) -> ScriptCall[Grant | None]:
     return ScriptCall(ACQUIRE, keys, args.argv(), _grant)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class RenewArgs(ScriptArgs):
     """``renew.lua``'s ARGV."""
 
@@ -90,7 +90,7 @@ def renew(shard: ShardKeys, args: RenewArgs) -> ScriptCall[bool]:
     return ScriptCall(RENEW, [shard.lease], args.argv(), _one)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ReleaseArgs(ScriptArgs):
     """``release.lua``'s ARGV."""
 

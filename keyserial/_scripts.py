@@ -14,6 +14,7 @@ talks to Redis.
 from __future__ import annotations
 
 import hashlib
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
@@ -30,22 +31,33 @@ REPLIES = "replies"
 
 class ScriptArgs:
     """Base of a script's arguments: a dataclass whose fields are its ARGV, in order. A bool is
-    sent as 1 or 0 (scripts read '1' or '0'), a list as JSON."""
+    sent as 1 or 0 (scripts read '1' or '0'), a list or a tuple as JSON."""
 
     __slots__ = ()
     __dataclass_fields__: ClassVar[dict[str, Any]]
 
     def argv(self) -> list[ScriptArg]:
-        return [_wire(getattr(self, name)) for name in self.__dataclass_fields__]
+        return [
+            int(value) if type(value) is bool else dumps(value) if type(value) in _JSON else value
+            for value in _values(type(self))(self)
+        ]
 
 
-def _wire(value: Any) -> ScriptArg:
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, list | tuple):
-        return dumps(value)
-    result: ScriptArg = value
-    return result
+_JSON = (list, tuple)
+
+
+_READERS: dict[type[ScriptArgs], Callable[[ScriptArgs], tuple[Any, ...]]] = {}
+
+
+def _values(kind: type[ScriptArgs]) -> Callable[[ScriptArgs], tuple[Any, ...]]:
+    """A function reading the fields of a ``kind`` in order (made once per kind: the calls of a
+    busy worker or client are many)."""
+    read = _READERS.get(kind)
+    if read is None:
+        names = tuple(kind.__dataclass_fields__)
+        getter = operator.attrgetter(*names)
+        read = _READERS[kind] = getter if len(names) > 1 else lambda args: (getter(args),)
+    return read
 
 
 @dataclass(frozen=True, slots=True)

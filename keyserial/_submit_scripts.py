@@ -14,7 +14,7 @@ from ._layout import ShardKeys
 from ._scripts import Script, ScriptArgs, ScriptCall, text
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SubmitArgs(ScriptArgs):
     """``submit.lua``'s ARGV; its refusal is ``BacklogRefused``."""
 
