@@ -2,7 +2,7 @@
 
 Each call's KEYS come from :class:`ShardKeys`, its ARGV from a dataclass named and ordered as
 the script's header (``keyserial/lua/<name>.lua``) documents it, and its reply becomes what
-the worker acts on: a :class:`Grant` (or None), whether a lease was renewed or released.
+the worker acts on: a :class:`LeaseGrant` (or None), whether a lease was renewed or released.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from ._scripts import Script, ScriptArgs, ScriptCall, text
 
 
 @dataclass(frozen=True, slots=True)
-class Grant:
+class LeaseGrant:
     """What acquiring a shard's lease returned."""
 
     epoch: int
@@ -45,11 +45,11 @@ class AcquireArgs(ScriptArgs):
 ACQUIRE = Script.load("acquire", AcquireArgs)
 
 
-def _grant(reply: list[Any]) -> Grant | None:
+def _grant(reply: list[Any]) -> LeaseGrant | None:
     if not reply:
         return None  # the lease is someone else's
     epoch, progress, careful, poisoned, results_since, replay, suspect = map(text, reply)
-    return Grant(
+    return LeaseGrant(
         epoch=int(epoch),
         progress=progress,
         careful_until=careful or None,
@@ -60,7 +60,7 @@ def _grant(reply: list[Any]) -> Grant | None:
     )
 
 
-def acquire(shard: ShardKeys, args: AcquireArgs) -> ScriptCall[Grant | None]:
+def acquire(shard: ShardKeys, args: AcquireArgs) -> ScriptCall[LeaseGrant | None]:
     """Take the shard's lease if it is free: the grant, or None if someone else holds it."""
     k = shard
     keys = [

@@ -18,7 +18,7 @@ from anyio.abc import TaskGroup
 
 from ._backend import Backend
 from ._layout import ShardKeys
-from ._lease_scripts import AcquireArgs, Grant, ReleaseArgs, RenewArgs, acquire, release, renew
+from ._lease_scripts import AcquireArgs, LeaseGrant, ReleaseArgs, RenewArgs, acquire, release, renew
 from ._metrics import Metrics
 from ._routing import format_shards
 from ._scripts import ScriptCall
@@ -54,7 +54,7 @@ class Leases:
         token: str,
         metrics: Metrics,
         held: dict[int, Held],
-        start: Callable[[int, Grant, float], None],
+        start: Callable[[int, LeaseGrant, float], None],
     ) -> None:
         self._backend = backend
         self._settings = settings
@@ -171,7 +171,7 @@ class Leases:
                 self._metrics.renew_failed([shard])
                 self._drop(shard, "the lease expired and another worker may own the shard")
 
-    def _acquire_call(self, shard: int) -> ScriptCall[Grant | None]:
+    def _acquire_call(self, shard: int) -> ScriptCall[LeaseGrant | None]:
         return acquire(
             self._keys(shard),
             AcquireArgs(

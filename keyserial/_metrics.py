@@ -31,7 +31,7 @@ from .errors import ConfigError
 
 if TYPE_CHECKING:
     from ._execution import Run
-    from ._lease_scripts import Grant
+    from ._lease_scripts import LeaseGrant
     from ._shard import ShardRunner, _Finished
 
 log = logging.getLogger("keyserial.worker")
@@ -136,7 +136,7 @@ class Metrics:
 
     # -- hooks: the worker and its runners call these ----------------------------------------
 
-    def acquired(self, shard: int, grant: Grant) -> ShardMetrics:
+    def acquired(self, shard: int, grant: LeaseGrant) -> ShardMetrics:
         """Count a takeover; return what the shard's runner reports to."""
         if not self.enabled:
             return NO_METRICS

@@ -55,7 +55,7 @@ from ._crossshard import GRANT_OP, CrossShard, Mailbox
 from ._execution import Entry, Executor, Hold, Run, StateCache
 from ._json import dumps
 from ._layout import ShardKeys
-from ._lease_scripts import Grant
+from ._lease_scripts import LeaseGrant
 from ._metrics import NO_METRICS, ShardMetrics
 from ._ops import Registry
 from ._pipeline import Pipeliner, Replies
@@ -106,7 +106,7 @@ class ShardRunner:
         *,
         shard: int,
         shard_count: int,
-        grant: Grant,
+        grant: LeaseGrant,
         backend: Backend,
         mailbox: Mailbox,
     ) -> None:

@@ -26,7 +26,7 @@ from ._backend import AnyRedis, Backend
 from ._backoff import Backoff
 from ._crossshard import GRANT_OP, Mailbox
 from ._layout import ShardKeys, worker_channel
-from ._lease_scripts import Grant
+from ._lease_scripts import LeaseGrant
 from ._leases import Held, Leases
 from ._metrics import Metrics
 from ._ops import Registry
@@ -188,7 +188,7 @@ class Worker:
         shard_count: int,
         task_group: TaskGroup,
         shard: int,
-        grant: Grant,
+        grant: LeaseGrant,
         renewed_at: float,
     ) -> None:
         """Serve a shard just acquired."""

@@ -15,7 +15,7 @@ from keyserial._backend import Backend
 from keyserial._commit_scripts import CommitAcrossArgs, ShardWrites, commit_across
 from keyserial._cross_scripts import DecideArgs, Decided, decide
 from keyserial._layout import ShardKeys
-from keyserial._lease_scripts import AcquireArgs, Grant, acquire
+from keyserial._lease_scripts import AcquireArgs, LeaseGrant, acquire
 from tests.helpers import keys_on_shard, running_worker, stored_outcome
 from tests.test_reliability import envelope
 
@@ -36,7 +36,9 @@ async def backend(redis_url: str) -> AsyncIterator[Backend]:
     await connected.aclose()
 
 
-async def acquired(backend: Backend, keys: ShardKeys, token: str, attempt: str) -> Grant | None:
+async def acquired(
+    backend: Backend, keys: ShardKeys, token: str, attempt: str
+) -> LeaseGrant | None:
     return await backend.run_call(acquire(keys, AcquireArgs(token, 5000, 3, attempt)))
 
 
