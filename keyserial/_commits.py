@@ -44,9 +44,9 @@ class Commit:
     payload: str
     #: The outcomes to reply once committed: channel -> [(op id, outcome)].
     replies: Mapping[str, Sequence[tuple[str, str]]]
-    #: The last committed entry to trim through ('' for none), and '1' to trim it now.
+    #: The last committed entry to trim through ('' for none), and whether to trim it now.
     trim_to: str
-    trim_now: str
+    trim_now: bool
 
 
 class CommitPlanner:
@@ -80,7 +80,7 @@ class CommitPlanner:
         passed = self._passed_by_ops()
         if progress:
             self._untrimmed = progress
-        trim_now = "1" if self._untrimmed_entries >= TRIM_EVERY else "0"
+        trim_now = self._untrimmed_entries >= TRIM_EVERY
         payload = ""
         if writes or results or dead or passed:
             commit: dict[str, Any] = {"s": writes, "r": results, "d": list(dead)}
@@ -131,9 +131,9 @@ class ResultGenerations:
         self._since = since_ms
         self._retention = retention_ms
 
-    def rotate(self, now_ms: int) -> str:
-        """'1' if this step should ask for a new generation, else '0'."""
+    def rotate(self, now_ms: int) -> bool:
+        """Whether this step should ask for a new generation."""
         if self._since is not None and now_ms < self._since + self._retention:
-            return "0"
+            return False
         self._since = now_ms
-        return "1"
+        return True

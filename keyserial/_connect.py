@@ -11,6 +11,7 @@ import sniffio
 
 from ._backend import AnyRedis, Backend
 from ._client import Client
+from ._durability import check_durability
 from ._foreign import ForeignLoopClient
 from ._settings import Settings
 from .errors import ShardCountMismatch
@@ -67,7 +68,7 @@ async def _connect_asyncio(
     backend = await Backend.connect(default_url() if redis is None else redis)
     try:
         shard_count = await backend.ensure_shard_count(settings.namespace, settings.shard_count)
-        await backend.check_durability(settings.durability)
+        await check_durability(backend, settings.durability)
     except ShardCountMismatch as exc:
         await backend.aclose()
         if shards is None:  # the count came from the environment

@@ -9,9 +9,9 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
-from ._backend import Backend, Script
+from ._backend import Backend
 from ._backoff import Backoff
 from ._codec import Envelope
 from ._execution import Run
@@ -19,22 +19,21 @@ from ._layout import ShardKeys
 from ._mailbox import LocalShard, Mailbox
 from ._pipeline import Pipeliner, Replies
 from ._routing import route
+from ._scripts import ScriptCall
 from ._settings import Settings
 from .errors import BackendUnavailable
 
 log = logging.getLogger("keyserial.worker")
+R = TypeVar("R")
 
 #: A shard's writes: [(key, JSON state or '' to delete)].
 Writes = list[tuple[str, str]]
 
 
-class Fenced(Protocol):
+class RunFenced(Protocol):
     """The runner's way to run a script fenced by its epoch (``LeaseLost`` when refused)."""
 
-    async def __call__(
-        self, script: Script, keys: Sequence[str], args: Sequence[Any], *,
-        replies: Replies | None = None, replies_at: int | None = None,
-    ) -> Any: ...
+    async def __call__(self, call: ScriptCall[R], *, replies: Replies | None = None) -> R: ...
 
 
 class Finish(Protocol):
@@ -54,7 +53,7 @@ class Collaborators:
     mailbox: Mailbox
     settings: Settings
     shard_count: int
-    fenced: Fenced
+    fenced: RunFenced
     finish: Finish
     #: Runs a task in the runner's task group (its errors end the runner); nothing once the
     #: runner has stopped.
@@ -126,7 +125,7 @@ async def publish(parts: Collaborators, messages: Sequence[tuple[str, str]]) -> 
     by its receiver's poll of the records."""
     for channel, message in messages:
         try:
-            await parts.backend.call("PUBLISH", channel, message)
+            await parts.backend.publish(channel, message)
         except BackendUnavailable as exc:
             log.warning("shard %d: a coordination message not sent: %s", parts.home.shard, exc)
             return

@@ -17,13 +17,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from redis import exceptions as redis_errors
-
-from . import _backend
-from ._backend import ScriptCall
 from ._backoff import Backoff
 from ._chains import Hold
 from ._codec import WIRE_VERSION, encode_reply, pack_entry
+from ._commit_scripts import CommitAcrossArgs, ShardWrites, commit_across
 from ._coordination import (
     Collaborators,
     Writes,
@@ -33,19 +30,19 @@ from ._coordination import (
     split_keys,
     writes_by_shard,
 )
+from ._cross_scripts import DecideArgs, decide
 from ._execution import Run
 from ._intake import GRANT_OP
 from ._json import dumps
 from ._layout import ShardKeys
 from ._mailbox import LocalShard
 from ._messages import Decision, DecisionNotice, GrantRequest, KeyGrant
+from ._refusals import BacklogRefused, OwnedElsewhere, Refused
+from ._scripts import ScriptCall
+from ._submit_scripts import SubmitArgs, submit
 from .errors import BackendUnavailable, LeaseLost
 
 log = logging.getLogger("keyserial.worker")
-
-#: Where ``commit_across`` takes the replies it publishes itself (ARGV[3]).
-_ACROSS_REPLIES = 2
-
 
 class Coordinator:
     """Coordinates the cross-shard ops homed on one shard."""
@@ -91,9 +88,7 @@ class Coordinator:
             self._across_call(envelope.op_id, outcome, owners, writes),
         )
         gated = {reply: [(envelope.op_id, outcome)] for reply in replies}
-        parts.pipeliner.submit(
-            pending.call, gated, _ACROSS_REPLIES, partial(self._committed, pending)
-        )
+        parts.pipeliner.submit(pending.call, gated, partial(self._committed, pending))
         return True
 
     def _committed(self, pending: _PendingCommit, result: Any) -> None:
@@ -121,10 +116,9 @@ class Coordinator:
     async def _confirm(self, pending: _PendingCommit) -> None:
         """Send a commit whose reply was lost again, until it lands or is refused (retried
         while the server is unreachable; ``LeaseLost`` ends the runner, holds and all)."""
-        call = pending.call
         try:
-            result: Any = await self._parts.fenced(call.script, call.keys, call.args)
-        except redis_errors.ResponseError as exc:
+            result: Any = await self._parts.fenced(pending.call)
+        except Refused as exc:
             result = exc
         # Every caller is told again: the first call may have told them already, and a second
         # reply to the same op is ignored.
@@ -156,15 +150,12 @@ class Coordinator:
     def _across_call(
         self, op_id: str, outcome: str, owners: Sequence[LocalShard],
         writes: Mapping[int, Writes],
-    ) -> ScriptCall:
+    ) -> ScriptCall[None]:
         """``commit_across`` of an op's writes, fenced by every shard's epoch (home first)."""
-        home = self._parts.home.keys
-        keys = [home.results, home.results_old]
-        args: list[Any] = [op_id, outcome, "[]"]  # replies: see Pipeliner.run
-        for owner in owners:
-            keys += [owner.keys.epoch, owner.keys.state]
-            args += [owner.epoch, dumps(writes.get(owner.shard, []))]
-        return ScriptCall(_backend.COMMIT_ACROSS, keys, args)
+        return commit_across(CommitAcrossArgs(op_id, outcome, "[]", [
+            ShardWrites(owner.keys, owner.epoch, writes.get(owner.shard, []))
+            for owner in owners
+        ]))
 
     # -- with a task, once the op's barrier holds its home keys --------------------------------
 
@@ -209,14 +200,13 @@ class Coordinator:
         notices += [(reply, encode_reply([(op_id, outcome)])) for reply in replies]
         k = home.keys
         durable = parts.settings.durability is not None
-        won = await parts.fenced(
-            _backend.DECIDE,
-            [k.epoch, k.state, k.results, k.results_old],
-            [home.epoch, op_id, notice.attempt, dumps(notice.decision.to_wire()),
-             dumps(home_writes), outcome, "[]" if durable else dumps(notices)],
-        )
-        if int(won[0]) != 1:  # only a participant that saw the epoch end writes an abort
-            raise LeaseLost(home.shard, f"op {op_id} was aborted: {won[1]!r}")
+        decided = await parts.fenced(decide(k, DecideArgs(
+            epoch=home.epoch, op_id=op_id, attempt=notice.attempt,
+            decision=dumps(notice.decision.to_wire()), home_writes=home_writes,
+            outcome=outcome, notices=[] if durable else notices,
+        )))
+        if not decided.won:  # only a participant that saw the epoch end writes an abort
+            raise LeaseLost(home.shard, f"op {op_id} was aborted: {decided.abort!r}")
         for key, state in home_writes:
             home.states.committed(key, state or None)
         await replicated(parts, k)
@@ -260,14 +250,10 @@ class Coordinator:
             call = self._across_call(envelope.op_id, outcome, owned, writes)
             try:
                 await parts.fenced(
-                    call.script, call.keys, call.args,
-                    replies={reply: [(envelope.op_id, outcome)] for reply in replies},
-                    replies_at=_ACROSS_REPLIES,
+                    call, replies={reply: [(envelope.op_id, outcome)] for reply in replies}
                 )
-            except redis_errors.ResponseError as exc:
-                if not str(exc).startswith("ELSEWHERE"):
-                    raise
-                moved = others[int(str(exc).split()[1]) - 2].shard
+            except OwnedElsewhere as exc:
+                moved = others[exc.index - 2].shard
                 log.info("shard %d: shard %d changed hands during op %s; asking it for a grant",
                          home.shard, moved, envelope.op_id)
                 return False
@@ -320,21 +306,18 @@ class Coordinator:
         its new owner finds the request at its next poll)."""
         parts = self._parts
         local = parts.mailbox.local_shard(there.shard)
-        call = ScriptCall(
-            _backend.SUBMIT, [there.stream],
-            [parts.settings.max_backlog, WIRE_VERSION, pack_entry([request]),
-             "" if local else there.wake_channel],
-        )
+        call = submit(there, SubmitArgs(
+            max_backlog=parts.settings.max_backlog, wire_version=WIRE_VERSION,
+            ops=pack_entry([request]), wake_channel="" if local else there.wake_channel,
+        ))
         backoff = Backoff(0.05, 2.0)
         while True:
             try:
-                entry: bytes = await parts.pipeliner.run(call)
+                entry = await parts.pipeliner.run(call)
                 if local is not None:
                     local.wake()
                 return entry
-            except redis_errors.ResponseError as exc:
-                if not str(exc).startswith("BACKLOG"):
-                    raise
+            except BacklogRefused:
                 log.warning("shard %d: shard %d's backlog is full; retrying a grant request",
                             parts.home.shard, there.shard)
             except BackendUnavailable as exc:
@@ -353,7 +336,7 @@ class _PendingCommit:
     outcome: str
     #: How many of the op's callers the script's reply tells.
     replied: int
-    call: ScriptCall
+    call: ScriptCall[None]
 
 
 def _fences(holds: Sequence[tuple[LocalShard, Hold]]) -> dict[str, int]:

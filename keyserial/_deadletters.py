@@ -20,12 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from . import _backend
 from ._backend import Backend
 from ._codec import WIRE_VERSION, pack_entry
 from ._json import dumps
 from ._layout import ShardKeys
 from ._routing import shard_for
+from ._submit_scripts import SubmitArgs, submit
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,13 +76,10 @@ async def read(
     """The dead letters of ``shards``, oldest first: all (up to ``count`` per shard), or the one
     with ``letter_id`` (each shard's ids are its own, so it may be on more than one)."""
     found = []
+    first, last = (letter_id, letter_id) if letter_id else ("-", "+")
     for shard in shards:
-        first, last = (letter_id, letter_id) if letter_id else ("-", "+")
-        command: list[str | int] = ["XRANGE", ShardKeys(namespace, shard).dead, first, last]
-        if count is not None:
-            command += ["COUNT", count]
-        for entry_id, fields in await backend.call(*command):
-            found.append(_letter(shard, entry_id, fields))
+        letters = await backend.dead_letters(ShardKeys(namespace, shard), first, last, count)
+        found += [_letter(shard, entry_id, fields) for entry_id, fields in letters]
     return found
 
 
@@ -133,7 +130,7 @@ async def replay(
     """Append the letter's ops again (one entry per shard they route to); what was appended,
     and what was skipped and why.
 
-    :raises redis.exceptions.ResponseError: ``BACKLOG`` when a shard's backlog is full.
+    :raises BacklogRefused: when a shard's backlog is full (nothing of that shard appended).
     """
     found, skipped = envelopes(letter.raw)
     by_shard: dict[int, list[dict[str, Any]]] = {}
@@ -148,12 +145,9 @@ async def replay(
         keys = ShardKeys(namespace, shard)
         ids = [envelope["id"] for envelope in ops]
         stored = await backend.stored(keys, ids)
-        entry = await backend.run(
-            _backend.SUBMIT,
-            [keys.stream],
-            [max_backlog, WIRE_VERSION, pack_entry([dumps(op) for op in ops]), keys.wake_channel,
-             "0"],
-        )
+        entry = await backend.run_call(submit(keys, SubmitArgs(
+            max_backlog, WIRE_VERSION, pack_entry([dumps(op) for op in ops]), keys.wake_channel
+        )))
         replayed += [
             Replayed(op_id, shard, _text(entry), outcome is not None)
             for op_id, outcome in zip(ids, stored, strict=True)
@@ -163,5 +157,4 @@ async def replay(
 
 async def drop(backend: Backend, namespace: str, letter: DeadLetter) -> int:
     """Delete one dead letter; 1 if it was there."""
-    return int(await backend.call("XDEL", ShardKeys(namespace, letter.shard).dead,
-                                  letter.letter_id))
+    return int(await backend.drop_dead_letter(ShardKeys(namespace, letter.shard), letter.letter_id))

@@ -41,7 +41,7 @@ def accept(
     *,
     shard: int,
     shard_count: int,
-    done: Mapping[bytes, bytes],
+    done: Mapping[str, str],
     running: MutableMapping[str, Run],
 ) -> Accepted:
     """Take in one entry. ``done``: stored outcomes of op ids that already ran; ``running``:
@@ -60,9 +60,9 @@ def accept(
     for item in items:
         if isinstance(item, MalformedEntry):
             _reject(accepted, item)
-        elif (stored := done.get(item.op_id.encode())) is not None:
+        elif (stored := done.get(item.op_id)) is not None:
             accepted.finished.append(
-                Finished(item.op_id, stored.decode(), [entry], channels(item.reply), store=False)
+                Finished(item.op_id, stored, [entry], channels(item.reply), store=False)
             )
         elif (run := running.get(item.op_id)) is not None:
             if run.outcome is None:

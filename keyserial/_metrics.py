@@ -32,7 +32,8 @@ from .errors import ConfigError
 if TYPE_CHECKING:
     from ._commits import Finished
     from ._execution import Run
-    from ._shard import LeaseGrant, ShardRunner
+    from ._lease_scripts import LeaseGrant
+    from ._shard import ShardRunner
 
 log = logging.getLogger("keyserial.worker")
 

@@ -14,12 +14,12 @@ import sys
 from typing import Any
 
 import anyio
-from redis.exceptions import ResponseError
 
 from . import _deadletters, _status
 from ._argtypes import seconds
 from ._backend import Backend
 from ._connect import default_url
+from ._refusals import BacklogRefused
 from ._settings import Settings
 from .errors import KeyserialError
 
@@ -213,7 +213,7 @@ async def _replay(
             replayed, skipped = await _deadletters.replay(
                 backend, namespace, shard_count, letter, max_backlog=max_backlog
             )
-        except ResponseError as exc:
+        except BacklogRefused as exc:
             print(f"keyserial: error: dead letter {letter.letter_id}: {exc} (shard backlog"
                   " full; nothing of it was appended)", file=sys.stderr)
             return 1

@@ -9,12 +9,12 @@ an abort on the attempt's decision record, set-if-absent: a commit and an abort 
 
 from __future__ import annotations
 
-import json
 import logging
 
-from . import _backend
 from ._codec import encode_error
 from ._coordination import Collaborators, attempt_id, publish, replicated
+from ._cross_scripts import GrantArgs, ResolveArgs, resolve
+from ._cross_scripts import grant as record_grant
 from ._execution import Run
 from ._json import dumps
 from ._layout import ShardKeys
@@ -46,13 +46,13 @@ class Participant:
             return
         await home.states.flush(envelope.keys)  # the granted states are committed states
         with parts.mailbox.expect_decision(request.op_id, request.attempt) as letter:
-            grant = KeyGrant(
+            key_grant = KeyGrant(
                 request.op_id, request.attempt, home.shard,
                 [(key, home.states[key]) for key in envelope.keys],
                 home.executor.next_fence(),  # the granted keys' fencing token, for the op
                 parts.mailbox.channel,
             )
-            await self._send(request, grant)
+            await self._send(request, key_grant)
             decision = await self._await_decision(letter, request)
         if decision.aborted is not None:
             parts.finish(run, _RELEASED, store=True, replies=[])
@@ -63,7 +63,7 @@ class Participant:
                 home.states.write(key, state or None)
         parts.finish(run, _APPLIED, store=True, replies=[])
 
-    async def _send(self, request: GrantRequest, grant: KeyGrant) -> None:
+    async def _send(self, request: GrantRequest, key_grant: KeyGrant) -> None:
         parts = self._parts
         home = parts.home
         if request.channel == parts.mailbox.channel:
@@ -71,18 +71,17 @@ class Participant:
             # needed, an in-process message cannot be lost; and a grant writes nothing, so this
             # worker's zombie could not change anything by granting.)
             await replicated(parts, home.keys)
-            parts.mailbox.deliver(grant)
+            parts.mailbox.deliver(key_grant)
             return
         durable = parts.settings.durability is not None
         k = home.keys
-        await parts.fenced(
-            _backend.GRANT, [k.epoch, k.results],
-            [home.epoch, attempt_id(request.op_id, request.attempt) + "#g",
-             dumps(grant.to_wire()), "" if durable else request.channel],
-        )
+        await parts.fenced(record_grant(k, GrantArgs(
+            epoch=home.epoch, field=attempt_id(request.op_id, request.attempt) + "#g",
+            grant=dumps(key_grant.to_wire()), channel="" if durable else request.channel,
+        )))
         await replicated(parts, k)
         if durable:
-            await publish(parts, [(request.channel, dumps(grant.to_wire()))])
+            await publish(parts, [(request.channel, dumps(key_grant.to_wire()))])
 
     async def _await_decision(self, letter: Letter, request: GrantRequest) -> Decision:
         """The attempt's decision: from the coordinator's notice, or read (or, if the
@@ -93,13 +92,12 @@ class Participant:
             if isinstance(message := await letter.within(parts.poll), DecisionNotice):
                 return message.decision
             try:
-                raw = await parts.backend.run(
-                    _backend.RESOLVE, [there.epoch, there.results, there.results_old],
-                    [request.op_id, request.attempt],
+                record = await parts.backend.run_call(
+                    resolve(there, ResolveArgs(request.op_id, request.attempt))
                 )
             except BackendUnavailable as exc:
                 log.warning("shard %d: waiting for a decision: %s", parts.home.shard, exc)
                 continue
-            if raw is not None:
+            if record is not None:
                 await replicated(parts, there)
-                return Decision.from_wire(json.loads(raw))
+                return Decision.from_wire(record)

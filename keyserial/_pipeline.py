@@ -11,7 +11,7 @@ commands reach the server in the order sent (keyserial's own connection), they g
 batch, one message per client channel for the whole batch (not one per shard step: a Redis
 command each, and a message for the client to parse). Otherwise, and for a call that carries
 the batch's only replies (low load, where the extra hop would cost latency and save nothing),
-the script publishes them itself.
+the script publishes them itself: they go in its ``replies`` argument (``ScriptCall.with_arg``).
 
 With ``durable_replicas`` (see :class:`Durability`), replies go out only once that many replicas
 have the batch's writes (a WAIT behind them), never from a script: a reply is an acknowledgement,
@@ -26,18 +26,21 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
 
-from ._backend import Backend, ScriptCall
+from . import _durability
+from ._backend import Backend
 from ._codec import encode_reply
 from ._json import dumps
+from ._scripts import REPLIES, ScriptCall
 from ._settings import Durability
 from .errors import BackendUnavailable
 
 log = logging.getLogger("keyserial.worker")
+R = TypeVar("R")
 
 #: Outcomes to reply once a call has committed them: channel -> [(op id, outcome JSON)].
 Replies = Mapping[str, Sequence[tuple[str, str]]]
@@ -46,12 +49,11 @@ Replies = Mapping[str, Sequence[tuple[str, str]]]
 class _Batch:
     """Calls that go out in one pipeline; one event wakes all their callers."""
 
-    __slots__ = ("callbacks", "calls", "done", "replies", "replies_at", "results")
+    __slots__ = ("callbacks", "calls", "done", "replies", "results")
 
     def __init__(self) -> None:
-        self.calls: list[ScriptCall] = []
+        self.calls: list[ScriptCall[Any]] = []
         self.replies: list[Replies | None] = []
-        self.replies_at: list[int | None] = []
         #: Called with the call's reply (or its error) once the batch is back; None: awaited.
         self.callbacks: list[Callable[[Any], None] | None] = []
         self.done = anyio.Event()
@@ -78,23 +80,17 @@ class Pipeliner:
                 task_group.start_soon(pipeliner.serve)
             await anyio.sleep_forever()
 
-    async def run(
-        self, call: ScriptCall, replies: Replies | None = None, replies_at: int | None = None
-    ) -> Any:
+    async def run(self, call: ScriptCall[R], replies: Replies | None = None) -> R:
         """See :meth:`_NodePipeliner.run`."""
-        return await self._of(call).run(call, replies, replies_at)
+        return await self._of(call).run(call, replies)
 
     def submit(
-        self,
-        call: ScriptCall,
-        replies: Replies | None,
-        replies_at: int | None,
-        on_done: Callable[[Any], None],
+        self, call: ScriptCall[Any], replies: Replies | None, on_done: Callable[[Any], None]
     ) -> None:
         """See :meth:`_NodePipeliner.submit`."""
-        self._of(call).submit(call, replies, replies_at, on_done)
+        self._of(call).submit(call, replies, on_done)
 
-    def _of(self, call: ScriptCall) -> _NodePipeliner:
+    def _of(self, call: ScriptCall[Any]) -> _NodePipeliner:
         """The pipeliner of the node that serves the call's keys (as the client knows now)."""
         node = self._backend.node_of(call.keys[0])
         pipeliner = self._by_node.get(node)
@@ -121,51 +117,45 @@ class _NodePipeliner:
         #: Told how many calls each pipeline sends (the worker's metrics).
         self.on_batch: Callable[[int], None] = _ignore
 
-    async def run(
-        self, call: ScriptCall, replies: Replies | None = None, replies_at: int | None = None
-    ) -> Any:
-        """The script's reply. ``replies`` are published once the call has succeeded (never
-        after an error: a fenced step committed nothing): by the script itself, given them
-        as JSON ``[[channel, message], ...]`` in ``call.args[replies_at]``, or with the batch.
+    async def run(self, call: ScriptCall[R], replies: Replies | None = None) -> R:
+        """The script's reply, as the call decodes it. ``replies`` are published once the call
+        has succeeded (never after a refusal: a fenced step committed nothing): by the script
+        itself, given them as JSON ``[[channel, message], ...]`` in its ``replies`` argument,
+        or with the batch.
 
-        :raises redis.exceptions.ResponseError: the script's own error (``FENCED …``).
+        :raises Refused: the script's refusal (``Fenced``, …).
         :raises BackendUnavailable: if the server does not answer.
         """
         batch = self._next
         index = len(batch.calls)
-        self._add(call, replies, replies_at, None)
+        self._add(call, replies, None)
         await batch.done.wait()
         result = batch.results[index]
         if isinstance(result, Exception):
             raise result
-        return result
+        reply: R = result
+        return reply
 
     def submit(
-        self,
-        call: ScriptCall,
-        replies: Replies | None,
-        replies_at: int | None,
-        on_done: Callable[[Any], None],
+        self, call: ScriptCall[Any], replies: Replies | None, on_done: Callable[[Any], None]
     ) -> None:
         """Like :meth:`run`, without a task to await it: ``on_done`` gets the script's reply,
         or the error :meth:`run` would raise, once the batch is back (before the awaiting
         callers of that batch wake)."""
-        self._add(call, replies, replies_at, on_done)
+        self._add(call, replies, on_done)
 
     def _add(
         self,
-        call: ScriptCall,
+        call: ScriptCall[Any],
         replies: Replies | None,
-        replies_at: int | None,
         on_done: Callable[[Any], None] | None,
     ) -> None:
         if replies and not self._backend.in_order and self._durability is None:
-            assert replies_at is not None, "the script must publish its replies itself"
-            call, replies = _inline(call, replies, replies_at), None
+            assert call.script.publishes, f"{call.script.name} cannot publish replies itself"
+            call, replies = _inline(call, replies), None
         batch = self._next
         batch.calls.append(call)
         batch.replies.append(replies or None)
-        batch.replies_at.append(replies_at)
         batch.callbacks.append(on_done)
         self._queued.set()
 
@@ -176,12 +166,12 @@ class _NodePipeliner:
             batch, self._next = self._next, _Batch()
             self.on_batch(len(batch.calls))
             carrying = [i for i, replies in enumerate(batch.replies) if replies]
-            if (len(carrying) == 1 and batch.replies_at[carrying[0]] is not None
+            if (len(carrying) == 1 and batch.calls[carrying[0]].script.publishes
                     and self._durability is None):
                 i = carrying[0]
-                replies, at = batch.replies[i], batch.replies_at[i]
-                assert replies is not None and at is not None
-                batch.calls[i], batch.replies[i] = _inline(batch.calls[i], replies, at), None
+                replies = batch.replies[i]
+                assert replies is not None
+                batch.calls[i], batch.replies[i] = _inline(batch.calls[i], replies), None
             try:
                 batch.results, confirmed = await self._run(batch.calls)
             except BackendUnavailable as exc:
@@ -208,11 +198,11 @@ class _NodePipeliner:
                     on_done(result)
             batch.done.set()
 
-    async def _run(self, calls: Sequence[ScriptCall]) -> tuple[list[Any], bool]:
+    async def _run(self, calls: Sequence[ScriptCall[Any]]) -> tuple[list[Any], bool]:
         """The calls' replies, and whether the replicas the durability asks for have them."""
         if self._durability is None:
             return await self._backend.run_many(calls), True
-        return await self._backend.run_confirmed(calls, self._durability)
+        return await _durability.run_confirmed(self._backend, calls, self._durability)
 
     def _releasable(
         self, messages: list[tuple[str, str]], confirmed: bool
@@ -237,7 +227,7 @@ class _NodePipeliner:
         otherwise the scripts publish)."""
         try:
             for channel, message in messages:
-                await self._backend.call("PUBLISH", channel, message)
+                await self._backend.publish(channel, message)
         except BackendUnavailable as exc:
             log.warning("%d reply messages not sent: %s", len(messages), exc)
 
@@ -256,11 +246,9 @@ def _ignore(calls: int) -> None:
     pass
 
 
-def _inline(call: ScriptCall, replies: Replies, at: int) -> ScriptCall:
+def _inline(call: ScriptCall[R], replies: Replies) -> ScriptCall[R]:
     """``call`` with its replies in its arguments, for the script to publish."""
-    args = list(call.args)
-    args[at] = dumps(_encoded(replies))
-    return ScriptCall(call.script, call.keys, args)
+    return call.with_arg(REPLIES, dumps(_encoded(replies)))
 
 
 def _encoded(replies: Replies) -> list[tuple[str, str]]:

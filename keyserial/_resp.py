@@ -1,16 +1,14 @@
 """The hot path's own connections to a standalone server over TCP: pipelined batches of commands,
-and pub/sub subscriptions.
+and pub/sub subscriptions; and the classes of the redis-py connections keyserial opens.
 
-redis-py's asyncio client spends about 15 µs of Python per pipelined command besides packing and
-parsing, and more per pub/sub message; a worker serving 16 shards sends a script call per shard
-step and gets a wake-up per stream entry, and a client sends a call per entry and gets a reply
-message per commit. (A batch of 14 step calls: 29.6 µs of CPU per call through redis-py's
-pipeline, 14.6 through this. In the benchmark, worker and client CPU per op fell by a fifth and
-throughput rose 20–45%.) Here hiredis packs and parses, in C, as it does inside redis-py; this
-module only writes each batch at once and hands each reply to whoever waits for it, in the order
-the commands were sent, or a message to its handler. Concurrent batches share one connection, so
-there is no pool. Everything else (TLS, Unix sockets, clusters, clients the caller configured)
-stays with redis-py.
+redis-py's asyncio client spends Python time on every pipelined command besides packing and
+parsing, and more on every pub/sub message; a worker sends a script call per shard step and gets
+a wake-up per stream entry, a client sends a call per entry and gets a reply message per commit
+(what this saves: benchmarks/README.md). Here hiredis packs and parses, in C, as it does inside
+redis-py; this module only writes each batch at once and hands each reply to whoever waits for
+it, in the order the commands were sent, or a message to its handler. Concurrent batches share
+one connection, so there is no pool. Everything else (TLS, Unix sockets, clusters, clients the
+caller configured) stays with redis-py, on the connection classes at the end of this module.
 """
 
 from __future__ import annotations
@@ -18,17 +16,24 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, TypeAlias
+from urllib.parse import urlsplit
 
 import anyio
 import hiredis
 from redis import exceptions as redis_errors
 from redis._parsers.base import BaseParser
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import Connection
+from redis.typing import EncodableT
+from redis.utils import HIREDIS_AVAILABLE
 
 log = logging.getLogger("keyserial")
 
 Command = Sequence[Any]
+AnyRedis: TypeAlias = "Redis | RedisCluster"
 MessageHandler = Callable[[str, bytes], None]
 
 
@@ -284,3 +289,104 @@ class Subscriber:
 
     async def aclose(self) -> None:
         self.close()
+
+
+# -- redis-py's connections --------------------------------------------------------------------
+
+#: Timeouts for the command connections keyserial opens from a URL (a ``?socket_timeout=`` in
+#: the URL wins). No command keyserial sends blocks, so a reply that takes longer means a dead
+#: connection; without a timeout, a half-open socket after a server restart could hang forever.
+#: Pub/sub connections get no read timeout: they are idle between messages by design.
+URL_TIMEOUTS: dict[str, Any] = {"socket_connect_timeout": 5.0, "socket_timeout": 10.0}
+
+
+class CloseSafeConnection(Connection):
+    """A TCP connection whose write, when another task closes it meanwhile (a cluster client
+    resets its connections after one fails), raises ``ConnectionError`` as any lost connection
+    does. redis-py through 8.1 leaks ``AttributeError``/``TypeError`` there (redis/redis-py#3546,
+    #4287), which no retry loop recognises: a worker would crash mid-outage instead of waiting
+    it out. (redis-py has already dropped the connection when this re-raises.)"""
+
+    async def send_packed_command(
+        self, command: bytes | str | Iterable[bytes], check_health: bool = True
+    ) -> None:
+        try:
+            await super().send_packed_command(command, check_health)
+        except (AttributeError, TypeError) as exc:
+            # The race's signature: a method called on, or of, a torn-down writer (None).
+            # Anything else is a bug, shown as it is.
+            if not (
+                (isinstance(exc, AttributeError) and exc.obj is None)
+                or "'NoneType' object is not callable" in str(exc)
+            ):
+                raise
+            raise redis_errors.ConnectionError(f"connection closed during a write ({exc})") from exc
+
+
+class HiredisPackedConnection(CloseSafeConnection):
+    """A TCP connection that packs commands with hiredis's C packer, as redis-py's synchronous
+    connection already does (its asyncio one packs in Python, several times slower). It also
+    marks a client whose script batches, commands and subscriptions can take the hot path's own
+    connection (:func:`pipelined_connection`). Anything hiredis cannot pack (a bool) goes to
+    redis-py's packer and its error."""
+
+    def pack_command(self, *args: EncodableT) -> list[bytes]:
+        command: tuple[Any, ...] = args
+        if isinstance(args[0], str):  # "CLIENT SETNAME" is two words, as redis-py splits it
+            command = (*args[0].encode().split(), *args[1:])
+        try:
+            return [hiredis.pack_command(command)]
+        except TypeError:
+            return super().pack_command(*args)
+
+
+def client_options(url: str) -> dict[str, Any]:
+    """Options for a client opened from ``url``: timeouts, and the C packer on plain TCP (TLS
+    and Unix sockets keep redis-py's own connection classes)."""
+    options = dict(URL_TIMEOUTS)
+    if HIREDIS_AVAILABLE and urlsplit(url).scheme == "redis":
+        options["connection_class"] = HiredisPackedConnection
+    return options
+
+
+def use_close_safe_connections(cluster: RedisCluster, url: str) -> None:
+    """Make ``cluster``'s nodes open :class:`CloseSafeConnection` s. (RedisCluster takes no
+    connection class; its nodes take one from the connection options they are created with.)
+    TLS keeps redis-py's own class."""
+    if urlsplit(url).scheme != "redis":
+        return
+    cluster.nodes_manager.connection_kwargs["connection_class"] = CloseSafeConnection
+    for node in cluster.nodes_manager.startup_nodes.values():
+        node.connection_class = CloseSafeConnection
+
+
+def pipelined_connection(client: AnyRedis) -> PipelinedConnection | None:
+    """The hot path's own connection, where redis-py's would be a plain TCP one with the C
+    packer (see :func:`client_options`)."""
+    if isinstance(client, RedisCluster):
+        return None
+    pool = client.connection_pool
+    if pool.connection_class is not HiredisPackedConnection:
+        return None
+    options = pool.connection_kwargs
+    return PipelinedConnection(
+        options.get("host", "localhost"),
+        int(options.get("port", 6379)),
+        db=int(options.get("db", 0) or 0),
+        username=options.get("username"),
+        password=options.get("password"),
+        connect_timeout=options.get("socket_connect_timeout"),
+        timeout=options.get("socket_timeout"),
+    )
+
+
+def describe(client: AnyRedis) -> str:
+    """A URL-like name for a caller's client, for error messages (no password)."""
+    if isinstance(client, RedisCluster):
+        node = client.get_default_node()
+        return f"redis-cluster://{node.host}:{node.port}" if node else "redis-cluster"
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    host, port, db = kwargs.get("host", "localhost"), kwargs.get("port", 6379), kwargs.get("db", 0)
+    return f"redis://{host}:{port}/{db}"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 import zlib
+from collections.abc import Sequence
 
 from ._codec import Envelope
 from .errors import ConfigError
@@ -48,3 +50,12 @@ def parse_shards(spec: str, shard_count: int) -> list[int]:
             )
         shards.update(range(low, high + 1))
     return sorted(shards)
+
+
+def format_shards(shards: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``"0-2,5"`` (sorted input): :func:`parse_shards` reads it back."""
+    runs = [
+        [shard for _, shard in run]
+        for _, run in itertools.groupby(enumerate(shards), lambda pair: pair[1] - pair[0])
+    ]
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)

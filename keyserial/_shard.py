@@ -24,19 +24,17 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
-from redis import exceptions as redis_errors
 
-from . import _backend
-from ._backend import Backend, Script, ScriptCall
+from ._backend import Backend
 from ._backoff import Backoff
 from ._chains import Chains, Hold
+from ._commit_scripts import StepArgs, StepReply, step
 from ._commits import CommitPlanner, DeadLetter, Finished, ResultGenerations
 from ._coordination import Collaborators
 from ._crossshard import CrossShard
@@ -44,36 +42,18 @@ from ._execution import Executor, Run
 from ._intake import accept
 from ._keystates import KeyStates
 from ._layout import ShardKeys
+from ._lease_scripts import LeaseGrant
 from ._mailbox import Mailbox
 from ._metrics import NO_METRICS, ShardMetrics
 from ._ops import Registry
 from ._pipeline import Pipeliner, Replies
+from ._refusals import Fenced
+from ._scripts import ScriptCall
 from ._settings import Settings
 from .errors import BackendUnavailable, LeaseLost
 
 log = logging.getLogger("keyserial.worker")
 T = TypeVar("T")
-
-#: Where the step script takes the replies it publishes itself (ARGV[12]).
-_STEP_REPLIES = 11
-
-
-@dataclass(frozen=True, slots=True)
-class LeaseGrant:
-    """What acquiring a shard's lease returned."""
-
-    epoch: int
-    progress: str
-    careful_until: str | None
-    poisoned: str | None
-    #: When (ms) the shard's current results generation began; None: none has.
-    results_since: int | None
-    #: The last entry the previous owner fetched, if it is past progress: up to it, stored
-    #: outcomes are looked up before any op runs again (some may have committed).
-    replay_until: str | None = None
-    #: The op that took a strike when this owner was granted the shard: it runs alone.
-    suspect: str | None = None
-
 
 def parse_id(entry_id: str) -> tuple[int, int]:
     ms, _, seq = entry_id.partition("-")
@@ -118,11 +98,6 @@ class ShardRunner:
         self._wakeup = anyio.Event()
         self._commits = CommitPlanner()
         self._generations = ResultGenerations(grant.results_since, settings.result_ttl_ms)
-        k = self.keys
-        self._step_keys = [
-            k.epoch, k.state, k.progress, k.stream, k.results, k.results_old, k.dead, k.horizon,
-            k.results_since,
-        ]
         #: Set once :meth:`run` has returned: no step will ever come again.
         self._ended = False
         self.executor = Executor(
@@ -161,11 +136,10 @@ class ShardRunner:
         """Load every state of a small shard, so steps need not read any. (The epoch is ours
         already: an earlier owner's late writes are fenced out.)"""
         limit = self._settings.preload_states
-        state = self.keys.state
-        if not limit or await self._retrying(lambda: self._backend.call("HLEN", state)) > limit:
+        if not limit or await self._retrying(lambda: self._backend.state_count(self.keys)) > limit:
             return
-        loaded = await self._retrying(lambda: self._backend.call("HGETALL", state))
-        self.states.load_all({k.decode(): v.decode() for k, v in _fields(loaded).items()})
+        loaded = await self._retrying(lambda: self._backend.all_states(self.keys))
+        self.states.load_all({key.decode(): state.decode() for key, state in loaded.items()})
 
     @property
     def uncommitted(self) -> int:
@@ -214,11 +188,11 @@ class ShardRunner:
             want = self._fetch_size()
             if self._finished or self._dead or (want and not idle):
                 self._woken = False
-                entries, done = await self._step(want)
+                fetched = await self._step(want)
                 if want:
-                    idle = not entries
-                if entries:
-                    await self._dispatch(entries, done)
+                    idle = not fetched.entries
+                if fetched.entries:
+                    await self._dispatch(fetched)
                 continue
             if self._stopping and not self._running:
                 return
@@ -237,41 +211,40 @@ class ShardRunner:
         self._suspect = None
         self._replayed.set()
 
-    async def _step(self, want: int) -> tuple[list[Any], dict[bytes, bytes]]:
-        """Commit what finished; fetch up to ``want`` entries. Returns the entries and the stored
-        outcomes of op ids among them that already ran.
+    async def _step(self, want: int) -> StepReply:
+        """Commit what finished; fetch up to ``want`` entries, with the stored outcomes of op
+        ids among them that already ran.
 
         Never cancel a step while the runner goes on: it takes its batch out of memory first,
         so a cancelled step that never reached Redis loses the batch's results while the cache
         keeps their effects, and the next commit of those keys writes the effects alone."""
         batch, self._finished = self._finished, []
         dead, self._dead = self._dead, []
-        step, writes = self.states.start_step()
+        number, writes = self.states.start_step()
         commit = self._commits.plan(batch, dead, writes)
-        args = [
-            self.epoch, commit.progress, self._generations.rotate(int(time.time() * 1000)),
-            self._cursor, want, commit.payload, "1" if self._replay_until is not None else "0",
-            self._settings.result_ttl_ms, commit.trim_to, commit.trim_now,
-            int(self.states.complete), "",
-        ]
+        call = step(self.keys, StepArgs(
+            epoch=self.epoch, progress=commit.progress,
+            rotate=self._generations.rotate(int(time.time() * 1000)), cursor=self._cursor,
+            fetch=want, commit=commit.payload, replaying=self._replay_until is not None,
+            result_ttl_ms=self._settings.result_ttl_ms, trim_to=commit.trim_to,
+            trim_now=commit.trim_now, states_held=self.states.complete,
+        ))
         began = time.monotonic()  # (metrics)
-        entries, done, states = await self.fenced(
-            _backend.STEP, self._step_keys, args, replies=commit.replies, replies_at=_STEP_REPLIES
-        )
+        fetched = await self.fenced(call, replies=commit.replies)
         self.metrics.stepped(batch, len(dead), began)
-        self.states.step_done(step)
-        if commit.trim_to and (commit.trim_now == "1" or not want or not entries):
+        self.states.step_done(number)
+        if commit.trim_to and (commit.trim_now or not want or not fetched.entries):
             self._commits.trimmed()
         for finished in batch:
             if self._running.pop(finished.op_id, None) is not None:
                 self._uncommitted -= 1
-        if not entries:
+        if not fetched.entries:
             if want and self._replay_until is not None:
                 self._end_replay()
-            return [], {}
-        for raw_key, raw_state in zip(states[::2], states[1::2], strict=True):
-            self.states.load(raw_key.decode(), raw_state.decode() or None)
-        return entries, dict(zip(done[::2], done[1::2], strict=True))
+            return fetched
+        for key, state in fetched.states.items():
+            self.states.load(key, state)
+        return fetched
 
     async def _commit_through(self, run: Run) -> None:
         """Commit until ``run`` (the suspect) has committed, scheduling nothing else meanwhile.
@@ -288,13 +261,12 @@ class ShardRunner:
             if sleeping.cancelled_caught:
                 return
 
-    async def _dispatch(self, entries: list[Any], done: dict[bytes, bytes]) -> None:
+    async def _dispatch(self, fetched: StepReply) -> None:
         runnable: list[Run] = []
-        for raw_id, fields in entries:
-            entry_id = raw_id.decode()
+        for entry_id, fields in fetched.entries:
             self._cursor = entry_id
-            accepted = accept(entry_id, _fields(fields), shard=self.shard,
-                              shard_count=self._shard_count, done=done, running=self._running)
+            accepted = accept(entry_id, fields, shard=self.shard, shard_count=self._shard_count,
+                              done=fetched.done, running=self._running)
             self._commits.track(accepted.entry)
             self._dead.extend(accepted.dead)
             for finished in accepted.finished:
@@ -366,21 +338,16 @@ class ShardRunner:
 
     async def _read_states(self, keys: list[str]) -> list[bytes | None]:
         """Committed states of keys this owner has not cached."""
-        return await self._retrying(lambda: self._backend.hmget(self.keys.state, keys))
+        return await self._retrying(lambda: self._backend.states(self.keys, keys))
 
-    async def fenced(
-        self, script: Script, keys: Sequence[str], args: Sequence[Any], *,
-        replies: Replies | None = None, replies_at: int | None = None,
-    ) -> Any:
-        """Run a fenced script (raises ``LeaseLost`` when another owner's epoch refuses it);
-        ``replies`` go out once it has committed (see :meth:`Pipeliner.run`)."""
-        call = ScriptCall(script, keys, args)
+    async def fenced(self, call: ScriptCall[T], *, replies: Replies | None = None) -> T:
+        """Run a script fenced by this owner's epoch in the next pipeline (raises ``LeaseLost``
+        when another owner's epoch refuses it); ``replies`` go out once it has committed (see
+        :meth:`Pipeliner.run`)."""
         try:
-            return await self._retrying(lambda: self._pipeliner.run(call, replies, replies_at))
-        except redis_errors.ResponseError as exc:
-            if str(exc).startswith("FENCED"):
-                raise LeaseLost(self.shard, "another worker took the shard over") from None
-            raise
+            return await self._retrying(lambda: self._pipeliner.run(call, replies))
+        except Fenced:
+            raise LeaseLost(self.shard, "another worker took the shard over") from None
 
     async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
         """``attempt()``, again while Redis is unreachable: the lease loop, not this runner,
@@ -393,8 +360,3 @@ class ShardRunner:
                 log.warning("shard %d: %s; retrying in %.2fs", self.shard, exc, backoff.delay)
                 await backoff.sleep()
 
-
-def _fields(raw: Any) -> dict[bytes, bytes]:
-    if isinstance(raw, dict):
-        return raw
-    return dict(zip(raw[::2], raw[1::2], strict=True))

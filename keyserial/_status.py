@@ -12,8 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._backend import Backend, Script, ScriptCall
-from ._layout import ShardKeys, meta_key
+from ._backend import Backend
+from ._commands import raise_errors
+from ._layout import ShardKeys
+from ._submit_scripts import StatusReply
+from ._submit_scripts import status as status_call
 from .errors import ConfigError
 
 
@@ -81,49 +84,34 @@ async def shard_count(backend: Backend, namespace: str) -> int:
 
     :raises ConfigError: if nothing has used the namespace yet (nothing is recorded).
     """
-    recorded = await backend.call("HGET", meta_key(namespace), "shards")
+    recorded = await backend.recorded_shard_count(namespace)
     if recorded is None:
         raise ConfigError(
             f"namespace {namespace!r} has no shard count recorded in Redis: no worker or client"
             " has used it (check --namespace and --redis)"
         )
-    return int(recorded)
+    return recorded
 
 
 async def snapshot(backend: Backend, namespace: str, shards: int) -> list[Snapshot]:
     """Every shard of the namespace, read in one pipeline."""
-    script = Script.load("status")
-    calls = []
-    for shard in range(shards):
-        k = ShardKeys(namespace, shard)
-        keys = [k.lease, k.epoch, k.progress, k.stream, k.dead, k.results, k.results_since]
-        calls.append(ScriptCall(script, keys, []))
-    replies = await backend.run_many(calls)
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise reply
-    return [_parse(shard, reply) for shard, reply in enumerate(replies)]
+    calls = [status_call(ShardKeys(namespace, shard)) for shard in range(shards)]
+    replies = raise_errors(await backend.run_many(calls))
+    return [_snapshot(shard, reply) for shard, reply in enumerate(replies)]
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _parse(shard: int, reply: Sequence[Any]) -> Snapshot:
-    token, pttl, epoch, _, backlog, oldest, dead, results, since, seconds, micros = (
-        _text(value) for value in reply
-    )
+def _snapshot(shard: int, reply: StatusReply) -> Snapshot:
     return Snapshot(
         shard=shard,
-        owner=Owner.parse(token) if token else None,
-        lease_ms=int(pttl) if token and int(pttl) >= 0 else None,
-        epoch=int(epoch) if epoch else None,
-        backlog=int(backlog),
-        oldest_entry_ms=int(oldest.partition("-")[0]) if oldest else None,
-        dead_letters=int(dead),
-        results=int(results),
-        results_since=since,
-        time_ms=int(seconds) * 1000 + int(micros) // 1000,
+        owner=None if reply.owner is None else Owner.parse(reply.owner),
+        lease_ms=reply.lease_ms,
+        epoch=reply.epoch,
+        backlog=reply.backlog,
+        oldest_entry_ms=int(reply.oldest_entry.partition("-")[0]) if reply.oldest_entry else None,
+        dead_letters=reply.dead_letters,
+        results=reply.results,
+        results_since=reply.results_since,
+        time_ms=reply.time_ms,
     )
 
 

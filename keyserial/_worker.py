@@ -1,52 +1,44 @@
 """A worker process's runtime: own shards through leases, serve each with a :class:`ShardRunner`.
 
 Several workers may list the same shards: one owns each shard, the others stand by and acquire
-it when its lease expires (a crash) or is released (a clean shutdown). Leases are renewed every
-``min(lease_ttl / 4, 0.5 s)``; a shard whose lease cannot be renewed before it would expire is
-dropped at once, with its cache. Correctness does not depend on that timing: every step script
-checks the epoch before it writes, so a frozen-then-resumed worker can never write.
+it when its lease expires (a crash) or is released (a clean shutdown). Leases (``_leases``) are
+renewed every ``min(lease_ttl / 4, 0.5 s)``; a shard whose lease cannot be renewed before it
+would expire is dropped at once, with its cache. Correctness does not depend on that timing:
+every step script checks the epoch before it writes, so a frozen-then-resumed worker can never
+write.
 """
 
 from __future__ import annotations
 
-import itertools
 import logging
 import os
 import socket
 import uuid
-from collections import defaultdict
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import anyio
 from anyio.abc import TaskGroup
 
-from . import _backend
-from ._backend import AnyRedis, Backend, ScriptCall
+from . import _durability
+from ._backend import AnyRedis, Backend
 from ._backoff import Backoff
 from ._intake import GRANT_OP
 from ._layout import ShardKeys, worker_channel
+from ._lease_scripts import LeaseGrant
+from ._leases import Held, Leases
 from ._mailbox import Mailbox
 from ._metrics import Metrics
 from ._ops import Registry
 from ._pipeline import Pipeliner
-from ._routing import parse_shards
+from ._routing import format_shards, parse_shards
 from ._settings import Settings
-from ._shard import LeaseGrant, ShardRunner
+from ._shard import ShardRunner
 from .errors import BackendUnavailable, ConfigError, LeaseLost
 from .ledger import LEDGER_OPS
 
 log = logging.getLogger("keyserial.worker")
-
-
-class _Owned:
-    """A shard this worker holds: its runner, and when its lease was last renewed."""
-
-    def __init__(self, runner: ShardRunner, renewed_at: float) -> None:
-        self.runner = runner
-        self.renewed_at = renewed_at
-        self.scope = anyio.CancelScope()
-        self.done = anyio.Event()
 
 
 class Worker:
@@ -74,13 +66,7 @@ class Worker:
         self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._redis = redis
         self._shard_spec = shards
-        self._owned: dict[int, _Owned] = {}
-        #: Shards whose runner failed, and until when this worker leaves them to others.
-        self._resting: dict[int, float] = {}
-        #: Redis nodes whose lease round is in flight (one at a time per node).
-        self._lease_rounds: set[str] = set()
-        #: Each shard's acquire attempt whose answer was lost (see ``acquire.lua``).
-        self._attempts: dict[int, str] = {}
+        self._owned: dict[int, Held] = {}
         self._mailbox = Mailbox(worker_channel(self.settings.namespace, self.token), self._runner)
         self._stop = anyio.Event()
         self._shard_count = 0
@@ -117,7 +103,7 @@ class Worker:
             log.info(
                 "worker %s serving shards %s of %d in namespace %r (ops: %s)",
                 self.token,
-                _ranges(self.shards),
+                format_shards(self.shards),
                 shard_count,
                 self.settings.namespace,
                 ", ".join(self.registry.names()),
@@ -125,13 +111,17 @@ class Worker:
             self._pipeliner = Pipeliner(backend, self.settings.durability)
             self._pipeliner.on_batch = self.metrics.pipelined
             async with anyio.create_task_group() as task_group:
+                self._leases = Leases(
+                    backend, self.settings, self.token, self.metrics, self._owned,
+                    partial(self._start, backend, shard_count, task_group),
+                )
                 task_group.start_soon(self._pipeliner.serve)
                 await task_group.start(self._listen_for_wakeups, backend)
                 await task_group.start(self.metrics.serve)
-                task_group.start_soon(self._lease_loop, backend, shard_count, task_group)
+                task_group.start_soon(self._leases.keep, self.shards, self._stop)
                 self._started.set()
                 await self._stop.wait()
-                await self._shut_down(backend)
+                await self._shut_down()
                 task_group.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
@@ -170,7 +160,7 @@ class Worker:
                     self._shard_count = await backend.ensure_shard_count(
                         self.settings.namespace, self.settings.shard_count
                     )
-                    await backend.check_durability(self.settings.durability)
+                    await _durability.check_durability(backend, self.settings.durability)
                 except BaseException:
                     await backend.aclose()
                     raise
@@ -191,153 +181,18 @@ class Worker:
             raise ConfigError(f"shards {bad} do not exist with {shard_count} shards")
         return shards
 
-    # -- leases ------------------------------------------------------------------------------
-
-    async def _lease_loop(self, backend: Backend, shard_count: int, task_group: TaskGroup) -> None:
-        """Renew owned leases and try the free ones, until cancelled; it keeps renewing while a
-        shutdown drains, so draining commits are not fenced off."""
-        tick = min(self.settings.lease_ttl / 4, 0.5)
-        while True:
-            self._lease_round(backend, shard_count, task_group)
-            await anyio.sleep(tick)
-
-    def _lease_round(self, backend: Backend, shard_count: int, task_group: TaskGroup) -> None:
-        """Start a round for each Redis node (each master of a cluster) whose last round has
-        ended: a node that does not answer holds up the leases of its own shards only."""
-        stopping = self._stop.is_set()
-        now = anyio.current_time()
-        rounds: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
-        def node_of(shard: int) -> str:
-            return backend.node_of(ShardKeys(self.settings.namespace, shard).lease)
-
-        for shard in self._owned:
-            rounds[node_of(shard)][0].append(shard)
-        for shard in self.shards:
-            if shard not in self._owned and self._resting.get(shard, 0) <= now and not stopping:
-                rounds[node_of(shard)][1].append(shard)
-        for node, (owned, free) in rounds.items():
-            if node not in self._lease_rounds:
-                self._lease_rounds.add(node)
-                task_group.start_soon(
-                    self._node_lease_round, backend, shard_count, node, owned, free, task_group
-                )
-
-    async def _node_lease_round(
-        self,
-        backend: Backend,
-        shard_count: int,
-        node: str,
-        owned: list[int],
-        free: list[int],
-        task_group: TaskGroup,
-    ) -> None:
-        """Renew ``owned`` and try to acquire ``free``, the shards of one node, in one
-        pipeline."""
-        try:
-            ttl = self.settings.lease_ttl_ms
-            calls = [
-                ScriptCall(
-                    _backend.RENEW, [ShardKeys(self.settings.namespace, s).lease], [self.token, ttl]
-                )
-                for s in owned
-            ]
-            calls += [self._acquire_call(shard) for shard in free]
-            sent_at = anyio.current_time()
-            try:
-                # Bounded: a round that outlives a lease TTL is useless, and cancelling it drops
-                # whatever connection it was stuck on.
-                with anyio.fail_after(self.settings.lease_ttl):
-                    replies = await backend.run_many(calls)
-            except (BackendUnavailable, TimeoutError) as exc:
-                # (A TimeoutError from fail_after has no message of its own.)
-                reason = str(exc) or f"no reply within the lease TTL ({self.settings.lease_ttl:g}s)"
-                log.warning("cannot renew or acquire leases (shards %s): %s",
-                            _ranges(sorted([*owned, *free])), reason)
-                self.metrics.renew_failed(owned)
-                return
-            self._renewed(owned, replies, sent_at)
-            for shard, reply in zip(free, replies[len(owned) :], strict=True):
-                if isinstance(reply, Exception):
-                    # "Not now" (a restart LOADING, a BUSY script) is tried again next round.
-                    level = (
-                        logging.WARNING if isinstance(reply, BackendUnavailable) else logging.ERROR
-                    )
-                    log.log(level, "acquiring shard %d failed: %s", shard, reply)
-                    continue
-                self._attempts.pop(shard, None)  # answered: the next acquire is a new attempt
-                if reply:
-                    grant = _grant(reply)
-                    self._start(backend, shard_count, shard, grant, sent_at, task_group)
-        finally:
-            self._lease_rounds.discard(node)
-            self._drop_expired(anyio.current_time())
-
-    def _renewed(self, owned: list[int], replies: list[Any], sent_at: float) -> None:
-        for shard, reply in zip(owned, replies, strict=False):
-            holder = self._owned.get(shard)
-            if holder is None:
-                continue
-            if reply == 1:
-                holder.renewed_at = sent_at
-            elif isinstance(reply, Exception):
-                # An error reply (BUSY, LOADING) says nothing about the lease: it is tried again
-                # next round, and dropped only once it may have expired (_drop_expired).
-                log.warning("shard %d: renewing the lease: %s", shard, reply)
-                self.metrics.renew_failed([shard])
-            else:
-                self.metrics.renew_failed([shard])
-                self._drop(shard, "the lease expired and another worker may own the shard")
-
-    def _acquire_call(self, shard: int) -> ScriptCall:
-        k = ShardKeys(self.settings.namespace, shard)
-        return ScriptCall(
-            _backend.ACQUIRE,
-            [
-                k.lease,
-                k.epoch,
-                k.progress,
-                k.horizon,
-                k.suspect,
-                k.stream,
-                k.results,
-                k.results_old,
-                k.dead,
-                k.results_since,
-                k.handover,
-                k.last_grant,
-            ],
-            [
-                self.token,
-                self.settings.lease_ttl_ms,
-                self.settings.max_strikes,
-                # Kept until the server answers: a resend after a lost reply is the same attempt.
-                self._attempts.setdefault(shard, uuid.uuid4().hex),
-            ],
-        )
-
-    def _drop_expired(self, now: float) -> None:
-        """Stop serving shards whose lease may have run out: someone else may own them now."""
-        for shard, holder in list(self._owned.items()):
-            if now - holder.renewed_at >= self.settings.lease_ttl * 0.9:
-                self._drop(shard, "the lease could not be renewed in time")
-
-    def _drop(self, shard: int, reason: str) -> None:
-        holder = self._owned.pop(shard, None)
-        if holder is not None:
-            log.warning("shard %d: stopping at once: %s", shard, reason)
-            holder.scope.cancel()
-
     # -- serving -----------------------------------------------------------------------------
 
     def _start(
         self,
         backend: Backend,
         shard_count: int,
+        task_group: TaskGroup,
         shard: int,
         grant: LeaseGrant,
         renewed_at: float,
-        task_group: TaskGroup,
     ) -> None:
+        """Serve a shard just acquired."""
         if grant.careful_until:
             log.warning(
                 "shard %d: previous owner died with entries up to %s in flight;"
@@ -364,11 +219,11 @@ class Worker:
             mailbox=self._mailbox,
         )
         runner.metrics = self.metrics.acquired(shard, grant)
-        holder = self._owned[shard] = _Owned(runner, renewed_at)
+        holder = self._owned[shard] = Held(runner, renewed_at)
         log.info("shard %d: acquired (epoch %d)", shard, grant.epoch)
-        task_group.start_soon(self._serve, backend, shard, holder)
+        task_group.start_soon(self._serve, shard, holder)
 
-    async def _serve(self, backend: Backend, shard: int, holder: _Owned) -> None:
+    async def _serve(self, shard: int, holder: Held) -> None:
         try:
             with holder.scope:
                 try:
@@ -383,9 +238,8 @@ class Worker:
                         self.settings.lease_ttl,
                         exc_info=group,
                     )
-                    # Not straight back: a bug would fail again at once, in a tight loop.
-                    self._resting[shard] = anyio.current_time() + self.settings.lease_ttl
-                    await self._release(backend, [shard], clean=False)
+                    self._leases.rest(shard)
+                    await self._leases.release([shard], clean=False)
         finally:
             holder.done.set()
 
@@ -425,7 +279,7 @@ class Worker:
 
     # -- shutdown ----------------------------------------------------------------------------
 
-    async def _shut_down(self, backend: Backend) -> None:
+    async def _shut_down(self) -> None:
         """Drain every runner (bounded by one lease TTL), then release the leases."""
         holders = dict(self._owned)
         for holder in holders.values():
@@ -441,54 +295,7 @@ class Worker:
             )
         for holder in holders.values():
             holder.scope.cancel()
-        await self._release(
-            backend, [s for s in holders if self._owned.get(s) is holders[s]], clean=True
+        await self._leases.release(
+            [s for s in holders if self._owned.get(s) is holders[s]], clean=True
         )
         self._owned.clear()
-
-    async def _release(self, backend: Backend, shards: list[int], *, clean: bool) -> None:
-        """Give leases up. ``clean``: a drained shutdown, whose unfinished ops are not to
-        blame; otherwise the runner failed, and its first unfinished op takes a strike."""
-        calls = []
-        for shard in shards:
-            k = ShardKeys(self.settings.namespace, shard)
-            calls.append(
-                ScriptCall(
-                    _backend.RELEASE, [k.lease, k.horizon, k.handover], [self.token, int(clean)]
-                )
-            )
-            self._owned.pop(shard, None)
-        if not calls:
-            return
-        with anyio.CancelScope(shield=True):
-            try:
-                await backend.run_many(calls)
-                log.info("released shards %s", _ranges(shards))
-            except BackendUnavailable as exc:
-                log.warning(
-                    "could not release leases (%s); they expire in %gs",
-                    exc,
-                    self.settings.lease_ttl,
-                )
-
-
-def _grant(reply: list[Any]) -> LeaseGrant:
-    epoch, progress, careful, poisoned, results_since, replay, suspect = reply
-    return LeaseGrant(
-        epoch=int(epoch),
-        progress=progress.decode(),
-        careful_until=careful.decode() or None,
-        poisoned=poisoned.decode() or None,
-        results_since=int(results_since) if results_since else None,
-        replay_until=replay.decode() or None,
-        suspect=suspect.decode() or None,
-    )
-
-
-def _ranges(shards: Sequence[int]) -> str:
-    """``[0, 1, 2, 5]`` -> ``"0-2,5"`` (sorted input)."""
-    runs = [
-        [shard for _, shard in run]
-        for _, run in itertools.groupby(enumerate(shards), lambda pair: pair[1] - pair[0])
-    ]
-    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)

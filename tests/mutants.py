@@ -137,20 +137,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "a participant that missed the decision notice releases its keys as if aborted, without"
         " reading the decision record",
         (Edit("keyserial/_participant.py",
-              "            try:\n                raw = await parts.backend.run(\n"
-              "                    _backend.RESOLVE,",
+              "            try:\n                record = await parts.backend.run_call(\n",
               "            return Decision({}, \"assumed\")\n"
-              "            try:\n                raw = await parts.backend.run(\n"
-              "                    _backend.RESOLVE,"),),
+              "            try:\n                record = await parts.backend.run_call(\n"),),
         (_XS + "test_participant_killed_while_holding_keys" + _STANDALONE,),
     ),
     Mutant(
         "sync-across-releases-before-commit", "G5.1",
         "a sync cross-shard op lets its keys go before its commit_across lands",
         (Edit(_COORDINATOR,
-              "        parts.pipeliner.submit(\n            pending.call, gated,",
+              "        parts.pipeliner.submit(pending.call, gated,",
               "        for owner, hold in holds:\n            owner.release(hold)\n"
-              "        parts.pipeliner.submit(\n            pending.call, gated,"),
+              "        parts.pipeliner.submit(pending.call, gated,"),
          Edit(_COORDINATOR, _LANDED + _RELEASE, _LANDED)),
         ("tests/test_cross_shard.py::"
          "test_concurrent_sync_payments_of_one_worker_across_shards_apply_each_once"
@@ -177,9 +175,9 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "client-forgets-sweep", "G6.2", "the client never looks up overdue replies",
-        (Edit("keyserial/_client.py",
-              "        interval = self.settings.idle_poll\n        while True:\n",
-              "        interval = self.settings.idle_poll\n        await anyio.sleep_forever()\n"
+        (Edit("keyserial/_sweep.py",
+              "        interval = self._settings.idle_poll\n        while True:\n",
+              "        interval = self._settings.idle_poll\n        await anyio.sleep_forever()\n"
               "        while True:\n"),),
         ("tests/test_lost_replies.py::test_a_lost_reply_is_fetched_by_the_client_s_sweep"
          + _STANDALONE,), fast=True,

@@ -7,7 +7,8 @@ from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import Connection
 
-from keyserial._backend import Backend, CloseSafeConnection
+from keyserial._backend import Backend
+from keyserial._resp import CloseSafeConnection
 from keyserial.testing import LocalServer
 
 

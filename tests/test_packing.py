@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio.connection import Connection
 from redis.exceptions import DataError
 
-from keyserial._backend import HiredisPackedConnection, _client_options
+from keyserial._resp import HiredisPackedConnection, client_options
 
 COMMANDS: list[tuple[Any, ...]] = [
     ("PING",),
@@ -33,7 +33,7 @@ def test_refuses_what_redis_py_refuses() -> None:
 
 
 def test_only_plain_tcp_urls_get_it() -> None:
-    options = _client_options("redis://127.0.0.1:6379/0")
+    options = client_options("redis://127.0.0.1:6379/0")
     assert options["connection_class"] is HiredisPackedConnection
-    assert "connection_class" not in _client_options("rediss://127.0.0.1:6379/0")
-    assert "connection_class" not in _client_options("unix:///tmp/redis.sock")
+    assert "connection_class" not in client_options("rediss://127.0.0.1:6379/0")
+    assert "connection_class" not in client_options("unix:///tmp/redis.sock")

@@ -10,8 +10,9 @@ import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
 
-from keyserial._backend import Backend, Script, ScriptCall
+from keyserial._backend import Backend
 from keyserial._pipeline import Pipeliner
+from keyserial._scripts import Script, ScriptCall
 
 # Publishes ARGV[2] (JSON [[channel, message], ...]) and returns how many messages that was;
 # fails, publishing nothing, on ARGV[1] 'fail'.
@@ -21,7 +22,9 @@ local replies = cjson.decode(ARGV[2])
 for _, reply in ipairs(replies) do redis.call('PUBLISH', reply[1], reply[2]) end
 return #replies
 """
-PUBLISHING = Script("publishing", _TEXT, hashlib.sha1(_TEXT.encode()).hexdigest())
+PUBLISHING = Script(
+    "publishing", _TEXT, hashlib.sha1(_TEXT.encode()).hexdigest(), argv=("mode", "replies")
+)
 CHANNEL = "ks:test-pipeline:reply"
 
 
@@ -48,7 +51,7 @@ async def one_batch(
         call = ScriptCall(PUBLISHING, ["{t}x"], [mode, "[]"])
         replies = None if op_id is None else {CHANNEL: [(op_id, '{"ok":1}')]}
         try:
-            results[index] = await pipeliner.run(call, replies, 1)
+            results[index] = await pipeliner.run(call, replies)
         except Exception as exc:
             results[index] = str(exc)
 
@@ -109,7 +112,7 @@ async def test_a_submitted_call_hands_its_reply_or_error_to_its_callback_with_it
         async with anyio.create_task_group() as group:
             for mode in ("ok", "fail"):
                 pipeliner.submit(
-                    ScriptCall(PUBLISHING, ["{t}x"], [mode, "[]"]), None, None,
+                    ScriptCall(PUBLISHING, ["{t}x"], [mode, "[]"]), None,
                     lambda result, mode=mode: seen.append((mode, result)),
                 )
             group.start_soon(awaited)

@@ -14,8 +14,11 @@ import pytest
 import redis.asyncio
 from redis import exceptions as redis_errors
 
-from keyserial._backend import STEP, Backend, ScriptCall
+from keyserial._backend import Backend
+from keyserial._commit_scripts import STEP
+from keyserial._refusals import Fenced
 from keyserial._resp import PipelinedConnection, Subscriber
+from keyserial._scripts import ScriptCall
 from keyserial.errors import BackendUnavailable
 from keyserial.testing import LocalServer
 
@@ -106,7 +109,7 @@ async def test_a_restarted_server_is_reconnected_and_a_dead_one_reported(tmp_pat
             except BackendUnavailable:
                 failures += 1
                 assert failures == 1, "only a batch sent on the dead connection fails"
-        assert isinstance(reply, redis_errors.ResponseError) and "FENCED" in str(reply)
+        assert isinstance(reply, Fenced) and "FENCED" in str(reply)
         server.stop()
         with pytest.raises(BackendUnavailable):
             await backend.run_many([call])

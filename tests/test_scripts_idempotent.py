@@ -11,8 +11,10 @@ import pytest
 import redis.asyncio
 
 import keyserial
-from keyserial import _backend
 from keyserial._backend import Backend
+from keyserial._commit_scripts import CommitAcrossArgs, ShardWrites, commit_across
+from keyserial._cross_scripts import DecideArgs, Decided, decide
+from keyserial._lease_scripts import AcquireArgs, LeaseGrant, acquire
 from keyserial.testing import ShardKeys, running_worker
 from tests.entries import envelope
 from tests.helpers import keys_on_shard, stored_outcome
@@ -34,10 +36,10 @@ async def backend(redis_url: str) -> AsyncIterator[Backend]:
     await connected.aclose()
 
 
-def acquire_keys(keys: ShardKeys) -> list[str]:
-    return [keys.lease, keys.epoch, keys.progress, keys.horizon, keys.suspect, keys.stream,
-            keys.results, keys.results_old, keys.dead, keys.results_since, keys.handover,
-            keys.last_grant]
+async def acquired(
+    backend: Backend, keys: ShardKeys, token: str, attempt: str
+) -> LeaseGrant | None:
+    return await backend.run_call(acquire(keys, AcquireArgs(token, 5000, 3, attempt)))
 
 
 async def test_an_acquire_sent_again_by_its_owner_returns_the_same_grant_and_no_strike(
@@ -49,17 +51,17 @@ async def test_an_acquire_sent_again_by_its_owner_returns_the_same_grant_and_no_
     entry = await client.xadd(keys.stream, {"v": "1", "ops": json.dumps(
         [{"id": "suspect", "key": "k", "op": "record"}])})
     await client.set(keys.horizon, entry)
-    first = await backend.run(_backend.ACQUIRE, acquire_keys(keys), ["me", 5000, 3, "try-1"])
-    again = await backend.run(_backend.ACQUIRE, acquire_keys(keys), ["me", 5000, 3, "try-1"])
+    first = await acquired(backend, keys, "me", "try-1")
+    again = await acquired(backend, keys, "me", "try-1")
     assert again == first
-    assert first[6] == b"suspect", "the grant names the struck op: the new owner runs it alone"
+    assert first is not None
+    assert first.suspect == "suspect", "the grant names the struck op: the new owner runs it alone"
     assert await client.get(keys.epoch) == b"1"
     assert await client.hgetall(keys.suspect) == {b"op": b"suspect", b"strikes": b"1"}
     for token, attempt in (("other", "try-1"), ("me", "try-2")):
         # Another worker, or a new attempt of this one (its old runner's calls may still land),
         # gets nothing while the lease lives.
-        assert await backend.run(
-            _backend.ACQUIRE, acquire_keys(keys), [token, 5000, 3, attempt]) == []
+        assert await acquired(backend, keys, token, attempt) is None
 
 
 async def test_a_grant_request_left_unfinished_by_a_crash_is_never_a_suspect(
@@ -76,7 +78,7 @@ async def test_a_grant_request_left_unfinished_by_a_crash_is_never_a_suspect(
     await client.set(keys.horizon, entry)
     for strike in (1, 2, 3):
         await client.delete(keys.lease)
-        await backend.run(_backend.ACQUIRE, acquire_keys(keys), [f"w{strike}", 5000, 3, "a"])
+        await acquired(backend, keys, f"w{strike}", "a")
     assert await client.hget(keys.suspect, "op") == b"after"
     dead = await client.xrange(keys.dead)
     assert [json.loads(fields[b"raw"])["id"] for _, fields in dead] == ["after"]
@@ -87,11 +89,10 @@ async def test_a_decide_sent_again_after_it_won_reports_the_win(
 ) -> None:
     keys = ShardKeys(namespace, 0)
     await client.set(keys.epoch, 7)
-    call = [[keys.epoch, keys.state, keys.results, keys.results_old],
-            [7, "op", 7, '{"w":{}}', '[["a","5"]]', '{"ok":5}', "[]"]]
-    assert await backend.run(_backend.DECIDE, *call) == [1]
+    call = decide(keys, DecideArgs(7, "op", 7, '{"w":{}}', [("a", "5")], '{"ok":5}', []))
+    assert await backend.run_call(call) == Decided(won=True)
     await client.hset(keys.state, "a", "6")  # a later op moved the key on
-    assert await backend.run(_backend.DECIDE, *call) == [1]
+    assert await backend.run_call(call) == Decided(won=True)
     assert await client.hget(keys.state, "a") == b"6", "the second call wrote nothing"
 
 
@@ -102,10 +103,9 @@ async def test_a_decide_never_wins_over_an_abort(
     await client.set(keys.epoch, 7)
     abort = '{"abort":"the coordinator lost the home shard"}'
     await client.hset(keys.results, "op#7#d", abort)
-    reply = await backend.run(
-        _backend.DECIDE, [keys.epoch, keys.state, keys.results, keys.results_old],
-        [7, "op", 7, '{"w":{}}', "[]", '{"ok":5}', "[]"])
-    assert reply == [0, abort.encode()]
+    reply = await backend.run_call(
+        decide(keys, DecideArgs(7, "op", 7, '{"w":{}}', [], '{"ok":5}', [])))
+    assert reply == Decided(won=False, abort=abort)
 
 
 async def test_a_commit_across_sent_again_after_it_landed_writes_nothing_more(
@@ -116,12 +116,13 @@ async def test_a_commit_across_sent_again_after_it_landed_writes_nothing_more(
     home, other = ShardKeys(namespace, 0), ShardKeys(namespace, 1)
     await client.set(home.epoch, 3)
     await client.set(other.epoch, 4)
-    call = [[home.results, home.results_old, home.epoch, home.state, other.epoch, other.state],
-            ["op", '{"ok":1}', "[]", 3, '[["a","9"]]', 4, '[["b","11"]]']]
-    assert await backend.run(_backend.COMMIT_ACROSS, *call) == 1
+    call = commit_across(CommitAcrossArgs("op", '{"ok":1}', "[]", [
+        ShardWrites(home, 3, [("a", "9")]), ShardWrites(other, 4, [("b", "11")])]))
+    assert call.args == ["op", '{"ok":1}', "[]", 3, '[["a","9"]]', 4, '[["b","11"]]']
+    await backend.run_call(call)  # committed (a refusal would raise)
     await client.incr(other.epoch)  # the participant shard changed hands
     await client.hset(other.state, "b", "12")  # and its new owner moved b on
-    assert await backend.run(_backend.COMMIT_ACROSS, *call) == 1
+    await backend.run_call(call)  # committed: ELSEWHERE would raise
     assert await client.hget(other.state, "b") == b"12"
     assert await client.hget(home.results, "op") == b'{"ok":1}'
 

@@ -248,11 +248,11 @@ async def test_a_failed_runner_releases_its_shard_and_rests_before_taking_it_aga
     failures: list[float] = []
     dispatch = ShardRunner._dispatch
 
-    async def failing_once(self: ShardRunner, entries: Any, done: Any) -> None:
+    async def failing_once(self: ShardRunner, fetched: Any) -> None:
         if not failures:
             failures.append(time.monotonic())
             raise RuntimeError("a bug in the runner")
-        await dispatch(self, entries, done)
+        await dispatch(self, fetched)
 
     monkeypatch.setattr(ShardRunner, "_dispatch", failing_once)
     lease = ShardKeys(namespace, 0).lease
@@ -373,7 +373,8 @@ async def test_a_step_sent_again_after_a_lost_reply_rotates_results_only_once(
     The step is sent by hand, twice, because no process fault loses the reply of the one step
     that rotates (once per retention period) on demand; the nemesis's connection resets lose
     replies at random."""
-    from keyserial._backend import STEP, Backend
+    from keyserial._backend import Backend
+    from keyserial._commit_scripts import StepArgs, step
 
     k = ShardKeys(namespace, 0)
     backend = await Backend.connect(redis_url)
@@ -381,13 +382,15 @@ async def test_a_step_sent_again_after_a_lost_reply_rotates_results_only_once(
         await backend.call("SET", k.epoch, "7")
         await backend.call("HSET", k.results, "young", '{"ok":1}')
         await backend.call("HSET", k.results_old, "older", '{"ok":0}')
-        keys = [k.epoch, k.state, k.progress, k.stream, k.results, k.results_old, k.dead,
-                k.horizon, k.results_since]
         commit = json.dumps({"s": [], "r": [["new", '{"ok":2}']], "d": []})
-        args = [7, "", "1", "0-0", 0, commit, "0", 3_600_000, "", "0", "0", ""]
+        call = step(k, StepArgs(
+            epoch=7, progress="", rotate=True, cursor="0-0", fetch=0, commit=commit,
+            replaying=False, result_ttl_ms=3_600_000, trim_to="", trim_now=False,
+            states_held=False,
+        ))
         began = None
         for _ in range(2):
-            await backend.run(STEP, keys, args)
+            await backend.run_call(call)
             assert await backend.call("HKEYS", k.results_old) == [b"young"]
             assert await backend.call("HKEYS", k.results) == [b"new"]
             began = began or await backend.call("GET", k.results_since)

@@ -1,0 +1,108 @@
+"""Typed calls of the grant protocol's scripts (``_crossshard``): a participant ``grant`` s its
+keys, the coordinator ``decide`` s, a participant that missed the decision ``resolve`` s it.
+
+``grant`` and ``decide`` are fenced (refused with ``Fenced`` when another owner took the shard
+over). KEYS come from :class:`ShardKeys`, ARGV from a dataclass named and ordered as the
+script's header (``keyserial/lua/<name>.lua``) documents it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ._layout import ShardKeys
+from ._scripts import Script, ScriptArgs, ScriptCall, acknowledged, text
+
+
+@dataclass(slots=True)
+class GrantArgs(ScriptArgs):
+    """``grant.lua``'s ARGV."""
+
+    epoch: int
+    #: The grant's record in the results hash: ``<op>#<attempt>#g``.
+    field: str
+    #: The grant (JSON): the keys' committed states and fencing token.
+    grant: str
+    #: The coordinator's channel ('' with durable_replicas: the owner publishes the grant once
+    #: replicas have it).
+    channel: str
+
+
+GRANT = Script.load("grant", GrantArgs)
+
+
+def grant(shard: ShardKeys, args: GrantArgs) -> ScriptCall[None]:
+    """Record a grant of the participant shard's keys and publish it (fenced)."""
+    return ScriptCall(GRANT, [shard.epoch, shard.results], args.argv(), acknowledged)
+
+
+@dataclass(slots=True)
+class DecideArgs(ScriptArgs):
+    """``decide.lua``'s ARGV."""
+
+    epoch: int
+    op_id: str
+    #: The home epoch the attempt began in.
+    attempt: int
+    #: The decision (JSON): ``{"w": {shard: writes}}``.
+    decision: str
+    #: The home shard's writes: (key, JSON state or '' to delete).
+    home_writes: Sequence[tuple[str, str]]
+    #: The op's outcome (JSON).
+    outcome: str
+    #: Messages to publish if the decision wins: (channel, message).
+    notices: Sequence[tuple[str, str]]
+
+
+DECIDE = Script.load("decide", DecideArgs)
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """What ``decide`` found: this decision won (also when an earlier call of it did), or the
+    abort a participant recorded first (nothing written)."""
+
+    won: bool
+    abort: str | None = None
+
+
+def _decided(reply: list[Any]) -> Decided:
+    if int(reply[0]) == 1:
+        return Decided(won=True)
+    return Decided(won=False, abort=text(reply[1]))
+
+
+def decide(home: ShardKeys, args: DecideArgs) -> ScriptCall[Decided]:
+    """Record the attempt's decision, with the home shard's writes and the op's result, if the
+    attempt has none yet (fenced)."""
+    keys = [home.epoch, home.state, home.results, home.results_old]
+    return ScriptCall(DECIDE, keys, args.argv(), _decided)
+
+
+@dataclass(slots=True)
+class ResolveArgs(ScriptArgs):
+    """``resolve.lua``'s ARGV."""
+
+    op_id: str
+    #: The home epoch the attempt began in.
+    attempt: int
+
+
+RESOLVE = Script.load("resolve", ResolveArgs)
+
+
+def _decision(reply: bytes | None) -> dict[str, Any] | None:
+    if reply is None:
+        return None
+    decision: dict[str, Any] = json.loads(reply)
+    return decision
+
+
+def resolve(home: ShardKeys, args: ResolveArgs) -> ScriptCall[dict[str, Any] | None]:
+    """The attempt's decision; an abort, recorded now, if its coordinator's epoch is over; None
+    while it is undecided and its coordinator still owns the home shard. Not fenced."""
+    keys = [home.epoch, home.results, home.results_old]
+    return ScriptCall(RESOLVE, keys, args.argv(), _decision)

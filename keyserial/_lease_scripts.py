@@ -1,0 +1,107 @@
+"""Typed calls of the lease scripts: ``acquire``, ``renew`` and ``release`` a shard's lease.
+
+Each call's KEYS come from :class:`ShardKeys`, its ARGV from a dataclass named and ordered as
+the script's header (``keyserial/lua/<name>.lua``) documents it, and its reply becomes what
+the worker acts on: a :class:`LeaseGrant` (or None), whether a lease was renewed or released.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ._layout import ShardKeys
+from ._scripts import Script, ScriptArgs, ScriptCall, text
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseGrant:
+    """What acquiring a shard's lease returned."""
+
+    epoch: int
+    progress: str
+    careful_until: str | None
+    poisoned: str | None
+    #: When (ms) the shard's current results generation began; None: none has.
+    results_since: int | None
+    #: The last entry the previous owner fetched, if it is past progress: up to it, stored
+    #: outcomes are looked up before any op runs again (some may have committed).
+    replay_until: str | None = None
+    #: The op that took a strike when this owner was granted the shard: it runs alone.
+    suspect: str | None = None
+
+
+@dataclass(slots=True)
+class AcquireArgs(ScriptArgs):
+    """``acquire.lua``'s ARGV."""
+
+    token: str
+    lease_ttl_ms: int
+    max_strikes: int
+    #: Unique per attempt, and the same when a call whose reply was lost is sent again.
+    attempt: str
+
+
+ACQUIRE = Script.load("acquire", AcquireArgs)
+
+
+def _grant(reply: list[Any]) -> LeaseGrant | None:
+    if not reply:
+        return None  # the lease is someone else's
+    epoch, progress, careful, poisoned, results_since, replay, suspect = map(text, reply)
+    return LeaseGrant(
+        epoch=int(epoch),
+        progress=progress,
+        careful_until=careful or None,
+        poisoned=poisoned or None,
+        results_since=int(results_since) if results_since else None,
+        replay_until=replay or None,
+        suspect=suspect or None,
+    )
+
+
+def acquire(shard: ShardKeys, args: AcquireArgs) -> ScriptCall[LeaseGrant | None]:
+    """Take the shard's lease if it is free: the grant, or None if someone else holds it."""
+    k = shard
+    keys = [
+        k.lease, k.epoch, k.progress, k.horizon, k.suspect, k.stream, k.results, k.results_old,
+        k.dead, k.results_since, k.handover, k.last_grant,
+    ]
+    return ScriptCall(ACQUIRE, keys, args.argv(), _grant)
+
+
+@dataclass(slots=True)
+class RenewArgs(ScriptArgs):
+    """``renew.lua``'s ARGV."""
+
+    token: str
+    lease_ttl_ms: int
+
+
+RENEW = Script.load("renew", RenewArgs)
+
+
+def _one(reply: Any) -> bool:
+    return bool(reply == 1)
+
+
+def renew(shard: ShardKeys, args: RenewArgs) -> ScriptCall[bool]:
+    """Extend the lease: whether the caller still held it."""
+    return ScriptCall(RENEW, [shard.lease], args.argv(), _one)
+
+
+@dataclass(slots=True)
+class ReleaseArgs(ScriptArgs):
+    """``release.lua``'s ARGV."""
+
+    token: str
+    #: A drained shutdown (True), or a failed runner, whose first unfinished op takes a strike.
+    clean: bool
+
+
+RELEASE = Script.load("release", ReleaseArgs)
+
+
+def release(shard: ShardKeys, args: ReleaseArgs) -> ScriptCall[bool]:
+    """Give the lease up: whether it was the caller's."""
+    return ScriptCall(RELEASE, [shard.lease, shard.horizon, shard.handover], args.argv(), _one)

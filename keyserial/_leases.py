@@ -1,0 +1,196 @@
+"""A worker's shard leases, kept in rounds: each round renews the leases the worker holds and tries
+to acquire the free shards it serves, in one pipeline per Redis node (each master of a cluster),
+so that a node that does not answer holds up the leases of its own shards only. A shard whose
+lease could not be renewed before it would expire is dropped at once (its runner cancelled):
+another worker may own it by then. Leases are given up when a runner fails, and at shutdown.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import defaultdict
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from ._backend import Backend
+from ._layout import ShardKeys
+from ._lease_scripts import AcquireArgs, LeaseGrant, ReleaseArgs, RenewArgs, acquire, release, renew
+from ._metrics import Metrics
+from ._routing import format_shards
+from ._scripts import ScriptCall
+from ._settings import Settings
+from .errors import BackendUnavailable
+
+if TYPE_CHECKING:
+    from ._shard import ShardRunner
+
+log = logging.getLogger("keyserial.worker")
+
+
+class Held:
+    """A shard this worker holds: its runner, when its lease was last renewed, and the scope
+    the runner serves in (cancelled once the lease may have run out)."""
+
+    def __init__(self, runner: ShardRunner, renewed_at: float) -> None:
+        self.runner = runner
+        self.renewed_at = renewed_at
+        self.scope = anyio.CancelScope()
+        self.done = anyio.Event()
+
+
+class Leases:
+    """The leases of one worker (its ``token``). ``held`` is the worker's map of the shards it
+    holds, which the rounds renew and drop from; ``start(shard, grant, renewed_at)`` is called
+    for each shard acquired (and must add it to ``held``)."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        settings: Settings,
+        token: str,
+        metrics: Metrics,
+        held: dict[int, Held],
+        start: Callable[[int, LeaseGrant, float], None],
+    ) -> None:
+        self._backend = backend
+        self._settings = settings
+        self._token = token
+        self._metrics = metrics
+        self._held = held
+        self._start = start
+        #: Shards whose runner failed, and until when this worker leaves them to others.
+        self._resting: dict[int, float] = {}
+        #: Redis nodes whose round is in flight (one at a time per node).
+        self._rounds: set[str] = set()
+        #: Each shard's acquire attempt whose answer was lost (see ``acquire.lua``).
+        self._attempts: dict[int, str] = {}
+
+    async def keep(self, shards: Sequence[int], stopping: anyio.Event) -> None:
+        """Renew the held leases and try the free ones of ``shards``, until cancelled. Once
+        ``stopping`` is set it acquires nothing more, but keeps renewing while a shutdown
+        drains, so draining commits are not fenced off."""
+        tick = min(self._settings.lease_ttl / 4, 0.5)
+        async with anyio.create_task_group() as task_group:
+            while True:
+                self._round(shards, stopping.is_set(), task_group)
+                await anyio.sleep(tick)
+
+    def rest(self, shard: int) -> None:
+        """Leave ``shard`` to other workers for a lease TTL (its runner failed: a bug would
+        fail again at once, in a tight loop)."""
+        self._resting[shard] = anyio.current_time() + self._settings.lease_ttl
+
+    async def release(self, shards: list[int], *, clean: bool) -> None:
+        """Give leases up. ``clean``: a drained shutdown, whose unfinished ops are not to
+        blame; otherwise the runner failed, and its first unfinished op takes a strike."""
+        calls = []
+        for shard in shards:
+            calls.append(release(self._keys(shard), ReleaseArgs(self._token, clean)))
+            self._held.pop(shard, None)
+        if not calls:
+            return
+        with anyio.CancelScope(shield=True):
+            try:
+                await self._backend.run_many(calls)
+                log.info("released shards %s", format_shards(shards))
+            except BackendUnavailable as exc:
+                log.warning("could not release leases (%s); they expire in %gs",
+                            exc, self._settings.lease_ttl)
+
+    def _keys(self, shard: int) -> ShardKeys:
+        return ShardKeys(self._settings.namespace, shard)
+
+    def _round(self, shards: Sequence[int], stopping: bool, task_group: TaskGroup) -> None:
+        """Start a round for each Redis node whose last round has ended."""
+        now = anyio.current_time()
+        rounds: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
+        for shard in self._held:
+            rounds[self._backend.node_of(self._keys(shard).lease)][0].append(shard)
+        for shard in shards:
+            if shard not in self._held and self._resting.get(shard, 0) <= now and not stopping:
+                rounds[self._backend.node_of(self._keys(shard).lease)][1].append(shard)
+        for node, (owned, free) in rounds.items():
+            if node not in self._rounds:
+                self._rounds.add(node)
+                task_group.start_soon(self._node_round, node, owned, free)
+
+    async def _node_round(self, node: str, owned: list[int], free: list[int]) -> None:
+        """Renew ``owned`` and try to acquire ``free``, the shards of one node, in one
+        pipeline."""
+        try:
+            renewal = RenewArgs(self._token, self._settings.lease_ttl_ms)
+            calls: list[ScriptCall[Any]] = [renew(self._keys(shard), renewal) for shard in owned]
+            calls += [self._acquire_call(shard) for shard in free]
+            sent_at = anyio.current_time()
+            ttl = self._settings.lease_ttl
+            try:
+                # Bounded: a round that outlives a lease TTL is useless, and cancelling it drops
+                # whatever connection it was stuck on.
+                with anyio.fail_after(ttl):
+                    replies = await self._backend.run_many(calls)
+            except (BackendUnavailable, TimeoutError) as exc:
+                # (A TimeoutError from fail_after has no message of its own.)
+                reason = str(exc) or f"no reply within the lease TTL ({ttl:g}s)"
+                log.warning("cannot renew or acquire leases (shards %s): %s",
+                            format_shards(sorted([*owned, *free])), reason)
+                self._metrics.renew_failed(owned)
+                return
+            self._renewed(owned, replies, sent_at)
+            for shard, reply in zip(free, replies[len(owned) :], strict=True):
+                if isinstance(reply, Exception):
+                    # "Not now" (a restart LOADING, a BUSY script) is tried again next round.
+                    level = (
+                        logging.WARNING if isinstance(reply, BackendUnavailable) else logging.ERROR
+                    )
+                    log.log(level, "acquiring shard %d failed: %s", shard, reply)
+                    continue
+                self._attempts.pop(shard, None)  # answered: the next acquire is a new attempt
+                if reply is not None:  # (None: someone else holds the lease)
+                    self._start(shard, reply, sent_at)
+        finally:
+            self._rounds.discard(node)
+            self._drop_expired(anyio.current_time())
+
+    def _renewed(self, owned: list[int], replies: list[Any], sent_at: float) -> None:
+        for shard, reply in zip(owned, replies, strict=False):
+            held = self._held.get(shard)
+            if held is None:
+                continue
+            if isinstance(reply, Exception):
+                # An error reply (BUSY, LOADING) says nothing about the lease: it is tried again
+                # next round, and dropped only once it may have expired (_drop_expired).
+                log.warning("shard %d: renewing the lease: %s", shard, reply)
+                self._metrics.renew_failed([shard])
+            elif reply:
+                held.renewed_at = sent_at
+            else:
+                self._metrics.renew_failed([shard])
+                self._drop(shard, "the lease expired and another worker may own the shard")
+
+    def _acquire_call(self, shard: int) -> ScriptCall[LeaseGrant | None]:
+        return acquire(
+            self._keys(shard),
+            AcquireArgs(
+                self._token,
+                self._settings.lease_ttl_ms,
+                self._settings.max_strikes,
+                # Kept until the server answers: a resend after a lost reply is the same attempt.
+                self._attempts.setdefault(shard, uuid.uuid4().hex),
+            ),
+        )
+
+    def _drop_expired(self, now: float) -> None:
+        """Stop serving shards whose lease may have run out: someone else may own them now."""
+        for shard, held in list(self._held.items()):
+            if now - held.renewed_at >= self._settings.lease_ttl * 0.9:
+                self._drop(shard, "the lease could not be renewed in time")
+
+    def _drop(self, shard: int, reason: str) -> None:
+        held = self._held.pop(shard, None)
+        if held is not None:
+            log.warning("shard %d: stopping at once: %s", shard, reason)
+            held.scope.cancel()

@@ -1,0 +1,46 @@
+"""Error replies as exceptions: what Redis refused, in keyserial's terms.
+
+Only the boundary (``_backend.classify_reply``) reads the server's error messages; it raises, or
+returns as a pipelined call's reply, one of these. Every other module catches a type, never
+matches a string, and never sees a redis-py exception. Each keeps the server's message as its
+text, so logs read as before.
+"""
+
+from __future__ import annotations
+
+from .errors import KeyserialError
+
+
+class Refused(KeyserialError):
+    """An error reply that no retry cures: a script's own refusal, or a command the server
+    rejects. (A "not now" reply, such as BUSY or LOADING, is ``BackendUnavailable`` instead;
+    refused credentials or ACL rules are ``ConfigError``.)"""
+
+
+class Fenced(Refused):
+    """A fenced script found another owner's epoch (``FENCED …``): it wrote nothing. A shard
+    runner turns it into ``LeaseLost``."""
+
+
+class BacklogRefused(Refused):
+    """The submit script found the shard's backlog at its limit (``BACKLOG <length>``): nothing
+    was appended. The client turns it into ``BacklogFull``."""
+
+    def __init__(self, message: str, *, length: int) -> None:
+        super().__init__(message)
+        #: The entries the shard's stream held past progress.
+        self.length = length
+
+
+class OwnedElsewhere(Refused):
+    """``commit_across`` found shard ``index`` (its position among the script's shards, 1 being
+    the home) owned by another worker now (``ELSEWHERE <index>``): it wrote nothing."""
+
+    def __init__(self, message: str, *, index: int) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+class ScriptMissing(Refused):
+    """``EVALSHA`` of a script the server does not hold (a restart, ``SCRIPT FLUSH``): the
+    boundary sends the call again as ``EVAL``, so no caller sees this one."""

@@ -1,0 +1,121 @@
+"""The client's sweep: outcomes of ops whose reply is overdue (a lost pub/sub message, a
+reconnect, a server restart) are looked up where they are stored, so that no waiter depends on
+pub/sub alone; an op whose entry a failover lost is appended again.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import anyio
+
+from ._backend import Backend
+from ._codec import decode_outcome
+from ._durability import stored_confirmed
+from ._layout import ShardKeys
+from ._pending import Pending
+from ._refusals import Refused
+from ._settings import Settings
+from .errors import BackendUnavailable
+
+log = logging.getLogger("keyserial.client")
+
+
+class Sweep:
+    """Every ``idle_poll`` seconds, settles the ops of ``waiting`` (op id -> its submits) whose
+    outcome is stored, and hands those whose entry is gone to ``requeue``; :meth:`run` in a
+    task of the client's."""
+
+    def __init__(
+        self,
+        backend: Backend,
+        settings: Settings,
+        waiting: Mapping[str, list[Pending]],
+        settle: Callable[[str, dict[str, Any]], None],
+        requeue: Callable[[list[Pending]], None],
+    ) -> None:
+        self._backend = backend
+        self._settings = settings
+        self._waiting = waiting
+        self._settle = settle
+        self._requeue = requeue
+
+    async def run(self) -> None:
+        """Fetch stored results for ops whose reply is overdue, until cancelled."""
+        interval = self._settings.idle_poll
+        while True:
+            await anyio.sleep(interval)
+            cutoff = time.monotonic() - interval
+            overdue: dict[int, list[str]] = defaultdict(list)
+            for op_id, waiters in self._waiting.items():
+                if waiters and waiters[0].since < cutoff:
+                    overdue[waiters[0].shard].append(op_id)
+            failed: dict[int, Exception] = {}
+            async with anyio.create_task_group() as group:
+                for shard, op_ids in overdue.items():
+                    group.start_soon(self._sweep_bounded, shard, op_ids, interval, failed)
+            if failed:  # one line per sweep, not one per shard
+                shard, error = next(iter(failed.items()))
+                log.warning("looking up overdue replies of shards %s: %s",
+                            ",".join(map(str, sorted(failed))), error)
+
+    async def _sweep_bounded(
+        self, shard: int, op_ids: list[str], interval: float, failed: dict[int, Exception]
+    ) -> None:
+        """:meth:`_sweep_shard`, given up after a few intervals (tried again at the next
+        sweep): a node that stalls, or fails over meanwhile, must not hold up the sweep of the
+        other shards, nor this shard's next sweep, which may reach its new master."""
+        with anyio.move_on_after(max(3 * interval, 1.0)):
+            try:
+                await self._sweep_shard(ShardKeys(self._settings.namespace, shard), op_ids)
+            except (BackendUnavailable, Refused) as exc:
+                failed[shard] = exc
+
+    async def _sweep_shard(self, keys: ShardKeys, op_ids: list[str]) -> None:
+        """Settle overdue ops whose outcome is stored. Append again those whose entry is gone
+        with no outcome: a failover lost it (the op id makes a second append harmless: an op
+        that did commit meanwhile is answered from its stored outcome, never run again)."""
+        unsettled = await self._settle_stored(keys, op_ids)
+        if unsettled is None:
+            return
+        unanswered = [
+            waiters[0] for op_id in unsettled
+            if (waiters := self._waiting.get(op_id)) and waiters[0].entry is not None
+        ]
+        if not unanswered:
+            return
+        present = await self._backend.entries_present(keys, [p.entry or b"" for p in unanswered])
+        gone = {p.op_id: p for p, there in zip(unanswered, present, strict=True) if not there}
+        if not gone:
+            return
+        # Looked up again: the op may have committed, and its entry left the stream, between
+        # the first lookup and the check above (an entry leaves only after its outcome is
+        # stored, so gone with no outcome now means lost).
+        still = await self._settle_stored(keys, list(gone))
+        lost = [gone[op_id] for op_id in still or ()]
+        for pending in lost:
+            log.warning("op %s: its entry %s is gone with no outcome (a failover?); appending"
+                        " it again", pending.op_id, (pending.entry or b"").decode())
+            pending.entry, pending.fresh = None, False
+        if lost:
+            self._requeue(lost)
+
+    async def _settle_stored(self, keys: ShardKeys, op_ids: list[str]) -> list[str] | None:
+        """Settle the ops whose outcome the shard stores; the op ids left. None: some outcome
+        is stored but not confirmed as durable yet (the next sweep looks again)."""
+        found = await self._backend.stored(keys, op_ids)
+        if any(raw is not None for raw in found) and not await stored_confirmed(
+            self._backend, self._settings.durability, keys
+        ):
+            return None
+        left = []
+        for op_id, raw in zip(op_ids, found, strict=True):
+            if raw is None:
+                left.append(op_id)
+            else:
+                self._settle(op_id, decode_outcome(raw))
+        return left

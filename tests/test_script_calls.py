@@ -1,0 +1,32 @@
+"""The typed script calls (``keyserial/_*_scripts.py``) fit the Lua scripts they wrap: each names
+as many arguments as its script reads, and the scripts that publish the replies of what they
+commit name that argument ``replies``, which the pipeliner fills."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from keyserial._commit_scripts import COMMIT_ACROSS, STEP
+from keyserial._cross_scripts import DECIDE, GRANT, RESOLVE
+from keyserial._lease_scripts import ACQUIRE, RELEASE, RENEW
+from keyserial._scripts import REPLIES, Script
+from keyserial._submit_scripts import STATUS, SUBMIT
+
+#: Every script but commit_across, whose arguments are a pair per shard after the first three.
+FIXED = [SUBMIT, STATUS, ACQUIRE, RENEW, RELEASE, STEP, GRANT, DECIDE, RESOLVE]
+
+
+@pytest.mark.parametrize("script", FIXED, ids=lambda script: script.name)
+def test_a_typed_call_names_every_argument_its_script_reads(script: Script) -> None:
+    read = [int(index) for index in re.findall(r"ARGV\[(\d+)\]", script.text)]
+    assert len(script.argv) == max(read, default=0)
+
+
+def test_the_scripts_that_publish_replies_name_them_for_the_pipeliner() -> None:
+    assert [script.name for script in [*FIXED, COMMIT_ACROSS] if script.publishes] == [
+        "step", "commit_across"
+    ]
+    assert STEP.argv[-1] == REPLIES
+    assert COMMIT_ACROSS.argv[:3] == ("op_id", "outcome", REPLIES)
