@@ -168,14 +168,8 @@ class Client:
             raise ValueError(f"keys must be distinct: {list(keys)!r}")
         return min(self.shard_of(key) for key in keys)
 
-    async def submit_many(
-        self,
-        keys: Sequence[str],
-        call: Call[R],
-        *,
-        timeout: float | None = None,
-        op_id: str | None = None,
-    ) -> R:
+    async def submit_many(self, keys: Sequence[str], call: Call[R], *,
+                          timeout: float | None = None, op_id: str | None = None) -> R:
         """Run a multi-key op (``@keyserial.multi_op``) on ``keys``, atomically and isolated:
         it sees and writes all their states as if alone, after every op already appended for
         any of them.
@@ -188,15 +182,8 @@ class Client:
         """
         return await self._submit(tuple(keys), self._home(keys), call, timeout, op_id)
 
-    async def transfer(
-        self,
-        source: str,
-        target: str,
-        amount: int,
-        *,
-        timeout: float | None = None,
-        op_id: str | None = None,
-    ) -> dict[str, int]:
+    async def transfer(self, source: str, target: str, amount: int, *,
+                       timeout: float | None = None, op_id: str | None = None) -> dict[str, int]:
         """Move ``amount`` from ledger key ``source`` to ``target``, atomically; returns both
         new balances by key.
 
@@ -206,14 +193,8 @@ class Client:
             [source, target], ledger.transfer(amount), timeout=timeout, op_id=op_id
         )
 
-    async def _submit(
-        self,
-        keys: str | tuple[str, ...],
-        shard: int,
-        call: Call[R],
-        timeout: float | None,
-        op_id: str | None,
-    ) -> R:
+    async def _submit(self, keys: str | tuple[str, ...], shard: int, call: Call[R],
+                      timeout: float | None, op_id: str | None) -> R:
         if not isinstance(call, Call):
             raise TypeError(
                 f"expected a keyserial Call (op(...) or keyserial.call(...)), not {call!r}"

@@ -72,7 +72,8 @@ class Script:
 
     @classmethod
     def load(cls, name: str, args: type[ScriptArgs] | None = None) -> Script:
-        text = resources.files("keyserial").joinpath(f"lua/{name}.lua").read_text()
+        lua = resources.files("keyserial").joinpath("lua")
+        text = lua.joinpath("lib.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
         names = () if args is None else tuple(args.__dataclass_fields__)
         return cls(name, text, hashlib.sha1(text.encode()).hexdigest(), names)
 

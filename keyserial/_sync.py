@@ -8,7 +8,6 @@ threads are packed into stream entries exactly as concurrent tasks' submits are.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from types import TracebackType
 from typing import Any, TypeVar
 
 from ._client import Client
@@ -51,28 +50,15 @@ class SyncClient:
             lambda: self._client.submit(key, call, timeout=timeout, op_id=op_id)
         )
 
-    def submit_many(
-        self,
-        keys: Sequence[str],
-        call: Call[R],
-        *,
-        timeout: float | None = None,
-        op_id: str | None = None,
-    ) -> R:
+    def submit_many(self, keys: Sequence[str], call: Call[R], *,
+                    timeout: float | None = None, op_id: str | None = None) -> R:
         """:meth:`keyserial.Client.submit_many`, blocking."""
         return self._hosted.run(
             lambda: self._client.submit_many(keys, call, timeout=timeout, op_id=op_id)
         )
 
-    def transfer(
-        self,
-        source: str,
-        target: str,
-        amount: int,
-        *,
-        timeout: float | None = None,
-        op_id: str | None = None,
-    ) -> dict[str, int]:
+    def transfer(self, source: str, target: str, amount: int, *,
+                 timeout: float | None = None, op_id: str | None = None) -> dict[str, int]:
         """:meth:`keyserial.Client.transfer`, blocking."""
         return self._hosted.run(
             lambda: self._client.transfer(source, target, amount, timeout=timeout, op_id=op_id)
@@ -93,12 +79,7 @@ class SyncClient:
     def __enter__(self) -> SyncClient:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
 

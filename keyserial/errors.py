@@ -25,6 +25,7 @@ the client rebuilds keyserial's own types from ``type`` and wraps any other in `
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ._urls import redact
@@ -161,12 +162,11 @@ class ResultNotFound(KeyserialError, LookupError):
     """No stored result for ``op_id``: not applied yet, or older than the result retention."""
 
     def __init__(self, *, key: str, op_id: str) -> None:
-        self.key = key
-        self.op_id = op_id
         super().__init__(
             f"no result stored for op {op_id!r} on key {key!r}: it has not been applied yet,"
             " or its result expired"
         )
+        self.key, self.op_id = key, op_id
 
 
 class LeaseLost(KeyserialError):
@@ -221,22 +221,26 @@ class OperationFailed(KeyserialError):
         data = error.get("data")
         data = data if isinstance(data, dict) else {}
         kind = _WIRE_TYPES.get(error_type, OperationFailed)
-        return kind._rebuild(
-            message, error_type=error_type, key=key, op_id=op_id, data=data, keys=keys
-        )
+        return kind._rebuild(_Reported(message, error_type, key, op_id, data, tuple(keys)))
 
     @classmethod
-    def _rebuild(
-        cls,
-        message: str,
-        *,
-        error_type: str,
-        key: str | None,
-        op_id: str | None,
-        data: dict[str, Any],
-        keys: Sequence[str] = (),
-    ) -> OperationFailed:
-        return cls(message, error_type=error_type, key=key, op_id=op_id, data=data, keys=keys)
+    def _rebuild(cls, reported: _Reported) -> OperationFailed:
+        return cls(
+            reported.message, error_type=reported.error_type, key=reported.key,
+            op_id=reported.op_id, data=reported.data, keys=reported.keys,
+        )
+
+
+@dataclass(frozen=True)
+class _Reported:
+    """An op's error as a worker reported it, with where the client submitted the op."""
+
+    message: str
+    error_type: str
+    key: str | None
+    op_id: str | None
+    data: dict[str, Any]
+    keys: tuple[str, ...]
 
 
 class UnknownOperation(OperationFailed):
@@ -282,22 +286,12 @@ class InsufficientFunds(OperationFailed):
         )
 
     @classmethod
-    def _rebuild(
-        cls,
-        message: str,
-        *,
-        error_type: str,
-        key: str | None,
-        op_id: str | None,
-        data: dict[str, Any],
-        keys: Sequence[str] = (),
-    ) -> OperationFailed:
-        balance, amount = data.get("balance"), data.get("amount")
+    def _rebuild(cls, reported: _Reported) -> OperationFailed:
+        balance, amount = reported.data.get("balance"), reported.data.get("amount")
         if isinstance(balance, int) and isinstance(amount, int):
-            return cls(balance=balance, amount=amount, key=key, op_id=op_id, keys=keys)
-        return OperationFailed(
-            message, error_type=error_type, key=key, op_id=op_id, data=data, keys=keys
-        )
+            return cls(balance=balance, amount=amount, key=reported.key, op_id=reported.op_id,
+                       keys=reported.keys)
+        return OperationFailed._rebuild(reported)
 
 
 _WIRE_TYPES: dict[str, type[OperationFailed]] = {

@@ -25,16 +25,7 @@
 --                  result): the new owner runs it alone, and the rest only once it has committed
 --                  (or has run for a lease TTL), so that if it kills this owner too, it is the
 --                  first op without a result again and takes the next strike.
--- Stream-id helpers: also in the other fenced scripts (a Redis script cannot import code).
-local function parse_id(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-local function id_gt(a, b)
-  local am, as = parse_id(a)
-  local bm, bs = parse_id(b)
-  return am > bm or (am == bm and as > bs)
-end
+-- (parse_id and id_gt come from lib.lua.)
 
 -- The first op fetched but not committed, in stream order. When the owner died with several ops
 -- in flight, it may be an innocent slow op rather than the one that killed the owner: running

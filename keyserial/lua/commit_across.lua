@@ -27,13 +27,7 @@ for i = 1, shards do
 end
 for i = 1, shards do
   -- The same state-write loop as decide.lua's (a Redis script cannot import code).
-  for _, write in ipairs(cjson.decode(ARGV[3 + 2 * i])) do
-    if write[2] == '' then
-      redis.call('HDEL', KEYS[2 + 2 * i], write[1])
-    else
-      redis.call('HSET', KEYS[2 + 2 * i], write[1], write[2])
-    end
-  end
+  write_states(KEYS[2 + 2 * i], ARGV[3 + 2 * i])
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 for _, reply in ipairs(cjson.decode(ARGV[3])) do

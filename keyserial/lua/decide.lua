@@ -27,13 +27,7 @@ if earlier then
 end
 redis.call('HSET', KEYS[3], field, ARGV[4])
 -- One command per write: an op has few keys (step.lua, which writes a whole batch, groups them).
-for _, write in ipairs(cjson.decode(ARGV[5])) do
-  if write[2] == '' then
-    redis.call('HDEL', KEYS[2], write[1])
-  else
-    redis.call('HSET', KEYS[2], write[1], write[2])
-  end
-end
+write_states(KEYS[2], ARGV[5])
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[6])
 for _, notice in ipairs(cjson.decode(ARGV[7])) do
   redis.call('PUBLISH', notice[1], notice[2])

@@ -42,16 +42,7 @@
 -- Returns {entries, done, states}: entries as XRANGE returns them; done = {op id, outcome, ...};
 -- states = {key, JSON state or '', ...}. Error "FENCED ..." (nothing written) if another owner
 -- took over: the epoch moved on.
--- Stream-id helpers: also in the other fenced scripts (a Redis script cannot import code).
-local function parse_id(id)
-  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
-  return tonumber(ms), tonumber(seq)
-end
-local function id_gt(a, b)
-  local am, as = parse_id(a)
-  local bm, bs = parse_id(b)
-  return am > bm or (am == bm and as > bs)
-end
+-- (parse_id and id_gt come from lib.lua.)
 
 -- One command for many arguments (a few per step, not one per op), in bounded chunks: unpack()
 -- has a stack limit. (The chunk is even, so field-value pairs never split.)
