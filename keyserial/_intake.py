@@ -1,4 +1,4 @@
-"""What a fetched entry asks of its shard: decode it, settle what needs no run (already done,
+"""What a fetched entry asks of its shard: decode it, answer what needs no run (already done,
 already running, misrouted, malformed) and hand back the ops that must run. Pure: no Redis, no
 I/O, so every rule here is testable on its own.
 """
@@ -30,7 +30,7 @@ class Accepted:
     entry: Entry
     #: Ops to run: new runs, each already added to the ``running`` map it was given.
     runs: list[Run] = field(default_factory=list)
-    #: Ops settled without running: their outcome goes out with the next commit.
+    #: Ops answered without running: their outcome goes out with the next commit.
     finished: list[Finished] = field(default_factory=list)
     dead: list[DeadLetter] = field(default_factory=list)
 

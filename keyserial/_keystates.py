@@ -69,7 +69,7 @@ class KeyStates:
             return []
         return [key for key in keys if key not in self._cache]
 
-    def settled(self, keys: Iterable[str]) -> bool:
+    def all_committed(self, keys: Iterable[str]) -> bool:
         """No write to ``keys`` waits for a step or rides in the step in flight."""
         keys = set(keys)
         if not self._pending.isdisjoint(keys):

@@ -237,7 +237,7 @@ class ShardMetrics:
         self._dispatched: dict[str, tuple[str, float]] = {}
 
     def dispatched(self, runs: Sequence[Run]) -> None:
-        """Ops that are about to run (not the ones settled by a stored outcome)."""
+        """Ops that are about to run (not the ones answered from a stored outcome)."""
         if self._metrics is None or not runs:
             return
         now = time.monotonic()

@@ -327,7 +327,7 @@ class ShardRunner:
         stopping); :meth:`hold` waits instead."""
         if self._ended or self._stopping or not self._replayed.is_set():
             return None
-        if not self.states.settled(keys) or not self.states.cached(keys):
+        if not self.states.all_committed(keys) or not self.states.cached(keys):
             return None
         return self._chains.try_hold(keys)
 
