@@ -47,12 +47,12 @@ def accept(
     """Take in one entry. ``done``: stored outcomes of op ids that already ran; ``running``:
     the owner's runs by op id (an op id seen again joins its run, or reuses its outcome)."""
     try:
-        items = decode_entry(dict(fields))
+        items = decode_entry(fields)
     except MalformedEntry as exc:
         log.error("shard %d: dead-lettering malformed entry %s: %s", shard, entry_id, exc)
         accepted = Accepted(Entry(entry_id, 0), dead=[(entry_id, exc.reason, raw_json(fields))])
         outcome = encode_error(MalformedOperation.wire_type, exc.reason)
-        for op_id, reply in salvage_replies(dict(fields)):
+        for op_id, reply in salvage_replies(fields):
             accepted.finished.append(Finished(op_id, outcome, [], channels(reply)))
         return accepted
     accepted = Accepted(Entry(entry_id, len(items)))

@@ -452,3 +452,28 @@ async def test_a_grant_request_lost_before_its_participant_saw_it_is_appended_ag
                 assert await ks.submit(source, balance(), timeout=10) == 6
                 assert await ks.submit(target, balance(), timeout=10) == 4
     admin.close()
+
+
+async def test_a_malformed_coordination_message_is_logged_and_ignored(
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker's coordination channel is a plain Redis channel: whatever arrives there that is
+    neither a grant nor a decision notice (not JSON, no kind, a grant missing its fields) is
+    logged and dropped, and the worker goes on running cross-shard ops."""
+    caplog.set_level(logging.ERROR, "keyserial.worker")
+    source, target = keys_on_shard(3, SHARDS, 1, "acct")[0], keys_on_shard(9, SHARDS, 1, "acct")[0]
+    garbage = [b"not json", b'{"op": "x"}', b'{"t": "g", "op": "x"}', b'{"t": "d", "op": 1}']
+    async with running_worker(redis_url, namespace, shard_count=SHARDS) as worker, \
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+        client = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            channel = f"ks:{namespace}:worker:{worker.token}"
+            for message in garbage:
+                assert await client.publish(channel, message) == 1
+        finally:
+            await client.aclose()
+        await eventually(lambda: sum("malformed coordination message" in record.getMessage()
+                                     for record in caplog.records) == len(garbage),
+                         message="every malformed message logged")
+        await ks.submit(source, deposit(10), timeout=10)
+        assert await ks.transfer(source, target, 4, timeout=10) == {source: 6, target: 4}
