@@ -22,6 +22,32 @@ _ENV_NOT_SETTINGS = frozenset(
 
 
 @dataclass(frozen=True, slots=True)
+class _LowerBound:
+    """The least value a numeric setting admits, stated with its field so that a new setting
+    cannot be added without its check."""
+
+    least: float
+    inclusive: bool
+    wording: str
+
+    def admits(self, value: float) -> bool:
+        return value >= self.least if self.inclusive else value > self.least
+
+
+_LOWER_BOUND = "lower_bound"
+_POSITIVE = _LowerBound(0, inclusive=False, wording="positive")
+_NOT_NEGATIVE = _LowerBound(0, inclusive=True, wording="0 or positive")
+
+
+def _positive(default: Any) -> Any:
+    return dataclasses.field(default=default, metadata={_LOWER_BOUND: _POSITIVE})
+
+
+def _not_negative(default: Any) -> Any:
+    return dataclasses.field(default=default, metadata={_LOWER_BOUND: _NOT_NEGATIVE})
+
+
+@dataclass(frozen=True, slots=True)
 class Durability:
     """What an acknowledgement waits for: ``replicas`` replicas to have the writes (WAIT), and
     with ``fsync`` the master and those replicas to have written them to their AOF (WAITAOF).
@@ -43,37 +69,37 @@ class Settings:
     namespace: str = "default"
     shard_count: int | None = None
     #: Seconds a shard lease lives without renewal; a dead owner's shards move after at most this.
-    lease_ttl: float = 10.0
+    lease_ttl: float = _positive(10.0)
     #: Seconds an op's result is kept for fetching by op id and for deduplicating resubmits.
-    result_ttl: float = 3600.0
+    result_ttl: float = _positive(3600.0)
     #: Largest encoded op envelope accepted by ``submit``.
-    max_payload_bytes: int = 1 << 20
+    max_payload_bytes: int = _positive(1 << 20)
     #: Unprocessed entries a shard's stream may hold before ``submit`` raises ``BacklogFull``.
-    max_backlog: int = 100_000
+    max_backlog: int = _not_negative(100_000)
     #: Times an op may be running when its worker dies before it is dead-lettered.
-    max_strikes: int = 3
+    max_strikes: int = _positive(3)
     #: Stream entries a worker fetches per round trip (each entry may pack many ops).
-    fetch_batch: int = 64
+    fetch_batch: int = _positive(64)
     #: Ops a worker holds per shard between fetch and commit.
-    max_inflight: int = 4096
+    max_inflight: int = _positive(4096)
     #: Seconds an idle owner waits for a wake-up before it polls its stream anyway.
-    idle_poll: float = 1.0
+    idle_poll: float = _positive(1.0)
     #: A worker taking over a shard with at most this many keys' states loads them all, then
     #: never reads a state from Redis again (0: never; larger shards' states load as ops need).
-    preload_states: int = 10_000
+    preload_states: int = _not_negative(10_000)
     #: Largest encoded state or result one op may commit; an op over it fails (ValueError) and
     #: writes nothing. (A state is written whole at every commit that changes it.)
-    max_state_bytes: int = 16 << 20
+    max_state_bytes: int = _positive(16 << 20)
     #: Seconds a submit waits for its reply when the caller passes no ``timeout``.
-    submit_timeout: float = 30.0
+    submit_timeout: float = _positive(30.0)
     #: Seconds between health checks (a PING) of an idle subscription (replies, wake-ups): one
     #: that a NAT or a load balancer dropped without a word is reconnected within about twice
     #: this.
-    health_interval: float = 5.0
+    health_interval: float = _positive(5.0)
     #: Replicas that must have a commit (WAIT) before its replies go out and before a client
     #: takes a stored result as an answer; 0: the master's word is enough. See
     #: docs/deployment.md#durability.
-    durable_replicas: int = 0
+    durable_replicas: int = _not_negative(0)
     #: Also wait until the master and those replicas have written the commit to their AOF
     #: (WAITAOF: Redis 7.2+, Valkey 8+, with appendonly on). See docs/deployment.md#durability.
     durable_fsync: bool = False
@@ -82,28 +108,11 @@ class Settings:
         check_namespace(self.namespace)
         if self.shard_count is not None and self.shard_count < 1:
             raise ConfigError(f"shard_count must be at least 1, not {self.shard_count}")
-        positive = {
-            "lease_ttl": self.lease_ttl,
-            "result_ttl": self.result_ttl,
-            "max_payload_bytes": self.max_payload_bytes,
-            "max_strikes": self.max_strikes,
-            "fetch_batch": self.fetch_batch,
-            "max_inflight": self.max_inflight,
-            "idle_poll": self.idle_poll,
-            "submit_timeout": self.submit_timeout,
-            "health_interval": self.health_interval,
-            "max_state_bytes": self.max_state_bytes,
-        }
-        for name, value in positive.items():
-            if value <= 0:
-                raise ConfigError(f"{name} must be positive, not {value!r}")
-        for name, value in {
-            "max_backlog": self.max_backlog,
-            "preload_states": self.preload_states,
-            "durable_replicas": self.durable_replicas,
-        }.items():
-            if value < 0:
-                raise ConfigError(f"{name} must be 0 or positive, not {value!r}")
+        for field in dataclasses.fields(self):
+            bound = field.metadata.get(_LOWER_BOUND)
+            value = getattr(self, field.name)
+            if bound is not None and not bound.admits(value):
+                raise ConfigError(f"{field.name} must be {bound.wording}, not {value!r}")
 
     @property
     def lease_ttl_ms(self) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import subprocess
@@ -41,6 +42,30 @@ def test_a_value_of_the_wrong_type_names_the_variable() -> None:
 def test_unworkable_settings_are_refused(changes: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         Settings(**changes)  # type: ignore[arg-type]
+
+
+_POSITIVE = ["lease_ttl", "result_ttl", "max_payload_bytes", "max_strikes", "fetch_batch",
+             "max_inflight", "idle_poll", "submit_timeout", "health_interval", "max_state_bytes"]
+_NOT_NEGATIVE = ["max_backlog", "preload_states", "durable_replicas"]
+
+
+@pytest.mark.parametrize("name", _POSITIVE)
+def test_a_setting_that_must_be_positive_refuses_zero(name: str) -> None:
+    with pytest.raises(ConfigError, match=f"^{name} must be positive, not 0$"):
+        Settings(**{name: 0})
+
+
+@pytest.mark.parametrize("name", _NOT_NEGATIVE)
+def test_a_count_may_be_zero_but_not_negative(name: str) -> None:
+    assert getattr(Settings(**{name: 0}), name) == 0
+    with pytest.raises(ConfigError, match=f"^{name} must be 0 or positive, not -1$"):
+        Settings(**{name: -1})
+
+
+def test_every_numeric_setting_has_a_lower_bound() -> None:
+    fields = dataclasses.fields(Settings)
+    numeric = {field.name for field in fields if field.type in ("int", "float")}
+    assert numeric == set(_POSITIVE) | set(_NOT_NEGATIVE)
 
 
 def test_unknown_settings_are_refused() -> None:
