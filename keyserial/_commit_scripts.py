@@ -4,8 +4,7 @@ shard of a cross-shard op one worker owns, on a standalone server).
 Both take the replies they publish once committed as their ``replies`` argument, which the
 pipeliner fills by name (``ScriptCall.with_arg``). Both refuse with ``Fenced`` when another owner
 took the (home) shard over; ``commit_across`` refuses with ``OwnedElsewhere`` when another shard
-changed hands. KEYS come from :class:`ShardKeys`, ARGV from a dataclass named and ordered as the
-script's header (``keyserial/lua/<name>.lua``) documents it.
+changed hands.
 """
 
 from __future__ import annotations

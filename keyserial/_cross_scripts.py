@@ -2,8 +2,7 @@
 keys, the coordinator ``decide`` s, a participant that missed the decision ``resolve`` s it.
 
 ``grant`` and ``decide`` are fenced (refused with ``Fenced`` when another owner took the shard
-over). KEYS come from :class:`ShardKeys`, ARGV from a dataclass named and ordered as the
-script's header (``keyserial/lua/<name>.lua``) documents it.
+over).
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """Typed calls of the lease scripts: ``acquire``, ``renew`` and ``release`` a shard's lease.
 
-Each call's KEYS come from :class:`ShardKeys`, its ARGV from a dataclass named and ordered as
-the script's header (``keyserial/lua/<name>.lua``) documents it, and its reply becomes what
-the worker acts on: a :class:`LeaseGrant` (or None), whether a lease was renewed or released.
+Each call's reply becomes what the worker acts on: a :class:`LeaseGrant` (or None), whether a
+lease was renewed or released.
 """
 
 from __future__ import annotations

@@ -6,9 +6,9 @@ script publishes once it has committed) by name. ``Backend.run_many`` sends them
 each reply as its call decodes it, or the refusal it met (``_refusals``).
 
 The typed calls of each script (KEYS from the key layout, ARGV from a dataclass whose fields are
-named and ordered as the script's header documents them, the reply as a dataclass) are in
-``_submit_scripts``, ``_lease_scripts``, ``_commit_scripts`` and ``_cross_scripts``. Nothing here
-talks to Redis.
+named and ordered as the script's header, ``keyserial/lua/<name>.lua``, documents them, the reply
+as a dataclass) are in ``_submit_scripts``, ``_lease_scripts``, ``_commit_scripts`` and
+``_cross_scripts``. Nothing here talks to Redis.
 """
 
 from __future__ import annotations

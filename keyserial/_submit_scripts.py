@@ -1,8 +1,5 @@
 """Typed calls of the scripts anyone may run on a shard, owner or not: ``submit`` (clients, a
 dead letter's replay, a coordinator's grant request) and ``status`` (operators).
-
-Each call's KEYS come from :class:`ShardKeys`, its ARGV from a dataclass named and ordered as
-the script's header (``keyserial/lua/<name>.lua``) documents it.
 """
 
 from __future__ import annotations
