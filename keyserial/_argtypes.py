@@ -3,34 +3,35 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def _checked(
+    text: str, convert: Callable[[str], T], kind: str, out_of_range: Callable[[T], bool], why: str
+) -> T:
+    """``text`` converted; a usage error if it is not ``kind``, or ``why`` (``{}``: the value) if
+    it is out of range."""
+    try:
+        value = convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from None
+    if out_of_range(value):
+        raise argparse.ArgumentTypeError(why.format(value))
+    return value
 
 
 def seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError("must be positive")
-    return value
+    return _checked(text, float, "a number of seconds", lambda s: s <= 0, "must be positive")
 
 
 def positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be at least 1")
-    return value
+    return _checked(text, int, "a whole number", lambda n: n < 1, "must be at least 1")
 
 
 def port(text: str) -> int:
     """A TCP port to listen on; 0 lets the system pick a free one."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"{value} is not a port number (0-65535)")
-    return value
+    why = "{} is not a port number (0-65535)"
+    return _checked(text, int, "a port number", lambda n: not 0 <= n <= 65535, why)

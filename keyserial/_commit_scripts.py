@@ -4,8 +4,7 @@ shard of a cross-shard op one worker owns, on a standalone server).
 Both take the replies they publish once committed as their ``replies`` argument, which the
 pipeliner fills by name (``ScriptCall.with_arg``). Both refuse with ``Fenced`` when another owner
 took the (home) shard over; ``commit_across`` refuses with ``OwnedElsewhere`` when another shard
-changed hands. KEYS come from :class:`ShardKeys`, ARGV from a dataclass named and ordered as the
-script's header (``keyserial/lua/<name>.lua``) documents it.
+changed hands.
 """
 
 from __future__ import annotations
@@ -16,12 +15,12 @@ from typing import Any
 
 from ._json import dumps
 from ._layout import ShardKeys
-from ._scripts import Script, ScriptArg, ScriptArgs, ScriptCall, acknowledged, pairs, text
+from ._scripts import ScriptArg, ScriptArgs, ScriptCall, acknowledged, pairs, script_args, text
 
 
-@dataclass(slots=True)
+@script_args("step")
 class StepArgs(ScriptArgs):
-    """``step.lua``'s ARGV."""
+    """What one step commits, and where it fetches from."""
 
     epoch: int
     #: The last entry whose ops have all finished, or '' to keep progress where it is.
@@ -44,9 +43,6 @@ class StepArgs(ScriptArgs):
     states_held: bool
     #: Replies to publish once committed (JSON), or '' (the pipeliner fills it).
     replies: str = ""
-
-
-STEP = Script.load("step", StepArgs)
 
 
 @dataclass(slots=True)
@@ -83,7 +79,7 @@ def step(shard: ShardKeys, args: StepArgs) -> ScriptCall[StepReply]:
         k.epoch, k.state, k.progress, k.stream, k.results, k.results_old, k.dead, k.horizon,
         k.results_since,
     ]
-    return ScriptCall(STEP, keys, args.argv(), _step_reply)
+    return args.call(keys, _step_reply)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +92,10 @@ class ShardWrites:
     writes: Sequence[tuple[str, str]] = ()
 
 
-@dataclass(slots=True)
+@script_args("commit_across")
 class CommitAcrossArgs(ScriptArgs):
-    """``commit_across.lua``'s ARGV: three named, then an epoch and the writes per shard."""
+    """An op's outcome and its writes to every shard: sent as three named arguments, then an
+    epoch and the writes per shard."""
 
     op_id: str
     #: The op's outcome (JSON).
@@ -115,13 +112,10 @@ class CommitAcrossArgs(ScriptArgs):
         return args
 
 
-COMMIT_ACROSS = Script.load("commit_across", CommitAcrossArgs)
-
-
 def commit_across(args: CommitAcrossArgs) -> ScriptCall[None]:
     """Commit an op's writes to every shard at once, and its result to the home shard."""
     home = args.shards[0].shard
     keys = [home.results, home.results_old]
     for part in args.shards:
         keys += [part.shard.epoch, part.shard.state]
-    return ScriptCall(COMMIT_ACROSS, keys, args.argv(), acknowledged)
+    return args.call(keys, acknowledged)

@@ -2,8 +2,7 @@
 keys, the coordinator ``decide`` s, a participant that missed the decision ``resolve`` s it.
 
 ``grant`` and ``decide`` are fenced (refused with ``Fenced`` when another owner took the shard
-over). KEYS come from :class:`ShardKeys`, ARGV from a dataclass named and ordered as the
-script's header (``keyserial/lua/<name>.lua``) documents it.
+over).
 """
 
 from __future__ import annotations
@@ -14,12 +13,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._layout import ShardKeys
-from ._scripts import Script, ScriptArgs, ScriptCall, acknowledged, text
+from ._scripts import ScriptArgs, ScriptCall, acknowledged, script_args, text
 
 
-@dataclass(slots=True)
+@script_args("grant")
 class GrantArgs(ScriptArgs):
-    """``grant.lua``'s ARGV."""
+    """A participant's grant of its keys to an attempt's coordinator."""
 
     epoch: int
     #: The grant's record in the results hash: ``<op>#<attempt>#g``.
@@ -31,17 +30,14 @@ class GrantArgs(ScriptArgs):
     channel: str
 
 
-GRANT = Script.load("grant", GrantArgs)
-
-
 def grant(shard: ShardKeys, args: GrantArgs) -> ScriptCall[None]:
     """Record a grant of the participant shard's keys and publish it (fenced)."""
-    return ScriptCall(GRANT, [shard.epoch, shard.results], args.argv(), acknowledged)
+    return args.call([shard.epoch, shard.results], acknowledged)
 
 
-@dataclass(slots=True)
+@script_args("decide")
 class DecideArgs(ScriptArgs):
-    """``decide.lua``'s ARGV."""
+    """A coordinator's decision of one attempt, and what the home shard commits with it."""
 
     epoch: int
     op_id: str
@@ -55,9 +51,6 @@ class DecideArgs(ScriptArgs):
     outcome: str
     #: Messages to publish if the decision wins: (channel, message).
     notices: Sequence[tuple[str, str]]
-
-
-DECIDE = Script.load("decide", DecideArgs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,19 +72,16 @@ def decide(home: ShardKeys, args: DecideArgs) -> ScriptCall[Decided]:
     """Record the attempt's decision, with the home shard's writes and the op's result, if the
     attempt has none yet (fenced)."""
     keys = [home.epoch, home.state, home.results, home.results_old]
-    return ScriptCall(DECIDE, keys, args.argv(), _decided)
+    return args.call(keys, _decided)
 
 
-@dataclass(slots=True)
+@script_args("resolve")
 class ResolveArgs(ScriptArgs):
-    """``resolve.lua``'s ARGV."""
+    """The attempt whose decision a participant looks up."""
 
     op_id: str
     #: The home epoch the attempt began in.
     attempt: int
-
-
-RESOLVE = Script.load("resolve", ResolveArgs)
 
 
 def _decision(reply: bytes | None) -> dict[str, Any] | None:
@@ -105,4 +95,4 @@ def resolve(home: ShardKeys, args: ResolveArgs) -> ScriptCall[dict[str, Any] | N
     """The attempt's decision; an abort, recorded now, if its coordinator's epoch is over; None
     while it is undecided and its coordinator still owns the home shard. Not fenced."""
     keys = [home.epoch, home.results, home.results_old]
-    return ScriptCall(RESOLVE, keys, args.argv(), _decision)
+    return args.call(keys, _decision)

@@ -1,8 +1,7 @@
 """Typed calls of the lease scripts: ``acquire``, ``renew`` and ``release`` a shard's lease.
 
-Each call's KEYS come from :class:`ShardKeys`, its ARGV from a dataclass named and ordered as
-the script's header (``keyserial/lua/<name>.lua``) documents it, and its reply becomes what
-the worker acts on: a :class:`LeaseGrant` (or None), whether a lease was renewed or released.
+Each call's reply becomes what the worker acts on: a :class:`LeaseGrant` (or None), whether a
+lease was renewed or released.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._layout import ShardKeys
-from ._scripts import Script, ScriptArgs, ScriptCall, text
+from ._scripts import ScriptArgs, ScriptCall, script_args, text
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,18 +30,15 @@ class LeaseGrant:
     suspect: str | None = None
 
 
-@dataclass(slots=True)
+@script_args("acquire")
 class AcquireArgs(ScriptArgs):
-    """``acquire.lua``'s ARGV."""
+    """Who asks for a shard's lease, for how long, and how many strikes dead-letter an op."""
 
     token: str
     lease_ttl_ms: int
     max_strikes: int
     #: Unique per attempt, and the same when a call whose reply was lost is sent again.
     attempt: str
-
-
-ACQUIRE = Script.load("acquire", AcquireArgs)
 
 
 def _grant(reply: list[Any]) -> LeaseGrant | None:
@@ -67,18 +63,15 @@ def acquire(shard: ShardKeys, args: AcquireArgs) -> ScriptCall[LeaseGrant | None
         k.lease, k.epoch, k.progress, k.horizon, k.suspect, k.stream, k.results, k.results_old,
         k.dead, k.results_since, k.handover, k.last_grant,
     ]
-    return ScriptCall(ACQUIRE, keys, args.argv(), _grant)
+    return args.call(keys, _grant)
 
 
-@dataclass(slots=True)
+@script_args("renew")
 class RenewArgs(ScriptArgs):
-    """``renew.lua``'s ARGV."""
+    """Who extends a lease, and by how long."""
 
     token: str
     lease_ttl_ms: int
-
-
-RENEW = Script.load("renew", RenewArgs)
 
 
 def _one(reply: Any) -> bool:
@@ -87,21 +80,18 @@ def _one(reply: Any) -> bool:
 
 def renew(shard: ShardKeys, args: RenewArgs) -> ScriptCall[bool]:
     """Extend the lease: whether the caller still held it."""
-    return ScriptCall(RENEW, [shard.lease], args.argv(), _one)
+    return args.call([shard.lease], _one)
 
 
-@dataclass(slots=True)
+@script_args("release")
 class ReleaseArgs(ScriptArgs):
-    """``release.lua``'s ARGV."""
+    """Who gives a lease up, and whether its first unfinished op takes a strike."""
 
     token: str
     #: A drained shutdown (True), or a failed runner, whose first unfinished op takes a strike.
     clean: bool
 
 
-RELEASE = Script.load("release", ReleaseArgs)
-
-
 def release(shard: ShardKeys, args: ReleaseArgs) -> ScriptCall[bool]:
     """Give the lease up: whether it was the caller's."""
-    return ScriptCall(RELEASE, [shard.lease, shard.horizon, shard.handover], args.argv(), _one)
+    return args.call([shard.lease, shard.horizon, shard.handover], _one)

@@ -6,9 +6,9 @@ script publishes once it has committed) by name. ``Backend.run_many`` sends them
 each reply as its call decodes it, or the refusal it met (``_refusals``).
 
 The typed calls of each script (KEYS from the key layout, ARGV from a dataclass whose fields are
-named and ordered as the script's header documents them, the reply as a dataclass) are in
-``_submit_scripts``, ``_lease_scripts``, ``_commit_scripts`` and ``_cross_scripts``. Nothing here
-talks to Redis.
+named and ordered as the script's header, ``keyserial/lua/<name>.lua``, documents them, the reply
+as a dataclass) are in ``_submit_scripts``, ``_lease_scripts``, ``_commit_scripts`` and
+``_cross_scripts``. Nothing here talks to Redis.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, ClassVar, Generic, TypeAlias, TypeVar
+from typing import Any, ClassVar, Generic, TypeAlias, TypeVar, dataclass_transform
 
 from ._json import dumps
 
@@ -30,34 +30,48 @@ REPLIES = "replies"
 
 
 class ScriptArgs:
-    """Base of a script's arguments: a dataclass whose fields are its ARGV, in order. A bool is
-    sent as 1 or 0 (scripts read '1' or '0'), a list or a tuple as JSON."""
+    """Base of a script's arguments, declared with :func:`script_args`: a dataclass whose fields
+    are its ARGV, in order. A bool is sent as 1 or 0 (scripts read '1' or '0'), a list or a tuple
+    as JSON."""
 
     __slots__ = ()
     __dataclass_fields__: ClassVar[dict[str, Any]]
+    #: The script these are the arguments of.
+    SCRIPT: ClassVar[Script]
+    #: Reads the fields in order (made once per class: the calls of a busy worker or client are
+    #: many).
+    _values: ClassVar[Callable[[Any], tuple[Any, ...]]]
 
     def argv(self) -> list[ScriptArg]:
         return [
             int(value) if type(value) is bool else dumps(value) if type(value) in _JSON else value
-            for value in _values(type(self))(self)
+            for value in type(self)._values(self)
         ]
+
+    def call(self, keys: Sequence[str], decode: Callable[[Any], R]) -> ScriptCall[R]:
+        """A call of the script with these arguments."""
+        return ScriptCall(type(self).SCRIPT, keys, self.argv(), decode)
 
 
 _JSON = (list, tuple)
 
+A = TypeVar("A", bound=ScriptArgs)
 
-_READERS: dict[type[ScriptArgs], Callable[[ScriptArgs], tuple[Any, ...]]] = {}
 
+@dataclass_transform()
+def script_args(name: str) -> Callable[[type[A]], type[A]]:
+    """Declare a class as the arguments of ``keyserial/lua/<name>.lua``: a slotted dataclass
+    (slots: one is made per step), its script loaded once as ``SCRIPT``."""
 
-def _values(kind: type[ScriptArgs]) -> Callable[[ScriptArgs], tuple[Any, ...]]:
-    """A function reading the fields of a ``kind`` in order (made once per kind: the calls of a
-    busy worker or client are many)."""
-    read = _READERS.get(kind)
-    if read is None:
+    def declare(cls: type[A]) -> type[A]:
+        kind = dataclass(slots=True)(cls)  # a new class: slots need one
         names = tuple(kind.__dataclass_fields__)
         getter = operator.attrgetter(*names)
-        read = _READERS[kind] = getter if len(names) > 1 else lambda args: (getter(args),)
-    return read
+        kind._values = getter if len(names) > 1 else lambda args: (getter(args),)
+        kind.SCRIPT = Script.load(name, kind)
+        return kind
+
+    return declare
 
 
 @dataclass(frozen=True, slots=True)

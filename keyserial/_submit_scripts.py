@@ -1,8 +1,5 @@
 """Typed calls of the scripts anyone may run on a shard, owner or not: ``submit`` (clients, a
 dead letter's replay, a coordinator's grant request) and ``status`` (operators).
-
-Each call's KEYS come from :class:`ShardKeys`, its ARGV from a dataclass named and ordered as
-the script's header (``keyserial/lua/<name>.lua``) documents it.
 """
 
 from __future__ import annotations
@@ -11,12 +8,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ._layout import ShardKeys
-from ._scripts import Script, ScriptArgs, ScriptCall, text
+from ._scripts import Script, ScriptArgs, ScriptCall, script_args, text
 
 
-@dataclass(slots=True)
+@script_args("submit")
 class SubmitArgs(ScriptArgs):
-    """``submit.lua``'s ARGV; its refusal is ``BacklogRefused``."""
+    """One entry of packed ops to append; the script refuses it with ``BacklogRefused``."""
 
     #: Entries past progress at most (0: unbounded).
     max_backlog: int
@@ -29,16 +26,13 @@ class SubmitArgs(ScriptArgs):
     fresh: bool = False
 
 
-SUBMIT = Script.load("submit", SubmitArgs)
-
-
 def _entry_id(reply: bytes) -> bytes:
     return reply
 
 
 def submit(shard: ShardKeys, args: SubmitArgs) -> ScriptCall[bytes]:
     """Append one entry of packed ops to the shard's stream; its entry id."""
-    return ScriptCall(SUBMIT, [shard.stream], args.argv(), _entry_id)
+    return args.call([shard.stream], _entry_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ import redis.asyncio
 from redis import exceptions as redis_errors
 
 from keyserial._backend import Backend
-from keyserial._commit_scripts import STEP
+from keyserial._commit_scripts import StepArgs
 from keyserial._refusals import Fenced
 from keyserial._resp import PipelinedConnection, Subscriber
 from keyserial._scripts import ScriptCall
@@ -100,7 +100,8 @@ async def test_a_restarted_server_is_reconnected_and_a_dead_one_reported(tmp_pat
         # The old connection is gone: a batch that races its close fails as BackendUnavailable
         # (it may or may not have run, as with redis-py), and the next one reconnects. A script
         # the restarted server no longer knows is sent again in full.
-        call = ScriptCall(STEP, [f"resp:{n}" for n in range(8)], ["1", "", 1, "0-0", 0, "", "0", 0])
+        keys = [f"resp:{n}" for n in range(8)]
+        call = ScriptCall(StepArgs.SCRIPT, keys, ["1", "", 1, "0-0", 0, "", "0", 0])
         failures = 0
         while True:
             try:

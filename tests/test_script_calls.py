@@ -8,14 +8,18 @@ import re
 
 import pytest
 
-from keyserial._commit_scripts import COMMIT_ACROSS, STEP
-from keyserial._cross_scripts import DECIDE, GRANT, RESOLVE
-from keyserial._lease_scripts import ACQUIRE, RELEASE, RENEW
+from keyserial._commit_scripts import CommitAcrossArgs, StepArgs
+from keyserial._cross_scripts import DecideArgs, GrantArgs, ResolveArgs
+from keyserial._lease_scripts import AcquireArgs, ReleaseArgs, RenewArgs
 from keyserial._scripts import REPLIES, Script
-from keyserial._submit_scripts import STATUS, SUBMIT
+from keyserial._submit_scripts import STATUS, SubmitArgs
 
+STEP, COMMIT_ACROSS = StepArgs.SCRIPT, CommitAcrossArgs.SCRIPT
 #: Every script but commit_across, whose arguments are a pair per shard after the first three.
-FIXED = [SUBMIT, STATUS, ACQUIRE, RENEW, RELEASE, STEP, GRANT, DECIDE, RESOLVE]
+FIXED = [
+    SubmitArgs.SCRIPT, STATUS, AcquireArgs.SCRIPT, RenewArgs.SCRIPT, ReleaseArgs.SCRIPT, STEP,
+    GrantArgs.SCRIPT, DecideArgs.SCRIPT, ResolveArgs.SCRIPT,
+]
 
 
 @pytest.mark.parametrize("script", FIXED, ids=lambda script: script.name)
