@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -24,7 +25,14 @@ def _checked(
 
 
 def seconds(text: str) -> float:
-    return _checked(text, float, "a number of seconds", lambda s: s <= 0, "must be positive")
+    return _checked(text, _finite, "a number of seconds", lambda s: s <= 0, "must be positive")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
 
 
 def positive(text: str) -> int:

@@ -111,7 +111,11 @@ class Settings:
         for field in dataclasses.fields(self):
             bound = field.metadata.get(_LOWER_BOUND)
             value = getattr(self, field.name)
-            if bound is not None and not bound.admits(value):
+            if bound is None:
+                continue
+            if not math.isfinite(value):
+                raise ConfigError(f"{field.name} must be a finite number, not {value!r}")
+            if not bound.admits(value):
                 raise ConfigError(f"{field.name} must be {bound.wording}, not {value!r}")
 
     @property
@@ -194,10 +198,7 @@ def _parse(name: str, raw: str, kind: Any) -> Any:
         if kind in ("int", "int | None"):
             return int(raw)
         if kind == "float":
-            value = float(raw)
-            if not math.isfinite(value):
-                raise ValueError(raw)
-            return value
+            return float(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a valid {kind}") from None
     return raw

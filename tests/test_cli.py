@@ -123,7 +123,7 @@ def test_worker_refuses_an_unknown_app_module(redis_url: str) -> None:
     assert "cannot import app module 'no_such_module_here'" in result.stderr
 
 
-@pytest.mark.parametrize("bad", ["0", "-1", "soon"])
+@pytest.mark.parametrize("bad", ["0", "-1", "soon", "nan", "inf"])
 def test_lease_ttl_must_be_positive_seconds(bad: str) -> None:
     result = _cli("worker", "--lease-ttl", bad)
     assert result.returncode == 2

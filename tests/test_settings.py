@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import signal
 import subprocess
@@ -60,6 +61,12 @@ def test_a_count_may_be_zero_but_not_negative(name: str) -> None:
     assert getattr(Settings(**{name: 0}), name) == 0
     with pytest.raises(ConfigError, match=f"^{name} must be 0 or positive, not -1$"):
         Settings(**{name: -1})
+
+
+@pytest.mark.parametrize("value", [math.inf, math.nan])
+def test_a_number_of_seconds_must_be_finite(value: float) -> None:
+    with pytest.raises(ConfigError, match=r"^lease_ttl must be a finite number"):
+        Settings(lease_ttl=value)
 
 
 def test_every_numeric_setting_has_a_lower_bound() -> None:
