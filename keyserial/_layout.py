@@ -7,7 +7,8 @@ server). Channels are not keys (PUBLISH works from any script, on any topology).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import overload
 
 from .errors import ConfigError
 
@@ -44,90 +45,65 @@ def worker_channel(namespace: str, token: str) -> str:
     return f"ks:{namespace}:worker:{token}"
 
 
+class _ShardKey:
+    """A key of one shard, named by its suffix after the shard's hash tag."""
+
+    __slots__ = ("suffix",)
+
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+
+    @overload
+    def __get__(self, shard: None, owner: type[ShardKeys]) -> _ShardKey: ...
+    @overload
+    def __get__(self, shard: ShardKeys, owner: type[ShardKeys]) -> str: ...
+    def __get__(self, shard: ShardKeys | None, owner: type[ShardKeys]) -> str | _ShardKey:
+        return self if shard is None else f"{shard.tag}:{self.suffix}"
+
+
 @dataclass(frozen=True, slots=True)
 class ShardKeys:
     """Names of everything one shard keeps in Redis."""
 
     namespace: str
     shard: int
+    #: The hash tag every key of the shard carries (made once: a step names nine keys).
+    tag: str = field(init=False, repr=False, compare=False)
 
-    @property
-    def tag(self) -> str:
-        return f"ks:{{{self.namespace}:{self.shard}}}"
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tag", f"ks:{{{self.namespace}:{self.shard}}}")
 
-    @property
-    def stream(self) -> str:
-        """Ops waiting to run, in order; each entry packs one or more op envelopes."""
-        return f"{self.tag}:stream"
-
-    @property
-    def lease(self) -> str:
-        """Owner token, with a TTL; renewed by the owner."""
-        return f"{self.tag}:lease"
-
-    @property
-    def epoch(self) -> str:
-        """Fencing epoch, incremented at every acquisition; every write checks it."""
-        return f"{self.tag}:epoch"
-
-    @property
-    def progress(self) -> str:
-        """Id of the last stream entry whose ops have all committed."""
-        return f"{self.tag}:progress"
-
-    @property
-    def horizon(self) -> str:
-        """Id of the last entry the owner has fetched; above progress after a crash."""
-        return f"{self.tag}:horizon"
-
-    @property
-    def handover(self) -> str:
-        """The horizon a clean release left: the next owner replays up to it without
-        suspecting any op."""
-        return f"{self.tag}:handover"
-
-    @property
-    def last_grant(self) -> str:
-        """The last lease grant (JSON ``[attempt id, grant]``), so a lost acquire reply can be
-        asked again without a second epoch or strike."""
-        return f"{self.tag}:grant"
-
-    @property
-    def suspect(self) -> str:
-        """Hash {op, strikes}: the op that was running each time an owner died."""
-        return f"{self.tag}:suspect"
-
-    @property
-    def state(self) -> str:
-        """Hash: resource key -> JSON state."""
-        return f"{self.tag}:state"
-
-    @property
-    def results(self) -> str:
-        """Hash: op id -> JSON outcome, for results stored since :attr:`results_since`."""
-        return f"{self.tag}:results"
-
-    @property
-    def results_old(self) -> str:
-        """The previous generation of :attr:`results`, dropped when the current one is a
-        retention period old: so a result lives between one and two retention periods."""
-        return f"{self.tag}:results:old"
-
-    @property
-    def results_since(self) -> str:
-        """When (ms, the owner's clock) the current results generation began."""
-        return f"{self.tag}:results:since"
-
-    @property
-    def dead(self) -> str:
-        """Dead-letter stream: malformed entries and poison ops, with the reason."""
-        return f"{self.tag}:dead"
-
-    @property
-    def barrier(self) -> str:
-        """A key written only to be replicated: a WAIT after it covers every write before it
-        (the ``durable_replicas`` setting)."""
-        return f"{self.tag}:barrier"
+    #: Ops waiting to run, in order; each entry packs one or more op envelopes.
+    stream = _ShardKey("stream")
+    #: Owner token, with a TTL; renewed by the owner.
+    lease = _ShardKey("lease")
+    #: Fencing epoch, incremented at every acquisition; every write checks it.
+    epoch = _ShardKey("epoch")
+    #: Id of the last stream entry whose ops have all committed.
+    progress = _ShardKey("progress")
+    #: Id of the last entry the owner has fetched; above progress after a crash.
+    horizon = _ShardKey("horizon")
+    #: The horizon a clean release left: the next owner replays up to it without suspecting any op.
+    handover = _ShardKey("handover")
+    #: The last lease grant (JSON ``[attempt id, grant]``), so a lost acquire reply can be asked
+    #: again without a second epoch or strike.
+    last_grant = _ShardKey("grant")
+    #: Hash {op, strikes}: the op that was running each time an owner died.
+    suspect = _ShardKey("suspect")
+    #: Hash: resource key -> JSON state.
+    state = _ShardKey("state")
+    #: Hash: op id -> JSON outcome, for results stored since :attr:`results_since`.
+    results = _ShardKey("results")
+    #: The previous generation of :attr:`results`, dropped when the current one is a retention
+    #: period old: so a result lives between one and two retention periods.
+    results_old = _ShardKey("results:old")
+    #: When (ms, the owner's clock) the current results generation began.
+    results_since = _ShardKey("results:since")
+    #: Dead-letter stream: malformed entries and poison ops, with the reason.
+    dead = _ShardKey("dead")
+    #: A key written only to be replicated: a WAIT after it covers every write before it (the
+    #: ``durable_replicas`` setting).
+    barrier = _ShardKey("barrier")
 
     @property
     def wake_channel(self) -> str:
