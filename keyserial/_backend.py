@@ -243,8 +243,9 @@ class Backend(Commands):
     def node_of(self, key: str) -> str:
         """The name of the master that serves ``key`` as far as this client knows ('' on a
         standalone server)."""
-        if not isinstance(self.client, RedisCluster):
+        if not self.is_cluster:  # not isinstance: RedisCluster is a Protocol, slow to check
             return ""
+        assert isinstance(self.client, RedisCluster)
         try:
             node = self.client.get_node_from_key(key)
         except redis_errors.RedisClusterException:  # a slot no master serves right now
