@@ -66,6 +66,10 @@ class Leases:
         self._resting: dict[int, float] = {}
         #: Redis nodes whose round is in flight (one at a time per node).
         self._rounds: set[str] = set()
+        #: Shards whose acquire is in flight. Across a failover a shard's lease key moves to
+        #: another node, whose round must not try it again while the stuck node's round still
+        #: may: both would send the same attempt, and both be answered with its grant.
+        self._acquiring: set[int] = set()
         #: Each shard's acquire attempt whose answer was lost (see ``acquire.lua``).
         self._attempts: dict[int, str] = {}
 
@@ -111,12 +115,21 @@ class Leases:
         for shard in self._held:
             rounds[self._backend.node_of(self._keys(shard).lease)][0].append(shard)
         for shard in shards:
-            if shard not in self._held and self._resting.get(shard, 0) <= now and not stopping:
+            if self._may_acquire(shard, now, stopping):
                 rounds[self._backend.node_of(self._keys(shard).lease)][1].append(shard)
         for node, (owned, free) in rounds.items():
             if node not in self._rounds:
                 self._rounds.add(node)
+                self._acquiring.update(free)
                 task_group.start_soon(self._node_round, node, owned, free)
+
+    def _may_acquire(self, shard: int, now: float, stopping: bool) -> bool:
+        return not (
+            stopping
+            or shard in self._held
+            or shard in self._acquiring
+            or self._resting.get(shard, 0) > now
+        )
 
     async def _node_round(self, node: str, owned: list[int], free: list[int]) -> None:
         """Renew ``owned`` and try to acquire ``free``, the shards of one node, in one
@@ -149,10 +162,14 @@ class Leases:
                     log.log(level, "acquiring shard %d failed: %s", shard, reply)
                     continue
                 self._attempts.pop(shard, None)  # answered: the next acquire is a new attempt
-                if reply is not None:  # (None: someone else holds the lease)
+                # None: someone else holds the lease. A shard held already got this grant from
+                # an earlier answer to the same attempt: a second runner would share its epoch,
+                # so fencing could not tell the two apart.
+                if reply is not None and shard not in self._held:
                     self._start(shard, reply, sent_at)
         finally:
             self._rounds.discard(node)
+            self._acquiring.difference_update(free)
             self._drop_expired(anyio.current_time())
 
     def _renewed(self, owned: list[int], replies: list[Any], sent_at: float) -> None:

@@ -65,6 +65,13 @@ REGRESSIONS: list[KnownFailure] = [
                  " lost grant request left its payment waiting forever (fixed)"),
     KnownFailure(4, "cluster", "an entry appended as a master was paused lost in its failover,"
                  " its submit timed out (fixed with 1)"),
+    KnownFailure(102, "cluster", "payments applied on some of their keys only, money not"
+                 " conserved: across a master's failover the old node's lease round and the new"
+                 " node's both sent a shard's acquire, one attempt answered twice with one grant,"
+                 " and the worker ran two runners under one epoch (fixed: one acquire in flight"
+                 " per shard, and a grant for a shard held already starts nothing)"),
+    KnownFailure(105, "cluster", "an acknowledged list append lost and the key's history"
+                 " forked: two runners under one epoch, as 102 (fixed with 102)"),
 ]
 
 #: The regression seeds CI runs (the rest run with ``python -m tests.nemesis``).
