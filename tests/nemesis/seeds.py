@@ -78,4 +78,9 @@ REGRESSIONS: list[KnownFailure] = [
 CI_REGRESSIONS: tuple[int, ...] = (103, 105, 117, 119, 120)
 
 #: Reproduce one with ``python -m tests.nemesis --seeds 1 --seed-start SEED --profile PROFILE``.
-KNOWN_FAILING: list[KnownFailure] = []
+KNOWN_FAILING: list[KnownFailure] = [
+    KnownFailure(3638, "long", "subscription-health: a client's silently dropped subscription,"
+                 " dropped 0.1 s after a Redis restart, was not replaced within its 4 s bound;"
+                 " seen once while a cluster run shared the machine's two cores, then passed 3"
+                 " runs of 3 alone (cause not found)"),
+]
