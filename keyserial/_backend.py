@@ -130,7 +130,9 @@ class Backend(Commands):
         self.client = client
         #: For messages and logs: the password is hidden.
         self.url = redact(url)
-        self.is_cluster = isinstance(client, RedisCluster)
+        #: The client if it is a cluster's (checked once: RedisCluster is a Protocol, whose
+        #: isinstance is slow, and node_of runs for every call).
+        self._cluster = client if isinstance(client, RedisCluster) else None
         self._owned = owned
         #: The hot path's connection (see ``_resp``), on plain TCP connections we opened.
         self._pipelined = pipelined_connection(client) if owned else None
@@ -240,14 +242,17 @@ class Backend(Commands):
         """See :func:`_durability.confirm` (as ``_crossshard`` calls it)."""
         return await _durability.confirm(self, key, durability)
 
+    @property
+    def is_cluster(self) -> bool:
+        return self._cluster is not None
+
     def node_of(self, key: str) -> str:
         """The name of the master that serves ``key`` as far as this client knows ('' on a
         standalone server)."""
-        if not self.is_cluster:  # not isinstance: RedisCluster is a Protocol, slow to check
+        if self._cluster is None:
             return ""
-        assert isinstance(self.client, RedisCluster)
         try:
-            node = self.client.get_node_from_key(key)
+            node = self._cluster.get_node_from_key(key)
         except redis_errors.RedisClusterException:  # a slot no master serves right now
             return ""
         return "" if node is None else node.name

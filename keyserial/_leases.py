@@ -162,9 +162,8 @@ class Leases:
                     log.log(level, "acquiring shard %d failed: %s", shard, reply)
                     continue
                 self._attempts.pop(shard, None)  # answered: the next acquire is a new attempt
-                # None: someone else holds the lease. A shard held already got this grant from
-                # an earlier answer to the same attempt: a second runner would share its epoch,
-                # so fencing could not tell the two apart.
+                # None: someone else holds the lease. Never a second runner for a shard held:
+                # it would share the first one's epoch, and fencing could not tell them apart.
                 if reply is not None and shard not in self._held:
                     self._start(shard, reply, sent_at)
         finally:

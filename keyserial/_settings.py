@@ -39,12 +39,19 @@ _POSITIVE = _LowerBound(0, inclusive=False, wording="positive")
 _NOT_NEGATIVE = _LowerBound(0, inclusive=True, wording="0 or positive")
 
 
+_AT_LEAST_ONE = _LowerBound(1, inclusive=True, wording="at least 1")
+
+
+def _bounded(default: Any, bound: _LowerBound) -> Any:
+    return dataclasses.field(default=default, metadata={_LOWER_BOUND: bound})
+
+
 def _positive(default: Any) -> Any:
-    return dataclasses.field(default=default, metadata={_LOWER_BOUND: _POSITIVE})
+    return _bounded(default, _POSITIVE)
 
 
 def _not_negative(default: Any) -> Any:
-    return dataclasses.field(default=default, metadata={_LOWER_BOUND: _NOT_NEGATIVE})
+    return _bounded(default, _NOT_NEGATIVE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +74,7 @@ class Settings:
     """
 
     namespace: str = "default"
-    shard_count: int | None = None
+    shard_count: int | None = _bounded(None, _AT_LEAST_ONE)
     #: Seconds a shard lease lives without renewal; a dead owner's shards move after at most this.
     lease_ttl: float = _positive(10.0)
     #: Seconds an op's result is kept for fetching by op id and for deduplicating resubmits.
@@ -106,12 +113,10 @@ class Settings:
 
     def __post_init__(self) -> None:
         check_namespace(self.namespace)
-        if self.shard_count is not None and self.shard_count < 1:
-            raise ConfigError(f"shard_count must be at least 1, not {self.shard_count}")
         for field in dataclasses.fields(self):
             bound = field.metadata.get(_LOWER_BOUND)
             value = getattr(self, field.name)
-            if bound is None:
+            if bound is None or value is None:  # (None: a shard_count not given)
                 continue
             if not math.isfinite(value):
                 raise ConfigError(f"{field.name} must be a finite number, not {value!r}")
