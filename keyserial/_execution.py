@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, TypeGuard
 
 from ._codec import Envelope, encode_error, encode_ok
@@ -62,28 +62,21 @@ def error_type_name(exc: BaseException) -> str:
     )
 
 
+@dataclass(slots=True, eq=False)
 class Executor:
     """Runs ops on a shard's key states and reports each outcome to ``on_complete``."""
 
-    def __init__(
-        self,
-        registry: Registry,
-        *,
-        shard: int,
-        fence: int,
-        states: KeyStates,
-        on_complete: Callable[[Run, str], None],
-        max_state_bytes: int = 16 << 20,
-    ) -> None:
-        self.shard = shard
-        self._registry = registry
-        self._fence = fence
-        self._states = states
-        self._on_complete = on_complete
-        self._max_state_bytes = max_state_bytes
+    registry: Registry
+    _: KW_ONLY
+    shard: int
+    #: The last fencing token handed out (see :meth:`next_fence`).
+    last_fence: int
+    states: KeyStates
+    on_complete: Callable[[Run, str], None]
+    max_state_bytes: int = 16 << 20
 
     def definition(self, envelope: Envelope) -> Op[..., Any] | None:
-        return self._registry.get(envelope.name)
+        return self.registry.get(envelope.name)
 
     def runs_inline(self, envelope: Envelope) -> bool:
         """Whether the op exists, takes the keys it was given, and is not ``async``."""
@@ -93,8 +86,8 @@ class Executor:
     def next_fence(self) -> int:
         """A fencing token for an op on this shard's keys: larger than every one before it
         (a new owner's start above all of an older owner's: they carry the epoch)."""
-        self._fence += 1
-        return self._fence
+        self.last_fence += 1
+        return self.last_fence
 
     # -- ops that cannot run -------------------------------------------------------------------
 
@@ -106,7 +99,7 @@ class Executor:
                 envelope,
                 UnknownOperation(
                     f"no op named {envelope.name!r} on this worker (it serves: "
-                    f"{', '.join(self._registry.names())}); nothing was stored: once every"
+                    f"{', '.join(self.registry.names())}); nothing was stored: once every"
                     " worker serves it, submit the same op id again"
                 ),
             )
@@ -137,7 +130,7 @@ class Executor:
         """Run a sync op (or refuse one that cannot run) on the shard's states, now."""
         refused = self.refusal(run)
         if refused is not None:
-            self._on_complete(run, refused)
+            self.on_complete(run, refused)
             return
         envelope = run.envelope
         self._applied(run, self.evaluate_now(envelope, self._current(envelope), {}))
@@ -152,13 +145,13 @@ class Executor:
         self._applied(run, await self.evaluate(envelope, self._current(envelope), {}))
 
     def _current(self, envelope: Envelope) -> dict[str, str | None]:
-        return {key: self._states[key] for key in envelope.keys}
+        return {key: self.states[key] for key in envelope.keys}
 
     def _applied(self, run: Run, evaluated: Evaluated) -> None:
         outcome, new_states = evaluated
         for key, state in (new_states or {}).items():
-            self._states.write(key, state)
-        self._on_complete(run, outcome)
+            self.states.write(key, state)
+        self.on_complete(run, outcome)
 
     # -- running on given states ---------------------------------------------------------------
 
@@ -228,7 +221,7 @@ class Executor:
     ) -> ValueError | None:
         """Why an op may not commit what it produced (a state or result over
         ``max_state_bytes``: a step carrying it could grow past what Redis takes), or None."""
-        limit = self._max_state_bytes
+        limit = self.max_state_bytes
         quarter = limit // 4  # (a character is at most 4 bytes: the common case encodes none)
         if len(outcome) <= quarter and all(s is None or len(s) <= quarter for s in states.values()):
             return None

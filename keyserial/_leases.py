@@ -11,6 +11,7 @@ import logging
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -42,36 +43,28 @@ class Held:
         self.done = anyio.Event()
 
 
+@dataclass(slots=True, eq=False)
 class Leases:
     """The leases of one worker (its ``token``). ``held`` is the worker's map of the shards it
     holds, which the rounds renew and drop from; ``start(shard, grant, renewed_at)`` is called
     for each shard acquired (and must add it to ``held``)."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        settings: Settings,
-        token: str,
-        metrics: Metrics,
-        held: dict[int, Held],
-        start: Callable[[int, LeaseGrant, float], None],
-    ) -> None:
-        self._backend = backend
-        self._settings = settings
-        self._token = token
-        self._metrics = metrics
-        self._held = held
-        self._start = start
-        #: Shards whose runner failed, and until when this worker leaves them to others.
-        self._resting: dict[int, float] = {}
-        #: Redis nodes whose round is in flight (one at a time per node).
-        self._rounds: set[str] = set()
-        #: Shards whose acquire is in flight. Across a failover a shard's lease key moves to
-        #: another node, whose round must not try it again while the stuck node's round still
-        #: may: both would send the same attempt, and both be answered with its grant.
-        self._acquiring: set[int] = set()
-        #: Each shard's acquire attempt whose answer was lost (see ``acquire.lua``).
-        self._attempts: dict[int, str] = {}
+    _backend: Backend
+    _settings: Settings
+    _token: str
+    _metrics: Metrics
+    _held: dict[int, Held]
+    _start: Callable[[int, LeaseGrant, float], None]
+    #: Shards whose runner failed, and until when this worker leaves them to others.
+    _resting: dict[int, float] = field(default_factory=dict, init=False)
+    #: Redis nodes whose round is in flight (one at a time per node).
+    _rounds: set[str] = field(default_factory=set, init=False)
+    #: Shards whose acquire is in flight. Across a failover a shard's lease key moves to
+    #: another node, whose round must not try it again while the stuck node's round still
+    #: may: both would send the same attempt, and both be answered with its grant.
+    _acquiring: set[int] = field(default_factory=set, init=False)
+    #: Each shard's acquire attempt whose answer was lost (see ``acquire.lua``).
+    _attempts: dict[int, str] = field(default_factory=dict, init=False)
 
     async def keep(self, shards: Sequence[int], stopping: anyio.Event) -> None:
         """Renew the held leases and try the free ones of ``shards``, until cancelled. Once

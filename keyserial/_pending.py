@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
 from .errors import KeyserialError, OperationFailed
@@ -12,36 +13,24 @@ from .errors import KeyserialError, OperationFailed
 TIMED_OUT: dict[str, Any] = {}
 
 
+@dataclass(slots=True, eq=False)  # (eq=False: one submit is itself, never equal to another)
 class Pending:
     """One awaited submit."""
 
-    __slots__ = (
-        "done", "entry", "envelope", "fresh", "keys", "op_id", "outcome", "shard", "since"
-    )
-
-    def __init__(
-        self,
-        op_id: str,
-        keys: str | tuple[str, ...],
-        shard: int,
-        envelope: str,
-        done: asyncio.Future[None],
-        *,
-        fresh: bool,
-    ) -> None:
-        self.op_id = op_id
-        #: The op id was generated for this submit: no entry carried it before.
-        self.fresh = fresh
-        self.keys = keys
-        self.shard = shard
-        self.envelope = envelope
-        # A bare future of the client's own loop: an anyio Event costs several times as much to
-        # make, once per submit, and the client's transport is bound to that loop anyway.
-        self.done = done
-        self.outcome: dict[str, Any] | BaseException | None = None
-        self.since = time.monotonic()
-        #: The stream entry that carries the op, once appended (the sweep checks it is there).
-        self.entry: bytes | None = None
+    op_id: str
+    keys: str | tuple[str, ...]
+    shard: int
+    envelope: str
+    # A bare future of the client's own loop: an anyio Event costs several times as much to
+    # make, once per submit, and the client's transport is bound to that loop anyway.
+    done: asyncio.Future[None]
+    _: KW_ONLY
+    #: The op id was generated for this submit: no entry carried it before.
+    fresh: bool
+    outcome: dict[str, Any] | BaseException | None = field(default=None, init=False)
+    since: float = field(default_factory=time.monotonic, init=False)
+    #: The stream entry that carries the op, once appended (the sweep checks it is there).
+    entry: bytes | None = field(default=None, init=False)
 
     @property
     def key(self) -> str:

@@ -101,7 +101,7 @@ class ShardRunner:
         #: Set once :meth:`run` has returned: no step will ever come again.
         self._ended = False
         self.executor = Executor(
-            registry, shard=shard, fence=grant.epoch << 32, states=self.states,
+            registry, shard=shard, last_fence=grant.epoch << 32, states=self.states,
             on_complete=self._complete, max_state_bytes=settings.max_state_bytes,
         )
         self._task_group: TaskGroup | None = None

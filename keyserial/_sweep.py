@@ -9,6 +9,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -25,24 +26,17 @@ from .errors import BackendUnavailable
 log = logging.getLogger("keyserial.client")
 
 
+@dataclass(slots=True, eq=False)
 class Sweep:
     """Every ``idle_poll`` seconds, settles the ops of ``waiting`` (op id -> its submits) whose
     outcome is stored, and hands those whose entry is gone to ``requeue``; :meth:`run` in a
     task of the client's."""
 
-    def __init__(
-        self,
-        backend: Backend,
-        settings: Settings,
-        waiting: Mapping[str, list[Pending]],
-        settle: Callable[[str, dict[str, Any]], None],
-        requeue: Callable[[list[Pending]], None],
-    ) -> None:
-        self._backend = backend
-        self._settings = settings
-        self._waiting = waiting
-        self._settle = settle
-        self._requeue = requeue
+    _backend: Backend
+    _settings: Settings
+    _waiting: Mapping[str, list[Pending]]
+    _settle: Callable[[str, dict[str, Any]], None]
+    _requeue: Callable[[list[Pending]], None]
 
     async def run(self) -> None:
         """Fetch stored results for ops whose reply is overdue, until cancelled."""
