@@ -68,6 +68,9 @@ _REDIS_ERRORS = (redis_errors.RedisError, redis_errors.RedisClusterException)
 #: What a subscription is made again after: a lost connection, or any error reply (a BUSY
 #: script, a restart still LOADING), which must not end the task that listens.
 _RESUBSCRIBE_AFTER = (*_REDIS_ERRORS, KeyserialError, OSError)
+#: Seconds a client's or worker's first subscription may take to be confirmed: failing it fails
+#: ``connect()``, so it has a command's time, not the health interval that bounds a resubscribe.
+_FIRST_SUBSCRIPTION_WITHIN = 10.0
 
 
 def classify_reply(reply: Any, url: str) -> Any:
@@ -298,17 +301,27 @@ class Backend(Commands):
         subscription = self._subscription(channels, on_message)
         try:
             with _translating(self.url):
-                await subscription.subscribe()
+                await subscription.subscribe(_FIRST_SUBSCRIPTION_WITHIN)
             task_status.started()
             while True:
                 error = await subscription.until_lost(health_interval)
                 log.warning("subscription to %s lost (%s); resubscribing", self.url, error)
-                await anyio.sleep(0.2)
-                with contextlib.suppress(*_RESUBSCRIBE_AFTER):
-                    await subscription.subscribe()
+                await self._resubscribe(subscription, health_interval)
         finally:
             with anyio.CancelScope(shield=True):
                 await subscription.aclose()
+
+    async def _resubscribe(self, subscription: Subscription, within: float) -> None:
+        """Subscribe again, trying every 0.2 s. A try has as long as a PING has to be answered:
+        a connection that goes quiet before it confirms is as lost as one that goes quiet
+        later, and every reply meanwhile waits for the sweep."""
+        while True:
+            await anyio.sleep(0.2)
+            try:
+                await subscription.subscribe(within)
+                return
+            except _RESUBSCRIBE_AFTER as exc:
+                log.warning("resubscribing to %s failed (%s); trying again", self.url, exc)
 
     def _subscription(
         self, channels: Sequence[str], on_message: Callable[[str, bytes], None]

@@ -168,11 +168,17 @@ class PipelinedConnection:
             raise redis_errors.ConnectionError(
                 f"cannot connect to {self._address[0]}:{self._address[1]}: {exc}"
             ) from exc
-        if self._setup:
-            for reply in await _replies(protocol, protocol.send(self._setup), self.timeout):
-                if isinstance(reply, Exception):  # AuthenticationError, a bad db number
-                    protocol.fail(reply)
-                    raise reply
+        if not self._setup:
+            return protocol
+        try:
+            replies = await _replies(protocol, protocol.send(self._setup), self.timeout)
+        except BaseException:  # (a caller's time limit too: the connection is not left open)
+            protocol.fail(redis_errors.ConnectionError("connection setup did not finish"))
+            raise
+        for reply in replies:
+            if isinstance(reply, Exception):  # AuthenticationError, a bad db number
+                protocol.fail(reply)
+                raise reply
         return protocol
 
     async def aclose(self) -> None:
@@ -236,16 +242,26 @@ class Subscriber:
         self._on_message = on_message
         self._protocol: _Protocol | None = None
 
-    async def subscribe(self) -> None:
+    async def subscribe(self, within: float) -> None:
         """Connect and subscribe; returns once the server has confirmed every channel.
 
         :raises redis.exceptions.ConnectionError: if the server cannot be reached.
+        :raises redis.exceptions.TimeoutError: if it has not confirmed within ``within``
+            seconds (the connection is then closed).
         """
         self.close()
-        protocol = self._protocol = await self._connection.open(self._on_message)
-        # One command per channel: one confirmation each.
-        confirmations = protocol.send([("SUBSCRIBE", channel) for channel in self._channels])
-        for reply in await _replies(protocol, confirmations, self._connection.timeout):
+        try:
+            async with asyncio.timeout(within):
+                protocol = self._protocol = await self._connection.open(self._on_message)
+                # One command per channel: one confirmation each.
+                confirmations = protocol.send(
+                    [("SUBSCRIBE", channel) for channel in self._channels]
+                )
+                replies = await _replies(protocol, confirmations, None)
+        except TimeoutError:
+            self.close()
+            raise redis_errors.TimeoutError(f"no subscription within {within:g}s") from None
+        for reply in replies:
             if isinstance(reply, Exception):
                 protocol.fail(reply)
                 raise reply

@@ -27,15 +27,16 @@ log = logging.getLogger("keyserial")
 #: The health check's PING carries this: redis-py drops the answers to its own health checks
 #: (``redis-py-health-check``, on a client configured with them), but hands this one over.
 PING_TOKEN = b"keyserial-health-check"
-#: Seconds the server has to confirm a subscription (as a command's reply, see ``_backend``).
-_CONFIRM_TIMEOUT = 10.0
 
 
 class Subscription(Protocol):
     """A subscription to some channels that hands each message to its handler."""
 
-    async def subscribe(self) -> None:
-        """Connect (again, on a new connection) and subscribe; returns once confirmed."""
+    async def subscribe(self, within: float) -> None:
+        """Connect (again, on a new connection) and subscribe; returns once confirmed.
+
+        :raises KeyserialError, OSError: if that has not happened within ``within`` seconds.
+        """
 
     async def until_lost(self, interval: float) -> Exception:
         """Deliver messages until the connection closes or fails a health check (a PING every
@@ -73,18 +74,18 @@ class PubSubSubscription:
         self._channels = list(channels)
         self._on_message = on_message
 
-    async def subscribe(self) -> None:
+    async def subscribe(self, within: float) -> None:
         """Subscribe on a new connection: the old one may be silent, not closed, and redis-py
         would keep reading from it.
 
         :raises KeyserialError, OSError: if the server cannot be reached, refuses, or does not
-            confirm within 10 s.
+            confirm within ``within`` seconds.
         """
-        await self._pubsub.subscribe(self._channels)
         waiting = set(self._channels)
-        with anyio.fail_after(_CONFIRM_TIMEOUT):  # (a TimeoutError is an OSError)
+        with anyio.fail_after(within):  # (a TimeoutError is an OSError)
+            await self._pubsub.subscribe(self._channels)
             while waiting:
-                message = await self._pubsub.get_message(timeout=_CONFIRM_TIMEOUT)
+                message = await self._pubsub.get_message(timeout=within)
                 if message is not None and message["type"] == "error":
                     raise message["data"]
                 if message is not None and message["type"] == "subscribe":

@@ -68,6 +68,9 @@ class FaultProxy:
         self.subscribing_links = 0
         #: Reset a link as soon as it sends SUBSCRIBE (a server that keeps going away).
         self.refuse_subscriptions = False
+        #: Silence a link as soon as it sends SUBSCRIBE, which never reaches the server: it
+        #: went quiet before the subscription was confirmed.
+        self.silence_subscribing = False
         self._links: set[_Link] = set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._server: asyncio.Server | None = None
@@ -179,6 +182,7 @@ class FaultProxy:
                         if self.refuse_subscriptions:
                             link.reset()
                             return
+                        link.silenced = link.silenced or self.silence_subscribing
                     if not link.silenced:
                         queue.put_nowait((time.monotonic() + self.delay, data))
             finally:

@@ -164,3 +164,40 @@ async def test_a_worker_whose_first_subscription_fails_keeps_serving(
         assert "subscribing to wake-ups" in worker.log()
     finally:
         await proxy.aclose()
+
+
+@standalone_only
+@pytest.mark.parametrize("via", ["url", "callers_client"])
+async def test_a_subscription_silenced_before_its_confirmation_is_replaced_in_time(
+    redis_url: str, namespace: str, via: str
+) -> None:
+    """A connection that goes quiet between SUBSCRIBE and its confirmation (long nemesis seed
+    3638: silenced as the client resubscribed after a Redis restart) is given up within the
+    health interval, as an unanswered PING is, and subscribed again: not left to a command
+    timeout (10 s) while every reply waits for the sweep."""
+    interval = 0.3
+    async with FaultProxy("client", _port(redis_url)) as proxy:
+        client = redis.asyncio.Redis(host="127.0.0.1", port=proxy.port)
+        try:
+            with anyio.fail_after(60):
+                async with running_worker(redis_url, namespace, shard_count=1), \
+                        keyserial.connect(proxy.url if via == "url" else client, shards=1,
+                                          namespace=namespace, idle_poll=30,
+                                          health_interval=interval) as ks:
+                    assert await ks.submit("acct", deposit(1), timeout=10) == 1
+                    proxy.silence_subscribing = True
+                    proxy.silence_subscriptions()
+                    while proxy.subscribing_links < 2:  # resubscribed; that link goes quiet
+                        await anyio.sleep(0.01)
+                    proxy.silence_subscribing = False
+                    quiet_since = time.monotonic()
+                    while proxy.subscribing_links < 3:
+                        await anyio.sleep(0.01)
+                    took = time.monotonic() - quiet_since
+                    started = time.monotonic()
+                    assert await ks.submit("acct", deposit(1), timeout=10) == 2
+                    replied_in = time.monotonic() - started
+        finally:
+            await client.aclose()
+    assert took < 3 * interval + 1, f"subscribed again after {took:.2f}s"
+    assert replied_in < 2, "the reply came by the sweep, not pub/sub"
