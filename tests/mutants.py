@@ -127,7 +127,7 @@ MUTANTS: tuple[Mutant, ...] = (
               "            value: Any = definition.fn(context, *envelope.args, **envelope.kwargs)\n"
               "        except Exception as exc:\n"
               "            if isinstance(context, Context):\n"
-              "                self._states.write(context.key, context.encoded_state())\n"
+              "                self.states.write(context.key, context.encoded_state())\n"
               "            value = _Raised(exc)\n"),),
         ("tests/test_failed_ops.py::test_an_op_that_raises_after_writing_state_keeps_nothing"
          "[standalone-sync]",), fast=True,
