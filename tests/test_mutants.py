@@ -3,6 +3,10 @@ run, every mutant, is ``python -m tests.mutants``; its table is in docs/guarante
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
+import mypy.api
 import pytest
 
 from tests import mutants
@@ -11,6 +15,23 @@ from tests import mutants
 def test_every_mutant_still_applies_to_the_library_exactly_once() -> None:
     """The mutants follow the code: an edit whose old text moved fails here first."""
     assert len(mutants.select(fast=False, only=[])) == len(mutants.MUTANTS)
+
+
+@pytest.mark.parametrize(
+    "mutant", [m for m in mutants.MUTANTS if any(e.path.endswith(".py") for e in m.edits)],
+    ids=lambda m: m.name,
+)
+def test_a_python_mutant_type_checks(mutant: mutants.Mutant, tmp_path: Path) -> None:
+    """A mutant must die of the behaviour it breaks, not of a name the code no longer has (an
+    AttributeError fails its tests just as well, and proves nothing)."""
+    shutil.copytree(mutants.ROOT / "keyserial", tmp_path / "keyserial")
+    for path, text in mutants.mutated(mutant, tmp_path).items():
+        (tmp_path / path).write_text(text)
+    report, errors, status = mypy.api.run([
+        "--config-file", str(mutants.ROOT / "pyproject.toml"),
+        "--cache-dir", str(tmp_path / ".mypy_cache"), str(tmp_path / "keyserial"),
+    ])
+    assert status == 0, report + errors
 
 
 def test_a_mutant_whose_old_text_is_gone_fails_loudly() -> None:
