@@ -167,7 +167,7 @@ async def test_a_subscriber_gets_every_message_in_order(standalone_server: Local
         _connection(standalone_server), ["resp:one", "resp:two"],
         lambda channel, data: received.append((channel, data)),
     )
-    await subscriber.subscribe()  # returns once both channels are confirmed
+    await subscriber.subscribe(within=5)  # returns once both channels are confirmed
     publisher = _connection(standalone_server)
     sent = [("resp:one" if n % 2 else "resp:two", f"m{n}".encode()) for n in range(500)]
     await publisher.execute([("PUBLISH", channel, data) for channel, data in sent])
