@@ -71,6 +71,9 @@ _RESUBSCRIBE_AFTER = (*_REDIS_ERRORS, KeyserialError, OSError)
 #: Seconds a client's or worker's first subscription may take to be confirmed: failing it fails
 #: ``connect()``, so it has a command's time, not the health interval that bounds a resubscribe.
 _FIRST_SUBSCRIPTION_WITHIN = 10.0
+#: Round trips a subscription takes (connect, set up, subscribe): a resubscription has as long
+#: as a health check's PING has to be answered for each.
+_SUBSCRIBE_ROUND_TRIPS = 3
 
 
 def classify_reply(reply: Any, url: str) -> Any:
@@ -306,15 +309,15 @@ class Backend(Commands):
             while True:
                 error = await subscription.until_lost(health_interval)
                 log.warning("subscription to %s lost (%s); resubscribing", self.url, error)
-                await self._resubscribe(subscription, health_interval)
+                await self._resubscribe(subscription, _SUBSCRIBE_ROUND_TRIPS * health_interval)
         finally:
             with anyio.CancelScope(shield=True):
                 await subscription.aclose()
 
     async def _resubscribe(self, subscription: Subscription, within: float) -> None:
-        """Subscribe again, trying every 0.2 s. A try has as long as a PING has to be answered:
-        a connection that goes quiet before it confirms is as lost as one that goes quiet
-        later, and every reply meanwhile waits for the sweep."""
+        """Subscribe again, trying every 0.2 s, each try for at most ``within`` seconds: a
+        connection that goes quiet before it confirms is as lost as one that goes quiet later,
+        and every reply meanwhile waits for the sweep."""
         while True:
             await anyio.sleep(0.2)
             try:

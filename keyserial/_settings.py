@@ -101,7 +101,7 @@ class Settings:
     submit_timeout: float = _positive(30.0)
     #: Seconds between health checks (a PING) of an idle subscription (replies, wake-ups): one
     #: that a NAT or a load balancer dropped without a word is reconnected within about twice
-    #: this. A resubscription not confirmed within this is given up and tried again.
+    #: this. A resubscription gets this long per round trip (three) before it is tried again.
     health_interval: float = _positive(5.0)
     #: Replicas that must have a commit (WAIT) before its replies go out and before a client
     #: takes a stored result as an answer; 0: the master's word is enough. See

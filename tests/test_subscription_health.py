@@ -201,3 +201,29 @@ async def test_a_subscription_silenced_before_its_confirmation_is_replaced_in_ti
             await client.aclose()
     assert took < 3 * interval + 1, f"subscribed again after {took:.2f}s"
     assert replied_in < 2, "the reply came by the sweep, not pub/sub"
+
+
+@standalone_only
+async def test_a_resubscription_over_a_slow_link_gets_a_health_interval_per_round_trip(
+    redis_url: str, namespace: str
+) -> None:
+    """Over a link whose round trip is under the health interval (its PINGs are answered in
+    time), a resubscription, which takes more than one round trip, must still get through:
+    bounded by one interval it would time out and try again forever, every reply left to the
+    sweep."""
+    interval = 2.0
+    async with FaultProxy("client", _port(redis_url)) as proxy:
+        with anyio.fail_after(90):
+            async with running_worker(redis_url, namespace, shard_count=1), \
+                    keyserial.connect(proxy.url, shards=1, namespace=namespace, idle_poll=60,
+                                      health_interval=interval) as ks:
+                assert await ks.submit("acct", deposit(1), timeout=10) == 1
+                # Each way: a PING's round trip takes 0.84 of the interval; connecting (the
+                # proxy's delay) and subscribing take 1.26.
+                proxy.delay = 0.42 * interval
+                proxy.silence_subscriptions()
+                with anyio.fail_after(40):
+                    while True:  # a reply lost before the resubscription is sent again
+                        with anyio.move_on_after(6):
+                            assert await ks.submit("acct", deposit(1), op_id="probe") == 2
+                            break
