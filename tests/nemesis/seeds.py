@@ -83,4 +83,10 @@ REGRESSIONS: list[KnownFailure] = [
 CI_REGRESSIONS: tuple[int, ...] = (103, 105, 117, 119, 120)
 
 #: Reproduce one with ``python -m tests.nemesis --seeds 1 --seed-start SEED --profile PROFILE``.
-KNOWN_FAILING: list[KnownFailure] = []
+KNOWN_FAILING: list[KnownFailure] = [
+    KnownFailure(167, "cluster", "bank: payment 167-7-36 (home shard 1; keys on shards 1, 2 and"
+                 " 3) applied twice on its shard-3 key, the caller answered once. It was appended"
+                 " 0.2 s before a pause, past its failover, of the master holding shard 1, just"
+                 " after shard 3 moved to a worker whose clock is 9 minutes ahead; shard 1 then"
+                 " went to that worker (epoch 4). Seen once in 2 runs (cause not found)"),
+]
