@@ -88,5 +88,5 @@ KNOWN_FAILING: list[KnownFailure] = [
                  " 3) applied twice on its shard-3 key, the caller answered once. It was appended"
                  " 0.2 s before a pause, past its failover, of the master holding shard 1, just"
                  " after shard 3 moved to a worker whose clock is 9 minutes ahead; shard 1 then"
-                 " went to that worker (epoch 4). Seen once in 2 runs (cause not found)"),
+                 " went to that worker (epoch 4). Seen once in 6 runs (cause not found)"),
 ]
