@@ -27,6 +27,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 
 from . import _durability
+from ._backoff import Backoff
 from ._commands import Command, Commands
 from ._refusals import BacklogRefused, Fenced, OwnedElsewhere, Refused, ScriptMissing
 from ._resp import (
@@ -315,16 +316,19 @@ class Backend(Commands):
                 await subscription.aclose()
 
     async def _resubscribe(self, subscription: Subscription, within: float) -> None:
-        """Subscribe again, trying every 0.2 s, each try for at most ``within`` seconds: a
-        connection that goes quiet before it confirms is as lost as one that goes quiet later,
-        and every reply meanwhile waits for the sweep."""
+        """Subscribe again, each try for at most ``within`` seconds: a connection that goes
+        quiet before it confirms is as lost as one that goes quiet later, and every reply
+        meanwhile waits for the sweep. The delay between tries does not grow: ``within``
+        already bounds a try, and a longer gap only delays replies once Redis is back."""
+        pause = Backoff(0.2, 0.2)
         while True:
-            await anyio.sleep(0.2)
+            await pause.sleep()
             try:
                 await subscription.subscribe(within)
                 return
             except _RESUBSCRIBE_AFTER as exc:
-                log.warning("resubscribing to %s failed (%s); trying again", self.url, exc)
+                log.warning("resubscribing to %s failed (%s); trying again in %gs",
+                            self.url, exc, pause.delay)
 
     def _subscription(
         self, channels: Sequence[str], on_message: Callable[[str, bytes], None]

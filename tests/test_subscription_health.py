@@ -172,9 +172,9 @@ async def test_a_subscription_silenced_before_its_confirmation_is_replaced_in_ti
     redis_url: str, namespace: str, via: str
 ) -> None:
     """A connection that goes quiet between SUBSCRIBE and its confirmation (long nemesis seed
-    3638: silenced as the client resubscribed after a Redis restart) is given up within the
-    health interval, as an unanswered PING is, and subscribed again: not left to a command
-    timeout (10 s) while every reply waits for the sweep."""
+    3638: silenced as the client resubscribed after a Redis restart) is given up within a
+    health interval per round trip, as an unanswered PING is within one, and subscribed again:
+    not left to a command timeout (10 s) while every reply waits for the sweep."""
     interval = 0.3
     async with FaultProxy("client", _port(redis_url)) as proxy:
         client = redis.asyncio.Redis(host="127.0.0.1", port=proxy.port)

@@ -60,8 +60,8 @@ REGRESSIONS: list[KnownFailure] = [
     KnownFailure(3638, "long", "subscription-health: a client's subscription, silenced 0.1 s"
                  " after a Redis restart, was not replaced within its 4 s bound (seen once, on a"
                  " loaded machine): it was silenced between SUBSCRIBE and the confirmation, which"
-                 " the client awaited for a command's 10 s (fixed: a resubscription has the"
-                 " health interval to be confirmed)"),
+                 " the client awaited for a command's 10 s (fixed: a resubscription has one"
+                 " health interval per round trip, three, to be confirmed)"),
     KnownFailure(0, "cluster", "acknowledged ops lost, a payment applied on one key only, money"
                  " not conserved after a master was paused past its failover then killed"
                  " (fixed: durable_replicas=1, grants and decisions behind WAIT)"),
