@@ -83,11 +83,9 @@ class LocalCluster:
             # A replica (re)joining syncs at once instead of waiting for others to join it.
             "--repl-diskless-sync-delay", "0",
         ]
-        self.nodes = [
-            LocalServer(port=port, cluster=True, own_slots=False, appendfsync=appendfsync,
-                        data_dir=self.root / f"node-{port}", binary=binary, extra_args=options)
-            for port in _cluster_ports(masters * (1 + replicas))
-        ]
+        self._node_options = {"appendfsync": appendfsync, "binary": binary,
+                              "extra_args": options}
+        self.nodes = [self._new_node(port) for port in _cluster_ports(masters * (1 + replicas))]
         step = _CLUSTER_SLOTS // masters
         #: The slot range each master was given at creation: ``(first, last)``.
         self.ranges = [(n * step, _CLUSTER_SLOTS - 1 if n == masters - 1 else (n + 1) * step - 1)
@@ -123,13 +121,33 @@ class LocalCluster:
         """
         deadline = time.monotonic() + timeout
         try:
-            for node in self.nodes:
-                node.start()
+            for index in range(len(self.nodes)):
+                self._start_node(index)
             self._create(deadline)
             self.wait_healthy(deadline - time.monotonic())
         except BaseException:
             self.stop()
             raise
+
+    def _new_node(self, port: int) -> LocalServer:
+        return LocalServer(port=port, cluster=True, own_slots=False,
+                           data_dir=self.root / f"node-{port}", **self._node_options)
+
+    def _start_node(self, index: int) -> None:
+        """Start a node that has never run; on another port if another process (a client's
+        outgoing connection, say) took its port between the probe and the server's bind."""
+        for _ in range(5):
+            try:
+                self.nodes[index].start()
+                return
+            except RuntimeError as exc:
+                if "Address already in use" not in str(exc):
+                    raise
+            taken = {node.port for node in self.nodes}
+            port = next(port for port in iter(lambda: _cluster_ports(1)[0], None)
+                        if port not in taken)
+            self.nodes[index] = self._new_node(port)
+        raise RuntimeError("no free port pair found for a cluster node")
 
     def _create(self, deadline: float) -> None:
         clients = [_node_client(node.port, 5) for node in self.nodes]
