@@ -26,7 +26,6 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
 
-from . import _durability
 from ._backoff import Backoff
 from ._commands import Command, Commands
 from ._refusals import BacklogRefused, Fenced, OwnedElsewhere, Refused, ScriptMissing
@@ -39,7 +38,6 @@ from ._resp import (
     pipelined_connection,
     use_close_safe_connections,
 )
-from ._settings import Durability
 from ._subscriptions import PubSubSubscription, Subscription
 from ._urls import redact
 from .errors import BackendUnavailable, ConfigError, KeyserialError
@@ -62,6 +60,10 @@ _UNREACHABLE = (
 #: (BUSY), or its cluster is failing over. The command was not executed; it may be sent again.
 _TRANSIENT_PREFIXES = ("BUSY ", "LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN", "READONLY",
                        "NOREPLICAS", "NOTREADY", "UNBLOCKED")
+#: The same, as redis-py classes them (it strips their code from the message). MOVED and ASK
+#: reach keyserial on a connection to one node (a write sent with its WAIT): the slot moved.
+_TRANSIENT_TYPES = (redis_errors.ReadOnlyError, redis_errors.TryAgainError,
+                    redis_errors.AskError)
 #: Error replies that no retry cures: the credentials or the ACL user do not allow keyserial in.
 _REFUSED = (redis_errors.AuthenticationError, redis_errors.NoPermissionError)
 #: Everything redis-py raises (a cluster client's "no node reachable" is not a RedisError).
@@ -85,7 +87,8 @@ def classify_reply(reply: Any, url: str) -> Any:
     error: Exception
     if isinstance(reply, _REFUSED):
         error = ConfigError(f"Redis at {redact(url)} refused keyserial: {reply}")
-    elif isinstance(reply, _UNREACHABLE) or str(reply).startswith(_TRANSIENT_PREFIXES):
+    elif (isinstance(reply, (*_UNREACHABLE, *_TRANSIENT_TYPES))
+          or str(reply).startswith(_TRANSIENT_PREFIXES)):
         error = BackendUnavailable(url, reply)
     elif isinstance(reply, redis_errors.ResponseError):
         error = _refusal(reply)
@@ -243,11 +246,7 @@ class Backend(Commands):
             [("PUBLISH", channel, message) for channel, message in messages]
         )
 
-    # -- confirmation and routing ----------------------------------------------------------
-
-    async def confirm(self, key: str, durability: Durability) -> bool:
-        """See :func:`_durability.confirm` (as ``_crossshard`` calls it)."""
-        return await _durability.confirm(self, key, durability)
+    # -- routing -------------------------------------------------------------------------------
 
     @property
     def is_cluster(self) -> bool:

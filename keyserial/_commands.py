@@ -36,6 +36,19 @@ def raised(reply: Any) -> Any:
     return reply
 
 
+def stored_commands(shard: ShardKeys, fields: Sequence[str]) -> list[Command]:
+    """The reads of :meth:`Commands.stored`: both generations of the shard's results."""
+    return [("HMGET", shard.results, *fields), ("HMGET", shard.results_old, *fields)]
+
+
+def merged_stored(replies: Sequence[Any]) -> list[bytes | None]:
+    """The replies of :func:`stored_commands` as one value per field: the current
+    generation's, else the previous one's."""
+    current, previous = replies
+    return [now if now is not None else before for now, before in zip(current, previous,
+                                                                       strict=True)]
+
+
 class Commands:
     """Script calls, reads and writes, over one primitive: :meth:`pipeline`.
 
@@ -78,11 +91,7 @@ class Commands:
     async def stored(self, shard: ShardKeys, fields: Sequence[str]) -> list[bytes | None]:
         """Stored results (or cross-shard records) of ``fields`` in a shard: from the current
         generation, else the previous one (both read in one round trip)."""
-        current, previous = raise_errors(await self.pipeline(
-            [("HMGET", shard.results, *fields), ("HMGET", shard.results_old, *fields)]
-        ))
-        pairs = zip(current, previous, strict=True)
-        return [now if now is not None else before for now, before in pairs]
+        return merged_stored(raise_errors(await self.pipeline(stored_commands(shard, fields))))
 
     async def entries_present(self, shard: ShardKeys, ids: Sequence[bytes]) -> list[bool]:
         """Whether each entry is still in the shard's stream (one round trip)."""

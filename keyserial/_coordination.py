@@ -1,6 +1,6 @@
 """What the two sides of a cross-shard op share: the collaborators a shard's runner passes in,
-how an op's keys and writes split by shard, and the wait for durability before anything
-derived from a commit leaves its shard. The protocol itself is described in docs/multi-key.md.
+how an op's keys and writes split by shard, and the publishing of what a script leaves to its
+caller. The protocol itself is described in docs/multi-key.md.
 """
 
 from __future__ import annotations
@@ -12,10 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ._backend import Backend
-from ._backoff import Backoff
 from ._codec import Envelope
 from ._execution import Run
-from ._layout import ShardKeys
 from ._mailbox import LocalShard, Mailbox
 from ._pipeline import Pipeliner, Replies
 from ._routing import route
@@ -33,7 +31,9 @@ Writes = list[tuple[str, str]]
 class RunFenced(Protocol):
     """The runner's way to run a script fenced by its epoch (``LeaseLost`` when refused)."""
 
-    async def __call__(self, call: ScriptCall[R], *, replies: Replies | None = None) -> R: ...
+    async def __call__(
+        self, call: ScriptCall[R], *, replies: Replies | None = None, durably: bool = False
+    ) -> R: ...
 
 
 class Finish(Protocol):
@@ -100,24 +100,6 @@ def writes_by_shard(
         if state != states[key]:
             writes[shard].append((key, state or ""))
     return writes
-
-
-async def replicated(parts: Collaborators, keys: ShardKeys) -> None:
-    """Wait until every write the shard's node has made is as durable as the settings ask
-    (``durable_replicas``, ``durable_fsync``; at once when they ask nothing). A grant or a
-    decision leaves its shard only then: states derived from a commit a failover could still
-    lose must not reach another shard, where they would outlive it."""
-    durability = parts.settings.durability
-    backoff = Backoff(0.05, 1.0)
-    here = parts.home.shard
-    while durability is not None:
-        try:
-            if await parts.backend.confirm(keys.barrier, durability):
-                return
-            log.warning("shard %d: shard %d's writes not confirmed yet; waiting", here, keys.shard)
-        except BackendUnavailable as exc:
-            log.warning("shard %d: confirming shard %d's writes: %s", here, keys.shard, exc)
-        await backoff.sleep()
 
 
 async def publish(parts: Collaborators, messages: Sequence[tuple[str, str]]) -> None:

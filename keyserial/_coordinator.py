@@ -26,11 +26,11 @@ from ._coordination import (
     Writes,
     attempt_id,
     publish,
-    replicated,
     split_keys,
     writes_by_shard,
 )
 from ._cross_scripts import DecideArgs, decide
+from ._durability import stored_confirmed
 from ._execution import Run
 from ._intake import GRANT_OP
 from ._json import dumps
@@ -200,16 +200,17 @@ class Coordinator:
         notices += [(reply, encode_reply([(op_id, outcome)])) for reply in replies]
         k = home.keys
         durable = parts.settings.durability is not None
+        # Durably: a decision leaves its shard only once a failover cannot lose it, or the
+        # participants would apply what the home shard forgets, and the op would run again.
         decided = await parts.fenced(decide(k, DecideArgs(
             epoch=home.epoch, op_id=op_id, attempt=notice.attempt,
             decision=dumps(notice.decision.to_wire()), home_writes=home_writes,
             outcome=outcome, notices=[] if durable else notices,
-        )))
+        )), durably=True)
         if not decided.won:  # only a participant that saw the epoch end writes an abort
             raise LeaseLost(home.shard, f"op {op_id} was aborted: {decided.abort!r}")
         for key, state in home_writes:
             home.states.committed(key, state or None)
-        await replicated(parts, k)
         if durable:
             await publish(parts, notices)
         if here in participants:  # shards of this worker hear it now, not through Redis
@@ -286,10 +287,13 @@ class Coordinator:
                     # (Looked for before the grant: a request leaves the stream only after its
                     # grant was recorded, so gone with no grant means a failover lost it.)
                     present = await parts.backend.entries_present(there, [entry])
-                    (raw,) = await parts.backend.stored(there, [grant_field])
-                    if raw is not None:
-                        await replicated(parts, there)
-                        return KeyGrant.from_wire(json.loads(raw))
+                    # (None: a grant read where no WAIT confirms it, as on a master that a
+                    # failover has left behind, is not taken.)
+                    found = await stored_confirmed(
+                        parts.backend, parts.settings.durability, there, [grant_field]
+                    )
+                    if found is not None and found[0] is not None:
+                        return KeyGrant.from_wire(json.loads(found[0]))
                     if (await parts.backend.stored(home.keys, [decision_field]))[0] is not None:
                         raise LeaseLost(home.shard, f"op {op_id} was aborted")
                     if not present[0]:

@@ -3,7 +3,9 @@ connection to the master that made them (the ``durable_replicas`` setting, :clas
 
 The count a WAIT returns covers every write the server executed before the barrier, whoever sent
 it: the replication stream and the AOF are ordered. So one barrier confirms a whole pipeline of
-script calls, and on keyserial's own connection it rides in the same round trip as the calls.
+script calls, or what a read found, sent on the same connection in the same round trip. A WAIT is
+never sent on its own: after a failover, the master that answers it may not be the one that
+made the writes (or answered the read) it is meant to confirm.
 """
 
 from __future__ import annotations
@@ -12,12 +14,12 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from ._commands import Command
+from ._commands import Command, merged_stored, raise_errors, stored_commands
 from ._layout import ShardKeys, same_slot_key
 from ._refusals import Refused, ScriptMissing
 from ._scripts import ScriptCall, decoded
 from ._settings import Durability
-from .errors import ConfigError
+from .errors import BackendUnavailable, ConfigError
 
 if TYPE_CHECKING:
     from ._backend import Backend
@@ -37,59 +39,66 @@ def barrier_then_wait(key: str, durability: Durability) -> list[Command]:
     return [("SET", key, "1", "PX", _BARRIER_PX), wait]
 
 
-async def confirm(backend: Backend, key: str, durability: Durability) -> bool:
-    """Whether every write the server had executed before this call is on
-    ``durability.replicas`` replicas (and in the AOFs, with ``fsync``), waiting at most
-    ``durability.wait_ms``: a write to ``key`` (its node, on a cluster), then WAIT or WAITAOF,
-    on one connection. False when the server refuses either.
-
-    :raises BackendUnavailable: if the server does not answer.
-    """
-    waited = (await backend.on_node(key, barrier_then_wait(key, durability)))[-1]
-    if isinstance(waited, Exception) and backend.is_cluster:
-        # Most likely a failover moved the slot (MOVED, or a wait refused by what is now a
-        # replica): learn where it lives now.
-        await backend.refresh_routing()
-    return _enough(backend.url, waited, durability)
-
-
 async def stored_confirmed(
-    backend: Backend, durability: Durability | None, shard: ShardKeys
-) -> bool:
-    """Whether what ``shard`` stores now is as durable as ``durability`` asks (always, when it
-    asks nothing more than the master): a stored result is an answer only then, as a reply is.
+    backend: Backend, durability: Durability | None, shard: ShardKeys, fields: Sequence[str]
+) -> list[bytes | None] | None:
+    """What ``shard`` stores under ``fields`` (its results, or cross-shard records), as
+    :meth:`~._commands.Commands.stored` reads it, but only once it is as durable as
+    ``durability`` asks: read and confirmed on one connection, so the WAIT covers the master
+    that answered the read. None if something was found but not confirmed in time (a master a
+    failover has left behind answers no WAIT). Without durability, the master's word is enough.
 
     :raises BackendUnavailable: if the server does not answer.
     """
-    return durability is None or await confirm(backend, shard.barrier, durability)
+    if durability is None:
+        return await backend.stored(shard, fields)
+    replies, confirmed = await _then_wait(
+        backend, shard.barrier, stored_commands(shard, fields), durability
+    )
+    found = merged_stored(raise_errors(replies))
+    return found if confirmed or not any(found) else None
 
 
 async def run_confirmed(
     backend: Backend, calls: Sequence[ScriptCall[Any]], durability: Durability
 ) -> tuple[list[Any], bool]:
-    """``backend.run_many(calls)``, then :func:`confirm` behind their writes: the replies, and
-    whether the durability asked for holds for them. On keyserial's own connection both go out
-    in one round trip.
+    """``backend.run_many(calls)`` followed, on the same connection, by a WAIT (WAITAOF)
+    behind them: the replies, and whether the durability asked for holds for them. The calls
+    and the WAIT go out in one round trip, to the master that serves the first call's keys (on
+    a cluster, a call whose keys live elsewhere gets ``MOVED``, as ``BackendUnavailable``). A
+    WAIT sent separately could reach another master, after a failover, and confirm writes that
+    are not these.
 
     :raises BackendUnavailable: if the server does not answer.
     """
     barrier = same_slot_key(calls[0].keys[0], "barrier")
-    if not backend.in_order or backend.is_cluster:
-        replies = await backend.run_many(calls)
-        # On a cluster, one barrier on each master the calls wrote to.
-        barriers = {backend.node_of(call.keys[0]): call.keys[0] for call in calls}
-        for key in barriers.values():
-            if not await confirm(backend, same_slot_key(key, "barrier"), durability):
-                return replies, False
-        return replies, True
-    commands = [call.evalsha_command() for call in calls] + barrier_then_wait(barrier, durability)
-    replies = await backend.on_node(barrier, commands)  # (on keyserial's own connection)
+    commands = [call.evalsha_command() for call in calls]
+    replies, confirmed = await _then_wait(backend, barrier, commands, durability)
+    missing = [index for index, reply in enumerate(replies) if isinstance(reply, ScriptMissing)]
+    if missing:
+        # A restarted server: those are sent as EVAL, with a WAIT of their own (which covers
+        # the first ones as well: same node, later).
+        again, confirmed = await _then_wait(
+            backend, barrier, [calls[index].eval_command() for index in missing], durability
+        )
+        for index, reply in zip(missing, again, strict=True):
+            replies[index] = reply
+    return decoded(calls, replies), confirmed
+
+
+async def _then_wait(
+    backend: Backend, key: str, commands: Sequence[Command], durability: Durability
+) -> tuple[list[Any], bool]:
+    """``commands``, then a barrier and a WAIT, on one connection to the master serving
+    ``key``: the commands' replies, and whether the WAIT confirms them. On a cluster, a refused
+    WAIT or a redirected command means a slot moved (a failover): the routing is learnt again."""
+    replies = await backend.on_node(key, [*commands, *barrier_then_wait(key, durability)])
     waited = replies.pop()
     replies.pop()  # the barrier's OK
-    if any(isinstance(reply, ScriptMissing) for reply in replies):
-        # A restarted server: the EVALs that follow must be covered by a wait of their own.
-        return await backend.run_many(calls), await confirm(backend, barrier, durability)
-    return decoded(calls, replies), _enough(backend.url, waited, durability)
+    moved = any(isinstance(reply, BackendUnavailable) for reply in replies)
+    if backend.is_cluster and (moved or isinstance(waited, Exception)):
+        await backend.refresh_routing()
+    return replies, _enough(backend.url, waited, durability)
 
 
 async def check_durability(backend: Backend, durability: Durability | None) -> None:

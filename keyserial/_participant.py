@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 
 from ._codec import encode_error
-from ._coordination import Collaborators, attempt_id, publish, replicated
+from ._coordination import Collaborators, attempt_id, publish
 from ._cross_scripts import GrantArgs, ResolveArgs, resolve
 from ._cross_scripts import grant as record_grant
 from ._execution import Run
@@ -64,23 +64,27 @@ class Participant:
         parts.finish(run, _APPLIED, store=True, replies=[])
 
     async def _send(self, request: GrantRequest, key_grant: KeyGrant) -> None:
+        """Record the grant and send it to the coordinator: in process when the coordinator is
+        this worker, else published (by the script, or after the replicas have it)."""
         parts = self._parts
         home = parts.home
-        if request.channel == parts.mailbox.channel:
-            # The coordinator is this worker: hand the grant over in process. (No record is
-            # needed, an in-process message cannot be lost; and a grant writes nothing, so this
-            # worker's zombie could not change anything by granting.)
-            await replicated(parts, home.keys)
+        in_process = request.channel == parts.mailbox.channel
+        durable = parts.settings.durability is not None
+        if in_process and not durable:
+            # (No record is needed: an in-process message cannot be lost, and a grant writes
+            # nothing, so this worker's zombie could not change anything by granting.)
             parts.mailbox.deliver(key_grant)
             return
-        durable = parts.settings.durability is not None
-        k = home.keys
-        await parts.fenced(record_grant(k, GrantArgs(
+        # Durably: the granted states must be on the replicas, with the record, before the
+        # coordinator computes on them. (The record is written, and confirmed, on the node
+        # that serves the shard now: a WAIT alone could confirm another master's writes.)
+        await parts.fenced(record_grant(home.keys, GrantArgs(
             epoch=home.epoch, field=attempt_id(request.op_id, request.attempt) + "#g",
             grant=dumps(key_grant.to_wire()), channel="" if durable else request.channel,
-        )))
-        await replicated(parts, k)
-        if durable:
+        )), durably=True)
+        if in_process:
+            parts.mailbox.deliver(key_grant)
+        elif durable:
             await publish(parts, [(request.channel, dumps(key_grant.to_wire()))])
 
     async def _await_decision(self, letter: Letter, request: GrantRequest) -> Decision:
@@ -92,12 +96,13 @@ class Participant:
             if isinstance(message := await letter.within(parts.poll), DecisionNotice):
                 return message.decision
             try:
-                record = await parts.backend.run_call(
+                # Durably: a decision read from a master that a failover has left behind (its
+                # WAIT fails there) is not applied; it is read again where the shard lives now.
+                record = await parts.pipeliner.run_durably(
                     resolve(there, ResolveArgs(request.op_id, request.attempt))
                 )
             except BackendUnavailable as exc:
                 log.warning("shard %d: waiting for a decision: %s", parts.home.shard, exc)
                 continue
             if record is not None:
-                await replicated(parts, there)
                 return Decision.from_wire(record)

@@ -33,6 +33,7 @@ from anyio.abc import TaskGroup
 
 from . import _durability
 from ._backend import Backend
+from ._backoff import Backoff
 from ._codec import encode_reply
 from ._json import dumps
 from ._scripts import REPLIES, ScriptCall
@@ -49,7 +50,7 @@ Replies = Mapping[str, Sequence[tuple[str, str]]]
 class _Batch:
     """Calls that go out in one pipeline; one event wakes all their callers."""
 
-    __slots__ = ("callbacks", "calls", "done", "replies", "results")
+    __slots__ = ("callbacks", "calls", "confirmed", "done", "replies", "results")
 
     def __init__(self) -> None:
         self.calls: list[ScriptCall[Any]] = []
@@ -58,6 +59,8 @@ class _Batch:
         self.callbacks: list[Callable[[Any], None] | None] = []
         self.done = anyio.Event()
         self.results: list[Any] = []
+        #: Whether the replicas the durability asks for have the batch's writes.
+        self.confirmed = False
 
 
 class Pipeliner:
@@ -82,7 +85,23 @@ class Pipeliner:
 
     async def run(self, call: ScriptCall[R], replies: Replies | None = None) -> R:
         """See :meth:`_NodePipeliner.run`."""
-        return await self._of(call).run(call, replies)
+        result, _ = await self._of(call).run(call, replies)
+        return result
+
+    async def run_durably(self, call: ScriptCall[R]) -> R:
+        """Like :meth:`run`, for an idempotent call whose reply must outlive a failover before
+        anything acts on it (a cross-shard grant or decision): it is sent again, each time to
+        the node that serves its keys now, until a pipeline that carries it is confirmed by its
+        own WAIT (on the connection that ran it). Without durability, the first reply."""
+        backoff = Backoff(0.05, 1.0)
+        while True:
+            result, confirmed = await self._of(call).run(call)
+            if confirmed:
+                return result
+            assert self._durability is not None  # (without it every pipeline is confirmed)
+            log.warning("%s not confirmed (%s); sending it again", call.script.name,
+                        _describe(self._durability))
+            await backoff.sleep()
 
     def submit(
         self, call: ScriptCall[Any], replies: Replies | None, on_done: Callable[[Any], None]
@@ -117,11 +136,14 @@ class _NodePipeliner:
         #: Told how many calls each pipeline sends (the worker's metrics).
         self.on_batch: Callable[[int], None] = _ignore
 
-    async def run(self, call: ScriptCall[R], replies: Replies | None = None) -> R:
-        """The script's reply, as the call decodes it. ``replies`` are published once the call
-        has succeeded (never after a refusal: a fenced step committed nothing): by the script
-        itself, given them as JSON ``[[channel, message], ...]`` in its ``replies`` argument,
-        or with the batch.
+    async def run(
+        self, call: ScriptCall[R], replies: Replies | None = None
+    ) -> tuple[R, bool]:
+        """The script's reply, as the call decodes it, and whether its pipeline's writes are
+        as durable as the settings ask (always, when they ask nothing). ``replies`` are
+        published once the call has succeeded (never after a refusal: a fenced step committed
+        nothing): by the script itself, given them as JSON ``[[channel, message], ...]`` in its
+        ``replies`` argument, or with the batch.
 
         :raises Refused: the script's refusal (``Fenced``, …).
         :raises BackendUnavailable: if the server does not answer.
@@ -134,7 +156,7 @@ class _NodePipeliner:
         if isinstance(result, Exception):
             raise result
         reply: R = result
-        return reply
+        return reply, batch.confirmed
 
     def submit(
         self, call: ScriptCall[Any], replies: Replies | None, on_done: Callable[[Any], None]
@@ -173,7 +195,8 @@ class _NodePipeliner:
                 assert replies is not None
                 batch.calls[i], batch.replies[i] = _inline(batch.calls[i], replies), None
             try:
-                batch.results, confirmed = await self._run(batch.calls)
+                batch.results, batch.confirmed = await self._run(batch.calls)
+                confirmed = batch.confirmed
             except BackendUnavailable as exc:
                 confirmed = False
                 batch.results = [exc] * len(batch.calls)

@@ -340,12 +340,20 @@ class ShardRunner:
         """Committed states of keys this owner has not cached."""
         return await self._retrying(lambda: self._backend.states(self.keys, keys))
 
-    async def fenced(self, call: ScriptCall[T], *, replies: Replies | None = None) -> T:
+    async def fenced(
+        self, call: ScriptCall[T], *, replies: Replies | None = None, durably: bool = False
+    ) -> T:
         """Run a script fenced by this owner's epoch in the next pipeline (raises ``LeaseLost``
         when another owner's epoch refuses it); ``replies`` go out once it has committed (see
-        :meth:`Pipeliner.run`)."""
+        :meth:`Pipeliner.run`). ``durably``: an idempotent call, returned only once confirmed
+        as durable (:meth:`Pipeliner.run_durably`)."""
+        def attempt() -> Awaitable[T]:
+            if durably:
+                return self._pipeliner.run_durably(call)
+            return self._pipeliner.run(call, replies)
+
         try:
-            return await self._retrying(lambda: self._pipeliner.run(call, replies))
+            return await self._retrying(attempt)
         except Fenced:
             raise LeaseLost(self.shard, "another worker took the shard over") from None
 

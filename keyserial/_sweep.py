@@ -101,10 +101,8 @@ class Sweep:
     async def _settle_stored(self, keys: ShardKeys, op_ids: list[str]) -> list[str] | None:
         """Settle the ops whose outcome the shard stores; the op ids left. None: some outcome
         is stored but not confirmed as durable yet (the next sweep looks again)."""
-        found = await self._backend.stored(keys, op_ids)
-        if any(raw is not None for raw in found) and not await stored_confirmed(
-            self._backend, self._settings.durability, keys
-        ):
+        found = await stored_confirmed(self._backend, self._settings.durability, keys, op_ids)
+        if found is None:
             return None
         left = []
         for op_id, raw in zip(op_ids, found, strict=True):

@@ -137,9 +137,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "a participant that missed the decision notice releases its keys as if aborted, without"
         " reading the decision record",
         (Edit("keyserial/_participant.py",
-              "            try:\n                record = await parts.backend.run_call(\n",
+              "            try:\n                # Durably: a decision read",
               "            return Decision({}, \"assumed\")\n"
-              "            try:\n                record = await parts.backend.run_call(\n"),),
+              "            try:\n                # Durably: a decision read"),),
         (_XS + "test_participant_killed_while_holding_keys" + _STANDALONE,),
     ),
     Mutant(

@@ -1,0 +1,131 @@
+"""With ``durable_replicas``, a WAIT confirms what ran on its own connection: a script's writes, or
+what a read found, go out with their barrier and WAIT in one pipeline, on one connection to one
+master.
+
+A WAIT sent on its own, after the read or the write it is meant to confirm, can reach another
+master: a failover in between moves the slot, the client learns the new routing, and the new
+master confirms its own writes. A randomized cluster fault run (seed 167) found exactly that: a
+participant read a payment's decision from the master a failover had just left behind (it still
+took itself for the master), confirmed it on the promoted replica, which never had it, and
+applied it; the payment then ran again under the new owner of its home shard.
+
+Each test watches the master with MONITOR and checks which connection sent what. A single-node
+cluster serves: ``WAIT 0`` confirms at once, and the connection is what is under test.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import anyio
+import redis
+
+from keyserial._backend import Backend
+from keyserial._cross_scripts import ResolveArgs, resolve
+from keyserial._durability import run_confirmed, stored_confirmed
+from keyserial._pipeline import Pipeliner
+from keyserial._settings import Durability
+from keyserial.testing import LocalServer, ShardKeys
+from tests.helpers import eventually
+
+CONFIRMED = Durability(replicas=0, fsync=False, wait_ms=1000)
+
+
+@contextmanager
+def monitored(server: LocalServer) -> Iterator[list[dict[str, Any]]]:
+    """The commands the server runs meanwhile, as MONITOR reports them (``client_port``,
+    ``command``), collected by a thread."""
+    seen: list[dict[str, Any]] = []
+    stop = threading.Event()
+    with redis.Redis(port=server.port, socket_timeout=0.1) as client, client.monitor() as monitor:
+
+        def collect() -> None:
+            while not stop.is_set():
+                try:
+                    seen.append(monitor.next_command())
+                except redis.TimeoutError:
+                    continue
+
+        thread = threading.Thread(target=collect, daemon=True)
+        thread.start()
+        try:
+            yield seen
+        finally:
+            stop.set()
+            thread.join(timeout=5)
+
+
+async def senders(seen: list[dict[str, Any]], *names: str) -> dict[str, set[str]]:
+    """The connections (client ports) that sent each named command, once MONITOR has shown a
+    WAIT (the last command of a confirmed round trip)."""
+    await eventually(lambda: any(each["command"].startswith("WAIT") for each in seen),
+                     message="a WAIT seen by MONITOR")
+    by_name: dict[str, set[str]] = {name: set() for name in names}
+    for each in seen:
+        name = each["command"].split(" ", 1)[0]
+        if name in by_name and each.get("client_type") != "lua":
+            by_name[name].add(each["client_port"])
+    return by_name
+
+
+async def test_a_stored_result_is_read_on_the_connection_its_wait_confirms(
+    cluster_server: LocalServer,
+) -> None:
+    backend = await Backend.connect(cluster_server.url)
+    shard = ShardKeys("confirm-read", 0)
+    try:
+        await backend.call("HSET", shard.results, "op-1", '{"value":1}')
+        with monitored(cluster_server) as seen:
+            found = await stored_confirmed(backend, CONFIRMED, shard, ["op-1", "op-2"])
+            sent = await senders(seen, "HMGET", "WAIT")
+        assert found == [b'{"value":1}', None]
+        assert len(sent["HMGET"]) == 1, sent
+        assert sent["HMGET"] == sent["WAIT"], f"read and WAIT on different connections: {sent}"
+    finally:
+        await backend.aclose()
+
+
+async def test_script_calls_run_on_the_connection_their_wait_confirms(
+    cluster_server: LocalServer,
+) -> None:
+    backend = await Backend.connect(cluster_server.url)
+    shard = ShardKeys("confirm-calls", 0)
+    try:
+        await backend.call("SET", shard.epoch, "7")
+        calls = [resolve(shard, ResolveArgs(f"op-{n}", 7)) for n in range(3)]
+        with monitored(cluster_server) as seen:
+            replies, confirmed = await run_confirmed(backend, calls, CONFIRMED)
+            sent = await senders(seen, "EVALSHA", "EVAL", "WAIT")
+        assert replies == [None, None, None]  # undecided: the coordinator still owns epoch 7
+        assert confirmed
+        scripts = sent["EVALSHA"] | sent["EVAL"]
+        assert len(scripts) == 1, sent
+        assert scripts == sent["WAIT"], f"scripts and WAIT on different connections: {sent}"
+    finally:
+        await backend.aclose()
+
+
+async def test_a_durable_call_is_returned_from_a_pipeline_its_own_wait_confirmed(
+    cluster_server: LocalServer,
+) -> None:
+    """What a participant does to read a decision: through the pipeliner, with its WAIT."""
+    backend = await Backend.connect(cluster_server.url)
+    shard = ShardKeys("confirm-durably", 0)
+    pipeliner = Pipeliner(backend, CONFIRMED)
+    try:
+        await backend.call("SET", shard.epoch, "3")
+        await backend.call("HSET", shard.results, "op-1#3#d", '{"w":{}}')
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(pipeliner.serve)
+            with monitored(cluster_server) as seen:
+                decision = await pipeliner.run_durably(resolve(shard, ResolveArgs("op-1", 3)))
+                sent = await senders(seen, "EVALSHA", "EVAL", "WAIT")
+            tasks.cancel_scope.cancel()
+        assert decision == {"w": {}}
+        scripts = sent["EVALSHA"] | sent["EVAL"]
+        assert len(scripts) == 1 and scripts == sent["WAIT"], sent
+    finally:
+        await backend.aclose()
