@@ -220,6 +220,10 @@ async def test_with_durable_replicas_a_master_lost_ahead_of_its_replica_loses_no
             acknowledged.append(tag)
 
         cluster.pause(replica)
+        # Its link cut too: what the master had sent it before would wait in its socket and
+        # reach it as it resumes; now the master has no replica until the replica reconnects.
+        with redis.Redis(port=master.port) as client:
+            client.client_kill_filter(_type="slave")
         tags = [f"op-{number}" for number in range(6)]
         async with anyio.create_task_group() as group:
             for tag in tags:
@@ -236,6 +240,7 @@ async def test_with_durable_replicas_a_master_lost_ahead_of_its_replica_loses_no
                 # slots, and the replica would resync from it and come out empty too.
                 await eventually(lambda: client.info("replication")["role"] == "master",
                                  timeout=20, message="the replica taking over")
+            assert stored_on(replica, keys, tags) == [], "the new master has the ops already"
             master.start()  # rejoins as the new master's replica: WAITs can succeed again
             await anyio.to_thread.run_sync(cluster.wait_healthy, 30)
         final = await ks.submit(key, apps.peek(), timeout=20)
