@@ -76,13 +76,14 @@ async def run_confirmed(
     replies, confirmed = await _then_wait(backend, barrier, commands, durability)
     missing = [index for index, reply in enumerate(replies) if isinstance(reply, ScriptMissing)]
     if missing:
-        # A restarted server: those are sent as EVAL, with a WAIT of their own (which covers
-        # the first ones as well: same node, later).
-        again, confirmed = await _then_wait(
+        # A restarted server: those are sent as EVAL, with a WAIT of their own. The calls that
+        # did run stay covered by the first WAIT only (the second may reach another node).
+        again, confirmed_again = await _then_wait(
             backend, barrier, [calls[index].eval_command() for index in missing], durability
         )
         for index, reply in zip(missing, again, strict=True):
             replies[index] = reply
+        confirmed = confirmed_again and (confirmed or len(missing) == len(calls))
     return decoded(calls, replies), confirmed
 
 
