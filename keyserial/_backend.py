@@ -208,8 +208,18 @@ class Backend(Commands):
 
     async def on_node(self, key: str, commands: Sequence[Command]) -> list[Any]:
         """Commands in order on one connection to the master that holds ``key`` (as a WAIT
-        must follow the write it covers): each reply, or its error."""
-        return await self._send(commands, key)
+        must follow the write it covers): each reply, or its error.
+
+        On a cluster, a node that cannot be reached may have been replaced by a failover: the
+        routing is learnt again before the error is raised, so the caller's next try goes to
+        the new master (a cluster client does the same for the commands it routes itself)."""
+        try:
+            return await self._send(commands, key)
+        except BackendUnavailable:
+            if self.is_cluster:
+                with contextlib.suppress(BackendUnavailable):
+                    await self.refresh_routing()
+            raise
 
     async def _send(self, commands: Sequence[Command], node_of: str | None = None) -> list[Any]:
         with _translating(self.url):
