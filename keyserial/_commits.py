@@ -47,6 +47,8 @@ class Commit:
     #: The last committed entry to trim through ('' for none), and whether to trim it now.
     trim_to: str
     trim_now: bool
+    #: Whether it commits states or results (what later ops build on, or callers are told).
+    builds: bool
 
 
 class CommitPlanner:
@@ -87,7 +89,8 @@ class CommitPlanner:
             if passed:
                 commit["x"] = passed
             payload = dumps(commit)
-        return Commit(progress, payload, replies, self._untrimmed, trim_now)
+        return Commit(progress, payload, replies, self._untrimmed, trim_now,
+                      builds=bool(writes or results))
 
     def trimmed(self) -> None:
         """The step trimmed the stream through :attr:`Commit.trim_to`."""

@@ -15,7 +15,7 @@ from ._backend import Backend
 from ._codec import Envelope
 from ._execution import Run
 from ._mailbox import LocalShard, Mailbox
-from ._pipeline import Pipeliner, Replies
+from ._pipeline import Lineage, Pipeliner, Replies
 from ._routing import route
 from ._scripts import ScriptCall
 from ._settings import Settings
@@ -32,7 +32,8 @@ class RunFenced(Protocol):
     """The runner's way to run a script fenced by its epoch (``LeaseLost`` when refused)."""
 
     async def __call__(
-        self, call: ScriptCall[R], *, replies: Replies | None = None, durably: bool = False
+        self, call: ScriptCall[R], *, replies: Replies | None = None, durably: bool = False,
+        also: Sequence[Lineage] = (), builds: bool = True,
     ) -> R: ...
 
 

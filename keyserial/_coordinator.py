@@ -88,7 +88,8 @@ class Coordinator:
             self._across_call(envelope.op_id, outcome, owners, writes),
         )
         gated = {reply: [(envelope.op_id, outcome)] for reply in replies}
-        parts.pipeliner.submit(pending.call, gated, partial(self._committed, pending))
+        parts.pipeliner.submit(pending.call, gated, partial(self._committed, pending),
+                               [owner.lineage for owner in owners])
         return True
 
     def _committed(self, pending: _PendingCommit, result: Any) -> None:
@@ -117,7 +118,9 @@ class Coordinator:
         """Send a commit whose reply was lost again, until it lands or is refused (retried
         while the server is unreachable; ``LeaseLost`` ends the runner, holds and all)."""
         try:
-            result: Any = await self._parts.fenced(pending.call)
+            result: Any = await self._parts.fenced(
+                pending.call, also=[owner.lineage for owner, _ in pending.holds[1:]]
+            )
         except Refused as exc:
             result = exc
         # Every caller is told again: the first call may have told them already, and a second
@@ -251,7 +254,8 @@ class Coordinator:
             call = self._across_call(envelope.op_id, outcome, owned, writes)
             try:
                 await parts.fenced(
-                    call, replies={reply: [(envelope.op_id, outcome)] for reply in replies}
+                    call, replies={reply: [(envelope.op_id, outcome)] for reply in replies},
+                    also=[other.lineage for other in others],
                 )
             except OwnedElsewhere as exc:
                 moved = others[exc.index - 2].shard

@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from ._execution import Executor
     from ._keystates import KeyStates
     from ._layout import ShardKeys
+    from ._pipeline import Lineage
 
 log = logging.getLogger("keyserial.worker")
 
@@ -37,6 +38,8 @@ class LocalShard(Protocol):
     keys: ShardKeys
     states: KeyStates
     executor: Executor
+    #: The owner's writes, for a commit that writes this shard's keys (see ``Lineage``).
+    lineage: Lineage
 
     def wake(self) -> None:
         """New entries were appended to the shard."""

@@ -14,11 +14,13 @@ the batch's only replies (low load, where the extra hop would cost latency and s
 the script publishes them itself: they go in its ``replies`` argument (``ScriptCall.with_arg``).
 
 With ``durable_replicas`` (see :class:`Durability`), replies go out only once that many replicas
-have the batch's writes (a WAIT behind them), never from a script: a reply is an acknowledgement,
-and one sent before the replicas have the commit could be lost with the master. The replies of
-a batch that is not confirmed in time are held and go out after the next batch that is (its
-WAIT covers every write before it); if none comes (the shards moved to another node), clients
-find the results with their sweep, which confirms them the same way.
+have the batch's writes (a WAIT behind them, on the same connection), never from a script: a
+reply is an acknowledgement, and one sent before the replicas have the commit could be lost with
+the master. A batch that is not confirmed in time sends no reply, and breaks the
+:class:`Lineage` of every shard owner whose writes it carried: the owner caches what those
+writes did, which a failover may have lost, so none of its later writes may go out. The owner
+gives its shard up; the next one starts from what Redis has, and clients find the results with
+their sweep, which confirms them the same way.
 """
 
 from __future__ import annotations
@@ -47,16 +49,38 @@ R = TypeVar("R")
 Replies = Mapping[str, Sequence[tuple[str, str]]]
 
 
+class Lineage:
+    """The writes of one shard owner, each built on those before it (the owner caches what they
+    wrote). Broken once a pipeline that carried a write that commits states or results is not
+    confirmed as durable: a failover may have lost that write while the cache keeps it, so no
+    later call of the lineage goes out (each fails with :class:`LineageBroken`)."""
+
+    __slots__ = ("broken",)
+
+    def __init__(self) -> None:
+        self.broken = False
+
+
+class LineageBroken(Exception):
+    """A write not sent: its owner's :class:`Lineage` is broken (the owner must give its shard
+    up, cleanly: the unfinished ops are not to blame)."""
+
+
 class _Batch:
     """Calls that go out in one pipeline; one event wakes all their callers."""
 
-    __slots__ = ("callbacks", "calls", "confirmed", "done", "replies", "results")
+    __slots__ = ("builds", "callbacks", "calls", "confirmed", "done", "lineages", "replies",
+                 "results")
 
     def __init__(self) -> None:
         self.calls: list[ScriptCall[Any]] = []
         self.replies: list[Replies | None] = []
         #: Called with the call's reply (or its error) once the batch is back; None: awaited.
         self.callbacks: list[Callable[[Any], None] | None] = []
+        #: The lineages each call's writes belong to (none: it builds on no cached state).
+        self.lineages: list[Sequence[Lineage]] = []
+        #: Whether each call commits what its lineages build on (breaks them unconfirmed).
+        self.builds: list[bool] = []
         self.done = anyio.Event()
         self.results: list[Any] = []
         #: Whether the replicas the durability asks for have the batch's writes.
@@ -83,19 +107,22 @@ class Pipeliner:
                 task_group.start_soon(pipeliner.serve)
             await anyio.sleep_forever()
 
-    async def run(self, call: ScriptCall[R], replies: Replies | None = None) -> R:
+    async def run(
+        self, call: ScriptCall[R], replies: Replies | None = None,
+        lineages: Sequence[Lineage] = (), *, builds: bool = True,
+    ) -> R:
         """See :meth:`_NodePipeliner.run`."""
-        result, _ = await self._of(call).run(call, replies)
+        result, _ = await self._of(call).run(call, replies, lineages, builds=builds)
         return result
 
-    async def run_durably(self, call: ScriptCall[R]) -> R:
+    async def run_durably(self, call: ScriptCall[R], lineages: Sequence[Lineage] = ()) -> R:
         """Like :meth:`run`, for an idempotent call whose reply must outlive a failover before
         anything acts on it (a cross-shard grant or decision): it is sent again, each time to
         the node that serves its keys now, until a pipeline that carries it is confirmed by its
         own WAIT (on the connection that ran it). Without durability, the first reply."""
         backoff = Backoff(0.05, 1.0)
         while True:
-            result, confirmed = await self._of(call).run(call)
+            result, confirmed = await self._of(call).run(call, None, lineages, builds=True)
             if confirmed:
                 return result
             assert self._durability is not None  # (without it every pipeline is confirmed)
@@ -104,10 +131,11 @@ class Pipeliner:
             await backoff.sleep()
 
     def submit(
-        self, call: ScriptCall[Any], replies: Replies | None, on_done: Callable[[Any], None]
+        self, call: ScriptCall[Any], replies: Replies | None, on_done: Callable[[Any], None],
+        lineages: Sequence[Lineage] = (),
     ) -> None:
         """See :meth:`_NodePipeliner.submit`."""
-        self._of(call).submit(call, replies, on_done)
+        self._of(call).submit(call, replies, on_done, lineages, builds=True)
 
     def _of(self, call: ScriptCall[Any]) -> _NodePipeliner:
         """The pipeliner of the node that serves the call's keys (as the client knows now)."""
@@ -129,28 +157,30 @@ class _NodePipeliner:
     def __init__(self, backend: Backend, durability: Durability | None = None) -> None:
         self._backend = backend
         self._durability = durability
-        #: Reply messages of committed batches that replicas have not confirmed yet.
-        self._held: list[tuple[str, str]] = []
         self._next = _Batch()
         self._queued = anyio.Event()
         #: Told how many calls each pipeline sends (the worker's metrics).
         self.on_batch: Callable[[int], None] = _ignore
 
     async def run(
-        self, call: ScriptCall[R], replies: Replies | None = None
+        self, call: ScriptCall[R], replies: Replies | None = None,
+        lineages: Sequence[Lineage] = (), *, builds: bool,
     ) -> tuple[R, bool]:
         """The script's reply, as the call decodes it, and whether its pipeline's writes are
         as durable as the settings ask (always, when they ask nothing). ``replies`` are
         published once the call has succeeded (never after a refusal: a fenced step committed
         nothing): by the script itself, given them as JSON ``[[channel, message], ...]`` in its
-        ``replies`` argument, or with the batch.
+        ``replies`` argument, or with the batch. ``lineages``: the owners whose cached writes
+        the call builds on (see :class:`Lineage`); ``builds``: it commits states or results,
+        so it breaks them if its pipeline is not confirmed.
 
         :raises Refused: the script's refusal (``Fenced``, …).
+        :raises LineageBroken: if one of ``lineages`` is broken (the call was not sent).
         :raises BackendUnavailable: if the server does not answer.
         """
         batch = self._next
         index = len(batch.calls)
-        self._add(call, replies, None)
+        self._add(call, replies, None, lineages, builds)
         await batch.done.wait()
         result = batch.results[index]
         if isinstance(result, Exception):
@@ -159,18 +189,21 @@ class _NodePipeliner:
         return reply, batch.confirmed
 
     def submit(
-        self, call: ScriptCall[Any], replies: Replies | None, on_done: Callable[[Any], None]
+        self, call: ScriptCall[Any], replies: Replies | None, on_done: Callable[[Any], None],
+        lineages: Sequence[Lineage] = (), *, builds: bool,
     ) -> None:
         """Like :meth:`run`, without a task to await it: ``on_done`` gets the script's reply,
         or the error :meth:`run` would raise, once the batch is back (before the awaiting
         callers of that batch wake)."""
-        self._add(call, replies, on_done)
+        self._add(call, replies, on_done, lineages, builds)
 
     def _add(
         self,
         call: ScriptCall[Any],
         replies: Replies | None,
         on_done: Callable[[Any], None] | None,
+        lineages: Sequence[Lineage],
+        builds: bool,
     ) -> None:
         if replies and not self._backend.in_order and self._durability is None:
             assert call.script.publishes, f"{call.script.name} cannot publish replies itself"
@@ -179,6 +212,8 @@ class _NodePipeliner:
         batch.calls.append(call)
         batch.replies.append(replies or None)
         batch.callbacks.append(on_done)
+        batch.lineages.append(lineages)
+        batch.builds.append(builds)
         self._queued.set()
 
     async def serve(self) -> None:
@@ -194,21 +229,10 @@ class _NodePipeliner:
                 replies = batch.replies[i]
                 assert replies is not None
                 batch.calls[i], batch.replies[i] = _inline(batch.calls[i], replies), None
-            try:
-                batch.results, batch.confirmed = await self._run(batch.calls)
-                confirmed = batch.confirmed
-            except BackendUnavailable as exc:
-                confirmed = False
-                batch.results = [exc] * len(batch.calls)
-            except Exception as exc:
-                # A defect, not an outage (a call that cannot be sent at all): it fails the
-                # calls of this batch, whose runners stop, never the worker's other shards.
-                log.error("a pipeline of %d calls failed", len(batch.calls), exc_info=exc)
-                batch.results = [exc] * len(batch.calls)
-                confirmed = False
+            await self._send(batch)
             # Written before the runners wake, so before anything they send next on the one
             # connection (a later commit's replies cannot overtake these), and not waited for.
-            messages = self._releasable(self._messages(batch), confirmed)
+            messages = self._messages(batch) if batch.confirmed else []
             if messages and not self._backend.publish_nowait(messages):
                 if self._backend.in_order:
                     # The connection closed since the batch returned. A reply is at most once
@@ -221,29 +245,59 @@ class _NodePipeliner:
                     on_done(result)
             batch.done.set()
 
+    async def _send(self, batch: _Batch) -> None:
+        """Send the batch's calls, but those of a broken lineage: each gets its reply (or
+        error) in ``batch.results``, and ``batch.confirmed`` says whether the replicas the
+        durability asks for have their writes. If they do not, every lineage in the batch
+        breaks (before anyone wakes, so before any later write of theirs is queued)."""
+        if self._durability is None:  # (no lineage breaks without it)
+            batch.results, batch.confirmed = await self._run_or_fail(batch.calls)
+            return
+        sent = [index for index, lineages in enumerate(batch.lineages)
+                if not any(lineage.broken for lineage in lineages)]
+        batch.results = [LineageBroken("an earlier write of this owner was not confirmed")
+                         for _ in batch.calls]
+        if not sent:
+            return
+        results, batch.confirmed = await self._run_or_fail([batch.calls[i] for i in sent])
+        for index, result in zip(sent, results, strict=True):
+            batch.results[index] = result
+        if not batch.confirmed:
+            self._break(batch, sent, results)
+
+    async def _run_or_fail(self, calls: Sequence[ScriptCall[Any]]) -> tuple[list[Any], bool]:
+        """:meth:`_run`, or the error that kept it from running, as every call's result."""
+        try:
+            return await self._run(calls)
+        except BackendUnavailable as exc:
+            return [exc] * len(calls), False
+        except Exception as exc:
+            # A defect, not an outage (a call that cannot be sent at all): it fails the calls
+            # of this batch, whose runners stop, never the worker's other shards.
+            log.error("a pipeline of %d calls failed", len(calls), exc_info=exc)
+            return [exc] * len(calls), False
+
+    def _break(self, batch: _Batch, sent: list[int], results: list[Any]) -> None:
+        """An unconfirmed batch: the lineages of the calls that committed what they build on
+        break. (A call that failed wrote nothing; one whose server did not answer is sent
+        again by its runner, the same call, until the runner knows what became of it.)"""
+        assert self._durability is not None
+        committed = [index for index, result in zip(sent, results, strict=True)
+                     if batch.builds[index] and not isinstance(result, Exception)]
+        if not committed:
+            return
+        log.warning("%d writes not confirmed (%s) in %d ms: not replied to, and their shards"
+                    " are given up to be taken over again", len(committed),
+                    _describe(self._durability), self._durability.wait_ms)
+        for index in committed:
+            for lineage in batch.lineages[index]:
+                lineage.broken = True
+
     async def _run(self, calls: Sequence[ScriptCall[Any]]) -> tuple[list[Any], bool]:
         """The calls' replies, and whether the replicas the durability asks for have them."""
         if self._durability is None:
             return await self._backend.run_many(calls), True
         return await _durability.run_confirmed(self._backend, calls, self._durability)
-
-    def _releasable(
-        self, messages: list[tuple[str, str]], confirmed: bool
-    ) -> list[tuple[str, str]]:
-        """The reply messages that may go out now: with durability, those held so far and this
-        batch's once a WAIT confirmed them; none until then."""
-        if self._durability is None:
-            return messages
-        self._held.extend(messages)
-        if not confirmed:
-            if self._held:
-                log.warning(
-                    "%d replies held: the commits were not confirmed (%s) in %d ms",
-                    len(self._held), _describe(self._durability), self._durability.wait_ms,
-                )
-            return []
-        released, self._held = self._held, []
-        return released
 
     async def _publish(self, messages: list[tuple[str, str]]) -> None:
         """PUBLISH on a backend without keyserial's own connection (with durability only:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -46,7 +46,7 @@ from ._lease_scripts import LeaseGrant
 from ._mailbox import Mailbox
 from ._metrics import NO_METRICS, ShardMetrics
 from ._ops import Registry
-from ._pipeline import Pipeliner, Replies
+from ._pipeline import Lineage, Pipeliner, Replies
 from ._refusals import Fenced
 from ._scripts import ScriptCall
 from ._settings import Settings
@@ -88,6 +88,8 @@ class ShardRunner:
         if self._replay_until is None:
             self._replayed.set()
         self.states = KeyStates(request_step=self.wake)
+        #: This owner's writes: broken once one of them is not confirmed as durable.
+        self.lineage = Lineage()
         self._running: dict[str, Run] = {}
         self._finished: list[Finished] = []
         self._dead: list[DeadLetter] = []
@@ -230,7 +232,7 @@ class ShardRunner:
             trim_now=commit.trim_now, states_held=self.states.complete,
         ))
         began = time.monotonic()  # (metrics)
-        fetched = await self.fenced(call, replies=commit.replies)
+        fetched = await self.fenced(call, replies=commit.replies, builds=commit.builds)
         self.metrics.stepped(batch, len(dead), began)
         self.states.step_done(number)
         if commit.trim_to and (commit.trim_now or not want or not fetched.entries):
@@ -341,16 +343,22 @@ class ShardRunner:
         return await self._retrying(lambda: self._backend.states(self.keys, keys))
 
     async def fenced(
-        self, call: ScriptCall[T], *, replies: Replies | None = None, durably: bool = False
+        self, call: ScriptCall[T], *, replies: Replies | None = None, durably: bool = False,
+        also: Sequence[Lineage] = (), builds: bool = True,
     ) -> T:
         """Run a script fenced by this owner's epoch in the next pipeline (raises ``LeaseLost``
         when another owner's epoch refuses it); ``replies`` go out once it has committed (see
         :meth:`Pipeliner.run`). ``durably``: an idempotent call, returned only once confirmed
-        as durable (:meth:`Pipeliner.run_durably`)."""
+        as durable (:meth:`Pipeliner.run_durably`). It is a write of this owner's lineage
+        (raises ``LineageBroken`` once that is broken), and of the lineages ``also`` (the
+        other shards a ``commit_across`` writes); ``builds``: it commits states or results
+        (False for a step that only fetches, moves progress or trims)."""
+        lineages = (self.lineage, *also)
+
         def attempt() -> Awaitable[T]:
             if durably:
-                return self._pipeliner.run_durably(call)
-            return self._pipeliner.run(call, replies)
+                return self._pipeliner.run_durably(call, lineages)
+            return self._pipeliner.run(call, replies, lineages, builds=builds)
 
         try:
             return await self._retrying(attempt)

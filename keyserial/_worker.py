@@ -31,7 +31,7 @@ from ._leases import Held, Leases
 from ._mailbox import Mailbox
 from ._metrics import Metrics
 from ._ops import Registry
-from ._pipeline import Pipeliner
+from ._pipeline import LineageBroken, Pipeliner
 from ._routing import format_shards, parse_shards
 from ._settings import Settings
 from ._shard import ShardRunner
@@ -231,6 +231,12 @@ class Worker:
                 except* LeaseLost as group:
                     log.warning("shard %d: %s", shard, group.exceptions[0])
                     self._owned.pop(shard, None)
+                except* LineageBroken:
+                    # Its cache may hold a write a failover lost: the next owner (perhaps this
+                    # worker again) starts from what Redis has. Not the ops' fault: no strike.
+                    log.warning("shard %d: a write was not confirmed by the replicas; giving"
+                                " the shard up to be taken over from what Redis has", shard)
+                    await self._leases.release([shard], clean=True)
                 except* Exception as group:
                     log.error(
                         "shard %d: runner failed; releasing the shard for %gs",

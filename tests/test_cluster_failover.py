@@ -246,3 +246,82 @@ async def test_with_durable_replicas_a_master_lost_ahead_of_its_replica_loses_no
         final = await ks.submit(key, apps.peek(), timeout=20)
     assert sorted(acknowledged) == tags
     assert final[0] == "warm" and sorted(final[1:]) == tags, f"lost or applied twice: {final}"
+
+
+async def test_with_durable_replicas_an_owner_never_builds_on_commits_a_failover_lost(
+    start: Callable[..., WorkerProcess], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An owner whose lease outlives a failover must not go on from its cache: the master
+    replied to commits its replicas never got (the WAIT behind them timed out, so no caller was
+    answered), then died, and a replica without them took over. The owner's cache still holds
+    those commits; building on it, it would apply every such op a second time once its client
+    appends it again. An unconfirmed commit breaks the owner's lineage instead: it gives the
+    shard up, and the next owner starts from what the new master has."""
+    with LocalCluster(replicas=2, node_timeout_ms=1500) as cluster:
+        for node in cluster.nodes:  # (no spare replica may move over to the stripped master)
+            with redis.Redis(port=node.port) as client:
+                client.config_set("cluster-allow-replica-migration", "no")
+        namespace = "failover-built-on"
+        where = placement(cluster, namespace)
+        shard = where.stalled[0]
+        keys = ShardKeys(namespace, shard)
+        master = where.victim
+        first, second = replicas_of(cluster, master)
+        monkeypatch.setenv("KEYSERIAL_DURABLE_REPLICAS", "1")
+        # A lease longer than the failover: the owner keeps the shard across it.
+        worker = start(cluster.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS,
+                       lease_ttl=8.0)
+        key = keys_on_shard(shard, SHARDS, 1, "acct")[0]
+        acknowledged: list[str] = []
+        async with keyserial.connect(cluster.url, shards=SHARDS, namespace=namespace,
+                                     durable_replicas=1, idle_poll=0.3) as ks:
+            await ks.submit(key, apps.append("warm"), op_id="warm", timeout=20)
+            await eventually(lambda: all(replica_has(each, keys, "warm")
+                                         for each in (first, second)))
+
+            async def submit(tag: str) -> None:
+                await ks.submit(key, apps.append(tag), op_id=tag, timeout=60)
+                acknowledged.append(tag)
+
+            cluster.pause(first)
+            cluster.pause(second)
+            with redis.Redis(port=master.port) as client:
+                client.client_kill_filter(_type="slave")  # (see the test above)
+            tags = [f"op-{number}" for number in range(6)]
+            async with anyio.create_task_group() as group:
+                for tag in tags:
+                    group.start_soon(submit, tag)
+                await eventually(lambda: len(stored_on(master, keys, tags)) == len(tags),
+                                 timeout=20)
+                # The master's replies, each with a WAIT that timed out, reached the owner.
+                await eventually(lambda: "not confirmed" in worker.log(), timeout=20)
+                assert not acknowledged, f"acknowledged with no replica: {acknowledged}"
+                master.kill()  # for good: the replica that takes over never had those ops
+                cluster.resume(first)
+                cluster.resume(second)
+                with redis.Redis(port=first.port) as client:
+                    client.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
+                    await eventually(lambda: client.info("replication")["role"] == "master",
+                                     timeout=20, message="the replica taking over")
+                assert stored_on(first, keys, tags) == [], "the new master has the ops already"
+            final = await ks.submit(key, apps.peek(), timeout=20)
+        # Each op has its outcome where the shard lives now: a resubmit returns it, not a run.
+        assert stored_on(first, keys, tags) == tags, "ops acknowledged with no stored outcome"
+    assert sorted(acknowledged) == tags
+    assert final[0] == "warm" and sorted(final[1:]) == tags, f"lost or applied twice: {final}"
+
+
+def replicas_of(cluster: LocalCluster, master: LocalServer) -> list[LocalServer]:
+    with redis.Redis(port=master.port) as client:
+        info = client.info("replication")
+    ports = [int(value["port"]) for name, value in info.items()
+             if name.startswith("slave") and isinstance(value, dict)]
+    nodes = [cluster.node_at(port) for port in ports]
+    assert all(node is not None for node in nodes)
+    return [node for node in nodes if node is not None]
+
+
+def replica_has(replica: LocalServer, keys: ShardKeys, op_id: str) -> bool:
+    with redis.Redis(port=replica.port) as client:
+        client.execute_command("READONLY")
+        return bool(client.hexists(keys.results, op_id))
