@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=20, help="how many seeds (default: 20)")
     parser.add_argument("--seed-start", type=int, default=0, help="first seed (default: 0)")
     parser.add_argument("--profile", choices=sorted(PROFILES), default="long",
-                        help="short (CI), long, or cluster (3 masters + 3 replicas)")
+                        help="short (CI), long, cluster (3 masters + 3 replicas), or takeover"
+                             " (cluster, with leases that outlive a TAKEOVER)")
     parser.add_argument("--json", type=Path, default=None, help="write every report here")
     parser.add_argument("--keep", action="store_true", help="keep logs of passing seeds too")
     parser.add_argument("--verbose", action="store_true", help="print every seed's schedule")

@@ -1,5 +1,6 @@
-"""Faults of the cluster profile: a master killed or paused past its failover, and a worker
-whose wall clock is off by minutes. Registered in ``faults.INJECTORS`` like the others.
+"""Faults of the cluster profiles: a master killed or paused past its failover, a master lost
+ahead of its replica that takes over at once, and a worker whose wall clock is off by minutes.
+Registered in ``faults.INJECTORS`` like the others.
 
 A node fault targets the master serving one slot range when it fires, and ends only once the
 cluster is whole again (the old master a replica in sync), so node faults never overlap: two
@@ -14,6 +15,7 @@ from contextlib import suppress
 from typing import TYPE_CHECKING
 
 import anyio
+import redis
 
 from keyserial.testing import LocalServer
 from tests.cluster import LocalCluster
@@ -102,6 +104,52 @@ async def master_pause(faults: Faults, number: int, event: FaultEvent) -> None:
     cluster.resume(victim)
     faults.note(f"SIGCONT old master {victim.port}")
     await _whole(faults, cluster)
+
+
+async def master_lost_ahead(faults: Faults, number: int, event: FaultEvent) -> None:
+    """Lose a master ahead of its replica: the replica is stopped and the master drops its link,
+    so for ``lag`` seconds the master commits what no replica gets (its WAITs time out and its
+    owners see their commits unconfirmed); then the master is killed, the replica resumes and
+    takes over at once (CLUSTER FAILOVER TAKEOVER, within a lease), and the old master is
+    restarted ``restart_after`` seconds later: it rejoins as a replica."""
+    cluster = _cluster_of(faults).cluster
+    slot, victim = await _master(cluster, event.params["slot_range"])
+    replica = await anyio.to_thread.run_sync(_replica_of, cluster, victim)
+    cluster.pause(replica)
+    await anyio.to_thread.run_sync(_drop_replica_links, victim)
+    faults.note(f"replica {replica.port} of master {victim.port} stopped and cut off"
+                f" (slot range {event.params['slot_range']})")
+    await anyio.sleep(event.params["lag"])
+    await anyio.to_thread.run_sync(victim.kill)
+    cluster.resume(replica)
+    await anyio.to_thread.run_sync(_take_over, replica)
+    faults.note(f"kill -9 master {victim.port}; replica {replica.port} told to take over")
+    await _failed_over(faults, cluster, slot, victim)
+    await anyio.sleep(event.params["restart_after"])
+    await anyio.to_thread.run_sync(victim.start)
+    faults.note(f"old master {victim.port} restarted")
+    await _whole(faults, cluster)
+
+
+def _replica_of(cluster: LocalCluster, master: LocalServer) -> LocalServer:
+    with redis.Redis(port=master.port, socket_timeout=5) as client:
+        info = client.info("replication")
+    for name, value in info.items():
+        if name.startswith("slave") and isinstance(value, dict):
+            node = cluster.node_at(int(value["port"]))
+            if node is not None:
+                return node
+    raise RuntimeError(f"master {master.port} has no replica")
+
+
+def _drop_replica_links(master: LocalServer) -> None:
+    with redis.Redis(port=master.port, socket_timeout=5) as client:
+        client.client_kill_filter(_type="slave")
+
+
+def _take_over(replica: LocalServer) -> None:
+    with redis.Redis(port=replica.port, socket_timeout=5) as client:
+        client.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
 
 
 async def clock_skew(faults: Faults, number: int, event: FaultEvent) -> None:

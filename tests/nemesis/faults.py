@@ -319,5 +319,6 @@ INJECTORS: dict[str, Injector] = {
     "sub_drop": sub_drop,
     "master_kill9": cluster_faults.master_kill9,
     "master_pause": cluster_faults.master_pause,
+    "master_lost_ahead": cluster_faults.master_lost_ahead,
     "clock_skew": cluster_faults.clock_skew,
 }

@@ -47,6 +47,16 @@ CLUSTER_FAULT_WEIGHTS: dict[str, int] = {
     "clock_skew": 2,
 }
 
+#: The takeover profile's kinds: a master lost ahead of its replica, which takes over at once,
+#: within a lease (the cluster profile's failovers all outlast its lease), with a few worker and
+#: node faults around it.
+TAKEOVER_FAULT_WEIGHTS: dict[str, int] = {
+    "kill9": 1,
+    "sigterm_slow": 1,
+    "master_lost_ahead": 4,
+    "master_pause": 1,
+}
+
 #: Foreign or broken stream entries the ``garbage`` fault appends (see ``faults.garbage_entry``).
 GARBAGE_KINDS = (
     "deep_nesting", "invalid_json", "non_list", "lone_surrogate", "bad_version", "bad_element",
@@ -84,6 +94,10 @@ class Profile:
     #: Workers' and clients' ``health_interval``: a dropped subscription must be replaced
     #: within three times this, plus a second, while the load runs.
     health_interval: float = 1.0
+    #: Whether a tenth of the submits are cancelled by their callers. An op whose append a
+    #: failover lost is appended again only while its submit waits: where faults lose appends
+    #: by design (the takeover profile), every caller waits, so that every loss is a defect.
+    callers_cancel: bool = True
 
 
 PROFILES = {
@@ -92,6 +106,11 @@ PROFILES = {
     "cluster": Profile("cluster", load_seconds=20.0, faults=(2, 4), callers=12,
                        topology="cluster", fault_weights=tuple(CLUSTER_FAULT_WEIGHTS.items()),
                        durable_replicas=1),
+    # Leases of 6 s outlive a TAKEOVER: owners keep their shards across the failover.
+    "takeover": Profile("takeover", load_seconds=20.0, faults=(2, 4), callers=12,
+                        topology="cluster", fault_weights=tuple(TAKEOVER_FAULT_WEIGHTS.items()),
+                        durable_replicas=1, lease_ttl=6.0, submit_timeout=30.0,
+                        liveness_bound=12.0, callers_cancel=False),
 }
 
 
@@ -246,6 +265,13 @@ def _master_pause(rng: random.Random, profile: Profile) -> tuple[str, dict[str, 
                        "past_failover": round(rng.uniform(0.0, 3.0), 2)}
 
 
+def _master_lost_ahead(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
+    """A master that commits ``lag`` seconds with its replica cut off, then dies; the replica
+    takes over at once, and the old master is restarted ``restart_after`` seconds later."""
+    return "cluster", {"slot_range": rng.randrange(3), "lag": round(rng.uniform(1.2, 3.0), 2),
+                       "restart_after": round(rng.uniform(0.5, 3.0), 2)}
+
+
 def _clock_skew(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
     """A worker replaced by one whose wall clock is off by minutes, either way."""
     minutes = rng.choice((-1, 1)) * rng.randint(2, 30)
@@ -266,6 +292,7 @@ _PARAMS = {
     "sub_drop": _sub_drop,
     "master_kill9": _master,
     "master_pause": _master_pause,
+    "master_lost_ahead": _master_lost_ahead,
     "clock_skew": _clock_skew,
 }
 

@@ -19,6 +19,10 @@ DEFAULT_SEEDS: tuple[int, ...] = (102, 104, 112, 114)
 #: cluster's runs depend on timing more than the standalone ones).
 CLUSTER_SEEDS: tuple[int, ...] = (7,)
 
+#: Takeover-profile seeds ``tests/test_nemesis.py`` runs (each failed before owners' lineages
+#: broke on an unconfirmed commit, see ``REGRESSIONS``).
+TAKEOVER_SEEDS: tuple[int, ...] = (6,)
+
 #: Seeds that failed once, each for a defect since fixed: ``tests/test_nemesis.py`` runs them
 #: as regression tests (the short ones; the long ones with ``python -m tests.nemesis``).
 REGRESSIONS: list[KnownFailure] = [
@@ -82,6 +86,11 @@ REGRESSIONS: list[KnownFailure] = [
                  " behind, confirmed it with a WAIT on the promoted replica, which never had it,"
                  " and applied it; the new home owner ran the payment again (fixed: a read or a"
                  " write is confirmed by a WAIT on its own connection)"),
+    KnownFailure(5, "takeover", "counters: ops applied twice: a master replied to commits no"
+                 " replica had, died, and its replica took over within the owner's lease; the"
+                 " owner built on its cache and ran the ops appended again a second time (fixed:"
+                 " an unconfirmed commit breaks the owner's lineage, the shard is taken over)"),
+    KnownFailure(6, "takeover", "payments and counter ops applied twice, as 5 (fixed with 5)"),
 ]
 
 #: The regression seeds CI runs (the rest run with ``python -m tests.nemesis``).

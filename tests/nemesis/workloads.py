@@ -145,6 +145,8 @@ class Load:
             tag = f"{self.seed}-{caller}-{number}"
             kind = rng.choices(kinds, weights)[0]
             cancel_after = rng.uniform(0.001, 0.5) if rng.random() < 0.1 else None
+            if not self.profile.callers_cancel:  # (drawn all the same: seeds stay as they were)
+                cancel_after = None
             record, call = self._draw(rng, kind, tag, session_key)
             await self._submit(client, record, call, cancel_after)
             if kind == "ryw":
