@@ -84,6 +84,13 @@ def holder_pid(url: str, namespace: str, shard: int) -> int | None:
     return int(holder.split(":")[1]) if holder else None
 
 
+def noted(path: Path) -> bool:
+    """Whether an op's body has written its note (a pid and a newline), not merely opened the
+    file: the write comes later, in a thread of the worker, and a worker frozen in between
+    writes it only once resumed."""
+    return path.exists() and path.read_text().endswith("\n")
+
+
 async def eventually(check: Callable[[], Any], *, timeout: float = 10, interval: float = 0.02,
                      message: str = "condition") -> Any:
     """Poll ``check`` until it returns a truthy value (the value is returned)."""

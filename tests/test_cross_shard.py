@@ -23,7 +23,14 @@ from keyserial import InsufficientFunds
 from keyserial.ledger import balance, deposit
 from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests import apps
-from tests.helpers import check_bank, eventually, keys_on_shard, pay_once, worker_processes
+from tests.helpers import (
+    check_bank,
+    eventually,
+    keys_on_shard,
+    noted,
+    pay_once,
+    worker_processes,
+)
 
 SHARDS = 16
 
@@ -118,7 +125,7 @@ async def test_only_the_involved_keys_wait_while_an_op_waits_on_another_shard(
 
         async with anyio.create_task_group() as group:
             group.start_soon(run, "busy", ks.submit(busy, apps.hold(1.0, str(note))))
-            await eventually(note.exists, message="the participant key is busy")
+            await eventually(lambda: noted(note), message="the participant key is busy")
             group.start_soon(run, "move", ks.submit_many([held, busy], apps.slow_move(0),
                                                          op_id="move"))
             await eventually(lambda: fetched(redis_url, namespace, home, "move"),
@@ -320,7 +327,7 @@ async def test_a_participant_shard_changing_hands_mid_op_sends_the_op_through_gr
 
             if when == "while the op runs":
                 group.start_soon(pay)
-                await eventually(note.exists, message="the op's body started")
+                await eventually(lambda: noted(note), message="the op's body started")
             else:
                 busy = tmp_path / "busy"
                 # Long enough that the worker drops the shard (next lease round, 0.25 s) while
@@ -376,7 +383,7 @@ async def test_a_sync_op_whose_commit_is_fenced_out_takes_the_grant_path_keeping
 
         async with anyio.create_task_group() as group:
             group.start_soon(pay)
-            await eventually(note.exists, message="the op's first run")
+            await eventually(lambda: noted(note), message="the op's first run")
             after = await ks.submit(source, apps.peek(), timeout=20)
         assert answers == [90]
         assert after == {"balance": 90, "ops": ["moved"]}, "the later op ran first"

@@ -49,6 +49,7 @@ from tests.helpers import (
     eventually,
     freeze,
     freeze_mid_ops,
+    noted,
     pay_once,
     wait_for_log,
 )
@@ -76,7 +77,7 @@ async def test_coordinator_killed_after_the_decision_record(
     runs, so neither can apply until after the kill. They learn the decision and apply it."""
     async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
         group.start_soon(b.pay, 0.2)
-        await eventually(b.note.exists, message="the op running with every key held")
+        await eventually(lambda: noted(b.note), message="the op running with every key held")
         for participant in (b.w1, b.w2):
             await freeze(participant)
         await until(lambda: b.recorded(0, "victim#1#d"), "the decision recorded")
@@ -94,7 +95,7 @@ async def test_coordinator_killed_after_part_of_the_apply(
 ) -> None:
     async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
         group.start_soon(b.pay, 0.3)
-        await eventually(b.note.exists, message="the op running with every key held")
+        await eventually(lambda: noted(b.note), message="the op running with every key held")
         b.w2.signal(signal.SIGSTOP)  # C cannot apply yet
         await until(lambda: b.applied(B), "B applied")
         assert "victim" not in (await b.ks.read(C))["ops"]
@@ -109,7 +110,7 @@ async def test_participant_killed_while_holding_keys(
 ) -> None:
     async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
         group.start_soon(b.pay, 0.5)
-        await eventually(b.note.exists, message="the op running with every key held")
+        await eventually(lambda: noted(b.note), message="the op running with every key held")
         b.w1.kill()
         fault_at = b.fault(group)
         assert not await b.recorded(1, "victim#1"), "B's part was applied before the kill"
@@ -126,7 +127,7 @@ async def test_zombie_coordinator_changes_nothing(
     zombie finishes its own run of the op body, and none of it lands."""
     async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
         group.start_soon(b.pay, 0.3)
-        await eventually(b.note.exists, message="the op running with every key held")
+        await eventually(lambda: noted(b.note), message="the op running with every key held")
         b.w0.signal(signal.SIGSTOP)
         fault_at = b.fault(group)
         await until(lambda: holder_is(b, 0, b.standby), "the standby owns the home shard")
@@ -143,7 +144,7 @@ async def test_zombie_participant_changes_nothing(
 ) -> None:
     async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
         group.start_soon(b.pay, 0.3)
-        await eventually(b.note.exists, message="the op running with every key held")
+        await eventually(lambda: noted(b.note), message="the op running with every key held")
         b.w1.signal(signal.SIGSTOP)
         fault_at = b.fault(group)
         await until(lambda: holder_is(b, 1, b.standby), "the standby owns B's shard")
@@ -290,7 +291,8 @@ async def test_zombie_worker_owning_every_shard_changes_nothing(
             with anyio.fail_after(60):
                 async with anyio.create_task_group() as group:
                     group.start_soon(pay)
-                    await eventually(note.exists, message="the op running with every key held")
+                    await eventually(lambda: noted(note),
+                                     message="the op running with every key held")
                     owner.signal(signal.SIGSTOP)
                     await until(lambda: all_held_by(client, namespace, standby.pid),
                                 "the standby holds every shard")

@@ -27,7 +27,7 @@ from tests.cross_shard_bank import (
     lost_its_shard,
     until,
 )
-from tests.helpers import Starter, WorkerProcess, eventually
+from tests.helpers import Starter, WorkerProcess, eventually, noted
 from tests.ownership import fenced_errors, stale_calls
 
 
@@ -77,7 +77,7 @@ async def test_a_zombie_coordinator_s_decision_reaches_redis_and_is_refused(
     async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
         stale_epoch = await _epoch(b, 0)
         group.start_soon(b.pay, 0.3)
-        await eventually(b.note.exists, message="the op running with every key held")
+        await eventually(lambda: noted(b.note), message="the op running with every key held")
         b.w0.signal(signal.SIGSTOP)
         fault_at = b.fault(group)
         await until(lambda: holder_is(b, 0, b.standby), "the standby owns the home shard")
