@@ -255,8 +255,10 @@ class Client:
         shard = self.shard_of(key) if isinstance(key, str) else self._home(key)
         all_keys = (key,) if isinstance(key, str) else tuple(key)
         keys = ShardKeys(self.settings.namespace, shard)
-        found = await stored_confirmed(self._backend, self.settings.durability, keys, [op_id])
-        if found is None:
+        (raw,), confirmed = await stored_confirmed(
+            self._backend, self.settings.durability, keys, [op_id]
+        )
+        if raw is not None and not confirmed:
             raise BackendUnavailable(
                 self._backend.url,
                 f"the result of op {op_id!r} is stored, but its durability"
@@ -265,7 +267,6 @@ class Client:
                 " (try again)",
                 op_id=op_id, keys=all_keys,
             )
-        (raw,) = found
         if raw is None:
             raise ResultNotFound(key=all_keys[0], op_id=op_id)
         return value_or_raise(decode_outcome(raw), keys=all_keys, op_id=op_id)

@@ -293,11 +293,11 @@ class Coordinator:
                     present = await parts.backend.entries_present(there, [entry])
                     # (None: a grant read where no WAIT confirms it, as on a master that a
                     # failover has left behind, is not taken.)
-                    found = await stored_confirmed(
+                    (raw,), confirmed = await stored_confirmed(
                         parts.backend, parts.settings.durability, there, [grant_field]
                     )
-                    if found is not None and found[0] is not None:
-                        return KeyGrant.from_wire(json.loads(found[0]))
+                    if raw is not None and confirmed:
+                        return KeyGrant.from_wire(json.loads(raw))
                     if (await parts.backend.stored(home.keys, [decision_field]))[0] is not None:
                         raise LeaseLost(home.shard, f"op {op_id} was aborted")
                     if not present[0]:

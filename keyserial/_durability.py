@@ -41,22 +41,24 @@ def barrier_then_wait(key: str, durability: Durability) -> list[Command]:
 
 async def stored_confirmed(
     backend: Backend, durability: Durability | None, shard: ShardKeys, fields: Sequence[str]
-) -> list[bytes | None] | None:
+) -> tuple[list[bytes | None], bool]:
     """What ``shard`` stores under ``fields`` (its results, or cross-shard records), as
-    :meth:`~._commands.Commands.stored` reads it, but only once it is as durable as
+    :meth:`~._commands.Commands.stored` reads it, and whether that is as durable as
     ``durability`` asks: read and confirmed on one connection, so the WAIT covers the master
-    that answered the read. None if something was found but not confirmed in time (a master a
-    failover has left behind answers no WAIT). Without durability, the master's word is enough.
+    that answered the read (a master a failover has left behind answers no WAIT). A value
+    found unconfirmed is no answer yet; without durability, the master's word is enough. So is
+    its word that nothing is stored (no WAIT is spent on that: at worst an op is appended
+    again, and its op id answers it from the outcome found later).
 
     :raises BackendUnavailable: if the server does not answer.
     """
-    if durability is None:
-        return await backend.stored(shard, fields)
+    found = await backend.stored(shard, fields)
+    if durability is None or not any(found):
+        return found, True
     replies, confirmed = await _then_wait(
         backend, shard.barrier, stored_commands(shard, fields), durability
     )
-    found = merged_stored(raise_errors(replies))
-    return found if confirmed or not any(found) else None
+    return merged_stored(raise_errors(replies)), confirmed
 
 
 async def run_confirmed(

@@ -63,7 +63,9 @@ class Sweep:
         """:meth:`_sweep_shard`, given up after a few intervals (tried again at the next
         sweep): a node that stalls, or fails over meanwhile, must not hold up the sweep of the
         other shards, nor this shard's next sweep, which may reach its new master."""
-        with anyio.move_on_after(max(3 * interval, 1.0)):
+        durability = self._settings.durability
+        waits = 0.0 if durability is None else 2 * durability.wait_ms / 1000  # (two lookups)
+        with anyio.move_on_after(max(3 * interval, 1.0) + waits):
             try:
                 await self._sweep_shard(ShardKeys(self._settings.namespace, shard), op_ids)
             except (BackendUnavailable, Refused) as exc:
@@ -74,8 +76,6 @@ class Sweep:
         with no outcome: a failover lost it (the op id makes a second append harmless: an op
         that did commit meanwhile is answered from its stored outcome, never run again)."""
         unsettled = await self._settle_stored(keys, op_ids)
-        if unsettled is None:
-            return
         unanswered = [
             waiters[0] for op_id in unsettled
             if (waiters := self._waiting.get(op_id)) and waiters[0].entry is not None
@@ -90,7 +90,7 @@ class Sweep:
         # the first lookup and the check above (an entry leaves only after its outcome is
         # stored, so gone with no outcome now means lost).
         still = await self._settle_stored(keys, list(gone))
-        lost = [gone[op_id] for op_id in still or ()]
+        lost = [gone[op_id] for op_id in still]
         for pending in lost:
             log.warning("op %s: its entry %s is gone with no outcome (a failover?); appending"
                         " it again", pending.op_id, (pending.entry or b"").decode())
@@ -98,16 +98,18 @@ class Sweep:
         if lost:
             self._requeue(lost)
 
-    async def _settle_stored(self, keys: ShardKeys, op_ids: list[str]) -> list[str] | None:
-        """Settle the ops whose outcome the shard stores; the op ids left. None: some outcome
-        is stored but not confirmed as durable yet (the next sweep looks again)."""
-        found = await stored_confirmed(self._backend, self._settings.durability, keys, op_ids)
-        if found is None:
-            return None
+    async def _settle_stored(self, keys: ShardKeys, op_ids: list[str]) -> list[str]:
+        """Settle the ops whose outcome the shard stores, once confirmed as durable; the op ids
+        with no outcome stored. (One stored but not confirmed yet is neither: the next sweep
+        looks again. It must not keep the others from being appended again: while a shard's
+        master has no replica, some outcome is always unconfirmed.)"""
+        found, confirmed = await stored_confirmed(
+            self._backend, self._settings.durability, keys, op_ids
+        )
         left = []
         for op_id, raw in zip(op_ids, found, strict=True):
             if raw is None:
                 left.append(op_id)
-            else:
+            elif confirmed:
                 self._settle(op_id, decode_outcome(raw))
         return left

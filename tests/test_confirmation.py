@@ -81,9 +81,10 @@ async def test_a_stored_result_is_read_on_the_connection_its_wait_confirms(
         with monitored(cluster_server) as seen:
             found = await stored_confirmed(backend, CONFIRMED, shard, ["op-1", "op-2"])
             sent = await senders(seen, "HMGET", "WAIT")
-        assert found == [b'{"value":1}', None]
-        assert len(sent["HMGET"]) == 1, sent
-        assert sent["HMGET"] == sent["WAIT"], f"read and WAIT on different connections: {sent}"
+        assert found == ([b'{"value":1}', None], True)
+        # (A first read may go elsewhere: only the one its WAIT vouches for counts.)
+        assert len(sent["WAIT"]) == 1, sent
+        assert sent["WAIT"] <= sent["HMGET"], f"no read on the WAIT's connection: {sent}"
     finally:
         await backend.aclose()
 

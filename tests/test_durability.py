@@ -12,6 +12,7 @@ import importlib.util
 import signal
 import time
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +80,42 @@ async def test_an_acknowledgement_waits_until_a_replica_has_the_commit(
         assert answer == [0, 1, 2, 3, 4, "late"]
         assert stored_on(replica, namespace, "acct", "late")
         assert await ks.result("late", key="acct") == [0, 1, 2, 3, 4, "late"]
+
+
+async def test_an_unconfirmed_outcome_does_not_keep_a_lost_append_from_being_made_again(
+    replicated: tuple[LocalServer, LocalServer], namespace: str,
+) -> None:
+    """While a shard's master has no replica to confirm with (after a failover, until one
+    joins), some stored outcome is always unconfirmed. The client's sweep must still append
+    again an op whose entry a failover lost: it waits for the unconfirmed outcome alone."""
+    master, replica = replicated
+    shard = ShardKeys(namespace, shard_for("acct", SHARDS))
+    async with keyserial.connect(master.url, shards=SHARDS, namespace=namespace,
+                                 durable_replicas=1, idle_poll=0.2) as ks:
+        replica.send_signal(signal.SIGSTOP)
+        async with anyio.create_task_group() as group:  # no worker: both stay unanswered
+            for op_id in ("answered-op", "lost-op"):
+                group.start_soon(partial(ks.submit, "acct", apps.append(op_id), op_id=op_id,
+                                         timeout=30))
+            await eventually(lambda: len(entries_naming(master, shard, "lost-op")) == 1
+                             and entries_naming(master, shard, "answered-op"))
+            (lost,) = entries_naming(master, shard, "lost-op")
+            with redis.Redis(port=master.port) as client:
+                # One op's outcome is stored (its replica stopped: unconfirmed); the other's
+                # entry is gone with no outcome, as a failover would lose it.
+                client.hset(shard.results, "answered-op", '{"ok": ["answered-op"]}')
+                client.xdel(shard.stream, lost)
+            await eventually(lambda: entries_naming(master, shard, "lost-op"), timeout=5,
+                             message="the lost op appended again")
+            replica.send_signal(signal.SIGCONT)
+            group.cancel_scope.cancel()
+
+
+def entries_naming(server: LocalServer, shard: ShardKeys, op_id: str) -> list[bytes]:
+    """Ids of the shard's stream entries that carry ``op_id``."""
+    with redis.Redis(port=server.port) as client:
+        entries = client.xrange(shard.stream)
+    return [entry for entry, fields in entries if op_id.encode() in fields[b"ops"]]
 
 
 async def held_until_released(
