@@ -274,10 +274,17 @@ class Backend(Commands):
         return "" if node is None else node.name
 
     async def refresh_routing(self) -> None:
-        """Ask a cluster again which master serves which slot (after a failover)."""
-        if isinstance(self.client, RedisCluster):
+        """Ask a cluster again which master serves which slot (after a failover).
+
+        :raises BackendUnavailable: if no node answers, or none knows a master yet.
+        """
+        if not isinstance(self.client, RedisCluster):
+            return
+        try:
             with _translating(self.url):
                 await self.client.nodes_manager.initialize()
+        except IndexError as exc:  # (redis-py, when no node reports any master)
+            raise BackendUnavailable(self.url, "no master known yet") from exc
 
     def _node_client(self, key: str) -> Redis:
         """A plain client of the server that holds ``key``: on a cluster, its slot's master

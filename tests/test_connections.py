@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
+import redis
 from redis import exceptions as redis_errors
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import Connection
 
+from keyserial import BackendUnavailable
 from keyserial._backend import Backend
 from keyserial._resp import CloseSafeConnection
 from keyserial.testing import LocalServer
@@ -60,3 +62,20 @@ async def test_a_cluster_backend_opens_close_safe_connections(cluster_server: Lo
         assert all(isinstance(c, CloseSafeConnection) for c in connections)
     finally:
         await backend.aclose()
+
+
+async def test_routing_learnt_while_no_master_is_known_is_a_backend_outage() -> None:
+    """Mid-failover, a cluster can report no master at all; redis-py then fails with an
+    IndexError. Learning the routing again (as keyserial does after a failover's errors) must
+    raise BackendUnavailable, which every caller waits out, not crash whoever asked."""
+    with LocalServer(cluster=True) as server:
+        client = RedisCluster(host="127.0.0.1", port=server.port, require_full_coverage=False)
+        backend = await Backend.connect(client)
+        try:
+            with redis.Redis(port=server.port) as admin:
+                admin.execute_command("CLUSTER", "FLUSHSLOTS")  # no node serves any slot now
+            with pytest.raises(BackendUnavailable, match="no master known yet"):
+                await backend.refresh_routing()
+        finally:
+            await backend.aclose()
+            await client.aclose()
