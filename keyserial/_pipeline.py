@@ -283,7 +283,8 @@ class _NodePipeliner:
         again by its runner, the same call, until the runner knows what became of it.)"""
         assert self._durability is not None
         committed = [index for index, result in zip(sent, results, strict=True)
-                     if batch.builds[index] and not isinstance(result, Exception)]
+                     if batch.builds[index] and batch.lineages[index]
+                     and not isinstance(result, Exception)]
         if not committed:
             return
         log.warning("%d writes not confirmed (%s) in %d ms: not replied to, and their shards"

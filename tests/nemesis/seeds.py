@@ -97,4 +97,11 @@ REGRESSIONS: list[KnownFailure] = [
 CI_REGRESSIONS: tuple[int, ...] = (103, 105, 117, 119, 120)
 
 #: Reproduce one with ``python -m tests.nemesis --seeds 1 --seed-start SEED --profile PROFILE``.
-KNOWN_FAILING: list[KnownFailure] = []
+KNOWN_FAILING: list[KnownFailure] = [
+    KnownFailure(12, "takeover", "bank: a 3-key payment (home shard 0; shards 0, 3 and 5, all"
+                 " on one worker) applied on shards 0 and 5 only, its caller answered: money"
+                 " not conserved. Its grant request to shard 3 was lost with a master killed"
+                 " ahead of its replica and appended again; shard 3's owner gave the shard up"
+                 " after an unconfirmed grant and its successor (epoch 2) never applied the"
+                 " decision. Seen once in the first 2 runs (cause not found)"),
+]
