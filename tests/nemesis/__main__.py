@@ -1,5 +1,5 @@
-"""``python -m tests.nemesis --seeds 200 [--profile short|long|cluster] [--seed-start K]
-[--json OUT]``"""
+"""``python -m tests.nemesis --seeds 200 [--profile short|long|cluster|takeover]
+[--seed-start K] [--json OUT]``"""
 
 from __future__ import annotations
 
