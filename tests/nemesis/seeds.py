@@ -103,5 +103,5 @@ KNOWN_FAILING: list[KnownFailure] = [
                  " not conserved. Its grant request to shard 3 was lost with a master killed"
                  " ahead of its replica and appended again; shard 3's owner gave the shard up"
                  " after an unconfirmed grant and its successor (epoch 2) never applied the"
-                 " decision. Failed 1 run in 5 (cause not found)"),
+                 " decision. Failed 1 run in 13, the first (cause not found)"),
 ]
