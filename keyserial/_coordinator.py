@@ -291,8 +291,8 @@ class Coordinator:
                     # (Looked for before the grant: a request leaves the stream only after its
                     # grant was recorded, so gone with no grant means a failover lost it.)
                     present = await parts.backend.entries_present(there, [entry])
-                    # (None: a grant read where no WAIT confirms it, as on a master that a
-                    # failover has left behind, is not taken.)
+                    # (A grant no WAIT confirms, as one read on a master that a failover has
+                    # left behind, is not taken.)
                     (raw,), confirmed = await stored_confirmed(
                         parts.backend, parts.settings.durability, there, [grant_field]
                     )

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
@@ -49,16 +50,14 @@ R = TypeVar("R")
 Replies = Mapping[str, Sequence[tuple[str, str]]]
 
 
+@dataclass(slots=True, eq=False)
 class Lineage:
     """The writes of one shard owner, each built on those before it (the owner caches what they
     wrote). Broken once a pipeline that carried a write that commits states or results is not
     confirmed as durable: a failover may have lost that write while the cache keeps it, so no
     later call of the lineage goes out (each fails with :class:`LineageBroken`)."""
 
-    __slots__ = ("broken",)
-
-    def __init__(self) -> None:
-        self.broken = False
+    broken: bool = False
 
 
 class LineageBroken(Exception):

@@ -239,6 +239,48 @@ class LocalCluster:
         node.send_signal(signal.SIGCONT)
         self.paused.discard(node.port)
 
+    def replicas_of(self, master: LocalServer) -> list[LocalServer]:
+        """The nodes ``master`` replicates to now (as its INFO lists them)."""
+        client = _node_client(master.port, 5)
+        try:
+            info = client.info("replication")
+        finally:
+            client.close()
+        ports = [int(value["port"]) for name, value in info.items()
+                 if name.startswith("slave") and isinstance(value, dict)]
+        return [node for port in ports if (node := self.node_at(port)) is not None]
+
+    def cut_off_replicas(self, master: LocalServer) -> list[LocalServer]:
+        """Pause every replica of ``master`` and have it drop their links: what it writes from
+        now on reaches none of them (what it had sent before would still wait in a paused
+        replica's socket, and reach it as it resumes). The replicas, paused."""
+        replicas = self.replicas_of(master)
+        for replica in replicas:
+            self.pause(replica)
+        client = _node_client(master.port, 5)
+        try:
+            client.client_kill_filter(_type="slave")
+        finally:
+            client.close()
+        return replicas
+
+    def take_over(self, replica: LocalServer, timeout: float = 20.0) -> None:
+        """Make ``replica`` its master's successor at once (CLUSTER FAILOVER TAKEOVER, which
+        asks no one: its master may be dead) and wait until it serves as a master.
+
+        :raises RuntimeError: if it is not a master within ``timeout`` seconds.
+        """
+        client = _node_client(replica.port, 5)
+        try:
+            _command(client, "CLUSTER", "FAILOVER", "TAKEOVER")
+            deadline = time.monotonic() + timeout
+            while client.info("replication")["role"] != "master":
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{replica.port} did not take over in {timeout}s")
+                time.sleep(0.05)
+        finally:
+            client.close()
+
     def stop(self) -> None:
         """Stop every node and remove the cluster's temporary directory."""
         for node in self.nodes:

@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import pytest
 import redis
+from anyio.abc import TaskGroup
 from redis.crc import key_slot
 
 import keyserial
@@ -177,19 +178,58 @@ async def test_with_durable_replicas_no_acknowledged_op_is_lost_in_a_failover(
     assert not lost, f"acknowledged ops lost in the failover: {lost}"
 
 
-def replica_of(cluster: LocalCluster, master: LocalServer) -> LocalServer:
-    with redis.Redis(port=master.port) as client:
-        info = client.info("replication")
-    port = next(int(value["port"]) for name, value in info.items()
-                if name.startswith("slave") and isinstance(value, dict))
-    node = cluster.node_at(port)
-    assert node is not None
-    return node
-
-
 def stored_on(node: LocalServer, keys: ShardKeys, op_ids: list[str]) -> list[str]:
     with redis.Redis(port=node.port) as client:
         return [op_id for op_id in op_ids if client.hexists(keys.results, op_id)]
+
+
+def replica_has(replica: LocalServer, keys: ShardKeys, op_id: str) -> bool:
+    with redis.Redis(port=replica.port) as client:
+        client.execute_command("READONLY")
+        return bool(client.hexists(keys.results, op_id))
+
+
+@dataclass
+class CommitsAhead:
+    """Six appends to ``key`` that ``master`` commits while its replicas are cut off (paused,
+    and their links dropped: what the master had sent before would wait in a paused replica's
+    socket and reach it as it resumes), so no WAIT can confirm them; then the master is lost
+    for good and a replica without them takes over."""
+
+    cluster: LocalCluster
+    master: LocalServer
+    keys: ShardKeys
+    ks: keyserial.Client
+    key: str
+    tags: list[str] = field(default_factory=lambda: [f"op-{number}" for number in range(6)])
+    acknowledged: list[str] = field(default_factory=list)
+    replicas: list[LocalServer] = field(default_factory=list)
+
+    async def committed(self, group: TaskGroup) -> None:
+        """Cut the replicas off, submit every append in ``group``, and wait until the master
+        has committed them all."""
+        self.replicas = self.cluster.cut_off_replicas(self.master)
+        for tag in self.tags:
+            group.start_soon(self._submit, tag)
+        await eventually(lambda: len(stored_on(self.master, self.keys, self.tags))
+                         == len(self.tags), timeout=20)
+
+    async def master_lost(self) -> LocalServer:
+        """Kill the master (none of the appends acknowledged yet); its first replica, resumed,
+        takes over at once without them. The new master."""
+        assert not self.acknowledged, f"acknowledged with no replica: {self.acknowledged}"
+        self.master.kill()
+        for replica in self.replicas:
+            self.cluster.resume(replica)
+        successor = self.replicas[0]
+        await anyio.to_thread.run_sync(self.cluster.take_over, successor)
+        assert stored_on(successor, self.keys, self.tags) == [], (
+            "the new master has the ops already")
+        return successor
+
+    async def _submit(self, tag: str) -> None:
+        await self.ks.submit(self.key, apps.append(tag), op_id=tag, timeout=60)
+        self.acknowledged.append(tag)
 
 
 async def test_with_durable_replicas_a_master_lost_ahead_of_its_replica_loses_no_ack(
@@ -204,48 +244,25 @@ async def test_with_durable_replicas_a_master_lost_ahead_of_its_replica_loses_no
     where = placement(cluster, namespace)
     shard = where.stalled[0]
     keys = ShardKeys(namespace, shard)
-    master = where.victim
-    replica = replica_of(cluster, master)
     monkeypatch.setenv("KEYSERIAL_DURABLE_REPLICAS", "1")
     start(cluster.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS,
           lease_ttl=LEASE_TTL)
     key = keys_on_shard(shard, SHARDS, 1, "acct")[0]
-    acknowledged: list[str] = []
     async with keyserial.connect(cluster.url, shards=SHARDS, namespace=namespace,
                                  durable_replicas=1, idle_poll=0.3) as ks:
         await ks.submit(key, apps.append("warm"), op_id="warm", timeout=20)
-
-        async def submit(tag: str) -> None:
-            await ks.submit(key, apps.append(tag), op_id=tag, timeout=60)
-            acknowledged.append(tag)
-
-        cluster.pause(replica)
-        # Its link cut too: what the master had sent it before would wait in its socket and
-        # reach it as it resumes; now the master has no replica until the replica reconnects.
-        with redis.Redis(port=master.port) as client:
-            client.client_kill_filter(_type="slave")
-        tags = [f"op-{number}" for number in range(6)]
+        ahead = CommitsAhead(cluster, where.victim, keys, ks, key)
         async with anyio.create_task_group() as group:
-            for tag in tags:
-                group.start_soon(submit, tag)
-            # The window: committed on the master, which the stopped replica cannot have.
-            await eventually(lambda: len(stored_on(master, keys, tags)) == len(tags), timeout=20)
-            assert not acknowledged, f"acknowledged with the replica stopped: {acknowledged}"
-            master.kill()
-            cluster.resume(replica)
-            with redis.Redis(port=replica.port) as client:
-                client.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
-                # The takeover happens later, in the replica's cluster cron. The old master
-                # restarts empty (no persistence here): back before it, it would still own its
-                # slots, and the replica would resync from it and come out empty too.
-                await eventually(lambda: client.info("replication")["role"] == "master",
-                                 timeout=20, message="the replica taking over")
-            assert stored_on(replica, keys, tags) == [], "the new master has the ops already"
-            master.start()  # rejoins as the new master's replica: WAITs can succeed again
+            await ahead.committed(group)
+            await ahead.master_lost()
+            # The old master restarts empty (no persistence here): back before the takeover, it
+            # would still own its slots, and the replica would resync from it and come out
+            # empty too. It rejoins as the new master's replica: WAITs can succeed again.
+            where.victim.start()
             await anyio.to_thread.run_sync(cluster.wait_healthy, 30)
         final = await ks.submit(key, apps.peek(), timeout=20)
-    assert sorted(acknowledged) == tags
-    assert final[0] == "warm" and sorted(final[1:]) == tags, f"lost or applied twice: {final}"
+    assert sorted(ahead.acknowledged) == ahead.tags
+    assert final[0] == "warm" and sorted(final[1:]) == ahead.tags, f"lost or applied twice: {final}"
 
 
 async def test_with_durable_replicas_an_owner_never_builds_on_commits_a_failover_lost(
@@ -265,63 +282,25 @@ async def test_with_durable_replicas_an_owner_never_builds_on_commits_a_failover
         where = placement(cluster, namespace)
         shard = where.stalled[0]
         keys = ShardKeys(namespace, shard)
-        master = where.victim
-        first, second = replicas_of(cluster, master)
         monkeypatch.setenv("KEYSERIAL_DURABLE_REPLICAS", "1")
         # A lease longer than the failover: the owner keeps the shard across it.
         worker = start(cluster.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS,
                        lease_ttl=8.0)
         key = keys_on_shard(shard, SHARDS, 1, "acct")[0]
-        acknowledged: list[str] = []
         async with keyserial.connect(cluster.url, shards=SHARDS, namespace=namespace,
                                      durable_replicas=1, idle_poll=0.3) as ks:
             await ks.submit(key, apps.append("warm"), op_id="warm", timeout=20)
-            await eventually(lambda: all(replica_has(each, keys, "warm")
-                                         for each in (first, second)))
-
-            async def submit(tag: str) -> None:
-                await ks.submit(key, apps.append(tag), op_id=tag, timeout=60)
-                acknowledged.append(tag)
-
-            cluster.pause(first)
-            cluster.pause(second)
-            with redis.Redis(port=master.port) as client:
-                client.client_kill_filter(_type="slave")  # (see the test above)
-            tags = [f"op-{number}" for number in range(6)]
+            replicas = cluster.replicas_of(where.victim)
+            await eventually(lambda: all(replica_has(each, keys, "warm") for each in replicas))
+            ahead = CommitsAhead(cluster, where.victim, keys, ks, key)
             async with anyio.create_task_group() as group:
-                for tag in tags:
-                    group.start_soon(submit, tag)
-                await eventually(lambda: len(stored_on(master, keys, tags)) == len(tags),
-                                 timeout=20)
+                await ahead.committed(group)
                 # The master's replies, each with a WAIT that timed out, reached the owner.
                 await eventually(lambda: "not confirmed" in worker.log(), timeout=20)
-                assert not acknowledged, f"acknowledged with no replica: {acknowledged}"
-                master.kill()  # for good: the replica that takes over never had those ops
-                cluster.resume(first)
-                cluster.resume(second)
-                with redis.Redis(port=first.port) as client:
-                    client.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
-                    await eventually(lambda: client.info("replication")["role"] == "master",
-                                     timeout=20, message="the replica taking over")
-                assert stored_on(first, keys, tags) == [], "the new master has the ops already"
+                successor = await ahead.master_lost()  # for good
             final = await ks.submit(key, apps.peek(), timeout=20)
         # Each op has its outcome where the shard lives now: a resubmit returns it, not a run.
-        assert stored_on(first, keys, tags) == tags, "ops acknowledged with no stored outcome"
-    assert sorted(acknowledged) == tags
-    assert final[0] == "warm" and sorted(final[1:]) == tags, f"lost or applied twice: {final}"
-
-
-def replicas_of(cluster: LocalCluster, master: LocalServer) -> list[LocalServer]:
-    with redis.Redis(port=master.port) as client:
-        info = client.info("replication")
-    ports = [int(value["port"]) for name, value in info.items()
-             if name.startswith("slave") and isinstance(value, dict)]
-    nodes = [cluster.node_at(port) for port in ports]
-    assert all(node is not None for node in nodes)
-    return [node for node in nodes if node is not None]
-
-
-def replica_has(replica: LocalServer, keys: ShardKeys, op_id: str) -> bool:
-    with redis.Redis(port=replica.port) as client:
-        client.execute_command("READONLY")
-        return bool(client.hexists(keys.results, op_id))
+        assert stored_on(successor, keys, ahead.tags) == ahead.tags, (
+            "ops acknowledged with no stored outcome")
+    assert sorted(ahead.acknowledged) == ahead.tags
+    assert final[0] == "warm" and sorted(final[1:]) == ahead.tags, f"lost or applied twice: {final}"

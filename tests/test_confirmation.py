@@ -16,11 +16,12 @@ cluster serves: ``WAIT 0`` confirms at once, and the connection is what is under
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import anyio
+import pytest
 import redis
 
 from keyserial._backend import Backend
@@ -71,62 +72,63 @@ async def senders(seen: list[dict[str, Any]], *names: str) -> dict[str, set[str]
     return by_name
 
 
-async def test_a_stored_result_is_read_on_the_connection_its_wait_confirms(
-    cluster_server: LocalServer,
-) -> None:
+@pytest.fixture
+async def backend(cluster_server: LocalServer) -> AsyncIterator[Backend]:
+    """A backend of the one-node cluster."""
     backend = await Backend.connect(cluster_server.url)
+    yield backend
+    await backend.aclose()
+
+
+def one_connection(sent: dict[str, set[str]], *names: str) -> set[str]:
+    """The one connection that sent every command of ``names``, and the WAIT."""
+    senders_of_calls = set().union(*(sent[name] for name in names))
+    assert len(senders_of_calls) == 1, sent
+    assert senders_of_calls == sent["WAIT"], f"calls and WAIT on different connections: {sent}"
+    return senders_of_calls
+
+
+async def test_a_stored_result_is_read_on_the_connection_its_wait_confirms(
+    cluster_server: LocalServer, backend: Backend,
+) -> None:
     shard = ShardKeys("confirm-read", 0)
-    try:
-        await backend.call("HSET", shard.results, "op-1", '{"value":1}')
-        with monitored(cluster_server) as seen:
-            found = await stored_confirmed(backend, CONFIRMED, shard, ["op-1", "op-2"])
-            sent = await senders(seen, "HMGET", "WAIT")
-        assert found == ([b'{"value":1}', None], True)
-        # (A first read may go elsewhere: only the one its WAIT vouches for counts.)
-        assert len(sent["WAIT"]) == 1, sent
-        assert sent["WAIT"] <= sent["HMGET"], f"no read on the WAIT's connection: {sent}"
-    finally:
-        await backend.aclose()
+    await backend.call("HSET", shard.results, "op-1", '{"value":1}')
+    with monitored(cluster_server) as seen:
+        found = await stored_confirmed(backend, CONFIRMED, shard, ["op-1", "op-2"])
+        sent = await senders(seen, "HMGET", "WAIT")
+    assert found == ([b'{"value":1}', None], True)
+    # (A first read may go elsewhere: only the one its WAIT vouches for counts.)
+    assert len(sent["WAIT"]) == 1, sent
+    assert sent["WAIT"] <= sent["HMGET"], f"no read on the WAIT's connection: {sent}"
 
 
 async def test_script_calls_run_on_the_connection_their_wait_confirms(
-    cluster_server: LocalServer,
+    cluster_server: LocalServer, backend: Backend,
 ) -> None:
-    backend = await Backend.connect(cluster_server.url)
     shard = ShardKeys("confirm-calls", 0)
-    try:
-        await backend.call("SET", shard.epoch, "7")
-        calls = [resolve(shard, ResolveArgs(f"op-{n}", 7)) for n in range(3)]
-        with monitored(cluster_server) as seen:
-            replies, confirmed = await run_confirmed(backend, calls, CONFIRMED)
-            sent = await senders(seen, "EVALSHA", "EVAL", "WAIT")
-        assert replies == [None, None, None]  # undecided: the coordinator still owns epoch 7
-        assert confirmed
-        scripts = sent["EVALSHA"] | sent["EVAL"]
-        assert len(scripts) == 1, sent
-        assert scripts == sent["WAIT"], f"scripts and WAIT on different connections: {sent}"
-    finally:
-        await backend.aclose()
+    await backend.call("SET", shard.epoch, "7")
+    calls = [resolve(shard, ResolveArgs(f"op-{n}", 7)) for n in range(3)]
+    with monitored(cluster_server) as seen:
+        replies, confirmed = await run_confirmed(backend, calls, CONFIRMED)
+        sent = await senders(seen, "EVALSHA", "EVAL", "WAIT")
+    assert replies == [None, None, None]  # undecided: the coordinator still owns epoch 7
+    assert confirmed
+    one_connection(sent, "EVALSHA", "EVAL")
 
 
 async def test_a_durable_call_is_returned_from_a_pipeline_its_own_wait_confirmed(
-    cluster_server: LocalServer,
+    cluster_server: LocalServer, backend: Backend,
 ) -> None:
     """What a participant does to read a decision: through the pipeliner, with its WAIT."""
-    backend = await Backend.connect(cluster_server.url)
     shard = ShardKeys("confirm-durably", 0)
     pipeliner = Pipeliner(backend, CONFIRMED)
-    try:
-        await backend.call("SET", shard.epoch, "3")
-        await backend.call("HSET", shard.results, "op-1#3#d", '{"w":{}}')
-        async with anyio.create_task_group() as tasks:
-            tasks.start_soon(pipeliner.serve)
-            with monitored(cluster_server) as seen:
-                decision = await pipeliner.run_durably(resolve(shard, ResolveArgs("op-1", 3)))
-                sent = await senders(seen, "EVALSHA", "EVAL", "WAIT")
-            tasks.cancel_scope.cancel()
-        assert decision == {"w": {}}
-        scripts = sent["EVALSHA"] | sent["EVAL"]
-        assert len(scripts) == 1 and scripts == sent["WAIT"], sent
-    finally:
-        await backend.aclose()
+    await backend.call("SET", shard.epoch, "3")
+    await backend.call("HSET", shard.results, "op-1#3#d", '{"w":{}}')
+    async with anyio.create_task_group() as tasks:
+        tasks.start_soon(pipeliner.serve)
+        with monitored(cluster_server) as seen:
+            decision = await pipeliner.run_durably(resolve(shard, ResolveArgs("op-1", 3)))
+            sent = await senders(seen, "EVALSHA", "EVAL", "WAIT")
+        tasks.cancel_scope.cancel()
+    assert decision == {"w": {}}
+    one_connection(sent, "EVALSHA", "EVAL")

@@ -24,7 +24,7 @@ import keyserial
 from keyserial import BackendUnavailable, Settings, shard_for
 from keyserial.testing import LocalServer, ShardKeys
 from tests import apps
-from tests.helpers import WorkerProcess, eventually
+from tests.helpers import WorkerProcess, eventually, keys_on_shard, noted
 
 SHARDS = 2
 
@@ -80,6 +80,38 @@ async def test_an_acknowledgement_waits_until_a_replica_has_the_commit(
         assert answer == [0, 1, 2, 3, 4, "late"]
         assert stored_on(replica, namespace, "acct", "late")
         assert await ks.result("late", key="acct") == [0, 1, 2, 3, 4, "late"]
+
+
+async def test_an_owner_whose_commit_is_not_confirmed_gives_its_shard_up_with_no_strike(
+    replicated: tuple[LocalServer, LocalServer], namespace: str,
+    start: Callable[..., WorkerProcess], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+) -> None:
+    """A commit its replica does not confirm breaks the owner's lineage: it gives the shard up
+    (its successor starts from Redis), cleanly, for the ops it leaves unfinished are not to
+    blame: the next owner runs them again without suspecting any (a strike each, three times,
+    would dead-letter innocent ops while a replica lags)."""
+    master, replica = replicated
+    monkeypatch.setenv("KEYSERIAL_DURABLE_REPLICAS", "1")
+    worker = start(master.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS,
+                   lease_ttl=2.0)
+    slow, fast = keys_on_shard(shard_for("acct", SHARDS), SHARDS, 2, "acct")
+    note = tmp_path / "held"
+    async with keyserial.connect(master.url, shards=SHARDS, namespace=namespace,
+                                 durable_replicas=1, idle_poll=0.2) as ks:
+        await ks.submit(fast, apps.append("warm"), timeout=20)
+        async with anyio.create_task_group() as group:
+            group.start_soon(partial(ks.submit, slow, apps.hold(3.0, str(note)), timeout=60))
+            await eventually(lambda: noted(note), message="the slow op running")
+            replica.send_signal(signal.SIGSTOP)
+            group.start_soon(partial(ks.submit, fast, apps.append("late"), timeout=60))
+            await eventually(lambda: "giving the shard up" in worker.log(), timeout=20)
+            await eventually(lambda: worker.log().count("acquired (epoch") > SHARDS,
+                             message="the shard taken over again")
+            replica.send_signal(signal.SIGCONT)
+            await eventually(lambda: note.read_text().count("\n") >= 2, timeout=30,
+                             message="the successor running the slow op again")
+            group.cancel_scope.cancel()
+    assert "suspect op" not in worker.log(), "an op took a strike for an unconfirmed commit"
 
 
 async def test_an_unconfirmed_outcome_does_not_keep_a_lost_append_from_being_made_again(

@@ -15,7 +15,6 @@ from contextlib import suppress
 from typing import TYPE_CHECKING
 
 import anyio
-import redis
 
 from keyserial.testing import LocalServer
 from tests.cluster import LocalCluster
@@ -114,42 +113,24 @@ async def master_lost_ahead(faults: Faults, number: int, event: FaultEvent) -> N
     restarted ``restart_after`` seconds later: it rejoins as a replica."""
     cluster = _cluster_of(faults).cluster
     slot, victim = await _master(cluster, event.params["slot_range"])
-    replica = await anyio.to_thread.run_sync(_replica_of, cluster, victim)
-    cluster.pause(replica)
-    await anyio.to_thread.run_sync(_drop_replica_links, victim)
+    replicas = await anyio.to_thread.run_sync(cluster.cut_off_replicas, victim)
+    replica = replicas[0]
     faults.note(f"replica {replica.port} of master {victim.port} stopped and cut off"
                 f" (slot range {event.params['slot_range']})")
     await anyio.sleep(event.params["lag"])
     await anyio.to_thread.run_sync(victim.kill)
-    cluster.resume(replica)
-    await anyio.to_thread.run_sync(_take_over, replica)
+    for each in replicas:
+        cluster.resume(each)
     faults.note(f"kill -9 master {victim.port}; replica {replica.port} told to take over")
+    try:
+        await anyio.to_thread.run_sync(cluster.take_over, replica, _WAIT)
+    except RuntimeError as error:
+        faults.note(str(error))
     await _failed_over(faults, cluster, slot, victim)
     await anyio.sleep(event.params["restart_after"])
     await anyio.to_thread.run_sync(victim.start)
     faults.note(f"old master {victim.port} restarted")
     await _whole(faults, cluster)
-
-
-def _replica_of(cluster: LocalCluster, master: LocalServer) -> LocalServer:
-    with redis.Redis(port=master.port, socket_timeout=5) as client:
-        info = client.info("replication")
-    for name, value in info.items():
-        if name.startswith("slave") and isinstance(value, dict):
-            node = cluster.node_at(int(value["port"]))
-            if node is not None:
-                return node
-    raise RuntimeError(f"master {master.port} has no replica")
-
-
-def _drop_replica_links(master: LocalServer) -> None:
-    with redis.Redis(port=master.port, socket_timeout=5) as client:
-        client.client_kill_filter(_type="slave")
-
-
-def _take_over(replica: LocalServer) -> None:
-    with redis.Redis(port=replica.port, socket_timeout=5) as client:
-        client.execute_command("CLUSTER", "FAILOVER", "TAKEOVER")
 
 
 async def clock_skew(faults: Faults, number: int, event: FaultEvent) -> None:

@@ -91,6 +91,9 @@ REGRESSIONS: list[KnownFailure] = [
                  " owner built on its cache and ran the ops appended again a second time (fixed:"
                  " an unconfirmed commit breaks the owner's lineage, the shard is taken over)"),
     KnownFailure(6, "takeover", "payments and counter ops applied twice, as 5 (fixed with 5)"),
+    KnownFailure(15, "takeover", "the run crashed: mid-failover no node reported a master, and"
+                 " learning the routing again raised redis-py's IndexError in a client's sweep"
+                 " (fixed: it is BackendUnavailable, waited out)"),
 ]
 
 #: The regression seeds CI runs (the rest run with ``python -m tests.nemesis``).
