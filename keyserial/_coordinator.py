@@ -212,6 +212,8 @@ class Coordinator:
         )), durably=True)
         if not decided.won:  # only a participant that saw the epoch end writes an abort
             raise LeaseLost(home.shard, f"op {op_id} was aborted: {decided.abort!r}")
+        log.debug("shard %d (epoch %d): decided %s#%d: %s", home.shard, home.epoch, op_id,
+                  notice.attempt, notice.decision.to_wire())
         for key, state in home_writes:
             home.states.committed(key, state or None)
         if durable:
@@ -284,8 +286,12 @@ class Coordinator:
         decision_field = attempt_id(op_id, attempt) + "#d"
         with parts.mailbox.expect_grant(op_id, attempt, shard) as letter:
             entry = await self._append(there, entry_json)
+            log.debug("shard %d (epoch %d): asked shard %d for a grant to %s#%d (entry %s)",
+                      home.shard, home.epoch, shard, op_id, attempt, entry)
             while True:
                 if isinstance(message := await letter.within(parts.poll), KeyGrant):
+                    log.debug("shard %d: grant of shard %d to %s#%d came as a message",
+                              home.shard, shard, op_id, attempt)
                     return message
                 try:
                     # (Looked for before the grant: a request leaves the stream only after its
@@ -297,6 +303,8 @@ class Coordinator:
                         parts.backend, parts.settings.durability, there, [grant_field]
                     )
                     if raw is not None and confirmed:
+                        log.debug("shard %d: grant of shard %d to %s#%d read in its record",
+                                  home.shard, shard, op_id, attempt)
                         return KeyGrant.from_wire(json.loads(raw))
                     if (await parts.backend.stored(home.keys, [decision_field]))[0] is not None:
                         raise LeaseLost(home.shard, f"op {op_id} was aborted")

@@ -45,6 +45,9 @@ class Participant:
             parts.finish(run, outcome, store=True, replies=list(run.replies))
             return
         await home.states.flush(envelope.keys)  # the granted states are committed states
+        log.debug("shard %d (epoch %d): granting keys %s to %s#%d of shard %d",
+                  home.shard, home.epoch, list(envelope.keys), request.op_id, request.attempt,
+                  request.home)
         with parts.mailbox.expect_decision(request.op_id, request.attempt) as letter:
             key_grant = KeyGrant(
                 request.op_id, request.attempt, home.shard,
@@ -54,6 +57,9 @@ class Participant:
             )
             await self._send(request, key_grant)
             decision = await self._await_decision(letter, request)
+        log.debug("shard %d (epoch %d): %s#%d decided: %s", home.shard, home.epoch,
+                  request.op_id, request.attempt,
+                  "aborted" if decision.aborted is not None else "committed")
         if decision.aborted is not None:
             parts.finish(run, _RELEASED, store=True, replies=[])
             return
@@ -70,6 +76,8 @@ class Participant:
         home = parts.home
         in_process = request.channel == parts.mailbox.channel
         durable = parts.settings.durability is not None
+        log.debug("shard %d: sending the grant of %s#%d (%s)", home.shard, request.op_id,
+                  request.attempt, "in process" if in_process else "published")
         if in_process and not durable:
             # (No record is needed: an in-process message cannot be lost, and a grant writes
             # nothing, so this worker's zombie could not change anything by granting.)
@@ -94,6 +102,8 @@ class Participant:
         there = ShardKeys(parts.settings.namespace, request.home)
         while True:
             if isinstance(message := await letter.within(parts.poll), DecisionNotice):
+                log.debug("shard %d: the decision of %s#%d came as a notice", parts.home.shard,
+                          request.op_id, request.attempt)
                 return message.decision
             try:
                 # Durably: a decision read from a master that a failover has left behind (its
@@ -105,4 +115,6 @@ class Participant:
                 log.warning("shard %d: waiting for a decision: %s", parts.home.shard, exc)
                 continue
             if record is not None:
+                log.debug("shard %d: the decision of %s#%d read in shard %d", parts.home.shard,
+                          request.op_id, request.attempt, request.home)
                 return Decision.from_wire(record)

@@ -270,6 +270,10 @@ class ShardRunner:
             accepted = accept(entry_id, fields, shard=self.shard, shard_count=self._shard_count,
                               done=fetched.done, running=self._running)
             self._commits.track(accepted.entry)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("shard %d (epoch %d): entry %s runs %s, answers %s", self.shard,
+                          self.epoch, entry_id, [run.envelope.op_id for run in accepted.runs],
+                          [finished.op_id for finished in accepted.finished])
             self._dead.extend(accepted.dead)
             for finished in accepted.finished:
                 self._finish(finished)

@@ -25,6 +25,8 @@ from keyserial.testing import ShardKeys, free_port
 from tests import apps
 
 ROOT = Path(__file__).resolve().parent.parent
+#: The log level of the worker processes tests start (DEBUG traces the cross-shard protocol).
+WORKER_LOG_LEVEL = os.environ.get("TEST_WORKER_LOG_LEVEL", "INFO")
 
 
 class WorkerProcess:
@@ -36,7 +38,7 @@ class WorkerProcess:
                  env: Mapping[str, str] | None = None) -> None:
         args = [sys.executable, "-m", "keyserial", "worker", "--redis", url,
                 "--namespace", namespace, "--shards", shards, "--shard-count", str(shard_count),
-                "--lease-ttl", str(lease_ttl), "--log-level", "INFO", *extra_args]
+                "--lease-ttl", str(lease_ttl), "--log-level", WORKER_LOG_LEVEL, *extra_args]
         for app in apps:
             args += ["--app", app]
         self.log_path = log_path
