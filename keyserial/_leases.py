@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 from anyio.abc import TaskGroup
 
+from . import _durability
 from ._backend import Backend
 from ._layout import ShardKeys
 from ._lease_scripts import AcquireArgs, LeaseGrant, ReleaseArgs, RenewArgs, acquire, release, renew
@@ -30,6 +31,9 @@ if TYPE_CHECKING:
     from ._shard import ShardRunner
 
 log = logging.getLogger("keyserial.worker")
+
+#: An acquire's grant that the replicas have not confirmed (see ``Leases._send_round``).
+_UNCONFIRMED: Any = object()
 
 
 class Held:
@@ -128,16 +132,13 @@ class Leases:
         """Renew ``owned`` and try to acquire ``free``, the shards of one node, in one
         pipeline."""
         try:
-            renewal = RenewArgs(self._token, self._settings.lease_ttl_ms)
-            calls: list[ScriptCall[Any]] = [renew(self._keys(shard), renewal) for shard in owned]
-            calls += [self._acquire_call(shard) for shard in free]
             sent_at = anyio.current_time()
             ttl = self._settings.lease_ttl
             try:
                 # Bounded: a round that outlives a lease TTL is useless, and cancelling it drops
                 # whatever connection it was stuck on.
                 with anyio.fail_after(ttl):
-                    replies = await self._backend.run_many(calls)
+                    replies = await self._send_round(owned, free)
             except (BackendUnavailable, TimeoutError) as exc:
                 # (A TimeoutError from fail_after has no message of its own.)
                 reason = str(exc) or f"no reply within the lease TTL ({ttl:g}s)"
@@ -147,6 +148,8 @@ class Leases:
                 return
             self._renewed(owned, replies, sent_at)
             for shard, reply in zip(free, replies[len(owned) :], strict=True):
+                if reply is _UNCONFIRMED:
+                    continue  # (its attempt is kept: sent again, it gets the same grant)
                 if isinstance(reply, Exception):
                     # "Not now" (a restart LOADING, a BUSY script) is tried again next round.
                     level = (
@@ -163,6 +166,29 @@ class Leases:
             self._rounds.discard(node)
             self._acquiring.difference_update(free)
             self._drop_expired(anyio.current_time())
+
+    async def _send_round(self, owned: list[int], free: list[int]) -> list[Any]:
+        """The replies of the renewals of ``owned`` and the acquires of ``free``, in that order.
+
+        With ``durable_replicas``, a grant counts only once the replicas have it (a WAIT behind
+        the acquires, on their connection); else it is ``_UNCONFIRMED``. A failover could lose
+        an epoch bump they lack, and the new master would hand the same epoch out again: two
+        runners under one epoch, which fencing cannot tell apart. (Renewals need no WAIT: a
+        lost renewal makes the lease end sooner, and the epoch fences its holder off.)"""
+        renewal = RenewArgs(self._token, self._settings.lease_ttl_ms)
+        renewals: list[ScriptCall[Any]] = [renew(self._keys(shard), renewal) for shard in owned]
+        acquires = [self._acquire_call(shard) for shard in free]
+        durability = self._settings.durability
+        if durability is None or not acquires:
+            return await self._backend.run_many([*renewals, *acquires])
+        replies = await self._backend.run_many(renewals) if renewals else []
+        granted, confirmed = await _durability.run_confirmed(self._backend, acquires, durability)
+        if not confirmed:
+            log.warning("acquiring shards %s: not confirmed by the replicas; trying again",
+                        format_shards(free))
+            granted = [_UNCONFIRMED if isinstance(grant, LeaseGrant) else grant
+                       for grant in granted]
+        return [*replies, *granted]
 
     def _renewed(self, owned: list[int], replies: list[Any], sent_at: float) -> None:
         for shard, reply in zip(owned, replies, strict=False):

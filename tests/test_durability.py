@@ -105,13 +105,49 @@ async def test_an_owner_whose_commit_is_not_confirmed_gives_its_shard_up_with_no
             replica.send_signal(signal.SIGSTOP)
             group.start_soon(partial(ks.submit, fast, apps.append("late"), timeout=60))
             await eventually(lambda: "giving the shard up" in worker.log(), timeout=20)
+            replica.send_signal(signal.SIGCONT)
             await eventually(lambda: worker.log().count("acquired (epoch") > SHARDS,
                              message="the shard taken over again")
-            replica.send_signal(signal.SIGCONT)
             await eventually(lambda: note.read_text().count("\n") >= 2, timeout=30,
                              message="the successor running the slow op again")
             group.cancel_scope.cancel()
     assert "suspect op" not in worker.log(), "an op took a strike for an unconfirmed commit"
+
+
+async def test_a_worker_runs_no_op_under_an_epoch_its_replica_has_not_confirmed(
+    replicated: tuple[LocalServer, LocalServer], namespace: str,
+    start: Callable[..., WorkerProcess], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Acquiring a shard bumps its fencing epoch. A bump no replica has dies with its master,
+    and the promoted replica hands the same epoch to the next owner: two owners that fencing
+    cannot tell apart, each committing on its own view of the shard. So an owner starts only
+    once its replica confirms the epoch (the acquire is sent again, the same attempt, until)."""
+    master, replica = replicated
+    monkeypatch.setenv("KEYSERIAL_DURABLE_REPLICAS", "1")
+    shard = ShardKeys(namespace, shard_for("acct", SHARDS))
+    async with keyserial.connect(master.url, shards=SHARDS, namespace=namespace,
+                                 durable_replicas=1, idle_poll=0.2) as ks:
+        answers: list[Any] = []
+
+        async def submit() -> None:
+            answers.append(await ks.submit("acct", apps.append("first"), op_id="first",
+                                           timeout=60))
+
+        replica.send_signal(signal.SIGSTOP)
+        async with anyio.create_task_group() as group:
+            group.start_soon(submit)
+            await eventually(lambda: entries_naming(master, shard, "first"))
+            worker = start(master.url, namespace, shards=f"0-{SHARDS - 1}",
+                           shard_count=SHARDS, lease_ttl=2.0)
+            await eventually(
+                lambda: worker.log().count("not confirmed by the replicas") >= 3
+                or stored_on(master, namespace, "acct", "first"), timeout=20,
+                message="three acquire rounds, or the op run")
+            assert not stored_on(master, namespace, "acct", "first"), (
+                "an op ran under an epoch the replica did not have")
+            replica.send_signal(signal.SIGCONT)
+    assert answers == [["first"]]
+    assert "acquired (epoch 1)" in worker.log()  # the same attempt's grant, confirmed
 
 
 async def test_an_unconfirmed_outcome_does_not_keep_a_lost_append_from_being_made_again(
@@ -211,17 +247,20 @@ async def test_with_durable_fsync_an_acknowledgement_waits_for_the_replica_s_aof
     durable_fsync the op stays unacknowledged until the replica turns its AOF on."""
     binary = _server_with_waitaof()
     with LocalServer(binary=binary, appendfsync="everysec") as master:
-        replica = LocalServer(binary=binary,
+        replica = LocalServer(binary=binary, appendfsync="everysec",
                               extra_args=["--replicaof", "127.0.0.1", str(master.port)])
         with replica, redis.Redis(port=replica.port) as replica_client:
             wait_in_sync(replica)
             monkeypatch.setenv("KEYSERIAL_DURABLE_REPLICAS", "1")
             monkeypatch.setenv("KEYSERIAL_DURABLE_FSYNC", "true")
-            start(master.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS,
-                  lease_ttl=2.0)
+            worker = start(master.url, namespace, shards=f"0-{SHARDS - 1}",
+                           shard_count=SHARDS, lease_ttl=2.0)
             async with keyserial.connect(master.url, shards=SHARDS, namespace=namespace,
                                          idle_poll=0.2) as ks:
                 assert ks.settings.durable_fsync and ks.settings.durable_replicas == 1
+                # (Its leases are taken only once the replica's AOF has them.)
+                await eventually(lambda: worker.log().count("acquired (epoch") == SHARDS)
+                replica_client.config_set("appendonly", "no")
                 # On the replica (WAIT would count it), not in its AOF (WAITAOF does not).
                 assert await held_until_released(
                     ks, "fsynced", apps.append("x"),
