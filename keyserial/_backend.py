@@ -62,8 +62,7 @@ _TRANSIENT_PREFIXES = ("BUSY ", "LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOW
                        "NOREPLICAS", "NOTREADY", "UNBLOCKED")
 #: The same, as redis-py classes them (it strips their code from the message). MOVED and ASK
 #: reach keyserial on a connection to one node (a write sent with its WAIT): the slot moved.
-_TRANSIENT_TYPES = (redis_errors.ReadOnlyError, redis_errors.TryAgainError,
-                    redis_errors.AskError)
+_TRANSIENT_TYPES = (redis_errors.ReadOnlyError, redis_errors.TryAgainError, redis_errors.AskError)
 #: Error replies that no retry cures: the credentials or the ACL user do not allow keyserial in.
 _REFUSED = (redis_errors.AuthenticationError, redis_errors.NoPermissionError)
 #: Everything redis-py raises (a cluster client's "no node reachable" is not a RedisError).
@@ -151,10 +150,8 @@ class Backend(Commands):
 
     @classmethod
     async def connect(cls, redis: str | AnyRedis) -> Backend:
-        """Open ``redis`` (a URL, or a client the caller configured and keeps owning).
-
-        A URL that points at a cluster node gets a cluster client: the deployment is asked,
-        not guessed from the URL.
+        """Open ``redis`` (a URL, or a client the caller configured and keeps owning). A URL
+        that points at a cluster node gets a cluster client: the deployment is asked.
 
         :raises BackendUnavailable: if the server does not answer.
         """
@@ -208,11 +205,9 @@ class Backend(Commands):
 
     async def on_node(self, key: str, commands: Sequence[Command]) -> list[Any]:
         """Commands in order on one connection to the master that holds ``key`` (as a WAIT
-        must follow the write it covers): each reply, or its error.
-
-        On a cluster, a node that cannot be reached may have been replaced by a failover: the
-        routing is learnt again before the error is raised, so the caller's next try goes to
-        the new master (a cluster client does the same for the commands it routes itself)."""
+        must follow the write it covers): each reply, or its error. On a cluster, a node that
+        cannot be reached may have been replaced by a failover: the routing is learnt again
+        before the error is raised, so the caller's next try goes to the new master."""
         try:
             return await self._send(commands, key)
         except BackendUnavailable:
@@ -248,8 +243,8 @@ class Backend(Commands):
         return replies
 
     def publish_nowait(self, messages: Sequence[tuple[str, str]]) -> bool:
-        """``PUBLISH`` each message now, on keyserial's own open connection, without waiting
-        for the server's replies; False (nothing sent) where there is none."""
+        """``PUBLISH`` each message now, on keyserial's own connection, not waiting for the
+        replies; False (nothing sent) where there is none."""
         if self._pipelined is None:
             return False
         return self._pipelined.send_nowait(
@@ -263,8 +258,7 @@ class Backend(Commands):
         return self._cluster is not None
 
     def node_of(self, key: str) -> str:
-        """The name of the master that serves ``key`` as far as this client knows ('' on a
-        standalone server)."""
+        """The master that serves ``key``, as this client knows ('' on a standalone server)."""
         if self._cluster is None:
             return ""
         try:
@@ -276,8 +270,7 @@ class Backend(Commands):
     async def refresh_routing(self) -> None:
         """Ask a cluster again which master serves which slot (after a failover).
 
-        :raises BackendUnavailable: if no node answers, or none knows a master yet.
-        """
+        :raises BackendUnavailable: if no node answers, or none knows a master yet."""
         if not isinstance(self.client, RedisCluster):
             return
         try:
