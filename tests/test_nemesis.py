@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.nemesis.checkers import check_epochs
 from tests.nemesis.runner import run_seed
 from tests.nemesis.schedule import PROFILES, make_plan
 from tests.nemesis.seeds import (
@@ -59,3 +60,18 @@ def test_a_seed_always_draws_the_same_schedule() -> None:
             assert fewest <= len(plan.events) <= most
             served = {shard for layout in plan.layouts for shard in layout}
             assert served == set(range(profile.shard_count)), "a shard no worker serves"
+
+
+def test_the_epochs_checker_flags_one_epoch_handed_to_two_owners() -> None:
+    """Read off the workers' own log lines: an epoch acquired once per shard passes; the same
+    shard and epoch acquired again, by another worker or the same one, is flagged."""
+    line = "2026-11-24 21:06:0{} INFO keyserial.worker: shard {}: acquired (epoch {})\n"
+    logs = {"worker-0.log": line.format(0, 2, 1) + line.format(4, 2, 2) + line.format(5, 3, 2),
+            "worker-1.log": line.format(1, 3, 1) + line.format(6, 3, 3)}
+    assert check_epochs(logs) == []
+    logs["worker-1.log"] += line.format(8, 2, 2)
+    (violation,) = check_epochs(logs)
+    assert violation.evidence == {
+        "shard": 2, "epoch": 2,
+        "owners": ["worker-0.log at 2026-11-24 21:06:04", "worker-1.log at 2026-11-24 21:06:08"],
+    }

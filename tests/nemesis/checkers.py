@@ -8,7 +8,9 @@ have applied at most once, and consistently (all of a multi-key op's keys, or no
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -272,3 +274,21 @@ def _evidence(record: OpRecord, observed: Observed, **extra: Any) -> dict[str, A
     if record.error:
         evidence["error"] = record.error[:160]
     return {**extra, **evidence}
+
+
+_ACQUIRED = re.compile(r"^(\S+ \S+) INFO keyserial.worker: shard (\d+): acquired \(epoch (\d+)\)",
+                       re.MULTILINE)
+
+
+def check_epochs(worker_logs: Mapping[str, str]) -> list[Violation]:
+    """No two owners of a shard under one fencing epoch (worker log name -> its text): fencing
+    could not tell them apart, and each would commit on its own view of the shard. Every write
+    of the runs persists (``appendfsync always``), so only a failover that loses an epoch bump
+    could hand an epoch out twice."""
+    owners: defaultdict[tuple[int, int], list[str]] = defaultdict(list)
+    for name, text in sorted(worker_logs.items()):
+        for when, shard, epoch in _ACQUIRED.findall(text):
+            owners[(int(shard), int(epoch))].append(f"{name} at {when}")
+    return [Violation("epochs", "two owners of a shard under one epoch",
+                      {"shard": shard, "epoch": epoch, "owners": holders})
+            for (shard, epoch), holders in sorted(owners.items()) if len(holders) > 1]

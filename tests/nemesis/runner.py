@@ -21,7 +21,14 @@ from keyserial import KeyserialError, OperationFailed
 from keyserial.testing import ShardKeys
 from tests import apps
 from tests.helpers import keys_on_shard
-from tests.nemesis.checkers import Observed, Resolved, Violation, check_all, op_ids_of
+from tests.nemesis.checkers import (
+    Observed,
+    Resolved,
+    Violation,
+    check_all,
+    check_epochs,
+    op_ids_of,
+)
 from tests.nemesis.cluster_system import ClusterSystem
 from tests.nemesis.faults import Faults
 from tests.nemesis.schedule import Plan, Profile, make_plan
@@ -109,6 +116,9 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
         report.violations += await _garbage_answered(system, faults)
         observed = Observed(load.history, resolved, dict(tap.seen), finals, faults.started)
         report.violations += check_all(observed)
+        report.violations += check_epochs({process.log_path.name: process.log()
+                                           for process in system.every_process
+                                           if process.log_path is not None})
         report.violations += [Violation("worker-crashes", "a worker process exited by itself",
                                         crash) for crash in system.crashed()]
         report.violations += [Violation("subscription-health", "a silently dropped subscription"
