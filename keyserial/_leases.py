@@ -32,10 +32,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("keyserial.worker")
 
-#: An acquire's grant that the replicas have not confirmed (see ``Leases._send_round``).
-_UNCONFIRMED: Any = object()
-
-
 class Held:
     """A shard this worker holds: its runner, when its lease was last renewed, and the scope
     the runner serves in (cancelled once the lease may have run out)."""
@@ -130,7 +126,7 @@ class Leases:
 
     async def _node_round(self, node: str, owned: list[int], free: list[int]) -> None:
         """Renew ``owned`` and try to acquire ``free``, the shards of one node, in one
-        pipeline."""
+        pipeline (two with ``durable_replicas``: see :meth:`_send_round`)."""
         try:
             sent_at = anyio.current_time()
             ttl = self._settings.lease_ttl
@@ -138,7 +134,7 @@ class Leases:
                 # Bounded: a round that outlives a lease TTL is useless, and cancelling it drops
                 # whatever connection it was stuck on.
                 with anyio.fail_after(ttl):
-                    replies = await self._send_round(owned, free)
+                    replies, confirmed = await self._send_round(owned, free)
             except (BackendUnavailable, TimeoutError) as exc:
                 # (A TimeoutError from fail_after has no message of its own.)
                 reason = str(exc) or f"no reply within the lease TTL ({ttl:g}s)"
@@ -148,7 +144,7 @@ class Leases:
                 return
             self._renewed(owned, replies, sent_at)
             for shard, reply in zip(free, replies[len(owned) :], strict=True):
-                if reply is _UNCONFIRMED:
+                if isinstance(reply, LeaseGrant) and not confirmed:
                     continue  # (its attempt is kept: sent again, it gets the same grant)
                 if isinstance(reply, Exception):
                     # "Not now" (a restart LOADING, a BUSY script) is tried again next round.
@@ -167,28 +163,28 @@ class Leases:
             self._acquiring.difference_update(free)
             self._drop_expired(anyio.current_time())
 
-    async def _send_round(self, owned: list[int], free: list[int]) -> list[Any]:
-        """The replies of the renewals of ``owned`` and the acquires of ``free``, in that order.
+    async def _send_round(self, owned: list[int], free: list[int]) -> tuple[list[Any], bool]:
+        """The replies of the renewals of ``owned`` and the acquires of ``free``, in that order,
+        and whether the acquires' grants count.
 
-        With ``durable_replicas``, a grant counts only once the replicas have it (a WAIT behind
-        the acquires, on their connection); else it is ``_UNCONFIRMED``. A failover could lose
-        an epoch bump they lack, and the new master would hand the same epoch out again: two
-        runners under one epoch, which fencing cannot tell apart. (Renewals need no WAIT: a
-        lost renewal makes the lease end sooner, and the epoch fences its holder off.)"""
+        With ``durable_replicas``, they count only once the replicas have them (a WAIT behind
+        the acquires, on their connection, after the renewals so a lagging replica never
+        delays those). A failover could lose an epoch bump they lack, and the new master would
+        hand the same epoch out again: two runners under one epoch, which fencing cannot tell
+        apart. (Renewals need no WAIT: a lost renewal makes the lease end sooner, and the epoch
+        fences its holder off.)"""
         renewal = RenewArgs(self._token, self._settings.lease_ttl_ms)
         renewals: list[ScriptCall[Any]] = [renew(self._keys(shard), renewal) for shard in owned]
         acquires = [self._acquire_call(shard) for shard in free]
         durability = self._settings.durability
         if durability is None or not acquires:
-            return await self._backend.run_many([*renewals, *acquires])
+            return await self._backend.run_many([*renewals, *acquires]), True
         replies = await self._backend.run_many(renewals) if renewals else []
         granted, confirmed = await _durability.run_confirmed(self._backend, acquires, durability)
         if not confirmed:
             log.warning("acquiring shards %s: not confirmed by the replicas; trying again",
                         format_shards(free))
-            granted = [_UNCONFIRMED if isinstance(grant, LeaseGrant) else grant
-                       for grant in granted]
-        return [*replies, *granted]
+        return [*replies, *granted], confirmed
 
     def _renewed(self, owned: list[int], replies: list[Any], sent_at: float) -> None:
         for shard, reply in zip(owned, replies, strict=False):

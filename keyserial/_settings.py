@@ -104,8 +104,8 @@ class Settings:
     #: this. A resubscription gets this long per round trip (three) before it is tried again.
     health_interval: float = _positive(5.0)
     #: Replicas that must have a commit (WAIT) before its replies go out and before a client
-    #: takes a stored result as an answer; 0: the master's word is enough. See
-    #: docs/deployment.md#durability.
+    #: takes a stored result as an answer, and a lease before its worker serves the shard; 0:
+    #: the master's word is enough. See docs/deployment.md#durability.
     durable_replicas: int = _not_negative(0)
     #: Also wait until the master and those replicas have written the commit to their AOF
     #: (WAITAOF: Redis 7.2+, Valkey 8+, with appendonly on). See docs/deployment.md#durability.

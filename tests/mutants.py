@@ -249,8 +249,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "acquire-unconfirmed", "G4.10",
         "with durable_replicas, a worker serves a shard under a grant its replicas lack",
-        (Edit("keyserial/_leases.py", "        if not confirmed:\n",
-              "        if not confirmed and not granted:\n"),),
+        (Edit("keyserial/_leases.py", "if isinstance(reply, LeaseGrant) and not confirmed:\n",
+              "if isinstance(reply, LeaseGrant) and False:\n"),),
         ("tests/test_durability.py::"
          "test_a_worker_runs_no_op_under_an_epoch_its_replica_has_not_confirmed",),
     ),
