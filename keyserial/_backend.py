@@ -28,7 +28,7 @@ from redis.asyncio.connection import AbstractConnection, ConnectionPool
 
 from ._backoff import Backoff
 from ._commands import Command, Commands
-from ._refusals import BacklogRefused, Fenced, OwnedElsewhere, Refused, ScriptMissing
+from ._refusals import BacklogRefused, Fenced, OwnedElsewhere, Refused, RequestGone, ScriptMissing
 from ._resp import (
     URL_TIMEOUTS,
     AnyRedis,
@@ -38,7 +38,12 @@ from ._resp import (
     pipelined_connection,
     use_close_safe_connections,
 )
-from ._subscriptions import PubSubSubscription, Subscription
+from ._subscriptions import (
+    FIRST_SUBSCRIPTION_WITHIN,
+    SUBSCRIBE_ROUND_TRIPS,
+    PubSubSubscription,
+    Subscription,
+)
 from ._urls import redact
 from .errors import BackendUnavailable, ConfigError, KeyserialError
 
@@ -65,17 +70,12 @@ _TRANSIENT_PREFIXES = ("BUSY ", "LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOW
 _TRANSIENT_TYPES = (redis_errors.ReadOnlyError, redis_errors.TryAgainError, redis_errors.AskError)
 #: Error replies that no retry cures: the credentials or the ACL user do not allow keyserial in.
 _REFUSED = (redis_errors.AuthenticationError, redis_errors.NoPermissionError)
+_BY_CODE: dict[str, type[Refused]] = {"FENCED": Fenced, "GONE": RequestGone}  # (message only)
 #: Everything redis-py raises (a cluster client's "no node reachable" is not a RedisError).
 _REDIS_ERRORS = (redis_errors.RedisError, redis_errors.RedisClusterException)
 #: What a subscription is made again after: a lost connection, or any error reply (a BUSY
 #: script, a restart still LOADING), which must not end the task that listens.
 _RESUBSCRIBE_AFTER = (*_REDIS_ERRORS, KeyserialError, OSError)
-#: Seconds a client's or worker's first subscription may take to be confirmed: failing it fails
-#: ``connect()``, so it has a command's time, not the health interval that bounds a resubscribe.
-_FIRST_SUBSCRIPTION_WITHIN = 10.0
-#: Round trips a subscription takes (connect, set up, subscribe): a resubscription has as long
-#: as a health check's PING has to be answered for each.
-_SUBSCRIBE_ROUND_TRIPS = 3
 
 
 def classify_reply(reply: Any, url: str) -> Any:
@@ -103,8 +103,8 @@ def _refusal(error: redis_errors.ResponseError) -> Refused:
     code, _, detail = message.partition(" ")
     if isinstance(error, redis_errors.NoScriptError):
         return ScriptMissing(message)
-    if code == "FENCED":
-        return Fenced(message)
+    if code in _BY_CODE:
+        return _BY_CODE[code](message)
     if code == "BACKLOG" and detail.isdigit():
         return BacklogRefused(message, length=int(detail))
     if code == "ELSEWHERE" and detail.isdigit():
@@ -114,8 +114,8 @@ def _refusal(error: redis_errors.ResponseError) -> Refused:
 
 @contextlib.contextmanager
 def _translating(url: str, *, lost: bool = False) -> Iterator[None]:
-    """Raise keyserial's errors for redis-py's (and for a socket's). ``lost``: any error of
-    redis-py's but an error reply means an unusable connection (a subscription's)."""
+    """Raise keyserial's errors for redis-py's and a socket's; ``lost``: any but an error reply
+    means an unusable connection (a subscription's)."""
     try:
         yield
     except redis_errors.InvalidResponse as exc:  # a port another server listens on
@@ -280,8 +280,8 @@ class Backend(Commands):
             raise BackendUnavailable(self.url, "no master known yet") from exc
 
     def _node_client(self, key: str) -> Redis:
-        """A plain client of the server that holds ``key``: on a cluster, its slot's master
-        (a cluster client's routing cannot promise one connection)."""
+        """A plain client of the master that holds ``key`` (one connection, as a cluster's
+        routing cannot promise)."""
         if not isinstance(self.client, RedisCluster):
             return self.client
         node = self.client.get_node_from_key(key)
@@ -314,12 +314,12 @@ class Backend(Commands):
         subscription = self._subscription(channels, on_message)
         try:
             with _translating(self.url):
-                await subscription.subscribe(_FIRST_SUBSCRIPTION_WITHIN)
+                await subscription.subscribe(FIRST_SUBSCRIPTION_WITHIN)
             task_status.started()
             while True:
                 error = await subscription.until_lost(health_interval)
                 log.warning("subscription to %s lost (%s); resubscribing", self.url, error)
-                await self._resubscribe(subscription, _SUBSCRIBE_ROUND_TRIPS * health_interval)
+                await self._resubscribe(subscription, SUBSCRIBE_ROUND_TRIPS * health_interval)
         finally:
             with anyio.CancelScope(shield=True):
                 await subscription.aclose()

@@ -28,11 +28,13 @@ class GrantArgs(ScriptArgs):
     #: The coordinator's channel ('' with durable_replicas: the owner publishes the grant once
     #: replicas have it).
     channel: str
+    #: The request's entry, where the keys were held (``RequestGone`` if the stream lacks it).
+    entry_id: str
 
 
 def grant(shard: ShardKeys, args: GrantArgs) -> ScriptCall[None]:
     """Record a grant of the participant shard's keys and publish it (fenced)."""
-    return args.call([shard.epoch, shard.results], acknowledged)
+    return args.call([shard.epoch, shard.results, shard.stream], acknowledged)
 
 
 @script_args("decide")

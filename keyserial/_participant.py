@@ -20,6 +20,8 @@ from ._json import dumps
 from ._layout import ShardKeys
 from ._mailbox import Letter
 from ._messages import Decision, DecisionNotice, GrantRequest, KeyGrant, MalformedMessage
+from ._pipeline import LineageBroken
+from ._refusals import RequestGone
 from .errors import BackendUnavailable, MalformedOperation
 
 log = logging.getLogger("keyserial.worker")
@@ -55,7 +57,7 @@ class Participant:
                 home.executor.next_fence(),  # the granted keys' fencing token, for the op
                 parts.mailbox.channel,
             )
-            await self._send(request, key_grant)
+            await self._send(request, key_grant, run.entries[0].entry_id)
             decision = await self._await_decision(letter, request)
         log.debug("shard %d (epoch %d): %s#%d decided: %s", home.shard, home.epoch,
                   request.op_id, request.attempt,
@@ -69,7 +71,7 @@ class Participant:
                 home.states.write(key, state or None)
         parts.finish(run, _APPLIED, store=True, replies=[])
 
-    async def _send(self, request: GrantRequest, key_grant: KeyGrant) -> None:
+    async def _send(self, request: GrantRequest, key_grant: KeyGrant, entry_id: str) -> None:
         """Record the grant and send it to the coordinator: in process when the coordinator is
         this worker, else published (by the script, or after the replicas have it)."""
         parts = self._parts
@@ -86,10 +88,17 @@ class Participant:
         # Durably: the granted states must be on the replicas, with the record, before the
         # coordinator computes on them. (The record is written, and confirmed, on the node
         # that serves the shard now: a WAIT alone could confirm another master's writes.)
-        await parts.fenced(record_grant(home.keys, GrantArgs(
-            epoch=home.epoch, field=attempt_id(request.op_id, request.attempt) + "#g",
-            grant=dumps(key_grant.to_wire()), channel="" if durable else request.channel,
-        )), durably=True)
+        try:
+            await parts.fenced(record_grant(home.keys, GrantArgs(
+                epoch=home.epoch, field=attempt_id(request.op_id, request.attempt) + "#g",
+                grant=dumps(key_grant.to_wire()), channel="" if durable else request.channel,
+                entry_id=entry_id,
+            )), durably=True)
+        except RequestGone:
+            # A failover lost entries this owner fetched: its holds follow a stream order that
+            # Redis no longer has. The next owner holds the keys in the order Redis has now.
+            home.lineage.broken = True
+            raise LineageBroken(f"the grant request of {request.op_id} is gone") from None
         if in_process:
             parts.mailbox.deliver(key_grant)
         elif durable:

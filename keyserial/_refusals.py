@@ -32,6 +32,12 @@ class BacklogRefused(Refused):
         self.length = length
 
 
+class RequestGone(Refused):
+    """``grant`` found the grant request's entry gone from the stream (``GONE <entry id>``): a
+    failover lost it, and the keys were held at a place the stream no longer has. Nothing was
+    written."""
+
+
 class OwnedElsewhere(Refused):
     """``commit_across`` found shard ``index`` (its position among the script's shards, 1 being
     the home) owned by another worker now (``ELSEWHERE <index>``): it wrote nothing."""

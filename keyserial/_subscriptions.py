@@ -24,6 +24,12 @@ from .errors import KeyserialError
 
 log = logging.getLogger("keyserial")
 
+#: Seconds a client's or worker's first subscription may take to be confirmed: failing it fails
+#: ``connect()``, so it has a command's time, not the health interval that bounds a resubscribe.
+FIRST_SUBSCRIPTION_WITHIN = 10.0
+#: Round trips a subscription takes (connect, set up, subscribe): a resubscription has as long
+#: as a health check's PING has to be answered for each.
+SUBSCRIBE_ROUND_TRIPS = 3
 #: The health check's PING carries this: redis-py drops the answers to its own health checks
 #: (``redis-py-health-check``, on a client configured with them), but hands this one over.
 PING_TOKEN = b"keyserial-health-check"

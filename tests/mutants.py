@@ -254,6 +254,15 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_durability.py::"
          "test_a_worker_runs_no_op_under_an_epoch_its_replica_has_not_confirmed",),
     ),
+    Mutant(
+        "grant-ignores-lost-request", "G5.11",
+        "grant.lua records a grant although its request's entry is gone from the stream",
+        (Edit("keyserial/lua/grant.lua",
+              "if #redis.call('XRANGE', KEYS[3], ARGV[5], ARGV[5]) == 0 then", "if false then"),),
+        ("tests/test_scripts_idempotent.py::"
+         "test_a_grant_for_a_request_whose_entry_is_gone_is_refused_and_records_nothing"
+         + _STANDALONE,),
+    ),
 )
 
 

@@ -13,8 +13,9 @@ import redis.asyncio
 import keyserial
 from keyserial._backend import Backend
 from keyserial._commit_scripts import CommitAcrossArgs, ShardWrites, commit_across
-from keyserial._cross_scripts import DecideArgs, Decided, decide
+from keyserial._cross_scripts import DecideArgs, Decided, GrantArgs, decide, grant
 from keyserial._lease_scripts import AcquireArgs, LeaseGrant, acquire
+from keyserial._refusals import RequestGone
 from keyserial.testing import ShardKeys, running_worker
 from tests.entries import envelope
 from tests.helpers import keys_on_shard, stored_outcome
@@ -82,6 +83,28 @@ async def test_a_grant_request_left_unfinished_by_a_crash_is_never_a_suspect(
     assert await client.hget(keys.suspect, "op") == b"after"
     dead = await client.xrange(keys.dead)
     assert [json.loads(fields[b"raw"])["id"] for _, fields in dead] == ["after"]
+
+
+async def test_a_grant_for_a_request_whose_entry_is_gone_is_refused_and_records_nothing(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """A participant holds the keys at its grant request's place in the stream. If a failover
+    lost that entry (its coordinator appends the request again, perhaps behind another request
+    for the same keys), a grant sent there, as a resend after the failover would be, must not
+    be recorded: the coordinator would compute on keys held out of the stream's new order."""
+    keys = ShardKeys(namespace, 0)
+    await client.set(keys.epoch, 1)
+    kept = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
+    lost = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
+    await client.xdel(keys.stream, lost)  # as the promoted replica never had it
+    granted = GrantArgs(epoch=1, field="kept#1#g", grant='{"s": []}', channel="",
+                        entry_id=kept)
+    await backend.run_call(grant(keys, granted))
+    assert await client.hget(keys.results, "kept#1#g") == b'{"s": []}'
+    with pytest.raises(RequestGone, match=lost):
+        await backend.run_call(grant(keys, GrantArgs(
+            epoch=1, field="lost#1#g", grant='{"s": []}', channel="", entry_id=lost)))
+    assert not await client.hexists(keys.results, "lost#1#g")
 
 
 async def test_a_decide_sent_again_after_it_won_reports_the_win(
