@@ -231,11 +231,11 @@ class Worker:
                 except* LeaseLost as group:
                     log.warning("shard %d: %s", shard, group.exceptions[0])
                     self._owned.pop(shard, None)
-                except* LineageBroken:
+                except* LineageBroken as group:
                     # Its cache may hold a write a failover lost: the next owner (perhaps this
                     # worker again) starts from what Redis has. Not the ops' fault: no strike.
-                    log.warning("shard %d: a write was not confirmed by the replicas; giving"
-                                " the shard up to be taken over from what Redis has", shard)
+                    log.warning("shard %d: %s; giving the shard up to be taken over from what"
+                                " Redis has", shard, group.exceptions[0])
                     await self._leases.release([shard], clean=True)
                 except* Exception as group:
                     log.error(

@@ -261,7 +261,9 @@ MUTANTS: tuple[Mutant, ...] = (
               "if #redis.call('XRANGE', KEYS[3], ARGV[5], ARGV[5]) == 0 then", "if false then"),),
         ("tests/test_scripts_idempotent.py::"
          "test_a_grant_for_a_request_whose_entry_is_gone_is_refused_and_records_nothing"
-         + _STANDALONE,),
+         + _STANDALONE,
+         _XS + "test_a_grant_request_lost_while_its_keys_were_busy_is_granted_at_its_new_place"
+         + _STANDALONE),
     ),
 )
 

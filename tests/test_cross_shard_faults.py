@@ -119,6 +119,37 @@ async def test_participant_killed_while_holding_keys(
 
 
 
+async def test_a_grant_request_lost_while_its_keys_were_busy_is_granted_at_its_new_place(
+    redis_url: str, namespace: str, start: Starter, tmp_path: Path
+) -> None:
+    """B's owner has fetched the payment's grant request and waits for B (busy) when the entry
+    vanishes from the stream, as a failover that lost it would leave it. Its grant is refused
+    (the place it held B at is gone): it gives the shard up with no strike, the coordinator
+    appends the request again, and the next owner grants it there. Paid exactly once."""
+    held = tmp_path / "held"
+    async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
+        group.start_soon(b.ks.submit, B, apps.hold(0.5, str(held)))
+        await eventually(held.exists, message="B busy on its owner")
+        group.start_soon(b.pay, 0)
+        shard_1 = ShardKeys(b.namespace, 1)
+
+        async def request_fetched() -> bytes | None:
+            last = await b.redis.xrevrange(shard_1.stream, count=1)
+            horizon = await b.redis.get(shard_1.horizon)
+            fetched = bool(last) and b"keyserial.grant" in last[0][1][b"ops"] \
+                and horizon == last[0][0]
+            return last[0][0] if fetched else None
+
+        await until(request_fetched, "the grant request fetched by B's owner")
+        lost = await request_fetched()
+        assert lost is not None
+        await b.redis.xdel(shard_1.stream, lost)
+        fault_at = b.fault(group)
+        await eventually(lambda: "giving the shard up" in b.w1.log() + b.standby.log(),
+                         message="B's owner giving its shard up")
+        await check_after_fault(b, fault_at)
+    assert "suspect op" not in b.w1.log() + b.standby.log()
+
 
 async def test_zombie_coordinator_changes_nothing(
     redis_url: str, namespace: str, start: Starter, tmp_path: Path
