@@ -22,6 +22,7 @@ from tests.nemesis.seeds import (
     DEFAULT_SEEDS,
     KNOWN_FAILING,
     REGRESSIONS,
+    TAKEOVER_SEEDS,
 )
 
 
@@ -37,6 +38,15 @@ async def test_a_cluster_nemesis_run_finds_no_violation(seed: int, tmp_path: Pat
     """The cluster profile: 3 masters with a replica each, masters killed or paused past their
     failover, workers whose clock is off by minutes (about 25 s a seed)."""
     report = await run_seed(seed, PROFILES["cluster"], tmp_path)
+    assert report.stats["faults"] >= 1, f"no fault was injected in full: {report.injected}"
+    assert report.ok, report.describe()
+
+
+@pytest.mark.parametrize("seed", TAKEOVER_SEEDS)
+async def test_a_takeover_nemesis_run_finds_no_violation(seed: int, tmp_path: Path) -> None:
+    """The takeover profile: masters lost ahead of their replica, which takes over within the
+    owners' 6 s leases (about 25 s a seed)."""
+    report = await run_seed(seed, PROFILES["takeover"], tmp_path)
     assert report.stats["faults"] >= 1, f"no fault was injected in full: {report.injected}"
     assert report.ok, report.describe()
 
