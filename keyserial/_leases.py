@@ -32,6 +32,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("keyserial.worker")
 
+
 class Held:
     """A shard this worker holds: its runner, when its lease was last renewed, and the scope
     the runner serves in (cancelled once the lease may have run out)."""
