@@ -102,6 +102,11 @@ REGRESSIONS: list[KnownFailure] = [
                  " the same key, which the participant's successor granted first: two ops held"
                  " the key at once (fixed: a grant is recorded only while its request's entry is"
                  " in the stream)"),
+    KnownFailure(26, "takeover", "liveness: two shards took no probe op after healing: a master"
+                 " was killed and its replica promoted as the load ended, and each probe's only"
+                 " submit, sent at once on the client's old routing, raised BackendUnavailable"
+                 " (fixed in the harness: a probe resubmits under its op id, as a caller does)"),
+    KnownFailure(29, "takeover", "liveness: as 26 (fixed with 26; it failed on dc2ee72 too)"),
     KnownFailure(15, "takeover", "the run crashed: mid-failover no node reported a master, and"
                  " learning the routing again raised redis-py's IndexError in a client's sweep"
                  " (fixed: it is BackendUnavailable, waited out)"),
