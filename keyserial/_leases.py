@@ -33,15 +33,16 @@ if TYPE_CHECKING:
 log = logging.getLogger("keyserial.worker")
 
 
+@dataclass(slots=True, eq=False)
 class Held:
     """A shard this worker holds: its runner, when its lease was last renewed, and the scope
     the runner serves in (cancelled once the lease may have run out)."""
 
-    def __init__(self, runner: ShardRunner, renewed_at: float) -> None:
-        self.runner = runner
-        self.renewed_at = renewed_at
-        self.scope = anyio.CancelScope()
-        self.done = anyio.Event()
+    runner: ShardRunner
+    renewed_at: float
+    scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
+    #: Set once the runner has stopped.
+    done: anyio.Event = field(default_factory=anyio.Event)
 
 
 @dataclass(slots=True, eq=False)
