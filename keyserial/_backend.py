@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ from redis.asyncio.connection import AbstractConnection, ConnectionPool
 
 from ._backoff import Backoff
 from ._commands import Command, Commands
-from ._refusals import BacklogRefused, Fenced, OwnedElsewhere, Refused, RequestGone, ScriptMissing
+from ._refusals import refusal
 from ._resp import (
     URL_TIMEOUTS,
     AnyRedis,
@@ -70,7 +71,6 @@ _TRANSIENT_PREFIXES = ("BUSY ", "LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOW
 _TRANSIENT_TYPES = (redis_errors.ReadOnlyError, redis_errors.TryAgainError, redis_errors.AskError)
 #: Error replies that no retry cures: the credentials or the ACL user do not allow keyserial in.
 _REFUSED = (redis_errors.AuthenticationError, redis_errors.NoPermissionError)
-_BY_CODE: dict[str, type[Refused]] = {"FENCED": Fenced, "GONE": RequestGone}  # (message only)
 #: Everything redis-py raises (a cluster client's "no node reachable" is not a RedisError).
 _REDIS_ERRORS = (redis_errors.RedisError, redis_errors.RedisClusterException)
 #: What a subscription is made again after: a lost connection, or any error reply (a BUSY
@@ -90,26 +90,12 @@ def classify_reply(reply: Any, url: str) -> Any:
           or str(reply).startswith(_TRANSIENT_PREFIXES)):
         error = BackendUnavailable(url, reply)
     elif isinstance(reply, redis_errors.ResponseError):
-        error = _refusal(reply)
+        missing = isinstance(reply, redis_errors.NoScriptError)
+        error = refusal(str(reply), script_missing=missing)
     else:
         return reply  # (a defect, such as an argument redis-py cannot pack: shown as it is)
     error.__cause__ = reply  # (kept when it is raised later, from a pipeline's replies)
     return error
-
-
-def _refusal(error: redis_errors.ResponseError) -> Refused:
-    """A script's refusal (its header documents each), or any other error reply."""
-    message = str(error)
-    code, _, detail = message.partition(" ")
-    if isinstance(error, redis_errors.NoScriptError):
-        return ScriptMissing(message)
-    if code in _BY_CODE:
-        return _BY_CODE[code](message)
-    if code == "BACKLOG" and detail.isdigit():
-        return BacklogRefused(message, length=int(detail))
-    if code == "ELSEWHERE" and detail.isdigit():
-        return OwnedElsewhere(message, index=int(detail))
-    return Refused(message)
 
 
 @contextlib.contextmanager
@@ -130,6 +116,17 @@ def _translating(url: str, *, lost: bool = False) -> Iterator[None]:
         raise
     except OSError as exc:
         raise BackendUnavailable(url, exc) from exc
+    except IndexError as exc:  # a cluster client learning the routing while no node reports
+        if not _raised_by_redis_py(exc):  # any master (mid-failover); from elsewhere: a bug
+            raise
+        raise BackendUnavailable(url, "no master known yet") from exc
+
+
+def _raised_by_redis_py(exc: BaseException) -> bool:
+    frame = exc.__traceback__
+    while frame is not None and frame.tb_next is not None:
+        frame = frame.tb_next
+    return frame is not None and f"{os.sep}redis{os.sep}" in frame.tb_frame.f_code.co_filename
 
 
 class Backend(Commands):
@@ -273,11 +270,8 @@ class Backend(Commands):
         :raises BackendUnavailable: if no node answers, or none knows a master yet."""
         if not isinstance(self.client, RedisCluster):
             return
-        try:
-            with _translating(self.url):
-                await self.client.nodes_manager.initialize()
-        except IndexError as exc:  # (redis-py, when no node reports any master)
-            raise BackendUnavailable(self.url, "no master known yet") from exc
+        with _translating(self.url):
+            await self.client.nodes_manager.initialize()
 
     def _node_client(self, key: str) -> Redis:
         """A plain client of the master that holds ``key`` (one connection, as a cluster's

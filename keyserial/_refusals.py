@@ -1,9 +1,9 @@
 """Error replies as exceptions: what Redis refused, in keyserial's terms.
 
-Only the boundary (``_backend.classify_reply``) reads the server's error messages; it raises, or
-returns as a pipelined call's reply, one of these. Every other module catches a type, never
-matches a string, and never sees a redis-py exception. Each keeps the server's message as its
-text, so logs read as before.
+The boundary (``_backend.classify_reply``) hands every error reply to :func:`refusal`, the one
+place its message is read, and raises, or returns as a pipelined call's reply, what it makes of
+it. Every other module catches a type, never matches a string, and never sees a redis-py
+exception. Each keeps the server's message as its text, so logs read as before.
 """
 
 from __future__ import annotations
@@ -50,3 +50,23 @@ class OwnedElsewhere(Refused):
 class ScriptMissing(Refused):
     """``EVALSHA`` of a script the server does not hold (a restart, ``SCRIPT FLUSH``): the
     boundary sends the call again as ``EVAL``, so no caller sees this one."""
+
+
+#: Script refusals that carry nothing but their message.
+_BY_CODE: dict[str, type[Refused]] = {"FENCED": Fenced, "GONE": RequestGone}
+
+
+def refusal(message: str, *, script_missing: bool = False) -> Refused:
+    """An error reply as keyserial's exception: a script's refusal (each script's header
+    documents its own, by the code that starts the message), or any other error reply.
+    ``script_missing``: the reply was ``NOSCRIPT``."""
+    if script_missing:
+        return ScriptMissing(message)
+    code, _, detail = message.partition(" ")
+    if code in _BY_CODE:
+        return _BY_CODE[code](message)
+    if code == "BACKLOG" and detail.isdigit():
+        return BacklogRefused(message, length=int(detail))
+    if code == "ELSEWHERE" and detail.isdigit():
+        return OwnedElsewhere(message, index=int(detail))
+    return Refused(message)

@@ -64,6 +64,22 @@ async def test_a_cluster_backend_opens_close_safe_connections(cluster_server: Lo
         await backend.aclose()
 
 
+async def test_a_command_whose_client_learns_the_routing_while_no_master_is_known_waits() -> None:
+    """redis-py's cluster client learns the routing inside any command it sends after a node
+    failed (or before its first): mid-failover that raises its IndexError too. The boundary
+    makes it BackendUnavailable, which worker loops wait out (a takeover run once had a worker
+    exit on it, from a lease release); any other IndexError stays a bug, raised as it is."""
+    with LocalServer(cluster=True) as server:
+        with redis.Redis(port=server.port) as admin:
+            admin.execute_command("CLUSTER", "FLUSHSLOTS")  # no node serves any slot now
+        client = RedisCluster(host="127.0.0.1", port=server.port, require_full_coverage=False)
+        try:
+            with pytest.raises(BackendUnavailable, match="no master known yet"):
+                await Backend.connect(client)  # its first command learns the routing
+        finally:
+            await client.aclose()
+
+
 async def test_routing_learnt_while_no_master_is_known_is_a_backend_outage() -> None:
     """Mid-failover, a cluster can report no master at all; redis-py then fails with an
     IndexError. Learning the routing again (as keyserial does after a failover's errors) must
