@@ -2,13 +2,11 @@
 redis-py, or keyserial's own connection, ``_resp``), and the one place that reads what Redis
 answers: :func:`classify_reply` maps every failure to keyserial's exceptions, as httpx's
 ``map_httpcore_exceptions`` maps its transport's. An unreachable server or a "not now" reply
-becomes ``BackendUnavailable``, refused credentials ``ConfigError``, a script's refusal
-``Fenced``, ``BacklogRefused`` or ``OwnedElsewhere``, any other error reply ``Refused``.
-
-Above it keyserial speaks its own types: script calls, reads and writes in ``_commands`` (the
-base of :class:`Backend`), write confirmation in ``_durability``, typed script calls in
-``_scripts`` and its siblings. Every script touches one shard's keys (one cluster slot), except
-``commit_across``, which only runs on a standalone server.
+becomes ``BackendUnavailable``, refused credentials ``ConfigError``, an error reply what
+``_refusals.refusal`` makes of it. Above it keyserial speaks its own types: ``_commands`` (the
+base of :class:`Backend`), ``_durability``, typed script calls in ``_scripts`` and its siblings.
+Every script touches one shard's keys (one cluster slot), except ``commit_across``, which only
+runs on a standalone server.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import traceback
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -26,6 +25,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection, ConnectionPool
+from redis.cluster import PRIMARY, REPLICA
 
 from ._backoff import Backoff
 from ._commands import Command, Commands
@@ -55,13 +55,8 @@ log = logging.getLogger("keyserial")
 #: Errors that mean "the server could not be reached or answered in time". A cluster client
 #: reports an unreachable cluster as RedisClusterException; a node that is still joining after
 #: a restart answers CLUSTERDOWN.
-_UNREACHABLE = (
-    redis_errors.ConnectionError,
-    redis_errors.TimeoutError,
-    redis_errors.RedisClusterException,
-    redis_errors.ClusterDownError,
-    OSError,
-)
+_UNREACHABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError,
+                redis_errors.RedisClusterException, redis_errors.ClusterDownError, OSError)
 #: Error replies that mean "not now": the server is loading its dataset, running a slow script
 #: (BUSY), or its cluster is failing over. The command was not executed; it may be sent again.
 _TRANSIENT_PREFIXES = ("BUSY ", "LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN", "READONLY",
@@ -73,8 +68,7 @@ _TRANSIENT_TYPES = (redis_errors.ReadOnlyError, redis_errors.TryAgainError, redi
 _REFUSED = (redis_errors.AuthenticationError, redis_errors.NoPermissionError)
 #: Everything redis-py raises (a cluster client's "no node reachable" is not a RedisError).
 _REDIS_ERRORS = (redis_errors.RedisError, redis_errors.RedisClusterException)
-#: What a subscription is made again after: a lost connection, or any error reply (a BUSY
-#: script, a restart still LOADING), which must not end the task that listens.
+#: What a subscription is made again after: a lost connection, or any error reply (BUSY...).
 _RESUBSCRIBE_AFTER = (*_REDIS_ERRORS, KeyserialError, OSError)
 
 
@@ -99,9 +93,11 @@ def classify_reply(reply: Any, url: str) -> Any:
 
 
 @contextlib.contextmanager
-def _translating(url: str, *, lost: bool = False) -> Iterator[None]:
+def _translating(
+    url: str, *, lost: bool = False, cluster: RedisCluster | None = None
+) -> Iterator[None]:
     """Raise keyserial's errors for redis-py's and a socket's; ``lost``: any but an error reply
-    means an unusable connection (a subscription's)."""
+    means an unusable connection (a subscription's); ``cluster``: the client, to repair."""
     try:
         yield
     except redis_errors.InvalidResponse as exc:  # a port another server listens on
@@ -116,17 +112,27 @@ def _translating(url: str, *, lost: bool = False) -> Iterator[None]:
         raise
     except OSError as exc:
         raise BackendUnavailable(url, exc) from exc
-    except IndexError as exc:  # a cluster client learning the routing while no node reports
-        if not _raised_by_redis_py(exc):  # any master (mid-failover); from elsewhere: a bug
+    except IndexError as exc:  # a cluster client learning the routing found no master
+        if not _raised_by_redis_py(exc):  # (from elsewhere: a bug)
             raise
+        if cluster is not None:
+            _retype_nodes(cluster)
         raise BackendUnavailable(url, "no master known yet") from exc
 
 
+def _retype_nodes(cluster: RedisCluster) -> None:
+    """Give each node the type the slots it just read say. redis-py keeps a node's cached type
+    across a failover (redis/redis-py#2433): once every master has been a replica, it finds no
+    master at all, at every command, for good."""
+    manager = cluster.nodes_manager
+    masters = {nodes[0].name for nodes in manager.slots_cache.values() if nodes}
+    for name, node in manager.nodes_cache.items():
+        node.server_type = PRIMARY if name in masters else REPLICA
+
+
 def _raised_by_redis_py(exc: BaseException) -> bool:
-    frame = exc.__traceback__
-    while frame is not None and frame.tb_next is not None:
-        frame = frame.tb_next
-    return frame is not None and f"{os.sep}redis{os.sep}" in frame.tb_frame.f_code.co_filename
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and f"{os.sep}redis{os.sep}" in frames[-1].filename
 
 
 class Backend(Commands):
@@ -214,7 +220,7 @@ class Backend(Commands):
             raise
 
     async def _send(self, commands: Sequence[Command], node_of: str | None = None) -> list[Any]:
-        with _translating(self.url):
+        with _translating(self.url, cluster=self._cluster):
             if self._pipelined is not None:
                 replies = await self._pipelined.execute(commands)
             else:
@@ -270,7 +276,7 @@ class Backend(Commands):
         :raises BackendUnavailable: if no node answers, or none knows a master yet."""
         if not isinstance(self.client, RedisCluster):
             return
-        with _translating(self.url):
+        with _translating(self.url, cluster=self.client):
             await self.client.nodes_manager.initialize()
 
     def _node_client(self, key: str) -> Redis:

@@ -80,6 +80,27 @@ async def test_a_command_whose_client_learns_the_routing_while_no_master_is_know
             await client.aclose()
 
 
+async def test_a_cluster_client_whose_masters_were_all_replicas_once_recovers() -> None:
+    """redis-py keeps each node's cached type across failovers (redis/redis-py#2433): once
+    every master has been a replica (three takeovers on three masters), its client finds no
+    master at every command, for good. A takeover run had a worker stuck so, holding a shard.
+    The first command after that is BackendUnavailable; the boundary gives the nodes the types
+    the slots say, and the next command goes through."""
+    with LocalServer(cluster=True) as server:
+        client = RedisCluster(host="127.0.0.1", port=server.port)
+        backend = await Backend.connect(client)
+        try:
+            for node in client.nodes_manager.nodes_cache.values():
+                node.server_type = "replica"  # as cached before this node was promoted
+            with pytest.raises(BackendUnavailable, match="no master known yet"):
+                await backend.refresh_routing()
+            await backend.refresh_routing()
+            assert await backend.call("SET", "recovered", "1") is True
+        finally:
+            await backend.aclose()
+            await client.aclose()
+
+
 async def test_routing_learnt_while_no_master_is_known_is_a_backend_outage() -> None:
     """Mid-failover, a cluster can report no master at all; redis-py then fails with an
     IndexError. Learning the routing again (as keyserial does after a failover's errors) must
