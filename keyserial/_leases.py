@@ -128,7 +128,7 @@ class Leases:
 
     async def _node_round(self, node: str, owned: list[int], free: list[int]) -> None:
         """Renew ``owned`` and try to acquire ``free``, the shards of one node, in one
-        pipeline (two with ``durable_replicas``: see :meth:`_send_round`)."""
+        pipeline (two when it acquires with ``durable_replicas``: see :meth:`_send_round`)."""
         try:
             sent_at = anyio.current_time()
             ttl = self._settings.lease_ttl
