@@ -246,8 +246,8 @@ async def test_with_durable_fsync_an_acknowledgement_waits_for_the_replica_s_aof
     """A replica that has the commit but keeps no AOF confirms WAIT, never WAITAOF: with
     durable_fsync the op stays unacknowledged until the replica turns its AOF on."""
     binary = _server_with_waitaof()
-    with LocalServer(binary=binary, appendfsync="everysec") as master:
-        replica = LocalServer(binary=binary, appendfsync="everysec",
+    with LocalServer(binary=binary, appendfsync="always") as master:
+        replica = LocalServer(binary=binary, appendfsync="always",
                               extra_args=["--replicaof", "127.0.0.1", str(master.port)])
         with replica, redis.Redis(port=replica.port) as replica_client:
             wait_in_sync(replica)
@@ -258,8 +258,10 @@ async def test_with_durable_fsync_an_acknowledgement_waits_for_the_replica_s_aof
             async with keyserial.connect(master.url, shards=SHARDS, namespace=namespace,
                                          idle_poll=0.2) as ks:
                 assert ks.settings.durable_fsync and ks.settings.durable_replicas == 1
-                # (Its leases are taken only once the replica's AOF has them.)
-                await eventually(lambda: worker.log().count("acquired (epoch") == SHARDS)
+                # (Its leases are taken only once the replica's AOF has them: both fsync every
+                # write, so no WAITAOF waits out an fsync's second or a loaded machine's.)
+                await eventually(lambda: worker.log().count("acquired (epoch") == SHARDS,
+                                 timeout=30, message="the leases confirmed in both AOFs")
                 replica_client.config_set("appendonly", "no")
                 # On the replica (WAIT would count it), not in its AOF (WAITAOF does not).
                 assert await held_until_released(
