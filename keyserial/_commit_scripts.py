@@ -77,7 +77,7 @@ def step(shard: ShardKeys, args: StepArgs) -> ScriptCall[StepReply]:
     k = shard
     keys = [
         k.epoch, k.state, k.progress, k.stream, k.results, k.results_old, k.dead, k.horizon,
-        k.results_since,
+        k.results_since, k.wakeup,
     ]
     return args.call(keys, _step_reply)
 

@@ -6,6 +6,7 @@ I/O, so every rule here is testable on its own.
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
@@ -115,6 +116,12 @@ def misrouted(envelope: Envelope, shard: int, shard_count: int) -> str | None:
     return None
 
 
+def parse_id(entry_id: str) -> tuple[int, int]:
+    """A stream entry id, ``<ms>-<seq>``, as numbers (ordered as the stream orders them)."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq)
+
+
 def channels(reply: str | None) -> list[str]:
     """The reply channels of one occurrence of an op (none if its caller wants no reply)."""
     return [] if reply is None else [reply]
@@ -125,3 +132,37 @@ def raw_json(fields: Mapping[bytes, bytes]) -> str:
     return dumps(
         {k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()}
     )
+
+
+_PUSH = re.compile(rb"push (\d+-\d+) (\d+-\d+) ([^ \n]+)\n")
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """A fresh entry handed to an idle owner with its wake-up (see ``submit.lua``): the owner
+    may take it in without fetching it, but only while its cursor is still ``after`` (the entry
+    is then the next one in the stream)."""
+
+    after: str
+    entry_id: str
+    fields: Mapping[bytes, bytes]
+
+
+def parse_push(message: bytes) -> Push | None:
+    """The entry a wake-up message pushes, or None: a plain wake-up (an entry id, or anything
+    that is not a well-formed push)."""
+    head = _PUSH.match(message)
+    if head is None:
+        return None
+    after, entry_id, version = head.groups()
+    ops = message[head.end():]
+    return Push(after.decode(), entry_id.decode(), {b"v": version, b"ops": ops, b"fresh": b"1"})
+
+
+def entry_keys(fields: Mapping[bytes, bytes]) -> list[str]:
+    """Every key the entry's well-formed envelopes name."""
+    try:
+        items = decode_entry(fields)
+    except MalformedEntry:
+        return []
+    return [key for item in items if not isinstance(item, MalformedEntry) for key in item.keys]

@@ -90,6 +90,9 @@ class ShardKeys:
     last_grant = _ShardKey("grant")
     #: Hash {op, strikes}: the op that was running each time an owner died.
     suspect = _ShardKey("suspect")
+    #: How an append wakes the owner (see ``submit.lua``): ``busy`` (it fetches again anyway),
+    #: ``idle <entry id>`` (the next entry is pushed to it), ``pushed <entry id>``.
+    wakeup = _ShardKey("wakeup")
     #: Hash: resource key -> JSON state.
     state = _ShardKey("state")
     #: Hash: op id -> JSON outcome, for results stored since :attr:`results_since`.

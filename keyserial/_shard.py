@@ -5,7 +5,8 @@ states (:mod:`._keystates`). Ops on one key run one after another, in stream ord
 different keys overlap (:mod:`._chains`). Each step is one script call: it commits every op
 finished since the last one (their states, results and the shard's progress, atomically and
 fenced by the epoch, :mod:`._commits`), publishes their replies (nothing is replied before it is
-committed), and fetches the next entries (:mod:`._intake` takes them in).
+committed), and fetches the next entries (:mod:`._intake` takes them in). An owner that went
+idle gets the next fresh entry pushed with its wake-up, and takes it in without a fetch.
 
 After a crash, the acquire script strikes the first op without a result, in stream order (the
 *suspect*). The new owner replays as usual (batched, ops on different keys overlapping), except
@@ -39,7 +40,7 @@ from ._commits import CommitPlanner, DeadLetter, Finished, ResultGenerations
 from ._coordination import Collaborators
 from ._crossshard import CrossShard
 from ._execution import Executor, Run
-from ._intake import accept
+from ._intake import Push, accept, entry_keys, parse_id
 from ._keystates import KeyStates
 from ._layout import ShardKeys
 from ._lease_scripts import LeaseGrant
@@ -54,11 +55,6 @@ from .errors import BackendUnavailable, LeaseLost
 
 log = logging.getLogger("keyserial.worker")
 T = TypeVar("T")
-
-def parse_id(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq)
-
 
 class ShardRunner:
     """Runs the ops of one shard for as long as this worker holds its lease (one epoch)."""
@@ -98,6 +94,8 @@ class ShardRunner:
         #: A wake-up not waited for yet (new entries, a finished op, stop, the poll).
         self._woken = False
         self._wakeup = anyio.Event()
+        #: The last entry pushed with a wake-up (see :meth:`push`).
+        self._pushed: Push | None = None
         self._commits = CommitPlanner()
         self._generations = ResultGenerations(grant.results_since, settings.result_ttl_ms)
         #: Set once :meth:`run` has returned: no step will ever come again.
@@ -153,6 +151,11 @@ class ShardRunner:
         self._stopping = True
         self.wake()
 
+    def push(self, pushed: Push) -> None:
+        """A wake-up that carries the next entry: taken in without a fetch if still next."""
+        self._pushed = pushed
+        self.wake()
+
     def wake(self) -> None:
         """Something for the step loop: new entries, a finished op, a stop, a flush, the poll."""
         self._woken = True
@@ -200,6 +203,8 @@ class ShardRunner:
                 return
             await self._sleep()
             idle = False
+            if (pushed := self._take_push()) is not None:
+                await self._dispatch(pushed)
 
     def _fetch_size(self) -> int:
         if self._stopping or self._uncommitted >= self._settings.max_inflight:
@@ -207,6 +212,17 @@ class ShardRunner:
         if self._replay_until is not None and parse_id(self._cursor) >= self._replay_until:
             self._end_replay()
         return self._settings.fetch_batch
+
+    def _take_push(self) -> StepReply | None:
+        """The entry last pushed, as if fetched, if it is still the next one (nothing was
+        fetched since its owner went idle), and a fetch now would read nothing it lacks."""
+        pushed, self._pushed = self._pushed, None
+        if (pushed is None or pushed.after != self._cursor or not self._fetch_size()
+                or self._replay_until is not None):
+            return None
+        if not self.states.complete and not self.states.cached(entry_keys(pushed.fields)):
+            return None
+        return StepReply([(pushed.entry_id, dict(pushed.fields))], {}, {})
 
     def _end_replay(self) -> None:
         self._replay_until = None

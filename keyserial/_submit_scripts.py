@@ -32,7 +32,7 @@ def _entry_id(reply: bytes) -> bytes:
 
 def submit(shard: ShardKeys, args: SubmitArgs) -> ScriptCall[bytes]:
     """Append one entry of packed ops to the shard's stream; its entry id."""
-    return args.call([shard.stream], _entry_id)
+    return args.call([shard.stream, shard.wakeup], _entry_id)
 
 
 @dataclass(frozen=True, slots=True)

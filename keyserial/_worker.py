@@ -24,7 +24,7 @@ from anyio.abc import TaskGroup
 from . import _durability
 from ._backend import AnyRedis, Backend
 from ._backoff import Backoff
-from ._intake import GRANT_OP
+from ._intake import GRANT_OP, parse_push
 from ._layout import ShardKeys, worker_channel
 from ._lease_scripts import LeaseGrant
 from ._leases import Held, Leases
@@ -266,7 +266,11 @@ class Worker:
                 return
             holder = self._owned.get(shard_of.get(channel, -1))
             if holder is not None:
-                holder.runner.wake()
+                pushed = parse_push(data)
+                if pushed is None:
+                    holder.runner.wake()
+                else:
+                    holder.runner.push(pushed)
 
         # Serving starts at once: until the first subscription succeeds (Redis may be going
         # down again right after the worker connected), the runners' polling stands in for it.

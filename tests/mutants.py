@@ -75,6 +75,7 @@ _SHARD = "keyserial/_shard.py"
 _COORDINATOR = "keyserial/_coordinator.py"
 _RACES = "tests/test_cross_shard_races.py::"
 _SUSPECT = "            if run.envelope.op_id == self._suspect:\n"
+_PUSH = "tests/test_push.py::"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -186,11 +187,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "release-resets-horizon", "G3.3",
         "release.lua sets the horizon back to progress: the next owner forgets what to look up",
         (Edit("keyserial/lua/release.lua",
-              "redis.call('DEL', KEYS[1])\nlocal horizon = redis.call('GET', KEYS[2])\n",
-              "redis.call('DEL', KEYS[1])\n"
+              "redis.call('DEL', KEYS[1])\nlocal horizon = fold_pushed(KEYS[2], KEYS[4])\n",
+              "redis.call('DEL', KEYS[1])\nlocal horizon = fold_pushed(KEYS[2], KEYS[4])\n"
               "redis.call('SET', KEYS[2], redis.call('GET', (string.gsub(KEYS[2], 'horizon$',"
               " 'progress'))) or '0-0')\n"
-              "local horizon = redis.call('GET', KEYS[2])\n"),),
+              "horizon = redis.call('GET', KEYS[2])\n"),),
         ("tests/test_reliability.py::test_a_graceful_stop_never_replays_an_op_that_committed"
          + _STANDALONE,), fast=True,
     ),
@@ -264,6 +265,29 @@ MUTANTS: tuple[Mutant, ...] = (
          + _STANDALONE,
          _XS + "test_a_grant_request_lost_while_its_keys_were_busy_is_granted_at_its_new_place"
          + _STANDALONE),
+    ),
+    Mutant(
+        "push-taken-anywhere", "G3.7",
+        "a worker takes a pushed entry in whatever its cursor, skipping what lies between",
+        (Edit(_SHARD, "pushed.after != self._cursor or ", ""),),
+        (_PUSH + "test_a_worker_takes_a_push_only_at_its_own_cursor" + _STANDALONE,),
+    ),
+    Mutant(
+        "push-unchecked", "G3.7",
+        "submit.lua pushes an entry although another one came after the idle owner's cursor",
+        (Edit("keyserial/lua/submit.lua",
+              "  if #redis.call('XRANGE', KEYS[1], '(' .. after, '+', 'COUNT', 2) == 1 then",
+              "  if true then"),),
+        (_PUSH + "test_an_entry_appended_without_the_script_is_never_skipped_by_a_push"
+         + _STANDALONE,),
+    ),
+    Mutant(
+        "takeover-forgets-push", "G3.7",
+        "acquire.lua does not count an entry pushed to the dead owner as fetched",
+        (Edit("keyserial/lua/acquire.lua", "local horizon = fold_pushed(KEYS[4], KEYS[13])",
+              "local horizon = redis.call('GET', KEYS[4])"),),
+        (_PUSH + "test_a_takeover_treats_an_entry_pushed_to_the_dead_owner_as_fetched"
+         + _STANDALONE,),
     ),
 )
 

@@ -1,5 +1,5 @@
 -- Helpers for keyserial's scripts, put in front of each one when it is loaded (a Redis script
--- cannot import code). Nothing here touches a key or reads KEYS or ARGV.
+-- cannot import code). Nothing here reads KEYS or ARGV: keys are passed in.
 
 -- Stream ids: '<ms>-<seq>', compared as numbers.
 local function parse_id(id)
@@ -23,3 +23,20 @@ local function write_states(hash, writes_json)
   end
 end
 
+
+-- An entry pushed to the owner (the wake-up marker says 'pushed <id>', see submit.lua) may have
+-- run already: the horizon (the last entry the owner may have taken) is raised to it, so that
+-- whatever reads the horizon next (a step, a release, a takeover) treats it as fetched. Returns
+-- the horizon, or nil.
+local function fold_pushed(horizon_key, marker_key)
+  local horizon = redis.call('GET', horizon_key)
+  local marker = redis.call('GET', marker_key)
+  if marker and string.sub(marker, 1, 7) == 'pushed ' then
+    local pushed = string.sub(marker, 8)
+    if not horizon or id_gt(pushed, horizon) then
+      horizon = pushed
+      redis.call('SET', horizon_key, horizon)
+    end
+  end
+  return horizon
+end

@@ -10,6 +10,11 @@
 -- KEYS[1]  epoch      KEYS[2]  state      KEYS[3]  progress    KEYS[4]  stream
 -- KEYS[5]  results    KEYS[6]  results, previous generation    KEYS[7]  dead-letter stream
 -- KEYS[8]  horizon    KEYS[9]  when the current results generation began
+-- KEYS[10] wake-up marker (see submit.lua): a fetch first raises the horizon to an entry pushed
+--          since the last one, then sets the marker to 'busy' when it finds entries (the owner
+--          fetches again before it sleeps: appends need not wake it), else to 'idle <cursor>'.
+--          Either expires after 3 s: an owner gone, or of an older version, must not silence
+--          wake-ups for long.
 -- ARGV[1]  the owner's epoch
 -- ARGV[2]  new progress: id of the last entry whose ops have all finished, or '' to keep it
 -- ARGV[3]  '1': start a new results generation first if the current one is a retention period
@@ -134,6 +139,12 @@ local entries, done, states = {}, {}, {}
 local fetching = tonumber(ARGV[5]) > 0
 if fetching then
   entries = redis.call('XRANGE', KEYS[4], '(' .. ARGV[4], '+', 'COUNT', ARGV[5])
+  fold_pushed(KEYS[8], KEYS[10])
+  if #entries > 0 then
+    redis.call('SET', KEYS[10], 'busy', 'PX', 3000)
+  else
+    redis.call('SET', KEYS[10], 'idle ' .. ARGV[4], 'PX', 3000)
+  end
 end
 local horizon = nil
 if #entries > 0 then

@@ -1,6 +1,13 @@
 -- Append one entry of packed op envelopes to a shard's stream, unless its backlog is full,
--- and wake the shard's owner.
+-- and wake the shard's owner, as its wake-up marker says:
+--   'busy'          it fetches again anyway: no message;
+--   'idle <id>'     its last fetch found nothing after entry <id>. If the new entry is the only
+--                   one after <id> and fresh, the message carries the entry (a push: the owner
+--                   runs it without fetching it) and the marker becomes 'pushed <new id>', which
+--                   a takeover treats as fetched; otherwise the message is the new entry id;
+--   anything else   (none: a worker of an older version, or the owner is gone) the entry id.
 -- KEYS[1]  the shard's stream
+-- KEYS[2]  the shard's wake-up marker (optional: without it, always the entry id)
 -- ARGV[1]  backlog limit in entries (0: unbounded)
 -- ARGV[2]  wire version ("1")
 -- ARGV[3]  the entry's ops: a JSON array of op envelopes
@@ -22,7 +29,20 @@ if ARGV[5] == '1' then
 else
   id = redis.call('XADD', KEYS[1], '*', 'v', ARGV[2], 'ops', ARGV[3])
 end
-if ARGV[4] ~= '' then
-  redis.call('PUBLISH', ARGV[4], id)
+if ARGV[4] == '' then
+  return id
 end
+local marker = KEYS[2] and redis.call('GET', KEYS[2])
+if marker == 'busy' then
+  return id
+end
+if marker and ARGV[5] == '1' and string.sub(marker, 1, 5) == 'idle ' then
+  local after = string.sub(marker, 6)
+  if #redis.call('XRANGE', KEYS[1], '(' .. after, '+', 'COUNT', 2) == 1 then
+    redis.call('SET', KEYS[2], 'pushed ' .. id)
+    redis.call('PUBLISH', ARGV[4], 'push ' .. after .. ' ' .. id .. ' ' .. ARGV[2] .. '\n' .. ARGV[3])
+    return id
+  end
+end
+redis.call('PUBLISH', ARGV[4], id)
 return id
