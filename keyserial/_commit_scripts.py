@@ -43,6 +43,10 @@ class StepArgs(ScriptArgs):
     states_held: bool
     #: Replies to publish once committed (JSON), or '' (the pipeliner fills it).
     replies: str = ""
+    #: The last entry taken in from a push since the last step, or '': the horizon covers it.
+    pushed_to: str = ""
+    #: The wake-up marker says ``busy`` already, set by this owner's last fetch.
+    busy: bool = False
 
 
 @dataclass(slots=True)

@@ -8,6 +8,7 @@ so entries whose ops have all committed behind it are deleted from the stream on
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -44,7 +45,8 @@ class Commit:
     payload: str
     #: The outcomes to reply once committed: channel -> [(op id, outcome)].
     replies: Mapping[str, Sequence[tuple[str, str]]]
-    #: The last committed entry to trim through ('' for none), and whether to trim it now.
+    #: The last committed entry to trim through ('' for none), and whether to trim it now (else
+    #: only if the fetch finds nothing new).
     trim_to: str
     trim_now: bool
     #: Whether it commits states or results (what later ops build on, or callers are told).
@@ -52,13 +54,22 @@ class Commit:
 
 
 class CommitPlanner:
-    """Tracks a runner's fetched entries and plans each step's commit."""
+    """Tracks a runner's fetched entries and plans each step's commit.
 
-    def __init__(self) -> None:
+    Committed entries leave the stream every ``TRIM_EVERY`` of them, and when a fetch finds
+    nothing new; but while entries come pushed (see ``submit.lua``), at most once every
+    ``trim_interval`` seconds: the owner then goes idle after nearly every step, and a trim each
+    time would cost a command per step."""
+
+    def __init__(self, trim_interval: float) -> None:
         self._entries: OrderedDict[str, Entry] = OrderedDict()
         #: The last committed entry still in the stream ('' if none), and how many such entries.
         self._untrimmed = ""
         self._untrimmed_entries = 0
+        self._trim_interval = trim_interval
+        self._trimmed_at = time.monotonic()
+        #: Whether an entry came pushed since the last trim.
+        self._pushed = False
         #: The fewest fetched entries held since :meth:`_passed_by_ops` last looked.
         self._fewest = 0
 
@@ -66,9 +77,12 @@ class CommitPlanner:
         self._entries[entry.entry_id] = entry
 
     def plan(
-        self, batch: Sequence[Finished], dead: Sequence[DeadLetter], writes: list[tuple[str, str]]
+        self, batch: Sequence[Finished], dead: Sequence[DeadLetter], writes: list[tuple[str, str]],
+        *, pushed: bool = False,
     ) -> Commit:
-        """The commit of ``batch``, ``dead`` letters and the pending ``writes``."""
+        """The commit of ``batch``, ``dead`` letters and the pending ``writes``; ``pushed``: an
+        entry came pushed since the last step."""
+        self._pushed |= pushed
         results: list[tuple[str, str]] = []
         replies: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for finished in batch:
@@ -83,18 +97,21 @@ class CommitPlanner:
         if progress:
             self._untrimmed = progress
         trim_now = self._untrimmed_entries >= TRIM_EVERY
+        due = (trim_now or not self._pushed
+               or time.monotonic() - self._trimmed_at >= self._trim_interval)
         payload = ""
         if writes or results or dead or passed:
             commit: dict[str, Any] = {"s": writes, "r": results, "d": list(dead)}
             if passed:
                 commit["x"] = passed
             payload = dumps(commit)
-        return Commit(progress, payload, replies, self._untrimmed, trim_now,
+        return Commit(progress, payload, replies, self._untrimmed if due else "", trim_now,
                       builds=bool(writes or results))
 
     def trimmed(self) -> None:
         """The step trimmed the stream through :attr:`Commit.trim_to`."""
         self._untrimmed, self._untrimmed_entries = "", 0
+        self._trimmed_at, self._pushed = time.monotonic(), False
 
     def _advance_progress(self) -> str:
         """Id of the last entry of the fetched prefix whose ops have all finished ('' if none)."""

@@ -6,7 +6,8 @@ different keys overlap (:mod:`._chains`). Each step is one script call: it commi
 finished since the last one (their states, results and the shard's progress, atomically and
 fenced by the epoch, :mod:`._commits`), publishes their replies (nothing is replied before it is
 committed), and fetches the next entries (:mod:`._intake` takes them in). An owner that went
-idle gets the next fresh entry pushed with its wake-up, and takes it in without a fetch.
+idle gets the next fresh entry pushed with its wake-up (:mod:`._wakeups`), and takes it in
+without a fetch.
 
 After a crash, the acquire script strikes the first op without a result, in stream order (the
 *suspect*). The new owner replays as usual (batched, ops on different keys overlapping), except
@@ -40,7 +41,7 @@ from ._commits import CommitPlanner, DeadLetter, Finished, ResultGenerations
 from ._coordination import Collaborators
 from ._crossshard import CrossShard
 from ._execution import Executor, Run
-from ._intake import Push, accept, entry_keys, parse_id
+from ._intake import Push, accept, parse_id
 from ._keystates import KeyStates
 from ._layout import ShardKeys
 from ._lease_scripts import LeaseGrant
@@ -51,6 +52,7 @@ from ._pipeline import Lineage, Pipeliner, Replies
 from ._refusals import Fenced
 from ._scripts import ScriptCall
 from ._settings import Settings
+from ._wakeups import Wakeups
 from .errors import BackendUnavailable, LeaseLost
 
 log = logging.getLogger("keyserial.worker")
@@ -94,9 +96,8 @@ class ShardRunner:
         #: A wake-up not waited for yet (new entries, a finished op, stop, the poll).
         self._woken = False
         self._wakeup = anyio.Event()
-        #: The last entry pushed with a wake-up (see :meth:`push`).
-        self._pushed: Push | None = None
-        self._commits = CommitPlanner()
+        self._wakeups = Wakeups()
+        self._commits = CommitPlanner(settings.idle_poll)
         self._generations = ResultGenerations(grant.results_since, settings.result_ttl_ms)
         #: Set once :meth:`run` has returned: no step will ever come again.
         self._ended = False
@@ -153,7 +154,7 @@ class ShardRunner:
 
     def push(self, pushed: Push) -> None:
         """A wake-up that carries the next entry: taken in without a fetch if still next."""
-        self._pushed = pushed
+        self._wakeups.push(pushed)
         self.wake()
 
     def wake(self) -> None:
@@ -170,8 +171,7 @@ class ShardRunner:
 
     async def _poll(self) -> None:
         """Wake every ``idle_poll`` seconds, in case a wake-up was lost. (One timer for the
-        runner's life, rather than a timeout on every sleep: a cancel scope per sleep was a
-        visible cost under spread-out load.)"""
+        runner's life: a timeout on every sleep cost visibly under spread-out load.)"""
         while True:
             await anyio.sleep(self._settings.idle_poll)
             self.wake()
@@ -214,15 +214,10 @@ class ShardRunner:
         return self._settings.fetch_batch
 
     def _take_push(self) -> StepReply | None:
-        """The entry last pushed, as if fetched, if it is still the next one (nothing was
-        fetched since its owner went idle), and a fetch now would read nothing it lacks."""
-        pushed, self._pushed = self._pushed, None
-        if (pushed is None or pushed.after != self._cursor or not self._fetch_size()
-                or self._replay_until is not None):
+        """The entry last pushed, if still next and this owner would fetch now (no replay)."""
+        if not self._fetch_size() or self._replay_until is not None:
             return None
-        if not self.states.complete and not self.states.cached(entry_keys(pushed.fields)):
-            return None
-        return StepReply([(pushed.entry_id, dict(pushed.fields))], {}, {})
+        return self._wakeups.take(self._cursor, self.states)
 
     def _end_replay(self) -> None:
         self._replay_until = None
@@ -239,16 +234,19 @@ class ShardRunner:
         batch, self._finished = self._finished, []
         dead, self._dead = self._dead, []
         number, writes = self.states.start_step()
-        commit = self._commits.plan(batch, dead, writes)
+        pushed_to = self._wakeups.pushed_to
+        commit = self._commits.plan(batch, dead, writes, pushed=bool(pushed_to))
         call = step(self.keys, StepArgs(
             epoch=self.epoch, progress=commit.progress,
             rotate=self._generations.rotate(int(time.time() * 1000)), cursor=self._cursor,
             fetch=want, commit=commit.payload, replaying=self._replay_until is not None,
             result_ttl_ms=self._settings.result_ttl_ms, trim_to=commit.trim_to,
-            trim_now=commit.trim_now, states_held=self.states.complete,
+            trim_now=commit.trim_now, states_held=self.states.complete, pushed_to=pushed_to,
+            busy=self._wakeups.busy,
         ))
         began = time.monotonic()  # (metrics)
         fetched = await self.fenced(call, replies=commit.replies, builds=commit.builds)
+        self._wakeups.stepped(fetching=bool(want), fetched=bool(fetched.entries))
         self.metrics.stepped(batch, len(dead), began)
         self.states.step_done(number)
         if commit.trim_to and (commit.trim_now or not want or not fetched.entries):

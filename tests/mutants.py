@@ -269,7 +269,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "push-taken-anywhere", "G3.7",
         "a worker takes a pushed entry in whatever its cursor, skipping what lies between",
-        (Edit(_SHARD, "pushed.after != self._cursor or ", ""),),
+        (Edit("keyserial/_wakeups.py", "pushed is None or pushed.after != cursor",
+              "pushed is None"),),
         (_PUSH + "test_a_worker_takes_a_push_only_at_its_own_cursor" + _STANDALONE,),
     ),
     Mutant(
@@ -279,6 +280,13 @@ MUTANTS: tuple[Mutant, ...] = (
               "  if #redis.call('XRANGE', KEYS[1], '(' .. after, '+', 'COUNT', 2) == 1 then",
               "  if true then"),),
         (_PUSH + "test_an_entry_appended_without_the_script_is_never_skipped_by_a_push"
+         + _STANDALONE,),
+    ),
+    Mutant(
+        "step-forgets-push", "G3.7",
+        "step.lua leaves the horizon below an entry its owner took in from a push",
+        (Edit(_STEP, "if #entries == 0 and ARGV[13] ~= '' then", "if false then"),),
+        (_PUSH + "test_the_first_entry_for_an_idle_owner_is_pushed_and_the_rest_need_no_wake_up"
          + _STANDALONE,),
     ),
     Mutant(

@@ -74,11 +74,14 @@ async def owned(backend: Backend, keys: ShardKeys, attempt: str = "a") -> LeaseG
     return grant
 
 
-async def fetched(backend: Backend, keys: ShardKeys, epoch: int, cursor: str) -> list[str]:
-    """The entry ids a step of the owner fetches after ``cursor`` (committing nothing)."""
+async def fetched(backend: Backend, keys: ShardKeys, epoch: int, cursor: str,
+                  pushed_to: str = "", *, busy: bool = False) -> list[str]:
+    """The entry ids a step of the owner fetches after ``cursor`` (committing nothing), having
+    taken in ``pushed_to`` from a push, knowing the marker ``busy`` already or not."""
     reply = await backend.run_call(step(keys, StepArgs(
         epoch=epoch, progress="", rotate=False, cursor=cursor, fetch=10, commit="",
         replaying=False, result_ttl_ms=60_000, trim_to="", trim_now=False, states_held=True,
+        pushed_to=pushed_to, busy=busy,
     )))
     return [entry_id for entry_id, _ in reply.entries]
 
@@ -108,9 +111,21 @@ async def test_the_first_entry_for_an_idle_owner_is_pushed_and_the_rest_need_no_
     assert await fetched(backend, keys, epoch, pushed) == [later]
     assert await client.get(keys.horizon) == later.encode()
     # Busy: an append sends nothing (the next message is the test's own).
-    await appended(backend, keys, "quiet")
+    quiet = await appended(backend, keys, "quiet")
     await client.publish(keys.wake_channel, "mark")
     assert await next_message(wake_ups) == b"mark"
+    # An owner that knows the marker says busy leaves it alone (here: expired meanwhile).
+    await client.delete(keys.wakeup)
+    assert await fetched(backend, keys, epoch, pushed, busy=True) == [later, quiet]
+    assert await client.get(keys.wakeup) is None
+    # A step of an owner that took a push in raises the horizon to it, fetching nothing.
+    assert await fetched(backend, keys, epoch, later) == [quiet]
+    assert await fetched(backend, keys, epoch, quiet) == []
+    again = await appended(backend, keys, "again")
+    assert (await next_message(wake_ups)).startswith(f"push {quiet} {again} ".encode())
+    assert await fetched(backend, keys, epoch, again, pushed_to=again) == []
+    assert await client.get(keys.horizon) == again.encode()
+    assert await client.get(keys.wakeup) == f"idle {again}".encode()
 
 
 async def test_an_entry_appended_without_the_script_is_never_skipped_by_a_push(

@@ -32,5 +32,7 @@ def test_the_scripts_that_publish_replies_name_them_for_the_pipeliner() -> None:
     assert [script.name for script in [*FIXED, COMMIT_ACROSS] if script.publishes] == [
         "step", "commit_across"
     ]
-    assert STEP.argv[-1] == REPLIES
+    documented = re.search(r"^-- ARGV\[(\d+)\] +replies to publish", STEP.text, re.MULTILINE)
+    assert documented, "step.lua's header documents its replies argument"
+    assert STEP.argv.index(REPLIES) + 1 == int(documented.group(1))
     assert COMMIT_ACROSS.argv[:3] == ("op_id", "outcome", REPLIES)

@@ -27,7 +27,7 @@ from keyserial._shard import ShardRunner
 from keyserial.ledger import balance, deposit, withdraw
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
-from tests.helpers import free_closed_port
+from tests.helpers import eventually_async, free_closed_port
 
 
 async def test_ledger_ops_return_values_and_commit_state(redis_url: str, namespace: str) -> None:
@@ -347,9 +347,9 @@ async def test_a_new_owner_continues_from_the_committed_states_preloaded_or_not(
 async def test_an_idle_shard_keeps_only_its_unprocessed_entries(
     redis_url: str, namespace: str
 ) -> None:
-    """While busy, a worker trims committed entries from its stream in batches; once idle, the
-    stream's length is its backlog again: zero."""
-    async with running_worker(redis_url, namespace, shard_count=1), \
+    """While busy, a worker trims committed entries from its stream in batches; once idle for
+    two idle_polls, the stream's length is its backlog again: zero."""
+    async with running_worker(redis_url, namespace, shard_count=1, idle_poll=0.2), \
             keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
         for _ in range(3):
             async with anyio.create_task_group() as group:
@@ -358,7 +358,12 @@ async def test_an_idle_shard_keeps_only_its_unprocessed_entries(
         assert sum([await ks.read(f"account:{n}") for n in range(7)]) == 300
         client = redis.asyncio.Redis.from_url(redis_url)
         try:
-            assert await client.xlen(ShardKeys(namespace, 0).stream) == 0
+            stream = ShardKeys(namespace, 0).stream
+
+            async def backlog_only() -> bool:
+                return await client.xlen(stream) == 0
+
+            await eventually_async(backlog_only, timeout=5)
         finally:
             await client.aclose()
 

@@ -10,11 +10,11 @@
 -- KEYS[1]  epoch      KEYS[2]  state      KEYS[3]  progress    KEYS[4]  stream
 -- KEYS[5]  results    KEYS[6]  results, previous generation    KEYS[7]  dead-letter stream
 -- KEYS[8]  horizon    KEYS[9]  when the current results generation began
--- KEYS[10] wake-up marker (see submit.lua): a fetch first raises the horizon to an entry pushed
---          since the last one, then sets the marker to 'busy' when it finds entries (the owner
---          fetches again before it sleeps: appends need not wake it), else to 'idle <cursor>'.
---          Either expires after 3 s: an owner gone, or of an older version, must not silence
---          wake-ups for long.
+-- KEYS[10] wake-up marker (see submit.lua): a fetch sets it to 'busy' when it finds entries (the
+--          owner fetches again before it sleeps: appends need not wake it), expiring after 3 s
+--          (an owner gone, or of an older version, must not silence wake-ups for long), else
+--          to 'idle <cursor>'. (A fetch may overwrite 'pushed <id>': that entry is then either
+--          the first one it fetches, or the owner took it and says so in ARGV[13].)
 -- ARGV[1]  the owner's epoch
 -- ARGV[2]  new progress: id of the last entry whose ops have all finished, or '' to keep it
 -- ARGV[3]  '1': start a new results generation first if the current one is a retention period
@@ -42,6 +42,10 @@
 -- ARGV[12] replies to publish once committed, JSON [[channel, message], ...], or ''. (On
 --          keyserial's own connection the owner publishes the replies of several steps of one
 --          batch itself, one message per channel, once they have returned: see _pipeline.py.)
+-- ARGV[13] the last entry the owner took in from a push (not fetched) since its last step, or
+--          '': the horizon is raised to it (never while replaying: no push is taken then)
+-- ARGV[14] '1': the wake-up marker says 'busy' already (this owner's last fetch set it, under
+--          2 s ago): a fetch that finds entries leaves it as it is
 -- Entries with the field fresh = '1' carry op ids appended for the first time (see the wire
 -- format), so their stored outcomes are not looked up, except while replaying.
 -- Returns {entries, done, states}: entries as XRANGE returns them; done = {op id, outcome, ...};
@@ -134,20 +138,24 @@ if commit then
   end
 end
 
--- Fetch, then set progress and horizon (in one command when both move), then trim.
+-- Fetch, then set progress, horizon and the idle marker (in one command), then trim.
 local entries, done, states = {}, {}, {}
 local fetching = tonumber(ARGV[5]) > 0
+local idle = nil
 if fetching then
   entries = redis.call('XRANGE', KEYS[4], '(' .. ARGV[4], '+', 'COUNT', ARGV[5])
-  fold_pushed(KEYS[8], KEYS[10])
   if #entries > 0 then
-    redis.call('SET', KEYS[10], 'busy', 'PX', 3000)
+    if ARGV[14] ~= '1' then
+      redis.call('SET', KEYS[10], 'busy', 'PX', 3000)
+    end
   else
-    redis.call('SET', KEYS[10], 'idle ' .. ARGV[4], 'PX', 3000)
+    idle = 'idle ' .. ARGV[4]
   end
 end
 local horizon = nil
-if #entries > 0 then
+if #entries == 0 and ARGV[13] ~= '' then
+  horizon = ARGV[13]
+elseif #entries > 0 then
   horizon = entries[#entries][1]
   if ARGV[7] == '1' then
     local stored_horizon = redis.call('GET', KEYS[8])
@@ -156,12 +164,16 @@ if #entries > 0 then
     end
   end
 end
-if ARGV[2] ~= '' and horizon then
-  redis.call('MSET', KEYS[3], ARGV[2], KEYS[8], horizon)
-elseif ARGV[2] ~= '' then
-  redis.call('SET', KEYS[3], ARGV[2])
-elseif horizon then
-  redis.call('SET', KEYS[8], horizon)
+local writes = {}
+for _, write in ipairs({{KEYS[3], ARGV[2] ~= '' and ARGV[2]}, {KEYS[8], horizon},
+                        {KEYS[10], idle}}) do
+  if write[2] then
+    writes[#writes + 1] = write[1]
+    writes[#writes + 1] = write[2]
+  end
+end
+if #writes > 0 then
+  redis.call('MSET', unpack(writes))
 end
 if ARGV[12] ~= '' then
   for _, reply in ipairs(cjson.decode(ARGV[12])) do
