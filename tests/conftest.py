@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
+import redis.asyncio
 
+from keyserial._backend import Backend
 from keyserial.testing import LocalServer
 from tests.helpers import ROOT, WorkerProcess, worker_processes
 from tests.postgres import LocalPostgres, find_binaries
@@ -104,3 +106,24 @@ def postgres_server() -> Iterator[LocalPostgres]:
 def postgres_dsn(postgres_server: LocalPostgres) -> str:
     """A fresh database on the private server, for one test."""
     return postgres_server.create_database(f"t{next(_counter)}")
+
+
+@pytest.fixture
+async def backend(redis_url: str) -> AsyncIterator[Backend]:
+    """keyserial's connection to the test's server, for tests that run script calls as built."""
+    connected = await Backend.connect(redis_url)
+    try:
+        yield connected
+    finally:
+        await connected.aclose()
+
+
+@pytest.fixture
+async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
+    """Plain commands to the test's server (the test cluster has one node: it serves every
+    slot)."""
+    connection = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        yield connection
+    finally:
+        await connection.aclose()

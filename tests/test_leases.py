@@ -3,8 +3,6 @@ a failover moves a shard's lease key to another node while the old node's round 
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
 import anyio
 import pytest
 
@@ -15,15 +13,6 @@ from keyserial._leases import Held, Leases
 from keyserial._metrics import Metrics
 
 pytestmark = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
-
-
-@pytest.fixture
-async def backend(redis_url: str) -> AsyncIterator[Backend]:
-    backend = await Backend.connect(redis_url)
-    try:
-        yield backend
-    finally:
-        await backend.aclose()
 
 
 def _leases(backend: Backend, namespace: str) -> tuple[Leases, list[int]]:

@@ -26,21 +26,6 @@ pytestmark = pytest.mark.parametrize("redis_url", ["standalone", "cluster"], ind
 
 
 @pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    """Plain commands (the test cluster has one node: it serves every slot)."""
-    connection = redis.asyncio.Redis.from_url(redis_url)
-    yield connection
-    await connection.aclose()
-
-
-@pytest.fixture
-async def backend(redis_url: str) -> AsyncIterator[Backend]:
-    connected = await Backend.connect(redis_url)
-    yield connected
-    await connected.aclose()
-
-
-@pytest.fixture
 async def wake_ups(redis_url: str, namespace: str) -> AsyncIterator[PubSub]:
     """Shard 0's wake channel, subscribed (one node is enough: PUBLISH reaches every node)."""
     node = redis.asyncio.Redis.from_url(redis_url)

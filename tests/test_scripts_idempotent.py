@@ -5,7 +5,6 @@ nothing more. Each test sends the call as the runtime builds it, twice."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio
@@ -21,20 +20,6 @@ from tests.entries import envelope
 from tests.helpers import keys_on_shard, stored_outcome
 
 pytestmark = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
-
-
-@pytest.fixture
-async def client(redis_url: str) -> AsyncIterator[redis.asyncio.Redis]:
-    connection = redis.asyncio.Redis.from_url(redis_url)
-    yield connection
-    await connection.aclose()
-
-
-@pytest.fixture
-async def backend(redis_url: str) -> AsyncIterator[Backend]:
-    connected = await Backend.connect(redis_url)
-    yield connected
-    await connected.aclose()
 
 
 async def acquired(
