@@ -64,6 +64,8 @@ async def _connect_asyncio(
     redis: str | AnyRedis | None, shards: int | None, namespace: str | None,
     options: dict[str, Any],
 ) -> AsyncIterator[Client]:
+    if "shard_count" in options:  # (Settings' name for it: Python's error would be a puzzle)
+        raise TypeError("connect() takes the shard count as shards=, not shard_count=")
     settings = Settings.resolve(namespace=namespace, shard_count=shards, **options)
     backend = await Backend.connect(default_url() if redis is None else redis)
     try:

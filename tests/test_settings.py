@@ -80,6 +80,14 @@ def test_unknown_settings_are_refused() -> None:
         Settings(lease_tll=3)  # type: ignore[call-arg]
 
 
+async def test_connect_names_its_shard_count_argument_when_given_the_settings_name() -> None:
+    with pytest.raises(TypeError, match="shards="):
+        async with keyserial.connect("redis://127.0.0.1:1/0", shard_count=4):
+            pass
+    with pytest.raises(TypeError, match="shards="):
+        keyserial.connect_sync("redis://127.0.0.1:1/0", shard_count=4)
+
+
 def test_explicit_values_win_over_variables_which_win_over_defaults() -> None:
     settings = Settings.resolve({"KEYSERIAL_LEASE_TTL": "2.5", "KEYSERIAL_NAMESPACE": "env"},
                                 namespace="explicit", shard_count=None)
