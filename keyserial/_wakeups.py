@@ -6,6 +6,7 @@ pushed to it, the one it took in since its last step, and whether the marker alr
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from ._commit_scripts import StepReply
 from ._intake import Push, entry_keys
@@ -16,18 +17,16 @@ from ._keystates import KeyStates
 BUSY_KNOWN = 2.0
 
 
+@dataclass(slots=True, eq=False)
 class Wakeups:
     """What a runner knows of its wake-up marker, and the pushes it gets."""
 
-    __slots__ = ("_busy_since", "_pushed", "pushed_to")
-
-    def __init__(self) -> None:
-        self._pushed: Push | None = None
-        #: The last entry taken in from a push since the last step, or '' (the step raises the
-        #: horizon to it).
-        self.pushed_to = ""
-        #: When a fetch of this owner last set the marker to ``busy`` (None: it may not say so).
-        self._busy_since: float | None = None
+    _pushed: Push | None = None
+    #: The last entry taken in from a push since the last step, or '' (the step raises the
+    #: horizon to it).
+    pushed_to: str = ""
+    #: When a fetch of this owner last set the marker to ``busy`` (None: it may not say so).
+    _busy_since: float | None = None
 
     def push(self, pushed: Push) -> None:
         """Keep the latest push, for :meth:`take`."""

@@ -295,7 +295,8 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit("keyserial/lua/acquire.lua", "local horizon = fold_pushed(KEYS[4], KEYS[13])",
               "local horizon = redis.call('GET', KEYS[4])"),),
         (_PUSH + "test_a_takeover_treats_an_entry_pushed_to_the_dead_owner_as_fetched"
-         + _STANDALONE,),
+         + _STANDALONE,
+         _PUSH + "test_a_pushed_op_that_kills_its_worker_is_struck_at_every_death" + _STANDALONE),
     ),
 )
 

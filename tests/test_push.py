@@ -14,13 +14,17 @@ import redis.asyncio
 from redis.asyncio.client import PubSub
 
 import keyserial
+from keyserial import PoisonOperation
 from keyserial._backend import Backend
 from keyserial._commit_scripts import StepArgs, step
 from keyserial._lease_scripts import AcquireArgs, LeaseGrant, ReleaseArgs, acquire, release
 from keyserial._submit_scripts import SubmitArgs, submit
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
+from tests import apps
 from tests.entries import append_entry, envelope, stored
+from tests.helpers import Starter
+from tests.ownership import all_held
 
 pytestmark = pytest.mark.parametrize("redis_url", ["standalone", "cluster"], indirect=True)
 
@@ -187,3 +191,29 @@ async def test_a_worker_takes_a_push_only_at_its_own_cursor(
         assert await ks.submit("k", deposit(100)) == 111
         assert await stored(client, namespace, 0, "next") == {"ok": 11}
         assert await stored(client, namespace, 0, "elsewhere") is None
+
+
+async def test_a_pushed_op_that_kills_its_worker_is_struck_at_every_death(
+    redis_url: str, client: redis.asyncio.Redis, namespace: str, start: Starter
+) -> None:
+    """A fresh op appended to an idle shard goes to its owner in the wake-up and kills it before
+    any write of the owner's: the takeover must count it as fetched, or the death costs it no
+    strike. With four workers it is dead-lettered after max_strikes (3) deaths; one more would
+    leave no worker to answer the caller. (On a cluster a client's appends are not fresh, since
+    redis-py may send one twice: the op is fetched, not pushed, and the count is the same.)"""
+    key = "poison:pushed"
+    with anyio.fail_after(60):
+        async with keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
+            workers = [start(redis_url, namespace, lease_ttl=0.5) for _ in range(4)]
+            await all_held(client, namespace)
+            assert await ks.submit(key, deposit(1)) == 1
+            wakeup = ShardKeys(namespace, ks.shard_of(key)).wakeup
+            while not (await client.get(wakeup) or b"").startswith(b"idle "):
+                await anyio.sleep(0.01)
+            with pytest.raises(PoisonOperation) as poisoned:
+                await ks.submit(key, apps.crash(), timeout=50)  # its own op id: fresh, pushed
+            assert poisoned.value.data["strikes"] == 3
+            dead = [worker.process.returncode for worker in workers
+                    if worker.process.poll() is not None]
+            assert dead == [17, 17, 17]
+            assert await ks.submit(key, deposit(1)) == 2
