@@ -43,6 +43,17 @@ def dumps(value: Any) -> str:
     return text
 
 
+def encodes(text: str) -> bool:
+    """Whether ``text`` can be sent: valid Unicode (no unpaired surrogate)."""
+    if text.isascii():
+        return True
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def loads(text: str) -> Any:
     """``json.loads``. A canonical int (all that :func:`dumps` writes for one: a balance, a
     counter) is parsed directly, the same value the decoder would give.

@@ -10,14 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import overload
 
+from ._json import encodes
 from .errors import ConfigError
 
 
 def check_namespace(namespace: str) -> str:
     """Reject names that would break the hash tag or the key layout."""
-    if not namespace or any(ch in namespace for ch in "{}: \t\r\n"):
+    if (not isinstance(namespace, str) or not namespace
+            or any(ch in namespace for ch in "{}: \t\r\n") or not encodes(namespace)):
         raise ConfigError(
-            f"namespace {namespace!r} must be non-empty and free of braces, colons and spaces"
+            f"namespace {namespace!r} must be a non-empty string free of braces, colons, spaces"
+            " and unpaired surrogates"
         )
     return namespace
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +40,8 @@ _NOT_NEGATIVE = _LowerBound(0, inclusive=True, wording="0 or positive")
 
 
 _AT_LEAST_ONE = _LowerBound(1, inclusive=True, wording="at least 1")
+#: A lease renewed every quarter of its TTL: below this, renewals are all a worker does.
+_A_TENTH_OR_MORE = _LowerBound(0.1, inclusive=True, wording="at least 0.1 seconds")
 
 
 def _bounded(default: Any, bound: _LowerBound) -> Any:
@@ -76,7 +78,7 @@ class Settings:
     namespace: str = "default"
     shard_count: int | None = _bounded(None, _AT_LEAST_ONE)
     #: Seconds a shard lease lives without renewal; a dead owner's shards move after at most this.
-    lease_ttl: float = _positive(10.0)
+    lease_ttl: float = _bounded(10.0, _A_TENTH_OR_MORE)
     #: Seconds an op's result is kept for fetching by op id and for deduplicating resubmits.
     result_ttl: float = _positive(3600.0)
     #: Largest encoded op envelope accepted by ``submit``.
@@ -112,16 +114,17 @@ class Settings:
     durable_fsync: bool = False
 
     def __post_init__(self) -> None:
-        check_namespace(self.namespace)
         for field in dataclasses.fields(self):
             bound = field.metadata.get(_LOWER_BOUND)
             value = getattr(self, field.name)
+            _check_type(field.name, value, field.type)
             if bound is None or value is None:  # (None: a shard_count not given)
                 continue
             if not math.isfinite(value):
                 raise ConfigError(f"{field.name} must be a finite number, not {value!r}")
             if not bound.admits(value):
                 raise ConfigError(f"{field.name} must be {bound.wording}, not {value!r}")
+        check_namespace(self.namespace)
 
     @property
     def lease_ttl_ms(self) -> int:
@@ -191,6 +194,31 @@ def _from_environ(environ: Mapping[str, str]) -> dict[str, Any]:
     return values
 
 
+#: What each annotation of a setting admits, and how to say so. (A bool is not a number here:
+#: ``max_strikes=True`` is a slip, not a 1.)
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and type(value) is not bool
+
+
+_KINDS: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "str": ("a string", lambda value: isinstance(value, str)),
+    "int": ("a whole number", _whole),
+    "int | None": ("a whole number or None", lambda value: value is None or _whole(value)),
+    "float": ("a number", lambda value: _whole(value) or isinstance(value, float)),
+    "bool": ("True or False", lambda value: type(value) is bool),
+}
+
+
+def _check_type(name: str, value: Any, kind: Any) -> None:
+    wording, admits = _KINDS[kind]
+    if not admits(value):
+        raise ConfigError(f"{name} must be {wording}, not {value!r}")
+
+
+#: What a variable's text must be, by the setting's annotation.
+_VARIABLE_KINDS = {"bool": "true or false (1/0, yes/no)", "int": "a whole number",
+                   "int | None": "a whole number", "float": "a number"}
+
 _BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 
 
@@ -205,5 +233,5 @@ def _parse(name: str, raw: str, kind: Any) -> Any:
         if kind == "float":
             return float(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not a valid {kind}") from None
+        raise ConfigError(f"{name}={raw!r} is not {_VARIABLE_KINDS[kind]}") from None
     return raw

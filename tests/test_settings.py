@@ -37,7 +37,8 @@ def test_a_value_of_the_wrong_type_names_the_variable() -> None:
 
 @pytest.mark.parametrize(
     "changes",
-    [{"lease_ttl": 0}, {"shard_count": 0}, {"namespace": "a{b}"}, {"namespace": ""},
+    [{"lease_ttl": 0}, {"lease_ttl": 0.099}, {"shard_count": 0}, {"namespace": "a{b}"},
+     {"namespace": ""},
      {"max_backlog": -1}, {"preload_states": -1}],
 )
 def test_unworkable_settings_are_refused(changes: dict[str, object]) -> None:
@@ -45,7 +46,7 @@ def test_unworkable_settings_are_refused(changes: dict[str, object]) -> None:
         Settings(**changes)  # type: ignore[arg-type]
 
 
-_POSITIVE = ["lease_ttl", "result_ttl", "max_payload_bytes", "max_strikes", "fetch_batch",
+_POSITIVE = ["result_ttl", "max_payload_bytes", "max_strikes", "fetch_batch",
              "max_inflight", "idle_poll", "submit_timeout", "health_interval", "max_state_bytes"]
 _NOT_NEGATIVE = ["max_backlog", "preload_states", "durable_replicas"]
 
@@ -72,7 +73,7 @@ def test_a_number_of_seconds_must_be_finite(value: float) -> None:
 def test_every_numeric_setting_has_a_lower_bound() -> None:
     fields = dataclasses.fields(Settings)
     numeric = {field.name for field in fields if field.type in ("int", "float")}
-    assert numeric == set(_POSITIVE) | set(_NOT_NEGATIVE)
+    assert numeric == set(_POSITIVE) | set(_NOT_NEGATIVE) | {"lease_ttl"}  # (0.1 s at least)
 
 
 def test_unknown_settings_are_refused() -> None:
@@ -86,6 +87,31 @@ async def test_connect_names_its_shard_count_argument_when_given_the_settings_na
             pass
     with pytest.raises(TypeError, match="shards="):
         keyserial.connect_sync("redis://127.0.0.1:1/0", shard_count=4)
+
+
+@pytest.mark.parametrize(
+    ("changes", "wanted"),
+    [({"shard_count": 2.5}, "a whole number or None"), ({"max_strikes": True}, "a whole number"),
+     ({"max_payload_bytes": 0.5}, "a whole number"), ({"durable_fsync": "no"}, "True or False"),
+     ({"lease_ttl": "10"}, "a number"), ({"namespace": 5}, "a string"),
+     ({"namespace": "a\ud800"}, "unpaired surrogates")],
+)
+def test_a_setting_of_the_wrong_type_is_refused(changes: dict[str, object], wanted: str) -> None:
+    """A string "no" is not False, nor 0.5 a byte count: refused, naming the field."""
+    with pytest.raises(ConfigError, match=wanted):
+        Settings(**changes)  # type: ignore[arg-type]
+
+
+async def test_a_fractional_shard_count_is_refused_before_a_namespace_records_it(
+    standalone_server: LocalServer, namespace: str
+) -> None:
+    """Recorded, it would leave the namespace unusable by every client and worker."""
+    with pytest.raises(ConfigError, match="shard_count must be a whole number"):
+        async with keyserial.connect(standalone_server.url, shards=2.5,  # type: ignore[arg-type]
+                                     namespace=namespace):
+            pass
+    with redis.Redis(port=standalone_server.port) as admin:
+        assert admin.hget(f"ks:{{{namespace}}}:meta", "shards") is None
 
 
 def test_explicit_values_win_over_variables_which_win_over_defaults() -> None:
@@ -144,7 +170,7 @@ def test_the_worker_command_takes_flags_over_variables_over_defaults(
 @pytest.mark.parametrize(
     ("variable", "value", "expected"),
     [("KEYSERIAL_LEASE_TLL", "2", "unknown setting KEYSERIAL_LEASE_TLL"),
-     ("KEYSERIAL_MAX_STRIKES", "many", "KEYSERIAL_MAX_STRIKES='many' is not a valid int")],
+     ("KEYSERIAL_MAX_STRIKES", "many", "KEYSERIAL_MAX_STRIKES='many' is not a whole number")],
 )
 def test_the_worker_command_refuses_a_bad_variable_in_one_line(
     variable: str, value: str, expected: str
