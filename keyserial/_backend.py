@@ -29,7 +29,7 @@ from redis.cluster import PRIMARY, REPLICA
 
 from ._backoff import Backoff
 from ._commands import Command, Commands
-from ._refusals import refusal
+from ._refusals import Refused, refusal
 from ._resp import (
     URL_TIMEOUTS,
     AnyRedis,
@@ -162,10 +162,15 @@ class Backend(Commands):
             backend = cls(redis, describe(redis), owned=False)
             await backend.ping()
             return backend
-        probe = Redis.from_url(redis, **URL_TIMEOUTS)
+        try:
+            probe = Redis.from_url(redis, **URL_TIMEOUTS)
+        except ValueError as exc:  # (redis-py's word for a URL it cannot use)
+            raise ConfigError(f"{redact(redis)} is not a usable Redis URL: {exc}") from None
         try:
             with _translating(redis):
                 info = await probe.info("cluster")
+        except Refused as exc:  # (at connecting: a database the server does not have)
+            raise ConfigError(f"Redis at {redact(redis)} refused the connection: {exc}") from None
         finally:
             await probe.aclose()
         if info.get("cluster_enabled"):
@@ -208,9 +213,8 @@ class Backend(Commands):
 
     async def on_node(self, key: str, commands: Sequence[Command]) -> list[Any]:
         """Commands in order on one connection to the master that holds ``key`` (as a WAIT
-        must follow the write it covers): each reply, or its error. On a cluster, a node that
-        cannot be reached may have been replaced by a failover: the routing is learnt again
-        before the error is raised, so the caller's next try goes to the new master."""
+        must follow the write it covers): each reply, or its error. On a cluster, an unreachable
+        node may have failed over: the routing is learnt again before the error is raised."""
         try:
             return await self._send(commands, key)
         except BackendUnavailable:
@@ -325,10 +329,8 @@ class Backend(Commands):
                 await subscription.aclose()
 
     async def _resubscribe(self, subscription: Subscription, within: float) -> None:
-        """Subscribe again, each try for at most ``within`` seconds: a connection that goes
-        quiet before it confirms is as lost as one that goes quiet later, and every reply
-        meanwhile waits for the sweep. The delay between tries does not grow: ``within``
-        already bounds a try, and a longer gap only delays replies once Redis is back."""
+        """Subscribe again, each try for at most ``within`` seconds (one that goes quiet before
+        it confirms is lost too), at a steady pace: a growing gap would only delay replies."""
         pause = Backoff(0.2, 0.2)
         while True:
             await pause.sleep()
@@ -357,8 +359,7 @@ class Backend(Commands):
             kind, options = pool.connection_class, pool.connection_kwargs
         else:
             return PubSubSubscription(_PubSub(self.client.pubsub(), self.url), channels, on_message)
-        # The connection class is passed on, not only the options: a TLS connection's options
-        # alone would make a plaintext connection.
+        # (With its class: a TLS connection's options alone would make a plaintext one.)
         pool = ConnectionPool(connection_class=kind, **{**options, "socket_timeout": None})
         pubsub = Redis.from_pool(pool).pubsub()
         return PubSubSubscription(_PubSub(pubsub, self.url), channels, on_message)
@@ -394,7 +395,6 @@ class _PubSub:
         await self._pubsub.aclose()  # type: ignore[no-untyped-call]
 
     async def _drop_connection(self) -> None:
-        """Close the connection without waiting for the peer to acknowledge it (a dropped TLS
-        connection would keep a waiting close for as long as its connect timeout, or ever)."""
+        """Close without awaiting the peer (a dropped TLS one could wait its connect timeout)."""
         if self._pubsub.connection is not None:
             await self._pubsub.connection.disconnect(nowait=True)

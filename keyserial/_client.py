@@ -13,9 +13,10 @@ import itertools
 import json
 import logging
 import math
+import os
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -27,6 +28,7 @@ from ._appender import Appender
 from ._backend import Backend
 from ._codec import decode_outcome, decode_reply, encode_envelope
 from ._durability import stored_confirmed
+from ._json import encodes
 from ._layout import ShardKeys, reply_channel
 from ._ops import RESERVED_PREFIX, Call
 from ._pending import TIMED_OUT, Pending, closed_while_waiting, value_or_raise
@@ -59,6 +61,7 @@ class Client:
         self.settings = settings
         self.shard_count = shard_count
         self.client_id = uuid.uuid4().hex
+        self._pid = os.getpid()
         # Op ids: the client's random id plus a counter (unique, and cheaper than a uuid4 each).
         self._op_ids = itertools.count()
         self._backend = backend
@@ -73,6 +76,11 @@ class Client:
         self._sweep = Sweep(backend, settings, self._waiting, self._settle, self._appender.requeue)
 
     async def __aenter__(self) -> Client:
+        if self._loop is not None:  # (its tasks, connection and cancel scope are in use)
+            raise KeyserialError(
+                "this keyserial client was opened already; a client is entered once, by"
+                " `async with keyserial.connect(...)`: open another one instead"
+            )
         self._loop = asyncio.get_running_loop()
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
@@ -118,7 +126,16 @@ class Client:
     def new_op_id(self) -> str:
         """A fresh op id, unique across clients, to pass as ``op_id=``: the caller then knows
         the op's id before it awaits, so after a cancel it can fetch the outcome
-        (``ks.result(op_id, key=...)``) or resubmit under the same id (it never runs twice)."""
+        (``ks.result(op_id, key=...)``) or resubmit under the same id (it never runs twice).
+
+        :raises KeyserialError: in a process forked from the one that opened the client, whose
+            ids it would repeat.
+        """
+        if self._pid != os.getpid():
+            raise KeyserialError(
+                f"this keyserial client was opened in process {self._pid}, before a fork: its op"
+                " ids would repeat the parent's; open a client in this process"
+            )
         return f"{self.client_id}-{next(self._op_ids)}"
 
     def _check_loop(self) -> asyncio.AbstractEventLoop:
@@ -152,18 +169,21 @@ class Client:
 
         :raises SubmitTimeout: if no reply came within ``timeout`` seconds; the op may still apply.
         :raises PayloadTooLarge: if the encoded op is over ``max_payload_bytes``; nothing is sent.
-        :raises BacklogFull: if the shard holds ``max_backlog`` unprocessed entries.
+        :raises BacklogFull: if the shard's stream holds ``max_backlog`` entries.
         :raises BackendUnavailable: if Redis cannot be reached.
-        :raises TypeError: if an argument is not JSON-serializable.
+        :raises TypeError, ValueError: if an argument cannot be carried as JSON (a set, NaN);
+            ``ValueError`` for a malformed ``op_id`` or a reserved op name too.
         """
-        if not isinstance(key, str) or not key:
-            raise TypeError(f"key must be a non-empty string, not {key!r}")
+        _check_key(key)
         return await self._submit(key, self.shard_of(key), call, timeout, op_id)
 
     def _home(self, keys: Sequence[str]) -> int:
         """The shard a multi-key op is appended to: the lowest of its keys' shards."""
-        if isinstance(keys, str) or not keys or not all(isinstance(k, str) and k for k in keys):
+        if not isinstance(keys, (list, tuple)) or not keys:
+            # (Not a set: the op sees its keys in the order given.)
             raise TypeError(f"keys must be a list of non-empty strings, not {keys!r}")
+        for key in keys:
+            _check_key(key)
         if len(set(keys)) != len(keys):
             raise ValueError(f"keys must be distinct: {list(keys)!r}")
         return min(self.shard_of(key) for key in keys)
@@ -180,7 +200,8 @@ class Client:
 
         Raises as :meth:`submit` does.
         """
-        return await self._submit(tuple(keys), self._home(keys), call, timeout, op_id)
+        home = self._home(keys)
+        return await self._submit(tuple(keys), home, call, timeout, op_id)
 
     async def transfer(self, source: str, target: str, amount: int, *,
                        timeout: float | None = None, op_id: str | None = None) -> dict[str, int]:
@@ -195,15 +216,17 @@ class Client:
 
     async def _submit(self, keys: str | tuple[str, ...], shard: int, call: Call[R],
                       timeout: float | None, op_id: str | None) -> R:
-        if not isinstance(call, Call):
+        if (not isinstance(call, Call) or not isinstance(call.name, str) or not call.name
+                or not isinstance(call.args, tuple) or not isinstance(call.kwargs, Mapping)):
             raise TypeError(
                 f"expected a keyserial Call (op(...) or keyserial.call(...)), not {call!r}"
             )
         if call.name.startswith(RESERVED_PREFIX):
             raise ValueError(f"op {call.name!r} is keyserial's own; it cannot be submitted")
         loop = self._check_loop()
-        if op_id is not None and (not isinstance(op_id, str) or not op_id or "#" in op_id):
-            raise ValueError(f"op_id must be a non-empty string without '#', not {op_id!r}")
+        timeout = self._timeout(timeout)
+        if op_id is not None:
+            _check_op_id(op_id, submitted=True)
         fresh = op_id is None
         op_id = op_id or self.new_op_id()
         envelope = encode_envelope(op_id, keys, call, self._reply)
@@ -216,8 +239,6 @@ class Client:
         pending = Pending(op_id, keys, shard, envelope, loop.create_future(), fresh=fresh)
         self._waiting[op_id].append(pending)
         self._appender.add(pending)
-        if timeout is None:
-            timeout = self.settings.submit_timeout
         # A timer, not a cancel scope: a deadline on every submit then costs next to nothing.
         timer = loop.call_later(timeout, pending.expire) if timeout < math.inf else None
         try:
@@ -241,6 +262,7 @@ class Client:
         that is ordered after them.
         """
         self._check_loop()
+        _check_key(key)
         raw = await self._backend.state(self._shards[self.shard_of(key)], key)
         return None if raw is None else json.loads(raw)
 
@@ -252,6 +274,10 @@ class Client:
         :raises OperationFailed: if the op failed.
         """
         self._check_loop()
+        # ('#' is not refused here: a foreign client's op may have stored an outcome so.)
+        _check_op_id(op_id, submitted=False)
+        if isinstance(key, str):
+            _check_key(key)
         shard = self.shard_of(key) if isinstance(key, str) else self._home(key)
         all_keys = (key,) if isinstance(key, str) else tuple(key)
         keys = ShardKeys(self.settings.namespace, shard)
@@ -272,6 +298,16 @@ class Client:
         return value_or_raise(decode_outcome(raw), keys=all_keys, op_id=op_id)
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _timeout(self, timeout: float | None) -> float:
+        """``timeout``, checked before anything is sent, or the ``submit_timeout`` setting."""
+        if timeout is None:
+            return self.settings.submit_timeout
+        if not isinstance(timeout, (int, float)) or type(timeout) is bool:
+            raise TypeError(f"timeout must be a number of seconds, not {timeout!r}")
+        if not timeout > 0:  # (NaN too: it would never expire)
+            raise ValueError(f"timeout must be positive seconds or math.inf, not {timeout!r}")
+        return timeout
 
     async def _timed_out(self, pending: Pending, timeout: float) -> SubmitTimeout:
         """The timeout error, naming the op's shards that no worker holds (the usual reason an
@@ -328,3 +364,19 @@ class Client:
             return
         for op_id, outcome in replies:
             self._settle(op_id, outcome)
+
+
+def _check_key(key: object) -> None:
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"key must be a non-empty string, not {key!r}")
+    if not encodes(key):
+        raise ValueError(f"key {key!r} holds an unpaired surrogate: it cannot be sent")
+
+
+def _check_op_id(op_id: object, *, submitted: bool) -> None:
+    """A submitted op id may not hold '#', which names keyserial's coordination records."""
+    if (not isinstance(op_id, str) or not op_id or not encodes(op_id)
+            or (submitted and "#" in op_id)):
+        wanted = "a non-empty string without '#'" if submitted else "a non-empty string"
+        raise ValueError(f"op_id must be {wanted}, not {op_id!r}")
+

@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import json
 import re
+import reprlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._json import dumps
+from ._json import dumps, encodes
 from ._ops import Call
 
 WIRE_VERSION = "1"
@@ -107,7 +108,7 @@ def _not_json_argument(call: Call[Any], exc: TypeError | ValueError) -> TypeErro
 
 
 def _short(value: Any) -> str:
-    text = repr(value)
+    text = reprlib.repr(value)  # (bounded in depth and length: the value may nest deeply)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -161,13 +162,7 @@ def salvage_replies(fields: Mapping[bytes, bytes]) -> list[tuple[str, str | None
 
 def _is_text(value: Any) -> bool:
     """A string that can be written back to Redis (valid Unicode)."""
-    if not isinstance(value, str):
-        return False
-    try:
-        dumps(value)
-    except ValueError:
-        return False
-    return True
+    return isinstance(value, str) and encodes(value)
 
 
 def _decode_checked(item: Any) -> Envelope | MalformedEntry:

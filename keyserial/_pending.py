@@ -61,7 +61,7 @@ def closed_while_waiting(pending: Pending, *, sent: bool) -> KeyserialError:
     where = repr(keys[0]) if len(keys) == 1 else repr(list(keys))
     return KeyserialError(
         f"the client was closed while op {op_id!r} waited for its outcome; it may still apply."
-        f" Fetch its outcome on an open client with `await ks.result({op_id!r}, key={where})`,"
+        f" Fetch its outcome on an open client with `ks.result({op_id!r}, key={where})`,"
         f" or resubmit with op_id={op_id!r} (it never runs twice)."
     )
 

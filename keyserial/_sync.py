@@ -39,7 +39,8 @@ class SyncClient:
         return self._client.shard_of(key)
 
     def new_op_id(self) -> str:
-        """A fresh op id to pass as ``op_id=`` (see :meth:`keyserial.Client.new_op_id`)."""
+        """A fresh op id to pass as ``op_id=`` (see :meth:`keyserial.Client.new_op_id`; it
+        raises in a forked child, where it would repeat the parent's ids)."""
         return self._client.new_op_id()
 
     def submit(

@@ -85,7 +85,11 @@ class BackendUnavailable(KeyserialError, ConnectionError):
         self.op_id = op_id
         #: Every key of the op (pass them as ``ks.result(op_id, key=keys)``).
         self.keys = tuple(keys)
-        detail = f"cannot reach Redis at {self.url}: {cause}"
+        #: Why, without the URL (one error wrapping another says it once).
+        self.reason: str = (
+            cause.reason if isinstance(cause, BackendUnavailable) else str(cause)
+        )
+        detail = f"cannot reach Redis at {self.url}: {self.reason}"
         if op_id is not None:
             detail += (
                 f" (op {op_id!r} may or may not have been appended; resubmit with the same"
@@ -153,7 +157,7 @@ class SubmitTimeout(KeyserialError, TimeoutError):
         super().__init__(
             f"no reply for op {op_id!r} on key{'s' if len(self.keys) > 1 else ''} {where} within"
             f" {timeout:g}s{why}; it may still apply. Fetch its outcome with"
-            f" `await ks.result({op_id!r}, key={where})`, or resubmit with op_id={op_id!r}"
+            f" `ks.result({op_id!r}, key={where})`, or resubmit with op_id={op_id!r}"
             " (it never runs twice)."
         )
 

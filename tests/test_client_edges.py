@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -33,6 +35,16 @@ async def _op_ids_in_stream(url: str, stream: str) -> list[str]:
     finally:
         await client.aclose()
     return [envelope["id"] for _, fields in entries for envelope in json.loads(fields[b"ops"])]
+
+
+@asynccontextmanager
+async def _served(
+    url: str, namespace: str, shard_count: int = 1
+) -> AsyncIterator[keyserial.Client]:
+    """A worker owning the namespace's shards, and a client of it."""
+    async with running_worker(url, namespace, shard_count=shard_count), \
+            keyserial.connect(url, namespace=namespace) as ks:
+        yield ks
 
 
 async def _stored_result(ks: keyserial.Client, op_id: str, key: Any) -> Any:
@@ -263,3 +275,76 @@ async def test_closing_the_client_settles_the_submits_other_tasks_wait_on(
     assert "never appended" in str(errors["queued"]), errors["queued"]
     assert "queued" not in await _op_ids_in_stream(redis_url, stream)
     await admin.aclose()
+
+
+@pytest.mark.parametrize(
+    ("timeout", "error"),
+    [("1", TypeError), (True, TypeError), (math.nan, ValueError), (0, ValueError),
+     (-1, ValueError)],
+)
+async def test_a_timeout_that_is_not_positive_seconds_is_refused_and_nothing_is_sent(
+    standalone_server: LocalServer, namespace: str, timeout: Any, error: type[Exception]
+) -> None:
+    """Checked before the op is queued: a caller told the submit failed must be able to trust
+    that nothing applies (``NaN`` would never expire, ``"1"`` failed after queueing)."""
+    url = standalone_server.url
+    async with _served(url, namespace) as ks:
+        with pytest.raises(error, match="timeout"):
+            await ks.submit("acct", deposit(5), timeout=timeout, op_id="checked")
+        assert await ks.submit("acct", balance()) == 0  # (committed after anything before it)
+        assert "checked" not in await _op_ids_in_stream(url, ShardKeys(namespace, 0).stream)
+        with pytest.raises(ResultNotFound):
+            await ks.result("checked", key="acct")
+
+
+async def test_a_client_is_entered_once_and_stays_usable(
+    standalone_server: LocalServer, namespace: str
+) -> None:
+    async with _served(standalone_server.url, namespace) as ks:
+        with pytest.raises(KeyserialError, match="entered once"):
+            async with ks:
+                pass
+        assert await ks.submit("acct", deposit(2)) == 2
+    with pytest.raises(KeyserialError, match="entered once"):
+        async with ks:  # (closed: a client is not opened again)
+            pass
+
+
+async def test_keys_and_op_ids_of_reads_and_lookups_are_checked(
+    standalone_server: LocalServer, namespace: str
+) -> None:
+    async with _served(standalone_server.url, namespace, shard_count=2) as ks:
+        for key in (None, 5, ""):
+            with pytest.raises(TypeError, match="key must be a non-empty string"):
+                await ks.read(key)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="unpaired surrogate"):
+            await ks.submit("a\ud800", deposit(1))
+        for call in (keyserial.Call(5), keyserial.Call("deposit", 5)):  # type: ignore[arg-type]
+            with pytest.raises(TypeError, match="expected a keyserial Call"):
+                await ks.submit("acct", call)
+        for op_id in (None, "", "a\ud800"):
+            with pytest.raises(ValueError, match="op_id must be"):
+                await ks.result(op_id, key="acct")  # type: ignore[arg-type]
+        for keys in ({"a", "b"}, (key for key in "ab"), None, "ab"):
+            with pytest.raises(TypeError, match="keys must be a list"):
+                await ks.submit_many(keys, apps.fences())  # type: ignore[arg-type]
+
+
+async def test_an_argument_nested_too_deeply_is_refused_naming_it(
+    standalone_server: LocalServer, namespace: str
+) -> None:
+    nested: list[Any] = []
+    for _ in range(5000):
+        nested = [nested]
+    async with keyserial.connect(standalone_server.url, namespace=namespace, shards=1) as ks:
+        with pytest.raises(ValueError, match=r"op 'deposit': argument 0 \(list"):
+            await ks.submit("acct", deposit(nested))  # type: ignore[arg-type]
+
+
+async def test_a_database_the_server_does_not_have_is_a_config_error(
+    standalone_server: LocalServer,
+) -> None:
+    url = standalone_server.url.rsplit("/", 1)[0] + "/99"
+    with pytest.raises(keyserial.ConfigError, match="refused the connection: DB index"):
+        async with keyserial.connect(url, shards=1):
+            pass

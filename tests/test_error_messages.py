@@ -133,3 +133,10 @@ def test_a_remote_error_keeps_its_type_in_the_message() -> None:
         {"type": "ValueError", "message": "only 3 left"}, key="sku:1", op_id="o1"
     )
     assert str(error) == "ValueError: only 3 left (op 'o1' on key 'sku:1')"
+
+
+def test_an_unreachable_error_wrapping_another_says_where_once() -> None:
+    inner = keyserial.BackendUnavailable("redis://app:pw@host:6379/0", "the cluster is down")
+    outer = keyserial.BackendUnavailable("redis://app:pw@host:6379/0", inner, op_id="x")
+    assert str(outer).count("cannot reach Redis at redis://app:***@host:6379/0") == 1
+    assert outer.reason == "the cluster is down"

@@ -309,6 +309,20 @@ async def test_the_submit_script_refuses_an_entry_when_the_backlog_is_full(
         assert await client.commands.xlen(client.stream(shard)) == 1
 
 
+async def test_the_submit_script_called_with_too_few_arguments_appends_nothing(
+    redis_url: str, namespace: str
+) -> None:
+    """An error reply means nothing was appended (a client retries it under a new op id):
+    without its wake channel the script used to append, then fail to publish."""
+    async with ForeignClient.connect(redis_url, namespace) as client:
+        stream = f"ks:{{{namespace}:0}}:stream"
+        ops = json.dumps([{"id": "short", "key": "k", "op": "deposit", "args": [1]}])
+        for argv in (["0", "1", ops], []):
+            with pytest.raises(redis_errors.ResponseError, match="nothing was appended"):
+                await client.commands.eval(doc_submit_script(), 1, stream, *argv)
+        assert await client.commands.xlen(stream) == 0
+
+
 async def test_a_multi_key_op_across_shards_is_appended_to_its_lowest_shard(
     redis_url: str, namespace: str
 ) -> None:
@@ -328,6 +342,8 @@ async def test_a_multi_key_op_across_shards_is_appended_to_its_lowest_shard(
         refused = (await client.replies(["move-2"]))["move-2"]
         assert refused["error"]["type"] == "keyserial.MalformedOperation"
         assert "a multi-key op goes to the lowest" in refused["error"]["message"]
+        assert (f"{source!r} on {home}, {target!r} on {other}"
+                in refused["error"]["message"])  # (each key with its own shard)
         await client.xadd(home, [move])
         assert (await client.replies(["move-1"]))["move-1"] == {"ok": {source: 6, target: 4}}
         assert await client.stored(home, "move-1") == {"ok": {source: 6, target: 4}}
@@ -424,3 +440,27 @@ async def test_non_finite_numbers_are_read_but_never_written(
         error = outcomes[refused["id"]]["error"]
         assert error["type"] == "TypeError" and "returned or stored non-JSON" in error["message"]
         assert await client.commands.hget(client.state(shard), key) == '["x"]'
+
+
+@pytest.mark.parametrize(
+    "broken", [{"args": "x"}, {"op": ""}, {"v": "2"}], ids=["bad args", "no op", "bad version"]
+)
+async def test_a_malformed_copy_of_an_op_that_ran_is_answered_with_its_outcome(
+    redis_url: str, namespace: str, broken: dict[str, str]
+) -> None:
+    """One outcome per op id: a foreign client's retry that went wrong (a bad envelope, or an
+    entry of another wire version) neither stores a refusal over the op's stored result nor
+    replies one."""
+    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
+            ForeignClient.connect(redis_url, namespace) as client:
+        await client.read_shard_count()
+        key = "account:7"
+        shard = client.shard(key)
+        deposit = client.envelope(key, "deposit", 5)
+        await client.xadd(shard, [deposit])
+        assert (await client.replies([deposit["id"]]))[deposit["id"]] == {"ok": 5}
+        copy = {**deposit, **{name: value for name, value in broken.items() if name != "v"}}
+        await client.xadd(shard, [copy], version=broken.get("v", "1"))
+        assert (await client.replies([deposit["id"]]))[deposit["id"]] == {"ok": 5}
+        assert await client.stored(shard, deposit["id"]) == {"ok": 5}
+        assert await client.commands.hget(client.state(shard), key) == "5"

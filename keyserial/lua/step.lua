@@ -35,8 +35,8 @@
 -- ARGV[8]  the results retention in milliseconds
 -- ARGV[9]  the last committed entry id not trimmed from the stream yet, or '' (none)
 -- ARGV[10] '1': trim through ARGV[9] now; '0': only if the fetch finds nothing new (the owner
---          trims every so many entries while busy, and always before it goes idle, so an idle
---          shard's XLEN is exactly its backlog)
+--          trims every so many entries while busy, and before it goes idle, at most once per
+--          idle_poll while entries come pushed: a shard idle that long has XLEN = its backlog)
 -- ARGV[11] '1': the owner holds every state of the shard (loaded when it took the shard over),
 --          so none is read
 -- ARGV[12] replies to publish once committed, JSON [[channel, message], ...], or ''. (On

@@ -16,6 +16,10 @@
 -- ARGV[5]  '1' if every op id in the entry is appended for the first time (the entry's field
 --          fresh = '1': its owner skips looking up their stored outcomes); optional
 -- Returns the new entry id; the error "BACKLOG <length>" when the backlog is full (nothing added).
+if #KEYS < 1 or #ARGV < 4 then  -- (checked first: an error must mean that nothing was appended)
+  return redis.error_reply('ERR submit takes the stream (and the marker) as KEYS, and the limit,'
+    .. ' version, ops and wake channel (and fresh) as ARGV; nothing was appended')
+end
 local limit = tonumber(ARGV[1])
 if limit > 0 then
   local length = redis.call('XLEN', KEYS[1])
