@@ -5,6 +5,7 @@ differs. Which op runs when is :mod:`._chains`' job.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
@@ -48,6 +49,17 @@ class _Raised:
     """What an op raised (an op may return an exception object as a value)."""
 
     error: Exception
+
+
+def _escaped(cancelled: asyncio.CancelledError) -> Exception:
+    """The failure of an op that let a ``CancelledError`` out of its own code (it awaited a
+    task that was cancelled): an error like any other, not the end of the runner that ran it.
+    One that cancels this task (the worker stopping) goes on up."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise cancelled
+    return RuntimeError("the op let asyncio.CancelledError escape (it awaited something that was"
+                        " cancelled); catch it in the op to say what failed")
 
 
 def error_type_name(exc: BaseException) -> str:
@@ -167,6 +179,8 @@ class Executor:
             value: Any = definition.fn(context, *envelope.args, **envelope.kwargs)
         except Exception as exc:
             value = _Raised(exc)
+        except asyncio.CancelledError as exc:
+            value = _Raised(_escaped(exc))
         return self._end(envelope, context, value)
 
     async def evaluate(
@@ -180,6 +194,8 @@ class Executor:
             value: Any = await definition.fn(context, *envelope.args, **envelope.kwargs)
         except Exception as exc:
             value = _Raised(exc)
+        except asyncio.CancelledError as exc:
+            value = _Raised(_escaped(exc))
         return self._end(envelope, context, value)
 
     def _begin(
@@ -236,15 +252,22 @@ class Executor:
         return None
 
     def _error_outcome(self, envelope: Envelope, exc: Exception) -> str:
-        if not isinstance(exc, OperationFailed):
-            # The op's own refusal, reported to its caller: not a fault of the worker.
-            log.info(
-                "shard %d: op %r (%s) failed: %s: %s",
-                self.shard, envelope.name, envelope.op_id, type(exc).__name__, exc,
-            )
-        data = exc.data if isinstance(exc, OperationFailed) else None
-        message = exc.message if isinstance(exc, OperationFailed) else str(exc)
-        return encode_error(error_type_name(exc), message, data)
+        if isinstance(exc, OperationFailed):
+            return encode_error(error_type_name(exc), exc.message, exc.data)
+        message = _described(exc)
+        # The op's own refusal, reported to its caller: not a fault of the worker.
+        log.info("shard %d: op %r (%s) failed: %s: %s",
+                 self.shard, envelope.name, envelope.op_id, type(exc).__name__, message)
+        return encode_error(error_type_name(exc), message, None)
+
+
+def _described(exc: Exception) -> str:
+    """``str(exc)``, or a stand-in if the op's exception cannot say what it is: its failure
+    must reach the caller, never stop the shard."""
+    try:
+        return str(exc)
+    except Exception as failure:
+        return f"(str() of this {type(exc).__name__} raised {type(failure).__name__})"
 
 
 def _accepts_keys(definition: Op[..., Any] | None, envelope: Envelope) -> TypeGuard[Op[..., Any]]:

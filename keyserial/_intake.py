@@ -54,31 +54,46 @@ def accept(
         accepted = Accepted(Entry(entry_id, 0), dead=[(entry_id, exc.reason, raw_json(fields))])
         outcome = encode_error(MalformedOperation.wire_type, exc.reason)
         for op_id, reply in salvage_replies(fields):
-            accepted.finished.append(Finished(op_id, outcome, [], channels(reply)))
+            if not _answered(accepted, op_id, reply, None, done, running):
+                accepted.finished.append(Finished(op_id, outcome, [], channels(reply)))
         return accepted
     accepted = Accepted(Entry(entry_id, len(items)))
     entry = accepted.entry
     for item in items:
+        # An op id that already ran, or runs, keeps its outcome: a malformed copy appended
+        # again (a foreign client's retry gone wrong) is answered with it, never stored over it.
+        if item.op_id is not None and _answered(
+            accepted, item.op_id, item.reply, entry, done, running
+        ):
+            continue
         if isinstance(item, MalformedEntry):
             _reject(accepted, item)
-        elif (stored := done.get(item.op_id)) is not None:
-            accepted.finished.append(
-                Finished(item.op_id, stored, [entry], channels(item.reply), store=False)
-            )
-        elif (run := running.get(item.op_id)) is not None:
-            if run.outcome is None:
-                run.entries.append(entry)
-                run.replies.extend(channels(item.reply))
-            else:
-                accepted.finished.append(
-                    Finished(item.op_id, run.outcome, [entry], channels(item.reply), store=False)
-                )
         elif (wrong := misrouted(item, shard, shard_count)) is not None:
             _reject(accepted, MalformedEntry(wrong, op_id=item.op_id, reply=item.reply))
         else:
             run = running[item.op_id] = Run(item, [entry], channels(item.reply))
             accepted.runs.append(run)
     return accepted
+
+
+def _answered(
+    accepted: Accepted, op_id: str, reply: str | None, entry: Entry | None,
+    done: Mapping[str, str], running: MutableMapping[str, Run],
+) -> bool:
+    """Answer an occurrence of an op id that has a stored outcome, or a run (joined while it
+    runs); False if it has neither."""
+    entries = [] if entry is None else [entry]
+    if (stored := done.get(op_id)) is not None:
+        accepted.finished.append(Finished(op_id, stored, entries, channels(reply), store=False))
+    elif (run := running.get(op_id)) is None:
+        return False
+    elif run.outcome is None:
+        run.entries.extend(entries)
+        run.replies.extend(channels(reply))
+    else:
+        accepted.finished.append(Finished(op_id, run.outcome, entries, channels(reply),
+                                          store=False))
+    return True
 
 
 def _reject(accepted: Accepted, problem: MalformedEntry) -> None:
@@ -105,9 +120,12 @@ def misrouted(envelope: Envelope, shard: int, shard_count: int) -> str | None:
     shards = route(envelope, shard_count)
     if envelope.multi and envelope.name != GRANT_OP:
         if min(shards) != shard:
+            placed = ", ".join(
+                f"{key!r} on {home}" for key, home in zip(envelope.keys, shards, strict=True)
+            )
             return (
-                f"keys {list(envelope.keys)!r} are on shards {sorted(set(shards))} of"
-                f" {shard_count}: a multi-key op goes to the lowest, not to shard {shard}"
+                f"its keys are on shards of {shard_count} ({placed}): a multi-key op goes to"
+                f" the lowest, shard {min(shards)}, not to shard {shard}"
             )
         return None
     for key, home in zip(envelope.keys, shards, strict=True):

@@ -173,7 +173,7 @@ class Metrics:
         except OSError as exc:
             raise ConfigError(
                 f"cannot serve metrics on port {self.port}: {exc.strerror or exc}"
-                " (is the port taken? try another --metrics-port)"
+                " (is the port taken? choose another --metrics-port or KEYSERIAL_METRICS_PORT)"
             ) from None
         async with listener:
             self.bound_port = listener.extra(SocketAttribute.local_port)

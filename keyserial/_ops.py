@@ -91,13 +91,27 @@ class Context:
         return dumps(self._value)
 
 
+class _OwnStates(dict[str, Any]):
+    """A multi-key op's states, which hold its keys and no other: a write elsewhere would be
+    lost silently (only the op's own keys are committed, and held while it runs)."""
+
+    __slots__ = ()
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        if key not in self:
+            raise KeyError(f"{key!r} is not a key of this op: a multi-key op writes only the"
+                           " keys it was submitted with")
+        super().__setitem__(key, value)
+
+
 class MultiContext:
     """What a multi-key op sees: its keys (in the order the caller gave them), its op id, each
     key's fencing token, and every key's state.
 
     ``states`` maps each key to its committed JSON value (``None`` when it has none). Assign to
     ``states[key]`` or mutate values in place; all changes commit atomically with the result,
-    or none do if the op raises.
+    or none do if the op raises. Assigning to a key the op was not submitted with raises
+    ``KeyError``: it would never be committed.
 
     ``fences`` maps each key to its fencing token, as :attr:`Context.fence` (keys on other
     shards get their own shard's token, so each key's tokens keep increasing); ``fence`` is the
@@ -121,9 +135,9 @@ class MultiContext:
     @property
     def states(self) -> dict[str, Any]:
         if self._states is None:
-            self._states = {
-                key: None if raw is None else loads(raw) for key, raw in self._encoded.items()
-            }
+            self._states = _OwnStates(
+                (key, None if raw is None else loads(raw)) for key, raw in self._encoded.items()
+            )
         return self._states
 
     def encoded_states(self) -> dict[str, str | None]:
@@ -182,7 +196,7 @@ def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None) -> A
     """
 
     def wrap(function: Callable[..., Any]) -> Op[..., Any]:
-        return Op(function, name or function.__name__)
+        return Op(function, _op_name(function, name))
 
     return wrap if fn is None else wrap(fn)
 
@@ -198,9 +212,27 @@ def multi_op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None
     with ``ks.submit_many(keys, op(...))``: it sees and writes all their states atomically."""
 
     def wrap(function: Callable[..., Any]) -> Op[..., Any]:
-        return Op(function, name or function.__name__, multi_key=True)
+        return Op(function, _op_name(function, name), multi_key=True)
 
     return wrap if fn is None else wrap(fn)
+
+
+def _where_defined(each: Op[..., Any]) -> str:
+    fn = each.fn
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def _op_name(function: Any, name: str | None) -> str:
+    """``name``, else the function's own; refuses what is not a plain function (an op already,
+    a ``partial``, an object), whose name would be a guess."""
+    if isinstance(function, Op) or not callable(function):
+        raise TypeError(f"@keyserial.op and @keyserial.multi_op take a function, not {function!r}")
+    if name is not None:
+        return name
+    own = getattr(function, "__name__", None)
+    if not isinstance(own, str) or own == "<lambda>":
+        raise TypeError(f"{function!r} has no name of its own: pass one, op(name=...)(fn)")
+    return own
 
 
 class Registry:
@@ -218,7 +250,11 @@ class Registry:
             )
         existing = self._ops.get(new.name)
         if existing is not None and existing.fn is not new.fn:
-            raise ConfigError(f"two different ops are registered as {new.name!r}")
+            raise ConfigError(
+                f"two different ops are registered as {new.name!r}: {_where_defined(existing)}"
+                f" and {_where_defined(new)} (op names are one namespace per worker, the"
+                " ledger's deposit, withdraw, balance and transfer included)"
+            )
         self._ops[new.name] = new
 
     def add_module(self, module: ModuleType | str) -> None:

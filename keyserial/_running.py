@@ -31,8 +31,9 @@ async def running_worker(
 
     The block starts only once the worker owns every shard it serves, so an op submitted in it
     runs at once instead of waiting for a lease; on exit the worker drains its ops and releases
-    its leases, so the next block's worker takes over at once. ``apps`` (module names) and
-    ``registry`` are the worker's ops besides the ledger's; ``settings`` are other
+    its leases, so the next block's worker takes over at once. ``apps`` (module names) are
+    served besides the ledger's ops, or besides those of ``registry``, which replaces them;
+    ``settings`` are other
     :class:`~keyserial.Settings` fields (``lease_ttl=1.0``). Settings come from the arguments
     only, never from ``KEYSERIAL_*`` variables: a test runs as it is written.
 

@@ -45,7 +45,9 @@ class Worker:
     """Serve ``shards`` of a namespace until :meth:`stop` is called (or the task is cancelled).
 
     ``apps`` names modules whose ``@keyserial.op`` functions are served besides the built-in
-    ledger ops. ``shards`` is a list or a spec like ``"0-15"``; ``None`` means all shards.
+    ledger ops (or besides the ops of ``registry``, which then replaces them, and which the
+    apps' ops are added to). ``shards`` is a list or a spec like ``"0-15"``; ``None`` means all
+    shards.
     ``metrics_port``: serve Prometheus metrics there while running (docs/metrics.md).
     """
 
@@ -115,9 +117,11 @@ class Worker:
                     backend, self.settings, self.token, self.metrics, self._owned,
                     partial(self._start, backend, shard_count, task_group),
                 )
+                # (Metrics first: a port that cannot be bound stops the worker before it has
+                # subscribed or taken a shard.)
+                await task_group.start(self.metrics.serve)
                 task_group.start_soon(self._pipeliner.serve)
                 await task_group.start(self._listen_for_wakeups, backend)
-                await task_group.start(self.metrics.serve)
                 task_group.start_soon(self._leases.keep, self.shards, self._stop)
                 self._started.set()
                 await self._stop.wait()
@@ -175,11 +179,13 @@ class Worker:
             return list(range(shard_count))
         if isinstance(spec, str):
             return parse_shards(spec, shard_count)
-        shards = sorted(set(spec))
-        bad = [shard for shard in shards if not 0 <= shard < shard_count]
+        if not spec:
+            raise ConfigError("shards is empty: name at least one shard, or None for all")
+        bad = [shard for shard in spec
+               if type(shard) is not int or not 0 <= shard < shard_count]  # (not True, not 1.5)
         if bad:
-            raise ConfigError(f"shards {bad} do not exist with {shard_count} shards")
-        return shards
+            raise ConfigError(f"shards {bad!r} are not shards of 0-{shard_count - 1}")
+        return sorted(set(spec))
 
     # -- serving -----------------------------------------------------------------------------
 

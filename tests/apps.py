@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from typing import Any
 
@@ -61,6 +62,39 @@ def crash(ctx: Context) -> None:
 @op
 def return_unserializable(ctx: Context) -> Any:
     return {1, 2, 3}
+
+
+@op
+async def leak_cancelled(ctx: Context) -> None:
+    """Await a task that something else cancelled, and let its CancelledError out."""
+    ctx.state = "never kept"
+    waited = asyncio.ensure_future(asyncio.sleep(10))
+    await asyncio.sleep(0)
+    waited.cancel()
+    await waited
+
+
+@op
+def raise_cancelled(ctx: Context) -> None:
+    raise asyncio.CancelledError()
+
+
+@multi_op
+def write_elsewhere(ctx: MultiContext) -> None:
+    for key in ctx.keys:
+        ctx.states[key] = "written"
+    ctx.states["not-one-of-its-keys"] = "lost"
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("this exception cannot be printed")
+
+
+@op
+def raise_unprintable(ctx: Context) -> None:
+    ctx.state = "never kept"
+    raise Unprintable()
 
 
 @op

@@ -43,3 +43,52 @@ async def test_a_multi_key_op_that_raises_after_writing_keeps_nothing_on_any_key
         for key in keys:
             assert await ks.read(key) == ["before"]
             assert await ks.submit(key, apps.append("after")) == ["before", "after"]
+
+
+async def test_an_op_whose_exception_cannot_be_printed_fails_alone(
+    redis_url: str, namespace: str
+) -> None:
+    """Its caller gets the failure, typed, and the shard's other ops go on: the worker does
+    not stop on an exception whose ``str()`` raises."""
+    async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]), \
+            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+        with pytest.raises(OperationFailed) as failed:
+            await ks.submit("k", apps.raise_unprintable(), timeout=10)
+        assert failed.value.error_type == "tests.apps.Unprintable"
+        assert "str() of this Unprintable raised RuntimeError" in failed.value.message
+        assert await ks.read("k") is None
+        assert await ks.submit("k", apps.append("next"), timeout=10) == ["next"]
+
+
+@pytest.mark.parametrize("escaping", [apps.leak_cancelled, apps.raise_cancelled],
+                         ids=["async", "sync"])
+async def test_an_op_that_lets_a_cancellation_out_fails_alone(
+    redis_url: str, namespace: str, escaping: keyserial.Op[..., None]
+) -> None:
+    """A CancelledError from an op's own code (it awaited a task that was cancelled) is its
+    failure: it once ended the runner and left the shard owned and silent."""
+    other = keys_on_shard(0, 1, 2, "other")[1]
+    async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]), \
+            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+        with pytest.raises(OperationFailed) as failed:
+            await ks.submit("k", escaping(), timeout=10)
+        assert failed.value.error_type == "RuntimeError"
+        assert "CancelledError escape" in failed.value.message
+        assert await ks.read("k") is None
+        assert await ks.submit(other, apps.append("next"), timeout=10) == ["next"]
+        assert await ks.submit("k", apps.append("after"), timeout=10) == ["after"]
+
+
+async def test_a_multi_key_op_writing_a_key_it_was_not_given_fails_and_keeps_nothing(
+    redis_url: str, namespace: str
+) -> None:
+    """The write would never commit (only the op's keys are held and written): it is refused
+    where it happens, and the op's other writes go with it."""
+    keys = keys_on_shard(0, 1, 2, "given")
+    async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]), \
+            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+        with pytest.raises(OperationFailed) as failed:
+            await ks.submit_many(keys, apps.write_elsewhere(), timeout=10)
+        assert failed.value.error_type == "KeyError"
+        assert "is not a key of this op" in failed.value.message
+        assert [await ks.read(key) for key in keys] == [None, None]

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 import random
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 import keyserial
 from keyserial import InsufficientFunds, MalformedOperation
-from keyserial.ledger import balance, deposit, transfer
+from keyserial.ledger import LEDGER_OPS, balance, deposit, transfer
 from keyserial.testing import running_worker
 from tests import apps
 from tests.helpers import eventually
@@ -135,6 +137,28 @@ async def test_bad_key_lists_are_refused_at_submit(redis_url: str, namespace: st
             await ks.submit_many(["acct:a", "acct:a"], transfer(1))
         with pytest.raises(ValueError, match="without '#'"):
             await ks.transfer("acct:a", "acct:b", 1, op_id="mine#1")  # '#' is reserved
+
+
+@pytest.mark.parametrize("decorate", [keyserial.op, keyserial.multi_op])
+def test_the_op_decorators_take_a_named_function_only(decorate: Any) -> None:
+    def named(ctx: Any) -> None: ...
+
+    for what in (42, decorate(named)):
+        with pytest.raises(TypeError, match="take a function"):
+            decorate(what)
+    for nameless in (functools.partial(named), lambda ctx: None):
+        with pytest.raises(TypeError, match="no name of its own"):
+            decorate(nameless)
+    assert decorate(name="given")(lambda ctx: None).name == "given"
+    with pytest.raises(keyserial.ConfigError, match="non-empty"):
+        decorate(name="")(named)
+
+
+def test_an_app_op_named_as_a_ledger_op_is_refused_naming_both() -> None:
+    def deposit(ctx: keyserial.Context, amount: int) -> None: ...
+
+    with pytest.raises(keyserial.ConfigError, match=r"keyserial\.ledger\.deposit and "):
+        keyserial.Registry([*LEDGER_OPS, keyserial.op(deposit)])
 
 
 def test_op_names_in_keyserial_s_own_namespace_are_refused() -> None:

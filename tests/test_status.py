@@ -168,3 +168,52 @@ def test_an_owner_token_reads_as_host_pid_and_nonce(token: str, host: str, pid: 
                                                     ) -> None:
     owner = _status.Owner.parse(token)
     assert (owner.worker, owner.host, owner.pid) == (token, host, pid)
+
+
+@pytest.mark.parametrize(("watch", "expected"), [([], 130), (["--watch"], 0)],
+                         ids=["one shot", "watch"])
+async def test_ctrl_c_before_the_first_report_stops_status_without_a_traceback(
+    namespace: str, watch: list[str], expected: int
+) -> None:
+    """One shot: code 130. ``--watch`` stops on the signal, with the exit code of its last
+    report: 0 when it is stopped before its first one (docs/operations.md)."""
+    with LocalServer() as server:  # (its own: the only client there running a script is ours)
+        async with running_worker(server.url, namespace, shard_count=1):
+            pass  # records the namespace
+        admin = redis.asyncio.Redis.from_url(server.url)
+        process = await anyio.open_process(
+            [sys.executable, "-m", "keyserial", "status", "--redis", server.url, "--namespace",
+             namespace, "--interval", "30", *watch], cwd=ROOT,
+        )
+        try:
+            # It sent its first snapshot: keyserial's code runs, and its SIGINT handling is set.
+            await eventually_async(lambda: _ran_a_script(admin), timeout=20)
+            process.send_signal(signal.SIGINT)
+            with anyio.fail_after(10):
+                code = await process.wait()
+            assert process.stdout is not None and process.stderr is not None
+            out = await _rest(process.stdout)
+            err = await _rest(process.stderr)
+        finally:
+            if process.returncode is None:
+                process.kill()
+            await process.aclose()
+            await admin.aclose()
+    assert (code, out) == (expected, "")
+    assert "Traceback" not in err
+    assert err.strip() == ("keyserial: interrupted" if expected == 130 else "")
+
+
+async def _rest(stream: Any) -> str:
+    """What a finished process wrote to ``stream``."""
+    chunks = []
+    try:
+        while True:
+            chunks.append(await stream.receive())
+    except anyio.EndOfStream:
+        return b"".join(chunks).decode()
+
+
+async def _ran_a_script(admin: Any) -> bool:
+    clients = await admin.client_list()
+    return any(client.get("cmd") in ("eval", "evalsha") for client in clients)

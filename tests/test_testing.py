@@ -11,7 +11,7 @@ import pytest
 import redis
 
 import keyserial
-from keyserial.testing import LocalServer, ShardKeys, running_worker
+from keyserial.testing import LocalServer, ShardKeys, free_port, running_worker
 from tests import apps
 from tests.helpers import ROOT
 
@@ -54,6 +54,18 @@ async def test_a_worker_that_cannot_start_raises_its_own_error(
             pass
 
 
+@pytest.mark.parametrize("shards", [[1.5], [True], ["1"], [], [4]])
+async def test_a_worker_given_shards_that_are_not_shard_numbers_refuses_them(
+    redis_url: str, namespace: str, shards: list[object]
+) -> None:
+    """``[True]`` and ``[1.5]`` once served shards named "True" and "1.5" (leases and all),
+    while shard 1 had no worker; ``[]`` served nothing until the start timed out."""
+    with pytest.raises(keyserial.ConfigError, match="shards"):
+        async with running_worker(redis_url, namespace, shard_count=4,
+                                  shards=shards):  # type: ignore[arg-type]
+            pass
+
+
 async def test_the_blocks_own_error_reaches_the_caller_as_itself(
     redis_url: str, namespace: str
 ) -> None:
@@ -76,3 +88,24 @@ def test_the_guide_s_example_suite_passes_as_written(tmp_path: Path) -> None:
                             cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 passed" in result.stdout, result.stdout
+
+
+def test_a_local_server_entered_twice_refuses_and_leaves_no_process() -> None:
+    server = LocalServer()
+    with server:
+        first = server.process
+        with pytest.raises(RuntimeError, match="runs already"), server:
+            pass
+        assert server.process is first and server.running
+    assert not server.running and not server.data_dir.exists()
+
+
+def test_a_local_server_that_cannot_start_leaves_no_directory(tmp_path: Path) -> None:
+    server = LocalServer(binary=str(tmp_path))  # a directory: not a program
+    with pytest.raises(RuntimeError, match="cannot run"), server:
+        pass
+    assert not server.data_dir.exists()
+
+
+def test_a_free_port_below_the_system_s_ephemeral_range_is_found() -> None:
+    assert free_port(20000) <= 20000

@@ -29,9 +29,10 @@ import keyserial
 class OutOfStock(keyserial.OperationFailed):
     """Fewer units in stock than the reservation asks for; the stock is left untouched.
 
-    It subclasses :class:`keyserial.OperationFailed` so that ``data`` travels to the caller and the
-    worker does not log a traceback for an expected business error (any other exception reaches
-    the caller too, as ``OperationFailed`` with ``error_type`` ``"workers.shop.<ClassName>"``).
+    It subclasses :class:`keyserial.OperationFailed` so that ``data`` travels to the caller, and
+    the worker does not log an expected business error at all (any other exception reaches the
+    caller too, as ``OperationFailed`` with ``error_type`` ``"workers.shop.<ClassName>"``, and
+    is logged on one INFO line).
     The caller receives an ``OperationFailed`` whose ``error_type`` is :attr:`wire_type`.
     """
 
