@@ -24,6 +24,7 @@ from ._backend import Backend
 from ._codec import WIRE_VERSION, pack_entry
 from ._json import dumps
 from ._layout import ShardKeys
+from ._refusals import BacklogRefused
 from ._routing import shard_for
 from ._submit_scripts import SubmitArgs, submit
 
@@ -124,13 +125,27 @@ def home_shard(envelope: dict[str, Any], shard_count: int) -> int | None:
     return min(shard_for(key, shard_count) for key in keys)
 
 
+class ReplayStopped(Exception):
+    """A shard's backlog was full: its ops (``refused``) were not appended; ``replayed`` were,
+    to shards before it (replaying the letter again later never runs them twice)."""
+
+    def __init__(
+        self, shard: int, refused: list[str], replayed: list[Replayed], refusal: BacklogRefused
+    ) -> None:
+        super().__init__(f"shard {shard}'s backlog is full ({refusal})")
+        self.shard = shard
+        self.refused = refused
+        self.replayed = replayed
+
+
 async def replay(
     backend: Backend, namespace: str, shard_count: int, letter: DeadLetter, *, max_backlog: int
 ) -> tuple[list[Replayed], list[str]]:
     """Append the letter's ops again (one entry per shard they route to); what was appended,
     and what was skipped and why.
 
-    :raises BacklogRefused: when a shard's backlog is full (nothing of that shard appended).
+    :raises ReplayStopped: when a shard's backlog is full (nothing of that shard appended,
+        nor of the shards after it; the ops appended before are in the error).
     """
     found, skipped = envelopes(letter.raw)
     by_shard: dict[int, list[dict[str, Any]]] = {}
@@ -140,14 +155,18 @@ async def replay(
             skipped.append(f"op {envelope['id']!r}: no key to route by")
         else:
             by_shard.setdefault(shard, []).append(envelope)
-    replayed = []
+    replayed: list[Replayed] = []
     for shard, ops in sorted(by_shard.items()):
         keys = ShardKeys(namespace, shard)
         ids = [envelope["id"] for envelope in ops]
         stored = await backend.stored(keys, ids)
-        entry = await backend.run_call(submit(keys, SubmitArgs(
-            max_backlog, WIRE_VERSION, pack_entry([dumps(op) for op in ops]), keys.wake_channel
-        )))
+        try:
+            entry = await backend.run_call(submit(keys, SubmitArgs(
+                max_backlog, WIRE_VERSION, pack_entry([dumps(op) for op in ops]),
+                keys.wake_channel,
+            )))
+        except BacklogRefused as exc:
+            raise ReplayStopped(shard, ids, replayed, exc) from exc
         replayed += [
             Replayed(op_id, shard, _text(entry), outcome is not None)
             for op_id, outcome in zip(ids, stored, strict=True)

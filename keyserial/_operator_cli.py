@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import sys
 from typing import Any
@@ -16,14 +17,14 @@ from typing import Any
 import anyio
 
 from . import _deadletters, _status
-from ._argtypes import seconds
+from ._argtypes import positive, seconds
 from ._backend import Backend
 from ._connect import default_url
-from ._refusals import BacklogRefused
 from ._settings import Settings
 from .errors import KeyserialError
 
 OPERATOR_COMMANDS = ("status", "dead-letters")
+_LETTER_ID = re.compile(r"[0-9]+-[0-9]+")
 _CLEAR_SCREEN = "\x1b[2J\x1b[H"
 
 
@@ -32,7 +33,8 @@ def _connection_options() -> argparse.ArgumentParser:
     common.add_argument("--redis", default=None, metavar="URL",
                         help="Redis URL (default: $KEYSERIAL_REDIS_URL or"
                         " redis://127.0.0.1:6379/0)")
-    common.add_argument("--namespace", default="default", help="(default: %(default)s)")
+    common.add_argument("--namespace", default=None,
+                        help="(default: $KEYSERIAL_NAMESPACE or default)")
     common.set_defaults(log_level="WARNING")
     return common
 
@@ -55,23 +57,36 @@ def add_operator_commands(commands: argparse._SubParsersAction[argparse.Argument
     shard.add_argument("--shard", type=int, default=None, metavar="N",
                        help="only this shard (default: every shard)")
     listing = actions.add_parser("list", parents=[shard], help="dead letters, oldest first")
-    listing.add_argument("--count", type=int, default=100, metavar="N",
+    listing.add_argument("--count", type=positive, default=100, metavar="N",
                          help="at most N per shard (default: %(default)s)")
     listing.add_argument("--json", action="store_true")
     show = actions.add_parser("show", parents=[shard], help="one dead letter in full")
-    show.add_argument("id", help="its id, as `list` shows it")
+    show.add_argument("id", type=_letter_id, help="its id, as `list` shows it")
     show.add_argument("--json", action="store_true")
     for name, what in (("replay", "append the ops again under their op ids"),
                        ("drop", "delete dead letters")):
         action = actions.add_parser(name, parents=[shard], help=what)
         chosen = action.add_mutually_exclusive_group(required=True)
-        chosen.add_argument("ids", nargs="*", default=[], metavar="ID")
+        chosen.add_argument("ids", nargs="*", type=_letter_id, default=[], metavar="ID")
         chosen.add_argument("--all", action="store_true", help="every dead letter selected")
 
 
+def _letter_id(text: str) -> str:
+    """A whole dead-letter id: a part of one would match other letters (all of them, if
+    empty)."""
+    if not _LETTER_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a dead-letter id (`list` shows them: 1700000000000-0)"
+        )
+    return text
+
+
 def run_operator_command(args: argparse.Namespace) -> int:
-    """Run ``status`` or ``dead-letters``; the exit code."""
+    """Run ``status`` or ``dead-letters``; the exit code. Settings the flags leave out come
+    from their ``KEYSERIAL_*`` variables, as the worker's do."""
     try:
+        args.settings = Settings.resolve(namespace=args.namespace)
+        args.namespace = args.settings.namespace
         if args.command == "status":
             return anyio.run(_run_status, args)
         return anyio.run(_run_dead_letters, args)
@@ -150,7 +165,7 @@ async def _run_dead_letters(args: argparse.Namespace) -> int:
             _print_letters(selected, as_json=args.json, full=True)
             return 0
         if args.action == "replay":
-            max_backlog = Settings(namespace=args.namespace).max_backlog
+            max_backlog = args.settings.max_backlog
             return await _replay(backend, args.namespace, shard_count, selected, max_backlog)
         dropped = sum([await _deadletters.drop(backend, args.namespace, one) for one in selected])
         print(f"dropped {dropped} dead letter(s)")
@@ -213,14 +228,22 @@ async def _replay(
             replayed, skipped = await _deadletters.replay(
                 backend, namespace, shard_count, letter, max_backlog=max_backlog
             )
-        except BacklogRefused as exc:
-            print(f"keyserial: error: dead letter {letter.letter_id}: {exc} (shard backlog"
-                  " full; nothing of it was appended)", file=sys.stderr)
+        except _deadletters.ReplayStopped as stopped:
+            _print_replayed(stopped.replayed)
+            appended = "the ops above were" if stopped.replayed else "nothing of it was"
+            print(f"keyserial: error: dead letter {letter.letter_id}: {stopped}: ops"
+                  f" {', '.join(map(repr, stopped.refused))} and any after them were not"
+                  f" appended, {appended} (replaying the letter again never runs an op twice)",
+                  file=sys.stderr)
             return 1
-        for op in replayed:
-            note = (" (it has a stored outcome: the worker answers with it and does not run it)"
-                    if op.had_outcome else "")
-            print(f"replayed op {op.op_id!r} to shard {op.shard} as entry {op.entry}{note}")
+        _print_replayed(replayed)
         for reason in skipped:
             print(f"skipped from dead letter {letter.letter_id}: {reason}")
     return 0
+
+
+def _print_replayed(replayed: list[_deadletters.Replayed]) -> None:
+    for op in replayed:
+        note = (" (it has a stored outcome: the worker answers with it and does not run it)"
+                if op.had_outcome else "")
+        print(f"replayed op {op.op_id!r} to shard {op.shard} as entry {op.entry}{note}")

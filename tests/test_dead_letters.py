@@ -5,6 +5,7 @@ that never ran runs once."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -23,12 +24,16 @@ from tests.helpers import ROOT, WorkerProcess, keys_on_shard, wait_for_log
 SHARDS = 2
 
 
-async def cli(url: str, namespace: str, *args: str) -> tuple[int, str, str]:
-    """``python -m keyserial dead-letters ARGS --redis URL --namespace NS``."""
+async def cli(
+    url: str, namespace: str | None, *args: str, env: dict[str, str] | None = None
+) -> tuple[int, str, str]:
+    """``python -m keyserial dead-letters ARGS --redis URL --namespace NS`` (no
+    ``--namespace`` for None), with ``env`` added to the environment."""
+    named = [] if namespace is None else ["--namespace", namespace]
     with anyio.fail_after(30):
         result = await anyio.run_process(
-            [sys.executable, "-m", "keyserial", "dead-letters", *args, "--redis", url,
-             "--namespace", namespace], cwd=ROOT, check=False)
+            [sys.executable, "-m", "keyserial", "dead-letters", *args, "--redis", url, *named],
+            cwd=ROOT, check=False, env={**os.environ, **(env or {})})
     return result.returncode, result.stdout.decode(), result.stderr.decode()
 
 
@@ -166,6 +171,36 @@ async def test_dead_letters_are_listed_shown_and_dropped(
         assert (code, out.strip()) == (0, "no dead letters")
         code, _, err = await cli(url, namespace, "show", first["id"])
         assert code == 1 and "no dead letter with id" in err
+    finally:
+        await client.aclose()
+
+
+async def test_replay_takes_its_settings_from_the_environment_and_says_what_a_full_backlog_kept_out(
+    standalone_server: LocalServer, namespace: str
+) -> None:
+    """``KEYSERIAL_NAMESPACE`` and ``KEYSERIAL_MAX_BACKLOG`` apply as they do to a worker. A
+    letter whose ops route to two shards, the second full: the first shard's op is appended and
+    reported, the second's is not, and the error says which."""
+    url = standalone_server.url
+    async with running_worker(url, namespace, shard_count=SHARDS):
+        pass  # records the shard count
+    here, full = keys_on_shard(0, SHARDS, 1)[0], keys_on_shard(1, SHARDS, 1)[0]
+    ops = [{"id": "to-0", "key": here, "op": "deposit", "args": [1]},
+           {"id": "to-1", "key": full, "op": "deposit", "args": [1]}]
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        await client.xadd(ShardKeys(namespace, 1).stream, {"v": "1", "ops": "[]"})
+        await client.xadd(ShardKeys(namespace, 0).dead, {
+            "entry": "1-0", "reason": "test", "raw": json.dumps({"v": "1", "ops": json.dumps(ops)}),
+        })
+        env = {"KEYSERIAL_NAMESPACE": namespace, "KEYSERIAL_MAX_BACKLOG": "1"}
+        code, out, err = await cli(url, None, "replay", "--all", env=env)
+        assert code == 1, err
+        assert out.startswith("replayed op 'to-0' to shard 0 as entry ")
+        assert "shard 1's backlog is full" in err and "'to-1'" in err
+        assert "the ops above were" in err
+        assert await client.xlen(ShardKeys(namespace, 0).stream) == 1
+        assert await client.xlen(ShardKeys(namespace, 1).stream) == 1
     finally:
         await client.aclose()
 
