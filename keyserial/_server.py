@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 import re
 import shutil
 import signal
@@ -75,13 +76,22 @@ def _command(port: int, *args: str | int) -> Any:
 
 
 def free_port(highest: int = 65535) -> int:
-    """A port nothing listens on now, at most ``highest``."""
-    while True:
+    """A port nothing listens on now, at most ``highest``: one the system picks, else (its
+    ephemeral ports all above ``highest``) one tried at random.
+
+    :raises RuntimeError: if none is found.
+    """
+    for attempt in range(200):
+        wanted = 0 if attempt < 50 else random.randint(1024, max(1024, highest))
         with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
+            try:
+                sock.bind(("127.0.0.1", wanted))
+            except OSError:
+                continue
             port: int = sock.getsockname()[1]
         if port <= highest:
             return port
+    raise RuntimeError(f"no free port found at or below {highest}")
 
 
 class LocalServer:
@@ -115,7 +125,8 @@ class LocalServer:
         self.appendfsync = appendfsync
         self.binary = binary or find_server_binary()
         self._own_dir = data_dir is None
-        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="keyserial-redis-"))
+        # Absolute: the server runs in it (--dir), where a relative log path would not resolve.
+        self.data_dir = Path(data_dir or tempfile.mkdtemp(prefix="keyserial-redis-")).resolve()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -123,7 +134,12 @@ class LocalServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def __enter__(self) -> LocalServer:
-        self.start()
+        self._refuse_if_running()
+        try:
+            self.start()
+        except BaseException:
+            self.stop()  # (its temporary directory too: no __exit__ follows)
+            raise
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -161,8 +177,10 @@ class LocalServer:
     def start(self, timeout: float = 10.0) -> None:
         """Start the server and wait until it serves (and, as a cluster, owns every slot).
 
-        :raises RuntimeError: if it does not come up in ``timeout`` seconds.
+        :raises RuntimeError: if it does not come up in ``timeout`` seconds, cannot be run, or
+            runs already (a second process would lose track of the first).
         """
+        self._refuse_if_running()
         for _ in range(5):
             try:
                 self._start(timeout)
@@ -176,11 +194,18 @@ class LocalServer:
             return
         raise RuntimeError(f"{self.binary}: no free port found to listen on")
 
+    def _refuse_if_running(self) -> None:
+        if self.running:
+            raise RuntimeError(f"{self.binary} runs already on port {self.port}")
+
     def _start(self, timeout: float) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.process = subprocess.Popen(
-            self.command_line(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        try:
+            self.process = subprocess.Popen(
+                self.command_line(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+        except OSError as exc:  # (no such file, not executable, a directory)
+            raise RuntimeError(f"cannot run {self.binary}: {exc.strerror or exc}") from exc
         deadline = time.monotonic() + timeout
         try:
             while True:

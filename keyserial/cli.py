@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import anyio
 
@@ -36,10 +37,17 @@ def _log_level(text: str) -> str:
     return level
 
 
+def _module_name(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an app module name is needed, such as myapp.ops")
+    return text
+
+
 def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--app",
         action="append",
+        type=_module_name,
         default=[],
         metavar="MODULE",
         help="module whose @keyserial.op functions to serve (repeatable);"
@@ -113,13 +121,15 @@ def build_parser() -> argparse.ArgumentParser:
     dev = commands.add_parser(
         "dev", help="run a private Redis/Valkey server and workers for every shard"
     )
-    dev.add_argument("--port", type=positive, default=6390, help="(default: %(default)s)")
+    dev.add_argument("--port", type=port, default=6390,
+                     help="(default: %(default)s; 0 picks a free port)")
     dev.add_argument(
         "--shard-count",
         type=positive,
         default=None,
         metavar="N",
-        help="(default: $KEYSERIAL_SHARD_COUNT or 16)",
+        help="(default: $KEYSERIAL_SHARD_COUNT, else the count --data-dir's data recorded,"
+        " else 16)",
     )
     dev.add_argument(
         "--data-dir",
@@ -153,6 +163,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "worker":
             return _run_worker(args)
         return _run_dev(args)
+    except KeyboardInterrupt:  # (Ctrl-C outside a worker's drain: status, dead-letters)
+        print("keyserial: interrupted", file=sys.stderr)
+        return 130
     except Exception as exc:  # a group, when it comes through the worker's task group
         problem = _config_error(exc)
         if problem is None:
@@ -234,25 +247,27 @@ def _run_worker(args: argparse.Namespace) -> int:
 
 
 def _run_dev(args: argparse.Namespace) -> int:
-    settings = _settings(args)
-    if settings.shard_count is None:  # a new namespace on a fresh server, where 16 is recorded
-        settings = settings.replace(shard_count=16)
+    settings = _settings(args)  # (no shard count: kept data's, or 16 for a new namespace)
+    if args.data_dir is not None and Path(args.data_dir).exists() \
+            and not Path(args.data_dir).is_dir():
+        raise ConfigError(f"--data-dir {args.data_dir!r} is not a directory")
     server = LocalServer(
         port=args.port, data_dir=args.data_dir, appendfsync="always" if args.data_dir else None
     )
     worker = Worker(server.url, settings=settings, apps=args.app, metrics_port=_metrics_port(args))
     try:
         server.start()
-    except RuntimeError as exc:
-        raise ConfigError(
-            f"cannot start {server.binary} on port {args.port}: {exc}"
-            " (is the port taken? try --port)"
-        ) from exc
+    except (RuntimeError, OSError) as exc:
+        lines = [line for line in str(exc).splitlines() if line.strip()]  # (its log's tail)
+        taken = [line for line in lines if "already in use" in line]
+        hint = " (is the port taken? try another --port)" if taken else ""
+        raise ConfigError(f"cannot start {server.binary} on port {server.port}:"
+                          f" {(taken or lines or [''])[-1].strip()}{hint}") from exc
     try:
         print(f"keyserial dev: {server.binary} serving {redact(server.url)}", flush=True)
 
         def ready() -> None:
-            print(_ready_line(redact(server.url), settings), flush=True)
+            print(_ready_line(redact(server.url), settings, len(worker.shards)), flush=True)
 
         anyio.run(_serve_until_signalled, worker, ready)
     finally:
@@ -261,11 +276,11 @@ def _run_dev(args: argparse.Namespace) -> int:
     return 0
 
 
-def _ready_line(url: str, settings: Settings) -> str:
+def _ready_line(url: str, settings: Settings, shard_count: int) -> str:
     """What ``keyserial dev`` says once it serves: where, how to point clients at it (a
     ``connect()`` with no URL reads the variable), and how to stop."""
     return (
-        f"keyserial dev: ready on {url} ({settings.shard_count} shards, namespace"
+        f"keyserial dev: ready on {url} ({shard_count} shards, namespace"
         f" {settings.namespace!r});"
         f" in another shell: export KEYSERIAL_REDIS_URL={url} ; Ctrl-C stops"
     )
@@ -287,10 +302,19 @@ async def _serve_until_signalled(
 
         async def stop_on_signal() -> None:
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                draining = False
                 async for received in signals:
+                    if draining:  # (dying now would leave the leases to expire)
+                        log.warning(
+                            "received %s again: still draining; in-flight ops get at most"
+                            " --lease-ttl (%gs), then the leases are released (SIGKILL stops"
+                            " at once, and the shards move after a lease TTL)",
+                            received.name, worker.settings.lease_ttl,
+                        )
+                        continue
                     log.info("received %s: draining and releasing leases", received.name)
+                    draining = True
                     worker.stop()
-                    return
 
         task_group.start_soon(stop_on_signal)
         await worker.run()

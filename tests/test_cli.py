@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,6 +18,7 @@ import redis
 import keyserial
 from keyserial.ledger import deposit
 from keyserial.testing import LocalServer, find_server_binary, free_port
+from tests import apps
 from tests.helpers import ROOT
 
 
@@ -77,6 +79,12 @@ def test_dev_serves_every_shard_on_a_machine_without_redis_and_stops_on_ctrl_c(
         process.wait()
 
 
+def _worker_process(*args: str) -> subprocess.Popen[str]:
+    """``keyserial worker ARGS``, its stdout and stderr in one text pipe."""
+    return subprocess.Popen([sys.executable, "-m", "keyserial", "worker", *args], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "keyserial", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=30)
@@ -133,11 +141,8 @@ def test_lease_ttl_must_be_positive_seconds(bad: str) -> None:
 def test_worker_exits_zero_on_sigterm_after_releasing_its_leases(
     redis_url: str, namespace: str
 ) -> None:
-    process = subprocess.Popen(
-        [sys.executable, "-m", "keyserial", "worker", "--redis", redis_url, "--namespace",
-         namespace, "--shards", "0-1", "--shard-count", "2", "--lease-ttl", "0.5"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
+    process = _worker_process("--redis", redis_url, "--namespace", namespace, "--shards", "0-1",
+                              "--shard-count", "2", "--lease-ttl", "0.5")
     try:
         assert process.stdout is not None
         deadline = time.monotonic() + 10
@@ -223,6 +228,132 @@ def test_worker_app_modules_are_found_in_the_current_directory(
         assert anyio.run(use_it) == 3
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=15) == 0
+    finally:
+        process.kill()
+        process.wait()
+
+
+def test_an_app_module_that_raises_on_import_shows_its_traceback(tmp_path: Path) -> None:
+    """A bug in the app's own code: its traceback says where (exit 1); an empty name is a
+    usage error. (A module that cannot be found is one line: test above.)"""
+    (tmp_path / "failing_app.py").write_text("def broken(:\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "keyserial", "worker", "--redis", "redis://127.0.0.1:1/0",
+         "--app", "failing_app"], cwd=tmp_path, capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 1
+    assert "SyntaxError" in result.stderr and "failing_app.py" in result.stderr
+    result = _cli("worker", "--app", " ")
+    assert result.returncode == 2 and "an app module name is needed" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://app:SECRETPW@127.0.0.1:6379/0", "redis://app:SECRETPW@127.0.0.1:abc/0",
+     "redis://app:SECRETPW@127.0.0.1:99999/0"],
+)
+@pytest.mark.parametrize("command", [["status"], ["dead-letters", "list"], ["worker"]])
+def test_a_url_redis_py_cannot_use_is_one_line_without_its_password(
+    url: str, command: list[str]
+) -> None:
+    result = _cli(*command, "--redis", url)
+    assert result.returncode == 2
+    (line,) = result.stderr.splitlines()
+    assert "is not a usable Redis URL" in line and "SECRETPW" not in line
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["show", ""], ["drop", "1795577265015", "--shard", "0"], ["replay", "notanid"],
+     ["list", "--count", "0"]],
+)
+def test_dead_letter_ids_and_counts_are_checked_before_anything_is_touched(
+    args: list[str]
+) -> None:
+    """An empty id matched every letter of a shard, and a bare timestamp all of that
+    millisecond's: ``drop`` deleted letters no one named."""
+    result = _cli("dead-letters", *args, "--redis", "redis://127.0.0.1:1/0")
+    assert result.returncode == 2
+    assert "usage:" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_dev_keeps_data_in_a_relative_dir_and_adopts_its_shard_count_again(
+    tmp_path: Path,
+) -> None:
+    def run_dev(*args: str, port: int | None = None) -> str:
+        port = free_port() if port is None else port
+        process = subprocess.Popen(
+            [sys.executable, "-m", "keyserial", "dev", "--port", str(port),
+             "--data-dir", "kept", *args],
+            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )
+        try:
+            assert process.stdout is not None
+            ready = ""
+            while "ready" not in ready:
+                ready = process.stdout.readline()
+                assert ready, "keyserial dev exited before it was ready"
+            process.send_signal(signal.SIGINT)
+            assert process.wait(timeout=15) == 0
+            return ready
+        finally:
+            process.kill()
+            process.wait()
+
+    assert "(4 shards" in run_dev("--shard-count", "4")
+    ready = run_dev(port=0)  # (0: a free port)
+    assert "(4 shards" in ready  # the count the kept data recorded, not 16
+    served = re.search(r"redis://127\.0\.0\.1:(\d+)/0", ready)
+    assert served is not None and int(served[1]) > 0, ready
+    (tmp_path / "afile").write_text("")
+    result = subprocess.run(
+        [sys.executable, "-m", "keyserial", "dev", "--data-dir", "afile"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=30,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip() == "keyserial: error: --data-dir 'afile' is not a directory"
+
+
+def test_a_second_signal_while_draining_is_noted_and_the_leases_are_still_released(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """Dying at the second Ctrl-C would leave the leases to expire: a standby would wait a
+    lease TTL for shards no one serves."""
+    note = tmp_path / "running"
+    process = _worker_process("--redis", redis_url, "--namespace", namespace, "--shard-count", "1",
+                              "--lease-ttl", "5", "--app", "tests.apps")
+    try:
+        assert process.stdout is not None
+
+        async def submit_a_slow_op() -> None:
+            async with keyserial.connect(redis_url, namespace=namespace) as ks:
+                await ks.submit("k", apps.noted_slow_record(1.5, str(note)), timeout=20)
+
+        def wait_for(line: str) -> str:
+            seen = ""
+            while line not in seen:
+                out = process.stdout.readline()  # type: ignore[union-attr]
+                assert out, f"the worker exited before {line!r}: {seen}"
+                seen += out
+            return seen
+
+        wait_for("shard 0: acquired")
+        with anyio.from_thread.start_blocking_portal() as portal:
+            submitted = portal.start_task_soon(submit_a_slow_op)
+            deadline = time.monotonic() + 10
+            while not note.exists():  # the op is running
+                assert time.monotonic() < deadline, "the slow op never started"
+                time.sleep(0.02)
+            process.send_signal(signal.SIGTERM)
+            wait_for("draining")
+            process.send_signal(signal.SIGINT)
+            rest = wait_for("again: still draining")
+            submitted.result(timeout=20)  # the op in flight finished and was answered
+        rest += process.stdout.read()
+        assert process.wait(timeout=15) == 0, rest
+        assert "released shards" in rest and "Traceback" not in rest
     finally:
         process.kill()
         process.wait()
