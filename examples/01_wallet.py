@@ -6,7 +6,7 @@ wallet's shard, so no lock is needed. An overdraft raises ``InsufficientFunds`` 
 balance untouched.
 
 Run: ``keyserial dev --app workers.shop --app workers.presence --app workers.mail`` in one
-terminal, then ``python examples/01_wallet.py``.
+terminal, then ``python -m examples.01_wallet``.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ decrements the stock with no lock, because every op on the item runs on its shar
 another.
 
 Run: ``keyserial dev --app workers.shop --app workers.presence --app workers.mail`` in one
-terminal, then ``python examples/02_stock_counter.py``.
+terminal, then ``python -m examples.02_stock_counter``.
 """
 
 from __future__ import annotations

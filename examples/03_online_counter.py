@@ -9,7 +9,7 @@ This script names the ops with ``keyserial.call("login")``: a client needs no im
 worker's code (``workers/presence.py``), only the op names.
 
 Run: ``keyserial dev --app workers.shop --app workers.presence --app workers.mail`` in one
-terminal, then ``python examples/03_online_counter.py``.
+terminal, then ``python -m examples.03_online_counter``.
 """
 
 from __future__ import annotations

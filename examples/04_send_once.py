@@ -13,7 +13,7 @@ The fake provider appends to ``$MAIL_OUTBOX`` (default: ``keyserial-outbox.jsonl
 temporary directory); the worker and this script must see the same value.
 
 Run: ``keyserial dev --app workers.shop --app workers.presence --app workers.mail`` in one
-terminal, then ``python examples/04_send_once.py``.
+terminal, then ``python -m examples.04_send_once``.
 """
 
 from __future__ import annotations

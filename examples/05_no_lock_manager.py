@@ -10,7 +10,7 @@ ascending order): money is conserved, no balance goes negative. Then ``reserve_i
 at all.
 
 Run: ``keyserial dev --app workers.shop --app workers.presence --app workers.mail`` in one
-terminal, then ``python examples/05_no_lock_manager.py``.
+terminal, then ``python -m examples.05_no_lock_manager``.
 """
 
 from __future__ import annotations

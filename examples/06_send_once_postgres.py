@@ -14,7 +14,7 @@ The worker and this script use the database ``$MAIL_PG_DSN`` (default
 ".[dev]"``).
 
 Run: ``keyserial dev --app workers.mail_pg`` in one terminal, then
-``python examples/06_send_once_postgres.py`` in another, both with ``MAIL_PG_DSN`` set.
+``python -m examples.06_send_once_postgres`` in another, both with ``MAIL_PG_DSN`` set.
 """
 
 from __future__ import annotations

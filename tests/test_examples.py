@@ -52,7 +52,7 @@ def test_every_example_is_found_and_says_how_to_run_it() -> None:
         docstring = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
         run_lines = [line for line in docstring.splitlines() if line.startswith("Run:")]
         assert run_lines, f"{path.name} has no 'Run:' line in its docstring"
-        assert f"python examples/{path.name}" in docstring, f"{path.name}: Run: names another file"
+        assert f"python -m examples.{path.stem}" in docstring, f"{path.name}: Run: names another"
     missing = [path.name for path in EXAMPLES if path.name not in README]
     assert not missing, f"examples/README.md does not list {missing}"
 
@@ -66,12 +66,14 @@ async def test_example_runs_and_its_invariant_holds(
     monkeypatch.setenv("MAIL_OUTBOX", str(tmp_path / "outbox.jsonl"))
     if script.name in NEEDS_POSTGRES:  # (skips, saying why, without PostgreSQL binaries)
         monkeypatch.setenv("MAIL_PG_DSN", request.getfixturevalue("postgres_dsn"))
-    env = {**os.environ, "KEYSERIAL_REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
+    # As a user's shell runs it: the tests' own PYTHONPATH (the repository root) left out.
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONPATH"}
+    env.update(KEYSERIAL_REDIS_URL=redis_url, PYTHONUNBUFFERED="1")
     # Served by exactly the apps examples/README.md's worker command names for the script.
     async with running_worker(redis_url, "default", shard_count=16, apps=worker_apps(script.name)):
         with anyio.fail_after(60):
             result = await anyio.run_process(
-                [sys.executable, str(script)], cwd=ROOT, env=env, check=False
+                [sys.executable, "-m", f"examples.{script.stem}"], cwd=ROOT, env=env, check=False
             )
     stdout, stderr = result.stdout.decode(), result.stderr.decode()
     report = f"--- stdout ---\n{stdout}\n--- stderr ---\n{stderr}"
