@@ -275,9 +275,13 @@ async def test_with_durable_replicas_an_owner_never_builds_on_commits_a_failover
     appends it again. An unconfirmed commit breaks the owner's lineage instead: it gives the
     shard up, and the next owner starts from what the new master has."""
     with LocalCluster(replicas=2, node_timeout_ms=1500) as cluster:
-        for node in cluster.nodes:  # (no spare replica may move over to the stripped master)
+        for node in cluster.nodes:
             with redis.Redis(port=node.port) as client:
+                # No spare replica may move over to the stripped master, and no replica may
+                # elect itself: the successor is the one replica the test promotes (a second
+                # one, resumed with it, could otherwise win an election and take the slots).
                 client.config_set("cluster-allow-replica-migration", "no")
+                client.config_set("cluster-replica-no-failover", "yes")
         namespace = "failover-built-on"
         where = placement(cluster, namespace)
         shard = where.stalled[0]
