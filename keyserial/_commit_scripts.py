@@ -45,8 +45,9 @@ class StepArgs(ScriptArgs):
     replies: str = ""
     #: The last entry taken in from a push since the last step, or '': the horizon covers it.
     pushed_to: str = ""
-    #: The wake-up marker says ``busy`` already, set by this owner's last fetch.
-    busy: bool = False
+    #: This owner takes pushed entries from now on: the step records its epoch as the one that
+    #: does (a takeover then counts every entry in the stream as fetched).
+    takes_pushes: bool = False
 
 
 @dataclass(slots=True)
@@ -81,7 +82,7 @@ def step(shard: ShardKeys, args: StepArgs) -> ScriptCall[StepReply]:
     k = shard
     keys = [
         k.epoch, k.state, k.progress, k.stream, k.results, k.results_old, k.dead, k.horizon,
-        k.results_since, k.wakeup,
+        k.results_since, k.pushes,
     ]
     return args.call(keys, _step_reply)
 

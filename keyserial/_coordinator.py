@@ -331,7 +331,7 @@ class Coordinator:
             try:
                 entry = await parts.pipeliner.run(call)
                 if local is not None:
-                    local.wake()
+                    local.entries_waiting()
                 return entry
             except BacklogRefused:
                 log.warning("shard %d: shard %d's backlog is full; retrying a grant request",

@@ -152,15 +152,16 @@ def raw_json(fields: Mapping[bytes, bytes]) -> str:
     )
 
 
-_PUSH = re.compile(rb"push (\d+-\d+) (\d+-\d+) ([^ \n]+)\n")
+_PUSH = re.compile(rb"push (\d+-\d+|-) (\d+-\d+) ([^ \n]+)\n")
 
 
 @dataclass(frozen=True, slots=True)
 class Push:
-    """A fresh entry handed to an idle owner with its wake-up (see ``submit.lua``): the owner
-    may take it in without fetching it, but only while its cursor is still ``after`` (the entry
-    is then the next one in the stream)."""
+    """A fresh entry handed to the owner with its wake-up (see ``submit.lua``): the owner may
+    take it in without fetching it, but only where it is the next entry of the stream."""
 
+    #: The entry that stood last in the stream when this one was appended, or '-' if the stream
+    #: was empty (every entry before it had committed and left).
     after: str
     entry_id: str
     fields: Mapping[bytes, bytes]

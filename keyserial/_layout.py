@@ -93,9 +93,10 @@ class ShardKeys:
     last_grant = _ShardKey("grant")
     #: Hash {op, strikes}: the op that was running each time an owner died.
     suspect = _ShardKey("suspect")
-    #: How an append wakes the owner (see ``submit.lua``): ``busy`` (it fetches again anyway),
-    #: ``idle <entry id>`` (the next entry is pushed to it), ``pushed <entry id>``.
-    wakeup = _ShardKey("wakeup")
+    #: The epoch of the owner that takes entries pushed with their wake-ups (see ``submit.lua``),
+    #: recorded by its first step that may take one: a takeover then counts every entry in the
+    #: stream as fetched, since any may have been pushed to it and run.
+    pushes = _ShardKey("pushes")
     #: Hash: resource key -> JSON state.
     state = _ShardKey("state")
     #: Hash: op id -> JSON outcome, for results stored since :attr:`results_since`.

@@ -61,7 +61,7 @@ def acquire(shard: ShardKeys, args: AcquireArgs) -> ScriptCall[LeaseGrant | None
     k = shard
     keys = [
         k.lease, k.epoch, k.progress, k.horizon, k.suspect, k.stream, k.results, k.results_old,
-        k.dead, k.results_since, k.handover, k.last_grant, k.wakeup,
+        k.dead, k.results_since, k.handover, k.last_grant, k.pushes,
     ]
     return args.call(keys, _grant)
 
@@ -94,4 +94,4 @@ class ReleaseArgs(ScriptArgs):
 
 def release(shard: ShardKeys, args: ReleaseArgs) -> ScriptCall[bool]:
     """Give the lease up: whether it was the caller's."""
-    return args.call([shard.lease, shard.horizon, shard.handover, shard.wakeup], _one)
+    return args.call([shard.lease, shard.horizon, shard.handover, shard.pushes, shard.stream], _one)

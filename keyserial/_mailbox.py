@@ -41,8 +41,8 @@ class LocalShard(Protocol):
     #: The owner's writes, for a commit that writes this shard's keys (see ``Lineage``).
     lineage: Lineage
 
-    def wake(self) -> None:
-        """New entries were appended to the shard."""
+    def entries_waiting(self) -> None:
+        """New entries were appended to the shard (its next step fetches them)."""
 
     def hold(
         self, keys: tuple[str, ...]

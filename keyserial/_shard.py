@@ -153,12 +153,17 @@ class ShardRunner:
         self.wake()
 
     def push(self, pushed: Push) -> None:
-        """A wake-up that carries the next entry: taken in without a fetch if still next."""
+        """A wake-up that carries an entry: taken in without a fetch where it follows on."""
         self._wakeups.push(pushed)
         self.wake()
 
+    def entries_waiting(self) -> None:
+        """New entries may be in the stream that no push brings: the next step fetches."""
+        self._wakeups.must_fetch = True
+        self.wake()
+
     def wake(self) -> None:
-        """Something for the step loop: new entries, a finished op, a stop, a flush, the poll."""
+        """Something for the step loop: a push, a finished op, a stop, a flush, the poll."""
         self._woken = True
         self._wakeup.set()
 
@@ -170,11 +175,11 @@ class ShardRunner:
         self._woken = False
 
     async def _poll(self) -> None:
-        """Wake every ``idle_poll`` seconds, in case a wake-up was lost. (One timer for the
+        """Fetch every ``idle_poll`` seconds, in case a wake-up was lost. (One timer for the
         runner's life: a timeout on every sleep cost visibly under spread-out load.)"""
         while True:
             await anyio.sleep(self._settings.idle_poll)
-            self.wake()
+            self.entries_waiting()
 
     def _spawn(self, task: Callable[[], Coroutine[Any, Any, None]]) -> None:
         if self._task_group is not None:
@@ -183,28 +188,24 @@ class ShardRunner:
     # -- the step loop -------------------------------------------------------------------------
 
     async def _step_loop(self) -> None:
-        """Commit what finished and fetch what is next, one round trip per step, until stopped.
-
-        Sync ops run inline while a fetched batch is dispatched, so under load each step commits
-        the previous batch and fetches the next.
-        """
-        idle = False
+        """Commit what finished and fetch what no push brought (see :mod:`._wakeups`), one
+        round trip per step, until stopped. Pushes are taken in, and sync ops run, between
+        steps: under load each step commits what came in since the last one."""
         while True:
-            want = self._fetch_size()
-            if self._finished or self._dead or (want and not idle):
+            if (pushed := self._take_push()) is not None:
+                await self._dispatch(pushed)
+            want, replaying = self._fetch_size(), self._replay_until is not None
+            fetch = self._wakeups.fetch_size(want, replaying)
+            record = self._wakeups.records(want, replaying)
+            if self._finished or self._dead or fetch or record:
                 self._woken = False
-                fetched = await self._step(want)
-                if want:
-                    idle = not fetched.entries
+                fetched = await self._step(fetch, record=record)
                 if fetched.entries:
                     await self._dispatch(fetched)
                 continue
             if self._stopping and not self._running:
                 return
             await self._sleep()
-            idle = False
-            if (pushed := self._take_push()) is not None:
-                await self._dispatch(pushed)
 
     def _fetch_size(self) -> int:
         if self._stopping or self._uncommitted >= self._settings.max_inflight:
@@ -214,7 +215,8 @@ class ShardRunner:
         return self._settings.fetch_batch
 
     def _take_push(self) -> StepReply | None:
-        """The entry last pushed, if still next and this owner would fetch now (no replay)."""
+        """The pushed entries that follow on from the cursor, if this owner would fetch now
+        (not replaying)."""
         if not self._fetch_size() or self._replay_until is not None:
             return None
         return self._wakeups.take(self._cursor, self.states)
@@ -224,9 +226,9 @@ class ShardRunner:
         self._suspect = None
         self._replayed.set()
 
-    async def _step(self, want: int) -> StepReply:
+    async def _step(self, want: int, *, record: bool = False) -> StepReply:
         """Commit what finished; fetch up to ``want`` entries, with the stored outcomes of op
-        ids among them that already ran.
+        ids among them that already ran; ``record`` that this owner takes pushes from now on.
 
         Never cancel a step while the runner goes on: it takes its batch out of memory first,
         so a cancelled step that never reached Redis loses the batch's results while the cache
@@ -242,11 +244,12 @@ class ShardRunner:
             fetch=want, commit=commit.payload, replaying=self._replay_until is not None,
             result_ttl_ms=self._settings.result_ttl_ms, trim_to=commit.trim_to,
             trim_now=commit.trim_now, states_held=self.states.complete, pushed_to=pushed_to,
-            busy=self._wakeups.busy,
+            takes_pushes=record,
         ))
+        self._wakeups.sending(want)
         began = time.monotonic()  # (metrics)
         fetched = await self.fenced(call, replies=commit.replies, builds=commit.builds)
-        self._wakeups.stepped(fetching=bool(want), fetched=bool(fetched.entries))
+        self._wakeups.stepped(want, len(fetched.entries), record)
         self.metrics.stepped(batch, len(dead), began)
         self.states.step_done(number)
         if commit.trim_to and (commit.trim_now or not want or not fetched.entries):

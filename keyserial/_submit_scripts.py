@@ -22,7 +22,8 @@ class SubmitArgs(ScriptArgs):
     ops: str
     #: The shard's wake channel, or '' (a worker appending to a shard it owns wakes it itself).
     wake_channel: str
-    #: Every op id in the entry is appended for the first time: its owner looks none up.
+    #: Every op id in the entry is appended for the first time: its owner looks none up, and the
+    #: entry travels to it in its wake-up (a push).
     fresh: bool = False
 
 
@@ -32,7 +33,7 @@ def _entry_id(reply: bytes) -> bytes:
 
 def submit(shard: ShardKeys, args: SubmitArgs) -> ScriptCall[bytes]:
     """Append one entry of packed ops to the shard's stream; its entry id."""
-    return args.call([shard.stream, shard.wakeup], _entry_id)
+    return args.call([shard.stream], _entry_id)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,59 +1,93 @@
-"""A shard owner's side of the wake-up marker (``submit.lua``, ``step.lua``): the entry last
-pushed to it, the one it took in since its last step, and whether the marker already says
-``busy``. One per runner; only its step loop touches it.
+"""A shard owner's side of pushes (``submit.lua``): a fresh entry arrives in its wake-up, naming
+the entry that stood last in the stream before it. The owner takes such entries in, without
+fetching them, as long as each one follows on from its cursor; it fetches when that chain breaks
+(an entry appended another way, a lost message, a key whose state it has not cached), when a
+plain wake-up announces an entry, and at its poll. One per runner; only its step loop touches it.
+
+An owner takes pushes only once a step of its own has recorded that it does (``takes_pushes``):
+a takeover then counts every entry in the stream as one it may have run, so an op that kills
+the owner before any step of its records the entry still takes its strike.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ._commit_scripts import StepReply
-from ._intake import Push, entry_keys
+from ._intake import Push, entry_keys, parse_id
 from ._keystates import KeyStates
 
-#: How long after a fetch set ``busy`` the owner takes it to be still set: well inside the
-#: marker's 3-s expiry (step.lua), so the marker never lapses while the owner keeps fetching.
-BUSY_KNOWN = 2.0
+#: Pushes kept at most while the owner takes none in (replaying, or at ``max_inflight``): past
+#: that, they are dropped and the owner fetches instead.
+MAX_WAITING = 1024
 
 
 @dataclass(slots=True, eq=False)
 class Wakeups:
-    """What a runner knows of its wake-up marker, and the pushes it gets."""
+    """The pushes a runner got, and whether its next step fetches."""
 
-    _pushed: Push | None = None
+    #: Pushes not taken in yet, in the order they came (the order of the stream).
+    _waiting: list[Push] = field(default_factory=list)
     #: The last entry taken in from a push since the last step, or '' (the step raises the
     #: horizon to it).
     pushed_to: str = ""
-    #: When a fetch of this owner last set the marker to ``busy`` (None: it may not say so).
-    _busy_since: float | None = None
+    #: Whether the next step fetches: the stream may hold entries that no push brings.
+    must_fetch: bool = True
+    #: Whether a step of this owner has recorded that it takes pushes (until then it takes none).
+    recorded: bool = False
 
     def push(self, pushed: Push) -> None:
-        """Keep the latest push, for :meth:`take`."""
-        self._pushed = pushed
+        if len(self._waiting) >= MAX_WAITING:
+            self._waiting.clear()
+            self.must_fetch = True
+        self._waiting.append(pushed)
 
     def take(self, cursor: str, states: KeyStates) -> StepReply | None:
-        """The entry last pushed, as if fetched, if it is next after ``cursor`` (nothing was
-        fetched since the marker said idle there) and ``states`` holds the states of its keys.
-        Call it only when the owner would fetch now."""
-        pushed, self._pushed = self._pushed, None
-        if pushed is None or pushed.after != cursor:
+        """The pushed entries that follow on from ``cursor``, in order, as if fetched (None if
+        none does). Call it only when the owner would fetch now. A push that does not follow on
+        (an entry lies between it and the cursor, which came some other way) is left to a fetch;
+        one whose keys' states are not cached ends the chain: the next step fetches instead."""
+        if not self.recorded:
             return None
-        if not states.complete and not states.cached(entry_keys(pushed.fields)):
+        waiting, self._waiting = self._waiting, []
+        entries: list[tuple[str, dict[bytes, bytes]]] = []
+        at = parse_id(cursor)
+        for pushed in waiting:
+            entry_id = parse_id(pushed.entry_id)
+            if entry_id <= at:
+                continue  # fetched already
+            if pushed.after not in (cursor, "-"):
+                self.must_fetch = True  # (an entry lies between: a later push may still follow on)
+                continue
+            if not states.complete and not states.cached(entry_keys(pushed.fields)):
+                self.must_fetch = True
+                break
+            entries.append((pushed.entry_id, dict(pushed.fields)))
+            cursor, at = pushed.entry_id, entry_id
+        if not entries:
             return None
-        self.pushed_to = pushed.entry_id
-        return StepReply([(pushed.entry_id, dict(pushed.fields))], {}, {})
+        self.pushed_to = cursor
+        return StepReply(entries, {}, {})
 
-    @property
-    def busy(self) -> bool:
-        """Whether the marker says ``busy`` already (a step then need not set it again)."""
-        return self._busy_since is not None and time.monotonic() - self._busy_since < BUSY_KNOWN
+    def fetch_size(self, want: int, replaying: bool) -> int:
+        """How many entries the next step fetches: ``want`` while replaying, or when entries may
+        be waiting that no push brings; else none."""
+        return want if self.must_fetch or replaying else 0
 
-    def stepped(self, fetching: bool, fetched: bool) -> None:
-        """A step went through: ``fetching`` (it asked for entries) and ``fetched`` (it got
-        some, so it set the marker to ``busy`` unless :attr:`busy` said it was)."""
+    def records(self, want: int, replaying: bool) -> bool:
+        """Whether the next step records that this owner takes pushes: once, when it would
+        take them (not replaying, not stopping)."""
+        return bool(want) and not replaying and not self.recorded
+
+    def sending(self, fetch: int) -> None:
+        """A step that fetches goes out: a wake-up from now on asks for the next fetch."""
+        if fetch:
+            self.must_fetch = False
+
+    def stepped(self, fetch: int, fetched: int, recorded: bool) -> None:
+        """A step went through, asking for ``fetch`` entries and getting ``fetched`` (one that
+        got all it asked for fetches again), having ``recorded`` that this owner takes pushes."""
         self.pushed_to = ""
-        if fetching and not fetched:
-            self._busy_since = None
-        elif fetched and not self.busy:
-            self._busy_since = time.monotonic()
+        self.recorded |= recorded
+        if fetch and fetched >= fetch:
+            self.must_fetch = True

@@ -274,7 +274,7 @@ class Worker:
             if holder is not None:
                 pushed = parse_push(data)
                 if pushed is None:
-                    holder.runner.wake()
+                    holder.runner.entries_waiting()
                 else:
                     holder.runner.push(pushed)
 

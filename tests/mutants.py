@@ -187,8 +187,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "release-resets-horizon", "G3.3",
         "release.lua sets the horizon back to progress: the next owner forgets what to look up",
         (Edit("keyserial/lua/release.lua",
-              "redis.call('DEL', KEYS[1])\nlocal horizon = fold_pushed(KEYS[2], KEYS[4])\n",
-              "redis.call('DEL', KEYS[1])\nlocal horizon = fold_pushed(KEYS[2], KEYS[4])\n"
+              "  horizon = fold_pushes(KEYS[2], KEYS[5])\nend\n",
+              "  horizon = fold_pushes(KEYS[2], KEYS[5])\nend\n"
               "redis.call('SET', KEYS[2], redis.call('GET', (string.gsub(KEYS[2], 'horizon$',"
               " 'progress'))) or '0-0')\n"
               "horizon = redis.call('GET', KEYS[2])\n"),),
@@ -269,34 +269,47 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "push-taken-anywhere", "G3.7",
         "a worker takes a pushed entry in whatever its cursor, skipping what lies between",
-        (Edit("keyserial/_wakeups.py", "pushed is None or pushed.after != cursor",
-              "pushed is None"),),
-        (_PUSH + "test_a_worker_takes_a_push_only_at_its_own_cursor" + _STANDALONE,),
+        (Edit("keyserial/_wakeups.py", 'if pushed.after not in (cursor, "-"):', "if False:"),),
+        (_PUSH + "test_a_worker_takes_a_push_only_where_it_follows_on" + _STANDALONE,),
     ),
     Mutant(
-        "push-unchecked", "G3.7",
-        "submit.lua pushes an entry although another one came after the idle owner's cursor",
-        (Edit("keyserial/lua/submit.lua",
-              "  if #redis.call('XRANGE', KEYS[1], '(' .. after, '+', 'COUNT', 2) == 1 then",
-              "  if true then"),),
-        (_PUSH + "test_an_entry_appended_without_the_script_is_never_skipped_by_a_push"
-         + _STANDALONE,),
+        "push-names-nothing", "G3.7",
+        "submit.lua's push says the stream was empty, whatever stood last in it",
+        (Edit("keyserial/lua/submit.lua", "before = last and last[1] or '-'", "before = '-'"),),
+        (_PUSH + "test_a_fresh_entry_is_pushed_naming_the_entry_before_it" + _STANDALONE,
+         _PUSH + "test_an_entry_appended_without_a_wake_up_is_never_skipped_by_a_push"
+         + _STANDALONE),
+    ),
+    Mutant(
+        "push-taken-unrecorded", "G3.7",
+        "a worker takes pushes before any step of its has recorded that it does",
+        (Edit("keyserial/_wakeups.py", "return bool(want) and not replaying and not self.recorded",
+              "self.recorded = True\n        return False"),),
+        (_PUSH + "test_a_worker_records_that_it_takes_pushes_before_it_takes_any" + _STANDALONE,
+         _PUSH + "test_a_pushed_op_that_kills_its_worker_is_struck_at_every_death" + _STANDALONE),
     ),
     Mutant(
         "step-forgets-push", "G3.7",
         "step.lua leaves the horizon below an entry its owner took in from a push",
         (Edit(_STEP, "if #entries == 0 and ARGV[13] ~= '' then", "if false then"),),
-        (_PUSH + "test_the_first_entry_for_an_idle_owner_is_pushed_and_the_rest_need_no_wake_up"
-         + _STANDALONE,),
+        (_PUSH + "test_a_step_raises_the_horizon_to_the_pushed_entry_it_took" + _STANDALONE,),
     ),
     Mutant(
         "takeover-forgets-push", "G3.7",
-        "acquire.lua does not count an entry pushed to the dead owner as fetched",
-        (Edit("keyserial/lua/acquire.lua", "local horizon = fold_pushed(KEYS[4], KEYS[13])",
-              "local horizon = redis.call('GET', KEYS[4])"),),
-        (_PUSH + "test_a_takeover_treats_an_entry_pushed_to_the_dead_owner_as_fetched"
+        "acquire.lua does not count the entries an owner that took pushes may have run",
+        (Edit("keyserial/lua/acquire.lua",
+              "if redis.call('GET', KEYS[13]) == tostring(epoch - 1) then", "if false then"),),
+        (_PUSH + "test_a_takeover_counts_every_entry_as_fetched_if_the_dead_owner_took_pushes"
          + _STANDALONE,
          _PUSH + "test_a_pushed_op_that_kills_its_worker_is_struck_at_every_death" + _STANDALONE),
+    ),
+    Mutant(
+        "takeover-suspects-unpushed", "G3.7",
+        "acquire.lua counts every entry as fetched, also from an owner that took no pushes",
+        (Edit("keyserial/lua/acquire.lua",
+              "if redis.call('GET', KEYS[13]) == tostring(epoch - 1) then", "if true then"),),
+        (_PUSH + "test_a_takeover_from_an_owner_that_took_no_pushes_suspects_only_what_it_"
+         "fetched" + _STANDALONE,),
     ),
 )
 

@@ -1,7 +1,9 @@
-"""Wake-ups that carry the entry (docs/wire-format.md, the wake-up marker): the first fresh entry
-appended to an idle shard is pushed to its owner, which runs it without fetching it. A push is
-only ever the next entry of the stream, the owner takes it only at that place, and whatever reads
-the horizon next (a step, a release, a takeover) counts a pushed entry as fetched."""
+"""Wake-ups that carry the entry (docs/wire-format.md, pushes): a fresh entry travels to the
+shard's owner in its wake-up, naming the entry that stood last in the stream before it, and the
+owner takes it in without fetching it, only where it follows on from its cursor. An owner
+records that it takes pushes before it takes any; a takeover from such an owner, and its
+release, count every entry in the stream as fetched, and a takeover from one that took none
+counts nothing more than it fetched."""
 
 from __future__ import annotations
 
@@ -50,10 +52,13 @@ async def next_message(pubsub: PubSub) -> bytes:
                 return data
 
 
-async def appended(backend: Backend, keys: ShardKeys, op_id: str) -> str:
-    """A fresh entry of one deposit, appended as a client appends it."""
-    ops = json.dumps([envelope(op_id, "k", "deposit", 1)])
-    call = submit(keys, SubmitArgs(0, "1", ops, keys.wake_channel, fresh=True))
+def ops_of(op_id: str) -> str:
+    return json.dumps([envelope(op_id, "k", "deposit", 1)])
+
+
+async def appended(backend: Backend, keys: ShardKeys, op_id: str, *, fresh: bool = True) -> str:
+    """An entry of one deposit, appended as a client appends it."""
+    call = submit(keys, SubmitArgs(0, "1", ops_of(op_id), keys.wake_channel, fresh=fresh))
     return (await backend.run_call(call)).decode()
 
 
@@ -63,127 +68,127 @@ async def owned(backend: Backend, keys: ShardKeys, attempt: str = "a") -> LeaseG
     return grant
 
 
-async def fetched(backend: Backend, keys: ShardKeys, epoch: int, cursor: str,
-                  pushed_to: str = "", *, busy: bool = False) -> list[str]:
+async def stepped(backend: Backend, keys: ShardKeys, epoch: int, cursor: str, *,
+                  pushed_to: str = "", takes_pushes: bool = False) -> list[str]:
     """The entry ids a step of the owner fetches after ``cursor`` (committing nothing), having
-    taken in ``pushed_to`` from a push, knowing the marker ``busy`` already or not."""
+    taken in ``pushed_to`` from a push, recording that it takes pushes or not."""
     reply = await backend.run_call(step(keys, StepArgs(
         epoch=epoch, progress="", rotate=False, cursor=cursor, fetch=10, commit="",
         replaying=False, result_ttl_ms=60_000, trim_to="", trim_now=False, states_held=True,
-        pushed_to=pushed_to, busy=busy,
+        pushed_to=pushed_to, takes_pushes=takes_pushes,
     )))
     return [entry_id for entry_id, _ in reply.entries]
 
 
-async def test_the_first_entry_for_an_idle_owner_is_pushed_and_the_rest_need_no_wake_up(
+async def test_a_fresh_entry_is_pushed_naming_the_entry_before_it(
     backend: Backend, client: redis.asyncio.Redis, wake_ups: PubSub, namespace: str
 ) -> None:
     keys = ShardKeys(namespace, 0)
-    epoch = (await owned(backend, keys)).epoch
-    first = await appended(backend, keys, "before")  # no marker yet: a plain wake-up
-    assert await next_message(wake_ups) == first.encode()
-    assert await fetched(backend, keys, epoch, "0-0") == [first]
-    assert await client.get(keys.wakeup) == b"busy"
-    assert await fetched(backend, keys, epoch, first) == []
-    assert await client.get(keys.wakeup) == f"idle {first}".encode()
-
-    pushed = await appended(backend, keys, "pushed")
-    ops = json.dumps([envelope("pushed", "k", "deposit", 1)])
-    assert await next_message(wake_ups) == f"push {first} {pushed} 1\n{ops}".encode()
-    assert await client.get(keys.wakeup) == f"pushed {pushed}".encode()
-    assert await client.get(keys.horizon) == first.encode()
-
-    # The owner took it in; its next fetch raises the horizon to it and finds the next entry,
-    # which was announced by its id (the marker no longer said idle).
-    later = await appended(backend, keys, "later")
-    assert await next_message(wake_ups) == later.encode()
-    assert await fetched(backend, keys, epoch, pushed) == [later]
-    assert await client.get(keys.horizon) == later.encode()
-    # Busy: an append sends nothing (the next message is the test's own).
-    quiet = await appended(backend, keys, "quiet")
-    await client.publish(keys.wake_channel, "mark")
-    assert await next_message(wake_ups) == b"mark"
-    # An owner that knows the marker says busy leaves it alone (here: expired meanwhile).
-    await client.delete(keys.wakeup)
-    assert await fetched(backend, keys, epoch, pushed, busy=True) == [later, quiet]
-    assert await client.get(keys.wakeup) is None
-    # A step of an owner that took a push in raises the horizon to it, fetching nothing.
-    assert await fetched(backend, keys, epoch, later) == [quiet]
-    assert await fetched(backend, keys, epoch, quiet) == []
-    again = await appended(backend, keys, "again")
-    assert (await next_message(wake_ups)).startswith(f"push {quiet} {again} ".encode())
-    assert await fetched(backend, keys, epoch, again, pushed_to=again) == []
-    assert await client.get(keys.horizon) == again.encode()
-    assert await client.get(keys.wakeup) == f"idle {again}".encode()
-
-
-async def test_an_entry_appended_without_the_script_is_never_skipped_by_a_push(
-    backend: Backend, client: redis.asyncio.Redis, wake_ups: PubSub, namespace: str
-) -> None:
-    """An appender that does not read the marker (XADD, or an older client's script) puts an
-    entry after the idle owner's cursor: the next append is then announced by its id, not
-    pushed, so the owner fetches both."""
-    keys = ShardKeys(namespace, 0)
-    epoch = (await owned(backend, keys)).epoch
-    assert await fetched(backend, keys, epoch, "0-0") == []
-    assert await client.get(keys.wakeup) == b"idle 0-0"
+    first = await appended(backend, keys, "first")  # the stream was empty
+    assert await next_message(wake_ups) == f"push - {first} 1\n{ops_of('first')}".encode()
+    second = await appended(backend, keys, "second")
+    assert await next_message(wake_ups) == f"push {first} {second} 1\n{ops_of('second')}".encode()
+    # An entry that is not fresh is announced by its id, and the next push names it.
+    again = await appended(backend, keys, "second", fresh=False)
+    assert await next_message(wake_ups) == again.encode()
+    third = await appended(backend, keys, "third")
+    assert (await next_message(wake_ups)).startswith(f"push {again} {third} 1\n".encode())
+    # An entry appended without the script stands between too.
     raw = await append_entry(client, namespace, 0, [envelope("raw", "k", "deposit", 1)],
                              fresh=True)
-    entry = await appended(backend, keys, "scripted")
-    assert await next_message(wake_ups) == entry.encode()
-    assert await fetched(backend, keys, epoch, "0-0") == [raw, entry]
+    fourth = await appended(backend, keys, "fourth")
+    assert (await next_message(wake_ups)).startswith(f"push {raw} {fourth} 1\n".encode())
 
 
-async def test_a_takeover_treats_an_entry_pushed_to_the_dead_owner_as_fetched(
+async def test_a_step_raises_the_horizon_to_the_pushed_entry_it_took(
     backend: Backend, client: redis.asyncio.Redis, namespace: str
 ) -> None:
-    """The owner may have run the pushed entry's op (and committed it, or died of it) before
-    any write of its own: the next owner looks its outcome up, and suspects it."""
+    keys = ShardKeys(namespace, 0)
+    epoch = (await owned(backend, keys)).epoch
+    assert await stepped(backend, keys, epoch, "0-0", takes_pushes=True) == []
+    assert await client.get(keys.pushes) == str(epoch).encode()
+    pushed = await appended(backend, keys, "pushed")
+    assert await stepped(backend, keys, epoch, pushed, pushed_to=pushed) == []
+    assert await client.get(keys.horizon) == pushed.encode()
+    # One it fetched after the pushed one comes later: the horizon goes to it.
+    later = await appended(backend, keys, "later")
+    assert await stepped(backend, keys, epoch, later, pushed_to=later) == []
+    last = await appended(backend, keys, "last")
+    assert await stepped(backend, keys, epoch, later, pushed_to=later) == [last]
+    assert await client.get(keys.horizon) == last.encode()
+
+
+async def test_a_takeover_counts_every_entry_as_fetched_if_the_dead_owner_took_pushes(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """The owner may have run a pushed entry's op (and committed it, or died of it) before any
+    write of its own: the next owner looks its outcome up, and suspects it."""
     keys = ShardKeys(namespace, 0)
     epoch = (await owned(backend, keys, "dead")).epoch
-    assert await fetched(backend, keys, epoch, "0-0") == []
+    assert await stepped(backend, keys, epoch, "0-0", takes_pushes=True) == []
     pushed = await appended(backend, keys, "pushed")
-    assert await client.get(keys.wakeup) == f"pushed {pushed}".encode()
     await client.delete(keys.lease)  # the owner died; its lease ran out
     grant = await owned(backend, keys, "next")
     assert grant.replay_until == pushed
     assert grant.careful_until == pushed
     assert grant.suspect == "pushed"
     assert await client.get(keys.horizon) == pushed.encode()
+    assert await client.get(keys.pushes) is None  # (until the new owner records itself)
 
 
-async def test_a_clean_release_covers_a_pushed_entry_and_drops_the_marker(
-    backend: Backend, client: redis.asyncio.Redis, wake_ups: PubSub, namespace: str
+async def test_a_takeover_from_an_owner_that_took_no_pushes_suspects_only_what_it_fetched(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """An owner that died before it took pushes (or one of an older version) cannot have run
+    an entry it never fetched: the next owner neither replays nor suspects it."""
+    keys = ShardKeys(namespace, 0)
+    epoch = (await owned(backend, keys, "dead")).epoch
+    fetched = await appended(backend, keys, "fetched")
+    assert await stepped(backend, keys, epoch, "0-0") == [fetched]
+    await appended(backend, keys, "never fetched")
+    await client.delete(keys.lease)
+    grant = await owned(backend, keys, "next")
+    assert (grant.replay_until, grant.careful_until, grant.suspect) == (fetched, fetched,
+                                                                         "fetched")
+
+
+async def test_a_clean_release_covers_what_was_pushed_and_stops_counting(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
 ) -> None:
     """A drain that gave up on a pushed op still hands it over as fetched; an entry appended
-    after the release is announced by its id, never pushed to the owner that is gone."""
+    after the release is not counted: the owner that is gone took nothing more."""
     keys = ShardKeys(namespace, 0)
     epoch = (await owned(backend, keys, "me")).epoch
-    assert await fetched(backend, keys, epoch, "0-0") == []
+    assert await stepped(backend, keys, epoch, "0-0", takes_pushes=True) == []
     pushed = await appended(backend, keys, "pushed")
-    assert (await next_message(wake_ups)).startswith(b"push ")
     assert await backend.run_call(release(keys, ReleaseArgs("me", clean=True)))
     assert await client.get(keys.horizon) == await client.get(keys.handover) == pushed.encode()
-    assert await client.get(keys.wakeup) is None
-    after = await appended(backend, keys, "after")
-    assert await next_message(wake_ups) == after.encode()
+    assert await client.get(keys.pushes) is None
+    await appended(backend, keys, "after")
     grant = await owned(backend, keys, "next")
     assert (grant.replay_until, grant.careful_until, grant.suspect) == (pushed, None, None)
 
 
-async def test_a_worker_takes_a_push_only_at_its_own_cursor(
+async def test_a_worker_records_that_it_takes_pushes_before_it_takes_any(
     redis_url: str, client: redis.asyncio.Redis, namespace: str
 ) -> None:
-    """The worker runs a pushed entry without fetching it (this one is in no stream, so only
-    the push can have brought it), and ignores one that is not next to its cursor."""
     keys = ShardKeys(namespace, 0)
     async with (running_worker(redis_url, namespace, shards="0", shard_count=1),
                 keyserial.connect(redis_url, shards=1, namespace=namespace) as ks):
         assert await ks.submit("k", deposit(1)) == 1
-        with anyio.fail_after(5):
-            while not (marker := await client.get(keys.wakeup) or b"").startswith(b"idle "):
-                await anyio.sleep(0.01)
-        cursor = marker.decode().split(" ")[1]
+        assert await client.get(keys.pushes) == await client.get(keys.epoch)
+
+
+async def test_a_worker_takes_a_push_only_where_it_follows_on(
+    redis_url: str, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """The worker runs a pushed entry without fetching it (this one is in no stream, so only
+    the push can have brought it), and ignores one that does not follow on from its cursor."""
+    keys = ShardKeys(namespace, 0)
+    async with (running_worker(redis_url, namespace, shards="0", shard_count=1),
+                keyserial.connect(redis_url, shards=1, namespace=namespace) as ks):
+        assert await ks.submit("k", deposit(1)) == 1
+        cursor = (await client.get(keys.horizon) or b"").decode()  # the entry it took last
         ms, seq = map(int, cursor.split("-"))
         for after, op_id in (("1-0", "elsewhere"), (cursor, "next")):
             ops = json.dumps([envelope(op_id, "k", "deposit", 10)])
@@ -193,23 +198,37 @@ async def test_a_worker_takes_a_push_only_at_its_own_cursor(
         assert await stored(client, namespace, 0, "elsewhere") is None
 
 
+async def test_an_entry_appended_without_a_wake_up_is_never_skipped_by_a_push(
+    redis_url: str, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """An entry appended with a plain XADD and no PUBLISH stands between the owner's cursor
+    and the next push: the owner fetches both, rather than taking the push and skipping it.
+    (idle_poll is long, so only the chain's break can bring the plain entry in.)"""
+    async with (running_worker(redis_url, namespace, shards="0", shard_count=1, idle_poll=60),
+                keyserial.connect(redis_url, shards=1, namespace=namespace) as ks):
+        assert await ks.submit("k", deposit(1)) == 1
+        await append_entry(client, namespace, 0, [envelope("plain", "k", "deposit", 10)],
+                           fresh=True)
+        assert await ks.submit("k", deposit(100)) == 111
+        assert await stored(client, namespace, 0, "plain") == {"ok": 11}
+
+
 async def test_a_pushed_op_that_kills_its_worker_is_struck_at_every_death(
     redis_url: str, client: redis.asyncio.Redis, namespace: str, start: Starter
 ) -> None:
-    """A fresh op appended to an idle shard goes to its owner in the wake-up and kills it before
-    any write of the owner's: the takeover must count it as fetched, or the death costs it no
-    strike. With four workers it is dead-lettered after max_strikes (3) deaths; one more would
-    leave no worker to answer the caller. (On a cluster a client's appends are not fresh, since
-    redis-py may send one twice: the op is fetched, not pushed, and the count is the same.)"""
+    """A fresh op goes to its owner in its wake-up and kills it before any write of the
+    owner's: the takeover must count it as fetched, or the death costs it no strike. With four
+    workers it is dead-lettered after max_strikes (3) deaths; one more would leave no worker to
+    answer the caller. (On a cluster a client's appends are not fresh, since redis-py may send
+    one twice: the op is fetched, not pushed, and the count is the same.)"""
     key = "poison:pushed"
     with anyio.fail_after(60):
         async with keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
             workers = [start(redis_url, namespace, lease_ttl=0.5) for _ in range(4)]
             await all_held(client, namespace)
             assert await ks.submit(key, deposit(1)) == 1
-            wakeup = ShardKeys(namespace, ks.shard_of(key)).wakeup
-            while not (await client.get(wakeup) or b"").startswith(b"idle "):
-                await anyio.sleep(0.01)
+            keys = ShardKeys(namespace, ks.shard_of(key))
+            assert await client.get(keys.pushes) == await client.get(keys.epoch)
             with pytest.raises(PoisonOperation) as poisoned:
                 await ks.submit(key, apps.crash(), timeout=50)  # its own op id: fresh, pushed
             assert poisoned.value.data["strikes"] == 3

@@ -8,7 +8,9 @@
 -- KEYS[9]  dead-letter stream         KEYS[10] when the current results generation began
 -- KEYS[11] handover (set by a clean release: the horizon it left)
 -- KEYS[12] the last grant, JSON {attempt id, grant}
--- KEYS[13] the wake-up marker: an entry pushed to the previous owner counts as fetched by it
+-- KEYS[13] the epoch of the owner that takes pushed entries (see step.lua): if it is the previous
+--          owner's, every entry in the stream counts as fetched by it (any may have been pushed
+--          to it and run); dropped here, so that it only ever names the current owner
 -- ARGV[1]  the new owner's token   ARGV[2]  lease TTL (ms)   ARGV[3]  strikes before dead-letter
 -- ARGV[4]  the attempt id (unique per attempt, the same when the call is sent again)
 -- Returns {} when the lease is held by someone else; otherwise
@@ -96,7 +98,11 @@ end
 
 local epoch = redis.call('INCR', KEYS[2])
 local progress = redis.call('GET', KEYS[3]) or '0-0'
-local horizon = fold_pushed(KEYS[4], KEYS[13])
+local horizon = redis.call('GET', KEYS[4])
+if redis.call('GET', KEYS[13]) == tostring(epoch - 1) then
+  horizon = fold_pushes(KEYS[4], KEYS[6])
+end
+redis.call('DEL', KEYS[13])
 local since = redis.call('GET', KEYS[10]) or ''
 local handover = redis.call('GET', KEYS[11])
 redis.call('DEL', KEYS[11])

@@ -24,19 +24,16 @@ local function write_states(hash, writes_json)
 end
 
 
--- An entry pushed to the owner (the wake-up marker says 'pushed <id>', see submit.lua) may have
--- run already: the horizon (the last entry the owner may have taken) is raised to it, so that
--- whatever reads the horizon next (a step, a release, a takeover) treats it as fetched. Returns
--- the horizon, or nil.
-local function fold_pushed(horizon_key, marker_key)
+-- Entries pushed to an owner with their wake-ups (see submit.lua) may have run before any write
+-- of the owner's recorded them: the horizon (the last entry the owner may have taken) is raised
+-- to the last entry in the stream, so that whatever reads it next (a release, a takeover) treats
+-- every entry the owner could have been pushed as fetched. Returns the horizon, or nil.
+local function fold_pushes(horizon_key, stream_key)
   local horizon = redis.call('GET', horizon_key)
-  local marker = redis.call('GET', marker_key)
-  if marker and string.sub(marker, 1, 7) == 'pushed ' then
-    local pushed = string.sub(marker, 8)
-    if not horizon or id_gt(pushed, horizon) then
-      horizon = pushed
-      redis.call('SET', horizon_key, horizon)
-    end
+  local last = redis.call('XREVRANGE', stream_key, '+', '-', 'COUNT', 1)[1]
+  if last and (not horizon or id_gt(last[1], horizon)) then
+    horizon = last[1]
+    redis.call('SET', horizon_key, horizon)
   end
   return horizon
 end

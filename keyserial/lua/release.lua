@@ -8,17 +8,21 @@
 --     without suspecting any op (no strike, no one-at-a-time);
 --   failed ('0', the runner crashed on something): as after a crash, the first unfinished op is
 --     suspected and takes a strike, so data that kills runners is dead-lettered in the end.
--- The wake-up marker is dropped, once an entry it says was pushed is under the horizon (see
--- submit.lua): one appended later is announced by its id, never pushed to an owner that is gone.
--- KEYS[1]  lease      KEYS[2]  horizon      KEYS[3]  handover      KEYS[4]  wake-up marker
+-- If the owner took pushed entries (see submit.lua), every entry in the stream counts as fetched
+-- (a drain that gave up may have left one running that no step recorded yet), and the record
+-- that it takes pushes is dropped, so that a takeover counts nothing appended after the release.
+-- KEYS[1]  lease      KEYS[2]  horizon      KEYS[3]  handover
+-- KEYS[4]  the epoch of the owner that takes pushed entries      KEYS[5]  stream
 -- ARGV[1]  the owner's token      ARGV[2]  '1' clean, '0' failed
 -- Returns 1 if released, 0 if the lease was not the caller's.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
-local horizon = fold_pushed(KEYS[2], KEYS[4])
-redis.call('DEL', KEYS[4])
+local horizon = redis.call('GET', KEYS[2])
+if redis.call('DEL', KEYS[4]) == 1 then
+  horizon = fold_pushes(KEYS[2], KEYS[5])
+end
 if ARGV[2] == '1' and horizon then
   redis.call('SET', KEYS[3], horizon)
 else

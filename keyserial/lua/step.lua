@@ -10,11 +10,7 @@
 -- KEYS[1]  epoch      KEYS[2]  state      KEYS[3]  progress    KEYS[4]  stream
 -- KEYS[5]  results    KEYS[6]  results, previous generation    KEYS[7]  dead-letter stream
 -- KEYS[8]  horizon    KEYS[9]  when the current results generation began
--- KEYS[10] wake-up marker (see submit.lua): a fetch sets it to 'busy' when it finds entries (the
---          owner fetches again before it sleeps: appends need not wake it), expiring after 3 s
---          (an owner gone, or of an older version, must not silence wake-ups for long), else
---          to 'idle <cursor>'. (A fetch may overwrite 'pushed <id>': that entry is then either
---          the first one it fetches, or the owner took it and says so in ARGV[13].)
+-- KEYS[10] the epoch of the owner that takes pushed entries (see submit.lua, acquire.lua)
 -- ARGV[1]  the owner's epoch
 -- ARGV[2]  new progress: id of the last entry whose ops have all finished, or '' to keep it
 -- ARGV[3]  '1': start a new results generation first if the current one is a retention period
@@ -34,18 +30,19 @@
 --          entry is past the horizon, so it is set without reading it)
 -- ARGV[8]  the results retention in milliseconds
 -- ARGV[9]  the last committed entry id not trimmed from the stream yet, or '' (none)
--- ARGV[10] '1': trim through ARGV[9] now; '0': only if the fetch finds nothing new (the owner
---          trims every so many entries while busy, and before it goes idle, at most once per
---          idle_poll while entries come pushed: a shard idle that long has XLEN = its backlog)
+-- ARGV[10] '1': trim through ARGV[9] now; '0': only if the step fetches nothing new (the owner
+--          trims every so many entries, and otherwise at most once per idle_poll while entries
+--          come pushed: a shard idle that long has XLEN = its backlog)
 -- ARGV[11] '1': the owner holds every state of the shard (loaded when it took the shard over),
 --          so none is read
 -- ARGV[12] replies to publish once committed, JSON [[channel, message], ...], or ''. (On
 --          keyserial's own connection the owner publishes the replies of several steps of one
 --          batch itself, one message per channel, once they have returned: see _pipeline.py.)
 -- ARGV[13] the last entry the owner took in from a push (not fetched) since its last step, or
---          '': the horizon is raised to it (never while replaying: no push is taken then)
--- ARGV[14] '1': the wake-up marker says 'busy' already (this owner's last fetch set it, under
---          2 s ago): a fetch that finds entries leaves it as it is
+--          '': the horizon is raised to it, or to the last entry fetched if that comes later
+--          (never while replaying: no push is taken then)
+-- ARGV[14] '1': this owner takes pushed entries from now on, so KEYS[10] records its epoch (a
+--          takeover then counts every entry in the stream as one it may have run)
 -- Entries with the field fresh = '1' carry op ids appended for the first time (see the wire
 -- format), so their stored outcomes are not looked up, except while replaying.
 -- Returns {entries, done, states}: entries as XRANGE returns them; done = {op id, outcome, ...};
@@ -138,19 +135,11 @@ if commit then
   end
 end
 
--- Fetch, then set progress, horizon and the idle marker (in one command), then trim.
+-- Fetch, then set progress, horizon and who takes pushes (in one command), then trim.
 local entries, done, states = {}, {}, {}
 local fetching = tonumber(ARGV[5]) > 0
-local idle = nil
 if fetching then
   entries = redis.call('XRANGE', KEYS[4], '(' .. ARGV[4], '+', 'COUNT', ARGV[5])
-  if #entries > 0 then
-    if ARGV[14] ~= '1' then
-      redis.call('SET', KEYS[10], 'busy', 'PX', 3000)
-    end
-  else
-    idle = 'idle ' .. ARGV[4]
-  end
 end
 local horizon = nil
 if #entries == 0 and ARGV[13] ~= '' then
@@ -166,7 +155,7 @@ elseif #entries > 0 then
 end
 local writes = {}
 for _, write in ipairs({{KEYS[3], ARGV[2] ~= '' and ARGV[2]}, {KEYS[8], horizon},
-                        {KEYS[10], idle}}) do
+                        {KEYS[10], ARGV[14] == '1' and ARGV[1]}}) do
   if write[2] then
     writes[#writes + 1] = write[1]
     writes[#writes + 1] = write[2]

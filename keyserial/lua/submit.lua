@@ -1,24 +1,22 @@
--- Append one entry of packed op envelopes to a shard's stream, unless its backlog is full,
--- and wake the shard's owner, as its wake-up marker says:
---   'busy'          it fetches again anyway: no message;
---   'idle <id>'     its last fetch found nothing after entry <id>. If the new entry is the only
---                   one after <id> and fresh, the message carries the entry (a push: the owner
---                   runs it without fetching it) and the marker becomes 'pushed <new id>', which
---                   a takeover treats as fetched; otherwise the message is the new entry id;
---   anything else   (none: a worker of an older version, or the owner is gone) the entry id.
--- KEYS[1]  the shard's stream
--- KEYS[2]  the shard's wake-up marker (optional: without it, always the entry id)
+-- Append one entry of packed op envelopes to a shard's stream, unless its backlog is full, and
+-- wake the shard's owner. A fresh entry travels in its wake-up (a push): the owner takes it in
+-- without fetching it. The push names the entry that stood last in the stream before it ('-'
+-- when the stream was empty), and the owner takes it in only if its cursor stands there, so an
+-- entry appended some other way (a plain XADD, an older client) is never skipped. Any other
+-- entry is announced by its id, and the owner fetches it.
+-- KEYS[1]  the shard's stream (a second key, which older versions took, is ignored)
 -- ARGV[1]  backlog limit in entries (0: unbounded)
 -- ARGV[2]  wire version ("1")
 -- ARGV[3]  the entry's ops: a JSON array of op envelopes
 -- ARGV[4]  the shard's wake channel ('' for none: a worker appending to a shard it owns wakes
 --          its runner itself)
 -- ARGV[5]  '1' if every op id in the entry is appended for the first time (the entry's field
---          fresh = '1': its owner skips looking up their stored outcomes); optional
+--          fresh = '1': its owner skips looking up their stored outcomes, and it is pushed);
+--          optional
 -- Returns the new entry id; the error "BACKLOG <length>" when the backlog is full (nothing added).
 if #KEYS < 1 or #ARGV < 4 then  -- (checked first: an error must mean that nothing was appended)
-  return redis.error_reply('ERR submit takes the stream (and the marker) as KEYS, and the limit,'
-    .. ' version, ops and wake channel (and fresh) as ARGV; nothing was appended')
+  return redis.error_reply('ERR submit takes the stream as KEYS[1], and the limit, version,'
+    .. ' ops and wake channel (and fresh) as ARGV; nothing was appended')
 end
 local limit = tonumber(ARGV[1])
 if limit > 0 then
@@ -27,26 +25,22 @@ if limit > 0 then
     return redis.error_reply('BACKLOG ' .. length)
   end
 end
+local fresh = ARGV[5] == '1'
+local push = fresh and ARGV[4] ~= ''
+local before = nil
+if push then
+  local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
+  before = last and last[1] or '-'
+end
 local id
-if ARGV[5] == '1' then
+if fresh then
   id = redis.call('XADD', KEYS[1], '*', 'v', ARGV[2], 'ops', ARGV[3], 'fresh', '1')
 else
   id = redis.call('XADD', KEYS[1], '*', 'v', ARGV[2], 'ops', ARGV[3])
 end
-if ARGV[4] == '' then
-  return id
+if push then
+  redis.call('PUBLISH', ARGV[4], 'push ' .. before .. ' ' .. id .. ' ' .. ARGV[2] .. '\n' .. ARGV[3])
+elseif ARGV[4] ~= '' then
+  redis.call('PUBLISH', ARGV[4], id)
 end
-local marker = KEYS[2] and redis.call('GET', KEYS[2])
-if marker == 'busy' then
-  return id
-end
-if marker and ARGV[5] == '1' and string.sub(marker, 1, 5) == 'idle ' then
-  local after = string.sub(marker, 6)
-  if #redis.call('XRANGE', KEYS[1], '(' .. after, '+', 'COUNT', 2) == 1 then
-    redis.call('SET', KEYS[2], 'pushed ' .. id)
-    redis.call('PUBLISH', ARGV[4], 'push ' .. after .. ' ' .. id .. ' ' .. ARGV[2] .. '\n' .. ARGV[3])
-    return id
-  end
-end
-redis.call('PUBLISH', ARGV[4], id)
 return id
