@@ -37,6 +37,7 @@ class Wakeups:
     recorded: bool = False
 
     def push(self, pushed: Push) -> None:
+        """Keep a push for :meth:`take` (past :data:`MAX_WAITING`, fetch instead)."""
         if len(self._waiting) >= MAX_WAITING:
             self._waiting.clear()
             self.must_fetch = True
@@ -47,7 +48,7 @@ class Wakeups:
         none does). Call it only when the owner would fetch now. A push that does not follow on
         (an entry lies between it and the cursor, which came some other way) is left to a fetch;
         one whose keys' states are not cached ends the chain: the next step fetches instead."""
-        if not self.recorded:
+        if not self.recorded or not self._waiting:
             return None
         waiting, self._waiting = self._waiting, []
         entries: list[tuple[str, dict[bytes, bytes]]] = []
