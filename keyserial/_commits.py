@@ -56,10 +56,10 @@ class Commit:
 class CommitPlanner:
     """Tracks a runner's fetched entries and plans each step's commit.
 
-    Committed entries leave the stream every ``TRIM_EVERY`` of them, and when a fetch finds
+    Committed entries leave the stream every ``TRIM_EVERY`` of them, and when a step fetches
     nothing new; but while entries come pushed (see ``submit.lua``), at most once every
-    ``trim_interval`` seconds: the owner then goes idle after nearly every step, and a trim each
-    time would cost a command per step."""
+    ``trim_interval`` seconds: nearly every step then fetches nothing, and a trim each time
+    would cost a command per step."""
 
     def __init__(self, trim_interval: float) -> None:
         self._entries: OrderedDict[str, Entry] = OrderedDict()

@@ -91,7 +91,7 @@ class Settings:
     fetch_batch: int = _positive(64)
     #: Ops a worker holds per shard between fetch and commit.
     max_inflight: int = _positive(4096)
-    #: Seconds an idle owner waits for a wake-up before it polls its stream anyway.
+    #: Seconds between an owner's fetches when no wake-up asks for one (a lost one costs this).
     idle_poll: float = _positive(1.0)
     #: A worker taking over a shard with at most this many keys' states loads them all, then
     #: never reads a state from Redis again (0: never; larger shards' states load as ops need).

@@ -5,9 +5,9 @@ states (:mod:`._keystates`). Ops on one key run one after another, in stream ord
 different keys overlap (:mod:`._chains`). Each step is one script call: it commits every op
 finished since the last one (their states, results and the shard's progress, atomically and
 fenced by the epoch, :mod:`._commits`), publishes their replies (nothing is replied before it is
-committed), and fetches the next entries (:mod:`._intake` takes them in). An owner that went
-idle gets the next fresh entry pushed with its wake-up (:mod:`._wakeups`), and takes it in
-without a fetch.
+committed), and fetches entries when some may be waiting that no push brought (:mod:`._intake`
+takes them in). Fresh entries come pushed with their wake-ups (:mod:`._wakeups`), and are taken
+in without a fetch while each follows on from the cursor.
 
 After a crash, the acquire script strikes the first op without a result, in stream order (the
 *suspect*). The new owner replays as usual (batched, ops on different keys overlapping), except
