@@ -29,7 +29,8 @@ from tests.nemesis.seeds import (
 @pytest.mark.parametrize("seed", DEFAULT_SEEDS)
 async def test_a_short_nemesis_run_finds_no_violation(seed: int, tmp_path: Path) -> None:
     report = await run_seed(seed, PROFILES["short"], tmp_path)
-    assert report.stats["faults"] >= 1, f"no fault was injected in full: {report.injected}"
+    assert report.stats["faults"] >= 1, (
+        f"no fault was injected in full: {report.injected}; checks: {report.describe()}")
     assert report.ok, report.describe()
 
 
@@ -38,7 +39,8 @@ async def test_a_cluster_nemesis_run_finds_no_violation(seed: int, tmp_path: Pat
     """The cluster profile: 3 masters with a replica each, masters killed or paused past their
     failover, workers whose clock is off by minutes (about 25 s a seed)."""
     report = await run_seed(seed, PROFILES["cluster"], tmp_path)
-    assert report.stats["faults"] >= 1, f"no fault was injected in full: {report.injected}"
+    assert report.stats["faults"] >= 1, (
+        f"no fault was injected in full: {report.injected}; checks: {report.describe()}")
     assert report.ok, report.describe()
 
 
@@ -47,7 +49,8 @@ async def test_a_takeover_nemesis_run_finds_no_violation(seed: int, tmp_path: Pa
     """The takeover profile: masters lost ahead of their replica, which takes over within the
     owners' 6 s leases (about 25 s a seed)."""
     report = await run_seed(seed, PROFILES["takeover"], tmp_path)
-    assert report.stats["faults"] >= 1, f"no fault was injected in full: {report.injected}"
+    assert report.stats["faults"] >= 1, (
+        f"no fault was injected in full: {report.injected}; checks: {report.describe()}")
     assert report.ok, report.describe()
 
 
