@@ -153,6 +153,12 @@ class LocalCluster:
         clients = [_node_client(node.port, 5) for node in self.nodes]
         try:
             ids = [_text(_command(client, "CLUSTER", "MYID")) for client in clients]
+            # Distinct config epochs from the start, as `redis-cli --cluster create` gives.
+            # Left to collide, two nodes may keep one epoch once one becomes the other's
+            # replica; a TAKEOVER by such a replica then claims its slots at an epoch no
+            # greater than its master's, and the others refuse it.
+            for epoch, client in enumerate(clients, start=1):
+                _command(client, "CLUSTER", "SET-CONFIG-EPOCH", epoch)
             for client in clients[1:]:
                 _command(client, "CLUSTER", "MEET", "127.0.0.1", self.nodes[0].port)
             for client, (first, last) in zip(clients, self.ranges, strict=False):
