@@ -85,7 +85,11 @@ class Appender:
             while True:
                 await self._queued.wait()
                 self._queued = anyio.Event()
-                batch, self._queue = self._queue, []
+                # A submit whose caller was cancelled (or that timed out) before the append is
+                # sent stays out: a cancel scope whose deadline had passed when its caller
+                # submitted cancels the caller's future before this task runs.
+                batch = [pending for pending in self._queue if not pending.done.done()]
+                self._queue = []
                 by_node: dict[str, list[Pending]] = defaultdict(list)
                 for pending in batch:
                     by_node[self._backend.node_of(self._streams[pending.shard])].append(pending)

@@ -234,8 +234,6 @@ class Client:
         if size > self.settings.max_payload_bytes:
             key = keys if isinstance(keys, str) else keys[0]
             raise PayloadTooLarge(key=key, size=size, limit=self.settings.max_payload_bytes)
-        # A caller whose deadline has already passed (``move_on_after(0)``) sends nothing.
-        await anyio.lowlevel.checkpoint_if_cancelled()
         pending = Pending(op_id, keys, shard, envelope, loop.create_future(), fresh=fresh)
         self._waiting[op_id].append(pending)
         self._appender.add(pending)
