@@ -64,8 +64,9 @@ class Appender:
         return True
 
     def requeue(self, pendings: list[Pending]) -> None:
-        """Append these ops again with the next batch (those still awaited)."""
-        self._queue.extend(pending for pending in pendings if not pending.done.done())
+        """Append these ops again with the next batch (:meth:`run` leaves out those settled
+        meanwhile)."""
+        self._queue.extend(pendings)
         self._queued.set()
 
     def stop(self) -> None:

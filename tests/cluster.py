@@ -233,6 +233,14 @@ class LocalCluster:
             return None
         return None
 
+    def cluster_command(self, node: LocalServer, *args: str | int) -> str:
+        """``CLUSTER <args>`` on ``node``, its reply as text (CLUSTER INFO, CLUSTER NODES)."""
+        client = _node_client(node.port, 5)
+        try:
+            return _text(_command(client, "CLUSTER", *args))
+        finally:
+            client.close()
+
     def node_at(self, port: int) -> LocalServer | None:
         return next((node for node in self.nodes if node.port == port), None)
 

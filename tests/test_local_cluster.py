@@ -9,27 +9,19 @@ from __future__ import annotations
 
 import time
 
-from tests.cluster import LocalCluster, _command, _node_client, _text
+from tests.cluster import LocalCluster
 
 
 def _masters(cluster: LocalCluster) -> list[list[str]]:
     """CLUSTER NODES rows of the nodes serving slots (as the first node sees them)."""
-    client = _node_client(cluster.nodes[0].port, 5)
-    try:
-        rows = [line.split() for line in _text(_command(client, "CLUSTER", "NODES")).splitlines()]
-        return [row for row in rows if len(row) > 8]
-    finally:
-        client.close()
+    nodes = cluster.cluster_command(cluster.nodes[0], "NODES")
+    return [row for row in map(str.split, nodes.splitlines()) if len(row) > 8]
 
 
 def test_every_node_starts_with_its_own_config_epoch() -> None:
     with LocalCluster() as cluster:
         for node in cluster.nodes:
-            client = _node_client(node.port, 5)
-            try:
-                info = _text(_command(client, "CLUSTER", "INFO"))
-            finally:
-                client.close()
+            info = cluster.cluster_command(node, "INFO")
             assert f"cluster_current_epoch:{len(cluster.nodes)}" in info, info
         master_epochs = [int(row[6]) for row in _masters(cluster)]
         assert len(set(master_epochs)) == cluster.master_count, master_epochs
