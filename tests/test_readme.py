@@ -47,6 +47,15 @@ def test_the_two_setup_commands_are_the_ones_ci_runs() -> None:
     assert "python -m pytest -q" in ci
 
 
+def test_ci_proves_the_bare_install_runs_the_quick_start() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    bare = (ROOT / ".ci" / "bare-install").read_text()
+    assert ci.index("bash .ci/bare-install") < ci.index('pip install --quiet -e ".[dev]"')
+    assert "pip install --quiet .\n" in bare
+    assert "keyserial dev" in bare and "--version" in bare
+    assert "## 30-second example" in bare
+
+
 def test_the_testing_example_passes_as_written(tmp_path: Path) -> None:
     (tmp_path / "test_example.py").write_text(_first_python_block("Testing"))
     (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\nasyncio_mode = "auto"\n')
