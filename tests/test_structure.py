@@ -23,12 +23,6 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-def test_no_library_module_is_over_400_lines() -> None:
-    long = {path.name: count for path in LIBRARY
-            if (count := len(path.read_text().splitlines())) > 400}
-    assert long == {}
-
-
 def test_only_the_boundary_and_the_resp_connection_import_redis() -> None:
     assert LIBRARY, "no library modules found"
     importing = {path.name for path in LIBRARY if "redis" in imported_modules(path)}
