@@ -48,6 +48,9 @@ class StepArgs(ScriptArgs):
     #: This owner takes pushed entries from now on: the step records its epoch as the one that
     #: does (a takeover then counts every entry in the stream as fetched).
     takes_pushes: bool = False
+    #: The entries taken in from pushes since the last step, to confirm in the stream before
+    #: anything is committed (``Wakeups.to_confirm``), or ''.
+    pushed: str = ""
 
 
 @dataclass(slots=True)
@@ -78,7 +81,8 @@ def _step_reply(reply: list[Any]) -> StepReply:
 
 
 def step(shard: ShardKeys, args: StepArgs) -> ScriptCall[StepReply]:
-    """Commit what finished, then fetch the next entries (fenced by ``args.epoch``)."""
+    """Commit what finished, then fetch the next entries (fenced by ``args.epoch``; refused with
+    ``PushUnconfirmed`` if a pushed entry is not in the stream as pushed)."""
     k = shard
     keys = [
         k.epoch, k.state, k.progress, k.stream, k.results, k.results_old, k.dead, k.horizon,

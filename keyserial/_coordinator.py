@@ -290,22 +290,18 @@ class Coordinator:
                       home.shard, home.epoch, shard, op_id, attempt, entry)
             while True:
                 if isinstance(message := await letter.within(parts.poll), KeyGrant):
-                    log.debug("shard %d: grant of shard %d to %s#%d came as a message",
+                    log.debug("shard %d: grant of shard %d to %s#%d handed over in process",
                               home.shard, shard, op_id, attempt)
                     return message
                 try:
+                    # A wake-up (or the poll): the grant is taken from its record alone.
+                    if (grant := await self._recorded_grant(there, grant_field)) is not None:
+                        return grant
                     # (Looked for before the grant: a request leaves the stream only after its
                     # grant was recorded, so gone with no grant means a failover lost it.)
                     present = await parts.backend.entries_present(there, [entry])
-                    # (A grant no WAIT confirms, as one read on a master that a failover has
-                    # left behind, is not taken.)
-                    (raw,), confirmed = await stored_confirmed(
-                        parts.backend, parts.settings.durability, there, [grant_field]
-                    )
-                    if raw is not None and confirmed:
-                        log.debug("shard %d: grant of shard %d to %s#%d read in its record",
-                                  home.shard, shard, op_id, attempt)
-                        return KeyGrant.from_wire(json.loads(raw))
+                    if (grant := await self._recorded_grant(there, grant_field)) is not None:
+                        return grant
                     if (await parts.backend.stored(home.keys, [decision_field]))[0] is not None:
                         raise LeaseLost(home.shard, f"op {op_id} was aborted")
                     if not present[0]:
@@ -315,6 +311,20 @@ class Coordinator:
                         entry = await self._append(there, entry_json)
                 except BackendUnavailable as exc:
                     log.warning("shard %d: waiting for a grant: %s", home.shard, exc)
+
+    async def _recorded_grant(self, there: ShardKeys, grant_field: str) -> KeyGrant | None:
+        """The grant recorded in the participant shard (fenced by its owner's epoch), or None.
+        A grant no WAIT confirms, as one read on a master that a failover has left behind, is
+        not taken."""
+        parts = self._parts
+        (raw,), confirmed = await stored_confirmed(
+            parts.backend, parts.settings.durability, there, [grant_field]
+        )
+        if raw is None or not confirmed:
+            return None
+        log.debug("shard %d: grant %s of shard %d read in its record", parts.home.shard,
+                  grant_field, there.shard)
+        return KeyGrant.from_wire(json.loads(raw))
 
     async def _append(self, there: ShardKeys, request: str) -> bytes:
         """Append a grant request, waiting out a full backlog or an unreachable server; its

@@ -37,6 +37,9 @@ class KeyStates:
     def __init__(self, request_step: Callable[[], None]) -> None:
         self._cache = StateCache()
         self._pending: set[str] = set()
+        #: Keys whose latest op finished with no write of its own, its outcome not committed.
+        self._answered: set[str] = set()
+        #: Keys the step in flight commits a write or an outcome of.
         self._in_flight: set[str] = set()
         self._request_step = request_step
         self._steps_started = 0
@@ -70,9 +73,10 @@ class KeyStates:
         return [key for key in keys if key not in self._cache]
 
     def all_committed(self, keys: Iterable[str]) -> bool:
-        """No write to ``keys`` waits for a step or rides in the step in flight."""
+        """No write to ``keys``, nor the outcome of an op on them, waits for a step or rides in
+        the step in flight."""
         keys = set(keys)
-        if not self._pending.isdisjoint(keys):
+        if not self._pending.isdisjoint(keys) or not self._answered.isdisjoint(keys):
             return False
         return self._steps_done >= self._steps_started or self._in_flight.isdisjoint(keys)
 
@@ -93,6 +97,13 @@ class KeyStates:
             self._cache[key] = state
             self._pending.add(key)
 
+    def answered(self, keys: Iterable[str]) -> None:
+        """An op on ``keys`` finished: its outcome commits with the next step. Until then the
+        keys count as uncommitted even if the op wrote nothing, so a cross-shard op granted
+        them never commits ahead of it: a crash would run it again after that op, with a
+        larger fence, though it came first in the keys' order."""
+        self._answered.update(keys)
+
     def committed(self, key: str, state: str | None) -> None:
         """A state a script has already committed (a cross-shard op's own commit)."""
         self._cache[key] = state
@@ -106,8 +117,9 @@ class KeyStates:
     def start_step(self) -> tuple[int, list[tuple[str, str]]]:
         """Number a new step and hand it the pending writes (``''`` for a deleted state)."""
         writes = [(key, self._cache[key] or "") for key in self._pending]
-        self._in_flight = set(self._pending)
+        self._in_flight = self._pending | self._answered
         self._pending.clear()
+        self._answered.clear()
         self._steps_started += 1
         return self._steps_started, writes
 
@@ -124,10 +136,11 @@ class KeyStates:
             self._stepped.set()
 
     async def flush(self, keys: Iterable[str]) -> None:
-        """Return once every write to ``keys`` made so far has committed: the next step takes
-        a pending one, the step in flight carries the rest (or the runner has ended)."""
+        """Return once every write to ``keys`` made so far, and the outcome of every op on them
+        that finished, has committed: the next step takes a pending one, the step in flight
+        carries the rest (or the runner has ended)."""
         keys = set(keys)
-        if not self._pending.isdisjoint(keys):
+        if not self._pending.isdisjoint(keys) or not self._answered.isdisjoint(keys):
             target = self._steps_started + 1
             self._request_step()
         elif not self._in_flight.isdisjoint(keys):

@@ -1,6 +1,12 @@
 """A worker's channel for coordination messages: grants to the ops it coordinates, decisions to
-the grants it holds. A message nobody waits for is dropped; every waiter also polls Redis, so a
-lost message costs latency, never correctness.
+the grants it holds.
+
+A message that comes through Redis is a hint, never an authority: anyone who may publish on the
+channel could have sent it. It only wakes whoever waits for what it names, and the waiter reads
+the fenced record in Redis (the recorded grant, the decision record) and acts on that alone. A
+message nobody waits for is dropped, and every waiter also polls the records, so a lost, forged
+or replayed message costs a read, never a write. Only a message this worker hands itself, in
+process, is taken as it is.
 """
 
 from __future__ import annotations
@@ -61,13 +67,20 @@ class Letter:
     """Waits for one message: a grant from one shard, or an attempt's decision."""
 
     event: anyio.Event
+    #: The message, handed over in process by this worker itself (never one from Redis).
     message: KeyGrant | DecisionNotice | None = None
 
+    def wake(self) -> None:
+        self.event.set()
+
     async def within(self, seconds: float) -> KeyGrant | DecisionNotice | None:
-        """The message, if it has come or comes within ``seconds``; None: time to look for
-        its record in Redis instead."""
+        """The message, if this worker handed it over in process by now or within
+        ``seconds``; None: time to read its record in Redis (a wake-up came, or the time
+        ran out)."""
         with anyio.move_on_after(seconds):
             await self.event.wait()
+        if self.message is None and self.event.is_set():
+            self.event = anyio.Event()  # (a wake-up is spent: the next one must come anew)
         return self.message
 
 
@@ -104,21 +117,24 @@ class Mailbox:
                 del self._waiting[topic]
 
     def receive(self, data: bytes) -> None:
-        """A message from the worker channel."""
+        """A message from the worker channel, through Redis: it wakes the waiters of what it
+        names, and nothing it carries is handed over (they read the record instead)."""
         try:
             message = from_wire(json.loads(data))
         except (ValueError, MalformedMessage):
             log.error("ignoring a malformed coordination message: %r", data[:200])
             return
-        self.deliver(message)
+        for letter in self._waiting.get(_topic(message), ()):
+            letter.wake()
 
     def deliver(self, message: KeyGrant | DecisionNotice) -> None:
-        """Hand a message over (one from this worker itself skips the trip through Redis)."""
-        topic: Topic
-        if isinstance(message, KeyGrant):
-            topic = ("g", message.op_id, message.attempt, message.shard)
-        else:
-            topic = ("d", message.op_id, message.attempt)
-        for letter in self._waiting.get(topic, ()):
+        """Hand a message over in process, from this worker itself: taken as it is."""
+        for letter in self._waiting.get(_topic(message), ()):
             letter.message = message
-            letter.event.set()
+            letter.wake()
+
+
+def _topic(message: KeyGrant | DecisionNotice) -> Topic:
+    if isinstance(message, KeyGrant):
+        return ("g", message.op_id, message.attempt, message.shard)
+    return ("d", message.op_id, message.attempt)

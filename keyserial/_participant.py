@@ -21,7 +21,7 @@ from ._layout import ShardKeys
 from ._mailbox import Letter
 from ._messages import Decision, DecisionNotice, GrantRequest, KeyGrant, MalformedMessage
 from ._pipeline import LineageBroken
-from ._refusals import RequestGone
+from ._refusals import AttemptAhead, RequestGone
 from .errors import BackendUnavailable, MalformedOperation
 
 log = logging.getLogger("keyserial.worker")
@@ -59,6 +59,9 @@ class Participant:
             )
             await self._send(request, key_grant, run.entries[0].entry_id)
             decision = await self._await_decision(letter, request)
+        if decision is None:  # nobody asked: nothing is stored, so the attempt may still begin
+            parts.finish(run, _RELEASED, store=False, replies=[])
+            return
         log.debug("shard %d (epoch %d): %s#%d decided: %s", home.shard, home.epoch,
                   request.op_id, request.attempt,
                   "aborted" if decision.aborted is not None else "committed")
@@ -104,15 +107,17 @@ class Participant:
         elif durable:
             await publish(parts, [(request.channel, dumps(key_grant.to_wire()))])
 
-    async def _await_decision(self, letter: Letter, request: GrantRequest) -> Decision:
-        """The attempt's decision: from the coordinator's notice, or read (or, if the
-        coordinator stopped, written as an abort) in the home shard."""
+    async def _await_decision(self, letter: Letter, request: GrantRequest) -> Decision | None:
+        """The attempt's decision: handed over in process by this worker's coordinator, or read
+        (or, if the coordinator stopped, written as an abort) in the home shard. A notice
+        through Redis only says when to read: its payload is never applied. None: the attempt
+        has not begun (a forged or garbled request), and the keys are to be released."""
         parts = self._parts
         there = ShardKeys(parts.settings.namespace, request.home)
         while True:
             if isinstance(message := await letter.within(parts.poll), DecisionNotice):
-                log.debug("shard %d: the decision of %s#%d came as a notice", parts.home.shard,
-                          request.op_id, request.attempt)
+                log.debug("shard %d: the decision of %s#%d handed over in process",
+                          parts.home.shard, request.op_id, request.attempt)
                 return message.decision
             try:
                 # Durably: a decision read from a master that a failover has left behind (its
@@ -123,6 +128,10 @@ class Participant:
             except BackendUnavailable as exc:
                 log.warning("shard %d: waiting for a decision: %s", parts.home.shard, exc)
                 continue
+            except AttemptAhead as exc:
+                log.warning("shard %d: releasing keys held for %s: %s", parts.home.shard,
+                            request.op_id, exc)
+                return None
             if record is not None:
                 log.debug("shard %d: the decision of %s#%d read in shard %d", parts.home.shard,
                           request.op_id, request.attempt, request.home)

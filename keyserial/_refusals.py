@@ -38,6 +38,18 @@ class RequestGone(Refused):
     written."""
 
 
+class PushUnconfirmed(Refused):
+    """``step`` found that the stream does not hold the entries a runner took in from pushes,
+    as pushed (``UNCONFIRMED …``): a forged or garbled push, or a failover lost the entry.
+    Nothing was written. The runner gives its shard up, to start again from what Redis has."""
+
+
+class AttemptAhead(Refused):
+    """``resolve`` found a grant request's attempt past the home shard's epoch (``AHEAD …``):
+    no coordinator began it, so the request is forged or garbled. Nothing was written, so the
+    attempt is not aborted before it begins."""
+
+
 class OwnedElsewhere(Refused):
     """``commit_across`` found shard ``index`` (its position among the script's shards, 1 being
     the home) owned by another worker now (``ELSEWHERE <index>``): it wrote nothing."""
@@ -53,7 +65,10 @@ class ScriptMissing(Refused):
 
 
 #: Script refusals that carry nothing but their message.
-_BY_CODE: dict[str, type[Refused]] = {"FENCED": Fenced, "GONE": RequestGone}
+_BY_CODE: dict[str, type[Refused]] = {
+    "FENCED": Fenced, "GONE": RequestGone, "AHEAD": AttemptAhead,
+    "UNCONFIRMED": PushUnconfirmed,
+}
 
 
 def refusal(message: str, *, script_missing: bool = False) -> Refused:

@@ -48,8 +48,8 @@ from ._lease_scripts import LeaseGrant
 from ._mailbox import Mailbox
 from ._metrics import NO_METRICS, ShardMetrics
 from ._ops import Registry
-from ._pipeline import Lineage, Pipeliner, Replies
-from ._refusals import Fenced
+from ._pipeline import Lineage, LineageBroken, Pipeliner, Replies
+from ._refusals import Fenced, PushUnconfirmed
 from ._scripts import ScriptCall
 from ._settings import Settings
 from ._wakeups import Wakeups
@@ -244,11 +244,16 @@ class ShardRunner:
             fetch=want, commit=commit.payload, replaying=self._replay_until is not None,
             result_ttl_ms=self._settings.result_ttl_ms, trim_to=commit.trim_to,
             trim_now=commit.trim_now, states_held=self.states.complete, pushed_to=pushed_to,
-            takes_pushes=record,
+            takes_pushes=record, pushed=self._wakeups.to_confirm(),
         ))
         self._wakeups.sending(want)
         began = time.monotonic()  # (metrics)
-        fetched = await self.fenced(call, replies=commit.replies, builds=commit.builds)
+        try:
+            fetched = await self.fenced(call, replies=commit.replies, builds=commit.builds)
+        except PushUnconfirmed as exc:
+            # Ops ran on entries Redis does not hold as they ran: the cache is not Redis's.
+            self.lineage.broken = True
+            raise LineageBroken(str(exc)) from None
         self._wakeups.stepped(want, len(fetched.entries), record)
         self.metrics.stepped(batch, len(dead), began)
         self.states.step_done(number)
@@ -309,16 +314,20 @@ class ShardRunner:
 
     def _complete(self, run: Run, outcome: str) -> None:
         run.outcome = outcome  # from now on, no occurrence of the op joins the run
-        self._finish(Finished(run.envelope.op_id, outcome, run.entries, run.replies, run.keep))
+        self._finish(Finished(run.envelope.op_id, outcome, run.entries, run.replies, run.keep),
+                     run.envelope.keys)
 
     def finish(self, run: Run, outcome: str, *, store: bool, replies: list[str]) -> None:
         """Take the outcome of an op that finished outside the executor (a cross-shard op or a
         grant request) into the next commit; ``store``: the commit stores it (False: it is in
         Redis already, or must not be kept)."""
         run.outcome = outcome
-        self._finish(Finished(run.envelope.op_id, outcome, list(run.entries), replies, store))
+        self._finish(Finished(run.envelope.op_id, outcome, list(run.entries), replies, store),
+                     run.envelope.keys)
 
-    def _finish(self, finished: Finished) -> None:
+    def _finish(self, finished: Finished, keys: Sequence[str] = ()) -> None:
+        """``keys``: those of an op that ran (one answered from Redis, or refused, has none)."""
+        self.states.answered(keys)
         self._finished.append(finished)
         self.wake()
 

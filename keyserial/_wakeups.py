@@ -4,6 +4,12 @@ fetching them, as long as each one follows on from its cursor; it fetches when t
 (an entry appended another way, a lost message, a key whose state it has not cached), when a
 plain wake-up announces an entry, and at its poll. One per runner; only its step loop touches it.
 
+A push is a hint: anyone who may publish on the wake channel could have sent it. The owner runs
+a pushed entry at once, but the next step first confirms, in the script, that the stream holds
+exactly the pushed entries after the cursor, each with the pushed fields; it commits nothing
+otherwise (``UNCONFIRMED``), and the owner gives the shard up to start again from what Redis has.
+So no progress, horizon or result ever passes an entry that Redis does not hold as it ran.
+
 An owner takes pushes only once a step of its own has recorded that it does (``takes_pushes``):
 a takeover then counts every entry in the stream as one it may have run, so an op that kills
 the owner before any step of its records the entry still takes its strike.
@@ -11,10 +17,13 @@ the owner before any step of its records the entry still takes its strike.
 
 from __future__ import annotations
 
+import hashlib
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from ._commit_scripts import StepReply
 from ._intake import Push, entry_keys, parse_id
+from ._json import dumps
 from ._keystates import KeyStates
 
 #: Pushes kept at most while the owner takes none in (replaying, or at ``max_inflight``): past
@@ -35,6 +44,10 @@ class Wakeups:
     must_fetch: bool = True
     #: Whether a step of this owner has recorded that it takes pushes (until then it takes none).
     recorded: bool = False
+    #: The cursor before the first entry taken in from a push since the last step.
+    _taken_after: str = ""
+    #: The entries taken in from pushes since the last step: (entry id, digest of its fields).
+    _taken: list[tuple[str, str]] = field(default_factory=list)
 
     def push(self, pushed: Push) -> None:
         """Keep a push for :meth:`take` (past :data:`MAX_WAITING`, fetch instead)."""
@@ -64,11 +77,19 @@ class Wakeups:
                 self.must_fetch = True
                 break
             entries.append((pushed.entry_id, dict(pushed.fields)))
+            if not self._taken:
+                self._taken_after = cursor
+            self._taken.append((pushed.entry_id, digest(pushed.fields)))
             cursor, at = pushed.entry_id, entry_id
         if not entries:
             return None
         self.pushed_to = cursor
         return StepReply(entries, {}, {})
+
+    def to_confirm(self) -> str:
+        """What the next step confirms before it commits (``StepArgs.pushed``): JSON
+        ``[cursor before them, [[entry id, digest], ...]]``, or '' if no push was taken in."""
+        return dumps([self._taken_after, self._taken]) if self._taken else ""
 
     def fetch_size(self, want: int, replaying: bool) -> int:
         """How many entries the next step fetches: ``want`` while replaying, or when entries may
@@ -89,6 +110,16 @@ class Wakeups:
         """A step went through, asking for ``fetch`` entries and getting ``fetched`` (one that
         got all it asked for fetches again), having ``recorded`` that this owner takes pushes."""
         self.pushed_to = ""
+        self._taken = []
         self.recorded |= recorded
         if fetch and fetched >= fetch:
             self.must_fetch = True
+
+
+def digest(fields: Mapping[bytes, bytes]) -> str:
+    """SHA-1 (hex) of an entry's fields and values in order, each as ``<length>:<bytes>``: what
+    ``step.lua`` computes of the entry the stream holds."""
+    sha = hashlib.sha1(usedforsecurity=False)
+    for name, value in fields.items():
+        sha.update(b"%d:%s%d:%s" % (len(name), name, len(value), value))
+    return sha.hexdigest()

@@ -226,6 +226,13 @@ async def gated_append(ctx: Context, value: Any, note_path: str, gate_path: str)
 
 
 @op
+async def gated_hold(ctx: Context, gate_path: str) -> None:
+    """Keep the key busy, its state untouched, until ``gate_path`` exists."""
+    while not await anyio.Path(gate_path).exists():
+        await anyio.sleep(0.01)
+
+
+@op
 def peek(ctx: Context) -> Any:
     """The key's state, as an op: it runs after every op appended before it."""
     return ctx.state

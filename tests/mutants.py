@@ -76,6 +76,7 @@ _COORDINATOR = "keyserial/_coordinator.py"
 _RACES = "tests/test_cross_shard_races.py::"
 _SUSPECT = "            if run.envelope.op_id == self._suspect:\n"
 _PUSH = "tests/test_push.py::"
+_HOSTILE = "tests/test_hostile_clients.py::"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -92,7 +93,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "grant-no-epoch-check", "G5.3", "grant.lua grants keys without the epoch check",
         (_no_fence("keyserial/lua/grant.lua", "if redis.call('GET', KEYS[1]) ~= ARGV[1] then"),),
-        (_ZW + "test_a_zombie_participant_s_grant_reaches_redis_and_is_refused"
+        ("tests/test_scripts_idempotent.py::"
+         "test_a_grant_under_an_epoch_that_moved_on_is_refused_and_records_nothing"
          + _STANDALONE,),
     ),
     Mutant(
@@ -270,7 +272,39 @@ MUTANTS: tuple[Mutant, ...] = (
         "push-taken-anywhere", "G3.7",
         "a worker takes a pushed entry in whatever its cursor, skipping what lies between",
         (Edit("keyserial/_wakeups.py", 'if pushed.after not in (cursor, "-"):', "if False:"),),
-        (_PUSH + "test_a_worker_takes_a_push_only_where_it_follows_on" + _STANDALONE,),
+        ("tests/test_wakeups.py::test_a_push_that_does_not_follow_on_is_left_to_a_fetch",),
+    ),
+    Mutant(
+        "push-unconfirmed", "G3.8",
+        "step.lua commits what ran a pushed entry without confirming it in the stream",
+        (Edit(_STEP, "  if problem then\n", "  if false then\n"),),
+        (_PUSH + "test_a_forged_push_is_run_but_never_committed" + _STANDALONE,
+         _PUSH + "test_a_push_that_claims_the_largest_id_does_not_stop_the_shard" + _STANDALONE),
+    ),
+    Mutant(
+        "message-taken-as-is", "G5.12",
+        "a worker takes a grant or decision message from Redis as it is, not from its record",
+        (Edit("keyserial/_mailbox.py",
+              "        for letter in self._waiting.get(_topic(message), ()):\n"
+              "            letter.wake()\n",
+              "        self.deliver(message)\n"),),
+        (_HOSTILE + "test_a_forged_decision_notice_never_writes_a_state" + _STANDALONE,
+         _HOSTILE + "test_a_forged_grant_never_reaches_the_ops_state" + _STANDALONE),
+    ),
+    Mutant(
+        "resolve-aborts-ahead", "G5.13",
+        "resolve.lua aborts an attempt that has not begun",
+        (Edit("keyserial/lua/resolve.lua", "if epoch < attempt then", "if false then"),),
+        (_HOSTILE + "test_a_grant_request_for_an_attempt_not_begun_aborts_nothing"
+         + _STANDALONE,),
+    ),
+    Mutant(
+        "grant-before-outcome", "G5.14",
+        "a participant grants a key while the outcome of the op before it is not committed",
+        (Edit("keyserial/_keystates.py", "        self._answered.update(keys)\n",
+              "        pass\n"),),
+        ("tests/test_wakeups.py::"
+         "test_an_op_that_wrote_nothing_keeps_its_keys_uncommitted_until_a_step_took_it",),
     ),
     Mutant(
         "push-names-nothing", "G3.7",

@@ -179,23 +179,66 @@ async def test_a_worker_records_that_it_takes_pushes_before_it_takes_any(
         assert await client.get(keys.pushes) == await client.get(keys.epoch)
 
 
-async def test_a_worker_takes_a_push_only_where_it_follows_on(
+async def test_a_forged_push_is_run_but_never_committed(
     redis_url: str, client: redis.asyncio.Redis, namespace: str
 ) -> None:
-    """The worker runs a pushed entry without fetching it (this one is in no stream, so only
-    the push can have brought it), and ignores one that does not follow on from its cursor."""
+    """A push is a hint. The owner runs a pushed entry that follows on from its cursor at once
+    (this one is in no stream: only the push can have brought it), but the step that would
+    commit it finds the stream does not hold it, writes nothing, and the owner gives the shard
+    up to start again from what Redis has. A push that does not follow on is not taken at all."""
     keys = ShardKeys(namespace, 0)
     async with (running_worker(redis_url, namespace, shards="0", shard_count=1),
                 keyserial.connect(redis_url, shards=1, namespace=namespace) as ks):
         assert await ks.submit("k", deposit(1)) == 1
+        epoch = int(await client.get(keys.epoch) or 0)
         cursor = (await client.get(keys.horizon) or b"").decode()  # the entry it took last
         ms, seq = map(int, cursor.split("-"))
-        for after, op_id in (("1-0", "elsewhere"), (cursor, "next")):
+        for after, op_id in (("1-0", "elsewhere"), (cursor, "forged")):
             ops = json.dumps([envelope(op_id, "k", "deposit", 10)])
             await client.publish(keys.wake_channel, f"push {after} {ms}-{seq + 1} 1\n{ops}")
-        assert await ks.submit("k", deposit(100)) == 111
-        assert await stored(client, namespace, 0, "next") == {"ok": 11}
+        assert await ks.submit("k", deposit(100), timeout=30) == 101
+        assert await ks.submit("k", deposit(1)) == 102
+        assert await stored(client, namespace, 0, "forged") is None
         assert await stored(client, namespace, 0, "elsewhere") is None
+        assert int(await client.get(keys.epoch) or 0) > epoch, "the forged push was not taken"
+
+
+async def test_a_push_that_claims_the_largest_id_does_not_stop_the_shard(
+    redis_url: str, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """A push naming '-' (an empty stream) and an entry id past every real one is taken, and
+    refused at the commit: progress never moves past the entries Redis holds, so every later
+    op still runs, on this owner and any other."""
+    keys = ShardKeys(namespace, 0)
+    async with (running_worker(redis_url, namespace, shards="0", shard_count=1),
+                keyserial.connect(redis_url, shards=1, namespace=namespace) as ks):
+        assert await ks.submit("k", deposit(1)) == 1
+        ops = json.dumps([envelope("forged", "k", "deposit", 10)])
+        await client.publish(keys.wake_channel, f"push - 99999999999999-0 1\n{ops}")
+        assert await ks.submit("k", deposit(100), timeout=30) == 101
+        assert await ks.submit("k", deposit(1)) == 102
+        for marker in (keys.progress, keys.horizon):
+            assert (await client.get(marker) or b"").split(b"-")[0] != b"99999999999999"
+        assert await stored(client, namespace, 0, "forged") is None
+
+
+async def test_a_push_with_the_fields_of_a_real_entry_changed_is_never_committed(
+    redis_url: str, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """A push that names a real entry's id, but carries other ops, is refused at the commit:
+    the ops the stream holds run, and the pushed ones never commit."""
+    keys = ShardKeys(namespace, 0)
+    async with (running_worker(redis_url, namespace, shards="0", shard_count=1, idle_poll=60),
+                keyserial.connect(redis_url, shards=1, namespace=namespace) as ks):
+        assert await ks.submit("k", deposit(1)) == 1
+        cursor = (await client.get(keys.horizon) or b"").decode()
+        real = await append_entry(client, namespace, 0, [envelope("real", "k", "deposit", 10)],
+                                  fresh=True)
+        ops = json.dumps([envelope("swapped", "k", "deposit", 1000)])
+        await client.publish(keys.wake_channel, f"push {cursor} {real} 1\n{ops}")
+        assert await ks.submit("k", deposit(100), timeout=30) == 111
+        assert await stored(client, namespace, 0, "real") == {"ok": 11}
+        assert await stored(client, namespace, 0, "swapped") is None
 
 
 async def test_an_entry_appended_without_a_wake_up_is_never_skipped_by_a_push(

@@ -14,7 +14,7 @@ from keyserial._backend import Backend
 from keyserial._commit_scripts import CommitAcrossArgs, ShardWrites, commit_across
 from keyserial._cross_scripts import DecideArgs, Decided, GrantArgs, decide, grant
 from keyserial._lease_scripts import AcquireArgs, LeaseGrant, acquire
-from keyserial._refusals import RequestGone
+from keyserial._refusals import Fenced, RequestGone
 from keyserial.testing import ShardKeys, running_worker
 from tests.entries import envelope
 from tests.helpers import keys_on_shard, stored_outcome
@@ -90,6 +90,19 @@ async def test_a_grant_for_a_request_whose_entry_is_gone_is_refused_and_records_
         await backend.run_call(grant(keys, GrantArgs(
             epoch=1, field="lost#1#g", grant='{"s": []}', channel="", entry_id=lost)))
     assert not await client.hexists(keys.results, "lost#1#g")
+
+
+async def test_a_grant_under_an_epoch_that_moved_on_is_refused_and_records_nothing(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """A zombie participant (its epoch is over) cannot grant: nothing is recorded or sent."""
+    keys = ShardKeys(namespace, 0)
+    await client.set(keys.epoch, 2)
+    entry = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
+    with pytest.raises(Fenced):
+        await backend.run_call(grant(keys, GrantArgs(
+            epoch=1, field="op#1#g", grant='{"s": []}', channel="", entry_id=entry)))
+    assert not await client.hexists(keys.results, "op#1#g")
 
 
 async def test_a_decide_sent_again_after_it_won_reports_the_win(

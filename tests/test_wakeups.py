@@ -107,3 +107,25 @@ def test_a_step_that_got_all_it_asked_for_fetches_again() -> None:
     wakeups.stepped(64, fetched=3, recorded=False)
     assert wakeups.fetch_size(64, replaying=False) == 0
     assert wakeups.fetch_size(64, replaying=True) == 64
+
+
+def test_the_next_step_confirms_every_entry_taken_from_pushes_since_the_last() -> None:
+    wakeups = recorded()
+    wakeups.push(pushed("1-0", "2-0"))
+    wakeups.push(pushed("2-0", "3-0"))
+    assert taken(wakeups, "1-0") == ["2-0", "3-0"]
+    after, entries = json.loads(wakeups.to_confirm())
+    assert after == "1-0" and [entry_id for entry_id, _ in entries] == ["2-0", "3-0"]
+    wakeups.stepped(fetch=0, fetched=0, recorded=False)
+    assert wakeups.to_confirm() == ""
+
+
+def test_an_op_that_wrote_nothing_keeps_its_keys_uncommitted_until_a_step_took_it() -> None:
+    """A grant of a key waits for the outcome of the op before it, not only for its writes."""
+    states = holding_every_state()
+    states.answered(["k"])
+    assert not states.all_committed(["k"]) and states.all_committed(["other"])
+    number, writes = states.start_step()
+    assert writes == [] and not states.all_committed(["k"])
+    states.step_done(number)
+    assert states.all_committed(["k"])

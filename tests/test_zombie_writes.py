@@ -11,6 +11,7 @@ FENCED (Redis's error counter) and that the op still ended applied exactly once.
 from __future__ import annotations
 
 import signal
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -91,16 +92,17 @@ async def test_a_zombie_coordinator_s_decision_reaches_redis_and_is_refused(
         await check_after_fault(b, fault_at)
 
 
-async def test_a_zombie_participant_s_grant_reaches_redis_and_is_refused(
+async def test_a_zombie_participant_s_commit_reaches_redis_and_is_refused(
     redis_url: str, namespace: str, start: Starter, tmp_path: Path
 ) -> None:
     """The participant has fetched the grant request but is still busy with an earlier op on
     the key when it freezes; its successor grants and the op completes. Resumed, the zombie
-    finishes the earlier op and sends its own grant under its old epoch: Redis refuses it."""
+    finishes the earlier op and, before it may grant, commits that op's outcome under its old
+    epoch: Redis refuses it, and the zombie gives the shard up without granting."""
     held = tmp_path / "held"
     async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
         stale_epoch = await _epoch(b, 1)
-        group.start_soon(b.ks.submit, B, apps.hold(0.5, str(held)))
+        group.start_soon(partial(b.ks.submit, B, apps.hold(0.5, str(held)), op_id="busy-on-b"))
         await eventually(held.exists, message="B busy on its owner")
         group.start_soon(b.pay, 0)
         shard_1 = ShardKeys(b.namespace, 1)
@@ -118,7 +120,8 @@ async def test_a_zombie_participant_s_grant_reaches_redis_and_is_refused(
         await until(lambda: holder_is(b, 1, b.standby), "the standby owns B's shard")
         await until(lambda: b.applied(B), "the standby granted and applied B's part")
         fenced_before = await fenced_errors(b.redis)
-        stale = await _resume_under_paused_writes(b, b.w1, 1, stale_epoch, "victim#1#g")
+        stale = await _resume_under_paused_writes(b, b.w1, 1, stale_epoch, "busy-on-b")
+        assert not [call for call in stale if any("victim#1#g" in word for word in call)]
         # Every one of them was refused, the decision (or grant) included.
         assert await fenced_errors(b.redis) - fenced_before >= len(stale) >= 1
         await check_after_fault(b, fault_at)

@@ -43,11 +43,17 @@
 --          (never while replaying: no push is taken then)
 -- ARGV[14] '1': this owner takes pushed entries from now on, so KEYS[10] records its epoch (a
 --          takeover then counts every entry in the stream as one it may have run)
+-- ARGV[15] the entries the owner took in from pushes since its last step, JSON
+--          [cursor before them, [[entry id, digest], ...]], or '' (none; optional). A push is a
+--          hint anyone allowed to publish may forge: the stream must hold exactly these entries
+--          after that cursor, each with fields whose digest matches (SHA-1 of each field and
+--          value in order, as '<length>:<bytes>'), or nothing is written.
 -- Entries with the field fresh = '1' carry op ids appended for the first time (see the wire
 -- format), so their stored outcomes are not looked up, except while replaying.
 -- Returns {entries, done, states}: entries as XRANGE returns them; done = {op id, outcome, ...};
 -- states = {key, JSON state or '', ...}. Error "FENCED ..." (nothing written) if another owner
--- took over: the epoch moved on.
+-- took over: the epoch moved on; error "UNCONFIRMED ..." (nothing written) if the stream does not
+-- hold the pushed entries of ARGV[15] as pushed.
 -- (parse_id and id_gt come from lib.lua.)
 
 -- One command for many arguments (a few per step, not one per op), in bounded chunks: unpack()
@@ -71,6 +77,35 @@ end
 
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('FENCED epoch ' .. ARGV[1] .. ' is no longer the owner')
+end
+
+-- Confirm the pushed entries before anything that ran them commits.
+local function digest(fields)
+  local parts = {}
+  for i, part in ipairs(fields) do
+    parts[i] = #part .. ':' .. part
+  end
+  return redis.sha1hex(table.concat(parts))
+end
+local function unconfirmed(pushed)
+  local taken = pushed[2]
+  local held = redis.call('XRANGE', KEYS[4], '(' .. pushed[1], taken[#taken][1], 'COUNT',
+    #taken + 1)
+  if #held ~= #taken then
+    return 'the stream holds ' .. #held .. ' entries where ' .. #taken .. ' came pushed'
+  end
+  for i, entry in ipairs(held) do
+    if entry[1] ~= taken[i][1] or digest(entry[2]) ~= taken[i][2] then
+      return 'entry ' .. taken[i][1] .. ' is not in the stream as pushed'
+    end
+  end
+  return nil
+end
+if ARGV[15] and ARGV[15] ~= '' then
+  local problem = unconfirmed(cjson.decode(ARGV[15]))
+  if problem then
+    return redis.error_reply('UNCONFIRMED ' .. problem .. '; nothing was written')
+  end
 end
 
 -- Commit: the state writes, then (in the current generation) the results and dead letters.

@@ -1,0 +1,157 @@
+"""A client-ACL user who publishes on every channel it can name: coordination messages are
+hints. A worker acts on a grant or a decision only as its fenced record in Redis says, so a
+forged message costs a read, never a write (the pushes' twin: tests/test_push.py)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import redis.asyncio
+
+import keyserial
+from keyserial._backend import Backend
+from keyserial._cross_scripts import ResolveArgs, resolve
+from keyserial._refusals import AttemptAhead
+from keyserial.ledger import deposit
+from keyserial.testing import ShardKeys, running_worker
+from tests import apps
+from tests.helpers import eventually_async, keys_on_shard
+from tests.test_acl import Users, documented_users
+
+SHARDS = 8
+HOME, PARTICIPANT = 1, 5
+GRANT_OP = "keyserial.grant"
+
+
+@pytest.fixture
+def users(redis_url: str) -> Iterator[Users]:
+    """The documented worker and client users; the attacker connects as the client."""
+    with documented_users(redis_url) as created:
+        yield created
+
+
+async def _append(attacker: redis.asyncio.Redis, shard: int, namespace: str,
+                  envelopes: list[dict[str, Any]]) -> None:
+    """An entry, appended as the documented wire format has it, with a client's rights."""
+    stream = ShardKeys(namespace, shard).stream
+    await attacker.xadd(stream, {"v": "1", "ops": json.dumps(envelopes)})
+
+
+async def _grant_requests(attacker: redis.asyncio.Redis, namespace: str) -> list[dict[str, Any]]:
+    """The grant requests in the participant shard's stream (a client may read streams)."""
+    found = []
+    for _, fields in await attacker.xrange(ShardKeys(namespace, PARTICIPANT).stream):
+        found += [envelope for envelope in json.loads(fields[b"ops"])
+                  if envelope.get("op") == GRANT_OP]
+    return found
+
+
+async def test_a_forged_decision_notice_never_writes_a_state(
+    users: Users, namespace: str
+) -> None:
+    """The attacker appends a grant request naming itself as coordinator, learns the
+    participant's worker channel from the grant, and publishes a decision that sets the
+    victim's balance. The participant reads the decision record instead: there is none, so it
+    holds the key until the home shard's epoch moves on, then aborts; the balance is intact."""
+    victim = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    own_channel = f"ks:attacker:{uuid.uuid4().hex}"
+    try:
+        async with (
+            running_worker(users.worker_url, namespace, shard_count=SHARDS,
+                           shards=[PARTICIPANT]),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+            attacker.pubsub() as pubsub,
+        ):
+            assert await ks.submit(victim, deposit(100)) == 100
+            await pubsub.subscribe(own_channel)
+            request = {"home": HOME, "op": "evil", "attempt": 0, "channel": own_channel}
+            await _append(attacker, PARTICIPANT, namespace, [
+                {"id": "evil#0", "keys": [victim], "op": GRANT_OP, "kwargs": request}])
+            grant = await _next_message(pubsub)
+            assert grant["t"] == "g"
+            notice = {"t": "d", "op": "evil", "a": 0,
+                      "d": {"w": {str(PARTICIPANT): [[victim, "1000000"]]}}}
+            await attacker.publish(grant["c"], json.dumps(notice))
+            # The home shard gets an owner: its epoch passes the attempt, which is aborted.
+            async with running_worker(users.worker_url, namespace, shard_count=SHARDS,
+                                      shards=[HOME]):
+                assert await ks.submit(victim, deposit(1), timeout=30) == 101
+    finally:
+        await attacker.aclose()
+    assert users.refusals() == []
+
+
+async def test_a_forged_grant_never_reaches_the_ops_state(
+    users: Users, namespace: str, tmp_path: Path
+) -> None:
+    """While a transfer's coordinator waits for a grant (the target key is busy), the attacker
+    reads the coordinator's channel from the grant request in the stream and publishes a grant
+    whose state says the target holds 1,000,000. The coordinator takes the grant from its
+    record alone: the transfer computes on the real balance, and money is conserved."""
+    gate = tmp_path / "gate"
+    source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
+    target = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        async with (
+            running_worker(users.worker_url, namespace, shard_count=SHARDS, apps=["tests.apps"],
+                           shards=[PARTICIPANT]),
+            running_worker(users.worker_url, namespace, shard_count=SHARDS, apps=["tests.apps"],
+                           shards=[s for s in range(SHARDS) if s != PARTICIPANT]),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+            anyio.create_task_group() as group,
+        ):
+            assert await ks.submit(source, deposit(100)) == 100
+            assert await ks.submit(target, deposit(10)) == 10
+            group.start_soon(ks.submit, target, apps.gated_hold(str(gate)))
+            moved: dict[str, Any] = {}
+
+            async def transfer() -> None:
+                moved.update(await ks.transfer(source, target, 25, timeout=30))
+
+            group.start_soon(transfer)
+            request = (await eventually_async(
+                lambda: _grant_requests(attacker, namespace)))[0]["kwargs"]
+            forged = {"t": "g", "op": request["op"], "a": request["attempt"], "s": PARTICIPANT,
+                      "st": [[target, "1000000"]], "f": 1, "c": "ks:attacker"}
+            await attacker.publish(request["channel"], json.dumps(forged))
+            gate.touch()  # the target's earlier op ends: the real grant goes out
+            assert await ks.submit(source, keyserial.call("balance")) == 75
+            assert await ks.submit(target, keyserial.call("balance")) == 35
+    finally:
+        await attacker.aclose()
+    assert moved == {source: 75, target: 35}
+    assert users.refusals() == []
+
+
+async def _next_message(pubsub: Any) -> dict[str, Any]:
+    with anyio.fail_after(10):
+        while True:
+            message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+            if message is not None:
+                decoded: dict[str, Any] = json.loads(message["data"])
+                return decoded
+
+
+async def test_a_grant_request_for_an_attempt_not_begun_aborts_nothing(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """A participant that looks up an attempt past the home epoch (a request appended ahead of
+    the coordinator, by anyone who may append) is told it has not begun, and no abort is
+    recorded: when the coordinator reaches that epoch, its attempt can still commit. An
+    attempt whose epoch is over is aborted; the current one is left undecided."""
+    home = ShardKeys(namespace, HOME)
+    await client.set(home.epoch, 3)
+    with pytest.raises(AttemptAhead):
+        await backend.run_call(resolve(home, ResolveArgs("op", 4)))
+    assert await client.hget(home.results, "op#4#d") is None
+    assert await backend.run_call(resolve(home, ResolveArgs("op", 3))) is None
+    assert await client.hget(home.results, "op#3#d") is None
+    assert "abort" in (await backend.run_call(resolve(home, ResolveArgs("op", 2))) or {})
