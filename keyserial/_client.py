@@ -62,8 +62,7 @@ class Client:
         self.shard_count = shard_count
         self.client_id = uuid.uuid4().hex
         self._pid = os.getpid()
-        # Op ids: the client's random id plus a counter (unique, and cheaper than a uuid4 each).
-        self._op_ids = itertools.count()
+        self._op_ids = _OpIds(self.client_id)
         self._backend = backend
         self._reply = reply_channel(settings.namespace, self.client_id)
         #: The submits awaited, by op id.
@@ -124,9 +123,10 @@ class Client:
         return shard_for(key, self.shard_count)
 
     def new_op_id(self) -> str:
-        """A fresh op id, unique across clients, to pass as ``op_id=``: the caller then knows
-        the op's id before it awaits, so after a cancel it can fetch the outcome
-        (``ks.result(op_id, key=...)``) or resubmit under the same id (it never runs twice).
+        """A fresh op id, unique across clients and unguessable, to pass as ``op_id=``: the
+        caller then knows the op's id before it awaits, so after a cancel it can fetch the
+        outcome (``ks.result(op_id, key=...)``) or resubmit under the same id (it never runs
+        twice).
 
         :raises KeyserialError: in a process forked from the one that opened the client, whose
             ids it would repeat.
@@ -136,7 +136,7 @@ class Client:
                 f"this keyserial client was opened in process {self._pid}, before a fork: its op"
                 " ids would repeat the parent's; open a client in this process"
             )
-        return f"{self.client_id}-{next(self._op_ids)}"
+        return next(self._op_ids)
 
     def _check_loop(self) -> asyncio.AbstractEventLoop:
         """The client's loop, if the caller runs on it (a client used from another loop would
@@ -378,3 +378,25 @@ def _check_op_id(op_id: object, *, submitted: bool) -> None:
         wanted = "a non-empty string without '#'" if submitted else "a non-empty string"
         raise ValueError(f"op_id must be {wanted}, not {op_id!r}")
 
+
+class _OpIds:
+    """Op ids: the client's id, a counter (unique) and 64 random bits (unguessable). With the
+    counter alone, anyone who saw one id could append ops under the client's next ids ahead of
+    it, and its submits would be answered with their outcomes. The random bits are drawn 256 ids
+    at a time: one system call for all of them."""
+
+    _BATCH = 256
+
+    def __init__(self, client_id: str) -> None:
+        self._client_id = client_id
+        self._count = itertools.count()
+        self._random: list[str] = []
+
+    def __iter__(self) -> _OpIds:
+        return self
+
+    def __next__(self) -> str:
+        if not self._random:
+            drawn = os.urandom(8 * self._BATCH).hex()
+            self._random = [drawn[at:at + 16] for at in range(0, len(drawn), 16)]
+        return f"{self._client_id}-{next(self._count):x}{self._random.pop()}"

@@ -24,6 +24,11 @@ TRIM_EVERY = 32
 DeadLetter = tuple[str, str, str]
 
 
+def answered_field(op_id: str) -> str:
+    """The results field that records an op answered but not stored (see ``acquire.lua``)."""
+    return f"{op_id}#u"
+
+
 @dataclass(slots=True)
 class Finished:
     """An op's outcome waiting for the next commit."""
@@ -33,6 +38,10 @@ class Finished:
     entries: list[Entry]
     replies: list[str]
     store: bool = True
+    #: Not stored, but recorded as answered (``<op id>#u``): an op refused because no worker
+    #: knows it yet, whose id must stay free for a resubmit once it is deployed. A takeover
+    #: then never counts it among the ops that may have killed the owner.
+    answered: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +99,8 @@ class CommitPlanner:
                 entry.remaining -= 1
             if finished.store:
                 results.append((finished.op_id, finished.outcome))
+            elif finished.answered:
+                results.append((answered_field(finished.op_id), finished.outcome))
             for channel in finished.replies:
                 replies[channel].append((finished.op_id, finished.outcome))
         progress = self._advance_progress()

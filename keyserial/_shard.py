@@ -314,16 +314,16 @@ class ShardRunner:
 
     def _complete(self, run: Run, outcome: str) -> None:
         run.outcome = outcome  # from now on, no occurrence of the op joins the run
-        self._finish(Finished(run.envelope.op_id, outcome, run.entries, run.replies, run.keep),
-                     run.envelope.keys)
+        self._finish(Finished(run.envelope.op_id, outcome, run.entries, run.replies, run.keep,
+                              answered=not run.keep), run.envelope.keys)
 
     def finish(self, run: Run, outcome: str, *, store: bool, replies: list[str]) -> None:
         """Take the outcome of an op that finished outside the executor (a cross-shard op or a
         grant request) into the next commit; ``store``: the commit stores it (False: it is in
         Redis already, or must not be kept)."""
         run.outcome = outcome
-        self._finish(Finished(run.envelope.op_id, outcome, list(run.entries), replies, store),
-                     run.envelope.keys)
+        self._finish(Finished(run.envelope.op_id, outcome, list(run.entries), replies, store,
+                              answered=not run.keep), run.envelope.keys)
 
     def _finish(self, finished: Finished, keys: Sequence[str] = ()) -> None:
         """``keys``: those of an op that ran (one answered from Redis, or refused, has none)."""

@@ -299,6 +299,39 @@ MUTANTS: tuple[Mutant, ...] = (
          + _STANDALONE,),
     ),
     Mutant(
+        "acquire-publishes-poison", "G6.18",
+        "acquire.lua publishes the dead-letter reply itself, ahead of any confirmation",
+        (Edit("keyserial/lua/acquire.lua",
+              "    'reason', 'poison: killed its worker ' .. strikes .. ' times', 'raw',"
+              " cjson.encode(envelope))\n",
+              "    'reason', 'poison: killed its worker ' .. strikes .. ' times', 'raw',"
+              " cjson.encode(envelope))\n"
+              "  if type(envelope.reply) == 'string' then\n"
+              "    redis.call('PUBLISH', envelope.reply, '{\"v\":1,\"r\":[[' .."
+              " cjson.encode(envelope.id) .. ',' .. outcome .. ']]}')\n"
+              "  end\n"),),
+        ("tests/test_dead_letters.py::"
+         "test_the_acquire_that_dead_letters_an_op_publishes_no_reply" + _STANDALONE,),
+    ),
+    Mutant(
+        "unknown-op-unrecorded", "G6.17",
+        "a takeover counts an op answered without a stored outcome as unfinished",
+        (Edit("keyserial/lua/acquire.lua",
+              " and not finished(envelope.id .. '#u') then", " then"),),
+        ("tests/test_dead_letters.py::"
+         "test_an_unknown_op_beside_a_poison_op_is_never_struck_twice_nor_dead_lettered"
+         + _STANDALONE,),
+    ),
+    Mutant(
+        "op-ids-counted", "G3.9",
+        "a client's op ids are its id and a counter, as anyone who saw one can tell the next",
+        (Edit("keyserial/_client.py",
+              'return f"{self._client_id}-{next(self._count):x}{self._random.pop()}"',
+              'return f"{self._client_id}-{next(self._count)}"'),),
+        (_HOSTILE + "test_ops_appended_under_a_client_s_guessed_next_ids_never_answer_it"
+         + _STANDALONE,),
+    ),
+    Mutant(
         "grant-before-outcome", "G5.14",
         "a participant grants a key while the outcome of the op before it is not committed",
         (Edit("keyserial/_keystates.py", "        self._answered.update(keys)\n",

@@ -16,10 +16,14 @@ import redis.asyncio
 
 import keyserial
 from keyserial import PoisonOperation, ResultNotFound
+from keyserial._backend import Backend
 from keyserial._deadletters import envelopes
+from keyserial._lease_scripts import AcquireArgs, acquire
 from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests import apps
-from tests.helpers import ROOT, WorkerProcess, keys_on_shard, wait_for_log
+from tests.entries import append_entry, envelope
+from tests.helpers import ROOT, Starter, WorkerProcess, keys_on_shard, wait_for_log
+from tests.ownership import all_held
 
 SHARDS = 2
 
@@ -224,3 +228,56 @@ def test_the_ops_of_each_kind_of_dead_letter_are_recovered(
     raw: str, ops: list[dict[str, Any]], skipped: list[str]
 ) -> None:
     assert envelopes(raw) == (ops, skipped)
+
+
+@pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
+async def test_the_acquire_that_dead_letters_an_op_publishes_no_reply(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """One output gate: the acquire script stores the poison op's outcome but does not reply.
+    The new owner's replay answers from the stored outcome through its step, so that with
+    durable_replicas the caller hears only what the replicas have. (A sentinel published after
+    the acquire must be the first message on the caller's channel.)"""
+    keys = ShardKeys(namespace, 0)
+    reply = f"ks:{namespace}:reply:victim"
+    poison = {**envelope("poison", "k", "crash"), "reply": reply}
+    entry = await append_entry(client, namespace, 0, [poison], fresh=False)
+    await client.set(keys.horizon, entry)
+    await client.hset(keys.suspect, mapping={"op": "poison", "strikes": 2})
+    async with client.pubsub() as pubsub:
+        await pubsub.subscribe(reply)
+        grant = await backend.run_call(acquire(keys, AcquireArgs("owner", 5000, 3, "a-1")))
+        assert grant is not None and grant.poisoned == "poison"
+        await client.publish(reply, "sentinel")
+        with anyio.fail_after(5):
+            while (message := await pubsub.get_message(ignore_subscribe_messages=True,
+                                                       timeout=1)) is None:
+                pass
+    assert message["data"] == b"sentinel"
+    assert b"PoisonOperation" in (await client.hget(keys.results, "poison") or b"")
+
+
+@pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
+async def test_an_unknown_op_beside_a_poison_op_is_never_struck_twice_nor_dead_lettered(
+    redis_url: str, client: redis.asyncio.Redis, namespace: str, start: Starter
+) -> None:
+    """An op no worker knows shares an entry with an op that kills its worker. The unknown op
+    is answered without a stored outcome, but recorded as answered: after the first death (it
+    came first, and its answer had not committed yet) no takeover strikes it again, so it is
+    never dead-lettered and its id stays free for a resubmit once it is deployed, while the
+    killer is dead-lettered after max_strikes deaths of its own."""
+    key = keys_on_shard(0, 4, 1, "poisoned")[0]
+    keys = ShardKeys(namespace, 0)
+    workers = [start(redis_url, namespace, lease_ttl=0.5) for _ in range(5)]
+    await all_held(client, namespace)
+    await append_entry(client, namespace, 0, [envelope("unknown", key, "not_deployed_yet"),
+                                              envelope("killer", key, "crash")], fresh=False)
+    with anyio.fail_after(60):
+        while not await client.hexists(keys.results, "killer"):
+            await anyio.sleep(0.05)
+    assert json.loads(await client.hget(keys.results, "killer") or b"{}")["error"]["data"] \
+        == {"strikes": 3}
+    assert not await client.hexists(keys.results, "unknown")
+    assert await client.hexists(keys.results, "unknown#u")
+    dead = [worker.process.returncode for worker in workers if worker.process.poll() is not None]
+    assert dead == [17, 17, 17, 17]

@@ -155,3 +155,36 @@ async def test_a_grant_request_for_an_attempt_not_begun_aborts_nothing(
     assert await backend.run_call(resolve(home, ResolveArgs("op", 3))) is None
     assert await client.hget(home.results, "op#3#d") is None
     assert "abort" in (await backend.run_call(resolve(home, ResolveArgs("op", 2))) or {})
+
+
+def _guessed_successors(seen: str, count: int) -> list[str]:
+    """The ids an attacker who saw ``seen`` would squat: the counter after it, the rest as
+    seen (a plain counter, or a hex counter followed by 16 characters)."""
+    prefix, _, tail = seen.rpartition("-")
+    if tail.isdigit():
+        return [f"{prefix}-{int(tail) + step}" for step in range(1, count + 1)]
+    counter, rest = tail[:-16], tail[-16:]
+    return [f"{prefix}-{int(counter, 16) + step:x}{rest}" for step in range(1, count + 1)]
+
+
+async def test_ops_appended_under_a_client_s_guessed_next_ids_never_answer_it(
+    users: Users, namespace: str
+) -> None:
+    """The attacker sees one op id of the victim's client and appends ops ahead under the ids
+    that would come next. The client's ids carry random bits: none is hit, and every one of
+    the victim's deposits applies and returns its own balance."""
+    key = keys_on_shard(0, SHARDS, 1, "acct")[0]
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        async with (
+            running_worker(users.worker_url, namespace, shard_count=SHARDS),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+        ):
+            seen = ks.new_op_id()
+            squatted = [{"id": op_id, "key": key, "op": "balance"}
+                        for op_id in _guessed_successors(seen, 20)]
+            await _append(attacker, 0, namespace, squatted)
+            balances = [await ks.submit(key, deposit(100)) for _ in range(5)]
+            assert balances == [100, 200, 300, 400, 500]
+    finally:
+        await attacker.aclose()

@@ -19,7 +19,8 @@
 --   careful_until  '' after a clean handover; after a crash, the highest entry id the dead owner
 --                  had fetched (its in-flight ops are suspect);
 --   poisoned       '' or the id of an op that reached the strike limit: it now has a
---                  PoisonOperation result, is copied to the dead-letter stream and never runs;
+--                  PoisonOperation result, is copied to the dead-letter stream and never runs
+--                  (its caller hears of it when the new owner's replay answers it from there);
 --   results_since  when the current results generation began (ms), '' if none has;
 --   replay_until   '' or the highest entry id the previous owner had fetched (after a crash or a
 --                  clean handover alike): up to it, the new owner looks up every op's stored
@@ -35,6 +36,10 @@
 -- alone under the next owner, it commits, and the next death strikes an op further on. So a
 -- poison op is struck once every op ahead of it has committed, and only a death while an op is
 -- the first without a result counts against it.
+local function finished(field)
+  return redis.call('HEXISTS', KEYS[7], field) == 1 or redis.call('HEXISTS', KEYS[8], field) == 1
+end
+
 local function first_unfinished(after, upto)
   local cursor = after
   while true do
@@ -47,11 +52,12 @@ local function first_unfinished(after, upto)
           local ok, ops = pcall(cjson.decode, fields[i + 1])
           if ok and type(ops) == 'table' then
             for _, envelope in ipairs(ops) do
-              -- (A grant request waits for its coordinator, it runs no code: never a suspect.)
+              -- (A grant request waits for its coordinator, it runs no code: never a suspect.
+              -- An op answered without a stored outcome, as one no worker knew, has a record
+              -- '<op id>#u' instead: it is finished too.)
               if type(envelope) == 'table' and type(envelope.id) == 'string'
                   and envelope.op ~= 'keyserial.grant'
-                  and redis.call('HEXISTS', KEYS[7], envelope.id) == 0
-                  and redis.call('HEXISTS', KEYS[8], envelope.id) == 0 then
+                  and not finished(envelope.id) and not finished(envelope.id .. '#u') then
                 return entry[1], envelope
               end
             end
@@ -71,10 +77,8 @@ local function dead_letter(entry_id, envelope, strikes)
   redis.call('HSET', KEYS[7], envelope.id, outcome)
   redis.call('XADD', KEYS[9], 'MAXLEN', '~', 10000, '*', 'entry', entry_id,
     'reason', 'poison: killed its worker ' .. strikes .. ' times', 'raw', cjson.encode(envelope))
-  if type(envelope.reply) == 'string' then
-    redis.call('PUBLISH', envelope.reply,
-      '{"v":1,"r":[[' .. cjson.encode(envelope.id) .. ',' .. outcome .. ']]}')
-  end
+  -- No reply from here: the new owner's replay finds this stored outcome and replies with it
+  -- through its step, like every other reply (with durable_replicas, once replicas have it).
 end
 
 if redis.call('GET', KEYS[1]) == ARGV[1] then
