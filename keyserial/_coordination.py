@@ -57,8 +57,8 @@ class Collaborators:
     fenced: RunFenced
     finish: Finish
     #: Runs a task in the runner's task group (its errors end the runner); nothing once the
-    #: runner has stopped.
-    spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], None]
+    #: runner has stopped (then it returns False).
+    spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], bool]
 
     @property
     def poll(self) -> float:

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
+import anyio
+
 from ._backoff import Backoff
 from ._chains import Hold
 from ._codec import WIRE_VERSION, encode_reply, pack_entry
@@ -99,7 +101,8 @@ class Coordinator:
         have landed: the same (idempotent) call is sent until the server says which."""
         parts, run = self._parts, pending.run
         if isinstance(result, BackendUnavailable):
-            parts.spawn(partial(self._confirm, pending))
+            if not parts.spawn(partial(self._confirm, pending)):
+                _outcome_unknown(pending.holds, run.envelope.op_id)
             return
         if isinstance(result, Exception):
             log.info("shard %d: op %s did not commit (%s); running it again",
@@ -123,6 +126,9 @@ class Coordinator:
             )
         except Refused as exc:
             result = exc
+        except anyio.get_cancelled_exc_class():
+            _outcome_unknown(pending.holds, pending.run.envelope.op_id)
+            raise
         # Every caller is told again: the first call may have told them already, and a second
         # reply to the same op is ignored.
         pending.replied = 0
@@ -259,6 +265,9 @@ class Coordinator:
                     call, replies={reply: [(envelope.op_id, outcome)] for reply in replies},
                     also=[other.lineage for other in others],
                 )
+            except anyio.get_cancelled_exc_class():
+                _outcome_unknown([(owner, None) for owner in owned], envelope.op_id)
+                raise
             except OwnedElsewhere as exc:
                 moved = others[exc.index - 2].shard
                 log.info("shard %d: shard %d changed hands during op %s; asking it for a grant",
@@ -363,6 +372,19 @@ class _PendingCommit:
     #: How many of the op's callers the script's reply tells.
     replied: int
     call: ScriptCall[None]
+
+
+def _outcome_unknown(owners: Sequence[tuple[LocalShard, Hold | None]], op_id: str) -> None:
+    """A ``commit_across`` went out, or may have, and its coordinator stops before it learns
+    whether it landed: the shards it writes cannot tell whether their cached states are
+    Redis's. Each gives its shard up (its lineage is broken: no later write of it goes out),
+    and the next owner, with a new epoch that fences the commit out if it is still on its
+    way, starts from what Redis has."""
+    for owner, _ in owners:
+        if not owner.lineage.broken:
+            log.warning("shard %d: the commit of op %s across shards may or may not have"
+                        " landed; giving the shard up", owner.shard, op_id)
+        owner.lineage.broken = True
 
 
 def _fences(holds: Sequence[tuple[LocalShard, Hold]]) -> dict[str, int]:

@@ -85,7 +85,10 @@ class Participant:
                   request.attempt, "in process" if in_process else "published")
         if in_process and not durable:
             # (No record is needed: an in-process message cannot be lost, and a grant writes
-            # nothing, so this worker's zombie could not change anything by granting.)
+            # nothing, so this worker's zombie could not change anything by granting. But a
+            # broken lineage's cache may not be Redis's: it grants nothing from it.)
+            if home.lineage.broken:
+                raise LineageBroken(f"shard {home.shard} grants nothing: its lineage is broken")
             parts.mailbox.deliver(key_grant)
             return
         # Durably: the granted states must be on the replicas, with the record, before the

@@ -181,9 +181,11 @@ class ShardRunner:
             await anyio.sleep(self._settings.idle_poll)
             self.entries_waiting()
 
-    def _spawn(self, task: Callable[[], Coroutine[Any, Any, None]]) -> None:
-        if self._task_group is not None:
-            self._task_group.start_soon(task)
+    def _spawn(self, task: Callable[[], Coroutine[Any, Any, None]]) -> bool:
+        if self._task_group is None:
+            return False
+        self._task_group.start_soon(task)
+        return True
 
     # -- the step loop -------------------------------------------------------------------------
 

@@ -225,7 +225,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "a sync cross-shard op whose commit_across reply was lost runs again on stale caches",
         (Edit(_COORDINATOR,
               "        if isinstance(result, BackendUnavailable):\n"
-              "            parts.spawn(partial(self._confirm, pending))\n"
+              "            if not parts.spawn(partial(self._confirm, pending)):\n"
+              "                _outcome_unknown(pending.holds, run.envelope.op_id)\n"
               "            return\n", ""),),
         (_RACES + "test_a_lost_commit_across_reply_is_sent_again_not_taken_as_not_written"
          + _STANDALONE,),
