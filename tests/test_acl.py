@@ -24,7 +24,7 @@ from tests.helpers import ROOT, keys_on_shard, server_with_waitaof
 DOCS = (ROOT / "docs" / "deployment.md").read_text()
 
 
-def _documented_rules(user: str) -> list[list[str]]:
+def documented_rules(user: str) -> list[list[str]]:
     """Every ``ACL SETUSER <user> ...`` line of the docs, as arguments after ``ACL SETUSER``."""
     lines = re.findall(rf"^ACL SETUSER keyserial-{user} (.*)$", DOCS, re.M)
     assert lines, f"docs/deployment.md has no ACL SETUSER line for keyserial-{user}"
@@ -34,7 +34,7 @@ def _documented_rules(user: str) -> list[list[str]]:
 def _rules_for(user: str, *, cluster: bool, fsync: bool) -> list[list[str]]:
     """The documented lines a deployment runs: the user's own, then those of a cluster and of
     ``durable_fsync`` where they apply."""
-    own, *extras = _documented_rules(user)
+    own, *extras = documented_rules(user)
     chosen = [own]
     for extra in extras:
         if "+waitaof" in extra:

@@ -68,8 +68,8 @@ def test_a_seed_always_draws_the_same_schedule() -> None:
         for profile in PROFILES.values():
             plan = make_plan(seed, profile)
             assert plan == make_plan(seed, profile)
-            fewest, most = (a + b for a, b in zip(profile.faults, profile.edge_faults,
-                                                    strict=True))
+            fewest, most = (a + b + c for a, b, c in zip(
+                profile.faults, profile.edge_faults, profile.hostile_faults, strict=True))
             assert fewest <= len(plan.events) <= most
             served = {shard for layout in plan.layouts for shard in layout}
             assert served == set(range(profile.shard_count)), "a shard no worker serves"

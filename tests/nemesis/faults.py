@@ -22,7 +22,7 @@ from redis.exceptions import BusyLoadingError
 
 from keyserial.testing import ShardKeys
 from tests.helpers import keys_on_shard
-from tests.nemesis import cluster_faults
+from tests.nemesis import cluster_faults, hostile
 from tests.nemesis.schedule import FaultEvent
 from tests.nemesis.system import BaseSystem, System
 from tests.nemesis.tap import GARBAGE_PREFIX
@@ -321,4 +321,5 @@ INJECTORS: dict[str, Injector] = {
     "master_pause": cluster_faults.master_pause,
     "master_lost_ahead": cluster_faults.master_lost_ahead,
     "clock_skew": cluster_faults.clock_skew,
+    "forge": hostile.forge,
 }

@@ -34,6 +34,13 @@ EDGE_FAULT_WEIGHTS: dict[str, int] = {
     "sub_drop": 2,
 }
 
+#: A byzantine client (``hostile.forge``): forged pushes, grants and decision notices, published
+#: as the documented client ACL user. Drawn from a stream of its own, after the others, so that
+#: adding it left every seed's earlier faults as they were.
+HOSTILE_FAULT_WEIGHTS: dict[str, int] = {
+    "forge": 1,
+}
+
 #: The cluster profile's kinds: worker faults, and faults of the cluster's nodes and clocks in
 #: place of the proxy and single-server ones (a proxy cannot stand between a cluster client and
 #: the nodes its redirections name).
@@ -91,6 +98,9 @@ class Profile:
     durable_replicas: int = 0
     #: How many faults of ``EDGE_FAULT_WEIGHTS`` a run adds: fewest, most.
     edge_faults: tuple[int, int] = (0, 0)
+    #: How many faults of ``HOSTILE_FAULT_WEIGHTS`` a run adds: fewest, most (standalone only:
+    #: the forger's ACL user is set on the one server).
+    hostile_faults: tuple[int, int] = (0, 0)
     #: Workers' and clients' ``health_interval``: a dropped subscription must be replaced
     #: within three times this, plus a second, while the load runs.
     health_interval: float = 1.0
@@ -101,8 +111,10 @@ class Profile:
 
 
 PROFILES = {
-    "short": Profile("short", load_seconds=7.0, faults=(2, 4), edge_faults=(0, 2)),
-    "long": Profile("long", load_seconds=18.0, faults=(5, 9), edge_faults=(1, 3)),
+    "short": Profile("short", load_seconds=7.0, faults=(2, 4), edge_faults=(0, 2),
+                     hostile_faults=(1, 1)),
+    "long": Profile("long", load_seconds=18.0, faults=(5, 9), edge_faults=(1, 3),
+                    hostile_faults=(1, 2)),
     "cluster": Profile("cluster", load_seconds=20.0, faults=(2, 4), callers=12,
                        topology="cluster", fault_weights=tuple(CLUSTER_FAULT_WEIGHTS.items()),
                        durable_replicas=1),
@@ -120,7 +132,7 @@ class FaultEvent:
 
     at: float
     kind: str
-    target: str  # "worker:<slot>", "client:<n>", "redis", "shard:<n>", "cluster"
+    target: str  # "worker:<slot>", "client:<n>", "redis", "shard:<n>", "cluster", "forger"
     params: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> str:
@@ -160,6 +172,9 @@ def make_plan(seed: int, profile: Profile) -> Plan:
     events = _draw(rng, profile, count, table)
     edges = rng_for(seed, "plan:edges")
     events += _draw(edges, profile, edges.randint(*profile.edge_faults), EDGE_FAULT_WEIGHTS)
+    hostile = rng_for(seed, "plan:hostile")
+    events += _draw(hostile, profile, hostile.randint(*profile.hostile_faults),
+                    HOSTILE_FAULT_WEIGHTS)
     events.sort(key=lambda event: event.at)
     return Plan(seed, profile, layouts, tuple(events))
 
@@ -278,6 +293,12 @@ def _clock_skew(rng: random.Random, profile: Profile) -> tuple[str, dict[str, An
     return _worker(rng, profile), {"skew_minutes": minutes}
 
 
+def _forge(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
+    """A byzantine client forging messages every ``every`` seconds for ``lasting`` seconds."""
+    return "forger", {"lasting": round(rng.uniform(1.0, 3.0), 2),
+                      "every": round(rng.uniform(0.02, 0.1), 3)}
+
+
 _PARAMS = {
     "kill9": _kill9,
     "sigstop": _sigstop,
@@ -294,6 +315,7 @@ _PARAMS = {
     "master_pause": _master_pause,
     "master_lost_ahead": _master_lost_ahead,
     "clock_skew": _clock_skew,
+    "forge": _forge,
 }
 
 

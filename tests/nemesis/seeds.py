@@ -46,6 +46,12 @@ REGRESSIONS: list[KnownFailure] = [
                  " (fixed: only the op the acquire struck runs alone)"),
     KnownFailure(212, "short", "liveness, as 105: shards taken over in careful mode replayed"
                  " their slow ops one at a time past the checker's 5 s (fixed with 105)"),
+    KnownFailure(1, "short", "a payment applied on some of its keys only, in about 1 run of 4:"
+                 " the byzantine client's forged push made a home shard's runner give its shard"
+                 " up while its commit across shards was in flight; the coordinator, cancelled,"
+                 " never told the participant shard's runner (same worker), whose cache kept"
+                 " the old state and granted it to the next payment (fixed: a commit whose"
+                 " outcome its coordinator never learns breaks the lineages it writes)"),
     KnownFailure(1000, "long", "lone surrogate and deep nesting killed workers (fixed)"),
     KnownFailure(1001, "long", "SIGTERM double apply (fixed)"),
     KnownFailure(1003, "long", "deep nesting crash-looped shard 5 (fixed)"),
@@ -123,7 +129,7 @@ REGRESSIONS: list[KnownFailure] = [
 ]
 
 #: The regression seeds CI runs (the rest run with ``python -m tests.nemesis``).
-CI_REGRESSIONS: tuple[int, ...] = (103, 105, 117, 119, 120)
+CI_REGRESSIONS: tuple[int, ...] = (1, 103, 105, 117, 119, 120)
 
 #: Reproduce one with ``python -m tests.nemesis --seeds 1 --seed-start SEED --profile PROFILE``.
 KNOWN_FAILING: list[KnownFailure] = []
