@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 import uuid
 from collections.abc import Iterator
@@ -28,7 +29,7 @@ def documented_rules(user: str) -> list[list[str]]:
     """Every ``ACL SETUSER <user> ...`` line of the docs, as arguments after ``ACL SETUSER``."""
     lines = re.findall(rf"^ACL SETUSER keyserial-{user} (.*)$", DOCS, re.M)
     assert lines, f"docs/deployment.md has no ACL SETUSER line for keyserial-{user}"
-    return [line.split() for line in lines]
+    return [shlex.split(line) for line in lines]  # (as redis-cli reads a quoted selector)
 
 
 def _rules_for(user: str, *, cluster: bool, fsync: bool) -> list[list[str]]:
@@ -128,6 +129,7 @@ async def test_the_client_user_cannot_write_state_or_results(
     shard = ShardKeys(namespace, 0)
     forged = [
         ("HSET", shard.state, "acct:1", "1000000"),
+        ("SET", shard.stream, "wedged"),
         ("HSET", shard.results, "some-op", '{"ok":1}'),
         ("SET", shard.epoch, "999"),
         ("EVAL", "return redis.call('HSET', KEYS[1], 'acct:1', '1000000')", 1, shard.state),
