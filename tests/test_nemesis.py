@@ -17,6 +17,7 @@ from tests.nemesis.checkers import check_epochs
 from tests.nemesis.runner import run_seed
 from tests.nemesis.schedule import PROFILES, make_plan
 from tests.nemesis.seeds import (
+    CI_HOSTILE_REGRESSIONS,
     CI_REGRESSIONS,
     CLUSTER_SEEDS,
     DEFAULT_SEEDS,
@@ -61,9 +62,23 @@ async def test_a_seed_that_once_found_a_defect_finds_none(seed: int, tmp_path: P
     assert report.ok, report.describe()
 
 
+@pytest.mark.parametrize("seed", CI_HOSTILE_REGRESSIONS)
+async def test_a_byzantine_client_run_that_once_found_a_defect_finds_none(
+    seed: int, tmp_path: Path
+) -> None:
+    """The short profile with a client forging pushes, grants and decision notices as the
+    documented client ACL user (``tests/nemesis/hostile.py``)."""
+    report = await run_seed(seed, PROFILES["hostile"], tmp_path)
+    assert any("forged messages published" in line for line in report.injected), (
+        f"the forger published nothing: {report.injected}")
+    assert report.ok, report.describe()
+
+
 def test_a_seed_always_draws_the_same_schedule() -> None:
     known = (*KNOWN_FAILING, *REGRESSIONS)
     assert set(CI_REGRESSIONS) <= {each.seed for each in REGRESSIONS if each.profile == "short"}
+    assert set(CI_HOSTILE_REGRESSIONS) <= {
+        each.seed for each in REGRESSIONS if each.profile == "hostile"}
     for seed in (*DEFAULT_SEEDS, *(each.seed for each in known)):
         for profile in PROFILES.values():
             plan = make_plan(seed, profile)

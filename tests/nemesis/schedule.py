@@ -111,8 +111,10 @@ class Profile:
 
 
 PROFILES = {
-    "short": Profile("short", load_seconds=7.0, faults=(2, 4), edge_faults=(0, 2),
-                     hostile_faults=(1, 1)),
+    "short": Profile("short", load_seconds=7.0, faults=(2, 4), edge_faults=(0, 2)),
+    # The short profile with a byzantine client in every run (see ``hostile.forge``).
+    "hostile": Profile("hostile", load_seconds=7.0, faults=(2, 4), edge_faults=(0, 2),
+                       hostile_faults=(1, 1)),
     "long": Profile("long", load_seconds=18.0, faults=(5, 9), edge_faults=(1, 3),
                     hostile_faults=(1, 2)),
     "cluster": Profile("cluster", load_seconds=20.0, faults=(2, 4), callers=12,

@@ -46,7 +46,7 @@ REGRESSIONS: list[KnownFailure] = [
                  " (fixed: only the op the acquire struck runs alone)"),
     KnownFailure(212, "short", "liveness, as 105: shards taken over in careful mode replayed"
                  " their slow ops one at a time past the checker's 5 s (fixed with 105)"),
-    KnownFailure(1, "short", "a payment applied on some of its keys only, in about 1 run of 4:"
+    KnownFailure(1, "hostile", "a payment applied on some of its keys only, in about 1 run of 4:"
                  " the byzantine client's forged push made a home shard's runner give its shard"
                  " up while its commit across shards was in flight; the coordinator, cancelled,"
                  " never told the participant shard's runner (same worker), whose cache kept"
@@ -129,7 +129,17 @@ REGRESSIONS: list[KnownFailure] = [
 ]
 
 #: The regression seeds CI runs (the rest run with ``python -m tests.nemesis``).
-CI_REGRESSIONS: tuple[int, ...] = (1, 103, 105, 117, 119, 120)
+CI_REGRESSIONS: tuple[int, ...] = (103, 105, 117, 119, 120)
+
+#: The byzantine client's regression seeds CI runs (profile ``hostile``).
+CI_HOSTILE_REGRESSIONS: tuple[int, ...] = (1,)
 
 #: Reproduce one with ``python -m tests.nemesis --seeds 1 --seed-start SEED --profile PROFILE``.
-KNOWN_FAILING: list[KnownFailure] = []
+KNOWN_FAILING: list[KnownFailure] = [
+    *(KnownFailure(seed, "long", "a payment applied on some of its keys only, money not"
+                   " conserved (4003-4006 in one run of 4000-4029 on a loaded machine; 4004 then"
+                   " passed 4 runs of 4 alone): with the byzantine client's forged pushes, home"
+                   " and participant runners give their shards up many times a second; cause"
+                   " under investigation")
+      for seed in (4003, 4004, 4005, 4006)),
+]
