@@ -385,6 +385,7 @@ def _outcome_unknown(owners: Sequence[tuple[LocalShard, Hold | None]], op_id: st
             log.warning("shard %d: the commit of op %s across shards may or may not have"
                         " landed; giving the shard up", owner.shard, op_id)
         owner.lineage.broken = True
+        owner.entries_waiting()  # (its next step, refused, ends it now, not at its next write)
 
 
 def _fences(holds: Sequence[tuple[LocalShard, Hold]]) -> dict[str, int]:

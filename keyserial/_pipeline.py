@@ -53,8 +53,10 @@ Replies = Mapping[str, Sequence[tuple[str, str]]]
 @dataclass(slots=True, eq=False)
 class Lineage:
     """The writes of one shard owner, each built on those before it (the owner caches what they
-    wrote). Broken once a pipeline that carried a write that commits states or results is not
-    confirmed as durable: a failover may have lost that write while the cache keeps it, so no
+    wrote). Broken once its cache may not be what Redis has: a pipeline that carried a write
+    that commits states or results is not confirmed as durable (a failover may have lost that
+    write while the cache keeps it), a pushed entry is not in the stream as pushed, or a commit
+    across shards went out and its coordinator stopped before learning whether it landed. No
     later call of the lineage goes out (each fails with :class:`LineageBroken`)."""
 
     broken: bool = False
@@ -249,19 +251,19 @@ class _NodePipeliner:
         error) in ``batch.results``, and ``batch.confirmed`` says whether the replicas the
         durability asks for have their writes. If they do not, every lineage in the batch
         breaks (before anyone wakes, so before any later write of theirs is queued)."""
-        if self._durability is None:  # (no lineage breaks without it)
-            batch.results, batch.confirmed = await self._run_or_fail(batch.calls)
-            return
         sent = [index for index, lineages in enumerate(batch.lineages)
                 if not any(lineage.broken for lineage in lineages)]
-        batch.results = [LineageBroken("an earlier write of this owner was not confirmed")
-                         for _ in batch.calls]
+        if len(sent) == len(batch.calls) and self._durability is None:
+            batch.results, batch.confirmed = await self._run_or_fail(batch.calls)
+            return
+        batch.results = [LineageBroken("an earlier write of this owner may not be in Redis as"
+                                       " its cache has it") for _ in batch.calls]
         if not sent:
             return
         results, batch.confirmed = await self._run_or_fail([batch.calls[i] for i in sent])
         for index, result in zip(sent, results, strict=True):
             batch.results[index] = result
-        if not batch.confirmed:
+        if not batch.confirmed and self._durability is not None:
             self._break(batch, sent, results)
 
     async def _run_or_fail(self, calls: Sequence[ScriptCall[Any]]) -> tuple[list[Any], bool]:

@@ -324,8 +324,11 @@ class ShardRunner:
         grant request) into the next commit; ``store``: the commit stores it (False: it is in
         Redis already, or must not be kept)."""
         run.outcome = outcome
+        # (An outcome a cross-shard script committed already leaves its keys committed.)
+        committed_already = not store and run.keep
         self._finish(Finished(run.envelope.op_id, outcome, list(run.entries), replies, store,
-                              answered=not run.keep), run.envelope.keys)
+                              answered=not run.keep),
+                     () if committed_already else run.envelope.keys)
 
     def _finish(self, finished: Finished, keys: Sequence[str] = ()) -> None:
         """``keys``: those of an op that ran (one answered from Redis, or refused, has none)."""
