@@ -304,9 +304,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "acquire.lua publishes the dead-letter reply itself, ahead of any confirmation",
         (Edit("keyserial/lua/acquire.lua",
               "    'reason', 'poison: killed its worker ' .. strikes .. ' times', 'raw',"
-              " cjson.encode(envelope))\n",
+              " envelope_json(envelope))\n",
               "    'reason', 'poison: killed its worker ' .. strikes .. ' times', 'raw',"
-              " cjson.encode(envelope))\n"
+              " envelope_json(envelope))\n"
               "  if type(envelope.reply) == 'string' then\n"
               "    redis.call('PUBLISH', envelope.reply, '{\"v\":1,\"r\":[[' .."
               " cjson.encode(envelope.id) .. ',' .. outcome .. ']]}')\n"

@@ -281,3 +281,22 @@ async def test_an_unknown_op_beside_a_poison_op_is_never_struck_twice_nor_dead_l
     assert await client.hexists(keys.results, "unknown#u")
     dead = [worker.process.returncode for worker in workers if worker.process.poll() is not None]
     assert dead == [17, 17, 17, 17]
+
+
+@pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
+async def test_a_poison_op_whose_arguments_json_cannot_carry_is_dead_lettered_all_the_same(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """cjson reads 1e400 as infinity and cannot write it back: the dead letter's copy of the
+    envelope must not fail the acquire (its writes before the error would stay, and every
+    later acquire of the shard would fail the same way)."""
+    keys = ShardKeys(namespace, 0)
+    entry = await client.xadd(keys.stream, {"v": "1", "ops": '[{"id":"poison","key":"k",'
+                                                             '"op":"crash","args":[1e400]}]'})
+    await client.set(keys.horizon, entry)
+    await client.hset(keys.suspect, mapping={"op": "poison", "strikes": 2})
+    grant = await backend.run_call(acquire(keys, AcquireArgs("owner", 5000, 3, "a-1")))
+    assert grant is not None and grant.poisoned == "poison"
+    (_, letter), = await client.xrange(keys.dead)
+    assert json.loads(letter[b"raw"])["id"] == "poison"
+    assert b"PoisonOperation" in (await client.hget(keys.results, "poison") or b"")

@@ -69,6 +69,17 @@ local function first_unfinished(after, upto)
   end
 end
 
+-- The envelope as JSON for the dead letter. cjson decodes numbers it cannot encode again (1e400
+-- is inf): an error here, after the writes above it, would fail every acquire of the shard.
+local function envelope_json(envelope)
+  local ok, raw = pcall(cjson.encode, envelope)
+  if ok then
+    return raw
+  end
+  return cjson.encode({id = envelope.id, op = tostring(envelope.op),
+                       unencodable = 'its arguments hold a number JSON cannot carry (' .. raw .. ')'})
+end
+
 local function dead_letter(entry_id, envelope, strikes)
   local outcome = cjson.encode({error = {type = 'keyserial.PoisonOperation',
     message = 'the op was running each of the ' .. strikes .. ' times its worker died;'
@@ -76,7 +87,7 @@ local function dead_letter(entry_id, envelope, strikes)
     data = {strikes = strikes}}})
   redis.call('HSET', KEYS[7], envelope.id, outcome)
   redis.call('XADD', KEYS[9], 'MAXLEN', '~', 10000, '*', 'entry', entry_id,
-    'reason', 'poison: killed its worker ' .. strikes .. ' times', 'raw', cjson.encode(envelope))
+    'reason', 'poison: killed its worker ' .. strikes .. ' times', 'raw', envelope_json(envelope))
   -- No reply from here: the new owner's replay finds this stored outcome and replies with it
   -- through its step, like every other reply (with durable_replicas, once replicas have it).
 end
