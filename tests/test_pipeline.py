@@ -11,7 +11,7 @@ import pytest
 from anyio import wait_all_tasks_blocked
 
 from keyserial._backend import Backend
-from keyserial._pipeline import Pipeliner
+from keyserial._pipeline import Lineage, LineageBroken, Pipeliner
 from keyserial._scripts import Script, ScriptCall
 
 # Publishes ARGV[2] (JSON [[channel, message], ...]) and returns how many messages that was;
@@ -127,3 +127,32 @@ async def test_a_submitted_call_hands_its_reply_or_error_to_its_callback_with_it
     assert [name for name, _ in seen] == ["ok", "fail", "awaited"]
     assert seen[0][1] == 0 and seen[2][1] == 0
     assert isinstance(seen[1][1], Exception) and str(seen[1][1]) == "FENCED test"
+
+
+async def test_a_broken_lineage_sends_nothing_without_durability_either(redis_url: str) -> None:
+    """A runner whose cache may not be Redis's (a push not in the stream, a commit across
+    shards of unknown outcome) must write nothing more, whatever the durability setting: its
+    call is refused with ``LineageBroken`` and never reaches Redis; a healthy one goes out."""
+    backend = await Backend.connect(redis_url)
+    pipeliner = Pipeliner(backend)  # no durability
+    broken, healthy = Lineage(broken=True), Lineage()
+    outcomes: dict[str, Any] = {}
+
+    async def run(name: str, lineage: Lineage) -> None:
+        replies = [[CHANNEL, f"sent by {name}"]]
+        call = ScriptCall(PUBLISHING, ["{t}x"], ["ok", json.dumps(replies)])
+        try:
+            outcomes[name] = await pipeliner.run(call, None, [lineage])
+        except LineageBroken as exc:
+            outcomes[name] = exc
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(pipeliner.serve)
+            await run("broken", broken)
+            await run("healthy", healthy)
+            group.cancel_scope.cancel()
+    finally:
+        await backend.aclose()
+    assert isinstance(outcomes["broken"], LineageBroken)
+    assert outcomes["healthy"] == 1
