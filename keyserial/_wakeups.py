@@ -37,9 +37,6 @@ class Wakeups:
 
     #: Pushes not taken in yet, in the order they came (the order of the stream).
     _waiting: list[Push] = field(default_factory=list)
-    #: The last entry taken in from a push since the last step, or '' (the step raises the
-    #: horizon to it).
-    pushed_to: str = ""
     #: Whether the next step fetches: the stream may hold entries that no push brings.
     must_fetch: bool = True
     #: Whether a step of this owner has recorded that it takes pushes (until then it takes none).
@@ -83,8 +80,13 @@ class Wakeups:
             cursor, at = pushed.entry_id, entry_id
         if not entries:
             return None
-        self.pushed_to = cursor
         return StepReply(entries, {}, {})
+
+    @property
+    def pushed_to(self) -> str:
+        """The last entry taken in from a push since the last step, or '' (the step raises the
+        horizon to it)."""
+        return self._taken[-1][0] if self._taken else ""
 
     def to_confirm(self) -> str:
         """What the next step confirms before it commits (``StepArgs.pushed``): JSON
@@ -109,7 +111,6 @@ class Wakeups:
     def stepped(self, fetch: int, fetched: int, recorded: bool) -> None:
         """A step went through, asking for ``fetch`` entries and getting ``fetched`` (one that
         got all it asked for fetches again), having ``recorded`` that this owner takes pushes."""
-        self.pushed_to = ""
         self._taken = []
         self.recorded |= recorded
         if fetch and fetched >= fetch:
