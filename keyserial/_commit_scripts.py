@@ -82,7 +82,8 @@ def _step_reply(reply: list[Any]) -> StepReply:
 
 def step(shard: ShardKeys, args: StepArgs) -> ScriptCall[StepReply]:
     """Commit what finished, then fetch the next entries (fenced by ``args.epoch``; refused with
-    ``PushUnconfirmed`` if a pushed entry is not in the stream as pushed)."""
+    ``PushUnconfirmed`` if a pushed entry is not in the stream as pushed, with ``Replayed`` if
+    an outcome it stores is stored already)."""
     k = shard
     keys = [
         k.epoch, k.state, k.progress, k.stream, k.results, k.results_old, k.dead, k.horizon,

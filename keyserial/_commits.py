@@ -93,6 +93,7 @@ class CommitPlanner:
         entry came pushed since the last step."""
         self._pushed |= pushed
         results: list[tuple[str, str]] = []
+        answered: list[tuple[str, str]] = []
         replies: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for finished in batch:
             for entry in finished.entries:
@@ -100,7 +101,7 @@ class CommitPlanner:
             if finished.store:
                 results.append((finished.op_id, finished.outcome))
             elif finished.answered:
-                results.append((answered_field(finished.op_id), finished.outcome))
+                answered.append((answered_field(finished.op_id), finished.outcome))
             for channel in finished.replies:
                 replies[channel].append((finished.op_id, finished.outcome))
         progress = self._advance_progress()
@@ -111,13 +112,15 @@ class CommitPlanner:
         due = (trim_now or not self._pushed
                or time.monotonic() - self._trimmed_at >= self._trim_interval)
         payload = ""
-        if writes or results or dead or passed:
+        if writes or results or answered or dead or passed:
             commit: dict[str, Any] = {"s": writes, "r": results, "d": list(dead)}
             if passed:
                 commit["x"] = passed
+            if answered:
+                commit["u"] = answered
             payload = dumps(commit)
         return Commit(progress, payload, replies, self._untrimmed if due else "", trim_now,
-                      builds=bool(writes or results))
+                      builds=bool(writes or results or answered))
 
     def trimmed(self) -> None:
         """The step trimmed the stream through :attr:`Commit.trim_to`."""

@@ -39,7 +39,8 @@ from ._json import dumps
 from ._layout import ShardKeys
 from ._mailbox import LocalShard
 from ._messages import Decision, DecisionNotice, GrantRequest, KeyGrant
-from ._refusals import BacklogRefused, OwnedElsewhere, Refused
+from ._pipeline import LineageBroken
+from ._refusals import BacklogRefused, OwnedElsewhere, Refused, Replayed
 from ._scripts import ScriptCall
 from ._submit_scripts import SubmitArgs, submit
 from .errors import BackendUnavailable, LeaseLost
@@ -169,6 +170,15 @@ class Coordinator:
     # -- with a task, once the op's barrier holds its home keys --------------------------------
 
     async def coordinate(self, run: Run) -> None:
+        try:
+            await self._coordinate(run)
+        except Replayed as exc:
+            # The op id has an outcome that this run did not write: nothing was written, and
+            # the next owner answers the op from its record.
+            self._parts.home.lineage.broken = True
+            raise LineageBroken(f"shard {self._parts.home.shard}: {exc}") from None
+
+    async def _coordinate(self, run: Run) -> None:
         parts, envelope = self._parts, run.envelope
         home = parts.home
         refused = home.executor.refusal(run)

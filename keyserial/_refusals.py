@@ -38,10 +38,20 @@ class RequestGone(Refused):
     written."""
 
 
-class PushUnconfirmed(Refused):
+class Diverged(Refused):
+    """A commit found that what its runner ran on is not what Redis holds, and wrote nothing.
+    The runner gives its shard up, to start again from what Redis has."""
+
+
+class PushUnconfirmed(Diverged):
     """``step`` found that the stream does not hold the entries a runner took in from pushes,
-    as pushed (``UNCONFIRMED …``): a forged or garbled push, or a failover lost the entry.
-    Nothing was written. The runner gives its shard up, to start again from what Redis has."""
+    as pushed (``UNCONFIRMED …``): a forged or garbled push, or a failover lost the entry."""
+
+
+class Replayed(Diverged):
+    """A commit found an outcome it would store already stored (``REPLAYED …``), and is not
+    the same commit sent again: an op ran again under an op id that has an outcome (an entry
+    appended again as ``fresh``, a replayed push). The next owner answers it from the record."""
 
 
 class AttemptAhead(Refused):
@@ -67,7 +77,7 @@ class ScriptMissing(Refused):
 #: Script refusals that carry nothing but their message.
 _BY_CODE: dict[str, type[Refused]] = {
     "FENCED": Fenced, "GONE": RequestGone, "AHEAD": AttemptAhead,
-    "UNCONFIRMED": PushUnconfirmed,
+    "UNCONFIRMED": PushUnconfirmed, "REPLAYED": Replayed,
 }
 
 

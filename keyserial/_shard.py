@@ -49,7 +49,7 @@ from ._mailbox import Mailbox
 from ._metrics import NO_METRICS, ShardMetrics
 from ._ops import Registry
 from ._pipeline import Lineage, LineageBroken, Pipeliner, Replies
-from ._refusals import Fenced, PushUnconfirmed
+from ._refusals import Diverged, Fenced
 from ._scripts import ScriptCall
 from ._settings import Settings
 from ._wakeups import Wakeups
@@ -252,8 +252,9 @@ class ShardRunner:
         began = time.monotonic()  # (metrics)
         try:
             fetched = await self.fenced(call, replies=commit.replies, builds=commit.builds)
-        except PushUnconfirmed as exc:
-            # Ops ran on entries Redis does not hold as they ran: the cache is not Redis's.
+        except Diverged as exc:
+            # Ops ran on what Redis does not hold (entries not as pushed, an op id that has an
+            # outcome already): the cache is not Redis's.
             self.lineage.broken = True
             raise LineageBroken(str(exc)) from None
         self._wakeups.stepped(want, len(fetched.entries), record)

@@ -333,6 +333,37 @@ MUTANTS: tuple[Mutant, ...] = (
          + _STANDALONE,),
     ),
     Mutant(
+        "step-stores-outcome-twice", "G3.10",
+        "step.lua stores an op's outcome over one already stored",
+        (Edit(_STEP, "  if #stored > 0 then\n", "  if false then\n"),),
+        (_HOSTILE + "test_an_op_appended_again_as_fresh_never_runs_twice[standalone-fetched]",
+         _HOSTILE + "test_an_op_appended_again_as_fresh_never_runs_twice[standalone-pushed]"),
+    ),
+    Mutant(
+        "commit-across-replay-landed", "G3.10",
+        "commit_across.lua answers 'landed' for an op run again, whose writes do not hold",
+        (Edit("keyserial/lua/commit_across.lua", "    if owned and not writes_hold(",
+              "    if false and not writes_hold("),),
+        (_HOSTILE + "test_a_transfer_appended_again_as_fresh_never_moves_money_twice"
+         "[standalone-one-worker]",),
+    ),
+    Mutant(
+        "decide-replay-decides", "G3.10",
+        "decide.lua decides a later attempt of an op that has an outcome",
+        (Edit("keyserial/lua/decide.lua", "if has_outcome(KEYS[3], KEYS[4], ARGV[2]) then",
+              "if false then"),),
+        ("tests/test_scripts_idempotent.py::"
+         "test_a_decide_of_an_op_run_again_is_refused_and_writes_nothing" + _STANDALONE,),
+    ),
+    Mutant(
+        "decide-replay-wins", "G3.10",
+        "decide.lua reports a win for the same attempt run again, whose home writes do not hold",
+        (Edit("keyserial/lua/decide.lua",
+              "  if not writes_hold(KEYS[2], cjson.decode(ARGV[5])) then", "  if false then"),),
+        (_HOSTILE + "test_a_transfer_appended_again_as_fresh_never_moves_money_twice"
+         "[standalone-two-workers]",),
+    ),
+    Mutant(
         "grant-before-outcome", "G5.14",
         "a participant grants a key while the outcome of the op before it is not committed",
         (Edit("keyserial/_keystates.py", "        self._answered.update(keys)\n",

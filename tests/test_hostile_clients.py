@@ -4,9 +4,11 @@ forged message costs a read, never a write (the pushes' twin: tests/test_push.py
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Iterator
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +23,7 @@ from keyserial._refusals import AttemptAhead
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
+from tests.entries import stored
 from tests.helpers import eventually_async, keys_on_shard
 from tests.test_acl import Users, documented_users
 
@@ -188,3 +191,82 @@ async def test_ops_appended_under_a_client_s_guessed_next_ids_never_answer_it(
             assert balances == [100, 200, 300, 400, 500]
     finally:
         await attacker.aclose()
+
+
+def _submit_script() -> str:
+    """The submit script's text, as a foreign client sends it (docs/wire-format.md)."""
+    return resources.files("keyserial").joinpath("lua/submit.lua").read_text()
+
+
+async def _append_fresh(attacker: redis.asyncio.Redis, shard: int, namespace: str,
+                        envelopes: list[dict[str, Any]], *, pushed: bool) -> None:
+    """An entry marked ``fresh``: with the submit script (so it is pushed to the owner with its
+    wake-up) or a plain XADD (so the owner fetches it)."""
+    keys = ShardKeys(namespace, shard)
+    ops = json.dumps(envelopes)
+    if pushed:
+        await attacker.eval(_submit_script(), 1, keys.stream, 0, "1", ops, keys.wake_channel, "1")
+    else:
+        await attacker.xadd(keys.stream, {"v": "1", "ops": ops, "fresh": "1"})
+        await attacker.publish(keys.wake_channel, "0-1")
+
+
+@pytest.mark.parametrize("pushed", [False, True], ids=["fetched", "pushed"])
+async def test_an_op_appended_again_as_fresh_never_runs_twice(
+    users: Users, namespace: str, pushed: bool
+) -> None:
+    """The attacker appends a committed op's envelope again, claiming its id is new
+    (``fresh``), fetched or pushed. The owner may run it, but an outcome is written once: the
+    commit is refused, the owner starts again from Redis and answers the op from its record.
+    The balance and the stored outcome are the first run's; the shard keeps serving."""
+    key = keys_on_shard(0, SHARDS, 1, "acct")[0]
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        async with (
+            running_worker(users.worker_url, namespace, shard_count=SHARDS),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+        ):
+            op_id = ks.new_op_id()
+            assert await ks.submit(key, deposit(10), op_id=op_id) == 10
+            replay = {"id": op_id, "key": key, "op": "deposit", "args": [10]}
+            for _ in range(3):
+                await _append_fresh(attacker, 0, namespace, [replay], pushed=pushed)
+            assert await ks.submit(key, deposit(1), timeout=30) == 11
+            assert await stored(attacker, namespace, 0, op_id) == {"ok": 10}
+            assert await ks.submit(key, deposit(1)) == 12
+    finally:
+        await attacker.aclose()
+    assert users.refusals() == []
+
+
+@pytest.mark.parametrize("split", [False, True], ids=["one-worker", "two-workers"])
+async def test_a_transfer_appended_again_as_fresh_never_moves_money_twice(
+    users: Users, namespace: str, split: bool
+) -> None:
+    """The same for a cross-shard op: committed in one script by a worker that owns both
+    shards, or through a grant and a decision between two workers. Its replay's commit or
+    decision finds the op's outcome stored and the writes not holding, and writes nothing."""
+    source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
+    target = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
+    groups = ([[PARTICIPANT], [s for s in range(SHARDS) if s != PARTICIPANT]] if split
+              else [list(range(SHARDS))])
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        async with contextlib.AsyncExitStack() as stack:
+            for shards in groups:
+                await stack.enter_async_context(running_worker(
+                    users.worker_url, namespace, shard_count=SHARDS, shards=shards))
+            ks = await stack.enter_async_context(
+                keyserial.connect(users.client_url, namespace=namespace))
+            assert await ks.submit(source, deposit(100)) == 100
+            op_id = ks.new_op_id()
+            moved = await ks.transfer(source, target, 25, op_id=op_id, timeout=30)
+            replay = {"id": op_id, "keys": [source, target], "op": "transfer", "args": [25]}
+            for pushed in (False, True):
+                await _append_fresh(attacker, HOME, namespace, [replay], pushed=pushed)
+            assert await ks.submit(source, deposit(1), timeout=30) == 76
+            assert await ks.submit(target, deposit(1), timeout=30) == 26
+            assert await stored(attacker, namespace, HOME, op_id) == {"ok": moved}
+    finally:
+        await attacker.aclose()
+    assert users.refusals() == []

@@ -5,16 +5,25 @@ nothing more. Each test sends the call as the runtime builds it, twice."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 import redis.asyncio
 
 import keyserial
 from keyserial._backend import Backend
-from keyserial._commit_scripts import CommitAcrossArgs, ShardWrites, commit_across
+from keyserial._commit_scripts import (
+    CommitAcrossArgs,
+    ShardWrites,
+    StepArgs,
+    StepReply,
+    commit_across,
+    step,
+)
 from keyserial._cross_scripts import DecideArgs, Decided, GrantArgs, decide, grant
 from keyserial._lease_scripts import AcquireArgs, LeaseGrant, acquire
-from keyserial._refusals import Fenced, RequestGone
+from keyserial._refusals import Fenced, Replayed, RequestGone
+from keyserial._scripts import ScriptCall
 from keyserial.testing import ShardKeys, running_worker
 from tests.entries import envelope
 from tests.helpers import keys_on_shard, stored_outcome
@@ -112,9 +121,30 @@ async def test_a_decide_sent_again_after_it_won_reports_the_win(
     await client.set(keys.epoch, 7)
     call = decide(keys, DecideArgs(7, "op", 7, '{"w":{}}', [("a", "5")], '{"ok":5}', []))
     assert await backend.run_call(call) == Decided(won=True)
-    await client.hset(keys.state, "a", "6")  # a later op moved the key on
+    await client.hset(keys.results, "op", '{"ok":"changed"}')
     assert await backend.run_call(call) == Decided(won=True)
-    assert await client.hget(keys.state, "a") == b"6", "the second call wrote nothing"
+    assert await client.hget(keys.results, "op") == b'{"ok":"changed"}', "it wrote nothing"
+
+
+async def test_a_decide_of_an_op_run_again_is_refused_and_writes_nothing(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """The op id has an outcome, and this decision did not write it: the op ran again (its
+    entry appended again as ``fresh``). Its coordinator holds the home keys until its decide
+    returns, so a decide sent again always finds its home writes holding."""
+    keys = ShardKeys(namespace, 0)
+    await client.set(keys.epoch, 7)
+    call = decide(keys, DecideArgs(7, "op", 7, '{"w":{}}', [("a", "5")], '{"ok":5}', []))
+    assert await backend.run_call(call) == Decided(won=True)
+    await client.hset(keys.state, "a", "6")  # a later op moved the key on
+    with pytest.raises(Replayed):  # the same attempt run again, on the key as it is now
+        await backend.run_call(call)
+    await client.set(keys.epoch, 8)
+    with pytest.raises(Replayed):  # a later attempt
+        await backend.run_call(decide(keys, DecideArgs(
+            8, "op", 8, '{"w":{}}', [("a", "7")], '{"ok":7}', [])))
+    assert await client.hget(keys.state, "a") == b"6"
+    assert not await client.hexists(keys.results, "op#8#d")
 
 
 async def test_a_decide_never_wins_over_an_abort(
@@ -146,6 +176,73 @@ async def test_a_commit_across_sent_again_after_it_landed_writes_nothing_more(
     await backend.run_call(call)  # committed: ELSEWHERE would raise
     assert await client.hget(other.state, "b") == b"12"
     assert await client.hget(home.results, "op") == b'{"ok":1}'
+
+
+async def test_a_commit_across_of_an_op_run_again_is_refused_and_writes_nothing(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """The op's result is there, but a write to a shard still owned by the epoch it names
+    does not hold: not this commit sent again, but the op run again (its entry appended again
+    as ``fresh``). Answering "landed" would have its owners cache writes Redis does not hold."""
+    home, other = ShardKeys(namespace, 0), ShardKeys(namespace, 1)
+    await client.set(home.epoch, 3)
+    await client.set(other.epoch, 4)
+    first = commit_across(CommitAcrossArgs("op", '{"ok":1}', "[]", [
+        ShardWrites(home, 3, [("a", "9")]), ShardWrites(other, 4, [("b", "11")])]))
+    await backend.run_call(first)
+    again = commit_across(CommitAcrossArgs("op", '{"ok":2}', "[]", [
+        ShardWrites(home, 3, [("a", "8")]), ShardWrites(other, 4, [("b", "12")])]))
+    with pytest.raises(Replayed):
+        await backend.run_call(again)
+    assert await client.hget(home.state, "a") == b"9"
+    assert await client.hget(other.state, "b") == b"11"
+    assert await client.hget(home.results, "op") == b'{"ok":1}'
+
+
+async def test_a_step_sent_again_after_it_landed_commits_nothing_more(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """Its outcomes are all stored and its writes all hold: it landed, and its dead letters
+    are not written twice."""
+    keys = ShardKeys(namespace, 0)
+    await client.set(keys.epoch, 2)
+    call = _step(keys, {"s": [["a", "5"], ["gone", ""]], "r": [["op", '{"ok":5}']],
+                        "d": [["1-1", "malformed", "{}"]]})
+    for _ in range(2):
+        await backend.run_call(call)
+    assert await client.hget(keys.state, "a") == b"5"
+    assert await client.hget(keys.results, "op") == b'{"ok":5}'
+    assert await client.xlen(keys.dead) == 1
+
+
+@pytest.mark.parametrize("stored_where", ["results", "results_old"])
+async def test_a_step_storing_an_outcome_that_is_stored_already_is_refused(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str, stored_where: str
+) -> None:
+    """An op id with an outcome (in either results generation) that a step would store again:
+    the op ran again (an entry appended again as ``fresh``, a replayed push). Nothing of the
+    step is written, whether its writes differ or another op's outcome is new."""
+    keys = ShardKeys(namespace, 0)
+    await client.set(keys.epoch, 2)
+    await client.hset(getattr(keys, stored_where), "op", '{"ok":5}')
+    await client.hset(keys.state, "a", "5")
+    for commit in ({"s": [["a", "10"]], "r": [["op", '{"ok":10}']], "d": []},
+                   {"s": [["a", "5"]], "r": [["op", '{"ok":5}'], ["new", '{"ok":1}']],
+                    "d": []}):
+        with pytest.raises(Replayed):
+            await backend.run_call(_step(keys, commit))
+    assert await client.hget(keys.state, "a") == b"5"
+    assert not await client.hexists(keys.results, "new")
+    assert await client.get(keys.progress) is None
+
+
+def _step(keys: ShardKeys, commit: dict[str, Any]) -> ScriptCall[StepReply]:
+    """A step of the owner of epoch 2 that commits ``commit`` and moves progress, fetching
+    nothing."""
+    return step(keys, StepArgs(
+        epoch=2, progress="1-1", rotate=False, cursor="1-1", fetch=0, commit=json.dumps(commit),
+        replaying=False, result_ttl_ms=60_000, trim_to="", trim_now=False, states_held=True,
+    ))
 
 
 async def test_reserved_op_names_and_ids_are_refused(

@@ -12,18 +12,26 @@
 -- ARGV[7]  notices, JSON [[channel, message], ...]
 -- Returns {1} when this decision won, also when a first call of this same script did (its
 -- reply was lost, the call is sent again: only the attempt's own coordinator ever records a
--- commit for it, so a commit found there is this one); {0, the abort that was there}
--- otherwise (nothing written). Error "FENCED ..." if another owner took over.
+-- commit for it, so a commit found there, with the home writes holding, is this one); {0, the
+-- decision that was there} otherwise (nothing written). Error "FENCED ..." if another owner
+-- took over; error "REPLAYED ..." if the op has a result that this attempt did not write (it
+-- ran again under an id that has an outcome: see replayed_error in lib.lua; nothing written).
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return redis.error_reply('FENCED epoch ' .. ARGV[1] .. ' is no longer the owner')
 end
 local field = ARGV[2] .. '#' .. ARGV[3] .. '#d'
 local earlier = redis.call('HGET', KEYS[3], field) or redis.call('HGET', KEYS[4], field)
 if earlier then
-  if earlier == ARGV[4] then
-    return {1}
+  if earlier ~= ARGV[4] then
+    return {0, earlier}
   end
-  return {0, earlier}
+  if not writes_hold(KEYS[2], cjson.decode(ARGV[5])) then
+    return replayed_error('op ' .. ARGV[2])
+  end
+  return {1}
+end
+if has_outcome(KEYS[3], KEYS[4], ARGV[2]) then
+  return replayed_error('op ' .. ARGV[2])
 end
 redis.call('HSET', KEYS[3], field, ARGV[4])
 -- One command per write: an op has few keys (step.lua, which writes a whole batch, groups them).

@@ -23,6 +23,28 @@ local function write_states(hash, writes_json)
   end
 end
 
+-- An op's outcome is written once. A commit that finds an outcome it would store already stored
+-- is either itself, sent again after its reply was lost (it landed: every write it carries
+-- holds already), or a replay: an op run again under an id that already has an outcome (an
+-- entry re-appended with ``fresh``, a replayed push). A replay writes nothing: its owner ran it
+-- on a cache that Redis does not hold, and gives its shard up (the next owner answers the op
+-- from its stored outcome).
+local function replayed_error(what)
+  return redis.error_reply('REPLAYED ' .. what .. ' has an outcome already; nothing was written')
+end
+-- Whether every write of [[key, JSON state or '' to delete], ...] already holds in ``hash``.
+local function writes_hold(hash, writes)
+  for _, write in ipairs(writes) do
+    if (redis.call('HGET', hash, write[1]) or '') ~= write[2] then
+      return false
+    end
+  end
+  return true
+end
+-- Whether the op id has a stored outcome, in either results generation.
+local function has_outcome(results, previous, op_id)
+  return redis.call('HEXISTS', results, op_id) == 1 or redis.call('HEXISTS', previous, op_id) == 1
+end
 
 -- Entries pushed to an owner with their wake-ups (see submit.lua) may have run before any write
 -- of the owner's recorded them: the horizon (the last entry the owner may have taken) is raised

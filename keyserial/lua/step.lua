@@ -22,8 +22,9 @@
 -- ARGV[5]  how many entries to fetch (0: commit only)
 -- ARGV[6]  what to commit, one JSON object (one argument: cheaper to send than many), or '':
 --   {"s": [[key, JSON state or '' to delete], ...], "r": [[op id, JSON outcome], ...],
---    "d": [[entry id, reason, raw entry], ...], "x": [entry id, ...]?}
---   ("x": entries whose ops have all committed, past progress: removed from the stream)
+--    "d": [[entry id, reason, raw entry], ...], "x": [entry id, ...]?, "u": [[field, JSON]]?}
+--   ("x": entries whose ops have all committed, past progress: removed from the stream;
+--   "u": records of ops answered but not stored, '<op id>#u', written over freely)
 -- ARGV[7]  '1' while replaying (after a takeover, up to the previous owner's horizon: those
 --          entries are fetched again, so the horizon is only raised, and some of their ops may
 --          have committed, so every stored outcome is looked up); '0' otherwise (every fetched
@@ -53,8 +54,9 @@
 -- Returns {entries, done, states}: entries as XRANGE returns them; done = {op id, outcome, ...};
 -- states = {key, JSON state or '', ...}. Error "FENCED ..." (nothing written) if another owner
 -- took over: the epoch moved on; error "UNCONFIRMED ..." (nothing written) if the stream does not
--- hold the pushed entries of ARGV[15] as pushed.
--- (parse_id and id_gt come from lib.lua.)
+-- hold the pushed entries of ARGV[15] as pushed; error "REPLAYED ..." (nothing written) if an
+-- outcome of "r" is stored already and the step is not this same step sent again.
+-- (parse_id, id_gt, writes_hold and replayed_error come from lib.lua.)
 
 -- One command for many arguments (a few per step, not one per op), in bounded chunks: unpack()
 -- has a stack limit. (The chunk is even, so field-value pairs never split.)
@@ -108,10 +110,43 @@ if ARGV[15] and ARGV[15] ~= '' then
   end
 end
 
+-- The op ids among ``ids`` that have a stored outcome, in either generation.
+local function with_outcomes(ids)
+  local found, missing = {}, {}
+  for i, outcome in ipairs(hmget(KEYS[5], ids)) do
+    if outcome then
+      found[#found + 1] = ids[i]
+    else
+      missing[#missing + 1] = ids[i]
+    end
+  end
+  for i, outcome in ipairs(hmget(KEYS[6], missing)) do
+    if outcome then
+      found[#found + 1] = missing[i]
+    end
+  end
+  return found
+end
+
 -- Commit: the state writes, then (in the current generation) the results and dead letters.
+-- An outcome is written once (see replayed_error): a step whose outcomes are all stored, and
+-- whose writes all hold, was sent again after its reply was lost, and commits nothing more.
 local commit = nil
 if ARGV[6] ~= '' then
   commit = cjson.decode(ARGV[6])
+  local ids = {}
+  for i, result in ipairs(commit.r) do
+    ids[i] = result[1]
+  end
+  local stored = with_outcomes(ids)
+  if #stored > 0 then
+    if #stored < #ids or not writes_hold(KEYS[2], commit.s) then
+      return replayed_error('op ' .. stored[1])
+    end
+    commit = nil
+  end
+end
+if commit then
   local sets, deletes = {}, {}
   for _, write in ipairs(commit.s) do
     if write[2] == '' then
@@ -156,9 +191,11 @@ if ARGV[3] == '1' then
 end
 if commit then
   local stored = {}
-  for _, result in ipairs(commit.r) do
-    stored[#stored + 1] = result[1]
-    stored[#stored + 1] = result[2]
+  for _, results in ipairs({commit.r, commit.u or {}}) do
+    for _, result in ipairs(results) do
+      stored[#stored + 1] = result[1]
+      stored[#stored + 1] = result[2]
+    end
   end
   multi('HSET', KEYS[5], stored)
   for _, letter in ipairs(commit.d) do
