@@ -93,5 +93,6 @@ class ReleaseArgs(ScriptArgs):
 
 
 def release(shard: ShardKeys, args: ReleaseArgs) -> ScriptCall[bool]:
-    """Give the lease up: whether it was the caller's."""
-    return args.call([shard.lease, shard.horizon, shard.handover, shard.pushes, shard.stream], _one)
+    """Give the lease up, fencing the caller's late writes out: whether it was the caller's."""
+    keys = [shard.lease, shard.horizon, shard.handover, shard.pushes, shard.stream, shard.epoch]
+    return args.call(keys, _one)

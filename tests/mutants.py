@@ -77,6 +77,8 @@ _RACES = "tests/test_cross_shard_races.py::"
 _SUSPECT = "            if run.envelope.op_id == self._suspect:\n"
 _PUSH = "tests/test_push.py::"
 _HOSTILE = "tests/test_hostile_clients.py::"
+_LEASE = "tests/test_lease_scripts.py::"
+_RELEASE_LUA = "keyserial/lua/release.lua"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -331,6 +333,27 @@ MUTANTS: tuple[Mutant, ...] = (
               'return f"{self._client_id}-{next(self._count)}"'),),
         (_HOSTILE + "test_ops_appended_under_a_client_s_guessed_next_ids_never_answer_it"
          + _STANDALONE,),
+    ),
+    Mutant(
+        "release-by-anyone", "G1.4",
+        "release.lua frees the lease whoever holds it",
+        (Edit(_RELEASE_LUA, "if redis.call('GET', KEYS[1]) ~= ARGV[1] then", "if false then"),),
+        (_LEASE + "test_a_zombie_s_release_leaves_the_new_owner_s_lease_and_epoch_alone"
+         + _STANDALONE,),
+    ),
+    Mutant(
+        "renew-by-anyone", "G1.4",
+        "renew.lua extends the lease whoever holds it",
+        (Edit("keyserial/lua/renew.lua", "if redis.call('GET', KEYS[1]) == ARGV[1] then",
+              "if true then"),),
+        (_LEASE + "test_a_zombie_s_renewal_is_told_it_no_longer_owns_and_extends_nothing"
+         + _STANDALONE,),
+    ),
+    Mutant(
+        "release-keeps-epoch", "G1.4",
+        "release.lua leaves the epoch where it is: the releasing owner's late writes land",
+        (Edit(_RELEASE_LUA, "redis.call('INCR', KEYS[6])\n", ""),),
+        (_LEASE + "test_a_step_that_lands_after_its_owner_s_release_is_fenced" + _STANDALONE,),
     ),
     Mutant(
         "step-stores-outcome-twice", "G3.10",

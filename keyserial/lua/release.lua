@@ -11,14 +11,19 @@
 -- If the owner took pushed entries (see submit.lua), every entry in the stream counts as fetched
 -- (a drain that gave up may have left one running that no step recorded yet), and the record
 -- that it takes pushes is dropped, so that a takeover counts nothing appended after the release.
+-- The epoch moves on with the release: every late write of the releasing owner (a step still
+-- on its way when a drain gave up and cancelled its runner) is fenced out, so none can lower
+-- the horizon or commit behind the next owner's back.
 -- KEYS[1]  lease      KEYS[2]  horizon      KEYS[3]  handover
 -- KEYS[4]  the epoch of the owner that takes pushed entries      KEYS[5]  stream
+-- KEYS[6]  epoch
 -- ARGV[1]  the owner's token      ARGV[2]  '1' clean, '0' failed
 -- Returns 1 if released, 0 if the lease was not the caller's.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return 0
 end
 redis.call('DEL', KEYS[1])
+redis.call('INCR', KEYS[6])
 local horizon = redis.call('GET', KEYS[2])
 if redis.call('DEL', KEYS[4]) == 1 then
   horizon = fold_pushes(KEYS[2], KEYS[5])

@@ -1,0 +1,86 @@
+"""The lease scripts act for the lease's holder only, and a release fences its holder out: a
+zombie (an owner frozen past its lease, whose shard another worker took) can neither free the
+new owner's lease, nor hear that it still owns, nor write after it gave the shard up."""
+
+from __future__ import annotations
+
+import pytest
+import redis.asyncio
+
+from keyserial._backend import Backend
+from keyserial._commit_scripts import StepArgs, step
+from keyserial._lease_scripts import (
+    AcquireArgs,
+    LeaseGrant,
+    ReleaseArgs,
+    RenewArgs,
+    acquire,
+    release,
+    renew,
+)
+from keyserial._refusals import Fenced
+from keyserial.testing import ShardKeys
+
+pytestmark = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
+
+TTL_MS = 60_000
+
+
+async def _owned(backend: Backend, keys: ShardKeys, token: str) -> LeaseGrant:
+    grant = await backend.run_call(acquire(keys, AcquireArgs(token, TTL_MS, 3, f"{token}-1")))
+    assert grant is not None
+    return grant
+
+
+async def _taken_over(backend: Backend, client: redis.asyncio.Redis, keys: ShardKeys) -> None:
+    """The zombie's lease expires (as if it froze past it), and "new" takes the shard."""
+    await client.delete(keys.lease)
+    await _owned(backend, keys, "new")
+
+
+async def test_a_zombie_s_release_leaves_the_new_owner_s_lease_and_epoch_alone(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    keys = ShardKeys(namespace, 0)
+    await _owned(backend, keys, "zombie")
+    await _taken_over(backend, client, keys)
+    epoch = await client.get(keys.epoch)
+    for clean in (True, False):
+        assert not await backend.run_call(release(keys, ReleaseArgs("zombie", clean=clean)))
+    assert await client.get(keys.lease) == b"new"
+    assert await client.get(keys.epoch) == epoch
+
+
+async def test_a_zombie_s_renewal_is_told_it_no_longer_owns_and_extends_nothing(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    keys = ShardKeys(namespace, 0)
+    await _owned(backend, keys, "zombie")
+    await _taken_over(backend, client, keys)
+    await client.pexpire(keys.lease, 5_000)
+    assert not await backend.run_call(renew(keys, RenewArgs("zombie", TTL_MS)))
+    assert 0 < await client.pttl(keys.lease) <= 5_000
+    assert await backend.run_call(renew(keys, RenewArgs("new", TTL_MS)))
+    assert await client.pttl(keys.lease) > 5_000
+
+
+async def test_a_step_that_lands_after_its_owner_s_release_is_fenced(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """A drain that gave up cancels its runner, whose last step may still be on its way: once
+    the release is in, the step is refused, so it can neither commit nor lower the horizon
+    the release handed over."""
+    keys = ShardKeys(namespace, 0)
+    epoch = (await _owned(backend, keys, "me")).epoch
+    first = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
+    await client.xadd(keys.stream, {"v": "1", "ops": "[]"})
+    await client.set(keys.horizon, "9999999999999-0")
+    assert await backend.run_call(release(keys, ReleaseArgs("me", clean=True)))
+    late = step(keys, StepArgs(
+        epoch=epoch, progress=first, rotate=False, cursor="0-0", fetch=10, commit="",
+        replaying=False, result_ttl_ms=TTL_MS, trim_to="", trim_now=False, states_held=True,
+    ))
+    with pytest.raises(Fenced):
+        await backend.run_call(late)
+    assert await client.get(keys.horizon) == b"9999999999999-0"
+    assert await client.get(keys.progress) is None
