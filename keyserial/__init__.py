@@ -27,6 +27,7 @@ from .errors import KeyserialError as KeyserialError
 from .errors import LeaseLost as LeaseLost
 from .errors import MalformedOperation as MalformedOperation
 from .errors import OperationFailed as OperationFailed
+from .errors import OutcomeUnknown as OutcomeUnknown
 from .errors import PayloadTooLarge as PayloadTooLarge
 from .errors import PoisonOperation as PoisonOperation
 from .errors import ResultNotFound as ResultNotFound
@@ -50,6 +51,7 @@ __all__ = [
     "MultiContext",
     "Op",
     "OperationFailed",
+    "OutcomeUnknown",
     "PayloadTooLarge",
     "PoisonOperation",
     "Registry",

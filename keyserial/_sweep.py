@@ -21,7 +21,7 @@ from ._layout import ShardKeys
 from ._pending import Pending
 from ._refusals import Refused
 from ._settings import Settings
-from .errors import BackendUnavailable
+from .errors import BackendUnavailable, OutcomeUnknown
 
 log = logging.getLogger("keyserial.client")
 
@@ -35,7 +35,7 @@ class Sweep:
     _backend: Backend
     _settings: Settings
     _waiting: Mapping[str, list[Pending]]
-    _settle: Callable[[str, dict[str, Any]], None]
+    _settle: Callable[[str, dict[str, Any] | BaseException], None]
     _requeue: Callable[[list[Pending]], None]
 
     async def run(self) -> None:
@@ -90,13 +90,28 @@ class Sweep:
         # the first lookup and the check above (an entry leaves only after its outcome is
         # stored, so gone with no outcome now means lost).
         still = await self._settle_stored(keys, list(gone))
-        lost = [gone[op_id] for op_id in still]
+        lost = [gone[op_id] for op_id in still if not self._expired(gone[op_id])]
         for pending in lost:
             log.warning("op %s: its entry %s is gone with no outcome (a failover?); appending"
                         " it again", pending.op_id, (pending.entry or b"").decode())
             pending.entry, pending.fresh = None, False
         if lost:
             self._requeue(lost)
+
+    def _expired(self, pending: Pending) -> bool:
+        """Whether the op waited so long that its outcome may have expired: gone with no
+        outcome then no longer means lost, so it fails with ``OutcomeUnknown``. (An outcome is
+        stored after its submit began, and kept at least ``result_ttl``.)"""
+        waited = time.monotonic() - pending.since
+        if waited < self._settings.result_ttl:
+            return False
+        log.warning("op %s: its entry is gone with no outcome, after %.0fs: not appended again",
+                    pending.op_id, waited)
+        self._settle(pending.op_id, OutcomeUnknown(
+            key=pending.key, op_id=pending.op_id, waited=waited,
+            result_ttl=self._settings.result_ttl,
+        ))
+        return True
 
     async def _settle_stored(self, keys: ShardKeys, op_ids: list[str]) -> list[str]:
         """Settle the ops whose outcome the shard stores, once confirmed as durable; the op ids

@@ -9,6 +9,7 @@
     ├── PayloadTooLarge (ValueError)        an op's encoded envelope is over the limit; nothing sent
     ├── BacklogFull                         the shard's stream holds too many unprocessed entries
     ├── SubmitTimeout (TimeoutError)        no reply in time; the op may still apply later
+    ├── OutcomeUnknown                      waited past result_ttl: lost, or applied and expired
     ├── ResultNotFound (LookupError)        no stored result for an op id (not applied, or expired)
     ├── LeaseLost                           a worker lost a shard's lease; its writes are fenced off
     └── OperationFailed                     the op ran (or could not run) and failed; carries the
@@ -160,6 +161,21 @@ class SubmitTimeout(KeyserialError, TimeoutError):
             f" `ks.result({op_id!r}, key={where})`, or resubmit with op_id={op_id!r}"
             " (it never runs twice)."
         )
+
+
+class OutcomeUnknown(KeyserialError):
+    """An op waited longer than ``result_ttl``, and its entry is gone with no outcome stored:
+    either a failover lost it before it ran, or it applied and its outcome expired. The two
+    cannot be told apart, and appending it again could apply it twice, so it is not."""
+
+    def __init__(self, *, key: str, op_id: str, waited: float, result_ttl: float) -> None:
+        super().__init__(
+            f"op {op_id!r} on key {key!r} waited {waited:.0f}s, longer than result_ttl"
+            f" ({result_ttl:g}s), and its entry is gone with no outcome stored: it may or may"
+            " not have applied. It was not appended again; check the key's state before you"
+            " resubmit."
+        )
+        self.key, self.op_id = key, op_id
 
 
 class ResultNotFound(KeyserialError, LookupError):

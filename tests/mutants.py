@@ -356,6 +356,24 @@ MUTANTS: tuple[Mutant, ...] = (
         (_LEASE + "test_a_step_that_lands_after_its_owner_s_release_is_fenced" + _STANDALONE,),
     ),
     Mutant(
+        "sweep-one-lookup", "G6.10",
+        "the client's sweep appends an op again without looking its outcome up a second time",
+        (Edit("keyserial/_sweep.py", "still = await self._settle_stored(keys, list(gone))",
+              "still = list(gone)"),),
+        ("tests/test_lost_replies.py::"
+         "test_an_op_that_commits_between_the_sweep_s_lookups_is_never_appended_again"
+         + _STANDALONE,),
+    ),
+    Mutant(
+        "sweep-appends-expired", "G6.20",
+        "the client's sweep appends again an op whose outcome may have expired",
+        (Edit("keyserial/_sweep.py", "        if waited < self._settings.result_ttl:\n",
+              "        if True:\n"),),
+        ("tests/test_lost_replies.py::"
+         "test_an_op_gone_with_no_outcome_after_result_ttl_fails_and_is_not_appended_again"
+         + _STANDALONE,),
+    ),
+    Mutant(
         "step-stores-outcome-twice", "G3.10",
         "step.lua stores an op's outcome over one already stored",
         (Edit(_STEP, "  if #stored > 0 then\n", "  if false then\n"),),

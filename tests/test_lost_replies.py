@@ -7,6 +7,7 @@ message is gone. (The client resubscribes; the sweep alone can still find the ou
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -15,6 +16,10 @@ import anyio
 import redis.asyncio
 
 import keyserial
+from keyserial import Settings
+from keyserial._backend import Backend
+from keyserial._pending import Pending
+from keyserial._sweep import Sweep
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
 
@@ -78,3 +83,69 @@ async def test_a_lost_reply_is_fetched_by_the_client_s_sweep(
             assert replies == [["small", LARGE]]
     finally:
         await client.aclose()
+
+
+class _CommitsDuringTheLook:
+    """A real backend, except that the op commits (its outcome stored, its entry trimmed) just
+    before the sweep checks whether its entry is there: the race the second lookup closes."""
+
+    def __init__(self, backend: Backend, client: redis.asyncio.Redis, keys: ShardKeys,
+                 op_id: str, entry: bytes) -> None:
+        self._backend, self._client, self._keys = backend, client, keys
+        self._op_id, self._entry = op_id, entry
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    async def entries_present(self, keys: ShardKeys, entries: list[bytes]) -> list[bool]:
+        await self._client.hset(self._keys.results, self._op_id, '{"ok": 1}')
+        await self._client.xdel(self._keys.stream, self._entry)
+        present: list[bool] = await self._backend.entries_present(keys, entries)
+        return present
+
+
+async def test_an_op_that_commits_between_the_sweep_s_lookups_is_never_appended_again(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """The sweep finds no outcome, then the entry gone: the op may have committed in between
+    (an entry leaves the stream only once its outcome is stored). It looks again before it
+    appends the op again, and finds the outcome: the op is settled, never appended twice."""
+    keys = ShardKeys(namespace, 0)
+    entry = await client.xadd(keys.stream, {"v": "1", "ops": "[]"})
+    loop = asyncio.get_running_loop()
+    pending = Pending("op", "k", 0, "{}", loop.create_future(), fresh=True)
+    pending.entry = entry
+    settled: dict[str, Any] = {}
+    requeued: list[Pending] = []
+    sweep = Sweep(_CommitsDuringTheLook(backend, client, keys, "op", entry),  # type: ignore[arg-type]
+                  Settings(namespace=namespace), {"op": [pending]}, settled.__setitem__,
+                  requeued.extend)
+    await sweep._sweep_shard(keys, ["op"])
+    assert settled == {"op": {"ok": 1}}
+    assert requeued == []
+
+
+async def test_an_op_gone_with_no_outcome_after_result_ttl_fails_and_is_not_appended_again(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """Gone with no outcome means lost only while the op's outcome cannot have expired yet: an
+    op that waited longer than result_ttl may have applied, and its outcome expired. Appending
+    it again could apply it twice, so its caller gets ``OutcomeUnknown`` instead."""
+    keys = ShardKeys(namespace, 0)
+    entry = await client.xadd(keys.stream, {"v": "1", "ops": "[]"})
+    await client.xdel(keys.stream, entry)
+    loop = asyncio.get_running_loop()
+    young, old = (Pending(op_id, "k", 0, "{}", loop.create_future(), fresh=True)
+                  for op_id in ("young", "old"))
+    for pending in (young, old):
+        pending.entry = entry
+    old.since -= 11
+    settled: dict[str, Any] = {}
+    requeued: list[Pending] = []
+    sweep = Sweep(backend, Settings(namespace=namespace, result_ttl=10),
+                  {"young": [young], "old": [old]}, settled.__setitem__, requeued.extend)
+    await sweep._sweep_shard(keys, ["young", "old"])
+    assert requeued == [young]
+    assert list(settled) == ["old"]
+    assert isinstance(settled["old"], keyserial.OutcomeUnknown)
+    assert "may or may not have applied" in str(settled["old"])
