@@ -3,8 +3,10 @@ client ACL user (docs/deployment.md) publishes forged messages on every channel 
 pushes on a shard's wake channel, and grants and decision notices for every grant request it
 reads in the streams, on the workers' channels those requests name. Each forgery, if a
 worker took it as an authority, would write a tag no caller submitted, or a balance out of
-nowhere, which the usual checkers report. Replies are not forged here: a client's reply channel
-is not protected yet (docs/guarantees.md, Limits).
+nowhere, which the usual checkers report. Now and then it also appends an op it reads in a
+stream again, marked ``fresh`` (its id new, so the owner skips looking it up), fetched or
+pushed: run twice, it would write a caller's tag twice, or move money twice. Replies are not
+forged here: a client's reply channel is not protected yet (docs/guarantees.md, Limits).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import random
 import uuid
+from importlib import resources
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -31,6 +34,11 @@ GRANT_OP = "keyserial.grant"
 #: account with money from nowhere (both kinds of key are in every run).
 FORGED_LIST = json.dumps(["forged"])
 FORGED_ACCOUNT = json.dumps({"balance": 1_000_000, "ops": ["forged"]})
+#: How often a round also appends a real op again as ``fresh`` (each costs its shard's owner a
+#: restart, so not every round).
+REPLAY_CHANCE = 0.2
+#: The submit script, as a foreign client sends it (docs/wire-format.md).
+SUBMIT_SCRIPT = resources.files("keyserial").joinpath("lua/submit.lua").read_text()
 
 
 async def forge(faults: Faults, number: int, event: FaultEvent) -> None:
@@ -72,6 +80,8 @@ async def _round(attacker: aredis.Redis, namespace: str, shard_count: int,
     for every grant request in the streams. How many messages were published."""
     shard = rng.randrange(shard_count)
     sent = await _forged_push(attacker, namespace, shard, shard_count, rng)
+    if rng.random() < REPLAY_CHANCE:
+        sent += await _replayed_as_fresh(attacker, namespace, shard, rng)
     requests = await _grant_requests(attacker, namespace, shard_count)
     # The workers' channels a client can learn: each grant request names its coordinator's.
     channels = {str(envelope["kwargs"].get("channel")) for _, envelope in requests}
@@ -99,6 +109,31 @@ async def _forged_push(attacker: aredis.Redis, namespace: str, shard: int, shard
         ms, seq = map(int, last[0].split("-"))
         after, entry_id = last[0], f"{ms}-{seq + 1}"
     await attacker.publish(keys.wake_channel, f"push {after} {entry_id} 1\n{ops}")
+    return 1
+
+
+async def _replayed_as_fresh(attacker: aredis.Redis, namespace: str, shard: int,
+                             rng: random.Random) -> int:
+    """An entry of the shard's stream (committed or not) appended again, its ops as they are
+    but the entry marked ``fresh``: with the submit script, so it comes pushed, or a plain
+    XADD, so it is fetched. 0 if the stream holds no op of a caller's."""
+    keys = ShardKeys(namespace, shard)
+    ops = []
+    for _, fields in await attacker.xrevrange(keys.stream, count=20):
+        try:
+            envelopes = json.loads(fields.get(b"ops", b"[]"))
+        except ValueError:
+            continue
+        ops += [item for item in envelopes if isinstance(item, dict)
+                and item.get("op") != GRANT_OP and isinstance(item.get("id"), str)]
+    if not ops:
+        return 0
+    replayed = json.dumps([rng.choice(ops)])
+    if rng.random() < 0.5:
+        await attacker.eval(SUBMIT_SCRIPT, 1, keys.stream, 0, "1", replayed, keys.wake_channel,
+                            "1")
+    else:
+        await attacker.xadd(keys.stream, {"v": "1", "ops": replayed, "fresh": "1"})
     return 1
 
 
