@@ -5,12 +5,14 @@ Documented for other languages in ``docs/wire-format.md``. In short:
 * a stream entry has fields ``v`` = ``"1"`` and ``ops`` = a JSON array of envelopes
   ``{"id", "key", "op", "args"?, "kwargs"?, "reply"?}`` (a multi-key op has ``"keys": [...]``
   instead of ``"key"``);
-* an outcome is ``{"ok": value}`` or ``{"error": {"type", "message", "data"?}}``;
+* an outcome is ``{"ok": value}`` or ``{"error": {"type", "message", "data"?}}``, and, as a
+  worker stores it, ``"b"``: the op's binding (see :func:`binding`);
 * a reply, published on the envelope's ``reply`` channel, is ``{"v": 1, "r": [[id, outcome], …]}``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import reprlib
@@ -22,6 +24,7 @@ from ._json import dumps, encodes
 from ._ops import Call
 
 WIRE_VERSION = "1"
+_encode_binding = json.JSONEncoder(separators=(",", ":")).encode
 #: A JSON escape of a UTF-16 surrogate: an entry with one may decode to invalid text.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -223,6 +226,31 @@ def _raw_json(item: Any) -> str:
         return dumps(item)
     except (TypeError, ValueError):
         return repr(item)
+
+
+def binding(envelope: Envelope) -> str:
+    """What an op id is bound to: a digest of the op's name, keys and arguments. An outcome
+    is stored with it, and the same op id appended with another op is refused, never answered
+    with that outcome (a caller's id reused by mistake, or taken ahead by someone else)."""
+    try:  # (ASCII, and NaN allowed: whatever an envelope could be read with encodes)
+        what = _encode_binding([envelope.name, envelope.keys, envelope.args, envelope.kwargs])
+    except (RecursionError, ValueError):  # (nested nearly too deeply to read: the op fails)
+        what = _encode_binding([envelope.name, envelope.keys])
+    return hashlib.blake2b(what.encode(), digest_size=8).hexdigest()
+
+
+def bound(outcome: str, to: str) -> str:
+    """An encoded outcome (a JSON object) with the binding ``to`` as its member ``b``."""
+    return outcome[:-1] + ',"b":"' + to + '"}'
+
+
+def binding_of(outcome: str) -> str | None:
+    """The binding a stored outcome carries, or None (one stored without: a dead letter's)."""
+    try:
+        found = json.loads(outcome).get("b")
+    except (ValueError, AttributeError):
+        return None
+    return found if isinstance(found, str) else None
 
 
 def encode_ok(value: Any) -> str:

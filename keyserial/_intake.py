@@ -10,7 +10,15 @@ import re
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
-from ._codec import Envelope, MalformedEntry, decode_entry, encode_error, salvage_replies
+from ._codec import (
+    Envelope,
+    MalformedEntry,
+    binding,
+    binding_of,
+    decode_entry,
+    encode_error,
+    salvage_replies,
+)
 from ._commits import DeadLetter, Finished
 from ._execution import Entry, Run
 from ._json import dumps
@@ -54,7 +62,7 @@ def accept(
         accepted = Accepted(Entry(entry_id, 0), dead=[(entry_id, exc.reason, raw_json(fields))])
         outcome = encode_error(MalformedOperation.wire_type, exc.reason)
         for op_id, reply in salvage_replies(fields):
-            if not _answered(accepted, op_id, reply, None, done, running):
+            if not _answered(accepted, None, op_id, reply, None, done, running):
                 accepted.finished.append(Finished(op_id, outcome, [], channels(reply)))
         return accepted
     accepted = Accepted(Entry(entry_id, len(items)))
@@ -63,7 +71,7 @@ def accept(
         # An op id that already ran, or runs, keeps its outcome: a malformed copy appended
         # again (a foreign client's retry gone wrong) is answered with it, never stored over it.
         if item.op_id is not None and _answered(
-            accepted, item.op_id, item.reply, entry, done, running
+            accepted, item, item.op_id, item.reply, entry, done, running
         ):
             continue
         if isinstance(item, MalformedEntry):
@@ -77,16 +85,22 @@ def accept(
 
 
 def _answered(
-    accepted: Accepted, op_id: str, reply: str | None, entry: Entry | None,
-    done: Mapping[str, str], running: MutableMapping[str, Run],
+    accepted: Accepted, item: Envelope | MalformedEntry | None, op_id: str, reply: str | None,
+    entry: Entry | None, done: Mapping[str, str], running: MutableMapping[str, Run],
 ) -> bool:
     """Answer an occurrence of an op id that has a stored outcome, or a run (joined while it
-    runs); False if it has neither."""
+    runs), or that another op holds (refused); False if it has neither."""
     entries = [] if entry is None else [entry]
+    envelope = item if isinstance(item, Envelope) else None
     if (stored := done.get(op_id)) is not None:
+        if envelope is not None and binding_of(stored) not in (None, binding(envelope)):
+            stored = _taken(op_id)
         accepted.finished.append(Finished(op_id, stored, entries, channels(reply), store=False))
     elif (run := running.get(op_id)) is None:
         return False
+    elif envelope is not None and binding(run.envelope) != binding(envelope):
+        accepted.finished.append(Finished(op_id, _taken(op_id), entries, channels(reply),
+                                          store=False))
     elif run.outcome is None:
         run.entries.extend(entries)
         run.replies.extend(channels(reply))
@@ -94,6 +108,16 @@ def _answered(
         accepted.finished.append(Finished(op_id, run.outcome, entries, channels(reply),
                                           store=False))
     return True
+
+
+def _taken(op_id: str) -> str:
+    """The refusal of an op appended under an op id that another op (another key, op or
+    arguments) holds: never answered with that op's outcome, nor run. Not stored."""
+    return encode_error(
+        MalformedOperation.wire_type,
+        f"op id {op_id!r} belongs to another op (another key, op or arguments); an op id names"
+        " one op: submit this one under a new op id",
+    )
 
 
 def _reject(accepted: Accepted, problem: MalformedEntry) -> None:

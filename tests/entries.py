@@ -25,7 +25,25 @@ async def append_entry(client: Any, namespace: str, shard: int, envelopes: list[
 
 
 async def stored(client: Any, namespace: str, shard: int, op_id: str) -> Any:
-    """The outcome stored for ``op_id`` (either results generation), or None."""
+    """The outcome stored for ``op_id`` (either results generation), or None; as its caller
+    reads it (without the binding ``b``, see :func:`bound_to`)."""
+    raw = await stored_raw(client, namespace, shard, op_id)
+    if raw is None:
+        return None
+    outcome = json.loads(raw)
+    outcome.pop("b", None)
+    return outcome
+
+
+async def stored_raw(client: Any, namespace: str, shard: int, op_id: str) -> bytes | None:
     keys = ShardKeys(namespace, shard)
-    raw = await client.hget(keys.results, op_id) or await client.hget(keys.results_old, op_id)
-    return None if raw is None else json.loads(raw)
+    raw: bytes | None = (await client.hget(keys.results, op_id)
+                         or await client.hget(keys.results_old, op_id))
+    return raw
+
+
+async def bound_to(client: Any, namespace: str, shard: int, op_id: str) -> str | None:
+    """The binding stored with ``op_id``'s outcome (its op's digest), or None."""
+    raw = await stored_raw(client, namespace, shard, op_id)
+    found = None if raw is None else json.loads(raw).get("b")
+    return found if isinstance(found, str) else None

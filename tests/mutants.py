@@ -405,6 +405,24 @@ MUTANTS: tuple[Mutant, ...] = (
          "[standalone-two-workers]",),
     ),
     Mutant(
+        "op-id-unbound", "G3.11",
+        "a stored outcome answers any op appended under its op id",
+        (Edit("keyserial/_intake.py", "        if envelope is not None and binding_of(stored)"
+              " not in (None, binding(envelope)):", "        if False:"),),
+        ("tests/test_submit.py::"
+         "test_an_op_id_names_one_op_and_a_resubmit_of_another_op_under_it_is_refused"
+         + _STANDALONE,),
+    ),
+    Mutant(
+        "op-id-joins-any-run", "G3.11",
+        "an op appended under the id of a running op joins that run, whatever it is",
+        (Edit("keyserial/_intake.py",
+              "    elif envelope is not None and binding(run.envelope) != binding(envelope):",
+              "    elif False:"),),
+        (_HOSTILE + "test_an_op_appended_ahead_under_a_callers_op_id_never_answers_the_caller"
+         + _STANDALONE,),
+    ),
+    Mutant(
         "grant-before-outcome", "G5.14",
         "a participant grants a key while the outcome of the op before it is not committed",
         (Edit("keyserial/_keystates.py", "        self._answered.update(keys)\n",

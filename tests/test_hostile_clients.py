@@ -270,3 +270,38 @@ async def test_a_transfer_appended_again_as_fresh_never_moves_money_twice(
     finally:
         await attacker.aclose()
     assert users.refusals() == []
+
+
+async def test_an_op_appended_ahead_under_a_callers_op_id_never_answers_the_caller(
+    users: Users, namespace: str
+) -> None:
+    """The attacker guesses an op id a caller chooses (an order number) and appends its own op
+    under it first, and two ops under another id in one entry. The caller's submit is refused
+    with MalformedOperation (its id belongs to another op), never answered with the attacker's
+    outcome as if its own op had applied; of two ops under one id, the second is refused while
+    the first runs (its reply says so), never joined to it."""
+    key = keys_on_shard(0, SHARDS, 1, "acct")[0]
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    own_channel = f"ks:attacker:{uuid.uuid4().hex}"
+    try:
+        async with (
+            running_worker(users.worker_url, namespace, shard_count=SHARDS),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+            attacker.pubsub() as pubsub,
+        ):
+            await pubsub.subscribe(own_channel)
+            await _append(attacker, 0, namespace, [
+                {"id": "order-7", "key": key, "op": "deposit", "args": [1]},
+                {"id": "order-8", "key": key, "op": "deposit", "args": [1]},
+                {"id": "order-8", "key": key, "op": "deposit", "args": [1000],
+                 "reply": own_channel}])
+            (op_id, outcome), = (await _next_message(pubsub))["r"]
+            assert op_id == "order-8"
+            assert outcome["error"]["type"] == "keyserial.MalformedOperation"
+            with pytest.raises(keyserial.MalformedOperation, match="belongs to another op"):
+                await ks.submit(key, deposit(100), op_id="order-7")
+            assert await ks.read(key) == 2
+            assert await stored(attacker, namespace, 0, "order-8") == {"ok": 2}
+    finally:
+        await attacker.aclose()
+    assert users.refusals() == []

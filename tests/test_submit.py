@@ -103,6 +103,28 @@ async def test_a_resubmitted_op_id_returns_the_stored_result_and_never_runs_twic
         assert await ks.result("pay-1", key="account:9") == 40
 
 
+async def test_an_op_id_names_one_op_and_a_resubmit_of_another_op_under_it_is_refused(
+    redis_url: str, namespace: str
+) -> None:
+    """An op id is bound to its op (key, op name and arguments) in its shard, where its outcome
+    is stored (``ks.result`` takes the key too): a resubmit of the same op
+    returns the stored outcome, and another op under that id is refused with
+    MalformedOperation, never answered with the first op's outcome and never run."""
+    async with running_worker(redis_url, namespace, shard_count=4), \
+            keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
+        neighbour = next(key for n in range(100) if (key := f"account:{n}") != "account:9"
+                         and ks.shard_of(key) == ks.shard_of("account:9"))
+        assert await ks.submit("account:9", deposit(40), op_id="order-1") == 40
+        for other_key, other_call in (("account:9", deposit(41)), (neighbour, deposit(40)),
+                                      ("account:9", withdraw(40))):
+            with pytest.raises(MalformedOperation, match="belongs to another op"):
+                await ks.submit(other_key, other_call, op_id="order-1")
+        assert await ks.submit("account:9", deposit(40), op_id="order-1") == 40
+        assert await ks.read("account:9") == 40
+        assert await ks.read(neighbour) is None
+        assert await ks.result("order-1", key="account:9") == 40
+
+
 async def test_a_failed_op_is_also_stored_under_its_op_id(redis_url: str, namespace: str) -> None:
     async with running_worker(redis_url, namespace, shard_count=4), \
             keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:

@@ -174,12 +174,18 @@ class ForeignClient:
             reply = json.loads(await self.next_message(timeout=deadline - time.monotonic()))
             assert reply["v"] == 1
             for op_id, outcome in reply["r"]:
-                found[op_id] = outcome
+                found[op_id] = _as_read(outcome)
         return found
 
     async def stored(self, shard: int, op_id: str) -> Any:
         raw = await self.commands.hget(self.results(shard), op_id)
-        return None if raw is None else json.loads(raw)
+        return None if raw is None else _as_read(json.loads(raw))
+
+
+def _as_read(outcome: dict[str, Any]) -> dict[str, Any]:
+    """An outcome as a client reads it: ``ok`` or ``error``, the binding ``b`` left aside."""
+    assert re.fullmatch(r"[0-9a-f]{16}", outcome.pop("b", "0" * 16)), "b is the op's binding"
+    return outcome
 
 
 async def test_xadd_and_publish_then_reply_stored_result_state_and_dedup(
@@ -195,10 +201,14 @@ async def test_xadd_and_publish_then_reply_stored_result_state_and_dedup(
         deposit = client.envelope(key, "deposit", 100)
         entry_id = await client.xadd(shard, [deposit])
         assert re.fullmatch(r"\d+-\d+", entry_id)
-        # The reply, byte for byte as documented; committed before it was published.
-        expected = '{"v":1,"r":[[' + json.dumps(deposit["id"]) + ',{"ok":100}]]}'
-        assert await client.next_message() == expected
-        assert await client.commands.hget(client.results(shard), deposit["id"]) == '{"ok":100}'
+        # The reply, byte for byte as documented; committed before it was published. The
+        # outcome carries the op's binding, stored with it.
+        outcome = '{"ok":100,"b":"[0-9a-f]{16}"}'
+        head = re.escape('{"v":1,"r":[[' + json.dumps(deposit["id"]) + ",")
+        expected = head + outcome + r"\]\]\}"
+        assert re.fullmatch(expected, await client.next_message())
+        stored = await client.commands.hget(client.results(shard), deposit["id"])
+        assert re.fullmatch(outcome, stored)
         assert await client.commands.hget(client.state(shard), key) == "100"
         # A committed entry is trimmed: XLEN is the backlog of entries not committed yet.
         assert await client.commands.xlen(client.stream(shard)) == 0
