@@ -6,7 +6,7 @@ Documented for other languages in ``docs/wire-format.md``. In short:
   ``{"id", "key", "op", "args"?, "kwargs"?, "reply"?}`` (a multi-key op has ``"keys": [...]``
   instead of ``"key"``);
 * an outcome is ``{"ok": value}`` or ``{"error": {"type", "message", "data"?}}``, and, as a
-  worker stores it, ``"b"``: the op's binding (see :func:`binding`);
+  worker stores an op's, ``"b"``: the op's binding (see :func:`binding`);
 * a reply, published on the envelope's ``reply`` channel, is ``{"v": 1, "r": [[id, outcome], …]}``.
 """
 
@@ -24,7 +24,6 @@ from ._json import dumps, encodes
 from ._ops import Call
 
 WIRE_VERSION = "1"
-_encode_binding = json.JSONEncoder(separators=(",", ":")).encode
 #: A JSON escape of a UTF-16 surrogate: an entry with one may decode to invalid text.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -229,14 +228,17 @@ def _raw_json(item: Any) -> str:
 
 
 def binding(envelope: Envelope) -> str:
-    """What an op id is bound to: a digest of the op's name, keys and arguments. An outcome
-    is stored with it, and the same op id appended with another op is refused, never answered
-    with that outcome (a caller's id reused by mistake, or taken ahead by someone else)."""
-    try:  # (ASCII, and NaN allowed: whatever an envelope could be read with encodes)
-        what = _encode_binding([envelope.name, envelope.keys, envelope.args, envelope.kwargs])
-    except (RecursionError, ValueError):  # (nested nearly too deeply to read: the op fails)
-        what = _encode_binding([envelope.name, envelope.keys])
-    return hashlib.blake2b(what.encode(), digest_size=8).hexdigest()
+    """What an op id is bound to: a digest of the op's name, keys and arguments, as read
+    (arguments encoded otherwise, such as object members in another order, make another op).
+    An outcome is stored with it, and the same op id appended with another op is refused, never
+    answered with that outcome (a caller's id reused by mistake, or taken ahead by someone)."""
+    # (repr: the cheapest stable text of JSON values, about half a JSON encoding's cost, and
+    # every value one could be read with has one. A worker binds every op it runs.)
+    try:
+        what = repr((envelope.name, envelope.keys, envelope.args, envelope.kwargs))
+    except RecursionError:  # (nested nearly too deeply to read: the op fails anyway)
+        what = repr((envelope.name, envelope.keys))
+    return hashlib.blake2b(what.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
 def bound(outcome: str, to: str) -> str:

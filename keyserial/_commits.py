@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ._codec import bound
 from ._execution import Entry
 from ._json import dumps
 
@@ -42,6 +43,9 @@ class Finished:
     #: knows it yet, whose id must stay free for a resubmit once it is deployed. A takeover
     #: then never counts it among the ops that may have killed the owner.
     answered: bool = False
+    #: The binding of the op that ran (``_codec.binding``), stored with its outcome; '' for
+    #: none (a refusal, a grant request's answer).
+    binding: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +103,9 @@ class CommitPlanner:
             for entry in finished.entries:
                 entry.remaining -= 1
             if finished.store:
-                results.append((finished.op_id, finished.outcome))
+                outcome = finished.outcome
+                results.append((finished.op_id,
+                                bound(outcome, finished.binding) if finished.binding else outcome))
             elif finished.answered:
                 answered.append((answered_field(finished.op_id), finished.outcome))
             for channel in finished.replies:

@@ -21,7 +21,7 @@ import anyio
 
 from ._backoff import Backoff
 from ._chains import Hold
-from ._codec import WIRE_VERSION, encode_reply, pack_entry
+from ._codec import WIRE_VERSION, Envelope, binding, bound, encode_reply, pack_entry
 from ._commit_scripts import CommitAcrossArgs, ShardWrites, commit_across
 from ._coordination import (
     Collaborators,
@@ -88,7 +88,7 @@ class Coordinator:
         replies = list(run.replies)
         pending = _PendingCommit(
             run, holds, writes, outcome, len(replies),
-            self._across_call(envelope.op_id, outcome, owners, writes),
+            self._across_call(envelope, outcome, owners, writes),
         )
         gated = {reply: [(envelope.op_id, outcome)] for reply in replies}
         parts.pipeliner.submit(pending.call, gated, partial(self._committed, pending),
@@ -158,11 +158,13 @@ class Coordinator:
             self._parts.home.release(hold)
 
     def _across_call(
-        self, op_id: str, outcome: str, owners: Sequence[LocalShard],
+        self, envelope: Envelope, outcome: str, owners: Sequence[LocalShard],
         writes: Mapping[int, Writes],
     ) -> ScriptCall[None]:
-        """``commit_across`` of an op's writes, fenced by every shard's epoch (home first)."""
-        return commit_across(CommitAcrossArgs(op_id, outcome, "[]", [
+        """``commit_across`` of an op's writes, fenced by every shard's epoch (home first), and
+        of its outcome, stored bound to the op."""
+        stored = bound(outcome, binding(envelope))
+        return commit_across(CommitAcrossArgs(envelope.op_id, stored, "[]", [
             ShardWrites(owner.keys, owner.epoch, writes.get(owner.shard, []))
             for owner in owners
         ]))
@@ -224,7 +226,7 @@ class Coordinator:
         decided = await parts.fenced(decide(k, DecideArgs(
             epoch=home.epoch, op_id=op_id, attempt=notice.attempt,
             decision=dumps(notice.decision.to_wire()), home_writes=home_writes,
-            outcome=outcome, notices=[] if durable else notices,
+            outcome=bound(outcome, binding(run.envelope)), notices=[] if durable else notices,
         )), durably=True)
         if not decided.won:  # only a participant that saw the epoch end writes an abort
             raise LeaseLost(home.shard, f"op {op_id} was aborted: {decided.abort!r}")
@@ -269,7 +271,7 @@ class Coordinator:
             outcome, new_states = await home.executor.evaluate(envelope, states, fences)
             writes = writes_by_shard(envelope, states, new_states, parts.shard_count)
             owned: list[LocalShard] = [home, *others]
-            call = self._across_call(envelope.op_id, outcome, owned, writes)
+            call = self._across_call(envelope, outcome, owned, writes)
             try:
                 await parts.fenced(
                     call, replies={reply: [(envelope.op_id, outcome)] for reply in replies},

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, TypeGuard
 
-from ._codec import Envelope, binding, bound, encode_error, encode_ok
+from ._codec import Envelope, encode_error, encode_ok
 from ._keystates import KeyStates
 from ._ops import Context, MultiContext, Op, Registry
 from .errors import MalformedOperation, OperationFailed, UnknownOperation
@@ -216,14 +216,7 @@ class Executor:
         )
 
     def _end(self, envelope: Envelope, context: Context | MultiContext, value: Any) -> Evaluated:
-        """The outcome of an op that returned ``value`` (or raised: :class:`_Raised`), bound to
-        the op (see :func:`._codec.binding`)."""
-        outcome, states = self._produced(envelope, context, value)
-        return bound(outcome, binding(envelope)), states
-
-    def _produced(
-        self, envelope: Envelope, context: Context | MultiContext, value: Any
-    ) -> Evaluated:
+        """The outcome of an op that returned ``value`` (or raised: :class:`_Raised`)."""
         if isinstance(value, _Raised):
             return self._error_outcome(envelope, value.error), None
         try:

@@ -36,6 +36,7 @@ from anyio.abc import TaskGroup
 from ._backend import Backend
 from ._backoff import Backoff
 from ._chains import Chains, Hold
+from ._codec import binding
 from ._commit_scripts import StepArgs, StepReply, step
 from ._commits import CommitPlanner, DeadLetter, Finished, ResultGenerations
 from ._coordination import Collaborators
@@ -318,7 +319,9 @@ class ShardRunner:
     def _complete(self, run: Run, outcome: str) -> None:
         run.outcome = outcome  # from now on, no occurrence of the op joins the run
         self._finish(Finished(run.envelope.op_id, outcome, run.entries, run.replies, run.keep,
-                              answered=not run.keep), run.envelope.keys)
+                              answered=not run.keep,
+                              binding=binding(run.envelope) if run.keep else ""),
+                     run.envelope.keys)
 
     def finish(self, run: Run, outcome: str, *, store: bool, replies: list[str]) -> None:
         """Take the outcome of an op that finished outside the executor (a cross-shard op or a
