@@ -313,16 +313,16 @@ class Coordinator:
                 if isinstance(message := await letter.within(parts.poll), KeyGrant):
                     log.debug("shard %d: grant of shard %d to %s#%d handed over in process",
                               home.shard, shard, op_id, attempt)
-                    return message
+                    return self._of_keys(message, keys)
                 try:
                     # A wake-up (or the poll): the grant is taken from its record alone.
                     if (grant := await self._recorded_grant(there, grant_field)) is not None:
-                        return grant
+                        return self._of_keys(grant, keys)
                     # (Looked for before the grant: a request leaves the stream only after its
                     # grant was recorded, so gone with no grant means a failover lost it.)
                     present = await parts.backend.entries_present(there, [entry])
                     if (grant := await self._recorded_grant(there, grant_field)) is not None:
-                        return grant
+                        return self._of_keys(grant, keys)
                     if (await parts.backend.stored(home.keys, [decision_field]))[0] is not None:
                         raise LeaseLost(home.shard, f"op {op_id} was aborted")
                     if not present[0]:
@@ -332,6 +332,21 @@ class Coordinator:
                         entry = await self._append(there, entry_json)
                 except BackendUnavailable as exc:
                     log.warning("shard %d: waiting for a grant: %s", home.shard, exc)
+
+    def _of_keys(self, grant: KeyGrant, keys: list[str]) -> KeyGrant:
+        """``grant``, if it grants exactly the keys asked for. Else another request holds the
+        attempt's id on that shard (appended ahead of this one by a client user who guessed
+        the op id, and answered in its place): this attempt can get no grant of its own, so
+        the home shard is given up, and the op runs again under the next owner's attempt."""
+        if sorted(key for key, _ in grant.states) == sorted(keys):
+            return grant
+        home = self._parts.home
+        home.lineage.broken = True
+        raise LineageBroken(
+            f"shard {home.shard}: the grant of shard {grant.shard} to {grant.op_id}#"
+            f"{grant.attempt} holds keys {[key for key, _ in grant.states]}, not {keys}: another"
+            " request took the attempt's id"
+        )
 
     async def _recorded_grant(self, there: ShardKeys, grant_field: str) -> KeyGrant | None:
         """The grant recorded in the participant shard (fenced by its owner's epoch), or None.

@@ -423,6 +423,14 @@ MUTANTS: tuple[Mutant, ...] = (
          + _STANDALONE,),
     ),
     Mutant(
+        "grant-of-other-keys-taken", "G5.16",
+        "a coordinator takes a grant recorded under its attempt's id whatever keys it holds",
+        (Edit(_COORDINATOR, "        if sorted(key for key, _ in grant.states) == sorted(keys):",
+              "        if True:"),),
+        (_HOSTILE + "test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides_the_op"
+         + _STANDALONE,),
+    ),
+    Mutant(
         "grant-before-outcome", "G5.14",
         "a participant grants a key while the outcome of the op before it is not committed",
         (Edit("keyserial/_keystates.py", "        self._answered.update(keys)\n",

@@ -305,3 +305,44 @@ async def test_an_op_appended_ahead_under_a_callers_op_id_never_answers_the_call
     finally:
         await attacker.aclose()
     assert users.refusals() == []
+
+
+async def test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides_the_op(
+    users: Users, namespace: str
+) -> None:
+    """The attacker guesses a transfer's op id (the caller's order number) and its attempt (the
+    home shard's epoch), and appends a grant request under that id for another key of the
+    participant shard, ahead of the coordinator. The participant grants that key under the
+    attempt's id; the coordinator sees the grant is not of the keys it asked for, gives the home
+    shard up, and the op runs under the next owner's attempt: it moves the money once, between
+    the right keys, and the other key is released."""
+    source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
+    target, decoy = keys_on_shard(PARTICIPANT, SHARDS, 2, "acct")
+    participant = ShardKeys(namespace, PARTICIPANT)
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        async with (
+            running_worker(users.worker_url, namespace, shard_count=SHARDS,
+                           shards=[PARTICIPANT]),
+            running_worker(users.worker_url, namespace, shard_count=SHARDS,
+                           shards=[s for s in range(SHARDS) if s != PARTICIPANT]),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+        ):
+            for key, amount in ((source, 100), (target, 10), (decoy, 5)):
+                await ks.submit(key, deposit(amount))
+            # (The epoch: read here as admin; an attacker reads it off earlier grant requests.)
+            attempt = int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
+            request = {"home": HOME, "op": "order-9", "attempt": attempt,
+                       "channel": f"ks:attacker:{uuid.uuid4().hex}"}
+            await _append(attacker, PARTICIPANT, namespace, [
+                {"id": f"order-9#{attempt}", "keys": [decoy], "op": GRANT_OP,
+                 "kwargs": request}])
+            await eventually_async(
+                lambda: attacker.hget(participant.results, f"order-9#{attempt}#g"))
+            moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
+            assert moved == {source: 75, target: 35}
+            assert await ks.submit(decoy, deposit(1), timeout=30) == 6
+            assert int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0) > attempt
+    finally:
+        await attacker.aclose()
+    assert users.refusals() == []
