@@ -37,6 +37,7 @@ from ._settings import Settings
 from ._sweep import Sweep
 from .errors import (
     BackendUnavailable,
+    ConfigError,
     KeyserialError,
     PayloadTooLarge,
     ResultNotFound,
@@ -60,7 +61,8 @@ class Client:
     def __init__(self, backend: Backend, settings: Settings, shard_count: int) -> None:
         self.settings = settings
         self.shard_count = shard_count
-        self.client_id = uuid.uuid4().hex
+        random_id = uuid.uuid4().hex
+        self.client_id = f"{settings.service}.{random_id}" if settings.service else random_id
         self._pid = os.getpid()
         self._op_ids = _OpIds(self.client_id)
         self._backend = backend
@@ -349,10 +351,17 @@ class Client:
             pending.settle(outcome)
 
     async def _listen_for_replies(self, *, task_status: TaskStatus[None]) -> None:
-        await self._backend.listen(
-            [self._reply], lambda _, data: self._deliver(data),
-            health_interval=self.settings.health_interval, task_status=task_status,
-        )
+        try:
+            await self._backend.listen(
+                [self._reply], lambda _, data: self._deliver(data),
+                health_interval=self.settings.health_interval, task_status=task_status,
+            )
+        except ConfigError as exc:  # (the ACL: a client user per service has its own channels)
+            raise ConfigError(
+                f"cannot subscribe to this client's reply channel {self._reply!r}: {exc}. A"
+                " client user of a service may use only its own reply channels: connect with"
+                " service= (KEYSERIAL_SERVICE) set to the name its ACL rules use"
+            ) from None
 
     def _deliver(self, data: bytes) -> None:
         try:

@@ -7,6 +7,7 @@ server). Channels are not keys (PUBLISH works from any script, on any topology).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from typing import overload
 
@@ -25,6 +26,19 @@ def check_namespace(namespace: str) -> str:
     return namespace
 
 
+_SERVICE = re.compile(r"[A-Za-z0-9_-]{0,64}")
+
+
+def check_service(service: str) -> str:
+    """Reject service names that an ACL channel pattern could not tell apart: ``billing.*``
+    must match billing's reply channels and no other service's."""
+    if not isinstance(service, str) or not _SERVICE.fullmatch(service):
+        raise ConfigError(
+            f"service {service!r} must be at most 64 letters, digits, '_' or '-'"
+        )
+    return service
+
+
 def meta_key(namespace: str) -> str:
     """The namespace's hash of fixed settings (field ``shards``), written on first use."""
     return f"ks:{{{namespace}}}:meta"
@@ -40,6 +54,7 @@ def same_slot_key(key: str, name: str) -> str:
 
 
 def reply_channel(namespace: str, client_id: str) -> str:
+    """A client's reply channel (a client of a service has the id ``<service>.<random>``)."""
     return f"ks:{namespace}:reply:{client_id}"
 
 

@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._layout import check_namespace
+from ._layout import check_namespace, check_service
 from .errors import ConfigError
 
 _ENV_PREFIX = "KEYSERIAL_"
@@ -112,6 +112,10 @@ class Settings:
     #: Also wait until the master and those replicas have written the commit to their AOF
     #: (WAITAOF: Redis 7.2+, Valkey 8+, with appendonly on). See docs/deployment.md#durability.
     durable_fsync: bool = False
+    #: The client's service, or '': its reply channels are then ``ks:<ns>:reply:<service>.*``,
+    #: so that a client ACL user per service, allowed those channels alone, can neither read
+    #: nor forge another service's replies. See docs/deployment.md#acl-users-least-privilege.
+    service: str = ""
 
     def __post_init__(self) -> None:
         for field in dataclasses.fields(self):
@@ -125,6 +129,7 @@ class Settings:
             if not bound.admits(value):
                 raise ConfigError(f"{field.name} must be {bound.wording}, not {value!r}")
         check_namespace(self.namespace)
+        check_service(self.service)
 
     @property
     def lease_ttl_ms(self) -> int:

@@ -423,6 +423,15 @@ MUTANTS: tuple[Mutant, ...] = (
          + _STANDALONE,),
     ),
     Mutant(
+        "service-ignored", "G8.13",
+        "a client's reply channel leaves its service out",
+        (Edit("keyserial/_client.py", 'self.client_id = f"{settings.service}.{random_id}"'
+              " if settings.service else random_id", "self.client_id = random_id"),),
+        ("tests/test_acl.py::"
+         "test_a_service_user_serves_its_clients_and_cannot_reach_another_services_replies"
+         + _STANDALONE,),
+    ),
+    Mutant(
         "grant-of-other-keys-taken", "G5.16",
         "a coordinator takes a grant recorded under its attempt's id whatever keys it holds",
         (Edit(_COORDINATOR, "        if sorted(key for key, _ in grant.states) == sorted(keys):",

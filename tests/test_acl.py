@@ -16,6 +16,7 @@ from typing import Any
 import anyio
 import pytest
 import redis
+import redis.asyncio
 
 import keyserial
 from keyserial.ledger import deposit
@@ -215,3 +216,64 @@ async def _cli(*args: str, url: str, namespace: str) -> tuple[int, str, str]:
             cwd=ROOT, check=False,
         )
     return result.returncode, result.stdout.decode(), result.stderr.decode()
+
+
+@contextmanager
+def service_user(admin: redis.Redis, redis_url: str, service: str) -> Iterator[str]:
+    """The documented client user of one service (the line for ``billing``, renamed to
+    ``service``), created on the server under a fresh name: its URL."""
+    own = documented_rules("client-billing")[0]
+    name, password = f"ks-{service}-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    rules = [rule.replace(">BILLING_PASSWORD", f">{password}")
+             .replace(":reply:billing.", f":reply:{service}.") for rule in own]
+    admin.execute_command("ACL", "SETUSER", name, *rules)
+    cluster = bool(admin.info("cluster").get("cluster_enabled"))
+    for extra in _rules_for("client", cluster=cluster, fsync=False)[1:]:  # (as documented)
+        admin.execute_command("ACL", "SETUSER", name, *extra)
+    try:
+        yield redis_url.replace("redis://", f"redis://{name}:{password}@", 1)
+    finally:
+        admin.execute_command("ACL", "DELUSER", name)
+
+
+async def test_a_service_user_serves_its_clients_and_cannot_reach_another_services_replies(
+    users: Users, redis_url: str, namespace: str
+) -> None:
+    """Clients of a service, each connected with ``service=`` as its service's documented user,
+    submit, transfer and read results. Another service's user can publish on neither their
+    reply channels nor the workers' coordination channels: it cannot forge their replies."""
+    source, target = keys_on_shard(0, 4, 1, "acct")[0], keys_on_shard(2, 4, 1, "acct")[0]
+    with (service_user(users.admin, redis_url, "billing") as billing_url,
+          service_user(users.admin, redis_url, "evil") as evil_url):
+        evil = redis.asyncio.Redis.from_url(evil_url)
+        try:
+            async with (
+                running_worker(users.worker_url, namespace, shard_count=4),
+                keyserial.connect(billing_url, namespace=namespace, service="billing") as ks,
+            ):
+                assert ks.client_id.startswith("billing.")
+                assert await ks.submit(source, deposit(100), op_id="opening", timeout=20) == 100
+                forged = json.dumps({"v": 1, "r": [["next", {"ok": 1_000_000}]]})
+                reply_channel = f"ks:{namespace}:reply:{ks.client_id}"
+                for channel in (reply_channel, f"ks:{namespace}:worker:any"):
+                    with pytest.raises(redis.exceptions.NoPermissionError):
+                        await evil.publish(channel, forged)
+                await evil.publish(ShardKeys(namespace, 0).wake_channel, "0-1")  # a hint: allowed
+                assert await ks.submit(source, deposit(1), op_id="next") == 101
+                assert await ks.transfer(source, target, 40) == {source: 61, target: 40}
+                assert await ks.result("opening", key=source) == 100
+        finally:
+            await evil.aclose()
+    assert users.refusals() == []
+
+
+async def test_a_client_whose_service_its_user_does_not_allow_fails_to_connect(
+    users: Users, redis_url: str, namespace: str
+) -> None:
+    async with running_worker(users.worker_url, namespace, shard_count=2):
+        with service_user(users.admin, redis_url, "billing") as billing_url:
+            for service in ("", "other"):
+                with pytest.raises(keyserial.ConfigError, match="reply"):
+                    async with keyserial.connect(billing_url, namespace=namespace,
+                                                 service=service):
+                        pass

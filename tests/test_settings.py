@@ -38,7 +38,7 @@ def test_a_value_of_the_wrong_type_names_the_variable() -> None:
 @pytest.mark.parametrize(
     "changes",
     [{"lease_ttl": 0}, {"lease_ttl": 0.099}, {"shard_count": 0}, {"namespace": "a{b}"},
-     {"namespace": ""},
+     {"namespace": ""}, {"service": "billing.eu"}, {"service": "bill*"}, {"service": "x" * 65},
      {"max_backlog": -1}, {"preload_states": -1}],
 )
 def test_unworkable_settings_are_refused(changes: dict[str, object]) -> None:
