@@ -103,9 +103,7 @@ class CommitPlanner:
             for entry in finished.entries:
                 entry.remaining -= 1
             if finished.store:
-                outcome = finished.outcome
-                results.append((finished.op_id,
-                                bound(outcome, finished.binding) if finished.binding else outcome))
+                results.append((finished.op_id, bound(finished.outcome, finished.binding)))
             elif finished.answered:
                 answered.append((answered_field(finished.op_id), finished.outcome))
             for channel in finished.replies:

@@ -93,7 +93,7 @@ def _answered(
     entries = [] if entry is None else [entry]
     envelope = item if isinstance(item, Envelope) else None
     if (stored := done.get(op_id)) is not None:
-        if envelope is not None and binding_of(stored) not in (None, binding(envelope)):
+        if envelope is not None and binding_of(stored) not in (None, binding(envelope) or None):
             stored = _taken(op_id)
         accepted.finished.append(Finished(op_id, stored, entries, channels(reply), store=False))
     elif (run := running.get(op_id)) is None:
