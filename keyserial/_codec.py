@@ -269,16 +269,24 @@ def encode_ok(value: Any) -> str:
     return '{"ok":' + dumps(value) + "}"
 
 
-def encode_error(error_type: str, message: str, data: Mapping[str, Any] | None = None) -> str:
+def encode_error(
+    error_type: str, message: str, data: Mapping[str, Any] | None = None,
+    traceback: str | None = None,
+) -> str:
     """An error outcome. It always encodes: data JSON cannot carry is dropped, and text that
-    is not valid Unicode is escaped."""
+    is not valid Unicode is escaped. ``traceback``: where the op raised, as the worker saw it."""
     error: dict[str, Any] = {"type": error_type, "message": message}
     if data:
         error["data"] = dict(data)
+    if traceback:
+        error["traceback"] = traceback
     try:
         return dumps({"error": error})
     except (TypeError, ValueError):
-        return dumps({"error": {"type": _printable(error_type), "message": _printable(message)}})
+        error = {"type": _printable(error_type), "message": _printable(message)}
+        if traceback:
+            error["traceback"] = _printable(traceback)
+        return dumps({"error": error})
 
 
 def _printable(text: str) -> str:

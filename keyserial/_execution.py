@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, TypeGuard
@@ -255,10 +256,30 @@ class Executor:
         if isinstance(exc, OperationFailed):
             return encode_error(error_type_name(exc), exc.message, exc.data)
         message = _described(exc)
-        # The op's own refusal, reported to its caller: not a fault of the worker.
-        log.info("shard %d: op %r (%s) failed: %s: %s",
-                 self.shard, envelope.name, envelope.op_id, type(exc).__name__, message)
-        return encode_error(error_type_name(exc), message, None)
+        remote = remote_traceback(exc)
+        # The op's own failure, reported to its caller: not a fault of the worker (INFO), but
+        # its stack is where the op's author looks.
+        log.info("shard %d: op %r (%s) on key %r failed: %s: %s\n%s", self.shard, envelope.name,
+                 envelope.op_id, envelope.key, type(exc).__name__, message, remote)
+        return encode_error(error_type_name(exc), message, None, remote)
+
+
+#: The most of a failed op's traceback an outcome carries: its start (the outermost frames)
+#: and its end (where it raised), the middle cut out.
+TRACEBACK_LIMIT = 8192
+
+
+def remote_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as text, at most ``TRACEBACK_LIMIT`` characters."""
+    try:
+        text = "".join(traceback.format_exception(exc))
+    except Exception as failure:  # (an exception whose repr raises: its failure still counts)
+        return f"(the traceback could not be formatted: {type(failure).__name__})"
+    if len(text) <= TRACEBACK_LIMIT:
+        return text
+    head, tail = TRACEBACK_LIMIT // 4, TRACEBACK_LIMIT * 3 // 4 - 100
+    cut = len(text) - head - tail
+    return f"{text[:head]}\n... ({cut} characters cut) ...\n{text[-tail:]}"
 
 
 def _described(exc: Exception) -> str:

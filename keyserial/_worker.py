@@ -199,13 +199,16 @@ class Worker:
         renewed_at: float,
     ) -> None:
         """Serve a shard just acquired."""
-        if grant.careful_until:
+        if grant.careful_until and grant.suspect:
             log.warning(
                 "shard %d: previous owner died with entries up to %s in flight;"
                 " running the suspect op %s alone first",
-                shard,
-                grant.careful_until,
-                grant.suspect or "(none)",
+                shard, grant.careful_until, grant.suspect,
+            )
+        elif grant.careful_until:
+            log.warning(
+                "shard %d: previous owner died with entries up to %s in flight, each of their"
+                " ops answered already: none is suspected", shard, grant.careful_until,
             )
         if grant.poisoned:
             log.error(

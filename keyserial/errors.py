@@ -31,6 +31,22 @@ from typing import Any, ClassVar
 
 from ._urls import redact
 
+#: Longest text of a key (or op id) an error message shows whole; a longer one is cut short,
+#: saying how long it is: a 10 MB key must not land in every log line and error tracker.
+_SHOWN = 200
+
+
+def _shown(text: str) -> str:
+    """``repr(text)``, cut short if long."""
+    quoted = repr(text)
+    if len(quoted) <= _SHOWN:
+        return quoted
+    return f"{quoted[:_SHOWN - 20]}…' ({len(text)} characters)"
+
+
+def _shown_keys(keys: Sequence[str]) -> str:
+    return _shown(keys[0]) if len(keys) == 1 else "[" + ", ".join(map(_shown, keys)) + "]"
+
 
 class KeyserialError(Exception):
     """Root of every keyserial error."""
@@ -107,7 +123,7 @@ class PayloadTooLarge(KeyserialError, ValueError):
         self.size = size
         self.limit = limit
         super().__init__(
-            f"op on key {key!r} encodes to {size} bytes, over the limit of {limit} bytes"
+            f"op on key {_shown(key)} encodes to {size} bytes, over the limit of {limit} bytes"
             " (raise max_payload_bytes, or store the blob elsewhere and pass a reference)"
         )
 
@@ -147,7 +163,7 @@ class SubmitTimeout(KeyserialError, TimeoutError):
         self.keys = tuple(keys) or (key,)
         self.namespace = namespace
         self.vacant = tuple(vacant)
-        where = repr(key) if len(self.keys) == 1 else repr(list(self.keys))
+        where = _shown_keys(self.keys)
         why = ""
         if self.vacant:
             shards = ", ".join(str(shard) for shard in self.vacant)
@@ -156,9 +172,9 @@ class SubmitTimeout(KeyserialError, TimeoutError):
                 " vacant; is a worker serving this namespace?)"
             )
         super().__init__(
-            f"no reply for op {op_id!r} on key{'s' if len(self.keys) > 1 else ''} {where} within"
-            f" {timeout:g}s{why}; it may still apply. Fetch its outcome with"
-            f" `ks.result({op_id!r}, key={where})`, or resubmit with op_id={op_id!r}"
+            f"no reply for op {_shown(op_id)} on key{'s' if len(self.keys) > 1 else ''} {where}"
+            f" within {timeout:g}s{why}; it may still apply. Fetch its outcome with"
+            f" `ks.result({_shown(op_id)}, key={where})`, or resubmit with op_id={_shown(op_id)}"
             " (it never runs twice)."
         )
 
@@ -170,7 +186,7 @@ class OutcomeUnknown(KeyserialError):
 
     def __init__(self, *, key: str, op_id: str, waited: float, result_ttl: float) -> None:
         super().__init__(
-            f"op {op_id!r} on key {key!r} waited {waited:.0f}s, longer than result_ttl"
+            f"op {_shown(op_id)} on key {_shown(key)} waited {waited:.0f}s, longer than result_ttl"
             f" ({result_ttl:g}s), and its entry is gone with no outcome stored: it may or may"
             " not have applied. It was not appended again; check the key's state before you"
             " resubmit."
@@ -183,7 +199,8 @@ class ResultNotFound(KeyserialError, LookupError):
 
     def __init__(self, *, key: str, op_id: str) -> None:
         super().__init__(
-            f"no result stored for op {op_id!r} on key {key!r}: it has not been applied yet,"
+            f"no result stored for op {_shown(op_id)} on key {_shown(key)}: it has not been"
+            " applied yet,"
             " or its result expired"
         )
         self.key, self.op_id = key, op_id
@@ -222,8 +239,13 @@ class OperationFailed(KeyserialError):
         self.data = data or {}
         #: Every key of the op (``key`` is the first): ``ks.result(op_id, key=keys)`` finds it.
         self.keys = tuple(keys) or ((key,) if key is not None else ())
-        on = f"keys {list(self.keys)!r}" if len(self.keys) > 1 else f"key {key!r}"
-        where = f" (op {op_id!r} on {on})" if op_id is not None else ""
+        #: Where the op raised, as the worker saw it (its traceback, at most 8 KiB), or None:
+        #: keyserial's own refusals and errors an op raises on purpose (``OperationFailed``
+        #: and its subclasses) carry none.
+        self.remote_traceback: str | None = None
+        plural = "s" if len(self.keys) > 1 else ""
+        on = f"key{plural} {_shown_keys(self.keys)}" if self.keys else f"key {key!r}"
+        where = f" (op {_shown(op_id)} on {on})" if op_id is not None else ""
         super().__init__(f"{self.error_type}: {message}{where}" if remote else f"{message}{where}")
 
     @classmethod
@@ -235,13 +257,19 @@ class OperationFailed(KeyserialError):
         op_id: str | None,
         keys: Sequence[str] = (),
     ) -> OperationFailed:
-        """Rebuild the error a worker reported, as keyserial's own type when it is one."""
+        """Rebuild the error a worker reported, as keyserial's own type when it is one, with
+        the op's traceback on the worker as a note (Python prints it with the error's own)."""
         error_type = str(error.get("type", "Error"))
         message = str(error.get("message", ""))
         data = error.get("data")
         data = data if isinstance(data, dict) else {}
         kind = _WIRE_TYPES.get(error_type, OperationFailed)
-        return kind._rebuild(_Reported(message, error_type, key, op_id, data, tuple(keys)))
+        failed = kind._rebuild(_Reported(message, error_type, key, op_id, data, tuple(keys)))
+        remote = error.get("traceback")
+        if isinstance(remote, str) and remote:
+            failed.remote_traceback = remote
+            failed.add_note(f"Traceback on the worker:\n{remote.rstrip()}")
+        return failed
 
     @classmethod
     def _rebuild(cls, reported: _Reported) -> OperationFailed:

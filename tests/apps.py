@@ -265,3 +265,12 @@ def write_all_then_fail(ctx: MultiContext, value: Any) -> None:
     for key in ctx.keys:
         ctx.states[key] = value
     raise ValueError("failed after writing")
+
+
+@op
+def fail_deep(ctx: Context, depth: int, padding: int = 0) -> None:
+    """Raise from ``depth`` frames down, with ``padding`` more characters of message."""
+    if depth > 0:
+        fail_deep.fn(ctx, depth - 1, padding)
+        return
+    raise RuntimeError(f"boom at the bottom of {ctx.key}" + "!" * padding)

@@ -3,10 +3,13 @@ cache (the next op on the key sees the state as it was before the failed op)."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 import keyserial
 from keyserial import OperationFailed
+from keyserial.ledger import withdraw
 from keyserial.testing import running_worker
 from tests import apps
 from tests.helpers import keys_on_shard
@@ -92,3 +95,34 @@ async def test_a_multi_key_op_writing_a_key_it_was_not_given_fails_and_keeps_not
         assert failed.value.error_type == "KeyError"
         assert "is not a key of this op" in failed.value.message
         assert [await ks.read(key) for key in keys] == [None, None]
+
+
+async def test_a_failed_op_s_traceback_reaches_its_caller_and_the_worker_s_log(
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The caller's ``OperationFailed`` carries where the op raised on the worker (also shown
+    with its own traceback, as a note), bounded in size, and stored with the outcome; the
+    worker logs it with the key, op and op id. Errors an op raises on purpose carry none."""
+    caplog.set_level(logging.INFO, logger="keyserial.worker")
+    async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]), \
+            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+        for padding in (0, 20_000):
+            op_id = ks.new_op_id()
+            with pytest.raises(OperationFailed) as failed:
+                await ks.submit("account:k", apps.fail_deep(3, padding), op_id=op_id)
+            remote = failed.value.remote_traceback
+            assert remote is not None and remote.startswith("Traceback (most recent call last)")
+            assert "in fail_deep" in remote and len(remote) <= 8192
+            assert any(remote.rstrip() in note for note in failed.value.__notes__)
+            with pytest.raises(OperationFailed) as again:
+                await ks.result(op_id, key="account:k")
+            assert again.value.remote_traceback == remote
+            if not padding:
+                assert remote.endswith("RuntimeError: boom at the bottom of account:k\n")
+        assert "characters cut" in remote  # (the long one)
+        with pytest.raises(keyserial.InsufficientFunds) as refused:
+            await ks.submit("account:k", withdraw(5))
+        assert refused.value.remote_traceback is None
+    logged = [record for record in caplog.records if "failed: RuntimeError" in record.getMessage()]
+    assert logged and "'account:k'" in logged[0].getMessage()
+    assert "RuntimeError: boom" in logged[0].getMessage() and op_id[:8] in caplog.text

@@ -26,6 +26,7 @@ from tests.helpers import (
     keys_on_shard,
     stored_outcome,
     wait_for_exit,
+    wait_for_log,
 )
 from tests.ownership import all_held, inspector, wait_for_holder
 from tests.proxy import FaultProxy
@@ -399,3 +400,21 @@ async def test_a_suspect_finishing_as_its_time_alone_ends_commits_its_result_wit
                 assert "died with entries" in successor.log(), "the takeover was unclean"
     finally:
         await proxy.aclose()
+
+
+async def test_a_takeover_with_every_op_answered_suspects_none_and_says_so(
+    redis_url: str, namespace: str, start: Starter
+) -> None:
+    """The last owner died with an entry in flight whose ops all have outcomes: nothing is
+    suspected, and the log says so in words (not "the suspect op (none)")."""
+    async with running_worker(redis_url, namespace, shard_count=1):
+        pass  # records the namespace
+    keys = ShardKeys(namespace, 0)
+    async with inspector(redis_url) as client:
+        entry = await append_entry(client, namespace, 0, [envelope("answered", "k", "deposit", 1)],
+                                   fresh=False)
+        await client.hset(keys.results, "answered", '{"ok":1}')
+        await client.set(keys.horizon, entry)  # fetched by an owner that died
+    worker = start(redis_url, namespace, shards="0", shard_count=1)
+    await wait_for_log(worker, "each of their ops answered already: none is suspected")
+    assert "(none)" not in worker.log()

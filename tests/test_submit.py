@@ -170,6 +170,23 @@ async def test_oversize_payload_is_refused_before_anything_is_sent(
             await client.aclose()
 
 
+async def test_an_error_about_a_huge_key_shows_the_key_cut_short(
+    redis_url: str, namespace: str
+) -> None:
+    """A 10 MB key must not land whole in every log line and error tracker: the message shows
+    its start and its length; the exception still carries the whole key."""
+    key = "k" * 10_000_000
+    async with keyserial.connect(redis_url, shards=2, namespace=namespace) as ks:
+        with pytest.raises(PayloadTooLarge) as refused:
+            await ks.submit(key, apps.append("x"))
+    message = str(refused.value)
+    assert len(message) < 400, message
+    assert "(10000000 characters)" in message and "over the limit of" in message
+    assert refused.value.key == key
+    timed_out = keyserial.SubmitTimeout(key=key, op_id="o" * 1000, timeout=1.0)
+    assert len(str(timed_out)) < 1200 and "(1000 characters)" in str(timed_out)
+
+
 async def test_a_different_shard_count_is_refused_naming_both(
     redis_url: str, namespace: str
 ) -> None:
