@@ -11,7 +11,16 @@ from pathlib import Path
 
 import anyio
 
-from .config import DEFAULT_SYSTEMS, DURABLE, PROFILES, RESULTS_DIR, SYSTEMS, WORKLOADS, BenchConfig
+from .config import (
+    DEFAULT_SYSTEMS,
+    DURABLE,
+    PROFILES,
+    RESULTS_DIR,
+    SYSTEMS,
+    WORKLOADS,
+    BenchConfig,
+    default_out_dir,
+)
 from .durability import cost
 from .report import markdown, write_chart, write_json
 from .runner import run_suite, stderr_progress
@@ -125,9 +134,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out",
         type=Path,
-        default=RESULTS_DIR,
+        default=None,
         metavar="DIR",
-        help="where the JSON, PNG and Markdown go (default: benchmarks/results)",
+        help="where the JSON, PNG and Markdown go (default: keyserial-bench/<date-time>/ in the"
+        f" working directory; {RESULTS_DIR.parent.name}/{RESULTS_DIR.name} holds the published"
+        " results)",
     )
     parser.add_argument("--no-chart", action="store_true", help="skip the PNG")
     parser.add_argument(
@@ -167,7 +178,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         drain_timeout=profile.drain_timeout,
         rounds=args.rounds or profile.rounds,
         redis_url=args.redis,
-        out_dir=args.out,
+        out_dir=args.out or default_out_dir(),
         py_spy=args.py_spy,
     )
 
@@ -189,6 +200,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         command = shlex.join(["keyserial", "bench", *arguments])
         document = anyio.run(run_suite, config, stderr_progress, command)
         stem = config.out_dir / f"bench-{config.profile}"
+        stem.parent.mkdir(parents=True, exist_ok=True)
     runs = document.get("runs", document["results"])
     document["targets"] = evaluate(document["results"], document["config"]["slow_io"], runs)
     document["durability"] = cost(document["results"])

@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+#: The published results (the README's table): written only when ``--out`` names it.
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def default_out_dir() -> Path:
+    """Where a run writes when ``--out`` is not given: a folder of its own under
+    ``keyserial-bench/`` in the working directory, never over a tracked file."""
+    return Path("keyserial-bench") / time.strftime("%Y%m%d-%H%M%S")
 
 #: System ids, in table order.
 SYSTEMS: tuple[str, ...] = (
@@ -139,7 +147,7 @@ class BenchConfig:
     #: Starting balance of every account in the transfer workload.
     transfer_balance: int = 1_000_000
     redis_url: str | None = None
-    out_dir: Path = RESULTS_DIR
+    out_dir: Path = field(default_factory=default_out_dir)
     seed: int = 4
     py_spy: bool = False
 

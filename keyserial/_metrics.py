@@ -185,8 +185,8 @@ class Metrics:
                 self.bound_port = None
 
     async def _answer(self, stream: SocketStream) -> None:
-        """Answer one HTTP request, then close: any GET gets the metrics. A client that goes
-        away or stalls is dropped; it never disturbs the worker."""
+        """Answer one HTTP request, then close: a GET of ``/metrics`` gets the metrics. A
+        client that goes away or stalls is dropped; it never disturbs the worker."""
         async with stream:
             try:
                 with anyio.fail_after(_REQUEST_TIMEOUT):
@@ -196,9 +196,12 @@ class Metrics:
                 return
 
     def _response(self, request: bytes) -> bytes:
-        method = request.split(b" ", 1)[0]
+        method, _, rest = request.partition(b" ")
+        path = rest.split(b" ", 1)[0].split(b"?", 1)[0]
         if method not in (b"GET", b"HEAD"):
             return _http(b"405 Method Not Allowed", b"text/plain", b"GET only\n", method)
+        if path != b"/metrics":
+            return _http(b"404 Not Found", b"text/plain", b"the metrics are at /metrics\n", method)
         try:
             body = generate_latest(self.registry)
         except Exception as exc:  # a defect here must not end the worker

@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 from benchmarks import notifylock, state
 from benchmarks.agent import Window, run_callers
 from benchmarks.cli import build_parser, config_from
-from benchmarks.config import DEFAULT_SYSTEMS, RunSpec
+from benchmarks.config import DEFAULT_SYSTEMS, RESULTS_DIR, RunSpec
 from benchmarks.metrics import parse_commandstats, percentile
 from benchmarks.procs import shard_range
 from benchmarks.rounds import median_rounds
@@ -370,3 +370,17 @@ def test_rounds_end_to_end(tmp_path: Path) -> None:
     targets = {t["id"]: t for t in document["targets"]}
     assert targets["keyserial-no-lost-updates"]["measured"].endswith("in 2 runs")
     assert "uniform round 2:" in targets["no-lock-lost-updates-reported"]["measured"]
+
+
+def test_a_run_without_out_writes_a_folder_of_its_own_never_the_published_results(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``keyserial bench`` run from a checkout must not overwrite the tracked results: without
+    ``--out``, each run gets ``keyserial-bench/<date-time>/`` in the working directory."""
+    monkeypatch.chdir(tmp_path)
+    config = config_from(build_parser().parse_args([]))
+    assert config.out_dir.parent == Path("keyserial-bench")
+    assert config.out_dir.resolve() != RESULTS_DIR
+    assert RESULTS_DIR not in config.out_dir.resolve().parents
+    chosen = config_from(build_parser().parse_args(["--out", str(RESULTS_DIR)]))
+    assert chosen.out_dir == RESULTS_DIR

@@ -88,6 +88,25 @@ def test_a_retried_charge_request_charges_the_wallet_once(wallet_site: Any) -> N
     assert (status, refused["balance"]) == (402, 30)
 
 
+def test_bad_requests_get_a_400_and_an_order_id_reused_for_another_amount_a_409(
+    wallet_site: Any,
+) -> None:
+    _post(wallet_site, "/wallets/di/top-up", {"amount": 50})
+    for path, body in (("/wallets/di/top-up", {"amount": -5}),
+                       ("/wallets/di/top-up", {"amount": "ten"}),
+                       ("/wallets/di/top-up", {}),
+                       ("/wallets/di/charge", {"amount": 0, "order_id": "di-1"}),
+                       ("/wallets/di/charge", {"amount": 5})):
+        status, answer = _post(wallet_site, path, body)
+        assert status == 400, (path, body, answer)
+    response = wallet_site.post("/wallets/di/top-up", "{not json", content_type="application/json")
+    assert response.status_code == 400
+    assert _post(wallet_site, "/wallets/di/charge", {"amount": 5, "order_id": "di-2"})[0] == 200
+    status, answer = _post(wallet_site, "/wallets/di/charge", {"amount": 6, "order_id": "di-2"})
+    assert status == 409 and "belongs to another op" in answer["error"]
+    assert wallet_site.get("/wallets/di").json()["balance"] == 45
+
+
 def test_the_wallets_live_in_the_namespace_the_settings_name(
     wallet_site: Any, redis_url: str, namespace: str
 ) -> None:

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 from collections.abc import Callable
 
@@ -177,6 +178,27 @@ async def test_the_metrics_port_can_come_from_the_environment(
     monkeypatch.setenv("KEYSERIAL_METRICS_PORT", str(port))
     start(standalone_server.url, namespace)
     await scraped_when(port, lambda text: value(text, "keyserial_shards_owned") == SHARDS)
+
+
+async def test_only_the_metrics_path_serves_the_metrics(
+    standalone_server: LocalServer, namespace: str, start: Starter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/metrics.md gives ``/metrics``: any other path is a 404 (a query string is fine)."""
+    port = free_port()
+    monkeypatch.setenv("KEYSERIAL_METRICS_PORT", str(port))
+    start(standalone_server.url, namespace)
+    await scraped_when(port, lambda text: "keyserial_shards_owned" in text)
+
+    def status(path: str) -> int:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+                return int(answer.status)
+        except urllib.error.HTTPError as refused:
+            return refused.code
+
+    statuses = [await anyio.to_thread.run_sync(status, path)
+                for path in ("/", "/metricsx", "/other/metrics", "/metrics?name[]=x")]
+    assert statuses == [404, 404, 404, 200]
 
 
 async def test_the_metrics_port_flag_wins_over_the_environment(
