@@ -256,11 +256,14 @@ class Executor:
         if isinstance(exc, OperationFailed):
             return encode_error(error_type_name(exc), exc.message, exc.data)
         message = _described(exc)
-        remote = remote_traceback(exc)
+        # (An error keyserial made for the op, such as a result JSON cannot carry, was never
+        # raised: it has no traceback to tell.)
+        remote = remote_traceback(exc) if exc.__traceback__ is not None else None
         # The op's own failure, reported to its caller: not a fault of the worker (INFO), but
         # its stack is where the op's author looks.
-        log.info("shard %d: op %r (%s) on key %r failed: %s: %s\n%s", self.shard, envelope.name,
-                 envelope.op_id, envelope.key, type(exc).__name__, message, remote)
+        log.info("shard %d: op %r (%s) on key %r failed: %s: %s%s", self.shard, envelope.name,
+                 envelope.op_id, envelope.key, type(exc).__name__, message,
+                 "" if remote is None else "\n" + remote)
         return encode_error(error_type_name(exc), message, None, remote)
 
 

@@ -183,8 +183,14 @@ class ForeignClient:
 
 
 def _as_read(outcome: dict[str, Any]) -> dict[str, Any]:
-    """An outcome as a client reads it: ``ok`` or ``error``, the binding ``b`` left aside."""
+    """An outcome as a client reads it: ``ok`` or ``error`` (type, message, data), the binding
+    ``b`` and an error's ``traceback`` left aside, once checked as documented."""
     assert re.fullmatch(r"[0-9a-f]{16}", outcome.pop("b", "0" * 16)), "b is the op's binding"
+    error = outcome.get("error")
+    if isinstance(error, dict) and "traceback" in error:
+        where = error.pop("traceback")
+        assert where.startswith("Traceback (most recent call last)") and len(where) <= 8192
+        assert error["message"] in where, "it ends where the op raised"
     return outcome
 
 
