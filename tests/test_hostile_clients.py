@@ -7,7 +7,8 @@ from __future__ import annotations
 import contextlib
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,23 @@ async def _append(attacker: redis.asyncio.Redis, shard: int, namespace: str,
     """An entry, appended as the documented wire format has it, with a client's rights."""
     stream = ShardKeys(namespace, shard).stream
     await attacker.xadd(stream, {"v": "1", "ops": json.dumps(envelopes)})
+
+
+@asynccontextmanager
+async def _one_worker_and_an_attacker(
+    users: Users, namespace: str
+) -> AsyncIterator[tuple[keyserial.Client, redis.asyncio.Redis]]:
+    """A worker on every shard, a client of the victim's, and the attacker's connection (the
+    client user's too)."""
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        async with (
+            running_worker(users.worker_url, namespace, shard_count=SHARDS),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+        ):
+            yield ks, attacker
+    finally:
+        await attacker.aclose()
 
 
 async def _grant_requests(attacker: redis.asyncio.Redis, namespace: str) -> list[dict[str, Any]]:
@@ -177,20 +195,13 @@ async def test_ops_appended_under_a_client_s_guessed_next_ids_never_answer_it(
     that would come next. The client's ids carry random bits: none is hit, and every one of
     the victim's deposits applies and returns its own balance."""
     key = keys_on_shard(0, SHARDS, 1, "acct")[0]
-    attacker = redis.asyncio.Redis.from_url(users.client_url)
-    try:
-        async with (
-            running_worker(users.worker_url, namespace, shard_count=SHARDS),
-            keyserial.connect(users.client_url, namespace=namespace) as ks,
-        ):
-            seen = ks.new_op_id()
-            squatted = [{"id": op_id, "key": key, "op": "balance"}
-                        for op_id in _guessed_successors(seen, 20)]
-            await _append(attacker, 0, namespace, squatted)
-            balances = [await ks.submit(key, deposit(100)) for _ in range(5)]
-            assert balances == [100, 200, 300, 400, 500]
-    finally:
-        await attacker.aclose()
+    async with _one_worker_and_an_attacker(users, namespace) as (ks, attacker):
+        seen = ks.new_op_id()
+        squatted = [{"id": op_id, "key": key, "op": "balance"}
+                    for op_id in _guessed_successors(seen, 20)]
+        await _append(attacker, 0, namespace, squatted)
+        balances = [await ks.submit(key, deposit(100)) for _ in range(5)]
+        assert balances == [100, 200, 300, 400, 500]
 
 
 def _submit_script() -> str:
@@ -220,22 +231,15 @@ async def test_an_op_appended_again_as_fresh_never_runs_twice(
     commit is refused, the owner starts again from Redis and answers the op from its record.
     The balance and the stored outcome are the first run's; the shard keeps serving."""
     key = keys_on_shard(0, SHARDS, 1, "acct")[0]
-    attacker = redis.asyncio.Redis.from_url(users.client_url)
-    try:
-        async with (
-            running_worker(users.worker_url, namespace, shard_count=SHARDS),
-            keyserial.connect(users.client_url, namespace=namespace) as ks,
-        ):
-            op_id = ks.new_op_id()
-            assert await ks.submit(key, deposit(10), op_id=op_id) == 10
-            replay = {"id": op_id, "key": key, "op": "deposit", "args": [10]}
-            for _ in range(3):
-                await _append_fresh(attacker, 0, namespace, [replay], pushed=pushed)
-            assert await ks.submit(key, deposit(1), timeout=30) == 11
-            assert await stored(attacker, namespace, 0, op_id) == {"ok": 10}
-            assert await ks.submit(key, deposit(1)) == 12
-    finally:
-        await attacker.aclose()
+    async with _one_worker_and_an_attacker(users, namespace) as (ks, attacker):
+        op_id = ks.new_op_id()
+        assert await ks.submit(key, deposit(10), op_id=op_id) == 10
+        replay = {"id": op_id, "key": key, "op": "deposit", "args": [10]}
+        for _ in range(3):
+            await _append_fresh(attacker, 0, namespace, [replay], pushed=pushed)
+        assert await ks.submit(key, deposit(1), timeout=30) == 11
+        assert await stored(attacker, namespace, 0, op_id) == {"ok": 10}
+        assert await ks.submit(key, deposit(1)) == 12
     assert users.refusals() == []
 
 

@@ -29,7 +29,7 @@
 --                  result): the new owner runs it alone, and the rest only once it has committed
 --                  (or has run for a lease TTL), so that if it kills this owner too, it is the
 --                  first op without a result again and takes the next strike.
--- (parse_id and id_gt come from lib.lua.)
+-- (parse_id, id_gt and has_outcome come from lib.lua.)
 
 -- The first op fetched but not committed, in stream order. When the owner died with several ops
 -- in flight, it may be an innocent slow op rather than the one that killed the owner: running
@@ -37,7 +37,7 @@
 -- poison op is struck once every op ahead of it has committed, and only a death while an op is
 -- the first without a result counts against it.
 local function finished(field)
-  return redis.call('HEXISTS', KEYS[7], field) == 1 or redis.call('HEXISTS', KEYS[8], field) == 1
+  return has_outcome(KEYS[7], KEYS[8], field)
 end
 
 local function first_unfinished(after, upto)

@@ -110,12 +110,14 @@ if ARGV[15] and ARGV[15] ~= '' then
   end
 end
 
--- The op ids among ``ids`` that have a stored outcome, in either generation.
-local function with_outcomes(ids)
+-- The stored outcomes of the op ids among ``ids`` that have one, in either generation:
+-- {op id, outcome, ...}.
+local function stored_outcomes(ids)
   local found, missing = {}, {}
   for i, outcome in ipairs(hmget(KEYS[5], ids)) do
     if outcome then
       found[#found + 1] = ids[i]
+      found[#found + 1] = outcome
     else
       missing[#missing + 1] = ids[i]
     end
@@ -123,6 +125,7 @@ local function with_outcomes(ids)
   for i, outcome in ipairs(hmget(KEYS[6], missing)) do
     if outcome then
       found[#found + 1] = missing[i]
+      found[#found + 1] = outcome
     end
   end
   return found
@@ -138,9 +141,9 @@ if ARGV[6] ~= '' then
   for i, result in ipairs(commit.r) do
     ids[i] = result[1]
   end
-  local stored = with_outcomes(ids)
+  local stored = stored_outcomes(ids)
   if #stored > 0 then
-    if #stored < #ids or not writes_hold(KEYS[2], commit.s) then
+    if #stored < 2 * #ids or not writes_hold(KEYS[2], commit.s) then
       return replayed_error('op ' .. stored[1])
     end
     commit = nil
@@ -284,21 +287,7 @@ for _, entry in ipairs(entries) do
     end
   end
 end
-local older = {}
-for i, outcome in ipairs(hmget(KEYS[5], ids)) do
-  if outcome then
-    done[#done + 1] = ids[i]
-    done[#done + 1] = outcome
-  else
-    older[#older + 1] = ids[i]
-  end
-end
-for i, outcome in ipairs(hmget(KEYS[6], older)) do
-  if outcome then
-    done[#done + 1] = older[i]
-    done[#done + 1] = outcome
-  end
-end
+done = stored_outcomes(ids)
 for i, state in ipairs(hmget(KEYS[2], keys)) do
   states[#states + 1] = keys[i]
   states[#states + 1] = state or ''
