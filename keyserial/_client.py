@@ -26,11 +26,12 @@ from anyio.abc import TaskGroup, TaskStatus
 from . import ledger
 from ._appender import Appender
 from ._backend import Backend
-from ._codec import decode_outcome, decode_reply, encode_envelope
+from ._codec import decode_outcome, decode_reply, encode_envelope, replied_op_ids
 from ._durability import stored_confirmed
 from ._json import encodes
 from ._layout import ShardKeys, reply_channel
 from ._ops import RESERVED_PREFIX, Call
+from ._outcomes import ReplyLookups, StoredOutcomes
 from ._pending import TIMED_OUT, Pending, closed_while_waiting, value_or_raise
 from ._routing import shard_for
 from ._settings import Settings
@@ -74,7 +75,10 @@ class Client:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._shards = [ShardKeys(settings.namespace, shard) for shard in range(shard_count)]
         self._appender = Appender(backend, settings, self._shards)
-        self._sweep = Sweep(backend, settings, self._waiting, self._settle, self._appender.requeue)
+        outcomes = StoredOutcomes(backend, settings, self._waiting)
+        self._lookups = ReplyLookups(backend, outcomes, self._shards, self._waiting)
+        self._sweep = Sweep(backend, settings, self._waiting, self._settle, outcomes,
+                            self._appender.requeue)
 
     async def __aenter__(self) -> Client:
         if self._loop is not None:  # (its tasks, connection and cancel scope are in use)
@@ -91,6 +95,7 @@ class Client:
             await self.aclose()
             raise
         self._task_group.start_soon(self._appender.run)
+        self._task_group.start_soon(self._lookups.run)
         self._task_group.start_soon(self._sweep.run)
         return self
 
@@ -364,13 +369,18 @@ class Client:
             ) from None
 
     def _deliver(self, data: bytes) -> None:
+        """A reply message names ops to look up; its outcomes are taken only where the
+        settings trust replies (see _outcomes)."""
         try:
-            replies = decode_reply(data)
+            if not self.settings.verify_replies:
+                for op_id, outcome in decode_reply(data):
+                    self._settle(op_id, outcome)
+                return
+            replied = replied_op_ids(data)
         except (ValueError, KeyError, TypeError):
             log.error("ignoring a malformed reply message: %r", data[:200])
             return
-        for op_id, outcome in replies:
-            self._settle(op_id, outcome)
+        self._lookups.announced(replied)
 
 
 def _check_key(key: object) -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from ._json import dumps, encodes
 from ._ops import Call
+from .errors import MalformedOperation, UnknownOperation
 
 WIRE_VERSION = "1"
 #: A JSON escape of a UTF-16 surrogate: an entry with one may decode to invalid text.
@@ -255,6 +256,30 @@ def bound(outcome: str, to: str) -> str:
     return outcome[:-1] + ',"b":"' + to + '"}' if to else outcome
 
 
+def envelope_binding(encoded: str) -> str:
+    """:func:`binding` of an encoded envelope (as a client sent it): what a stored outcome
+    must carry to be this op's."""
+    envelope = _decode_envelope(json.loads(encoded))
+    return "" if isinstance(envelope, MalformedEntry) else binding(envelope)
+
+
+def taken_outcome(op_id: str) -> str:
+    """The refusal of an op appended under an op id that another op (another key, op or
+    arguments) holds: never answered with that op's outcome, nor run. Not stored."""
+    return encode_error(
+        MalformedOperation.wire_type,
+        f"op id {op_id!r} belongs to another op (another key, op or arguments); an op id names"
+        " one op: submit this one under a new op id",
+    )
+
+
+def answered_record(outcome: str, entry_ids: Sequence[str]) -> str:
+    """The record of an op answered but not stored (``<op id>#u``): its outcome, with the
+    entries it answered as the member ``e``. A caller takes it only for the entry it appended:
+    a resubmit of the same op id is a new entry, and must wait for its own outcome."""
+    return outcome[:-1] + ',"e":' + dumps(list(entry_ids)) + "}"
+
+
 def binding_of(outcome: str) -> str | None:
     """The binding a stored outcome carries, or None (one stored without: a dead letter's)."""
     try:
@@ -308,5 +333,32 @@ def encode_reply(outcomes: Iterable[tuple[str, str]]) -> str:
 
 
 def decode_reply(raw: str | bytes) -> list[tuple[str, dict[str, Any]]]:
-    message = json.loads(raw.decode() if isinstance(raw, bytes) else raw)
-    return [(str(op_id), outcome) for op_id, outcome in message["r"]]
+    """A reply message's ``(op id, outcome)`` pairs, each outcome as :func:`decode_outcome`
+    would give it (with an ``error`` that is an object).
+
+    :raises ValueError, KeyError, TypeError: for a message that is not a reply.
+    """
+    message = json.loads(raw)
+    replies = [(op_id, outcome) for op_id, outcome in message["r"]]
+    for op_id, outcome in replies:
+        if not (isinstance(op_id, str) and isinstance(outcome, dict)
+                and ("ok" in outcome or isinstance(outcome.get("error"), dict))):
+            raise ValueError(f"not a reply: {raw!r}")
+    return replies
+
+
+def replied_op_ids(raw: str | bytes) -> list[tuple[str, bool]]:
+    """The op ids a reply message names, each with whether it says UnknownOperation (a
+    refusal recorded apart, see ``answered_record``). The outcomes themselves are a hint: a
+    client reads them from the records.
+
+    :raises ValueError, KeyError, TypeError: for a message that is not a reply.
+    """
+    message = json.loads(raw)
+    return [(op_id, _says_unknown(outcome)) for op_id, outcome in message["r"]
+            if isinstance(op_id, str)]
+
+
+def _says_unknown(outcome: Any) -> bool:
+    error = outcome.get("error") if isinstance(outcome, dict) else None
+    return isinstance(error, dict) and error.get("type") == UnknownOperation.wire_type

@@ -14,20 +14,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._codec import bound
+from ._codec import answered_record, bound
 from ._execution import Entry
 from ._json import dumps
+from ._layout import answered_field
 
 #: Committed entries a busy shard leaves in its stream at most before a step trims them.
 TRIM_EVERY = 32
 
 #: A dead letter: the entry id, why, and the raw entry as JSON.
 DeadLetter = tuple[str, str, str]
-
-
-def answered_field(op_id: str) -> str:
-    """The results field that records an op answered but not stored (see ``acquire.lua``)."""
-    return f"{op_id}#u"
 
 
 @dataclass(slots=True)
@@ -105,7 +101,9 @@ class CommitPlanner:
             if finished.store:
                 results.append((finished.op_id, bound(finished.outcome, finished.binding)))
             elif finished.answered:
-                answered.append((answered_field(finished.op_id), finished.outcome))
+                entry_ids = [entry.entry_id for entry in finished.entries]
+                answered.append((answered_field(finished.op_id),
+                                 answered_record(finished.outcome, entry_ids)))
             for channel in finished.replies:
                 replies[channel].append((finished.op_id, finished.outcome))
         progress = self._advance_progress()

@@ -18,6 +18,7 @@ from ._codec import (
     decode_entry,
     encode_error,
     salvage_replies,
+    taken_outcome,
 )
 from ._commits import DeadLetter, Finished
 from ._execution import Entry, Run
@@ -94,12 +95,12 @@ def _answered(
     envelope = item if isinstance(item, Envelope) else None
     if (stored := done.get(op_id)) is not None:
         if envelope is not None and binding_of(stored) not in (None, binding(envelope) or None):
-            stored = _taken(op_id)
+            stored = taken_outcome(op_id)
         accepted.finished.append(Finished(op_id, stored, entries, channels(reply), store=False))
     elif (run := running.get(op_id)) is None:
         return False
     elif envelope is not None and binding(run.envelope) != binding(envelope):
-        accepted.finished.append(Finished(op_id, _taken(op_id), entries, channels(reply),
+        accepted.finished.append(Finished(op_id, taken_outcome(op_id), entries, channels(reply),
                                           store=False))
     elif run.outcome is None:
         run.entries.extend(entries)
@@ -108,16 +109,6 @@ def _answered(
         accepted.finished.append(Finished(op_id, run.outcome, entries, channels(reply),
                                           store=False))
     return True
-
-
-def _taken(op_id: str) -> str:
-    """The refusal of an op appended under an op id that another op (another key, op or
-    arguments) holds: never answered with that op's outcome, nor run. Not stored."""
-    return encode_error(
-        MalformedOperation.wire_type,
-        f"op id {op_id!r} belongs to another op (another key, op or arguments); an op id names"
-        " one op: submit this one under a new op id",
-    )
 
 
 def _reject(accepted: Accepted, problem: MalformedEntry) -> None:

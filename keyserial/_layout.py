@@ -79,6 +79,11 @@ class _ShardKey:
         return self if shard is None else f"{shard.tag}:{self.suffix}"
 
 
+def answered_field(op_id: str) -> str:
+    """The results field that records an op answered but not stored (see ``acquire.lua``)."""
+    return f"{op_id}#u"
+
+
 @dataclass(frozen=True, slots=True)
 class ShardKeys:
     """Names of everything one shard keeps in Redis."""

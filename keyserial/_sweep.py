@@ -15,9 +15,8 @@ from typing import Any
 import anyio
 
 from ._backend import Backend
-from ._codec import decode_outcome
-from ._durability import stored_confirmed
 from ._layout import ShardKeys
+from ._outcomes import StoredOutcomes
 from ._pending import Pending
 from ._refusals import Refused
 from ._settings import Settings
@@ -36,6 +35,7 @@ class Sweep:
     _settings: Settings
     _waiting: Mapping[str, list[Pending]]
     _settle: Callable[[str, dict[str, Any] | BaseException], None]
+    _outcomes: StoredOutcomes
     _requeue: Callable[[list[Pending]], None]
 
     async def run(self) -> None:
@@ -75,7 +75,7 @@ class Sweep:
         """Settle overdue ops whose outcome is stored. Append again those whose entry is gone
         with no outcome: a failover lost it (the op id makes a second append harmless: an op
         that did commit meanwhile is answered from its stored outcome, never run again)."""
-        unsettled = await self._settle_stored(keys, op_ids)
+        unsettled = await self._outcomes.settle(keys, op_ids)
         unanswered = [
             waiters[0] for op_id in unsettled
             if (waiters := self._waiting.get(op_id)) and waiters[0].entry is not None
@@ -89,7 +89,7 @@ class Sweep:
         # Looked up again: the op may have committed, and its entry left the stream, between
         # the first lookup and the check above (an entry leaves only after its outcome is
         # stored, so gone with no outcome now means lost).
-        still = await self._settle_stored(keys, list(gone))
+        still = await self._outcomes.settle(keys, list(gone))
         lost = [gone[op_id] for op_id in still if not self._expired(gone[op_id])]
         for pending in lost:
             log.warning("op %s: its entry %s is gone with no outcome (a failover?); appending"
@@ -112,19 +112,3 @@ class Sweep:
             result_ttl=self._settings.result_ttl,
         ))
         return True
-
-    async def _settle_stored(self, keys: ShardKeys, op_ids: list[str]) -> list[str]:
-        """Settle the ops whose outcome the shard stores, once confirmed as durable; the op ids
-        with no outcome stored. (One stored but not confirmed yet is neither: the next sweep
-        looks again. It must not keep the others from being appended again: while a shard's
-        master has no replica, some outcome is always unconfirmed.)"""
-        found, confirmed = await stored_confirmed(
-            self._backend, self._settings.durability, keys, op_ids
-        )
-        left = []
-        for op_id, raw in zip(op_ids, found, strict=True):
-            if raw is None:
-                left.append(op_id)
-            elif confirmed:
-                self._settle(op_id, decode_outcome(raw))
-        return left

@@ -358,7 +358,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sweep-one-lookup", "G6.10",
         "the client's sweep appends an op again without looking its outcome up a second time",
-        (Edit("keyserial/_sweep.py", "still = await self._settle_stored(keys, list(gone))",
+        (Edit("keyserial/_sweep.py", "still = await self._outcomes.settle(keys, list(gone))",
               "still = list(gone)"),),
         ("tests/test_lost_replies.py::"
          "test_an_op_that_commits_between_the_sweep_s_lookups_is_never_appended_again"
@@ -429,6 +429,22 @@ MUTANTS: tuple[Mutant, ...] = (
               " if settings.service else random_id", "self.client_id = random_id"),),
         ("tests/test_acl.py::"
          "test_a_service_user_serves_its_clients_and_cannot_reach_another_services_replies"
+         + _STANDALONE,),
+    ),
+    Mutant(
+        "client-trusts-replies", "G8.14",
+        "a client takes a reply message's outcome as its op's",
+        (Edit("keyserial/_client.py", "            if not self.settings.verify_replies:",
+              "            if True:"),),
+        (_HOSTILE + "test_a_forged_reply_never_answers_a_caller" + _STANDALONE,),
+    ),
+    Mutant(
+        "answer-of-any-entry-taken", "G8.14",
+        "a client takes an op id's recorded UnknownOperation whichever entry it answered",
+        (Edit("keyserial/_outcomes.py",
+              "    if pending.entry is None or pending.entry.decode() not in entries:",
+              "    if not entries:"),),
+        (_HOSTILE + "test_a_refusal_recorded_for_an_earlier_entry_never_answers_a_resubmit"
          + _STANDALONE,),
     ),
     Mutant(
@@ -535,7 +551,7 @@ def run(mutant: Mutant, *, root: Path = ROOT) -> Verdict:
     seconds = time.monotonic() - began
     if done.returncode == 0:
         return Verdict(mutant, False, "", seconds)
-    failed = re.findall(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", done.stdout, re.MULTILINE)
+    failed = re.findall(r"^(?:FAILED|ERROR) (tests/\S+?)(?: - .*)?$", done.stdout, re.MULTILINE)
     if done.returncode != 1 or not failed:
         raise RuntimeError(f"mutant {mutant.name}: pytest exited {done.returncode} without a"
                            f" failing test:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")

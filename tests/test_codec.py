@@ -72,6 +72,14 @@ def test_replies_carry_outcomes_verbatim() -> None:
     ]
 
 
+@pytest.mark.parametrize("pairs", [
+    [["a", 5]], [["a", {"error": 5}]], [["a", {"neither": 1}]], [[5, {"ok": 1}]], [["a"]], 7,
+])
+def test_a_reply_whose_outcomes_are_not_outcomes_is_refused_whole(pairs: object) -> None:
+    with pytest.raises((ValueError, KeyError, TypeError)):
+        decode_reply(json.dumps({"v": 1, "r": pairs}))
+
+
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 
 

@@ -350,3 +350,141 @@ async def test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides
     finally:
         await attacker.aclose()
     assert users.refusals() == []
+
+
+_FORGED = ({"ok": 1_000_000}, {"error": {"type": "x", "message": "forged"}},
+           {"error": {"type": "keyserial.UnknownOperation", "message": "forged"}})
+_MALFORMED = (5, {"error": 5}, {"neither": 1}, [1])
+
+
+async def _forge_replies(
+    attacker: redis.asyncio.Redis, namespace: str, shard: int, caplog: pytest.LogCaptureFixture,
+    *, forged: tuple[Any, ...] = _FORGED + _MALFORMED, logged: str = "no outcome for them",
+) -> str:
+    """Find the waiting op in the shard's stream (a client may read it), publish ``forged``
+    outcomes for it on its reply channel, one by one, each once its client has logged the one
+    before (``logged``); the op's id."""
+    stream = ShardKeys(namespace, shard).stream
+    (_, fields), = await eventually_async(lambda: attacker.xrange(stream, "-", "+"))
+    envelope, = json.loads(fields[b"ops"])
+    op_id = envelope["id"]
+
+    def handled() -> int:
+        return sum(op_id in record.getMessage() and logged in record.getMessage()
+                   for record in caplog.records)
+
+    for outcome in forged:
+        before = handled()
+        await attacker.publish(envelope["reply"], json.dumps({"v": 1, "r": [[op_id, outcome]]}))
+        await eventually_async(lambda before=before: _true(handled() > before))
+    return op_id
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_a_forged_reply_never_answers_a_caller(
+    users: Users, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Clients of one service share a user, which may publish on their reply channels. A
+    reply only says "look now": the caller reads its outcome from the shard's records, so a
+    forged value, or a malformed one, never reaches it."""
+    key = keys_on_shard(2, SHARDS, 1, "acct")[0]
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        await _record_shard_count(users, namespace)
+        async with keyserial.connect(users.client_url, namespace=namespace) as ks, \
+                anyio.create_task_group() as group:
+            results: list[int] = []
+
+            async def deposit_10() -> None:
+                results.append(await ks.submit(key, deposit(10), timeout=30))
+
+            group.start_soon(deposit_10)
+            await _forge_replies(attacker, namespace, 2, caplog)
+            assert results == []
+            async with running_worker(users.worker_url, namespace, shard_count=SHARDS):
+                await eventually_async(lambda: _returned(results))
+            assert results == [10]
+    finally:
+        await attacker.aclose()
+    assert users.refusals() == []
+
+
+async def test_a_refusal_recorded_for_an_earlier_entry_never_answers_a_resubmit(
+    users: Users, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An op no worker knew was refused (UnknownOperation) and the refusal recorded for its
+    entry. Its resubmit after the deploy is a new entry: a wake-up that comes before it ran
+    finds only the old entry's refusal, and settles nothing."""
+    key = keys_on_shard(3, SHARDS, 1, "evt")[0]
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        await _record_shard_count(users, namespace)
+        async with keyserial.connect(users.client_url, namespace=namespace) as ks:
+            async with running_worker(users.worker_url, namespace, shard_count=SHARDS):
+                with pytest.raises(keyserial.UnknownOperation):
+                    await ks.submit(key, apps.record(), op_id="order-9", timeout=10)
+                stream = ShardKeys(namespace, 3).stream
+                await eventually_async(lambda: _empty(attacker, stream))
+            results: list[int] = []
+
+            async def resubmit() -> None:
+                results.append(await ks.submit(key, apps.record(), op_id="order-9",
+                                               timeout=30))
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(resubmit)
+                assert await _forge_replies(attacker, namespace, 3, caplog) == "order-9"
+                assert results == []
+                async with running_worker(users.worker_url, namespace, shard_count=SHARDS,
+                                          apps=["tests.apps"]):
+                    await eventually_async(lambda: _returned(results))
+            assert results == [1]
+    finally:
+        await attacker.aclose()
+    assert users.refusals() == []
+
+
+async def test_a_client_that_trusts_replies_ignores_malformed_ones(
+    users: Users, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """With ``verify_replies=False`` a reply's outcome is taken as it is (for a client user
+    no untrusted client shares), but one that is not an outcome is ignored, never raised at
+    the caller as a TypeError."""
+    key = keys_on_shard(2, SHARDS, 1, "acct")[0]
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        await _record_shard_count(users, namespace)
+        async with keyserial.connect(users.client_url, namespace=namespace,
+                                     verify_replies=False) as ks, \
+                anyio.create_task_group() as group:
+            results: list[int] = []
+
+            async def deposit_10() -> None:
+                results.append(await ks.submit(key, deposit(10), timeout=30))
+
+            group.start_soon(deposit_10)
+            await _forge_replies(attacker, namespace, 2, caplog, forged=_MALFORMED,
+                                 logged="malformed reply")
+            assert results == []
+            async with running_worker(users.worker_url, namespace, shard_count=SHARDS):
+                await eventually_async(lambda: _returned(results))
+            assert results == [10]
+    finally:
+        await attacker.aclose()
+
+
+async def _record_shard_count(users: Users, namespace: str) -> None:
+    """What the first worker would do: a client user may not record the shard count."""
+    async with keyserial.connect(users.worker_url, namespace=namespace, shards=SHARDS):
+        pass
+
+
+async def _returned(results: list[int]) -> bool:
+    return bool(results)
+
+
+async def _empty(client: redis.asyncio.Redis, stream: str) -> bool:
+    return not await client.xrange(stream)

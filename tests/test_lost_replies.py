@@ -18,6 +18,7 @@ import redis.asyncio
 import keyserial
 from keyserial import Settings
 from keyserial._backend import Backend
+from keyserial._outcomes import StoredOutcomes
 from keyserial._pending import Pending
 from keyserial._sweep import Sweep
 from keyserial.testing import ShardKeys, running_worker
@@ -104,6 +105,10 @@ class _CommitsDuringTheLook:
         return present
 
 
+def _never_called(op_id: str, outcome: object) -> None:
+    raise AssertionError(f"op {op_id} settled with {outcome!r} without its record")
+
+
 async def test_an_op_that_commits_between_the_sweep_s_lookups_is_never_appended_again(
     backend: Backend, client: redis.asyncio.Redis, namespace: str
 ) -> None:
@@ -115,13 +120,14 @@ async def test_an_op_that_commits_between_the_sweep_s_lookups_is_never_appended_
     loop = asyncio.get_running_loop()
     pending = Pending("op", "k", 0, "{}", loop.create_future(), fresh=True)
     pending.entry = entry
-    settled: dict[str, Any] = {}
     requeued: list[Pending] = []
-    sweep = Sweep(_CommitsDuringTheLook(backend, client, keys, "op", entry),  # type: ignore[arg-type]
-                  Settings(namespace=namespace), {"op": [pending]}, settled.__setitem__,
+    racing = _CommitsDuringTheLook(backend, client, keys, "op", entry)
+    settings, waiting = Settings(namespace=namespace), {"op": [pending]}
+    sweep = Sweep(racing, settings, waiting, _never_called,  # type: ignore[arg-type]
+                  StoredOutcomes(racing, settings, waiting),  # type: ignore[arg-type]
                   requeued.extend)
     await sweep._sweep_shard(keys, ["op"])
-    assert settled == {"op": {"ok": 1}}
+    assert pending.outcome == {"ok": 1}
     assert requeued == []
 
 
@@ -142,8 +148,10 @@ async def test_an_op_gone_with_no_outcome_after_result_ttl_fails_and_is_not_appe
     old.since -= 11
     settled: dict[str, Any] = {}
     requeued: list[Pending] = []
-    sweep = Sweep(backend, Settings(namespace=namespace, result_ttl=10),
-                  {"young": [young], "old": [old]}, settled.__setitem__, requeued.extend)
+    settings = Settings(namespace=namespace, result_ttl=10)
+    waiting = {"young": [young], "old": [old]}
+    sweep = Sweep(backend, settings, waiting, settled.__setitem__,
+                  StoredOutcomes(backend, settings, waiting), requeued.extend)
     await sweep._sweep_shard(keys, ["young", "old"])
     assert requeued == [young]
     assert list(settled) == ["old"]
