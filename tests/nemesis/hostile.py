@@ -5,8 +5,10 @@ reads in the streams, on the workers' channels those requests name. Each forgery
 worker took it as an authority, would write a tag no caller submitted, or a balance out of
 nowhere, which the usual checkers report. Now and then it also appends an op it reads in a
 stream again, marked ``fresh`` (its id new, so the owner skips looking it up), fetched or
-pushed: run twice, it would write a caller's tag twice, or move money twice. Replies are not
-forged here: a client's reply channel is not protected yet (docs/guarantees.md, Limits).
+pushed: run twice, it would write a caller's tag twice, or move money twice. And it publishes
+forged replies for the ops it reads in a stream, on their callers' reply channels: a caller
+that took one would report an op applied that failed, or failed that applied, or return a
+list its own writes are missing from.
 """
 
 from __future__ import annotations
@@ -82,6 +84,7 @@ async def _round(attacker: aredis.Redis, namespace: str, shard_count: int,
     sent = await _forged_push(attacker, namespace, shard, shard_count, rng)
     if rng.random() < REPLAY_CHANCE:
         sent += await _replayed_as_fresh(attacker, namespace, shard, rng)
+    sent += await _forged_replies(attacker, namespace, shard, rng)
     requests = await _grant_requests(attacker, namespace, shard_count)
     # The workers' channels a client can learn: each grant request names its coordinator's.
     channels = {str(envelope["kwargs"].get("channel")) for _, envelope in requests}
@@ -135,6 +138,34 @@ async def _replayed_as_fresh(attacker: aredis.Redis, namespace: str, shard: int,
     else:
         await attacker.xadd(keys.stream, {"v": "1", "ops": replayed, "fresh": "1"})
     return 1
+
+
+#: What a forged reply says: an op that failed, one that applied with a made-up value, one no
+#: worker knew (recorded apart), and one that is not an outcome at all.
+FORGED_OUTCOMES = (
+    {"error": {"type": "keyserial.InsufficientFunds", "message": "forged"}},
+    {"ok": ["forged"]},
+    {"error": {"type": "keyserial.UnknownOperation", "message": "forged"}},
+    {"error": "forged"},
+)
+
+
+async def _forged_replies(attacker: aredis.Redis, namespace: str, shard: int,
+                          rng: random.Random) -> int:
+    """A forged reply for each of the last few ops in the shard's stream, on the reply
+    channel its envelope names (a client may read the streams, and publish on replies)."""
+    sent = 0
+    for _, fields in await attacker.xrevrange(ShardKeys(namespace, shard).stream, count=5):
+        try:
+            envelopes = json.loads(fields.get(b"ops", b"[]"))
+        except ValueError:
+            continue
+        for item in envelopes if isinstance(envelopes, list) else []:
+            if isinstance(item, dict) and isinstance(item.get("reply"), str):
+                reply = [[item.get("id"), rng.choice(FORGED_OUTCOMES)]]
+                await attacker.publish(item["reply"], json.dumps({"v": 1, "r": reply}))
+                sent += 1
+    return sent
 
 
 async def _grant_requests(attacker: aredis.Redis, namespace: str,
