@@ -61,6 +61,9 @@ _UNREACHABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError,
 #: (BUSY), or its cluster is failing over. The command was not executed; it may be sent again.
 _TRANSIENT_PREFIXES = ("BUSY ", "LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN", "READONLY",
                        "NOREPLICAS", "NOTREADY", "UNBLOCKED")
+#: An append to a stream whose last id is the largest there is (an entry appended under it by
+#: hand): "not now" too, since its owner starts the stream again once it has run that entry.
+_STREAM_EXHAUSTED = "exhausted the last possible ID"
 #: The same, as redis-py classes them (it strips their code from the message). MOVED and ASK
 #: reach keyserial on a connection to one node (a write sent with its WAIT): the slot moved.
 _TRANSIENT_TYPES = (redis_errors.ReadOnlyError, redis_errors.TryAgainError, redis_errors.AskError)
@@ -81,7 +84,7 @@ def classify_reply(reply: Any, url: str) -> Any:
     if isinstance(reply, _REFUSED):
         error = ConfigError(f"Redis at {redact(url)} refused keyserial: {reply}")
     elif (isinstance(reply, (*_UNREACHABLE, *_TRANSIENT_TYPES))
-          or str(reply).startswith(_TRANSIENT_PREFIXES)):
+          or str(reply).startswith(_TRANSIENT_PREFIXES) or _STREAM_EXHAUSTED in str(reply)):
         error = BackendUnavailable(url, reply)
     elif isinstance(reply, redis_errors.ResponseError):
         missing = isinstance(reply, redis_errors.NoScriptError)

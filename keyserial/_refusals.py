@@ -54,6 +54,12 @@ class Replayed(Diverged):
     appended again as ``fresh``, a replayed push). The next owner answers it from the record."""
 
 
+class StreamRestarted(Diverged):
+    """``step`` committed an entry appended under the largest id, which left no id for the next
+    append, and started the stream, progress and horizon again (``RESTARTED …``): the runner
+    gives its shard up to start from them. (Unlike the other refusals, the commit was written.)"""
+
+
 class AttemptAhead(Refused):
     """``resolve`` found a grant request's attempt past the home shard's epoch (``AHEAD …``):
     no coordinator began it, so the request is forged or garbled. Nothing was written, so the
@@ -77,7 +83,7 @@ class ScriptMissing(Refused):
 #: Script refusals that carry nothing but their message.
 _BY_CODE: dict[str, type[Refused]] = {
     "FENCED": Fenced, "GONE": RequestGone, "AHEAD": AttemptAhead,
-    "UNCONFIRMED": PushUnconfirmed, "REPLAYED": Replayed,
+    "UNCONFIRMED": PushUnconfirmed, "REPLAYED": Replayed, "RESTARTED": StreamRestarted,
 }
 
 

@@ -448,6 +448,13 @@ MUTANTS: tuple[Mutant, ...] = (
          + _STANDALONE,),
     ),
     Mutant(
+        "stream-stays-exhausted", "G3.12",
+        "step.lua leaves a stream whose last id is the largest as it is",
+        (Edit("keyserial/lua/step.lua", "if ARGV[2] == LAST_ID then", "if false then"),),
+        (_HOSTILE + "test_an_entry_under_the_largest_id_stops_appends_only_until_it_has_committed"
+         + _STANDALONE,),
+    ),
+    Mutant(
         "grant-of-other-keys-taken", "G5.16",
         "a coordinator takes a grant recorded under its attempt's id whatever keys it holds",
         (Edit(_COORDINATOR, "        if sorted(key for key, _ in grant.states) == sorted(keys):",

@@ -488,3 +488,26 @@ async def _returned(results: list[int]) -> bool:
 
 async def _empty(client: redis.asyncio.Redis, stream: str) -> bool:
     return not await client.xrange(stream)
+
+
+LAST_ID = "18446744073709551615-18446744073709551615"
+
+
+async def test_an_entry_under_the_largest_id_stops_appends_only_until_it_has_committed(
+    users: Users, namespace: str
+) -> None:
+    """XADD takes any id larger than the last: one under the largest id there is leaves none
+    for the next append. The owner runs it like any entry, and once it has committed (so has
+    every entry before it), starts the stream again: appends refused meanwhile appended
+    nothing (the client sends them again), and the shard serves again."""
+    key, own = keys_on_shard(4, SHARDS, 2, "acct")
+    async with _one_worker_and_an_attacker(users, namespace) as (ks, attacker):
+        stream = ShardKeys(namespace, 4).stream
+        envelope = {"id": "squatter-1", "key": own, "op": "deposit", "args": [1]}
+        await attacker.xadd(stream, {"v": "1", "ops": json.dumps([envelope])}, id=LAST_ID)
+        # (The client sends a refused append again, as for BUSY, until its timeout.)
+        assert await ks.submit(key, deposit(10), timeout=20) == 10
+        assert await ks.submit(key, deposit(5), timeout=10) == 15
+        assert await ks.read(own) == 1
+        assert await stored(attacker, namespace, 4, "squatter-1") == {"ok": 1}
+    assert users.refusals() == []

@@ -55,8 +55,11 @@
 -- states = {key, JSON state or '', ...}. Error "FENCED ..." (nothing written) if another owner
 -- took over: the epoch moved on; error "UNCONFIRMED ..." (nothing written) if the stream does not
 -- hold the pushed entries of ARGV[15] as pushed; error "REPLAYED ..." (nothing written) if an
--- outcome of "r" is stored already and the step is not this same step sent again.
+-- outcome of "r" is stored already and the step is not this same step sent again; error
+-- "RESTARTED ..." (after the commit) if the new progress is the largest id (see below).
 -- (parse_id, id_gt, writes_hold and replayed_error come from lib.lua.)
+
+local LAST_ID = '18446744073709551615-18446744073709551615'
 
 -- One command for many arguments (a few per step, not one per op), in bounded chunks: unpack()
 -- has a stack limit. (The chunk is even, so field-value pairs never split.)
@@ -243,6 +246,28 @@ if ARGV[12] ~= '' then
   for _, reply in ipairs(cjson.decode(ARGV[12])) do
     redis.call('PUBLISH', reply[1], reply[2])
   end
+end
+-- An entry appended under the largest id there is (by hand: XADD takes any larger id) leaves
+-- no id for the next append. Once it has committed, so has every entry: the stream (if no
+-- append has followed yet: this step may be sent again), progress and horizon start again as
+-- a new shard's, and the owner starts again from them.
+local function last_generated_id()
+  local info = redis.pcall('XINFO', 'STREAM', KEYS[4])
+  for i = 1, #info - 1, 2 do
+    if info[i] == 'last-generated-id' then
+      return info[i + 1]
+    end
+  end
+  return nil
+end
+if ARGV[2] == LAST_ID then
+  if last_generated_id() == LAST_ID then
+    redis.call('DEL', KEYS[4])
+  end
+  redis.call('DEL', KEYS[3], KEYS[8])
+  return redis.error_reply('RESTARTED the stream held an entry with the largest id, '
+    .. LAST_ID .. ', so no append could follow it; every entry had committed, and the stream'
+    .. ' starts again')
 end
 if ARGV[9] ~= '' and (ARGV[10] == '1' or not fetching or #entries == 0) then
   -- Drop committed entries, so XLEN counts the entries not committed yet.
