@@ -58,15 +58,18 @@ log = logging.getLogger("keyserial")
 _UNREACHABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError,
                 redis_errors.RedisClusterException, redis_errors.ClusterDownError, OSError)
 #: Error replies that mean "not now": the server is loading its dataset, running a slow script
-#: (BUSY), or its cluster is failing over. The command was not executed; it may be sent again.
+#: (BUSY), or its cluster is failing over; or it refuses writes for now, out of memory (OOM) or
+#: unable to persist (MISCONF). The command was not executed; it may be sent again. (A script
+#: meets OOM at its first write, so one refused so wrote nothing before.)
 _TRANSIENT_PREFIXES = ("BUSY ", "LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN", "READONLY",
-                       "NOREPLICAS", "NOTREADY", "UNBLOCKED")
+                       "NOREPLICAS", "NOTREADY", "UNBLOCKED", "OOM ", "MISCONF ")
 #: An append to a stream whose last id is the largest there is (an entry appended under it by
 #: hand): "not now" too, since its owner starts the stream again once it has run that entry.
 _STREAM_EXHAUSTED = "exhausted the last possible ID"
 #: The same, as redis-py classes them (it strips their code from the message). MOVED and ASK
 #: reach keyserial on a connection to one node (a write sent with its WAIT): the slot moved.
-_TRANSIENT_TYPES = (redis_errors.ReadOnlyError, redis_errors.TryAgainError, redis_errors.AskError)
+_TRANSIENT_TYPES = (redis_errors.ReadOnlyError, redis_errors.TryAgainError, redis_errors.AskError,
+                    redis_errors.OutOfMemoryError)
 #: Error replies that no retry cures: the credentials or the ACL user do not allow keyserial in.
 _REFUSED = (redis_errors.AuthenticationError, redis_errors.NoPermissionError)
 #: Everything redis-py raises (a cluster client's "no node reachable" is not a RedisError).

@@ -455,6 +455,14 @@ MUTANTS: tuple[Mutant, ...] = (
          + _STANDALONE,),
     ),
     Mutant(
+        "oom-refused-for-good", "G6.21",
+        "an OOM error reply is a refusal that no retry cures, not a \"not now\"",
+        (Edit("keyserial/_backend.py", "redis_errors.AskError,\n"
+              "                    redis_errors.OutOfMemoryError)", "redis_errors.AskError)"),
+         Edit("keyserial/_backend.py", '"UNBLOCKED", "OOM ", "MISCONF ")', '"UNBLOCKED")')),
+        ("tests/test_reliability.py::test_a_server_out_of_memory_is_waited_out_and_blames_no_op",),
+    ),
+    Mutant(
         "grant-of-other-keys-taken", "G5.16",
         "a coordinator takes a grant recorded under its attempt's id whatever keys it holds",
         (Edit(_COORDINATOR, "        if sorted(key for key, _ in grant.states) == sorted(keys):",

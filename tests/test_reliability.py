@@ -13,8 +13,10 @@ from urllib.parse import urlsplit
 
 import anyio
 import pytest
+import redis.asyncio
 
 import keyserial
+import keyserial.testing
 from keyserial import shard_for
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
@@ -418,3 +420,52 @@ async def test_a_takeover_with_every_op_answered_suspects_none_and_says_so(
     worker = start(redis_url, namespace, shards="0", shard_count=1)
     await wait_for_log(worker, "each of their ops answered already: none is suspected")
     assert "(none)" not in worker.log()
+
+
+async def test_a_server_out_of_memory_is_waited_out_and_blames_no_op(
+    namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server at its maxmemory refuses writes (OOM) until memory is freed: a "not now",
+    like BUSY. An op whose commit it refuses is committed once the server takes writes again,
+    by the same runner: no runner fails, no op takes a strike; and an append it refuses is
+    sent again until it lands."""
+    with keyserial.testing.LocalServer() as server:
+        admin = redis.asyncio.Redis.from_url(server.url)
+        stream = ShardKeys(namespace, 0).stream
+        try:
+            async with running_worker(server.url, namespace, shard_count=1,
+                                      apps=["tests.apps"]), \
+                    keyserial.connect(server.url, shards=1, namespace=namespace) as ks, \
+                    anyio.create_task_group() as group:
+                results: list[Any] = []
+
+                async def submit(call: keyserial.Call[Any]) -> None:
+                    results.append(await ks.submit("evt:1", call, timeout=30))
+
+                group.start_soon(submit, apps.slow_append("slow", 1.0))
+                await eventually_async(lambda: admin.xlen(stream))
+                await admin.config_set("maxmemory", 1)  # (the op runs for a second more)
+                group.start_soon(submit, apps.append("later"))
+                await eventually_async(lambda: _true(_oom_retried(caplog)))
+                await admin.config_set("maxmemory", 0)
+            assert sorted(results) == [["slow"], ["slow", "later"]]
+            assert await ks_read(server.url, namespace) == ["slow", "later"]
+        finally:
+            await admin.aclose()
+    assert "runner failed" not in caplog.text
+    assert "strike" not in caplog.text.lower()
+
+
+def _oom_retried(caplog: pytest.LogCaptureFixture) -> bool:
+    """A runner's commit met OOM, and is sent again."""
+    return any("shard 0" in record.getMessage() and "maxmemory" in record.getMessage()
+               and "retrying" in record.getMessage() for record in caplog.records)
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def ks_read(url: str, namespace: str) -> Any:
+    async with keyserial.connect(url, shards=1, namespace=namespace) as ks:
+        return await ks.read("evt:1")
