@@ -511,3 +511,37 @@ async def test_an_entry_under_the_largest_id_stops_appends_only_until_it_has_com
         assert await ks.read(own) == 1
         assert await stored(attacker, namespace, 4, "squatter-1") == {"ok": 1}
     assert users.refusals() == []
+
+
+async def test_entries_an_append_with_maxlen_0_drops_are_appended_again_by_their_clients(
+    users: Users, namespace: str
+) -> None:
+    """A client may append with ``MAXLEN 0``, which drops every entry not run yet. A client
+    whose op's entry is gone with no outcome appends it again (its sweep, as after a
+    failover): the op applies once. (An op whose client is gone is lost, never
+    acknowledged.)"""
+    key = keys_on_shard(5, SHARDS, 1, "acct")[0]
+    stream = ShardKeys(namespace, 5).stream
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        await _record_shard_count(users, namespace)
+        async with keyserial.connect(users.client_url, namespace=namespace) as ks, \
+                anyio.create_task_group() as group:
+            results: list[int] = []
+
+            async def deposit_10() -> None:
+                results.append(await ks.submit(key, deposit(10), timeout=30))
+
+            group.start_soon(deposit_10)
+            (first, _), = await eventually_async(lambda: attacker.xrange(stream))
+            await attacker.xadd(stream, {"v": "1", "ops": "[]"}, maxlen=0, approximate=False)
+            assert await attacker.xlen(stream) == 0
+            (again, _), = await eventually_async(lambda: attacker.xrange(stream))
+            assert again != first
+            async with running_worker(users.worker_url, namespace, shard_count=SHARDS):
+                await eventually_async(lambda: _returned(results))
+            assert results == [10]
+            assert await ks.read(key) == 10
+    finally:
+        await attacker.aclose()
+    assert users.refusals() == []
