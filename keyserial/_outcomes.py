@@ -162,9 +162,11 @@ class ReplyLookups:
         self._outcomes = outcomes
         self._shards = shards
         self._waiting = waiting
-        #: Results fields to look up, by node and shard; the nodes with a lookup in flight, and
-        #: those due one.
-        self._due: dict[str, dict[int, set[str]]] = defaultdict(lambda: defaultdict(set))
+        #: Results fields to look up, by node and shard, in the order replies named them (the
+        #: order their ops settle in); the nodes with a lookup in flight, and those due one.
+        self._due: dict[str, dict[int, dict[str, None]]] = defaultdict(
+            lambda: defaultdict(dict)
+        )
         self._looking: set[str] = set()
         self._ready: set[str] = set()
         # (An asyncio event: replies arrive in a callback of the client's loop, outside any
@@ -180,7 +182,7 @@ class ReplyLookups:
                 continue
             shard = waiters[0].shard
             node = self._backend.node_of(self._shards[shard].stream)
-            self._due[node][shard].add(answered_field(op_id) if unknown else op_id)
+            self._due[node][shard][answered_field(op_id) if unknown else op_id] = None
             if node not in self._looking:
                 self._ready.add(node)
                 self._wake.set()

@@ -117,7 +117,7 @@ class Settings:
     #: nor forge another service's replies. See docs/deployment.md#acl-users-least-privilege.
     service: str = ""
     #: A client takes each op's outcome from the shard's records, a reply message only telling
-    #: it to look (one read per message: a hot key's throughput drops by about a quarter).
+    #: it to look (one read per message: a hot key does about a fifth fewer ops a second).
     #: False takes the message's outcome as it is: only for a client user no untrusted client
     #: shares, since any client of the user may publish a forged reply. See
     #: docs/deployment.md#acl-users-least-privilege.
