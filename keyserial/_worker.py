@@ -73,6 +73,9 @@ class Worker:
         self._stop = anyio.Event()
         self._shard_count = 0
         self._started = anyio.Event()
+        #: Set by ``stop(at_once=True)``; the drain of a stop under way, to cut short.
+        self._at_once = False
+        self._draining: anyio.CancelScope | None = None
         self.shards: list[int] = []
         #: Served over HTTP when ``metrics_port`` is given (0: any free port).
         self.metrics = Metrics(
@@ -80,8 +83,15 @@ class Worker:
             lambda: {shard: holder.runner for shard, holder in self._owned.items()}, metrics_port,
         )
 
-    def stop(self) -> None:
-        """Finish in-flight work, release every lease, and return from :meth:`run`."""
+    def stop(self, *, at_once: bool = False) -> None:
+        """Finish in-flight work (for at most a lease TTL), release every lease, and return from
+        :meth:`run`. ``at_once``: abandon the ops in flight now instead (uncommitted: the next
+        owner runs them again, as after a crash); the leases are still released, so it takes
+        the shards over at once. (Also while a stop already drains.)"""
+        if at_once:
+            self._at_once = True
+            if self._draining is not None:
+                self._draining.cancel()
         self._stop.set()
 
     @property
@@ -303,14 +313,16 @@ class Worker:
         holders = dict(self._owned)
         for holder in holders.values():
             holder.runner.stop()
-        with anyio.move_on_after(self.settings.lease_ttl) as scope:
+        with anyio.move_on_after(0 if self._at_once else self.settings.lease_ttl) as scope:
+            self._draining = scope
             for holder in holders.values():
                 await holder.done.wait()
+        self._draining = None
         if scope.cancelled_caught:
             log.warning(
-                "shutdown: in-flight ops did not finish in %gs; abandoning them"
-                " (the next owner runs them)",
-                self.settings.lease_ttl,
+                "shutdown: in-flight ops %s; abandoning them (the next owner runs them)",
+                "stopped at once" if self._at_once
+                else f"did not finish in {self.settings.lease_ttl:g}s",
             )
         for holder in holders.values():
             holder.scope.cancel()

@@ -304,15 +304,16 @@ async def _serve_until_signalled(
             with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
                 draining = False
                 async for received in signals:
-                    if draining:  # (dying now would leave the leases to expire)
+                    if draining:  # (not dying: that would leave the leases to expire)
                         log.warning(
-                            "received %s again: still draining; in-flight ops get at most"
-                            " --lease-ttl (%gs), then the leases are released (SIGKILL stops"
-                            " at once, and the shards move after a lease TTL)",
-                            received.name, worker.settings.lease_ttl,
+                            "received %s again: stopping at once; the ops in flight are"
+                            " abandoned (the next owner runs them again), and the leases"
+                            " released", received.name,
                         )
+                        worker.stop(at_once=True)
                         continue
-                    log.info("received %s: draining and releasing leases", received.name)
+                    log.info("received %s: draining and releasing leases (again: stop at"
+                             " once)", received.name)
                     draining = True
                     worker.stop()
 

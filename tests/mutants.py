@@ -463,6 +463,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_reliability.py::test_a_server_out_of_memory_is_waited_out_and_blames_no_op",),
     ),
     Mutant(
+        "second-signal-keeps-draining", "G6.7",
+        "a second SIGTERM or SIGINT while a worker drains changes nothing",
+        (Edit("keyserial/cli.py", "                        worker.stop(at_once=True)\n",
+              "                        pass\n"),),
+        ("tests/test_cli.py::test_a_second_signal_stops_at_once_and_still_releases_the_leases"
+         + _STANDALONE,),
+    ),
+    Mutant(
         "grant-of-other-keys-taken", "G5.16",
         "a coordinator takes a grant recorded under its attempt's id whatever keys it holds",
         (Edit(_COORDINATOR, "        if sorted(key for key, _ in grant.states) == sorted(keys):",

@@ -17,7 +17,7 @@ import redis
 
 import keyserial
 from keyserial.ledger import deposit
-from keyserial.testing import LocalServer, find_server_binary, free_port
+from keyserial.testing import LocalServer, find_server_binary, free_port, running_worker
 from tests import apps
 from tests.helpers import ROOT
 
@@ -316,20 +316,28 @@ def test_dev_keeps_data_in_a_relative_dir_and_adopts_its_shard_count_again(
     assert result.stderr.strip() == "keyserial: error: --data-dir 'afile' is not a directory"
 
 
-def test_a_second_signal_while_draining_is_noted_and_the_leases_are_still_released(
+def test_a_second_signal_stops_at_once_and_still_releases_the_leases(
     redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
-    """Dying at the second Ctrl-C would leave the leases to expire: a standby would wait a
-    lease TTL for shards no one serves."""
+    """A second Ctrl-C while a worker drains stops it at once, as a user expects: the op in
+    flight is abandoned uncommitted, and the leases are still released (dying would leave them
+    to expire), so the next worker takes over at once and runs the op, once."""
     note = tmp_path / "running"
     process = _worker_process("--redis", redis_url, "--namespace", namespace, "--shard-count", "1",
-                              "--lease-ttl", "5", "--app", "tests.apps")
+                              "--lease-ttl", "20", "--app", "tests.apps")
     try:
         assert process.stdout is not None
 
-        async def submit_a_slow_op() -> None:
+        async def submit_a_slow_op() -> int:
             async with keyserial.connect(redis_url, namespace=namespace) as ks:
-                await ks.submit("k", apps.noted_slow_record(1.5, str(note)), timeout=20)
+                applied = await ks.submit("k", apps.noted_slow_record(8, str(note)), timeout=60)
+            answered.set()
+            return applied
+
+        async def serve_until_answered() -> None:
+            async with running_worker(redis_url, namespace, apps=["tests.apps"]):
+                with anyio.fail_after(30):
+                    await answered.wait()
 
         def wait_for(line: str) -> str:
             seen = ""
@@ -341,6 +349,7 @@ def test_a_second_signal_while_draining_is_noted_and_the_leases_are_still_releas
 
         wait_for("shard 0: acquired")
         with anyio.from_thread.start_blocking_portal() as portal:
+            answered = portal.call(anyio.Event)
             submitted = portal.start_task_soon(submit_a_slow_op)
             deadline = time.monotonic() + 10
             while not note.exists():  # the op is running
@@ -349,11 +358,16 @@ def test_a_second_signal_while_draining_is_noted_and_the_leases_are_still_releas
             process.send_signal(signal.SIGTERM)
             wait_for("draining")
             process.send_signal(signal.SIGINT)
-            rest = wait_for("again: still draining")
-            submitted.result(timeout=20)  # the op in flight finished and was answered
-        rest += process.stdout.read()
-        assert process.wait(timeout=15) == 0, rest
-        assert "released shards" in rest and "Traceback" not in rest
+            signalled = time.monotonic()
+            rest = wait_for("again: stopping at once")
+            rest += process.stdout.read()
+            assert process.wait(timeout=15) == 0, rest
+            assert time.monotonic() - signalled < 5, "it waited for the op (8 s) to finish"
+            assert "released shards 0" in rest and "Traceback" not in rest
+            assert not submitted.done()
+            portal.call(serve_until_answered)  # takes the shard at once, runs the op again
+            assert submitted.result(timeout=5) == 1  # applied once
+        assert len(note.read_text().split()) == 2  # it ran in both workers
     finally:
         process.kill()
         process.wait()
