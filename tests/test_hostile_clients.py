@@ -25,7 +25,7 @@ from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
 from tests.entries import stored
-from tests.helpers import eventually_async, keys_on_shard
+from tests.helpers import eventually, eventually_async, keys_on_shard
 from tests.test_acl import Users, documented_users
 
 SHARDS = 8
@@ -376,12 +376,37 @@ async def _forge_replies(
     for outcome in forged:
         before = handled()
         await attacker.publish(envelope["reply"], json.dumps({"v": 1, "r": [[op_id, outcome]]}))
-        await eventually_async(lambda before=before: _true(handled() > before))
+        await eventually(lambda before=before: handled() > before, message=f"{outcome!r} handled")
     return op_id
 
 
-async def _true(value: bool) -> bool:
-    return value
+@asynccontextmanager
+async def _a_deposit_waiting(
+    users: Users, namespace: str, key: str, **options: Any
+) -> AsyncIterator[tuple[keyserial.Client, redis.asyncio.Redis, list[int]]]:
+    """A caller's deposit(10) on ``key``, submitted while no worker serves, and the attacker's
+    connection, both as the client user; the list gets the deposit's value once answered.
+    (The shard count is recorded first, as a worker would: a client user may not.)"""
+    await _record_shard_count(users, namespace)
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    answered: list[int] = []
+    try:
+        async with keyserial.connect(users.client_url, namespace=namespace, **options) as ks, \
+                anyio.create_task_group() as group:
+
+            async def deposit_10() -> None:
+                answered.append(await ks.submit(key, deposit(10), timeout=30))
+
+            group.start_soon(deposit_10)
+            yield ks, attacker, answered
+    finally:
+        await attacker.aclose()
+
+
+async def _served(users: Users, namespace: str, answered: list[int], **options: Any) -> None:
+    """A worker on every shard, until it has answered the waiting caller."""
+    async with running_worker(users.worker_url, namespace, shard_count=SHARDS, **options):
+        await eventually(lambda: answered, message="the caller's answer")
 
 
 async def test_a_forged_reply_never_answers_a_caller(
@@ -391,24 +416,11 @@ async def test_a_forged_reply_never_answers_a_caller(
     reply only says "look now": the caller reads its outcome from the shard's records, so a
     forged value, or a malformed one, never reaches it."""
     key = keys_on_shard(2, SHARDS, 1, "acct")[0]
-    attacker = redis.asyncio.Redis.from_url(users.client_url)
-    try:
-        await _record_shard_count(users, namespace)
-        async with keyserial.connect(users.client_url, namespace=namespace) as ks, \
-                anyio.create_task_group() as group:
-            results: list[int] = []
-
-            async def deposit_10() -> None:
-                results.append(await ks.submit(key, deposit(10), timeout=30))
-
-            group.start_soon(deposit_10)
-            await _forge_replies(attacker, namespace, 2, caplog)
-            assert results == []
-            async with running_worker(users.worker_url, namespace, shard_count=SHARDS):
-                await eventually_async(lambda: _returned(results))
-            assert results == [10]
-    finally:
-        await attacker.aclose()
+    async with _a_deposit_waiting(users, namespace, key) as (_, attacker, answered):
+        await _forge_replies(attacker, namespace, 2, caplog)
+        assert answered == []
+        await _served(users, namespace, answered)
+        assert answered == [10]
     assert users.refusals() == []
 
 
@@ -438,9 +450,7 @@ async def test_a_refusal_recorded_for_an_earlier_entry_never_answers_a_resubmit(
                 group.start_soon(resubmit)
                 assert await _forge_replies(attacker, namespace, 3, caplog) == "order-9"
                 assert results == []
-                async with running_worker(users.worker_url, namespace, shard_count=SHARDS,
-                                          apps=["tests.apps"]):
-                    await eventually_async(lambda: _returned(results))
+                await _served(users, namespace, results, apps=["tests.apps"])
             assert results == [1]
     finally:
         await attacker.aclose()
@@ -454,36 +464,20 @@ async def test_a_client_that_trusts_replies_ignores_malformed_ones(
     no untrusted client shares), but one that is not an outcome is ignored, never raised at
     the caller as a TypeError."""
     key = keys_on_shard(2, SHARDS, 1, "acct")[0]
-    attacker = redis.asyncio.Redis.from_url(users.client_url)
-    try:
-        await _record_shard_count(users, namespace)
-        async with keyserial.connect(users.client_url, namespace=namespace,
-                                     verify_replies=False) as ks, \
-                anyio.create_task_group() as group:
-            results: list[int] = []
-
-            async def deposit_10() -> None:
-                results.append(await ks.submit(key, deposit(10), timeout=30))
-
-            group.start_soon(deposit_10)
-            await _forge_replies(attacker, namespace, 2, caplog, forged=_MALFORMED,
-                                 logged="malformed reply")
-            assert results == []
-            async with running_worker(users.worker_url, namespace, shard_count=SHARDS):
-                await eventually_async(lambda: _returned(results))
-            assert results == [10]
-    finally:
-        await attacker.aclose()
+    async with _a_deposit_waiting(users, namespace, key, verify_replies=False) as (
+        _, attacker, answered
+    ):
+        await _forge_replies(attacker, namespace, 2, caplog, forged=_MALFORMED,
+                             logged="malformed reply")
+        assert answered == []
+        await _served(users, namespace, answered)
+        assert answered == [10]
 
 
 async def _record_shard_count(users: Users, namespace: str) -> None:
     """What the first worker would do: a client user may not record the shard count."""
     async with keyserial.connect(users.worker_url, namespace=namespace, shards=SHARDS):
         pass
-
-
-async def _returned(results: list[int]) -> bool:
-    return bool(results)
 
 
 async def _empty(client: redis.asyncio.Redis, stream: str) -> bool:
@@ -522,26 +516,13 @@ async def test_entries_an_append_with_maxlen_0_drops_are_appended_again_by_their
     acknowledged.)"""
     key = keys_on_shard(5, SHARDS, 1, "acct")[0]
     stream = ShardKeys(namespace, 5).stream
-    attacker = redis.asyncio.Redis.from_url(users.client_url)
-    try:
-        await _record_shard_count(users, namespace)
-        async with keyserial.connect(users.client_url, namespace=namespace) as ks, \
-                anyio.create_task_group() as group:
-            results: list[int] = []
-
-            async def deposit_10() -> None:
-                results.append(await ks.submit(key, deposit(10), timeout=30))
-
-            group.start_soon(deposit_10)
-            (first, _), = await eventually_async(lambda: attacker.xrange(stream))
-            await attacker.xadd(stream, {"v": "1", "ops": "[]"}, maxlen=0, approximate=False)
-            assert await attacker.xlen(stream) == 0
-            (again, _), = await eventually_async(lambda: attacker.xrange(stream))
-            assert again != first
-            async with running_worker(users.worker_url, namespace, shard_count=SHARDS):
-                await eventually_async(lambda: _returned(results))
-            assert results == [10]
-            assert await ks.read(key) == 10
-    finally:
-        await attacker.aclose()
+    async with _a_deposit_waiting(users, namespace, key) as (ks, attacker, answered):
+        (first, _), = await eventually_async(lambda: attacker.xrange(stream))
+        await attacker.xadd(stream, {"v": "1", "ops": "[]"}, maxlen=0, approximate=False)
+        assert await attacker.xlen(stream) == 0
+        (again, _), = await eventually_async(lambda: attacker.xrange(stream))
+        assert again != first
+        await _served(users, namespace, answered)
+        assert answered == [10]
+        assert await ks.read(key) == 10
     assert users.refusals() == []

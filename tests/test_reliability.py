@@ -435,21 +435,21 @@ async def test_a_server_out_of_memory_is_waited_out_and_blames_no_op(
         try:
             async with running_worker(server.url, namespace, shard_count=1,
                                       apps=["tests.apps"]), \
-                    keyserial.connect(server.url, shards=1, namespace=namespace) as ks, \
-                    anyio.create_task_group() as group:
+                    keyserial.connect(server.url, shards=1, namespace=namespace) as ks:
                 results: list[Any] = []
 
                 async def submit(call: keyserial.Call[Any]) -> None:
                     results.append(await ks.submit("evt:1", call, timeout=30))
 
-                group.start_soon(submit, apps.slow_append("slow", 1.0))
-                await eventually_async(lambda: admin.xlen(stream))
-                await admin.config_set("maxmemory", 1)  # (the op runs for a second more)
-                group.start_soon(submit, apps.append("later"))
-                await eventually_async(lambda: _true(_oom_retried(caplog)))
-                await admin.config_set("maxmemory", 0)
-            assert sorted(results) == [["slow"], ["slow", "later"]]
-            assert await ks_read(server.url, namespace) == ["slow", "later"]
+                async with anyio.create_task_group() as group:
+                    group.start_soon(submit, apps.slow_append("slow", 1.0))
+                    await eventually_async(lambda: admin.xlen(stream))
+                    await admin.config_set("maxmemory", 1)  # (the op runs for a second more)
+                    group.start_soon(submit, apps.append("later"))
+                    await eventually(lambda: _oom_retried(caplog), message="a commit's OOM")
+                    await admin.config_set("maxmemory", 0)
+                assert sorted(results) == [["slow"], ["slow", "later"]]
+                assert await ks.read("evt:1") == ["slow", "later"]
         finally:
             await admin.aclose()
     assert "runner failed" not in caplog.text
@@ -460,12 +460,3 @@ def _oom_retried(caplog: pytest.LogCaptureFixture) -> bool:
     """A runner's commit met OOM, and is sent again."""
     return any("shard 0" in record.getMessage() and "maxmemory" in record.getMessage()
                and "retrying" in record.getMessage() for record in caplog.records)
-
-
-async def _true(value: bool) -> bool:
-    return value
-
-
-async def ks_read(url: str, namespace: str) -> Any:
-    async with keyserial.connect(url, shards=1, namespace=namespace) as ks:
-        return await ks.read("evt:1")
