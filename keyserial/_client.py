@@ -31,10 +31,11 @@ from ._durability import stored_confirmed
 from ._json import encodes
 from ._layout import ShardKeys, reply_channel
 from ._ops import RESERVED_PREFIX, Call
-from ._outcomes import ReplyLookups, StoredOutcomes
+from ._outcomes import ReplyLookups, StoredOutcomes, settle_signed
 from ._pending import TIMED_OUT, Pending, closed_while_waiting, value_or_raise
 from ._routing import shard_for
 from ._settings import Settings
+from ._signing import ReplyVerifier
 from ._sweep import Sweep
 from .errors import (
     BackendUnavailable,
@@ -67,7 +68,9 @@ class Client:
         self._pid = os.getpid()
         self._op_ids = _OpIds(self.client_id)
         self._backend = backend
-        self._reply = reply_channel(settings.namespace, self.client_id)
+        #: The client's key pair for signed replies; its public half ends the reply channel.
+        self._verifier = ReplyVerifier(reply_channel(settings.namespace, self.client_id))
+        self._reply = self._verifier.channel
         #: The submits awaited, by op id.
         self._waiting: dict[str, list[Pending]] = defaultdict(list)
         self._task_group: TaskGroup | None = None
@@ -76,7 +79,8 @@ class Client:
         self._shards = [ShardKeys(settings.namespace, shard) for shard in range(shard_count)]
         self._appender = Appender(backend, settings, self._shards)
         outcomes = StoredOutcomes(backend, settings, self._waiting)
-        self._lookups = ReplyLookups(backend, outcomes, self._shards, self._waiting)
+        self._lookups = ReplyLookups(backend, outcomes, self._shards, self._waiting,
+                                     self._verifier)
         self._sweep = Sweep(backend, settings, self._waiting, self._settle, outcomes,
                             self._appender.requeue)
 
@@ -369,14 +373,19 @@ class Client:
             ) from None
 
     def _deliver(self, data: bytes) -> None:
-        """A reply message names ops to look up; its outcomes are taken only where the
-        settings trust replies (see _outcomes)."""
+        """A reply message signed by a worker settles the submits it answers; any other names
+        ops to look up. Its outcomes are taken as they are only where the settings trust
+        replies (see _outcomes)."""
         try:
             if not self.settings.verify_replies:
                 for op_id, outcome in decode_reply(data):
                     self._settle(op_id, outcome)
                 return
-            replied = replied_op_ids(data)
+            signed = self._verifier.verified(data, self._lookups.wants_signer)
+            if signed is None:
+                replied = replied_op_ids(data)
+            else:
+                replied = settle_signed(decode_reply(signed), self._waiting)
         except (ValueError, KeyError, TypeError):
             log.error("ignoring a malformed reply message: %r", data[:200])
             return

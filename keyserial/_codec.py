@@ -326,6 +326,14 @@ def decode_outcome(raw: str | bytes) -> dict[str, Any]:
     return outcome
 
 
+def reply_outcome(outcome: str, shard: int, entry_ids: Sequence[str]) -> str:
+    """An outcome as a reply carries it: with the op's shard (``s``) and the stream entries it
+    answers (``e``; none for an op of an entry that could not be read), so that a client takes
+    a signed reply's outcome only for the very op it appended (see ``_signing``)."""
+    entries = '["' + '","'.join(entry_ids) + '"]' if entry_ids else "[]"
+    return f'{outcome[:-1]},"s":{shard},"e":{entries}}}'
+
+
 def encode_reply(outcomes: Iterable[tuple[str, str]]) -> str:
     """A reply message from ``(op_id, encoded outcome)`` pairs, without re-encoding outcomes."""
     body = ",".join("[" + dumps(op_id) + "," + outcome + "]" for op_id, outcome in outcomes)
@@ -355,10 +363,11 @@ def replied_op_ids(raw: str | bytes) -> list[tuple[str, bool]]:
     :raises ValueError, KeyError, TypeError: for a message that is not a reply.
     """
     message = json.loads(raw)
-    return [(op_id, _says_unknown(outcome)) for op_id, outcome in message["r"]
+    return [(op_id, says_unknown(outcome)) for op_id, outcome in message["r"]
             if isinstance(op_id, str)]
 
 
-def _says_unknown(outcome: Any) -> bool:
+def says_unknown(outcome: Any) -> bool:
+    """Whether ``outcome`` is the refusal of an op no worker knows (recorded apart)."""
     error = outcome.get("error") if isinstance(outcome, dict) else None
     return isinstance(error, dict) and error.get("type") == UnknownOperation.wire_type

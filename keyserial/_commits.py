@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ._codec import answered_record, bound
+from ._codec import answered_record, bound, reply_outcome
 from ._execution import Entry
 from ._json import dumps
 from ._layout import answered_field
@@ -70,7 +70,8 @@ class CommitPlanner:
     ``trim_interval`` seconds: nearly every step then fetches nothing, and a trim each time
     would cost a command per step."""
 
-    def __init__(self, trim_interval: float) -> None:
+    def __init__(self, shard: int, trim_interval: float) -> None:
+        self._shard = shard
         self._entries: OrderedDict[str, Entry] = OrderedDict()
         #: The last committed entry still in the stream ('' if none), and how many such entries.
         self._untrimmed = ""
@@ -104,8 +105,7 @@ class CommitPlanner:
                 entry_ids = [entry.entry_id for entry in finished.entries]
                 answered.append((answered_field(finished.op_id),
                                  answered_record(finished.outcome, entry_ids)))
-            for channel in finished.replies:
-                replies[channel].append((finished.op_id, finished.outcome))
+            self._reply(finished, replies)
         progress = self._advance_progress()
         passed = self._passed_by_ops()
         if progress:
@@ -123,6 +123,14 @@ class CommitPlanner:
             payload = dumps(commit)
         return Commit(progress, payload, replies, self._untrimmed if due else "", trim_now,
                       builds=bool(writes or results or answered))
+
+    def _reply(self, finished: Finished, replies: dict[str, list[tuple[str, str]]]) -> None:
+        """Add ``finished``'s outcome to the replies of its callers' channels."""
+        if finished.replies:
+            answer = reply_outcome(finished.outcome, self._shard,
+                                   [entry.entry_id for entry in finished.entries])
+            for channel in finished.replies:
+                replies[channel].append((finished.op_id, answer))
 
     def trimmed(self) -> None:
         """The step trimmed the stream through :attr:`Commit.trim_to`."""

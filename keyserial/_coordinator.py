@@ -21,7 +21,7 @@ import anyio
 
 from ._backoff import Backoff
 from ._chains import Hold
-from ._codec import WIRE_VERSION, Envelope, binding, bound, encode_reply, pack_entry
+from ._codec import WIRE_VERSION, Envelope, binding, bound, pack_entry, reply_outcome
 from ._commit_scripts import CommitAcrossArgs, ShardWrites, commit_across
 from ._coordination import (
     Collaborators,
@@ -39,7 +39,7 @@ from ._json import dumps
 from ._layout import ShardKeys
 from ._mailbox import LocalShard
 from ._messages import Decision, DecisionNotice, GrantRequest, KeyGrant
-from ._pipeline import LineageBroken
+from ._pipeline import LineageBroken, reply_messages
 from ._refusals import BacklogRefused, OwnedElsewhere, Refused, Replayed
 from ._scripts import ScriptCall
 from ._submit_scripts import SubmitArgs, submit
@@ -90,7 +90,7 @@ class Coordinator:
             run, holds, writes, outcome, len(replies),
             self._across_call(envelope, outcome, owners, writes),
         )
-        gated = {reply: [(envelope.op_id, outcome)] for reply in replies}
+        gated = {reply: self._answers(run, outcome) for reply in replies}
         parts.pipeliner.submit(pending.call, gated, partial(self._committed, pending),
                                [owner.lineage for owner in owners])
         return True
@@ -134,6 +134,12 @@ class Coordinator:
         # reply to the same op is ignored.
         pending.replied = 0
         self._committed(pending, result)
+
+    def _answers(self, run: Run, outcome: str) -> list[tuple[str, str]]:
+        """A reply's item for ``run``'s ``outcome``: what its callers are told it committed."""
+        entry_ids = [entry.entry_id for entry in run.entries]
+        answer = reply_outcome(outcome, self._parts.home.shard, entry_ids)
+        return [(run.envelope.op_id, answer)]
 
     def _landed(
         self,
@@ -218,7 +224,8 @@ class Coordinator:
         here = parts.mailbox.channel
         message = dumps(notice.to_wire())
         notices = [(channel, message) for channel in dict.fromkeys(participants) if channel != here]
-        notices += [(reply, encode_reply([(op_id, outcome)])) for reply in replies]
+        notices += reply_messages({reply: self._answers(run, outcome) for reply in replies},
+                                  parts.pipeliner.signer)
         k = home.keys
         durable = parts.settings.durability is not None
         # Durably: a decision leaves its shard only once a failover cannot lose it, or the
@@ -274,7 +281,7 @@ class Coordinator:
             call = self._across_call(envelope, outcome, owned, writes)
             try:
                 await parts.fenced(
-                    call, replies={reply: [(envelope.op_id, outcome)] for reply in replies},
+                    call, replies={reply: self._answers(run, outcome) for reply in replies},
                     also=[other.lineage for other in others],
                 )
             except anyio.get_cancelled_exc_class():

@@ -58,6 +58,11 @@ def reply_channel(namespace: str, client_id: str) -> str:
     return f"ks:{namespace}:reply:{client_id}"
 
 
+def signers_key(namespace: str) -> str:
+    """The hash of the workers' reply signers: signer id -> public key (only workers write)."""
+    return f"ks:{namespace}:signers"
+
+
 def worker_channel(namespace: str, token: str) -> str:
     """A worker's coordination channel: grants and decisions of cross-shard ops."""
     return f"ks:{namespace}:worker:{token}"

@@ -20,19 +20,24 @@ from typing import Any
 import anyio
 
 from ._backend import Backend
-from ._codec import decode_outcome, envelope_binding, taken_outcome
+from ._codec import decode_outcome, envelope_binding, says_unknown, taken_outcome
 from ._commands import raise_errors
 from ._durability import stored_confirmed
-from ._layout import ShardKeys, answered_field
+from ._layout import ShardKeys, answered_field, signers_key
 from ._pending import Pending
 from ._refusals import Refused
 from ._settings import Settings
+from ._signing import ReplyVerifier
 from .errors import BackendUnavailable
 
 log = logging.getLogger("keyserial.client")
 
 Outcome = dict[str, Any]
 _ANSWERED = answered_field("")
+#: Signers met and not read yet that a client keeps at most (more are met again later).
+_SIGNERS_DUE = 64
+#: Seconds before a signer not listed is looked for again.
+_SIGNER_RETRY = 1.0
 
 
 class StoredOutcomes:
@@ -129,21 +134,57 @@ def _fields(op_ids: Sequence[str]) -> list[str]:
 def _outcome_for(
     pending: Pending, stored: bytes | None, answered: bytes | None
 ) -> Outcome | None:
-    """The outcome the records give ``pending``: the stored one if it is this op's (another
-    op's: the refusal of an id taken), else the answer recorded for the very entry it
-    appended (a refusal of an op no worker knew: a resubmit waits for its own); or None."""
+    """The outcome the records give ``pending``: the stored one (see :func:`_own`), else the
+    answer recorded for the very entry it appended (a refusal of an op no worker knew: a
+    resubmit waits for its own); or None."""
     if stored is not None:
-        outcome = decode_outcome(stored)
-        bound_to = outcome.pop("b", None)
-        if bound_to is not None and bound_to != (envelope_binding(pending.envelope) or None):
-            return decode_outcome(taken_outcome(pending.op_id))
-        return outcome
+        return _own(pending, decode_outcome(stored))
     if answered is None:
         return None
     outcome = decode_outcome(answered)
     entries = outcome.pop("e", ())
     if pending.entry is None or pending.entry.decode() not in entries:
         return None
+    return outcome
+
+
+def signed_outcome_for(pending: Pending, answer: Outcome) -> Outcome | None:
+    """The outcome a signed reply's ``answer`` gives ``pending``, if it answers the very entry
+    that ``pending`` appended to its shard (see ``_codec.reply_outcome``); else None (one that
+    came before the append's own reply did is looked up instead)."""
+    entries, shard = answer.get("e"), answer.get("s")
+    if (pending.entry is None or shard != pending.shard or not isinstance(entries, list)
+            or pending.entry.decode() not in entries):
+        return None
+    return _own(pending, {name: value for name, value in answer.items()
+                          if name != "e" and name != "s"})
+
+
+def settle_signed(
+    answers: Sequence[tuple[str, Outcome]], waiting: Mapping[str, list[Pending]]
+) -> list[tuple[str, bool]]:
+    """Settle the submits that a signed reply's ``answers`` answer; the op ids it names that
+    still have submits waiting, each with whether it said UnknownOperation (to look up)."""
+    left = []
+    for op_id, answer in answers:
+        unsettled = False
+        for pending in waiting.get(op_id, ()):
+            outcome = signed_outcome_for(pending, answer)
+            if outcome is None:
+                unsettled = True
+            else:
+                pending.settle(outcome)
+        if unsettled:
+            left.append((op_id, says_unknown(answer)))
+    return left
+
+
+def _own(pending: Pending, outcome: Outcome) -> Outcome:
+    """An outcome stored under ``pending``'s op id, as its answer: stored with another op's
+    binding, it gives the refusal of an id taken."""
+    bound_to = outcome.pop("b", None)
+    if bound_to is not None and bound_to != (envelope_binding(pending.envelope) or None):
+        return decode_outcome(taken_outcome(pending.op_id))
     return outcome
 
 
@@ -156,9 +197,14 @@ class ReplyLookups:
 
     def __init__(
         self, backend: Backend, outcomes: StoredOutcomes, shards: Sequence[ShardKeys],
-        waiting: Mapping[str, list[Pending]],
+        waiting: Mapping[str, list[Pending]], verifier: ReplyVerifier,
     ) -> None:
         self._backend = backend
+        self._verifier = verifier
+        self._signers = signers_key(shards[0].namespace)
+        #: Signers met in replies whose keys are to be read, and those being read.
+        self._signers_due: dict[str, None] = {}
+        self._signers_asked: set[str] = set()
         self._outcomes = outcomes
         self._shards = shards
         self._waiting = waiting
@@ -187,16 +233,49 @@ class ReplyLookups:
                 self._ready.add(node)
                 self._wake.set()
 
+    def wants_signer(self, signer_id: str) -> None:
+        """A reply came signed by a signer this client has not met: read its key (one read at
+        a time, for every signer met meanwhile: a forged id costs a field of it)."""
+        if signer_id not in self._signers_asked and len(self._signers_due) < _SIGNERS_DUE:
+            self._signers_due[signer_id] = None
+            self._wake.set()
+
     async def run(self) -> None:
         """Start a lookup for each node that has ops due and none in flight, until cancelled."""
         async with anyio.create_task_group() as group:
             while True:
                 await self._wake.wait()
                 self._wake.clear()
+                if self._signers_due and not self._signers_asked:
+                    self._signers_asked = set(self._signers_due)
+                    self._signers_due.clear()
+                    group.start_soon(self._learn_signers)
                 for node in self._ready:
                     self._looking.add(node)
                     group.start_soon(self._look_up, node)
                 self._ready.clear()
+
+    async def _learn_signers(self) -> None:
+        """Read the keys of the signers asked for; one not listed (a forged id, or a worker not
+        listed yet) is asked for again only after a pause."""
+        asked = list(self._signers_asked)
+        try:
+            (records,) = raise_errors(
+                await self._backend.pipeline([("HMGET", self._signers, *asked)])
+            )
+            unknown = [signer for signer, record in zip(asked, records, strict=True)
+                       if not self._verifier.learn(signer, record)]
+            if unknown:
+                log.info("reply signers %s are not listed (yet): their replies are looked up",
+                         _few(unknown))
+                await anyio.sleep(_SIGNER_RETRY)
+        except (BackendUnavailable, Refused, ValueError) as exc:
+            log.warning("reading reply signers: %s (their replies are looked up)", exc)
+            await anyio.sleep(_SIGNER_RETRY)
+        finally:
+            self._signers_asked = set()
+            if self._signers_due:
+                self._wake.set()
 
     async def _look_up(self, node: str) -> None:
         due = self._due[node]

@@ -41,6 +41,7 @@ from ._codec import encode_reply
 from ._json import dumps
 from ._scripts import REPLIES, ScriptCall
 from ._settings import Durability
+from ._signing import ReplySigner
 from .errors import BackendUnavailable
 
 log = logging.getLogger("keyserial.worker")
@@ -93,9 +94,14 @@ class Pipeliner:
     (each master of a cluster), so a stalled node delays the shards it serves and no others.
     Start :meth:`serve` in a task group."""
 
-    def __init__(self, backend: Backend, durability: Durability | None = None) -> None:
+    def __init__(
+        self, backend: Backend, durability: Durability | None = None,
+        signer: ReplySigner | None = None,
+    ) -> None:
         self._backend = backend
         self._durability = durability
+        #: Signs the reply messages of the calls it runs (none: they go out unsigned).
+        self.signer = signer
         self._by_node: dict[str, _NodePipeliner] = {}
         self._task_group: TaskGroup | None = None
         #: Told how many calls each pipeline sends (the worker's metrics).
@@ -143,7 +149,8 @@ class Pipeliner:
         node = self._backend.node_of(call.keys[0])
         pipeliner = self._by_node.get(node)
         if pipeliner is None:
-            pipeliner = self._by_node[node] = _NodePipeliner(self._backend, self._durability)
+            pipeliner = self._by_node[node] = _NodePipeliner(self._backend, self._durability,
+                                                             self.signer)
             pipeliner.on_batch = lambda calls: self.on_batch(calls)
             if self._task_group is not None:
                 self._task_group.start_soon(pipeliner.serve)
@@ -155,9 +162,13 @@ class _NodePipeliner:
     it is in flight go out together in the next. (Two in flight measured slower: smaller batches,
     more CPU per op.)"""
 
-    def __init__(self, backend: Backend, durability: Durability | None = None) -> None:
+    def __init__(
+        self, backend: Backend, durability: Durability | None = None,
+        signer: ReplySigner | None = None,
+    ) -> None:
         self._backend = backend
         self._durability = durability
+        self._signer = signer
         self._next = _Batch()
         self._queued = anyio.Event()
         #: Told how many calls each pipeline sends (the worker's metrics).
@@ -208,7 +219,7 @@ class _NodePipeliner:
     ) -> None:
         if replies and not self._backend.in_order and self._durability is None:
             assert call.script.publishes, f"{call.script.name} cannot publish replies itself"
-            call, replies = _inline(call, replies), None
+            call, replies = _inline(call, replies, self._signer), None
         batch = self._next
         batch.calls.append(call)
         batch.replies.append(replies or None)
@@ -229,7 +240,8 @@ class _NodePipeliner:
                 i = carrying[0]
                 replies = batch.replies[i]
                 assert replies is not None
-                batch.calls[i], batch.replies[i] = _inline(batch.calls[i], replies), None
+                batch.calls[i], batch.replies[i] = (_inline(batch.calls[i], replies, self._signer),
+                                                    None)
             await self._send(batch)
             # Written before the runners wake, so before anything they send next on the one
             # connection (a later commit's replies cannot overtake these), and not waited for.
@@ -310,29 +322,31 @@ class _NodePipeliner:
         except BackendUnavailable as exc:
             log.warning("%d reply messages not sent: %s", len(messages), exc)
 
-    @staticmethod
-    def _messages(batch: _Batch) -> list[tuple[str, str]]:
+    def _messages(self, batch: _Batch) -> list[tuple[str, str]]:
         """One reply message per channel, for the calls that succeeded."""
         merged: defaultdict[str, list[tuple[str, str]]] = defaultdict(list)
         for replies, result in zip(batch.replies, batch.results, strict=True):
             if replies and not isinstance(result, Exception):
                 for channel, outcomes in replies.items():
                     merged[channel].extend(outcomes)
-        return _encoded(merged)
+        return reply_messages(merged, self._signer)
 
 
 def _ignore(calls: int) -> None:
     pass
 
 
-def _inline(call: ScriptCall[R], replies: Replies) -> ScriptCall[R]:
+def _inline(call: ScriptCall[R], replies: Replies, signer: ReplySigner | None) -> ScriptCall[R]:
     """``call`` with its replies in its arguments, for the script to publish."""
-    return call.with_arg(REPLIES, dumps(_encoded(replies)))
+    return call.with_arg(REPLIES, dumps(reply_messages(replies, signer)))
 
 
-def _encoded(replies: Replies) -> list[tuple[str, str]]:
-    """``(channel, reply message)`` for each channel."""
-    return [(channel, encode_reply(outcomes)) for channel, outcomes in replies.items()]
+def reply_messages(replies: Replies, signer: ReplySigner | None) -> list[tuple[str, str]]:
+    """``(channel, reply message)`` for each channel, signed by ``signer`` if there is one."""
+    if signer is None:
+        return [(channel, encode_reply(outcomes)) for channel, outcomes in replies.items()]
+    return [(channel, signer.sign(channel, encode_reply(outcomes)))
+            for channel, outcomes in replies.items()]
 
 
 def _describe(durability: Durability) -> str:

@@ -98,7 +98,7 @@ class ShardRunner:
         self._woken = False
         self._wakeup = anyio.Event()
         self._wakeups = Wakeups()
-        self._commits = CommitPlanner(settings.idle_poll)
+        self._commits = CommitPlanner(shard, settings.idle_poll)
         self._generations = ResultGenerations(grant.results_since, settings.result_ttl_ms)
         #: Set once :meth:`run` has returned: no step will ever come again.
         self._ended = False

@@ -13,19 +13,21 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 import uuid
 from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
 import anyio
-from anyio.abc import TaskGroup
+from anyio.abc import TaskGroup, TaskStatus
 
 from . import _durability
 from ._backend import AnyRedis, Backend
 from ._backoff import Backoff
+from ._commands import raise_errors
 from ._intake import GRANT_OP, parse_push
-from ._layout import ShardKeys, worker_channel
+from ._layout import ShardKeys, signers_key, worker_channel
 from ._lease_scripts import LeaseGrant
 from ._leases import Held, Leases
 from ._mailbox import Mailbox
@@ -35,6 +37,7 @@ from ._pipeline import LineageBroken, Pipeliner
 from ._routing import format_shards, parse_shards
 from ._settings import Settings
 from ._shard import ShardRunner
+from ._signing import SIGNER_RENEW, SIGNER_TTL, ReplySigner, signer_renewed_at
 from .errors import BackendUnavailable, ConfigError, LeaseLost
 from .ledger import LEDGER_OPS
 
@@ -120,7 +123,7 @@ class Worker:
                 self.settings.namespace,
                 ", ".join(self.registry.names()),
             )
-            self._pipeliner = Pipeliner(backend, self.settings.durability)
+            self._pipeliner = Pipeliner(backend, self.settings.durability, ReplySigner())
             self._pipeliner.on_batch = self.metrics.pipelined
             async with anyio.create_task_group() as task_group:
                 self._leases = Leases(
@@ -130,6 +133,7 @@ class Worker:
                 # (Metrics first: a port that cannot be bound stops the worker before it has
                 # subscribed or taken a shard.)
                 await task_group.start(self.metrics.serve)
+                await task_group.start(self._keep_signer_listed, backend)
                 task_group.start_soon(self._pipeliner.serve)
                 await task_group.start(self._listen_for_wakeups, backend)
                 task_group.start_soon(self._leases.keep, self.shards, self._stop)
@@ -140,6 +144,38 @@ class Worker:
         finally:
             with anyio.CancelScope(shield=True):
                 await backend.aclose()
+
+    async def _keep_signer_listed(
+        self, backend: Backend, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Keep the public key of this worker's reply signer in the namespace's signers hash
+        (clients read it there to check the replies it signs), and drop the keys of workers that
+        stopped renewing theirs; until it is listed, clients look up this worker's outcomes."""
+        signer = self._pipeliner.signer
+        assert signer is not None
+        signers = signers_key(self.settings.namespace)
+        backoff = Backoff(0.1, 5.0)
+        while True:
+            try:
+                _, listed = raise_errors(await backend.pipeline([
+                    ("HSET", signers, signer.signer_id, signer.record()), ("HGETALL", signers),
+                ]))
+                pairs = listed.items() if isinstance(listed, dict) else zip(
+                    listed[::2], listed[1::2], strict=True)  # (a cluster client makes a dict)
+                stale = [field for field, record in pairs
+                         if signer_renewed_at(record) < time.time() - SIGNER_TTL]
+                if stale:
+                    raise_errors(await backend.pipeline([("HDEL", signers, *stale)]))
+            except Exception as exc:  # (an outage, OOM: meanwhile clients look outcomes up)
+                log.warning("listing this worker's reply signer: %s (retrying)", exc)
+                task_status.started()
+                task_status = anyio.TASK_STATUS_IGNORED
+                await backoff.sleep()
+                continue
+            task_status.started()
+            task_status = anyio.TASK_STATUS_IGNORED
+            backoff = Backoff(0.1, 5.0)
+            await anyio.sleep(SIGNER_RENEW)
 
     async def _connect_unless_stopped(self) -> Backend | None:
         """:meth:`_connect`, given up (None) as soon as :meth:`stop` is called: a worker told

@@ -439,6 +439,23 @@ MUTANTS: tuple[Mutant, ...] = (
         (_HOSTILE + "test_a_forged_reply_never_answers_a_caller" + _STANDALONE,),
     ),
     Mutant(
+        "reply-signature-unchecked", "G8.14",
+        "a client takes a reply as signed whatever its tag",
+        (Edit("keyserial/_signing.py",
+              "        if not hmac.compare_digest(_tag(key, self.channel, signed), tag):",
+              "        if False:"),),
+        ("tests/test_signing.py::test_a_signed_reply_verifies_on_its_own_channel_only",),
+    ),
+    Mutant(
+        "signed-reply-of-any-entry-taken", "G8.14",
+        "a client takes a signed reply's outcome whichever entry it answered",
+        (Edit("keyserial/_outcomes.py",
+              "            or pending.entry.decode() not in entries):",
+              "            or False):"),),
+        (_HOSTILE + "test_a_signed_reply_replayed_for_a_resubmit_never_answers_it"
+         + _STANDALONE,),
+    ),
+    Mutant(
         "answer-of-any-entry-taken", "G8.14",
         "a client takes an op id's recorded UnknownOperation whichever entry it answered",
         (Edit("keyserial/_outcomes.py",

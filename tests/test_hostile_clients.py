@@ -457,6 +457,56 @@ async def test_a_refusal_recorded_for_an_earlier_entry_never_answers_a_resubmit(
     assert users.refusals() == []
 
 
+async def test_a_signed_reply_replayed_for_a_resubmit_never_answers_it(
+    users: Users, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker's signed reply answers only the entry it names. Its signed UnknownOperation for
+    an op's first entry, replayed by a client user while the op's resubmit (a new entry)
+    waits, is looked up instead, and settles nothing."""
+    key = keys_on_shard(3, SHARDS, 1, "evt")[0]
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        await _record_shard_count(users, namespace)
+        async with keyserial.connect(users.client_url, namespace=namespace) as ks, \
+                attacker.pubsub() as listener:
+            await listener.subscribe(ks._reply)  # (any client user may)
+            async with running_worker(users.worker_url, namespace, shard_count=SHARDS):
+                with pytest.raises(keyserial.UnknownOperation):
+                    await ks.submit(key, apps.record(), op_id="order-9", timeout=10)
+            signed = await _published(listener)
+            signer = json.loads(signed)["k"]
+            await eventually(lambda: ks._verifier.knows(signer))
+            results: list[int] = []
+
+            async def resubmit() -> None:
+                results.append(await ks.submit(key, apps.record(), op_id="order-9",
+                                               timeout=30))
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(resubmit)
+                await eventually(lambda: any(pending.entry
+                                             for pending in ks._waiting.get("order-9", ())))
+                await attacker.publish(ks._reply, signed)
+                await eventually(lambda: any("no outcome for them" in record.getMessage()
+                                             for record in caplog.records))
+                assert results == []
+                await _served(users, namespace, results, apps=["tests.apps"])
+            assert results == [1]
+    finally:
+        await attacker.aclose()
+    assert users.refusals() == []
+
+
+async def _published(listener: redis.client.PubSub) -> bytes:
+    """The next message published on a channel ``listener`` subscribed to."""
+    with anyio.fail_after(10):
+        while True:
+            message = await listener.get_message(ignore_subscribe_messages=True, timeout=1)
+            if message is not None:
+                data: bytes = message["data"]
+                return data
+
+
 async def test_a_client_that_trusts_replies_ignores_malformed_ones(
     users: Users, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -7,6 +7,9 @@ keys and channels below are the document's, so the document cannot drift from th
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import re
 import time
@@ -19,6 +22,7 @@ from typing import Any, TypeVar
 import anyio
 import pytest
 import redis.asyncio
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from redis import exceptions as redis_errors
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
@@ -71,10 +75,16 @@ async def until(check: Callable[[], Awaitable[T | None]], *, timeout: float = 10
 class ForeignClient:
     """What a Go or Node service would do, in redis-py: only the commands the document names."""
 
-    def __init__(self, url: str, namespace: str, commands: Any) -> None:
+    def __init__(self, url: str, namespace: str, commands: Any, *, signed: bool = False) -> None:
         self.namespace = namespace
         self.commands = commands  # a Redis or RedisCluster client (decode_responses=True)
         self.reply_channel = f"ks:{namespace}:reply:{uuid.uuid4().hex}"
+        #: For signed replies: a key pair of its own, the public half ending its channel's name.
+        self.private_key = X25519PrivateKey.generate()
+        self.public_key = base64.urlsafe_b64encode(
+            self.private_key.public_key().public_bytes_raw()).decode().rstrip("=")
+        if signed:
+            self.reply_channel += f".{self.public_key}"
         # Channels are not keys: on a cluster, PUBLISH and SUBSCRIBE through any one node.
         self.node = redis.asyncio.Redis.from_url(url, decode_responses=True)
         self.pubsub: PubSub = self.node.pubsub(ignore_subscribe_messages=True)
@@ -83,7 +93,9 @@ class ForeignClient:
 
     @classmethod
     @asynccontextmanager
-    async def connect(cls, url: str, namespace: str) -> AsyncIterator[ForeignClient]:
+    async def connect(
+        cls, url: str, namespace: str, *, signed: bool = False
+    ) -> AsyncIterator[ForeignClient]:
         probe = redis.asyncio.Redis.from_url(url)
         try:
             cluster = bool((await probe.info("cluster")).get("cluster_enabled"))
@@ -94,7 +106,7 @@ class ForeignClient:
             if cluster
             else redis.asyncio.Redis.from_url(url, decode_responses=True)
         )
-        client = cls(url, namespace, commands)
+        client = cls(url, namespace, commands, signed=signed)
         try:
             # Subscribe before appending anything.
             await client.pubsub.subscribe(client.reply_channel)
@@ -173,13 +185,22 @@ class ForeignClient:
             assert time.monotonic() < deadline, f"no reply for {wanted - found.keys()}"
             reply = json.loads(await self.next_message(timeout=deadline - time.monotonic()))
             assert reply["v"] == 1
+            assert "k" not in reply, "a channel that names no client key gets no signature"
             for op_id, outcome in reply["r"]:
-                found[op_id] = _as_read(outcome)
+                found[op_id] = _as_replied(outcome)
         return found
 
     async def stored(self, shard: int, op_id: str) -> Any:
         raw = await self.commands.hget(self.results(shard), op_id)
         return None if raw is None else _as_read(json.loads(raw))
+
+
+def _as_replied(outcome: dict[str, Any]) -> dict[str, Any]:
+    """An outcome as a reply carries it: as stored, with the shard and entries it answers."""
+    assert isinstance(outcome.pop("s"), int), "s is the op's shard"
+    entries = outcome.pop("e")  # (none for an op of an entry that could not be read)
+    assert all(re.fullmatch(r"[0-9]+-[0-9]+", entry) for entry in entries)
+    return _as_read(outcome)
 
 
 def _as_read(outcome: dict[str, Any]) -> dict[str, Any]:
@@ -192,6 +213,34 @@ def _as_read(outcome: dict[str, Any]) -> dict[str, Any]:
         assert where.startswith("Traceback (most recent call last)") and len(where) <= 8192
         assert error["message"] in where, "it ends where the op raised"
     return outcome
+
+
+async def test_a_signed_reply_checks_out_as_documented(redis_url: str, namespace: str) -> None:
+    """A client whose channel names its key gets replies it can check with the signer's key
+    from the signers hash, the tag made as docs/wire-format.md says."""
+    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
+            ForeignClient.connect(redis_url, namespace, signed=True) as client:
+        await client.read_shard_count()
+        key = "account:5"
+        shard = client.shard(key)
+        deposit = client.envelope(key, "deposit", 100)
+        entry_id = await client.xadd(shard, [deposit])
+        message = await client.next_message()
+        signed = message[:message.rindex(',"k":')]
+        suffix = json.loads("{" + message[len(signed) + 1:])
+        assert re.fullmatch(r"[0-9a-f]{16}", suffix["k"])
+        record = json.loads(await client.commands.hget(f"ks:{namespace}:signers", suffix["k"]))
+        signer_key = record["key"]
+        shared = client.private_key.exchange(
+            X25519PublicKey.from_public_bytes(base64.urlsafe_b64decode(signer_key + "=")))
+        mac_key = hashlib.sha256(b"\n".join((
+            b"keyserial reply signature v1", shared, client.public_key.encode(),
+            signer_key.encode(), suffix["k"].encode(),
+        ))).digest()
+        tag = hmac.digest(mac_key, f"{client.reply_channel}\n{signed}".encode(), "sha256")
+        assert tag[:16].hex() == suffix["t"]
+        assert json.loads(signed + "}") == {
+            "v": 1, "r": [[deposit["id"], {"ok": 100, "s": shard, "e": [entry_id]}]]}
 
 
 async def test_xadd_and_publish_then_reply_stored_result_state_and_dedup(
@@ -209,7 +258,8 @@ async def test_xadd_and_publish_then_reply_stored_result_state_and_dedup(
         assert re.fullmatch(r"\d+-\d+", entry_id)
         # The reply, byte for byte as documented; committed before it was published. The stored
         # outcome carries the op's binding too.
-        expected = '{"v":1,"r":[[' + json.dumps(deposit["id"]) + ',{"ok":100}]]}'
+        expected = ('{"v":1,"r":[[' + json.dumps(deposit["id"])
+                    + f',{{"ok":100,"s":{shard},"e":["{entry_id}"]}}]]}}')
         assert await client.next_message() == expected
         stored = await client.commands.hget(client.results(shard), deposit["id"])
         assert re.fullmatch(r'\{"ok":100,"b":"[0-9a-f]{16}"\}', stored)

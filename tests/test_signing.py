@@ -1,0 +1,99 @@
+"""Signed replies: a client takes the outcome of a reply that a worker signed for it without
+reading it back, and only then; a worker lists its signing key where only workers write."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+import keyserial
+from keyserial._layout import signers_key
+from keyserial._signing import SIGNER_TTL, ReplySigner, ReplyVerifier, signer_record
+from keyserial.ledger import balance, deposit
+from keyserial.testing import running_worker
+from tests.helpers import eventually
+from tests.test_acl import Users, documented_users
+
+MESSAGE = '{"v":1,"r":[["op-1",{"ok":7,"s":0,"e":["1-0"]}]]}'
+
+
+@pytest.fixture
+def users(redis_url: str) -> Iterator[Users]:
+    with documented_users(redis_url) as created:
+        yield created
+
+
+def _met(verifier: ReplyVerifier, signer: ReplySigner) -> ReplyVerifier:
+    assert verifier.learn(signer.signer_id, signer.record())
+    return verifier
+
+
+def test_a_signed_reply_verifies_on_its_own_channel_only() -> None:
+    signer = ReplySigner()
+    mine = _met(ReplyVerifier("ks:ns:reply:mine"), signer)
+    other = _met(ReplyVerifier("ks:ns:reply:other"), signer)
+    signed = signer.sign(mine.channel, MESSAGE).encode()
+    unknown: list[str] = []
+    assert mine.verified(signed, unknown.append) == MESSAGE
+    assert other.verified(signed, unknown.append) is None  # (the tag covers the channel)
+    assert mine.verified(signed.replace(b'"ok":7', b'"ok":8'), unknown.append) is None
+    assert unknown == []
+
+
+def test_a_reply_signed_by_a_signer_not_met_is_not_taken_and_its_key_is_asked_for() -> None:
+    signer, impostor = ReplySigner(), ReplySigner()
+    verifier = _met(ReplyVerifier("ks:ns:reply:mine"), impostor)
+    unknown: list[str] = []
+    assert verifier.verified(signer.sign(verifier.channel, MESSAGE).encode(),
+                             unknown.append) is None
+    assert unknown == [signer.signer_id]
+    # A key listed under another signer's id signs nothing of that signer's.
+    impostor.signer_id = signer.signer_id
+    assert verifier.verified(impostor.sign(verifier.channel, MESSAGE).encode(), print) is None
+
+
+def test_a_channel_that_names_no_client_key_gets_replies_unsigned() -> None:
+    assert ReplySigner().sign("ks:ns:reply:7f3c9a", MESSAGE) == MESSAGE
+
+
+async def test_signed_replies_settle_ops_without_reading_their_records(
+    users: Users, namespace: str
+) -> None:
+    """Under the documented ACL users: the worker lists its signer, the client reads it once,
+    and from then on takes each reply's outcome as it is: with its user no longer allowed to
+    read the results at all, its submits are still answered, and nothing it sent was refused."""
+    async with running_worker(users.worker_url, namespace, shard_count=4), \
+            keyserial.connect(users.client_url, namespace=namespace) as ks:
+        await ks.submit("acct:1", deposit(1))  # (its reply makes the client read the signer)
+        signer = await eventually(lambda: users.admin.hkeys(signers_key(namespace)))
+        await eventually(lambda: ks._verifier.knows(signer[0].decode()))
+        users.admin.acl_setuser(users.names[1], enabled=True, commands=["-hmget", "-hget"])
+        for n in range(20):
+            assert await ks.submit("acct:1", deposit(1), timeout=5) == n + 2
+        users.admin.acl_setuser(users.names[1], enabled=True, commands=["+hmget", "+hget"])
+        assert await ks.submit("acct:1", balance()) == 21
+    assert users.refusals() == []
+
+
+async def test_a_worker_lists_its_signer_and_drops_those_not_renewed(
+    users: Users, namespace: str
+) -> None:
+    signers = signers_key(namespace)
+    other = ReplySigner()
+    users.admin.hset(signers, mapping={
+        "0123456789abcdef": signer_record(other.public_key, time.time() - SIGNER_TTL - 60),
+        other.signer_id: other.record(),
+    })
+    async with running_worker(users.worker_url, namespace, shard_count=2):
+        listed = await eventually(lambda: len(users.admin.hkeys(signers)) == 2
+                                  and users.admin.hgetall(signers))
+    assert b"0123456789abcdef" not in listed and other.signer_id.encode() in listed
+    own = next(json.loads(record) for signer, record in listed.items()
+               if signer != other.signer_id.encode())
+    assert abs(own["at"] - time.time()) < 60
+    with pytest.raises(redis.exceptions.NoPermissionError):
+        users.client.hset(signers, "0123456789abcdef", other.record())
