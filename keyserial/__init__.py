@@ -4,8 +4,10 @@
 shards; each shard is a Redis stream that exactly one worker consumes at a time.
 """
 
-from ._client import Client as Client
-from ._connect import connect as connect
+from ._client.client import Client as Client
+from ._client.connect import connect as connect
+from ._client.sync import SyncClient as SyncClient
+from ._client.sync import connect_sync as connect_sync
 from ._ops import Call as Call
 from ._ops import Context as Context
 from ._ops import MultiContext as MultiContext
@@ -14,11 +16,9 @@ from ._ops import Registry as Registry
 from ._ops import call as call
 from ._ops import multi_op as multi_op
 from ._ops import op as op
-from ._routing import shard_for as shard_for
 from ._settings import Settings as Settings
-from ._sync import SyncClient as SyncClient
-from ._sync import connect_sync as connect_sync
-from ._worker import Worker as Worker
+from ._wire.routing import shard_for as shard_for
+from ._worker.worker import Worker as Worker
 from .errors import BackendUnavailable as BackendUnavailable
 from .errors import BacklogFull as BacklogFull
 from .errors import ConfigError as ConfigError

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
-from ._json import dumps, loads
+from ._wire.json_text import dumps, loads
 from .errors import ConfigError
 
 P = ParamSpec("P")

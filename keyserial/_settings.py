@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ._layout import check_namespace, check_service
+from ._wire.layout import check_namespace, check_service
 from .errors import ConfigError
 
 _ENV_PREFIX = "KEYSERIAL_"

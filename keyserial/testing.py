@@ -11,10 +11,10 @@ fake would have to reimplement. :class:`ShardKeys` names a shard's keys (stream,
 docs/wire-format.md), for a test that looks into Redis.
 """
 
-from ._layout import ShardKeys as ShardKeys
-from ._running import running_worker as running_worker
-from ._server import LocalServer as LocalServer
-from ._server import find_server_binary as find_server_binary
-from ._server import free_port as free_port
+from ._local.running import running_worker as running_worker
+from ._local.server import LocalServer as LocalServer
+from ._local.server import find_server_binary as find_server_binary
+from ._local.server import free_port as free_port
+from ._wire.layout import ShardKeys as ShardKeys
 
 __all__ = ["LocalServer", "ShardKeys", "find_server_binary", "free_port", "running_worker"]

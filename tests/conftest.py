@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import redis.asyncio
 
-from keyserial._backend import Backend
+from keyserial._backend.backend import Backend
 from keyserial.testing import LocalServer
 from tests.helpers import ROOT, WorkerProcess, worker_processes
 from tests.postgres import LocalPostgres, find_binaries

@@ -63,7 +63,8 @@ def _no_fence(path: str, check: str) -> Edit:
     return Edit(path, check, "if false then")
 
 
-_STEP = "keyserial/lua/step.lua"
+_LUA = "keyserial/_scripts/lua/"
+_STEP = "keyserial/_scripts/lua/step.lua"
 _FROZEN = "tests/test_faults.py::test_a_frozen_owner_resumed_after_takeover_cannot_commit"
 _XS = "tests/test_cross_shard_faults.py::"
 _ZW = "tests/test_zombie_writes.py::"
@@ -71,14 +72,14 @@ _LANDED = ("        self._landed(run, owners, pending.writes, pending.outcome,"
            " pending.replied)\n")
 _RELEASE = "        for owner, hold in pending.holds:\n            owner.release(hold)\n"
 _STANDALONE = "[standalone]"
-_SHARD = "keyserial/_shard.py"
-_COORDINATOR = "keyserial/_coordinator.py"
+_SHARD = "keyserial/_worker/runner.py"
+_COORDINATOR = "keyserial/_worker/crossshard/coordinator.py"
 _RACES = "tests/test_cross_shard_races.py::"
 _SUSPECT = "            if run.envelope.op_id == self._suspect:\n"
 _PUSH = "tests/test_push.py::"
 _HOSTILE = "tests/test_hostile_clients.py::"
 _LEASE = "tests/test_lease_scripts.py::"
-_RELEASE_LUA = "keyserial/lua/release.lua"
+_RELEASE_LUA = "keyserial/_scripts/lua/release.lua"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -88,13 +89,13 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "decide-no-epoch-check", "G5.3", "decide.lua records a decision without the epoch check",
-        (_no_fence("keyserial/lua/decide.lua", "if redis.call('GET', KEYS[1]) ~= ARGV[1] then"),),
+        (_no_fence(_LUA + "decide.lua", "if redis.call('GET', KEYS[1]) ~= ARGV[1] then"),),
         (_ZW + "test_a_zombie_coordinator_s_decision_reaches_redis_and_is_refused"
          + _STANDALONE,),
     ),
     Mutant(
         "grant-no-epoch-check", "G5.3", "grant.lua grants keys without the epoch check",
-        (_no_fence("keyserial/lua/grant.lua", "if redis.call('GET', KEYS[1]) ~= ARGV[1] then"),),
+        (_no_fence(_LUA + "grant.lua", "if redis.call('GET', KEYS[1]) ~= ARGV[1] then"),),
         ("tests/test_scripts_idempotent.py::"
          "test_a_grant_under_an_epoch_that_moved_on_is_refused_and_records_nothing"
          + _STANDALONE,),
@@ -102,7 +103,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "commit-across-no-epoch-check", "G5.3",
         "commit_across.lua writes every shard without checking their epochs",
-        (_no_fence("keyserial/lua/commit_across.lua",
+        (_no_fence("keyserial/_scripts/lua/commit_across.lua",
                    "if redis.call('GET', KEYS[2 + 2 * i - 1]) ~= ARGV[3 + 2 * i - 1] then"),),
         ("tests/test_cross_shard.py::"
          "test_a_participant_shard_changing_hands_mid_op_sends_the_op_through_grants"
@@ -126,7 +127,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "raise-keeps-state", "G2.4", "a sync op that raises keeps what it wrote to ctx.state",
-        (Edit("keyserial/_execution.py",
+        (Edit("keyserial/_worker/execution.py",
               "            value: Any = definition.fn(context, *envelope.args, **envelope.kwargs)\n"
               "        except Exception as exc:\n            value = _Raised(exc)\n",
               "            value: Any = definition.fn(context, *envelope.args, **envelope.kwargs)\n"
@@ -141,7 +142,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "grant-skips-decision-record", "G5.2",
         "a participant that missed the decision notice releases its keys as if aborted, without"
         " reading the decision record",
-        (Edit("keyserial/_participant.py",
+        (Edit("keyserial/_worker/crossshard/participant.py",
               "            try:\n                # Durably: a decision read",
               "            return Decision({}, \"assumed\")\n"
               "            try:\n                # Durably: a decision read"),),
@@ -180,7 +181,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "client-forgets-sweep", "G6.2", "the client never looks up overdue replies",
-        (Edit("keyserial/_sweep.py",
+        (Edit("keyserial/_client/sweep.py",
               "        interval = self._settings.idle_poll\n        while True:\n",
               "        interval = self._settings.idle_poll\n        await anyio.sleep_forever()\n"
               "        while True:\n"),),
@@ -190,7 +191,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "release-resets-horizon", "G3.3",
         "release.lua sets the horizon back to progress: the next owner forgets what to look up",
-        (Edit("keyserial/lua/release.lua",
+        (Edit("keyserial/_scripts/lua/release.lua",
               "  horizon = fold_pushes(KEYS[2], KEYS[5])\nend\n",
               "  horizon = fold_pushes(KEYS[2], KEYS[5])\nend\n"
               "redis.call('SET', KEYS[2], redis.call('GET', (string.gsub(KEYS[2], 'horizon$',"
@@ -236,7 +237,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "takeover-skips-fetched-entries", "G3.1",
         "a new owner starts after the entries its dead predecessor fetched, as if committed",
-        (Edit("keyserial/_shard.py", "        self._cursor = grant.progress\n",
+        (Edit("keyserial/_worker/runner.py", "        self._cursor = grant.progress\n",
               "        self._cursor = grant.replay_until or grant.progress\n"),),
         ("tests/test_faults.py::"
          "test_kill_9_of_the_owner_under_load_moves_the_shard_within_a_lease_ttl"
@@ -245,7 +246,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "acquire-ignores-attempt", "G1.3",
         "acquire.lua re-grants an old grant to any attempt of the lease's holder",
-        (Edit("keyserial/lua/acquire.lua", "    if granted[1] == ARGV[4] then\n",
+        (Edit("keyserial/_scripts/lua/acquire.lua", "    if granted[1] == ARGV[4] then\n",
               "    if true then\n"),),
         ("tests/test_scripts_idempotent.py::"
          "test_an_acquire_sent_again_by_its_owner_returns_the_same_grant_and_no_strike"
@@ -255,7 +256,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "acquire-unconfirmed", "G4.10",
         "with durable_replicas, a worker serves a shard under a grant its replicas lack",
-        (Edit("keyserial/_leases.py", "if isinstance(reply, LeaseGrant) and not confirmed:\n",
+        (Edit("keyserial/_worker/leases.py",
+              "if isinstance(reply, LeaseGrant) and not confirmed:\n",
               "if isinstance(reply, LeaseGrant) and False:\n"),),
         ("tests/test_durability.py::"
          "test_a_worker_runs_no_op_under_an_epoch_its_replica_has_not_confirmed",),
@@ -263,7 +265,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "grant-ignores-lost-request", "G5.11",
         "grant.lua records a grant although its request's entry is gone from the stream",
-        (Edit("keyserial/lua/grant.lua",
+        (Edit("keyserial/_scripts/lua/grant.lua",
               "if #redis.call('XRANGE', KEYS[3], ARGV[5], ARGV[5]) == 0 then", "if false then"),),
         ("tests/test_scripts_idempotent.py::"
          "test_a_grant_for_a_request_whose_entry_is_gone_is_refused_and_records_nothing"
@@ -274,7 +276,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "push-taken-anywhere", "G3.7",
         "a worker takes a pushed entry in whatever its cursor, skipping what lies between",
-        (Edit("keyserial/_wakeups.py", 'if pushed.after not in (cursor, "-"):', "if False:"),),
+        (Edit("keyserial/_worker/wakeups.py", 'if pushed.after not in (cursor, "-"):',
+              "if False:"),),
         ("tests/test_wakeups.py::test_a_push_that_does_not_follow_on_is_left_to_a_fetch",),
     ),
     Mutant(
@@ -287,7 +290,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "message-taken-as-is", "G5.12",
         "a worker takes a grant or decision message from Redis as it is, not from its record",
-        (Edit("keyserial/_mailbox.py",
+        (Edit("keyserial/_worker/crossshard/mailbox.py",
               "        for letter in self._waiting.get(_topic(message), ()):\n"
               "            letter.wake()\n",
               "        self.deliver(message)\n"),),
@@ -297,14 +300,14 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "resolve-aborts-ahead", "G5.13",
         "resolve.lua aborts an attempt that has not begun",
-        (Edit("keyserial/lua/resolve.lua", "if epoch < attempt then", "if false then"),),
+        (Edit("keyserial/_scripts/lua/resolve.lua", "if epoch < attempt then", "if false then"),),
         (_HOSTILE + "test_a_grant_request_for_an_attempt_not_begun_aborts_nothing"
          + _STANDALONE,),
     ),
     Mutant(
         "acquire-publishes-poison", "G6.18",
         "acquire.lua publishes the dead-letter reply itself, ahead of any confirmation",
-        (Edit("keyserial/lua/acquire.lua",
+        (Edit("keyserial/_scripts/lua/acquire.lua",
               "    'reason', 'poison: killed its worker ' .. strikes .. ' times', 'raw',"
               " envelope_json(envelope))\n",
               "    'reason', 'poison: killed its worker ' .. strikes .. ' times', 'raw',"
@@ -319,7 +322,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "unknown-op-unrecorded", "G6.17",
         "a takeover counts an op answered without a stored outcome as unfinished",
-        (Edit("keyserial/lua/acquire.lua",
+        (Edit("keyserial/_scripts/lua/acquire.lua",
               " and not finished(envelope.id .. '#u') then", " then"),),
         ("tests/test_dead_letters.py::"
          "test_an_unknown_op_beside_a_poison_op_is_never_struck_twice_nor_dead_lettered"
@@ -328,7 +331,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "op-ids-counted", "G3.9",
         "a client's op ids are its id and a counter, as anyone who saw one can tell the next",
-        (Edit("keyserial/_client.py",
+        (Edit("keyserial/_client/client.py",
               'return f"{self._client_id}-{next(self._count):x}{self._random.pop()}"',
               'return f"{self._client_id}-{next(self._count)}"'),),
         (_HOSTILE + "test_ops_appended_under_a_client_s_guessed_next_ids_never_answer_it"
@@ -344,7 +347,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "renew-by-anyone", "G1.4",
         "renew.lua extends the lease whoever holds it",
-        (Edit("keyserial/lua/renew.lua", "if redis.call('GET', KEYS[1]) == ARGV[1] then",
+        (Edit("keyserial/_scripts/lua/renew.lua", "if redis.call('GET', KEYS[1]) == ARGV[1] then",
               "if true then"),),
         (_LEASE + "test_a_zombie_s_renewal_is_told_it_no_longer_owns_and_extends_nothing"
          + _STANDALONE,),
@@ -358,7 +361,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sweep-one-lookup", "G6.10",
         "the client's sweep appends an op again without looking its outcome up a second time",
-        (Edit("keyserial/_sweep.py", "still = await self._outcomes.settle(keys, list(gone))",
+        (Edit("keyserial/_client/sweep.py", "still = await self._outcomes.settle(keys, list(gone))",
               "still = list(gone)"),),
         ("tests/test_lost_replies.py::"
          "test_an_op_that_commits_between_the_sweep_s_lookups_is_never_appended_again"
@@ -367,7 +370,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sweep-appends-expired", "G6.20",
         "the client's sweep appends again an op whose outcome may have expired",
-        (Edit("keyserial/_sweep.py", "        if waited < self._settings.result_ttl:\n",
+        (Edit("keyserial/_client/sweep.py", "        if waited < self._settings.result_ttl:\n",
               "        if True:\n"),),
         ("tests/test_lost_replies.py::"
          "test_an_op_gone_with_no_outcome_after_result_ttl_fails_and_is_not_appended_again"
@@ -383,7 +386,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "commit-across-replay-landed", "G3.10",
         "commit_across.lua answers 'landed' for an op run again, whose writes do not hold",
-        (Edit("keyserial/lua/commit_across.lua", "    if owned and not writes_hold(",
+        (Edit("keyserial/_scripts/lua/commit_across.lua", "    if owned and not writes_hold(",
               "    if false and not writes_hold("),),
         (_HOSTILE + "test_a_transfer_appended_again_as_fresh_never_moves_money_twice"
          "[standalone-one-worker]",),
@@ -391,7 +394,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "decide-replay-decides", "G3.10",
         "decide.lua decides a later attempt of an op that has an outcome",
-        (Edit("keyserial/lua/decide.lua", "if has_outcome(KEYS[3], KEYS[4], ARGV[2]) then",
+        (Edit("keyserial/_scripts/lua/decide.lua", "if has_outcome(KEYS[3], KEYS[4], ARGV[2]) then",
               "if false then"),),
         ("tests/test_scripts_idempotent.py::"
          "test_a_decide_of_an_op_run_again_is_refused_and_writes_nothing" + _STANDALONE,),
@@ -399,7 +402,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "decide-replay-wins", "G3.10",
         "decide.lua reports a win for the same attempt run again, whose home writes do not hold",
-        (Edit("keyserial/lua/decide.lua",
+        (Edit("keyserial/_scripts/lua/decide.lua",
               "  if not writes_hold(KEYS[2], cjson.decode(ARGV[5])) then", "  if false then"),),
         (_HOSTILE + "test_a_transfer_appended_again_as_fresh_never_moves_money_twice"
          "[standalone-two-workers]",),
@@ -407,7 +410,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "op-id-unbound", "G3.11",
         "a stored outcome answers any op appended under its op id",
-        (Edit("keyserial/_intake.py", "        if envelope is not None and binding_of(stored)"
+        (Edit("keyserial/_worker/intake.py",
+              "        if envelope is not None and binding_of(stored)"
               " not in (None, binding(envelope) or None):", "        if False:"),),
         ("tests/test_submit.py::"
          "test_an_op_id_names_one_op_and_a_resubmit_of_another_op_under_it_is_refused"
@@ -416,7 +420,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "op-id-joins-any-run", "G3.11",
         "an op appended under the id of a running op joins that run, whatever it is",
-        (Edit("keyserial/_intake.py",
+        (Edit("keyserial/_worker/intake.py",
               "    elif envelope is not None and binding(run.envelope) != binding(envelope):",
               "    elif False:"),),
         (_HOSTILE + "test_an_op_appended_ahead_under_a_callers_op_id_never_answers_the_caller"
@@ -425,7 +429,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "service-ignored", "G8.13",
         "a client's reply channel leaves its service out",
-        (Edit("keyserial/_client.py", 'self.client_id = f"{settings.service}.{random_id}"'
+        (Edit("keyserial/_client/client.py", 'self.client_id = f"{settings.service}.{random_id}"'
               " if settings.service else random_id", "self.client_id = random_id"),),
         ("tests/test_acl.py::"
          "test_a_service_user_serves_its_clients_and_cannot_reach_another_services_replies"
@@ -434,14 +438,14 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "client-trusts-replies", "G8.14",
         "a client takes a reply message's outcome as its op's",
-        (Edit("keyserial/_client.py", "            if not self.settings.verify_replies:",
+        (Edit("keyserial/_client/client.py", "            if not self.settings.verify_replies:",
               "            if True:"),),
         (_HOSTILE + "test_a_forged_reply_never_answers_a_caller" + _STANDALONE,),
     ),
     Mutant(
         "reply-signature-unchecked", "G8.14",
         "a client takes a reply as signed whatever its tag",
-        (Edit("keyserial/_signing.py",
+        (Edit("keyserial/_wire/signing.py",
               "        if not hmac.compare_digest(_tag(key, self.channel, signed), tag):",
               "        if False:"),),
         ("tests/test_signing.py::test_a_signed_reply_verifies_on_its_own_channel_only",),
@@ -449,7 +453,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "signed-reply-of-any-entry-taken", "G8.14",
         "a client takes a signed reply's outcome whichever entry it answered",
-        (Edit("keyserial/_outcomes.py",
+        (Edit("keyserial/_client/outcomes.py",
               "            or pending.entry.decode() not in entries):",
               "            or False):"),),
         (_HOSTILE + "test_a_signed_reply_replayed_for_a_resubmit_never_answers_it"
@@ -458,7 +462,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "answer-of-any-entry-taken", "G8.14",
         "a client takes an op id's recorded UnknownOperation whichever entry it answered",
-        (Edit("keyserial/_outcomes.py",
+        (Edit("keyserial/_client/outcomes.py",
               "    if pending.entry is None or pending.entry.decode() not in entries:",
               "    if not entries:"),),
         (_HOSTILE + "test_a_refusal_recorded_for_an_earlier_entry_never_answers_a_resubmit"
@@ -467,22 +471,22 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "stream-stays-exhausted", "G3.12",
         "step.lua leaves a stream whose last id is the largest as it is",
-        (Edit("keyserial/lua/step.lua", "if ARGV[2] == LAST_ID then", "if false then"),),
+        (Edit("keyserial/_scripts/lua/step.lua", "if ARGV[2] == LAST_ID then", "if false then"),),
         (_HOSTILE + "test_an_entry_under_the_largest_id_stops_appends_only_until_it_has_committed"
          + _STANDALONE,),
     ),
     Mutant(
         "oom-refused-for-good", "G6.21",
         "an OOM error reply is a refusal that no retry cures, not a \"not now\"",
-        (Edit("keyserial/_backend.py", "redis_errors.AskError,\n"
+        (Edit("keyserial/_backend/backend.py", "redis_errors.AskError,\n"
               "                    redis_errors.OutOfMemoryError)", "redis_errors.AskError)"),
-         Edit("keyserial/_backend.py", '"UNBLOCKED", "OOM ", "MISCONF ")', '"UNBLOCKED")')),
+         Edit("keyserial/_backend/backend.py", '"UNBLOCKED", "OOM ", "MISCONF ")', '"UNBLOCKED")')),
         ("tests/test_reliability.py::test_a_server_out_of_memory_is_waited_out_and_blames_no_op",),
     ),
     Mutant(
         "second-signal-keeps-draining", "G6.7",
         "a second SIGTERM or SIGINT while a worker drains changes nothing",
-        (Edit("keyserial/cli.py", "                        worker.stop(at_once=True)\n",
+        (Edit("keyserial/cli/__init__.py", "                        worker.stop(at_once=True)\n",
               "                        pass\n"),),
         ("tests/test_cli.py::test_a_second_signal_stops_at_once_and_still_releases_the_leases"
          + _STANDALONE,),
@@ -498,7 +502,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "grant-before-outcome", "G5.14",
         "a participant grants a key while the outcome of the op before it is not committed",
-        (Edit("keyserial/_keystates.py", "        self._answered.update(keys)\n",
+        (Edit("keyserial/_worker/keystates.py", "        self._answered.update(keys)\n",
               "        pass\n"),),
         ("tests/test_wakeups.py::"
          "test_an_op_that_wrote_nothing_keeps_its_keys_uncommitted_until_a_step_took_it",),
@@ -506,7 +510,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "push-names-nothing", "G3.7",
         "submit.lua's push says the stream was empty, whatever stood last in it",
-        (Edit("keyserial/lua/submit.lua", "before = last and last[1] or '-'", "before = '-'"),),
+        (Edit(_LUA + "submit.lua", "before = last and last[1] or '-'", "before = '-'"),),
         (_PUSH + "test_a_fresh_entry_is_pushed_naming_the_entry_before_it" + _STANDALONE,
          _PUSH + "test_an_entry_appended_without_a_wake_up_is_never_skipped_by_a_push"
          + _STANDALONE),
@@ -514,7 +518,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "push-taken-unrecorded", "G3.7",
         "a worker takes pushes before any step of its has recorded that it does",
-        (Edit("keyserial/_wakeups.py", "return bool(want) and not replaying and not self.recorded",
+        (Edit("keyserial/_worker/wakeups.py",
+              "return bool(want) and not replaying and not self.recorded",
               "self.recorded = True\n        return False"),),
         (_PUSH + "test_a_worker_records_that_it_takes_pushes_before_it_takes_any" + _STANDALONE,
          _PUSH + "test_a_pushed_op_that_kills_its_worker_is_struck_at_every_death" + _STANDALONE),
@@ -528,7 +533,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "takeover-forgets-push", "G3.7",
         "acquire.lua does not count the entries an owner that took pushes may have run",
-        (Edit("keyserial/lua/acquire.lua",
+        (Edit("keyserial/_scripts/lua/acquire.lua",
               "if redis.call('GET', KEYS[13]) == tostring(epoch - 1) then", "if false then"),),
         (_PUSH + "test_a_takeover_counts_every_entry_as_fetched_if_the_dead_owner_took_pushes"
          + _STANDALONE,
@@ -537,7 +542,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "takeover-suspects-unpushed", "G3.7",
         "acquire.lua counts every entry as fetched, also from an owner that took no pushes",
-        (Edit("keyserial/lua/acquire.lua",
+        (Edit("keyserial/_scripts/lua/acquire.lua",
               "if redis.call('GET', KEYS[13]) == tostring(epoch - 1) then", "if true then"),),
         (_PUSH + "test_a_takeover_from_an_owner_that_took_no_pushes_suspects_only_what_it_"
          "fetched" + _STANDALONE,),

@@ -5,8 +5,8 @@ import uuid
 import pytest
 
 from keyserial import call
-from keyserial._client import _OpIds
-from keyserial._codec import (
+from keyserial._client.client import _OpIds
+from keyserial._wire.codec import (
     Envelope,
     MalformedEntry,
     binding,
@@ -21,7 +21,7 @@ from keyserial._codec import (
     pack_entry,
     salvage_replies,
 )
-from keyserial._json import dumps, loads
+from keyserial._wire.json_text import dumps, loads
 
 
 def test_an_entry_round_trips_its_envelopes() -> None:

@@ -24,11 +24,11 @@ import anyio
 import pytest
 import redis
 
-from keyserial._backend import Backend
-from keyserial._cross_scripts import ResolveArgs, resolve
-from keyserial._durability import run_confirmed, stored_confirmed
-from keyserial._pipeline import Pipeliner
+from keyserial._backend.backend import Backend
+from keyserial._backend.durability import run_confirmed, stored_confirmed
+from keyserial._scripts.cross import ResolveArgs, resolve
 from keyserial._settings import Durability
+from keyserial._worker.pipeline import Pipeliner
 from keyserial.testing import LocalServer, ShardKeys
 from tests.helpers import eventually
 

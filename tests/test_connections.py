@@ -9,8 +9,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import Connection
 
 from keyserial import BackendUnavailable
-from keyserial._backend import Backend
-from keyserial._resp import CloseSafeConnection
+from keyserial._backend.backend import Backend
+from keyserial._backend.resp import CloseSafeConnection
 from keyserial.testing import LocalServer
 
 

@@ -16,9 +16,9 @@ import redis.asyncio
 
 import keyserial
 from keyserial import PoisonOperation, ResultNotFound
-from keyserial._backend import Backend
-from keyserial._deadletters import envelopes
-from keyserial._lease_scripts import AcquireArgs, acquire
+from keyserial._backend.backend import Backend
+from keyserial._scripts.lease import AcquireArgs, acquire
+from keyserial.cli.deadletters import envelopes
 from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests import apps
 from tests.entries import append_entry, envelope

@@ -17,7 +17,7 @@ import redis.asyncio
 
 import keyserial
 from keyserial import BackendUnavailable, ConfigError, SubmitTimeout
-from keyserial._backend import Backend
+from keyserial._backend.backend import Backend
 from keyserial.ledger import deposit
 from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests.helpers import WorkerProcess, eventually, wait_for_log

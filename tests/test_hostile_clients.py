@@ -18,9 +18,9 @@ import pytest
 import redis.asyncio
 
 import keyserial
-from keyserial._backend import Backend
-from keyserial._cross_scripts import ResolveArgs, resolve
-from keyserial._refusals import AttemptAhead
+from keyserial._backend.backend import Backend
+from keyserial._scripts.cross import ResolveArgs, resolve
+from keyserial._scripts.refusals import AttemptAhead
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
@@ -206,7 +206,7 @@ async def test_ops_appended_under_a_client_s_guessed_next_ids_never_answer_it(
 
 def _submit_script() -> str:
     """The submit script's text, as a foreign client sends it (docs/wire-format.md)."""
-    return resources.files("keyserial").joinpath("lua/submit.lua").read_text()
+    return resources.files("keyserial._scripts").joinpath("lua/submit.lua").read_text()
 
 
 async def _append_fresh(attacker: redis.asyncio.Redis, shard: int, namespace: str,

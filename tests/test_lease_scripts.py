@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import redis.asyncio
 
-from keyserial._backend import Backend
-from keyserial._commit_scripts import StepArgs, step
-from keyserial._lease_scripts import (
+from keyserial._backend.backend import Backend
+from keyserial._scripts.commit import StepArgs, step
+from keyserial._scripts.lease import (
     AcquireArgs,
     LeaseGrant,
     ReleaseArgs,
@@ -18,7 +18,7 @@ from keyserial._lease_scripts import (
     release,
     renew,
 )
-from keyserial._refusals import Fenced
+from keyserial._scripts.refusals import Fenced
 from keyserial.testing import ShardKeys
 
 pytestmark = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)

@@ -7,10 +7,10 @@ import anyio
 import pytest
 
 from keyserial import Settings
-from keyserial._backend import Backend
-from keyserial._lease_scripts import LeaseGrant
-from keyserial._leases import Held, Leases
-from keyserial._metrics import Metrics
+from keyserial._backend.backend import Backend
+from keyserial._scripts.lease import LeaseGrant
+from keyserial._worker.leases import Held, Leases
+from keyserial._worker.metrics import Metrics
 
 pytestmark = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
 

@@ -17,10 +17,10 @@ import redis.asyncio
 
 import keyserial
 from keyserial import Settings
-from keyserial._backend import Backend
-from keyserial._outcomes import StoredOutcomes
-from keyserial._pending import Pending
-from keyserial._sweep import Sweep
+from keyserial._backend.backend import Backend
+from keyserial._client.outcomes import StoredOutcomes
+from keyserial._client.pending import Pending
+from keyserial._client.sweep import Sweep
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
 

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import keyserial
 from keyserial import InsufficientFunds, PoisonOperation, Settings, UnknownOperation, Worker
-from keyserial._metrics import Metrics
+from keyserial._worker.metrics import Metrics
 from keyserial.ledger import deposit, withdraw
 from keyserial.testing import LocalServer, ShardKeys, free_port
 from tests import apps

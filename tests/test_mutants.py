@@ -40,7 +40,8 @@ def test_every_python_mutant_type_checks(tmp_path: Path) -> None:
 
 def test_a_mutant_whose_old_text_is_gone_fails_loudly() -> None:
     drifted = mutants.Mutant("drifted", "G1.1", "no such code",
-                             (mutants.Edit("keyserial/lua/step.lua", "no such text", ""),), ())
+                             (mutants.Edit("keyserial/_scripts/lua/step.lua", "no such text", ""),),
+                             ())
     with pytest.raises(mutants.MutantDrift, match="occurs 0 times"):
         mutants.mutated(drifted, mutants.ROOT)
 

@@ -37,7 +37,7 @@ def test_the_wheel_installs_the_library_alone(tmp_path: Path) -> None:
     with zipfile.ZipFile(wheel) as archive:
         top = {name.split("/", 1)[0] for name in archive.namelist()}
     assert {name for name in top if not name.endswith(".dist-info")} == {"keyserial"}
-    assert "keyserial/lua/step.lua" in archive.namelist()
+    assert "keyserial/_scripts/lua/step.lua" in archive.namelist()
 
 
 def test_keyserial_bench_outside_a_checkout_says_where_to_run_it(tmp_path: Path) -> None:

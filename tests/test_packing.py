@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio.connection import Connection
 from redis.exceptions import DataError
 
-from keyserial._resp import HiredisPackedConnection, client_options
+from keyserial._backend.resp import HiredisPackedConnection, client_options
 
 COMMANDS: list[tuple[Any, ...]] = [
     ("PING",),

@@ -10,9 +10,9 @@ import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
 
-from keyserial._backend import Backend
-from keyserial._pipeline import Lineage, LineageBroken, Pipeliner
-from keyserial._scripts import Script, ScriptCall
+from keyserial._backend.backend import Backend
+from keyserial._scripts.calls import Script, ScriptCall
+from keyserial._worker.pipeline import Lineage, LineageBroken, Pipeliner
 
 # Publishes ARGV[2] (JSON [[channel, message], ...]) and returns how many messages that was;
 # fails, publishing nothing, on ARGV[1] 'fail'.

@@ -17,10 +17,10 @@ from redis.asyncio.client import PubSub
 
 import keyserial
 from keyserial import PoisonOperation
-from keyserial._backend import Backend
-from keyserial._commit_scripts import StepArgs, step
-from keyserial._lease_scripts import AcquireArgs, LeaseGrant, ReleaseArgs, acquire, release
-from keyserial._submit_scripts import SubmitArgs, submit
+from keyserial._backend.backend import Backend
+from keyserial._scripts.commit import StepArgs, step
+from keyserial._scripts.lease import AcquireArgs, LeaseGrant, ReleaseArgs, acquire, release
+from keyserial._scripts.submit import SubmitArgs, submit
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps

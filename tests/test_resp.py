@@ -1,6 +1,7 @@
-"""The hot path's own pipelined connection (``keyserial._resp``) against a real server: it returns
-what redis-py returns, keeps replies in order across concurrent batches and cancelled callers,
-reconnects after a server restart, authenticates, and its subscriptions deliver every message."""
+"""The hot path's own pipelined connection (``keyserial._backend.resp``) against a real server: it
+returns what redis-py returns, keeps replies in order across concurrent batches and cancelled
+callers, reconnects after a server restart, authenticates, and its subscriptions deliver every
+message."""
 
 from __future__ import annotations
 
@@ -14,11 +15,11 @@ import pytest
 import redis.asyncio
 from redis import exceptions as redis_errors
 
-from keyserial._backend import Backend
-from keyserial._commit_scripts import StepArgs
-from keyserial._refusals import Fenced
-from keyserial._resp import PipelinedConnection, Subscriber
-from keyserial._scripts import ScriptCall
+from keyserial._backend.backend import Backend
+from keyserial._backend.resp import PipelinedConnection, Subscriber
+from keyserial._scripts.calls import ScriptCall
+from keyserial._scripts.commit import StepArgs
+from keyserial._scripts.refusals import Fenced
 from keyserial.errors import BackendUnavailable
 from keyserial.testing import LocalServer
 

@@ -3,7 +3,7 @@ import zlib
 import pytest
 
 from keyserial import ConfigError, shard_for
-from keyserial._routing import parse_shards
+from keyserial._wire.routing import parse_shards
 
 
 def test_shard_is_crc32_of_utf8_key_modulo_count() -> None:

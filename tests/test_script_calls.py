@@ -8,11 +8,11 @@ import re
 
 import pytest
 
-from keyserial._commit_scripts import CommitAcrossArgs, StepArgs
-from keyserial._cross_scripts import DecideArgs, GrantArgs, ResolveArgs
-from keyserial._lease_scripts import AcquireArgs, ReleaseArgs, RenewArgs
-from keyserial._scripts import REPLIES, Script
-from keyserial._submit_scripts import STATUS, SubmitArgs
+from keyserial._scripts.calls import REPLIES, Script
+from keyserial._scripts.commit import CommitAcrossArgs, StepArgs
+from keyserial._scripts.cross import DecideArgs, GrantArgs, ResolveArgs
+from keyserial._scripts.lease import AcquireArgs, ReleaseArgs, RenewArgs
+from keyserial._scripts.submit import STATUS, SubmitArgs
 
 STEP, COMMIT_ACROSS = StepArgs.SCRIPT, CommitAcrossArgs.SCRIPT
 #: Every script but commit_across, whose arguments are a pair per shard after the first three.

@@ -11,8 +11,9 @@ import pytest
 import redis.asyncio
 
 import keyserial
-from keyserial._backend import Backend
-from keyserial._commit_scripts import (
+from keyserial._backend.backend import Backend
+from keyserial._scripts.calls import ScriptCall
+from keyserial._scripts.commit import (
     CommitAcrossArgs,
     ShardWrites,
     StepArgs,
@@ -20,10 +21,9 @@ from keyserial._commit_scripts import (
     commit_across,
     step,
 )
-from keyserial._cross_scripts import DecideArgs, Decided, GrantArgs, decide, grant
-from keyserial._lease_scripts import AcquireArgs, LeaseGrant, acquire
-from keyserial._refusals import Fenced, Replayed, RequestGone
-from keyserial._scripts import ScriptCall
+from keyserial._scripts.cross import DecideArgs, Decided, GrantArgs, decide, grant
+from keyserial._scripts.lease import AcquireArgs, LeaseGrant, acquire
+from keyserial._scripts.refusals import Fenced, Replayed, RequestGone
 from keyserial.testing import ShardKeys, running_worker
 from tests.entries import envelope
 from tests.helpers import keys_on_shard, stored_outcome

@@ -11,8 +11,8 @@ import pytest
 import redis
 
 import keyserial
-from keyserial._layout import signers_key
-from keyserial._signing import SIGNER_TTL, ReplySigner, ReplyVerifier, signer_record
+from keyserial._wire.layout import signers_key
+from keyserial._wire.signing import SIGNER_TTL, ReplySigner, ReplyVerifier, signer_record
 from keyserial.ledger import balance, deposit
 from keyserial.testing import running_worker
 from tests.helpers import eventually

@@ -16,8 +16,8 @@ import pytest
 import redis.asyncio
 
 import keyserial
-from keyserial import _status
-from keyserial._backend import Backend
+from keyserial._backend.backend import Backend
+from keyserial.cli import status as _status
 from keyserial.ledger import deposit
 from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests.helpers import ROOT, keys_on_shard

@@ -1,5 +1,5 @@
-"""The library's shape, as docs/architecture.md describes it: small modules, and one boundary
-to Redis (the modules that talk to redis-py)."""
+"""The library's shape, as docs/architecture.md describes it: subpackages that are layers, one
+boundary to Redis, and no import cycles (imports under ``TYPE_CHECKING`` included)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,16 @@ from pathlib import Path
 
 from tests.helpers import ROOT
 
-LIBRARY = sorted((ROOT / "keyserial").glob("*.py"))
+PACKAGE = ROOT / "keyserial"
+LIBRARY = sorted(PACKAGE.rglob("*.py"))
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(path): path for path in LIBRARY}
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -23,7 +32,72 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-def test_only_the_boundary_and_the_resp_connection_import_redis() -> None:
+def library_imports(path: Path) -> set[str]:
+    """The keyserial modules ``path`` imports, relative imports resolved."""
+    name = module_name(path)
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            for alias in node.names:
+                candidate = f"{module}.{alias.name}"
+                found.add(candidate if candidate in MODULES else module)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {module for module in found if module in MODULES and module != name}
+
+
+GRAPH = {name: library_imports(path) for name, path in MODULES.items()}
+
+
+def layer(module: str) -> str:
+    """``_client`` for ``keyserial._client.appender``; the module itself at the top level."""
+    return module.split(".")[1] if "." in module else module
+
+
+def imports_between(importers: set[str], imported: set[str]) -> list[tuple[str, str]]:
+    return sorted((name, target) for name, targets in GRAPH.items() for target in targets
+                  if layer(name) in importers and layer(target) in imported)
+
+
+def test_only_the_redis_boundary_imports_redis() -> None:
     assert LIBRARY, "no library modules found"
-    importing = {path.name for path in LIBRARY if "redis" in imported_modules(path)}
-    assert importing == {"_backend.py", "_resp.py"}
+    importing = {module_name(path) for path in LIBRARY if "redis" in imported_modules(path)}
+    assert importing and all(layer(name) == "_backend" for name in importing), importing
+
+
+def test_the_client_and_the_worker_never_import_each_other() -> None:
+    assert imports_between({"_client"}, {"_worker"}) == []
+    assert imports_between({"_worker"}, {"_client"}) == []
+
+
+def test_the_wire_format_and_the_scripts_import_no_layer_above_them() -> None:
+    above = {"_backend", "_client", "_worker", "_local", "cli", "testing"}
+    assert imports_between({"_wire", "_scripts"}, above) == []
+
+
+def test_no_module_imports_itself_back() -> None:
+    """No import cycle, through any number of modules."""
+    order: list[str] = []
+    state: dict[str, str] = {}
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        if state.get(module) == "done":
+            return
+        assert state.get(module) != "open", f"import cycle: {' -> '.join((*path, module))}"
+        state[module] = "open"
+        for target in sorted(GRAPH[module]):
+            visit(target, (*path, module))
+        state[module] = "done"
+        order.append(module)
+
+    for module in sorted(GRAPH):
+        visit(module, ())
+    assert len(order) == len(GRAPH)
+
+
+def test_every_layer_is_a_package_of_its_own() -> None:
+    layers = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").exists()}
+    assert layers == {"_wire", "_scripts", "_backend", "_client", "_worker", "_local", "cli"}

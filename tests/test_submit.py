@@ -23,7 +23,7 @@ from keyserial import (
     UnknownOperation,
     call,
 )
-from keyserial._shard import ShardRunner
+from keyserial._worker.runner import ShardRunner
 from keyserial.ledger import balance, deposit, withdraw
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
@@ -417,8 +417,8 @@ async def test_a_step_sent_again_after_a_lost_reply_rotates_results_only_once(
     The step is sent by hand, twice, because no process fault loses the reply of the one step
     that rotates (once per retention period) on demand; the nemesis's connection resets lose
     replies at random."""
-    from keyserial._backend import Backend
-    from keyserial._commit_scripts import StepArgs, step
+    from keyserial._backend.backend import Backend
+    from keyserial._scripts.commit import StepArgs, step
 
     k = ShardKeys(namespace, 0)
     backend = await Backend.connect(redis_url)

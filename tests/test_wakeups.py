@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 
-from keyserial._intake import Push
-from keyserial._keystates import KeyStates
-from keyserial._wakeups import MAX_WAITING, Wakeups
+from keyserial._worker.intake import Push
+from keyserial._worker.keystates import KeyStates
+from keyserial._worker.wakeups import MAX_WAITING, Wakeups
 from tests.entries import envelope
 
 

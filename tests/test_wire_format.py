@@ -58,7 +58,7 @@ def test_the_routing_vectors_are_crc32_of_the_utf8_key_modulo_16() -> None:
 
 
 def test_the_documented_submit_script_is_the_one_the_python_client_runs() -> None:
-    shipped = (ROOT / "keyserial" / "lua" / "submit.lua").read_text(encoding="utf-8")
+    shipped = (ROOT / "keyserial" / "_scripts" / "lua" / "submit.lua").read_text(encoding="utf-8")
     assert doc_submit_script().strip() == shipped.strip()
 
 

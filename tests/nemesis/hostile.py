@@ -40,7 +40,7 @@ FORGED_ACCOUNT = json.dumps({"balance": 1_000_000, "ops": ["forged"]})
 #: restart, so not every round).
 REPLAY_CHANCE = 0.2
 #: The submit script, as a foreign client sends it (docs/wire-format.md).
-SUBMIT_SCRIPT = resources.files("keyserial").joinpath("lua/submit.lua").read_text()
+SUBMIT_SCRIPT = resources.files("keyserial._scripts").joinpath("lua/submit.lua").read_text()
 
 
 async def forge(faults: Faults, number: int, event: FaultEvent) -> None:

@@ -1,0 +1,406 @@
+"""The Redis boundary: the one module that sends keyserial's commands and scripts (through
+redis-py, or keyserial's own connection, ``_backend.resp``), and the one place that reads what Redis
+answers: :func:`classify_reply` maps every failure to keyserial's exceptions, as httpx's
+``map_httpcore_exceptions`` maps its transport's. An unreachable server or a "not now" reply
+becomes ``BackendUnavailable``, refused credentials ``ConfigError``, an error reply what
+``_scripts.refusals.refusal`` makes of it. Above it keyserial speaks its own types:
+``_backend.commands`` (the base of :class:`Backend`), ``_backend.durability``, typed script calls
+in ``_scripts.calls`` and its siblings. Every script touches one shard's keys (one cluster slot),
+except ``commit_across``, which only runs on a standalone server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import traceback
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import anyio
+from anyio.abc import TaskStatus
+from redis import exceptions as redis_errors
+from redis.asyncio import Redis
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import AbstractConnection, ConnectionPool
+from redis.cluster import PRIMARY, REPLICA
+
+from .._backoff import Backoff
+from .._scripts.refusals import Refused, refusal
+from .._urls import redact
+from ..errors import BackendUnavailable, ConfigError, KeyserialError
+from .commands import Command, Commands
+from .resp import (
+    URL_TIMEOUTS,
+    AnyRedis,
+    Subscriber,
+    client_options,
+    describe,
+    pipelined_connection,
+    use_close_safe_connections,
+)
+from .subscriptions import (
+    FIRST_SUBSCRIPTION_WITHIN,
+    SUBSCRIBE_ROUND_TRIPS,
+    PubSubSubscription,
+    Subscription,
+)
+
+__all__ = ["AnyRedis", "Backend"]
+
+log = logging.getLogger("keyserial")
+
+#: Errors that mean "the server could not be reached or answered in time". A cluster client
+#: reports an unreachable cluster as RedisClusterException; a node that is still joining after
+#: a restart answers CLUSTERDOWN.
+_UNREACHABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError,
+                redis_errors.RedisClusterException, redis_errors.ClusterDownError, OSError)
+#: Error replies that mean "not now": the server is loading its dataset, running a slow script
+#: (BUSY), or its cluster is failing over; or it refuses writes for now, out of memory (OOM) or
+#: unable to persist (MISCONF). The command was not executed; it may be sent again. (A script
+#: meets OOM at its first write, so one refused so wrote nothing before.)
+_TRANSIENT_PREFIXES = ("BUSY ", "LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN", "READONLY",
+                       "NOREPLICAS", "NOTREADY", "UNBLOCKED", "OOM ", "MISCONF ")
+#: An append to a stream whose last id is the largest there is (an entry appended under it by
+#: hand): "not now" too, since its owner starts the stream again once it has run that entry.
+_STREAM_EXHAUSTED = "exhausted the last possible ID"
+#: The same, as redis-py classes them (it strips their code from the message). MOVED and ASK
+#: reach keyserial on a connection to one node (a write sent with its WAIT): the slot moved.
+_TRANSIENT_TYPES = (redis_errors.ReadOnlyError, redis_errors.TryAgainError, redis_errors.AskError,
+                    redis_errors.OutOfMemoryError)
+#: Error replies that no retry cures: the credentials or the ACL user do not allow keyserial in.
+_REFUSED = (redis_errors.AuthenticationError, redis_errors.NoPermissionError)
+#: Everything redis-py raises (a cluster client's "no node reachable" is not a RedisError).
+_REDIS_ERRORS = (redis_errors.RedisError, redis_errors.RedisClusterException)
+#: What a subscription is made again after: a lost connection, or any error reply (BUSY...).
+_RESUBSCRIBE_AFTER = (*_REDIS_ERRORS, KeyserialError, OSError)
+
+
+def classify_reply(reply: Any, url: str) -> Any:
+    """A reply as keyserial sees it (every reply from Redis passes through here): an error
+    becomes keyserial's exception (see the module's doc); other replies pass through."""
+    if not isinstance(reply, _REDIS_ERRORS):
+        return reply
+    error: Exception
+    if isinstance(reply, _REFUSED):
+        error = ConfigError(f"Redis at {redact(url)} refused keyserial: {reply}")
+    elif (isinstance(reply, (*_UNREACHABLE, *_TRANSIENT_TYPES))
+          or str(reply).startswith(_TRANSIENT_PREFIXES) or _STREAM_EXHAUSTED in str(reply)):
+        error = BackendUnavailable(url, reply)
+    elif isinstance(reply, redis_errors.ResponseError):
+        missing = isinstance(reply, redis_errors.NoScriptError)
+        error = refusal(str(reply), script_missing=missing)
+    else:
+        return reply  # (a defect, such as an argument redis-py cannot pack: shown as it is)
+    error.__cause__ = reply  # (kept when it is raised later, from a pipeline's replies)
+    return error
+
+
+@contextlib.contextmanager
+def _translating(
+    url: str, *, lost: bool = False, cluster: RedisCluster | None = None
+) -> Iterator[None]:
+    """Raise keyserial's errors for redis-py's and a socket's; ``lost``: any but an error reply
+    means an unusable connection (a subscription's); ``cluster``: the client, to repair."""
+    try:
+        yield
+    except redis_errors.InvalidResponse as exc:  # a port another server listens on
+        error = BackendUnavailable(url, f"the server there does not speak Redis ({exc})")
+        raise error from exc
+    except _REDIS_ERRORS as exc:
+        translated = classify_reply(exc, url)
+        if translated is not exc:
+            raise translated from exc
+        if lost:
+            raise BackendUnavailable(url, exc) from exc
+        raise
+    except OSError as exc:
+        raise BackendUnavailable(url, exc) from exc
+    except IndexError as exc:  # a cluster client learning the routing found no master
+        if not _raised_by_redis_py(exc):  # (from elsewhere: a bug)
+            raise
+        if cluster is not None:
+            _retype_nodes(cluster)
+        raise BackendUnavailable(url, "no master known yet") from exc
+
+
+def _retype_nodes(cluster: RedisCluster) -> None:
+    """Give each node the type the slots it just read say. redis-py keeps a node's cached type
+    across a failover (redis/redis-py#2433): once every master has been a replica, it finds no
+    master at all, at every command, for good."""
+    manager = cluster.nodes_manager
+    masters = {nodes[0].name for nodes in manager.slots_cache.values() if nodes}
+    for name, node in manager.nodes_cache.items():
+        node.server_type = PRIMARY if name in masters else REPLICA
+
+
+def _raised_by_redis_py(exc: BaseException) -> bool:
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and f"{os.sep}redis{os.sep}" in frames[-1].filename
+
+
+class Backend(Commands):
+    """A connection to one Redis deployment, standalone or cluster."""
+
+    def __init__(self, client: AnyRedis, url: str, *, owned: bool) -> None:
+        self.client = client
+        #: For messages and logs: the password is hidden.
+        self.url = redact(url)
+        #: The client if it is a cluster's (checked once: RedisCluster is a Protocol, whose
+        #: isinstance is slow, and node_of runs for every call).
+        self._cluster = client if isinstance(client, RedisCluster) else None
+        self._owned = owned
+        #: The hot path's connection (see ``_backend.resp``), on plain TCP connections we opened.
+        self._pipelined = pipelined_connection(client) if owned else None
+        #: On a cluster, a plain client per master, for :meth:`on_node`.
+        self._node_clients: dict[str, Redis] = {}
+
+    @classmethod
+    async def connect(cls, redis: str | AnyRedis) -> Backend:
+        """Open ``redis`` (a URL, or a client the caller configured and keeps owning). A URL
+        that points at a cluster node gets a cluster client: the deployment is asked.
+
+        :raises BackendUnavailable: if the server does not answer.
+        """
+        if not isinstance(redis, str):
+            backend = cls(redis, describe(redis), owned=False)
+            await backend.ping()
+            return backend
+        try:
+            probe = Redis.from_url(redis, **URL_TIMEOUTS)
+        except ValueError as exc:  # (redis-py's word for a URL it cannot use)
+            raise ConfigError(f"{redact(redis)} is not a usable Redis URL: {exc}") from None
+        try:
+            with _translating(redis):
+                info = await probe.info("cluster")
+        except Refused as exc:  # (at connecting: a database the server does not have)
+            raise ConfigError(f"Redis at {redact(redis)} refused the connection: {exc}") from None
+        finally:
+            await probe.aclose()
+        if info.get("cluster_enabled"):
+            cluster = RedisCluster.from_url(redis, **URL_TIMEOUTS)
+            use_close_safe_connections(cluster, redis)
+            try:
+                with _translating(redis):
+                    await cluster.initialize()
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    await cluster.aclose()
+                raise
+            return cls(cluster, redis, owned=True)
+        return cls(Redis.from_url(redis, **client_options(redis)), redis, owned=True)
+
+    @property
+    def in_order(self) -> bool:
+        """Whether commands reach the server in the order they were sent (one connection, not
+        a pool): keyserial's own connection."""
+        return self._pipelined is not None
+
+    @property
+    def sends_once(self) -> bool:
+        """Whether a command is sent at most once (never retried by the transport), so an entry
+        appended through it cannot land twice: keyserial's own connection does not retry."""
+        return self._pipelined is not None
+
+    async def aclose(self) -> None:
+        for client in self._node_clients.values():
+            await client.aclose()
+        if self._pipelined is not None:
+            await self._pipelined.aclose()
+        if self._owned:
+            await self.client.aclose()
+
+    # -- commands ------------------------------------------------------------------------------
+
+    async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
+        return await self._send(commands)
+
+    async def on_node(self, key: str, commands: Sequence[Command]) -> list[Any]:
+        """Commands in order on one connection to the master that holds ``key`` (as a WAIT
+        must follow the write it covers): each reply, or its error. On a cluster, an unreachable
+        node may have failed over: the routing is learnt again before the error is raised."""
+        try:
+            return await self._send(commands, key)
+        except BackendUnavailable:
+            if self.is_cluster:
+                with contextlib.suppress(BackendUnavailable):
+                    await self.refresh_routing()
+            raise
+
+    async def _send(self, commands: Sequence[Command], node_of: str | None = None) -> list[Any]:
+        with _translating(self.url, cluster=self._cluster):
+            if self._pipelined is not None:
+                replies = await self._pipelined.execute(commands)
+            else:
+                client = self.client if node_of is None else self._node_client(node_of)
+                replies = await self._redis_py(client, commands)
+        return [classify_reply(reply, self.url) for reply in replies]
+
+    async def _redis_py(self, client: AnyRedis, commands: Sequence[Command]) -> list[Any]:
+        """Each command's reply or its error reply (not raised, as in a pipeline)."""
+        if len(commands) == 1:
+            try:
+                return [await client.execute_command(*commands[0])]
+            except redis_errors.ResponseError as exc:
+                return [exc]
+        pipe = client.pipeline(transaction=False)
+        for command in commands:
+            pipe.execute_command(*command)
+        replies: list[Any] = await pipe.execute(raise_on_error=False)
+        # A cluster pipeline returns a node's connection error as that command's reply.
+        for reply in replies:
+            if isinstance(reply, _UNREACHABLE):
+                raise BackendUnavailable(self.url, reply)
+        return replies
+
+    def publish_nowait(self, messages: Sequence[tuple[str, str]]) -> bool:
+        """``PUBLISH`` each message now, on keyserial's own connection, not waiting for the
+        replies; False (nothing sent) where there is none."""
+        if self._pipelined is None:
+            return False
+        return self._pipelined.send_nowait(
+            [("PUBLISH", channel, message) for channel, message in messages]
+        )
+
+    # -- routing -------------------------------------------------------------------------------
+
+    @property
+    def is_cluster(self) -> bool:
+        return self._cluster is not None
+
+    def node_of(self, key: str) -> str:
+        """The master that serves ``key``, as this client knows ('' on a standalone server)."""
+        if self._cluster is None:
+            return ""
+        try:
+            node = self._cluster.get_node_from_key(key)
+        except redis_errors.RedisClusterException:  # a slot no master serves right now
+            return ""
+        return "" if node is None else node.name
+
+    async def refresh_routing(self) -> None:
+        """Ask a cluster again which master serves which slot (after a failover).
+
+        :raises BackendUnavailable: if no node answers, or none knows a master yet."""
+        if not isinstance(self.client, RedisCluster):
+            return
+        with _translating(self.url, cluster=self.client):
+            await self.client.nodes_manager.initialize()
+
+    def _node_client(self, key: str) -> Redis:
+        """A plain client of the master that holds ``key`` (one connection, as a cluster's
+        routing cannot promise)."""
+        if not isinstance(self.client, RedisCluster):
+            return self.client
+        node = self.client.get_node_from_key(key)
+        if node is None:
+            raise BackendUnavailable(self.url, f"no node serves the slot of {key!r}")
+        client = self._node_clients.get(node.name)
+        if client is None:
+            pool = ConnectionPool(connection_class=node.connection_class, **node.connection_kwargs)
+            client = self._node_clients[node.name] = Redis.from_pool(pool)
+        return client
+
+    # -- subscriptions -------------------------------------------------------------------------
+
+    async def listen(
+        self,
+        channels: Sequence[str],
+        on_message: Callable[[str, bytes], None],
+        *,
+        health_interval: float = 5.0,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        """Subscribe to ``channels`` and hand every message to ``on_message(channel, data)``
+        until cancelled, resubscribing after a lost connection, an error reply, or a failed
+        health check (a PING every ``health_interval`` seconds, answered within as long: a
+        connection dropped without a word only goes quiet). Messages published while the
+        connection was down are lost: callers keep a fallback (result sweep, idle polling).
+
+        :raises BackendUnavailable: if the first subscription fails (before ``started()``).
+        """
+        subscription = self._subscription(channels, on_message)
+        try:
+            with _translating(self.url):
+                await subscription.subscribe(FIRST_SUBSCRIPTION_WITHIN)
+            task_status.started()
+            while True:
+                error = await subscription.until_lost(health_interval)
+                log.warning("subscription to %s lost (%s); resubscribing", self.url, error)
+                await self._resubscribe(subscription, SUBSCRIBE_ROUND_TRIPS * health_interval)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await subscription.aclose()
+
+    async def _resubscribe(self, subscription: Subscription, within: float) -> None:
+        """Subscribe again, each try for at most ``within`` seconds (one that goes quiet before
+        it confirms is lost too), at a steady pace: a growing gap would only delay replies."""
+        pause = Backoff(0.2, 0.2)
+        while True:
+            await pause.sleep()
+            try:
+                await subscription.subscribe(within)
+                return
+            except _RESUBSCRIBE_AFTER as exc:
+                log.warning("resubscribing to %s failed (%s); trying again in %gs",
+                            self.url, exc, pause.delay)
+
+    def _subscription(
+        self, channels: Sequence[str], on_message: Callable[[str, bytes], None]
+    ) -> Subscription:
+        """A subscription that connects as the command connections do (TLS and its
+        certificates included), with no read timeout. On a cluster, channel messages reach
+        every node, so one node does."""
+        if self._pipelined is not None:
+            return Subscriber(self._pipelined, channels, on_message)
+        if isinstance(self.client, RedisCluster):
+            node = self.client.get_default_node()
+            assert node is not None, "cluster client is initialized in connect()"
+            kind: type[AbstractConnection] = node.connection_class
+            options = node.connection_kwargs
+        elif self._owned:
+            pool = self.client.connection_pool
+            kind, options = pool.connection_class, pool.connection_kwargs
+        else:
+            return PubSubSubscription(_PubSub(self.client.pubsub(), self.url), channels, on_message)
+        # (With its class: a TLS connection's options alone would make a plaintext one.)
+        pool = ConnectionPool(connection_class=kind, **{**options, "socket_timeout": None})
+        pubsub = Redis.from_pool(pool).pubsub()
+        return PubSubSubscription(_PubSub(pubsub, self.url), channels, on_message)
+
+
+class _PubSub:
+    """redis-py's ``PubSub`` as a ``_backend.subscriptions.PubSubPort``: keyserial's errors only, an
+    error reply as a message of type ``"error"``."""
+
+    def __init__(self, pubsub: PubSub, url: str) -> None:
+        self._pubsub = pubsub
+        self._url = url
+
+    async def subscribe(self, channels: Sequence[str]) -> None:
+        await self._drop_connection()
+        with _translating(self._url, lost=True):
+            await self._pubsub.subscribe(*channels)
+
+    async def get_message(self, timeout: float) -> dict[str, Any] | None:
+        with _translating(self._url, lost=True):
+            try:
+                message: dict[str, Any] | None = await self._pubsub.get_message(timeout=timeout)
+            except redis_errors.ResponseError as exc:
+                return {"type": "error", "data": classify_reply(exc, self._url)}
+        return message
+
+    async def ping(self, token: bytes) -> None:
+        with _translating(self._url, lost=True):
+            await self._pubsub.ping(token)
+
+    async def aclose(self) -> None:
+        await self._drop_connection()
+        await self._pubsub.aclose()  # type: ignore[no-untyped-call]
+
+    async def _drop_connection(self) -> None:
+        """Close without awaiting the peer (a dropped TLS one could wait its connect timeout)."""
+        if self._pubsub.connection is not None:
+            await self._pubsub.connection.disconnect(nowait=True)

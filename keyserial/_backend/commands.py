@@ -1,0 +1,177 @@
+"""What keyserial asks of Redis, in its own terms: run script calls, and read and write its keys
+by what they hold (a shard's results, states, stream entries and dead letters, a namespace's
+shard count).
+
+:class:`Commands` is the base of ``_backend.backend.Backend``, which sends the commands and turns
+every error reply into keyserial's exceptions: nothing here talks to Redis, or reads an error
+message. Stored values come back as Redis holds them (bytes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from .._scripts.calls import ScriptArg, ScriptCall, decoded
+from .._scripts.refusals import ScriptMissing
+from .._wire.layout import ShardKeys, meta_key
+from ..errors import ConfigError, ShardCountMismatch
+
+Command = Sequence[ScriptArg]
+R = TypeVar("R")
+
+
+def raise_errors(replies: list[Any]) -> list[Any]:
+    """``replies``, once none of them is an error (the first one is raised)."""
+    for reply in replies:
+        if isinstance(reply, Exception):
+            raise reply
+    return replies
+
+
+def raised(reply: Any) -> Any:
+    """``reply``, unless it is an error: raised."""
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
+
+
+def stored_commands(shard: ShardKeys, fields: Sequence[str]) -> list[Command]:
+    """The reads of :meth:`Commands.stored`: both generations of the shard's results."""
+    return [("HMGET", shard.results, *fields), ("HMGET", shard.results_old, *fields)]
+
+
+def merged_stored(replies: Sequence[Any]) -> list[bytes | None]:
+    """The replies of :func:`stored_commands` as one value per field: the current
+    generation's, else the previous one's."""
+    current, previous = replies
+    return [now if now is not None else before for now, before in zip(current, previous,
+                                                                       strict=True)]
+
+
+class Commands:
+    """Script calls, reads and writes, over one primitive: :meth:`pipeline`.
+
+    Every method raises ``BackendUnavailable`` if the server does not answer.
+    """
+
+    async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
+        """Commands in one pipeline (on a cluster, routed by key): each reply, or its error."""
+        raise NotImplementedError
+
+    async def call(self, *command: ScriptArg) -> Any:
+        """One command's reply; its error reply raised."""
+        (reply,) = await self.pipeline([command])
+        return raised(reply)
+
+    async def ping(self) -> None:
+        await self.call("PING")
+
+    # -- scripts -------------------------------------------------------------------------------
+
+    async def run_many(self, calls: Sequence[ScriptCall[Any]]) -> list[Any]:
+        """Run scripts in one pipeline: each reply as its call decodes it, or its error."""
+        replies = await self.pipeline([call.evalsha_command() for call in calls])
+        missing = [index for index, reply in enumerate(replies)
+                   if isinstance(reply, ScriptMissing)]
+        if missing:  # a restarted or flushed server: send those once as EVAL
+            again = await self.pipeline([calls[index].eval_command() for index in missing])
+            for index, reply in zip(missing, again, strict=True):
+                replies[index] = reply
+        return decoded(calls, replies)
+
+    async def run_call(self, call: ScriptCall[R]) -> R:
+        """Run one script: its reply, decoded; its refusal raised."""
+        (reply,) = await self.run_many([call])
+        result: R = raised(reply)
+        return result
+
+    # -- keys ----------------------------------------------------------------------------------
+
+    async def stored(self, shard: ShardKeys, fields: Sequence[str]) -> list[bytes | None]:
+        """Stored results (or cross-shard records) of ``fields`` in a shard: from the current
+        generation, else the previous one (both read in one round trip)."""
+        return merged_stored(raise_errors(await self.pipeline(stored_commands(shard, fields))))
+
+    async def entries_present(self, shard: ShardKeys, ids: Sequence[bytes]) -> list[bool]:
+        """Whether each entry is still in the shard's stream (one round trip)."""
+        commands = [("XRANGE", shard.stream, id_, id_) for id_ in ids]
+        return [bool(reply) for reply in raise_errors(await self.pipeline(commands))]
+
+    async def state(self, shard: ShardKeys, key: str) -> bytes | None:
+        """The committed state (JSON) of ``key``, or None."""
+        state: bytes | None = await self.call("HGET", shard.state, key)
+        return state
+
+    async def states(self, shard: ShardKeys, keys: Sequence[str]) -> list[bytes | None]:
+        """The committed states (JSON) of ``keys``, None for a key that has none."""
+        states: list[bytes | None] = await self.call("HMGET", shard.state, *keys)
+        return states
+
+    async def state_count(self, shard: ShardKeys) -> int:
+        """How many keys of the shard have a state."""
+        return int(await self.call("HLEN", shard.state))
+
+    async def all_states(self, shard: ShardKeys) -> dict[bytes, bytes]:
+        """Every state of the shard, by key."""
+        flat = await self.call("HGETALL", shard.state)
+        if isinstance(flat, dict):  # (RESP3, or a client that parses it)
+            return flat
+        return dict(zip(flat[::2], flat[1::2], strict=True))
+
+    async def lease_held(self, shard: ShardKeys) -> bool:
+        """Whether some worker holds the shard's lease."""
+        return bool(await self.call("EXISTS", shard.lease))
+
+    async def dead_letters(
+        self, shard: ShardKeys, first: str = "-", last: str = "+", count: int | None = None
+    ) -> list[tuple[bytes, Any]]:
+        """The shard's dead letters from ``first`` to ``last`` (ids), oldest first: (id,
+        fields)."""
+        command: list[ScriptArg] = ["XRANGE", shard.dead, first, last]
+        if count is not None:
+            command += ["COUNT", count]
+        letters: list[tuple[bytes, Any]] = await self.call(*command)
+        return letters
+
+    async def drop_dead_letter(self, shard: ShardKeys, letter_id: str) -> bool:
+        """Delete one dead letter: whether it was there."""
+        return bool(await self.call("XDEL", shard.dead, letter_id))
+
+    async def publish(self, channel: str, message: str) -> None:
+        await self.call("PUBLISH", channel, message)
+
+    async def recorded_shard_count(self, namespace: str) -> int | None:
+        """The shard count the namespace records, or None if nothing has used it yet."""
+        recorded = await self.call("HGET", meta_key(namespace), "shards")
+        return None if recorded is None else int(recorded)
+
+    async def ensure_shard_count(self, namespace: str, shard_count: int | None) -> int:
+        """Record the namespace's shard count on first use; return the recorded one.
+
+        ``None`` adopts the recorded count, or records 16 for a new namespace. A namespace in
+        use is only read, so a client's ACL user needs no write access to it.
+
+        :raises ShardCountMismatch: when ``shard_count`` differs from the recorded count.
+        :raises ConfigError: when the count is not recorded yet and this user may not record it.
+        """
+        wanted = 16 if shard_count is None else shard_count
+        if wanted < 1:
+            raise ConfigError(f"shard count must be at least 1, not {wanted}")
+        recorded = await self.recorded_shard_count(namespace)
+        if recorded is None:
+            try:
+                await self.call("HSETNX", meta_key(namespace), "shards", wanted)
+            except ConfigError as exc:  # the ACL refused it (see _backend.classify_reply)
+                raise ConfigError(
+                    f"namespace {namespace!r} has no shard count recorded yet, and this Redis"
+                    f" user may not record it ({exc.__cause__}); start a worker first, which"
+                    " records it"
+                ) from exc
+            recorded = await self.recorded_shard_count(namespace)
+            assert recorded is not None, "recorded just now"
+        if shard_count is not None and recorded != shard_count:
+            raise ShardCountMismatch(
+                namespace=namespace, recorded=recorded, configured=shard_count
+            )
+        return recorded

@@ -1,0 +1,186 @@
+"""The client's appends: submits that arrive while an append is in flight are coalesced. Ops bound
+for one shard are packed into one stream entry (bounded in ops and bytes), and a node's entries
+go out in one pipeline of ``submit`` calls, one append in flight per Redis node (each master of a
+cluster): a stalled node holds up the ops of its own shards only, and each shard's entries land
+in submit order.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from .._backend.backend import Backend
+from .._scripts.calls import ScriptCall
+from .._scripts.refusals import BacklogRefused, Refused
+from .._scripts.submit import SubmitArgs, submit
+from .._settings import Settings
+from .._wire.codec import WIRE_VERSION, pack_entry
+from .._wire.layout import ShardKeys
+from ..errors import BackendUnavailable, BacklogFull, KeyserialError
+from .pending import Pending
+
+log = logging.getLogger("keyserial.client")
+
+#: Seconds before an append the server refused for now (BUSY, LOADING) is sent again.
+_REFUSED_RETRY = 0.1
+#: Ops packed into one stream entry at most, and its size in bytes at most.
+_ENTRY_OPS = 256
+_ENTRY_BYTES = 256 * 1024
+
+
+class Appender:
+    """Appends the submits queued with :meth:`add`; :meth:`run` in a task of the client's."""
+
+    def __init__(self, backend: Backend, settings: Settings, shards: Sequence[ShardKeys]) -> None:
+        self._backend = backend
+        self._settings = settings
+        self._shards = shards
+        #: Each shard's stream, named once rather than for every op appended.
+        self._streams = [keys.stream for keys in shards]
+        self._queue: list[Pending] = []
+        self._queued = anyio.Event()
+        #: Redis nodes with an append in flight.
+        self._appending: set[str] = set()
+        self._task_group: TaskGroup | None = None
+        #: Set when the client closes: nothing more is sent.
+        self._stopped = False
+
+    def add(self, pending: Pending) -> None:
+        self._queue.append(pending)
+        self._queued.set()
+
+    def withdraw(self, pending: Pending) -> bool:
+        """Take a submit out of the queue if it has not been sent (True if so)."""
+        try:
+            self._queue.remove(pending)
+        except ValueError:
+            return False
+        return True
+
+    def requeue(self, pendings: list[Pending]) -> None:
+        """Append these ops again with the next batch (:meth:`run` leaves out those settled
+        meanwhile)."""
+        self._queue.extend(pendings)
+        self._queued.set()
+
+    def stop(self) -> None:
+        """Send nothing more (the client is closing; :meth:`run` is cancelled next)."""
+        self._stopped = True
+
+    def take_unsent(self) -> set[Pending]:
+        """Empty the queue, once stopped: the submits never sent."""
+        unsent, self._queue = set(self._queue), []
+        return unsent
+
+    async def run(self) -> None:
+        """Append whatever has queued up while the previous append was in flight, until
+        cancelled."""
+        async with anyio.create_task_group() as task_group:
+            self._task_group = task_group
+            while True:
+                await self._queued.wait()
+                self._queued = anyio.Event()
+                # A submit whose caller was cancelled (or that timed out) before the append is
+                # sent stays out: a cancel scope whose deadline had passed when its caller
+                # submitted cancels the caller's future before this task runs.
+                batch = [pending for pending in self._queue if not pending.done.done()]
+                self._queue = []
+                by_node: dict[str, list[Pending]] = defaultdict(list)
+                for pending in batch:
+                    by_node[self._backend.node_of(self._streams[pending.shard])].append(pending)
+                for node, pendings in by_node.items():
+                    if node in self._appending or self._stopped:
+                        # Sent once that node's append returns (or never: the client is closing).
+                        self._queue.extend(pendings)
+                    else:
+                        self._appending.add(node)
+                        task_group.start_soon(self._append, node, pendings)
+
+    async def _append(self, node: str, batch: list[Pending]) -> None:
+        """Append ``batch`` (ops of shards on one node) in one pipeline."""
+        try:
+            entries = list(_pack(batch))
+            calls = [self._append_call(shard, group) for shard, group in entries]
+            try:
+                replies = await self._backend.run_many(calls)
+            except BackendUnavailable as exc:
+                for pending in batch:
+                    pending.settle(
+                        BackendUnavailable(
+                            self._backend.url, exc, op_id=pending.op_id, keys=pending.all_keys
+                        )
+                    )
+                return
+            except Exception as exc:  # anything else fails this batch, not the client
+                log.exception("appending %d ops failed", len(batch))
+                for pending in batch:
+                    pending.settle(KeyserialError(f"appending op {pending.op_id!r} failed: {exc}"))
+                return
+            self._after_append(entries, replies)
+        finally:
+            self._appending.discard(node)
+            if self._queue:
+                self._queued.set()
+
+    def _after_append(self, entries: list[tuple[int, list[Pending]]], replies: list[Any]) -> None:
+        """Note each appended op's entry; fail the ops of entries the server refused, and queue
+        again those refused for now."""
+        refused: list[Pending] = []
+        for (shard, group), reply in zip(entries, replies, strict=True):
+            if isinstance(reply, bytes):
+                for pending in group:
+                    pending.entry = reply
+            elif isinstance(reply, BackendUnavailable):
+                refused += group  # "not now" (BUSY, LOADING): nothing was appended
+            elif isinstance(reply, Exception):
+                error = self._append_error(shard, reply)
+                for pending in group:
+                    pending.settle(error)
+        if refused and self._task_group is not None and not self._stopped:
+            self._task_group.start_soon(self._append_again, refused)
+
+    async def _append_again(self, refused: list[Pending]) -> None:
+        """Queue again, a moment later, ops whose append the server refused for now; each
+        waits until it is appended or its caller's timeout."""
+        await anyio.sleep(_REFUSED_RETRY)
+        self.requeue(refused)
+
+    def _append_call(self, shard: int, group: list[Pending]) -> ScriptCall[bytes]:
+        keys = self._shards[shard]
+        packed = pack_entry([pending.envelope for pending in group])
+        # Fresh only if the entry cannot land twice either (a transport that retries could).
+        fresh = self._backend.sends_once and all(pending.fresh for pending in group)
+        return submit(keys, SubmitArgs(
+            self._settings.max_backlog, WIRE_VERSION, packed, keys.wake_channel, fresh
+        ))
+
+    def _append_error(self, shard: int, reply: Exception) -> KeyserialError:
+        """The error of an append the server answered with an error: nothing was appended."""
+        if isinstance(reply, BacklogRefused):
+            return BacklogFull(shard=shard, limit=self._settings.max_backlog)
+        if isinstance(reply, KeyserialError) and not isinstance(reply, Refused):
+            return reply  # the credentials or the ACL refused it
+        return KeyserialError(f"Redis refused the append to shard {shard}: {reply}")
+
+
+def _pack(batch: list[Pending]) -> Iterator[tuple[int, list[Pending]]]:
+    """Group a batch by shard, in submit order, into entries of bounded size."""
+    by_shard: dict[int, list[Pending]] = defaultdict(list)
+    for pending in batch:
+        by_shard[pending.shard].append(pending)
+    for shard, group in by_shard.items():
+        entry: list[Pending] = []
+        size = 0
+        for pending in group:
+            if entry and (len(entry) >= _ENTRY_OPS or size + len(pending.envelope) > _ENTRY_BYTES):
+                yield shard, entry
+                entry, size = [], 0
+            entry.append(pending)
+            size += len(pending.envelope)
+        yield shard, entry

@@ -1,0 +1,83 @@
+"""``keyserial.connect``: the one way in for callers."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import sniffio
+
+from .._backend.backend import AnyRedis, Backend
+from .._backend.durability import check_durability
+from .._settings import Settings
+from ..errors import ShardCountMismatch
+from .client import Client
+from .foreign import ForeignLoopClient
+
+DEFAULT_URL = "redis://127.0.0.1:6379/0"
+
+
+def default_url() -> str:
+    """``KEYSERIAL_REDIS_URL``, else the local default server."""
+    return os.environ.get("KEYSERIAL_REDIS_URL", DEFAULT_URL)
+
+
+@asynccontextmanager
+async def connect(
+    redis: str | AnyRedis | None = None,
+    *,
+    shards: int | None = None,
+    namespace: str | None = None,
+    **options: Any,
+) -> AsyncIterator[Client]:
+    """Connect to a namespace: ``async with keyserial.connect(url, shards=16) as ks``.
+
+    ``redis`` is a URL (a cluster is detected and used as one; default: ``KEYSERIAL_REDIS_URL``)
+    or a ``redis.asyncio`` client you configured (retries, TLS) and keep owning. ``shards`` must
+    match the namespace's recorded shard count; ``None`` adopts it. ``options`` are
+    :class:`Settings` fields. An argument left out (or ``None``) comes from its
+    ``KEYSERIAL_<FIELD>`` variable, else the default (namespace ``"default"``).
+
+    Under trio (through anyio) the client runs on an asyncio loop in a thread of its own, and
+    ``redis`` must be a URL.
+
+    :raises ConfigError: on a shard-count mismatch, a bad setting or ``KEYSERIAL_*`` variable.
+    :raises BackendUnavailable: if Redis cannot be reached.
+    """
+    if sniffio.current_async_library() == "asyncio":
+        async with _connect_asyncio(redis, shards, namespace, options) as client:
+            yield client
+        return
+    if redis is not None and not isinstance(redis, str):
+        raise TypeError("under trio, pass a Redis URL: a redis.asyncio client runs on asyncio only")
+    client = await ForeignLoopClient.open(
+        lambda: _connect_asyncio(redis, shards, namespace, options)
+    )
+    async with client:
+        yield client
+
+
+@asynccontextmanager
+async def _connect_asyncio(
+    redis: str | AnyRedis | None, shards: int | None, namespace: str | None,
+    options: dict[str, Any],
+) -> AsyncIterator[Client]:
+    if "shard_count" in options:  # (Settings' name for it: Python's error would be a puzzle)
+        raise TypeError("connect() takes the shard count as shards=, not shard_count=")
+    settings = Settings.resolve(namespace=namespace, shard_count=shards, **options)
+    backend = await Backend.connect(default_url() if redis is None else redis)
+    try:
+        shard_count = await backend.ensure_shard_count(settings.namespace, settings.shard_count)
+        await check_durability(backend, settings.durability)
+    except ShardCountMismatch as exc:
+        await backend.aclose()
+        if shards is None:  # the count came from the environment
+            raise exc.configured_by("KEYSERIAL_SHARD_COUNT=") from None
+        raise
+    except BaseException:
+        await backend.aclose()
+        raise
+    async with Client(backend, settings, shard_count) as client:
+        yield client

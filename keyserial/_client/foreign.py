@@ -1,0 +1,114 @@
+"""The async client on an event loop other than asyncio's (trio, through anyio).
+
+The client's transport runs on asyncio only, so under trio :func:`keyserial.connect` hosts the
+client on an asyncio loop in a thread of its own (:mod:`keyserial._client.hosted`) and hands the
+caller a
+:class:`ForeignLoopClient`: the same API, each call crossing to that loop and its outcome coming
+back through the caller's loop. Cancelling a call cancels it there, with the usual meaning
+(withdrawn if not sent yet, else the op may still apply).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from collections.abc import Callable, Coroutine, Sequence
+from contextlib import suppress
+from typing import Any, TypeVar
+
+import anyio
+import sniffio
+
+from .._ops import Call
+from ..errors import KeyserialError
+from .client import Client
+from .hosted import HostedClient, Opener
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class ForeignLoopClient(Client):
+    """A :class:`Client` whose calls run on a hosted asyncio loop (see the module docstring).
+
+    It shares :class:`Client`'s argument checks and routing; only the calls that talk to Redis
+    are forwarded.
+    """
+
+    def __init__(self, hosted: HostedClient, notify: Notify) -> None:
+        # No backend of its own (Client.__init__ is not called): the hosted client's is used.
+        self._hosted = hosted
+        self._notify = notify
+        self._inner = hosted.client
+        self.settings = self._inner.settings
+        self.shard_count = self._inner.shard_count
+        self.client_id = self._inner.client_id
+
+    @classmethod
+    async def open(cls, opener: Opener) -> ForeignLoopClient:
+        notify = _waker()
+        hosted = HostedClient(opener)
+        try:
+            await _wait(hosted.opened, notify)
+        except BaseException:
+            if hosted.stop():
+                await _wait(hosted.stopped, notify)
+            raise
+        return cls(hosted, notify)
+
+    async def __aenter__(self) -> ForeignLoopClient:
+        return self
+
+    async def aclose(self) -> None:
+        if self._hosted.stop():
+            with anyio.CancelScope(shield=True):
+                await _wait(self._hosted.stopped, self._notify)
+
+    def new_op_id(self) -> str:
+        return self._inner.new_op_id()
+
+    async def _submit(self, keys: str | tuple[str, ...], shard: int, call: Call[R],
+                      timeout: float | None, op_id: str | None) -> R:
+        return await self._run(lambda: self._inner._submit(keys, shard, call, timeout, op_id))
+
+    async def read(self, key: str) -> Any:
+        return await self._run(lambda: self._inner.read(key))
+
+    async def result(self, op_id: str, *, key: str | Sequence[str]) -> Any:
+        return await self._run(lambda: self._inner.result(op_id, key=key))
+
+    async def _run(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        self._hosted.check()
+        await anyio.lowlevel.checkpoint_if_cancelled()  # already cancelled: send nothing
+        future = self._hosted.submit(make())
+        try:
+            return await _wait(future, self._notify)
+        except BaseException:  # cancelled: cancel the call on the client's loop too
+            future.cancel()
+            raise
+
+
+Notify = Callable[[Callable[[], object]], None]
+
+
+async def _wait(future: concurrent.futures.Future[T], notify: Notify) -> T:
+    """The outcome of ``future`` (done in another thread), awaited on the caller's loop."""
+    done = anyio.Event()
+    future.add_done_callback(lambda _: notify(done.set))
+    await done.wait()
+    return future.result()
+
+
+def _waker() -> Notify:
+    """A thread-safe, non-blocking way to run a callback on the current (trio) event loop."""
+    library = sniffio.current_async_library()
+    if library != "trio":
+        raise KeyserialError(f"keyserial's client runs on asyncio or trio, not {library}")
+    import trio  # only here: trio is optional
+
+    token = trio.lowlevel.current_trio_token()
+
+    def notify(callback: Callable[[], object]) -> None:
+        with suppress(trio.RunFinishedError):  # the caller's loop is gone: nobody waits
+            token.run_sync_soon(callback)
+
+    return notify

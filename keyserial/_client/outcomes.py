@@ -1,0 +1,304 @@
+"""Where a client's submits take their outcomes from: the records the op's shard stores.
+
+A reply message only says "look now". Every client of a client user may publish on its
+service's reply channels, so a message's outcome could be anyone's word; a record in a shard's
+results hash only a worker's script writes. So a submit settles with what the shard stores
+under its op id, read (and, with durability asked for, confirmed) after the reply came, or
+when the sweep finds the reply overdue. The record must also be this op's: an outcome stored
+with another op's binding answers the submit with the refusal a worker gives such an op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anyio
+
+from .._backend.backend import Backend
+from .._backend.commands import raise_errors
+from .._backend.durability import stored_confirmed
+from .._scripts.refusals import Refused
+from .._settings import Settings
+from .._wire.codec import decode_outcome, envelope_binding, says_unknown, taken_outcome
+from .._wire.layout import ShardKeys, answered_field, signers_key
+from .._wire.signing import ReplyVerifier
+from ..errors import BackendUnavailable
+from .pending import Pending
+
+log = logging.getLogger("keyserial.client")
+
+Outcome = dict[str, Any]
+_ANSWERED = answered_field("")
+#: Signers met and not read yet that a client keeps at most (more are met again later).
+_SIGNERS_DUE = 64
+#: Seconds before a signer not listed is looked for again.
+_SIGNER_RETRY = 1.0
+
+
+class StoredOutcomes:
+    """Settles waiting submits (op id -> its submits) from the records their shards store."""
+
+    def __init__(
+        self, backend: Backend, settings: Settings, waiting: Mapping[str, list[Pending]]
+    ) -> None:
+        self._backend = backend
+        self._settings = settings
+        self._waiting = waiting
+
+    async def settle(self, keys: ShardKeys, op_ids: Sequence[str]) -> list[str]:
+        """Settle the submits of ``op_ids`` (all on ``keys``' shard) whose outcome the shard
+        stores, once confirmed as durable; the op ids it stores no outcome for (an answer
+        recorded for another entry of the op id is none). (One stored but not confirmed yet is
+        neither: the next look finds it confirmed.)
+
+        :raises BackendUnavailable: if the server does not answer.
+        """
+        fields = _fields(op_ids)
+        found, confirmed = await stored_confirmed(
+            self._backend, self._settings.durability, keys, fields
+        )
+        return self._settle_found(op_ids, found, confirmed)
+
+    async def settle_replied(self, replied: Mapping[ShardKeys, Sequence[str]]) -> list[str]:
+        """:meth:`settle` for ops a reply named, by shard (all of one node), each as the one
+        results field its reply points to: the op id, or its answer not stored (the reply said
+        UnknownOperation). Without durability, one round trip reads the current generation,
+        and only what it lacks is looked for in the previous one. The op ids with no outcome
+        there."""
+        if self._settings.durability is not None:  # (a WAIT per shard: see stored_confirmed)
+            return [op_id for keys, fields in replied.items()
+                    for op_id in await self.settle(keys, [_op_id(field) for field in fields])]
+        left = []
+        for field, value in (await self._current_then_previous(replied)).items():
+            op_id = _op_id(field)
+            pair = (value, None) if field == op_id else (None, value)
+            left += self._settle_found([op_id], pair, confirmed=True)
+        return left
+
+    async def _current_then_previous(
+        self, wanted: Mapping[ShardKeys, Sequence[str]]
+    ) -> dict[str, bytes | None]:
+        """The values of results fields, from the current generation, else the previous one.
+        (Fields of one op are on one shard: a reply names its op's home shard.)"""
+        shards = list(wanted.items())
+        current = raise_errors(await self._backend.pipeline(
+            [("HMGET", keys.results, *fields) for keys, fields in shards]
+        ))
+        found: dict[str, bytes | None] = {}
+        missing: list[tuple[ShardKeys, list[str]]] = []
+        for (keys, fields), values in zip(shards, current, strict=True):
+            found.update(zip(fields, values, strict=True))
+            if absent := [field for field, value in zip(fields, values, strict=True)
+                          if value is None]:
+                missing.append((keys, absent))
+        if missing:
+            previous = raise_errors(await self._backend.pipeline(
+                [("HMGET", keys.results_old, *fields) for keys, fields in missing]
+            ))
+            for (_, fields), values in zip(missing, previous, strict=True):
+                found.update(zip(fields, values, strict=True))
+        return found
+
+    def _settle_found(
+        self, op_ids: Sequence[str], found: Sequence[bytes | None], confirmed: bool
+    ) -> list[str]:
+        left = []
+        for at, op_id in enumerate(op_ids):
+            stored, answered = found[2 * at], found[2 * at + 1]
+            waiters = list(self._waiting.get(op_id, ()))
+            outcomes = [_outcome_for(pending, stored, answered) for pending in waiters]
+            if stored is None and all(outcome is None for outcome in outcomes):
+                left.append(op_id)
+            elif confirmed:
+                for pending, outcome in zip(waiters, outcomes, strict=True):
+                    if outcome is not None:
+                        pending.settle(outcome)
+        return left
+
+
+def _op_id(field: str) -> str:
+    """The op id of a results field (a waiting op's id never holds '#')."""
+    return field.removesuffix(_ANSWERED)
+
+
+def _fields(op_ids: Sequence[str]) -> list[str]:
+    """The results fields of ``op_ids``: each one's outcome, and its answer not stored."""
+    return [field for op_id in op_ids for field in (op_id, answered_field(op_id))]
+
+
+def _outcome_for(
+    pending: Pending, stored: bytes | None, answered: bytes | None
+) -> Outcome | None:
+    """The outcome the records give ``pending``: the stored one (see :func:`_own`), else the
+    answer recorded for the very entry it appended (a refusal of an op no worker knew: a
+    resubmit waits for its own); or None."""
+    if stored is not None:
+        return _own(pending, decode_outcome(stored))
+    if answered is None:
+        return None
+    outcome = decode_outcome(answered)
+    entries = outcome.pop("e", ())
+    if pending.entry is None or pending.entry.decode() not in entries:
+        return None
+    return outcome
+
+
+def signed_outcome_for(pending: Pending, answer: Outcome) -> Outcome | None:
+    """The outcome a signed reply's ``answer`` gives ``pending``, if it answers the very entry
+    that ``pending`` appended to its shard (see ``_wire.codec.reply_outcome``); else None (one that
+    came before the append's own reply did is looked up instead)."""
+    entries, shard = answer.get("e"), answer.get("s")
+    if (pending.entry is None or shard != pending.shard or not isinstance(entries, list)
+            or pending.entry.decode() not in entries):
+        return None
+    return _own(pending, {name: value for name, value in answer.items()
+                          if name != "e" and name != "s"})
+
+
+def settle_signed(
+    answers: Sequence[tuple[str, Outcome]], waiting: Mapping[str, list[Pending]]
+) -> list[tuple[str, bool]]:
+    """Settle the submits that a signed reply's ``answers`` answer; the op ids it names that
+    still have submits waiting, each with whether it said UnknownOperation (to look up)."""
+    left = []
+    for op_id, answer in answers:
+        unsettled = False
+        for pending in waiting.get(op_id, ()):
+            outcome = signed_outcome_for(pending, answer)
+            if outcome is None:
+                unsettled = True
+            else:
+                pending.settle(outcome)
+        if unsettled:
+            left.append((op_id, says_unknown(answer)))
+    return left
+
+
+def _own(pending: Pending, outcome: Outcome) -> Outcome:
+    """An outcome stored under ``pending``'s op id, as its answer: stored with another op's
+    binding, it gives the refusal of an id taken."""
+    bound_to = outcome.pop("b", None)
+    if bound_to is not None and bound_to != (envelope_binding(pending.envelope) or None):
+        return decode_outcome(taken_outcome(pending.op_id))
+    return outcome
+
+
+class ReplyLookups:
+    """Looks up the outcomes that reply messages announce; :meth:`run` in a task of the
+    client's. One lookup in flight per Redis node, for the ops of all its shards in one round
+    trip (a stalled node holds up its own shards only); the op ids announced meanwhile are
+    coalesced into the next. A message naming an op with no stored outcome (a forged one)
+    settles nothing; a failed lookup leaves its ops to the sweep."""
+
+    def __init__(
+        self, backend: Backend, outcomes: StoredOutcomes, shards: Sequence[ShardKeys],
+        waiting: Mapping[str, list[Pending]], verifier: ReplyVerifier,
+    ) -> None:
+        self._backend = backend
+        self._verifier = verifier
+        self._signers = signers_key(shards[0].namespace)
+        #: Signers met in replies whose keys are to be read, and those being read.
+        self._signers_due: dict[str, None] = {}
+        self._signers_asked: set[str] = set()
+        self._outcomes = outcomes
+        self._shards = shards
+        self._waiting = waiting
+        #: Results fields to look up, by node and shard, in the order replies named them (the
+        #: order their ops settle in); the nodes with a lookup in flight, and those due one.
+        self._due: dict[str, dict[int, dict[str, None]]] = defaultdict(
+            lambda: defaultdict(dict)
+        )
+        self._looking: set[str] = set()
+        self._ready: set[str] = set()
+        # (An asyncio event: replies arrive in a callback of the client's loop, outside any
+        # task, where anyio cannot tell which library runs it.)
+        self._wake = asyncio.Event()
+
+    def announced(self, replied: Sequence[tuple[str, bool]]) -> None:
+        """A reply message named these ops, each with whether it said UnknownOperation (an
+        answer recorded apart): look up those still waiting."""
+        for op_id, unknown in replied:
+            waiters = self._waiting.get(op_id)
+            if not waiters:
+                continue
+            shard = waiters[0].shard
+            node = self._backend.node_of(self._shards[shard].stream)
+            self._due[node][shard][answered_field(op_id) if unknown else op_id] = None
+            if node not in self._looking:
+                self._ready.add(node)
+                self._wake.set()
+
+    def wants_signer(self, signer_id: str) -> None:
+        """A reply came signed by a signer this client has not met: read its key (one read at
+        a time, for every signer met meanwhile: a forged id costs a field of it)."""
+        if signer_id not in self._signers_asked and len(self._signers_due) < _SIGNERS_DUE:
+            self._signers_due[signer_id] = None
+            self._wake.set()
+
+    async def run(self) -> None:
+        """Start a lookup for each node that has ops due and none in flight, until cancelled."""
+        async with anyio.create_task_group() as group:
+            while True:
+                await self._wake.wait()
+                self._wake.clear()
+                if self._signers_due and not self._signers_asked:
+                    self._signers_asked = set(self._signers_due)
+                    self._signers_due.clear()
+                    group.start_soon(self._learn_signers)
+                for node in self._ready:
+                    self._looking.add(node)
+                    group.start_soon(self._look_up, node)
+                self._ready.clear()
+
+    async def _learn_signers(self) -> None:
+        """Read the keys of the signers asked for; one not listed (a forged id, or a worker not
+        listed yet) is asked for again only after a pause."""
+        asked = list(self._signers_asked)
+        try:
+            (records,) = raise_errors(
+                await self._backend.pipeline([("HMGET", self._signers, *asked)])
+            )
+            unknown = [signer for signer, record in zip(asked, records, strict=True)
+                       if not self._verifier.learn(signer, record)]
+            if unknown:
+                log.info("reply signers %s are not listed (yet): their replies are looked up",
+                         _few(unknown))
+                await anyio.sleep(_SIGNER_RETRY)
+        except (BackendUnavailable, Refused, ValueError) as exc:
+            log.warning("reading reply signers: %s (their replies are looked up)", exc)
+            await anyio.sleep(_SIGNER_RETRY)
+        finally:
+            self._signers_asked = set()
+            if self._signers_due:
+                self._wake.set()
+
+    async def _look_up(self, node: str) -> None:
+        due = self._due[node]
+        try:
+            while due:
+                by_shard = {self._shards[shard]: list(ids) for shard, ids in due.items()}
+                due.clear()
+                await self._settle(by_shard)
+        finally:
+            self._looking.discard(node)
+
+    async def _settle(self, by_shard: dict[ShardKeys, list[str]]) -> None:
+        try:
+            left = await self._outcomes.settle_replied(by_shard)
+        except (BackendUnavailable, Refused, ValueError) as exc:
+            log.warning("looking up the outcomes of ops replied: %s (the sweep looks again)",
+                        exc)
+            return
+        if left:
+            log.warning("ignoring replies for ops %s: their shards store no outcome for them"
+                        " (a forged reply?)", _few(left))
+
+
+def _few(op_ids: Sequence[str]) -> str:
+    shown = ", ".join(map(json.dumps, op_ids[:3]))
+    return shown if len(op_ids) <= 3 else f"{shown} and {len(op_ids) - 3} more"

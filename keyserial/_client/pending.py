@@ -1,0 +1,73 @@
+"""One awaited submit, from the client's queue to its outcome, and what it ends with."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import KW_ONLY, dataclass, field
+from typing import Any
+
+from ..errors import KeyserialError, OperationFailed
+
+#: What a pending submit is settled with when its timeout fires first.
+TIMED_OUT: dict[str, Any] = {}
+
+
+@dataclass(slots=True, eq=False)  # (eq=False: one submit is itself, never equal to another)
+class Pending:
+    """One awaited submit."""
+
+    op_id: str
+    keys: str | tuple[str, ...]
+    shard: int
+    envelope: str
+    # A bare future of the client's own loop: an anyio Event costs several times as much to
+    # make, once per submit, and the client's transport is bound to that loop anyway.
+    done: asyncio.Future[None]
+    _: KW_ONLY
+    #: The op id was generated for this submit: no entry carried it before.
+    fresh: bool
+    outcome: dict[str, Any] | BaseException | None = field(default=None, init=False)
+    since: float = field(default_factory=time.monotonic, init=False)
+    #: The stream entry that carries the op, once appended (the sweep checks it is there).
+    entry: bytes | None = field(default=None, init=False)
+
+    @property
+    def key(self) -> str:
+        """The op's key; for a multi-key op, its first."""
+        return self.keys if isinstance(self.keys, str) else self.keys[0]
+
+    @property
+    def all_keys(self) -> tuple[str, ...]:
+        return (self.keys,) if isinstance(self.keys, str) else self.keys
+
+    def settle(self, outcome: dict[str, Any] | BaseException) -> None:
+        if not self.done.done():  # (also done once its waiter is cancelled)
+            self.outcome = outcome
+            self.done.set_result(None)
+
+    def expire(self) -> None:
+        self.settle(TIMED_OUT)
+
+
+def closed_while_waiting(pending: Pending, *, sent: bool) -> KeyserialError:
+    """What a submit still waiting when its client closes fails with."""
+    op_id = pending.op_id
+    if not sent:
+        return KeyserialError(
+            f"the client was closed before op {op_id!r} was sent; it was never appended"
+        )
+    keys = pending.all_keys
+    where = repr(keys[0]) if len(keys) == 1 else repr(list(keys))
+    return KeyserialError(
+        f"the client was closed while op {op_id!r} waited for its outcome; it may still apply."
+        f" Fetch its outcome on an open client with `ks.result({op_id!r}, key={where})`,"
+        f" or resubmit with op_id={op_id!r} (it never runs twice)."
+    )
+
+
+def value_or_raise(outcome: dict[str, Any], *, keys: tuple[str, ...], op_id: str) -> Any:
+    """An op's value, or its error raised."""
+    if "error" in outcome:
+        raise OperationFailed.from_wire(outcome["error"], key=keys[0], op_id=op_id, keys=keys)
+    return outcome["ok"]

@@ -1,0 +1,131 @@
+"""Typed calls of an owner's fenced commits: ``step`` (one shard) and ``commit_across`` (every
+shard of a cross-shard op one worker owns, on a standalone server).
+
+Both take the replies they publish once committed as their ``replies`` argument, which the
+pipeliner fills by name (``ScriptCall.with_arg``). Both refuse with ``Fenced`` when another owner
+took the (home) shard over; ``commit_across`` refuses with ``OwnedElsewhere`` when another shard
+changed hands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._wire.json_text import dumps
+from .._wire.layout import ShardKeys
+from .calls import ScriptArg, ScriptArgs, ScriptCall, acknowledged, pairs, script_args, text
+
+
+@script_args("step")
+class StepArgs(ScriptArgs):
+    """What one step commits, and where it fetches from."""
+
+    epoch: int
+    #: The last entry whose ops have all finished, or '' to keep progress where it is.
+    progress: str
+    #: Start a new results generation if the current one is a retention period old.
+    rotate: bool
+    #: The last entry fetched already (exclusive).
+    cursor: str
+    #: Entries to fetch (0: commit only).
+    fetch: int
+    #: What to commit, one JSON object (``{"s": …, "r": …, "d": …, "x": …}``), or ''.
+    commit: str
+    replaying: bool
+    result_ttl_ms: int
+    #: The last committed entry not trimmed from the stream yet, or ''.
+    trim_to: str
+    #: Trim through ``trim_to`` now, rather than only once the fetch finds nothing new.
+    trim_now: bool
+    #: The owner holds every state of the shard: the script reads none.
+    states_held: bool
+    #: Replies to publish once committed (JSON), or '' (the pipeliner fills it).
+    replies: str = ""
+    #: The last entry taken in from a push since the last step, or '': the horizon covers it.
+    pushed_to: str = ""
+    #: This owner takes pushed entries from now on: the step records its epoch as the one that
+    #: does (a takeover then counts every entry in the stream as fetched).
+    takes_pushes: bool = False
+    #: The entries taken in from pushes since the last step, to confirm in the stream before
+    #: anything is committed (``Wakeups.to_confirm``), or ''.
+    pushed: str = ""
+
+
+@dataclass(slots=True)
+class StepReply:
+    """What a step fetched."""
+
+    #: The fetched entries, in stream order: (entry id, fields).
+    entries: list[tuple[str, dict[bytes, bytes]]]
+    #: The stored outcome (JSON) of each fetched op id that already has one.
+    done: dict[str, str]
+    #: The committed state (JSON, None: none) of every key the entries name, unless the owner
+    #: holds them all.
+    states: dict[str, str | None]
+
+
+def fields(raw: Any) -> dict[bytes, bytes]:
+    """A stream entry's fields (a flat list in RESP2, a map in RESP3)."""
+    return raw if isinstance(raw, dict) else dict(pairs(raw))
+
+
+def _step_reply(reply: list[Any]) -> StepReply:
+    entries, outcomes, states = reply
+    return StepReply(
+        entries=[(text(entry_id), fields(raw)) for entry_id, raw in entries],
+        done={text(op_id): text(outcome) for op_id, outcome in pairs(outcomes)},
+        states={text(key): text(state) or None for key, state in pairs(states)},
+    )
+
+
+def step(shard: ShardKeys, args: StepArgs) -> ScriptCall[StepReply]:
+    """Commit what finished, then fetch the next entries (fenced by ``args.epoch``; refused with
+    ``PushUnconfirmed`` if a pushed entry is not in the stream as pushed, with ``Replayed`` if
+    an outcome it stores is stored already)."""
+    k = shard
+    keys = [
+        k.epoch, k.state, k.progress, k.stream, k.results, k.results_old, k.dead, k.horizon,
+        k.results_since, k.pushes,
+    ]
+    return args.call(keys, _step_reply)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardWrites:
+    """One shard's part of a ``commit_across``: fenced by its owner's epoch."""
+
+    shard: ShardKeys
+    epoch: int
+    #: (key, JSON state or '' to delete).
+    writes: Sequence[tuple[str, str]] = ()
+
+
+@script_args("commit_across")
+class CommitAcrossArgs(ScriptArgs):
+    """An op's outcome and its writes to every shard: sent as three named arguments, then an
+    epoch and the writes per shard."""
+
+    op_id: str
+    #: The op's outcome (JSON).
+    outcome: str
+    #: Replies to publish once committed (JSON), or '[]' (the pipeliner fills it).
+    replies: str
+    #: The home shard first, then the others, in ascending order.
+    shards: Sequence[ShardWrites]
+
+    def argv(self) -> list[ScriptArg]:
+        args: list[ScriptArg] = [self.op_id, self.outcome, self.replies]
+        for part in self.shards:
+            args += [part.epoch, dumps(list(part.writes))]
+        return args
+
+
+def commit_across(args: CommitAcrossArgs) -> ScriptCall[None]:
+    """Commit an op's writes to every shard at once, and its result to the home shard."""
+    home = args.shards[0].shard
+    keys = [home.results, home.results_old]
+    for part in args.shards:
+        keys += [part.shard.epoch, part.shard.state]
+    return args.call(keys, acknowledged)

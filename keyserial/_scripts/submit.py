@@ -1,0 +1,84 @@
+"""Typed calls of the scripts anyone may run on a shard, owner or not: ``submit`` (clients, a
+dead letter's replay, a coordinator's grant request) and ``status`` (operators).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .._wire.layout import ShardKeys
+from .calls import Script, ScriptArgs, ScriptCall, script_args, text
+
+
+@script_args("submit")
+class SubmitArgs(ScriptArgs):
+    """One entry of packed ops to append; the script refuses it with ``BacklogRefused``."""
+
+    #: Entries past progress at most (0: unbounded).
+    max_backlog: int
+    wire_version: str
+    #: The entry's ops: a JSON array of op envelopes.
+    ops: str
+    #: The shard's wake channel, or '' (a worker appending to a shard it owns wakes it itself).
+    wake_channel: str
+    #: Every op id in the entry is appended for the first time: its owner looks none up, and the
+    #: entry travels to it in its wake-up (a push).
+    fresh: bool = False
+
+
+def _entry_id(reply: bytes) -> bytes:
+    return reply
+
+
+def submit(shard: ShardKeys, args: SubmitArgs) -> ScriptCall[bytes]:
+    """Append one entry of packed ops to the shard's stream; its entry id."""
+    return args.call([shard.stream], _entry_id)
+
+
+@dataclass(frozen=True, slots=True)
+class StatusReply:
+    """One shard at one moment, as ``status.lua`` reads it (the server's clock)."""
+
+    #: The lease holder's token, or None.
+    owner: str | None
+    #: Until the lease expires, if it is held.
+    lease_ms: int | None
+    epoch: int | None
+    #: Stream entries past progress (committed ones behind an uncommitted one included).
+    backlog: int
+    #: The first entry past progress, if any.
+    oldest_entry: str | None
+    dead_letters: int
+    #: Results in the current generation.
+    results: int
+    #: When the current results generation began ('' if none has).
+    results_since: str
+    time_ms: int
+
+
+STATUS = Script.load("status")
+
+
+def _status_reply(reply: list[Any]) -> StatusReply:
+    token, pttl, epoch, _, backlog, oldest, dead, results, since, seconds, micros = map(
+        text, reply
+    )
+    return StatusReply(
+        owner=token or None,
+        lease_ms=int(pttl) if token and int(pttl) >= 0 else None,
+        epoch=int(epoch) if epoch else None,
+        backlog=int(backlog),
+        oldest_entry=oldest or None,
+        dead_letters=int(dead),
+        results=int(results),
+        results_since=since,
+        time_ms=int(seconds) * 1000 + int(micros) // 1000,
+    )
+
+
+def status(shard: ShardKeys) -> ScriptCall[StatusReply]:
+    """Read the shard's health in one snapshot; writes nothing."""
+    k = shard
+    keys = [k.lease, k.epoch, k.progress, k.stream, k.dead, k.results, k.results_since]
+    return ScriptCall(STATUS, keys, [], _status_reply)

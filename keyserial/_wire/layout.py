@@ -1,0 +1,143 @@
+"""Redis key and channel names.
+
+Every key of one shard carries the hash tag ``{<namespace>:<shard>}``, so each Lua script touches
+exactly one cluster slot (``commit_across``, which spans shards, only runs on a standalone
+server). Channels are not keys (PUBLISH works from any script, on any topology).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import overload
+
+from ..errors import ConfigError
+from .json_text import encodes
+
+
+def check_namespace(namespace: str) -> str:
+    """Reject names that would break the hash tag or the key layout."""
+    if (not isinstance(namespace, str) or not namespace
+            or any(ch in namespace for ch in "{}: \t\r\n") or not encodes(namespace)):
+        raise ConfigError(
+            f"namespace {namespace!r} must be a non-empty string free of braces, colons, spaces"
+            " and unpaired surrogates"
+        )
+    return namespace
+
+
+_SERVICE = re.compile(r"[A-Za-z0-9_-]{0,64}")
+
+
+def check_service(service: str) -> str:
+    """Reject service names that an ACL channel pattern could not tell apart: ``billing.*``
+    must match billing's reply channels and no other service's."""
+    if not isinstance(service, str) or not _SERVICE.fullmatch(service):
+        raise ConfigError(
+            f"service {service!r} must be at most 64 letters, digits, '_' or '-'"
+        )
+    return service
+
+
+def meta_key(namespace: str) -> str:
+    """The namespace's hash of fixed settings (field ``shards``), written on first use."""
+    return f"ks:{{{namespace}}}:meta"
+
+
+def same_slot_key(key: str, name: str) -> str:
+    """A key named ``name`` in the hash tag (so the cluster slot) of ``key``."""
+    start = key.find("{")
+    end = key.find("}", start + 1)
+    if start < 0 or end < 0:
+        raise ValueError(f"{key!r} has no hash tag")
+    return f"{key[: end + 1]}:{name}"
+
+
+def reply_channel(namespace: str, client_id: str) -> str:
+    """A client's reply channel (a client of a service has the id ``<service>.<random>``)."""
+    return f"ks:{namespace}:reply:{client_id}"
+
+
+def signers_key(namespace: str) -> str:
+    """The hash of the workers' reply signers: signer id -> public key (only workers write)."""
+    return f"ks:{namespace}:signers"
+
+
+def worker_channel(namespace: str, token: str) -> str:
+    """A worker's coordination channel: grants and decisions of cross-shard ops."""
+    return f"ks:{namespace}:worker:{token}"
+
+
+class _ShardKey:
+    """A key of one shard, named by its suffix after the shard's hash tag."""
+
+    __slots__ = ("suffix",)
+
+    def __init__(self, suffix: str) -> None:
+        self.suffix = suffix
+
+    @overload
+    def __get__(self, shard: None, owner: type[ShardKeys]) -> _ShardKey: ...
+    @overload
+    def __get__(self, shard: ShardKeys, owner: type[ShardKeys]) -> str: ...
+    def __get__(self, shard: ShardKeys | None, owner: type[ShardKeys]) -> str | _ShardKey:
+        return self if shard is None else f"{shard.tag}:{self.suffix}"
+
+
+def answered_field(op_id: str) -> str:
+    """The results field that records an op answered but not stored (see ``acquire.lua``)."""
+    return f"{op_id}#u"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardKeys:
+    """Names of everything one shard keeps in Redis."""
+
+    namespace: str
+    shard: int
+    #: The hash tag every key of the shard carries (made once: a step names nine keys).
+    tag: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tag", f"ks:{{{self.namespace}:{self.shard}}}")
+
+    #: Ops waiting to run, in order; each entry packs one or more op envelopes.
+    stream = _ShardKey("stream")
+    #: Owner token, with a TTL; renewed by the owner.
+    lease = _ShardKey("lease")
+    #: Fencing epoch, incremented at every acquisition; every write checks it.
+    epoch = _ShardKey("epoch")
+    #: Id of the last stream entry whose ops have all committed.
+    progress = _ShardKey("progress")
+    #: Id of the last entry the owner has fetched; above progress after a crash.
+    horizon = _ShardKey("horizon")
+    #: The horizon a clean release left: the next owner replays up to it without suspecting any op.
+    handover = _ShardKey("handover")
+    #: The last lease grant (JSON ``[attempt id, grant]``), so a lost acquire reply can be asked
+    #: again without a second epoch or strike.
+    last_grant = _ShardKey("grant")
+    #: Hash {op, strikes}: the op that was running each time an owner died.
+    suspect = _ShardKey("suspect")
+    #: The epoch of the owner that takes entries pushed with their wake-ups (see ``submit.lua``),
+    #: recorded by its first step that may take one: a takeover then counts every entry in the
+    #: stream as fetched, since any may have been pushed to it and run.
+    pushes = _ShardKey("pushes")
+    #: Hash: resource key -> JSON state.
+    state = _ShardKey("state")
+    #: Hash: op id -> JSON outcome, for results stored since :attr:`results_since`.
+    results = _ShardKey("results")
+    #: The previous generation of :attr:`results`, dropped when the current one is a retention
+    #: period old: so a result lives between one and two retention periods.
+    results_old = _ShardKey("results:old")
+    #: When (ms, the owner's clock) the current results generation began.
+    results_since = _ShardKey("results:since")
+    #: Dead-letter stream: malformed entries and poison ops, with the reason.
+    dead = _ShardKey("dead")
+    #: A key written only to be replicated: a WAIT after it covers every write before it (the
+    #: ``durable_replicas`` setting).
+    barrier = _ShardKey("barrier")
+
+    @property
+    def wake_channel(self) -> str:
+        """Published on every append so an idle owner fetches at once instead of polling."""
+        return f"ks:{self.namespace}:wake:{self.shard}"

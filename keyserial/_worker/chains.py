@@ -1,0 +1,187 @@
+"""Which op runs when: one key's ops one after another, different keys' ops side by side.
+
+Sync ops on a free key run inline (no task); an ``async`` op gets a chain task for its key, and
+later ops on that key queue behind it. A multi-key op is a :class:`Barrier` placed in every one
+of its keys' chains: the last chain to reach it runs it, the others wait, so it sees and writes
+all its keys alone. Chains fill in stream order, so two barriers can never wait for each other.
+A :class:`Hold` is a barrier that another shard's coordinator runs (a cross-shard op).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import Protocol
+
+import anyio
+from anyio.abc import TaskGroup
+
+from .._wire.codec import Envelope
+from .execution import Executor, Run
+
+
+@dataclass(slots=True)
+class Barrier:
+    """A multi-key op's place in each of its (local) keys' chains: it runs once it heads all of
+    them, and those chains move on only after it has run."""
+
+    run: Run
+    needed: int
+    #: Run by the cross-shard coordination (a grant request, or an op with keys elsewhere).
+    coordinated: bool = False
+    arrived: int = 0
+    #: Set once it has run; created by the first chain that has to wait for that.
+    done: anyio.Event | None = None
+
+
+@dataclass(slots=True, eq=False)
+class Hold:
+    """Keys held for a cross-shard op that another shard of this worker coordinates: like a
+    barrier, but what runs at the head of the chains is that coordinator, elsewhere."""
+
+    keys: tuple[str, ...]
+    arrived: int = 0
+    #: Queued behind other ops: set once the hold heads every chain, or once the runner stops
+    #: (``abandoned``). None: held (or abandoned) from the start.
+    held: anyio.Event | None = None
+    abandoned: bool = False
+    #: Queued: what its chains wait on. None: its keys were free, so it heads chains that no
+    #: task runs until it is released.
+    released: anyio.Event | None = None
+
+
+class Coordination(Protocol):
+    """Runs the ops that involve other shards (see ``_worker.crossshard.cross_shard``) once their
+    local keys are held."""
+
+    def local_keys(self, envelope: Envelope) -> tuple[str, ...] | None:
+        """The keys the op's barrier holds here if the coordination runs it, else None."""
+        ...
+
+    async def run(self, run: Run) -> None: ...
+
+    def start_now(self, run: Run) -> bool:
+        """Take the op without a task if it can (see ``Coordinator.start_now``)."""
+        ...
+
+
+class Chains:
+    """The queues of a shard's keys. ``task_group`` is set while the runner runs."""
+
+    def __init__(self, executor: Executor, coordination: Coordination) -> None:
+        self.task_group: TaskGroup | None = None
+        self._executor = executor
+        self._coordination = coordination
+        self._chains: dict[str, deque[Run | Barrier | Hold]] = {}
+        self._holds: set[Hold] = set()
+
+    def schedule(self, run: Run) -> None:
+        """Run now if every key is free and nothing needs awaiting; otherwise queue the op on
+        each of its keys' chains (a multi-key op as a barrier)."""
+        envelope = run.envelope
+        # Only an op that involves other shards holds fewer keys here than it names.
+        local = self._coordination.local_keys(envelope)
+        keys = envelope.keys if local is None else local
+        if local is None and not any(key in self._chains for key in keys):
+            definition = self._executor.definition(envelope)
+            if definition is None or not definition.is_async:
+                self._executor.execute_now(run)  # nothing to wait for: no task needed
+                return
+        if local is not None and self._coordination.start_now(run):
+            return
+        item: Run | Barrier = (
+            run if len(keys) == 1 and local is None else Barrier(run, len(keys), local is not None)
+        )
+        for key in keys:
+            self._enqueue(key, item)
+
+    def try_hold(self, keys: tuple[str, ...]) -> Hold | None:
+        """Hold ``keys`` now if nothing is queued on them (no task needed), else None."""
+        if self.task_group is None or any(key in self._chains for key in keys):
+            return None
+        item = Hold(keys)
+        for key in keys:
+            self._chains[key] = deque([item])
+        return item
+
+    def hold(self, keys: tuple[str, ...]) -> Hold:
+        """Queue a hold on ``keys``: its ``held`` is set once every op queued on them before it
+        has run; ops queued after it wait until :meth:`release`."""
+        item = Hold(keys)
+        if self.task_group is None:  # the runner has stopped
+            item.abandoned = True
+            return item
+        if not any(key in self._chains for key in keys):
+            # Free keys: held at once, and no chain task until something queues behind it.
+            for key in keys:
+                self._chains[key] = deque([item])
+            return item
+        item.held, item.released = anyio.Event(), anyio.Event()
+        self._holds.add(item)
+        for key in keys:
+            self._enqueue(key, item)
+        return item
+
+    def release(self, item: Hold) -> None:
+        """Let the ops queued behind a hold run."""
+        if item.released is not None:
+            item.released.set()
+            return
+        if item.abandoned or self.task_group is None:
+            return
+        for key in item.keys:
+            chain = self._chains[key]
+            chain.popleft()
+            if chain:
+                self._start_chain(key)
+            else:
+                del self._chains[key]
+
+    def abandon_holds(self) -> None:
+        """The runner stopped: its chains will never reach the holds still waiting."""
+        for item in self._holds:
+            item.abandoned = True
+            assert item.held is not None, "only queued holds wait"
+            item.held.set()
+        self._holds.clear()
+
+    def _enqueue(self, key: str, item: Run | Barrier | Hold) -> None:
+        chain = self._chains.get(key)
+        if chain is None:
+            self._chains[key] = deque([item])
+            self._start_chain(key)
+        else:
+            chain.append(item)
+
+    async def _run_chain(self, key: str) -> None:
+        """Run a key's queued ops one after another; other keys' chains run meanwhile."""
+        chain = self._chains[key]
+        while chain:
+            item = chain.popleft()
+            if isinstance(item, Run):
+                await self._executor.execute(item)
+                continue
+            item.arrived += 1
+            if isinstance(item, Hold):
+                assert item.held is not None and item.released is not None, "queued"
+                if item.arrived == len(item.keys):
+                    self._holds.discard(item)
+                    item.held.set()
+                await item.released.wait()
+                continue
+            if item.arrived == item.needed:  # the last of its keys to get here runs it
+                if item.coordinated:
+                    await self._coordination.run(item.run)
+                else:
+                    await self._executor.execute(item.run)
+                if item.done is not None:
+                    item.done.set()
+            else:
+                if item.done is None:
+                    item.done = anyio.Event()
+                await item.done.wait()
+        del self._chains[key]
+
+    def _start_chain(self, key: str) -> None:
+        assert self.task_group is not None, "the runner sets task_group before scheduling"
+        self.task_group.start_soon(self._run_chain, key)

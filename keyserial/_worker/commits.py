@@ -1,0 +1,183 @@
+"""What a step commits: the finished ops' results and writes, how far progress moves, which
+entries leave the stream, and when results start a new generation.
+
+Progress only passes an entry once all its ops have committed (an op that committed ahead of
+it is skipped on replay because its result exists). A stuck op must hold its own entry only,
+so entries whose ops have all committed behind it are deleted from the stream on their own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict, defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._wire.codec import answered_record, bound, reply_outcome
+from .._wire.json_text import dumps
+from .._wire.layout import answered_field
+from .execution import Entry
+
+#: Committed entries a busy shard leaves in its stream at most before a step trims them.
+TRIM_EVERY = 32
+
+#: A dead letter: the entry id, why, and the raw entry as JSON.
+DeadLetter = tuple[str, str, str]
+
+
+@dataclass(slots=True)
+class Finished:
+    """An op's outcome waiting for the next commit."""
+
+    op_id: str
+    outcome: str
+    entries: list[Entry]
+    replies: list[str]
+    store: bool = True
+    #: Not stored, but recorded as answered (``<op id>#u``): an op refused because no worker
+    #: knows it yet, whose id must stay free for a resubmit once it is deployed. A takeover
+    #: then never counts it among the ops that may have killed the owner.
+    answered: bool = False
+    #: The binding of the op that ran (``_wire.codec.binding``), stored with its outcome; '' for
+    #: none (a refusal, a grant request's answer).
+    binding: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """The commit part of one step."""
+
+    #: The last entry whose ops have all finished, or '' to keep progress where it is.
+    progress: str
+    #: The step script's commit argument, JSON (see step.lua), or '' when there is none.
+    payload: str
+    #: The outcomes to reply once committed: channel -> [(op id, outcome)].
+    replies: Mapping[str, Sequence[tuple[str, str]]]
+    #: The last committed entry to trim through ('' for none), and whether to trim it now (else
+    #: only if the fetch finds nothing new).
+    trim_to: str
+    trim_now: bool
+    #: Whether it commits states or results (what later ops build on, or callers are told).
+    builds: bool
+
+
+class CommitPlanner:
+    """Tracks a runner's fetched entries and plans each step's commit.
+
+    Committed entries leave the stream every ``TRIM_EVERY`` of them, and when a step fetches
+    nothing new; but while entries come pushed (see ``submit.lua``), at most once every
+    ``trim_interval`` seconds: nearly every step then fetches nothing, and a trim each time
+    would cost a command per step."""
+
+    def __init__(self, shard: int, trim_interval: float) -> None:
+        self._shard = shard
+        self._entries: OrderedDict[str, Entry] = OrderedDict()
+        #: The last committed entry still in the stream ('' if none), and how many such entries.
+        self._untrimmed = ""
+        self._untrimmed_entries = 0
+        self._trim_interval = trim_interval
+        self._trimmed_at = time.monotonic()
+        #: Whether an entry came pushed since the last trim.
+        self._pushed = False
+        #: The fewest fetched entries held since :meth:`_passed_by_ops` last looked.
+        self._fewest = 0
+
+    def track(self, entry: Entry) -> None:
+        self._entries[entry.entry_id] = entry
+
+    def plan(
+        self, batch: Sequence[Finished], dead: Sequence[DeadLetter], writes: list[tuple[str, str]],
+        *, pushed: bool = False,
+    ) -> Commit:
+        """The commit of ``batch``, ``dead`` letters and the pending ``writes``; ``pushed``: an
+        entry came pushed since the last step."""
+        self._pushed |= pushed
+        results: list[tuple[str, str]] = []
+        answered: list[tuple[str, str]] = []
+        replies: dict[str, list[tuple[str, str]]] = defaultdict(list)
+        for finished in batch:
+            for entry in finished.entries:
+                entry.remaining -= 1
+            if finished.store:
+                results.append((finished.op_id, bound(finished.outcome, finished.binding)))
+            elif finished.answered:
+                entry_ids = [entry.entry_id for entry in finished.entries]
+                answered.append((answered_field(finished.op_id),
+                                 answered_record(finished.outcome, entry_ids)))
+            self._reply(finished, replies)
+        progress = self._advance_progress()
+        passed = self._passed_by_ops()
+        if progress:
+            self._untrimmed = progress
+        trim_now = self._untrimmed_entries >= TRIM_EVERY
+        due = (trim_now or not self._pushed
+               or time.monotonic() - self._trimmed_at >= self._trim_interval)
+        payload = ""
+        if writes or results or answered or dead or passed:
+            commit: dict[str, Any] = {"s": writes, "r": results, "d": list(dead)}
+            if passed:
+                commit["x"] = passed
+            if answered:
+                commit["u"] = answered
+            payload = dumps(commit)
+        return Commit(progress, payload, replies, self._untrimmed if due else "", trim_now,
+                      builds=bool(writes or results or answered))
+
+    def _reply(self, finished: Finished, replies: dict[str, list[tuple[str, str]]]) -> None:
+        """Add ``finished``'s outcome to the replies of its callers' channels."""
+        if finished.replies:
+            answer = reply_outcome(finished.outcome, self._shard,
+                                   [entry.entry_id for entry in finished.entries])
+            for channel in finished.replies:
+                replies[channel].append((finished.op_id, answer))
+
+    def trimmed(self) -> None:
+        """The step trimmed the stream through :attr:`Commit.trim_to`."""
+        self._untrimmed, self._untrimmed_entries = "", 0
+        self._trimmed_at, self._pushed = time.monotonic(), False
+
+    def _advance_progress(self) -> str:
+        """Id of the last entry of the fetched prefix whose ops have all finished ('' if none)."""
+        progress = ""
+        while self._entries:
+            first = next(iter(self._entries.values()))
+            if first.remaining > 0:
+                break
+            progress = first.entry_id
+            self._entries.popitem(last=False)
+            self._untrimmed_entries += 1
+        return progress
+
+    def _passed_by_ops(self) -> list[str]:
+        """Entries whose ops have all committed, but that progress cannot pass yet (an
+        unfinished op in an earlier entry): removed from the stream, so that a stuck op keeps
+        its own entry only, not the shard's backlog. (Looked for once it holds ``TRIM_EVERY``
+        more entries than the fewest it held since the last look.)"""
+        self._fewest = min(self._fewest, len(self._entries))
+        if len(self._entries) < self._fewest + TRIM_EVERY:
+            return []
+        passed = [entry_id for entry_id, entry in self._entries.items() if entry.remaining == 0]
+        for entry_id in passed:
+            del self._entries[entry_id]
+        self._fewest = len(self._entries)
+        return passed
+
+
+class ResultGenerations:
+    """When to ask for a new results generation: by this owner's clock, once the current one
+    is a retention period old (or there is none). The step script decides by the server's
+    clock, and not while a result of the generation it would drop may still be needed by a
+    replay: results live at least one period, and until progress passes their entry. (A clock
+    off either way only makes it ask early or late.)"""
+
+    def __init__(self, since_ms: int | None, retention_ms: int) -> None:
+        self._since = since_ms
+        self._retention = retention_ms
+
+    def rotate(self, now_ms: int) -> bool:
+        """Whether this step should ask for a new generation."""
+        if self._since is not None and now_ms < self._since + self._retention:
+            return False
+        self._since = now_ms
+        return True

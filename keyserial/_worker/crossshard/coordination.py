@@ -1,0 +1,114 @@
+"""What the two sides of a cross-shard op share: the collaborators a shard's runner passes in,
+how an op's keys and writes split by shard, and the publishing of what a script leaves to its
+caller. The protocol itself is described in docs/multi-key.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from ..._backend.backend import Backend
+from ..._scripts.calls import ScriptCall
+from ..._settings import Settings
+from ..._wire.codec import Envelope
+from ..._wire.routing import route
+from ...errors import BackendUnavailable
+from ..execution import Run
+from ..pipeline import Lineage, Pipeliner, Replies
+from .mailbox import LocalShard, Mailbox
+
+log = logging.getLogger("keyserial.worker")
+R = TypeVar("R")
+
+#: A shard's writes: [(key, JSON state or '' to delete)].
+Writes = list[tuple[str, str]]
+
+
+class RunFenced(Protocol):
+    """The runner's way to run a script fenced by its epoch (``LeaseLost`` when refused)."""
+
+    async def __call__(
+        self, call: ScriptCall[R], *, replies: Replies | None = None, durably: bool = False,
+        also: Sequence[Lineage] = (), builds: bool = True,
+    ) -> R: ...
+
+
+class Finish(Protocol):
+    """The runner's way to take an op's outcome into its next commit; ``store``: the commit
+    stores it (False: it is in Redis already, or must not be kept)."""
+
+    def __call__(self, run: Run, outcome: str, *, store: bool, replies: list[str]) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Collaborators:
+    """What a shard's runner gives the cross-shard side of that shard."""
+
+    home: LocalShard
+    pipeliner: Pipeliner
+    backend: Backend
+    mailbox: Mailbox
+    settings: Settings
+    shard_count: int
+    fenced: RunFenced
+    finish: Finish
+    #: Runs a task in the runner's task group (its errors end the runner); nothing once the
+    #: runner has stopped (then it returns False).
+    spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], bool]
+
+    @property
+    def poll(self) -> float:
+        """How often a waiter looks in Redis for a message it may have missed (and a
+        participant checks that its coordinator still owns the home shard)."""
+        return min(self.settings.idle_poll, self.settings.lease_ttl / 8)
+
+
+def attempt_id(op_id: str, attempt: int) -> str:
+    """The op id of an attempt's grant requests (``#`` is reserved in op ids for this)."""
+    return f"{op_id}#{attempt}"
+
+
+def split_keys(
+    envelope: Envelope, here: LocalShard, shard_count: int
+) -> tuple[list[str], dict[int, list[str]]]:
+    """The op's keys on ``here``, and on each other shard."""
+    by_shard: dict[int, list[str]] = defaultdict(list)
+    for key, shard in zip(envelope.keys, route(envelope, shard_count), strict=True):
+        by_shard[shard].append(key)
+    local = by_shard.pop(here.shard)
+    for keys in by_shard.values():
+        for key in keys:
+            here.states.forget(key)  # the fetch looked it up here: it is not ours
+    return local, by_shard
+
+
+def writes_by_shard(
+    envelope: Envelope,
+    states: Mapping[str, str | None],
+    new_states: Mapping[str, str | None] | None,
+    shard_count: int,
+) -> dict[int, Writes]:
+    """The keys an op changed, by shard ('' for a deleted state)."""
+    writes: dict[int, Writes] = defaultdict(list)
+    if new_states is None:
+        return writes
+    for key, shard in zip(envelope.keys, route(envelope, shard_count), strict=True):
+        state = new_states[key]
+        if state != states[key]:
+            writes[shard].append((key, state or ""))
+    return writes
+
+
+async def publish(parts: Collaborators, messages: Sequence[tuple[str, str]]) -> None:
+    """PUBLISH what a script publishes itself without durability. A message lost here is found
+    by its receiver's poll of the records."""
+    for channel, message in messages:
+        try:
+            await parts.backend.publish(channel, message)
+        except BackendUnavailable as exc:
+            log.warning("shard %d: a coordination message not sent: %s", parts.home.shard, exc)
+            return

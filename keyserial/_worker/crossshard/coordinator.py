@@ -1,0 +1,430 @@
+"""The home shard's side of a cross-shard op: take the other shards' keys, run the op, commit.
+
+Two ways, the cheaper first. When this worker owns every shard of the op and the server is
+standalone, it holds the other shards' keys in process and commits every shard's writes, the
+result and the reply in one script fenced by all their epochs (``commit_across``). Otherwise it
+asks each other shard for a grant, in ascending shard order, and writes a decision record that
+the participants apply (see docs/multi-key.md for why neither way can deadlock or half-apply).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from contextlib import AsyncExitStack
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import anyio
+
+from ..._backend.durability import stored_confirmed
+from ..._backoff import Backoff
+from ..._scripts.calls import ScriptCall
+from ..._scripts.commit import CommitAcrossArgs, ShardWrites, commit_across
+from ..._scripts.cross import DecideArgs, decide
+from ..._scripts.refusals import BacklogRefused, OwnedElsewhere, Refused, Replayed
+from ..._scripts.submit import SubmitArgs, submit
+from ..._wire.codec import WIRE_VERSION, Envelope, binding, bound, pack_entry, reply_outcome
+from ..._wire.json_text import dumps
+from ..._wire.layout import ShardKeys
+from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant
+from ...errors import BackendUnavailable, LeaseLost
+from ..chains import Hold
+from ..execution import Run
+from ..intake import GRANT_OP
+from ..pipeline import LineageBroken, reply_messages
+from .coordination import (
+    Collaborators,
+    Writes,
+    attempt_id,
+    publish,
+    split_keys,
+    writes_by_shard,
+)
+from .mailbox import LocalShard
+
+log = logging.getLogger("keyserial.worker")
+
+class Coordinator:
+    """Coordinates the cross-shard ops homed on one shard."""
+
+    def __init__(self, parts: Collaborators) -> None:
+        self._parts = parts
+
+    # -- in process, with no task --------------------------------------------------------------
+
+    def start_now(self, run: Run) -> bool:
+        """Start an op whose shards this worker owns and whose keys are all idle, with no task:
+        hold its keys, run it, and queue its ``commit_across`` in the next pipeline; the
+        script's reply ends it (:meth:`_committed`). Under load most transfers go this way.
+        False, with nothing done, if the op has to queue: some key busy, uncommitted or not
+        cached, some shard not this worker's, an ``async`` op, or a cluster."""
+        parts, envelope = self._parts, run.envelope
+        home = parts.home
+        if (parts.backend.is_cluster or envelope.name == GRANT_OP
+                or not home.executor.runs_inline(envelope)):
+            return False
+        local, by_shard = split_keys(envelope, home, parts.shard_count)
+        owners: list[LocalShard] = [home]
+        for shard in sorted(by_shard):
+            other = parts.mailbox.local_shard(shard)
+            if other is None:
+                return False
+            owners.append(other)
+        holds: list[tuple[LocalShard, Hold]] = []
+        for owner in owners:
+            hold = owner.try_hold(tuple(local if owner is home else by_shard[owner.shard]))
+            if hold is None:
+                for taken, held in holds:
+                    taken.release(held)
+                return False
+            holds.append((owner, hold))
+        states = {key: owner.states[key] for owner, hold in holds for key in hold.keys}
+        fences = _fences(holds[1:])
+        outcome, new_states = home.executor.evaluate_now(envelope, states, fences)
+        writes = writes_by_shard(envelope, states, new_states, parts.shard_count)
+        replies = list(run.replies)
+        pending = _PendingCommit(
+            run, holds, writes, outcome, len(replies),
+            self._across_call(envelope, outcome, owners, writes),
+        )
+        gated = {reply: self._answers(run, outcome) for reply in replies}
+        parts.pipeliner.submit(pending.call, gated, partial(self._committed, pending),
+                               [owner.lineage for owner in owners])
+        return True
+
+    def _committed(self, pending: _PendingCommit, result: Any) -> None:
+        """The reply of :meth:`start_now`'s commit. If the server refused it (a shard changed
+        hands), nothing was written: the op takes the usual path, its home keys still held so
+        that no later op on them overtakes it. If the reply was lost, the commit may or may not
+        have landed: the same (idempotent) call is sent until the server says which."""
+        parts, run = self._parts, pending.run
+        if isinstance(result, BackendUnavailable):
+            if not parts.spawn(partial(self._confirm, pending)):
+                _outcome_unknown(pending.holds, run.envelope.op_id)
+            return
+        if isinstance(result, Exception):
+            log.info("shard %d: op %s did not commit (%s); running it again",
+                     parts.home.shard, run.envelope.op_id, result)
+            for owner, hold in pending.holds[1:]:
+                owner.release(hold)
+            # (If the home runner has stopped, its successor runs the op again.)
+            parts.spawn(partial(self._coordinate_holding, run, pending.holds[0][1]))
+            return
+        owners = [owner for owner, _ in pending.holds]
+        self._landed(run, owners, pending.writes, pending.outcome, pending.replied)
+        for owner, hold in pending.holds:
+            owner.release(hold)
+
+    async def _confirm(self, pending: _PendingCommit) -> None:
+        """Send a commit whose reply was lost again, until it lands or is refused (retried
+        while the server is unreachable; ``LeaseLost`` ends the runner, holds and all)."""
+        try:
+            result: Any = await self._parts.fenced(
+                pending.call, also=[owner.lineage for owner, _ in pending.holds[1:]]
+            )
+        except Refused as exc:
+            result = exc
+        except anyio.get_cancelled_exc_class():
+            _outcome_unknown(pending.holds, pending.run.envelope.op_id)
+            raise
+        # Every caller is told again: the first call may have told them already, and a second
+        # reply to the same op is ignored.
+        pending.replied = 0
+        self._committed(pending, result)
+
+    def _answers(self, run: Run, outcome: str) -> list[tuple[str, str]]:
+        """A reply's item for ``run``'s ``outcome``: what its callers are told it committed."""
+        entry_ids = [entry.entry_id for entry in run.entries]
+        answer = reply_outcome(outcome, self._parts.home.shard, entry_ids)
+        return [(run.envelope.op_id, answer)]
+
+    def _landed(
+        self,
+        run: Run,
+        owners: Sequence[LocalShard],
+        writes: Mapping[int, Writes],
+        outcome: str,
+        replied: int,
+    ) -> None:
+        """``commit_across`` wrote the op: every owner caches its new states, and the op is
+        finished (``replied``: how many of its callers the script's reply told)."""
+        for owner in owners:
+            for key, state in writes.get(owner.shard, []):
+                owner.states.committed(key, state or None)
+        # Callers that resubmitted the op while it ran have not been told yet.
+        self._parts.finish(run, outcome, store=False, replies=run.replies[replied:])
+
+    async def _coordinate_holding(self, run: Run, hold: Hold) -> None:
+        try:
+            await self.coordinate(run)
+        finally:
+            self._parts.home.release(hold)
+
+    def _across_call(
+        self, envelope: Envelope, outcome: str, owners: Sequence[LocalShard],
+        writes: Mapping[int, Writes],
+    ) -> ScriptCall[None]:
+        """``commit_across`` of an op's writes, fenced by every shard's epoch (home first), and
+        of its outcome, stored bound to the op."""
+        stored = bound(outcome, binding(envelope))
+        return commit_across(CommitAcrossArgs(envelope.op_id, stored, "[]", [
+            ShardWrites(owner.keys, owner.epoch, writes.get(owner.shard, []))
+            for owner in owners
+        ]))
+
+    # -- with a task, once the op's barrier holds its home keys --------------------------------
+
+    async def coordinate(self, run: Run) -> None:
+        try:
+            await self._coordinate(run)
+        except Replayed as exc:
+            # The op id has an outcome that this run did not write: nothing was written, and
+            # the next owner answers the op from its record.
+            self._parts.home.lineage.broken = True
+            raise LineageBroken(f"shard {self._parts.home.shard}: {exc}") from None
+
+    async def _coordinate(self, run: Run) -> None:
+        parts, envelope = self._parts, run.envelope
+        home = parts.home
+        refused = home.executor.refusal(run)
+        if refused is not None:
+            parts.finish(run, refused, store=run.keep, replies=list(run.replies))
+            return
+        local, by_shard = split_keys(envelope, home, parts.shard_count)
+        await home.states.flush(local)  # the home keys' earlier writes commit before this op's
+        if not parts.backend.is_cluster and await self._commit_in_process(run, local, by_shard):
+            return
+        # The attempt is this owner's epoch: unique to it, and over once the fence moves on.
+        attempt = home.epoch
+        states = {key: home.states[key] for key in local}
+        fences: dict[str, int] = {}
+        participants: list[str] = []
+        for shard, keys in sorted(by_shard.items()):  # ascending: no wait cycle can form
+            grant = await self._request_grant(envelope.op_id, attempt, shard, keys)
+            states.update(grant.states)
+            if grant.fence is not None:  # (a grant from an older worker has none)
+                fences.update(dict.fromkeys(keys, grant.fence))
+            participants.append(grant.channel)
+        outcome, new_states = await home.executor.evaluate(envelope, states, fences)
+        writes = writes_by_shard(envelope, states, new_states, parts.shard_count)
+        home_writes = writes.pop(home.shard, [])
+        notice = DecisionNotice(envelope.op_id, attempt, Decision(dict(writes)))
+        await self._decide(run, notice, home_writes, outcome, participants)
+
+    async def _decide(
+        self, run: Run, notice: DecisionNotice, home_writes: Writes, outcome: str,
+        participants: list[str],
+    ) -> None:
+        """Write the attempt's decision with the home keys and the result, then tell everyone."""
+        parts, home, op_id = self._parts, self._parts.home, notice.op_id
+        replies = list(run.replies)
+        here = parts.mailbox.channel
+        message = dumps(notice.to_wire())
+        notices = [(channel, message) for channel in dict.fromkeys(participants) if channel != here]
+        notices += reply_messages({reply: self._answers(run, outcome) for reply in replies},
+                                  parts.pipeliner.signer)
+        k = home.keys
+        durable = parts.settings.durability is not None
+        # Durably: a decision leaves its shard only once a failover cannot lose it, or the
+        # participants would apply what the home shard forgets, and the op would run again.
+        decided = await parts.fenced(decide(k, DecideArgs(
+            epoch=home.epoch, op_id=op_id, attempt=notice.attempt,
+            decision=dumps(notice.decision.to_wire()), home_writes=home_writes,
+            outcome=bound(outcome, binding(run.envelope)), notices=[] if durable else notices,
+        )), durably=True)
+        if not decided.won:  # only a participant that saw the epoch end writes an abort
+            raise LeaseLost(home.shard, f"op {op_id} was aborted: {decided.abort!r}")
+        log.debug("shard %d (epoch %d): decided %s#%d: %s", home.shard, home.epoch, op_id,
+                  notice.attempt, notice.decision.to_wire())
+        for key, state in home_writes:
+            home.states.committed(key, state or None)
+        if durable:
+            await publish(parts, notices)
+        if here in participants:  # shards of this worker hear it now, not through Redis
+            parts.mailbox.deliver(notice)
+        # Callers that resubmitted the op while it ran have not been told yet.
+        parts.finish(run, outcome, store=False, replies=run.replies[len(replies):])
+
+    async def _commit_in_process(
+        self, run: Run, local: list[str], by_shard: dict[int, list[str]]
+    ) -> bool:
+        """Run an op whose other shards this worker owns too: hold their keys in process, then
+        commit every shard at once (``commit_across``, one script: standalone servers only).
+        False, with nothing written, if some shard is not (or no longer) this worker's: the
+        grant protocol runs instead."""
+        parts, envelope = self._parts, run.envelope
+        home = parts.home
+        others: list[LocalShard] = []
+        for shard in sorted(by_shard):  # ascending: no wait cycle can form
+            other = parts.mailbox.local_shard(shard)
+            if other is None:
+                return False
+            others.append(other)
+        states = {key: home.states[key] for key in local}
+        fences: dict[str, int] = {}
+        replies = list(run.replies)
+        async with AsyncExitStack() as stack:
+            for other in others:
+                held = await stack.enter_async_context(other.hold(tuple(by_shard[other.shard])))
+                if held is None:
+                    log.info("shard %d: shard %d stopped during op %s; asking it for a grant",
+                             home.shard, other.shard, envelope.op_id)
+                    return False
+                states.update(held)
+                fences.update(dict.fromkeys(held, other.executor.next_fence()))
+            outcome, new_states = await home.executor.evaluate(envelope, states, fences)
+            writes = writes_by_shard(envelope, states, new_states, parts.shard_count)
+            owned: list[LocalShard] = [home, *others]
+            call = self._across_call(envelope, outcome, owned, writes)
+            try:
+                await parts.fenced(
+                    call, replies={reply: self._answers(run, outcome) for reply in replies},
+                    also=[other.lineage for other in others],
+                )
+            except anyio.get_cancelled_exc_class():
+                _outcome_unknown([(owner, None) for owner in owned], envelope.op_id)
+                raise
+            except OwnedElsewhere as exc:
+                moved = others[exc.index - 2].shard
+                log.info("shard %d: shard %d changed hands during op %s; asking it for a grant",
+                         home.shard, moved, envelope.op_id)
+                return False
+            self._landed(run, owned, writes, outcome, len(replies))
+        return True
+
+    # -- grants --------------------------------------------------------------------------------
+
+    async def _request_grant(
+        self, op_id: str, attempt: int, shard: int, keys: list[str]
+    ) -> KeyGrant:
+        """Append a grant request to ``shard`` and wait for the grant.
+
+        :raises LeaseLost: if the attempt was aborted meanwhile (this owner's epoch is over).
+        """
+        parts = self._parts
+        home = parts.home
+        request = GrantRequest(home.shard, op_id, attempt, parts.mailbox.channel)
+        entry_json = dumps({"id": attempt_id(op_id, attempt), "keys": keys, "op": GRANT_OP,
+                            "kwargs": request.to_wire()})
+        there = ShardKeys(parts.settings.namespace, shard)
+        grant_field = attempt_id(op_id, attempt) + "#g"
+        decision_field = attempt_id(op_id, attempt) + "#d"
+        with parts.mailbox.expect_grant(op_id, attempt, shard) as letter:
+            entry = await self._append(there, entry_json)
+            log.debug("shard %d (epoch %d): asked shard %d for a grant to %s#%d (entry %s)",
+                      home.shard, home.epoch, shard, op_id, attempt, entry)
+            while True:
+                if isinstance(message := await letter.within(parts.poll), KeyGrant):
+                    log.debug("shard %d: grant of shard %d to %s#%d handed over in process",
+                              home.shard, shard, op_id, attempt)
+                    return self._of_keys(message, keys)
+                try:
+                    # A wake-up (or the poll): the grant is taken from its record alone.
+                    if (grant := await self._recorded_grant(there, grant_field)) is not None:
+                        return self._of_keys(grant, keys)
+                    # (Looked for before the grant: a request leaves the stream only after its
+                    # grant was recorded, so gone with no grant means a failover lost it.)
+                    present = await parts.backend.entries_present(there, [entry])
+                    if (grant := await self._recorded_grant(there, grant_field)) is not None:
+                        return self._of_keys(grant, keys)
+                    if (await parts.backend.stored(home.keys, [decision_field]))[0] is not None:
+                        raise LeaseLost(home.shard, f"op {op_id} was aborted")
+                    if not present[0]:
+                        log.warning("shard %d: the grant request of op %s to shard %d is gone"
+                                    " (a failover?); appending it again", home.shard, op_id,
+                                    shard)
+                        entry = await self._append(there, entry_json)
+                except BackendUnavailable as exc:
+                    log.warning("shard %d: waiting for a grant: %s", home.shard, exc)
+
+    def _of_keys(self, grant: KeyGrant, keys: list[str]) -> KeyGrant:
+        """``grant``, if it grants exactly the keys asked for. Else another request holds the
+        attempt's id on that shard (appended ahead of this one by a client user who guessed
+        the op id, and answered in its place): this attempt can get no grant of its own, so
+        the home shard is given up, and the op runs again under the next owner's attempt."""
+        if sorted(key for key, _ in grant.states) == sorted(keys):
+            return grant
+        home = self._parts.home
+        home.lineage.broken = True
+        raise LineageBroken(
+            f"shard {home.shard}: the grant of shard {grant.shard} to {grant.op_id}#"
+            f"{grant.attempt} holds keys {[key for key, _ in grant.states]}, not {keys}: another"
+            " request took the attempt's id"
+        )
+
+    async def _recorded_grant(self, there: ShardKeys, grant_field: str) -> KeyGrant | None:
+        """The grant recorded in the participant shard (fenced by its owner's epoch), or None.
+        A grant no WAIT confirms, as one read on a master that a failover has left behind, is
+        not taken."""
+        parts = self._parts
+        (raw,), confirmed = await stored_confirmed(
+            parts.backend, parts.settings.durability, there, [grant_field]
+        )
+        if raw is None or not confirmed:
+            return None
+        log.debug("shard %d: grant %s of shard %d read in its record", parts.home.shard,
+                  grant_field, there.shard)
+        return KeyGrant.from_wire(json.loads(raw))
+
+    async def _append(self, there: ShardKeys, request: str) -> bytes:
+        """Append a grant request, waiting out a full backlog or an unreachable server; its
+        entry id. A shard this worker owns is woken in process (if it changes hands meanwhile,
+        its new owner finds the request at its next poll)."""
+        parts = self._parts
+        local = parts.mailbox.local_shard(there.shard)
+        call = submit(there, SubmitArgs(
+            max_backlog=parts.settings.max_backlog, wire_version=WIRE_VERSION,
+            ops=pack_entry([request]), wake_channel="" if local else there.wake_channel,
+        ))
+        backoff = Backoff(0.05, 2.0)
+        while True:
+            try:
+                entry = await parts.pipeliner.run(call)
+                if local is not None:
+                    local.entries_waiting()
+                return entry
+            except BacklogRefused:
+                log.warning("shard %d: shard %d's backlog is full; retrying a grant request",
+                            parts.home.shard, there.shard)
+            except BackendUnavailable as exc:
+                log.warning("shard %d: appending a grant request to shard %d: %s",
+                            parts.home.shard, there.shard, exc)
+            await backoff.sleep()
+
+
+@dataclass(slots=True)
+class _PendingCommit:
+    """A ``commit_across`` that :meth:`Coordinator.start_now` queued, until its reply."""
+
+    run: Run
+    holds: list[tuple[LocalShard, Hold]]
+    writes: dict[int, Writes]
+    outcome: str
+    #: How many of the op's callers the script's reply tells.
+    replied: int
+    call: ScriptCall[None]
+
+
+def _outcome_unknown(owners: Sequence[tuple[LocalShard, Hold | None]], op_id: str) -> None:
+    """A ``commit_across`` went out, or may have, and its coordinator stops before it learns
+    whether it landed: the shards it writes cannot tell whether their cached states are
+    Redis's. Each gives its shard up (its lineage is broken: no later write of it goes out),
+    and the next owner, with a new epoch that fences the commit out if it is still on its
+    way, starts from what Redis has."""
+    for owner, _ in owners:
+        if not owner.lineage.broken:
+            log.warning("shard %d: the commit of op %s across shards may or may not have"
+                        " landed; giving the shard up", owner.shard, op_id)
+        owner.lineage.broken = True
+        owner.entries_waiting()  # (its next step, refused, ends it now, not at its next write)
+
+
+def _fences(holds: Sequence[tuple[LocalShard, Hold]]) -> dict[str, int]:
+    """A fencing token from each holding shard's owner, for the keys it holds."""
+    fences: dict[str, int] = {}
+    for owner, hold in holds:
+        fences.update(dict.fromkeys(hold.keys, owner.executor.next_fence()))
+    return fences

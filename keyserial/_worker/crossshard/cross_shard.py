@@ -1,0 +1,52 @@
+"""Multi-key ops across shards, as one shard's runner sees them.
+
+An op whose keys sit on several shards is appended to its *home* shard, the lowest of them,
+whose owner coordinates it (:mod:`._coordinator`); each other shard holds and grants its keys
+through a grant request, an internal op (:mod:`._participant`). Messages between workers go
+through the :mod:`._mailbox`; their shapes are in :mod:`._messages`. Why this is atomic and can
+never deadlock is written up in docs/multi-key.md.
+"""
+
+from __future__ import annotations
+
+from ..._wire.codec import Envelope
+from ..._wire.routing import route
+from ..execution import Run
+from ..intake import GRANT_OP
+from .coordination import Collaborators
+from .coordinator import Coordinator
+from .participant import Participant
+
+
+class CrossShard:
+    """The runner's :class:`~._chains.Coordination`: what runs once an op's local keys are
+    held, for a grant request or an op with keys on other shards."""
+
+    def __init__(self, parts: Collaborators) -> None:
+        self._parts = parts
+        self._coordinator = Coordinator(parts)
+        self._participant = Participant(parts)
+
+    def local_keys(self, envelope: Envelope) -> tuple[str, ...] | None:
+        """For a grant request or an op with keys on other shards, its keys on this shard (the
+        ones its barrier holds here); None for any other op."""
+        if envelope.name == GRANT_OP:
+            return envelope.keys
+        if not envelope.multi:
+            return None
+        here = self._parts.home.shard
+        shards = route(envelope, self._parts.shard_count)
+        if all(shard == here for shard in shards):
+            return None
+        return tuple(key for key, shard in zip(envelope.keys, shards, strict=True) if shard == here)
+
+    def start_now(self, run: Run) -> bool:
+        """See :meth:`Coordinator.start_now`."""
+        return self._coordinator.start_now(run)
+
+    async def run(self, run: Run) -> None:
+        """Run a grant request or coordinate an op, once its barrier holds the local keys."""
+        if run.envelope.name == GRANT_OP:
+            await self._participant.grant(run)
+        else:
+            await self._coordinator.coordinate(run)

@@ -1,0 +1,140 @@
+"""A worker's channel for coordination messages: grants to the ops it coordinates, decisions to
+the grants it holds.
+
+A message that comes through Redis is a hint, never an authority: anyone who may publish on the
+channel could have sent it. It only wakes whoever waits for what it names, and the waiter reads
+the fenced record in Redis (the recorded grant, the decision record) and acts on that alone. A
+message nobody waits for is dropped, and every waiter also polls the records, so a lost, forged
+or replayed message costs a read, never a write. Only a message this worker hands itself, in
+process, is taken as it is.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager, contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+import anyio
+
+from ..._wire.messages import DecisionNotice, KeyGrant, MalformedMessage, from_wire
+
+if TYPE_CHECKING:
+    from ..._wire.layout import ShardKeys
+    from ..chains import Hold
+    from ..execution import Executor
+    from ..keystates import KeyStates
+    from ..pipeline import Lineage
+
+log = logging.getLogger("keyserial.worker")
+
+#: What a waiter waits for: ("g", op id, attempt, shard) or ("d", op id, attempt).
+Topic = tuple[str, str, int] | tuple[str, str, int, int]
+
+
+class LocalShard(Protocol):
+    """A shard this worker owns, as a cross-shard op of another of its shards uses it."""
+
+    shard: int
+    epoch: int
+    keys: ShardKeys
+    states: KeyStates
+    executor: Executor
+    #: The owner's writes, for a commit that writes this shard's keys (see ``Lineage``).
+    lineage: Lineage
+
+    def entries_waiting(self) -> None:
+        """New entries were appended to the shard (its next step fetches them)."""
+
+    def hold(
+        self, keys: tuple[str, ...]
+    ) -> AbstractAsyncContextManager[dict[str, str | None] | None]:
+        """Hold ``keys``; yields their committed states, or None if the shard stopped first."""
+
+    def try_hold(self, keys: tuple[str, ...]) -> Hold | None:
+        """Hold ``keys`` at once if they are idle (committed, cached, nothing queued), or None."""
+
+    def release(self, hold: Hold) -> None:
+        """End a hold :meth:`try_hold` took."""
+
+
+@dataclass(slots=True)
+class Letter:
+    """Waits for one message: a grant from one shard, or an attempt's decision."""
+
+    event: anyio.Event
+    #: The message, handed over in process by this worker itself (never one from Redis).
+    message: KeyGrant | DecisionNotice | None = None
+
+    def wake(self) -> None:
+        self.event.set()
+
+    async def within(self, seconds: float) -> KeyGrant | DecisionNotice | None:
+        """The message, if this worker handed it over in process by now or within
+        ``seconds``; None: time to read its record in Redis (a wake-up came, or the time
+        ran out)."""
+        with anyio.move_on_after(seconds):
+            await self.event.wait()
+        if self.message is None and self.event.is_set():
+            self.event = anyio.Event()  # (a wake-up is spent: the next one must come anew)
+        return self.message
+
+
+class Mailbox:
+    """Hands each coordination message to whoever waits for it."""
+
+    def __init__(self, channel: str, local_shard: Callable[[int], LocalShard | None]) -> None:
+        self.channel = channel
+        #: This worker's runner of a shard, or None if the worker does not own the shard.
+        self.local_shard = local_shard
+        self._waiting: dict[Topic, list[Letter]] = defaultdict(list)
+
+    @contextmanager
+    def expect_grant(self, op_id: str, attempt: int, shard: int) -> Iterator[Letter]:
+        """Register interest before asking, so the grant cannot arrive unseen."""
+        with self._expect(("g", op_id, attempt, shard)) as letter:
+            yield letter
+
+    @contextmanager
+    def expect_decision(self, op_id: str, attempt: int) -> Iterator[Letter]:
+        with self._expect(("d", op_id, attempt)) as letter:
+            yield letter
+
+    @contextmanager
+    def _expect(self, topic: Topic) -> Iterator[Letter]:
+        letter = Letter(anyio.Event())
+        self._waiting[topic].append(letter)
+        try:
+            yield letter
+        finally:
+            letters = self._waiting[topic]
+            letters.remove(letter)
+            if not letters:
+                del self._waiting[topic]
+
+    def receive(self, data: bytes) -> None:
+        """A message from the worker channel, through Redis: it wakes the waiters of what it
+        names, and nothing it carries is handed over (they read the record instead)."""
+        try:
+            message = from_wire(json.loads(data))
+        except (ValueError, MalformedMessage):
+            log.error("ignoring a malformed coordination message: %r", data[:200])
+            return
+        for letter in self._waiting.get(_topic(message), ()):
+            letter.wake()
+
+    def deliver(self, message: KeyGrant | DecisionNotice) -> None:
+        """Hand a message over in process, from this worker itself: taken as it is."""
+        for letter in self._waiting.get(_topic(message), ()):
+            letter.message = message
+            letter.wake()
+
+
+def _topic(message: KeyGrant | DecisionNotice) -> Topic:
+    if isinstance(message, KeyGrant):
+        return ("g", message.op_id, message.attempt, message.shard)
+    return ("d", message.op_id, message.attempt)

@@ -1,0 +1,141 @@
+"""A participant shard's side of a cross-shard op: run a grant request (hold the keys, grant
+their committed states to the coordinator), then apply the decision for them.
+
+The request's barrier holds the keys (only they wait; the shard's other keys keep flowing) from
+the grant until the decision is known, so the states the coordinator computed on stay current.
+A participant that cannot learn the decision because its coordinator lost the home shard writes
+an abort on the attempt's decision record, set-if-absent: a commit and an abort never both win.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from ..._scripts.cross import GrantArgs, ResolveArgs, resolve
+from ..._scripts.cross import grant as record_grant
+from ..._scripts.refusals import AttemptAhead, RequestGone
+from ..._wire.codec import encode_error
+from ..._wire.json_text import dumps
+from ..._wire.layout import ShardKeys
+from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant, MalformedMessage
+from ...errors import BackendUnavailable, MalformedOperation
+from ..execution import Run
+from ..pipeline import LineageBroken
+from .coordination import Collaborators, attempt_id, publish
+from .mailbox import Letter
+
+log = logging.getLogger("keyserial.worker")
+
+_APPLIED = '{"ok":"applied"}'
+_RELEASED = '{"ok":"released"}'
+
+
+class Participant:
+    """Grants a shard's keys to cross-shard ops homed on lower shards."""
+
+    def __init__(self, parts: Collaborators) -> None:
+        self._parts = parts
+
+    async def grant(self, run: Run) -> None:
+        """Run a grant request once its barrier holds the requested keys."""
+        parts, envelope = self._parts, run.envelope
+        home = parts.home
+        try:
+            request = GrantRequest.from_wire(envelope.kwargs, below=home.shard)
+        except MalformedMessage as exc:
+            outcome = encode_error(MalformedOperation.wire_type, str(exc))
+            parts.finish(run, outcome, store=True, replies=list(run.replies))
+            return
+        await home.states.flush(envelope.keys)  # the granted states are committed states
+        log.debug("shard %d (epoch %d): granting keys %s to %s#%d of shard %d",
+                  home.shard, home.epoch, list(envelope.keys), request.op_id, request.attempt,
+                  request.home)
+        with parts.mailbox.expect_decision(request.op_id, request.attempt) as letter:
+            key_grant = KeyGrant(
+                request.op_id, request.attempt, home.shard,
+                [(key, home.states[key]) for key in envelope.keys],
+                home.executor.next_fence(),  # the granted keys' fencing token, for the op
+                parts.mailbox.channel,
+            )
+            await self._send(request, key_grant, run.entries[0].entry_id)
+            decision = await self._await_decision(letter, request)
+        if decision is None:  # nobody asked: nothing is stored, so the attempt may still begin
+            parts.finish(run, _RELEASED, store=False, replies=[])
+            return
+        log.debug("shard %d (epoch %d): %s#%d decided: %s", home.shard, home.epoch,
+                  request.op_id, request.attempt,
+                  "aborted" if decision.aborted is not None else "committed")
+        if decision.aborted is not None:
+            parts.finish(run, _RELEASED, store=True, replies=[])
+            return
+        mine = set(envelope.keys)
+        for key, state in decision.writes_of(home.shard):
+            if key in mine:
+                home.states.write(key, state or None)
+        parts.finish(run, _APPLIED, store=True, replies=[])
+
+    async def _send(self, request: GrantRequest, key_grant: KeyGrant, entry_id: str) -> None:
+        """Record the grant and send it to the coordinator: in process when the coordinator is
+        this worker, else published (by the script, or after the replicas have it)."""
+        parts = self._parts
+        home = parts.home
+        in_process = request.channel == parts.mailbox.channel
+        durable = parts.settings.durability is not None
+        log.debug("shard %d: sending the grant of %s#%d (%s)", home.shard, request.op_id,
+                  request.attempt, "in process" if in_process else "published")
+        if in_process and not durable:
+            # (No record is needed: an in-process message cannot be lost, and a grant writes
+            # nothing, so this worker's zombie could not change anything by granting. But a
+            # broken lineage's cache may not be Redis's: it grants nothing from it.)
+            if home.lineage.broken:
+                raise LineageBroken(f"shard {home.shard} grants nothing: its lineage is broken")
+            parts.mailbox.deliver(key_grant)
+            return
+        # Durably: the granted states must be on the replicas, with the record, before the
+        # coordinator computes on them. (The record is written, and confirmed, on the node
+        # that serves the shard now: a WAIT alone could confirm another master's writes.)
+        try:
+            await parts.fenced(record_grant(home.keys, GrantArgs(
+                epoch=home.epoch, field=attempt_id(request.op_id, request.attempt) + "#g",
+                grant=dumps(key_grant.to_wire()), channel="" if durable else request.channel,
+                entry_id=entry_id,
+            )), durably=True)
+        except RequestGone:
+            # A failover lost entries this owner fetched: its holds follow a stream order that
+            # Redis no longer has. The next owner holds the keys in the order Redis has now.
+            home.lineage.broken = True
+            raise LineageBroken(f"the grant request of {request.op_id} is gone") from None
+        if in_process:
+            parts.mailbox.deliver(key_grant)
+        elif durable:
+            await publish(parts, [(request.channel, dumps(key_grant.to_wire()))])
+
+    async def _await_decision(self, letter: Letter, request: GrantRequest) -> Decision | None:
+        """The attempt's decision: handed over in process by this worker's coordinator, or read
+        (or, if the coordinator stopped, written as an abort) in the home shard. A notice
+        through Redis only says when to read: its payload is never applied. None: the attempt
+        has not begun (a forged or garbled request), and the keys are to be released."""
+        parts = self._parts
+        there = ShardKeys(parts.settings.namespace, request.home)
+        while True:
+            if isinstance(message := await letter.within(parts.poll), DecisionNotice):
+                log.debug("shard %d: the decision of %s#%d handed over in process",
+                          parts.home.shard, request.op_id, request.attempt)
+                return message.decision
+            try:
+                # Durably: a decision read from a master that a failover has left behind (its
+                # WAIT fails there) is not applied; it is read again where the shard lives now.
+                record = await parts.pipeliner.run_durably(
+                    resolve(there, ResolveArgs(request.op_id, request.attempt))
+                )
+            except BackendUnavailable as exc:
+                log.warning("shard %d: waiting for a decision: %s", parts.home.shard, exc)
+                continue
+            except AttemptAhead as exc:
+                log.warning("shard %d: releasing keys held for %s: %s", parts.home.shard,
+                            request.op_id, exc)
+                return None
+            if record is not None:
+                log.debug("shard %d: the decision of %s#%d read in shard %d", parts.home.shard,
+                          request.op_id, request.attempt, request.home)
+                return Decision.from_wire(record)

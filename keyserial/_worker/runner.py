@@ -1,0 +1,417 @@
+"""Serving one owned shard: fetch entries in order, run ops, group-commit their effects.
+
+While it holds the lease, the owner is the only writer of the shard's keys, so it caches their
+states (:mod:`._keystates`). Ops on one key run one after another, in stream order; ops on
+different keys overlap (:mod:`._chains`). Each step is one script call: it commits every op
+finished since the last one (their states, results and the shard's progress, atomically and
+fenced by the epoch, :mod:`._commits`), publishes their replies (nothing is replied before it is
+committed), and fetches entries when some may be waiting that no push brought (:mod:`._intake`
+takes them in). Fresh entries come pushed with their wake-ups (:mod:`._wakeups`), and are taken
+in without a fetch while each follows on from the cursor.
+
+After a crash, the acquire script strikes the first op without a result, in stream order (the
+*suspect*). The new owner replays as usual (batched, ops on different keys overlapping), except
+that the suspect runs alone: nothing after it starts until it has committed, or has run for a
+lease TTL. If it kills this owner too, it is again the first op without a result and takes the
+next strike, so a poison op reaches ``max_strikes`` in that many deaths in a row. The trade-off:
+when an owner dies with several ops in flight, the strike may land on an innocent op ahead of the
+killer (a slow one). That op then runs alone and commits, and clears its name; the killer is
+struck once every op ahead of it has committed, after one more death per such op. An innocent op
+is dead-lettered only if it is still running, a lease TTL after it started alone, at
+``max_strikes`` deaths in a row. In exchange a takeover stalls the shard for at most one lease
+TTL (the suspect), however many slow ops were in flight: an op stuck forever holds its key only.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import anyio
+from anyio.abc import TaskGroup
+
+from .._backend.backend import Backend
+from .._backoff import Backoff
+from .._ops import Registry
+from .._scripts.calls import ScriptCall
+from .._scripts.commit import StepArgs, StepReply, step
+from .._scripts.lease import LeaseGrant
+from .._scripts.refusals import Diverged, Fenced
+from .._settings import Settings
+from .._wire.codec import binding
+from .._wire.layout import ShardKeys
+from ..errors import BackendUnavailable, LeaseLost
+from .chains import Chains, Hold
+from .commits import CommitPlanner, DeadLetter, Finished, ResultGenerations
+from .crossshard.coordination import Collaborators
+from .crossshard.cross_shard import CrossShard
+from .crossshard.mailbox import Mailbox
+from .execution import Executor, Run
+from .intake import Push, accept, parse_id
+from .keystates import KeyStates
+from .metrics import NO_METRICS, ShardMetrics
+from .pipeline import Lineage, LineageBroken, Pipeliner, Replies
+from .wakeups import Wakeups
+
+log = logging.getLogger("keyserial.worker")
+T = TypeVar("T")
+
+class ShardRunner:
+    """Runs the ops of one shard for as long as this worker holds its lease (one epoch)."""
+
+    #: What it reports to (``Metrics.acquired``); the default ignores everything.
+    metrics: ShardMetrics = NO_METRICS
+
+    def __init__(
+        self, pipeliner: Pipeliner, settings: Settings, registry: Registry, *, shard: int,
+        shard_count: int, grant: LeaseGrant, backend: Backend, mailbox: Mailbox,
+    ) -> None:
+        self.shard = shard
+        self.keys = ShardKeys(settings.namespace, shard)
+        self.epoch = grant.epoch
+        self._pipeliner = pipeliner
+        self._backend = backend
+        self._settings = settings
+        self._shard_count = shard_count
+        self._cursor = grant.progress
+        #: Up to this entry, the previous owner may have committed some ops: look them up.
+        self._replay_until = parse_id(grant.replay_until) if grant.replay_until else None
+        #: The op blamed for the previous owner's death: it runs alone (see the module doc).
+        self._suspect = grant.suspect
+        #: Set once the replay is over: only then can another shard's op hold keys here in
+        #: process, since until then this owner does not know what the last one had granted.
+        self._replayed = anyio.Event()
+        if self._replay_until is None:
+            self._replayed.set()
+        self.states = KeyStates(request_step=self.wake)
+        #: This owner's writes: broken once one of them is not confirmed as durable.
+        self.lineage = Lineage()
+        self._running: dict[str, Run] = {}
+        self._finished: list[Finished] = []
+        self._dead: list[DeadLetter] = []
+        self._uncommitted = 0
+        self._stopping = False
+        #: A wake-up not waited for yet (new entries, a finished op, stop, the poll).
+        self._woken = False
+        self._wakeup = anyio.Event()
+        self._wakeups = Wakeups()
+        self._commits = CommitPlanner(shard, settings.idle_poll)
+        self._generations = ResultGenerations(grant.results_since, settings.result_ttl_ms)
+        #: Set once :meth:`run` has returned: no step will ever come again.
+        self._ended = False
+        self.executor = Executor(
+            registry, shard=shard, last_fence=grant.epoch << 32, states=self.states,
+            on_complete=self._complete, max_state_bytes=settings.max_state_bytes,
+        )
+        self._task_group: TaskGroup | None = None
+        self._chains = Chains(self.executor, CrossShard(Collaborators(
+            home=self, pipeliner=pipeliner, backend=backend, mailbox=mailbox,
+            settings=settings, shard_count=shard_count, fenced=self.fenced,
+            finish=self.finish, spawn=self._spawn,
+        )))
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until :meth:`stop` (then drain) or cancellation.
+
+        :raises LeaseLost: when a step finds another owner's epoch.
+        """
+        try:
+            await self._preload()
+            async with anyio.create_task_group() as task_group:
+                self._task_group = self._chains.task_group = task_group
+                task_group.start_soon(self._poll)
+                await self._step_loop()
+                task_group.cancel_scope.cancel()
+        finally:
+            self._ended = True
+            self._replayed.set()  # (holds waiting for it find the runner ended: abandoned)
+            self.states.end()  # flush() waiters from other shards' coordinators
+            self._task_group = self._chains.task_group = None
+            self._chains.abandon_holds()
+
+    async def _preload(self) -> None:
+        """Load every state of a small shard, so steps need not read any. (The epoch is ours
+        already: an earlier owner's late writes are fenced out.)"""
+        limit = self._settings.preload_states
+        if not limit or await self._retrying(lambda: self._backend.state_count(self.keys)) > limit:
+            return
+        loaded = await self._retrying(lambda: self._backend.all_states(self.keys))
+        self.states.load_all({key.decode(): state.decode() for key, state in loaded.items()})
+
+    @property
+    def uncommitted(self) -> int:
+        """Ops fetched and not committed yet."""
+        return self._uncommitted
+
+    def stop(self) -> None:
+        """Stop fetching; :meth:`run` returns once everything fetched is committed."""
+        self._stopping = True
+        self.wake()
+
+    def push(self, pushed: Push) -> None:
+        """A wake-up that carries an entry: taken in without a fetch where it follows on."""
+        self._wakeups.push(pushed)
+        self.wake()
+
+    def entries_waiting(self) -> None:
+        """New entries may be in the stream that no push brings: the next step fetches."""
+        self._wakeups.must_fetch = True
+        self.wake()
+
+    def wake(self) -> None:
+        """Something for the step loop: a push, a finished op, a stop, a flush, the poll."""
+        self._woken = True
+        self._wakeup.set()
+
+    async def _sleep(self) -> None:
+        """Until the next :meth:`wake` (at once if one came since the last sleep)."""
+        if not self._woken:
+            self._wakeup = anyio.Event()
+            await self._wakeup.wait()
+        self._woken = False
+
+    async def _poll(self) -> None:
+        """Fetch every ``idle_poll`` seconds, in case a wake-up was lost. (One timer for the
+        runner's life: a timeout on every sleep cost visibly under spread-out load.)"""
+        while True:
+            await anyio.sleep(self._settings.idle_poll)
+            self.entries_waiting()
+
+    def _spawn(self, task: Callable[[], Coroutine[Any, Any, None]]) -> bool:
+        if self._task_group is None:
+            return False
+        self._task_group.start_soon(task)
+        return True
+
+    # -- the step loop -------------------------------------------------------------------------
+
+    async def _step_loop(self) -> None:
+        """Commit what finished and fetch what no push brought (see :mod:`._wakeups`), one
+        round trip per step, until stopped. Pushes are taken in, and sync ops run, between
+        steps: under load each step commits what came in since the last one."""
+        while True:
+            if (pushed := self._take_push()) is not None:
+                await self._dispatch(pushed)
+            want, replaying = self._fetch_size(), self._replay_until is not None
+            fetch = self._wakeups.fetch_size(want, replaying)
+            record = self._wakeups.records(want, replaying)
+            if self._finished or self._dead or fetch or record:
+                self._woken = False
+                fetched = await self._step(fetch, record=record)
+                if fetched.entries:
+                    await self._dispatch(fetched)
+                continue
+            if self._stopping and not self._running:
+                return
+            await self._sleep()
+
+    def _fetch_size(self) -> int:
+        if self._stopping or self._uncommitted >= self._settings.max_inflight:
+            return 0
+        if self._replay_until is not None and parse_id(self._cursor) >= self._replay_until:
+            self._end_replay()
+        return self._settings.fetch_batch
+
+    def _take_push(self) -> StepReply | None:
+        """The pushed entries that follow on from the cursor, if this owner would fetch now
+        (not replaying)."""
+        if not self._fetch_size() or self._replay_until is not None:
+            return None
+        return self._wakeups.take(self._cursor, self.states)
+
+    def _end_replay(self) -> None:
+        self._replay_until = None
+        self._suspect = None
+        self._replayed.set()
+
+    async def _step(self, want: int, *, record: bool = False) -> StepReply:
+        """Commit what finished; fetch up to ``want`` entries, with the stored outcomes of op
+        ids among them that already ran; ``record`` that this owner takes pushes from now on.
+
+        Never cancel a step while the runner goes on: it takes its batch out of memory first,
+        so a cancelled step that never reached Redis loses the batch's results while the cache
+        keeps their effects, and the next commit of those keys writes the effects alone."""
+        batch, self._finished = self._finished, []
+        dead, self._dead = self._dead, []
+        number, writes = self.states.start_step()
+        pushed_to = self._wakeups.pushed_to
+        commit = self._commits.plan(batch, dead, writes, pushed=bool(pushed_to))
+        call = step(self.keys, StepArgs(
+            epoch=self.epoch, progress=commit.progress,
+            rotate=self._generations.rotate(int(time.time() * 1000)), cursor=self._cursor,
+            fetch=want, commit=commit.payload, replaying=self._replay_until is not None,
+            result_ttl_ms=self._settings.result_ttl_ms, trim_to=commit.trim_to,
+            trim_now=commit.trim_now, states_held=self.states.complete, pushed_to=pushed_to,
+            takes_pushes=record, pushed=self._wakeups.to_confirm(),
+        ))
+        self._wakeups.sending(want)
+        began = time.monotonic()  # (metrics)
+        try:
+            fetched = await self.fenced(call, replies=commit.replies, builds=commit.builds)
+        except Diverged as exc:
+            # Ops ran on what Redis does not hold (entries not as pushed, an op id that has an
+            # outcome already): the cache is not Redis's.
+            self.lineage.broken = True
+            raise LineageBroken(str(exc)) from None
+        self._wakeups.stepped(want, len(fetched.entries), record)
+        self.metrics.stepped(batch, len(dead), began)
+        self.states.step_done(number)
+        if commit.trim_to and (commit.trim_now or not want or not fetched.entries):
+            self._commits.trimmed()
+        for finished in batch:
+            if self._running.pop(finished.op_id, None) is not None:
+                self._uncommitted -= 1
+        if not fetched.entries:
+            if want and self._replay_until is not None:
+                self._end_replay()
+            return fetched
+        for key, state in fetched.states.items():
+            self.states.load(key, state)
+        return fetched
+
+    async def _commit_through(self, run: Run) -> None:
+        """Commit until ``run`` (the suspect) has committed, scheduling nothing else meanwhile.
+        A suspect still running after a lease TTL is left to run on (it holds its key, not the
+        shard): if the worker then dies, it is still the first op without a result and takes
+        the strike. The time limit ends a sleep, never a step (see :meth:`_step`)."""
+        deadline = anyio.current_time() + self._settings.lease_ttl
+        while self._running.get(run.envelope.op_id) is run or self._finished or self._dead:
+            if self._finished or self._dead:
+                await self._step(0)
+                continue
+            with anyio.move_on_after(deadline - anyio.current_time()) as sleeping:
+                await self._sleep()
+            if sleeping.cancelled_caught:
+                return
+
+    async def _dispatch(self, fetched: StepReply) -> None:
+        runnable: list[Run] = []
+        for entry_id, fields in fetched.entries:
+            self._cursor = entry_id
+            accepted = accept(entry_id, fields, shard=self.shard, shard_count=self._shard_count,
+                              done=fetched.done, running=self._running)
+            self._commits.track(accepted.entry)
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("shard %d (epoch %d): entry %s runs %s, answers %s", self.shard,
+                          self.epoch, entry_id, [run.envelope.op_id for run in accepted.runs],
+                          [finished.op_id for finished in accepted.finished])
+            self._dead.extend(accepted.dead)
+            for finished in accepted.finished:
+                self._finish(finished)
+            self._uncommitted += len(accepted.runs)
+            runnable.extend(accepted.runs)
+        self.metrics.dispatched(runnable)
+        for run in runnable:
+            self._chains.schedule(run)
+            if run.envelope.op_id == self._suspect:
+                # Alone: every op before it has a result (or is a grant request, which runs
+                # no code), and nothing after it starts until it has committed.
+                self._suspect = None
+                await self._commit_through(run)
+
+    # -- outcomes ------------------------------------------------------------------------------
+
+    def _complete(self, run: Run, outcome: str) -> None:
+        run.outcome = outcome  # from now on, no occurrence of the op joins the run
+        self._finish(Finished(run.envelope.op_id, outcome, run.entries, run.replies, run.keep,
+                              answered=not run.keep,
+                              binding=binding(run.envelope) if run.keep else ""),
+                     run.envelope.keys)
+
+    def finish(self, run: Run, outcome: str, *, store: bool, replies: list[str]) -> None:
+        """Take the outcome of an op that finished outside the executor (a cross-shard op or a
+        grant request) into the next commit; ``store``: the commit stores it (False: it is in
+        Redis already, or must not be kept)."""
+        run.outcome = outcome
+        # (An outcome a cross-shard script committed already leaves its keys committed.)
+        committed_already = not store and run.keep
+        self._finish(Finished(run.envelope.op_id, outcome, list(run.entries), replies, store,
+                              answered=not run.keep),
+                     () if committed_already else run.envelope.keys)
+
+    def _finish(self, finished: Finished, keys: Sequence[str] = ()) -> None:
+        """``keys``: those of an op that ran (one answered from Redis, or refused, has none)."""
+        self.states.answered(keys)
+        self._finished.append(finished)
+        self.wake()
+
+    # -- holds for other shards' cross-shard ops -----------------------------------------------
+
+    @asynccontextmanager
+    async def hold(self, keys: tuple[str, ...]) -> AsyncIterator[dict[str, str | None] | None]:
+        """Hold ``keys`` for a cross-shard op coordinated by another shard of this worker:
+        yields their committed states once every earlier op on them has run and committed (None
+        if this runner stopped first); later ops on them wait until the block exits."""
+        await self._replayed.wait()
+        hold = self._chains.hold(keys)
+        try:
+            if hold.held is not None:
+                await hold.held.wait()
+            if not hold.abandoned:
+                await self.states.flush(keys)
+                missing = self.states.missing(keys)
+                if missing and not self._ended:
+                    for key, state in zip(missing, await self._read_states(missing), strict=True):
+                        self.states.load(key, None if state is None else state.decode())
+            yield None if hold.abandoned or self._ended else {key: self.states[key] for key in keys}
+        finally:
+            self._chains.release(hold)
+
+    def try_hold(self, keys: tuple[str, ...]) -> Hold | None:
+        """Hold ``keys`` at once, with no task, if they are idle: nothing queued on them, every
+        write to them committed, their states cached. None if not (or if this runner is
+        stopping); :meth:`hold` waits instead."""
+        if self._ended or self._stopping or not self._replayed.is_set():
+            return None
+        if not self.states.all_committed(keys) or not self.states.cached(keys):
+            return None
+        return self._chains.try_hold(keys)
+
+    def release(self, hold: Hold) -> None:
+        self._chains.release(hold)
+
+    # -- talking to Redis ----------------------------------------------------------------------
+
+    async def _read_states(self, keys: list[str]) -> list[bytes | None]:
+        """Committed states of keys this owner has not cached."""
+        return await self._retrying(lambda: self._backend.states(self.keys, keys))
+
+    async def fenced(
+        self, call: ScriptCall[T], *, replies: Replies | None = None, durably: bool = False,
+        also: Sequence[Lineage] = (), builds: bool = True,
+    ) -> T:
+        """Run a script fenced by this owner's epoch in the next pipeline (raises ``LeaseLost``
+        when another owner's epoch refuses it); ``replies`` go out once it has committed (see
+        :meth:`Pipeliner.run`). ``durably``: an idempotent call, returned only once confirmed
+        as durable (:meth:`Pipeliner.run_durably`). It is a write of this owner's lineage
+        (raises ``LineageBroken`` once that is broken), and of the lineages ``also`` (the
+        other shards a ``commit_across`` writes); ``builds``: it commits states or results
+        (False for a step that only fetches, moves progress or trims)."""
+        lineages = (self.lineage, *also)
+
+        def attempt() -> Awaitable[T]:
+            if durably:
+                return self._pipeliner.run_durably(call, lineages)
+            return self._pipeliner.run(call, replies, lineages, builds=builds)
+
+        try:
+            return await self._retrying(attempt)
+        except Fenced:
+            raise LeaseLost(self.shard, "another worker took the shard over") from None
+
+    async def _retrying(self, attempt: Callable[[], Awaitable[T]]) -> T:
+        """``attempt()``, again while Redis is unreachable: the lease loop, not this runner,
+        decides whether the worker still owns the shard."""
+        backoff = Backoff(0.05, 2.0)
+        while True:
+            try:
+                return await attempt()
+            except BackendUnavailable as exc:
+                log.warning("shard %d: %s; retrying in %.2fs", self.shard, exc, backoff.delay)
+                await backoff.sleep()
+

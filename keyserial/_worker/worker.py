@@ -1,0 +1,368 @@
+"""A worker process's runtime: own shards through leases, serve each with a :class:`ShardRunner`.
+
+Several workers may list the same shards: one owns each shard, the others stand by and acquire
+it when its lease expires (a crash) or is released (a clean shutdown). Leases (``_worker.leases``)
+are renewed every ``min(lease_ttl / 4, 0.5 s)``; a shard whose lease cannot be renewed before it
+would expire is dropped at once, with its cache. Correctness does not depend on that timing:
+every step script checks the epoch before it writes, so a frozen-then-resumed worker can never
+write.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Sequence
+from functools import partial
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup, TaskStatus
+
+from .._backend import durability as _durability
+from .._backend.backend import AnyRedis, Backend
+from .._backend.commands import raise_errors
+from .._backoff import Backoff
+from .._ops import Registry
+from .._scripts.lease import LeaseGrant
+from .._settings import Settings
+from .._wire.layout import ShardKeys, signers_key, worker_channel
+from .._wire.routing import format_shards, parse_shards
+from .._wire.signing import SIGNER_RENEW, SIGNER_TTL, ReplySigner, signer_renewed_at
+from ..errors import BackendUnavailable, ConfigError, LeaseLost
+from ..ledger import LEDGER_OPS
+from .crossshard.mailbox import Mailbox
+from .intake import GRANT_OP, parse_push
+from .leases import Held, Leases
+from .metrics import Metrics
+from .pipeline import LineageBroken, Pipeliner
+from .runner import ShardRunner
+
+log = logging.getLogger("keyserial.worker")
+
+
+class Worker:
+    """Serve ``shards`` of a namespace until :meth:`stop` is called (or the task is cancelled).
+
+    ``apps`` names modules whose ``@keyserial.op`` functions are served besides the built-in
+    ledger ops (or besides the ops of ``registry``, which then replaces them, and which the
+    apps' ops are added to). ``shards`` is a list or a spec like ``"0-15"``; ``None`` means all
+    shards.
+    ``metrics_port``: serve Prometheus metrics there while running (docs/metrics.md).
+    """
+
+    def __init__(
+        self,
+        redis: str | AnyRedis,
+        *,
+        shards: Sequence[int] | str | None = None,
+        settings: Settings | None = None,
+        apps: Sequence[str] = (),
+        registry: Registry | None = None,
+        metrics_port: int | None = None,
+    ) -> None:
+        self.settings = settings or Settings()
+        self.registry = registry or Registry(LEDGER_OPS)
+        for app in apps:
+            self.registry.add_module(app)
+        self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._redis = redis
+        self._shard_spec = shards
+        self._owned: dict[int, Held] = {}
+        self._mailbox = Mailbox(worker_channel(self.settings.namespace, self.token), self._runner)
+        self._stop = anyio.Event()
+        self._shard_count = 0
+        self._started = anyio.Event()
+        #: Set by ``stop(at_once=True)``; the drain of a stop under way, to cut short.
+        self._at_once = False
+        self._draining: anyio.CancelScope | None = None
+        self.shards: list[int] = []
+        #: Served over HTTP when ``metrics_port`` is given (0: any free port).
+        self.metrics = Metrics(
+            self.settings.namespace, [*self.registry.names(), GRANT_OP],
+            lambda: {shard: holder.runner for shard, holder in self._owned.items()}, metrics_port,
+        )
+
+    def stop(self, *, at_once: bool = False) -> None:
+        """Finish in-flight work (for at most a lease TTL), release every lease, and return from
+        :meth:`run`. ``at_once``: abandon the ops in flight now instead (uncommitted: the next
+        owner runs them again, as after a crash); the leases are still released, so it takes
+        the shards over at once. (Also while a stop already drains.)"""
+        if at_once:
+            self._at_once = True
+            if self._draining is not None:
+                self._draining.cancel()
+        self._stop.set()
+
+    @property
+    def owned_shards(self) -> list[int]:
+        return sorted(self._owned)
+
+    async def wait_started(self) -> None:
+        await self._started.wait()
+
+    async def run(self) -> None:
+        """Serve until :meth:`stop`; while Redis is unreachable, retry with backoff and resume.
+
+        :raises ConfigError: for a shard list or shard count that does not fit the namespace.
+        """
+        backend = await self._connect_unless_stopped()
+        if backend is None:
+            return
+        try:
+            shard_count = self._shard_count
+            self.shards = self._resolve_shards(shard_count)
+            log.info(
+                "worker %s serving shards %s of %d in namespace %r (ops: %s)",
+                self.token,
+                format_shards(self.shards),
+                shard_count,
+                self.settings.namespace,
+                ", ".join(self.registry.names()),
+            )
+            self._pipeliner = Pipeliner(backend, self.settings.durability, ReplySigner())
+            self._pipeliner.on_batch = self.metrics.pipelined
+            async with anyio.create_task_group() as task_group:
+                self._leases = Leases(
+                    backend, self.settings, self.token, self.metrics, self._owned,
+                    partial(self._start, backend, shard_count, task_group),
+                )
+                # (Metrics first: a port that cannot be bound stops the worker before it has
+                # subscribed or taken a shard.)
+                await task_group.start(self.metrics.serve)
+                await task_group.start(self._keep_signer_listed, backend)
+                task_group.start_soon(self._pipeliner.serve)
+                await task_group.start(self._listen_for_wakeups, backend)
+                task_group.start_soon(self._leases.keep, self.shards, self._stop)
+                self._started.set()
+                await self._stop.wait()
+                await self._shut_down()
+                task_group.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await backend.aclose()
+
+    async def _keep_signer_listed(
+        self, backend: Backend, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+    ) -> None:
+        """Keep the public key of this worker's reply signer in the namespace's signers hash
+        (clients read it there to check the replies it signs), and drop the keys of workers that
+        stopped renewing theirs; until it is listed, clients look up this worker's outcomes."""
+        signer = self._pipeliner.signer
+        assert signer is not None
+        signers = signers_key(self.settings.namespace)
+        backoff = Backoff(0.1, 5.0)
+        while True:
+            try:
+                _, listed = raise_errors(await backend.pipeline([
+                    ("HSET", signers, signer.signer_id, signer.record()), ("HGETALL", signers),
+                ]))
+                pairs = listed.items() if isinstance(listed, dict) else zip(
+                    listed[::2], listed[1::2], strict=True)  # (a cluster client makes a dict)
+                stale = [field for field, record in pairs
+                         if signer_renewed_at(record) < time.time() - SIGNER_TTL]
+                if stale:
+                    raise_errors(await backend.pipeline([("HDEL", signers, *stale)]))
+            except Exception as exc:  # (an outage, OOM: meanwhile clients look outcomes up)
+                log.warning("listing this worker's reply signer: %s (retrying)", exc)
+                task_status.started()
+                task_status = anyio.TASK_STATUS_IGNORED
+                await backoff.sleep()
+                continue
+            task_status.started()
+            task_status = anyio.TASK_STATUS_IGNORED
+            backoff = Backoff(0.1, 5.0)
+            await anyio.sleep(SIGNER_RENEW)
+
+    async def _connect_unless_stopped(self) -> Backend | None:
+        """:meth:`_client.connect`, given up (None) as soon as :meth:`stop` is called: a worker told
+        to stop while Redis is unreachable has nothing to drain."""
+        backend: Backend | None = None
+        error: Exception | None = None
+        async with anyio.create_task_group() as task_group:
+
+            async def connect() -> None:
+                nonlocal backend, error
+                try:
+                    backend = await self._connect()
+                except Exception as exc:  # raised below as it is, not in an exception group
+                    error = exc
+                task_group.cancel_scope.cancel()
+
+            task_group.start_soon(connect)
+            await self._stop.wait()
+            task_group.cancel_scope.cancel()
+        if error is not None:
+            raise error
+        return backend
+
+    async def _connect(self) -> Backend:
+        """Connect and check the namespace's shard count, retrying with backoff while Redis is
+        unreachable or not ready (a restart still loading its data), as a worker should."""
+        backoff = Backoff(0.1, 5.0)
+        while True:
+            try:
+                backend = await Backend.connect(self._redis)
+                try:
+                    self._shard_count = await backend.ensure_shard_count(
+                        self.settings.namespace, self.settings.shard_count
+                    )
+                    await _durability.check_durability(backend, self.settings.durability)
+                except BaseException:
+                    await backend.aclose()
+                    raise
+                return backend
+            except BackendUnavailable as exc:
+                log.warning("%s; retrying in %.1fs", exc, backoff.delay)
+                await backoff.sleep()
+
+    def _resolve_shards(self, shard_count: int) -> list[int]:
+        spec = self._shard_spec
+        if spec is None:
+            return list(range(shard_count))
+        if isinstance(spec, str):
+            return parse_shards(spec, shard_count)
+        if not spec:
+            raise ConfigError("shards is empty: name at least one shard, or None for all")
+        bad = [shard for shard in spec
+               if type(shard) is not int or not 0 <= shard < shard_count]  # (not True, not 1.5)
+        if bad:
+            raise ConfigError(f"shards {bad!r} are not shards of 0-{shard_count - 1}")
+        return sorted(set(spec))
+
+    # -- serving -----------------------------------------------------------------------------
+
+    def _start(
+        self,
+        backend: Backend,
+        shard_count: int,
+        task_group: TaskGroup,
+        shard: int,
+        grant: LeaseGrant,
+        renewed_at: float,
+    ) -> None:
+        """Serve a shard just acquired."""
+        if grant.careful_until and grant.suspect:
+            log.warning(
+                "shard %d: previous owner died with entries up to %s in flight;"
+                " running the suspect op %s alone first",
+                shard, grant.careful_until, grant.suspect,
+            )
+        elif grant.careful_until:
+            log.warning(
+                "shard %d: previous owner died with entries up to %s in flight, each of their"
+                " ops answered already: none is suspected", shard, grant.careful_until,
+            )
+        if grant.poisoned:
+            log.error(
+                "shard %d: op %s killed its worker %d times; dead-lettered",
+                shard,
+                grant.poisoned,
+                self.settings.max_strikes,
+            )
+        runner = ShardRunner(
+            self._pipeliner,
+            self.settings,
+            self.registry,
+            shard=shard,
+            shard_count=shard_count,
+            grant=grant,
+            backend=backend,
+            mailbox=self._mailbox,
+        )
+        runner.metrics = self.metrics.acquired(shard, grant)
+        holder = self._owned[shard] = Held(runner, renewed_at)
+        log.info("shard %d: acquired (epoch %d)", shard, grant.epoch)
+        task_group.start_soon(self._serve, shard, holder)
+
+    async def _serve(self, shard: int, holder: Held) -> None:
+        try:
+            with holder.scope:
+                try:
+                    await holder.runner.run()
+                except* LeaseLost as group:
+                    log.warning("shard %d: %s", shard, group.exceptions[0])
+                    self._owned.pop(shard, None)
+                except* LineageBroken as group:
+                    # Its cache may hold a write a failover lost: the next owner (perhaps this
+                    # worker again) starts from what Redis has. Not the ops' fault: no strike.
+                    log.warning("shard %d: %s; giving the shard up to be taken over from what"
+                                " Redis has", shard, group.exceptions[0])
+                    await self._leases.release([shard], clean=True)
+                except* Exception as group:
+                    log.error(
+                        "shard %d: runner failed; releasing the shard for %gs",
+                        shard,
+                        self.settings.lease_ttl,
+                        exc_info=group,
+                    )
+                    self._leases.rest(shard)
+                    await self._leases.release([shard], clean=False)
+        finally:
+            holder.done.set()
+
+    def _runner(self, shard: int) -> ShardRunner | None:
+        holder = self._owned.get(shard)
+        return None if holder is None else holder.runner
+
+    async def _listen_for_wakeups(self, backend: Backend, *, task_status: Any) -> None:
+        """Wake a shard's runner when its stream gets an entry (runners also poll every
+        ``idle_poll`` seconds, so a wake-up lost while reconnecting costs latency, not ops), and
+        hand coordination messages (grants, decisions) to the mailbox (whose waiters poll too)."""
+        shard_of = {ShardKeys(self.settings.namespace, s).wake_channel: s for s in self.shards}
+        mailbox = self._mailbox
+
+        def receive(channel: str, data: bytes) -> None:
+            if channel == mailbox.channel:
+                mailbox.receive(data)
+                return
+            holder = self._owned.get(shard_of.get(channel, -1))
+            if holder is not None:
+                pushed = parse_push(data)
+                if pushed is None:
+                    holder.runner.entries_waiting()
+                else:
+                    holder.runner.push(pushed)
+
+        # Serving starts at once: until the first subscription succeeds (Redis may be going
+        # down again right after the worker connected), the runners' polling stands in for it.
+        task_status.started()
+        backoff = Backoff(0.1, 5.0)
+        while True:
+            try:
+                await backend.listen(
+                    [*shard_of, mailbox.channel], receive,
+                    health_interval=self.settings.health_interval,
+                )
+            except BackendUnavailable as exc:
+                log.warning("subscribing to wake-ups: %s; retrying in %.1fs", exc,
+                            backoff.delay)
+                await backoff.sleep()
+
+    # -- shutdown ----------------------------------------------------------------------------
+
+    async def _shut_down(self) -> None:
+        """Drain every runner (bounded by one lease TTL), then release the leases."""
+        holders = dict(self._owned)
+        for holder in holders.values():
+            holder.runner.stop()
+        with anyio.move_on_after(0 if self._at_once else self.settings.lease_ttl) as scope:
+            self._draining = scope
+            for holder in holders.values():
+                await holder.done.wait()
+        self._draining = None
+        if scope.cancelled_caught:
+            log.warning(
+                "shutdown: in-flight ops %s; abandoning them (the next owner runs them)",
+                "stopped at once" if self._at_once
+                else f"did not finish in {self.settings.lease_ttl:g}s",
+            )
+        for holder in holders.values():
+            holder.scope.cancel()
+        await self._leases.release(
+            [s for s in holders if self._owned.get(s) is holders[s]], clean=True
+        )
+        self._owned.clear()

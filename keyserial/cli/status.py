@@ -1,0 +1,183 @@
+"""``keyserial status``: who owns each shard of a namespace, and how far behind it is.
+
+Each shard is read in one read-only script (``lua/status.lua``), so its figures are one
+consistent snapshot taken on the server's clock. Recent ops/s needs two snapshots: it is the
+number of op outcomes the shard stored in between, divided by the server time between them.
+The fields are documented for users in ``docs/operations.md``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._backend.backend import Backend
+from .._backend.commands import raise_errors
+from .._scripts.submit import StatusReply
+from .._scripts.submit import status as status_call
+from .._wire.layout import ShardKeys
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Owner:
+    """The worker holding a shard's lease, from its owner token ``host:pid:nonce``."""
+
+    worker: str
+    host: str
+    pid: int | None
+
+    @classmethod
+    def parse(cls, token: str) -> Owner:
+        host_pid = token.rpartition(":")[0]  # less the nonce
+        host, _, pid = host_pid.rpartition(":")
+        return cls(token, host or token, int(pid) if pid.isdigit() else None)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """One shard at one moment (server clock)."""
+
+    shard: int
+    owner: Owner | None
+    lease_ms: int | None
+    epoch: int | None
+    backlog: int
+    oldest_entry_ms: int | None
+    dead_letters: int
+    results: int
+    results_since: str
+    time_ms: int
+
+    @property
+    def oldest_age_ms(self) -> int | None:
+        """How long the first entry after the progress marker has waited."""
+        if self.oldest_entry_ms is None:
+            return None
+        return max(0, self.time_ms - self.oldest_entry_ms)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardStatus:
+    snapshot: Snapshot
+    #: Op outcomes stored per second between two snapshots; None if unmeasurable.
+    ops_per_s: float | None
+
+    def as_json(self) -> dict[str, Any]:
+        now, owner = self.snapshot, self.snapshot.owner
+        return {
+            "shard": now.shard,
+            "owner": None if owner is None else
+            {"worker": owner.worker, "host": owner.host, "pid": owner.pid},
+            "epoch": now.epoch,
+            "lease_expires_in_ms": now.lease_ms,
+            "backlog": now.backlog,
+            "oldest_waiting_age_ms": now.oldest_age_ms,
+            "dead_letters": now.dead_letters,
+            "ops_per_s": None if self.ops_per_s is None else round(self.ops_per_s, 1),
+        }
+
+
+async def shard_count(backend: Backend, namespace: str) -> int:
+    """The namespace's recorded shard count.
+
+    :raises ConfigError: if nothing has used the namespace yet (nothing is recorded).
+    """
+    recorded = await backend.recorded_shard_count(namespace)
+    if recorded is None:
+        raise ConfigError(
+            f"namespace {namespace!r} has no shard count recorded in Redis: no worker or client"
+            " has used it (check --namespace and --redis)"
+        )
+    return recorded
+
+
+async def snapshot(backend: Backend, namespace: str, shards: int) -> list[Snapshot]:
+    """Every shard of the namespace, read in one pipeline."""
+    calls = [status_call(ShardKeys(namespace, shard)) for shard in range(shards)]
+    replies = raise_errors(await backend.run_many(calls))
+    return [_snapshot(shard, reply) for shard, reply in enumerate(replies)]
+
+
+def _snapshot(shard: int, reply: StatusReply) -> Snapshot:
+    return Snapshot(
+        shard=shard,
+        owner=None if reply.owner is None else Owner.parse(reply.owner),
+        lease_ms=reply.lease_ms,
+        epoch=reply.epoch,
+        backlog=reply.backlog,
+        oldest_entry_ms=int(reply.oldest_entry.partition("-")[0]) if reply.oldest_entry else None,
+        dead_letters=reply.dead_letters,
+        results=reply.results,
+        results_since=reply.results_since,
+        time_ms=reply.time_ms,
+    )
+
+
+def compare(before: Sequence[Snapshot], after: Sequence[Snapshot]) -> list[ShardStatus]:
+    """Each shard's status at ``after``, with its ops/s since ``before``. A shard whose results
+    hash turned over a generation in between (it was renamed) gets no rate."""
+    statuses = []
+    for old, new in zip(before, after, strict=True):
+        elapsed = new.time_ms - old.time_ms
+        stored = new.results - old.results
+        rate = None
+        if elapsed > 0 and stored >= 0 and old.results_since == new.results_since:
+            rate = stored * 1000 / elapsed
+        statuses.append(ShardStatus(new, rate))
+    return statuses
+
+
+def unowned(statuses: Sequence[ShardStatus]) -> list[int]:
+    return [status.snapshot.shard for status in statuses if status.snapshot.owner is None]
+
+
+def as_json(namespace: str, statuses: Sequence[ShardStatus]) -> dict[str, Any]:
+    return {
+        "namespace": namespace,
+        "shard_count": len(statuses),
+        "healthy": not unowned(statuses),
+        "shards": [status.as_json() for status in statuses],
+    }
+
+
+_COLUMNS = ("SHARD", "OWNER (host:pid)", "EPOCH", "LEASE", "BACKLOG", "OLDEST", "DEAD", "OPS/S")
+
+
+def render_table(namespace: str, statuses: Sequence[ShardStatus]) -> str:
+    """The human view: one row per shard, then a verdict line."""
+    rows = [_COLUMNS]
+    for status in statuses:
+        now = status.snapshot
+        owner = "-" if now.owner is None else f"{now.owner.host}:{now.owner.pid}"
+        rows.append((
+            str(now.shard),
+            owner,
+            "-" if now.epoch is None else str(now.epoch),
+            _duration(now.lease_ms),
+            str(now.backlog),
+            _duration(now.oldest_age_ms),
+            str(now.dead_letters),
+            "-" if status.ops_per_s is None else f"{status.ops_per_s:.1f}",
+        ))
+    widths = [max(len(row[column]) for row in rows) for column in range(len(_COLUMNS))]
+    lines = [f"namespace {namespace!r}: {len(statuses)} shards"]
+    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+              .rstrip() for row in rows]
+    missing = unowned(statuses)
+    if missing:
+        lines.append(f"UNHEALTHY: no worker owns shard(s) {', '.join(map(str, missing))}")
+    else:
+        lines.append("ok: every shard has an owner")
+    return "\n".join(lines)
+
+
+def _duration(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    if ms < 1000:
+        return f"{ms}ms"
+    if ms < 120_000:
+        return f"{ms / 1000:.1f}s"
+    return f"{ms // 60_000}m"
