@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from keyserial._worker.intake import Push
+from keyserial._wire.codec import Push
 from keyserial._worker.keystates import KeyStates
 from keyserial._worker.wakeups import MAX_WAITING, Wakeups
 from tests.entries import envelope

@@ -31,7 +31,7 @@ from .._settings import Settings
 from .._wire.codec import decode_outcome, decode_reply, encode_envelope, replied_op_ids
 from .._wire.json_text import encodes
 from .._wire.layout import ShardKeys, reply_channel
-from .._wire.routing import shard_for
+from .._wire.routing import home_shard, shard_for
 from .._wire.signing import ReplyVerifier
 from ..errors import (
     BackendUnavailable,
@@ -197,7 +197,7 @@ class Client:
             _check_key(key)
         if len(set(keys)) != len(keys):
             raise ValueError(f"keys must be distinct: {list(keys)!r}")
-        return min(self.shard_of(key) for key in keys)
+        return home_shard(keys, self.shard_count)
 
     async def submit_many(self, keys: Sequence[str], call: Call[R], *,
                           timeout: float | None = None, op_id: str | None = None) -> R:

@@ -23,6 +23,7 @@ from typing import Any
 from .._ops import Call
 from ..errors import MalformedOperation, UnknownOperation
 from .json_text import dumps, encodes
+from .layout import attempt_id
 
 WIRE_VERSION = "1"
 #: A JSON escape of a UTF-16 surrogate: an entry with one may decode to invalid text.
@@ -371,3 +372,42 @@ def says_unknown(outcome: Any) -> bool:
     """Whether ``outcome`` is the refusal of an op no worker knows (recorded apart)."""
     error = outcome.get("error") if isinstance(outcome, dict) else None
     return isinstance(error, dict) and error.get("type") == UnknownOperation.wire_type
+
+
+#: The op name of a grant request; served by every worker, never by an app.
+GRANT_OP = "keyserial.grant"
+
+
+def grant_request_envelope(
+    op_id: str, attempt: int, keys: Sequence[str], request: Mapping[str, Any]
+) -> str:
+    """The envelope (JSON) that asks a participant shard for ``keys`` on behalf of one attempt
+    of a cross-shard op; ``request``: the grant request's wire form (its ``kwargs``)."""
+    return dumps({"id": attempt_id(op_id, attempt), "keys": list(keys), "op": GRANT_OP,
+                  "kwargs": dict(request)})
+
+
+_PUSH = re.compile(rb"push (\d+-\d+|-) (\d+-\d+) ([^ \n]+)\n")
+
+
+@dataclass(frozen=True, slots=True)
+class Push:
+    """A fresh entry handed to the owner with its wake-up (see ``submit.lua``): the owner may
+    take it in without fetching it, but only where it is the next entry of the stream."""
+
+    #: The entry that stood last in the stream when this one was appended, or '-' if the stream
+    #: was empty (every entry before it had committed and left).
+    after: str
+    entry_id: str
+    fields: Mapping[bytes, bytes]
+
+
+def parse_push(message: bytes) -> Push | None:
+    """The entry a wake-up message pushes, or None: a plain wake-up (an entry id, or anything
+    that is not a well-formed push)."""
+    head = _PUSH.match(message)
+    if head is None:
+        return None
+    after, entry_id, version = head.groups()
+    ops = message[head.end():]
+    return Push(after.decode(), entry_id.decode(), {b"v": version, b"ops": ops, b"fresh": b"1"})

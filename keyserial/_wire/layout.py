@@ -84,6 +84,22 @@ class _ShardKey:
         return self if shard is None else f"{shard.tag}:{self.suffix}"
 
 
+def attempt_id(op_id: str, attempt: int) -> str:
+    """The op id of a cross-shard attempt's grant requests (``#`` is reserved in op ids for
+    keyserial's records)."""
+    return f"{op_id}#{attempt}"
+
+
+def grant_field(op_id: str, attempt: int) -> str:
+    """The participant's results field that records its grant to an attempt."""
+    return f"{attempt_id(op_id, attempt)}#g"
+
+
+def decision_field(op_id: str, attempt: int) -> str:
+    """The home shard's results field that records an attempt's decision."""
+    return f"{attempt_id(op_id, attempt)}#d"
+
+
 def answered_field(op_id: str) -> str:
     """The results field that records an op answered but not stored (see ``acquire.lua``)."""
     return f"{op_id}#u"

@@ -18,6 +18,18 @@ def shard_for(key: str, shard_count: int) -> int:
     return zlib.crc32(key.encode()) % shard_count
 
 
+def home_shard(keys: Sequence[str], shard_count: int) -> int:
+    """The shard an op on ``keys`` is appended to, and whose results hold its outcome (see
+    :func:`home_of`)."""
+    return home_of([shard_for(key, shard_count) for key in keys])
+
+
+def home_of(shards: Sequence[int]) -> int:
+    """The home of an op whose keys are on ``shards``: the lowest, which coordinates the
+    others for a multi-key op."""
+    return min(shards)
+
+
 def route(envelope: Envelope, shard_count: int) -> tuple[int, ...]:
     """The shard of each of the envelope's keys, computed once per envelope: a worker routes a
     cross-shard op at several steps of its way (the misroute check, its barrier, its split,

@@ -6,11 +6,11 @@ I/O, so every rule here is testable on its own.
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 from .._wire.codec import (
+    GRANT_OP,
     Envelope,
     MalformedEntry,
     binding,
@@ -21,15 +21,13 @@ from .._wire.codec import (
     taken_outcome,
 )
 from .._wire.json_text import dumps
-from .._wire.routing import route, shard_for
+from .._wire.routing import home_of, route, shard_for
 from ..errors import MalformedOperation
 from .commits import DeadLetter, Finished
 from .execution import Entry, Run
 
 log = logging.getLogger("keyserial.worker")
 
-#: The op name of a grant request; served by every worker, never by an app.
-GRANT_OP = "keyserial.grant"
 _RESERVED_ID = "'#' is reserved in op ids (keyserial names its coordination records with it)"
 
 
@@ -134,13 +132,13 @@ def misrouted(envelope: Envelope, shard: int, shard_count: int) -> str | None:
         return _RESERVED_ID
     shards = route(envelope, shard_count)
     if envelope.multi and envelope.name != GRANT_OP:
-        if min(shards) != shard:
+        if (home := home_of(shards)) != shard:
             placed = ", ".join(
                 f"{key!r} on {home}" for key, home in zip(envelope.keys, shards, strict=True)
             )
             return (
                 f"its keys are on shards of {shard_count} ({placed}): a multi-key op goes to"
-                f" the lowest, shard {min(shards)}, not to shard {shard}"
+                f" the lowest, shard {home}, not to shard {shard}"
             )
         return None
     for key, home in zip(envelope.keys, shards, strict=True):
@@ -165,32 +163,6 @@ def raw_json(fields: Mapping[bytes, bytes]) -> str:
     return dumps(
         {k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()}
     )
-
-
-_PUSH = re.compile(rb"push (\d+-\d+|-) (\d+-\d+) ([^ \n]+)\n")
-
-
-@dataclass(frozen=True, slots=True)
-class Push:
-    """A fresh entry handed to the owner with its wake-up (see ``submit.lua``): the owner may
-    take it in without fetching it, but only where it is the next entry of the stream."""
-
-    #: The entry that stood last in the stream when this one was appended, or '-' if the stream
-    #: was empty (every entry before it had committed and left).
-    after: str
-    entry_id: str
-    fields: Mapping[bytes, bytes]
-
-
-def parse_push(message: bytes) -> Push | None:
-    """The entry a wake-up message pushes, or None: a plain wake-up (an entry id, or anything
-    that is not a well-formed push)."""
-    head = _PUSH.match(message)
-    if head is None:
-        return None
-    after, entry_id, version = head.groups()
-    ops = message[head.end():]
-    return Push(after.decode(), entry_id.decode(), {b"v": version, b"ops": ops, b"fresh": b"1"})
 
 
 def entry_keys(fields: Mapping[bytes, bytes]) -> list[str]:

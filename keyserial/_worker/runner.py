@@ -41,7 +41,7 @@ from .._scripts.commit import StepArgs, StepReply, step
 from .._scripts.lease import LeaseGrant
 from .._scripts.refusals import Diverged, Fenced
 from .._settings import Settings
-from .._wire.codec import binding
+from .._wire.codec import Push, binding
 from .._wire.layout import ShardKeys
 from ..errors import BackendUnavailable, LeaseLost
 from .chains import Chains, Hold
@@ -50,7 +50,7 @@ from .crossshard.coordination import Collaborators
 from .crossshard.cross_shard import CrossShard
 from .crossshard.mailbox import Mailbox
 from .execution import Executor, Run
-from .intake import Push, accept, parse_id
+from .intake import accept, parse_id
 from .keystates import KeyStates
 from .metrics import NO_METRICS, ShardMetrics
 from .pipeline import Lineage, LineageBroken, Pipeliner, Replies

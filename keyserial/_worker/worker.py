@@ -29,13 +29,13 @@ from .._backoff import Backoff
 from .._ops import Registry
 from .._scripts.lease import LeaseGrant
 from .._settings import Settings
+from .._wire.codec import GRANT_OP, parse_push
 from .._wire.layout import ShardKeys, signers_key, worker_channel
 from .._wire.routing import format_shards, parse_shards
 from .._wire.signing import SIGNER_RENEW, SIGNER_TTL, ReplySigner, signer_renewed_at
 from ..errors import BackendUnavailable, ConfigError, LeaseLost
 from ..ledger import LEDGER_OPS
 from .crossshard.mailbox import Mailbox
-from .intake import GRANT_OP, parse_push
 from .leases import Held, Leases
 from .metrics import Metrics
 from .pipeline import LineageBroken, Pipeliner

@@ -26,7 +26,7 @@ from .._scripts.submit import SubmitArgs, submit
 from .._wire.codec import WIRE_VERSION, pack_entry
 from .._wire.json_text import dumps
 from .._wire.layout import ShardKeys
-from .._wire.routing import shard_for
+from .._wire.routing import home_shard as routed_home
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,7 +122,7 @@ def home_shard(envelope: dict[str, Any], shard_count: int) -> int | None:
         isinstance(key, str) and key for key in keys
     ):
         return None
-    return min(shard_for(key, shard_count) for key in keys)
+    return routed_home(keys, shard_count)
 
 
 class ReplayStopped(Exception):

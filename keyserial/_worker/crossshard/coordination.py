@@ -67,11 +67,6 @@ class Collaborators:
         return min(self.settings.idle_poll, self.settings.lease_ttl / 8)
 
 
-def attempt_id(op_id: str, attempt: int) -> str:
-    """The op id of an attempt's grant requests (``#`` is reserved in op ids for this)."""
-    return f"{op_id}#{attempt}"
-
-
 def split_keys(
     envelope: Envelope, here: LocalShard, shard_count: int
 ) -> tuple[list[str], dict[int, list[str]]]:

@@ -26,19 +26,26 @@ from ..._scripts.commit import CommitAcrossArgs, ShardWrites, commit_across
 from ..._scripts.cross import DecideArgs, decide
 from ..._scripts.refusals import BacklogRefused, OwnedElsewhere, Refused, Replayed
 from ..._scripts.submit import SubmitArgs, submit
-from ..._wire.codec import WIRE_VERSION, Envelope, binding, bound, pack_entry, reply_outcome
+from ..._wire.codec import (
+    GRANT_OP,
+    WIRE_VERSION,
+    Envelope,
+    binding,
+    bound,
+    grant_request_envelope,
+    pack_entry,
+    reply_outcome,
+)
 from ..._wire.json_text import dumps
-from ..._wire.layout import ShardKeys
+from ..._wire.layout import ShardKeys, decision_field, grant_field
 from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant
 from ...errors import BackendUnavailable, LeaseLost
 from ..chains import Hold
 from ..execution import Run
-from ..intake import GRANT_OP
 from ..pipeline import LineageBroken, reply_messages
 from .coordination import (
     Collaborators,
     Writes,
-    attempt_id,
     publish,
     split_keys,
     writes_by_shard,
@@ -307,11 +314,10 @@ class Coordinator:
         parts = self._parts
         home = parts.home
         request = GrantRequest(home.shard, op_id, attempt, parts.mailbox.channel)
-        entry_json = dumps({"id": attempt_id(op_id, attempt), "keys": keys, "op": GRANT_OP,
-                            "kwargs": request.to_wire()})
+        entry_json = grant_request_envelope(op_id, attempt, keys, request.to_wire())
         there = ShardKeys(parts.settings.namespace, shard)
-        grant_field = attempt_id(op_id, attempt) + "#g"
-        decision_field = attempt_id(op_id, attempt) + "#d"
+        granted_at = grant_field(op_id, attempt)
+        decided_at = decision_field(op_id, attempt)
         with parts.mailbox.expect_grant(op_id, attempt, shard) as letter:
             entry = await self._append(there, entry_json)
             log.debug("shard %d (epoch %d): asked shard %d for a grant to %s#%d (entry %s)",
@@ -323,14 +329,14 @@ class Coordinator:
                     return self._of_keys(message, keys)
                 try:
                     # A wake-up (or the poll): the grant is taken from its record alone.
-                    if (grant := await self._recorded_grant(there, grant_field)) is not None:
+                    if (grant := await self._recorded_grant(there, granted_at)) is not None:
                         return self._of_keys(grant, keys)
                     # (Looked for before the grant: a request leaves the stream only after its
                     # grant was recorded, so gone with no grant means a failover lost it.)
                     present = await parts.backend.entries_present(there, [entry])
-                    if (grant := await self._recorded_grant(there, grant_field)) is not None:
+                    if (grant := await self._recorded_grant(there, granted_at)) is not None:
                         return self._of_keys(grant, keys)
-                    if (await parts.backend.stored(home.keys, [decision_field]))[0] is not None:
+                    if (await parts.backend.stored(home.keys, [decided_at]))[0] is not None:
                         raise LeaseLost(home.shard, f"op {op_id} was aborted")
                     if not present[0]:
                         log.warning("shard %d: the grant request of op %s to shard %d is gone"

@@ -9,10 +9,9 @@ never deadlock is written up in docs/multi-key.md.
 
 from __future__ import annotations
 
-from ..._wire.codec import Envelope
+from ..._wire.codec import GRANT_OP, Envelope
 from ..._wire.routing import route
 from ..execution import Run
-from ..intake import GRANT_OP
 from .coordination import Collaborators
 from .coordinator import Coordinator
 from .participant import Participant

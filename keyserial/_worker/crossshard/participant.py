@@ -16,12 +16,12 @@ from ..._scripts.cross import grant as record_grant
 from ..._scripts.refusals import AttemptAhead, RequestGone
 from ..._wire.codec import encode_error
 from ..._wire.json_text import dumps
-from ..._wire.layout import ShardKeys
+from ..._wire.layout import ShardKeys, grant_field
 from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant, MalformedMessage
 from ...errors import BackendUnavailable, MalformedOperation
 from ..execution import Run
 from ..pipeline import LineageBroken
-from .coordination import Collaborators, attempt_id, publish
+from .coordination import Collaborators, publish
 from .mailbox import Letter
 
 log = logging.getLogger("keyserial.worker")
@@ -96,7 +96,7 @@ class Participant:
         # that serves the shard now: a WAIT alone could confirm another master's writes.)
         try:
             await parts.fenced(record_grant(home.keys, GrantArgs(
-                epoch=home.epoch, field=attempt_id(request.op_id, request.attempt) + "#g",
+                epoch=home.epoch, field=grant_field(request.op_id, request.attempt),
                 grant=dumps(key_grant.to_wire()), channel="" if durable else request.channel,
                 entry_id=entry_id,
             )), durably=True)
