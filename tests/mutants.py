@@ -52,7 +52,7 @@ class Edit:
 @dataclass(frozen=True)
 class Mutant:
     name: str
-    claim: str  # the claim map's id (docs/guarantees.md)
+    claim: str  # the claim map's id (docs/claims.md)
     what: str
     edits: tuple[Edit, ...]
     tests: tuple[str, ...]

@@ -1,4 +1,4 @@
-"""docs/guarantees.md names, for every claim, the tests that fail when it breaks: every named
+"""docs/claims.md names, for every claim, the tests that fail when it breaks: every named
 test exists, ids are unique, and each mutant of tests/mutants.py names a claim of the map and
 only tests the map lists under that claim."""
 
@@ -17,7 +17,7 @@ NAMED = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
 def claim_map() -> dict[str, list[tuple[str, str]]]:
     """Claim id -> the (file, test name) pairs it names."""
     claims: dict[str, list[tuple[str, str]]] = {}
-    for line in (ROOT / "docs" / "guarantees.md").read_text().splitlines():
+    for line in (ROOT / "docs" / "claims.md").read_text().splitlines():
         row = ROW.match(line)
         if row:
             assert row[1] not in claims, f"claim {row[1]} listed twice"
@@ -54,7 +54,7 @@ def test_every_mutant_runs_tests_the_map_lists_under_its_claim() -> None:
 
 
 def test_the_map_shows_a_full_run_of_every_mutant() -> None:
-    text = (ROOT / "docs" / "guarantees.md").read_text()
+    text = (ROOT / "docs" / "claims.md").read_text()
     shown = re.findall(r"^\| `([\w-]+)` \| (G[\d.]+) \| (yes|\*\*no\*\*) \|", text, re.MULTILINE)
     assert {name for name, _, _ in shown} == {mutant.name for mutant in MUTANTS}
     assert [name for name, _, killed in shown if killed != "yes"] == [], "survivors"

@@ -440,14 +440,7 @@ async def test_a_refusal_recorded_for_an_earlier_entry_never_answers_a_resubmit(
                     await ks.submit(key, apps.record(), op_id="order-9", timeout=10)
                 stream = ShardKeys(namespace, 3).stream
                 await eventually_async(lambda: _empty(attacker, stream))
-            results: list[int] = []
-
-            async def resubmit() -> None:
-                results.append(await ks.submit(key, apps.record(), op_id="order-9",
-                                               timeout=30))
-
-            async with anyio.create_task_group() as group:
-                group.start_soon(resubmit)
+            async with _resubmitted(ks, key) as results:
                 assert await _forge_replies(attacker, namespace, 3, caplog) == "order-9"
                 assert results == []
                 await _served(users, namespace, results, apps=["tests.apps"])
@@ -476,14 +469,7 @@ async def test_a_signed_reply_replayed_for_a_resubmit_never_answers_it(
             signed = await _published(listener)
             signer = json.loads(signed)["k"]
             await eventually(lambda: ks._verifier.knows(signer))
-            results: list[int] = []
-
-            async def resubmit() -> None:
-                results.append(await ks.submit(key, apps.record(), op_id="order-9",
-                                               timeout=30))
-
-            async with anyio.create_task_group() as group:
-                group.start_soon(resubmit)
+            async with _resubmitted(ks, key) as results:
                 await eventually(lambda: any(pending.entry
                                              for pending in ks._waiting.get("order-9", ())))
                 await attacker.publish(ks._reply, signed)
@@ -495,6 +481,20 @@ async def test_a_signed_reply_replayed_for_a_resubmit_never_answers_it(
     finally:
         await attacker.aclose()
     assert users.refusals() == []
+
+
+@asynccontextmanager
+async def _resubmitted(ks: keyserial.Client, key: str) -> AsyncIterator[list[int]]:
+    """Op "order-9" (``record``) submitted again, waiting in a task for the block; the list
+    gets its value once answered."""
+    results: list[int] = []
+
+    async def resubmit() -> None:
+        results.append(await ks.submit(key, apps.record(), op_id="order-9", timeout=30))
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(resubmit)
+        yield results
 
 
 async def _published(listener: redis.client.PubSub) -> bytes:

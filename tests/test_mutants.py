@@ -1,5 +1,5 @@
 """The fast subset of tests/mutants.py: each mutant must make one of its tests fail. (A full
-run, every mutant, is ``python -m tests.mutants``; its table is in docs/guarantees.md.)"""
+run, every mutant, is ``python -m tests.mutants``; its table is in docs/claims.md.)"""
 
 from __future__ import annotations
 

@@ -45,10 +45,16 @@ from .._wire.signing import ReplySigner
 from ..errors import BackendUnavailable
 
 log = logging.getLogger("keyserial.worker")
+
+
 R = TypeVar("R")
 
 #: Outcomes to reply once a call has committed them: channel -> [(op id, outcome JSON)].
 Replies = Mapping[str, Sequence[tuple[str, str]]]
+
+
+def _ignore(calls: int) -> None:
+    """The ``on_batch`` hook of a pipeliner without metrics."""
 
 
 @dataclass(slots=True, eq=False)
@@ -96,16 +102,16 @@ class Pipeliner:
 
     def __init__(
         self, backend: Backend, durability: Durability | None = None,
-        signer: ReplySigner | None = None,
+        signer: ReplySigner | None = None, on_batch: Callable[[int], None] = _ignore,
     ) -> None:
         self._backend = backend
         self._durability = durability
         #: Signs the reply messages of the calls it runs (none: they go out unsigned).
         self.signer = signer
+        #: Told how many calls each pipeline sends (the worker's metrics).
+        self._on_batch = on_batch
         self._by_node: dict[str, _NodePipeliner] = {}
         self._task_group: TaskGroup | None = None
-        #: Told how many calls each pipeline sends (the worker's metrics).
-        self.on_batch: Callable[[int], None] = _ignore
 
     async def serve(self) -> None:
         async with anyio.create_task_group() as task_group:
@@ -149,9 +155,9 @@ class Pipeliner:
         node = self._backend.node_of(call.keys[0])
         pipeliner = self._by_node.get(node)
         if pipeliner is None:
-            pipeliner = self._by_node[node] = _NodePipeliner(self._backend, self._durability,
-                                                             self.signer)
-            pipeliner.on_batch = lambda calls: self.on_batch(calls)
+            pipeliner = self._by_node[node] = _NodePipeliner(
+                self._backend, self._durability, self.signer, self._on_batch
+            )
             if self._task_group is not None:
                 self._task_group.start_soon(pipeliner.serve)
         return pipeliner
@@ -164,7 +170,7 @@ class _NodePipeliner:
 
     def __init__(
         self, backend: Backend, durability: Durability | None = None,
-        signer: ReplySigner | None = None,
+        signer: ReplySigner | None = None, on_batch: Callable[[int], None] = _ignore,
     ) -> None:
         self._backend = backend
         self._durability = durability
@@ -172,7 +178,7 @@ class _NodePipeliner:
         self._next = _Batch()
         self._queued = anyio.Event()
         #: Told how many calls each pipeline sends (the worker's metrics).
-        self.on_batch: Callable[[int], None] = _ignore
+        self._on_batch = on_batch
 
     async def run(
         self, call: ScriptCall[R], replies: Replies | None = None,
@@ -233,7 +239,7 @@ class _NodePipeliner:
             await self._queued.wait()
             self._queued = anyio.Event()
             batch, self._next = self._next, _Batch()
-            self.on_batch(len(batch.calls))
+            self._on_batch(len(batch.calls))
             carrying = [i for i, replies in enumerate(batch.replies) if replies]
             if (len(carrying) == 1 and batch.calls[carrying[0]].script.publishes
                     and self._durability is None):
@@ -330,10 +336,6 @@ class _NodePipeliner:
                 for channel, outcomes in replies.items():
                     merged[channel].extend(outcomes)
         return reply_messages(merged, self._signer)
-
-
-def _ignore(calls: int) -> None:
-    pass
 
 
 def _inline(call: ScriptCall[R], replies: Replies, signer: ReplySigner | None) -> ScriptCall[R]:

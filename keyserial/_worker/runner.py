@@ -62,13 +62,13 @@ T = TypeVar("T")
 class ShardRunner:
     """Runs the ops of one shard for as long as this worker holds its lease (one epoch)."""
 
-    #: What it reports to (``Metrics.acquired``); the default ignores everything.
-    metrics: ShardMetrics = NO_METRICS
-
     def __init__(
         self, pipeliner: Pipeliner, settings: Settings, registry: Registry, *, shard: int,
         shard_count: int, grant: LeaseGrant, backend: Backend, mailbox: Mailbox,
+        metrics: ShardMetrics = NO_METRICS,
     ) -> None:
+        #: What it reports to (``Metrics.acquired``); the default ignores everything.
+        self.metrics = metrics
         self.shard = shard
         self.keys = ShardKeys(settings.namespace, shard)
         self.epoch = grant.epoch

@@ -123,8 +123,8 @@ class Worker:
                 self.settings.namespace,
                 ", ".join(self.registry.names()),
             )
-            self._pipeliner = Pipeliner(backend, self.settings.durability, ReplySigner())
-            self._pipeliner.on_batch = self.metrics.pipelined
+            self._pipeliner = Pipeliner(backend, self.settings.durability, ReplySigner(),
+                                        on_batch=self.metrics.pipelined)
             async with anyio.create_task_group() as task_group:
                 self._leases = Leases(
                     backend, self.settings, self.token, self.metrics, self._owned,
@@ -272,8 +272,8 @@ class Worker:
             grant=grant,
             backend=backend,
             mailbox=self._mailbox,
+            metrics=self.metrics.acquired(shard, grant),
         )
-        runner.metrics = self.metrics.acquired(shard, grant)
         holder = self._owned[shard] = Held(runner, renewed_at)
         log.info("shard %d: acquired (epoch %d)", shard, grant.epoch)
         task_group.start_soon(self._serve, shard, holder)
