@@ -7,14 +7,16 @@ import json
 import time
 from collections.abc import Iterator
 
+import anyio
 import pytest
 import redis
+import redis.asyncio
 
 import keyserial
 from keyserial._wire.layout import signers_key
 from keyserial._wire.signing import SIGNER_TTL, ReplySigner, ReplyVerifier, signer_record
 from keyserial.ledger import balance, deposit
-from keyserial.testing import running_worker
+from keyserial.testing import ShardKeys, running_worker
 from tests.helpers import eventually
 from tests.test_acl import Users, documented_users
 
@@ -58,6 +60,40 @@ def test_a_reply_signed_by_a_signer_not_met_is_not_taken_and_its_key_is_asked_fo
 
 def test_a_channel_that_names_no_client_key_gets_replies_unsigned() -> None:
     assert ReplySigner().sign("ks:ns:reply:7f3c9a", MESSAGE) == MESSAGE
+    # A key of low order (here the zero point) has no secret to share: unsigned, not an error.
+    assert ReplySigner().sign("ks:ns:reply:7f3c9a." + "A" * 43, MESSAGE) == MESSAGE
+    assert not ReplyVerifier("ks:ns:reply:mine").learn("0123456789abcdef",
+                                                       signer_record("A" * 43, time.time()))
+
+
+async def test_an_op_whose_reply_channel_names_a_key_of_low_order_is_answered_unsigned(
+    users: Users, namespace: str
+) -> None:
+    """A client user's op whose channel names the zero point (no shared secret) is answered
+    unsigned, and its worker goes on serving every shard."""
+    evil = f"ks:{namespace}:reply:evil." + "A" * 43
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        async with running_worker(users.worker_url, namespace, shard_count=2), \
+                keyserial.connect(users.client_url, namespace=namespace) as ks, \
+                attacker.pubsub() as listener:
+            await listener.subscribe(evil)
+            shard = ks.shard_of("acct:9")
+            envelope = {"id": "evil-1", "key": "acct:9", "op": "deposit", "args": [5],
+                        "reply": evil}
+            await attacker.xadd(ShardKeys(namespace, shard).stream,
+                                {"v": "1", "ops": json.dumps([envelope])})
+            with anyio.fail_after(10):
+                while (message := await listener.get_message(
+                        ignore_subscribe_messages=True, timeout=1)) is None:
+                    pass
+            (replied,) = json.loads(message["data"])["r"]
+            assert replied[0] == "evil-1" and replied[1]["ok"] == 5
+            assert "k" not in json.loads(message["data"])  # (unsigned)
+            for key in ("acct:9", "acct:10", "acct:11"):
+                assert await ks.submit(key, deposit(1), timeout=10) >= 1
+    finally:
+        await attacker.aclose()
 
 
 async def test_signed_replies_settle_ops_without_reading_their_records(

@@ -65,10 +65,14 @@ def channel_public_key(channel: str) -> X25519PublicKey | None:
 def _shared_key(
     own: X25519PrivateKey, peer: X25519PublicKey, client_public: str, signer_public: str,
     signer_id: str,
-) -> bytes:
-    """The HMAC key of one client and one signer (both sides derive the same)."""
-    parts = (_CONTEXT, own.exchange(peer), client_public.encode(), signer_public.encode(),
-             signer_id.encode())
+) -> bytes | None:
+    """The HMAC key of one client and one signer (both sides derive the same); None for a
+    peer key of low order, which would give every such peer the same (all-zero) secret."""
+    try:
+        secret = own.exchange(peer)
+    except ValueError:
+        return None
+    parts = (_CONTEXT, secret, client_public.encode(), signer_public.encode(), signer_id.encode())
     return hashlib.sha256(b"\n".join(parts)).digest()
 
 
@@ -155,11 +159,12 @@ class ReplyVerifier:
         """Take a signer's public key from its entry in the signers hash (read from Redis, which
         only workers write); False if the entry holds none."""
         signer = parse_signer_record(record)
-        if signer is None:
-            return False
-        self._keys[signer_id] = _shared_key(
+        key = None if signer is None else _shared_key(
             self._key, signer, self.public_key, encode_public_key(signer), signer_id
         )
+        if key is None:
+            return False
+        self._keys[signer_id] = key
         if len(self._keys) > _CACHED_KEYS:
             self._keys.popitem(last=False)
         return True
