@@ -119,12 +119,13 @@ async def eventually_async(check: Any, *, timeout: float = 10) -> Any:
 async def stored_outcome(ks: keyserial.Client, op_id: str, key: str | list[str], *,
                          timeout: float = 10) -> Any:
     """The op's stored outcome once there is one (its value; its error raised), polled with
-    ``ks.result``: never by resubmitting, which would hide an op that was lost."""
+    ``ks.result``: never by resubmitting, which would hide an op that was lost. Polled through
+    a Redis outage too (a fault test may restart the server again meanwhile)."""
     with anyio.fail_after(timeout):
         while True:
             try:
                 return await ks.result(op_id, key=key)
-            except keyserial.ResultNotFound:
+            except (keyserial.ResultNotFound, BackendUnavailable):
                 await anyio.sleep(0.02)
 
 

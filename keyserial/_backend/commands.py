@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from .._scripts.calls import ScriptArg, ScriptCall, decoded
 from .._scripts.refusals import ScriptMissing
-from .._wire.layout import ShardKeys, meta_key
+from .._wire.layout import ShardKeys, meta_key, signers_key
 from ..errors import ConfigError, ShardCountMismatch
 
 Command = Sequence[ScriptArg]
@@ -114,10 +114,27 @@ class Commands:
 
     async def all_states(self, shard: ShardKeys) -> dict[bytes, bytes]:
         """Every state of the shard, by key."""
-        flat = await self.call("HGETALL", shard.state)
-        if isinstance(flat, dict):  # (RESP3, or a client that parses it)
-            return flat
-        return dict(zip(flat[::2], flat[1::2], strict=True))
+        return _as_dict(await self.call("HGETALL", shard.state))
+
+    async def list_signer(self, namespace: str, signer_id: str, record: str) -> dict[bytes, bytes]:
+        """Write a reply signer's entry in the namespace's signers hash; every entry listed."""
+        key = signers_key(namespace)
+        _, listed = raise_errors(
+            await self.pipeline([("HSET", key, signer_id, record), ("HGETALL", key)])
+        )
+        return _as_dict(listed)
+
+    async def drop_signers(self, namespace: str, signer_ids: Sequence[str | bytes]) -> None:
+        raise_errors(await self.pipeline([("HDEL", signers_key(namespace), *signer_ids)]))
+
+    async def signer_records(
+        self, namespace: str, signer_ids: Sequence[str]
+    ) -> list[bytes | None]:
+        """The signers hash's entries for ``signer_ids`` (None where there is none)."""
+        (records,) = raise_errors(
+            await self.pipeline([("HMGET", signers_key(namespace), *signer_ids)])
+        )
+        return list(records)
 
     async def lease_held(self, shard: ShardKeys) -> bool:
         """Whether some worker holds the shard's lease."""
@@ -175,3 +192,11 @@ class Commands:
                 namespace=namespace, recorded=recorded, configured=shard_count
             )
         return recorded
+
+
+def _as_dict(flat: Any) -> dict[bytes, bytes]:
+    """A hash as HGETALL returns it: a dict already (RESP3, or a client that parses it), else
+    a flat list of fields and values."""
+    if isinstance(flat, dict):
+        return flat
+    return dict(zip(flat[::2], flat[1::2], strict=True))

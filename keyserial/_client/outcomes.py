@@ -25,7 +25,7 @@ from .._backend.durability import stored_confirmed
 from .._scripts.refusals import Refused
 from .._settings import Settings
 from .._wire.codec import decode_outcome, envelope_binding, says_unknown, taken_outcome
-from .._wire.layout import ShardKeys, answered_field, signers_key
+from .._wire.layout import ShardKeys, answered_field
 from .._wire.signing import ReplyVerifier
 from ..errors import BackendUnavailable
 from .pending import Pending
@@ -201,7 +201,7 @@ class ReplyLookups:
     ) -> None:
         self._backend = backend
         self._verifier = verifier
-        self._signers = signers_key(shards[0].namespace)
+        self._namespace = shards[0].namespace
         #: Signers met in replies whose keys are to be read, and those being read.
         self._signers_due: dict[str, None] = {}
         self._signers_asked: set[str] = set()
@@ -260,9 +260,7 @@ class ReplyLookups:
         listed yet) is asked for again only after a pause."""
         asked = list(self._signers_asked)
         try:
-            (records,) = raise_errors(
-                await self._backend.pipeline([("HMGET", self._signers, *asked)])
-            )
+            records = await self._backend.signer_records(self._namespace, asked)
             unknown = [signer for signer, record in zip(asked, records, strict=True)
                        if not self._verifier.learn(signer, record)]
             if unknown:

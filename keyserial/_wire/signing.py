@@ -128,10 +128,9 @@ class ReplySigner:
         return f'{message[:-1]},"k":"{self.signer_id}","t":"{tag}"}}'
 
     def _key_for(self, channel: str) -> bytes | None:
-        key = self._keys.get(channel, b"")
-        if key != b"":
+        if channel in self._keys:
             self._keys.move_to_end(channel)
-            return key
+            return self._keys[channel]
         client = channel_public_key(channel)
         key = None if client is None else _shared_key(
             self._key, client, channel.rsplit(".", 1)[-1], self.public_key, self.signer_id

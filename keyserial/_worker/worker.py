@@ -24,13 +24,12 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from .._backend import durability as _durability
 from .._backend.backend import AnyRedis, Backend
-from .._backend.commands import raise_errors
 from .._backoff import Backoff
 from .._ops import Registry
 from .._scripts.lease import LeaseGrant
 from .._settings import Settings
 from .._wire.codec import GRANT_OP, parse_push
-from .._wire.layout import ShardKeys, signers_key, worker_channel
+from .._wire.layout import ShardKeys, worker_channel
 from .._wire.routing import format_shards, parse_shards
 from .._wire.signing import SIGNER_RENEW, SIGNER_TTL, ReplySigner, signer_renewed_at
 from ..errors import BackendUnavailable, ConfigError, LeaseLost
@@ -153,29 +152,16 @@ class Worker:
         stopped renewing theirs; until it is listed, clients look up this worker's outcomes."""
         signer = self._pipeliner.signer
         assert signer is not None
-        signers = signers_key(self.settings.namespace)
         backoff = Backoff(0.1, 5.0)
         while True:
-            try:
-                _, listed = raise_errors(await backend.pipeline([
-                    ("HSET", signers, signer.signer_id, signer.record()), ("HGETALL", signers),
-                ]))
-                pairs = listed.items() if isinstance(listed, dict) else zip(
-                    listed[::2], listed[1::2], strict=True)  # (a cluster client makes a dict)
-                stale = [field for field, record in pairs
-                         if signer_renewed_at(record) < time.time() - SIGNER_TTL]
-                if stale:
-                    raise_errors(await backend.pipeline([("HDEL", signers, *stale)]))
-            except Exception as exc:  # (an outage, OOM: meanwhile clients look outcomes up)
-                log.warning("listing this worker's reply signer: %s (retrying)", exc)
-                task_status.started()
-                task_status = anyio.TASK_STATUS_IGNORED
-                await backoff.sleep()
-                continue
+            listed = await _list_signer(backend, self.settings.namespace, signer)
             task_status.started()
             task_status = anyio.TASK_STATUS_IGNORED
-            backoff = Backoff(0.1, 5.0)
-            await anyio.sleep(SIGNER_RENEW)
+            if listed:
+                backoff = Backoff(0.1, 5.0)
+                await anyio.sleep(SIGNER_RENEW)
+            else:
+                await backoff.sleep()
 
     async def _connect_unless_stopped(self) -> Backend | None:
         """:meth:`_client.connect`, given up (None) as soon as :meth:`stop` is called: a worker told
@@ -366,3 +352,18 @@ class Worker:
             [s for s in holders if self._owned.get(s) is holders[s]], clean=True
         )
         self._owned.clear()
+
+
+async def _list_signer(backend: Backend, namespace: str, signer: ReplySigner) -> bool:
+    """One renewal of ``signer``'s entry, the stale entries dropped; False if Redis refused or
+    did not answer (an outage, OOM: meanwhile clients look outcomes up)."""
+    try:
+        listed = await backend.list_signer(namespace, signer.signer_id, signer.record())
+        stale = [field for field, record in listed.items()
+                 if signer_renewed_at(record) < time.time() - SIGNER_TTL]
+        if stale:
+            await backend.drop_signers(namespace, stale)
+    except Exception as exc:
+        log.warning("listing this worker's reply signer: %s (retrying)", exc)
+        return False
+    return True
