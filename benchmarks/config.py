@@ -17,6 +17,7 @@ def default_out_dir() -> Path:
     ``keyserial-bench/`` in the working directory, never over a tracked file."""
     return Path("keyserial-bench") / time.strftime("%Y%m%d-%H%M%S")
 
+
 #: System ids, in table order.
 SYSTEMS: tuple[str, ...] = (
     "keyserial",

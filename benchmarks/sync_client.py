@@ -81,8 +81,9 @@ def run_async(url: str, namespace: str, callers: int, duration: float, accounts:
             async with anyio.create_task_group() as task_group:
                 for seed in range(callers):
                     task_group.start_soon(caller, ks, seed, began + duration)
-            return Figures(len(latencies), time.monotonic() - began,
-                           time.process_time() - cpu, latencies)
+            return Figures(
+                len(latencies), time.monotonic() - began, time.process_time() - cpu, latencies
+            )
 
     return anyio.run(main)
 
@@ -107,8 +108,9 @@ def run_sync(url: str, namespace: str, callers: int, duration: float, accounts: 
             thread.start()
         for thread in threads:
             thread.join()
-        return Figures(len(latencies), time.monotonic() - began,
-                       time.process_time() - cpu, latencies)
+        return Figures(
+            len(latencies), time.monotonic() - began, time.process_time() - cpu, latencies
+        )
 
 
 def _wait_for_owner(url: str, namespace: str) -> None:
@@ -125,13 +127,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per run")
     parser.add_argument("--callers", default="1,32", help="caller counts, comma-separated")
-    parser.add_argument("--accounts", type=int, default=1_000,
-                        help="accounts the callers pick from at random (1: one hot key)")
+    parser.add_argument(
+        "--accounts",
+        type=int,
+        default=1_000,
+        help="accounts the callers pick from at random (1: one hot key)",
+    )
     options = parser.parse_args()
     if options.accounts < 1:
         parser.error("--accounts must be at least 1")
     runs: list[tuple[str, Run]] = [
-        ("async `connect`", run_async), ("sync `connect_sync`", run_sync)]
+        ("async `connect`", run_async),
+        ("sync `connect_sync`", run_sync),
+    ]
     print("| client | callers | ops/s | p50 ms | p99 ms | client CPU µs/op | worker CPU µs/op |")
     print("|---|---:|---:|---:|---:|---:|---:|")
     with LocalServer() as server:
@@ -139,14 +147,27 @@ def main() -> None:
             for name, run in runs:
                 namespace = f"syncbench{number}{name[:4].strip()}{os.getpid()}"
                 worker = subprocess.Popen(
-                    [sys.executable, "-m", "keyserial", "worker", "--redis", server.url,
-                     "--namespace", namespace, "--shard-count", str(SHARDS)],
-                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    [
+                        sys.executable,
+                        "-m",
+                        "keyserial",
+                        "worker",
+                        "--redis",
+                        server.url,
+                        "--namespace",
+                        namespace,
+                        "--shard-count",
+                        str(SHARDS),
+                    ],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
+                )
                 try:
                     _wait_for_owner(server.url, namespace)
                     before = process_cpu_seconds(worker.pid)
-                    figures = run(server.url, namespace, callers, options.duration,
-                                  options.accounts)
+                    figures = run(
+                        server.url, namespace, callers, options.duration, options.accounts
+                    )
                     after = process_cpu_seconds(worker.pid)
                     if before is not None and after is not None:
                         figures.worker_cpu = after - before

@@ -72,8 +72,10 @@ async def main() -> None:
         # 1. Two servers submit the op 2 x ATTEMPTS times with one op id (the order's own).
         outcomes = await two_servers(one_id, f"shipped-email:{one_id}")
         emails = sent_emails(one_id)
-        print(f"{one_id}: {len(outcomes)} submits of one op id -> {len(emails)} e-mail sent;"
-              f" every submitter got {outcomes[0]}")
+        print(
+            f"{one_id}: {len(outcomes)} submits of one op id -> {len(emails)} e-mail sent;"
+            f" every submitter got {outcomes[0]}"
+        )
         assert all(outcome == outcomes[0] for outcome in outcomes), outcomes
         assert outcomes[0]["sent"] is True
         assert len(emails) == 1, emails
@@ -84,8 +86,10 @@ async def main() -> None:
         outcomes = await two_servers(fresh_ids, None)
         emails = sent_emails(fresh_ids)
         senders = [outcome for outcome in outcomes if outcome["sent"]]
-        print(f"{fresh_ids}: {len(outcomes)} ops with distinct ids -> {len(emails)} e-mail sent;"
-              f" {len(senders)} op sent it, {len(outcomes) - len(senders)} found it sent already")
+        print(
+            f"{fresh_ids}: {len(outcomes)} ops with distinct ids -> {len(emails)} e-mail sent;"
+            f" {len(senders)} op sent it, {len(outcomes) - len(senders)} found it sent already"
+        )
         assert len(senders) == 1 and len(emails) == 1, (outcomes, emails)
         state = await ks.read(fresh_ids)
         assert state["shipped_email_sent"] is True, state

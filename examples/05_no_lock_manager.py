@@ -64,8 +64,10 @@ async def main() -> None:
         done = [transfer for half in halves for transfer in half if transfer is not None]
         # submit, not read: a participant shard applies its part just after the reply.
         final = {a: await ks.submit(a, balance(), timeout=TIMEOUT) for a in accounts}
-        print(f"{TRANSFERS} concurrent transfers both ways, 2 clients: {len(done)} made, "
-              f"{TRANSFERS - len(done)} refused (InsufficientFunds); x, y, z = {[*final.values()]}")
+        print(
+            f"{TRANSFERS} concurrent transfers both ways, 2 clients: {len(done)} made, "
+            f"{TRANSFERS - len(done)} refused (InsufficientFunds); x, y, z = {[*final.values()]}"
+        )
         expected = dict.fromkeys(accounts, OPENING)
         for source, target, amount in done:
             expected[source] -= amount
@@ -78,8 +80,10 @@ async def main() -> None:
         for item, units in zip(items, [5, 1], strict=True):
             await ks.submit(item, restock(units), timeout=TIMEOUT)
         left = await ks.submit_many([*items, order], reserve_items([2, 1]), timeout=TIMEOUT)
-        print(f"stock [5, 1] of {items}; reserve_items([2, 1]) for {order} on shards "
-              f"{list(map(ks.shard_of, [*items, order]))}: stock left {[*left.values()]}")
+        print(
+            f"stock [5, 1] of {items}; reserve_items([2, 1]) for {order} on shards "
+            f"{list(map(ks.shard_of, [*items, order]))}: stock left {[*left.values()]}"
+        )
         assert left == {items[0]: 3, items[1]: 0}, left
         try:
             await ks.submit_many([*items, order], reserve_items([1, 1]), timeout=TIMEOUT)

@@ -39,8 +39,10 @@ async def server(order: str) -> list[Sent]:
     """One server's background jobs: ATTEMPTS ops for the same order, at once."""
     async with keyserial.connect(URL, shards=16) as ks:
         return await asyncio.gather(
-            *(ks.submit(order, send_shipped_email_pg("ada@example.com"), timeout=TIMEOUT)
-              for _ in range(ATTEMPTS))
+            *(
+                ks.submit(order, send_shipped_email_pg("ada@example.com"), timeout=TIMEOUT)
+                for _ in range(ATTEMPTS)
+            )
         )
 
 
@@ -55,9 +57,11 @@ async def main() -> None:
         recorded = await connection.fetch(
             "SELECT op_id, fence FROM shipped_emails WHERE order_key = $1", order
         )
-        print(f"{order}: {len(outcomes)} ops from two servers -> {len(recorded)} send recorded"
-              f" in PostgreSQL; {len(senders)} op sent, {len(outcomes) - len(senders)} found it"
-              " sent already")
+        print(
+            f"{order}: {len(outcomes)} ops from two servers -> {len(recorded)} send recorded"
+            f" in PostgreSQL; {len(senders)} op sent, {len(outcomes) - len(senders)} found it"
+            " sent already"
+        )
         assert len(senders) == 1 and len(recorded) == 1, (outcomes, recorded)
         assert recorded[0]["fence"] == senders[0]["fence"]
 

@@ -99,8 +99,10 @@ class _OwnStates(dict[str, Any]):
 
     def __setitem__(self, key: str, value: Any) -> None:
         if key not in self:
-            raise KeyError(f"{key!r} is not a key of this op: a multi-key op writes only the"
-                           " keys it was submitted with")
+            raise KeyError(
+                f"{key!r} is not a key of this op: a multi-key op writes only the"
+                " keys it was submitted with"
+            )
         super().__setitem__(key, value)
 
 
@@ -121,7 +123,12 @@ class MultiContext:
     __slots__ = ("_encoded", "_states", "fence", "fences", "keys", "op_id", "shard")
 
     def __init__(
-        self, *, keys: tuple[str, ...], op_id: str, shard: int, fences: Mapping[str, int],
+        self,
+        *,
+        keys: tuple[str, ...],
+        op_id: str,
+        shard: int,
+        fences: Mapping[str, int],
         encoded_states: Mapping[str, str | None],
     ) -> None:
         self.keys = keys
@@ -148,8 +155,7 @@ class MultiContext:
         if self._states is None:
             return dict(self._encoded)
         return {
-            key: None if self._states.get(key) is None
-            else dumps(self._states[key])
+            key: None if self._states.get(key) is None else dumps(self._states[key])
             for key in self.keys
         }
 

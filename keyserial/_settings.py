@@ -227,8 +227,12 @@ def _check_type(name: str, value: Any, kind: Any) -> None:
 
 
 #: What a variable's text must be, by the setting's annotation.
-_VARIABLE_KINDS = {"bool": "true or false (1/0, yes/no)", "int": "a whole number",
-                   "int | None": "a whole number", "float": "a number"}
+_VARIABLE_KINDS = {
+    "bool": "true or false (1/0, yes/no)",
+    "int": "a whole number",
+    "int | None": "a whole number",
+    "float": "a number",
+}
 
 _BOOLEANS = {"1": True, "true": True, "yes": True, "0": False, "false": False, "no": False}
 

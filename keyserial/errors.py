@@ -41,7 +41,7 @@ def _shown(text: str) -> str:
     quoted = repr(text)
     if len(quoted) <= _SHOWN:
         return quoted
-    return f"{quoted[:_SHOWN - 20]}…' ({len(text)} characters)"
+    return f"{quoted[: _SHOWN - 20]}…' ({len(text)} characters)"
 
 
 def _shown_keys(keys: Sequence[str]) -> str:
@@ -103,9 +103,7 @@ class BackendUnavailable(KeyserialError, ConnectionError):
         #: Every key of the op (pass them as ``ks.result(op_id, key=keys)``).
         self.keys = tuple(keys)
         #: Why, without the URL (one error wrapping another says it once).
-        self.reason: str = (
-            cause.reason if isinstance(cause, BackendUnavailable) else str(cause)
-        )
+        self.reason: str = cause.reason if isinstance(cause, BackendUnavailable) else str(cause)
         detail = f"cannot reach Redis at {self.url}: {self.reason}"
         if op_id is not None:
             detail += (
@@ -274,8 +272,12 @@ class OperationFailed(KeyserialError):
     @classmethod
     def _rebuild(cls, reported: _Reported) -> OperationFailed:
         return cls(
-            reported.message, error_type=reported.error_type, key=reported.key,
-            op_id=reported.op_id, data=reported.data, keys=reported.keys,
+            reported.message,
+            error_type=reported.error_type,
+            key=reported.key,
+            op_id=reported.op_id,
+            data=reported.data,
+            keys=reported.keys,
         )
 
 
@@ -337,8 +339,13 @@ class InsufficientFunds(OperationFailed):
     def _rebuild(cls, reported: _Reported) -> OperationFailed:
         balance, amount = reported.data.get("balance"), reported.data.get("amount")
         if isinstance(balance, int) and isinstance(amount, int):
-            return cls(balance=balance, amount=amount, key=reported.key, op_id=reported.op_id,
-                       keys=reported.keys)
+            return cls(
+                balance=balance,
+                amount=amount,
+                key=reported.key,
+                op_id=reported.op_id,
+                keys=reported.keys,
+            )
         return OperationFailed._rebuild(reported)
 
 

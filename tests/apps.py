@@ -192,8 +192,9 @@ def _pay(ctx: MultiContext, amount: int, logged: str | None = None) -> int:
     accounts = {key: ctx.states[key] or {"balance": 0, "ops": []} for key in ctx.keys}
     owed = amount * len(targets)
     if accounts[source]["balance"] < owed:
-        raise InsufficientFunds(balance=accounts[source]["balance"], amount=owed, key=source,
-                                op_id=ctx.op_id)
+        raise InsufficientFunds(
+            balance=accounts[source]["balance"], amount=owed, key=source, op_id=ctx.op_id
+        )
     accounts[source]["balance"] -= owed
     for target in targets:
         accounts[target]["balance"] += amount

@@ -23,8 +23,12 @@ _CLUSTER_SLOTS = 16384
 
 def _node_client(port: int, timeout: float = 1.0) -> redis.Redis:
     """A client of one node that never retries: a paused node must cost one timeout."""
-    return redis.Redis(port=port, socket_timeout=timeout, socket_connect_timeout=timeout,
-                       retry=Retry(NoBackoff(), 0))
+    return redis.Redis(
+        port=port,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(NoBackoff(), 0),
+    )
 
 
 def _command(client: redis.Redis, *args: str | int) -> Any:
@@ -77,19 +81,24 @@ class LocalCluster:
         self.replicas = replicas
         binary = binary or find_server_binary()
         options = [
-            "--cluster-node-timeout", str(node_timeout_ms),
-            "--cluster-require-full-coverage", "no",
-            "--cluster-replica-validity-factor", "0",
+            "--cluster-node-timeout",
+            str(node_timeout_ms),
+            "--cluster-require-full-coverage",
+            "no",
+            "--cluster-replica-validity-factor",
+            "0",
             # A replica (re)joining syncs at once instead of waiting for others to join it.
-            "--repl-diskless-sync-delay", "0",
+            "--repl-diskless-sync-delay",
+            "0",
         ]
-        self._node_options = {"appendfsync": appendfsync, "binary": binary,
-                              "extra_args": options}
+        self._node_options = {"appendfsync": appendfsync, "binary": binary, "extra_args": options}
         self.nodes = [self._new_node(port) for port in _cluster_ports(masters * (1 + replicas))]
         step = _CLUSTER_SLOTS // masters
         #: The slot range each master was given at creation: ``(first, last)``.
-        self.ranges = [(n * step, _CLUSTER_SLOTS - 1 if n == masters - 1 else (n + 1) * step - 1)
-                       for n in range(masters)]
+        self.ranges = [
+            (n * step, _CLUSTER_SLOTS - 1 if n == masters - 1 else (n + 1) * step - 1)
+            for n in range(masters)
+        ]
         #: Ports of nodes :meth:`pause` stopped and :meth:`resume` has not resumed.
         self.paused: set[int] = set()
 
@@ -130,8 +139,13 @@ class LocalCluster:
             raise
 
     def _new_node(self, port: int) -> LocalServer:
-        return LocalServer(port=port, cluster=True, own_slots=False,
-                           data_dir=self.root / f"node-{port}", **self._node_options)
+        return LocalServer(
+            port=port,
+            cluster=True,
+            own_slots=False,
+            data_dir=self.root / f"node-{port}",
+            **self._node_options,
+        )
 
     def _start_node(self, index: int) -> None:
         """Start a node that has never run; on another port if another process (a client's
@@ -144,8 +158,9 @@ class LocalCluster:
                 if "Address already in use" not in str(exc):
                     raise
             taken = {node.port for node in self.nodes}
-            port = next(port for port in iter(lambda: _cluster_ports(1)[0], None)
-                        if port not in taken)
+            port = next(
+                port for port in iter(lambda: _cluster_ports(1)[0], None) if port not in taken
+            )
             self.nodes[index] = self._new_node(port)
         raise RuntimeError("no free port pair found for a cluster node")
 
@@ -168,7 +183,7 @@ class LocalCluster:
                 if time.monotonic() > deadline:
                     raise RuntimeError("cluster nodes did not all meet")
                 time.sleep(0.05)
-            for number, client in enumerate(clients[self.master_count:]):
+            for number, client in enumerate(clients[self.master_count :]):
                 _command(client, "CLUSTER", "REPLICATE", ids[number % self.master_count])
         finally:
             for client in clients:
@@ -199,15 +214,22 @@ class LocalCluster:
                 return False
             finally:
                 client.close()
-            wanted = ("cluster_state:ok", f"cluster_slots_ok:{_CLUSTER_SLOTS}",
-                      f"cluster_known_nodes:{len(self.nodes)}")
+            wanted = (
+                "cluster_state:ok",
+                f"cluster_slots_ok:{_CLUSTER_SLOTS}",
+                f"cluster_known_nodes:{len(self.nodes)}",
+            )
             if not all(each in info for each in wanted):
                 return False
             if replication["role"] == "master":
                 masters += 1
-                online = [value for name, value in replication.items()
-                          if name.startswith("slave") and isinstance(value, dict)
-                          and value.get("state") == "online"]
+                online = [
+                    value
+                    for name, value in replication.items()
+                    if name.startswith("slave")
+                    and isinstance(value, dict)
+                    and value.get("state") == "online"
+                ]
                 if len(online) < self.replicas:
                     return False
             elif replication.get("master_link_status") != "up":
@@ -260,8 +282,11 @@ class LocalCluster:
             info = client.info("replication")
         finally:
             client.close()
-        ports = [int(value["port"]) for name, value in info.items()
-                 if name.startswith("slave") and isinstance(value, dict)]
+        ports = [
+            int(value["port"])
+            for name, value in info.items()
+            if name.startswith("slave") and isinstance(value, dict)
+        ]
         return [node for port in ports if (node := self.node_at(port)) is not None]
 
     def cut_off_replicas(self, master: LocalServer) -> list[LocalServer]:

@@ -61,8 +61,9 @@ def redis_url(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(params=TOPOLOGIES)
 def durable_server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[LocalServer]:
     """A private server of its own (it gets killed), persisting every write before replying."""
-    server = LocalServer(cluster=request.param == "cluster", appendfsync="always",
-                         data_dir=tmp_path / "redis")
+    server = LocalServer(
+        cluster=request.param == "cluster", appendfsync="always", data_dir=tmp_path / "redis"
+    )
     server.start()
     try:
         yield server
@@ -96,8 +97,10 @@ def postgres_server() -> Iterator[LocalPostgres]:
     """A private PostgreSQL server (initdb + pg_ctl on a free port); skips without binaries."""
     bindir = find_binaries()
     if bindir is None:
-        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl) on PATH or under"
-                    " /usr/lib/postgresql/*/bin: install the postgresql package")
+        pytest.skip(
+            "no PostgreSQL server binaries (initdb, pg_ctl) on PATH or under"
+            " /usr/lib/postgresql/*/bin: install the postgresql package"
+        )
     with LocalPostgres(bindir) as server:
         yield server
 

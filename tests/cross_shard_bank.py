@@ -58,7 +58,8 @@ class Bank:
         """The op under test: A pays 10 to B and to C (its body notes its pid, then waits)."""
         try:
             value = await self.ks.submit_many(
-                [A, B, C], apps.pay(10, delay, str(self.note)), op_id="victim", timeout=30)
+                [A, B, C], apps.pay(10, delay, str(self.note)), op_id="victim", timeout=30
+            )
         except SubmitTimeout as exc:
             value = exc
         self.outcome.append(value)
@@ -132,9 +133,12 @@ async def check_after_fault(b: Bank, fault_at: float) -> None:
 async def lost_its_shard(worker: WorkerProcess, shard: int) -> None:
     """Wait until a resumed zombie has noticed that it no longer owns ``shard``."""
     await eventually(
-        lambda: f"shard {shard}: stopping at once" in worker.log()
-        or f"lost the lease on shard {shard}" in worker.log(),
-        message=f"worker {worker.pid} noticing it lost shard {shard}")
+        lambda: (
+            f"shard {shard}: stopping at once" in worker.log()
+            or f"lost the lease on shard {shard}" in worker.log()
+        ),
+        message=f"worker {worker.pid} noticing it lost shard {shard}",
+    )
 
 
 async def holder_is(b: Bank, shard: int, worker: WorkerProcess) -> bool:

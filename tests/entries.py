@@ -14,8 +14,9 @@ def envelope(op_id: str, key: str, op: str, *args: Any) -> dict[str, Any]:
     return {"id": op_id, "key": key, "op": op, "args": list(args)}
 
 
-async def append_entry(client: Any, namespace: str, shard: int, envelopes: list[Any], *,
-                       fresh: bool) -> str:
+async def append_entry(
+    client: Any, namespace: str, shard: int, envelopes: list[Any], *, fresh: bool
+) -> str:
     """One stream entry carrying ``envelopes``, as the documented wire format has it."""
     fields = {"v": "1", "ops": json.dumps(envelopes)}
     if fresh:
@@ -37,8 +38,9 @@ async def stored(client: Any, namespace: str, shard: int, op_id: str) -> Any:
 
 async def stored_raw(client: Any, namespace: str, shard: int, op_id: str) -> bytes | None:
     keys = ShardKeys(namespace, shard)
-    raw: bytes | None = (await client.hget(keys.results, op_id)
-                         or await client.hget(keys.results_old, op_id))
+    raw: bytes | None = await client.hget(keys.results, op_id) or await client.hget(
+        keys.results_old, op_id
+    )
     return raw
 
 

@@ -34,20 +34,50 @@ WORKER_LOG_LEVEL = os.environ.get("TEST_WORKER_LOG_LEVEL", "INFO")
 class WorkerProcess:
     """``keyserial worker`` as a real OS process, for kill -9, SIGSTOP and SIGTERM tests."""
 
-    def __init__(self, url: str, namespace: str, *, shards: str = "0-3", shard_count: int = 4,
-                 lease_ttl: float = 1.0, apps: Sequence[str] = ("tests.apps",),
-                 log_path: Path | None = None, extra_args: Sequence[str] = (),
-                 env: Mapping[str, str] | None = None) -> None:
-        args = [sys.executable, "-m", "keyserial", "worker", "--redis", url,
-                "--namespace", namespace, "--shards", shards, "--shard-count", str(shard_count),
-                "--lease-ttl", str(lease_ttl), "--log-level", WORKER_LOG_LEVEL, *extra_args]
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        *,
+        shards: str = "0-3",
+        shard_count: int = 4,
+        lease_ttl: float = 1.0,
+        apps: Sequence[str] = ("tests.apps",),
+        log_path: Path | None = None,
+        extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        args = [
+            sys.executable,
+            "-m",
+            "keyserial",
+            "worker",
+            "--redis",
+            url,
+            "--namespace",
+            namespace,
+            "--shards",
+            shards,
+            "--shard-count",
+            str(shard_count),
+            "--lease-ttl",
+            str(lease_ttl),
+            "--log-level",
+            WORKER_LOG_LEVEL,
+            *extra_args,
+        ]
         for app in apps:
             args += ["--app", app]
         self.log_path = log_path
         self._log = open(log_path, "wb") if log_path else subprocess.DEVNULL  # noqa: SIM115
         # ``env``: variables added to this process's (LD_PRELOAD of libfaketime: a skewed clock).
-        self.process = subprocess.Popen(args, cwd=ROOT, stdout=self._log, stderr=self._log,
-                                        env={**os.environ, **env} if env else None)
+        self.process = subprocess.Popen(
+            args,
+            cwd=ROOT,
+            stdout=self._log,
+            stderr=self._log,
+            env={**os.environ, **env} if env else None,
+        )
         self.pid = self.process.pid
 
     def signal(self, sig: signal.Signals) -> None:
@@ -95,8 +125,13 @@ def noted(path: Path) -> bool:
     return path.exists() and path.read_text().endswith("\n")
 
 
-async def eventually(check: Callable[[], Any], *, timeout: float = 10, interval: float = 0.02,
-                     message: str = "condition") -> Any:
+async def eventually(
+    check: Callable[[], Any],
+    *,
+    timeout: float = 10,
+    interval: float = 0.02,
+    message: str = "condition",
+) -> Any:
     """Poll ``check`` until it returns a truthy value (the value is returned)."""
     deadline = time.monotonic() + timeout
     while True:
@@ -116,8 +151,9 @@ async def eventually_async(check: Any, *, timeout: float = 10) -> Any:
     return value
 
 
-async def stored_outcome(ks: keyserial.Client, op_id: str, key: str | list[str], *,
-                         timeout: float = 10) -> Any:
+async def stored_outcome(
+    ks: keyserial.Client, op_id: str, key: str | list[str], *, timeout: float = 10
+) -> Any:
     """The op's stored outcome once there is one (its value; its error raised), polled with
     ``ks.result``: never by resubmitting, which would hide an op that was lost. Polled through
     a Redis outage too (a fault test may restart the server again meanwhile)."""
@@ -156,8 +192,11 @@ def keys_on_shard(shard: int, shard_count: int, count: int, prefix: str = "key")
 
 async def wait_for_log(worker: WorkerProcess, text: str, *, timeout: float = 10) -> None:
     """Wait until the worker's log file contains ``text``."""
-    await eventually(lambda: text in worker.log(), timeout=timeout,
-                     message=f"{text!r} in the log of worker {worker.pid}")
+    await eventually(
+        lambda: text in worker.log(),
+        timeout=timeout,
+        message=f"{text!r} in the log of worker {worker.pid}",
+    )
 
 
 #: What the ``start`` fixture is: starts a :class:`WorkerProcess`.
@@ -171,8 +210,9 @@ def worker_processes(directory: Path) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
     def start(url: str, namespace: str, **options: Any) -> WorkerProcess:
-        worker = WorkerProcess(url, namespace,
-                               log_path=directory / f"worker-{len(started)}.log", **options)
+        worker = WorkerProcess(
+            url, namespace, log_path=directory / f"worker-{len(started)}.log", **options
+        )
         started.append(worker)
         return worker
 
@@ -185,8 +225,15 @@ def worker_processes(directory: Path) -> Iterator[Callable[..., WorkerProcess]]:
             print(worker.log()[-8000:])
 
 
-async def pay_once(ks: keyserial.Client, op_id: str, keys: list[str], amount: int,
-                   pay: Any = apps.pay, *, inspect: tuple[Any, str] | None = None) -> str:
+async def pay_once(
+    ks: keyserial.Client,
+    op_id: str,
+    keys: list[str],
+    amount: int,
+    pay: Any = apps.pay,
+    *,
+    inspect: tuple[Any, str] | None = None,
+) -> str:
     """Submit a payment once and wait for it: "paid" or "refused" (see :func:`submit_once`).
     ``pay``: ``apps.pay`` (async: every cross-shard op takes a task) or ``apps.pay_now`` (sync:
     idle keys take none)."""
@@ -203,10 +250,16 @@ async def pay_once(ks: keyserial.Client, op_id: str, keys: list[str], amount: in
 THROUGH_A_FAULT = 30.0
 
 
-async def submit_once(ks: keyserial.Client, keys: str | list[str], call: keyserial.Call[Any],
-                      op_id: str, *, inspect: tuple[Any, str] | None = None,
-                      unavailable: list[BackendUnavailable] | None = None,
-                      timeout: float = THROUGH_A_FAULT) -> Any:
+async def submit_once(
+    ks: keyserial.Client,
+    keys: str | list[str],
+    call: keyserial.Call[Any],
+    op_id: str,
+    *,
+    inspect: tuple[Any, str] | None = None,
+    unavailable: list[BackendUnavailable] | None = None,
+    timeout: float = THROUGH_A_FAULT,
+) -> Any:
     """Submit ``call`` under ``op_id`` and wait for that same submit's outcome.
 
     Never resubmitted on SubmitTimeout: a new owner that skipped the entries its dead
@@ -234,12 +287,25 @@ async def submit_once(ks: keyserial.Client, keys: str | list[str], call: keyseri
 
 #: What a plain client hears from a Redis that is down or still coming back (a restarted
 #: cluster node says CLUSTERDOWN until it has its slots again).
-_NOT_BACK_YET = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterDownError,
-                 redis.exceptions.TryAgainError, redis.exceptions.MasterDownError, OSError)
+_NOT_BACK_YET = (
+    redis.ConnectionError,
+    redis.TimeoutError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.MasterDownError,
+    OSError,
+)
 
 
-async def reached_redis(ks: keyserial.Client, client: Any, namespace: str, op_id: str,
-                        keys: str | list[str], *, timeout: float) -> bool:
+async def reached_redis(
+    ks: keyserial.Client,
+    client: Any,
+    namespace: str,
+    op_id: str,
+    keys: str | list[str],
+    *,
+    timeout: float,
+) -> bool:
     """Whether op ``op_id`` was appended: its entry is in its shard's stream, or (committed,
     its entry trimmed) its outcome is stored. Asked again until Redis answers. The stream is
     read first, so an op committed in between is found by its outcome."""
@@ -248,8 +314,10 @@ async def reached_redis(ks: keyserial.Client, client: Any, namespace: str, op_id
         while True:
             try:
                 entries = await client.xrange(ShardKeys(namespace, home).stream)
-                if any(op_id in {op["id"] for op in json.loads(fields[b"ops"])}
-                       for _, fields in entries):
+                if any(
+                    op_id in {op["id"] for op in json.loads(fields[b"ops"])}
+                    for _, fields in entries
+                ):
                     return True
                 await ks.result(op_id, key=keys)
             except keyserial.ResultNotFound:
@@ -301,18 +369,28 @@ class InFlight:
 async def in_flight(client: Any, namespace: str, shard: int) -> InFlight:
     keys = ShardKeys(namespace, shard)
     epoch, progress, horizon, ops = await client.eval(
-        _IN_FLIGHT, 6, keys.epoch, keys.progress, keys.horizon, keys.stream, keys.results,
-        keys.results_old)
-    return InFlight(epoch.decode(), progress.decode(), horizon.decode(),
-                    tuple(op.decode() for op in ops))
+        _IN_FLIGHT,
+        6,
+        keys.epoch,
+        keys.progress,
+        keys.horizon,
+        keys.stream,
+        keys.results,
+        keys.results_old,
+    )
+    return InFlight(
+        epoch.decode(), progress.decode(), horizon.decode(), tuple(op.decode() for op in ops)
+    )
 
 
 def is_stopped(pid: int) -> bool:
     """Every thread of process ``pid`` is stopped (SIGSTOP has taken effect, not just been
     sent)."""
     try:
-        states = [(task / "stat").read_text().rsplit(")", 1)[1].split()[0]
-                  for task in Path(f"/proc/{pid}/task").iterdir()]
+        states = [
+            (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            for task in Path(f"/proc/{pid}/task").iterdir()
+        ]
     except FileNotFoundError:  # a thread ended meanwhile: look again
         return False
     return bool(states) and all(state in ("T", "t") for state in states)
@@ -321,13 +399,23 @@ def is_stopped(pid: int) -> bool:
 async def freeze(worker: WorkerProcess) -> None:
     """SIGSTOP ``worker`` and wait until it is stopped."""
     worker.signal(signal.SIGSTOP)
-    await eventually(lambda: is_stopped(worker.pid), timeout=5, interval=0.001,
-                     message=f"worker {worker.pid} stopped")
+    await eventually(
+        lambda: is_stopped(worker.pid),
+        timeout=5,
+        interval=0.001,
+        message=f"worker {worker.pid} stopped",
+    )
 
 
-async def freeze_mid_ops(worker: WorkerProcess, client: Any, namespace: str,
-                         shards: Sequence[int], *, ops: Callable[[str], bool] = lambda _: True,
-                         timeout: float = 10) -> dict[int, InFlight]:
+async def freeze_mid_ops(
+    worker: WorkerProcess,
+    client: Any,
+    namespace: str,
+    shards: Sequence[int],
+    *,
+    ops: Callable[[str], bool] = lambda _: True,
+    timeout: float = 10,
+) -> dict[int, InFlight]:
     """Freeze ``worker`` at a moment when it has fetched some ops (those ``ops`` accepts) on
     ``shards`` without committing them, thawing it again until then; return what each shard
     had in flight, the worker left frozen (kill it, or thaw it later).
@@ -349,15 +437,20 @@ async def freeze_mid_ops(worker: WorkerProcess, client: Any, namespace: str,
             await anyio.sleep(0.005)  # let it run a little before the next look
 
 
-def check_bank(states: dict[str, Any], plans: list[tuple[str, list[str], int]],
-               outcomes: dict[str, str], opening: int) -> None:
+def check_bank(
+    states: dict[str, Any],
+    plans: list[tuple[str, list[str], int]],
+    outcomes: dict[str, str],
+    opening: int,
+) -> None:
     """Money conserved, no negative balance, every account's op log is exactly the paid ops
     that touched it (each once), and its balance is what those ops imply."""
     for account, state in states.items():
         logged = Counter(state["ops"])
         assert max(logged.values(), default=1) == 1, f"{account}: an op applied twice"
-        paid_here = {op_id for op_id, keys, _ in plans
-                     if account in keys and outcomes[op_id] == "paid"}
+        paid_here = {
+            op_id for op_id, keys, _ in plans if account in keys and outcomes[op_id] == "paid"
+        }
         assert set(logged) == paid_here, (account, set(logged) ^ paid_here)
     balances = {account: state["balance"] for account, state in states.items()}
     assert sum(balances.values()) == opening * len(states)

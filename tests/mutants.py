@@ -27,8 +27,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 #: Never copied: caches, VCS data, and benchmark output nothing here reads.
-_SKIP = shutil.ignore_patterns(".git", "__pycache__", ".mypy_cache", ".ruff_cache",
-                               ".pytest_cache", "results", "*.egg-info")
+_SKIP = shutil.ignore_patterns(
+    ".git", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache", "results", "*.egg-info"
+)
 #: A mutant's tests that hang are stopped after this long (the mutant counts as killed).
 MUTANT_TIMEOUT = 300.0
 
@@ -37,8 +38,10 @@ class MutantDrift(RuntimeError):
     """A mutant's old text no longer occurs exactly once: the library moved, fix the list."""
 
     def __init__(self, mutant: str, path: str, count: int) -> None:
-        super().__init__(f"mutant {mutant!r}: its old text occurs {count} times in {path}"
-                         " (expected exactly once); update tests/mutants.py")
+        super().__init__(
+            f"mutant {mutant!r}: its old text occurs {count} times in {path}"
+            " (expected exactly once); update tests/mutants.py"
+        )
         self.mutant, self.path, self.count = mutant, path, count
 
 
@@ -68,8 +71,7 @@ _STEP = "keyserial/_scripts/lua/step.lua"
 _FROZEN = "tests/test_faults.py::test_a_frozen_owner_resumed_after_takeover_cannot_commit"
 _XS = "tests/test_cross_shard_faults.py::"
 _ZW = "tests/test_zombie_writes.py::"
-_LANDED = ("        self._landed(run, owners, pending.writes, pending.outcome,"
-           " pending.replied)\n")
+_LANDED = "        self._landed(run, owners, pending.writes, pending.outcome, pending.replied)\n"
 _RELEASE = "        for owner, hold in pending.holds:\n            owner.release(hold)\n"
 _STANDALONE = "[standalone]"
 _SHARD = "keyserial/_worker/runner.py"
@@ -83,469 +85,801 @@ _RELEASE_LUA = "keyserial/_scripts/lua/release.lua"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
-        "step-no-epoch-check", "G1.1", "step.lua commits without checking the owner's epoch",
+        "step-no-epoch-check",
+        "G1.1",
+        "step.lua commits without checking the owner's epoch",
         (_no_fence(_STEP, "if redis.call('GET', KEYS[1]) ~= ARGV[1] then"),),
-        (_FROZEN + _STANDALONE,), fast=True,
-    ),
-    Mutant(
-        "decide-no-epoch-check", "G5.3", "decide.lua records a decision without the epoch check",
-        (_no_fence(_LUA + "decide.lua", "if redis.call('GET', KEYS[1]) ~= ARGV[1] then"),),
-        (_ZW + "test_a_zombie_coordinator_s_decision_reaches_redis_and_is_refused"
-         + _STANDALONE,),
-    ),
-    Mutant(
-        "grant-no-epoch-check", "G5.3", "grant.lua grants keys without the epoch check",
-        (_no_fence(_LUA + "grant.lua", "if redis.call('GET', KEYS[1]) ~= ARGV[1] then"),),
-        ("tests/test_scripts_idempotent.py::"
-         "test_a_grant_under_an_epoch_that_moved_on_is_refused_and_records_nothing"
-         + _STANDALONE,),
-    ),
-    Mutant(
-        "commit-across-no-epoch-check", "G5.3",
-        "commit_across.lua writes every shard without checking their epochs",
-        (_no_fence("keyserial/_scripts/lua/commit_across.lua",
-                   "if redis.call('GET', KEYS[2 + 2 * i - 1]) ~= ARGV[3 + 2 * i - 1] then"),),
-        ("tests/test_cross_shard.py::"
-         "test_a_participant_shard_changing_hands_mid_op_sends_the_op_through_grants"
-         "[while the op runs]",),
-    ),
-    Mutant(
-        "step-no-dedup-lookup", "G3.2", "step.lua never looks up a fetched op id's stored outcome",
-        (Edit(_STEP, "          if not fresh then\n", "          if false then\n"),),
-        ("tests/test_submit.py::"
-         "test_a_resubmitted_op_id_returns_the_stored_result_and_never_runs_twice"
-         + _STANDALONE,), fast=True,
-    ),
-    Mutant(
-        "step-no-retention-guard", "G3.5",
-        "step.lua rotates results away although an entry past progress may need them",
-        (Edit(_STEP, "  if oldest and parse_id(oldest[1]) < since then\n",
-              "  if false then\n"),),
-        ("tests/test_reliability.py::"
-         "test_results_a_replay_needs_outlive_the_retention_while_progress_is_pinned"
-         + _STANDALONE,), fast=True,
-    ),
-    Mutant(
-        "raise-keeps-state", "G2.4", "a sync op that raises keeps what it wrote to ctx.state",
-        (Edit("keyserial/_worker/execution.py",
-              "            value: Any = definition.fn(context, *envelope.args, **envelope.kwargs)\n"
-              "        except Exception as exc:\n            value = _Raised(exc)\n",
-              "            value: Any = definition.fn(context, *envelope.args, **envelope.kwargs)\n"
-              "        except Exception as exc:\n"
-              "            if isinstance(context, Context):\n"
-              "                self.states.write(context.key, context.encoded_state())\n"
-              "            value = _Raised(exc)\n"),),
-        ("tests/test_failed_ops.py::test_an_op_that_raises_after_writing_state_keeps_nothing"
-         "[standalone-sync]",), fast=True,
-    ),
-    Mutant(
-        "grant-skips-decision-record", "G5.2",
-        "a participant that missed the decision notice releases its keys as if aborted, without"
-        " reading the decision record",
-        (Edit("keyserial/_worker/crossshard/participant.py",
-              "            try:\n                # Durably: a decision read",
-              "            return Decision({}, \"assumed\")\n"
-              "            try:\n                # Durably: a decision read"),),
-        (_XS + "test_participant_killed_while_holding_keys" + _STANDALONE,),
-    ),
-    Mutant(
-        "sync-across-releases-before-commit", "G5.1",
-        "a sync cross-shard op lets its keys go before its commit_across lands",
-        (Edit(_COORDINATOR,
-              "        parts.pipeliner.submit(pending.call, gated,",
-              "        for owner, hold in holds:\n            owner.release(hold)\n"
-              "        parts.pipeliner.submit(pending.call, gated,"),
-         Edit(_COORDINATOR, _LANDED + _RELEASE, _LANDED)),
-        ("tests/test_cross_shard.py::"
-         "test_concurrent_sync_payments_of_one_worker_across_shards_apply_each_once"
-         + _STANDALONE,), fast=True,
-    ),
-    Mutant(
-        "async-across-releases-before-commit", "G5.1",
-        "an async cross-shard op of one worker lets the other shards' keys go before it commits",
-        (Edit(_COORDINATOR,
-              "            outcome, new_states = await home.executor.evaluate(envelope, states,"
-              " fences)\n"
-              "            writes = writes_by_shard(envelope, states, new_states,"
-              " parts.shard_count)\n"
-              "            owned: list[LocalShard]",
-              "            await stack.aclose()\n"
-              "            outcome, new_states = await home.executor.evaluate(envelope, states,"
-              " fences)\n"
-              "            writes = writes_by_shard(envelope, states, new_states,"
-              " parts.shard_count)\n"
-              "            owned: list[LocalShard]"),),
-        ("tests/test_cross_shard.py::"
-         "test_an_op_on_a_participant_key_waits_for_the_cross_shard_op_holding_it"
-         "[standalone-one worker]",),
-    ),
-    Mutant(
-        "client-forgets-sweep", "G6.2", "the client never looks up overdue replies",
-        (Edit("keyserial/_client/sweep.py",
-              "        interval = self._settings.idle_poll\n        while True:\n",
-              "        interval = self._settings.idle_poll\n        await anyio.sleep_forever()\n"
-              "        while True:\n"),),
-        ("tests/test_lost_replies.py::test_a_lost_reply_is_fetched_by_the_client_s_sweep"
-         + _STANDALONE,), fast=True,
-    ),
-    Mutant(
-        "release-resets-horizon", "G3.3",
-        "release.lua sets the horizon back to progress: the next owner forgets what to look up",
-        (Edit("keyserial/_scripts/lua/release.lua",
-              "  horizon = fold_pushes(KEYS[2], KEYS[5])\nend\n",
-              "  horizon = fold_pushes(KEYS[2], KEYS[5])\nend\n"
-              "redis.call('SET', KEYS[2], redis.call('GET', (string.gsub(KEYS[2], 'horizon$',"
-              " 'progress'))) or '0-0')\n"
-              "horizon = redis.call('GET', KEYS[2])\n"),),
-        ("tests/test_reliability.py::test_a_graceful_stop_never_replays_an_op_that_committed"
-         + _STANDALONE,), fast=True,
-    ),
-    Mutant(
-        "replay-runs-every-op-alone", "G6.5",
-        "after a crash, the new owner runs every replayed op alone, a lease TTL at most each",
-        (Edit(_SHARD, _SUSPECT, "            if self._replay_until is not None:\n"),),
-        ("tests/test_reliability.py::"
-         "test_a_takeover_with_many_stuck_ops_in_flight_stalls_its_shard_one_lease_ttl_at_most"
-         + _STANDALONE,),
-    ),
-    Mutant(
-        "suspect-runs-with-others", "G6.3",
-        "after a crash, the op the acquire struck runs side by side with the others",
-        (Edit(_SHARD, _SUSPECT, "            if False:\n"),),
-        ("tests/test_reliability.py::"
-         "test_a_poison_op_behind_slow_ops_is_dead_lettered_and_they_are_not" + _STANDALONE,),
-    ),
-    Mutant(
-        "holds-during-replay", "G5.2",
-        "another shard's in-process op may hold keys while a new owner still replays",
-        (Edit(_SHARD, "        await self._replayed.wait()\n", ""),
-         Edit(_SHARD, " or not self._replayed.is_set():\n", ":\n")),
-        (_RACES + "test_a_participant_takeover_lets_no_in_process_op_overtake_a_replayed_grant"
-         + _STANDALONE,),
-    ),
-    Mutant(
-        "lost-across-reply-taken-as-not-written", "G1.3",
-        "a sync cross-shard op whose commit_across reply was lost runs again on stale caches",
-        (Edit(_COORDINATOR,
-              "        if isinstance(result, BackendUnavailable):\n"
-              "            if not parts.spawn(partial(self._confirm, pending)):\n"
-              "                _outcome_unknown(pending.holds, run.envelope.op_id)\n"
-              "            return\n", ""),),
-        (_RACES + "test_a_lost_commit_across_reply_is_sent_again_not_taken_as_not_written"
-         + _STANDALONE,),
-    ),
-    Mutant(
-        "takeover-skips-fetched-entries", "G3.1",
-        "a new owner starts after the entries its dead predecessor fetched, as if committed",
-        (Edit("keyserial/_worker/runner.py", "        self._cursor = grant.progress\n",
-              "        self._cursor = grant.replay_until or grant.progress\n"),),
-        ("tests/test_faults.py::"
-         "test_kill_9_of_the_owner_under_load_moves_the_shard_within_a_lease_ttl"
-         + _STANDALONE,),
-    ),
-    Mutant(
-        "acquire-ignores-attempt", "G1.3",
-        "acquire.lua re-grants an old grant to any attempt of the lease's holder",
-        (Edit("keyserial/_scripts/lua/acquire.lua", "    if granted[1] == ARGV[4] then\n",
-              "    if true then\n"),),
-        ("tests/test_scripts_idempotent.py::"
-         "test_an_acquire_sent_again_by_its_owner_returns_the_same_grant_and_no_strike"
-         + _STANDALONE,),
+        (_FROZEN + _STANDALONE,),
         fast=True,
     ),
     Mutant(
-        "acquire-unconfirmed", "G4.10",
+        "decide-no-epoch-check",
+        "G5.3",
+        "decide.lua records a decision without the epoch check",
+        (_no_fence(_LUA + "decide.lua", "if redis.call('GET', KEYS[1]) ~= ARGV[1] then"),),
+        (_ZW + "test_a_zombie_coordinator_s_decision_reaches_redis_and_is_refused" + _STANDALONE,),
+    ),
+    Mutant(
+        "grant-no-epoch-check",
+        "G5.3",
+        "grant.lua grants keys without the epoch check",
+        (_no_fence(_LUA + "grant.lua", "if redis.call('GET', KEYS[1]) ~= ARGV[1] then"),),
+        (
+            "tests/test_scripts_idempotent.py::"
+            "test_a_grant_under_an_epoch_that_moved_on_is_refused_and_records_nothing"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "commit-across-no-epoch-check",
+        "G5.3",
+        "commit_across.lua writes every shard without checking their epochs",
+        (
+            _no_fence(
+                "keyserial/_scripts/lua/commit_across.lua",
+                "if redis.call('GET', KEYS[2 + 2 * i - 1]) ~= ARGV[3 + 2 * i - 1] then",
+            ),
+        ),
+        (
+            "tests/test_cross_shard.py::"
+            "test_a_participant_shard_changing_hands_mid_op_sends_the_op_through_grants"
+            "[while the op runs]",
+        ),
+    ),
+    Mutant(
+        "step-no-dedup-lookup",
+        "G3.2",
+        "step.lua never looks up a fetched op id's stored outcome",
+        (Edit(_STEP, "          if not fresh then\n", "          if false then\n"),),
+        (
+            "tests/test_submit.py::"
+            "test_a_resubmitted_op_id_returns_the_stored_result_and_never_runs_twice" + _STANDALONE,
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "step-no-retention-guard",
+        "G3.5",
+        "step.lua rotates results away although an entry past progress may need them",
+        (Edit(_STEP, "  if oldest and parse_id(oldest[1]) < since then\n", "  if false then\n"),),
+        (
+            "tests/test_reliability.py::"
+            "test_results_a_replay_needs_outlive_the_retention_while_progress_is_pinned"
+            + _STANDALONE,
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "raise-keeps-state",
+        "G2.4",
+        "a sync op that raises keeps what it wrote to ctx.state",
+        (
+            Edit(
+                "keyserial/_worker/execution.py",
+                "            value: Any = definition.fn("
+                "context, *envelope.args, **envelope.kwargs)\n"
+                "        except Exception as exc:\n            value = _Raised(exc)\n",
+                "            value: Any = definition.fn("
+                "context, *envelope.args, **envelope.kwargs)\n"
+                "        except Exception as exc:\n"
+                "            if isinstance(context, Context):\n"
+                "                self.states.write(context.key, context.encoded_state())\n"
+                "            value = _Raised(exc)\n",
+            ),
+        ),
+        (
+            "tests/test_failed_ops.py::test_an_op_that_raises_after_writing_state_keeps_nothing"
+            "[standalone-sync]",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "grant-skips-decision-record",
+        "G5.2",
+        "a participant that missed the decision notice releases its keys as if aborted, without"
+        " reading the decision record",
+        (
+            Edit(
+                "keyserial/_worker/crossshard/participant.py",
+                "            try:\n                # Durably: a decision read",
+                '            return Decision({}, "assumed")\n'
+                "            try:\n                # Durably: a decision read",
+            ),
+        ),
+        (_XS + "test_participant_killed_while_holding_keys" + _STANDALONE,),
+    ),
+    Mutant(
+        "sync-across-releases-before-commit",
+        "G5.1",
+        "a sync cross-shard op lets its keys go before its commit_across lands",
+        (
+            Edit(
+                _COORDINATOR,
+                "        parts.pipeliner.submit(\n            pending.call,\n",
+                "        for owner, hold in holds:\n            owner.release(hold)\n"
+                "        parts.pipeliner.submit(\n            pending.call,\n",
+            ),
+            Edit(_COORDINATOR, _LANDED + _RELEASE, _LANDED),
+        ),
+        (
+            "tests/test_cross_shard.py::"
+            "test_concurrent_sync_payments_of_one_worker_across_shards_apply_each_once"
+            + _STANDALONE,
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "async-across-releases-before-commit",
+        "G5.1",
+        "an async cross-shard op of one worker lets the other shards' keys go before it commits",
+        (
+            Edit(
+                _COORDINATOR,
+                "            outcome, new_states = await home.executor.evaluate(envelope, states,"
+                " fences)\n"
+                "            writes = writes_by_shard(envelope, states, new_states,"
+                " parts.shard_count)\n"
+                "            owned: list[LocalShard]",
+                "            await stack.aclose()\n"
+                "            outcome, new_states = await home.executor.evaluate(envelope, states,"
+                " fences)\n"
+                "            writes = writes_by_shard(envelope, states, new_states,"
+                " parts.shard_count)\n"
+                "            owned: list[LocalShard]",
+            ),
+        ),
+        (
+            "tests/test_cross_shard.py::"
+            "test_an_op_on_a_participant_key_waits_for_the_cross_shard_op_holding_it"
+            "[standalone-one worker]",
+        ),
+    ),
+    Mutant(
+        "client-forgets-sweep",
+        "G6.2",
+        "the client never looks up overdue replies",
+        (
+            Edit(
+                "keyserial/_client/sweep.py",
+                "        interval = self._settings.idle_poll\n        while True:\n",
+                "        interval = self._settings.idle_poll\n        await anyio.sleep_forever()\n"
+                "        while True:\n",
+            ),
+        ),
+        (
+            "tests/test_lost_replies.py::test_a_lost_reply_is_fetched_by_the_client_s_sweep"
+            + _STANDALONE,
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "release-resets-horizon",
+        "G3.3",
+        "release.lua sets the horizon back to progress: the next owner forgets what to look up",
+        (
+            Edit(
+                "keyserial/_scripts/lua/release.lua",
+                "  horizon = fold_pushes(KEYS[2], KEYS[5])\nend\n",
+                "  horizon = fold_pushes(KEYS[2], KEYS[5])\nend\n"
+                "redis.call('SET', KEYS[2], redis.call('GET', (string.gsub(KEYS[2], 'horizon$',"
+                " 'progress'))) or '0-0')\n"
+                "horizon = redis.call('GET', KEYS[2])\n",
+            ),
+        ),
+        (
+            "tests/test_reliability.py::test_a_graceful_stop_never_replays_an_op_that_committed"
+            + _STANDALONE,
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "replay-runs-every-op-alone",
+        "G6.5",
+        "after a crash, the new owner runs every replayed op alone, a lease TTL at most each",
+        (Edit(_SHARD, _SUSPECT, "            if self._replay_until is not None:\n"),),
+        (
+            "tests/test_reliability.py::"
+            "test_a_takeover_with_many_stuck_ops_in_flight_stalls_its_shard_one_lease_ttl_at_most"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "suspect-runs-with-others",
+        "G6.3",
+        "after a crash, the op the acquire struck runs side by side with the others",
+        (Edit(_SHARD, _SUSPECT, "            if False:\n"),),
+        (
+            "tests/test_reliability.py::"
+            "test_a_poison_op_behind_slow_ops_is_dead_lettered_and_they_are_not" + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "holds-during-replay",
+        "G5.2",
+        "another shard's in-process op may hold keys while a new owner still replays",
+        (
+            Edit(_SHARD, "        await self._replayed.wait()\n", ""),
+            Edit(_SHARD, " or not self._replayed.is_set():\n", ":\n"),
+        ),
+        (
+            _RACES
+            + "test_a_participant_takeover_lets_no_in_process_op_overtake_a_replayed_grant"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "lost-across-reply-taken-as-not-written",
+        "G1.3",
+        "a sync cross-shard op whose commit_across reply was lost runs again on stale caches",
+        (
+            Edit(
+                _COORDINATOR,
+                "        if isinstance(result, BackendUnavailable):\n"
+                "            if not parts.spawn(partial(self._confirm, pending)):\n"
+                "                _outcome_unknown(pending.holds, run.envelope.op_id)\n"
+                "            return\n",
+                "",
+            ),
+        ),
+        (
+            _RACES
+            + "test_a_lost_commit_across_reply_is_sent_again_not_taken_as_not_written"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "takeover-skips-fetched-entries",
+        "G3.1",
+        "a new owner starts after the entries its dead predecessor fetched, as if committed",
+        (
+            Edit(
+                "keyserial/_worker/runner.py",
+                "        self._cursor = grant.progress\n",
+                "        self._cursor = grant.replay_until or grant.progress\n",
+            ),
+        ),
+        (
+            "tests/test_faults.py::"
+            "test_kill_9_of_the_owner_under_load_moves_the_shard_within_a_lease_ttl" + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "acquire-ignores-attempt",
+        "G1.3",
+        "acquire.lua re-grants an old grant to any attempt of the lease's holder",
+        (
+            Edit(
+                "keyserial/_scripts/lua/acquire.lua",
+                "    if granted[1] == ARGV[4] then\n",
+                "    if true then\n",
+            ),
+        ),
+        (
+            "tests/test_scripts_idempotent.py::"
+            "test_an_acquire_sent_again_by_its_owner_returns_the_same_grant_and_no_strike"
+            + _STANDALONE,
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "acquire-unconfirmed",
+        "G4.10",
         "with durable_replicas, a worker serves a shard under a grant its replicas lack",
-        (Edit("keyserial/_worker/leases.py",
-              "if isinstance(reply, LeaseGrant) and not confirmed:\n",
-              "if isinstance(reply, LeaseGrant) and False:\n"),),
-        ("tests/test_durability.py::"
-         "test_a_worker_runs_no_op_under_an_epoch_its_replica_has_not_confirmed",),
+        (
+            Edit(
+                "keyserial/_worker/leases.py",
+                "if isinstance(reply, LeaseGrant) and not confirmed:\n",
+                "if isinstance(reply, LeaseGrant) and False:\n",
+            ),
+        ),
+        (
+            "tests/test_durability.py::"
+            "test_a_worker_runs_no_op_under_an_epoch_its_replica_has_not_confirmed",
+        ),
     ),
     Mutant(
-        "grant-ignores-lost-request", "G5.11",
+        "grant-ignores-lost-request",
+        "G5.11",
         "grant.lua records a grant although its request's entry is gone from the stream",
-        (Edit("keyserial/_scripts/lua/grant.lua",
-              "if #redis.call('XRANGE', KEYS[3], ARGV[5], ARGV[5]) == 0 then", "if false then"),),
-        ("tests/test_scripts_idempotent.py::"
-         "test_a_grant_for_a_request_whose_entry_is_gone_is_refused_and_records_nothing"
-         + _STANDALONE,
-         _XS + "test_a_grant_request_lost_while_its_keys_were_busy_is_granted_at_its_new_place"
-         + _STANDALONE),
+        (
+            Edit(
+                "keyserial/_scripts/lua/grant.lua",
+                "if #redis.call('XRANGE', KEYS[3], ARGV[5], ARGV[5]) == 0 then",
+                "if false then",
+            ),
+        ),
+        (
+            "tests/test_scripts_idempotent.py::"
+            "test_a_grant_for_a_request_whose_entry_is_gone_is_refused_and_records_nothing"
+            + _STANDALONE,
+            _XS
+            + "test_a_grant_request_lost_while_its_keys_were_busy_is_granted_at_its_new_place"
+            + _STANDALONE,
+        ),
     ),
     Mutant(
-        "push-taken-anywhere", "G3.7",
+        "push-taken-anywhere",
+        "G3.7",
         "a worker takes a pushed entry in whatever its cursor, skipping what lies between",
-        (Edit("keyserial/_worker/wakeups.py", 'if pushed.after not in (cursor, "-"):',
-              "if False:"),),
+        (
+            Edit(
+                "keyserial/_worker/wakeups.py", 'if pushed.after not in (cursor, "-"):', "if False:"
+            ),
+        ),
         ("tests/test_wakeups.py::test_a_push_that_does_not_follow_on_is_left_to_a_fetch",),
     ),
     Mutant(
-        "push-unconfirmed", "G3.8",
+        "push-unconfirmed",
+        "G3.8",
         "step.lua commits what ran a pushed entry without confirming it in the stream",
         (Edit(_STEP, "  if problem then\n", "  if false then\n"),),
-        (_PUSH + "test_a_forged_push_is_run_but_never_committed" + _STANDALONE,
-         _PUSH + "test_a_push_that_claims_the_largest_id_does_not_stop_the_shard" + _STANDALONE),
+        (
+            _PUSH + "test_a_forged_push_is_run_but_never_committed" + _STANDALONE,
+            _PUSH + "test_a_push_that_claims_the_largest_id_does_not_stop_the_shard" + _STANDALONE,
+        ),
     ),
     Mutant(
-        "message-taken-as-is", "G5.12",
+        "message-taken-as-is",
+        "G5.12",
         "a worker takes a grant or decision message from Redis as it is, not from its record",
-        (Edit("keyserial/_worker/crossshard/mailbox.py",
-              "        for letter in self._waiting.get(_topic(message), ()):\n"
-              "            letter.wake()\n",
-              "        self.deliver(message)\n"),),
-        (_HOSTILE + "test_a_forged_decision_notice_never_writes_a_state" + _STANDALONE,
-         _HOSTILE + "test_a_forged_grant_never_reaches_the_ops_state" + _STANDALONE),
+        (
+            Edit(
+                "keyserial/_worker/crossshard/mailbox.py",
+                "        for letter in self._waiting.get(_topic(message), ()):\n"
+                "            letter.wake()\n",
+                "        self.deliver(message)\n",
+            ),
+        ),
+        (
+            _HOSTILE + "test_a_forged_decision_notice_never_writes_a_state" + _STANDALONE,
+            _HOSTILE + "test_a_forged_grant_never_reaches_the_ops_state" + _STANDALONE,
+        ),
     ),
     Mutant(
-        "resolve-aborts-ahead", "G5.13",
+        "resolve-aborts-ahead",
+        "G5.13",
         "resolve.lua aborts an attempt that has not begun",
         (Edit("keyserial/_scripts/lua/resolve.lua", "if epoch < attempt then", "if false then"),),
-        (_HOSTILE + "test_a_grant_request_for_an_attempt_not_begun_aborts_nothing"
-         + _STANDALONE,),
+        (_HOSTILE + "test_a_grant_request_for_an_attempt_not_begun_aborts_nothing" + _STANDALONE,),
     ),
     Mutant(
-        "acquire-publishes-poison", "G6.18",
+        "acquire-publishes-poison",
+        "G6.18",
         "acquire.lua publishes the dead-letter reply itself, ahead of any confirmation",
-        (Edit("keyserial/_scripts/lua/acquire.lua",
-              "    'reason', 'poison: killed its worker ' .. strikes .. ' times', 'raw',"
-              " envelope_json(envelope))\n",
-              "    'reason', 'poison: killed its worker ' .. strikes .. ' times', 'raw',"
-              " envelope_json(envelope))\n"
-              "  if type(envelope.reply) == 'string' then\n"
-              "    redis.call('PUBLISH', envelope.reply, '{\"v\":1,\"r\":[[' .."
-              " cjson.encode(envelope.id) .. ',' .. outcome .. ']]}')\n"
-              "  end\n"),),
-        ("tests/test_dead_letters.py::"
-         "test_the_acquire_that_dead_letters_an_op_publishes_no_reply" + _STANDALONE,),
+        (
+            Edit(
+                "keyserial/_scripts/lua/acquire.lua",
+                "    'reason', 'poison: killed its worker ' .. strikes .. ' times', 'raw',"
+                " envelope_json(envelope))\n",
+                "    'reason', 'poison: killed its worker ' .. strikes .. ' times', 'raw',"
+                " envelope_json(envelope))\n"
+                "  if type(envelope.reply) == 'string' then\n"
+                "    redis.call('PUBLISH', envelope.reply, '{\"v\":1,\"r\":[[' .."
+                " cjson.encode(envelope.id) .. ',' .. outcome .. ']]}')\n"
+                "  end\n",
+            ),
+        ),
+        (
+            "tests/test_dead_letters.py::"
+            "test_the_acquire_that_dead_letters_an_op_publishes_no_reply" + _STANDALONE,
+        ),
     ),
     Mutant(
-        "unknown-op-unrecorded", "G6.17",
+        "unknown-op-unrecorded",
+        "G6.17",
         "a takeover counts an op answered without a stored outcome as unfinished",
-        (Edit("keyserial/_scripts/lua/acquire.lua",
-              " and not finished(envelope.id .. '#u') then", " then"),),
-        ("tests/test_dead_letters.py::"
-         "test_an_unknown_op_beside_a_poison_op_is_never_struck_twice_nor_dead_lettered"
-         + _STANDALONE,),
+        (
+            Edit(
+                "keyserial/_scripts/lua/acquire.lua",
+                " and not finished(envelope.id .. '#u') then",
+                " then",
+            ),
+        ),
+        (
+            "tests/test_dead_letters.py::"
+            "test_an_unknown_op_beside_a_poison_op_is_never_struck_twice_nor_dead_lettered"
+            + _STANDALONE,
+        ),
     ),
     Mutant(
-        "op-ids-counted", "G3.9",
+        "op-ids-counted",
+        "G3.9",
         "a client's op ids are its id and a counter, as anyone who saw one can tell the next",
-        (Edit("keyserial/_client/client.py",
-              'return f"{self._client_id}-{next(self._count):x}{self._random.pop()}"',
-              'return f"{self._client_id}-{next(self._count)}"'),),
-        (_HOSTILE + "test_ops_appended_under_a_client_s_guessed_next_ids_never_answer_it"
-         + _STANDALONE,),
+        (
+            Edit(
+                "keyserial/_client/client.py",
+                'return f"{self._client_id}-{next(self._count):x}{self._random.pop()}"',
+                'return f"{self._client_id}-{next(self._count)}"',
+            ),
+        ),
+        (
+            _HOSTILE
+            + "test_ops_appended_under_a_client_s_guessed_next_ids_never_answer_it"
+            + _STANDALONE,
+        ),
     ),
     Mutant(
-        "release-by-anyone", "G1.4",
+        "release-by-anyone",
+        "G1.4",
         "release.lua frees the lease whoever holds it",
         (Edit(_RELEASE_LUA, "if redis.call('GET', KEYS[1]) ~= ARGV[1] then", "if false then"),),
-        (_LEASE + "test_a_zombie_s_release_leaves_the_new_owner_s_lease_and_epoch_alone"
-         + _STANDALONE,),
+        (
+            _LEASE
+            + "test_a_zombie_s_release_leaves_the_new_owner_s_lease_and_epoch_alone"
+            + _STANDALONE,
+        ),
     ),
     Mutant(
-        "renew-by-anyone", "G1.4",
+        "renew-by-anyone",
+        "G1.4",
         "renew.lua extends the lease whoever holds it",
-        (Edit("keyserial/_scripts/lua/renew.lua", "if redis.call('GET', KEYS[1]) == ARGV[1] then",
-              "if true then"),),
-        (_LEASE + "test_a_zombie_s_renewal_is_told_it_no_longer_owns_and_extends_nothing"
-         + _STANDALONE,),
+        (
+            Edit(
+                "keyserial/_scripts/lua/renew.lua",
+                "if redis.call('GET', KEYS[1]) == ARGV[1] then",
+                "if true then",
+            ),
+        ),
+        (
+            _LEASE
+            + "test_a_zombie_s_renewal_is_told_it_no_longer_owns_and_extends_nothing"
+            + _STANDALONE,
+        ),
     ),
     Mutant(
-        "release-keeps-epoch", "G1.4",
+        "release-keeps-epoch",
+        "G1.4",
         "release.lua leaves the epoch where it is: the releasing owner's late writes land",
         (Edit(_RELEASE_LUA, "redis.call('INCR', KEYS[6])\n", ""),),
         (_LEASE + "test_a_step_that_lands_after_its_owner_s_release_is_fenced" + _STANDALONE,),
     ),
     Mutant(
-        "sweep-one-lookup", "G6.10",
+        "sweep-one-lookup",
+        "G6.10",
         "the client's sweep appends an op again without looking its outcome up a second time",
-        (Edit("keyserial/_client/sweep.py", "still = await self._outcomes.settle(keys, list(gone))",
-              "still = list(gone)"),),
-        ("tests/test_lost_replies.py::"
-         "test_an_op_that_commits_between_the_sweep_s_lookups_is_never_appended_again"
-         + _STANDALONE,),
+        (
+            Edit(
+                "keyserial/_client/sweep.py",
+                "still = await self._outcomes.settle(keys, list(gone))",
+                "still = list(gone)",
+            ),
+        ),
+        (
+            "tests/test_lost_replies.py::"
+            "test_an_op_that_commits_between_the_sweep_s_lookups_is_never_appended_again"
+            + _STANDALONE,
+        ),
     ),
     Mutant(
-        "sweep-appends-expired", "G6.20",
+        "sweep-appends-expired",
+        "G6.20",
         "the client's sweep appends again an op whose outcome may have expired",
-        (Edit("keyserial/_client/sweep.py", "        if waited < self._settings.result_ttl:\n",
-              "        if True:\n"),),
-        ("tests/test_lost_replies.py::"
-         "test_an_op_gone_with_no_outcome_after_result_ttl_fails_and_is_not_appended_again"
-         + _STANDALONE,),
+        (
+            Edit(
+                "keyserial/_client/sweep.py",
+                "        if waited < self._settings.result_ttl:\n",
+                "        if True:\n",
+            ),
+        ),
+        (
+            "tests/test_lost_replies.py::"
+            "test_an_op_gone_with_no_outcome_after_result_ttl_fails_and_is_not_appended_again"
+            + _STANDALONE,
+        ),
     ),
     Mutant(
-        "step-stores-outcome-twice", "G3.10",
+        "step-stores-outcome-twice",
+        "G3.10",
         "step.lua stores an op's outcome over one already stored",
         (Edit(_STEP, "  if #stored > 0 then\n", "  if false then\n"),),
-        (_HOSTILE + "test_an_op_appended_again_as_fresh_never_runs_twice[standalone-fetched]",
-         _HOSTILE + "test_an_op_appended_again_as_fresh_never_runs_twice[standalone-pushed]"),
+        (
+            _HOSTILE + "test_an_op_appended_again_as_fresh_never_runs_twice[standalone-fetched]",
+            _HOSTILE + "test_an_op_appended_again_as_fresh_never_runs_twice[standalone-pushed]",
+        ),
     ),
     Mutant(
-        "commit-across-replay-landed", "G3.10",
+        "commit-across-replay-landed",
+        "G3.10",
         "commit_across.lua answers 'landed' for an op run again, whose writes do not hold",
-        (Edit("keyserial/_scripts/lua/commit_across.lua", "    if owned and not writes_hold(",
-              "    if false and not writes_hold("),),
-        (_HOSTILE + "test_a_transfer_appended_again_as_fresh_never_moves_money_twice"
-         "[standalone-one-worker]",),
+        (
+            Edit(
+                "keyserial/_scripts/lua/commit_across.lua",
+                "    if owned and not writes_hold(",
+                "    if false and not writes_hold(",
+            ),
+        ),
+        (
+            _HOSTILE + "test_a_transfer_appended_again_as_fresh_never_moves_money_twice"
+            "[standalone-one-worker]",
+        ),
     ),
     Mutant(
-        "decide-replay-decides", "G3.10",
+        "decide-replay-decides",
+        "G3.10",
         "decide.lua decides a later attempt of an op that has an outcome",
-        (Edit("keyserial/_scripts/lua/decide.lua", "if has_outcome(KEYS[3], KEYS[4], ARGV[2]) then",
-              "if false then"),),
-        ("tests/test_scripts_idempotent.py::"
-         "test_a_decide_of_an_op_run_again_is_refused_and_writes_nothing" + _STANDALONE,),
+        (
+            Edit(
+                "keyserial/_scripts/lua/decide.lua",
+                "if has_outcome(KEYS[3], KEYS[4], ARGV[2]) then",
+                "if false then",
+            ),
+        ),
+        (
+            "tests/test_scripts_idempotent.py::"
+            "test_a_decide_of_an_op_run_again_is_refused_and_writes_nothing" + _STANDALONE,
+        ),
     ),
     Mutant(
-        "decide-replay-wins", "G3.10",
+        "decide-replay-wins",
+        "G3.10",
         "decide.lua reports a win for the same attempt run again, whose home writes do not hold",
-        (Edit("keyserial/_scripts/lua/decide.lua",
-              "  if not writes_hold(KEYS[2], cjson.decode(ARGV[5])) then", "  if false then"),),
-        (_HOSTILE + "test_a_transfer_appended_again_as_fresh_never_moves_money_twice"
-         "[standalone-two-workers]",),
+        (
+            Edit(
+                "keyserial/_scripts/lua/decide.lua",
+                "  if not writes_hold(KEYS[2], cjson.decode(ARGV[5])) then",
+                "  if false then",
+            ),
+        ),
+        (
+            _HOSTILE + "test_a_transfer_appended_again_as_fresh_never_moves_money_twice"
+            "[standalone-two-workers]",
+        ),
     ),
     Mutant(
-        "op-id-unbound", "G3.11",
+        "op-id-unbound",
+        "G3.11",
         "a stored outcome answers any op appended under its op id",
-        (Edit("keyserial/_worker/intake.py",
-              "        if envelope is not None and binding_of(stored)"
-              " not in (None, binding(envelope) or None):", "        if False:"),),
-        ("tests/test_submit.py::"
-         "test_an_op_id_names_one_op_and_a_resubmit_of_another_op_under_it_is_refused"
-         + _STANDALONE,),
+        (
+            Edit(
+                "keyserial/_worker/intake.py",
+                "        if envelope is not None and binding_of(stored)"
+                " not in (None, binding(envelope) or None):",
+                "        if False:",
+            ),
+        ),
+        (
+            "tests/test_submit.py::"
+            "test_an_op_id_names_one_op_and_a_resubmit_of_another_op_under_it_is_refused"
+            + _STANDALONE,
+        ),
     ),
     Mutant(
-        "op-id-joins-any-run", "G3.11",
+        "op-id-joins-any-run",
+        "G3.11",
         "an op appended under the id of a running op joins that run, whatever it is",
-        (Edit("keyserial/_worker/intake.py",
-              "    elif envelope is not None and binding(run.envelope) != binding(envelope):",
-              "    elif False:"),),
-        (_HOSTILE + "test_an_op_appended_ahead_under_a_callers_op_id_never_answers_the_caller"
-         + _STANDALONE,),
+        (
+            Edit(
+                "keyserial/_worker/intake.py",
+                "    elif envelope is not None and binding(run.envelope) != binding(envelope):",
+                "    elif False:",
+            ),
+        ),
+        (
+            _HOSTILE
+            + "test_an_op_appended_ahead_under_a_callers_op_id_never_answers_the_caller"
+            + _STANDALONE,
+        ),
     ),
     Mutant(
-        "service-ignored", "G8.13",
+        "service-ignored",
+        "G8.13",
         "a client's reply channel leaves its service out",
-        (Edit("keyserial/_client/client.py", 'self.client_id = f"{settings.service}.{random_id}"'
-              " if settings.service else random_id", "self.client_id = random_id"),),
-        ("tests/test_acl.py::"
-         "test_a_service_user_serves_its_clients_and_cannot_reach_another_services_replies"
-         + _STANDALONE,),
+        (
+            Edit(
+                "keyserial/_client/client.py",
+                'self.client_id = f"{settings.service}.{random_id}"'
+                " if settings.service else random_id",
+                "self.client_id = random_id",
+            ),
+        ),
+        (
+            "tests/test_acl.py::"
+            "test_a_service_user_serves_its_clients_and_cannot_reach_another_services_replies"
+            + _STANDALONE,
+        ),
     ),
     Mutant(
-        "client-trusts-replies", "G8.14",
+        "client-trusts-replies",
+        "G8.14",
         "a client takes a reply message's outcome as its op's",
-        (Edit("keyserial/_client/client.py", "            if not self.settings.verify_replies:",
-              "            if True:"),),
+        (
+            Edit(
+                "keyserial/_client/client.py",
+                "            if not self.settings.verify_replies:",
+                "            if True:",
+            ),
+        ),
         (_HOSTILE + "test_a_forged_reply_never_answers_a_caller" + _STANDALONE,),
     ),
     Mutant(
-        "reply-signature-unchecked", "G8.14",
+        "reply-signature-unchecked",
+        "G8.14",
         "a client takes a reply as signed whatever its tag",
-        (Edit("keyserial/_wire/signing.py",
-              "        if not hmac.compare_digest(_tag(key, self.channel, signed), tag):",
-              "        if False:"),),
+        (
+            Edit(
+                "keyserial/_wire/signing.py",
+                "        if not hmac.compare_digest(_tag(key, self.channel, signed), tag):",
+                "        if False:",
+            ),
+        ),
         ("tests/test_signing.py::test_a_signed_reply_verifies_on_its_own_channel_only",),
     ),
     Mutant(
-        "signed-reply-of-any-entry-taken", "G8.14",
+        "signed-reply-of-any-entry-taken",
+        "G8.14",
         "a client takes a signed reply's outcome whichever entry it answered",
-        (Edit("keyserial/_client/outcomes.py",
-              "            or pending.entry.decode() not in entries):",
-              "            or False):"),),
-        (_HOSTILE + "test_a_signed_reply_replayed_for_a_resubmit_never_answers_it"
-         + _STANDALONE,),
+        (
+            Edit(
+                "keyserial/_client/outcomes.py",
+                "        or pending.entry.decode() not in entries\n    ):",
+                "        or False\n    ):",
+            ),
+        ),
+        (_HOSTILE + "test_a_signed_reply_replayed_for_a_resubmit_never_answers_it" + _STANDALONE,),
     ),
     Mutant(
-        "answer-of-any-entry-taken", "G8.14",
+        "answer-of-any-entry-taken",
+        "G8.14",
         "a client takes an op id's recorded UnknownOperation whichever entry it answered",
-        (Edit("keyserial/_client/outcomes.py",
-              "    if pending.entry is None or pending.entry.decode() not in entries:",
-              "    if not entries:"),),
-        (_HOSTILE + "test_a_refusal_recorded_for_an_earlier_entry_never_answers_a_resubmit"
-         + _STANDALONE,),
+        (
+            Edit(
+                "keyserial/_client/outcomes.py",
+                "    if pending.entry is None or pending.entry.decode() not in entries:",
+                "    if not entries:",
+            ),
+        ),
+        (
+            _HOSTILE
+            + "test_a_refusal_recorded_for_an_earlier_entry_never_answers_a_resubmit"
+            + _STANDALONE,
+        ),
     ),
     Mutant(
-        "stream-stays-exhausted", "G3.12",
+        "stream-stays-exhausted",
+        "G3.12",
         "step.lua leaves a stream whose last id is the largest as it is",
         (Edit("keyserial/_scripts/lua/step.lua", "if ARGV[2] == LAST_ID then", "if false then"),),
-        (_HOSTILE + "test_an_entry_under_the_largest_id_stops_appends_only_until_it_has_committed"
-         + _STANDALONE,),
+        (
+            _HOSTILE
+            + "test_an_entry_under_the_largest_id_stops_appends_only_until_it_has_committed"
+            + _STANDALONE,
+        ),
     ),
     Mutant(
-        "oom-refused-for-good", "G6.21",
-        "an OOM error reply is a refusal that no retry cures, not a \"not now\"",
-        (Edit("keyserial/_backend/backend.py", "redis_errors.AskError,\n"
-              "                    redis_errors.OutOfMemoryError)", "redis_errors.AskError)"),
-         Edit("keyserial/_backend/backend.py", '"UNBLOCKED", "OOM ", "MISCONF ")', '"UNBLOCKED")')),
+        "oom-refused-for-good",
+        "G6.21",
+        'an OOM error reply is a refusal that no retry cures, not a "not now"',
+        (
+            Edit(
+                "keyserial/_backend/backend.py",
+                "    redis_errors.AskError,\n    redis_errors.OutOfMemoryError,\n",
+                "    redis_errors.AskError,\n",
+            ),
+            Edit(
+                "keyserial/_backend/backend.py",
+                '    "UNBLOCKED",\n    "OOM ",\n    "MISCONF ",\n',
+                '    "UNBLOCKED",\n',
+            ),
+        ),
         ("tests/test_reliability.py::test_a_server_out_of_memory_is_waited_out_and_blames_no_op",),
     ),
     Mutant(
-        "second-signal-keeps-draining", "G6.7",
+        "second-signal-keeps-draining",
+        "G6.7",
         "a second SIGTERM or SIGINT while a worker drains changes nothing",
-        (Edit("keyserial/cli/__init__.py", "                        worker.stop(at_once=True)\n",
-              "                        pass\n"),),
-        ("tests/test_cli.py::test_a_second_signal_stops_at_once_and_still_releases_the_leases"
-         + _STANDALONE,),
+        (
+            Edit(
+                "keyserial/cli/__init__.py",
+                "                        worker.stop(at_once=True)\n",
+                "                        pass\n",
+            ),
+        ),
+        (
+            "tests/test_cli.py::test_a_second_signal_stops_at_once_and_still_releases_the_leases"
+            + _STANDALONE,
+        ),
     ),
     Mutant(
-        "grant-of-other-keys-taken", "G5.16",
+        "grant-of-other-keys-taken",
+        "G5.16",
         "a coordinator takes a grant recorded under its attempt's id whatever keys it holds",
-        (Edit(_COORDINATOR, "        if sorted(key for key, _ in grant.states) == sorted(keys):",
-              "        if True:"),),
-        (_HOSTILE + "test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides_the_op"
-         + _STANDALONE,),
+        (
+            Edit(
+                _COORDINATOR,
+                "        if sorted(key for key, _ in grant.states) == sorted(keys):",
+                "        if True:",
+            ),
+        ),
+        (
+            _HOSTILE
+            + "test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides_the_op"
+            + _STANDALONE,
+        ),
     ),
     Mutant(
-        "grant-before-outcome", "G5.14",
+        "grant-before-outcome",
+        "G5.14",
         "a participant grants a key while the outcome of the op before it is not committed",
-        (Edit("keyserial/_worker/keystates.py", "        self._answered.update(keys)\n",
-              "        pass\n"),),
-        ("tests/test_wakeups.py::"
-         "test_an_op_that_wrote_nothing_keeps_its_keys_uncommitted_until_a_step_took_it",),
+        (
+            Edit(
+                "keyserial/_worker/keystates.py",
+                "        self._answered.update(keys)\n",
+                "        pass\n",
+            ),
+        ),
+        (
+            "tests/test_wakeups.py::"
+            "test_an_op_that_wrote_nothing_keeps_its_keys_uncommitted_until_a_step_took_it",
+        ),
     ),
     Mutant(
-        "push-names-nothing", "G3.7",
+        "push-names-nothing",
+        "G3.7",
         "submit.lua's push says the stream was empty, whatever stood last in it",
         (Edit(_LUA + "submit.lua", "before = last and last[1] or '-'", "before = '-'"),),
-        (_PUSH + "test_a_fresh_entry_is_pushed_naming_the_entry_before_it" + _STANDALONE,
-         _PUSH + "test_an_entry_appended_without_a_wake_up_is_never_skipped_by_a_push"
-         + _STANDALONE),
+        (
+            _PUSH + "test_a_fresh_entry_is_pushed_naming_the_entry_before_it" + _STANDALONE,
+            _PUSH
+            + "test_an_entry_appended_without_a_wake_up_is_never_skipped_by_a_push"
+            + _STANDALONE,
+        ),
     ),
     Mutant(
-        "push-taken-unrecorded", "G3.7",
+        "push-taken-unrecorded",
+        "G3.7",
         "a worker takes pushes before any step of its has recorded that it does",
-        (Edit("keyserial/_worker/wakeups.py",
-              "return bool(want) and not replaying and not self.recorded",
-              "self.recorded = True\n        return False"),),
-        (_PUSH + "test_a_worker_records_that_it_takes_pushes_before_it_takes_any" + _STANDALONE,
-         _PUSH + "test_a_pushed_op_that_kills_its_worker_is_struck_at_every_death" + _STANDALONE),
+        (
+            Edit(
+                "keyserial/_worker/wakeups.py",
+                "return bool(want) and not replaying and not self.recorded",
+                "self.recorded = True\n        return False",
+            ),
+        ),
+        (
+            _PUSH + "test_a_worker_records_that_it_takes_pushes_before_it_takes_any" + _STANDALONE,
+            _PUSH + "test_a_pushed_op_that_kills_its_worker_is_struck_at_every_death" + _STANDALONE,
+        ),
     ),
     Mutant(
-        "step-forgets-push", "G3.7",
+        "step-forgets-push",
+        "G3.7",
         "step.lua leaves the horizon below an entry its owner took in from a push",
         (Edit(_STEP, "if #entries == 0 and ARGV[13] ~= '' then", "if false then"),),
         (_PUSH + "test_a_step_raises_the_horizon_to_the_pushed_entry_it_took" + _STANDALONE,),
     ),
     Mutant(
-        "takeover-forgets-push", "G3.7",
+        "takeover-forgets-push",
+        "G3.7",
         "acquire.lua does not count the entries an owner that took pushes may have run",
-        (Edit("keyserial/_scripts/lua/acquire.lua",
-              "if redis.call('GET', KEYS[13]) == tostring(epoch - 1) then", "if false then"),),
-        (_PUSH + "test_a_takeover_counts_every_entry_as_fetched_if_the_dead_owner_took_pushes"
-         + _STANDALONE,
-         _PUSH + "test_a_pushed_op_that_kills_its_worker_is_struck_at_every_death" + _STANDALONE),
+        (
+            Edit(
+                "keyserial/_scripts/lua/acquire.lua",
+                "if redis.call('GET', KEYS[13]) == tostring(epoch - 1) then",
+                "if false then",
+            ),
+        ),
+        (
+            _PUSH
+            + "test_a_takeover_counts_every_entry_as_fetched_if_the_dead_owner_took_pushes"
+            + _STANDALONE,
+            _PUSH + "test_a_pushed_op_that_kills_its_worker_is_struck_at_every_death" + _STANDALONE,
+        ),
     ),
     Mutant(
-        "takeover-suspects-unpushed", "G3.7",
+        "takeover-suspects-unpushed",
+        "G3.7",
         "acquire.lua counts every entry as fetched, also from an owner that took no pushes",
-        (Edit("keyserial/_scripts/lua/acquire.lua",
-              "if redis.call('GET', KEYS[13]) == tostring(epoch - 1) then", "if true then"),),
-        (_PUSH + "test_a_takeover_from_an_owner_that_took_no_pushes_suspects_only_what_it_"
-         "fetched" + _STANDALONE,),
+        (
+            Edit(
+                "keyserial/_scripts/lua/acquire.lua",
+                "if redis.call('GET', KEYS[13]) == tostring(epoch - 1) then",
+                "if true then",
+            ),
+        ),
+        (
+            _PUSH + "test_a_takeover_from_an_owner_that_took_no_pushes_suspects_only_what_it_"
+            "fetched" + _STANDALONE,
+        ),
     ),
 )
 
@@ -585,21 +919,42 @@ def run(mutant: Mutant, *, root: Path = ROOT) -> Verdict:
             (copy / path).write_text(text)
         env = {**os.environ, "PYTHONPATH": str(copy), "PYTHONDONTWRITEBYTECODE": "1"}
         # One process (-n 0): under xdist, -x ends the run as interrupted (exit code 2).
-        command = [sys.executable, "-m", "pytest", "-n", "0", "-x", "-q", "-rfE", "-p",
-                   "no:cacheprovider", *mutant.tests]
+        command = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-n",
+            "0",
+            "-x",
+            "-q",
+            "-rfE",
+            "-p",
+            "no:cacheprovider",
+            *mutant.tests,
+        ]
         try:
-            done = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True,
-                                  timeout=MUTANT_TIMEOUT, check=False)
+            done = subprocess.run(
+                command,
+                cwd=copy,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=MUTANT_TIMEOUT,
+                check=False,
+            )
         except subprocess.TimeoutExpired:
-            return Verdict(mutant, True, f"timeout after {MUTANT_TIMEOUT:.0f} s",
-                           time.monotonic() - began)
+            return Verdict(
+                mutant, True, f"timeout after {MUTANT_TIMEOUT:.0f} s", time.monotonic() - began
+            )
     seconds = time.monotonic() - began
     if done.returncode == 0:
         return Verdict(mutant, False, "", seconds)
     failed = re.findall(r"^(?:FAILED|ERROR) (tests/\S+?)(?: - .*)?$", done.stdout, re.MULTILINE)
     if done.returncode != 1 or not failed:
-        raise RuntimeError(f"mutant {mutant.name}: pytest exited {done.returncode} without a"
-                           f" failing test:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        raise RuntimeError(
+            f"mutant {mutant.name}: pytest exited {done.returncode} without a"
+            f" failing test:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+        )
     return Verdict(mutant, True, failed[0], seconds)
 
 
@@ -619,10 +974,23 @@ def select(*, fast: bool, only: Sequence[str]) -> list[Mutant]:
 def unknown_tests(node_ids: Sequence[str]) -> list[str]:
     """The node ids pytest does not collect (in this repository, not a copy)."""
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-n", "0", "--collect-only", "-q", "-p",
-         "no:cacheprovider",
-         *sorted({node.split("::")[0] for node in node_ids})],
-        cwd=ROOT, capture_output=True, text=True, check=False)
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-n",
+            "0",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            *sorted({node.split("::")[0] for node in node_ids}),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     collected = set(done.stdout.split("\n"))
     return sorted({node for node in node_ids if node not in collected})
 
@@ -636,17 +1004,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     chosen = select(fast=options.fast, only=options.only)
     if options.list:
         for mutant in chosen:
-            print(f"{mutant.name:40} {mutant.claim:6} {'fast' if mutant.fast else '':5}"
-                  f" {mutant.what}")
+            print(
+                f"{mutant.name:40} {mutant.claim:6} {'fast' if mutant.fast else '':5} {mutant.what}"
+            )
         return 0
     print("| mutant | claim | killed? | killed by | seconds |\n|---|---|---|---|---:|")
     survivors = 0
     for mutant in chosen:
         verdict = run(mutant)
         survivors += not verdict.killed
-        print(f"| `{mutant.name}` | {mutant.claim} | {'yes' if verdict.killed else '**no**'}"
-              f" | {f'`{verdict.killer}`' if verdict.killer else '—'} | {verdict.seconds:.0f} |",
-              flush=True)
+        print(
+            f"| `{mutant.name}` | {mutant.claim} | {'yes' if verdict.killed else '**no**'}"
+            f" | {f'`{verdict.killer}`' if verdict.killer else '—'} | {verdict.seconds:.0f} |",
+            flush=True,
+        )
     return 1 if survivors else 0
 
 

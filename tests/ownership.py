@@ -40,8 +40,14 @@ async def holders(client: Any, namespace: str) -> list[int | None]:
     return [await holder_pid(client, namespace, shard) for shard in range(SHARDS)]
 
 
-async def wait_for_holder(client: Any, namespace: str, pid: int, *, shards: range | list[int]
-                          = range(SHARDS), timeout: float = 10) -> float:
+async def wait_for_holder(
+    client: Any,
+    namespace: str,
+    pid: int,
+    *,
+    shards: range | list[int] = range(SHARDS),
+    timeout: float = 10,
+) -> float:
     """Wait until ``pid`` holds every one of ``shards``; return the time it took."""
     started = time.monotonic()
     with anyio.fail_after(timeout):

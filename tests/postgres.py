@@ -23,8 +23,11 @@ def find_binaries() -> Path | None:
     if on_path and all((Path(on_path).parent / tool).exists() for tool in _TOOLS):
         return Path(on_path).parent
     candidates = sorted(
-        (path.parent for path in Path(_DEBIAN_BINARIES).glob("*/bin/initdb")
-         if all((path.parent / tool).exists() for tool in _TOOLS)),
+        (
+            path.parent
+            for path in Path(_DEBIAN_BINARIES).glob("*/bin/initdb")
+            if all((path.parent / tool).exists() for tool in _TOOLS)
+        ),
         key=lambda path: int(path.parent.name) if path.parent.name.isdigit() else 0,
     )
     return candidates[-1] if candidates else None
@@ -58,18 +61,36 @@ class LocalPostgres:
 
     def _run(self, tool: str, *args: str) -> None:
         command = [*self._as, str(self.bindir / tool), *args]
-        result = subprocess.run(command, capture_output=True, text=True, timeout=120,
-                                check=False)
+        result = subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
         if result.returncode != 0:
             raise RuntimeError(f"{' '.join(command)} failed:\n{result.stdout}{result.stderr}")
 
     def start(self) -> None:
-        self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust",
-                  "--no-sync", "-E", "UTF8")
-        options = (f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1"
-                   " -c fsync=off")
-        self._run("pg_ctl", "-D", str(self.data), "-o", options,
-                  "-l", str(self.directory / "server.log"), "-w", "-t", "60", "start")
+        self._run(
+            "initdb",
+            "-D",
+            str(self.data),
+            "-U",
+            "postgres",
+            "--auth=trust",
+            "--no-sync",
+            "-E",
+            "UTF8",
+        )
+        options = f"-p {self.port} -k {self.directory} -c listen_addresses=127.0.0.1 -c fsync=off"
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-o",
+            options,
+            "-l",
+            str(self.directory / "server.log"),
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
 
     def stop(self) -> None:
         try:

@@ -83,15 +83,20 @@ class FaultProxy:
 
     async def start(self) -> None:
         self._server = await asyncio.start_server(
-            self._serve, "127.0.0.1", 0, ssl=self._tls[0] if self._tls else None)
+            self._serve, "127.0.0.1", 0, ssl=self._tls[0] if self._tls else None
+        )
         self.port = self._server.sockets[0].getsockname()[1]
 
     async def __aenter__(self) -> FaultProxy:
         await self.start()
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         await self.aclose()
 
     async def aclose(self) -> None:
@@ -151,7 +156,8 @@ class FaultProxy:
         await self._wait(time.monotonic() + self.delay)
         try:
             up_reader, up_writer = await asyncio.open_connection(
-                "127.0.0.1", self.upstream_port, ssl=self._tls[1] if self._tls else None)
+                "127.0.0.1", self.upstream_port, ssl=self._tls[1] if self._tls else None
+            )
         except OSError:  # Redis is down: the client sees its connection refused-then-closed
             writer.transport.abort()
             return
@@ -159,15 +165,23 @@ class FaultProxy:
         self._links.add(link)
         try:
             # Each pipe aborts its target when its source ends, which ends the other pipe.
-            await asyncio.gather(self._pipe(link, reader, up_writer, outbound=True),
-                                 self._pipe(link, up_reader, writer, outbound=False),
-                                 return_exceptions=True)
+            await asyncio.gather(
+                self._pipe(link, reader, up_writer, outbound=True),
+                self._pipe(link, up_reader, writer, outbound=False),
+                return_exceptions=True,
+            )
         finally:
             self._links.discard(link)
             link.reset()
 
-    async def _pipe(self, link: _Link, source: asyncio.StreamReader,
-                    target: asyncio.StreamWriter, *, outbound: bool) -> None:
+    async def _pipe(
+        self,
+        link: _Link,
+        source: asyncio.StreamReader,
+        target: asyncio.StreamWriter,
+        *,
+        outbound: bool,
+    ) -> None:
         """Copy ``source`` to ``target``, each chunk no earlier than its arrival plus the delay
         and never while held; order is kept (a queue, so delay adds latency, not a cap). A
         silenced link's bytes are dropped."""

@@ -60,7 +60,8 @@ class Users:
         ``CLIENT SETINFO``."""
         entries = self.admin.execute_command("ACL", "LOG")
         return [
-            f"{entry['username']}: {entry['object']}" for entry in map(_entry, entries)
+            f"{entry['username']}: {entry['object']}"
+            for entry in map(_entry, entries)
             if entry["username"] in self.names and entry["object"] != "client|setinfo"
         ]
 
@@ -91,8 +92,13 @@ def documented_users(redis_url: str, *, fsync: bool = False) -> Iterator[Users]:
         urls[user] = redis_url.replace("redis://", f"redis://{name}:{password}@", 1)
     client = redis.Redis.from_url(urls["client"])
     try:
-        yield Users(urls["worker"], urls["client"], client, admin,
-                    (f"ks-worker-{suffix}", f"ks-client-{suffix}"))
+        yield Users(
+            urls["worker"],
+            urls["client"],
+            client,
+            admin,
+            (f"ks-worker-{suffix}", f"ks-client-{suffix}"),
+        )
     finally:
         client.close()
         for user in ("worker", "client"):
@@ -122,9 +128,7 @@ async def test_documented_users_can_submit_transfer_and_read_results(
     assert users.refusals() == []
 
 
-async def test_the_client_user_cannot_write_state_or_results(
-    users: Users, namespace: str
-) -> None:
+async def test_the_client_user_cannot_write_state_or_results(users: Users, namespace: str) -> None:
     async with running_worker(users.worker_url, namespace, shard_count=4):
         pass  # records the namespace's shard count
     shard = ShardKeys(namespace, 0)
@@ -158,8 +162,10 @@ async def test_documented_users_serve_and_submit_with_durable_replicas(namespace
 
 async def test_documented_users_serve_and_submit_with_durable_fsync(namespace: str) -> None:
     """``durable_fsync`` on a server that has ``WAITAOF``, with the extra lines."""
-    with LocalServer(binary=server_with_waitaof(), appendfsync="always") as server, \
-            documented_users(server.url, fsync=True) as users:
+    with (
+        LocalServer(binary=server_with_waitaof(), appendfsync="always") as server,
+        documented_users(server.url, fsync=True) as users,
+    ):
         await _durably_served(users, namespace, durable_fsync=True)
 
 
@@ -197,13 +203,15 @@ async def test_operator_commands_run_as_the_documented_worker_user(
             while not users.admin.xlen(shard.dead):
                 await anyio.sleep(0.02)
         assert (await _cli("status", "--json", url=users.worker_url, namespace=namespace))[0] == 0
-    code, out, err = await _cli("dead-letters", "list", "--json", url=users.worker_url,
-                                namespace=namespace)
+    code, out, err = await _cli(
+        "dead-letters", "list", "--json", url=users.worker_url, namespace=namespace
+    )
     assert code == 0, err
     (letter,) = [json.loads(line)["id"] for line in out.splitlines()]
     for action in ("show", "replay", "drop"):
-        code, _, err = await _cli("dead-letters", action, letter, url=users.worker_url,
-                                  namespace=namespace)
+        code, _, err = await _cli(
+            "dead-letters", action, letter, url=users.worker_url, namespace=namespace
+        )
         assert code == 0, f"{action}: {err}"
     assert users.admin.xlen(shard.dead) == 0
     assert users.refusals() == []
@@ -213,7 +221,8 @@ async def _cli(*args: str, url: str, namespace: str) -> tuple[int, str, str]:
     with anyio.fail_after(30):
         result = await anyio.run_process(
             [sys.executable, "-m", "keyserial", *args, "--redis", url, "--namespace", namespace],
-            cwd=ROOT, check=False,
+            cwd=ROOT,
+            check=False,
         )
     return result.returncode, result.stdout.decode(), result.stderr.decode()
 
@@ -224,8 +233,12 @@ def service_user(admin: redis.Redis, redis_url: str, service: str) -> Iterator[s
     ``service``), created on the server under a fresh name: its URL."""
     own = documented_rules("client-billing")[0]
     name, password = f"ks-{service}-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
-    rules = [rule.replace(">BILLING_PASSWORD", f">{password}")
-             .replace(":reply:billing.", f":reply:{service}.") for rule in own]
+    rules = [
+        rule.replace(">BILLING_PASSWORD", f">{password}").replace(
+            ":reply:billing.", f":reply:{service}."
+        )
+        for rule in own
+    ]
     admin.execute_command("ACL", "SETUSER", name, *rules)
     cluster = bool(admin.info("cluster").get("cluster_enabled"))
     for extra in _rules_for("client", cluster=cluster, fsync=False)[1:]:  # (as documented)
@@ -243,8 +256,10 @@ async def test_a_service_user_serves_its_clients_and_cannot_reach_another_servic
     submit, transfer and read results. Another service's user can publish on neither their
     reply channels nor the workers' coordination channels: it cannot forge their replies."""
     source, target = keys_on_shard(0, 4, 1, "acct")[0], keys_on_shard(2, 4, 1, "acct")[0]
-    with (service_user(users.admin, redis_url, "billing") as billing_url,
-          service_user(users.admin, redis_url, "evil") as evil_url):
+    with (
+        service_user(users.admin, redis_url, "billing") as billing_url,
+        service_user(users.admin, redis_url, "evil") as evil_url,
+    ):
         evil = redis.asyncio.Redis.from_url(evil_url)
         try:
             async with (
@@ -274,6 +289,5 @@ async def test_a_client_whose_service_its_user_does_not_allow_fails_to_connect(
         with service_user(users.admin, redis_url, "billing") as billing_url:
             for service in ("", "other"):
                 with pytest.raises(keyserial.ConfigError, match="reply"):
-                    async with keyserial.connect(billing_url, namespace=namespace,
-                                                 service=service):
+                    async with keyserial.connect(billing_url, namespace=namespace, service=service):
                         pass

@@ -26,9 +26,12 @@ Scenario = Callable[[keyserial.Client], Awaitable[None]]
 
 @contextmanager
 def worker_in_thread(url: str, namespace: str) -> Iterator[None]:
-    with anyio.from_thread.start_blocking_portal() as portal, \
-            portal.wrap_async_context_manager(
-                running_worker(url, namespace, shard_count=4, apps=["tests.apps"])):
+    with (
+        anyio.from_thread.start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(
+            running_worker(url, namespace, shard_count=4, apps=["tests.apps"])
+        ),
+    ):
         yield
 
 
@@ -47,8 +50,7 @@ def test_every_client_call_works_on_the_backend(
     async def scenario(ks: keyserial.Client) -> None:
         op_id = ks.new_op_id()
         assert await ks.submit("account:1", deposit(100), op_id=op_id) == 100
-        assert await ks.transfer("account:1", "account:2", 40) == {"account:1": 60,
-                                                                    "account:2": 40}
+        assert await ks.transfer("account:1", "account:2", 40) == {"account:1": 60, "account:2": 40}
         assert await ks.submit_many(["k:1", "k:2"], apps.slow_move(0)) == ["k:1", "k:2"]
         assert await ks.result(op_id, key="account:1") == 100
         assert await ks.read("account:2") == 40

@@ -39,7 +39,8 @@ def test_every_test_the_map_names_exists() -> None:
         for path, name in tests:
             source = ROOT / path
             if not source.exists() or not re.search(
-                    rf"^(async )?def {name}\(", source.read_text(), re.MULTILINE):
+                rf"^(async )?def {name}\(", source.read_text(), re.MULTILINE
+            ):
                 missing.append(f"{claim}: {path}::{name}")
     assert not missing, missing
 

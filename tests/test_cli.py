@@ -58,7 +58,11 @@ def test_dev_serves_every_shard_on_a_machine_without_redis_and_stops_on_ctrl_c(
     env.pop("KEYSERIAL_REDIS_SERVER", None)
     process = subprocess.Popen(
         [sys.executable, "-m", "keyserial", "dev", "--port", str(port), "--shard-count", "4"],
-        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         assert process.stdout is not None
@@ -81,13 +85,23 @@ def test_dev_serves_every_shard_on_a_machine_without_redis_and_stops_on_ctrl_c(
 
 def _worker_process(*args: str) -> subprocess.Popen[str]:
     """``keyserial worker ARGS``, its stdout and stderr in one text pipe."""
-    return subprocess.Popen([sys.executable, "-m", "keyserial", "worker", *args], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "keyserial", "worker", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "keyserial", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "keyserial", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_version_prints_the_package_version() -> None:
@@ -101,7 +115,10 @@ def test_dev_prints_one_ready_line_with_the_url_the_export_and_how_to_stop() -> 
     url = f"redis://127.0.0.1:{port}/0"
     process = subprocess.Popen(
         [sys.executable, "-m", "keyserial", "dev", "--port", str(port), "--shard-count", "2"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     try:
         assert process.stdout is not None
@@ -119,8 +136,17 @@ def test_dev_prints_one_ready_line_with_the_url_the_export_and_how_to_stop() -> 
 
 
 def test_worker_refuses_a_bad_shard_list_with_a_clear_message(redis_url: str) -> None:
-    result = _cli("worker", "--redis", redis_url, "--namespace", "cli-bad-shards",
-                  "--shard-count", "16", "--shards", "0-16")
+    result = _cli(
+        "worker",
+        "--redis",
+        redis_url,
+        "--namespace",
+        "cli-bad-shards",
+        "--shard-count",
+        "16",
+        "--shards",
+        "0-16",
+    )
     assert result.returncode == 2
     assert "shard 16 does not exist with 16 shards" in result.stderr
 
@@ -141,8 +167,18 @@ def test_lease_ttl_must_be_positive_seconds(bad: str) -> None:
 def test_worker_exits_zero_on_sigterm_after_releasing_its_leases(
     redis_url: str, namespace: str
 ) -> None:
-    process = _worker_process("--redis", redis_url, "--namespace", namespace, "--shards", "0-1",
-                              "--shard-count", "2", "--lease-ttl", "0.5")
+    process = _worker_process(
+        "--redis",
+        redis_url,
+        "--namespace",
+        namespace,
+        "--shards",
+        "0-1",
+        "--shard-count",
+        "2",
+        "--lease-ttl",
+        "0.5",
+    )
     try:
         assert process.stdout is not None
         deadline = time.monotonic() + 10
@@ -179,14 +215,20 @@ def test_a_cluster_node_restarted_while_loading_its_data_is_waited_for(tmp_path:
         client.mset({f"{{k}}{n}": "x" * 100 for n in range(300)})
         client.bgrewriteaof()  # the keys go to an RDB base file, which is loaded key by key
         deadline = time.monotonic() + 10
-        while any(client.info("persistence")[field] for field in
-                  ("aof_rewrite_in_progress", "aof_rewrite_scheduled")):
+        while any(
+            client.info("persistence")[field]
+            for field in ("aof_rewrite_in_progress", "aof_rewrite_scheduled")
+        ):
             assert time.monotonic() < deadline, "the AOF rewrite did not finish"
             time.sleep(0.02)
         client.close()
-    server = LocalServer(port=writer.port, cluster=True, appendfsync="always", data_dir=data,
-                         extra_args=["--key-load-delay", "1000",
-                                     "--loading-process-events-interval-bytes", "1024"])
+    server = LocalServer(
+        port=writer.port,
+        cluster=True,
+        appendfsync="always",
+        data_dir=data,
+        extra_args=["--key-load-delay", "1000", "--loading-process-events-interval-bytes", "1024"],
+    )
     with server:
         client = redis.Redis(port=server.port)
         assert b"cluster_state:ok" in client.execute_command("CLUSTER", "INFO")
@@ -216,10 +258,25 @@ def test_worker_app_modules_are_found_in_the_current_directory(
     )
     url = standalone_server.url
     process = subprocess.Popen(
-        [sys.executable, str(_console_script(tmp_path)), "worker", "--redis", url,
-         "--namespace", namespace, "--shard-count", "2", "--app", "myshop.ops"],
-        cwd=project, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            str(_console_script(tmp_path)),
+            "worker",
+            "--redis",
+            url,
+            "--namespace",
+            namespace,
+            "--shard-count",
+            "2",
+            "--app",
+            "myshop.ops",
+        ],
+        cwd=project,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+
     async def use_it() -> int:
         async with keyserial.connect(url, shards=2, namespace=namespace) as ks:
             return await ks.submit("sku:1", keyserial.call("stock_up", 3), timeout=20)
@@ -238,8 +295,20 @@ def test_an_app_module_that_raises_on_import_shows_its_traceback(tmp_path: Path)
     usage error. (A module that cannot be found is one line: test above.)"""
     (tmp_path / "failing_app.py").write_text("def broken(:\n")
     result = subprocess.run(
-        [sys.executable, "-m", "keyserial", "worker", "--redis", "redis://127.0.0.1:1/0",
-         "--app", "failing_app"], cwd=tmp_path, capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "keyserial",
+            "worker",
+            "--redis",
+            "redis://127.0.0.1:1/0",
+            "--app",
+            "failing_app",
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 1
     assert "SyntaxError" in result.stderr and "failing_app.py" in result.stderr
@@ -249,8 +318,11 @@ def test_an_app_module_that_raises_on_import_shows_its_traceback(tmp_path: Path)
 
 @pytest.mark.parametrize(
     "url",
-    ["http://app:SECRETPW@127.0.0.1:6379/0", "redis://app:SECRETPW@127.0.0.1:abc/0",
-     "redis://app:SECRETPW@127.0.0.1:99999/0"],
+    [
+        "http://app:SECRETPW@127.0.0.1:6379/0",
+        "redis://app:SECRETPW@127.0.0.1:abc/0",
+        "redis://app:SECRETPW@127.0.0.1:99999/0",
+    ],
 )
 @pytest.mark.parametrize("command", [["status"], ["dead-letters", "list"], ["worker"]])
 def test_a_url_redis_py_cannot_use_is_one_line_without_its_password(
@@ -264,12 +336,14 @@ def test_a_url_redis_py_cannot_use_is_one_line_without_its_password(
 
 @pytest.mark.parametrize(
     "args",
-    [["show", ""], ["drop", "1795577265015", "--shard", "0"], ["replay", "notanid"],
-     ["list", "--count", "0"]],
+    [
+        ["show", ""],
+        ["drop", "1795577265015", "--shard", "0"],
+        ["replay", "notanid"],
+        ["list", "--count", "0"],
+    ],
 )
-def test_dead_letter_ids_and_counts_are_checked_before_anything_is_touched(
-    args: list[str]
-) -> None:
+def test_dead_letter_ids_and_counts_are_checked_before_anything_is_touched(args: list[str]) -> None:
     """An empty id matched every letter of a shard, and a bare timestamp all of that
     millisecond's: ``drop`` deleted letters no one named."""
     result = _cli("dead-letters", *args, "--redis", "redis://127.0.0.1:1/0")
@@ -283,9 +357,21 @@ def test_dev_keeps_data_in_a_relative_dir_and_adopts_its_shard_count_again(
     def run_dev(*args: str, port: int | None = None) -> str:
         port = free_port() if port is None else port
         process = subprocess.Popen(
-            [sys.executable, "-m", "keyserial", "dev", "--port", str(port),
-             "--data-dir", "kept", *args],
-            cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            [
+                sys.executable,
+                "-m",
+                "keyserial",
+                "dev",
+                "--port",
+                str(port),
+                "--data-dir",
+                "kept",
+                *args,
+            ],
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
         try:
@@ -309,7 +395,10 @@ def test_dev_keeps_data_in_a_relative_dir_and_adopts_its_shard_count_again(
     (tmp_path / "afile").write_text("")
     result = subprocess.run(
         [sys.executable, "-m", "keyserial", "dev", "--data-dir", "afile"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=30,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=30,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     assert result.returncode == 2
@@ -323,8 +412,18 @@ def test_a_second_signal_stops_at_once_and_still_releases_the_leases(
     flight is abandoned uncommitted, and the leases are still released (dying would leave them
     to expire), so the next worker takes over at once and runs the op, once."""
     note = tmp_path / "running"
-    process = _worker_process("--redis", redis_url, "--namespace", namespace, "--shard-count", "1",
-                              "--lease-ttl", "20", "--app", "tests.apps")
+    process = _worker_process(
+        "--redis",
+        redis_url,
+        "--namespace",
+        namespace,
+        "--shard-count",
+        "1",
+        "--lease-ttl",
+        "20",
+        "--app",
+        "tests.apps",
+    )
     try:
         assert process.stdout is not None
 

@@ -42,8 +42,10 @@ async def _served(
     url: str, namespace: str, shard_count: int = 1
 ) -> AsyncIterator[keyserial.Client]:
     """A worker owning the namespace's shards, and a client of it."""
-    async with running_worker(url, namespace, shard_count=shard_count), \
-            keyserial.connect(url, namespace=namespace) as ks:
+    async with (
+        running_worker(url, namespace, shard_count=shard_count),
+        keyserial.connect(url, namespace=namespace) as ks,
+    ):
         yield ks
 
 
@@ -114,8 +116,10 @@ async def test_a_submit_cancelled_while_queued_behind_an_append_is_never_appende
 async def test_a_submit_cancelled_after_it_is_sent_applies_and_is_found_by_its_op_id(
     redis_url: str, namespace: str
 ) -> None:
-    async with running_worker(redis_url, namespace, shard_count=2, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=2, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=2, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=2, namespace=namespace) as ks,
+    ):
         op_id = ks.new_op_id()
         stream = ShardKeys(namespace, ks.shard_of("counter:1")).stream
 
@@ -134,8 +138,10 @@ async def test_a_submit_cancelled_after_it_is_sent_applies_and_is_found_by_its_o
 
 
 async def test_new_op_ids_are_distinct_across_clients(redis_url: str, namespace: str) -> None:
-    async with keyserial.connect(redis_url, shards=2, namespace=namespace) as one, \
-            keyserial.connect(redis_url, shards=2, namespace=namespace) as two:
+    async with (
+        keyserial.connect(redis_url, shards=2, namespace=namespace) as one,
+        keyserial.connect(redis_url, shards=2, namespace=namespace) as two,
+    ):
         ids = [one.new_op_id() for _ in range(100)] + [two.new_op_id() for _ in range(100)]
         assert len(set(ids)) == 200
 
@@ -161,8 +167,10 @@ async def test_the_timeout_hint_of_a_transfer_names_its_home_and_finds_the_resul
 async def test_a_failed_transfer_carries_all_its_keys_for_fetching_its_outcome(
     redis_url: str, namespace: str
 ) -> None:
-    async with running_worker(redis_url, namespace, shard_count=4), \
-            keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=4),
+        keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
+    ):
         source, target = _keys_on_descending_shards(ks)
         with pytest.raises(InsufficientFunds) as caught:
             await ks.transfer(source, target, 20)
@@ -174,8 +182,9 @@ async def test_a_failed_transfer_carries_all_its_keys_for_fetching_its_outcome(
 async def test_a_submit_without_a_timeout_gives_up_naming_the_shard_no_worker_holds(
     redis_url: str, namespace: str
 ) -> None:
-    async with keyserial.connect(redis_url, shards=8, namespace=namespace,
-                                 submit_timeout=0.3) as ks:
+    async with keyserial.connect(
+        redis_url, shards=8, namespace=namespace, submit_timeout=0.3
+    ) as ks:
         shard = ks.shard_of("account:9")
         with pytest.raises(SubmitTimeout) as caught:
             await ks.submit("account:9", deposit(1))
@@ -186,8 +195,10 @@ async def test_a_submit_without_a_timeout_gives_up_naming_the_shard_no_worker_ho
 async def test_a_timeout_on_a_served_shard_does_not_blame_the_workers(
     redis_url: str, namespace: str
 ) -> None:
-    async with running_worker(redis_url, namespace, shard_count=2, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=2, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=2, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=2, namespace=namespace) as ks,
+    ):
         with pytest.raises(SubmitTimeout) as caught:
             await ks.submit("counter:2", apps.slow_increment(1.0), timeout=0.2)
         assert caught.value.vacant == () and "no worker" not in str(caught.value)
@@ -200,8 +211,10 @@ def test_submits_wait_30_s_at_most_unless_configured() -> None:
 async def test_a_client_used_from_another_event_loop_raises_at_once(
     redis_url: str, namespace: str
 ) -> None:
-    async with running_worker(redis_url, namespace, shard_count=2), \
-            keyserial.connect(redis_url, shards=2, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=2),
+        keyserial.connect(redis_url, shards=2, namespace=namespace) as ks,
+    ):
 
         async def submit_elsewhere() -> Any:
             return await ks.submit("account:2", deposit(3), timeout=5)
@@ -225,9 +238,10 @@ async def test_a_transfer_that_cannot_reach_redis_carries_all_its_keys(
 
 
 async def test_an_infinite_timeout_outwaits_the_default_one(redis_url: str, namespace: str) -> None:
-    async with running_worker(redis_url, namespace, shard_count=2, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=2, namespace=namespace,
-                              submit_timeout=0.1) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=2, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=2, namespace=namespace, submit_timeout=0.1) as ks,
+    ):
         assert await ks.submit("counter:3", apps.slow_increment(0.4), timeout=math.inf) == 1
 
 
@@ -253,8 +267,10 @@ async def test_closing_the_client_settles_the_submits_other_tasks_wait_on(
 
     try:
         with anyio.fail_after(10):
-            async with anyio.create_task_group() as tasks, \
-                    keyserial.connect(redis_url, shards=2, namespace=namespace) as ks:
+            async with (
+                anyio.create_task_group() as tasks,
+                keyserial.connect(redis_url, shards=2, namespace=namespace) as ks,
+            ):
                 stream = ShardKeys(namespace, ks.shard_of("account:1")).stream
                 await tasks.start(submit, ks, "appended")
                 while "appended" not in await _op_ids_in_stream(redis_url, stream):
@@ -279,8 +295,13 @@ async def test_closing_the_client_settles_the_submits_other_tasks_wait_on(
 
 @pytest.mark.parametrize(
     ("timeout", "error"),
-    [("1", TypeError), (True, TypeError), (math.nan, ValueError), (0, ValueError),
-     (-1, ValueError)],
+    [
+        ("1", TypeError),
+        (True, TypeError),
+        (math.nan, ValueError),
+        (0, ValueError),
+        (-1, ValueError),
+    ],
 )
 async def test_a_timeout_that_is_not_positive_seconds_is_refused_and_nothing_is_sent(
     standalone_server: LocalServer, namespace: str, timeout: Any, error: type[Exception]

@@ -51,9 +51,11 @@ def placement(cluster: LocalCluster, namespace: str) -> Placement:
     first, _ = cluster.ranges[1]
     victim = cluster.master_of(first)
     assert victim is not None
-    on_victim = [shard for shard in range(SHARDS)
-                 if cluster.master_of(key_slot(ShardKeys(namespace, shard).tag.encode()))
-                 is victim]
+    on_victim = [
+        shard
+        for shard in range(SHARDS)
+        if cluster.master_of(key_slot(ShardKeys(namespace, shard).tag.encode())) is victim
+    ]
     healthy = [shard for shard in range(SHARDS) if shard not in on_victim]
     assert on_victim and healthy, f"namespace {namespace!r} puts no shard on one side"
     return Placement(victim, on_victim, healthy)
@@ -70,12 +72,16 @@ class Traffic:
     resumed_at: float | None = None
 
     def in_pause(self, began: float) -> bool:
-        return (self.paused_at is not None and began >= self.paused_at
-                and (self.resumed_at is None or began < self.resumed_at))
+        return (
+            self.paused_at is not None
+            and began >= self.paused_at
+            and (self.resumed_at is None or began < self.resumed_at)
+        )
 
 
-async def submit_loop(ks: keyserial.Client, shard: int, traffic: Traffic, stop: anyio.Event,
-                      timeout: float) -> None:
+async def submit_loop(
+    ks: keyserial.Client, shard: int, traffic: Traffic, stop: anyio.Event, timeout: float
+) -> None:
     key = keys_on_shard(shard, SHARDS, 1, "acct")[0]
     traffic.acknowledged.setdefault(key, [])
     number = 0
@@ -86,8 +92,13 @@ async def submit_loop(ks: keyserial.Client, shard: int, traffic: Traffic, stop: 
         try:
             await ks.submit(key, apps.append(tag), op_id=tag, timeout=timeout)
         except KeyserialError as error:
-            traffic.failed.append((shard, round(began - (traffic.paused_at or began), 2),
-                                   f"{type(error).__name__}: {error}"[:200]))
+            traffic.failed.append(
+                (
+                    shard,
+                    round(began - (traffic.paused_at or began), 2),
+                    f"{type(error).__name__}: {error}"[:200],
+                )
+            )
             continue
         traffic.acknowledged[key].append(tag)
         if traffic.in_pause(began):
@@ -95,12 +106,10 @@ async def submit_loop(ks: keyserial.Client, shard: int, traffic: Traffic, stop: 
         await anyio.sleep(0.05)
 
 
-async def pause_past_failover(cluster: LocalCluster, victim: LocalServer,
-                              traffic: Traffic) -> None:
+async def pause_past_failover(cluster: LocalCluster, victim: LocalServer, traffic: Traffic) -> None:
     """SIGSTOP the victim until another node serves its slots, plus a second; then SIGCONT
     and wait until the cluster is whole again (the victim a replica in sync)."""
-    first = next(low for low, high in cluster.ranges
-                 if cluster.master_of(low) is victim)
+    first = next(low for low, high in cluster.ranges if cluster.master_of(low) is victim)
     others = [node for node in cluster.nodes if node is not victim]
     traffic.paused_at = time.monotonic()
     cluster.pause(victim)
@@ -113,17 +122,19 @@ async def pause_past_failover(cluster: LocalCluster, victim: LocalServer,
     await anyio.to_thread.run_sync(cluster.wait_healthy, 30)
 
 
-async def run_failover(cluster: LocalCluster, start: Callable[..., WorkerProcess],
-                       namespace: str, **settings: Any) -> tuple[Placement, Traffic, WorkerProcess]:
+async def run_failover(
+    cluster: LocalCluster, start: Callable[..., WorkerProcess], namespace: str, **settings: Any
+) -> tuple[Placement, Traffic, WorkerProcess]:
     where = placement(cluster, namespace)
-    worker = start(cluster.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS,
-                   lease_ttl=LEASE_TTL)
+    worker = start(
+        cluster.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS, lease_ttl=LEASE_TTL
+    )
     traffic = Traffic()
-    async with keyserial.connect(cluster.url, shards=SHARDS, namespace=namespace,
-                                 **settings) as ks:
+    async with keyserial.connect(cluster.url, shards=SHARDS, namespace=namespace, **settings) as ks:
         for shard in range(SHARDS):  # every shard owned and answering before the fault
-            await ks.submit(keys_on_shard(shard, SHARDS, 1, "warm")[0], apps.append("w"),
-                            timeout=20)
+            await ks.submit(
+                keys_on_shard(shard, SHARDS, 1, "warm")[0], apps.append("w"), timeout=20
+            )
         stop = anyio.Event()
         async with anyio.create_task_group() as group:
             for shard in range(SHARDS):
@@ -144,30 +155,34 @@ async def test_a_paused_master_stalls_only_the_shards_it_serves(
     assert not healthy_failures, (
         f"ops on healthy masters' shards {where.healthy} failed during the pause of"
         f" {where.victim.port} (shard, seconds after the pause, error): {healthy_failures};"
-        f" worker log: {worker.log()[-3000:]}")
+        f" worker log: {worker.log()[-3000:]}"
+    )
     starved = [shard for shard in where.healthy if traffic.during_pause.get(shard, 0) < 3]
-    assert not starved, f"healthy shards {starved} committed < 3 ops during the pause:" \
-                        f" {traffic.during_pause}"
+    assert not starved, (
+        f"healthy shards {starved} committed < 3 ops during the pause: {traffic.during_pause}"
+    )
 
 
 def durable_settings() -> dict[str, Any]:
     try:
         Settings(durable_replicas=1)  # type: ignore[call-arg]
     except TypeError:
-        pytest.skip("Settings has no durable_replicas yet (the durability setting): this test"
-                    " runs once it lands")
+        pytest.skip(
+            "Settings has no durable_replicas yet (the durability setting): this test"
+            " runs once it lands"
+        )
     return {"durable_replicas": 1}
 
 
 async def test_with_durable_replicas_no_acknowledged_op_is_lost_in_a_failover(
-    cluster: LocalCluster, start: Callable[..., WorkerProcess],
-    monkeypatch: pytest.MonkeyPatch
+    cluster: LocalCluster, start: Callable[..., WorkerProcess], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     settings = durable_settings()
     monkeypatch.setenv("KEYSERIAL_DURABLE_REPLICAS", "1")  # the worker process's setting
     _, traffic, _ = await run_failover(cluster, start, "failover-durable", **settings)
-    async with keyserial.connect(cluster.url, shards=SHARDS, namespace="failover-durable",
-                                 **settings) as ks:
+    async with keyserial.connect(
+        cluster.url, shards=SHARDS, namespace="failover-durable", **settings
+    ) as ks:
         lost = {}
         for key, tags in traffic.acknowledged.items():
             final = await ks.submit(key, apps.peek(), timeout=20) or []
@@ -211,8 +226,9 @@ class CommitsAhead:
         self.replicas = self.cluster.cut_off_replicas(self.master)
         for tag in self.tags:
             group.start_soon(self._submit, tag)
-        await eventually(lambda: len(stored_on(self.master, self.keys, self.tags))
-                         == len(self.tags), timeout=20)
+        await eventually(
+            lambda: len(stored_on(self.master, self.keys, self.tags)) == len(self.tags), timeout=20
+        )
 
     async def master_lost(self) -> LocalServer:
         """Kill the master (none of the appends acknowledged yet); its first replica, resumed,
@@ -224,7 +240,8 @@ class CommitsAhead:
         successor = self.replicas[0]
         await anyio.to_thread.run_sync(self.cluster.take_over, successor)
         assert stored_on(successor, self.keys, self.tags) == [], (
-            "the new master has the ops already")
+            "the new master has the ops already"
+        )
         return successor
 
     async def _submit(self, tag: str) -> None:
@@ -233,7 +250,8 @@ class CommitsAhead:
 
 
 async def test_with_durable_replicas_a_master_lost_ahead_of_its_replica_loses_no_ack(
-    cluster: LocalCluster, start: Callable[..., WorkerProcess],
+    cluster: LocalCluster,
+    start: Callable[..., WorkerProcess],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The window durability is for: a master commits ops its stopped replica lacks, then dies
@@ -245,11 +263,11 @@ async def test_with_durable_replicas_a_master_lost_ahead_of_its_replica_loses_no
     shard = where.stalled[0]
     keys = ShardKeys(namespace, shard)
     monkeypatch.setenv("KEYSERIAL_DURABLE_REPLICAS", "1")
-    start(cluster.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS,
-          lease_ttl=LEASE_TTL)
+    start(cluster.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS, lease_ttl=LEASE_TTL)
     key = keys_on_shard(shard, SHARDS, 1, "acct")[0]
-    async with keyserial.connect(cluster.url, shards=SHARDS, namespace=namespace,
-                                 durable_replicas=1, idle_poll=0.3) as ks:
+    async with keyserial.connect(
+        cluster.url, shards=SHARDS, namespace=namespace, durable_replicas=1, idle_poll=0.3
+    ) as ks:
         await ks.submit(key, apps.append("warm"), op_id="warm", timeout=20)
         ahead = CommitsAhead(cluster, where.victim, keys, ks, key)
         async with anyio.create_task_group() as group:
@@ -266,7 +284,8 @@ async def test_with_durable_replicas_a_master_lost_ahead_of_its_replica_loses_no
 
 
 async def test_with_durable_replicas_an_owner_never_builds_on_commits_a_failover_lost(
-    start: Callable[..., WorkerProcess], monkeypatch: pytest.MonkeyPatch,
+    start: Callable[..., WorkerProcess],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """An owner whose lease outlives a failover must not go on from its cache: the master
     replied to commits its replicas never got (the WAIT behind them timed out, so no caller was
@@ -288,11 +307,13 @@ async def test_with_durable_replicas_an_owner_never_builds_on_commits_a_failover
         keys = ShardKeys(namespace, shard)
         monkeypatch.setenv("KEYSERIAL_DURABLE_REPLICAS", "1")
         # A lease longer than the failover: the owner keeps the shard across it.
-        worker = start(cluster.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS,
-                       lease_ttl=8.0)
+        worker = start(
+            cluster.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS, lease_ttl=8.0
+        )
         key = keys_on_shard(shard, SHARDS, 1, "acct")[0]
-        async with keyserial.connect(cluster.url, shards=SHARDS, namespace=namespace,
-                                     durable_replicas=1, idle_poll=0.3) as ks:
+        async with keyserial.connect(
+            cluster.url, shards=SHARDS, namespace=namespace, durable_replicas=1, idle_poll=0.3
+        ) as ks:
             await ks.submit(key, apps.append("warm"), op_id="warm", timeout=20)
             replicas = cluster.replicas_of(where.victim)
             await eventually(lambda: all(replica_has(each, keys, "warm") for each in replicas))
@@ -305,6 +326,7 @@ async def test_with_durable_replicas_an_owner_never_builds_on_commits_a_failover
             final = await ks.submit(key, apps.peek(), timeout=20)
         # Each op has its outcome where the shard lives now: a resubmit returns it, not a run.
         assert stored_on(successor, keys, ahead.tags) == ahead.tags, (
-            "ops acknowledged with no stored outcome")
+            "ops acknowledged with no stored outcome"
+        )
     assert sorted(ahead.acknowledged) == ahead.tags
     assert final[0] == "warm" and sorted(final[1:]) == ahead.tags, f"lost or applied twice: {final}"

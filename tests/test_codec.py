@@ -48,9 +48,13 @@ def test_arguments_json_cannot_carry_are_refused_before_sending() -> None:
 
 @pytest.mark.parametrize(
     ("fields", "reason"),
-    [({b"ops": b"[]"}, "wire version"), ({b"v": b"2", b"ops": b"[]"}, "wire version"),
-     ({b"v": b"1"}, "no 'ops'"), ({b"v": b"1", b"ops": b"{nope"}, "not valid JSON"),
-     ({b"v": b"1", b"ops": b"[]"}, "non-empty JSON array")],
+    [
+        ({b"ops": b"[]"}, "wire version"),
+        ({b"v": b"2", b"ops": b"[]"}, "wire version"),
+        ({b"v": b"1"}, "no 'ops'"),
+        ({b"v": b"1", b"ops": b"{nope"}, "not valid JSON"),
+        ({b"v": b"1", b"ops": b"[]"}, "non-empty JSON array"),
+    ],
 )
 def test_unreadable_entries_say_why(fields: dict[bytes, bytes], reason: str) -> None:
     with pytest.raises(MalformedEntry, match=reason):
@@ -68,13 +72,22 @@ def test_one_bad_envelope_does_not_spoil_its_entry() -> None:
 def test_replies_carry_outcomes_verbatim() -> None:
     message = encode_reply([("a", encode_ok({"x": 1})), ("b", encode_error("ValueError", "no"))])
     assert decode_reply(message) == [
-        ("a", {"ok": {"x": 1}}), ("b", {"error": {"type": "ValueError", "message": "no"}})
+        ("a", {"ok": {"x": 1}}),
+        ("b", {"error": {"type": "ValueError", "message": "no"}}),
     ]
 
 
-@pytest.mark.parametrize("pairs", [
-    [["a", 5]], [["a", {"error": 5}]], [["a", {"neither": 1}]], [[5, {"ok": 1}]], [["a"]], 7,
-])
+@pytest.mark.parametrize(
+    "pairs",
+    [
+        [["a", 5]],
+        [["a", {"error": 5}]],
+        [["a", {"neither": 1}]],
+        [[5, {"ok": 1}]],
+        [["a"]],
+        7,
+    ],
+)
 def test_a_reply_whose_outcomes_are_not_outcomes_is_refused_whole(pairs: object) -> None:
     with pytest.raises((ValueError, KeyError, TypeError)):
         decode_reply(json.dumps({"v": 1, "r": pairs}))
@@ -83,10 +96,23 @@ def test_a_reply_whose_outcomes_are_not_outcomes_is_refused_whole(pairs: object)
 _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii=False)
 
 
-@pytest.mark.parametrize("value", [
-    0, -5, 10**30, True, None, 1.5, "", "plain", 'a"b\\c\n\t\x00\x1f\x7f', "\u2028é😀",
-    [1, "x"], {"k": [None]},
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        0,
+        -5,
+        10**30,
+        True,
+        None,
+        1.5,
+        "",
+        "plain",
+        'a"b\\c\n\t\x00\x1f\x7f',
+        "\u2028é😀",
+        [1, "x"],
+        {"k": [None]},
+    ],
+)
 def test_dumps_shortcuts_write_exactly_what_the_encoder_writes(value: object) -> None:
     """Ints and strings skip the encoder (a busy worker's most common values): same text."""
     assert dumps(value) == _ENCODER.encode(value)
@@ -114,9 +140,11 @@ def test_dumps_refuses_what_redis_or_a_reader_could_not_take_back(value: object)
 
 
 def test_an_envelope_with_a_lone_surrogate_is_refused_alone() -> None:
-    ops = '[{"id":"a","key":"k","op":"append","args":["\\ud83d"]},' \
-          '{"id":"\\ud83d","key":"k","op":"append"},{"id":"b","key":"k","op":"append",' \
-          '"args":["\\ud83d\\ude00"]}]'
+    ops = (
+        '[{"id":"a","key":"k","op":"append","args":["\\ud83d"]},'
+        '{"id":"\\ud83d","key":"k","op":"append"},{"id":"b","key":"k","op":"append",'
+        '"args":["\\ud83d\\ude00"]}]'
+    )
     first, anonymous, fine = decode_entry({b"v": b"1", b"ops": ops.encode()})
     assert isinstance(first, MalformedEntry) and first.op_id == "a"
     assert "not valid Unicode" in first.reason
@@ -135,10 +163,31 @@ def test_an_error_outcome_always_encodes() -> None:
     assert outcome == {"error": {"type": "ValueError", "message": "bad \\ud83d"}}
 
 
-@pytest.mark.parametrize("text", [
-    "0", "-0", "7", "-12", "123456789012345678901234567890", "01", "-01", "", "-", "1.5",
-    "1e3", " 1", "1 ", "\u0661", "²", "true", "null", "[1]", '"x"', "-1.0",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "0",
+        "-0",
+        "7",
+        "-12",
+        "123456789012345678901234567890",
+        "01",
+        "-01",
+        "",
+        "-",
+        "1.5",
+        "1e3",
+        " 1",
+        "1 ",
+        "\u0661",
+        "²",
+        "true",
+        "null",
+        "[1]",
+        '"x"',
+        "-1.0",
+    ],
+)
 def test_loads_shortcut_for_ints_reads_exactly_what_json_reads(text: str) -> None:
     """Canonical ints are parsed directly; anything else (or not JSON at all) is json's."""
     try:
@@ -156,6 +205,7 @@ def test_an_op_id_is_bound_to_its_op_unless_a_client_generated_it() -> None:
     """A chosen id is bound to the op's name, keys and arguments (16 hex digits); an id in the
     form keyserial's clients generate is not: no one can guess one (and binding every op cost a
     hot key a tenth of its throughput)."""
+
     def envelope(op_id: str, *args: object) -> Envelope:
         return Envelope(op_id, ("account:5",), "deposit", list(args), {}, None)
 

@@ -62,8 +62,10 @@ def monitored(server: LocalServer) -> Iterator[list[dict[str, Any]]]:
 async def senders(seen: list[dict[str, Any]], *names: str) -> dict[str, set[str]]:
     """The connections (client ports) that sent each named command, once MONITOR has shown a
     WAIT (the last command of a confirmed round trip)."""
-    await eventually(lambda: any(each["command"].startswith("WAIT") for each in seen),
-                     message="a WAIT seen by MONITOR")
+    await eventually(
+        lambda: any(each["command"].startswith("WAIT") for each in seen),
+        message="a WAIT seen by MONITOR",
+    )
     by_name: dict[str, set[str]] = {name: set() for name in names}
     for each in seen:
         name = each["command"].split(" ", 1)[0]
@@ -89,7 +91,8 @@ def one_connection(sent: dict[str, set[str]], *names: str) -> set[str]:
 
 
 async def test_a_stored_result_is_read_on_the_connection_its_wait_confirms(
-    cluster_server: LocalServer, backend: Backend,
+    cluster_server: LocalServer,
+    backend: Backend,
 ) -> None:
     shard = ShardKeys("confirm-read", 0)
     await backend.call("HSET", shard.results, "op-1", '{"value":1}')
@@ -103,7 +106,8 @@ async def test_a_stored_result_is_read_on_the_connection_its_wait_confirms(
 
 
 async def test_script_calls_run_on_the_connection_their_wait_confirms(
-    cluster_server: LocalServer, backend: Backend,
+    cluster_server: LocalServer,
+    backend: Backend,
 ) -> None:
     shard = ShardKeys("confirm-calls", 0)
     await backend.call("SET", shard.epoch, "7")
@@ -117,7 +121,8 @@ async def test_script_calls_run_on_the_connection_their_wait_confirms(
 
 
 async def test_a_durable_call_is_returned_from_a_pipeline_its_own_wait_confirmed(
-    cluster_server: LocalServer, backend: Backend,
+    cluster_server: LocalServer,
+    backend: Backend,
 ) -> None:
     """What a participant does to read a decision: through the pipeliner, with its WAIT."""
     shard = ShardKeys("confirm-durably", 0)

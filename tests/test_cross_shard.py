@@ -39,8 +39,10 @@ async def test_transfer_across_shards_is_atomic_refuses_overdrafts_and_is_idempo
     redis_url: str, namespace: str
 ) -> None:
     source, target = keys_on_shard(3, SHARDS, 1, "acct")[0], keys_on_shard(9, SHARDS, 1, "acct")[0]
-    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
-            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS),
+        keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+    ):
         await ks.submit(source, deposit(100))
         # Either direction: the home shard is the lower one whichever key comes first.
         assert await ks.transfer(source, target, 30, op_id="t1") == {source: 70, target: 30}
@@ -58,8 +60,10 @@ async def test_an_op_on_three_shards_sees_and_writes_every_key(
     redis_url: str, namespace: str
 ) -> None:
     keys = [keys_on_shard(shard, SHARDS, 1, "acct")[0] for shard in (12, 2, 7)]
-    async with running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+    ):
         await ks.submit(keys[0], apps.open_account(50))
         assert await ks.submit_many(keys, apps.pay(20), op_id="split") == 10
         with pytest.raises(InsufficientFunds):
@@ -80,15 +84,18 @@ async def test_random_ops_across_shards_in_both_directions_never_deadlock(
     shards = 8
     keys = [f"acct:{n}" for n in range(10)]
     assert len({keyserial.shard_for(key, shards) for key in keys}) >= 5
-    async with running_worker(redis_url, namespace, shard_count=shards, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=shards, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=shards, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=shards, namespace=namespace) as ks,
+    ):
         rng = random.Random(5)
         plans = [(f"op-{n}", rng.sample(keys, rng.randint(2, 4))) for n in range(80)]
         with anyio.fail_after(60):
             async with anyio.create_task_group() as group:
                 for op_id, op_keys in plans:
-                    group.start_soon(lambda i=op_id, k=op_keys: ks.submit_many(
-                        k, apps.slow_move(0.002), op_id=i))
+                    group.start_soon(
+                        lambda i=op_id, k=op_keys: ks.submit_many(k, apps.slow_move(0.002), op_id=i)
+                    )
         for key in keys:
             applied = await ks.read(key) or []
             assert sorted(applied) == sorted(op_id for op_id, k in plans if key in k), key
@@ -109,14 +116,27 @@ async def test_only_the_involved_keys_wait_while_an_op_waits_on_another_shard(
     split = owners == "two workers"
     async with AsyncExitStack() as stack:
         if split:
-            await stack.enter_async_context(running_worker(
-                redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"],
-                shards=[participant]))
-        await stack.enter_async_context(running_worker(
-            redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"],
-            shards=[s for s in range(SHARDS) if s != participant] if split else None))
+            await stack.enter_async_context(
+                running_worker(
+                    redis_url,
+                    namespace,
+                    shard_count=SHARDS,
+                    apps=["tests.apps"],
+                    shards=[participant],
+                )
+            )
+        await stack.enter_async_context(
+            running_worker(
+                redis_url,
+                namespace,
+                shard_count=SHARDS,
+                apps=["tests.apps"],
+                shards=[s for s in range(SHARDS) if s != participant] if split else None,
+            )
+        )
         ks = await stack.enter_async_context(
-            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace))
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace)
+        )
         done: list[str] = []
 
         async def run(name: str, op: Any) -> None:
@@ -126,13 +146,18 @@ async def test_only_the_involved_keys_wait_while_an_op_waits_on_another_shard(
         async with anyio.create_task_group() as group:
             group.start_soon(run, "busy", ks.submit(busy, apps.hold(1.0, str(note))))
             await eventually(lambda: noted(note), message="the participant key is busy")
-            group.start_soon(run, "move", ks.submit_many([held, busy], apps.slow_move(0),
-                                                         op_id="move"))
-            await eventually(lambda: fetched(redis_url, namespace, home, "move"),
-                             message="the home shard's owner fetched the op")
+            group.start_soon(
+                run, "move", ks.submit_many([held, busy], apps.slow_move(0), op_id="move")
+            )
+            await eventually(
+                lambda: fetched(redis_url, namespace, home, "move"),
+                message="the home shard's owner fetched the op",
+            )
             if split:
-                await eventually(lambda: grant_requests(redis_url, namespace, participant),
-                                 message="the grant request reached the participant shard")
+                await eventually(
+                    lambda: grant_requests(redis_url, namespace, participant),
+                    message="the grant request reached the participant shard",
+                )
             group.start_soon(run, "after-move", ks.submit(held, apps.append("after")))
             started = time.monotonic()
             await ks.submit(other_home, apps.append("x"))
@@ -157,22 +182,39 @@ async def test_an_op_on_a_participant_key_waits_for_the_cross_shard_op_holding_i
     split = owners == "two workers"
     async with AsyncExitStack() as stack:
         if split:
-            await stack.enter_async_context(running_worker(
-                redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"], shards=[5]))
-        await stack.enter_async_context(running_worker(
-            redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"],
-            shards=[s for s in range(SHARDS) if s != 5] if split else None))
+            await stack.enter_async_context(
+                running_worker(
+                    redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"], shards=[5]
+                )
+            )
+        await stack.enter_async_context(
+            running_worker(
+                redis_url,
+                namespace,
+                shard_count=SHARDS,
+                apps=["tests.apps"],
+                shards=[s for s in range(SHARDS) if s != 5] if split else None,
+            )
+        )
         ks = await stack.enter_async_context(
-            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace))
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace)
+        )
         with anyio.fail_after(20):
             async with anyio.create_task_group() as group:
-                group.start_soon(lambda: ks.submit_many([held, participant_key],
-                                                        apps.slow_move(0.5), op_id="move"))
-                await eventually(lambda: fetched(redis_url, namespace, 1, "move"),
-                                 message="the home shard's owner fetched the op")
+                group.start_soon(
+                    lambda: ks.submit_many(
+                        [held, participant_key], apps.slow_move(0.5), op_id="move"
+                    )
+                )
+                await eventually(
+                    lambda: fetched(redis_url, namespace, 1, "move"),
+                    message="the home shard's owner fetched the op",
+                )
                 if split:  # the op's place on the participant shard is its grant request's
-                    await eventually(lambda: grant_requests(redis_url, namespace, 5),
-                                     message="the grant request reached the participant shard")
+                    await eventually(
+                        lambda: grant_requests(redis_url, namespace, 5),
+                        message="the grant request reached the participant shard",
+                    )
                 after = await ks.submit(participant_key, apps.append("after"))
         assert after == ["move", "after"]
         assert await ks.read(held) == ["move"]
@@ -184,8 +226,11 @@ def fetched(url: str, namespace: str, shard: int, op_id: str) -> bool:
     try:
         keys = ShardKeys(namespace, shard)
         horizon = client.get(keys.horizon)
-        carrying = [entry_id for entry_id, fields in client.xrange(keys.stream)
-                    if f'"id":"{op_id}"'.encode() in fields[b"ops"]]
+        carrying = [
+            entry_id
+            for entry_id, fields in client.xrange(keys.stream)
+            if f'"id":"{op_id}"'.encode() in fields[b"ops"]
+        ]
         return bool(horizon and carrying) and _id(horizon) >= _id(carrying[0])
     finally:
         client.close()
@@ -232,8 +277,7 @@ async def test_bank_two_workers_32_clients_money_conserved_each_op_applied_once(
                 await ks.submit(account, apps.open_account(opening), timeout=30)
 
             async def client(plans_of_client: list[tuple[str, list[str], int]]) -> None:
-                async with keyserial.connect(redis_url, shards=SHARDS,
-                                             namespace=namespace) as own:
+                async with keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as own:
                     for op_id, keys, amount in plans_of_client:
                         outcomes[op_id] = await pay_once(own, op_id, keys, amount)
 
@@ -262,11 +306,11 @@ async def test_the_decision_record_is_in_the_home_shard_and_expires_with_results
     async def stored(keys: ShardKeys) -> set[bytes]:
         return set(await client.hkeys(keys.results)) | set(await client.hkeys(keys.results_old))
 
-    async with running_worker(redis_url, namespace, shard_count=SHARDS, shards="0-7",
-                              result_ttl=0.3), \
-            running_worker(redis_url, namespace, shard_count=SHARDS, shards="8-15",
-                           result_ttl=0.3), \
-            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS, shards="0-7", result_ttl=0.3),
+        running_worker(redis_url, namespace, shard_count=SHARDS, shards="8-15", result_ttl=0.3),
+        keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+    ):
         await ks.submit(source, deposit(10))
         await ks.transfer(source, target, 3, op_id="rec")
         try:
@@ -286,8 +330,10 @@ async def test_an_unknown_or_single_key_op_across_shards_is_refused_with_nothing
     redis_url: str, namespace: str
 ) -> None:
     first, second = keys_on_shard(2, SHARDS, 1, "k")[0], keys_on_shard(6, SHARDS, 1, "k")[0]
-    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
-            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS),
+        keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+    ):
         with pytest.raises(keyserial.UnknownOperation):
             await ks.submit_many([first, second], keyserial.call("teleport"))
         with pytest.raises(keyserial.MalformedOperation, match=r"takes one key"):
@@ -298,8 +344,11 @@ async def test_an_unknown_or_single_key_op_across_shards_is_refused_with_nothing
 
 @pytest.mark.parametrize("when", ["while the op runs", "while the op waits for the key"])
 async def test_a_participant_shard_changing_hands_mid_op_sends_the_op_through_grants(
-    standalone_server: LocalServer, namespace: str, tmp_path: Path,
-    caplog: pytest.LogCaptureFixture, when: str,
+    standalone_server: LocalServer,
+    namespace: str,
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
+    when: str,
 ) -> None:
     """One worker owns both shards, so the op holds the participant's key in process and
     commits both shards in one script, fenced by both epochs. If the participant shard changes
@@ -315,16 +364,21 @@ async def test_a_participant_shard_changing_hands_mid_op_sends_the_op_through_gr
     url = standalone_server.url
     source, target = keys_on_shard(0, 4, 1, "acct")[0], keys_on_shard(2, 4, 1, "acct")[0]
     note = tmp_path / "paying"
-    async with running_worker(url, namespace, shard_count=4, apps=["tests.apps"], lease_ttl=1.0), \
-            keyserial.connect(url, shards=4, namespace=namespace) as ks:
+    async with (
+        running_worker(url, namespace, shard_count=4, apps=["tests.apps"], lease_ttl=1.0),
+        keyserial.connect(url, shards=4, namespace=namespace) as ks,
+    ):
         for account in (source, target):
             await ks.submit(account, apps.open_account(100))
         async with anyio.create_task_group() as group:
             answers: list[Any] = []
 
             async def pay() -> None:
-                answers.append(await ks.submit_many([source, target], apps.pay(10, 0.5, str(note)),
-                                                    op_id="moved", timeout=20))
+                answers.append(
+                    await ks.submit_many(
+                        [source, target], apps.pay(10, 0.5, str(note)), op_id="moved", timeout=20
+                    )
+                )
 
             if when == "while the op runs":
                 group.start_soon(pay)
@@ -336,8 +390,9 @@ async def test_a_participant_shard_changing_hands_mid_op_sends_the_op_through_gr
                 group.start_soon(ks.submit, target, apps.hold(2.0, str(busy)))
                 await eventually(busy.exists, message="the participant's key is busy")
                 group.start_soon(pay)
-                await eventually(lambda: fetched(url, namespace, 0, "moved"),
-                                 message="the op fetched")
+                await eventually(
+                    lambda: fetched(url, namespace, 0, "moved"), message="the op fetched"
+                )
             # Another owner took shard 2 (and left): its epoch moved on, its lease is gone.
             client = redis.asyncio.Redis.from_url(url)
             participant = ShardKeys(namespace, 2)
@@ -356,7 +411,9 @@ async def test_a_participant_shard_changing_hands_mid_op_sends_the_op_through_gr
 
 
 async def test_a_sync_op_whose_commit_is_fenced_out_takes_the_grant_path_keeping_its_order(
-    standalone_server: LocalServer, namespace: str, tmp_path: Path,
+    standalone_server: LocalServer,
+    namespace: str,
+    tmp_path: Path,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A sync op on idle keys is held, run and its commit queued with no task. Here another
@@ -369,18 +426,25 @@ async def test_a_sync_op_whose_commit_is_fenced_out_takes_the_grant_path_keeping
     source, target = keys_on_shard(0, 4, 1, "acct")[0], keys_on_shard(2, 4, 1, "acct")[0]
     note = tmp_path / "paying"
     participant = ShardKeys(namespace, 2)
-    async with running_worker(url, namespace, shard_count=4, apps=["tests.apps"], lease_ttl=1.0), \
-            keyserial.connect(url, shards=4, namespace=namespace) as ks:
+    async with (
+        running_worker(url, namespace, shard_count=4, apps=["tests.apps"], lease_ttl=1.0),
+        keyserial.connect(url, shards=4, namespace=namespace) as ks,
+    ):
         for account in (source, target):
             await ks.submit(account, apps.open_account(100))
         answers: list[Any] = []
 
         async def pay() -> None:
-            answers.append(await ks.submit_many(
-                [source, target],
-                apps.pay_while_taken_over(10, url, participant.epoch, participant.lease,
-                                          str(note)),
-                op_id="moved", timeout=20))
+            answers.append(
+                await ks.submit_many(
+                    [source, target],
+                    apps.pay_while_taken_over(
+                        10, url, participant.epoch, participant.lease, str(note)
+                    ),
+                    op_id="moved",
+                    timeout=20,
+                )
+            )
 
         async with anyio.create_task_group() as group:
             group.start_soon(pay)
@@ -404,11 +468,12 @@ async def test_concurrent_sync_payments_of_one_worker_across_shards_apply_each_o
     shards, opening = 8, 1_000
     accounts = [keys_on_shard(shard, shards, 1, "acct")[0] for shard in range(shards)]
     rng = random.Random(11)
-    plans = [(f"pay-{n}", rng.sample(accounts, 2 + n % 2), rng.randint(1, 300))
-             for n in range(240)]
+    plans = [(f"pay-{n}", rng.sample(accounts, 2 + n % 2), rng.randint(1, 300)) for n in range(240)]
     outcomes: dict[str, str] = {}
-    async with running_worker(redis_url, namespace, shard_count=shards, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=shards, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=shards, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=shards, namespace=namespace) as ks,
+    ):
         for account in accounts:
             await ks.submit(account, apps.open_account(opening))
 
@@ -440,8 +505,10 @@ async def test_a_grant_request_lost_before_its_participant_saw_it_is_appended_ag
     source, target = keys_on_shard(0, 2, 1, "src")[0], keys_on_shard(1, 2, 1, "dst")[0]
     stream = ShardKeys(namespace, 1).stream
     admin = sync_redis.Redis.from_url(redis_url)
-    async with running_worker(redis_url, namespace, shards=[0], shard_count=2, idle_poll=0.1), \
-            keyserial.connect(redis_url, shards=2, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shards=[0], shard_count=2, idle_poll=0.1),
+        keyserial.connect(redis_url, shards=2, namespace=namespace) as ks,
+    ):
         await ks.submit(source, deposit(10), timeout=10)
         results: list[Any] = []
 
@@ -471,8 +538,10 @@ async def test_a_malformed_coordination_message_is_logged_and_ignored(
     caplog.set_level(logging.ERROR, "keyserial.worker")
     source, target = keys_on_shard(3, SHARDS, 1, "acct")[0], keys_on_shard(9, SHARDS, 1, "acct")[0]
     garbage = [b"not json", b'{"op": "x"}', b'{"t": "g", "op": "x"}', b'{"t": "d", "op": 1}']
-    async with running_worker(redis_url, namespace, shard_count=SHARDS) as worker, \
-            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS) as worker,
+        keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+    ):
         client = redis.asyncio.Redis.from_url(redis_url)
         try:
             channel = f"ks:{namespace}:worker:{worker.token}"
@@ -480,8 +549,15 @@ async def test_a_malformed_coordination_message_is_logged_and_ignored(
                 assert await client.publish(channel, message) == 1
         finally:
             await client.aclose()
-        await eventually(lambda: sum("malformed coordination message" in record.getMessage()
-                                     for record in caplog.records) == len(garbage),
-                         message="every malformed message logged")
+        await eventually(
+            lambda: (
+                sum(
+                    "malformed coordination message" in record.getMessage()
+                    for record in caplog.records
+                )
+                == len(garbage)
+            ),
+            message="every malformed message logged",
+        )
         await ks.submit(source, deposit(10), timeout=10)
         assert await ks.transfer(source, target, 4, timeout=10) == {source: 6, target: 4}

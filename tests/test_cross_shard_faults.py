@@ -118,7 +118,6 @@ async def test_participant_killed_while_holding_keys(
         await check_after_fault(b, fault_at)
 
 
-
 async def test_a_grant_request_lost_while_its_keys_were_busy_is_granted_at_its_new_place(
     redis_url: str, namespace: str, start: Starter, tmp_path: Path
 ) -> None:
@@ -136,8 +135,9 @@ async def test_a_grant_request_lost_while_its_keys_were_busy_is_granted_at_its_n
         async def request_fetched() -> bytes | None:
             last = await b.redis.xrevrange(shard_1.stream, count=1)
             horizon = await b.redis.get(shard_1.horizon)
-            fetched = bool(last) and b"keyserial.grant" in last[0][1][b"ops"] \
-                and horizon == last[0][0]
+            fetched = (
+                bool(last) and b"keyserial.grant" in last[0][1][b"ops"] and horizon == last[0][0]
+            )
             return last[0][0] if fetched else None
 
         await until(request_fetched, "the grant request fetched by B's owner")
@@ -145,8 +145,10 @@ async def test_a_grant_request_lost_while_its_keys_were_busy_is_granted_at_its_n
         assert lost is not None
         await b.redis.xdel(shard_1.stream, lost)
         fault_at = b.fault(group)
-        await eventually(lambda: "giving the shard up" in b.w1.log() + b.standby.log(),
-                         message="B's owner giving its shard up")
+        await eventually(
+            lambda: "giving the shard up" in b.w1.log() + b.standby.log(),
+            message="B's owner giving its shard up",
+        )
         await check_after_fault(b, fault_at)
     assert "suspect op" not in b.w1.log() + b.standby.log()
 
@@ -202,9 +204,13 @@ async def test_kill_9_of_a_worker_owning_every_shard_mid_transfers(
 
 
 async def owner_fault_mid_payments(
-    url: str, namespace: str, start: Starter,
+    url: str,
+    namespace: str,
+    start: Starter,
     fault: Callable[[WorkerProcess, Callable[[], Awaitable[None]]], Awaitable[None]],
-    pay: Any, *, seed: int,
+    pay: Any,
+    *,
+    seed: int,
 ) -> None:
     """Payments between 8 accounts through a worker owning every shard, with a standby. Once
     some have committed, the owner is frozen at a moment when it has fetched payments it has
@@ -221,19 +227,24 @@ async def owner_fault_mid_payments(
             owner, standby = await owner_and_standby(start, client, url, namespace)
 
             async def standby_holds() -> None:
-                await until(lambda: all_held_by(client, namespace, standby.pid),
-                            "the standby holds every shard")
+                await until(
+                    lambda: all_held_by(client, namespace, standby.pid),
+                    "the standby holds every shard",
+                )
 
             async def strike() -> None:
-                window = await freeze_mid_ops(owner, client, namespace, range(SHARDS),
-                                              ops=payments.__contains__)
-                unapplied.extend(op for found in window.values() for op in found.ops
-                                 if op in payments)
+                window = await freeze_mid_ops(
+                    owner, client, namespace, range(SHARDS), ops=payments.__contains__
+                )
+                unapplied.extend(
+                    op for found in window.values() for op in found.ops if op in payments
+                )
                 await fault(owner, standby_holds)
 
             with anyio.fail_after(60):
                 outcomes = await pay_through_a_fault(
-                    ks, client, namespace, accounts, plans, strike, pay)
+                    ks, client, namespace, accounts, plans, strike, pay
+                )
                 await standby_holds()
                 states = {account: await ks.submit(account, apps.peek()) for account in accounts}
     finally:
@@ -262,14 +273,21 @@ async def all_held_by(client: Any, namespace: str, pid: int) -> bool:
 def payment_plans(accounts: list[str], *, seed: int) -> list[tuple[str, list[str], int]]:
     """60 payments between random accounts, both ways; every third pays two others."""
     rng = random.Random(seed)
-    return [(f"p{n}", rng.sample(accounts, 3 if n % 3 == 0 else 2), rng.randint(1, 30))
-            for n in range(60)]
+    return [
+        (f"p{n}", rng.sample(accounts, 3 if n % 3 == 0 else 2), rng.randint(1, 30))
+        for n in range(60)
+    ]
 
 
 async def pay_through_a_fault(
-    ks: keyserial.Client, client: Any, namespace: str, accounts: list[str],
-    plans: list[tuple[str, list[str], int]], fault: Callable[[], Awaitable[None]],
-    pay_op: Any = apps.pay, outcomes: dict[str, str] | None = None,
+    ks: keyserial.Client,
+    client: Any,
+    namespace: str,
+    accounts: list[str],
+    plans: list[tuple[str, list[str], int]],
+    fault: Callable[[], Awaitable[None]],
+    pay_op: Any = apps.pay,
+    outcomes: dict[str, str] | None = None,
 ) -> dict[str, str]:
     """Open the accounts with 100 each, submit every payment at once, run ``fault`` once some
     have committed, and return how each one settled (``outcomes``, filled as they do). Each
@@ -279,8 +297,9 @@ async def pay_through_a_fault(
     outcomes = {} if outcomes is None else outcomes
 
     async def pay(op_id: str, keys: list[str], amount: int) -> None:
-        outcomes[op_id] = await pay_once(ks, op_id, keys, amount, pay_op,
-                                         inspect=(client, namespace))
+        outcomes[op_id] = await pay_once(
+            ks, op_id, keys, amount, pay_op, inspect=(client, namespace)
+        )
 
     async with anyio.create_task_group() as group:
         for op_id, keys, amount in plans:
@@ -316,17 +335,23 @@ async def test_zombie_worker_owning_every_shard_changes_nothing(
                 await ks.submit(account, apps.open_account(100), timeout=10)
 
             async def pay() -> None:
-                outcome.append(await ks.submit_many(
-                    [A, B, C], apps.pay(10, 0.3, str(note)), op_id="victim", timeout=30))
+                outcome.append(
+                    await ks.submit_many(
+                        [A, B, C], apps.pay(10, 0.3, str(note)), op_id="victim", timeout=30
+                    )
+                )
 
             with anyio.fail_after(60):
                 async with anyio.create_task_group() as group:
                     group.start_soon(pay)
-                    await eventually(lambda: noted(note),
-                                     message="the op running with every key held")
+                    await eventually(
+                        lambda: noted(note), message="the op running with every key held"
+                    )
                     owner.signal(signal.SIGSTOP)
-                    await until(lambda: all_held_by(client, namespace, standby.pid),
-                                "the standby holds every shard")
+                    await until(
+                        lambda: all_held_by(client, namespace, standby.pid),
+                        "the standby holds every shard",
+                    )
                     owner.signal(signal.SIGCONT)
                 await lost_its_shard(owner, 0)
                 states = {account: await ks.submit(account, apps.peek()) for account in (A, B, C)}
@@ -349,14 +374,16 @@ async def test_zombie_worker_owning_every_shard_mid_sync_transfers_changes_nothi
     with no task), the owner's standby takes every shard over and finishes them; resumed, the
     zombie's queued commits are fenced out: every payment lands once, and the money adds up."""
 
-    async def past_the_lease(owner: WorkerProcess,
-                             standby_holds: Callable[[], Awaitable[None]]) -> None:
+    async def past_the_lease(
+        owner: WorkerProcess, standby_holds: Callable[[], Awaitable[None]]
+    ) -> None:
         await standby_holds()  # the owner stays frozen until then
         owner.signal(signal.SIGCONT)
         await lost_its_shard(owner, 0)
 
-    await owner_fault_mid_payments(redis_url, namespace, start, past_the_lease, apps.pay_now,
-                                   seed=13)
+    await owner_fault_mid_payments(
+        redis_url, namespace, start, past_the_lease, apps.pay_now, seed=13
+    )
 
 
 @pytest.mark.parametrize("pay", [apps.pay, apps.pay_now], ids=["async", "sync"])
@@ -387,9 +414,12 @@ async def test_a_redis_restart_mid_transfers_loses_no_payment_and_applies_none_t
 
             with anyio.fail_after(90):
                 await pay_through_a_fault(
-                    ks, client, namespace, accounts, plans, restart_redis, pay, outcomes)
-                states = {account: await ks.submit(account, apps.peek(), timeout=10)
-                          for account in accounts}
+                    ks, client, namespace, accounts, plans, restart_redis, pay, outcomes
+                )
+                states = {
+                    account: await ks.submit(account, apps.peek(), timeout=10)
+                    for account in accounts
+                }
             assert worker.process.poll() is None, "the worker survived the restart"
     finally:
         await client.aclose()

@@ -48,12 +48,15 @@ async def test_a_participant_takeover_lets_no_in_process_op_overtake_a_replayed_
     decision, which carries b's state as X1 computed it before X2, overwrites it (or the other
     way round): one payment to b is lost."""
     ttl = 1.0
-    [a], [c], [b, stuck] = (keys_on_shard(shard, SHARDS, n, "race") for shard, n in
-                            ((0, 1), (1, 1), (2, 2)))
+    [a], [c], [b, stuck] = (
+        keys_on_shard(shard, SHARDS, n, "race") for shard, n in ((0, 1), (1, 1), (2, 2))
+    )
     running, paying = tmp_path / "stuck", tmp_path / "paying"
     with anyio.fail_after(60):
-        async with inspector(redis_url) as client, \
-                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+        async with (
+            inspector(redis_url) as client,
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+        ):
             home = start(redis_url, namespace, shards="0", lease_ttl=ttl)
             participant = start(redis_url, namespace, shards="2", lease_ttl=ttl)
             await wait_for_holder(client, namespace, home.pid, shards=[0], timeout=15)
@@ -61,8 +64,13 @@ async def test_a_participant_takeover_lets_no_in_process_op_overtake_a_replayed_
             successor = start(redis_url, namespace, shards="1-2", lease_ttl=ttl)
             await wait_for_holder(client, namespace, successor.pid, shards=[1], timeout=15)
             await open_accounts(ks, a, b, c)
-            await append_entry(client, namespace, 2, [
-                envelope("stuck", stuck, "hold", 3600, str(running))], fresh=True)
+            await append_entry(
+                client,
+                namespace,
+                2,
+                [envelope("stuck", stuck, "hold", 3600, str(running))],
+                fresh=True,
+            )
             await eventually(running.exists, message="the stuck op running")
 
             answers: dict[str, Any] = {}
@@ -99,16 +107,24 @@ async def test_a_lost_commit_across_reply_is_sent_again_not_taken_as_not_written
     await proxy.start()
     try:
         with anyio.fail_after(60):
-            async with inspector(redis_url) as client, \
-                    keyserial.connect(redis_url, shards=shards, namespace=namespace) as ks, \
-                    running_worker(proxy.url, namespace, shard_count=shards,
-                                   apps=["tests.apps"], lease_ttl=5.0):
+            async with (
+                inspector(redis_url) as client,
+                keyserial.connect(redis_url, shards=shards, namespace=namespace) as ks,
+                running_worker(
+                    proxy.url, namespace, shard_count=shards, apps=["tests.apps"], lease_ttl=5.0
+                ),
+            ):
                 await open_accounts(ks, a, b, d)
                 # Each byte between the worker and Redis now takes 0.5 s each way: once X's
                 # commit has run, its reply is on its way back for that long.
                 proxy.delay = 0.5
-                await append_entry(client, namespace, 0, [
-                    payment("x", [a, b], 10), payment("y", [b, d], 5)], fresh=True)
+                await append_entry(
+                    client,
+                    namespace,
+                    0,
+                    [payment("x", [a, b], 10), payment("y", [b, d], 5)],
+                    fresh=True,
+                )
                 with anyio.fail_after(10):
                     while not await client.hexists(results, "x"):
                         await anyio.sleep(0.002)
@@ -119,8 +135,9 @@ async def test_a_lost_commit_across_reply_is_sent_again_not_taken_as_not_written
                 assert await stored(client, namespace, 0, "y") == {"ok": OPENING + 10 - 5}
                 states = {}
                 for account in (a, b, d):
-                    raw = await client.hget(ShardKeys(namespace, ks.shard_of(account)).state,
-                                            account)
+                    raw = await client.hget(
+                        ShardKeys(namespace, ks.shard_of(account)).state, account
+                    )
                     states[account] = json.loads(raw)
                 plans = [("x", [a, b], 10), ("y", [b, d], 5)]
                 check_bank(states, plans, {"x": "paid", "y": "paid"}, OPENING)

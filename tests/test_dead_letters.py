@@ -37,7 +37,10 @@ async def cli(
     with anyio.fail_after(30):
         result = await anyio.run_process(
             [sys.executable, "-m", "keyserial", "dead-letters", *args, "--redis", url, *named],
-            cwd=ROOT, check=False, env={**os.environ, **(env or {})})
+            cwd=ROOT,
+            check=False,
+            env={**os.environ, **(env or {})},
+        )
     return result.returncode, result.stdout.decode(), result.stderr.decode()
 
 
@@ -67,14 +70,14 @@ def single_envelope(op_id: str, key: str) -> str:
     return json.dumps({"id": op_id, "key": key, "op": "record"})
 
 
-async def test_replaying_an_op_that_never_ran_runs_it_once(
-    redis_url: str, namespace: str
-) -> None:
+async def test_replaying_an_op_that_never_ran_runs_it_once(redis_url: str, namespace: str) -> None:
     key = keys_on_shard(1, SHARDS, 1)[0]
     client = redis.asyncio.Redis.from_url(redis_url)
     try:
-        async with running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]), \
-                keyserial.connect(redis_url, namespace=namespace) as ks:
+        async with (
+            running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]),
+            keyserial.connect(redis_url, namespace=namespace) as ks,
+        ):
             await append_raw(client, namespace, 1, single_envelope("lonely-1", key))
             await dead_lettered(client, namespace, 1, 1)
             with pytest.raises(ResultNotFound):
@@ -98,8 +101,10 @@ async def test_replaying_an_op_that_already_ran_does_not_run_it_again(
     key = keys_on_shard(0, SHARDS, 1)[0]
     client = redis.asyncio.Redis.from_url(redis_url)
     try:
-        async with running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]), \
-                keyserial.connect(redis_url, namespace=namespace) as ks:
+        async with (
+            running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]),
+            keyserial.connect(redis_url, namespace=namespace) as ks,
+        ):
             assert await ks.submit(key, apps.record(), op_id="done-1", timeout=10) == 1
             await append_raw(client, namespace, 0, single_envelope("done-1", key))
             await dead_lettered(client, namespace, 0, 1)
@@ -122,8 +127,10 @@ async def test_replaying_a_poison_op_answers_its_stored_outcome_and_never_runs_i
     url, key = standalone_server.url, keys_on_shard(0, SHARDS, 1)[0]
     with anyio.fail_after(90):
         async with keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks:
-            workers = [start(url, namespace, shards="0-1", shard_count=SHARDS, lease_ttl=0.5)
-                       for _ in range(4)]
+            workers = [
+                start(url, namespace, shards="0-1", shard_count=SHARDS, lease_ttl=0.5)
+                for _ in range(4)
+            ]
             for worker in workers:
                 await wait_for_log(worker, "serving shards", timeout=15)
             with pytest.raises(PoisonOperation):
@@ -189,14 +196,21 @@ async def test_replay_takes_its_settings_from_the_environment_and_says_what_a_fu
     async with running_worker(url, namespace, shard_count=SHARDS):
         pass  # records the shard count
     here, full = keys_on_shard(0, SHARDS, 1)[0], keys_on_shard(1, SHARDS, 1)[0]
-    ops = [{"id": "to-0", "key": here, "op": "deposit", "args": [1]},
-           {"id": "to-1", "key": full, "op": "deposit", "args": [1]}]
+    ops = [
+        {"id": "to-0", "key": here, "op": "deposit", "args": [1]},
+        {"id": "to-1", "key": full, "op": "deposit", "args": [1]},
+    ]
     client = redis.asyncio.Redis.from_url(url)
     try:
         await client.xadd(ShardKeys(namespace, 1).stream, {"v": "1", "ops": "[]"})
-        await client.xadd(ShardKeys(namespace, 0).dead, {
-            "entry": "1-0", "reason": "test", "raw": json.dumps({"v": "1", "ops": json.dumps(ops)}),
-        })
+        await client.xadd(
+            ShardKeys(namespace, 0).dead,
+            {
+                "entry": "1-0",
+                "reason": "test",
+                "raw": json.dumps({"v": "1", "ops": json.dumps(ops)}),
+            },
+        )
         env = {"KEYSERIAL_NAMESPACE": namespace, "KEYSERIAL_MAX_BACKLOG": "1"}
         code, out, err = await cli(url, None, "replay", "--all", env=env)
         assert code == 1, err
@@ -213,11 +227,17 @@ async def test_replay_takes_its_settings_from_the_environment_and_says_what_a_fu
     ("raw", "ops", "skipped"),
     [
         # A poison op's envelope, as the server's cjson re-encodes it: [] comes back as {}.
-        ('{"id":"p","key":"k","op":"x","args":{}}', [{"id": "p", "key": "k", "op": "x",
-                                                      "args": []}], []),
+        (
+            '{"id":"p","key":"k","op":"x","args":{}}',
+            [{"id": "p", "key": "k", "op": "x", "args": []}],
+            [],
+        ),
         # An unreadable entry's fields: ops as an array, or as one envelope.
-        ('{"v":"2","ops":"[{\\"id\\":\\"a\\"},{\\"op\\":\\"x\\"}]"}', [{"id": "a"}],
-         ['no op id: {"op": "x"}']),
+        (
+            '{"v":"2","ops":"[{\\"id\\":\\"a\\"},{\\"op\\":\\"x\\"}]"}',
+            [{"id": "a"}],
+            ['no op id: {"op": "x"}'],
+        ),
         ('{"v":"1","ops":"{\\"id\\":\\"b\\"}"}', [{"id": "b"}], []),
         ('{"v":"1","ops":"{nope"}', [], ["the entry's ops are not JSON"]),
         # An element with no op id.
@@ -250,8 +270,9 @@ async def test_the_acquire_that_dead_letters_an_op_publishes_no_reply(
         assert grant is not None and grant.poisoned == "poison"
         await client.publish(reply, "sentinel")
         with anyio.fail_after(5):
-            while (message := await pubsub.get_message(ignore_subscribe_messages=True,
-                                                       timeout=1)) is None:
+            while (
+                message := await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+            ) is None:
                 pass
     assert message["data"] == b"sentinel"
     assert b"PoisonOperation" in (await client.hget(keys.results, "poison") or b"")
@@ -270,13 +291,19 @@ async def test_an_unknown_op_beside_a_poison_op_is_never_struck_twice_nor_dead_l
     keys = ShardKeys(namespace, 0)
     workers = [start(redis_url, namespace, lease_ttl=0.5) for _ in range(5)]
     await all_held(client, namespace)
-    await append_entry(client, namespace, 0, [envelope("unknown", key, "not_deployed_yet"),
-                                              envelope("killer", key, "crash")], fresh=False)
+    await append_entry(
+        client,
+        namespace,
+        0,
+        [envelope("unknown", key, "not_deployed_yet"), envelope("killer", key, "crash")],
+        fresh=False,
+    )
     with anyio.fail_after(60):
         while not await client.hexists(keys.results, "killer"):
             await anyio.sleep(0.05)
-    assert json.loads(await client.hget(keys.results, "killer") or b"{}")["error"]["data"] \
-        == {"strikes": 3}
+    assert json.loads(await client.hget(keys.results, "killer") or b"{}")["error"]["data"] == {
+        "strikes": 3
+    }
     assert not await client.hexists(keys.results, "unknown")
     assert await client.hexists(keys.results, "unknown#u")
     dead = [worker.process.returncode for worker in workers if worker.process.poll() is not None]
@@ -291,12 +318,13 @@ async def test_a_poison_op_whose_arguments_json_cannot_carry_is_dead_lettered_al
     envelope must not fail the acquire (its writes before the error would stay, and every
     later acquire of the shard would fail the same way)."""
     keys = ShardKeys(namespace, 0)
-    entry = await client.xadd(keys.stream, {"v": "1", "ops": '[{"id":"poison","key":"k",'
-                                                             '"op":"crash","args":[1e400]}]'})
+    entry = await client.xadd(
+        keys.stream, {"v": "1", "ops": '[{"id":"poison","key":"k","op":"crash","args":[1e400]}]'}
+    )
     await client.set(keys.horizon, entry)
     await client.hset(keys.suspect, mapping={"op": "poison", "strikes": 2})
     grant = await backend.run_call(acquire(keys, AcquireArgs("owner", 5000, 3, "a-1")))
     assert grant is not None and grant.poisoned == "poison"
-    (_, letter), = await client.xrange(keys.dead)
+    ((_, letter),) = await client.xrange(keys.dead)
     assert json.loads(letter[b"raw"])["id"] == "poison"
     assert b"PoisonOperation" in (await client.hget(keys.results, "poison") or b"")

@@ -17,9 +17,22 @@ from tests.helpers import ROOT
 def test_dev_with_a_data_dir_persists_every_write_before_replying(tmp_path: Path) -> None:
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "keyserial", "dev", "--port", str(port), "--shard-count", "2",
-         "--data-dir", str(tmp_path / "data")],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-m",
+            "keyserial",
+            "dev",
+            "--port",
+            str(port),
+            "--shard-count",
+            "2",
+            "--data-dir",
+            str(tmp_path / "data"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     try:
         assert process.stdout is not None

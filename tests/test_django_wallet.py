@@ -26,8 +26,9 @@ SHARDS = 16
 
 
 @pytest.fixture
-def wallet_site(redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch,
-                tmp_path: Any) -> Iterator[Any]:
+def wallet_site(
+    redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> Iterator[Any]:
     """Django configured with the example's settings, pointed at this test's server and
     namespace, and a worker process serving the example's ops; yields Django's test client."""
     monkeypatch.syspath_prepend(str(EXAMPLE))
@@ -38,9 +39,24 @@ def wallet_site(redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch,
 
     log = open(tmp_path / "worker.log", "wb")  # noqa: SIM115
     worker = subprocess.Popen(
-        [sys.executable, "-m", "keyserial", "worker", "--app", "wallet.ops", "--redis", redis_url,
-         "--namespace", namespace, "--shard-count", str(SHARDS)],
-        cwd=EXAMPLE, stdout=log, stderr=log)
+        [
+            sys.executable,
+            "-m",
+            "keyserial",
+            "worker",
+            "--app",
+            "wallet.ops",
+            "--redis",
+            redis_url,
+            "--namespace",
+            namespace,
+            "--shard-count",
+            str(SHARDS),
+        ],
+        cwd=EXAMPLE,
+        stdout=log,
+        stderr=log,
+    )
     try:
         deadline = time.monotonic() + 30
         while not all(lease_holder(redis_url, namespace, s) for s in range(SHARDS)):
@@ -65,11 +81,14 @@ def _post(client: Any, path: str, body: dict[str, Any]) -> tuple[int, dict[str, 
 
 def test_concurrent_charges_through_django_never_overdraw_the_wallet(wallet_site: Any) -> None:
     assert _post(wallet_site, "/wallets/ada/top-up", {"amount": 100}) == (
-        200, {"user": "ada", "balance": 100})
+        200,
+        {"user": "ada", "balance": 100},
+    )
 
     def charge(order: int) -> int:
-        status, _ = _post(wallet_site, "/wallets/ada/charge",
-                          {"amount": 30, "order_id": f"ada-{order}"})
+        status, _ = _post(
+            wallet_site, "/wallets/ada/charge", {"amount": 30, "order_id": f"ada-{order}"}
+        )
         return status
 
     with ThreadPoolExecutor(max_workers=10) as pool:  # ten requests at once, on ten threads
@@ -92,11 +111,13 @@ def test_bad_requests_get_a_400_and_an_order_id_reused_for_another_amount_a_409(
     wallet_site: Any,
 ) -> None:
     _post(wallet_site, "/wallets/di/top-up", {"amount": 50})
-    for path, body in (("/wallets/di/top-up", {"amount": -5}),
-                       ("/wallets/di/top-up", {"amount": "ten"}),
-                       ("/wallets/di/top-up", {}),
-                       ("/wallets/di/charge", {"amount": 0, "order_id": "di-1"}),
-                       ("/wallets/di/charge", {"amount": 5})):
+    for path, body in (
+        ("/wallets/di/top-up", {"amount": -5}),
+        ("/wallets/di/top-up", {"amount": "ten"}),
+        ("/wallets/di/top-up", {}),
+        ("/wallets/di/charge", {"amount": 0, "order_id": "di-1"}),
+        ("/wallets/di/charge", {"amount": 5}),
+    ):
         status, answer = _post(wallet_site, path, body)
         assert status == 400, (path, body, answer)
     response = wallet_site.post("/wallets/di/top-up", "{not json", content_type="application/json")

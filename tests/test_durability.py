@@ -54,14 +54,17 @@ def stored_on(server: LocalServer, namespace: str, key: str, op_id: str) -> bool
 
 
 async def test_an_acknowledgement_waits_until_a_replica_has_the_commit(
-    replicated: tuple[LocalServer, LocalServer], namespace: str,
-    start: Callable[..., WorkerProcess], monkeypatch: pytest.MonkeyPatch,
+    replicated: tuple[LocalServer, LocalServer],
+    namespace: str,
+    start: Callable[..., WorkerProcess],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     master, replica = replicated
     monkeypatch.setenv("KEYSERIAL_DURABLE_REPLICAS", "1")  # the worker process's setting
     start(master.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS, lease_ttl=2.0)
-    async with keyserial.connect(master.url, shards=SHARDS, namespace=namespace,
-                                 durable_replicas=1, idle_poll=0.2) as ks:
+    async with keyserial.connect(
+        master.url, shards=SHARDS, namespace=namespace, durable_replicas=1, idle_poll=0.2
+    ) as ks:
         for number in range(5):  # acknowledged: the replica has each one already
             op_id = f"warm-{number}"
             await ks.submit("acct", apps.append(number), op_id=op_id, timeout=20)
@@ -71,7 +74,9 @@ async def test_an_acknowledgement_waits_until_a_replica_has_the_commit(
         # Committed on the master, not on the stopped replica: neither the reply nor the
         # client's sweep (every 0.2 s here) may take it as acknowledged meanwhile.
         answer = await held_until_released(
-            ks, "late", apps.append("late"),
+            ks,
+            "late",
+            apps.append("late"),
             committed=lambda: stored_on(master, namespace, "acct", "late"),
             refusal="not confirmed in time",
             release=lambda: replica.send_signal(signal.SIGCONT),
@@ -82,8 +87,11 @@ async def test_an_acknowledgement_waits_until_a_replica_has_the_commit(
 
 
 async def test_an_owner_whose_commit_is_not_confirmed_gives_its_shard_up_with_no_strike(
-    replicated: tuple[LocalServer, LocalServer], namespace: str,
-    start: Callable[..., WorkerProcess], monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    replicated: tuple[LocalServer, LocalServer],
+    namespace: str,
+    start: Callable[..., WorkerProcess],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     """A commit its replica does not confirm breaks the owner's lineage: it gives the shard up
     (its successor starts from Redis), cleanly, for the ops it leaves unfinished are not to
@@ -91,12 +99,14 @@ async def test_an_owner_whose_commit_is_not_confirmed_gives_its_shard_up_with_no
     would dead-letter innocent ops while a replica lags)."""
     master, replica = replicated
     monkeypatch.setenv("KEYSERIAL_DURABLE_REPLICAS", "1")
-    worker = start(master.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS,
-                   lease_ttl=2.0)
+    worker = start(
+        master.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS, lease_ttl=2.0
+    )
     slow, fast = keys_on_shard(shard_for("acct", SHARDS), SHARDS, 2, "acct")
     note = tmp_path / "held"
-    async with keyserial.connect(master.url, shards=SHARDS, namespace=namespace,
-                                 durable_replicas=1, idle_poll=0.2) as ks:
+    async with keyserial.connect(
+        master.url, shards=SHARDS, namespace=namespace, durable_replicas=1, idle_poll=0.2
+    ) as ks:
         await ks.submit(fast, apps.append("warm"), timeout=20)
         async with anyio.create_task_group() as group:
             group.start_soon(partial(ks.submit, slow, apps.hold(3.0, str(note)), timeout=60))
@@ -105,17 +115,24 @@ async def test_an_owner_whose_commit_is_not_confirmed_gives_its_shard_up_with_no
             group.start_soon(partial(ks.submit, fast, apps.append("late"), timeout=60))
             await eventually(lambda: "giving the shard up" in worker.log(), timeout=20)
             replica.send_signal(signal.SIGCONT)
-            await eventually(lambda: worker.log().count("acquired (epoch") > SHARDS,
-                             message="the shard taken over again")
-            await eventually(lambda: note.read_text().count("\n") >= 2, timeout=30,
-                             message="the successor running the slow op again")
+            await eventually(
+                lambda: worker.log().count("acquired (epoch") > SHARDS,
+                message="the shard taken over again",
+            )
+            await eventually(
+                lambda: note.read_text().count("\n") >= 2,
+                timeout=30,
+                message="the successor running the slow op again",
+            )
             group.cancel_scope.cancel()
     assert "suspect op" not in worker.log(), "an op took a strike for an unconfirmed commit"
 
 
 async def test_a_worker_runs_no_op_under_an_epoch_its_replica_has_not_confirmed(
-    replicated: tuple[LocalServer, LocalServer], namespace: str,
-    start: Callable[..., WorkerProcess], monkeypatch: pytest.MonkeyPatch,
+    replicated: tuple[LocalServer, LocalServer],
+    namespace: str,
+    start: Callable[..., WorkerProcess],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Acquiring a shard bumps its fencing epoch. A bump no replica has dies with its master,
     and the promoted replica hands the same epoch to the next owner: two owners that fencing
@@ -124,56 +141,72 @@ async def test_a_worker_runs_no_op_under_an_epoch_its_replica_has_not_confirmed(
     master, replica = replicated
     monkeypatch.setenv("KEYSERIAL_DURABLE_REPLICAS", "1")
     shard = ShardKeys(namespace, shard_for("acct", SHARDS))
-    async with keyserial.connect(master.url, shards=SHARDS, namespace=namespace,
-                                 durable_replicas=1, idle_poll=0.2) as ks:
+    async with keyserial.connect(
+        master.url, shards=SHARDS, namespace=namespace, durable_replicas=1, idle_poll=0.2
+    ) as ks:
         answers: list[Any] = []
 
         async def submit() -> None:
-            answers.append(await ks.submit("acct", apps.append("first"), op_id="first",
-                                           timeout=60))
+            answers.append(await ks.submit("acct", apps.append("first"), op_id="first", timeout=60))
 
         replica.send_signal(signal.SIGSTOP)
         async with anyio.create_task_group() as group:
             group.start_soon(submit)
             await eventually(lambda: entries_naming(master, shard, "first"))
-            worker = start(master.url, namespace, shards=f"0-{SHARDS - 1}",
-                           shard_count=SHARDS, lease_ttl=2.0)
+            worker = start(
+                master.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS, lease_ttl=2.0
+            )
             await eventually(
-                lambda: worker.log().count("not confirmed by the replicas") >= 3
-                or stored_on(master, namespace, "acct", "first"), timeout=20,
-                message="three acquire rounds, or the op run")
+                lambda: (
+                    worker.log().count("not confirmed by the replicas") >= 3
+                    or stored_on(master, namespace, "acct", "first")
+                ),
+                timeout=20,
+                message="three acquire rounds, or the op run",
+            )
             assert not stored_on(master, namespace, "acct", "first"), (
-                "an op ran under an epoch the replica did not have")
+                "an op ran under an epoch the replica did not have"
+            )
             replica.send_signal(signal.SIGCONT)
     assert answers == [["first"]]
     assert "acquired (epoch 1)" in worker.log()  # the same attempt's grant, confirmed
 
 
 async def test_an_unconfirmed_outcome_does_not_keep_a_lost_append_from_being_made_again(
-    replicated: tuple[LocalServer, LocalServer], namespace: str,
+    replicated: tuple[LocalServer, LocalServer],
+    namespace: str,
 ) -> None:
     """While a shard's master has no replica to confirm with (after a failover, until one
     joins), some stored outcome is always unconfirmed. The client's sweep must still append
     again an op whose entry a failover lost: it waits for the unconfirmed outcome alone."""
     master, replica = replicated
     shard = ShardKeys(namespace, shard_for("acct", SHARDS))
-    async with keyserial.connect(master.url, shards=SHARDS, namespace=namespace,
-                                 durable_replicas=1, idle_poll=0.2) as ks:
+    async with keyserial.connect(
+        master.url, shards=SHARDS, namespace=namespace, durable_replicas=1, idle_poll=0.2
+    ) as ks:
         replica.send_signal(signal.SIGSTOP)
         async with anyio.create_task_group() as group:  # no worker: both stay unanswered
             for op_id in ("answered-op", "lost-op"):
-                group.start_soon(partial(ks.submit, "acct", apps.append(op_id), op_id=op_id,
-                                         timeout=30))
-            await eventually(lambda: len(entries_naming(master, shard, "lost-op")) == 1
-                             and entries_naming(master, shard, "answered-op"))
+                group.start_soon(
+                    partial(ks.submit, "acct", apps.append(op_id), op_id=op_id, timeout=30)
+                )
+            await eventually(
+                lambda: (
+                    len(entries_naming(master, shard, "lost-op")) == 1
+                    and entries_naming(master, shard, "answered-op")
+                )
+            )
             (lost,) = entries_naming(master, shard, "lost-op")
             with redis.Redis(port=master.port) as client:
                 # One op's outcome is stored (its replica stopped: unconfirmed); the other's
                 # entry is gone with no outcome, as a failover would lose it.
                 client.hset(shard.results, "answered-op", '{"ok": ["answered-op"]}')
                 client.xdel(shard.stream, lost)
-            await eventually(lambda: entries_naming(master, shard, "lost-op"), timeout=5,
-                             message="the lost op appended again")
+            await eventually(
+                lambda: entries_naming(master, shard, "lost-op"),
+                timeout=5,
+                message="the lost op appended again",
+            )
             replica.send_signal(signal.SIGCONT)
             group.cancel_scope.cancel()
 
@@ -186,7 +219,12 @@ def entries_naming(server: LocalServer, shard: ShardKeys, op_id: str) -> list[by
 
 
 async def held_until_released(
-    ks: keyserial.Client, op_id: str, op: Any, *, committed: Callable[[], bool], refusal: str,
+    ks: keyserial.Client,
+    op_id: str,
+    op: Any,
+    *,
+    committed: Callable[[], bool],
+    refusal: str,
     release: Callable[[], object],
 ) -> Any:
     """Submit ``op`` on "acct" and wait until ``committed()``; it must stay unacknowledged (no
@@ -223,39 +261,54 @@ async def test_durable_fsync_on_a_server_that_cannot_confirm_it_is_refused_at_on
 ) -> None:
     """No AOF (or no WAITAOF at all, as on Redis 7.0): every acknowledgement would wait
     forever, so connecting says so instead."""
-    with LocalServer() as server, \
-            pytest.raises(keyserial.ConfigError, match="durable_fsync needs WAITAOF"):
-        async with keyserial.connect(server.url, shards=SHARDS, namespace=namespace,
-                                     durable_fsync=True):
+    with (
+        LocalServer() as server,
+        pytest.raises(keyserial.ConfigError, match="durable_fsync needs WAITAOF"),
+    ):
+        async with keyserial.connect(
+            server.url, shards=SHARDS, namespace=namespace, durable_fsync=True
+        ):
             pass
 
 
 async def test_with_durable_fsync_an_acknowledgement_waits_for_the_replica_s_aof(
-    namespace: str, start: Callable[..., WorkerProcess], monkeypatch: pytest.MonkeyPatch,
+    namespace: str,
+    start: Callable[..., WorkerProcess],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A replica that has the commit but keeps no AOF confirms WAIT, never WAITAOF: with
     durable_fsync the op stays unacknowledged until the replica turns its AOF on."""
     binary = server_with_waitaof()
     with LocalServer(binary=binary, appendfsync="always") as master:
-        replica = LocalServer(binary=binary, appendfsync="always",
-                              extra_args=["--replicaof", "127.0.0.1", str(master.port)])
+        replica = LocalServer(
+            binary=binary,
+            appendfsync="always",
+            extra_args=["--replicaof", "127.0.0.1", str(master.port)],
+        )
         with replica, redis.Redis(port=replica.port) as replica_client:
             wait_in_sync(replica)
             monkeypatch.setenv("KEYSERIAL_DURABLE_REPLICAS", "1")
             monkeypatch.setenv("KEYSERIAL_DURABLE_FSYNC", "true")
-            worker = start(master.url, namespace, shards=f"0-{SHARDS - 1}",
-                           shard_count=SHARDS, lease_ttl=2.0)
-            async with keyserial.connect(master.url, shards=SHARDS, namespace=namespace,
-                                         idle_poll=0.2) as ks:
+            worker = start(
+                master.url, namespace, shards=f"0-{SHARDS - 1}", shard_count=SHARDS, lease_ttl=2.0
+            )
+            async with keyserial.connect(
+                master.url, shards=SHARDS, namespace=namespace, idle_poll=0.2
+            ) as ks:
                 assert ks.settings.durable_fsync and ks.settings.durable_replicas == 1
                 # (Its leases are taken only once the replica's AOF has them: both fsync every
                 # write, so no WAITAOF waits out an fsync's second or a loaded machine's.)
-                await eventually(lambda: worker.log().count("acquired (epoch") == SHARDS,
-                                 timeout=30, message="the leases confirmed in both AOFs")
+                await eventually(
+                    lambda: worker.log().count("acquired (epoch") == SHARDS,
+                    timeout=30,
+                    message="the leases confirmed in both AOFs",
+                )
                 replica_client.config_set("appendonly", "no")
                 # On the replica (WAIT would count it), not in its AOF (WAITAOF does not).
                 assert await held_until_released(
-                    ks, "fsynced", apps.append("x"),
+                    ks,
+                    "fsynced",
+                    apps.append("x"),
                     committed=lambda: stored_on(replica, namespace, "acct", "fsynced"),
                     refusal="durable_fsync=True",
                     release=lambda: replica_client.config_set("appendonly", "yes"),

@@ -62,12 +62,17 @@ async def test_a_port_that_is_not_redis_raises_backend_unavailable_naming_the_ur
 
 @pytest.mark.parametrize(
     ("argument", "error", "shown"),
-    [(datetime.datetime(2024, 5, 1, 12, 0), TypeError, "datetime"),
-     ({"a", "b"}, TypeError, "set"),
-     (float("nan"), ValueError, "nan")],
+    [
+        (datetime.datetime(2024, 5, 1, 12, 0), TypeError, "datetime"),
+        ({"a", "b"}, TypeError, "set"),
+        (float("nan"), ValueError, "nan"),
+    ],
 )
 async def test_a_non_json_argument_names_the_op_and_the_argument(
-    standalone_server: LocalServer, namespace: str, argument: Any, error: type[Exception],
+    standalone_server: LocalServer,
+    namespace: str,
+    argument: Any,
+    error: type[Exception],
     shown: str,
 ) -> None:
     async with keyserial.connect(standalone_server.url, shards=2, namespace=namespace) as ks:
@@ -91,11 +96,16 @@ async def test_a_shard_count_mismatch_from_python_speaks_of_shards(
 
 @pytest.mark.parametrize(
     ("flags", "env", "advice"),
-    [(["--shard-count", "4"], {}, "Use --shard-count 2 (or a new namespace"),
-     ([], {"KEYSERIAL_SHARD_COUNT": "4"}, "Use KEYSERIAL_SHARD_COUNT=2 (or a new namespace")],
+    [
+        (["--shard-count", "4"], {}, "Use --shard-count 2 (or a new namespace"),
+        ([], {"KEYSERIAL_SHARD_COUNT": "4"}, "Use KEYSERIAL_SHARD_COUNT=2 (or a new namespace"),
+    ],
 )
 def test_a_shard_count_mismatch_on_the_command_line_speaks_of_what_set_it(
-    standalone_server: LocalServer, namespace: str, flags: list[str], env: dict[str, str],
+    standalone_server: LocalServer,
+    namespace: str,
+    flags: list[str],
+    env: dict[str, str],
     advice: str,
 ) -> None:
     async def record_two_shards() -> None:
@@ -104,9 +114,22 @@ def test_a_shard_count_mismatch_on_the_command_line_speaks_of_what_set_it(
 
     anyio.run(record_two_shards)
     result = subprocess.run(
-        [sys.executable, "-m", "keyserial", "worker", "--redis", standalone_server.url,
-         "--namespace", namespace, *flags],
-        cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=30,
+        [
+            sys.executable,
+            "-m",
+            "keyserial",
+            "worker",
+            "--redis",
+            standalone_server.url,
+            "--namespace",
+            namespace,
+            *flags,
+        ],
+        cwd=ROOT,
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 2
     assert advice in result.stderr

@@ -40,7 +40,8 @@ def run_busy_script(url: str, seconds: float) -> None:
         client.eval(
             "local t0 = redis.call('TIME') repeat local t = redis.call('TIME') until"
             " (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > tonumber(ARGV[1])",
-            0, int(seconds * 1_000_000),
+            0,
+            int(seconds * 1_000_000),
         )
     finally:
         client.close()
@@ -56,9 +57,10 @@ async def test_a_busy_script_costs_waiting_not_shards_leases_or_the_client(
     url = busy_server.url
     epochs = [ShardKeys(namespace, shard).epoch for shard in range(4)]
     with anyio.fail_after(60):
-        async with running_worker(url, namespace, shard_count=4, lease_ttl=4.0,
-                                  idle_poll=0.2) as worker, \
-                keyserial.connect(url, shards=4, namespace=namespace, idle_poll=0.2) as ks:
+        async with (
+            running_worker(url, namespace, shard_count=4, lease_ttl=4.0, idle_poll=0.2) as worker,
+            keyserial.connect(url, shards=4, namespace=namespace, idle_poll=0.2) as ks,
+        ):
             assert await ks.submit("acct", deposit(1), timeout=10) == 1
             inspect = redis.Redis.from_url(url)
             before = inspect.mget(epochs)
@@ -94,11 +96,16 @@ async def test_a_lease_round_with_no_reply_logs_why(
             admin.execute_command("CLIENT", "PAUSE", 1500, "WRITE")
             admin.close()
             with anyio.fail_after(10):
-                while not any("cannot renew or acquire leases" in record.getMessage()
-                              for record in caplog.records):
+                while not any(
+                    "cannot renew or acquire leases" in record.getMessage()
+                    for record in caplog.records
+                ):
                     await anyio.sleep(0.05)
-    warning = next(record.getMessage() for record in caplog.records
-                   if "cannot renew or acquire leases" in record.getMessage())
+    warning = next(
+        record.getMessage()
+        for record in caplog.records
+        if "cannot renew or acquire leases" in record.getMessage()
+    )
     assert warning.endswith("no reply within the lease TTL (0.5s)"), warning
 
 
@@ -111,14 +118,20 @@ def _slow_to_load(server: LocalServer, keys: int, per_key_us: int) -> None:
         client.mset({f"filler:{n}": "x" for n in range(keys)})
         client.bgrewriteaof()
         deadline = time.monotonic() + 10
-        while any(client.info("persistence")[flag]
-                  for flag in ("aof_rewrite_in_progress", "aof_rewrite_scheduled")):
+        while any(
+            client.info("persistence")[flag]
+            for flag in ("aof_rewrite_in_progress", "aof_rewrite_scheduled")
+        ):
             assert time.monotonic() < deadline, "the AOF rewrite did not finish"
             time.sleep(0.02)
     finally:
         client.close()
-    server.extra_args += ["--key-load-delay", str(per_key_us),
-                          "--loading-process-events-interval-bytes", "1024"]
+    server.extra_args += [
+        "--key-load-delay",
+        str(per_key_us),
+        "--loading-process-events-interval-bytes",
+        "1024",
+    ]
 
 
 async def _deposit_until_acknowledged(ks: keyserial.Client, key: str, op_id: str) -> None:
@@ -200,9 +213,14 @@ async def test_a_busy_script_costs_no_subscription(
     try:
         with anyio.fail_after(20):
             async with anyio.create_task_group() as tasks:
-                await tasks.start(functools.partial(
-                    backend.listen, ["busy:wake"], lambda _, data: received.append(data),
-                    health_interval=0.3))  # (the server says BUSY after 100 ms)
+                await tasks.start(
+                    functools.partial(
+                        backend.listen,
+                        ["busy:wake"],
+                        lambda _, data: received.append(data),
+                        health_interval=0.3,
+                    )
+                )  # (the server says BUSY after 100 ms)
                 await anyio.to_thread.run_sync(run_busy_script, busy_server.url, 1.0)
                 while not received:
                     await client.publish("busy:wake", "after")

@@ -59,7 +59,10 @@ def test_every_example_is_found_and_says_how_to_run_it() -> None:
 
 @pytest.mark.parametrize("script", EXAMPLES, ids=[path.stem for path in EXAMPLES])
 async def test_example_runs_and_its_invariant_holds(
-    script: Path, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    script: Path,
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     request: pytest.FixtureRequest,
 ) -> None:
     # The worker (in this process) and the script (a child) must share the mail outbox.

@@ -9,10 +9,12 @@ import keyserial.testing
 def public_names(module: ModuleType) -> set[str]:
     """Every name a user sees on ``module`` (as httpx's test has it): all but underscored names
     and the package's own submodules (``keyserial.errors``), which ``__all__`` does not list."""
-    return {name for name, value in vars(module).items()
-            if not name.startswith("_")
-            and not (isinstance(value, ModuleType)
-                     and value.__name__.startswith(f"{module.__name__}."))}
+    return {
+        name
+        for name, value in vars(module).items()
+        if not name.startswith("_")
+        and not (isinstance(value, ModuleType) and value.__name__.startswith(f"{module.__name__}."))
+    }
 
 
 @pytest.mark.parametrize("module", [keyserial, keyserial.testing], ids=lambda m: m.__name__)
@@ -29,9 +31,12 @@ def test_all_is_exactly_the_public_names_sorted(module: ModuleType) -> None:
 
 
 def test_every_error_descends_from_the_root() -> None:
-    errors = [getattr(keyserial, name) for name in keyserial.__all__
-              if isinstance(getattr(keyserial, name), type)
-              and issubclass(getattr(keyserial, name), Exception)]
+    errors = [
+        getattr(keyserial, name)
+        for name in keyserial.__all__
+        if isinstance(getattr(keyserial, name), type)
+        and issubclass(getattr(keyserial, name), Exception)
+    ]
     assert len(errors) >= 12
     assert all(issubclass(error, keyserial.KeyserialError) for error in errors)
     assert issubclass(keyserial.SubmitTimeout, TimeoutError)

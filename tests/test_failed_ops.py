@@ -15,18 +15,23 @@ from tests import apps
 from tests.helpers import keys_on_shard
 
 
-@pytest.mark.parametrize("failing", [apps.write_then_fail, apps.slow_write_then_fail],
-                         ids=["sync", "async"])
+@pytest.mark.parametrize(
+    "failing", [apps.write_then_fail, apps.slow_write_then_fail], ids=["sync", "async"]
+)
 async def test_an_op_that_raises_after_writing_state_keeps_nothing(
     redis_url: str, namespace: str, failing: keyserial.Op[..., None]
 ) -> None:
-    async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         assert await ks.submit("k", apps.append("first")) == ["first"]
         with pytest.raises(OperationFailed) as failed:
             await ks.submit("k", failing(["overwritten"]))
         assert (failed.value.error_type, failed.value.message) == (
-            "ValueError", "failed after writing")
+            "ValueError",
+            "failed after writing",
+        )
         assert await ks.read("k") == ["first"]
         assert await ks.submit("k", apps.append("second")) == ["first", "second"]
         assert await ks.read("k") == ["first", "second"]
@@ -37,8 +42,10 @@ async def test_a_multi_key_op_that_raises_after_writing_keeps_nothing_on_any_key
     redis_url: str, namespace: str, shards: int
 ) -> None:
     keys = keys_on_shard(0, shards, 1, "first") + keys_on_shard(shards - 1, shards, 1, "second")
-    async with running_worker(redis_url, namespace, shard_count=shards, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=shards, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=shards, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=shards, namespace=namespace) as ks,
+    ):
         for key in keys:
             assert await ks.submit(key, apps.append("before")) == ["before"]
         with pytest.raises(OperationFailed):
@@ -53,8 +60,10 @@ async def test_an_op_whose_exception_cannot_be_printed_fails_alone(
 ) -> None:
     """Its caller gets the failure, typed, and the shard's other ops go on: the worker does
     not stop on an exception whose ``str()`` raises."""
-    async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         with pytest.raises(OperationFailed) as failed:
             await ks.submit("k", apps.raise_unprintable(), timeout=10)
         assert failed.value.error_type == "tests.apps.Unprintable"
@@ -63,16 +72,19 @@ async def test_an_op_whose_exception_cannot_be_printed_fails_alone(
         assert await ks.submit("k", apps.append("next"), timeout=10) == ["next"]
 
 
-@pytest.mark.parametrize("escaping", [apps.leak_cancelled, apps.raise_cancelled],
-                         ids=["async", "sync"])
+@pytest.mark.parametrize(
+    "escaping", [apps.leak_cancelled, apps.raise_cancelled], ids=["async", "sync"]
+)
 async def test_an_op_that_lets_a_cancellation_out_fails_alone(
     redis_url: str, namespace: str, escaping: keyserial.Op[..., None]
 ) -> None:
     """A CancelledError from an op's own code (it awaited a task that was cancelled) is its
     failure: it once ended the runner and left the shard owned and silent."""
     other = keys_on_shard(0, 1, 2, "other")[1]
-    async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         with pytest.raises(OperationFailed) as failed:
             await ks.submit("k", escaping(), timeout=10)
         assert failed.value.error_type == "RuntimeError"
@@ -88,8 +100,10 @@ async def test_a_multi_key_op_writing_a_key_it_was_not_given_fails_and_keeps_not
     """The write would never commit (only the op's keys are held and written): it is refused
     where it happens, and the op's other writes go with it."""
     keys = keys_on_shard(0, 1, 2, "given")
-    async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         with pytest.raises(OperationFailed) as failed:
             await ks.submit_many(keys, apps.write_elsewhere(), timeout=10)
         assert failed.value.error_type == "KeyError"
@@ -104,8 +118,10 @@ async def test_a_failed_op_s_traceback_reaches_its_caller_and_the_worker_s_log(
     with its own traceback, as a note), bounded in size, and stored with the outcome; the
     worker logs it with the key, op and op id. Errors an op raises on purpose carry none."""
     caplog.set_level(logging.INFO, logger="keyserial.worker")
-    async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         for padding in (0, 20_000):
             op_id = ks.new_op_id()
             with pytest.raises(OperationFailed) as failed:

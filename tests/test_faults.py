@@ -58,23 +58,12 @@ from tests.ownership import (
 SHARDS = 4
 
 
-
 # -- helpers ---------------------------------------------------------------------------------
 
 
-
-
-
-
-
-
-
-
-
-
-async def start_owner_and_standby(start: Starter, url: str, namespace: str,
-                                  client: Any, **options: Any) -> tuple[WorkerProcess,
-                                                                        WorkerProcess]:
+async def start_owner_and_standby(
+    start: Starter, url: str, namespace: str, client: Any, **options: Any
+) -> tuple[WorkerProcess, WorkerProcess]:
     """The first worker owns every shard before the second starts, so the second stands by."""
     owner = start(url, namespace, **options)
     await wait_for_holder(client, namespace, owner.pid, timeout=15)
@@ -82,8 +71,6 @@ async def start_owner_and_standby(start: Starter, url: str, namespace: str,
     await wait_for_log(standby, "serving shards", timeout=15)
     assert await holders(client, namespace) == [owner.pid] * SHARDS
     return owner, standby
-
-
 
 
 class Load:
@@ -95,10 +82,18 @@ class Load:
     Redis down, and adds a dump of the shards' streams to the message of a failure.
     """
 
-    def __init__(self, ks: keyserial.Client, keys: list[str], make_call: Callable[[], Call[Any]],
-                 *, per_key: int = 1, timeout: float = THROUGH_A_FAULT,
-                 ops_each: int | None = None,
-                 inspect: tuple[Any, str] | None = None, prefix: str = "") -> None:
+    def __init__(
+        self,
+        ks: keyserial.Client,
+        keys: list[str],
+        make_call: Callable[[], Call[Any]],
+        *,
+        per_key: int = 1,
+        timeout: float = THROUGH_A_FAULT,
+        ops_each: int | None = None,
+        inspect: tuple[Any, str] | None = None,
+        prefix: str = "",
+    ) -> None:
         self.ks = ks
         self.prefix = prefix
         self.keys = keys
@@ -168,8 +163,10 @@ class Load:
             await self._fail(f"keys {stuck} made no progress ({count} more acks) in {timeout}s")
 
     async def _fail(self, problem: str) -> NoReturn:
-        message = (f"{problem}; unacknowledged: {self.pending()} ({len(self.timeouts)} submit"
-                   f" timeouts, {len(self.unavailable)} BackendUnavailable)")
+        message = (
+            f"{problem}; unacknowledged: {self.pending()} ({len(self.timeouts)} submit"
+            f" timeouts, {len(self.unavailable)} BackendUnavailable)"
+        )
         if self.inspect is not None:
             client, namespace = self.inspect
             shards = sorted({self.ks.shard_of(self.key_of[op]) for op in self.pending()})
@@ -190,9 +187,15 @@ class Load:
         :func:`tests.helpers.submit_once`); a SubmitTimeout fails the test."""
         self.key_of[op_id] = key
         try:
-            value = await submit_once(self.ks, key, self.make_call(), op_id,
-                                      inspect=self.inspect, unavailable=self.unavailable,
-                                      timeout=self.timeout)
+            value = await submit_once(
+                self.ks,
+                key,
+                self.make_call(),
+                op_id,
+                inspect=self.inspect,
+                unavailable=self.unavailable,
+                timeout=self.timeout,
+            )
         except SubmitTimeout as exc:
             self.timeouts.append(exc)
             await self._fail(f"op {op_id} unanswered after {self.timeout}s")
@@ -215,20 +218,25 @@ async def describe_shard(client: Any, namespace: str, shard: int) -> str:
     marked + if it has a stored result): what a stalled shard is stuck on."""
     keys = ShardKeys(namespace, shard)
     progress = (await client.get(keys.progress) or b"0-0").decode()
-    lines = [f"shard {shard}: lease={await client.get(keys.lease)!r}"
-             f" epoch={await client.get(keys.epoch)!r} progress={progress}"
-             f" horizon={await client.get(keys.horizon)!r}"
-             f" suspect={await client.hgetall(keys.suspect)!r}"]
+    lines = [
+        f"shard {shard}: lease={await client.get(keys.lease)!r}"
+        f" epoch={await client.get(keys.epoch)!r} progress={progress}"
+        f" horizon={await client.get(keys.horizon)!r}"
+        f" suspect={await client.hgetall(keys.suspect)!r}"
+    ]
     for entry_id, fields in (await client.xrange(keys.stream, f"({progress}", "+"))[:12]:
         ops = json.loads(fields.get(b"ops", b"[]"))
-        marked = [f"{op.get('id')}{'+' if await client.hexists(keys.results, op.get('id')) else ''}"
-                  for op in ops]
+        marked = [
+            f"{op.get('id')}{'+' if await client.hexists(keys.results, op.get('id')) else ''}"
+            for op in ops
+        ]
         lines.append(f"  entry {entry_id.decode()}: {' '.join(marked)}")
     return "\n".join(lines)
 
 
-def assert_exactly_once(key: str, applied: list[str], acked: dict[str, Any],
-                        sequences: list[list[str]]) -> None:
+def assert_exactly_once(
+    key: str, applied: list[str], acked: dict[str, Any], sequences: list[list[str]]
+) -> None:
     """``applied``: the op ids in the key's state; ``acked``: op id -> the value its submit
     returned (a ``record`` op returns the length of the list it appended to)."""
     doubled = sorted(op for op, count in Counter(applied).items() if count > 1)
@@ -237,8 +245,11 @@ def assert_exactly_once(key: str, applied: list[str], acked: dict[str, Any],
     assert not lost, f"{key}: acknowledged but not applied: {lost}"
     unknown = sorted(set(applied) - set(acked))
     assert not unknown, f"{key}: applied but never acknowledged: {unknown}"
-    misplaced = {op: (value, applied.index(op) + 1) for op, value in acked.items()
-                 if value != applied.index(op) + 1}
+    misplaced = {
+        op: (value, applied.index(op) + 1)
+        for op, value in acked.items()
+        if value != applied.index(op) + 1
+    }
     assert not misplaced, f"{key}: replied length != committed position: {misplaced}"
     for sequence in sequences:
         members = set(sequence)
@@ -252,8 +263,10 @@ async def test_two_workers_on_the_same_shards_never_lose_an_update(
     redis_url: str, namespace: str, start: Starter
 ) -> None:
     with anyio.fail_after(60):
-        async with inspector(redis_url) as client, \
-                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+        async with (
+            inspector(redis_url) as client,
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+        ):
             # Both list shards 0-1 (one owns them, the other stands by) and each owns half of
             # the shards: the first, started alone on 0-1, takes them before the second starts.
             first = start(redis_url, namespace, shards="0-1")
@@ -263,8 +276,9 @@ async def test_two_workers_on_the_same_shards_never_lose_an_update(
             assert await all_held(client, namespace) == [first.pid] * 2 + [second.pid] * 2
 
             keys = [keys_on_shard(shard, SHARDS, 1, "acct")[0] for shard in range(SHARDS)]
-            load = Load(ks, keys, lambda: apps.slow_record(0.005), per_key=8, ops_each=10,
-                        timeout=20)
+            load = Load(
+                ks, keys, lambda: apps.slow_record(0.005), per_key=8, ops_each=10, timeout=20
+            )
             await load.run()
 
             applied = await load.check()
@@ -282,13 +296,17 @@ async def test_kill_9_of_the_owner_under_load_moves_the_shard_within_a_lease_ttl
     busy = 0
     keys = [*keys_on_shard(busy, SHARDS, 3, "busy"), *keys_on_shard(2, SHARDS, 1, "calm")]
     with anyio.fail_after(60):
-        async with inspector(redis_url) as client, \
-                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
-            owner, standby = await start_owner_and_standby(start, redis_url, namespace, client,
-                                                           lease_ttl=1.0)
+        async with (
+            inspector(redis_url) as client,
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+        ):
+            owner, standby = await start_owner_and_standby(
+                start, redis_url, namespace, client, lease_ttl=1.0
+            )
             # Slow ops keep the busy shard's entries in flight (fetched, not yet committed).
-            load = Load(ks, keys, lambda: apps.slow_record(0.005), per_key=2,
-                        inspect=(client, namespace))
+            load = Load(
+                ks, keys, lambda: apps.slow_record(0.005), per_key=2, inspect=(client, namespace)
+            )
             async with anyio.create_task_group() as group:
                 group.start_soon(load.run)
                 await load.wait_progress(10, timeout=15)
@@ -297,15 +315,19 @@ async def test_kill_9_of_the_owner_under_load_moves_the_shard_within_a_lease_ttl
                 # The kill lands while the owner has fetched ops it has not committed, one of
                 # them from a caller that is gone by then: no client sweep appends that one
                 # again, only the standby's replay can apply it.
-                async with keyserial.connect(redis_url, shards=SHARDS,
-                                             namespace=namespace) as gone:
-                    orphans = Load(gone, keys[:1], lambda: apps.slow_record(0.005),
-                                   prefix="gone/")
+                async with keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as gone:
+                    orphans = Load(gone, keys[:1], lambda: apps.slow_record(0.005), prefix="gone/")
                     async with anyio.create_task_group() as orphan_group:
                         orphan_group.start_soon(orphans.run)
-                        [window] = (await freeze_mid_ops(
-                            owner, client, namespace, [busy],
-                            ops=lambda op: op in orphans.pending())).values()
+                        [window] = (
+                            await freeze_mid_ops(
+                                owner,
+                                client,
+                                namespace,
+                                [busy],
+                                ops=lambda op: op in orphans.pending(),
+                            )
+                        ).values()
                         orphan_group.cancel_scope.cancel()
                 [orphan] = orphans.pending()
                 owner.kill()
@@ -322,11 +344,13 @@ async def test_kill_9_of_the_owner_under_load_moves_the_shard_within_a_lease_ttl
             # horizon, or past it: an owner that took pushes may have run any entry in the
             # stream), and each of those ops committed once, answered to its one submit or,
             # for the orphan, found by its op id.
-            replayed = re.search(rf"shard {busy}: previous owner died with entries up to"
-                                 r" (\d+)-(\d+) in flight", standby.log())
+            replayed = re.search(
+                rf"shard {busy}: previous owner died with entries up to"
+                r" (\d+)-(\d+) in flight",
+                standby.log(),
+            )
             assert replayed is not None
-            assert tuple(map(int, replayed.groups())) >= tuple(
-                map(int, window.horizon.split("-")))
+            assert tuple(map(int, replayed.groups())) >= tuple(map(int, window.horizon.split("-")))
             orphans.acked[orphan] = await stored_outcome(ks, orphan, keys[0], timeout=10)
             orphans.sequences[f"gone/{keys[0]}/s0"].append(orphan)
             load.adopt(orphans)
@@ -340,36 +364,39 @@ async def test_kill_9_of_the_owner_under_load_moves_the_shard_within_a_lease_ttl
 # -- 3. a frozen owner (zombie) is fenced off ------------------------------------------------
 
 
-
-
-
-
 async def test_a_frozen_owner_resumed_after_takeover_cannot_commit(
     redis_url: str, namespace: str, start: Starter, tmp_path: Path
 ) -> None:
     key = "zombie:1"
     note = tmp_path / "started-by"
     with anyio.fail_after(60):
-        async with inspector(redis_url) as client, \
-                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+        async with (
+            inspector(redis_url) as client,
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+        ):
             shard = ks.shard_of(key)
             keys = ShardKeys(namespace, shard)
-            owner, standby = await start_owner_and_standby(start, redis_url, namespace, client,
-                                                           lease_ttl=1.0)
+            owner, standby = await start_owner_and_standby(
+                start, redis_url, namespace, client, lease_ttl=1.0
+            )
             epoch_keys = [ShardKeys(namespace, each).epoch for each in range(SHARDS)]
             stale = {epoch_key: (await client.get(epoch_key)).decode() for epoch_key in epoch_keys}
             stale_epoch = stale[keys.epoch]
             replies: list[Any] = []
 
             async def submit_slow_op() -> None:
-                replies.append(await ks.submit(
-                    key, apps.noted_slow_record(0.5, str(note)), op_id="slow-op", timeout=20))
+                replies.append(
+                    await ks.submit(
+                        key, apps.noted_slow_record(0.5, str(note)), op_id="slow-op", timeout=20
+                    )
+                )
 
             async with anyio.create_task_group() as group:
                 group.start_soon(submit_slow_op)
                 # The owner is inside the op (it noted its pid), with ~0.5 s of it to go.
-                await eventually(lambda: note.exists() and note.read_text().split(),
-                                 message="the op started")
+                await eventually(
+                    lambda: note.exists() and note.read_text().split(), message="the op started"
+                )
                 assert note.read_text().split() == [str(owner.pid)]
                 owner.signal(signal.SIGSTOP)
                 await wait_for_holder(client, namespace, standby.pid, shards=[shard], timeout=5)
@@ -397,19 +424,28 @@ async def test_a_frozen_owner_resumed_after_takeover_cannot_commit(
                 await client.execute_command("CLIENT", "PAUSE", 500, "WRITE")
                 owner.signal(signal.SIGCONT)
                 stale_commit = await eventually(
-                    lambda: [call for call in stale_calls(commands, keys.epoch, stale_epoch)
-                             if any("slow-op" in word for word in call)],
-                    timeout=10, message="the zombie's commit of slow-op reaching Redis")
+                    lambda: [
+                        call
+                        for call in stale_calls(commands, keys.epoch, stale_epoch)
+                        if any("slow-op" in word for word in call)
+                    ],
+                    timeout=10,
+                    message="the zombie's commit of slow-op reaching Redis",
+                )
                 await eventually(
-                    lambda: re.search(rf"shard {shard}: (lost the lease|stopping at once)",
-                                      owner.log()),
-                    timeout=10, message="the resumed owner giving the shard up")
+                    lambda: re.search(
+                        rf"shard {shard}: (lost the lease|stopping at once)", owner.log()
+                    ),
+                    timeout=10,
+                    message="the resumed owner giving the shard up",
+                )
                 group.cancel_scope.cancel()
 
             assert len(stale_commit) == 1
             # Redis refused every script the zombie sent with its old epochs (FENCED).
-            sent = sum(len(stale_calls(commands, epoch_key, epoch))
-                       for epoch_key, epoch in stale.items())
+            sent = sum(
+                len(stale_calls(commands, epoch_key, epoch)) for epoch_key, epoch in stale.items()
+            )
             assert await fenced_errors(client) - fenced_before >= sent >= 1
             assert await ks.read(key) == ["slow-op", "after-takeover"], "nothing was overwritten"
             assert await ks.result("slow-op", key=key) == 1
@@ -428,12 +464,13 @@ async def test_a_redis_restart_loses_no_acknowledged_op_and_applies_none_twice(
     url = durable_server.url
     keys = ["restart:a", "restart:b", "restart:c", "restart:d"]
     with anyio.fail_after(75):
-        async with inspector(url) as client, \
-                keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks:
+        async with (
+            inspector(url) as client,
+            keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks,
+        ):
             worker = start(url, namespace, lease_ttl=1.0)
             await wait_for_holder(client, namespace, worker.pid, timeout=15)
-            load = Load(ks, keys, apps.record, per_key=2,
-                        inspect=(client, namespace))
+            load = Load(ks, keys, apps.record, per_key=2, inspect=(client, namespace))
             async with anyio.create_task_group() as group:
                 group.start_soon(load.run)
                 await load.wait_acked(40, timeout=15)
@@ -461,8 +498,10 @@ async def test_an_op_that_kills_every_worker_is_dead_lettered_and_the_key_moves_
 ) -> None:
     key = "poison:1"
     with anyio.fail_after(60):
-        async with inspector(redis_url) as client, \
-                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+        async with (
+            inspector(redis_url) as client,
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+        ):
             shard = ks.shard_of(key)
             keys = ShardKeys(namespace, shard)
             workers = [start(redis_url, namespace, lease_ttl=0.5) for _ in range(4)]
@@ -482,8 +521,10 @@ async def test_an_op_that_kills_every_worker_is_dead_lettered_and_the_key_moves_
                     outcome.append(exc)
 
             async def in_stream(op_id: str) -> bool:
-                return any(op_id in fields[b"ops"].decode()
-                           for _, fields in await client.xrange(keys.stream))
+                return any(
+                    op_id in fields[b"ops"].decode()
+                    for _, fields in await client.xrange(keys.stream)
+                )
 
             async with anyio.create_task_group() as group:
                 group.start_soon(submit_crash)
@@ -500,8 +541,10 @@ async def test_an_op_that_kills_every_worker_is_dead_lettered_and_the_key_moves_
 
             for number in range(1, 3):
                 await load.submit_and_wait(key, f"after-{number}")
-            load.sequences["all"] = [*(f"before-{n}" for n in range(3)),
-                                     *(f"after-{n}" for n in range(3))]
+            load.sequences["all"] = [
+                *(f"before-{n}" for n in range(3)),
+                *(f"after-{n}" for n in range(3)),
+            ]
             assert await load.check() == {key: load.sequences["all"]}
 
             with pytest.raises(PoisonOperation):
@@ -523,12 +566,16 @@ async def test_sigterm_drains_releases_and_the_standby_takes_over_at_once(
 ) -> None:
     keys = ["term:a", "term:b", "term:c", "term:d"]
     with anyio.fail_after(60):
-        async with inspector(redis_url) as client, \
-                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
-            owner, standby = await start_owner_and_standby(start, redis_url, namespace, client,
-                                                           lease_ttl=5.0)
-            load = Load(ks, keys, lambda: apps.slow_record(0.01), per_key=2,
-                        inspect=(client, namespace))
+        async with (
+            inspector(redis_url) as client,
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+        ):
+            owner, standby = await start_owner_and_standby(
+                start, redis_url, namespace, client, lease_ttl=5.0
+            )
+            load = Load(
+                ks, keys, lambda: apps.slow_record(0.01), per_key=2, inspect=(client, namespace)
+            )
             async with anyio.create_task_group() as group:
                 group.start_soon(load.run)
                 await load.wait_acked(40, timeout=15)
@@ -557,8 +604,10 @@ async def test_submit_while_redis_is_down_raises_backend_unavailable_then_recove
 ) -> None:
     server = durable_server
     with anyio.fail_after(60):
-        async with inspector(server.url) as client, \
-                keyserial.connect(server.url, shards=SHARDS, namespace=namespace) as ks:
+        async with (
+            inspector(server.url) as client,
+            keyserial.connect(server.url, shards=SHARDS, namespace=namespace) as ks,
+        ):
             worker = start(server.url, namespace, lease_ttl=1.0)
             await wait_for_holder(client, namespace, worker.pid, timeout=15)
             assert await ks.submit("down:1", apps.record(), op_id="before", timeout=10) == 1
@@ -575,8 +624,7 @@ async def test_submit_while_redis_is_down_raises_backend_unavailable_then_recove
             # Refused with Redis down, "during" never reached it (no entry, no outcome): a
             # resubmit under its op id is the documented recovery, and the behaviour tested
             # here. Nothing else is submitted twice.
-            assert not await reached_redis(ks, client, namespace, "during", "down:1",
-                                           timeout=15)
+            assert not await reached_redis(ks, client, namespace, "during", "down:1", timeout=15)
             load = Load(ks, ["down:1"], apps.record)
             load.key_of["before"] = "down:1"
             load.acked["before"] = 1
@@ -598,13 +646,18 @@ async def test_kill_9_during_multi_key_ops_leaves_each_op_applied_once_on_all_it
     Every acknowledged op is in the list of every one of its keys exactly once, and no key has
     an op that another of its keys lacks (all writes of an op commit together, or none)."""
     keys = keys_on_shard(1, SHARDS, 4, "multi")
-    plans = [(f"m{n}", [keys[n % 4], keys[(n + 1) % 4], keys[(n + 2) % 4]][: 2 + n % 2])
-             for n in range(24)]
+    plans = [
+        (f"m{n}", [keys[n % 4], keys[(n + 1) % 4], keys[(n + 2) % 4]][: 2 + n % 2])
+        for n in range(24)
+    ]
     with anyio.fail_after(60):
-        async with inspector(redis_url) as client, \
-                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
-            owner, standby = await start_owner_and_standby(start, redis_url, namespace, client,
-                                                           lease_ttl=1.0)
+        async with (
+            inspector(redis_url) as client,
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+        ):
+            owner, standby = await start_owner_and_standby(
+                start, redis_url, namespace, client, lease_ttl=1.0
+            )
             acknowledged: list[str] = []
 
             async def submit(op_id: str, op_keys: list[str]) -> None:

@@ -43,11 +43,18 @@ async def test_every_op_on_a_key_sees_a_larger_fence_multi_key_ops_included(
         await client.set(ShardKeys(namespace, 0).epoch, 1000)  # many earlier owners of shard 0
     finally:
         await client.aclose()
-    workers = [running_worker(redis_url, namespace, shards=[0, 1], shard_count=SHARDS,
-                              apps=["tests.apps"]),
-               running_worker(redis_url, namespace, shards=[2, 3], shard_count=SHARDS,
-                              apps=["tests.apps"])] if split else [
-               running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"])]
+    workers = (
+        [
+            running_worker(
+                redis_url, namespace, shards=[0, 1], shard_count=SHARDS, apps=["tests.apps"]
+            ),
+            running_worker(
+                redis_url, namespace, shards=[2, 3], shard_count=SHARDS, apps=["tests.apps"]
+            ),
+        ]
+        if split
+        else [running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"])]
+    )
     with anyio.fail_after(60):
         async with keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
             for worker in workers:
@@ -68,8 +75,10 @@ async def test_the_fence_of_a_key_grows_across_owners(
 ) -> None:
     key = keys_on_shard(1, SHARDS, 1, prefix="owners")[0]
     with anyio.fail_after(60):
-        async with inspector(redis_url) as client, \
-                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+        async with (
+            inspector(redis_url) as client,
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+        ):
             first = start(redis_url, namespace, lease_ttl=1.0)
             await wait_for_holder(client, namespace, first.pid, timeout=15)
             seen = [await fence_of(ks, key), await fence_of(ks, key)]

@@ -40,8 +40,9 @@ def users(redis_url: str) -> Iterator[Users]:
         yield created
 
 
-async def _append(attacker: redis.asyncio.Redis, shard: int, namespace: str,
-                  envelopes: list[dict[str, Any]]) -> None:
+async def _append(
+    attacker: redis.asyncio.Redis, shard: int, namespace: str, envelopes: list[dict[str, Any]]
+) -> None:
     """An entry, appended as the documented wire format has it, with a client's rights."""
     stream = ShardKeys(namespace, shard).stream
     await attacker.xadd(stream, {"v": "1", "ops": json.dumps(envelopes)})
@@ -68,14 +69,13 @@ async def _grant_requests(attacker: redis.asyncio.Redis, namespace: str) -> list
     """The grant requests in the participant shard's stream (a client may read streams)."""
     found = []
     for _, fields in await attacker.xrange(ShardKeys(namespace, PARTICIPANT).stream):
-        found += [envelope for envelope in json.loads(fields[b"ops"])
-                  if envelope.get("op") == GRANT_OP]
+        found += [
+            envelope for envelope in json.loads(fields[b"ops"]) if envelope.get("op") == GRANT_OP
+        ]
     return found
 
 
-async def test_a_forged_decision_notice_never_writes_a_state(
-    users: Users, namespace: str
-) -> None:
+async def test_a_forged_decision_notice_never_writes_a_state(users: Users, namespace: str) -> None:
     """The attacker appends a grant request naming itself as coordinator, learns the
     participant's worker channel from the grant, and publishes a decision that sets the
     victim's balance. The participant reads the decision record instead: there is none, so it
@@ -85,24 +85,32 @@ async def test_a_forged_decision_notice_never_writes_a_state(
     own_channel = f"ks:attacker:{uuid.uuid4().hex}"
     try:
         async with (
-            running_worker(users.worker_url, namespace, shard_count=SHARDS,
-                           shards=[PARTICIPANT]),
+            running_worker(users.worker_url, namespace, shard_count=SHARDS, shards=[PARTICIPANT]),
             keyserial.connect(users.client_url, namespace=namespace) as ks,
             attacker.pubsub() as pubsub,
         ):
             assert await ks.submit(victim, deposit(100)) == 100
             await pubsub.subscribe(own_channel)
             request = {"home": HOME, "op": "evil", "attempt": 0, "channel": own_channel}
-            await _append(attacker, PARTICIPANT, namespace, [
-                {"id": "evil#0", "keys": [victim], "op": GRANT_OP, "kwargs": request}])
+            await _append(
+                attacker,
+                PARTICIPANT,
+                namespace,
+                [{"id": "evil#0", "keys": [victim], "op": GRANT_OP, "kwargs": request}],
+            )
             grant = await _next_message(pubsub)
             assert grant["t"] == "g"
-            notice = {"t": "d", "op": "evil", "a": 0,
-                      "d": {"w": {str(PARTICIPANT): [[victim, "1000000"]]}}}
+            notice = {
+                "t": "d",
+                "op": "evil",
+                "a": 0,
+                "d": {"w": {str(PARTICIPANT): [[victim, "1000000"]]}},
+            }
             await attacker.publish(grant["c"], json.dumps(notice))
             # The home shard gets an owner: its epoch passes the attempt, which is aborted.
-            async with running_worker(users.worker_url, namespace, shard_count=SHARDS,
-                                      shards=[HOME]):
+            async with running_worker(
+                users.worker_url, namespace, shard_count=SHARDS, shards=[HOME]
+            ):
                 assert await ks.submit(victim, deposit(1), timeout=30) == 101
     finally:
         await attacker.aclose()
@@ -122,10 +130,20 @@ async def test_a_forged_grant_never_reaches_the_ops_state(
     attacker = redis.asyncio.Redis.from_url(users.client_url)
     try:
         async with (
-            running_worker(users.worker_url, namespace, shard_count=SHARDS, apps=["tests.apps"],
-                           shards=[PARTICIPANT]),
-            running_worker(users.worker_url, namespace, shard_count=SHARDS, apps=["tests.apps"],
-                           shards=[s for s in range(SHARDS) if s != PARTICIPANT]),
+            running_worker(
+                users.worker_url,
+                namespace,
+                shard_count=SHARDS,
+                apps=["tests.apps"],
+                shards=[PARTICIPANT],
+            ),
+            running_worker(
+                users.worker_url,
+                namespace,
+                shard_count=SHARDS,
+                apps=["tests.apps"],
+                shards=[s for s in range(SHARDS) if s != PARTICIPANT],
+            ),
             keyserial.connect(users.client_url, namespace=namespace) as ks,
             anyio.create_task_group() as group,
         ):
@@ -138,10 +156,18 @@ async def test_a_forged_grant_never_reaches_the_ops_state(
                 moved.update(await ks.transfer(source, target, 25, timeout=30))
 
             group.start_soon(transfer)
-            request = (await eventually_async(
-                lambda: _grant_requests(attacker, namespace)))[0]["kwargs"]
-            forged = {"t": "g", "op": request["op"], "a": request["attempt"], "s": PARTICIPANT,
-                      "st": [[target, "1000000"]], "f": 1, "c": "ks:attacker"}
+            request = (await eventually_async(lambda: _grant_requests(attacker, namespace)))[0][
+                "kwargs"
+            ]
+            forged = {
+                "t": "g",
+                "op": request["op"],
+                "a": request["attempt"],
+                "s": PARTICIPANT,
+                "st": [[target, "1000000"]],
+                "f": 1,
+                "c": "ks:attacker",
+            }
             await attacker.publish(request["channel"], json.dumps(forged))
             gate.touch()  # the target's earlier op ends: the real grant goes out
             assert await ks.submit(source, keyserial.call("balance")) == 75
@@ -197,8 +223,9 @@ async def test_ops_appended_under_a_client_s_guessed_next_ids_never_answer_it(
     key = keys_on_shard(0, SHARDS, 1, "acct")[0]
     async with _one_worker_and_an_attacker(users, namespace) as (ks, attacker):
         seen = ks.new_op_id()
-        squatted = [{"id": op_id, "key": key, "op": "balance"}
-                    for op_id in _guessed_successors(seen, 20)]
+        squatted = [
+            {"id": op_id, "key": key, "op": "balance"} for op_id in _guessed_successors(seen, 20)
+        ]
         await _append(attacker, 0, namespace, squatted)
         balances = [await ks.submit(key, deposit(100)) for _ in range(5)]
         assert balances == [100, 200, 300, 400, 500]
@@ -209,8 +236,14 @@ def _submit_script() -> str:
     return resources.files("keyserial._scripts").joinpath("lua/submit.lua").read_text()
 
 
-async def _append_fresh(attacker: redis.asyncio.Redis, shard: int, namespace: str,
-                        envelopes: list[dict[str, Any]], *, pushed: bool) -> None:
+async def _append_fresh(
+    attacker: redis.asyncio.Redis,
+    shard: int,
+    namespace: str,
+    envelopes: list[dict[str, Any]],
+    *,
+    pushed: bool,
+) -> None:
     """An entry marked ``fresh``: with the submit script (so it is pushed to the owner with its
     wake-up) or a plain XADD (so the owner fetches it)."""
     keys = ShardKeys(namespace, shard)
@@ -252,16 +285,21 @@ async def test_a_transfer_appended_again_as_fresh_never_moves_money_twice(
     decision finds the op's outcome stored and the writes not holding, and writes nothing."""
     source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
     target = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
-    groups = ([[PARTICIPANT], [s for s in range(SHARDS) if s != PARTICIPANT]] if split
-              else [list(range(SHARDS))])
+    groups = (
+        [[PARTICIPANT], [s for s in range(SHARDS) if s != PARTICIPANT]]
+        if split
+        else [list(range(SHARDS))]
+    )
     attacker = redis.asyncio.Redis.from_url(users.client_url)
     try:
         async with contextlib.AsyncExitStack() as stack:
             for shards in groups:
-                await stack.enter_async_context(running_worker(
-                    users.worker_url, namespace, shard_count=SHARDS, shards=shards))
+                await stack.enter_async_context(
+                    running_worker(users.worker_url, namespace, shard_count=SHARDS, shards=shards)
+                )
             ks = await stack.enter_async_context(
-                keyserial.connect(users.client_url, namespace=namespace))
+                keyserial.connect(users.client_url, namespace=namespace)
+            )
             assert await ks.submit(source, deposit(100)) == 100
             op_id = ks.new_op_id()
             moved = await ks.transfer(source, target, 25, op_id=op_id, timeout=30)
@@ -294,12 +332,23 @@ async def test_an_op_appended_ahead_under_a_callers_op_id_never_answers_the_call
             attacker.pubsub() as pubsub,
         ):
             await pubsub.subscribe(own_channel)
-            await _append(attacker, 0, namespace, [
-                {"id": "order-7", "key": key, "op": "deposit", "args": [1]},
-                {"id": "order-8", "key": key, "op": "deposit", "args": [1]},
-                {"id": "order-8", "key": key, "op": "deposit", "args": [1000],
-                 "reply": own_channel}])
-            (op_id, outcome), = (await _next_message(pubsub))["r"]
+            await _append(
+                attacker,
+                0,
+                namespace,
+                [
+                    {"id": "order-7", "key": key, "op": "deposit", "args": [1]},
+                    {"id": "order-8", "key": key, "op": "deposit", "args": [1]},
+                    {
+                        "id": "order-8",
+                        "key": key,
+                        "op": "deposit",
+                        "args": [1000],
+                        "reply": own_channel,
+                    },
+                ],
+            )
+            ((op_id, outcome),) = (await _next_message(pubsub))["r"]
             assert op_id == "order-8"
             assert outcome["error"]["type"] == "keyserial.MalformedOperation"
             with pytest.raises(keyserial.MalformedOperation, match="belongs to another op"):
@@ -326,23 +375,34 @@ async def test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides
     attacker = redis.asyncio.Redis.from_url(users.client_url)
     try:
         async with (
-            running_worker(users.worker_url, namespace, shard_count=SHARDS,
-                           shards=[PARTICIPANT]),
-            running_worker(users.worker_url, namespace, shard_count=SHARDS,
-                           shards=[s for s in range(SHARDS) if s != PARTICIPANT]),
+            running_worker(users.worker_url, namespace, shard_count=SHARDS, shards=[PARTICIPANT]),
+            running_worker(
+                users.worker_url,
+                namespace,
+                shard_count=SHARDS,
+                shards=[s for s in range(SHARDS) if s != PARTICIPANT],
+            ),
             keyserial.connect(users.client_url, namespace=namespace) as ks,
         ):
             for key, amount in ((source, 100), (target, 10), (decoy, 5)):
                 await ks.submit(key, deposit(amount))
             # (The epoch: read here as admin; an attacker reads it off earlier grant requests.)
             attempt = int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
-            request = {"home": HOME, "op": "order-9", "attempt": attempt,
-                       "channel": f"ks:attacker:{uuid.uuid4().hex}"}
-            await _append(attacker, PARTICIPANT, namespace, [
-                {"id": f"order-9#{attempt}", "keys": [decoy], "op": GRANT_OP,
-                 "kwargs": request}])
+            request = {
+                "home": HOME,
+                "op": "order-9",
+                "attempt": attempt,
+                "channel": f"ks:attacker:{uuid.uuid4().hex}",
+            }
+            await _append(
+                attacker,
+                PARTICIPANT,
+                namespace,
+                [{"id": f"order-9#{attempt}", "keys": [decoy], "op": GRANT_OP, "kwargs": request}],
+            )
             await eventually_async(
-                lambda: attacker.hget(participant.results, f"order-9#{attempt}#g"))
+                lambda: attacker.hget(participant.results, f"order-9#{attempt}#g")
+            )
             moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
             assert moved == {source: 75, target: 35}
             assert await ks.submit(decoy, deposit(1), timeout=30) == 6
@@ -352,26 +412,36 @@ async def test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides
     assert users.refusals() == []
 
 
-_FORGED = ({"ok": 1_000_000}, {"error": {"type": "x", "message": "forged"}},
-           {"error": {"type": "keyserial.UnknownOperation", "message": "forged"}})
+_FORGED = (
+    {"ok": 1_000_000},
+    {"error": {"type": "x", "message": "forged"}},
+    {"error": {"type": "keyserial.UnknownOperation", "message": "forged"}},
+)
 _MALFORMED = (5, {"error": 5}, {"neither": 1}, [1])
 
 
 async def _forge_replies(
-    attacker: redis.asyncio.Redis, namespace: str, shard: int, caplog: pytest.LogCaptureFixture,
-    *, forged: tuple[Any, ...] = _FORGED + _MALFORMED, logged: str = "no outcome for them",
+    attacker: redis.asyncio.Redis,
+    namespace: str,
+    shard: int,
+    caplog: pytest.LogCaptureFixture,
+    *,
+    forged: tuple[Any, ...] = _FORGED + _MALFORMED,
+    logged: str = "no outcome for them",
 ) -> str:
     """Find the waiting op in the shard's stream (a client may read it), publish ``forged``
     outcomes for it on its reply channel, one by one, each once its client has logged the one
     before (``logged``); the op's id."""
     stream = ShardKeys(namespace, shard).stream
-    (_, fields), = await eventually_async(lambda: attacker.xrange(stream, "-", "+"))
-    envelope, = json.loads(fields[b"ops"])
+    ((_, fields),) = await eventually_async(lambda: attacker.xrange(stream, "-", "+"))
+    (envelope,) = json.loads(fields[b"ops"])
     op_id = envelope["id"]
 
     def handled() -> int:
-        return sum(op_id in record.getMessage() and logged in record.getMessage()
-                   for record in caplog.records)
+        return sum(
+            op_id in record.getMessage() and logged in record.getMessage()
+            for record in caplog.records
+        )
 
     for outcome in forged:
         before = handled()
@@ -391,8 +461,10 @@ async def _a_deposit_waiting(
     attacker = redis.asyncio.Redis.from_url(users.client_url)
     answered: list[int] = []
     try:
-        async with keyserial.connect(users.client_url, namespace=namespace, **options) as ks, \
-                anyio.create_task_group() as group:
+        async with (
+            keyserial.connect(users.client_url, namespace=namespace, **options) as ks,
+            anyio.create_task_group() as group,
+        ):
 
             async def deposit_10() -> None:
                 answered.append(await ks.submit(key, deposit(10), timeout=30))
@@ -460,8 +532,10 @@ async def test_a_signed_reply_replayed_for_a_resubmit_never_answers_it(
     attacker = redis.asyncio.Redis.from_url(users.client_url)
     try:
         await _record_shard_count(users, namespace)
-        async with keyserial.connect(users.client_url, namespace=namespace) as ks, \
-                attacker.pubsub() as listener:
+        async with (
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+            attacker.pubsub() as listener,
+        ):
             await listener.subscribe(ks._reply)  # (any client user may)
             async with running_worker(users.worker_url, namespace, shard_count=SHARDS):
                 with pytest.raises(keyserial.UnknownOperation):
@@ -470,11 +544,15 @@ async def test_a_signed_reply_replayed_for_a_resubmit_never_answers_it(
             signer = json.loads(signed)["k"]
             await eventually(lambda: ks._verifier.knows(signer))
             async with _resubmitted(ks, key) as results:
-                await eventually(lambda: any(pending.entry
-                                             for pending in ks._waiting.get("order-9", ())))
+                await eventually(
+                    lambda: any(pending.entry for pending in ks._waiting.get("order-9", ()))
+                )
                 await attacker.publish(ks._reply, signed)
-                await eventually(lambda: any("no outcome for them" in record.getMessage()
-                                             for record in caplog.records))
+                await eventually(
+                    lambda: any(
+                        "no outcome for them" in record.getMessage() for record in caplog.records
+                    )
+                )
                 assert results == []
                 await _served(users, namespace, results, apps=["tests.apps"])
             assert results == [1]
@@ -515,10 +593,13 @@ async def test_a_client_that_trusts_replies_ignores_malformed_ones(
     the caller as a TypeError."""
     key = keys_on_shard(2, SHARDS, 1, "acct")[0]
     async with _a_deposit_waiting(users, namespace, key, verify_replies=False) as (
-        _, attacker, answered
+        _,
+        attacker,
+        answered,
     ):
-        await _forge_replies(attacker, namespace, 2, caplog, forged=_MALFORMED,
-                             logged="malformed reply")
+        await _forge_replies(
+            attacker, namespace, 2, caplog, forged=_MALFORMED, logged="malformed reply"
+        )
         assert answered == []
         await _served(users, namespace, answered)
         assert answered == [10]
@@ -567,10 +648,10 @@ async def test_entries_an_append_with_maxlen_0_drops_are_appended_again_by_their
     key = keys_on_shard(5, SHARDS, 1, "acct")[0]
     stream = ShardKeys(namespace, 5).stream
     async with _a_deposit_waiting(users, namespace, key) as (ks, attacker, answered):
-        (first, _), = await eventually_async(lambda: attacker.xrange(stream))
+        ((first, _),) = await eventually_async(lambda: attacker.xrange(stream))
         await attacker.xadd(stream, {"v": "1", "ops": "[]"}, maxlen=0, approximate=False)
         assert await attacker.xlen(stream) == 0
-        (again, _), = await eventually_async(lambda: attacker.xrange(stream))
+        ((again, _),) = await eventually_async(lambda: attacker.xrange(stream))
         assert again != first
         await _served(users, namespace, answered)
         assert answered == [10]

@@ -76,10 +76,22 @@ async def test_a_step_that_lands_after_its_owner_s_release_is_fenced(
     await client.xadd(keys.stream, {"v": "1", "ops": "[]"})
     await client.set(keys.horizon, "9999999999999-0")
     assert await backend.run_call(release(keys, ReleaseArgs("me", clean=True)))
-    late = step(keys, StepArgs(
-        epoch=epoch, progress=first, rotate=False, cursor="0-0", fetch=10, commit="",
-        replaying=False, result_ttl_ms=TTL_MS, trim_to="", trim_now=False, states_held=True,
-    ))
+    late = step(
+        keys,
+        StepArgs(
+            epoch=epoch,
+            progress=first,
+            rotate=False,
+            cursor="0-0",
+            fetch=10,
+            commit="",
+            replaying=False,
+            result_ttl_ms=TTL_MS,
+            trim_to="",
+            trim_now=False,
+            states_held=True,
+        ),
+    )
     with pytest.raises(Fenced):
         await backend.run_call(late)
     assert await client.get(keys.horizon) == b"9999999999999-0"

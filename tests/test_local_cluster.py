@@ -29,8 +29,10 @@ def test_every_node_starts_with_its_own_config_epoch() -> None:
 
 def test_a_replica_of_the_newest_master_takes_over_and_is_followed() -> None:
     with LocalCluster() as cluster:
-        epoch, port, slots = max((int(row[6]), int(row[1].split("@")[0].rsplit(":")[1]), row[8])
-                                 for row in _masters(cluster))
+        epoch, port, slots = max(
+            (int(row[6]), int(row[1].split("@")[0].rsplit(":")[1]), row[8])
+            for row in _masters(cluster)
+        )
         victim = cluster.node_at(port)
         assert victim is not None
         first = int(slots.split("-")[0])
@@ -43,5 +45,6 @@ def test_a_replica_of_the_newest_master_takes_over_and_is_followed() -> None:
         while (seen := cluster.master_of(first, asking=others)) is not replica:
             assert time.monotonic() < deadline, (
                 f"slot {first} still served by {seen and seen.port}, not {replica.port}"
-                f" (the victim's epoch was {epoch})")
+                f" (the victim's epoch was {epoch})"
+            )
             time.sleep(0.05)

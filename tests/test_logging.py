@@ -23,8 +23,13 @@ def refuse(ctx: keyserial.Context, reason: str) -> None:
 
 
 def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "keyserial", *args], cwd=cwd,
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        [sys.executable, "-m", "keyserial", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
 
 
 def test_an_unknown_log_level_is_a_usage_error_without_traceback() -> None:
@@ -38,9 +43,24 @@ def test_json_log_lines_carry_time_level_logger_and_message(
     standalone_server: LocalServer, namespace: str
 ) -> None:
     process = subprocess.Popen(
-        [sys.executable, "-m", "keyserial", "worker", "--redis", standalone_server.url,
-         "--namespace", namespace, "--shard-count", "1", "--log-format", "json"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "keyserial",
+            "worker",
+            "--redis",
+            standalone_server.url,
+            "--namespace",
+            namespace,
+            "--shard-count",
+            "1",
+            "--log-format",
+            "json",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert process.stderr is not None
@@ -87,5 +107,6 @@ async def test_an_op_refusal_is_logged_at_info_without_traceback(
     assert "ValueError: no stock left" in refusals[0].getMessage()
     # (keyserial's own records: another library's, such as asyncio's report of a client an
     # earlier test left to the garbage collector, say nothing about this op.)
-    assert not [r for r in caplog.records
-                if r.levelno >= logging.WARNING and r.name.startswith("keyserial")]
+    assert not [
+        r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("keyserial")
+    ]

@@ -59,9 +59,10 @@ async def test_a_lost_reply_is_fetched_by_the_client_s_sweep(
     client = redis.asyncio.Redis.from_url(redis_url)
     results = ShardKeys(namespace, 0).results
     try:
-        async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]), \
-                keyserial.connect(redis_url, shards=1, namespace=namespace,
-                                  idle_poll=0.2) as ks:
+        async with (
+            running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]),
+            keyserial.connect(redis_url, shards=1, namespace=namespace, idle_poll=0.2) as ks,
+        ):
             assert await ks.submit("k", apps.append("small")) == ["small"]
             subscribed = await _subscribers(client)
             replies: list[Any] = []
@@ -69,8 +70,9 @@ async def test_a_lost_reply_is_fetched_by_the_client_s_sweep(
                 async with pubsub_limit(client, "65536"), anyio.create_task_group() as group:
 
                     async def submit() -> None:
-                        replies.append(await ks.submit(
-                            "k", apps.append(LARGE), op_id="large", timeout=20))
+                        replies.append(
+                            await ks.submit("k", apps.append(LARGE), op_id="large", timeout=20)
+                        )
 
                     group.start_soon(submit)
                     await _until(lambda: client.hexists(results, "large"), "the op committed")
@@ -90,8 +92,14 @@ class _CommitsDuringTheLook:
     """A real backend, except that the op commits (its outcome stored, its entry trimmed) just
     before the sweep checks whether its entry is there: the race the second lookup closes."""
 
-    def __init__(self, backend: Backend, client: redis.asyncio.Redis, keys: ShardKeys,
-                 op_id: str, entry: bytes) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        client: redis.asyncio.Redis,
+        keys: ShardKeys,
+        op_id: str,
+        entry: bytes,
+    ) -> None:
         self._backend, self._client, self._keys = backend, client, keys
         self._op_id, self._entry = op_id, entry
 
@@ -123,9 +131,14 @@ async def test_an_op_that_commits_between_the_sweep_s_lookups_is_never_appended_
     requeued: list[Pending] = []
     racing = _CommitsDuringTheLook(backend, client, keys, "op", entry)
     settings, waiting = Settings(namespace=namespace), {"op": [pending]}
-    sweep = Sweep(racing, settings, waiting, _never_called,  # type: ignore[arg-type]
-                  StoredOutcomes(racing, settings, waiting),  # type: ignore[arg-type]
-                  requeued.extend)
+    sweep = Sweep(
+        racing,
+        settings,
+        waiting,
+        _never_called,  # type: ignore[arg-type]
+        StoredOutcomes(racing, settings, waiting),  # type: ignore[arg-type]
+        requeued.extend,
+    )
     await sweep._sweep_shard(keys, ["op"])
     assert pending.outcome == {"ok": 1}
     assert requeued == []
@@ -141,8 +154,9 @@ async def test_an_op_gone_with_no_outcome_after_result_ttl_fails_and_is_not_appe
     entry = await client.xadd(keys.stream, {"v": "1", "ops": "[]"})
     await client.xdel(keys.stream, entry)
     loop = asyncio.get_running_loop()
-    young, old = (Pending(op_id, "k", 0, "{}", loop.create_future(), fresh=True)
-                  for op_id in ("young", "old"))
+    young, old = (
+        Pending(op_id, "k", 0, "{}", loop.create_future(), fresh=True) for op_id in ("young", "old")
+    )
     for pending in (young, old):
         pending.entry = entry
     old.since -= 11
@@ -150,8 +164,14 @@ async def test_an_op_gone_with_no_outcome_after_result_ttl_fails_and_is_not_appe
     requeued: list[Pending] = []
     settings = Settings(namespace=namespace, result_ttl=10)
     waiting = {"young": [young], "old": [old]}
-    sweep = Sweep(backend, settings, waiting, settled.__setitem__,
-                  StoredOutcomes(backend, settings, waiting), requeued.extend)
+    sweep = Sweep(
+        backend,
+        settings,
+        waiting,
+        settled.__setitem__,
+        StoredOutcomes(backend, settings, waiting),
+        requeued.extend,
+    )
     await sweep._sweep_shard(keys, ["young", "old"])
     assert requeued == [young]
     assert list(settled) == ["old"]

@@ -94,8 +94,10 @@ async def test_a_worker_counts_its_ops_by_name_and_outcome(
 ) -> None:
     url, port = standalone_server.url, free_port()
     worker = start(url, namespace, extra_args=metrics_args(port))
-    async with keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks, \
-            redis.asyncio.Redis.from_url(url) as client:
+    async with (
+        keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks,
+        redis.asyncio.Redis.from_url(url) as client,
+    ):
         for _ in range(3):
             await ks.submit("account:1", deposit(10), timeout=10)
         with pytest.raises(InsufficientFunds):
@@ -105,8 +107,10 @@ async def test_a_worker_counts_its_ops_by_name_and_outcome(
         shard = ks.shard_of("account:1")
         keys = ShardKeys(namespace, shard)
         # One envelope instead of an array of them: the entry is dead-lettered whole.
-        entry = await client.xadd(keys.stream, {"v": "1", "ops": json.dumps(
-            {"id": "bad", "key": "account:1", "op": "deposit"})})
+        entry = await client.xadd(
+            keys.stream,
+            {"v": "1", "ops": json.dumps({"id": "bad", "key": "account:1", "op": "deposit"})},
+        )
         await client.publish(keys.wake_channel, entry)
 
     def settled(text: str) -> bool:
@@ -196,8 +200,10 @@ async def test_only_the_metrics_path_serves_the_metrics(
         except urllib.error.HTTPError as refused:
             return refused.code
 
-    statuses = [await anyio.to_thread.run_sync(status, path)
-                for path in ("/", "/metricsx", "/other/metrics", "/metrics?name[]=x")]
+    statuses = [
+        await anyio.to_thread.run_sync(status, path)
+        for path in ("/", "/metricsx", "/other/metrics", "/metrics?name[]=x")
+    ]
     assert statuses == [404, 404, 404, 200]
 
 
@@ -218,7 +224,10 @@ def test_a_bad_metrics_port_variable_is_an_error_naming_it(
     monkeypatch.setenv("KEYSERIAL_METRICS_PORT", "ninety")
     result = subprocess.run(
         [sys.executable, "-m", "keyserial", "worker", "--redis", "redis://127.0.0.1:1/0"],
-        cwd=ROOT, capture_output=True, text=True, timeout=30,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 2
     assert "KEYSERIAL_METRICS_PORT='ninety'" in result.stderr
@@ -263,8 +272,7 @@ async def test_an_op_id_resubmitted_is_counted_once(
     standalone_server: LocalServer, namespace: str
 ) -> None:
     url = standalone_server.url
-    worker = Worker(url, settings=Settings(namespace=namespace, shard_count=SHARDS),
-                    metrics_port=0)
+    worker = Worker(url, settings=Settings(namespace=namespace, shard_count=SHARDS), metrics_port=0)
     async with anyio.create_task_group() as group:
         group.start_soon(worker.run)
         await worker.wait_started()
@@ -280,8 +288,11 @@ async def test_an_op_id_resubmitted_is_counted_once(
 
 async def test_lease_renewals_that_time_out_are_counted(namespace: str) -> None:
     with LocalServer() as server:  # private: the whole server is paused
-        worker = Worker(server.url, metrics_port=0,
-                        settings=Settings(namespace=namespace, shard_count=SHARDS, lease_ttl=0.5))
+        worker = Worker(
+            server.url,
+            metrics_port=0,
+            settings=Settings(namespace=namespace, shard_count=SHARDS, lease_ttl=0.5),
+        )
         async with anyio.create_task_group() as group:
             group.start_soon(worker.run)
             await worker.wait_started()
@@ -301,8 +312,9 @@ async def test_two_workers_in_one_process_keep_their_own_metrics(
 ) -> None:
     url = standalone_server.url
     workers = [
-        Worker(url, settings=Settings(namespace=f"{namespace}-{n}", shard_count=SHARDS),
-               metrics_port=0)
+        Worker(
+            url, settings=Settings(namespace=f"{namespace}-{n}", shard_count=SHARDS), metrics_port=0
+        )
         for n in range(2)
     ]
     async with anyio.create_task_group() as group:
@@ -328,9 +340,22 @@ async def test_two_workers_in_one_process_keep_their_own_metrics(
 def test_dev_serves_the_same_metrics() -> None:
     port, metrics_port = free_port(), free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "keyserial", "dev", "--port", str(port), "--shard-count", "2",
-         "--metrics-port", str(metrics_port)],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-m",
+            "keyserial",
+            "dev",
+            "--port",
+            str(port),
+            "--shard-count",
+            "2",
+            "--metrics-port",
+            str(metrics_port),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     try:
         assert process.stdout is not None
@@ -361,7 +386,9 @@ def _exported_names() -> set[str]:
     """Every sample name a worker's registry can write."""
     metrics = Metrics("default", [], dict, None)
     suffixes: dict[str, tuple[str, ...]] = {
-        "counter": ("_total",), "gauge": ("",), "histogram": ("_bucket", "_sum", "_count"),
+        "counter": ("_total",),
+        "gauge": ("",),
+        "histogram": ("_bucket", "_sum", "_count"),
     }
     return {
         family.name + suffix

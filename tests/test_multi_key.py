@@ -23,8 +23,10 @@ ACCOUNTS = [f"acct:{n}" for n in range(6)]
 async def test_transfer_moves_money_atomically_and_refuses_overdrafts(
     redis_url: str, namespace: str
 ) -> None:
-    async with running_worker(redis_url, namespace, shard_count=1), \
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=1),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         await ks.submit("acct:a", deposit(100))
         assert await ks.transfer("acct:a", "acct:b", 30) == {"acct:a": 70, "acct:b": 30}
         with pytest.raises(InsufficientFunds) as refused:
@@ -32,14 +34,18 @@ async def test_transfer_moves_money_atomically_and_refuses_overdrafts(
         assert (refused.value.balance, refused.value.amount) == (30, 31)
         assert [await ks.read("acct:a"), await ks.read("acct:b")] == [70, 30]
         assert await ks.submit_many(["acct:b", "acct:a"], transfer(30)) == {
-            "acct:b": 0, "acct:a": 100}
+            "acct:b": 0,
+            "acct:a": 100,
+        }
 
 
 async def test_concurrent_transfers_both_ways_conserve_money_and_never_go_negative(
     redis_url: str, namespace: str
 ) -> None:
-    async with running_worker(redis_url, namespace, shard_count=1), \
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=1),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         for account in ACCOUNTS:
             await ks.submit(account, deposit(100))
         rng = random.Random(7)
@@ -79,15 +85,18 @@ async def test_overlapping_slow_multi_key_ops_are_isolated_and_all_complete(
 ) -> None:
     """Random key sets in random orders, each op reading, waiting and writing all its keys:
     no lost update and no deadlock (the test finishes) when sets overlap in both directions."""
-    async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         rng = random.Random(11)
         plans = [(f"op-{n}", rng.sample(ACCOUNTS, rng.randint(2, 4))) for n in range(60)]
         with anyio.fail_after(30):
             async with anyio.create_task_group() as group:
                 for op_id, keys in plans:
                     group.start_soon(
-                        lambda i=op_id, k=keys: ks.submit_many(k, apps.slow_move(0.002), op_id=i))
+                        lambda i=op_id, k=keys: ks.submit_many(k, apps.slow_move(0.002), op_id=i)
+                    )
         for account in ACCOUNTS:
             applied = await ks.read(account) or []
             expected = {op_id for op_id, keys in plans if account in keys}
@@ -98,8 +107,10 @@ async def test_a_multi_key_op_waits_for_earlier_ops_on_its_keys_only(
     redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
     note = tmp_path / "slow-started"
-    async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         order: list[str] = []
 
         async def slow_then_record() -> None:
@@ -121,8 +132,10 @@ async def test_a_multi_key_op_waits_for_earlier_ops_on_its_keys_only(
 
 
 async def test_an_op_sent_with_the_wrong_arity_is_refused(redis_url: str, namespace: str) -> None:
-    async with running_worker(redis_url, namespace, shard_count=1), \
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=1),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         with pytest.raises(MalformedOperation, match="takes a list of keys"):
             await ks.submit("acct:a", transfer(1))
         with pytest.raises(MalformedOperation, match=r"takes one key \(submit\)"):

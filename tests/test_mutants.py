@@ -29,19 +29,28 @@ def test_every_python_mutant_type_checks(tmp_path: Path) -> None:
         shutil.copytree(mutants.ROOT / "keyserial", copy / "keyserial")
         for path, text in mutants.mutated(mutant, copy).items():
             (copy / path).write_text(text)
-        report, errors, status = mypy.api.run([
-            "--config-file", str(mutants.ROOT / "pyproject.toml"),
-            "--cache-dir", str(tmp_path / ".mypy_cache"), str(copy / "keyserial"),
-        ])
+        report, errors, status = mypy.api.run(
+            [
+                "--config-file",
+                str(mutants.ROOT / "pyproject.toml"),
+                "--cache-dir",
+                str(tmp_path / ".mypy_cache"),
+                str(copy / "keyserial"),
+            ]
+        )
         if status != 0:
             failures.append(f"{mutant.name}:\n{report}{errors}")
     assert not failures, "\n".join(failures)
 
 
 def test_a_mutant_whose_old_text_is_gone_fails_loudly() -> None:
-    drifted = mutants.Mutant("drifted", "G1.1", "no such code",
-                             (mutants.Edit("keyserial/_scripts/lua/step.lua", "no such text", ""),),
-                             ())
+    drifted = mutants.Mutant(
+        "drifted",
+        "G1.1",
+        "no such code",
+        (mutants.Edit("keyserial/_scripts/lua/step.lua", "no such text", ""),),
+        (),
+    )
     with pytest.raises(mutants.MutantDrift, match="occurs 0 times"):
         mutants.mutated(drifted, mutants.ROOT)
 

@@ -31,7 +31,8 @@ from tests.nemesis.seeds import (
 async def test_a_short_nemesis_run_finds_no_violation(seed: int, tmp_path: Path) -> None:
     report = await run_seed(seed, PROFILES["short"], tmp_path)
     assert report.stats["faults"] >= 1, (
-        f"no fault was injected in full: {report.injected}; checks: {report.describe()}")
+        f"no fault was injected in full: {report.injected}; checks: {report.describe()}"
+    )
     assert report.ok, report.describe()
 
 
@@ -41,7 +42,8 @@ async def test_a_cluster_nemesis_run_finds_no_violation(seed: int, tmp_path: Pat
     failover, workers whose clock is off by minutes (about 25 s a seed)."""
     report = await run_seed(seed, PROFILES["cluster"], tmp_path)
     assert report.stats["faults"] >= 1, (
-        f"no fault was injected in full: {report.injected}; checks: {report.describe()}")
+        f"no fault was injected in full: {report.injected}; checks: {report.describe()}"
+    )
     assert report.ok, report.describe()
 
 
@@ -51,7 +53,8 @@ async def test_a_takeover_nemesis_run_finds_no_violation(seed: int, tmp_path: Pa
     owners' 6 s leases (about 25 s a seed)."""
     report = await run_seed(seed, PROFILES["takeover"], tmp_path)
     assert report.stats["faults"] >= 1, (
-        f"no fault was injected in full: {report.injected}; checks: {report.describe()}")
+        f"no fault was injected in full: {report.injected}; checks: {report.describe()}"
+    )
     assert report.ok, report.describe()
 
 
@@ -70,7 +73,8 @@ async def test_a_byzantine_client_run_that_once_found_a_defect_finds_none(
     documented client ACL user (``tests/nemesis/hostile.py``)."""
     report = await run_seed(seed, PROFILES["hostile"], tmp_path)
     assert any("forged messages published" in line for line in report.injected), (
-        f"the forger published nothing: {report.injected}")
+        f"the forger published nothing: {report.injected}"
+    )
     assert report.ok, report.describe()
 
 
@@ -78,13 +82,18 @@ def test_a_seed_always_draws_the_same_schedule() -> None:
     known = (*KNOWN_FAILING, *REGRESSIONS)
     assert set(CI_REGRESSIONS) <= {each.seed for each in REGRESSIONS if each.profile == "short"}
     assert set(CI_HOSTILE_REGRESSIONS) <= {
-        each.seed for each in REGRESSIONS if each.profile == "hostile"}
+        each.seed for each in REGRESSIONS if each.profile == "hostile"
+    }
     for seed in (*DEFAULT_SEEDS, *(each.seed for each in known)):
         for profile in PROFILES.values():
             plan = make_plan(seed, profile)
             assert plan == make_plan(seed, profile)
-            fewest, most = (a + b + c for a, b, c in zip(
-                profile.faults, profile.edge_faults, profile.hostile_faults, strict=True))
+            fewest, most = (
+                a + b + c
+                for a, b, c in zip(
+                    profile.faults, profile.edge_faults, profile.hostile_faults, strict=True
+                )
+            )
             assert fewest <= len(plan.events) <= most
             served = {shard for layout in plan.layouts for shard in layout}
             assert served == set(range(profile.shard_count)), "a shard no worker serves"
@@ -94,12 +103,15 @@ def test_the_epochs_checker_flags_one_epoch_handed_to_two_owners() -> None:
     """Read off the workers' own log lines: an epoch acquired once per shard passes; the same
     shard and epoch acquired again, by another worker or the same one, is flagged."""
     line = "2026-11-24 21:06:0{} INFO keyserial.worker: shard {}: acquired (epoch {})\n"
-    logs = {"worker-0.log": line.format(0, 2, 1) + line.format(4, 2, 2) + line.format(5, 3, 2),
-            "worker-1.log": line.format(1, 3, 1) + line.format(6, 3, 3)}
+    logs = {
+        "worker-0.log": line.format(0, 2, 1) + line.format(4, 2, 2) + line.format(5, 3, 2),
+        "worker-1.log": line.format(1, 3, 1) + line.format(6, 3, 3),
+    }
     assert check_epochs(logs) == []
     logs["worker-1.log"] += line.format(8, 2, 2)
     (violation,) = check_epochs(logs)
     assert violation.evidence == {
-        "shard": 2, "epoch": 2,
+        "shard": 2,
+        "epoch": 2,
         "owners": ["worker-0.log at 2026-11-24 21:06:04", "worker-1.log at 2026-11-24 21:06:08"],
     }

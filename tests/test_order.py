@@ -57,8 +57,9 @@ async def test_concurrent_submitters_on_five_keys_apply_in_stream_order(
             # No worker runs yet, so every entry is still in the streams: read their order,
             # then start the worker and let all 400 submits complete.
             with anyio.fail_after(10):
-                while sum(map(len, (await _stream_order(redis_url, namespace, 4)).values())) \
-                        < TOTAL:
+                while (
+                    sum(map(len, (await _stream_order(redis_url, namespace, 4)).values())) < TOTAL
+                ):
                     await anyio.sleep(0.02)
             expected = await _stream_order(redis_url, namespace, 4)
             async with running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]):
@@ -72,8 +73,10 @@ async def test_concurrent_submitters_on_five_keys_apply_in_stream_order(
 async def test_a_client_that_awaits_each_submit_reads_its_own_writes(
     redis_url: str, namespace: str
 ) -> None:
-    async with running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
+    ):
 
         async def submitter(number: int) -> None:
             key = KEYS[number % len(KEYS)]
@@ -91,7 +94,9 @@ async def test_a_client_that_awaits_each_submit_reads_its_own_writes(
         items = final[key]
         # Every write of every submitter on the key is there once, each submitter's in order.
         assert sorted(map(tuple, items)) == sorted(
-            (number, step) for number in range(index, SUBMITTERS, len(KEYS))
-            for step in range(PER_SUBMITTER))
+            (number, step)
+            for number in range(index, SUBMITTERS, len(KEYS))
+            for step in range(PER_SUBMITTER)
+        )
         for number in range(index, SUBMITTERS, len(KEYS)):
             assert [item[1] for item in items if item[0] == number] == list(range(PER_SUBMITTER))

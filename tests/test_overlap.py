@@ -15,8 +15,10 @@ from tests import apps
 async def test_a_slow_op_does_not_stall_other_keys_of_its_shard(
     redis_url: str, namespace: str
 ) -> None:
-    async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         finished: list[str] = []
 
         async def slow() -> None:
@@ -32,8 +34,10 @@ async def test_a_slow_op_does_not_stall_other_keys_of_its_shard(
 
 
 async def test_ops_on_the_slow_key_still_wait_their_turn(redis_url: str, namespace: str) -> None:
-    async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         results: list[int] = []
 
         async def bump(delay: float) -> None:
@@ -50,8 +54,10 @@ async def test_throughput_of_slow_ops_grows_with_keys_not_shards(
     redis_url: str, namespace: str
 ) -> None:
     """20 ops that each wait 0.2 s: serial on one key (~4 s), overlapped on 20 keys."""
-    async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         started = time.monotonic()
         async with anyio.create_task_group() as group:
             for n in range(20):

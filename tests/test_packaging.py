@@ -31,8 +31,21 @@ def test_the_license_file_is_the_mit_license_the_package_declares() -> None:
 def test_the_wheel_installs_the_library_alone(tmp_path: Path) -> None:
     """``workers``, ``benchmarks`` and ``examples`` stay in the checkout: installed as
     top-level packages they would shadow (or be shadowed by) a user's own of the same name."""
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
-                    "--quiet", "-w", str(tmp_path), str(ROOT)], check=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--quiet",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        timeout=120,
+    )
     (wheel,) = tmp_path.glob("keyserial-*.whl")
     with zipfile.ZipFile(wheel) as archive:
         top = {name.split("/", 1)[0] for name in archive.namelist()}
@@ -41,8 +54,13 @@ def test_the_wheel_installs_the_library_alone(tmp_path: Path) -> None:
 
 
 def test_keyserial_bench_outside_a_checkout_says_where_to_run_it(tmp_path: Path) -> None:
-    completed = subprocess.run([sys.executable, "-m", "keyserial", "bench", "--help"],
-                               cwd=tmp_path, capture_output=True, text=True, timeout=60,
-                               env={**os.environ, "PYTHONPATH": ""})
+    completed = subprocess.run(
+        [sys.executable, "-m", "keyserial", "bench", "--help"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": ""},
+    )
     assert completed.returncode == 2
     assert "from the root of a keyserial checkout" in completed.stderr

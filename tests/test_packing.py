@@ -24,7 +24,8 @@ COMMANDS: list[tuple[Any, ...]] = [
 @pytest.mark.parametrize("command", COMMANDS, ids=lambda command: str(command[0]))
 def test_packs_what_redis_py_packs(command: tuple[Any, ...]) -> None:
     assert b"".join(HiredisPackedConnection().pack_command(*command)) == b"".join(
-        Connection().pack_command(*command))
+        Connection().pack_command(*command)
+    )
 
 
 def test_refuses_what_redis_py_refuses() -> None:

@@ -112,7 +112,8 @@ async def test_a_submitted_call_hands_its_reply_or_error_to_its_callback_with_it
         async with anyio.create_task_group() as group:
             for mode in ("ok", "fail"):
                 pipeliner.submit(
-                    ScriptCall(PUBLISHING, ["{t}x"], [mode, "[]"]), None,
+                    ScriptCall(PUBLISHING, ["{t}x"], [mode, "[]"]),
+                    None,
                     lambda result, mode=mode: seen.append((mode, result)),
                 )
             group.start_soon(awaited)

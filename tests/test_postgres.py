@@ -30,14 +30,20 @@ async def rows(dsn: str, query: str) -> list[Any]:
 
 
 async def test_a_zombie_worker_that_wakes_up_is_refused_by_the_fence_and_sends_nothing(
-    standalone_server: LocalServer, namespace: str, postgres_dsn: str,
-    start: Callable[..., WorkerProcess], monkeypatch: pytest.MonkeyPatch,
+    standalone_server: LocalServer,
+    namespace: str,
+    postgres_dsn: str,
+    start: Callable[..., WorkerProcess],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("MAIL_PG_DSN", postgres_dsn)  # the workers' environment
     await create_schema(postgres_dsn)
     url, order = standalone_server.url, "order:1001"
-    options: dict[str, Any] = {"apps": ("workers.mail_pg",), "lease_ttl": 1.0,
-                               "shard_count": SHARDS}
+    options: dict[str, Any] = {
+        "apps": ("workers.mail_pg",),
+        "lease_ttl": 1.0,
+        "shard_count": SHARDS,
+    }
     with anyio.fail_after(90):
         async with keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks:
             shard = ks.shard_of(order)
@@ -50,8 +56,9 @@ async def test_a_zombie_worker_that_wakes_up_is_refused_by_the_fence_and_sends_n
 
             async def submit() -> None:
                 call = send_shipped_email_pg("ada@example.com", compose_seconds=1.0)
-                sent.append(await ks.submit(order, call, op_id=f"shipped-email:{order}",
-                                            timeout=60))
+                sent.append(
+                    await ks.submit(order, call, op_id=f"shipped-email:{order}", timeout=60)
+                )
 
             async with anyio.create_task_group() as group:
                 group.start_soon(submit)
@@ -64,8 +71,9 @@ async def test_a_zombie_worker_that_wakes_up_is_refused_by_the_fence_and_sends_n
             zombie.signal(signal.SIGCONT)
             await wait_for_log(zombie, "refused the write of stale fence")
 
-    refused = re.search(r"refused the write of stale fence (\d+) \(PostgreSQL holds (\d+)\)",
-                        zombie.log())
+    refused = re.search(
+        r"refused the write of stale fence (\d+) \(PostgreSQL holds (\d+)\)", zombie.log()
+    )
     assert refused is not None
     assert int(refused.group(1)) < outcome["fence"] == int(refused.group(2))
     sends = await rows(postgres_dsn, "SELECT order_key, op_id, fence FROM shipped_emails")
@@ -75,19 +83,24 @@ async def test_a_zombie_worker_that_wakes_up_is_refused_by_the_fence_and_sends_n
 
 
 async def test_ops_with_distinct_ids_record_one_send_per_order(
-    redis_url: str, namespace: str, postgres_dsn: str, monkeypatch: pytest.MonkeyPatch,
+    redis_url: str,
+    namespace: str,
+    postgres_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setenv("MAIL_PG_DSN", postgres_dsn)  # this process's worker
     await create_schema(postgres_dsn)
     outcomes: list[Any] = []
-    async with running_worker(redis_url, namespace, shard_count=SHARDS,
-                              apps=["workers.mail_pg"]), \
-            keyserial.connect(redis_url, namespace=namespace) as ks, \
-            anyio.create_task_group() as group:
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS, apps=["workers.mail_pg"]),
+        keyserial.connect(redis_url, namespace=namespace) as ks,
+        anyio.create_task_group() as group,
+    ):
 
         async def send(order: str) -> None:
-            outcomes.append(await ks.submit(order, send_shipped_email_pg("a@example.com"),
-                                            timeout=20))
+            outcomes.append(
+                await ks.submit(order, send_shipped_email_pg("a@example.com"), timeout=20)
+            )
 
         for n in range(20):
             group.start_soon(send, f"order:{n % 2}")

@@ -68,15 +68,37 @@ async def owned(backend: Backend, keys: ShardKeys, attempt: str = "a") -> LeaseG
     return grant
 
 
-async def stepped(backend: Backend, keys: ShardKeys, epoch: int, cursor: str, *,
-                  pushed_to: str = "", takes_pushes: bool = False) -> list[str]:
+async def stepped(
+    backend: Backend,
+    keys: ShardKeys,
+    epoch: int,
+    cursor: str,
+    *,
+    pushed_to: str = "",
+    takes_pushes: bool = False,
+) -> list[str]:
     """The entry ids a step of the owner fetches after ``cursor`` (committing nothing), having
     taken in ``pushed_to`` from a push, recording that it takes pushes or not."""
-    reply = await backend.run_call(step(keys, StepArgs(
-        epoch=epoch, progress="", rotate=False, cursor=cursor, fetch=10, commit="",
-        replaying=False, result_ttl_ms=60_000, trim_to="", trim_now=False, states_held=True,
-        pushed_to=pushed_to, takes_pushes=takes_pushes,
-    )))
+    reply = await backend.run_call(
+        step(
+            keys,
+            StepArgs(
+                epoch=epoch,
+                progress="",
+                rotate=False,
+                cursor=cursor,
+                fetch=10,
+                commit="",
+                replaying=False,
+                result_ttl_ms=60_000,
+                trim_to="",
+                trim_now=False,
+                states_held=True,
+                pushed_to=pushed_to,
+                takes_pushes=takes_pushes,
+            ),
+        )
+    )
     return [entry_id for entry_id, _ in reply.entries]
 
 
@@ -94,8 +116,7 @@ async def test_a_fresh_entry_is_pushed_naming_the_entry_before_it(
     third = await appended(backend, keys, "third")
     assert (await next_message(wake_ups)).startswith(f"push {again} {third} 1\n".encode())
     # An entry appended without the script stands between too.
-    raw = await append_entry(client, namespace, 0, [envelope("raw", "k", "deposit", 1)],
-                             fresh=True)
+    raw = await append_entry(client, namespace, 0, [envelope("raw", "k", "deposit", 1)], fresh=True)
     fourth = await appended(backend, keys, "fourth")
     assert (await next_message(wake_ups)).startswith(f"push {raw} {fourth} 1\n".encode())
 
@@ -148,8 +169,7 @@ async def test_a_takeover_from_an_owner_that_took_no_pushes_suspects_only_what_i
     await appended(backend, keys, "never fetched")
     await client.delete(keys.lease)
     grant = await owned(backend, keys, "next")
-    assert (grant.replay_until, grant.careful_until, grant.suspect) == (fetched, fetched,
-                                                                         "fetched")
+    assert (grant.replay_until, grant.careful_until, grant.suspect) == (fetched, fetched, "fetched")
 
 
 async def test_a_clean_release_covers_what_was_pushed_and_stops_counting(
@@ -173,8 +193,10 @@ async def test_a_worker_records_that_it_takes_pushes_before_it_takes_any(
     redis_url: str, client: redis.asyncio.Redis, namespace: str
 ) -> None:
     keys = ShardKeys(namespace, 0)
-    async with (running_worker(redis_url, namespace, shards="0", shard_count=1),
-                keyserial.connect(redis_url, shards=1, namespace=namespace) as ks):
+    async with (
+        running_worker(redis_url, namespace, shards="0", shard_count=1),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         assert await ks.submit("k", deposit(1)) == 1
         assert await client.get(keys.pushes) == await client.get(keys.epoch)
 
@@ -187,8 +209,10 @@ async def test_a_forged_push_is_run_but_never_committed(
     commit it finds the stream does not hold it, writes nothing, and the owner gives the shard
     up to start again from what Redis has. A push that does not follow on is not taken at all."""
     keys = ShardKeys(namespace, 0)
-    async with (running_worker(redis_url, namespace, shards="0", shard_count=1),
-                keyserial.connect(redis_url, shards=1, namespace=namespace) as ks):
+    async with (
+        running_worker(redis_url, namespace, shards="0", shard_count=1),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         assert await ks.submit("k", deposit(1)) == 1
         epoch = int(await client.get(keys.epoch) or 0)
         cursor = (await client.get(keys.horizon) or b"").decode()  # the entry it took last
@@ -210,8 +234,10 @@ async def test_a_push_that_claims_the_largest_id_does_not_stop_the_shard(
     refused at the commit: progress never moves past the entries Redis holds, so every later
     op still runs, on this owner and any other."""
     keys = ShardKeys(namespace, 0)
-    async with (running_worker(redis_url, namespace, shards="0", shard_count=1),
-                keyserial.connect(redis_url, shards=1, namespace=namespace) as ks):
+    async with (
+        running_worker(redis_url, namespace, shards="0", shard_count=1),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         assert await ks.submit("k", deposit(1)) == 1
         ops = json.dumps([envelope("forged", "k", "deposit", 10)])
         await client.publish(keys.wake_channel, f"push - 99999999999999-0 1\n{ops}")
@@ -228,12 +254,15 @@ async def test_a_push_with_the_fields_of_a_real_entry_changed_is_never_committed
     """A push that names a real entry's id, but carries other ops, is refused at the commit:
     the ops the stream holds run, and the pushed ones never commit."""
     keys = ShardKeys(namespace, 0)
-    async with (running_worker(redis_url, namespace, shards="0", shard_count=1, idle_poll=60),
-                keyserial.connect(redis_url, shards=1, namespace=namespace) as ks):
+    async with (
+        running_worker(redis_url, namespace, shards="0", shard_count=1, idle_poll=60),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         assert await ks.submit("k", deposit(1)) == 1
         cursor = (await client.get(keys.horizon) or b"").decode()
-        real = await append_entry(client, namespace, 0, [envelope("real", "k", "deposit", 10)],
-                                  fresh=True)
+        real = await append_entry(
+            client, namespace, 0, [envelope("real", "k", "deposit", 10)], fresh=True
+        )
         ops = json.dumps([envelope("swapped", "k", "deposit", 1000)])
         await client.publish(keys.wake_channel, f"push {cursor} {real} 1\n{ops}")
         assert await ks.submit("k", deposit(100), timeout=30) == 111
@@ -247,11 +276,14 @@ async def test_an_entry_appended_without_a_wake_up_is_never_skipped_by_a_push(
     """An entry appended with a plain XADD and no PUBLISH stands between the owner's cursor
     and the next push: the owner fetches both, rather than taking the push and skipping it.
     (idle_poll is long, so only the chain's break can bring the plain entry in.)"""
-    async with (running_worker(redis_url, namespace, shards="0", shard_count=1, idle_poll=60),
-                keyserial.connect(redis_url, shards=1, namespace=namespace) as ks):
+    async with (
+        running_worker(redis_url, namespace, shards="0", shard_count=1, idle_poll=60),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         assert await ks.submit("k", deposit(1)) == 1
-        await append_entry(client, namespace, 0, [envelope("plain", "k", "deposit", 10)],
-                           fresh=True)
+        await append_entry(
+            client, namespace, 0, [envelope("plain", "k", "deposit", 10)], fresh=True
+        )
         assert await ks.submit("k", deposit(100)) == 111
         assert await stored(client, namespace, 0, "plain") == {"ok": 11}
 
@@ -275,7 +307,8 @@ async def test_a_pushed_op_that_kills_its_worker_is_struck_at_every_death(
             with pytest.raises(PoisonOperation) as poisoned:
                 await ks.submit(key, apps.crash(), timeout=50)  # its own op id: fresh, pushed
             assert poisoned.value.data["strikes"] == 3
-            dead = [worker.process.returncode for worker in workers
-                    if worker.process.poll() is not None]
+            dead = [
+                worker.process.returncode for worker in workers if worker.process.poll() is not None
+            ]
             assert dead == [17, 17, 17]
             assert await ks.submit(key, deposit(1)) == 2

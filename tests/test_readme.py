@@ -31,8 +31,11 @@ def test_the_quick_start_runs_as_written() -> None:
 
         async def run() -> subprocess.CompletedProcess[str]:
             async with running_worker(server.url, "default", shard_count=16):
-                return await anyio.to_thread.run_sync(lambda: subprocess.run(
-                    [sys.executable, "-c", script], capture_output=True, text=True, timeout=60))
+                return await anyio.to_thread.run_sync(
+                    lambda: subprocess.run(
+                        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60
+                    )
+                )
 
         result = anyio.run(run)
     assert result.returncode == 0, result.stderr
@@ -59,7 +62,12 @@ def test_ci_proves_the_bare_install_runs_the_quick_start() -> None:
 def test_the_testing_example_passes_as_written(tmp_path: Path) -> None:
     (tmp_path / "test_example.py").write_text(_first_python_block("Testing"))
     (tmp_path / "pyproject.toml").write_text('[tool.pytest.ini_options]\nasyncio_mode = "auto"\n')
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "1 passed" in result.stdout, result.stdout

@@ -16,13 +16,17 @@ from tests.helpers import ROOT, free_closed_port
 
 @pytest.mark.parametrize(
     ("url", "shown"),
-    [("redis://app:s3cret@host:6379/0", "redis://app:***@host:6379/0"),
-     ("rediss://:s3cret@host:6380", "rediss://:***@host:6380"),
-     ("redis://host:6379/0?password=s3cret&db=1", "redis://host:6379/0?password=***&db=1"),
-     ("rediss://u:p%40ss@h/0?ssl_password=s3cret&ssl_ca_certs=/ca.pem",
-      "rediss://u:***@h/0?ssl_password=***&ssl_ca_certs=/ca.pem"),
-     ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
-     ("unix:///run/redis.sock?db=2", "unix:///run/redis.sock?db=2")],
+    [
+        ("redis://app:s3cret@host:6379/0", "redis://app:***@host:6379/0"),
+        ("rediss://:s3cret@host:6380", "rediss://:***@host:6380"),
+        ("redis://host:6379/0?password=s3cret&db=1", "redis://host:6379/0?password=***&db=1"),
+        (
+            "rediss://u:p%40ss@h/0?ssl_password=s3cret&ssl_ca_certs=/ca.pem",
+            "rediss://u:***@h/0?ssl_password=***&ssl_ca_certs=/ca.pem",
+        ),
+        ("redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379/0"),
+        ("unix:///run/redis.sock?db=2", "unix:///run/redis.sock?db=2"),
+    ],
 )
 def test_redact_hides_passwords_and_keeps_the_rest(url: str, shown: str) -> None:
     assert redact(url) == shown
@@ -49,7 +53,10 @@ def test_the_worker_command_never_logs_the_password() -> None:
     url = f"redis://app:s3cret@127.0.0.1:{free_closed_port()}/0"
     process = subprocess.Popen(
         [sys.executable, "-m", "keyserial", "worker", "--redis", url],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         assert process.stdout is not None

@@ -36,12 +36,6 @@ from tests.proxy import FaultProxy
 SHARDS = 4
 
 
-
-
-
-
-
-
 async def run_one(ks: keyserial.Client, key: str) -> list[str]:
     """A later op on ``key``: it runs after everything appended before it, and shows the
     key's op log as it committed."""
@@ -59,15 +53,23 @@ async def test_a_graceful_stop_never_replays_an_op_that_committed(
     again but must not run A again, although the entry was appended with ``fresh`` op ids."""
     fast_key, slow_key = keys_on_shard(0, SHARDS, 2, prefix="graceful")
     with anyio.fail_after(60):
-        async with inspector(redis_url) as client, \
-                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+        async with (
+            inspector(redis_url) as client,
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+        ):
             owner = start(redis_url, namespace, lease_ttl=1.0)
             await wait_for_holder(client, namespace, owner.pid, timeout=15)
             note = tmp_path / "running"
-            await append_entry(client, namespace, 0, [
-                envelope("A", fast_key, "record"),
-                envelope("B", slow_key, "noted_slow_record", 30, str(note)),
-            ], fresh=True)
+            await append_entry(
+                client,
+                namespace,
+                0,
+                [
+                    envelope("A", fast_key, "record"),
+                    envelope("B", slow_key, "noted_slow_record", 30, str(note)),
+                ],
+                fresh=True,
+            )
             await eventually(lambda: note.exists(), message="B running")
             assert await stored(client, namespace, 0, "A") == {"ok": 1}
 
@@ -75,8 +77,11 @@ async def test_a_graceful_stop_never_replays_an_op_that_committed(
             assert "released shards" in owner.log()
             successor = start(redis_url, namespace, lease_ttl=1.0)
             await wait_for_holder(client, namespace, successor.pid, timeout=15)
-            await eventually(lambda: note.read_text().count("\n") == 2, timeout=15,
-                             message="B running again on the successor")
+            await eventually(
+                lambda: note.read_text().count("\n") == 2,
+                timeout=15,
+                message="B running again on the successor",
+            )
 
             log = await run_one(ks, fast_key)
             assert log[0] == "A" and len(log) == 2, f"A applied twice: {log}"
@@ -91,17 +96,27 @@ async def test_a_failed_runner_replays_without_running_a_committed_op_twice(
     once and the shard keeps serving its other keys."""
     fast_key, bad_key, other_key = keys_on_shard(1, SHARDS, 3, prefix="failed")
     with anyio.fail_after(60):
-        async with inspector(redis_url) as client, \
-                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+        async with (
+            inspector(redis_url) as client,
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+        ):
             worker = start(redis_url, namespace, lease_ttl=1.0)
             await wait_for_holder(client, namespace, worker.pid, timeout=15)
-            await append_entry(client, namespace, 1, [
-                envelope("A", fast_key, "record"),
-                envelope("bad", bad_key, "append", "\ud83d"),
-            ], fresh=True)
+            await append_entry(
+                client,
+                namespace,
+                1,
+                [
+                    envelope("A", fast_key, "record"),
+                    envelope("bad", bad_key, "append", "\ud83d"),
+                ],
+                fresh=True,
+            )
             outcome = await eventually(
-                lambda: _sync_stored(redis_url, namespace, 1, "bad"), timeout=20,
-                message="an outcome for the op with undecodable text")
+                lambda: _sync_stored(redis_url, namespace, 1, "bad"),
+                timeout=20,
+                message="an outcome for the op with undecodable text",
+            )
             assert outcome["error"]["type"] == "keyserial.MalformedOperation", outcome
             assert len(await run_one(ks, other_key)) == 1
             assert (await ks.read(fast_key)) == ["A"]
@@ -126,6 +141,7 @@ async def test_one_sigterm_stops_a_worker_that_cannot_reach_redis(
     """A service manager's SIGTERM must stop a worker still waiting for Redis at start, not
     wait for a SIGKILL."""
     from tests.helpers import free_closed_port, wait_for_log
+
     worker = start(f"redis://127.0.0.1:{free_closed_port()}/0", namespace)
     await wait_for_log(worker, "retrying", timeout=15)
     worker.signal(signal.SIGTERM)
@@ -140,22 +156,35 @@ async def test_results_a_replay_needs_outlive_the_retention_while_progress_is_pi
     next owner replays the entry: the deposit's result must still be there, or the deposit
     would apply twice."""
     from keyserial.ledger import deposit
-    options: dict[str, Any] = {"shard_count": 1, "apps": ["tests.apps"], "lease_ttl": 1.0,
-                               "result_ttl": 0.2}
+
+    options: dict[str, Any] = {
+        "shard_count": 1,
+        "apps": ["tests.apps"],
+        "lease_ttl": 1.0,
+        "result_ttl": 0.2,
+    }
     with anyio.fail_after(60):
-        async with inspector(redis_url) as client, \
-                keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+        async with (
+            inspector(redis_url) as client,
+            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+        ):
             async with running_worker(redis_url, namespace, **options):
-                await append_entry(client, namespace, 0, [
-                    envelope("slow", "k1", "slow_record", 30), envelope("dep", "k2", "deposit", 10),
-                ], fresh=True)
+                await append_entry(
+                    client,
+                    namespace,
+                    0,
+                    [
+                        envelope("slow", "k1", "slow_record", 30),
+                        envelope("dep", "k2", "deposit", 10),
+                    ],
+                    fresh=True,
+                )
                 assert await stored_outcome(ks, "dep", "k2") == 10
                 began = anyio.current_time()
                 while anyio.current_time() - began < 5 * options["result_ttl"]:
                     await ks.submit("k3", deposit(1), timeout=10)  # steps that may rotate
             async with running_worker(redis_url, namespace, **options):
                 assert await ks.submit("k2", keyserial.call("balance"), timeout=10) == 10
-
 
 
 async def test_a_stuck_op_holds_its_key_not_the_shards_backlog(
@@ -165,13 +194,17 @@ async def test_a_stuck_op_holds_its_key_not_the_shards_backlog(
     committed leave the stream, so the backlog counts only what waits: with a backlog limit of
     40 entries, 150 later ops on other keys of the shard are all accepted and applied."""
     from keyserial.ledger import deposit
+
     note = tmp_path / "stuck"
     with anyio.fail_after(60):
-        async with inspector(redis_url) as client, \
-                running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"],
-                               max_backlog=40), \
-                keyserial.connect(redis_url, shards=1, namespace=namespace,
-                                  max_backlog=40) as ks, anyio.create_task_group() as group:
+        async with (
+            inspector(redis_url) as client,
+            running_worker(
+                redis_url, namespace, shard_count=1, apps=["tests.apps"], max_backlog=40
+            ),
+            keyserial.connect(redis_url, shards=1, namespace=namespace, max_backlog=40) as ks,
+            anyio.create_task_group() as group,
+        ):
             group.start_soon(_submit_quietly, ks, "stuck", apps.hold(3600, str(note)))
             await eventually(note.exists, message="the stuck op running")
             for n in range(150):
@@ -196,8 +229,10 @@ async def test_an_append_lost_before_any_worker_saw_it_is_appended_again(
     key = "lost:1"
     stream = ShardKeys(namespace, shard_for(key, 1)).stream
     with anyio.fail_after(30):
-        async with inspector(redis_url) as client, \
-                keyserial.connect(redis_url, shards=1, namespace=namespace, idle_poll=0.2) as ks:
+        async with (
+            inspector(redis_url) as client,
+            keyserial.connect(redis_url, shards=1, namespace=namespace, idle_poll=0.2) as ks,
+        ):
             async with anyio.create_task_group() as group:
                 results: list[int] = []
 
@@ -205,10 +240,9 @@ async def test_an_append_lost_before_any_worker_saw_it_is_appended_again(
                     results.append(await ks.submit(key, apps.record(), timeout=20))
 
                 group.start_soon(submit)
-                (entry_id, _), = await eventually_async(lambda: client.xrange(stream))
+                ((entry_id, _),) = await eventually_async(lambda: client.xrange(stream))
                 await client.xdel(stream, entry_id)  # what the failover lost
-                async with running_worker(redis_url, namespace, shard_count=1,
-                                          apps=["tests.apps"]):
+                async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]):
                     await eventually_async(lambda: _done(results))
             assert results == [1]
             assert len(await ks.read(key)) == 1
@@ -216,8 +250,6 @@ async def test_an_append_lost_before_any_worker_saw_it_is_appended_again(
 
 async def _done(results: list[int]) -> bool:
     return bool(results)
-
-
 
 
 async def test_an_op_unknown_to_the_worker_is_refused_without_storing_the_refusal(
@@ -241,9 +273,12 @@ async def test_an_op_that_would_commit_a_state_over_the_limit_fails_and_writes_n
 ) -> None:
     """A state is written whole at every commit that changes it: one over ``max_state_bytes``
     fails its op with a clear error instead of making the shard's steps too large to send."""
-    async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"],
-                              max_state_bytes=1000), \
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+    async with (
+        running_worker(
+            redis_url, namespace, shard_count=1, apps=["tests.apps"], max_state_bytes=1000
+        ),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         assert await ks.submit("big", apps.append("x" * 400), timeout=10) == ["x" * 400]
         with pytest.raises(keyserial.OperationFailed, match="over max_state_bytes"):
             await ks.submit("big", apps.append("y" * 700), timeout=10)
@@ -260,12 +295,19 @@ async def test_a_stuck_op_does_not_hold_its_shard_through_a_careful_replay(
     stuck_key, other_key = keys_on_shard(2, SHARDS, 2, prefix="careful")
     note = tmp_path / "holding"
     with anyio.fail_after(60):
-        async with inspector(redis_url) as client, \
-                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+        async with (
+            inspector(redis_url) as client,
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+        ):
             owner = start(redis_url, namespace, lease_ttl=1.0)
             await wait_for_holder(client, namespace, owner.pid, timeout=15)
-            await append_entry(client, namespace, 2, [
-                envelope("stuck", stuck_key, "hold", 3600, str(note))], fresh=True)
+            await append_entry(
+                client,
+                namespace,
+                2,
+                [envelope("stuck", stuck_key, "hold", 3600, str(note))],
+                fresh=True,
+            )
             await eventually(note.exists, message="the stuck op running")
             owner.kill()
             successor = start(redis_url, namespace, lease_ttl=1.0)
@@ -286,16 +328,24 @@ async def test_a_takeover_with_many_stuck_ops_in_flight_stalls_its_shard_one_lea
     *stuck_keys, other_key = keys_on_shard(2, SHARDS, 9, prefix="stalled")
     note = tmp_path / "holding"
     with anyio.fail_after(60):
-        async with inspector(redis_url) as client, \
-                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+        async with (
+            inspector(redis_url) as client,
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+        ):
             owner = start(redis_url, namespace, lease_ttl=ttl)
             await wait_for_holder(client, namespace, owner.pid, timeout=15)
             for keys in (stuck_keys[:4], stuck_keys[4:]):
-                await append_entry(client, namespace, 2, [
-                    envelope(f"stuck-{key}", key, "hold", 3600, str(note)) for key in keys
-                ], fresh=True)
-            await eventually(lambda: note.exists() and len(note.read_text().split()) == 8,
-                             message="every stuck op running")
+                await append_entry(
+                    client,
+                    namespace,
+                    2,
+                    [envelope(f"stuck-{key}", key, "hold", 3600, str(note)) for key in keys],
+                    fresh=True,
+                )
+            await eventually(
+                lambda: note.exists() and len(note.read_text().split()) == 8,
+                message="every stuck op running",
+            )
             owner.kill()
             successor = start(redis_url, namespace, lease_ttl=ttl)
             await wait_for_holder(client, namespace, successor.pid, shards=[2], timeout=15)
@@ -304,8 +354,11 @@ async def test_a_takeover_with_many_stuck_ops_in_flight_stalls_its_shard_one_lea
             stalled = time.monotonic() - began
             assert stalled < 3 * ttl, f"a new op waited {stalled:.1f}s (lease TTL {ttl}s)"
             assert "died with entries" in successor.log(), "the takeover was unclean"
-            await eventually(lambda: len(note.read_text().split()) == 16, timeout=2 * ttl,
-                             message="every stuck op running again on the successor")
+            await eventually(
+                lambda: len(note.read_text().split()) == 16,
+                timeout=2 * ttl,
+                message="every stuck op running again on the successor",
+            )
 
 
 @pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
@@ -321,15 +374,23 @@ async def test_a_poison_op_behind_slow_ops_is_dead_lettered_and_they_are_not(
     slow_a, slow_b, poison_key = keys_on_shard(1, SHARDS, 3, prefix="behind")
     keys = ShardKeys(namespace, 1)
     with anyio.fail_after(60):
-        async with inspector(redis_url) as client, \
-                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+        async with (
+            inspector(redis_url) as client,
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+        ):
             workers = [start(redis_url, namespace, lease_ttl=0.5) for _ in range(6)]
             await all_held(client, namespace)
-            await append_entry(client, namespace, 1, [
-                envelope("slow-a", slow_a, "slow_record", 0.2),
-                envelope("slow-b", slow_b, "slow_record", 0.2),
-                envelope("killer", poison_key, "crash"),
-            ], fresh=True)
+            await append_entry(
+                client,
+                namespace,
+                1,
+                [
+                    envelope("slow-a", slow_a, "slow_record", 0.2),
+                    envelope("slow-b", slow_b, "slow_record", 0.2),
+                    envelope("killer", poison_key, "crash"),
+                ],
+                fresh=True,
+            )
 
             async def killer_settled() -> Any:
                 outcome = await stored(client, namespace, 1, "killer")
@@ -374,17 +435,27 @@ async def test_a_suspect_finishing_as_its_time_alone_ends_commits_its_result_wit
     await proxy.start()
     try:
         with anyio.fail_after(90):
-            async with inspector(redis_url) as client, \
-                    keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+            async with (
+                inspector(redis_url) as client,
+                keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+            ):
                 owner = start(redis_url, namespace, lease_ttl=ttl)
                 await wait_for_holder(client, namespace, owner.pid, timeout=15)
-                await append_entry(client, namespace, 2, [
-                    envelope("x", key, "gated_append", "x", str(note), str(gate))], fresh=True)
+                await append_entry(
+                    client,
+                    namespace,
+                    2,
+                    [envelope("x", key, "gated_append", "x", str(note), str(gate))],
+                    fresh=True,
+                )
                 await eventually(lambda: started() == 1, message="the op running")
                 owner.kill()
                 successor = start(proxy.url, namespace, lease_ttl=ttl)
-                await eventually(lambda: started() == 2, timeout=30,
-                                 message="the op running alone on the successor")
+                await eventually(
+                    lambda: started() == 2,
+                    timeout=30,
+                    message="the op running alone on the successor",
+                )
                 alone = time.monotonic()
                 # Renewals every 0.5 s: the successor holds its lease through a stall of up to
                 # 0.9 lease TTL minus that, here from 0.6 to 1.15 lease TTLs of running alone.
@@ -394,8 +465,9 @@ async def test_a_suspect_finishing_as_its_time_alone_ends_commits_its_result_wit
                 await anyio.sleep(alone + 1.15 * ttl - time.monotonic())
                 proxy.reset()  # what was held is lost
                 proxy.heal()
-                assert await eventually_async(lambda: stored(client, namespace, 2, "x"),
-                                              timeout=20) == {"ok": ["x"]}
+                assert await eventually_async(
+                    lambda: stored(client, namespace, 2, "x"), timeout=20
+                ) == {"ok": ["x"]}
                 state = await run_one(ks, key)  # ["x", the op id of the op run_one submits]
                 assert state[0] == "x" and len(state) == 2, state
                 assert successor.process.poll() is None, "the successor kept its lease"
@@ -413,8 +485,9 @@ async def test_a_takeover_with_every_op_answered_suspects_none_and_says_so(
         pass  # records the namespace
     keys = ShardKeys(namespace, 0)
     async with inspector(redis_url) as client:
-        entry = await append_entry(client, namespace, 0, [envelope("answered", "k", "deposit", 1)],
-                                   fresh=False)
+        entry = await append_entry(
+            client, namespace, 0, [envelope("answered", "k", "deposit", 1)], fresh=False
+        )
         await client.hset(keys.results, "answered", '{"ok":1}')
         await client.set(keys.horizon, entry)  # fetched by an owner that died
     worker = start(redis_url, namespace, shards="0", shard_count=1)
@@ -433,9 +506,10 @@ async def test_a_server_out_of_memory_is_waited_out_and_blames_no_op(
         admin = redis.asyncio.Redis.from_url(server.url)
         stream = ShardKeys(namespace, 0).stream
         try:
-            async with running_worker(server.url, namespace, shard_count=1,
-                                      apps=["tests.apps"]), \
-                    keyserial.connect(server.url, shards=1, namespace=namespace) as ks:
+            async with (
+                running_worker(server.url, namespace, shard_count=1, apps=["tests.apps"]),
+                keyserial.connect(server.url, shards=1, namespace=namespace) as ks,
+            ):
                 results: list[Any] = []
 
                 async def submit(call: keyserial.Call[Any]) -> None:
@@ -458,5 +532,9 @@ async def test_a_server_out_of_memory_is_waited_out_and_blames_no_op(
 
 def _oom_retried(caplog: pytest.LogCaptureFixture) -> bool:
     """A runner's commit met OOM, and is sent again."""
-    return any("shard 0" in record.getMessage() and "maxmemory" in record.getMessage()
-               and "retrying" in record.getMessage() for record in caplog.records)
+    return any(
+        "shard 0" in record.getMessage()
+        and "maxmemory" in record.getMessage()
+        and "retrying" in record.getMessage()
+        for record in caplog.records
+    )

@@ -165,7 +165,8 @@ async def test_password_and_database_from_the_url(tmp_path: Path) -> None:
 async def test_a_subscriber_gets_every_message_in_order(standalone_server: LocalServer) -> None:
     received: list[tuple[str, bytes]] = []
     subscriber = Subscriber(
-        _connection(standalone_server), ["resp:one", "resp:two"],
+        _connection(standalone_server),
+        ["resp:one", "resp:two"],
         lambda channel, data: received.append((channel, data)),
     )
     await subscriber.subscribe(within=5)  # returns once both channels are confirmed
@@ -188,9 +189,7 @@ async def test_a_subscription_lost_to_a_server_restart_resubscribes(tmp_path: Pa
     received: list[bytes] = []
     try:
         async with anyio.create_task_group() as tasks:
-            await tasks.start(
-                backend.listen, ["resp:wake"], lambda _, data: received.append(data)
-            )
+            await tasks.start(backend.listen, ["resp:wake"], lambda _, data: received.append(data))
             server.restart()
             # Publish until the resubscribed connection hears one (messages published while
             # it was down are lost, as the docstring says; callers keep a fallback).
@@ -218,7 +217,8 @@ async def test_a_batch_failed_by_a_lost_connection_leaves_no_unretrieved_errors(
         (client_id,) = await connection.execute([("CLIENT", "ID")])
         killer = redis.asyncio.Redis.from_url(standalone_server.url)
         batch = asyncio.ensure_future(  # a blocking pop holds the connection, not the server
-            connection.execute([("BLPOP", "nothing-here", "2"), ("PING",), ("PING",)]))
+            connection.execute([("BLPOP", "nothing-here", "2"), ("PING",), ("PING",)])
+        )
         await anyio.sleep(0.1)
         await killer.execute_command("CLIENT", "KILL", "ID", client_id)
         await killer.aclose()

@@ -13,8 +13,13 @@ def test_shard_is_crc32_of_utf8_key_modulo_count() -> None:
 
 @pytest.mark.parametrize(
     ("spec", "expected"),
-    [("0-15", list(range(16))), ("0,3,7", [0, 3, 7]), ("0-3,8-11", [0, 1, 2, 3, 8, 9, 10, 11]),
-     (" 5 ", [5]), ("3,1-2,3", [1, 2, 3])],
+    [
+        ("0-15", list(range(16))),
+        ("0,3,7", [0, 3, 7]),
+        ("0-3,8-11", [0, 1, 2, 3, 8, 9, 10, 11]),
+        (" 5 ", [5]),
+        ("3,1-2,3", [1, 2, 3]),
+    ],
 )
 def test_shard_lists_accept_ranges_and_items(spec: str, expected: list[int]) -> None:
     assert parse_shards(spec, 16) == expected
@@ -22,8 +27,13 @@ def test_shard_lists_accept_ranges_and_items(spec: str, expected: list[int]) -> 
 
 @pytest.mark.parametrize(
     ("spec", "fragment"),
-    [("0-16", "shard 16 does not exist"), ("5-3", "reversed"), ("a", "not a number"),
-     ("1,,2", "not a number"), ("-1", "not a number")],
+    [
+        ("0-16", "shard 16 does not exist"),
+        ("5-3", "reversed"),
+        ("a", "not a number"),
+        ("1,,2", "not a number"),
+        ("-1", "not a number"),
+    ],
 )
 def test_bad_shard_lists_are_refused_with_the_reason(spec: str, fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):

@@ -17,8 +17,15 @@ from keyserial._scripts.submit import STATUS, SubmitArgs
 STEP, COMMIT_ACROSS = StepArgs.SCRIPT, CommitAcrossArgs.SCRIPT
 #: Every script but commit_across, whose arguments are a pair per shard after the first three.
 FIXED = [
-    SubmitArgs.SCRIPT, STATUS, AcquireArgs.SCRIPT, RenewArgs.SCRIPT, ReleaseArgs.SCRIPT, STEP,
-    GrantArgs.SCRIPT, DecideArgs.SCRIPT, ResolveArgs.SCRIPT,
+    SubmitArgs.SCRIPT,
+    STATUS,
+    AcquireArgs.SCRIPT,
+    RenewArgs.SCRIPT,
+    ReleaseArgs.SCRIPT,
+    STEP,
+    GrantArgs.SCRIPT,
+    DecideArgs.SCRIPT,
+    ResolveArgs.SCRIPT,
 ]
 
 
@@ -30,7 +37,8 @@ def test_a_typed_call_names_every_argument_its_script_reads(script: Script) -> N
 
 def test_the_scripts_that_publish_replies_name_them_for_the_pipeliner() -> None:
     assert [script.name for script in [*FIXED, COMMIT_ACROSS] if script.publishes] == [
-        "step", "commit_across"
+        "step",
+        "commit_across",
     ]
     documented = re.search(r"^-- ARGV\[(\d+)\] +replies to publish", STEP.text, re.MULTILINE)
     assert documented, "step.lua's header documents its replies argument"

@@ -43,8 +43,9 @@ async def test_an_acquire_sent_again_by_its_owner_returns_the_same_grant_and_no_
     """After a crash (horizon past progress), the acquire strikes the first unfinished op. Its
     reply lost, the same worker asks again: same epoch, same grant, no second strike."""
     keys = ShardKeys(namespace, 0)
-    entry = await client.xadd(keys.stream, {"v": "1", "ops": json.dumps(
-        [{"id": "suspect", "key": "k", "op": "record"}])})
+    entry = await client.xadd(
+        keys.stream, {"v": "1", "ops": json.dumps([{"id": "suspect", "key": "k", "op": "record"}])}
+    )
     await client.set(keys.horizon, entry)
     first = await acquired(backend, keys, "me", "try-1")
     again = await acquired(backend, keys, "me", "try-1")
@@ -65,11 +66,16 @@ async def test_a_grant_request_left_unfinished_by_a_crash_is_never_a_suspect(
     """A grant request waits for its coordinator and runs no code: the op behind it takes the
     strike, and a grant request can never be dead-lettered."""
     keys = ShardKeys(namespace, 2)
-    grant = {"id": "x#1", "keys": ["k"], "op": "keyserial.grant",
-             "kwargs": {"home": 0, "op": "x", "attempt": 1, "channel": "c"}}
+    grant = {
+        "id": "x#1",
+        "keys": ["k"],
+        "op": "keyserial.grant",
+        "kwargs": {"home": 0, "op": "x", "attempt": 1, "channel": "c"},
+    }
     await client.xadd(keys.stream, {"v": "1", "ops": json.dumps([grant])})
-    entry = await client.xadd(keys.stream, {"v": "1", "ops": json.dumps(
-        [{"id": "after", "key": "k2", "op": "record"}])})
+    entry = await client.xadd(
+        keys.stream, {"v": "1", "ops": json.dumps([{"id": "after", "key": "k2", "op": "record"}])}
+    )
     await client.set(keys.horizon, entry)
     for strike in (1, 2, 3):
         await client.delete(keys.lease)
@@ -91,13 +97,16 @@ async def test_a_grant_for_a_request_whose_entry_is_gone_is_refused_and_records_
     kept = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
     lost = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
     await client.xdel(keys.stream, lost)  # as the promoted replica never had it
-    granted = GrantArgs(epoch=1, field="kept#1#g", grant='{"s": []}', channel="",
-                        entry_id=kept)
+    granted = GrantArgs(epoch=1, field="kept#1#g", grant='{"s": []}', channel="", entry_id=kept)
     await backend.run_call(grant(keys, granted))
     assert await client.hget(keys.results, "kept#1#g") == b'{"s": []}'
     with pytest.raises(RequestGone, match=lost):
-        await backend.run_call(grant(keys, GrantArgs(
-            epoch=1, field="lost#1#g", grant='{"s": []}', channel="", entry_id=lost)))
+        await backend.run_call(
+            grant(
+                keys,
+                GrantArgs(epoch=1, field="lost#1#g", grant='{"s": []}', channel="", entry_id=lost),
+            )
+        )
     assert not await client.hexists(keys.results, "lost#1#g")
 
 
@@ -109,8 +118,12 @@ async def test_a_grant_under_an_epoch_that_moved_on_is_refused_and_records_nothi
     await client.set(keys.epoch, 2)
     entry = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
     with pytest.raises(Fenced):
-        await backend.run_call(grant(keys, GrantArgs(
-            epoch=1, field="op#1#g", grant='{"s": []}', channel="", entry_id=entry)))
+        await backend.run_call(
+            grant(
+                keys,
+                GrantArgs(epoch=1, field="op#1#g", grant='{"s": []}', channel="", entry_id=entry),
+            )
+        )
     assert not await client.hexists(keys.results, "op#1#g")
 
 
@@ -141,8 +154,9 @@ async def test_a_decide_of_an_op_run_again_is_refused_and_writes_nothing(
         await backend.run_call(call)
     await client.set(keys.epoch, 8)
     with pytest.raises(Replayed):  # a later attempt
-        await backend.run_call(decide(keys, DecideArgs(
-            8, "op", 8, '{"w":{}}', [("a", "7")], '{"ok":7}', [])))
+        await backend.run_call(
+            decide(keys, DecideArgs(8, "op", 8, '{"w":{}}', [("a", "7")], '{"ok":7}', []))
+        )
     assert await client.hget(keys.state, "a") == b"6"
     assert not await client.hexists(keys.results, "op#8#d")
 
@@ -155,7 +169,8 @@ async def test_a_decide_never_wins_over_an_abort(
     abort = '{"abort":"the coordinator lost the home shard"}'
     await client.hset(keys.results, "op#7#d", abort)
     reply = await backend.run_call(
-        decide(keys, DecideArgs(7, "op", 7, '{"w":{}}', [], '{"ok":5}', [])))
+        decide(keys, DecideArgs(7, "op", 7, '{"w":{}}', [], '{"ok":5}', []))
+    )
     assert reply == Decided(won=False, abort=abort)
 
 
@@ -167,8 +182,14 @@ async def test_a_commit_across_sent_again_after_it_landed_writes_nothing_more(
     home, other = ShardKeys(namespace, 0), ShardKeys(namespace, 1)
     await client.set(home.epoch, 3)
     await client.set(other.epoch, 4)
-    call = commit_across(CommitAcrossArgs("op", '{"ok":1}', "[]", [
-        ShardWrites(home, 3, [("a", "9")]), ShardWrites(other, 4, [("b", "11")])]))
+    call = commit_across(
+        CommitAcrossArgs(
+            "op",
+            '{"ok":1}',
+            "[]",
+            [ShardWrites(home, 3, [("a", "9")]), ShardWrites(other, 4, [("b", "11")])],
+        )
+    )
     assert call.args == ["op", '{"ok":1}', "[]", 3, '[["a","9"]]', 4, '[["b","11"]]']
     await backend.run_call(call)  # committed (a refusal would raise)
     await client.incr(other.epoch)  # the participant shard changed hands
@@ -187,11 +208,23 @@ async def test_a_commit_across_of_an_op_run_again_is_refused_and_writes_nothing(
     home, other = ShardKeys(namespace, 0), ShardKeys(namespace, 1)
     await client.set(home.epoch, 3)
     await client.set(other.epoch, 4)
-    first = commit_across(CommitAcrossArgs("op", '{"ok":1}', "[]", [
-        ShardWrites(home, 3, [("a", "9")]), ShardWrites(other, 4, [("b", "11")])]))
+    first = commit_across(
+        CommitAcrossArgs(
+            "op",
+            '{"ok":1}',
+            "[]",
+            [ShardWrites(home, 3, [("a", "9")]), ShardWrites(other, 4, [("b", "11")])],
+        )
+    )
     await backend.run_call(first)
-    again = commit_across(CommitAcrossArgs("op", '{"ok":2}', "[]", [
-        ShardWrites(home, 3, [("a", "8")]), ShardWrites(other, 4, [("b", "12")])]))
+    again = commit_across(
+        CommitAcrossArgs(
+            "op",
+            '{"ok":2}',
+            "[]",
+            [ShardWrites(home, 3, [("a", "8")]), ShardWrites(other, 4, [("b", "12")])],
+        )
+    )
     with pytest.raises(Replayed):
         await backend.run_call(again)
     assert await client.hget(home.state, "a") == b"9"
@@ -206,8 +239,14 @@ async def test_a_step_sent_again_after_it_landed_commits_nothing_more(
     are not written twice."""
     keys = ShardKeys(namespace, 0)
     await client.set(keys.epoch, 2)
-    call = _step(keys, {"s": [["a", "5"], ["gone", ""]], "r": [["op", '{"ok":5}']],
-                        "d": [["1-1", "malformed", "{}"]]})
+    call = _step(
+        keys,
+        {
+            "s": [["a", "5"], ["gone", ""]],
+            "r": [["op", '{"ok":5}']],
+            "d": [["1-1", "malformed", "{}"]],
+        },
+    )
     for _ in range(2):
         await backend.run_call(call)
     assert await client.hget(keys.state, "a") == b"5"
@@ -226,9 +265,10 @@ async def test_a_step_storing_an_outcome_that_is_stored_already_is_refused(
     await client.set(keys.epoch, 2)
     await client.hset(getattr(keys, stored_where), "op", '{"ok":5}')
     await client.hset(keys.state, "a", "5")
-    for commit in ({"s": [["a", "10"]], "r": [["op", '{"ok":10}']], "d": []},
-                   {"s": [["a", "5"]], "r": [["op", '{"ok":5}'], ["new", '{"ok":1}']],
-                    "d": []}):
+    for commit in (
+        {"s": [["a", "10"]], "r": [["op", '{"ok":10}']], "d": []},
+        {"s": [["a", "5"]], "r": [["op", '{"ok":5}'], ["new", '{"ok":1}']], "d": []},
+    ):
         with pytest.raises(Replayed):
             await backend.run_call(_step(keys, commit))
     assert await client.hget(keys.state, "a") == b"5"
@@ -239,10 +279,22 @@ async def test_a_step_storing_an_outcome_that_is_stored_already_is_refused(
 def _step(keys: ShardKeys, commit: dict[str, Any]) -> ScriptCall[StepReply]:
     """A step of the owner of epoch 2 that commits ``commit`` and moves progress, fetching
     nothing."""
-    return step(keys, StepArgs(
-        epoch=2, progress="1-1", rotate=False, cursor="1-1", fetch=0, commit=json.dumps(commit),
-        replaying=False, result_ttl_ms=60_000, trim_to="", trim_now=False, states_held=True,
-    ))
+    return step(
+        keys,
+        StepArgs(
+            epoch=2,
+            progress="1-1",
+            rotate=False,
+            cursor="1-1",
+            fetch=0,
+            commit=json.dumps(commit),
+            replaying=False,
+            result_ttl_ms=60_000,
+            trim_to="",
+            trim_now=False,
+            states_held=True,
+        ),
+    )
 
 
 async def test_reserved_op_names_and_ids_are_refused(
@@ -254,14 +306,22 @@ async def test_reserved_op_names_and_ids_are_refused(
         keyserial.call("keyserial.grant", home=0)
 
     key = keys_on_shard(0, 4, 1, prefix="reserved")[0]
-    forged = {"id": "victim", "keys": [key], "op": "keyserial.grant",
-              "kwargs": {"home": 0, "op": "x", "attempt": 1, "channel": "c"}}
-    async with running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
+    forged = {
+        "id": "victim",
+        "keys": [key],
+        "op": "keyserial.grant",
+        "kwargs": {"home": 0, "op": "x", "attempt": 1, "channel": "c"},
+    }
+    async with (
+        running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
+    ):
         with pytest.raises(ValueError, match="keyserial's own"):
             await ks.submit(key, keyserial.Call("keyserial.grant"))
-        await client.xadd(ShardKeys(namespace, 0).stream, {"v": "1", "ops": json.dumps(
-            [envelope("a#1#d", key, "record"), forged])})
+        await client.xadd(
+            ShardKeys(namespace, 0).stream,
+            {"v": "1", "ops": json.dumps([envelope("a#1#d", key, "record"), forged])},
+        )
         with pytest.raises(keyserial.MalformedOperation, match="reserved"):
             await stored_outcome(ks, "a#1#d", key)
         with pytest.raises(keyserial.MalformedOperation, match="grant request"):

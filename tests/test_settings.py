@@ -20,8 +20,14 @@ from tests.helpers import ROOT
 
 
 def test_settings_come_from_keyserial_environment_variables() -> None:
-    settings = Settings.from_env({"KEYSERIAL_LEASE_TTL": "2.5", "KEYSERIAL_SHARD_COUNT": "32",
-                                  "KEYSERIAL_NAMESPACE": "orders", "OTHER": "x"})
+    settings = Settings.from_env(
+        {
+            "KEYSERIAL_LEASE_TTL": "2.5",
+            "KEYSERIAL_SHARD_COUNT": "32",
+            "KEYSERIAL_NAMESPACE": "orders",
+            "OTHER": "x",
+        }
+    )
     assert (settings.lease_ttl, settings.shard_count, settings.namespace) == (2.5, 32, "orders")
 
 
@@ -37,17 +43,35 @@ def test_a_value_of_the_wrong_type_names_the_variable() -> None:
 
 @pytest.mark.parametrize(
     "changes",
-    [{"lease_ttl": 0}, {"lease_ttl": 0.099}, {"shard_count": 0}, {"namespace": "a{b}"},
-     {"namespace": ""}, {"service": "billing.eu"}, {"service": "bill*"}, {"service": "x" * 65},
-     {"max_backlog": -1}, {"preload_states": -1}],
+    [
+        {"lease_ttl": 0},
+        {"lease_ttl": 0.099},
+        {"shard_count": 0},
+        {"namespace": "a{b}"},
+        {"namespace": ""},
+        {"service": "billing.eu"},
+        {"service": "bill*"},
+        {"service": "x" * 65},
+        {"max_backlog": -1},
+        {"preload_states": -1},
+    ],
 )
 def test_unworkable_settings_are_refused(changes: dict[str, object]) -> None:
     with pytest.raises(ConfigError):
         Settings(**changes)  # type: ignore[arg-type]
 
 
-_POSITIVE = ["result_ttl", "max_payload_bytes", "max_strikes", "fetch_batch",
-             "max_inflight", "idle_poll", "submit_timeout", "health_interval", "max_state_bytes"]
+_POSITIVE = [
+    "result_ttl",
+    "max_payload_bytes",
+    "max_strikes",
+    "fetch_batch",
+    "max_inflight",
+    "idle_poll",
+    "submit_timeout",
+    "health_interval",
+    "max_state_bytes",
+]
 _NOT_NEGATIVE = ["max_backlog", "preload_states", "durable_replicas"]
 
 
@@ -91,10 +115,15 @@ async def test_connect_names_its_shard_count_argument_when_given_the_settings_na
 
 @pytest.mark.parametrize(
     ("changes", "wanted"),
-    [({"shard_count": 2.5}, "a whole number or None"), ({"max_strikes": True}, "a whole number"),
-     ({"max_payload_bytes": 0.5}, "a whole number"), ({"durable_fsync": "no"}, "True or False"),
-     ({"lease_ttl": "10"}, "a number"), ({"namespace": 5}, "a string"),
-     ({"namespace": "a\ud800"}, "unpaired surrogates")],
+    [
+        ({"shard_count": 2.5}, "a whole number or None"),
+        ({"max_strikes": True}, "a whole number"),
+        ({"max_payload_bytes": 0.5}, "a whole number"),
+        ({"durable_fsync": "no"}, "True or False"),
+        ({"lease_ttl": "10"}, "a number"),
+        ({"namespace": 5}, "a string"),
+        ({"namespace": "a\ud800"}, "unpaired surrogates"),
+    ],
 )
 def test_a_setting_of_the_wrong_type_is_refused(changes: dict[str, object], wanted: str) -> None:
     """A string "no" is not False, nor 0.5 a byte count: refused, naming the field."""
@@ -107,24 +136,35 @@ async def test_a_fractional_shard_count_is_refused_before_a_namespace_records_it
 ) -> None:
     """Recorded, it would leave the namespace unusable by every client and worker."""
     with pytest.raises(ConfigError, match="shard_count must be a whole number"):
-        async with keyserial.connect(standalone_server.url, shards=2.5,  # type: ignore[arg-type]
-                                     namespace=namespace):
+        async with keyserial.connect(
+            standalone_server.url,
+            shards=2.5,  # type: ignore[arg-type]
+            namespace=namespace,
+        ):
             pass
     with redis.Redis(port=standalone_server.port) as admin:
         assert admin.hget(f"ks:{{{namespace}}}:meta", "shards") is None
 
 
 def test_explicit_values_win_over_variables_which_win_over_defaults() -> None:
-    settings = Settings.resolve({"KEYSERIAL_LEASE_TTL": "2.5", "KEYSERIAL_NAMESPACE": "env"},
-                                namespace="explicit", shard_count=None)
+    settings = Settings.resolve(
+        {"KEYSERIAL_LEASE_TTL": "2.5", "KEYSERIAL_NAMESPACE": "env"},
+        namespace="explicit",
+        shard_count=None,
+    )
     assert (settings.namespace, settings.lease_ttl, settings.shard_count) == ("explicit", 2.5, None)
     assert settings.result_ttl == Settings().result_ttl
 
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("KEYSERIAL_LEASE_TTL", "0"), ("KEYSERIAL_LEASE_TTL", "nan"), ("KEYSERIAL_SHARD_COUNT", "0"),
-     ("KEYSERIAL_NAMESPACE", "a{b}"), ("KEYSERIAL_MAX_BACKLOG", "-1")],
+    [
+        ("KEYSERIAL_LEASE_TTL", "0"),
+        ("KEYSERIAL_LEASE_TTL", "nan"),
+        ("KEYSERIAL_SHARD_COUNT", "0"),
+        ("KEYSERIAL_NAMESPACE", "a{b}"),
+        ("KEYSERIAL_MAX_BACKLOG", "-1"),
+    ],
 )
 def test_an_unworkable_value_names_its_variable(variable: str, value: str) -> None:
     with pytest.raises(ConfigError, match=f"^{variable}="):
@@ -137,7 +177,10 @@ def test_an_unworkable_value_names_its_variable(variable: str, value: str) -> No
 def _worker(url: str, *flags: str, env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "keyserial", "worker", "--redis", url, *flags],
-        cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        cwd=ROOT,
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
     )
 
@@ -145,9 +188,16 @@ def _worker(url: str, *flags: str, env: dict[str, str]) -> subprocess.Popen[str]
 def test_the_worker_command_takes_flags_over_variables_over_defaults(
     standalone_server: LocalServer, namespace: str
 ) -> None:
-    process = _worker(standalone_server.url, "--namespace", namespace,
-                      env={"KEYSERIAL_NAMESPACE": "not-this-one", "KEYSERIAL_SHARD_COUNT": "3",
-                           "KEYSERIAL_LEASE_TTL": "30"})
+    process = _worker(
+        standalone_server.url,
+        "--namespace",
+        namespace,
+        env={
+            "KEYSERIAL_NAMESPACE": "not-this-one",
+            "KEYSERIAL_SHARD_COUNT": "3",
+            "KEYSERIAL_LEASE_TTL": "30",
+        },
+    )
     try:
         assert process.stderr is not None
         serving = process.stderr.readline()
@@ -169,8 +219,10 @@ def test_the_worker_command_takes_flags_over_variables_over_defaults(
 
 @pytest.mark.parametrize(
     ("variable", "value", "expected"),
-    [("KEYSERIAL_LEASE_TLL", "2", "unknown setting KEYSERIAL_LEASE_TLL"),
-     ("KEYSERIAL_MAX_STRIKES", "many", "KEYSERIAL_MAX_STRIKES='many' is not a whole number")],
+    [
+        ("KEYSERIAL_LEASE_TLL", "2", "unknown setting KEYSERIAL_LEASE_TLL"),
+        ("KEYSERIAL_MAX_STRIKES", "many", "KEYSERIAL_MAX_STRIKES='many' is not a whole number"),
+    ],
 )
 def test_the_worker_command_refuses_a_bad_variable_in_one_line(
     variable: str, value: str, expected: str
@@ -195,17 +247,22 @@ async def test_connect_takes_arguments_over_variables_over_defaults(
     async with running_worker(redis_url, namespace, shard_count=2):
         async with keyserial.connect() as ks:
             assert (ks.settings.namespace, ks.shard_count, ks.settings.result_ttl) == (
-                namespace, 2, 600)
+                namespace,
+                2,
+                600,
+            )
             assert await ks.submit("account:1", deposit(5), timeout=10) == 5
-        async with keyserial.connect(namespace=f"{namespace}-other", shards=3,
-                                     result_ttl=60) as other:
+        async with keyserial.connect(
+            namespace=f"{namespace}-other", shards=3, result_ttl=60
+        ) as other:
             assert (other.settings.namespace, other.shard_count, other.settings.result_ttl) == (
-                f"{namespace}-other", 3, 60)
+                f"{namespace}-other",
+                3,
+                60,
+            )
 
 
-async def test_connect_refuses_a_misspelled_variable(
-    monkeypatch: pytest.MonkeyPatch
-) -> None:
+async def test_connect_refuses_a_misspelled_variable(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KEYSERIAL_SHARDS", "16")
     with pytest.raises(ConfigError, match="unknown setting KEYSERIAL_SHARDS"):
         async with keyserial.connect("redis://127.0.0.1:1/0"):

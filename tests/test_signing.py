@@ -50,8 +50,9 @@ def test_a_reply_signed_by_a_signer_not_met_is_not_taken_and_its_key_is_asked_fo
     signer, impostor = ReplySigner(), ReplySigner()
     verifier = _met(ReplyVerifier("ks:ns:reply:mine"), impostor)
     unknown: list[str] = []
-    assert verifier.verified(signer.sign(verifier.channel, MESSAGE).encode(),
-                             unknown.append) is None
+    assert (
+        verifier.verified(signer.sign(verifier.channel, MESSAGE).encode(), unknown.append) is None
+    )
     assert unknown == [signer.signer_id]
     # A key listed under another signer's id signs nothing of that signer's.
     impostor.signer_id = signer.signer_id
@@ -62,8 +63,9 @@ def test_a_channel_that_names_no_client_key_gets_replies_unsigned() -> None:
     assert ReplySigner().sign("ks:ns:reply:7f3c9a", MESSAGE) == MESSAGE
     # A key of low order (here the zero point) has no secret to share: unsigned, not an error.
     assert ReplySigner().sign("ks:ns:reply:7f3c9a." + "A" * 43, MESSAGE) == MESSAGE
-    assert not ReplyVerifier("ks:ns:reply:mine").learn("0123456789abcdef",
-                                                       signer_record("A" * 43, time.time()))
+    assert not ReplyVerifier("ks:ns:reply:mine").learn(
+        "0123456789abcdef", signer_record("A" * 43, time.time())
+    )
 
 
 async def test_an_op_whose_reply_channel_names_a_key_of_low_order_is_answered_unsigned(
@@ -74,18 +76,27 @@ async def test_an_op_whose_reply_channel_names_a_key_of_low_order_is_answered_un
     evil = f"ks:{namespace}:reply:evil." + "A" * 43
     attacker = redis.asyncio.Redis.from_url(users.client_url)
     try:
-        async with running_worker(users.worker_url, namespace, shard_count=2), \
-                keyserial.connect(users.client_url, namespace=namespace) as ks, \
-                attacker.pubsub() as listener:
+        async with (
+            running_worker(users.worker_url, namespace, shard_count=2),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+            attacker.pubsub() as listener,
+        ):
             await listener.subscribe(evil)
             shard = ks.shard_of("acct:9")
-            envelope = {"id": "evil-1", "key": "acct:9", "op": "deposit", "args": [5],
-                        "reply": evil}
-            await attacker.xadd(ShardKeys(namespace, shard).stream,
-                                {"v": "1", "ops": json.dumps([envelope])})
+            envelope = {
+                "id": "evil-1",
+                "key": "acct:9",
+                "op": "deposit",
+                "args": [5],
+                "reply": evil,
+            }
+            await attacker.xadd(
+                ShardKeys(namespace, shard).stream, {"v": "1", "ops": json.dumps([envelope])}
+            )
             with anyio.fail_after(10):
-                while (message := await listener.get_message(
-                        ignore_subscribe_messages=True, timeout=1)) is None:
+                while (
+                    message := await listener.get_message(ignore_subscribe_messages=True, timeout=1)
+                ) is None:
                     pass
             (replied,) = json.loads(message["data"])["r"]
             assert replied[0] == "evil-1" and replied[1]["ok"] == 5
@@ -102,8 +113,10 @@ async def test_signed_replies_settle_ops_without_reading_their_records(
     """Under the documented ACL users: the worker lists its signer, the client reads it once,
     and from then on takes each reply's outcome as it is: with its user no longer allowed to
     read the results at all, its submits are still answered, and nothing it sent was refused."""
-    async with running_worker(users.worker_url, namespace, shard_count=4), \
-            keyserial.connect(users.client_url, namespace=namespace) as ks:
+    async with (
+        running_worker(users.worker_url, namespace, shard_count=4),
+        keyserial.connect(users.client_url, namespace=namespace) as ks,
+    ):
         await ks.submit("acct:1", deposit(1))  # (its reply makes the client read the signer)
         signer = await eventually(lambda: users.admin.hkeys(signers_key(namespace)))
         await eventually(lambda: ks._verifier.knows(signer[0].decode()))
@@ -120,16 +133,23 @@ async def test_a_worker_lists_its_signer_and_drops_those_not_renewed(
 ) -> None:
     signers = signers_key(namespace)
     other = ReplySigner()
-    users.admin.hset(signers, mapping={
-        "0123456789abcdef": signer_record(other.public_key, time.time() - SIGNER_TTL - 60),
-        other.signer_id: other.record(),
-    })
+    users.admin.hset(
+        signers,
+        mapping={
+            "0123456789abcdef": signer_record(other.public_key, time.time() - SIGNER_TTL - 60),
+            other.signer_id: other.record(),
+        },
+    )
     async with running_worker(users.worker_url, namespace, shard_count=2):
-        listed = await eventually(lambda: len(users.admin.hkeys(signers)) == 2
-                                  and users.admin.hgetall(signers))
+        listed = await eventually(
+            lambda: len(users.admin.hkeys(signers)) == 2 and users.admin.hgetall(signers)
+        )
     assert b"0123456789abcdef" not in listed and other.signer_id.encode() in listed
-    own = next(json.loads(record) for signer, record in listed.items()
-               if signer != other.signer_id.encode())
+    own = next(
+        json.loads(record)
+        for signer, record in listed.items()
+        if signer != other.signer_id.encode()
+    )
     assert abs(own["at"] - time.time()) < 60
     with pytest.raises(redis.exceptions.NoPermissionError):
         users.client.hset(signers, "0123456789abcdef", other.record())

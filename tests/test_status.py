@@ -43,9 +43,12 @@ async def test_status_json_reports_every_field_and_exits_1_when_a_shard_has_no_o
 ) -> None:
     client = redis.asyncio.Redis.from_url(redis_url)
     try:
-        async with running_worker(redis_url, namespace, shards=[0], shard_count=2,
-                                  lease_ttl=5.0) as worker, \
-                keyserial.connect(redis_url, namespace=namespace) as ks:
+        async with (
+            running_worker(
+                redis_url, namespace, shards=[0], shard_count=2, lease_ttl=5.0
+            ) as worker,
+            keyserial.connect(redis_url, namespace=namespace) as ks,
+        ):
             await ks.submit(keys_on_shard(0, 2, 1)[0], deposit(1))
             # A malformed entry on the owned shard becomes its one dead letter.
             await client.xadd(ShardKeys(namespace, 0).stream, {"v": "1", "ops": "{not json"})
@@ -53,13 +56,34 @@ async def test_status_json_reports_every_field_and_exits_1_when_a_shard_has_no_o
             # Shard 1 has no worker: three entries wait there.
             appended = time.time()
             for n in range(3):
-                await client.xadd(ShardKeys(namespace, 1).stream, {
-                    "v": "1", "ops": json.dumps([{"id": f"wait-{n}", "key": keys_on_shard(
-                        1, 2, 1)[0], "op": "deposit", "args": [1]}])})
+                await client.xadd(
+                    ShardKeys(namespace, 1).stream,
+                    {
+                        "v": "1",
+                        "ops": json.dumps(
+                            [
+                                {
+                                    "id": f"wait-{n}",
+                                    "key": keys_on_shard(1, 2, 1)[0],
+                                    "op": "deposit",
+                                    "args": [1],
+                                }
+                            ]
+                        ),
+                    },
+                )
             epoch = int(await client.get(ShardKeys(namespace, 0).epoch))
             started = time.time()
-            code, out, err = await keyserial_cli("status", "--json", "--redis", redis_url,
-                                                 "--namespace", namespace, "--interval", "0.1")
+            code, out, err = await keyserial_cli(
+                "status",
+                "--json",
+                "--redis",
+                redis_url,
+                "--namespace",
+                namespace,
+                "--interval",
+                "0.1",
+            )
             assert worker.owned_shards  # still serving when the command read it
     finally:
         await client.aclose()
@@ -90,8 +114,9 @@ async def test_status_table_lists_every_shard_and_exits_0_when_all_are_owned(
 ) -> None:
     url = standalone_server.url
     async with running_worker(url, namespace, shard_count=3):
-        code, out, err = await keyserial_cli("status", "--redis", url, "--namespace", namespace,
-                                             "--interval", "0.1")
+        code, out, err = await keyserial_cli(
+            "status", "--redis", url, "--namespace", namespace, "--interval", "0.1"
+        )
     assert code == 0, err
     lines = out.splitlines()
     assert lines[0] == f"namespace {namespace!r}: 3 shards"
@@ -105,8 +130,10 @@ async def test_ops_per_second_counts_the_ops_committed_between_two_snapshots(
     redis_url: str, namespace: str
 ) -> None:
     keys = keys_on_shard(1, 2, 5)
-    async with running_worker(redis_url, namespace, shard_count=2), \
-            keyserial.connect(redis_url, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=2),
+        keyserial.connect(redis_url, namespace=namespace) as ks,
+    ):
         backend = await Backend.connect(redis_url)
         try:
             before = await _status.snapshot(backend, namespace, 2)
@@ -125,8 +152,9 @@ async def test_ops_per_second_counts_the_ops_committed_between_two_snapshots(
 async def test_status_of_an_unused_namespace_is_an_error_that_says_so(
     standalone_server: LocalServer, namespace: str
 ) -> None:
-    code, _, err = await keyserial_cli("status", "--redis", standalone_server.url,
-                                         "--namespace", namespace)
+    code, _, err = await keyserial_cli(
+        "status", "--redis", standalone_server.url, "--namespace", namespace
+    )
     assert code == 2
     assert f"namespace {namespace!r} has no shard count recorded" in err
 
@@ -137,8 +165,20 @@ async def test_status_watch_prints_a_report_per_interval_until_interrupted(
     url = standalone_server.url
     async with running_worker(url, namespace, shard_count=2):
         process = await anyio.open_process(
-            [sys.executable, "-m", "keyserial", "status", "--watch", "--json", "--redis", url,
-             "--namespace", namespace, "--interval", "0.1"],
+            [
+                sys.executable,
+                "-m",
+                "keyserial",
+                "status",
+                "--watch",
+                "--json",
+                "--redis",
+                url,
+                "--namespace",
+                namespace,
+                "--interval",
+                "0.1",
+            ],
             cwd=ROOT,
         )
         try:
@@ -164,14 +204,14 @@ async def test_status_watch_prints_a_report_per_interval_until_interrupted(
     ("token", "host", "pid"),
     [("web-1:4242:0a1b2c3d", "web-1", 4242), ("weird", "weird", None)],
 )
-def test_an_owner_token_reads_as_host_pid_and_nonce(token: str, host: str, pid: int | None
-                                                    ) -> None:
+def test_an_owner_token_reads_as_host_pid_and_nonce(token: str, host: str, pid: int | None) -> None:
     owner = _status.Owner.parse(token)
     assert (owner.worker, owner.host, owner.pid) == (token, host, pid)
 
 
-@pytest.mark.parametrize(("watch", "expected"), [([], 130), (["--watch"], 0)],
-                         ids=["one shot", "watch"])
+@pytest.mark.parametrize(
+    ("watch", "expected"), [([], 130), (["--watch"], 0)], ids=["one shot", "watch"]
+)
 async def test_ctrl_c_before_the_first_report_stops_status_without_a_traceback(
     namespace: str, watch: list[str], expected: int
 ) -> None:
@@ -182,8 +222,20 @@ async def test_ctrl_c_before_the_first_report_stops_status_without_a_traceback(
             pass  # records the namespace
         admin = redis.asyncio.Redis.from_url(server.url)
         process = await anyio.open_process(
-            [sys.executable, "-m", "keyserial", "status", "--redis", server.url, "--namespace",
-             namespace, "--interval", "30", *watch], cwd=ROOT,
+            [
+                sys.executable,
+                "-m",
+                "keyserial",
+                "status",
+                "--redis",
+                server.url,
+                "--namespace",
+                namespace,
+                "--interval",
+                "30",
+                *watch,
+            ],
+            cwd=ROOT,
         )
         try:
             # It sent its first snapshot: keyserial's code runs, and its SIGINT handling is set.

@@ -58,8 +58,12 @@ def layer(module: str) -> str:
 
 
 def imports_between(importers: set[str], imported: set[str]) -> list[tuple[str, str]]:
-    return sorted((name, target) for name, targets in GRAPH.items() for target in targets
-                  if layer(name) in importers and layer(target) in imported)
+    return sorted(
+        (name, target)
+        for name, targets in GRAPH.items()
+        for target in targets
+        if layer(name) in importers and layer(target) in imported
+    )
 
 
 def test_only_the_redis_boundary_imports_redis() -> None:

@@ -31,8 +31,10 @@ from tests.helpers import eventually_async, free_closed_port
 
 
 async def test_ledger_ops_return_values_and_commit_state(redis_url: str, namespace: str) -> None:
-    async with running_worker(redis_url, namespace, shard_count=4), \
-            keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=4),
+        keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
+    ):
         assert await ks.submit("account:5", call("deposit", 100)) == 100
         assert await ks.submit("account:5", withdraw(30)) == 70
         assert await ks.submit("account:5", balance()) == 70
@@ -43,8 +45,10 @@ async def test_ledger_ops_return_values_and_commit_state(redis_url: str, namespa
 async def test_insufficient_funds_is_raised_as_such_and_leaves_the_balance(
     redis_url: str, namespace: str
 ) -> None:
-    async with running_worker(redis_url, namespace, shard_count=4), \
-            keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=4),
+        keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
+    ):
         await ks.submit("account:1", deposit(10))
         with pytest.raises(InsufficientFunds) as caught:
             await ks.submit("account:1", withdraw(25))
@@ -56,8 +60,10 @@ async def test_insufficient_funds_is_raised_as_such_and_leaves_the_balance(
 async def test_errors_raised_by_an_op_carry_the_remote_type_and_message(
     redis_url: str, namespace: str
 ) -> None:
-    async with running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
+    ):
         with pytest.raises(OperationFailed) as caught:
             await ks.submit("account:1", deposit(-5))
         assert caught.value.error_type == "ValueError"
@@ -70,16 +76,20 @@ async def test_errors_raised_by_an_op_carry_the_remote_type_and_message(
 async def test_unknown_op_fails_for_the_caller_and_the_shard_continues(
     redis_url: str, namespace: str
 ) -> None:
-    async with running_worker(redis_url, namespace, shard_count=1), \
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=1),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         with pytest.raises(UnknownOperation, match="no op named 'teleport'"):
             await ks.submit("account:1", call("teleport", 1))
         assert await ks.submit("account:1", deposit(1)) == 1
 
 
 async def test_app_ops_run_through_their_op_function(redis_url: str, namespace: str) -> None:
-    async with running_worker(redis_url, namespace, shard_count=2, apps=["tests.apps"]), \
-            keyserial.connect(redis_url, shards=2, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=2, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=2, namespace=namespace) as ks,
+    ):
         assert await ks.submit("list", apps.append("a")) == ["a"]
         assert await ks.submit("list", apps.append("b")) == ["a", "b"]
 
@@ -87,15 +97,19 @@ async def test_app_ops_run_through_their_op_function(redis_url: str, namespace: 
 async def test_a_resubmitted_op_id_returns_the_stored_result_and_never_runs_twice(
     redis_url: str, namespace: str
 ) -> None:
-    async with running_worker(redis_url, namespace, shard_count=4), \
-            keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=4),
+        keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
+    ):
         first = await ks.submit("account:9", deposit(40), op_id="pay-1")
         again = await ks.submit("account:9", deposit(40), op_id="pay-1")
         concurrent = []
         async with anyio.create_task_group() as group:
             for _ in range(5):
+
                 async def resubmit() -> None:
                     concurrent.append(await ks.submit("account:9", deposit(7), op_id="pay-2"))
+
                 group.start_soon(resubmit)
         assert first == again == 40
         assert concurrent == [47] * 5
@@ -110,13 +124,22 @@ async def test_an_op_id_names_one_op_and_a_resubmit_of_another_op_under_it_is_re
     is stored (``ks.result`` takes the key too): a resubmit of the same op
     returns the stored outcome, and another op under that id is refused with
     MalformedOperation, never answered with the first op's outcome and never run."""
-    async with running_worker(redis_url, namespace, shard_count=4), \
-            keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
-        neighbour = next(key for n in range(100) if (key := f"account:{n}") != "account:9"
-                         and ks.shard_of(key) == ks.shard_of("account:9"))
+    async with (
+        running_worker(redis_url, namespace, shard_count=4),
+        keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
+    ):
+        neighbour = next(
+            key
+            for n in range(100)
+            if (key := f"account:{n}") != "account:9"
+            and ks.shard_of(key) == ks.shard_of("account:9")
+        )
         assert await ks.submit("account:9", deposit(40), op_id="order-1") == 40
-        for other_key, other_call in (("account:9", deposit(41)), (neighbour, deposit(40)),
-                                      ("account:9", withdraw(40))):
+        for other_key, other_call in (
+            ("account:9", deposit(41)),
+            (neighbour, deposit(40)),
+            ("account:9", withdraw(40)),
+        ):
             with pytest.raises(MalformedOperation, match="belongs to another op"):
                 await ks.submit(other_key, other_call, op_id="order-1")
         assert await ks.submit("account:9", deposit(40), op_id="order-1") == 40
@@ -126,8 +149,10 @@ async def test_an_op_id_names_one_op_and_a_resubmit_of_another_op_under_it_is_re
 
 
 async def test_a_failed_op_is_also_stored_under_its_op_id(redis_url: str, namespace: str) -> None:
-    async with running_worker(redis_url, namespace, shard_count=4), \
-            keyserial.connect(redis_url, shards=4, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=4),
+        keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
+    ):
         with pytest.raises(InsufficientFunds):
             await ks.submit("account:2", withdraw(5), op_id="w-1")
         await ks.submit("account:2", deposit(100))
@@ -158,8 +183,9 @@ async def test_without_a_worker_submit_times_out_and_the_op_applies_later(
 async def test_oversize_payload_is_refused_before_anything_is_sent(
     redis_url: str, namespace: str
 ) -> None:
-    async with keyserial.connect(redis_url, shards=2, namespace=namespace,
-                                 max_payload_bytes=1000) as ks:
+    async with keyserial.connect(
+        redis_url, shards=2, namespace=namespace, max_payload_bytes=1000
+    ) as ks:
         with pytest.raises(PayloadTooLarge, match="over the limit of 1000 bytes"):
             await ks.submit("k", apps.append("x" * 2000))
         client = redis.asyncio.Redis.from_url(redis_url)
@@ -195,8 +221,9 @@ async def test_a_different_shard_count_is_refused_naming_both(
     with pytest.raises(ConfigError, match=r"8 shards recorded.*configured with 16"):
         async with keyserial.connect(redis_url, shards=16, namespace=namespace):
             pass
-    worker = keyserial.Worker(redis_url, settings=keyserial.Settings(namespace=namespace,
-                                                                     shard_count=4))
+    worker = keyserial.Worker(
+        redis_url, settings=keyserial.Settings(namespace=namespace, shard_count=4)
+    )
     with pytest.raises(ConfigError, match="8 shards recorded"):
         await worker.run()
     async with keyserial.connect(redis_url, namespace=namespace) as adopted:
@@ -219,12 +246,29 @@ async def test_a_malformed_entry_is_dead_lettered_and_the_shard_moves_on(
         async with keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
             await client.xadd(keys.stream, {"v": "1", "ops": "{not json"})
             await client.xadd(keys.stream, {"v": "9", "ops": "[]"})
-            await client.xadd(keys.stream, {
-                "v": "1",
-                "ops": json.dumps([{"id": "no-key", "op": "deposit", "reply": ks._reply}]),
-            })
-            await client.xadd(keys.stream, {"v": "2", "ops": json.dumps(
-                [{"id": "from-the-future", "key": "account:1", "op": "deposit", "args": [1]}])})
+            await client.xadd(
+                keys.stream,
+                {
+                    "v": "1",
+                    "ops": json.dumps([{"id": "no-key", "op": "deposit", "reply": ks._reply}]),
+                },
+            )
+            await client.xadd(
+                keys.stream,
+                {
+                    "v": "2",
+                    "ops": json.dumps(
+                        [
+                            {
+                                "id": "from-the-future",
+                                "key": "account:1",
+                                "op": "deposit",
+                                "args": [1],
+                            }
+                        ]
+                    ),
+                },
+            )
             async with running_worker(redis_url, namespace, shard_count=1):
                 assert await ks.submit("account:1", deposit(3)) == 3
                 with pytest.raises(MalformedOperation, match="'key' must be"):
@@ -295,8 +339,10 @@ async def test_a_failed_runner_releases_its_shard_and_rests_before_taking_it_aga
 
     monkeypatch.setattr(ShardRunner, "_dispatch", failing_once)
     lease = ShardKeys(namespace, 0).lease
-    async with running_worker(redis_url, namespace, shard_count=1, lease_ttl=1.0), \
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=1, lease_ttl=1.0),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         assert await ks.submit("acct:1", deposit(5), timeout=10) == 5
         retaken = time.monotonic()
         assert failures and retaken - failures[0] >= 0.9  # it rested about a lease TTL
@@ -312,8 +358,10 @@ async def test_results_are_dropped_some_time_after_their_retention(
 ) -> None:
     """With ``result_ttl`` 0.2 s an op's result is there right after it commits, then later
     commits drop it (``result()`` raises ResultNotFound), while fresh results stay."""
-    async with running_worker(redis_url, namespace, shard_count=1, result_ttl=0.2), \
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=1, result_ttl=0.2),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         await ks.submit("acct:1", deposit(1), op_id="old")
         assert await ks.result("old", key="acct:1") == 1
         n = 0
@@ -388,8 +436,10 @@ async def test_an_idle_shard_keeps_only_its_unprocessed_entries(
 ) -> None:
     """While busy, a worker trims committed entries from its stream in batches; once idle for
     two idle_polls, the stream's length is its backlog again: zero."""
-    async with running_worker(redis_url, namespace, shard_count=1, idle_poll=0.2), \
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+    async with (
+        running_worker(redis_url, namespace, shard_count=1, idle_poll=0.2),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
         for _ in range(3):
             async with anyio.create_task_group() as group:
                 for n in range(100):
@@ -427,11 +477,22 @@ async def test_a_step_sent_again_after_a_lost_reply_rotates_results_only_once(
         await backend.call("HSET", k.results, "young", '{"ok":1}')
         await backend.call("HSET", k.results_old, "older", '{"ok":0}')
         commit = json.dumps({"s": [], "r": [["new", '{"ok":2}']], "d": []})
-        call = step(k, StepArgs(
-            epoch=7, progress="", rotate=True, cursor="0-0", fetch=0, commit=commit,
-            replaying=False, result_ttl_ms=3_600_000, trim_to="", trim_now=False,
-            states_held=False,
-        ))
+        call = step(
+            k,
+            StepArgs(
+                epoch=7,
+                progress="",
+                rotate=True,
+                cursor="0-0",
+                fetch=0,
+                commit=commit,
+                replaying=False,
+                result_ttl_ms=3_600_000,
+                trim_to="",
+                trim_now=False,
+                states_held=False,
+            ),
+        )
         began = None
         for _ in range(2):
             await backend.run_call(call)
@@ -451,8 +512,10 @@ async def test_a_result_of_the_previous_generation_is_still_found(
     k = ShardKeys(namespace, 0)
     client = redis.asyncio.Redis.from_url(redis_url)
     try:
-        async with running_worker(redis_url, namespace, shard_count=1, result_ttl=0.5), \
-                keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+        async with (
+            running_worker(redis_url, namespace, shard_count=1, result_ttl=0.5),
+            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+        ):
             assert await ks.submit("acct:1", deposit(5), op_id="first") == 5
             with anyio.fail_after(10):
                 while not await client.hexists(k.results_old, "first"):

@@ -31,9 +31,12 @@ async def test_a_silently_dropped_reply_subscription_is_noticed_and_reconnected(
 ) -> None:
     async with FaultProxy("client", _port(redis_url)) as proxy:
         with anyio.fail_after(60):
-            async with running_worker(redis_url, namespace, shard_count=1), \
-                    keyserial.connect(proxy.url, shards=1, namespace=namespace, idle_poll=30,
-                                      health_interval=0.3) as ks:
+            async with (
+                running_worker(redis_url, namespace, shard_count=1),
+                keyserial.connect(
+                    proxy.url, shards=1, namespace=namespace, idle_poll=30, health_interval=0.3
+                ) as ks,
+            ):
                 took = await _silence_and_time_a_submit(ks, proxy)
                 assert await ks.read("acct") == 2
         assert took < 2, "the reply came by the sweep, not pub/sub"
@@ -70,8 +73,11 @@ async def _silence_and_time_a_submit(ks: keyserial.Client, proxy: FaultProxy) ->
 
 
 def _assert_warned(caplog: pytest.LogCaptureFixture) -> None:
-    lost = [r.getMessage() for r in caplog.records
-            if r.levelno == logging.WARNING and "subscription to" in r.getMessage()]
+    lost = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and "subscription to" in r.getMessage()
+    ]
     assert lost and "no answer to a PING" in lost[0], caplog.text
 
 
@@ -83,9 +89,12 @@ async def test_a_silently_dropped_tls_reply_subscription_is_noticed_and_reconnec
     async with FaultProxy("client", tls_server.port, tls=_tls_contexts(tls_server)) as proxy:
         proxied = tls_server.url.replace(f":{tls_server.port}/", f":{proxy.port}/")
         with anyio.fail_after(60):
-            async with running_worker(tls_server.url, namespace, shard_count=1), \
-                    keyserial.connect(proxied, shards=1, namespace=namespace, idle_poll=30,
-                                      health_interval=0.3) as ks:
+            async with (
+                running_worker(tls_server.url, namespace, shard_count=1),
+                keyserial.connect(
+                    proxied, shards=1, namespace=namespace, idle_poll=30, health_interval=0.3
+                ) as ks,
+            ):
                 took = await _silence_and_time_a_submit(ks, proxy)
         assert took < 2, "the reply came by the sweep, not pub/sub"
         _assert_warned(caplog)
@@ -102,9 +111,12 @@ async def test_a_silently_dropped_subscription_of_a_callers_client_is_noticed(
         client = redis.asyncio.Redis(host="127.0.0.1", port=proxy.port)
         try:
             with anyio.fail_after(60):
-                async with running_worker(redis_url, namespace, shard_count=1), \
-                        keyserial.connect(client, shards=1, namespace=namespace, idle_poll=30,
-                                          health_interval=0.3) as ks:
+                async with (
+                    running_worker(redis_url, namespace, shard_count=1),
+                    keyserial.connect(
+                        client, shards=1, namespace=namespace, idle_poll=30, health_interval=0.3
+                    ) as ks,
+                ):
                     took = await _silence_and_time_a_submit(ks, proxy)
             assert took < 2, "the reply came by the sweep, not pub/sub"
             _assert_warned(caplog)
@@ -125,9 +137,16 @@ async def test_a_silently_dropped_wake_up_subscription_of_a_worker_is_noticed(
         redis_for_worker: str | redis.asyncio.Redis = proxy.url if via == "url" else client
         try:
             with anyio.fail_after(60):
-                async with running_worker(redis_for_worker, namespace, shard_count=1,
-                                          idle_poll=30, health_interval=0.3), \
-                        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+                async with (
+                    running_worker(
+                        redis_for_worker,
+                        namespace,
+                        shard_count=1,
+                        idle_poll=30,
+                        health_interval=0.3,
+                    ),
+                    keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+                ):
                     took = await _silence_and_time_a_submit(ks, proxy)
             assert took < 2, "the worker heard of the entry by polling, not by its wake-up"
             _assert_warned(caplog)
@@ -146,8 +165,9 @@ async def test_a_worker_whose_first_subscription_fails_keeps_serving(
     await proxy.start()
     proxy.refuse_subscriptions = True
     try:
-        worker = start(proxy.url, namespace, shards="0", shard_count=1,
-                       env={"KEYSERIAL_IDLE_POLL": "0.2"})
+        worker = start(
+            proxy.url, namespace, shards="0", shard_count=1, env={"KEYSERIAL_IDLE_POLL": "0.2"}
+        )
         async with keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
             with anyio.fail_after(30):
                 while proxy.subscribing_links < 2:  # refused, and tried again
@@ -180,10 +200,16 @@ async def test_a_subscription_silenced_before_its_confirmation_is_replaced_in_ti
         client = redis.asyncio.Redis(host="127.0.0.1", port=proxy.port)
         try:
             with anyio.fail_after(60):
-                async with running_worker(redis_url, namespace, shard_count=1), \
-                        keyserial.connect(proxy.url if via == "url" else client, shards=1,
-                                          namespace=namespace, idle_poll=30,
-                                          health_interval=interval) as ks:
+                async with (
+                    running_worker(redis_url, namespace, shard_count=1),
+                    keyserial.connect(
+                        proxy.url if via == "url" else client,
+                        shards=1,
+                        namespace=namespace,
+                        idle_poll=30,
+                        health_interval=interval,
+                    ) as ks,
+                ):
                     assert await ks.submit("acct", deposit(1), timeout=10) == 1
                     proxy.silence_subscribing = True
                     proxy.silence_subscriptions()
@@ -214,9 +240,12 @@ async def test_a_resubscription_over_a_slow_link_gets_a_health_interval_per_roun
     interval = 2.0
     async with FaultProxy("client", _port(redis_url)) as proxy:
         with anyio.fail_after(90):
-            async with running_worker(redis_url, namespace, shard_count=1), \
-                    keyserial.connect(proxy.url, shards=1, namespace=namespace, idle_poll=60,
-                                      health_interval=interval) as ks:
+            async with (
+                running_worker(redis_url, namespace, shard_count=1),
+                keyserial.connect(
+                    proxy.url, shards=1, namespace=namespace, idle_poll=60, health_interval=interval
+                ) as ks,
+            ):
                 assert await ks.submit("acct", deposit(1), timeout=10) == 1
                 # Each way: a PING's round trip takes 0.84 of the interval; connecting (the
                 # proxy's delay) and subscribing take 1.26.

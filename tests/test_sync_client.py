@@ -31,16 +31,20 @@ from tests.helpers import free_closed_port
 @contextmanager
 def worker_in_thread(url: str, namespace: str, **options: Any) -> Iterator[None]:
     """An in-process worker on an event loop of its own thread (the test itself blocks)."""
-    with anyio.from_thread.start_blocking_portal() as portal, \
-            portal.wrap_async_context_manager(running_worker(url, namespace, **options)):
+    with (
+        anyio.from_thread.start_blocking_portal() as portal,
+        portal.wrap_async_context_manager(running_worker(url, namespace, **options)),
+    ):
         yield
 
 
 def test_every_call_of_the_sync_client_blocks_and_returns_the_outcome(
     redis_url: str, namespace: str
 ) -> None:
-    with worker_in_thread(redis_url, namespace, shard_count=4, apps=["tests.apps"]), \
-            keyserial.connect_sync(redis_url, shards=4, namespace=namespace) as ks:
+    with (
+        worker_in_thread(redis_url, namespace, shard_count=4, apps=["tests.apps"]),
+        keyserial.connect_sync(redis_url, shards=4, namespace=namespace) as ks,
+    ):
         op_id = ks.new_op_id()
         assert ks.submit("account:1", deposit(100), op_id=op_id) == 100
         assert ks.submit("account:1", withdraw(30)) == 70
@@ -54,8 +58,7 @@ def test_every_call_of_the_sync_client_blocks_and_returns_the_outcome(
 def test_the_sync_client_raises_the_async_clients_error_types(
     redis_url: str, namespace: str
 ) -> None:
-    with keyserial.connect_sync(redis_url, shards=4, namespace=namespace,
-                                submit_timeout=0.3) as ks:
+    with keyserial.connect_sync(redis_url, shards=4, namespace=namespace, submit_timeout=0.3) as ks:
         with pytest.raises(SubmitTimeout, match="no worker holds shard"):
             ks.submit("account:1", deposit(5))
         with pytest.raises(ResultNotFound):
@@ -73,8 +76,10 @@ def test_one_sync_client_serves_many_threads_over_one_connection(
 ) -> None:
     admin = redis.Redis.from_url(redis_url)
     errors: list[BaseException] = []
-    with worker_in_thread(redis_url, namespace, shard_count=4), \
-            keyserial.connect_sync(redis_url, shards=4, namespace=namespace) as ks:
+    with (
+        worker_in_thread(redis_url, namespace, shard_count=4),
+        keyserial.connect_sync(redis_url, shards=4, namespace=namespace) as ks,
+    ):
         connections = len(admin.client_list())
 
         def deposits(thread: int) -> None:
@@ -125,15 +130,19 @@ def _child_exit_code(pid: int, timeout: float = 30) -> int:
 def test_a_sync_client_inherited_across_a_fork_raises_in_the_child(
     redis_url: str, namespace: str
 ) -> None:
-    with worker_in_thread(redis_url, namespace, shard_count=4), \
-            keyserial.connect_sync(redis_url, shards=4, namespace=namespace) as ks:
+    with (
+        worker_in_thread(redis_url, namespace, shard_count=4),
+        keyserial.connect_sync(redis_url, shards=4, namespace=namespace) as ks,
+    ):
         pid = os.fork()
         if pid == 0:  # the child: exit code 0 only if both calls fail with the fork message
             refused: list[bool] = []
             try:
                 # (An op id made here would repeat one of the parent's.)
-                for attempt in (ks.new_op_id,
-                                partial(ks.submit, "account:1", deposit(1), timeout=5)):
+                for attempt in (
+                    ks.new_op_id,
+                    partial(ks.submit, "account:1", deposit(1), timeout=5),
+                ):
                     try:
                         attempt()
                     except KeyserialError as exc:

@@ -18,9 +18,12 @@ from tests.helpers import ROOT
 
 async def test_a_private_server_and_a_worker_run_a_users_op_and_go_away() -> None:
     with LocalServer() as server:
-        async with running_worker(server.url, namespace="shop", shard_count=4,
-                                  apps=["tests.apps"]) as worker, \
-                keyserial.connect(server.url, namespace="shop") as ks:
+        async with (
+            running_worker(
+                server.url, namespace="shop", shard_count=4, apps=["tests.apps"]
+            ) as worker,
+            keyserial.connect(server.url, namespace="shop") as ks,
+        ):
             assert worker.owned_shards == [0, 1, 2, 3]
             assert await ks.submit("cart:7", apps.append("apple"), timeout=10) == ["apple"]
             assert await ks.submit("cart:7", apps.append("pear"), timeout=10) == ["apple", "pear"]
@@ -61,8 +64,7 @@ async def test_a_worker_given_shards_that_are_not_shard_numbers_refuses_them(
     """``[True]`` and ``[1.5]`` once served shards named "True" and "1.5" (leases and all),
     while shard 1 had no worker; ``[]`` served nothing until the start timed out."""
     with pytest.raises(keyserial.ConfigError, match="shards"):
-        async with running_worker(redis_url, namespace, shard_count=4,
-                                  shards=shards):  # type: ignore[arg-type]
+        async with running_worker(redis_url, namespace, shard_count=4, shards=shards):  # type: ignore[arg-type]
             pass
 
 
@@ -79,13 +81,22 @@ def test_the_guide_s_example_suite_passes_as_written(tmp_path: Path) -> None:
     project would run them."""
     guide = (ROOT / "docs" / "testing.md").read_text()
     files = re.findall(r"```(?:python|toml)\n# ([\w/.]+)\n(.*?)```", guide, re.S)
-    assert {name for name, _ in files} == {"myapp/ops.py", "conftest.py", "pyproject.toml",
-                                           "test_stock.py"}
+    assert {name for name, _ in files} == {
+        "myapp/ops.py",
+        "conftest.py",
+        "pyproject.toml",
+        "test_stock.py",
+    }
     for name, text in files:
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(text)
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
-                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "2 passed" in result.stdout, result.stdout
 

@@ -52,8 +52,9 @@ async def test_a_worker_process_and_a_client_work_over_tls(
     tls_server: TlsServer, namespace: str, tmp_path: Path
 ) -> None:
     since = len(tls_server.log())
-    worker = WorkerProcess(tls_server.url, namespace, shards="0-3", shard_count=4,
-                           log_path=tmp_path / "worker.log")
+    worker = WorkerProcess(
+        tls_server.url, namespace, shards="0-3", shard_count=4, log_path=tmp_path / "worker.log"
+    )
     try:
         outcome = await _submit_and_transfer(tls_server.url, namespace)
         assert worker.terminate() == 0

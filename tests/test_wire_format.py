@@ -81,8 +81,11 @@ class ForeignClient:
         self.reply_channel = f"ks:{namespace}:reply:{uuid.uuid4().hex}"
         #: For signed replies: a key pair of its own, the public half ending its channel's name.
         self.private_key = X25519PrivateKey.generate()
-        self.public_key = base64.urlsafe_b64encode(
-            self.private_key.public_key().public_bytes_raw()).decode().rstrip("=")
+        self.public_key = (
+            base64.urlsafe_b64encode(self.private_key.public_key().public_bytes_raw())
+            .decode()
+            .rstrip("=")
+        )
         if signed:
             self.reply_channel += f".{self.public_key}"
         # Channels are not keys: on a cluster, PUBLISH and SUBSCRIBE through any one node.
@@ -138,8 +141,9 @@ class ForeignClient:
     def wake(self, shard: int) -> str:
         return f"ks:{self.namespace}:wake:{shard}"
 
-    def envelope(self, key: str, op: str, *args: Any, op_id: str | None = None,
-                 reply: bool = True) -> dict[str, Any]:
+    def envelope(
+        self, key: str, op: str, *args: Any, op_id: str | None = None, reply: bool = True
+    ) -> dict[str, Any]:
         if op_id is None:
             op_id = f"{self.reply_channel.rsplit(':', 1)[1]}-{self._counter}"
             self._counter += 1
@@ -150,16 +154,18 @@ class ForeignClient:
             envelope["reply"] = self.reply_channel
         return envelope
 
-    async def xadd(self, shard: int, envelopes: Sequence[dict[str, Any]], *,
-                   version: str = "1") -> str:
+    async def xadd(
+        self, shard: int, envelopes: Sequence[dict[str, Any]], *, version: str = "1"
+    ) -> str:
         """Append with XADD, then PUBLISH the wake channel."""
         ops = json.dumps(list(envelopes), separators=(",", ":"))
         entry_id: str = await self.commands.xadd(self.stream(shard), {"v": version, "ops": ops})
         await self.node.publish(self.wake(shard), entry_id)
         return entry_id
 
-    async def eval_submit(self, shard: int, envelopes: Sequence[dict[str, Any]], *,
-                          backlog: int = 100_000) -> str:
+    async def eval_submit(
+        self, shard: int, envelopes: Sequence[dict[str, Any]], *, backlog: int = 100_000
+    ) -> str:
         """Append with the document's submit script."""
         ops = json.dumps(list(envelopes), separators=(",", ":"))
         entry_id: str = await self.commands.eval(
@@ -218,36 +224,50 @@ def _as_read(outcome: dict[str, Any]) -> dict[str, Any]:
 async def test_a_signed_reply_checks_out_as_documented(redis_url: str, namespace: str) -> None:
     """A client whose channel names its key gets replies it can check with the signer's key
     from the signers hash, the tag made as docs/wire-format.md says."""
-    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
-            ForeignClient.connect(redis_url, namespace, signed=True) as client:
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS),
+        ForeignClient.connect(redis_url, namespace, signed=True) as client,
+    ):
         await client.read_shard_count()
         key = "account:5"
         shard = client.shard(key)
         deposit = client.envelope(key, "deposit", 100)
         entry_id = await client.xadd(shard, [deposit])
         message = await client.next_message()
-        signed = message[:message.rindex(',"k":')]
-        suffix = json.loads("{" + message[len(signed) + 1:])
+        signed = message[: message.rindex(',"k":')]
+        suffix = json.loads("{" + message[len(signed) + 1 :])
         assert re.fullmatch(r"[0-9a-f]{16}", suffix["k"])
         record = json.loads(await client.commands.hget(f"ks:{namespace}:signers", suffix["k"]))
         signer_key = record["key"]
         shared = client.private_key.exchange(
-            X25519PublicKey.from_public_bytes(base64.urlsafe_b64decode(signer_key + "=")))
-        mac_key = hashlib.sha256(b"\n".join((
-            b"keyserial reply signature v1", shared, client.public_key.encode(),
-            signer_key.encode(), suffix["k"].encode(),
-        ))).digest()
+            X25519PublicKey.from_public_bytes(base64.urlsafe_b64decode(signer_key + "="))
+        )
+        mac_key = hashlib.sha256(
+            b"\n".join(
+                (
+                    b"keyserial reply signature v1",
+                    shared,
+                    client.public_key.encode(),
+                    signer_key.encode(),
+                    suffix["k"].encode(),
+                )
+            )
+        ).digest()
         tag = hmac.digest(mac_key, f"{client.reply_channel}\n{signed}".encode(), "sha256")
         assert tag[:16].hex() == suffix["t"]
         assert json.loads(signed + "}") == {
-            "v": 1, "r": [[deposit["id"], {"ok": 100, "s": shard, "e": [entry_id]}]]}
+            "v": 1,
+            "r": [[deposit["id"], {"ok": 100, "s": shard, "e": [entry_id]}]],
+        }
 
 
 async def test_xadd_and_publish_then_reply_stored_result_state_and_dedup(
     redis_url: str, namespace: str
 ) -> None:
-    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
-            ForeignClient.connect(redis_url, namespace) as client:
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS),
+        ForeignClient.connect(redis_url, namespace) as client,
+    ):
         assert await client.read_shard_count() == SHARDS
         key = "account:5"
         shard = client.shard(key)
@@ -258,8 +278,11 @@ async def test_xadd_and_publish_then_reply_stored_result_state_and_dedup(
         assert re.fullmatch(r"\d+-\d+", entry_id)
         # The reply, byte for byte as documented; committed before it was published. The stored
         # outcome carries the op's binding too.
-        expected = ('{"v":1,"r":[[' + json.dumps(deposit["id"])
-                    + f',{{"ok":100,"s":{shard},"e":["{entry_id}"]}}]]}}')
+        expected = (
+            '{"v":1,"r":[['
+            + json.dumps(deposit["id"])
+            + f',{{"ok":100,"s":{shard},"e":["{entry_id}"]}}]]}}'
+        )
         assert await client.next_message() == expected
         stored = await client.commands.hget(client.results(shard), deposit["id"])
         assert re.fullmatch(r'\{"ok":100,"b":"[0-9a-f]{16}"\}', stored)
@@ -270,9 +293,13 @@ async def test_xadd_and_publish_then_reply_stored_result_state_and_dedup(
         withdraw = client.envelope(key, "withdraw", 500)
         await client.xadd(shard, [withdraw])
         outcome = (await client.replies([withdraw["id"]]))[withdraw["id"]]
-        assert outcome == {"error": {"type": "keyserial.InsufficientFunds",
-                                     "message": "balance 100 is less than 500",
-                                     "data": {"balance": 100, "amount": 500}}}
+        assert outcome == {
+            "error": {
+                "type": "keyserial.InsufficientFunds",
+                "message": "balance 100 is less than 500",
+                "data": {"balance": 100, "amount": 500},
+            }
+        }
         assert await client.stored(shard, withdraw["id"]) == outcome
         assert await client.commands.hget(client.state(shard), key) == "100"
 
@@ -287,13 +314,19 @@ async def test_xadd_and_publish_then_reply_stored_result_state_and_dedup(
 async def test_the_submit_script_appends_an_entry_of_several_ops_run_in_array_order(
     redis_url: str, namespace: str
 ) -> None:
-    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
-            ForeignClient.connect(redis_url, namespace) as client:
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS),
+        ForeignClient.connect(redis_url, namespace) as client,
+    ):
         await client.read_shard_count()
         key = "wallet:7"
         shard = client.shard(key)
-        ops = [client.envelope(key, "deposit", 10), client.envelope(key, "withdraw", 4),
-               client.envelope(key, "withdraw", 6), client.envelope(key, "balance")]
+        ops = [
+            client.envelope(key, "deposit", 10),
+            client.envelope(key, "withdraw", 4),
+            client.envelope(key, "withdraw", 6),
+            client.envelope(key, "balance"),
+        ]
         await client.eval_submit(shard, ops)
         outcomes = await client.replies([op["id"] for op in ops])
         assert [outcomes[op["id"]] for op in ops] == [{"ok": 10}, {"ok": 6}, {"ok": 0}, {"ok": 0}]
@@ -307,16 +340,17 @@ async def test_the_submit_script_appends_an_entry_of_several_ops_run_in_array_or
         assert await client.pubsub.get_message(timeout=0.1) is None
 
 
-async def test_refused_ops_carry_the_documented_error_types(
-    redis_url: str, namespace: str
-) -> None:
-    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
-            ForeignClient.connect(redis_url, namespace) as client:
+async def test_refused_ops_carry_the_documented_error_types(redis_url: str, namespace: str) -> None:
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS),
+        ForeignClient.connect(redis_url, namespace) as client,
+    ):
         await client.read_shard_count()
         key = "account:1"
         shard = client.shard(key)
-        misrouted_key = next(f"account:{n}" for n in range(100)
-                             if client.shard(f"account:{n}") != shard)
+        misrouted_key = next(
+            f"account:{n}" for n in range(100) if client.shard(f"account:{n}") != shard
+        )
         unknown = client.envelope(key, "teleport", 1)
         bad_args = {**client.envelope(key, "deposit"), "args": "not an array"}
         misrouted = client.envelope(misrouted_key, "deposit", 1)
@@ -326,10 +360,12 @@ async def test_refused_ops_carry_the_documented_error_types(
         entry_id = await client.xadd(shard, [*ops, no_id])
         outcomes = await client.replies([op["id"] for op in ops])
         types = {op_id: outcome["error"]["type"] for op_id, outcome in outcomes.items()}
-        assert types == {unknown["id"]: "keyserial.UnknownOperation",
-                         bad_args["id"]: "keyserial.MalformedOperation",
-                         misrouted["id"]: "keyserial.MalformedOperation",
-                         bad_type["id"]: "ValueError"}
+        assert types == {
+            unknown["id"]: "keyserial.UnknownOperation",
+            bad_args["id"]: "keyserial.MalformedOperation",
+            misrouted["id"]: "keyserial.MalformedOperation",
+            bad_type["id"]: "ValueError",
+        }
         assert "routes to shard" in outcomes[misrouted["id"]]["error"]["message"]
         # The misrouted op's result is stored on the shard it was appended to.
         assert await client.stored(shard, misrouted["id"]) == outcomes[misrouted["id"]]
@@ -392,22 +428,33 @@ async def test_a_multi_key_op_across_shards_is_appended_to_its_lowest_shard(
 ) -> None:
     """As documented: the envelope with ``keys`` goes to the home (lowest) shard, which replies
     and stores the result; appended to another of its shards it is refused."""
-    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
-            ForeignClient.connect(redis_url, namespace) as client:
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS),
+        ForeignClient.connect(redis_url, namespace) as client,
+    ):
         await client.read_shard_count()
         source = "account:1"
-        target = next(f"account:{n}" for n in range(2, 100)
-                      if client.shard(f"account:{n}") > client.shard(source))
+        target = next(
+            f"account:{n}"
+            for n in range(2, 100)
+            if client.shard(f"account:{n}") > client.shard(source)
+        )
         home, other = client.shard(source), client.shard(target)
         await client.xadd(home, [client.envelope(source, "deposit", 10)])
-        move = {"id": "move-1", "keys": [source, target], "op": "transfer", "args": [4],
-                "reply": client.reply_channel}
+        move = {
+            "id": "move-1",
+            "keys": [source, target],
+            "op": "transfer",
+            "args": [4],
+            "reply": client.reply_channel,
+        }
         await client.xadd(other, [{**move, "id": "move-2"}])
         refused = (await client.replies(["move-2"]))["move-2"]
         assert refused["error"]["type"] == "keyserial.MalformedOperation"
         assert "a multi-key op goes to the lowest" in refused["error"]["message"]
-        assert (f"{source!r} on {home}, {target!r} on {other}"
-                in refused["error"]["message"])  # (each key with its own shard)
+        assert (
+            f"{source!r} on {home}, {target!r} on {other}" in refused["error"]["message"]
+        )  # (each key with its own shard)
         await client.xadd(home, [move])
         assert (await client.replies(["move-1"]))["move-1"] == {"ok": {source: 6, target: 4}}
         assert await client.stored(home, "move-1") == {"ok": {source: 6, target: 4}}
@@ -419,8 +466,10 @@ async def test_an_entry_of_1500_ops_on_1500_keys_commits_and_dedups_in_one_piece
     """The step script reads and writes many keys and results per command, in chunks (Lua's
     unpack has a stack limit): an entry larger than a chunk loses nothing, and resubmitting it
     replays every stored outcome without running anything again."""
-    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
-            ForeignClient.connect(redis_url, namespace) as client:
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS),
+        ForeignClient.connect(redis_url, namespace) as client,
+    ):
         await client.read_shard_count()
         keys = [key for key in (f"many:{n}" for n in range(8_000)) if client.shard(key) == 1]
         keys = keys[:1_500]
@@ -445,8 +494,10 @@ async def test_the_ledger_ops_take_plain_json_integers_and_refuse_as_documented(
     redis_url: str, namespace: str
 ) -> None:
     """The built-in ops' arguments, results and errors, as the document lists them."""
-    async with running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]), \
-            ForeignClient.connect(redis_url, namespace) as client:
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]),
+        ForeignClient.connect(redis_url, namespace) as client,
+    ):
         await client.read_shard_count()
         key, listed = "account:1", "account:2"
         shard = client.shard(key)
@@ -462,8 +513,12 @@ async def test_the_ledger_ops_take_plain_json_integers_and_refuse_as_documented(
         outcomes = await client.replies([*(op["id"] for op in ops), as_exponent["id"]])
         assert outcomes[plain["id"]] == {"ok": 10}
         for refused, shown in ((as_float, "10.0"), (as_exponent, "10.0"), (as_string, "'10'")):
-            assert outcomes[refused["id"]] == {"error": {
-                "type": "ValueError", "message": f"amount must be a positive integer, not {shown}"}}
+            assert outcomes[refused["id"]] == {
+                "error": {
+                    "type": "ValueError",
+                    "message": f"amount must be a positive integer, not {shown}",
+                }
+            }
         assert outcomes[ops[3]["id"]] == {"ok": 10}
 
         # A key whose state is not an integer is not a ledger balance.
@@ -472,12 +527,21 @@ async def test_the_ledger_ops_take_plain_json_integers_and_refuse_as_documented(
         not_a_balance = client.envelope(listed, "balance")
         await client.xadd(listed_shard, [not_a_balance])
         outcome = (await client.replies([not_a_balance["id"]]))[not_a_balance["id"]]
-        assert outcome == {"error": {
-            "type": "TypeError", "message": "key 'account:2' holds ['x'], not a ledger balance"}}
+        assert outcome == {
+            "error": {
+                "type": "TypeError",
+                "message": "key 'account:2' holds ['x'], not a ledger balance",
+            }
+        }
 
         # transfer takes exactly two keys, source first.
-        three = {"id": "three-keys", "keys": [key, "account:3", "account:4"], "op": "transfer",
-                 "args": [1], "reply": client.reply_channel}
+        three = {
+            "id": "three-keys",
+            "keys": [key, "account:3", "account:4"],
+            "op": "transfer",
+            "args": [1],
+            "reply": client.reply_channel,
+        }
         home = min(client.shard(k) for k in three["keys"])
         await client.xadd(home, [three])
         outcome = (await client.replies(["three-keys"]))["three-keys"]
@@ -490,8 +554,10 @@ async def test_non_finite_numbers_are_read_but_never_written(
 ) -> None:
     """``NaN`` and ``Infinity`` in arguments reach the op (as Python's json reads them), but an
     op that would store or return one fails with TypeError and its key keeps its state."""
-    async with running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]), \
-            ForeignClient.connect(redis_url, namespace) as client:
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]),
+        ForeignClient.connect(redis_url, namespace) as client,
+    ):
         await client.read_shard_count()
         key = "list:1"
         shard = client.shard(key)
@@ -515,8 +581,10 @@ async def test_a_malformed_copy_of_an_op_that_ran_is_answered_with_its_outcome(
     """One outcome per op id: a foreign client's retry that went wrong (a bad envelope, or an
     entry of another wire version) neither stores a refusal over the op's stored result nor
     replies one."""
-    async with running_worker(redis_url, namespace, shard_count=SHARDS), \
-            ForeignClient.connect(redis_url, namespace) as client:
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS),
+        ForeignClient.connect(redis_url, namespace) as client,
+    ):
         await client.read_shard_count()
         key = "account:7"
         shard = client.shard(key)

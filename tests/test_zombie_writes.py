@@ -32,8 +32,9 @@ from tests.helpers import Starter, WorkerProcess, eventually, noted
 from tests.ownership import fenced_errors, stale_calls
 
 
-async def _resume_under_paused_writes(b: Bank, zombie: WorkerProcess, shard: int, epoch: str,
-                                      script_marker: str) -> list[list[str]]:
+async def _resume_under_paused_writes(
+    b: Bank, zombie: WorkerProcess, shard: int, epoch: str, script_marker: str
+) -> list[list[str]]:
     """SIGCONT ``zombie`` while Redis holds writes; once a stale call naming ``script_marker``
     has reached Redis and the zombie has given the shard up, return every call it sent to
     ``shard`` under its old epoch (each one a fenced script that must be refused)."""
@@ -55,9 +56,14 @@ async def _resume_under_paused_writes(b: Bank, zombie: WorkerProcess, shard: int
             await b.redis.execute_command("CLIENT", "PAUSE", 500, "WRITE")
             zombie.signal(signal.SIGCONT)
             await eventually(
-                lambda: [call for call in stale_calls(commands, epoch_key, epoch)
-                         if any(script_marker in word for word in call)],
-                timeout=10, message=f"the zombie's stale {script_marker} reaching Redis")
+                lambda: [
+                    call
+                    for call in stale_calls(commands, epoch_key, epoch)
+                    if any(script_marker in word for word in call)
+                ],
+                timeout=10,
+                message=f"the zombie's stale {script_marker} reaching Redis",
+            )
             await lost_its_shard(zombie, shard)
             group.cancel_scope.cancel()
     finally:
@@ -110,8 +116,7 @@ async def test_a_zombie_participant_s_commit_reaches_redis_and_is_refused(
         async def request_fetched() -> bool:
             last = await b.redis.xrevrange(shard_1.stream, count=1)
             horizon = await b.redis.get(shard_1.horizon)
-            return bool(last) and b"keyserial.grant" in last[0][1][b"ops"] \
-                and horizon == last[0][0]
+            return bool(last) and b"keyserial.grant" in last[0][1][b"ops"] and horizon == last[0][0]
 
         await until(request_fetched, "the grant request fetched by B's owner")
         assert not await b.recorded(1, "victim#1#g"), "B is still busy: no grant yet"

@@ -35,18 +35,58 @@ def make_certificates(directory: Path) -> Certificates:
     if shutil.which("openssl") is None:
         raise TlsUnsupported("the openssl command is not installed")
     ca_key, ca = directory / "ca.key", directory / "ca.crt"
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj",
-             "/CN=keyserial test CA", "-keyout", ca_key, "-out", ca)
+    _openssl(
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=keyserial test CA",
+        "-keyout",
+        ca_key,
+        "-out",
+        ca,
+    )
     files = {}
-    for name, extension in (("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
-                            ("client", "extendedKeyUsage=clientAuth")):
+    for name, extension in (
+        ("server", "subjectAltName=IP:127.0.0.1,DNS:localhost"),
+        ("client", "extendedKeyUsage=clientAuth"),
+    ):
         key, request, cert = (directory / f"{name}.{ext}" for ext in ("key", "csr", "crt"))
         extensions = directory / f"{name}.ext"
         extensions.write_text(extension + "\n")
-        _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN=keyserial {name}",
-                 "-keyout", key, "-out", request)
-        _openssl("x509", "-req", "-in", request, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
-                 "-days", "2", "-extfile", extensions, "-out", cert)
+        _openssl(
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-subj",
+            f"/CN=keyserial {name}",
+            "-keyout",
+            key,
+            "-out",
+            request,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            request,
+            "-CA",
+            ca,
+            "-CAkey",
+            ca_key,
+            "-CAcreateserial",
+            "-days",
+            "2",
+            "-extfile",
+            extensions,
+            "-out",
+            cert,
+        )
         files[name] = (cert, key)
     return Certificates(ca, *files["server"], *files["client"])
 
@@ -65,19 +105,40 @@ class TlsServer:
     @property
     def url(self) -> str:
         c = self.certificates
-        return (f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={c.ca}"
-                f"&ssl_certfile={c.client_cert}&ssl_keyfile={c.client_key}"
-                "&ssl_cert_reqs=required")
+        return (
+            f"rediss://127.0.0.1:{self.port}/0?ssl_ca_certs={c.ca}"
+            f"&ssl_certfile={c.client_cert}&ssl_keyfile={c.client_key}"
+            "&ssl_cert_reqs=required"
+        )
 
     def start(self) -> None:
         c = self.certificates
         self.process = subprocess.Popen(
-            [find_server_binary(), "--port", "0", "--tls-port", str(self.port),
-             "--bind", "127.0.0.1", "--tls-cert-file", str(c.server_cert),
-             "--tls-key-file", str(c.server_key), "--tls-ca-cert-file", str(c.ca),
-             "--dir", str(self.directory), "--save", "", "--appendonly", "no",
-             "--logfile", str(self.log_path)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            [
+                find_server_binary(),
+                "--port",
+                "0",
+                "--tls-port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--tls-cert-file",
+                str(c.server_cert),
+                "--tls-key-file",
+                str(c.server_key),
+                "--tls-ca-cert-file",
+                str(c.ca),
+                "--dir",
+                str(self.directory),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--logfile",
+                str(self.log_path),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
         )
         client = redis.Redis.from_url(self.url, socket_timeout=1)
         deadline = time.monotonic() + 10

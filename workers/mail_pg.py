@@ -84,7 +84,8 @@ class StaleFence(keyserial.OperationFailed):
     def __init__(self, order: str, fence: int, current: int) -> None:
         super().__init__(
             f"fence {fence} of order {order!r} is stale: PostgreSQL holds {current}",
-            key=order, data={"fence": fence, "current": current},
+            key=order,
+            data={"fence": fence, "current": current},
         )
 
 
@@ -100,9 +101,7 @@ async def create_schema(database: str | None = None) -> None:
         await connection.close()
 
 
-async def record_send(
-    connection: Any, order: str, recipient: str, op_id: str, fence: int
-) -> Sent:
+async def record_send(connection: Any, order: str, recipient: str, op_id: str, fence: int) -> Sent:
     """Record the send of ``order``'s e-mail under ``fence``, in one transaction.
 
     :raises StaleFence: if PostgreSQL has seen this order's fence at ``fence`` or above.
@@ -112,8 +111,12 @@ async def record_send(
             current = await connection.fetchval(
                 "SELECT fence FROM keyserial_fences WHERE key = $1", order
             )
-            log.warning("order %s: refused the write of stale fence %d (PostgreSQL holds %d)",
-                        order, fence, current)
+            log.warning(
+                "order %s: refused the write of stale fence %d (PostgreSQL holds %d)",
+                order,
+                fence,
+                current,
+            )
             raise StaleFence(order, fence, current)
         if await connection.fetchval(_RECORD_SEND, order, recipient, op_id, fence) is None:
             return {"sent": False, "fence": fence, "reason": "already sent"}

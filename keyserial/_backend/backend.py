@@ -55,21 +55,41 @@ log = logging.getLogger("keyserial")
 #: Errors that mean "the server could not be reached or answered in time". A cluster client
 #: reports an unreachable cluster as RedisClusterException; a node that is still joining after
 #: a restart answers CLUSTERDOWN.
-_UNREACHABLE = (redis_errors.ConnectionError, redis_errors.TimeoutError,
-                redis_errors.RedisClusterException, redis_errors.ClusterDownError, OSError)
+_UNREACHABLE = (
+    redis_errors.ConnectionError,
+    redis_errors.TimeoutError,
+    redis_errors.RedisClusterException,
+    redis_errors.ClusterDownError,
+    OSError,
+)
 #: Error replies that mean "not now": the server is loading its dataset, running a slow script
 #: (BUSY), or its cluster is failing over; or it refuses writes for now, out of memory (OOM) or
 #: unable to persist (MISCONF). The command was not executed; it may be sent again. (A script
 #: meets OOM at its first write, so one refused so wrote nothing before.)
-_TRANSIENT_PREFIXES = ("BUSY ", "LOADING", "TRYAGAIN", "MASTERDOWN", "CLUSTERDOWN", "READONLY",
-                       "NOREPLICAS", "NOTREADY", "UNBLOCKED", "OOM ", "MISCONF ")
+_TRANSIENT_PREFIXES = (
+    "BUSY ",
+    "LOADING",
+    "TRYAGAIN",
+    "MASTERDOWN",
+    "CLUSTERDOWN",
+    "READONLY",
+    "NOREPLICAS",
+    "NOTREADY",
+    "UNBLOCKED",
+    "OOM ",
+    "MISCONF ",
+)
 #: An append to a stream whose last id is the largest there is (an entry appended under it by
 #: hand): "not now" too, since its owner starts the stream again once it has run that entry.
 _STREAM_EXHAUSTED = "exhausted the last possible ID"
 #: The same, as redis-py classes them (it strips their code from the message). MOVED and ASK
 #: reach keyserial on a connection to one node (a write sent with its WAIT): the slot moved.
-_TRANSIENT_TYPES = (redis_errors.ReadOnlyError, redis_errors.TryAgainError, redis_errors.AskError,
-                    redis_errors.OutOfMemoryError)
+_TRANSIENT_TYPES = (
+    redis_errors.ReadOnlyError,
+    redis_errors.TryAgainError,
+    redis_errors.AskError,
+    redis_errors.OutOfMemoryError,
+)
 #: Error replies that no retry cures: the credentials or the ACL user do not allow keyserial in.
 _REFUSED = (redis_errors.AuthenticationError, redis_errors.NoPermissionError)
 #: Everything redis-py raises (a cluster client's "no node reachable" is not a RedisError).
@@ -86,8 +106,11 @@ def classify_reply(reply: Any, url: str) -> Any:
     error: Exception
     if isinstance(reply, _REFUSED):
         error = ConfigError(f"Redis at {redact(url)} refused keyserial: {reply}")
-    elif (isinstance(reply, (*_UNREACHABLE, *_TRANSIENT_TYPES))
-          or str(reply).startswith(_TRANSIENT_PREFIXES) or _STREAM_EXHAUSTED in str(reply)):
+    elif (
+        isinstance(reply, (*_UNREACHABLE, *_TRANSIENT_TYPES))
+        or str(reply).startswith(_TRANSIENT_PREFIXES)
+        or _STREAM_EXHAUSTED in str(reply)
+    ):
         error = BackendUnavailable(url, reply)
     elif isinstance(reply, redis_errors.ResponseError):
         missing = isinstance(reply, redis_errors.NoScriptError)
@@ -344,8 +367,12 @@ class Backend(Commands):
                 await subscription.subscribe(within)
                 return
             except _RESUBSCRIBE_AFTER as exc:
-                log.warning("resubscribing to %s failed (%s); trying again in %gs",
-                            self.url, exc, pause.delay)
+                log.warning(
+                    "resubscribing to %s failed (%s); trying again in %gs",
+                    self.url,
+                    exc,
+                    pause.delay,
+                )
 
     def _subscription(
         self, channels: Sequence[str], on_message: Callable[[str, bytes], None]

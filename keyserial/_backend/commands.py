@@ -45,8 +45,9 @@ def merged_stored(replies: Sequence[Any]) -> list[bytes | None]:
     """The replies of :func:`stored_commands` as one value per field: the current
     generation's, else the previous one's."""
     current, previous = replies
-    return [now if now is not None else before for now, before in zip(current, previous,
-                                                                       strict=True)]
+    return [
+        now if now is not None else before for now, before in zip(current, previous, strict=True)
+    ]
 
 
 class Commands:
@@ -72,8 +73,7 @@ class Commands:
     async def run_many(self, calls: Sequence[ScriptCall[Any]]) -> list[Any]:
         """Run scripts in one pipeline: each reply as its call decodes it, or its error."""
         replies = await self.pipeline([call.evalsha_command() for call in calls])
-        missing = [index for index, reply in enumerate(replies)
-                   if isinstance(reply, ScriptMissing)]
+        missing = [index for index, reply in enumerate(replies) if isinstance(reply, ScriptMissing)]
         if missing:  # a restarted or flushed server: send those once as EVAL
             again = await self.pipeline([calls[index].eval_command() for index in missing])
             for index, reply in zip(missing, again, strict=True):
@@ -127,9 +127,7 @@ class Commands:
     async def drop_signers(self, namespace: str, signer_ids: Sequence[str | bytes]) -> None:
         raise_errors(await self.pipeline([("HDEL", signers_key(namespace), *signer_ids)]))
 
-    async def signer_records(
-        self, namespace: str, signer_ids: Sequence[str]
-    ) -> list[bytes | None]:
+    async def signer_records(self, namespace: str, signer_ids: Sequence[str]) -> list[bytes | None]:
         """The signers hash's entries for ``signer_ids`` (None where there is none)."""
         (records,) = raise_errors(
             await self.pipeline([("HMGET", signers_key(namespace), *signer_ids)])
@@ -188,9 +186,7 @@ class Commands:
             recorded = await self.recorded_shard_count(namespace)
             assert recorded is not None, "recorded just now"
         if shard_count is not None and recorded != shard_count:
-            raise ShardCountMismatch(
-                namespace=namespace, recorded=recorded, configured=shard_count
-            )
+            raise ShardCountMismatch(namespace=namespace, recorded=recorded, configured=shard_count)
         return recorded
 
 

@@ -33,7 +33,8 @@ _BARRIER_PX = 60_000
 def barrier_then_wait(key: str, durability: Durability) -> list[Command]:
     """A write that is always replicated, then a WAIT (WAITAOF) for it."""
     wait: Command = (
-        ("WAITAOF", 1, durability.replicas, durability.wait_ms) if durability.fsync
+        ("WAITAOF", 1, durability.replicas, durability.wait_ms)
+        if durability.fsync
         else ("WAIT", durability.replicas, durability.wait_ms)
     )
     return [("SET", key, "1", "PX", _BARRIER_PX), wait]

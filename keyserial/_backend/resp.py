@@ -112,8 +112,14 @@ class PipelinedConnection:
     it fails."""
 
     def __init__(
-        self, host: str, port: int, *, db: int = 0, username: str | None = None,
-        password: str | None = None, connect_timeout: float | None = None,
+        self,
+        host: str,
+        port: int,
+        *,
+        db: int = 0,
+        username: str | None = None,
+        password: str | None = None,
+        connect_timeout: float | None = None,
         timeout: float | None = None,
     ) -> None:
         self._address = (host, port)
@@ -380,9 +386,12 @@ def pipelined_connection(client: AnyRedis) -> PipelinedConnection | None:
         return None
     options = pool.connection_kwargs
     return PipelinedConnection(
-        options.get("host", "localhost"), int(options.get("port", 6379)),
-        db=int(options.get("db", 0) or 0), username=options.get("username"),
-        password=options.get("password"), connect_timeout=options.get("socket_connect_timeout"),
+        options.get("host", "localhost"),
+        int(options.get("port", 6379)),
+        db=int(options.get("db", 0) or 0),
+        username=options.get("username"),
+        password=options.get("password"),
+        connect_timeout=options.get("socket_connect_timeout"),
         timeout=options.get("socket_timeout"),
     )
 

@@ -156,9 +156,10 @@ class Appender:
         packed = pack_entry([pending.envelope for pending in group])
         # Fresh only if the entry cannot land twice either (a transport that retries could).
         fresh = self._backend.sends_once and all(pending.fresh for pending in group)
-        return submit(keys, SubmitArgs(
-            self._settings.max_backlog, WIRE_VERSION, packed, keys.wake_channel, fresh
-        ))
+        return submit(
+            keys,
+            SubmitArgs(self._settings.max_backlog, WIRE_VERSION, packed, keys.wake_channel, fresh),
+        )
 
     def _append_error(self, shard: int, reply: Exception) -> KeyserialError:
         """The error of an append the server answered with an error: nothing was appended."""

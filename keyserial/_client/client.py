@@ -79,10 +79,10 @@ class Client:
         self._shards = [ShardKeys(settings.namespace, shard) for shard in range(shard_count)]
         self._appender = Appender(backend, settings, self._shards)
         outcomes = StoredOutcomes(backend, settings, self._waiting)
-        self._lookups = ReplyLookups(backend, outcomes, self._shards, self._waiting,
-                                     self._verifier)
-        self._sweep = Sweep(backend, settings, self._waiting, self._settle, outcomes,
-                            self._appender.requeue)
+        self._lookups = ReplyLookups(backend, outcomes, self._shards, self._waiting, self._verifier)
+        self._sweep = Sweep(
+            backend, settings, self._waiting, self._settle, outcomes, self._appender.requeue
+        )
 
     async def __aenter__(self) -> Client:
         if self._loop is not None:  # (its tasks, connection and cancel scope are in use)
@@ -199,8 +199,14 @@ class Client:
             raise ValueError(f"keys must be distinct: {list(keys)!r}")
         return home_shard(keys, self.shard_count)
 
-    async def submit_many(self, keys: Sequence[str], call: Call[R], *,
-                          timeout: float | None = None, op_id: str | None = None) -> R:
+    async def submit_many(
+        self,
+        keys: Sequence[str],
+        call: Call[R],
+        *,
+        timeout: float | None = None,
+        op_id: str | None = None,
+    ) -> R:
         """Run a multi-key op (``@keyserial.multi_op``) on ``keys``, atomically and isolated:
         it sees and writes all their states as if alone, after every op already appended for
         any of them.
@@ -214,8 +220,15 @@ class Client:
         home = self._home(keys)
         return await self._submit(tuple(keys), home, call, timeout, op_id)
 
-    async def transfer(self, source: str, target: str, amount: int, *,
-                       timeout: float | None = None, op_id: str | None = None) -> dict[str, int]:
+    async def transfer(
+        self,
+        source: str,
+        target: str,
+        amount: int,
+        *,
+        timeout: float | None = None,
+        op_id: str | None = None,
+    ) -> dict[str, int]:
         """Move ``amount`` from ledger key ``source`` to ``target``, atomically; returns both
         new balances by key.
 
@@ -225,10 +238,21 @@ class Client:
             [source, target], ledger.transfer(amount), timeout=timeout, op_id=op_id
         )
 
-    async def _submit(self, keys: str | tuple[str, ...], shard: int, call: Call[R],
-                      timeout: float | None, op_id: str | None) -> R:
-        if (not isinstance(call, Call) or not isinstance(call.name, str) or not call.name
-                or not isinstance(call.args, tuple) or not isinstance(call.kwargs, Mapping)):
+    async def _submit(
+        self,
+        keys: str | tuple[str, ...],
+        shard: int,
+        call: Call[R],
+        timeout: float | None,
+        op_id: str | None,
+    ) -> R:
+        if (
+            not isinstance(call, Call)
+            or not isinstance(call.name, str)
+            or not call.name
+            or not isinstance(call.args, tuple)
+            or not isinstance(call.kwargs, Mapping)
+        ):
             raise TypeError(
                 f"expected a keyserial Call (op(...) or keyserial.call(...)), not {call!r}"
             )
@@ -300,7 +324,8 @@ class Client:
                 f" (durable_replicas={self.settings.durable_replicas},"
                 f" durable_fsync={self.settings.durable_fsync}) was not confirmed in time"
                 " (try again)",
-                op_id=op_id, keys=all_keys,
+                op_id=op_id,
+                keys=all_keys,
             )
         if raw is None:
             raise ResultNotFound(key=all_keys[0], op_id=op_id)
@@ -362,8 +387,10 @@ class Client:
     async def _listen_for_replies(self, *, task_status: TaskStatus[None]) -> None:
         try:
             await self._backend.listen(
-                [self._reply], lambda _, data: self._deliver(data),
-                health_interval=self.settings.health_interval, task_status=task_status,
+                [self._reply],
+                lambda _, data: self._deliver(data),
+                health_interval=self.settings.health_interval,
+                task_status=task_status,
             )
         except ConfigError as exc:  # (the ACL: a client user per service has its own channels)
             raise ConfigError(
@@ -401,8 +428,12 @@ def _check_key(key: object) -> None:
 
 def _check_op_id(op_id: object, *, submitted: bool) -> None:
     """A submitted op id may not hold '#', which names keyserial's coordination records."""
-    if (not isinstance(op_id, str) or not op_id or not encodes(op_id)
-            or (submitted and "#" in op_id)):
+    if (
+        not isinstance(op_id, str)
+        or not op_id
+        or not encodes(op_id)
+        or (submitted and "#" in op_id)
+    ):
         wanted = "a non-empty string without '#'" if submitted else "a non-empty string"
         raise ValueError(f"op_id must be {wanted}, not {op_id!r}")
 
@@ -426,5 +457,5 @@ class _OpIds:
     def __next__(self) -> str:
         if not self._random:
             drawn = os.urandom(8 * self._BATCH).hex()
-            self._random = [drawn[at:at + 16] for at in range(0, len(drawn), 16)]
+            self._random = [drawn[at : at + 16] for at in range(0, len(drawn), 16)]
         return f"{self._client_id}-{next(self._count):x}{self._random.pop()}"

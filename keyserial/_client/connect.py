@@ -61,7 +61,9 @@ async def connect(
 
 @asynccontextmanager
 async def _connect_asyncio(
-    redis: str | AnyRedis | None, shards: int | None, namespace: str | None,
+    redis: str | AnyRedis | None,
+    shards: int | None,
+    namespace: str | None,
     options: dict[str, Any],
 ) -> AsyncIterator[Client]:
     if "shard_count" in options:  # (Settings' name for it: Python's error would be a puzzle)

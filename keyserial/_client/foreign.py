@@ -66,8 +66,14 @@ class ForeignLoopClient(Client):
     def new_op_id(self) -> str:
         return self._inner.new_op_id()
 
-    async def _submit(self, keys: str | tuple[str, ...], shard: int, call: Call[R],
-                      timeout: float | None, op_id: str | None) -> R:
+    async def _submit(
+        self,
+        keys: str | tuple[str, ...],
+        shard: int,
+        call: Call[R],
+        timeout: float | None,
+        op_id: str | None,
+    ) -> R:
         return await self._run(lambda: self._inner._submit(keys, shard, call, timeout, op_id))
 
     async def read(self, key: str) -> Any:

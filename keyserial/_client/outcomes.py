@@ -71,8 +71,11 @@ class StoredOutcomes:
         and only what it lacks is looked for in the previous one. The op ids with no outcome
         there."""
         if self._settings.durability is not None:  # (a WAIT per shard: see stored_confirmed)
-            return [op_id for keys, fields in replied.items()
-                    for op_id in await self.settle(keys, [_op_id(field) for field in fields])]
+            return [
+                op_id
+                for keys, fields in replied.items()
+                for op_id in await self.settle(keys, [_op_id(field) for field in fields])
+            ]
         left = []
         for field, value in (await self._current_then_previous(replied)).items():
             op_id = _op_id(field)
@@ -86,20 +89,25 @@ class StoredOutcomes:
         """The values of results fields, from the current generation, else the previous one.
         (Fields of one op are on one shard: a reply names its op's home shard.)"""
         shards = list(wanted.items())
-        current = raise_errors(await self._backend.pipeline(
-            [("HMGET", keys.results, *fields) for keys, fields in shards]
-        ))
+        current = raise_errors(
+            await self._backend.pipeline(
+                [("HMGET", keys.results, *fields) for keys, fields in shards]
+            )
+        )
         found: dict[str, bytes | None] = {}
         missing: list[tuple[ShardKeys, list[str]]] = []
         for (keys, fields), values in zip(shards, current, strict=True):
             found.update(zip(fields, values, strict=True))
-            if absent := [field for field, value in zip(fields, values, strict=True)
-                          if value is None]:
+            if absent := [
+                field for field, value in zip(fields, values, strict=True) if value is None
+            ]:
                 missing.append((keys, absent))
         if missing:
-            previous = raise_errors(await self._backend.pipeline(
-                [("HMGET", keys.results_old, *fields) for keys, fields in missing]
-            ))
+            previous = raise_errors(
+                await self._backend.pipeline(
+                    [("HMGET", keys.results_old, *fields) for keys, fields in missing]
+                )
+            )
             for (_, fields), values in zip(missing, previous, strict=True):
                 found.update(zip(fields, values, strict=True))
         return found
@@ -131,9 +139,7 @@ def _fields(op_ids: Sequence[str]) -> list[str]:
     return [field for op_id in op_ids for field in (op_id, answered_field(op_id))]
 
 
-def _outcome_for(
-    pending: Pending, stored: bytes | None, answered: bytes | None
-) -> Outcome | None:
+def _outcome_for(pending: Pending, stored: bytes | None, answered: bytes | None) -> Outcome | None:
     """The outcome the records give ``pending``: the stored one (see :func:`_own`), else the
     answer recorded for the very entry it appended (a refusal of an op no worker knew: a
     resubmit waits for its own); or None."""
@@ -153,11 +159,16 @@ def signed_outcome_for(pending: Pending, answer: Outcome) -> Outcome | None:
     that ``pending`` appended to its shard (see ``_wire.codec.reply_outcome``); else None (one that
     came before the append's own reply did is looked up instead)."""
     entries, shard = answer.get("e"), answer.get("s")
-    if (pending.entry is None or shard != pending.shard or not isinstance(entries, list)
-            or pending.entry.decode() not in entries):
+    if (
+        pending.entry is None
+        or shard != pending.shard
+        or not isinstance(entries, list)
+        or pending.entry.decode() not in entries
+    ):
         return None
-    return _own(pending, {name: value for name, value in answer.items()
-                          if name != "e" and name != "s"})
+    return _own(
+        pending, {name: value for name, value in answer.items() if name != "e" and name != "s"}
+    )
 
 
 def settle_signed(
@@ -196,8 +207,12 @@ class ReplyLookups:
     settles nothing; a failed lookup leaves its ops to the sweep."""
 
     def __init__(
-        self, backend: Backend, outcomes: StoredOutcomes, shards: Sequence[ShardKeys],
-        waiting: Mapping[str, list[Pending]], verifier: ReplyVerifier,
+        self,
+        backend: Backend,
+        outcomes: StoredOutcomes,
+        shards: Sequence[ShardKeys],
+        waiting: Mapping[str, list[Pending]],
+        verifier: ReplyVerifier,
     ) -> None:
         self._backend = backend
         self._verifier = verifier
@@ -210,9 +225,7 @@ class ReplyLookups:
         self._waiting = waiting
         #: Results fields to look up, by node and shard, in the order replies named them (the
         #: order their ops settle in); the nodes with a lookup in flight, and those due one.
-        self._due: dict[str, dict[int, dict[str, None]]] = defaultdict(
-            lambda: defaultdict(dict)
-        )
+        self._due: dict[str, dict[int, dict[str, None]]] = defaultdict(lambda: defaultdict(dict))
         self._looking: set[str] = set()
         self._ready: set[str] = set()
         # (An asyncio event: replies arrive in a callback of the client's loop, outside any
@@ -261,11 +274,16 @@ class ReplyLookups:
         asked = list(self._signers_asked)
         try:
             records = await self._backend.signer_records(self._namespace, asked)
-            unknown = [signer for signer, record in zip(asked, records, strict=True)
-                       if not self._verifier.learn(signer, record)]
+            unknown = [
+                signer
+                for signer, record in zip(asked, records, strict=True)
+                if not self._verifier.learn(signer, record)
+            ]
             if unknown:
-                log.info("reply signers %s are not listed (yet): their replies are looked up",
-                         _few(unknown))
+                log.info(
+                    "reply signers %s are not listed (yet): their replies are looked up",
+                    _few(unknown),
+                )
                 await anyio.sleep(_SIGNER_RETRY)
         except (BackendUnavailable, Refused, ValueError) as exc:
             log.warning("reading reply signers: %s (their replies are looked up)", exc)
@@ -289,12 +307,14 @@ class ReplyLookups:
         try:
             left = await self._outcomes.settle_replied(by_shard)
         except (BackendUnavailable, Refused, ValueError) as exc:
-            log.warning("looking up the outcomes of ops replied: %s (the sweep looks again)",
-                        exc)
+            log.warning("looking up the outcomes of ops replied: %s (the sweep looks again)", exc)
             return
         if left:
-            log.warning("ignoring replies for ops %s: their shards store no outcome for them"
-                        " (a forged reply?)", _few(left))
+            log.warning(
+                "ignoring replies for ops %s: their shards store no outcome for them"
+                " (a forged reply?)",
+                _few(left),
+            )
 
 
 def _few(op_ids: Sequence[str]) -> str:

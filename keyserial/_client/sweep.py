@@ -54,8 +54,11 @@ class Sweep:
                     group.start_soon(self._sweep_bounded, shard, op_ids, interval, failed)
             if failed:  # one line per sweep, not one per shard
                 shard, error = next(iter(failed.items()))
-                log.warning("looking up overdue replies of shards %s: %s",
-                            ",".join(map(str, sorted(failed))), error)
+                log.warning(
+                    "looking up overdue replies of shards %s: %s",
+                    ",".join(map(str, sorted(failed))),
+                    error,
+                )
 
     async def _sweep_bounded(
         self, shard: int, op_ids: list[str], interval: float, failed: dict[int, Exception]
@@ -77,7 +80,8 @@ class Sweep:
         that did commit meanwhile is answered from its stored outcome, never run again)."""
         unsettled = await self._outcomes.settle(keys, op_ids)
         unanswered = [
-            waiters[0] for op_id in unsettled
+            waiters[0]
+            for op_id in unsettled
             if (waiters := self._waiting.get(op_id)) and waiters[0].entry is not None
         ]
         if not unanswered:
@@ -92,8 +96,11 @@ class Sweep:
         still = await self._outcomes.settle(keys, list(gone))
         lost = [gone[op_id] for op_id in still if not self._expired(gone[op_id])]
         for pending in lost:
-            log.warning("op %s: its entry %s is gone with no outcome (a failover?); appending"
-                        " it again", pending.op_id, (pending.entry or b"").decode())
+            log.warning(
+                "op %s: its entry %s is gone with no outcome (a failover?); appending it again",
+                pending.op_id,
+                (pending.entry or b"").decode(),
+            )
             pending.entry, pending.fresh = None, False
         if lost:
             self._requeue(lost)
@@ -105,10 +112,18 @@ class Sweep:
         waited = time.monotonic() - pending.since
         if waited < self._settings.result_ttl:
             return False
-        log.warning("op %s: its entry is gone with no outcome, after %.0fs: not appended again",
-                    pending.op_id, waited)
-        self._settle(pending.op_id, OutcomeUnknown(
-            key=pending.key, op_id=pending.op_id, waited=waited,
-            result_ttl=self._settings.result_ttl,
-        ))
+        log.warning(
+            "op %s: its entry is gone with no outcome, after %.0fs: not appended again",
+            pending.op_id,
+            waited,
+        )
+        self._settle(
+            pending.op_id,
+            OutcomeUnknown(
+                key=pending.key,
+                op_id=pending.op_id,
+                waited=waited,
+                result_ttl=self._settings.result_ttl,
+            ),
+        )
         return True

@@ -51,15 +51,28 @@ class SyncClient:
             lambda: self._client.submit(key, call, timeout=timeout, op_id=op_id)
         )
 
-    def submit_many(self, keys: Sequence[str], call: Call[R], *,
-                    timeout: float | None = None, op_id: str | None = None) -> R:
+    def submit_many(
+        self,
+        keys: Sequence[str],
+        call: Call[R],
+        *,
+        timeout: float | None = None,
+        op_id: str | None = None,
+    ) -> R:
         """:meth:`keyserial.Client.submit_many`, blocking."""
         return self._hosted.run(
             lambda: self._client.submit_many(keys, call, timeout=timeout, op_id=op_id)
         )
 
-    def transfer(self, source: str, target: str, amount: int, *,
-                 timeout: float | None = None, op_id: str | None = None) -> dict[str, int]:
+    def transfer(
+        self,
+        source: str,
+        target: str,
+        amount: int,
+        *,
+        timeout: float | None = None,
+        op_id: str | None = None,
+    ) -> dict[str, int]:
         """:meth:`keyserial.Client.transfer`, blocking."""
         return self._hosted.run(
             lambda: self._client.transfer(source, target, amount, timeout=timeout, op_id=op_id)

@@ -41,8 +41,13 @@ async def running_worker(
         seconds (another worker holds their leases, or Redis is unreachable).
     :raises ConfigError: if the shards or the shard count do not fit the namespace.
     """
-    worker = Worker(redis, shards=shards, apps=apps, registry=registry,
-                    settings=Settings(namespace=namespace, shard_count=shard_count, **settings))
+    worker = Worker(
+        redis,
+        shards=shards,
+        apps=apps,
+        registry=registry,
+        settings=Settings(namespace=namespace, shard_count=shard_count, **settings),
+    )
     # Entered by hand rather than with ``async with``: the block's own error is then not handed
     # to the task group, so it reaches the caller as itself, not inside an exception group.
     task_group = anyio.create_task_group()

@@ -86,8 +86,16 @@ def step(shard: ShardKeys, args: StepArgs) -> ScriptCall[StepReply]:
     an outcome it stores is stored already)."""
     k = shard
     keys = [
-        k.epoch, k.state, k.progress, k.stream, k.results, k.results_old, k.dead, k.horizon,
-        k.results_since, k.pushes,
+        k.epoch,
+        k.state,
+        k.progress,
+        k.stream,
+        k.results,
+        k.results_old,
+        k.dead,
+        k.horizon,
+        k.results_since,
+        k.pushes,
     ]
     return args.call(keys, _step_reply)
 

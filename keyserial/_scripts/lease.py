@@ -60,8 +60,19 @@ def acquire(shard: ShardKeys, args: AcquireArgs) -> ScriptCall[LeaseGrant | None
     """Take the shard's lease if it is free: the grant, or None if someone else holds it."""
     k = shard
     keys = [
-        k.lease, k.epoch, k.progress, k.horizon, k.suspect, k.stream, k.results, k.results_old,
-        k.dead, k.results_since, k.handover, k.last_grant, k.pushes,
+        k.lease,
+        k.epoch,
+        k.progress,
+        k.horizon,
+        k.suspect,
+        k.stream,
+        k.results,
+        k.results_old,
+        k.dead,
+        k.results_since,
+        k.handover,
+        k.last_grant,
+        k.pushes,
     ]
     return args.call(keys, _grant)
 

@@ -82,8 +82,12 @@ class ScriptMissing(Refused):
 
 #: Script refusals that carry nothing but their message.
 _BY_CODE: dict[str, type[Refused]] = {
-    "FENCED": Fenced, "GONE": RequestGone, "AHEAD": AttemptAhead,
-    "UNCONFIRMED": PushUnconfirmed, "REPLAYED": Replayed, "RESTARTED": StreamRestarted,
+    "FENCED": Fenced,
+    "GONE": RequestGone,
+    "AHEAD": AttemptAhead,
+    "UNCONFIRMED": PushUnconfirmed,
+    "REPLAYED": Replayed,
+    "RESTARTED": StreamRestarted,
 }
 
 

@@ -61,9 +61,7 @@ STATUS = Script.load("status")
 
 
 def _status_reply(reply: list[Any]) -> StatusReply:
-    token, pttl, epoch, _, backlog, oldest, dead, results, since, seconds, micros = map(
-        text, reply
-    )
+    token, pttl, epoch, _, backlog, oldest, dead, results, since, seconds, micros = map(text, reply)
     return StatusReply(
         owner=token or None,
         lease_ms=int(pttl) if token and int(pttl) >= 0 else None,

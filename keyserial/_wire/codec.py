@@ -181,7 +181,8 @@ def _decode_checked(item: Any) -> Envelope | MalformedEntry:
         reply = item.get("reply")
         return MalformedEntry(
             "op envelope holds text that is not valid Unicode (a lone surrogate)",
-            op_id=item["id"], reply=reply if _is_text(reply) else None,
+            op_id=item["id"],
+            reply=reply if _is_text(reply) else None,
         )
     return _decode_envelope(item)
 
@@ -216,7 +217,8 @@ def _decode_envelope(item: Any) -> Envelope | MalformedEntry:
 
 def _distinct_keys(keys: Any) -> bool:
     return (
-        isinstance(keys, list) and bool(keys)
+        isinstance(keys, list)
+        and bool(keys)
         and all(isinstance(key, str) and key for key in keys)
         and len(set(keys)) == len(keys)
     )
@@ -296,7 +298,9 @@ def encode_ok(value: Any) -> str:
 
 
 def encode_error(
-    error_type: str, message: str, data: Mapping[str, Any] | None = None,
+    error_type: str,
+    message: str,
+    data: Mapping[str, Any] | None = None,
     traceback: str | None = None,
 ) -> str:
     """An error outcome. It always encodes: data JSON cannot carry is dropped, and text that
@@ -350,8 +354,11 @@ def decode_reply(raw: str | bytes) -> list[tuple[str, dict[str, Any]]]:
     message = json.loads(raw)
     replies = [(op_id, outcome) for op_id, outcome in message["r"]]
     for op_id, outcome in replies:
-        if not (isinstance(op_id, str) and isinstance(outcome, dict)
-                and ("ok" in outcome or isinstance(outcome.get("error"), dict))):
+        if not (
+            isinstance(op_id, str)
+            and isinstance(outcome, dict)
+            and ("ok" in outcome or isinstance(outcome.get("error"), dict))
+        ):
             raise ValueError(f"not a reply: {raw!r}")
     return replies
 
@@ -364,8 +371,9 @@ def replied_op_ids(raw: str | bytes) -> list[tuple[str, bool]]:
     :raises ValueError, KeyError, TypeError: for a message that is not a reply.
     """
     message = json.loads(raw)
-    return [(op_id, says_unknown(outcome)) for op_id, outcome in message["r"]
-            if isinstance(op_id, str)]
+    return [
+        (op_id, says_unknown(outcome)) for op_id, outcome in message["r"] if isinstance(op_id, str)
+    ]
 
 
 def says_unknown(outcome: Any) -> bool:
@@ -383,8 +391,14 @@ def grant_request_envelope(
 ) -> str:
     """The envelope (JSON) that asks a participant shard for ``keys`` on behalf of one attempt
     of a cross-shard op; ``request``: the grant request's wire form (its ``kwargs``)."""
-    return dumps({"id": attempt_id(op_id, attempt), "keys": list(keys), "op": GRANT_OP,
-                  "kwargs": dict(request)})
+    return dumps(
+        {
+            "id": attempt_id(op_id, attempt),
+            "keys": list(keys),
+            "op": GRANT_OP,
+            "kwargs": dict(request),
+        }
+    )
 
 
 _PUSH = re.compile(rb"push (\d+-\d+|-) (\d+-\d+) ([^ \n]+)\n")
@@ -409,5 +423,5 @@ def parse_push(message: bytes) -> Push | None:
     if head is None:
         return None
     after, entry_id, version = head.groups()
-    ops = message[head.end():]
+    ops = message[head.end() :]
     return Push(after.decode(), entry_id.decode(), {b"v": version, b"ops": ops, b"fresh": b"1"})

@@ -17,8 +17,12 @@ from .json_text import encodes
 
 def check_namespace(namespace: str) -> str:
     """Reject names that would break the hash tag or the key layout."""
-    if (not isinstance(namespace, str) or not namespace
-            or any(ch in namespace for ch in "{}: \t\r\n") or not encodes(namespace)):
+    if (
+        not isinstance(namespace, str)
+        or not namespace
+        or any(ch in namespace for ch in "{}: \t\r\n")
+        or not encodes(namespace)
+    ):
         raise ConfigError(
             f"namespace {namespace!r} must be a non-empty string free of braces, colons, spaces"
             " and unpaired surrogates"
@@ -33,9 +37,7 @@ def check_service(service: str) -> str:
     """Reject service names that an ACL channel pattern could not tell apart: ``billing.*``
     must match billing's reply channels and no other service's."""
     if not isinstance(service, str) or not _SERVICE.fullmatch(service):
-        raise ConfigError(
-            f"service {service!r} must be at most 64 letters, digits, '_' or '-'"
-        )
+        raise ConfigError(f"service {service!r} must be at most 64 letters, digits, '_' or '-'")
     return service
 
 

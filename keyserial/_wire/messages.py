@@ -30,8 +30,12 @@ class GrantRequest:
     channel: str
 
     def to_wire(self) -> Wire:
-        return {"home": self.home, "op": self.op_id, "attempt": self.attempt,
-                "channel": self.channel}
+        return {
+            "home": self.home,
+            "op": self.op_id,
+            "attempt": self.attempt,
+            "channel": self.channel,
+        }
 
     @classmethod
     def from_wire(cls, kwargs: Mapping[str, Any], *, below: int) -> GrantRequest:
@@ -39,8 +43,13 @@ class GrantRequest:
         is always above its home) and every field has its type."""
         home, op_id = kwargs.get("home"), kwargs.get("op")
         attempt, channel = kwargs.get("attempt"), kwargs.get("channel")
-        if not (isinstance(home, int) and 0 <= home < below and isinstance(op_id, str)
-                and isinstance(attempt, int) and isinstance(channel, str)):
+        if not (
+            isinstance(home, int)
+            and 0 <= home < below
+            and isinstance(op_id, str)
+            and isinstance(attempt, int)
+            and isinstance(channel, str)
+        ):
             raise MalformedMessage(f"bad grant request {dict(kwargs)!r}")
         return cls(home, op_id, attempt, channel)
 
@@ -59,16 +68,28 @@ class KeyGrant:
     channel: str
 
     def to_wire(self) -> Wire:
-        return {"t": "g", "op": self.op_id, "a": self.attempt, "s": self.shard,
-                "st": self.states, "f": self.fence, "c": self.channel}
+        return {
+            "t": "g",
+            "op": self.op_id,
+            "a": self.attempt,
+            "s": self.shard,
+            "st": self.states,
+            "f": self.fence,
+            "c": self.channel,
+        }
 
     @classmethod
     def from_wire(cls, message: Mapping[str, Any]) -> KeyGrant:
         try:
             fence = message.get("f")
-            return cls(str(message["op"]), int(message["a"]), int(message["s"]),
-                       [(str(key), state) for key, state in message["st"]],
-                       fence if isinstance(fence, int) else None, str(message["c"]))
+            return cls(
+                str(message["op"]),
+                int(message["a"]),
+                int(message["s"]),
+                [(str(key), state) for key, state in message["st"]],
+                fence if isinstance(fence, int) else None,
+                str(message["c"]),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise MalformedMessage(f"bad grant {dict(message)!r}") from exc
 
@@ -95,8 +116,12 @@ class Decision:
         try:
             if "abort" in record:
                 return cls({}, str(record["abort"]))
-            return cls({int(shard): [(str(key), str(state)) for key, state in writes]
-                        for shard, writes in record.get("w", {}).items()})
+            return cls(
+                {
+                    int(shard): [(str(key), str(state)) for key, state in writes]
+                    for shard, writes in record.get("w", {}).items()
+                }
+            )
         except (AttributeError, TypeError, ValueError) as exc:
             raise MalformedMessage(f"bad decision {dict(record)!r}") from exc
 

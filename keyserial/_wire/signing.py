@@ -63,7 +63,10 @@ def channel_public_key(channel: str) -> X25519PublicKey | None:
 
 
 def _shared_key(
-    own: X25519PrivateKey, peer: X25519PublicKey, client_public: str, signer_public: str,
+    own: X25519PrivateKey,
+    peer: X25519PublicKey,
+    client_public: str,
+    signer_public: str,
     signer_id: str,
 ) -> bytes | None:
     """The HMAC key of one client and one signer (both sides derive the same); None for a
@@ -132,8 +135,12 @@ class ReplySigner:
             self._keys.move_to_end(channel)
             return self._keys[channel]
         client = channel_public_key(channel)
-        key = None if client is None else _shared_key(
-            self._key, client, channel.rsplit(".", 1)[-1], self.public_key, self.signer_id
+        key = (
+            None
+            if client is None
+            else _shared_key(
+                self._key, client, channel.rsplit(".", 1)[-1], self.public_key, self.signer_id
+            )
         )
         self._keys[channel] = key
         if len(self._keys) > _CACHED_KEYS:
@@ -158,8 +165,12 @@ class ReplyVerifier:
         """Take a signer's public key from its entry in the signers hash (read from Redis, which
         only workers write); False if the entry holds none."""
         signer = parse_signer_record(record)
-        key = None if signer is None else _shared_key(
-            self._key, signer, self.public_key, encode_public_key(signer), signer_id
+        key = (
+            None
+            if signer is None
+            else _shared_key(
+                self._key, signer, self.public_key, encode_public_key(signer), signer_id
+            )
         )
         if key is None:
             return False
@@ -184,7 +195,7 @@ class ReplyVerifier:
         if key is None:
             unknown(signer_id)
             return None
-        signed = text[:found.start()]
+        signed = text[: found.start()]
         if not hmac.compare_digest(_tag(key, self.channel, signed), tag):
             return None
         return signed + "}"

@@ -87,8 +87,12 @@ class CommitPlanner:
         self._entries[entry.entry_id] = entry
 
     def plan(
-        self, batch: Sequence[Finished], dead: Sequence[DeadLetter], writes: list[tuple[str, str]],
-        *, pushed: bool = False,
+        self,
+        batch: Sequence[Finished],
+        dead: Sequence[DeadLetter],
+        writes: list[tuple[str, str]],
+        *,
+        pushed: bool = False,
     ) -> Commit:
         """The commit of ``batch``, ``dead`` letters and the pending ``writes``; ``pushed``: an
         entry came pushed since the last step."""
@@ -103,16 +107,20 @@ class CommitPlanner:
                 results.append((finished.op_id, bound(finished.outcome, finished.binding)))
             elif finished.answered:
                 entry_ids = [entry.entry_id for entry in finished.entries]
-                answered.append((answered_field(finished.op_id),
-                                 answered_record(finished.outcome, entry_ids)))
+                answered.append(
+                    (answered_field(finished.op_id), answered_record(finished.outcome, entry_ids))
+                )
             self._reply(finished, replies)
         progress = self._advance_progress()
         passed = self._passed_by_ops()
         if progress:
             self._untrimmed = progress
         trim_now = self._untrimmed_entries >= TRIM_EVERY
-        due = (trim_now or not self._pushed
-               or time.monotonic() - self._trimmed_at >= self._trim_interval)
+        due = (
+            trim_now
+            or not self._pushed
+            or time.monotonic() - self._trimmed_at >= self._trim_interval
+        )
         payload = ""
         if writes or results or answered or dead or passed:
             commit: dict[str, Any] = {"s": writes, "r": results, "d": list(dead)}
@@ -121,14 +129,21 @@ class CommitPlanner:
             if answered:
                 commit["u"] = answered
             payload = dumps(commit)
-        return Commit(progress, payload, replies, self._untrimmed if due else "", trim_now,
-                      builds=bool(writes or results or answered))
+        return Commit(
+            progress,
+            payload,
+            replies,
+            self._untrimmed if due else "",
+            trim_now,
+            builds=bool(writes or results or answered),
+        )
 
     def _reply(self, finished: Finished, replies: dict[str, list[tuple[str, str]]]) -> None:
         """Add ``finished``'s outcome to the replies of its callers' channels."""
         if finished.replies:
-            answer = reply_outcome(finished.outcome, self._shard,
-                                   [entry.entry_id for entry in finished.entries])
+            answer = reply_outcome(
+                finished.outcome, self._shard, [entry.entry_id for entry in finished.entries]
+            )
             for channel in finished.replies:
                 replies[channel].append((finished.op_id, answer))
 

@@ -59,8 +59,10 @@ def _escaped(cancelled: asyncio.CancelledError) -> Exception:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise cancelled
-    return RuntimeError("the op let asyncio.CancelledError escape (it awaited something that was"
-                        " cancelled); catch it in the op to say what failed")
+    return RuntimeError(
+        "the op let asyncio.CancelledError escape (it awaited something that was"
+        " cancelled); catch it in the op to say what failed"
+    )
 
 
 def error_type_name(exc: BaseException) -> str:
@@ -133,7 +135,10 @@ class Executor:
             log.error(
                 "shard %d: op %r (%s) is not served by this worker; refused, nothing stored"
                 " (deploy it to every worker of the namespace; the caller may resubmit the"
-                " same op id then)", self.shard, run.envelope.name, run.envelope.op_id,
+                " same op id then)",
+                self.shard,
+                run.envelope.name,
+                run.envelope.op_id,
             )
         return refused
 
@@ -207,11 +212,16 @@ class Executor:
         here = self.next_fence()
         if not envelope.multi:
             return definition, Context(
-                key=envelope.key, op_id=envelope.op_id, shard=self.shard,
-                fence=fences.get(envelope.key, here), encoded_state=states[envelope.key],
+                key=envelope.key,
+                op_id=envelope.op_id,
+                shard=self.shard,
+                fence=fences.get(envelope.key, here),
+                encoded_state=states[envelope.key],
             )
         return definition, MultiContext(
-            keys=envelope.keys, op_id=envelope.op_id, shard=self.shard,
+            keys=envelope.keys,
+            op_id=envelope.op_id,
+            shard=self.shard,
             fences={key: fences.get(key, here) for key in envelope.keys},
             encoded_states=states,
         )
@@ -261,9 +271,16 @@ class Executor:
         remote = remote_traceback(exc) if exc.__traceback__ is not None else None
         # The op's own failure, reported to its caller: not a fault of the worker (INFO), but
         # its stack is where the op's author looks.
-        log.info("shard %d: op %r (%s) on key %r failed: %s: %s%s", self.shard, envelope.name,
-                 envelope.op_id, envelope.key, type(exc).__name__, message,
-                 "" if remote is None else "\n" + remote)
+        log.info(
+            "shard %d: op %r (%s) on key %r failed: %s: %s%s",
+            self.shard,
+            envelope.name,
+            envelope.op_id,
+            envelope.key,
+            type(exc).__name__,
+            message,
+            "" if remote is None else "\n" + remote,
+        )
         return encode_error(error_type_name(exc), message, None, remote)
 
 

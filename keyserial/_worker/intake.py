@@ -84,8 +84,13 @@ def accept(
 
 
 def _answered(
-    accepted: Accepted, item: Envelope | MalformedEntry | None, op_id: str, reply: str | None,
-    entry: Entry | None, done: Mapping[str, str], running: MutableMapping[str, Run],
+    accepted: Accepted,
+    item: Envelope | MalformedEntry | None,
+    op_id: str,
+    reply: str | None,
+    entry: Entry | None,
+    done: Mapping[str, str],
+    running: MutableMapping[str, Run],
 ) -> bool:
     """Answer an occurrence of an op id that has a stored outcome, or a run (joined while it
     runs), or that another op holds (refused); False if it has neither."""
@@ -98,14 +103,16 @@ def _answered(
     elif (run := running.get(op_id)) is None:
         return False
     elif envelope is not None and binding(run.envelope) != binding(envelope):
-        accepted.finished.append(Finished(op_id, taken_outcome(op_id), entries, channels(reply),
-                                          store=False))
+        accepted.finished.append(
+            Finished(op_id, taken_outcome(op_id), entries, channels(reply), store=False)
+        )
     elif run.outcome is None:
         run.entries.extend(entries)
         run.replies.extend(channels(reply))
     else:
-        accepted.finished.append(Finished(op_id, run.outcome, entries, channels(reply),
-                                          store=False))
+        accepted.finished.append(
+            Finished(op_id, run.outcome, entries, channels(reply), store=False)
+        )
     return True
 
 

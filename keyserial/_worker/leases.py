@@ -105,8 +105,11 @@ class Leases:
                 await self._backend.run_many(calls)
                 log.info("released shards %s", format_shards(shards))
             except BackendUnavailable as exc:
-                log.warning("could not release leases (%s); they expire in %gs",
-                            exc, self._settings.lease_ttl)
+                log.warning(
+                    "could not release leases (%s); they expire in %gs",
+                    exc,
+                    self._settings.lease_ttl,
+                )
 
     def _keys(self, shard: int) -> ShardKeys:
         return ShardKeys(self._settings.namespace, shard)
@@ -148,8 +151,11 @@ class Leases:
             except (BackendUnavailable, TimeoutError) as exc:
                 # (A TimeoutError from fail_after has no message of its own.)
                 reason = str(exc) or f"no reply within the lease TTL ({ttl:g}s)"
-                log.warning("cannot renew or acquire leases (shards %s): %s",
-                            format_shards(sorted([*owned, *free])), reason)
+                log.warning(
+                    "cannot renew or acquire leases (shards %s): %s",
+                    format_shards(sorted([*owned, *free])),
+                    reason,
+                )
                 self._metrics.renew_failed(owned)
                 return
             self._renewed(owned, replies, sent_at)
@@ -192,8 +198,10 @@ class Leases:
         replies = await self._backend.run_many(renewals) if renewals else []
         granted, confirmed = await _durability.run_confirmed(self._backend, acquires, durability)
         if not confirmed:
-            log.warning("acquiring shards %s: not confirmed by the replicas; trying again",
-                        format_shards(free))
+            log.warning(
+                "acquiring shards %s: not confirmed by the replicas; trying again",
+                format_shards(free),
+            )
         return [*replies, *granted], confirmed
 
     def _renewed(self, owned: list[int], replies: list[Any], sent_at: float) -> None:

@@ -47,7 +47,21 @@ _ERROR_CLASSES = {
 }
 #: Seconds: from sub-millisecond steps on a local server to ops that wait on slow I/O.
 LATENCY_BUCKETS = (
-    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
 )
 #: Ops per step and calls per pipeline: powers of two up to the default ``max_inflight``.
 SIZE_BUCKETS = tuple(float(2**power) for power in range(13))
@@ -230,8 +244,13 @@ async def _read_head(stream: SocketStream) -> bytes:
 
 def _http(status: bytes, content_type: bytes, body: bytes, method: bytes) -> bytes:
     head = (
-        b"HTTP/1.1 " + status + b"\r\nContent-Type: " + content_type
-        + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\nConnection: close\r\n\r\n"
+        b"HTTP/1.1 "
+        + status
+        + b"\r\nContent-Type: "
+        + content_type
+        + b"\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\nConnection: close\r\n\r\n"
     )
     return head if method == b"HEAD" else head + body
 
@@ -299,27 +318,64 @@ class _Collector:
 
     def collect(self) -> Iterator[Metric]:
         m, ns = self._m, self._m.namespace
-        yield _counter("keyserial_ops", "Ops committed, by op name and outcome.",
-                       ["shard", "op", "outcome"], m.ops, ns)
-        yield _histogram("keyserial_op_latency_seconds",
-                         "Seconds from an op's dispatch to the commit of its outcome.",
-                         ["op"], m.latency, ns)
-        yield _histogram("keyserial_step_duration_seconds",
-                         "Seconds of one step script's round trip (commit and fetch).",
-                         ["shard"], m.step, ns)
-        yield _histogram("keyserial_ops_per_step", "Ops committed by one step (steps that"
-                         " commit none are not observed).", ["shard"], m.ops_per_step, ns)
-        yield _histogram("keyserial_pipeline_calls", "Script calls sent in one pipeline.",
-                         [], {(): m.pipeline_calls}, ns)
-        yield _counter("keyserial_lease_renew_failures", "Lease renewals that failed (an"
-                       " error, no answer in time, or the lease was gone).", ["shard"],
-                       {(shard,): n for shard, n in m.renew_failures.items()}, ns)
-        yield _counter("keyserial_takeovers", "Shard leases acquired, by what the new owner had"
-                       " to do: clean, replay (look up outcomes) or careful (run the op blamed"
-                       " for a crash alone).",
-                       ["shard", "mode"], m.takeovers, ns)
-        yield _counter("keyserial_dead_letters", "Entries or ops moved to a dead-letter stream,"
-                       " by reason: malformed or poison.", ["shard", "reason"], m.dead_letters, ns)
+        yield _counter(
+            "keyserial_ops",
+            "Ops committed, by op name and outcome.",
+            ["shard", "op", "outcome"],
+            m.ops,
+            ns,
+        )
+        yield _histogram(
+            "keyserial_op_latency_seconds",
+            "Seconds from an op's dispatch to the commit of its outcome.",
+            ["op"],
+            m.latency,
+            ns,
+        )
+        yield _histogram(
+            "keyserial_step_duration_seconds",
+            "Seconds of one step script's round trip (commit and fetch).",
+            ["shard"],
+            m.step,
+            ns,
+        )
+        yield _histogram(
+            "keyserial_ops_per_step",
+            "Ops committed by one step (steps that commit none are not observed).",
+            ["shard"],
+            m.ops_per_step,
+            ns,
+        )
+        yield _histogram(
+            "keyserial_pipeline_calls",
+            "Script calls sent in one pipeline.",
+            [],
+            {(): m.pipeline_calls},
+            ns,
+        )
+        yield _counter(
+            "keyserial_lease_renew_failures",
+            "Lease renewals that failed (an error, no answer in time, or the lease was gone).",
+            ["shard"],
+            {(shard,): n for shard, n in m.renew_failures.items()},
+            ns,
+        )
+        yield _counter(
+            "keyserial_takeovers",
+            "Shard leases acquired, by what the new owner had"
+            " to do: clean, replay (look up outcomes) or careful (run the op blamed"
+            " for a crash alone).",
+            ["shard", "mode"],
+            m.takeovers,
+            ns,
+        )
+        yield _counter(
+            "keyserial_dead_letters",
+            "Entries or ops moved to a dead-letter stream, by reason: malformed or poison.",
+            ["shard", "reason"],
+            m.dead_letters,
+            ns,
+        )
         yield from self._shard_gauges(ns)
 
     def _shard_gauges(self, ns: str) -> Iterator[Metric]:
@@ -351,9 +407,7 @@ def _owned_gauge(ns: str, count: int) -> Metric:
     return gauge
 
 
-def _counter(
-    name: str, text: str, labels: list[str], values: Mapping[Any, int], ns: str
-) -> Metric:
+def _counter(name: str, text: str, labels: list[str], values: Mapping[Any, int], ns: str) -> Metric:
     family = CounterMetricFamily(name, text, labels=["namespace", *labels])
     return _samples(family, ns, {key: (value,) for key, value in values.items()})
 
@@ -366,7 +420,8 @@ def _histogram(
 
 
 def _samples(
-    family: CounterMetricFamily | HistogramMetricFamily, ns: str,
+    family: CounterMetricFamily | HistogramMetricFamily,
+    ns: str,
     samples: Mapping[Any, tuple[Any, ...]],
 ) -> Metric:
     """``family`` with one sample per label key, in label order."""

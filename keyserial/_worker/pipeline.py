@@ -77,8 +77,16 @@ class LineageBroken(Exception):
 class _Batch:
     """Calls that go out in one pipeline; one event wakes all their callers."""
 
-    __slots__ = ("builds", "callbacks", "calls", "confirmed", "done", "lineages", "replies",
-                 "results")
+    __slots__ = (
+        "builds",
+        "callbacks",
+        "calls",
+        "confirmed",
+        "done",
+        "lineages",
+        "replies",
+        "results",
+    )
 
     def __init__(self) -> None:
         self.calls: list[ScriptCall[Any]] = []
@@ -101,8 +109,11 @@ class Pipeliner:
     Start :meth:`serve` in a task group."""
 
     def __init__(
-        self, backend: Backend, durability: Durability | None = None,
-        signer: ReplySigner | None = None, on_batch: Callable[[int], None] = _ignore,
+        self,
+        backend: Backend,
+        durability: Durability | None = None,
+        signer: ReplySigner | None = None,
+        on_batch: Callable[[int], None] = _ignore,
     ) -> None:
         self._backend = backend
         self._durability = durability
@@ -121,8 +132,12 @@ class Pipeliner:
             await anyio.sleep_forever()
 
     async def run(
-        self, call: ScriptCall[R], replies: Replies | None = None,
-        lineages: Sequence[Lineage] = (), *, builds: bool = True,
+        self,
+        call: ScriptCall[R],
+        replies: Replies | None = None,
+        lineages: Sequence[Lineage] = (),
+        *,
+        builds: bool = True,
     ) -> R:
         """See :meth:`_NodePipeliner.run`."""
         result, _ = await self._of(call).run(call, replies, lineages, builds=builds)
@@ -139,12 +154,18 @@ class Pipeliner:
             if confirmed:
                 return result
             assert self._durability is not None  # (without it every pipeline is confirmed)
-            log.warning("%s not confirmed (%s); sending it again", call.script.name,
-                        _describe(self._durability))
+            log.warning(
+                "%s not confirmed (%s); sending it again",
+                call.script.name,
+                _describe(self._durability),
+            )
             await backoff.sleep()
 
     def submit(
-        self, call: ScriptCall[Any], replies: Replies | None, on_done: Callable[[Any], None],
+        self,
+        call: ScriptCall[Any],
+        replies: Replies | None,
+        on_done: Callable[[Any], None],
         lineages: Sequence[Lineage] = (),
     ) -> None:
         """See :meth:`_NodePipeliner.submit`."""
@@ -169,8 +190,11 @@ class _NodePipeliner:
     more CPU per op.)"""
 
     def __init__(
-        self, backend: Backend, durability: Durability | None = None,
-        signer: ReplySigner | None = None, on_batch: Callable[[int], None] = _ignore,
+        self,
+        backend: Backend,
+        durability: Durability | None = None,
+        signer: ReplySigner | None = None,
+        on_batch: Callable[[int], None] = _ignore,
     ) -> None:
         self._backend = backend
         self._durability = durability
@@ -181,8 +205,12 @@ class _NodePipeliner:
         self._on_batch = on_batch
 
     async def run(
-        self, call: ScriptCall[R], replies: Replies | None = None,
-        lineages: Sequence[Lineage] = (), *, builds: bool,
+        self,
+        call: ScriptCall[R],
+        replies: Replies | None = None,
+        lineages: Sequence[Lineage] = (),
+        *,
+        builds: bool,
     ) -> tuple[R, bool]:
         """The script's reply, as the call decodes it, and whether its pipeline's writes are
         as durable as the settings ask (always, when they ask nothing). ``replies`` are
@@ -207,8 +235,13 @@ class _NodePipeliner:
         return reply, batch.confirmed
 
     def submit(
-        self, call: ScriptCall[Any], replies: Replies | None, on_done: Callable[[Any], None],
-        lineages: Sequence[Lineage] = (), *, builds: bool,
+        self,
+        call: ScriptCall[Any],
+        replies: Replies | None,
+        on_done: Callable[[Any], None],
+        lineages: Sequence[Lineage] = (),
+        *,
+        builds: bool,
     ) -> None:
         """Like :meth:`run`, without a task to await it: ``on_done`` gets the script's reply,
         or the error :meth:`run` would raise, once the batch is back (before the awaiting
@@ -241,13 +274,18 @@ class _NodePipeliner:
             batch, self._next = self._next, _Batch()
             self._on_batch(len(batch.calls))
             carrying = [i for i, replies in enumerate(batch.replies) if replies]
-            if (len(carrying) == 1 and batch.calls[carrying[0]].script.publishes
-                    and self._durability is None):
+            if (
+                len(carrying) == 1
+                and batch.calls[carrying[0]].script.publishes
+                and self._durability is None
+            ):
                 i = carrying[0]
                 replies = batch.replies[i]
                 assert replies is not None
-                batch.calls[i], batch.replies[i] = (_inline(batch.calls[i], replies, self._signer),
-                                                    None)
+                batch.calls[i], batch.replies[i] = (
+                    _inline(batch.calls[i], replies, self._signer),
+                    None,
+                )
             await self._send(batch)
             # Written before the runners wake, so before anything they send next on the one
             # connection (a later commit's replies cannot overtake these), and not waited for.
@@ -269,13 +307,18 @@ class _NodePipeliner:
         error) in ``batch.results``, and ``batch.confirmed`` says whether the replicas the
         durability asks for have their writes. If they do not, every lineage in the batch
         breaks (before anyone wakes, so before any later write of theirs is queued)."""
-        sent = [index for index, lineages in enumerate(batch.lineages)
-                if not any(lineage.broken for lineage in lineages)]
+        sent = [
+            index
+            for index, lineages in enumerate(batch.lineages)
+            if not any(lineage.broken for lineage in lineages)
+        ]
         if len(sent) == len(batch.calls) and self._durability is None:
             batch.results, batch.confirmed = await self._run_or_fail(batch.calls)
             return
-        batch.results = [LineageBroken("an earlier write of this owner may not be in Redis as"
-                                       " its cache has it") for _ in batch.calls]
+        batch.results = [
+            LineageBroken("an earlier write of this owner may not be in Redis as its cache has it")
+            for _ in batch.calls
+        ]
         if not sent:
             return
         results, batch.confirmed = await self._run_or_fail([batch.calls[i] for i in sent])
@@ -301,14 +344,20 @@ class _NodePipeliner:
         break. (A call that failed wrote nothing; one whose server did not answer is sent
         again by its runner, the same call, until the runner knows what became of it.)"""
         assert self._durability is not None
-        committed = [index for index, result in zip(sent, results, strict=True)
-                     if batch.builds[index] and batch.lineages[index]
-                     and not isinstance(result, Exception)]
+        committed = [
+            index
+            for index, result in zip(sent, results, strict=True)
+            if batch.builds[index] and batch.lineages[index] and not isinstance(result, Exception)
+        ]
         if not committed:
             return
-        log.warning("%d writes not confirmed (%s) in %d ms: not replied to, and their shards"
-                    " are given up to be taken over again", len(committed),
-                    _describe(self._durability), self._durability.wait_ms)
+        log.warning(
+            "%d writes not confirmed (%s) in %d ms: not replied to, and their shards"
+            " are given up to be taken over again",
+            len(committed),
+            _describe(self._durability),
+            self._durability.wait_ms,
+        )
         for index in committed:
             for lineage in batch.lineages[index]:
                 lineage.broken = True
@@ -347,8 +396,10 @@ def reply_messages(replies: Replies, signer: ReplySigner | None) -> list[tuple[s
     """``(channel, reply message)`` for each channel, signed by ``signer`` if there is one."""
     if signer is None:
         return [(channel, encode_reply(outcomes)) for channel, outcomes in replies.items()]
-    return [(channel, signer.sign(channel, encode_reply(outcomes)))
-            for channel, outcomes in replies.items()]
+    return [
+        (channel, signer.sign(channel, encode_reply(outcomes)))
+        for channel, outcomes in replies.items()
+    ]
 
 
 def _describe(durability: Durability) -> str:

@@ -59,12 +59,21 @@ from .wakeups import Wakeups
 log = logging.getLogger("keyserial.worker")
 T = TypeVar("T")
 
+
 class ShardRunner:
     """Runs the ops of one shard for as long as this worker holds its lease (one epoch)."""
 
     def __init__(
-        self, pipeliner: Pipeliner, settings: Settings, registry: Registry, *, shard: int,
-        shard_count: int, grant: LeaseGrant, backend: Backend, mailbox: Mailbox,
+        self,
+        pipeliner: Pipeliner,
+        settings: Settings,
+        registry: Registry,
+        *,
+        shard: int,
+        shard_count: int,
+        grant: LeaseGrant,
+        backend: Backend,
+        mailbox: Mailbox,
         metrics: ShardMetrics = NO_METRICS,
     ) -> None:
         #: What it reports to (``Metrics.acquired``); the default ignores everything.
@@ -103,15 +112,30 @@ class ShardRunner:
         #: Set once :meth:`run` has returned: no step will ever come again.
         self._ended = False
         self.executor = Executor(
-            registry, shard=shard, last_fence=grant.epoch << 32, states=self.states,
-            on_complete=self._complete, max_state_bytes=settings.max_state_bytes,
+            registry,
+            shard=shard,
+            last_fence=grant.epoch << 32,
+            states=self.states,
+            on_complete=self._complete,
+            max_state_bytes=settings.max_state_bytes,
         )
         self._task_group: TaskGroup | None = None
-        self._chains = Chains(self.executor, CrossShard(Collaborators(
-            home=self, pipeliner=pipeliner, backend=backend, mailbox=mailbox,
-            settings=settings, shard_count=shard_count, fenced=self.fenced,
-            finish=self.finish, spawn=self._spawn,
-        )))
+        self._chains = Chains(
+            self.executor,
+            CrossShard(
+                Collaborators(
+                    home=self,
+                    pipeliner=pipeliner,
+                    backend=backend,
+                    mailbox=mailbox,
+                    settings=settings,
+                    shard_count=shard_count,
+                    fenced=self.fenced,
+                    finish=self.finish,
+                    spawn=self._spawn,
+                )
+            ),
+        )
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -241,14 +265,25 @@ class ShardRunner:
         number, writes = self.states.start_step()
         pushed_to = self._wakeups.pushed_to
         commit = self._commits.plan(batch, dead, writes, pushed=bool(pushed_to))
-        call = step(self.keys, StepArgs(
-            epoch=self.epoch, progress=commit.progress,
-            rotate=self._generations.rotate(int(time.time() * 1000)), cursor=self._cursor,
-            fetch=want, commit=commit.payload, replaying=self._replay_until is not None,
-            result_ttl_ms=self._settings.result_ttl_ms, trim_to=commit.trim_to,
-            trim_now=commit.trim_now, states_held=self.states.complete, pushed_to=pushed_to,
-            takes_pushes=record, pushed=self._wakeups.to_confirm(),
-        ))
+        call = step(
+            self.keys,
+            StepArgs(
+                epoch=self.epoch,
+                progress=commit.progress,
+                rotate=self._generations.rotate(int(time.time() * 1000)),
+                cursor=self._cursor,
+                fetch=want,
+                commit=commit.payload,
+                replaying=self._replay_until is not None,
+                result_ttl_ms=self._settings.result_ttl_ms,
+                trim_to=commit.trim_to,
+                trim_now=commit.trim_now,
+                states_held=self.states.complete,
+                pushed_to=pushed_to,
+                takes_pushes=record,
+                pushed=self._wakeups.to_confirm(),
+            ),
+        )
         self._wakeups.sending(want)
         began = time.monotonic()  # (metrics)
         try:
@@ -293,13 +328,24 @@ class ShardRunner:
         runnable: list[Run] = []
         for entry_id, fields in fetched.entries:
             self._cursor = entry_id
-            accepted = accept(entry_id, fields, shard=self.shard, shard_count=self._shard_count,
-                              done=fetched.done, running=self._running)
+            accepted = accept(
+                entry_id,
+                fields,
+                shard=self.shard,
+                shard_count=self._shard_count,
+                done=fetched.done,
+                running=self._running,
+            )
             self._commits.track(accepted.entry)
             if log.isEnabledFor(logging.DEBUG):
-                log.debug("shard %d (epoch %d): entry %s runs %s, answers %s", self.shard,
-                          self.epoch, entry_id, [run.envelope.op_id for run in accepted.runs],
-                          [finished.op_id for finished in accepted.finished])
+                log.debug(
+                    "shard %d (epoch %d): entry %s runs %s, answers %s",
+                    self.shard,
+                    self.epoch,
+                    entry_id,
+                    [run.envelope.op_id for run in accepted.runs],
+                    [finished.op_id for finished in accepted.finished],
+                )
             self._dead.extend(accepted.dead)
             for finished in accepted.finished:
                 self._finish(finished)
@@ -318,10 +364,18 @@ class ShardRunner:
 
     def _complete(self, run: Run, outcome: str) -> None:
         run.outcome = outcome  # from now on, no occurrence of the op joins the run
-        self._finish(Finished(run.envelope.op_id, outcome, run.entries, run.replies, run.keep,
-                              answered=not run.keep,
-                              binding=binding(run.envelope) if run.keep else ""),
-                     run.envelope.keys)
+        self._finish(
+            Finished(
+                run.envelope.op_id,
+                outcome,
+                run.entries,
+                run.replies,
+                run.keep,
+                answered=not run.keep,
+                binding=binding(run.envelope) if run.keep else "",
+            ),
+            run.envelope.keys,
+        )
 
     def finish(self, run: Run, outcome: str, *, store: bool, replies: list[str]) -> None:
         """Take the outcome of an op that finished outside the executor (a cross-shard op or a
@@ -330,9 +384,17 @@ class ShardRunner:
         run.outcome = outcome
         # (An outcome a cross-shard script committed already leaves its keys committed.)
         committed_already = not store and run.keep
-        self._finish(Finished(run.envelope.op_id, outcome, list(run.entries), replies, store,
-                              answered=not run.keep),
-                     () if committed_already else run.envelope.keys)
+        self._finish(
+            Finished(
+                run.envelope.op_id,
+                outcome,
+                list(run.entries),
+                replies,
+                store,
+                answered=not run.keep,
+            ),
+            () if committed_already else run.envelope.keys,
+        )
 
     def _finish(self, finished: Finished, keys: Sequence[str] = ()) -> None:
         """``keys``: those of an op that ran (one answered from Redis, or refused, has none)."""
@@ -382,8 +444,13 @@ class ShardRunner:
         return await self._retrying(lambda: self._backend.states(self.keys, keys))
 
     async def fenced(
-        self, call: ScriptCall[T], *, replies: Replies | None = None, durably: bool = False,
-        also: Sequence[Lineage] = (), builds: bool = True,
+        self,
+        call: ScriptCall[T],
+        *,
+        replies: Replies | None = None,
+        durably: bool = False,
+        also: Sequence[Lineage] = (),
+        builds: bool = True,
     ) -> T:
         """Run a script fenced by this owner's epoch in the next pipeline (raises ``LeaseLost``
         when another owner's epoch refuses it); ``replies`` go out once it has committed (see
@@ -414,4 +481,3 @@ class ShardRunner:
             except BackendUnavailable as exc:
                 log.warning("shard %d: %s; retrying in %.2fs", self.shard, exc, backoff.delay)
                 await backoff.sleep()
-

@@ -81,8 +81,10 @@ class Worker:
         self.shards: list[int] = []
         #: Served over HTTP when ``metrics_port`` is given (0: any free port).
         self.metrics = Metrics(
-            self.settings.namespace, [*self.registry.names(), GRANT_OP],
-            lambda: {shard: holder.runner for shard, holder in self._owned.items()}, metrics_port,
+            self.settings.namespace,
+            [*self.registry.names(), GRANT_OP],
+            lambda: {shard: holder.runner for shard, holder in self._owned.items()},
+            metrics_port,
         )
 
     def stop(self, *, at_once: bool = False) -> None:
@@ -122,11 +124,16 @@ class Worker:
                 self.settings.namespace,
                 ", ".join(self.registry.names()),
             )
-            self._pipeliner = Pipeliner(backend, self.settings.durability, ReplySigner(),
-                                        on_batch=self.metrics.pipelined)
+            self._pipeliner = Pipeliner(
+                backend, self.settings.durability, ReplySigner(), on_batch=self.metrics.pipelined
+            )
             async with anyio.create_task_group() as task_group:
                 self._leases = Leases(
-                    backend, self.settings, self.token, self.metrics, self._owned,
+                    backend,
+                    self.settings,
+                    self.token,
+                    self.metrics,
+                    self._owned,
                     partial(self._start, backend, shard_count, task_group),
                 )
                 # (Metrics first: a port that cannot be bound stops the worker before it has
@@ -213,8 +220,9 @@ class Worker:
             return parse_shards(spec, shard_count)
         if not spec:
             raise ConfigError("shards is empty: name at least one shard, or None for all")
-        bad = [shard for shard in spec
-               if type(shard) is not int or not 0 <= shard < shard_count]  # (not True, not 1.5)
+        bad = [
+            shard for shard in spec if type(shard) is not int or not 0 <= shard < shard_count
+        ]  # (not True, not 1.5)
         if bad:
             raise ConfigError(f"shards {bad!r} are not shards of 0-{shard_count - 1}")
         return sorted(set(spec))
@@ -235,12 +243,16 @@ class Worker:
             log.warning(
                 "shard %d: previous owner died with entries up to %s in flight;"
                 " running the suspect op %s alone first",
-                shard, grant.careful_until, grant.suspect,
+                shard,
+                grant.careful_until,
+                grant.suspect,
             )
         elif grant.careful_until:
             log.warning(
                 "shard %d: previous owner died with entries up to %s in flight, each of their"
-                " ops answered already: none is suspected", shard, grant.careful_until,
+                " ops answered already: none is suspected",
+                shard,
+                grant.careful_until,
             )
         if grant.poisoned:
             log.error(
@@ -275,8 +287,11 @@ class Worker:
                 except* LineageBroken as group:
                     # Its cache may hold a write a failover lost: the next owner (perhaps this
                     # worker again) starts from what Redis has. Not the ops' fault: no strike.
-                    log.warning("shard %d: %s; giving the shard up to be taken over from what"
-                                " Redis has", shard, group.exceptions[0])
+                    log.warning(
+                        "shard %d: %s; giving the shard up to be taken over from what Redis has",
+                        shard,
+                        group.exceptions[0],
+                    )
                     await self._leases.release([shard], clean=True)
                 except* Exception as group:
                     log.error(
@@ -320,12 +335,12 @@ class Worker:
         while True:
             try:
                 await backend.listen(
-                    [*shard_of, mailbox.channel], receive,
+                    [*shard_of, mailbox.channel],
+                    receive,
                     health_interval=self.settings.health_interval,
                 )
             except BackendUnavailable as exc:
-                log.warning("subscribing to wake-ups: %s; retrying in %.1fs", exc,
-                            backoff.delay)
+                log.warning("subscribing to wake-ups: %s; retrying in %.1fs", exc, backoff.delay)
                 await backoff.sleep()
 
     # -- shutdown ----------------------------------------------------------------------------
@@ -343,7 +358,8 @@ class Worker:
         if scope.cancelled_caught:
             log.warning(
                 "shutdown: in-flight ops %s; abandoning them (the next owner runs them)",
-                "stopped at once" if self._at_once
+                "stopped at once"
+                if self._at_once
                 else f"did not finish in {self.settings.lease_ttl:g}s",
             )
         for holder in holders.values():
@@ -359,8 +375,11 @@ async def _list_signer(backend: Backend, namespace: str, signer: ReplySigner) ->
     did not answer (an outage, OOM: meanwhile clients look outcomes up)."""
     try:
         listed = await backend.list_signer(namespace, signer.signer_id, signer.record())
-        stale = [field for field, record in listed.items()
-                 if signer_renewed_at(record) < time.time() - SIGNER_TTL]
+        stale = [
+            field
+            for field, record in listed.items()
+            if signer_renewed_at(record) < time.time() - SIGNER_TTL
+        ]
         if stale:
             await backend.drop_signers(namespace, stale)
     except Exception as exc:

@@ -121,8 +121,9 @@ def build_parser() -> argparse.ArgumentParser:
     dev = commands.add_parser(
         "dev", help="run a private Redis/Valkey server and workers for every shard"
     )
-    dev.add_argument("--port", type=port, default=6390,
-                     help="(default: %(default)s; 0 picks a free port)")
+    dev.add_argument(
+        "--port", type=port, default=6390, help="(default: %(default)s; 0 picks a free port)"
+    )
     dev.add_argument(
         "--shard-count",
         type=positive,
@@ -209,7 +210,7 @@ def _run_bench(arguments: list[str]) -> int:
             raise
         print(
             f"keyserial: error: the benchmark suite is not here ({exc}); run `keyserial bench`"
-            " from the root of a keyserial checkout, after `pip install -e \".[bench]\"`",
+            ' from the root of a keyserial checkout, after `pip install -e ".[bench]"`',
             file=sys.stderr,
         )
         return 2
@@ -239,7 +240,10 @@ def _metrics_port(args: argparse.Namespace) -> int | None:
 
 def _run_worker(args: argparse.Namespace) -> int:
     worker = Worker(
-        args.redis or default_url(), shards=args.shards, settings=_settings(args), apps=args.app,
+        args.redis or default_url(),
+        shards=args.shards,
+        settings=_settings(args),
+        apps=args.app,
         metrics_port=_metrics_port(args),
     )
     anyio.run(_serve_until_signalled, worker)
@@ -248,8 +252,11 @@ def _run_worker(args: argparse.Namespace) -> int:
 
 def _run_dev(args: argparse.Namespace) -> int:
     settings = _settings(args)  # (no shard count: kept data's, or 16 for a new namespace)
-    if args.data_dir is not None and Path(args.data_dir).exists() \
-            and not Path(args.data_dir).is_dir():
+    if (
+        args.data_dir is not None
+        and Path(args.data_dir).exists()
+        and not Path(args.data_dir).is_dir()
+    ):
         raise ConfigError(f"--data-dir {args.data_dir!r} is not a directory")
     server = LocalServer(
         port=args.port, data_dir=args.data_dir, appendfsync="always" if args.data_dir else None
@@ -261,8 +268,10 @@ def _run_dev(args: argparse.Namespace) -> int:
         lines = [line for line in str(exc).splitlines() if line.strip()]  # (its log's tail)
         taken = [line for line in lines if "already in use" in line]
         hint = " (is the port taken? try another --port)" if taken else ""
-        raise ConfigError(f"cannot start {server.binary} on port {server.port}:"
-                          f" {(taken or lines or [''])[-1].strip()}{hint}") from exc
+        raise ConfigError(
+            f"cannot start {server.binary} on port {server.port}:"
+            f" {(taken or lines or [''])[-1].strip()}{hint}"
+        ) from exc
     try:
         print(f"keyserial dev: {server.binary} serving {redact(server.url)}", flush=True)
 
@@ -308,12 +317,15 @@ async def _serve_until_signalled(
                         log.warning(
                             "received %s again: stopping at once; the ops in flight are"
                             " abandoned (the next owner runs them again), and the leases"
-                            " released", received.name,
+                            " released",
+                            received.name,
                         )
                         worker.stop(at_once=True)
                         continue
-                    log.info("received %s: draining and releasing leases (again: stop at"
-                             " once)", received.name)
+                    log.info(
+                        "received %s: draining and releasing leases (again: stop at once)",
+                        received.name,
+                    )
                     draining = True
                     worker.stop()
 

@@ -40,8 +40,14 @@ class DeadLetter:
     raw: str
 
     def as_json(self) -> dict[str, Any]:
-        return {"shard": self.shard, "id": self.letter_id, "entry": self.entry,
-                "reason": self.reason, "raw": self.raw, "op_ids": self.op_ids()}
+        return {
+            "shard": self.shard,
+            "id": self.letter_id,
+            "entry": self.entry,
+            "reason": self.reason,
+            "raw": self.raw,
+            "op_ids": self.op_ids(),
+        }
 
     def op_ids(self) -> list[str]:
         return [envelope["id"] for envelope in envelopes(self.raw)[0]]
@@ -66,12 +72,17 @@ def _letter(shard: int, letter_id: bytes | str, fields: Any) -> DeadLetter:
     if isinstance(fields, list):  # a RESP flat list of field, value
         fields = dict(zip(fields[::2], fields[1::2], strict=True))
     got = {_text(name): _text(value) for name, value in fields.items()}
-    return DeadLetter(shard, _text(letter_id), got.get("entry", ""), got.get("reason", ""),
-                      got.get("raw", ""))
+    return DeadLetter(
+        shard, _text(letter_id), got.get("entry", ""), got.get("reason", ""), got.get("raw", "")
+    )
 
 
 async def read(
-    backend: Backend, namespace: str, shards: Sequence[int], *, count: int | None = None,
+    backend: Backend,
+    namespace: str,
+    shards: Sequence[int],
+    *,
+    count: int | None = None,
     letter_id: str | None = None,
 ) -> list[DeadLetter]:
     """The dead letters of ``shards``, oldest first: all (up to ``count`` per shard), or the one
@@ -118,8 +129,10 @@ def home_shard(envelope: dict[str, Any], shard_count: int) -> int | None:
     """The shard an envelope belongs on (a multi-key op's: the lowest of its keys'), or None
     if it names no key to route by."""
     keys = envelope.get("keys", [envelope.get("key")])
-    if not isinstance(keys, list) or not keys or not all(
-        isinstance(key, str) and key for key in keys
+    if (
+        not isinstance(keys, list)
+        or not keys
+        or not all(isinstance(key, str) and key for key in keys)
     ):
         return None
     return routed_home(keys, shard_count)
@@ -161,10 +174,17 @@ async def replay(
         ids = [envelope["id"] for envelope in ops]
         stored = await backend.stored(keys, ids)
         try:
-            entry = await backend.run_call(submit(keys, SubmitArgs(
-                max_backlog, WIRE_VERSION, pack_entry([dumps(op) for op in ops]),
-                keys.wake_channel,
-            )))
+            entry = await backend.run_call(
+                submit(
+                    keys,
+                    SubmitArgs(
+                        max_backlog,
+                        WIRE_VERSION,
+                        pack_entry([dumps(op) for op in ops]),
+                        keys.wake_channel,
+                    ),
+                )
+            )
         except BacklogRefused as exc:
             raise ReplayStopped(shard, ids, replayed, exc) from exc
         replayed += [

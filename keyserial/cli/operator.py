@@ -31,11 +31,15 @@ _CLEAR_SCREEN = "\x1b[2J\x1b[H"
 
 def _connection_options() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--redis", default=None, metavar="URL",
-                        help="Redis URL (default: $KEYSERIAL_REDIS_URL or"
-                        " redis://127.0.0.1:6379/0)")
-    common.add_argument("--namespace", default=None,
-                        help="(default: $KEYSERIAL_NAMESPACE or default)")
+    common.add_argument(
+        "--redis",
+        default=None,
+        metavar="URL",
+        help="Redis URL (default: $KEYSERIAL_REDIS_URL or redis://127.0.0.1:6379/0)",
+    )
+    common.add_argument(
+        "--namespace", default=None, help="(default: $KEYSERIAL_NAMESPACE or default)"
+    )
     common.set_defaults(log_level="WARNING")
     return common
 
@@ -43,29 +47,46 @@ def _connection_options() -> argparse.ArgumentParser:
 def add_operator_commands(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     common = _connection_options()
     status = commands.add_parser(
-        "status", parents=[common], help="owners, backlog and dead letters of every shard;"
-        " exits 1 when a shard has no owner",
+        "status",
+        parents=[common],
+        help="owners, backlog and dead letters of every shard; exits 1 when a shard has no owner",
     )
     status.add_argument("--json", action="store_true", help="print JSON (docs/operations.md)")
     status.add_argument("--watch", action="store_true", help="refresh until interrupted")
-    status.add_argument("--interval", type=seconds, default=1.0, metavar="SECONDS",
-                        help="seconds ops/s is measured over, and between refreshes"
-                        " (default: %(default)s)")
+    status.add_argument(
+        "--interval",
+        type=seconds,
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds ops/s is measured over, and between refreshes (default: %(default)s)",
+    )
 
     dead = commands.add_parser("dead-letters", help="list, show, replay or drop dead letters")
     actions = dead.add_subparsers(dest="action", required=True)
     shard = argparse.ArgumentParser(add_help=False, parents=[common])
-    shard.add_argument("--shard", type=int, default=None, metavar="N",
-                       help="only this shard (default: every shard)")
+    shard.add_argument(
+        "--shard",
+        type=int,
+        default=None,
+        metavar="N",
+        help="only this shard (default: every shard)",
+    )
     listing = actions.add_parser("list", parents=[shard], help="dead letters, oldest first")
-    listing.add_argument("--count", type=positive, default=100, metavar="N",
-                         help="at most N per shard (default: %(default)s)")
+    listing.add_argument(
+        "--count",
+        type=positive,
+        default=100,
+        metavar="N",
+        help="at most N per shard (default: %(default)s)",
+    )
     listing.add_argument("--json", action="store_true")
     show = actions.add_parser("show", parents=[shard], help="one dead letter in full")
     show.add_argument("id", type=_letter_id, help="its id, as `list` shows it")
     show.add_argument("--json", action="store_true")
-    for name, what in (("replay", "append the ops again under their op ids"),
-                       ("drop", "delete dead letters")):
+    for name, what in (
+        ("replay", "append the ops again under their op ids"),
+        ("drop", "delete dead letters"),
+    ):
         action = actions.add_parser(name, parents=[shard], help=what)
         chosen = action.add_mutually_exclusive_group(required=True)
         chosen.add_argument("ids", nargs="*", type=_letter_id, default=[], metavar="ID")
@@ -151,8 +172,11 @@ async def _run_dead_letters(args: argparse.Namespace) -> int:
     try:
         shard_count = await _status.shard_count(backend, args.namespace)
         if args.shard is not None and not 0 <= args.shard < shard_count:
-            print(f"keyserial: error: --shard {args.shard} is not a shard of namespace"
-                  f" {args.namespace!r} (0-{shard_count - 1})", file=sys.stderr)
+            print(
+                f"keyserial: error: --shard {args.shard} is not a shard of namespace"
+                f" {args.namespace!r} (0-{shard_count - 1})",
+                file=sys.stderr,
+            )
             return 2
         shards = range(shard_count) if args.shard is None else [args.shard]
         if args.action == "list":
@@ -188,8 +212,11 @@ async def _selected(
         found = await _deadletters.read(backend, args.namespace, shards, letter_id=letter_id)
         if len(found) != 1:
             problem = "no dead letter" if not found else "more than one shard has a dead letter"
-            print(f"keyserial: error: {problem} with id {letter_id!r}"
-                  + (" (pass --shard)" if found else ""), file=sys.stderr)
+            print(
+                f"keyserial: error: {problem} with id {letter_id!r}"
+                + (" (pass --shard)" if found else ""),
+                file=sys.stderr,
+            )
             return None
         letters += found
     return letters
@@ -221,8 +248,11 @@ def _pretty(raw: str) -> str:
 
 
 async def _replay(
-    backend: Backend, namespace: str, shard_count: int,
-    letters: list[_deadletters.DeadLetter], max_backlog: int,
+    backend: Backend,
+    namespace: str,
+    shard_count: int,
+    letters: list[_deadletters.DeadLetter],
+    max_backlog: int,
 ) -> int:
     for letter in letters:
         try:
@@ -232,10 +262,12 @@ async def _replay(
         except _deadletters.ReplayStopped as stopped:
             _print_replayed(stopped.replayed)
             appended = "the ops above were" if stopped.replayed else "nothing of it was"
-            print(f"keyserial: error: dead letter {letter.letter_id}: {stopped}: ops"
-                  f" {', '.join(map(repr, stopped.refused))} and any after them were not"
-                  f" appended, {appended} (replaying the letter again never runs an op twice)",
-                  file=sys.stderr)
+            print(
+                f"keyserial: error: dead letter {letter.letter_id}: {stopped}: ops"
+                f" {', '.join(map(repr, stopped.refused))} and any after them were not"
+                f" appended, {appended} (replaying the letter again never runs an op twice)",
+                file=sys.stderr,
+            )
             return 1
         _print_replayed(replayed)
         for reason in skipped:
@@ -245,6 +277,9 @@ async def _replay(
 
 def _print_replayed(replayed: list[_deadletters.Replayed]) -> None:
     for op in replayed:
-        note = (" (it has a stored outcome: the worker answers with it and does not run it)"
-                if op.had_outcome else "")
+        note = (
+            " (it has a stored outcome: the worker answers with it and does not run it)"
+            if op.had_outcome
+            else ""
+        )
         print(f"replayed op {op.op_id!r} to shard {op.shard} as entry {op.entry}{note}")

@@ -68,8 +68,9 @@ class ShardStatus:
         now, owner = self.snapshot, self.snapshot.owner
         return {
             "shard": now.shard,
-            "owner": None if owner is None else
-            {"worker": owner.worker, "host": owner.host, "pid": owner.pid},
+            "owner": None
+            if owner is None
+            else {"worker": owner.worker, "host": owner.host, "pid": owner.pid},
             "epoch": now.epoch,
             "lease_expires_in_ms": now.lease_ms,
             "backlog": now.backlog,
@@ -151,20 +152,24 @@ def render_table(namespace: str, statuses: Sequence[ShardStatus]) -> str:
     for status in statuses:
         now = status.snapshot
         owner = "-" if now.owner is None else f"{now.owner.host}:{now.owner.pid}"
-        rows.append((
-            str(now.shard),
-            owner,
-            "-" if now.epoch is None else str(now.epoch),
-            _duration(now.lease_ms),
-            str(now.backlog),
-            _duration(now.oldest_age_ms),
-            str(now.dead_letters),
-            "-" if status.ops_per_s is None else f"{status.ops_per_s:.1f}",
-        ))
+        rows.append(
+            (
+                str(now.shard),
+                owner,
+                "-" if now.epoch is None else str(now.epoch),
+                _duration(now.lease_ms),
+                str(now.backlog),
+                _duration(now.oldest_age_ms),
+                str(now.dead_letters),
+                "-" if status.ops_per_s is None else f"{status.ops_per_s:.1f}",
+            )
+        )
     widths = [max(len(row[column]) for row in rows) for column in range(len(_COLUMNS))]
     lines = [f"namespace {namespace!r}: {len(statuses)} shards"]
-    lines += ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True))
-              .rstrip() for row in rows]
+    lines += [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
     missing = unowned(statuses)
     if missing:
         lines.append(f"UNHEALTHY: no worker owns shard(s) {', '.join(map(str, missing))}")

@@ -25,9 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.nemesis", description=__doc__)
     parser.add_argument("--seeds", type=int, default=20, help="how many seeds (default: 20)")
     parser.add_argument("--seed-start", type=int, default=0, help="first seed (default: 0)")
-    parser.add_argument("--profile", choices=sorted(PROFILES), default="long",
-                        help="short (CI), long, cluster (3 masters + 3 replicas), or takeover"
-                             " (cluster, with leases that outlive a TAKEOVER)")
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default="long",
+        help="short (CI), long, cluster (3 masters + 3 replicas), or takeover"
+        " (cluster, with leases that outlive a TAKEOVER)",
+    )
     parser.add_argument("--json", type=Path, default=None, help="write every report here")
     parser.add_argument("--keep", action="store_true", help="keep logs of passing seeds too")
     parser.add_argument("--verbose", action="store_true", help="print every seed's schedule")
@@ -47,14 +51,17 @@ def main(argv: list[str] | None = None) -> int:
         if report.ok and not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
         if args.json:
-            args.json.write_text(json.dumps([asdict(each) for each in reports], indent=1,
-                                            default=repr))
+            args.json.write_text(
+                json.dumps([asdict(each) for each in reports], indent=1, default=repr)
+            )
     failed = [report.seed for report in reports if not report.ok]
     for report in reports:
         if not report.ok:
             print(f"  seed {report.seed}: {summary(report)}")
-    print(f"{len(reports)} seeds in {time.monotonic() - began:.0f}s; "
-          f"{len(failed)} failed: {failed}; logs of failures under {root}")
+    print(
+        f"{len(reports)} seeds in {time.monotonic() - began:.0f}s; "
+        f"{len(failed)} failed: {failed}; logs of failures under {root}"
+    )
     return 1 if failed else 0
 
 

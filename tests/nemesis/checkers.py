@@ -61,8 +61,11 @@ def effective(record: OpRecord, observed: Observed) -> tuple[str, Any]:
 
 def op_ids_of(record: OpRecord, observed: Observed) -> list[str]:
     ids = [record.op_id] if record.op_id else []
-    return ids + [seen.op_id for seen in observed.appended.values()
-                  if seen.tag == record.tag and seen.op_id not in ids]
+    return ids + [
+        seen.op_id
+        for seen in observed.appended.values()
+        if seen.tag == record.tag and seen.op_id not in ids
+    ]
 
 
 def check_all(observed: Observed) -> list[Violation]:
@@ -70,8 +73,10 @@ def check_all(observed: Observed) -> list[Violation]:
     violations += check_bank(observed)
     violations += check_sessions(observed.history)
     violations += check_appended_were_applied(observed)
-    violations += [Violation("client-errors", "a submit raised outside keyserial's errors", item)
-                   for item in observed.history.unexpected]
+    violations += [
+        Violation("client-errors", "a submit raised outside keyserial's errors", item)
+        for item in observed.history.unexpected
+    ]
     return violations
 
 
@@ -92,16 +97,22 @@ def check_appends(observed: Observed) -> list[Violation]:
         final = observed.finals.get(key) or []
         checker = _checker_of(key)
         if not isinstance(final, list):
-            violations.append(Violation(checker, "the final state is not a list",
-                                        {"key": key, "state": repr(final)[:200]}))
+            violations.append(
+                Violation(
+                    checker,
+                    "the final state is not a list",
+                    {"key": key, "state": repr(final)[:200]},
+                )
+            )
             continue
         violations += _exactly_once(checker, key, final, records, observed)
         violations += _prefixes(key, final, records, observed)
     return violations
 
 
-def _exactly_once(checker: str, key: str, final: list[Any], records: list[OpRecord],
-                  observed: Observed) -> list[Violation]:
+def _exactly_once(
+    checker: str, key: str, final: list[Any], records: list[OpRecord], observed: Observed
+) -> list[Violation]:
     violations = []
     records_by_tag = {record.tag: record for record in records}
     for tag, times in Counter(final).items():
@@ -113,40 +124,60 @@ def _exactly_once(checker: str, key: str, final: list[Any], records: list[OpReco
     submitted = set(records_by_tag)
     stray = [tag for tag in final if tag not in submitted]
     if stray:
-        violations.append(Violation(checker, "applied but never submitted on this key",
-                                    {"key": key, "tags": stray}))
+        violations.append(
+            Violation(
+                checker, "applied but never submitted on this key", {"key": key, "tags": stray}
+            )
+        )
     present = set(final)
     for record in records:
         outcome, _ = effective(record, observed)
         evidence = _evidence(record, observed, key=key)
         if outcome == APPLIED and record.tag not in present:
-            what = ("acknowledged op lost" if record.via == "reply"
-                    else "stored result says applied, state lacks it")
+            what = (
+                "acknowledged op lost"
+                if record.via == "reply"
+                else "stored result says applied, state lacks it"
+            )
             violations.append(Violation(checker, what, evidence))
         if outcome == NOT_APPLIED and record.tag in present:
             violations.append(Violation(checker, "an op reported failed was applied", evidence))
     return violations
 
 
-def _prefixes(key: str, final: list[Any], records: list[OpRecord],
-              observed: Observed) -> list[Violation]:
+def _prefixes(
+    key: str, final: list[Any], records: list[OpRecord], observed: Observed
+) -> list[Violation]:
     violations = []
     for record in records:
         outcome, value = effective(record, observed)
         if outcome != APPLIED or not isinstance(value, list):
             continue
         if not value or value[-1] != record.tag:
-            violations.append(Violation("lists-order", "an op's returned list does not end with"
-                                        " its own value", {**_evidence(record, observed, key=key),
-                                                           "returned_tail": value[-5:]}))
-        elif final[:len(value)] != value:
-            at = next((n for n, (a, b) in enumerate(zip(value, final, strict=False)) if a != b),
-                      min(len(value), len(final)))
-            violations.append(Violation(
-                "lists-order", "a returned list is not a prefix of the key's final list",
-                {**_evidence(record, observed, key=key), "differs_at": at,
-                 "returned_near": value[max(0, at - 2):at + 3],
-                 "final_near": final[max(0, at - 2):at + 3]}))
+            violations.append(
+                Violation(
+                    "lists-order",
+                    "an op's returned list does not end with its own value",
+                    {**_evidence(record, observed, key=key), "returned_tail": value[-5:]},
+                )
+            )
+        elif final[: len(value)] != value:
+            at = next(
+                (n for n, (a, b) in enumerate(zip(value, final, strict=False)) if a != b),
+                min(len(value), len(final)),
+            )
+            violations.append(
+                Violation(
+                    "lists-order",
+                    "a returned list is not a prefix of the key's final list",
+                    {
+                        **_evidence(record, observed, key=key),
+                        "differs_at": at,
+                        "returned_near": value[max(0, at - 2) : at + 3],
+                        "final_near": final[max(0, at - 2) : at + 3],
+                    },
+                )
+            )
     return violations
 
 
@@ -154,8 +185,10 @@ def check_bank(observed: Observed) -> list[Violation]:
     """Money conserved, nothing negative, each account's log exactly the ops that applied to
     it, each once, and a payment applied on all of its accounts or none."""
     records = [record for record in observed.history.records if record.kind == "bank"]
-    accounts = sorted({key for record in records for key in record.keys}
-                      | {key for key in observed.finals if key.startswith("acct:")})
+    accounts = sorted(
+        {key for record in records for key in record.keys}
+        | {key for key in observed.finals if key.startswith("acct:")}
+    )
     logs: dict[str, list[str]] = {}
     balances: dict[str, int] = {}
     violations = _accounts(accounts, observed.finals, logs, balances)
@@ -170,36 +203,51 @@ def check_bank(observed: Observed) -> list[Violation]:
             for key in record.keys[1:]:
                 expected[key] += record.amount
     if balances != expected:
-        wrong = {key: {"balance": balances[key], "from_logs": expected[key]}
-                 for key in accounts if balances[key] != expected[key]}
+        wrong = {
+            key: {"balance": balances[key], "from_logs": expected[key]}
+            for key in accounts
+            if balances[key] != expected[key]
+        }
         violations.append(Violation("bank", "balances differ from the applied payments", wrong))
     if sum(balances.values()) != OPENING_BALANCE * len(accounts):
-        violations.append(Violation("bank", "money not conserved",
-                                    {"total": sum(balances.values()),
-                                     "opening": OPENING_BALANCE * len(accounts)}))
+        violations.append(
+            Violation(
+                "bank",
+                "money not conserved",
+                {"total": sum(balances.values()), "opening": OPENING_BALANCE * len(accounts)},
+            )
+        )
     negative = {key: value for key, value in balances.items() if value < 0}
     if negative:
         violations.append(Violation("bank", "a negative balance", negative))
     return violations
 
 
-def _accounts(accounts: list[str], finals: dict[str, Any], logs: dict[str, list[str]],
-              balances: dict[str, int]) -> list[Violation]:
+def _accounts(
+    accounts: list[str],
+    finals: dict[str, Any],
+    logs: dict[str, list[str]],
+    balances: dict[str, int],
+) -> list[Violation]:
     """Fill ``logs`` and ``balances`` from the final states; a log holding a tag twice is a
     violation."""
     violations = []
     for account in accounts:
         state = finals.get(account)
         if not isinstance(state, dict):
-            violations.append(Violation("bank", "an account has no state",
-                                        {"key": account, "state": repr(state)[:200]}))
+            violations.append(
+                Violation(
+                    "bank", "an account has no state", {"key": account, "state": repr(state)[:200]}
+                )
+            )
             continue
         logs[account], balances[account] = list(state["ops"]), int(state["balance"])
         applied: Counter[str] = Counter(state["ops"])
         twice = [tag for tag, times in applied.items() if times > 1]
         if twice:
-            violations.append(Violation("bank", "a payment applied twice",
-                                        {"key": account, "tags": twice}))
+            violations.append(
+                Violation("bank", "a payment applied twice", {"key": account, "tags": twice})
+            )
     return violations
 
 
@@ -212,8 +260,9 @@ def _twice_evidence(violations: list[Violation], observed: Observed) -> None:
                 violation.evidence[tag] = _evidence(records[tag], observed)
 
 
-def _payments(records: list[OpRecord], logs: dict[str, list[str]],
-              observed: Observed) -> list[Violation]:
+def _payments(
+    records: list[OpRecord], logs: dict[str, list[str]], observed: Observed
+) -> list[Violation]:
     violations = []
     touching: dict[str, set[str]] = defaultdict(set)
     for record in records:
@@ -223,28 +272,39 @@ def _payments(records: list[OpRecord], logs: dict[str, list[str]],
         outcome, _ = effective(record, observed)
         evidence = {**_evidence(record, observed), "applied_on": on}
         if on and len(on) < len(record.keys):
-            violations.append(Violation("bank", "a payment applied on some of its keys only",
-                                        evidence))
+            violations.append(
+                Violation("bank", "a payment applied on some of its keys only", evidence)
+            )
         elif outcome == APPLIED and not on:
-            violations.append(Violation("bank", "acknowledged payment lost"
-                                        if record.via == "reply" else
-                                        "stored result says applied, no account logs it",
-                                        evidence))
+            violations.append(
+                Violation(
+                    "bank",
+                    "acknowledged payment lost"
+                    if record.via == "reply"
+                    else "stored result says applied, no account logs it",
+                    evidence,
+                )
+            )
         elif outcome == NOT_APPLIED and on:
-            violations.append(Violation("bank", "a payment reported failed was applied",
-                                        evidence))
+            violations.append(Violation("bank", "a payment reported failed was applied", evidence))
     for account, log in logs.items():
-        stray = [tag for tag in log if tag not in touching[account]
-                 and not tag.startswith("open-")]
+        stray = [tag for tag in log if tag not in touching[account] and not tag.startswith("open-")]
         if stray:
-            violations.append(Violation("bank", "applied but never submitted on this account",
-                                        {"key": account, "tags": stray}))
+            violations.append(
+                Violation(
+                    "bank",
+                    "applied but never submitted on this account",
+                    {"key": account, "tags": stray},
+                )
+            )
     return violations
 
 
 def check_sessions(history: History) -> list[Violation]:
-    return [Violation("read-your-writes", "a caller did not see its own acknowledged write",
-                      breach) for breach in history.session_breaches]
+    return [
+        Violation("read-your-writes", "a caller did not see its own acknowledged write", breach)
+        for breach in history.session_breaches
+    ]
 
 
 def check_appended_were_applied(observed: Observed) -> list[Violation]:
@@ -256,28 +316,44 @@ def check_appended_were_applied(observed: Observed) -> list[Violation]:
         record = records.get(seen.tag)
         if record is None or record.via == "reply" or op_id in observed.resolved:
             continue
-        violations.append(Violation(
-            "appended-never-applied", "an appended op has no outcome after healing",
-            {**_evidence(record, observed), "op_id": op_id, "shard": seen.shard,
-             "entries": seen.entries}))
+        violations.append(
+            Violation(
+                "appended-never-applied",
+                "an appended op has no outcome after healing",
+                {
+                    **_evidence(record, observed),
+                    "op_id": op_id,
+                    "shard": seen.shard,
+                    "entries": seen.entries,
+                },
+            )
+        )
     return violations
 
 
 def _evidence(record: OpRecord, observed: Observed, **extra: Any) -> dict[str, Any]:
-    evidence: dict[str, Any] = {"tag": record.tag, "keys": list(record.keys),
-                                "op_ids": op_ids_of(record, observed),
-                                "own_op_id": record.own_id,
-                                "caller_saw": record.via or "cancelled by the run's end",
-                                "submitted_at": round(record.started - observed.t0, 2),
-                                "entries": [entry for seen in observed.appended.values()
-                                            if seen.tag == record.tag for entry in seen.entries]}
+    evidence: dict[str, Any] = {
+        "tag": record.tag,
+        "keys": list(record.keys),
+        "op_ids": op_ids_of(record, observed),
+        "own_op_id": record.own_id,
+        "caller_saw": record.via or "cancelled by the run's end",
+        "submitted_at": round(record.started - observed.t0, 2),
+        "entries": [
+            entry
+            for seen in observed.appended.values()
+            if seen.tag == record.tag
+            for entry in seen.entries
+        ],
+    }
     if record.error:
         evidence["error"] = record.error[:160]
     return {**extra, **evidence}
 
 
-_ACQUIRED = re.compile(r"^(\S+ \S+) INFO keyserial.worker: shard (\d+): acquired \(epoch (\d+)\)",
-                       re.MULTILINE)
+_ACQUIRED = re.compile(
+    r"^(\S+ \S+) INFO keyserial.worker: shard (\d+): acquired \(epoch (\d+)\)", re.MULTILINE
+)
 
 
 def check_epochs(worker_logs: Mapping[str, str]) -> list[Violation]:
@@ -289,6 +365,12 @@ def check_epochs(worker_logs: Mapping[str, str]) -> list[Violation]:
     for name, text in sorted(worker_logs.items()):
         for when, shard, epoch in _ACQUIRED.findall(text):
             owners[(int(shard), int(epoch))].append(f"{name} at {when}")
-    return [Violation("epochs", "two owners of a shard under one epoch",
-                      {"shard": shard, "epoch": epoch, "owners": holders})
-            for (shard, epoch), holders in sorted(owners.items()) if len(holders) > 1]
+    return [
+        Violation(
+            "epochs",
+            "two owners of a shard under one epoch",
+            {"shard": shard, "epoch": epoch, "owners": holders},
+        )
+        for (shard, epoch), holders in sorted(owners.items())
+        if len(holders) > 1
+    ]

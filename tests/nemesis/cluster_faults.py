@@ -27,8 +27,10 @@ if TYPE_CHECKING:
 #: Seconds a failover or a rejoin may take before the fault gives up waiting (healing goes on).
 _WAIT = 30.0
 #: Where Debian's ``libfaketime`` package puts the library (``apt-get install faketime``).
-_FAKETIME_GLOBS = ("/usr/lib/*/faketime/libfaketime.so.1",
-                   "/usr/local/lib/faketime/libfaketime.so.1")
+_FAKETIME_GLOBS = (
+    "/usr/lib/*/faketime/libfaketime.so.1",
+    "/usr/local/lib/faketime/libfaketime.so.1",
+)
 
 
 def faketime_library() -> str | None:
@@ -54,13 +56,13 @@ async def _master(cluster: LocalCluster, slot_range: int) -> tuple[int, LocalSer
     return first, victim
 
 
-async def _failed_over(faults: Faults, cluster: LocalCluster, slot: int,
-                       victim: LocalServer) -> None:
+async def _failed_over(
+    faults: Faults, cluster: LocalCluster, slot: int, victim: LocalServer
+) -> None:
     others = [node for node in cluster.nodes if node is not victim]
     with anyio.move_on_after(_WAIT):
         while True:
-            master = await anyio.to_thread.run_sync(lambda: cluster.master_of(slot,
-                                                                              asking=others))
+            master = await anyio.to_thread.run_sync(lambda: cluster.master_of(slot, asking=others))
             if master not in (None, victim):
                 assert master is not None
                 faults.note(f"replica {master.port} promoted in place of {victim.port}")
@@ -115,8 +117,10 @@ async def master_lost_ahead(faults: Faults, number: int, event: FaultEvent) -> N
     slot, victim = await _master(cluster, event.params["slot_range"])
     replicas = await anyio.to_thread.run_sync(cluster.cut_off_replicas, victim)
     replica = replicas[0]
-    faults.note(f"replica {replica.port} of master {victim.port} stopped and cut off"
-                f" (slot range {event.params['slot_range']})")
+    faults.note(
+        f"replica {replica.port} of master {victim.port} stopped and cut off"
+        f" (slot range {event.params['slot_range']})"
+    )
     await anyio.sleep(event.params["lag"])
     await anyio.to_thread.run_sync(victim.kill)
     for each in replicas:
@@ -151,7 +155,15 @@ async def clock_skew(faults: Faults, number: int, event: FaultEvent) -> None:
         while victim.process.poll() is None:
             await anyio.sleep(0.05)
     minutes = event.params["skew_minutes"]
-    skewed = system.start_worker(slot, env={
-        "LD_PRELOAD": library, "FAKETIME": f"{minutes:+d}m", "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
-    faults.note(f"{event.target} replaced (pid {victim.pid} -> {skewed.pid}) by a worker whose"
-                f" clock is off by {minutes:+d} min")
+    skewed = system.start_worker(
+        slot,
+        env={
+            "LD_PRELOAD": library,
+            "FAKETIME": f"{minutes:+d}m",
+            "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        },
+    )
+    faults.note(
+        f"{event.target} replaced (pid {victim.pid} -> {skewed.pid}) by a worker whose"
+        f" clock is off by {minutes:+d} min"
+    )

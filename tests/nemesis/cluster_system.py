@@ -25,13 +25,13 @@ HEAL_SECONDS = 60.0
 class ClusterSystem(BaseSystem):
     def __init__(self, plan: Plan, workdir: Path) -> None:
         super().__init__(plan, workdir)
-        self.cluster = LocalCluster(appendfsync="always", node_timeout_ms=1500,
-                                    data_dir=workdir / "cluster")
+        self.cluster = LocalCluster(
+            appendfsync="always", node_timeout_ms=1500, data_dir=workdir / "cluster"
+        )
 
     def client(self) -> RedisCluster:
         """A cluster client through a node that answers now."""
-        return RedisCluster.from_url(self.cluster.url, socket_timeout=5,
-                                     socket_connect_timeout=2)
+        return RedisCluster.from_url(self.cluster.url, socket_timeout=5, socket_connect_timeout=2)
 
     async def start_redis(self) -> None:
         await anyio.to_thread.run_sync(self.cluster.start)

@@ -112,8 +112,13 @@ async def sigterm_slow(faults: Faults, number: int, event: FaultEvent) -> None:
     system = faults.system
     victim = system.worker(slot)
     params = event.params
-    faults.load.spawn(faults.load.burst, system.plan.layouts[slot], params["slow_ops"],
-                      params["slow_delay"], f"burst{number}")
+    faults.load.spawn(
+        faults.load.burst,
+        system.plan.layouts[slot],
+        params["slow_ops"],
+        params["slow_delay"],
+        f"burst{number}",
+    )
     await anyio.sleep(min(0.3, params["slow_delay"] / 2))
     system.terminating.add(slot)
     system.ended_by_nemesis.add(victim.pid)
@@ -166,8 +171,10 @@ async def net_delay(faults: Faults, number: int, event: FaultEvent) -> None:
 
 
 #: A Lua script that spins for ARGV[1] µs (it writes nothing, so SCRIPT KILL could end it).
-_SPIN = ("local t0 = redis.call('TIME') repeat local t = redis.call('TIME') until"
-         " (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > tonumber(ARGV[1])")
+_SPIN = (
+    "local t0 = redis.call('TIME') repeat local t = redis.call('TIME') until"
+    " (t[1] - t0[1]) * 1000000 + (t[2] - t0[2]) > tonumber(ARGV[1])"
+)
 
 
 async def redis_busy(faults: Faults, number: int, event: FaultEvent) -> None:
@@ -197,15 +204,22 @@ async def redis_loading(faults: Faults, number: int, event: FaultEvent) -> None:
     with anyio.fail_after(10):
         while True:
             persistence = await inspector.info("persistence")
-            if not any(int(persistence[flag])
-                       for flag in ("aof_rewrite_in_progress", "aof_rewrite_scheduled")):
+            if not any(
+                int(persistence[flag])
+                for flag in ("aof_rewrite_in_progress", "aof_rewrite_scheduled")
+            ):
                 break
             await anyio.sleep(0.02)
     await anyio.to_thread.run_sync(server.kill)
     faults.note(f"kill -9 redis, restarted loading {filler} keys {per_key} µs each")
     usual = server.extra_args
-    server.extra_args = [*usual, "--key-load-delay", str(per_key),
-                         "--loading-process-events-interval-bytes", "1024"]
+    server.extra_args = [
+        *usual,
+        "--key-load-delay",
+        str(per_key),
+        "--loading-process-events-interval-bytes",
+        "1024",
+    ]
     try:
         await anyio.to_thread.run_sync(server.start)  # it answers INFO while it loads
     finally:
@@ -280,6 +294,7 @@ async def _not_busy(command: Callable[[], Awaitable[Any]]) -> Any:
 def garbage_entry(kind: str, op_id: str, key: str, elsewhere: str) -> tuple[str, str, bool]:
     """``(v, ops, answered)``: the fields of a garbage entry, and whether the wire format
     promises its op id a stored outcome."""
+
     def envelope(**fields: object) -> str:
         return json.dumps({"id": op_id, "key": key, "op": "append", "args": ["g"], **fields})
 

@@ -54,8 +54,9 @@ async def forge(faults: Faults, number: int, event: FaultEvent) -> None:
         with anyio.move_on_after(event.params["lasting"]):
             while True:
                 try:
-                    sent += await _round(attacker, system.namespace,
-                                         system.profile.shard_count, rng)
+                    sent += await _round(
+                        attacker, system.namespace, system.profile.shard_count, rng
+                    )
                 except NoPermissionError:
                     raise  # the forger tried what the client ACL does not allow: a bug here
                 except RedisError:
@@ -63,8 +64,10 @@ async def forge(faults: Faults, number: int, event: FaultEvent) -> None:
                 await anyio.sleep(event.params["every"])
     finally:
         await attacker.aclose()
-        faults.note(f"forge: {sent} forged messages published as the client user"
-                    f" ({refused} rounds cut short by Redis)")
+        faults.note(
+            f"forge: {sent} forged messages published as the client user"
+            f" ({refused} rounds cut short by Redis)"
+        )
 
 
 async def _client_user(admin: aredis.Redis, port: int) -> str:
@@ -76,8 +79,9 @@ async def _client_user(admin: aredis.Redis, port: int) -> str:
     return f"redis://ks-nemesis-client:{password}@127.0.0.1:{port}/0"
 
 
-async def _round(attacker: aredis.Redis, namespace: str, shard_count: int,
-                 rng: random.Random) -> int:
+async def _round(
+    attacker: aredis.Redis, namespace: str, shard_count: int, rng: random.Random
+) -> int:
     """One round of forgeries: a push to a random shard, then a grant and a decision notice
     for every grant request in the streams. How many messages were published."""
     shard = rng.randrange(shard_count)
@@ -93,15 +97,17 @@ async def _round(attacker: aredis.Redis, namespace: str, shard_count: int,
     return sent
 
 
-async def _forged_push(attacker: aredis.Redis, namespace: str, shard: int, shard_count: int,
-                       rng: random.Random) -> int:
+async def _forged_push(
+    attacker: aredis.Redis, namespace: str, shard: int, shard_count: int, rng: random.Random
+) -> int:
     """A push of an append no caller made, in one of three shapes: following on from the
     stream's last entry with a made-up id, naming an empty stream and the largest id, or naming
     the last real entry with other ops."""
     keys = ShardKeys(namespace, shard)
     key = keys_on_shard(shard, shard_count, 1, "lst")[0]
-    ops = json.dumps([{"id": f"forged-{uuid.uuid4().hex}", "key": key, "op": "append",
-                       "args": ["forged"]}])
+    ops = json.dumps(
+        [{"id": f"forged-{uuid.uuid4().hex}", "key": key, "op": "append", "args": ["forged"]}]
+    )
     last = [entry_id.decode() for entry_id, _ in await attacker.xrevrange(keys.stream, count=2)]
     shape = rng.choice(("next", "largest", "swapped"))
     if shape == "largest" or not last:
@@ -115,8 +121,9 @@ async def _forged_push(attacker: aredis.Redis, namespace: str, shard: int, shard
     return 1
 
 
-async def _replayed_as_fresh(attacker: aredis.Redis, namespace: str, shard: int,
-                             rng: random.Random) -> int:
+async def _replayed_as_fresh(
+    attacker: aredis.Redis, namespace: str, shard: int, rng: random.Random
+) -> int:
     """An entry of the shard's stream (committed or not) appended again, its ops as they are
     but the entry marked ``fresh``: with the submit script, so it comes pushed, or a plain
     XADD, so it is fetched. 0 if the stream holds no op of a caller's."""
@@ -127,14 +134,18 @@ async def _replayed_as_fresh(attacker: aredis.Redis, namespace: str, shard: int,
             envelopes = json.loads(fields.get(b"ops", b"[]"))
         except ValueError:
             continue
-        ops += [item for item in envelopes if isinstance(item, dict)
-                and item.get("op") != GRANT_OP and isinstance(item.get("id"), str)]
+        ops += [
+            item
+            for item in envelopes
+            if isinstance(item, dict)
+            and item.get("op") != GRANT_OP
+            and isinstance(item.get("id"), str)
+        ]
     if not ops:
         return 0
     replayed = json.dumps([rng.choice(ops)])
     if rng.random() < 0.5:
-        await attacker.eval(SUBMIT_SCRIPT, 1, keys.stream, 0, "1", replayed, keys.wake_channel,
-                            "1")
+        await attacker.eval(SUBMIT_SCRIPT, 1, keys.stream, 0, "1", replayed, keys.wake_channel, "1")
     else:
         await attacker.xadd(keys.stream, {"v": "1", "ops": replayed, "fresh": "1"})
     return 1
@@ -150,8 +161,9 @@ FORGED_OUTCOMES = (
 )
 
 
-async def _forged_replies(attacker: aredis.Redis, namespace: str, shard: int,
-                          rng: random.Random) -> int:
+async def _forged_replies(
+    attacker: aredis.Redis, namespace: str, shard: int, rng: random.Random
+) -> int:
     """A forged reply for each of the last few ops in the shard's stream, on the reply
     channel its envelope names (a client may read the streams, and publish on replies)."""
     sent = 0
@@ -168,8 +180,9 @@ async def _forged_replies(attacker: aredis.Redis, namespace: str, shard: int,
     return sent
 
 
-async def _grant_requests(attacker: aredis.Redis, namespace: str,
-                          shard_count: int) -> list[tuple[int, dict[str, Any]]]:
+async def _grant_requests(
+    attacker: aredis.Redis, namespace: str, shard_count: int
+) -> list[tuple[int, dict[str, Any]]]:
     """Every grant request in the streams (a client may read them), with its shard."""
     found = []
     for shard in range(shard_count):
@@ -178,21 +191,38 @@ async def _grant_requests(attacker: aredis.Redis, namespace: str,
                 envelopes = json.loads(fields.get(b"ops", b"[]"))
             except ValueError:
                 continue
-            found += [(shard, item) for item in envelopes if isinstance(item, dict)
-                      and item.get("op") == GRANT_OP and isinstance(item.get("kwargs"), dict)]
+            found += [
+                (shard, item)
+                for item in envelopes
+                if isinstance(item, dict)
+                and item.get("op") == GRANT_OP
+                and isinstance(item.get("kwargs"), dict)
+            ]
     return found
 
 
-async def _forged_coordination(attacker: aredis.Redis, shard: int, envelope: dict[str, Any],
-                               channels: set[str]) -> int:
+async def _forged_coordination(
+    attacker: aredis.Redis, shard: int, envelope: dict[str, Any], channels: set[str]
+) -> int:
     """A grant with made-up states to the request's coordinator, and a decision notice that
     writes made-up states to every worker channel the forger knows."""
     request, keys = envelope["kwargs"], envelope.get("keys") or []
     states = [[key, FORGED_ACCOUNT if key.startswith("acct") else FORGED_LIST] for key in keys]
-    grant = {"t": "g", "op": request.get("op"), "a": request.get("attempt"), "s": shard,
-             "st": states, "f": 1, "c": "ks:forger"}
-    notice = {"t": "d", "op": request.get("op"), "a": request.get("attempt"),
-              "d": {"w": {str(shard): states}}}
+    grant = {
+        "t": "g",
+        "op": request.get("op"),
+        "a": request.get("attempt"),
+        "s": shard,
+        "st": states,
+        "f": 1,
+        "c": "ks:forger",
+    }
+    notice = {
+        "t": "d",
+        "op": request.get("op"),
+        "a": request.get("attempt"),
+        "d": {"w": {str(shard): states}},
+    }
     await attacker.publish(str(request.get("channel", "")), json.dumps(grant))
     for channel in channels:
         await attacker.publish(channel, json.dumps(notice))

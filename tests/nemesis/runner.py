@@ -52,16 +52,20 @@ class RunReport:
         return not self.violations
 
     def describe(self, *, verbose: bool = False) -> str:
-        lines = [f"seed {self.seed} ({self.profile}): "
-                 f"{'ok' if self.ok else f'{len(self.violations)} VIOLATION(S)'} {self.stats}"]
+        lines = [
+            f"seed {self.seed} ({self.profile}): "
+            f"{'ok' if self.ok else f'{len(self.violations)} VIOLATION(S)'} {self.stats}"
+        ]
         if verbose or not self.ok:
             lines += ["schedule:", self.schedule, "injected:"]
             lines += [f"  {line}" for line in self.injected]
         if not self.ok:
             lines += ["violations:"] + [f"  {v.describe()}"[:1500] for v in self.violations]
             lines.append(f"logs: {self.workdir}")
-            lines.append(f"reproduce: python -m tests.nemesis --seeds 1 --seed-start {self.seed}"
-                         f" --profile {self.profile}")
+            lines.append(
+                f"reproduce: python -m tests.nemesis --seeds 1 --seed-start {self.seed}"
+                f" --profile {self.profile}"
+            )
         return "\n".join(lines)
 
 
@@ -69,12 +73,18 @@ async def run_seed(seed: int, profile: Profile, workdir: Path) -> RunReport:
     plan = make_plan(seed, profile)
     report = RunReport(seed, profile.name, plan.describe(), workdir=str(workdir))
     began = time.monotonic()
-    with anyio.fail_after(profile.load_seconds + profile.submit_timeout
-                          + profile.resolve_seconds + 90):
+    with anyio.fail_after(
+        profile.load_seconds + profile.submit_timeout + profile.resolve_seconds + 90
+    ):
         async with make_system(plan, workdir) as system:
             if not await system.wait_all_held(30):
-                report.violations.append(Violation("setup", "workers did not take every shard",
-                                                   {"holders": await system.holders()}))
+                report.violations.append(
+                    Violation(
+                        "setup",
+                        "workers did not take every shard",
+                        {"holders": await system.holders()},
+                    )
+                )
                 return report
             await _run(plan, system, report)
     report.stats["seconds"] = round(time.monotonic() - began, 1)
@@ -90,11 +100,18 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
     tap = system.tap()
     async with anyio.create_task_group() as background, AsyncExitStack() as stack:
         background.start_soon(tap.run)
-        clients = [await stack.enter_async_context(keyserial.connect(
-            url, shards=profile.shard_count, namespace=system.namespace,
-            durable_replicas=profile.durable_replicas,
-            health_interval=profile.health_interval))
-            for url in system.client_urls()]
+        clients = [
+            await stack.enter_async_context(
+                keyserial.connect(
+                    url,
+                    shards=profile.shard_count,
+                    namespace=system.namespace,
+                    durable_replicas=profile.durable_replicas,
+                    health_interval=profile.health_interval,
+                )
+            )
+            for url in system.client_urls()
+        ]
         keys = Keys.for_profile(profile)
         await _open_accounts(clients[0], keys)
         load = Load(plan.seed, profile, keys, clients)
@@ -116,14 +133,25 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
         report.violations += await _garbage_answered(system, faults)
         observed = Observed(load.history, resolved, dict(tap.seen), finals, faults.started)
         report.violations += check_all(observed)
-        report.violations += check_epochs({process.log_path.name: process.log()
-                                           for process in system.every_process
-                                           if process.log_path is not None})
-        report.violations += [Violation("worker-crashes", "a worker process exited by itself",
-                                        crash) for crash in system.crashed()]
-        report.violations += [Violation("subscription-health", "a silently dropped subscription"
-                                        " was not replaced in time", stale)
-                              for stale in faults.stale_subscriptions]
+        report.violations += check_epochs(
+            {
+                process.log_path.name: process.log()
+                for process in system.every_process
+                if process.log_path is not None
+            }
+        )
+        report.violations += [
+            Violation("worker-crashes", "a worker process exited by itself", crash)
+            for crash in system.crashed()
+        ]
+        report.violations += [
+            Violation(
+                "subscription-health",
+                "a silently dropped subscription was not replaced in time",
+                stale,
+            )
+            for stale in faults.stale_subscriptions
+        ]
         report.injected = faults.log
         report.stats.update(_stats(observed), faults=faults.injected)
         background.cancel_scope.cancel()
@@ -131,12 +159,14 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
 
 async def _open_accounts(client: keyserial.Client, keys: Keys) -> None:
     for account in keys.accounts:
-        await client.submit(account, apps.open_account(OPENING_BALANCE),
-                            op_id=f"open-{account}", timeout=30)
+        await client.submit(
+            account, apps.open_account(OPENING_BALANCE), op_id=f"open-{account}", timeout=30
+        )
 
 
-async def _liveness(system: BaseSystem, client: keyserial.Client,
-                    faults: Faults) -> list[Violation]:
+async def _liveness(
+    system: BaseSystem, client: keyserial.Client, faults: Faults
+) -> list[Violation]:
     """Each shard takes and commits a new op within the bound, counted from the heal."""
     profile = system.profile
     healed = time.monotonic()
@@ -150,19 +180,31 @@ async def _liveness(system: BaseSystem, client: keyserial.Client,
                 try:
                     # Under one op id, as a caller told BackendUnavailable resubmits: right
                     # after a failover the client may still route to the dead master.
-                    await client.submit(key, apps.append(f"live-{shard}"), op_id=f"live-{shard}",
-                                        timeout=max(0.1, left))
+                    await client.submit(
+                        key,
+                        apps.append(f"live-{shard}"),
+                        op_id=f"live-{shard}",
+                        timeout=max(0.1, left),
+                    )
                     return
                 except BackendUnavailable:
                     if left <= 0.2:
                         raise
                     await anyio.sleep(0.2)
         except KeyserialError as error:
-            violations.append(Violation(
-                "liveness", f"shard {shard} committed no new op within "
-                f"{profile.liveness_bound}s of healing",
-                {"shard": shard, "error": str(error)[:200], "holders": await system.holders(),
-                 "live_pids": sorted(system.live_pids())}))
+            violations.append(
+                Violation(
+                    "liveness",
+                    f"shard {shard} committed no new op within "
+                    f"{profile.liveness_bound}s of healing",
+                    {
+                        "shard": shard,
+                        "error": str(error)[:200],
+                        "holders": await system.holders(),
+                        "live_pids": sorted(system.live_pids()),
+                    },
+                )
+            )
 
     async with anyio.create_task_group() as group:
         for shard in range(profile.shard_count):
@@ -177,8 +219,9 @@ async def _liveness(system: BaseSystem, client: keyserial.Client,
 _UNSEEN_GRACE = 2.0
 
 
-async def _resolve(client: keyserial.Client, load: Load, tap: StreamTap,
-                   profile: Profile) -> dict[str, Resolved]:
+async def _resolve(
+    client: keyserial.Client, load: Load, tap: StreamTap, profile: Profile
+) -> dict[str, Resolved]:
     """Poll the stored outcome of every op whose caller did not learn it, and of every op the
     tap saw appended, until found or the deadline (for an op the tap never saw, a grace):
     never resubmitting."""
@@ -220,8 +263,9 @@ async def _stored(client: keyserial.Client, op_id: str, key: str | list[str]) ->
         return None
 
 
-async def _finals(client: keyserial.Client, system: BaseSystem, load: Load,
-                  keys: Keys) -> dict[str, Any]:
+async def _finals(
+    client: keyserial.Client, system: BaseSystem, load: Load, keys: Keys
+) -> dict[str, Any]:
     """Every key's state, read by an op (after every op appended on it) where the shard
     answers, else straight from the state hash."""
     names = {key for record in load.history.records for key in record.keys}
@@ -230,13 +274,15 @@ async def _finals(client: keyserial.Client, system: BaseSystem, load: Load,
 
     async def read(key: str) -> None:
         try:
-            finals[key] = await client.submit(key, apps.peek(), timeout=system.profile.
-                                              liveness_bound)
+            finals[key] = await client.submit(
+                key, apps.peek(), timeout=system.profile.liveness_bound
+            )
         except KeyserialError:
             assert system.inspector is not None
             shard = client.shard_of(key)
             raw = await system.inspector.execute_command(  # type: ignore[no-untyped-call]
-                "HGET", ShardKeys(system.namespace, shard).state, key)
+                "HGET", ShardKeys(system.namespace, shard).state, key
+            )
             finals[key] = None if raw is None else json.loads(raw)
 
     async with anyio.create_task_group() as group:
@@ -254,17 +300,23 @@ async def _garbage_answered(system: BaseSystem, faults: Faults) -> list[Violatio
     for sent in faults.garbage:
         keys = ShardKeys(system.namespace, sent.shard)
         for op_id in sent.answer_expected:
-            found = [await system.inspector.execute_command(  # type: ignore[no-untyped-call]
-                "HGET", name, op_id)
-                     for name in (keys.results, keys.results_old)]
-            evidence = {"kind": sent.kind, "shard": sent.shard, "op_id": op_id,
-                        "entry": sent.entry}
+            found = [
+                await system.inspector.execute_command(  # type: ignore[no-untyped-call]
+                    "HGET", name, op_id
+                )
+                for name in (keys.results, keys.results_old)
+            ]
+            evidence = {"kind": sent.kind, "shard": sent.shard, "op_id": op_id, "entry": sent.entry}
             if sent.kind == "unknown_op" and any(found):
-                violations.append(Violation(
-                    "garbage", "an unknown op's refusal was stored", evidence))
+                violations.append(
+                    Violation("garbage", "an unknown op's refusal was stored", evidence)
+                )
             elif sent.kind != "unknown_op" and not any(found):
-                violations.append(Violation(
-                    "garbage", "a foreign envelope with an id got no stored outcome", evidence))
+                violations.append(
+                    Violation(
+                        "garbage", "a foreign envelope with an id got no stored outcome", evidence
+                    )
+                )
     return violations
 
 
@@ -273,5 +325,9 @@ def _stats(observed: Observed) -> dict[str, Any]:
     for record in observed.history.records:
         name = f"{record.outcome}:{record.via}"
         counts[name] = counts.get(name, 0) + 1
-    return {"ops": len(observed.history.records), "appended_seen": len(observed.appended),
-            "resolved": len(observed.resolved), **dict(sorted(counts.items()))}
+    return {
+        "ops": len(observed.history.records),
+        "appended_seen": len(observed.appended),
+        "resolved": len(observed.resolved),
+        **dict(sorted(counts.items())),
+    }

@@ -66,8 +66,14 @@ TAKEOVER_FAULT_WEIGHTS: dict[str, int] = {
 
 #: Foreign or broken stream entries the ``garbage`` fault appends (see ``faults.garbage_entry``).
 GARBAGE_KINDS = (
-    "deep_nesting", "invalid_json", "non_list", "lone_surrogate", "bad_version", "bad_element",
-    "misrouted", "unknown_op",
+    "deep_nesting",
+    "invalid_json",
+    "non_list",
+    "lone_surrogate",
+    "bad_version",
+    "bad_element",
+    "misrouted",
+    "unknown_op",
 )
 
 
@@ -113,18 +119,35 @@ class Profile:
 PROFILES = {
     "short": Profile("short", load_seconds=7.0, faults=(2, 4), edge_faults=(0, 2)),
     # The short profile with a byzantine client in every run (see ``hostile.forge``).
-    "hostile": Profile("hostile", load_seconds=7.0, faults=(2, 4), edge_faults=(0, 2),
-                       hostile_faults=(1, 1)),
-    "long": Profile("long", load_seconds=18.0, faults=(5, 9), edge_faults=(1, 3),
-                    hostile_faults=(1, 2)),
-    "cluster": Profile("cluster", load_seconds=20.0, faults=(2, 4), callers=12,
-                       topology="cluster", fault_weights=tuple(CLUSTER_FAULT_WEIGHTS.items()),
-                       durable_replicas=1),
+    "hostile": Profile(
+        "hostile", load_seconds=7.0, faults=(2, 4), edge_faults=(0, 2), hostile_faults=(1, 1)
+    ),
+    "long": Profile(
+        "long", load_seconds=18.0, faults=(5, 9), edge_faults=(1, 3), hostile_faults=(1, 2)
+    ),
+    "cluster": Profile(
+        "cluster",
+        load_seconds=20.0,
+        faults=(2, 4),
+        callers=12,
+        topology="cluster",
+        fault_weights=tuple(CLUSTER_FAULT_WEIGHTS.items()),
+        durable_replicas=1,
+    ),
     # Leases of 6 s outlive a TAKEOVER: owners keep their shards across the failover.
-    "takeover": Profile("takeover", load_seconds=20.0, faults=(2, 4), callers=12,
-                        topology="cluster", fault_weights=tuple(TAKEOVER_FAULT_WEIGHTS.items()),
-                        durable_replicas=1, lease_ttl=6.0, submit_timeout=30.0,
-                        liveness_bound=12.0, callers_cancel=False),
+    "takeover": Profile(
+        "takeover",
+        load_seconds=20.0,
+        faults=(2, 4),
+        callers=12,
+        topology="cluster",
+        fault_weights=tuple(TAKEOVER_FAULT_WEIGHTS.items()),
+        durable_replicas=1,
+        lease_ttl=6.0,
+        submit_timeout=30.0,
+        liveness_bound=12.0,
+        callers_cancel=False,
+    ),
 }
 
 
@@ -151,11 +174,15 @@ class Plan:
     events: tuple[FaultEvent, ...]
 
     def describe(self) -> str:
-        lines = [f"seed {self.seed}, profile {self.profile.name}: "
-                 f"{self.profile.workers} workers over {self.profile.shard_count} shards, "
-                 f"lease {self.profile.lease_ttl}s, load {self.profile.load_seconds}s"]
-        lines += [f"  worker:{slot} serves shards {list(shards)}"
-                  for slot, shards in enumerate(self.layouts)]
+        lines = [
+            f"seed {self.seed}, profile {self.profile.name}: "
+            f"{self.profile.workers} workers over {self.profile.shard_count} shards, "
+            f"lease {self.profile.lease_ttl}s, load {self.profile.load_seconds}s"
+        ]
+        lines += [
+            f"  worker:{slot} serves shards {list(shards)}"
+            for slot, shards in enumerate(self.layouts)
+        ]
         lines += [f"  {event.describe()}" for event in self.events]
         return "\n".join(lines)
 
@@ -175,14 +202,16 @@ def make_plan(seed: int, profile: Profile) -> Plan:
     edges = rng_for(seed, "plan:edges")
     events += _draw(edges, profile, edges.randint(*profile.edge_faults), EDGE_FAULT_WEIGHTS)
     hostile = rng_for(seed, "plan:hostile")
-    events += _draw(hostile, profile, hostile.randint(*profile.hostile_faults),
-                    HOSTILE_FAULT_WEIGHTS)
+    events += _draw(
+        hostile, profile, hostile.randint(*profile.hostile_faults), HOSTILE_FAULT_WEIGHTS
+    )
     events.sort(key=lambda event: event.at)
     return Plan(seed, profile, layouts, tuple(events))
 
 
-def _draw(rng: random.Random, profile: Profile, count: int,
-          table: dict[str, int]) -> list[FaultEvent]:
+def _draw(
+    rng: random.Random, profile: Profile, count: int, table: dict[str, int]
+) -> list[FaultEvent]:
     kinds = list(table)
     weights = [table[kind] for kind in kinds]
     events = []
@@ -197,8 +226,9 @@ def _draw(rng: random.Random, profile: Profile, count: int,
 def _layouts(rng: random.Random, profile: Profile) -> tuple[tuple[int, ...], ...]:
     """Overlapping shard lists: every shard served by at least one slot, most by two or more."""
     shards = range(profile.shard_count)
-    layouts = [set(rng.sample(shards, rng.randint(2, profile.shard_count)))
-               for _ in range(profile.workers)]
+    layouts = [
+        set(rng.sample(shards, rng.randint(2, profile.shard_count))) for _ in range(profile.workers)
+    ]
     for shard in shards:
         holders = [slot for slot, layout in enumerate(layouts) if shard in layout]
         if len(holders) < 2:
@@ -228,9 +258,11 @@ def _sigstop(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]
 
 
 def _sigterm(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
-    return _worker(rng, profile), {"slow_ops": rng.randint(4, 16),
-                                   "slow_delay": round(rng.uniform(0.3, 2.5), 2),
-                                   "restart_after": round(rng.uniform(0.0, 1.5), 2)}
+    return _worker(rng, profile), {
+        "slow_ops": rng.randint(4, 16),
+        "slow_delay": round(rng.uniform(0.3, 2.5), 2),
+        "restart_after": round(rng.uniform(0.0, 1.5), 2),
+    }
 
 
 def _redis(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
@@ -242,13 +274,17 @@ def _reset(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
 
 
 def _blackhole(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
-    return _link(rng, profile), {"held": round(rng.uniform(0.3, 3.0), 2),
-                                 "then_reset": rng.random() < 0.5}
+    return _link(rng, profile), {
+        "held": round(rng.uniform(0.3, 3.0), 2),
+        "then_reset": rng.random() < 0.5,
+    }
 
 
 def _delay(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
-    return _link(rng, profile), {"delay": round(rng.uniform(0.005, 0.3), 3),
-                                 "lasting": round(rng.uniform(1.0, 4.0), 2)}
+    return _link(rng, profile), {
+        "delay": round(rng.uniform(0.005, 0.3), 3),
+        "lasting": round(rng.uniform(1.0, 4.0), 2),
+    }
 
 
 def _garbage(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
@@ -272,21 +308,28 @@ def _sub_drop(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]
 
 def _master(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
     """A master (the one serving a slot range when it fires), restarted after its failover."""
-    return "cluster", {"slot_range": rng.randrange(3),
-                       "restart_after": round(rng.uniform(0.0, 3.0), 2)}
+    return "cluster", {
+        "slot_range": rng.randrange(3),
+        "restart_after": round(rng.uniform(0.0, 3.0), 2),
+    }
 
 
 def _master_pause(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
     """A master stopped until its replica is promoted, and ``past_failover`` seconds more."""
-    return "cluster", {"slot_range": rng.randrange(3),
-                       "past_failover": round(rng.uniform(0.0, 3.0), 2)}
+    return "cluster", {
+        "slot_range": rng.randrange(3),
+        "past_failover": round(rng.uniform(0.0, 3.0), 2),
+    }
 
 
 def _master_lost_ahead(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
     """A master that commits ``lag`` seconds with its replica cut off, then dies; the replica
     takes over at once, and the old master is restarted ``restart_after`` seconds later."""
-    return "cluster", {"slot_range": rng.randrange(3), "lag": round(rng.uniform(1.2, 3.0), 2),
-                       "restart_after": round(rng.uniform(0.5, 3.0), 2)}
+    return "cluster", {
+        "slot_range": rng.randrange(3),
+        "lag": round(rng.uniform(1.2, 3.0), 2),
+        "restart_after": round(rng.uniform(0.5, 3.0), 2),
+    }
 
 
 def _clock_skew(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
@@ -297,8 +340,10 @@ def _clock_skew(rng: random.Random, profile: Profile) -> tuple[str, dict[str, An
 
 def _forge(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
     """A byzantine client forging messages every ``every`` seconds for ``lasting`` seconds."""
-    return "forger", {"lasting": round(rng.uniform(1.0, 3.0), 2),
-                      "every": round(rng.uniform(0.02, 0.1), 3)}
+    return "forger", {
+        "lasting": round(rng.uniform(1.0, 3.0), 2),
+        "every": round(rng.uniform(0.02, 0.1), 3),
+    }
 
 
 _PARAMS = {

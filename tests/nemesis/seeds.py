@@ -26,14 +26,29 @@ TAKEOVER_SEEDS: tuple[int, ...] = (6, 12, 29, 50)
 #: Seeds that failed once, each for a defect since fixed: ``tests/test_nemesis.py`` runs them
 #: as regression tests (the short ones; the long ones with ``python -m tests.nemesis``).
 REGRESSIONS: list[KnownFailure] = [
-    KnownFailure(103, "short", "ops with generated ids applied twice after SIGTERM with slow"
-                 " ops in flight: a clean release reset the horizon (fixed: release keeps it)"),
-    KnownFailure(117, "short", "acknowledged payments applied on one key only after a worker"
-                 " blackhole and a kill -9 (passes since replay and retention were fixed)"),
-    KnownFailure(119, "short", "a lone-surrogate envelope killed every worker taking its shard"
-                 " (fixed: such text is refused as MalformedOperation)"),
-    KnownFailure(120, "short", "a 3,000-deep entry crash-looped its shard (fixed: RecursionError"
-                 " is a malformed entry)"),
+    KnownFailure(
+        103,
+        "short",
+        "ops with generated ids applied twice after SIGTERM with slow"
+        " ops in flight: a clean release reset the horizon (fixed: release keeps it)",
+    ),
+    KnownFailure(
+        117,
+        "short",
+        "acknowledged payments applied on one key only after a worker"
+        " blackhole and a kill -9 (passes since replay and retention were fixed)",
+    ),
+    KnownFailure(
+        119,
+        "short",
+        "a lone-surrogate envelope killed every worker taking its shard"
+        " (fixed: such text is refused as MalformedOperation)",
+    ),
+    KnownFailure(
+        120,
+        "short",
+        "a 3,000-deep entry crash-looped its shard (fixed: RecursionError is a malformed entry)",
+    ),
     KnownFailure(100, "short", "SIGTERM double apply (fixed with 103)"),
     KnownFailure(108, "short", "SIGTERM double apply (fixed with 103)"),
     KnownFailure(113, "short", "payment on its source only, kill -9 and a Redis restart"),
@@ -41,98 +56,176 @@ REGRESSIONS: list[KnownFailure] = [
     KnownFailure(116, "short", "SIGTERM double apply (fixed with 103)"),
     KnownFailure(122, "short", "SIGTERM double apply (fixed with 103)"),
     KnownFailure(123, "short", "SIGTERM double apply (fixed with 103)"),
-    KnownFailure(105, "short", "liveness: after a kill -9 the new owner replayed the dead"
-                 " owner's many slow ops one at a time, a lease TTL each, past the checker's 5 s"
-                 " (fixed: only the op the acquire struck runs alone)"),
-    KnownFailure(212, "short", "liveness, as 105: shards taken over in careful mode replayed"
-                 " their slow ops one at a time past the checker's 5 s (fixed with 105)"),
-    KnownFailure(1, "hostile", "a payment applied on some of its keys only, in about 1 run of 4:"
-                 " the byzantine client's forged push made a home shard's runner give its shard"
-                 " up while its commit across shards was in flight; the coordinator, cancelled,"
-                 " never told the participant shard's runner (same worker), whose cache kept"
-                 " the old state and granted it to the next payment (fixed: a commit whose"
-                 " outcome its coordinator never learns breaks the lineages it writes)"),
-    *(KnownFailure(seed, "long", "a payment applied on some of its keys only, money not"
-                   " conserved (4003-4006 in one run of 4000-4029 on a loaded machine): a"
-                   " participant runner whose lineage a commit of unknown outcome had broken"
-                   " kept sending grants and steps from its cache, since without"
-                   " durable_replicas the pipeliner sent a broken lineage's calls anyway (fixed:"
-                   " a broken lineage sends nothing, whatever the durability)")
-      for seed in (4003, 4004, 4005, 4006)),
+    KnownFailure(
+        105,
+        "short",
+        "liveness: after a kill -9 the new owner replayed the dead"
+        " owner's many slow ops one at a time, a lease TTL each, past the checker's 5 s"
+        " (fixed: only the op the acquire struck runs alone)",
+    ),
+    KnownFailure(
+        212,
+        "short",
+        "liveness, as 105: shards taken over in careful mode replayed"
+        " their slow ops one at a time past the checker's 5 s (fixed with 105)",
+    ),
+    KnownFailure(
+        1,
+        "hostile",
+        "a payment applied on some of its keys only, in about 1 run of 4:"
+        " the byzantine client's forged push made a home shard's runner give its shard"
+        " up while its commit across shards was in flight; the coordinator, cancelled,"
+        " never told the participant shard's runner (same worker), whose cache kept"
+        " the old state and granted it to the next payment (fixed: a commit whose"
+        " outcome its coordinator never learns breaks the lineages it writes)",
+    ),
+    *(
+        KnownFailure(
+            seed,
+            "long",
+            "a payment applied on some of its keys only, money not"
+            " conserved (4003-4006 in one run of 4000-4029 on a loaded machine): a"
+            " participant runner whose lineage a commit of unknown outcome had broken"
+            " kept sending grants and steps from its cache, since without"
+            " durable_replicas the pipeliner sent a broken lineage's calls anyway (fixed:"
+            " a broken lineage sends nothing, whatever the durability)",
+        )
+        for seed in (4003, 4004, 4005, 4006)
+    ),
     KnownFailure(1000, "long", "lone surrogate and deep nesting killed workers (fixed)"),
     KnownFailure(1001, "long", "SIGTERM double apply (fixed)"),
     KnownFailure(1003, "long", "deep nesting crash-looped shard 5 (fixed)"),
     KnownFailure(1004, "long", "payments applied twice after SIGTERM (fixed)"),
     KnownFailure(1005, "long", "garbage crash-looped shards 0 and 1 (fixed)"),
     KnownFailure(1007, "long", "fresh ops applied twice after SIGTERM (fixed)"),
-    KnownFailure(3161, "long", "a worker started while Redis was being killed exited: its first"
-                 " wake-up subscription failed (fixed: the worker serves at once and retries"
-                 " the subscription)"),
-    KnownFailure(3145, "long", "counters: an op applied twice, in about 1 run of 3. It was the"
-                 " suspect running alone after a takeover, and a Redis restart held up the step"
-                 " committing it past its lease TTL alone; that time limit cancelled the step,"
-                 " whose batch was already out of memory: the cached state kept the op's effect,"
-                 " the next commit wrote it with no result, and the client's sweep appended the"
-                 " op again (fixed: the time limit ends a wait, never a step)"),
-    KnownFailure(3638, "long", "subscription-health: a client's subscription, silenced 0.1 s"
-                 " after a Redis restart, was not replaced within its 4 s bound (seen once, on a"
-                 " loaded machine): it was silenced between SUBSCRIBE and the confirmation, which"
-                 " the client awaited for a command's 10 s (fixed: a resubscription has one"
-                 " health interval per round trip, three, to be confirmed)"),
-    KnownFailure(0, "cluster", "acknowledged ops lost, a payment applied on one key only, money"
-                 " not conserved after a master was paused past its failover then killed"
-                 " (fixed: durable_replicas=1, grants and decisions behind WAIT)"),
-    KnownFailure(1, "cluster", "entries appended around a master's pause lost in its failover"
-                 " and never appended again: the client's sweep hung on the paused node, and a"
-                 " lost grant request left its payment waiting forever (fixed)"),
-    KnownFailure(4, "cluster", "an entry appended as a master was paused lost in its failover,"
-                 " its submit timed out (fixed with 1)"),
-    KnownFailure(102, "cluster", "payments applied on some of their keys only, money not"
-                 " conserved: across a master's failover the old node's lease round and the new"
-                 " node's both sent a shard's acquire, one attempt answered twice with one grant,"
-                 " and the worker ran two runners under one epoch (fixed: one acquire in flight"
-                 " per shard, and a grant for a shard held already starts nothing)"),
-    KnownFailure(105, "cluster", "an acknowledged list append lost and the key's history"
-                 " forked: two runners under one epoch, as 102 (fixed with 102)"),
-    KnownFailure(167, "cluster", "a 3-key payment applied twice on one key (1 run in 10): a"
-                 " participant read its decision from the master a failover had just left"
-                 " behind, confirmed it with a WAIT on the promoted replica, which never had it,"
-                 " and applied it; the new home owner ran the payment again (fixed: a read or a"
-                 " write is confirmed by a WAIT on its own connection)"),
-    KnownFailure(5, "takeover", "counters: ops applied twice: a master replied to commits no"
-                 " replica had, died, and its replica took over within the owner's lease; the"
-                 " owner built on its cache and ran the ops appended again a second time (fixed:"
-                 " an unconfirmed commit breaks the owner's lineage, the shard is taken over)"),
-    KnownFailure(6, "takeover", "payments and counter ops applied twice, as 5 (fixed with 5);"
-                 " later lists: two acknowledged appends lost across two fast"
-                 " takeovers of one slot range (2 runs in about 25; no report kept). Takeover"
-                 " runs then showed a shard's epoch handed to two owners: an acquire's epoch bump"
-                 " lost in a failover was handed out again, and the two owners' histories forked"
-                 " (fixed: an acquire counts once the replicas confirm it)"),
-    KnownFailure(12, "takeover", "bank: payments applied on some of their keys (1 run in 13,"
-                 " then 2 in 10 after the epoch fix). A participant's grant, resent after its"
-                 " master died, was recorded on the promoted replica, which had lost the grant"
-                 " request; the coordinator had appended the request again behind another for"
-                 " the same key, which the participant's successor granted first: two ops held"
-                 " the key at once (fixed: a grant is recorded only while its request's entry is"
-                 " in the stream)"),
-    KnownFailure(50, "takeover", "worker-crashes: a worker exited on redis-py's IndexError:"
-                 " mid-failover no node reported a master, and its cluster client learnt the"
-                 " routing inside a command (a grant request's poll, a lease release), not in"
-                 " keyserial's refresh, which 15's fix covered (fixed: the boundary makes"
-                 " redis-py's IndexError BackendUnavailable wherever it is raised). Then a"
-                 " worker stuck for good on it, holding a shard: after takeovers on all three"
-                 " masters redis-py had cached every master as a replica (redis/redis-py#2433)"
-                 " and found no master at every command (fixed: the boundary retypes the nodes"
-                 " from the slots just read)"),
-    KnownFailure(26, "takeover", "liveness: two shards took no probe op after healing: a master"
-                 " was killed and its replica promoted as the load ended, and each probe's only"
-                 " submit, sent at once on the client's old routing, raised BackendUnavailable"
-                 " (fixed in the harness: a probe resubmits under its op id, as a caller does)"),
+    KnownFailure(
+        3161,
+        "long",
+        "a worker started while Redis was being killed exited: its first"
+        " wake-up subscription failed (fixed: the worker serves at once and retries"
+        " the subscription)",
+    ),
+    KnownFailure(
+        3145,
+        "long",
+        "counters: an op applied twice, in about 1 run of 3. It was the"
+        " suspect running alone after a takeover, and a Redis restart held up the step"
+        " committing it past its lease TTL alone; that time limit cancelled the step,"
+        " whose batch was already out of memory: the cached state kept the op's effect,"
+        " the next commit wrote it with no result, and the client's sweep appended the"
+        " op again (fixed: the time limit ends a wait, never a step)",
+    ),
+    KnownFailure(
+        3638,
+        "long",
+        "subscription-health: a client's subscription, silenced 0.1 s"
+        " after a Redis restart, was not replaced within its 4 s bound (seen once, on a"
+        " loaded machine): it was silenced between SUBSCRIBE and the confirmation, which"
+        " the client awaited for a command's 10 s (fixed: a resubscription has one"
+        " health interval per round trip, three, to be confirmed)",
+    ),
+    KnownFailure(
+        0,
+        "cluster",
+        "acknowledged ops lost, a payment applied on one key only, money"
+        " not conserved after a master was paused past its failover then killed"
+        " (fixed: durable_replicas=1, grants and decisions behind WAIT)",
+    ),
+    KnownFailure(
+        1,
+        "cluster",
+        "entries appended around a master's pause lost in its failover"
+        " and never appended again: the client's sweep hung on the paused node, and a"
+        " lost grant request left its payment waiting forever (fixed)",
+    ),
+    KnownFailure(
+        4,
+        "cluster",
+        "an entry appended as a master was paused lost in its failover,"
+        " its submit timed out (fixed with 1)",
+    ),
+    KnownFailure(
+        102,
+        "cluster",
+        "payments applied on some of their keys only, money not"
+        " conserved: across a master's failover the old node's lease round and the new"
+        " node's both sent a shard's acquire, one attempt answered twice with one grant,"
+        " and the worker ran two runners under one epoch (fixed: one acquire in flight"
+        " per shard, and a grant for a shard held already starts nothing)",
+    ),
+    KnownFailure(
+        105,
+        "cluster",
+        "an acknowledged list append lost and the key's history"
+        " forked: two runners under one epoch, as 102 (fixed with 102)",
+    ),
+    KnownFailure(
+        167,
+        "cluster",
+        "a 3-key payment applied twice on one key (1 run in 10): a"
+        " participant read its decision from the master a failover had just left"
+        " behind, confirmed it with a WAIT on the promoted replica, which never had it,"
+        " and applied it; the new home owner ran the payment again (fixed: a read or a"
+        " write is confirmed by a WAIT on its own connection)",
+    ),
+    KnownFailure(
+        5,
+        "takeover",
+        "counters: ops applied twice: a master replied to commits no"
+        " replica had, died, and its replica took over within the owner's lease; the"
+        " owner built on its cache and ran the ops appended again a second time (fixed:"
+        " an unconfirmed commit breaks the owner's lineage, the shard is taken over)",
+    ),
+    KnownFailure(
+        6,
+        "takeover",
+        "payments and counter ops applied twice, as 5 (fixed with 5);"
+        " later lists: two acknowledged appends lost across two fast"
+        " takeovers of one slot range (2 runs in about 25; no report kept). Takeover"
+        " runs then showed a shard's epoch handed to two owners: an acquire's epoch bump"
+        " lost in a failover was handed out again, and the two owners' histories forked"
+        " (fixed: an acquire counts once the replicas confirm it)",
+    ),
+    KnownFailure(
+        12,
+        "takeover",
+        "bank: payments applied on some of their keys (1 run in 13,"
+        " then 2 in 10 after the epoch fix). A participant's grant, resent after its"
+        " master died, was recorded on the promoted replica, which had lost the grant"
+        " request; the coordinator had appended the request again behind another for"
+        " the same key, which the participant's successor granted first: two ops held"
+        " the key at once (fixed: a grant is recorded only while its request's entry is"
+        " in the stream)",
+    ),
+    KnownFailure(
+        50,
+        "takeover",
+        "worker-crashes: a worker exited on redis-py's IndexError:"
+        " mid-failover no node reported a master, and its cluster client learnt the"
+        " routing inside a command (a grant request's poll, a lease release), not in"
+        " keyserial's refresh, which 15's fix covered (fixed: the boundary makes"
+        " redis-py's IndexError BackendUnavailable wherever it is raised). Then a"
+        " worker stuck for good on it, holding a shard: after takeovers on all three"
+        " masters redis-py had cached every master as a replica (redis/redis-py#2433)"
+        " and found no master at every command (fixed: the boundary retypes the nodes"
+        " from the slots just read)",
+    ),
+    KnownFailure(
+        26,
+        "takeover",
+        "liveness: two shards took no probe op after healing: a master"
+        " was killed and its replica promoted as the load ended, and each probe's only"
+        " submit, sent at once on the client's old routing, raised BackendUnavailable"
+        " (fixed in the harness: a probe resubmits under its op id, as a caller does)",
+    ),
     KnownFailure(29, "takeover", "liveness: as 26 (fixed with 26; it failed on dc2ee72 too)"),
-    KnownFailure(15, "takeover", "the run crashed: mid-failover no node reported a master, and"
-                 " learning the routing again raised redis-py's IndexError in a client's sweep"
-                 " (fixed: it is BackendUnavailable, waited out)"),
+    KnownFailure(
+        15,
+        "takeover",
+        "the run crashed: mid-failover no node reported a master, and"
+        " learning the routing again raised redis-py's IndexError in a client's sweep"
+        " (fixed: it is BackendUnavailable, waited out)",
+    ),
 ]
 
 #: The regression seeds CI runs (the rest run with ``python -m tests.nemesis``).

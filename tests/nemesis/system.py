@@ -51,8 +51,12 @@ class BaseSystem:
             self.start_worker(slot)
         return self
 
-    async def __aexit__(self, exc_type: type[BaseException] | None,
-                        exc: BaseException | None, tb: TracebackType | None) -> None:
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         with anyio.CancelScope(shield=True):
             for process in self.every_process:
                 process.close()
@@ -90,10 +94,14 @@ class BaseSystem:
         if self.profile.durable_replicas:
             env = {**(env or {}), "KEYSERIAL_DURABLE_REPLICAS": str(self.profile.durable_replicas)}
         process = WorkerProcess(
-            self.worker_url(slot), self.namespace, shards=shards,
-            shard_count=self.profile.shard_count, lease_ttl=self.profile.lease_ttl,
+            self.worker_url(slot),
+            self.namespace,
+            shards=shards,
+            shard_count=self.profile.shard_count,
+            lease_ttl=self.profile.lease_ttl,
             log_path=self.workdir / f"worker-{slot}-{self._started}.log",
-            env={"KEYSERIAL_HEALTH_INTERVAL": str(self.profile.health_interval), **(env or {})})
+            env={"KEYSERIAL_HEALTH_INTERVAL": str(self.profile.health_interval), **(env or {})},
+        )
         self._started += 1
         self.slots[slot] = process
         self.terminating.discard(slot)
@@ -108,11 +116,19 @@ class BaseSystem:
             code = process.process.poll()
             if code is None or process.pid in self.ended_by_nemesis:
                 continue
-            errors = [line for line in process.log().splitlines()
-                      if "Error" in line and not line.startswith(("redis.", "future:"))]
-            crashes.append({"pid": process.pid, "exit_code": code,
-                            "last_error": errors[-1].strip()[:300] if errors else "",
-                            "log": str(process.log_path)})
+            errors = [
+                line
+                for line in process.log().splitlines()
+                if "Error" in line and not line.startswith(("redis.", "future:"))
+            ]
+            crashes.append(
+                {
+                    "pid": process.pid,
+                    "exit_code": code,
+                    "last_error": errors[-1].strip()[:300] if errors else "",
+                    "log": str(process.log_path),
+                }
+            )
         return crashes
 
     async def heal(self) -> None:
@@ -130,15 +146,19 @@ class BaseSystem:
     async def holders(self) -> dict[int, int | None]:
         """The pid holding each shard's lease (None: no holder)."""
         assert self.inspector is not None
-        keys = [ShardKeys(self.namespace, shard).lease
-                for shard in range(self.profile.shard_count)]
+        keys = [ShardKeys(self.namespace, shard).lease for shard in range(self.profile.shard_count)]
         values = [await self.inspector.get(key) for key in keys]
-        return {shard: int(value.decode().split(":")[1]) if value else None
-                for shard, value in enumerate(values)}
+        return {
+            shard: int(value.decode().split(":")[1]) if value else None
+            for shard, value in enumerate(values)
+        }
 
     def live_pids(self) -> set[int]:
-        return {process.pid for process in self.slots
-                if process is not None and process.process.poll() is None}
+        return {
+            process.pid
+            for process in self.slots
+            if process is not None and process.process.poll() is None
+        }
 
     async def wait_all_held(self, timeout: float) -> bool:
         """Until every shard's lease is held by a live process in a slot."""
@@ -158,12 +178,15 @@ class System(BaseSystem):
     def __init__(self, plan: Plan, workdir: Path) -> None:
         super().__init__(plan, workdir)
         # Ports below 55536: the range a cluster node (port + 10000) could also use.
-        self.server = LocalServer(port=free_port(55535), appendfsync="always",
-                                  data_dir=workdir / "redis")
-        self.worker_proxies = [FaultProxy(f"worker:{slot}", self.server.port)
-                               for slot in range(self.profile.workers)]
-        self.client_proxies = [FaultProxy(f"client:{n}", self.server.port)
-                               for n in range(self.profile.clients)]
+        self.server = LocalServer(
+            port=free_port(55535), appendfsync="always", data_dir=workdir / "redis"
+        )
+        self.worker_proxies = [
+            FaultProxy(f"worker:{slot}", self.server.port) for slot in range(self.profile.workers)
+        ]
+        self.client_proxies = [
+            FaultProxy(f"client:{n}", self.server.port) for n in range(self.profile.clients)
+        ]
 
     async def start_redis(self) -> None:
         await anyio.to_thread.run_sync(self.server.start)
@@ -192,9 +215,11 @@ class System(BaseSystem):
 
     def tap(self) -> StreamTap:
         port = self.server.port
-        return StreamTap(lambda: aredis.Redis(port=port, socket_timeout=None,
-                                              socket_connect_timeout=2),
-                         self.namespace, self.profile.shard_count)
+        return StreamTap(
+            lambda: aredis.Redis(port=port, socket_timeout=None, socket_connect_timeout=2),
+            self.namespace,
+            self.profile.shard_count,
+        )
 
     def redis_up(self) -> bool:
         process = self.server.process

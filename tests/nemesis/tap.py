@@ -49,8 +49,9 @@ class StreamTap:
 
     async def run(self) -> None:
         """Read every stream until cancelled, resuming after a Redis restart or failover."""
-        streams = {ShardKeys(self.namespace, shard).stream: shard
-                   for shard in range(self.shard_count)}
+        streams = {
+            ShardKeys(self.namespace, shard).stream: shard for shard in range(self.shard_count)
+        }
         last: dict[str, str] = dict.fromkeys(streams, "0-0")
         if not self.per_stream:
             await self._follow(streams, last)
@@ -64,8 +65,9 @@ class StreamTap:
             client = self.connect()
             try:
                 while True:
-                    replies = await client.xread({name: last[name] for name in streams},
-                                                 count=500, block=200)
+                    replies = await client.xread(
+                        {name: last[name] for name in streams}, count=500, block=200
+                    )
                     for stream, entries in replies:
                         name = stream.decode()
                         for entry_id, fields in entries:
@@ -80,7 +82,7 @@ class StreamTap:
     def _note(self, shard: int, entry: str, fields: dict[bytes, bytes]) -> None:
         raw = fields.get(b"ops", b"[]")
         if _deeper_than(raw, 200):  # garbage the nemesis appended: never decoded here, so
-            return                  # no RecursionError is ever raised in the test process
+            return  # no RecursionError is ever raised in the test process
         try:
             envelopes = json.loads(raw)
         except ValueError:  # garbage the nemesis itself appended
@@ -94,8 +96,12 @@ class StreamTap:
     def _note_envelope(self, shard: int, entry: str, envelope: dict[str, Any]) -> None:
         op_id = envelope["id"]
         position = _TAG_POSITION.get(envelope.get("op", ""))
-        if (not isinstance(op_id, str) or "#" in op_id or op_id.startswith(GARBAGE_PREFIX)
-                or position is None):
+        if (
+            not isinstance(op_id, str)
+            or "#" in op_id
+            or op_id.startswith(GARBAGE_PREFIX)
+            or position is None
+        ):
             return  # a grant request, or a foreign op
         tag = envelope["args"][position]
         if not isinstance(tag, str):

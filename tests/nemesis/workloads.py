@@ -68,8 +68,11 @@ class Keys:
     @classmethod
     def for_profile(cls, profile: Profile) -> Keys:
         def per_shard(prefix: str) -> list[str]:
-            return [key for shard in range(profile.shard_count)
-                    for key in keys_on_shard(shard, profile.shard_count, 2, prefix)]
+            return [
+                key
+                for shard in range(profile.shard_count)
+                for key in keys_on_shard(shard, profile.shard_count, 2, prefix)
+            ]
 
         return cls(per_shard("ctr"), per_shard("lst"), per_shard("acct"))
 
@@ -92,8 +95,9 @@ Submit = Callable[[], Awaitable[Any]]
 class Load:
     """Callers submitting random ops until ``stop()``; every outcome goes to ``history``."""
 
-    def __init__(self, seed: int, profile: Profile, keys: Keys,
-                 clients: list[keyserial.Client]) -> None:
+    def __init__(
+        self, seed: int, profile: Profile, keys: Keys, clients: list[keyserial.Client]
+    ) -> None:
         self.seed = seed
         self.profile = profile
         self.keys = keys
@@ -121,8 +125,9 @@ class Load:
         """``count`` slow async appends on counter keys of ``shards``, all in flight at once (so
         a worker stopped now has slow ops running)."""
         rng = rng_for(self.seed, f"burst:{label}")
-        candidates = [key for key in self.keys.counters
-                      if self.clients[0].shard_of(key) in shards] or self.keys.counters
+        candidates = [
+            key for key in self.keys.counters if self.clients[0].shard_of(key) in shards
+        ] or self.keys.counters
         async with anyio.create_task_group() as group:
             for number in range(count):
                 key = rng.choice(candidates)
@@ -153,8 +158,9 @@ class Load:
                 self._check_session(session, record)
             await anyio.sleep(rng.uniform(0.0, 0.03))
 
-    def _draw(self, rng: random.Random, kind: str, tag: str,
-              session_key: str) -> tuple[OpRecord, keyserial.Call[Any]]:
+    def _draw(
+        self, rng: random.Random, kind: str, tag: str, session_key: str
+    ) -> tuple[OpRecord, keyserial.Call[Any]]:
         own_id = rng.random() < 0.5
         if kind == "counter":
             key = rng.choice(self.keys.counters)
@@ -171,8 +177,13 @@ class Load:
         delay = round(rng.uniform(0.0, 0.2), 3) if rng.random() < 0.5 else 0.0
         return record, apps.pay_tagged(amount, tag, delay)
 
-    async def _submit(self, client: keyserial.Client, record: OpRecord,
-                      call: keyserial.Call[Any], cancel_after: float | None) -> None:
+    async def _submit(
+        self,
+        client: keyserial.Client,
+        record: OpRecord,
+        call: keyserial.Call[Any],
+        cancel_after: float | None,
+    ) -> None:
         self.history.records.append(record)
         if record.own_id:
             record.op_id = record.tag
@@ -196,16 +207,19 @@ class Load:
             record.via, record.error = "append-failed", str(error)[:300]
         except Exception as error:
             record.via, record.error = "unexpected", repr(error)[:300]
-            self.history.unexpected.append({"tag": record.tag, "keys": record.keys,
-                                            "error": record.error})
+            self.history.unexpected.append(
+                {"tag": record.tag, "keys": record.keys, "error": record.error}
+            )
         record.ended = time.monotonic()
 
-    async def _send(self, client: keyserial.Client, record: OpRecord,
-                    call: keyserial.Call[Any]) -> Any:
+    async def _send(
+        self, client: keyserial.Client, record: OpRecord, call: keyserial.Call[Any]
+    ) -> Any:
         timeout = self.profile.submit_timeout
         if record.kind == "bank":
-            return await client.submit_many(list(record.keys), call, timeout=timeout,
-                                            op_id=record.op_id)
+            return await client.submit_many(
+                list(record.keys), call, timeout=timeout, op_id=record.op_id
+            )
         return await client.submit(record.keys[0], call, timeout=timeout, op_id=record.op_id)
 
     def _check_session(self, session: list[str], record: OpRecord) -> None:
@@ -216,6 +230,11 @@ class Load:
         missing = [tag for tag in session if tag not in seen]
         if missing or not seen or seen[-1] != record.tag:
             self.history.session_breaches.append(
-                {"key": record.keys[0], "tag": record.tag, "own_writes_missing": missing,
-                 "returned": seen[-12:]})
+                {
+                    "key": record.keys[0],
+                    "tag": record.tag,
+                    "own_writes_missing": missing,
+                    "returned": seen[-12:],
+                }
+            )
         session.append(record.tag)

@@ -32,8 +32,13 @@ class RunFenced(Protocol):
     """The runner's way to run a script fenced by its epoch (``LeaseLost`` when refused)."""
 
     async def __call__(
-        self, call: ScriptCall[R], *, replies: Replies | None = None, durably: bool = False,
-        also: Sequence[Lineage] = (), builds: bool = True,
+        self,
+        call: ScriptCall[R],
+        *,
+        replies: Replies | None = None,
+        durably: bool = False,
+        also: Sequence[Lineage] = (),
+        builds: bool = True,
     ) -> R: ...
 
 

@@ -54,6 +54,7 @@ from .mailbox import LocalShard
 
 log = logging.getLogger("keyserial.worker")
 
+
 class Coordinator:
     """Coordinates the cross-shard ops homed on one shard."""
 
@@ -70,8 +71,11 @@ class Coordinator:
         cached, some shard not this worker's, an ``async`` op, or a cluster."""
         parts, envelope = self._parts, run.envelope
         home = parts.home
-        if (parts.backend.is_cluster or envelope.name == GRANT_OP
-                or not home.executor.runs_inline(envelope)):
+        if (
+            parts.backend.is_cluster
+            or envelope.name == GRANT_OP
+            or not home.executor.runs_inline(envelope)
+        ):
             return False
         local, by_shard = split_keys(envelope, home, parts.shard_count)
         owners: list[LocalShard] = [home]
@@ -94,12 +98,20 @@ class Coordinator:
         writes = writes_by_shard(envelope, states, new_states, parts.shard_count)
         replies = list(run.replies)
         pending = _PendingCommit(
-            run, holds, writes, outcome, len(replies),
+            run,
+            holds,
+            writes,
+            outcome,
+            len(replies),
             self._across_call(envelope, outcome, owners, writes),
         )
         gated = {reply: self._answers(run, outcome) for reply in replies}
-        parts.pipeliner.submit(pending.call, gated, partial(self._committed, pending),
-                               [owner.lineage for owner in owners])
+        parts.pipeliner.submit(
+            pending.call,
+            gated,
+            partial(self._committed, pending),
+            [owner.lineage for owner in owners],
+        )
         return True
 
     def _committed(self, pending: _PendingCommit, result: Any) -> None:
@@ -113,8 +125,12 @@ class Coordinator:
                 _outcome_unknown(pending.holds, run.envelope.op_id)
             return
         if isinstance(result, Exception):
-            log.info("shard %d: op %s did not commit (%s); running it again",
-                     parts.home.shard, run.envelope.op_id, result)
+            log.info(
+                "shard %d: op %s did not commit (%s); running it again",
+                parts.home.shard,
+                run.envelope.op_id,
+                result,
+            )
             for owner, hold in pending.holds[1:]:
                 owner.release(hold)
             # (If the home runner has stopped, its successor runs the op again.)
@@ -171,16 +187,26 @@ class Coordinator:
             self._parts.home.release(hold)
 
     def _across_call(
-        self, envelope: Envelope, outcome: str, owners: Sequence[LocalShard],
+        self,
+        envelope: Envelope,
+        outcome: str,
+        owners: Sequence[LocalShard],
         writes: Mapping[int, Writes],
     ) -> ScriptCall[None]:
         """``commit_across`` of an op's writes, fenced by every shard's epoch (home first), and
         of its outcome, stored bound to the op."""
         stored = bound(outcome, binding(envelope))
-        return commit_across(CommitAcrossArgs(envelope.op_id, stored, "[]", [
-            ShardWrites(owner.keys, owner.epoch, writes.get(owner.shard, []))
-            for owner in owners
-        ]))
+        return commit_across(
+            CommitAcrossArgs(
+                envelope.op_id,
+                stored,
+                "[]",
+                [
+                    ShardWrites(owner.keys, owner.epoch, writes.get(owner.shard, []))
+                    for owner in owners
+                ],
+            )
+        )
 
     # -- with a task, once the op's barrier holds its home keys --------------------------------
 
@@ -222,7 +248,11 @@ class Coordinator:
         await self._decide(run, notice, home_writes, outcome, participants)
 
     async def _decide(
-        self, run: Run, notice: DecisionNotice, home_writes: Writes, outcome: str,
+        self,
+        run: Run,
+        notice: DecisionNotice,
+        home_writes: Writes,
+        outcome: str,
         participants: list[str],
     ) -> None:
         """Write the attempt's decision with the home keys and the result, then tell everyone."""
@@ -231,21 +261,38 @@ class Coordinator:
         here = parts.mailbox.channel
         message = dumps(notice.to_wire())
         notices = [(channel, message) for channel in dict.fromkeys(participants) if channel != here]
-        notices += reply_messages({reply: self._answers(run, outcome) for reply in replies},
-                                  parts.pipeliner.signer)
+        notices += reply_messages(
+            {reply: self._answers(run, outcome) for reply in replies}, parts.pipeliner.signer
+        )
         k = home.keys
         durable = parts.settings.durability is not None
         # Durably: a decision leaves its shard only once a failover cannot lose it, or the
         # participants would apply what the home shard forgets, and the op would run again.
-        decided = await parts.fenced(decide(k, DecideArgs(
-            epoch=home.epoch, op_id=op_id, attempt=notice.attempt,
-            decision=dumps(notice.decision.to_wire()), home_writes=home_writes,
-            outcome=bound(outcome, binding(run.envelope)), notices=[] if durable else notices,
-        )), durably=True)
+        decided = await parts.fenced(
+            decide(
+                k,
+                DecideArgs(
+                    epoch=home.epoch,
+                    op_id=op_id,
+                    attempt=notice.attempt,
+                    decision=dumps(notice.decision.to_wire()),
+                    home_writes=home_writes,
+                    outcome=bound(outcome, binding(run.envelope)),
+                    notices=[] if durable else notices,
+                ),
+            ),
+            durably=True,
+        )
         if not decided.won:  # only a participant that saw the epoch end writes an abort
             raise LeaseLost(home.shard, f"op {op_id} was aborted: {decided.abort!r}")
-        log.debug("shard %d (epoch %d): decided %s#%d: %s", home.shard, home.epoch, op_id,
-                  notice.attempt, notice.decision.to_wire())
+        log.debug(
+            "shard %d (epoch %d): decided %s#%d: %s",
+            home.shard,
+            home.epoch,
+            op_id,
+            notice.attempt,
+            notice.decision.to_wire(),
+        )
         for key, state in home_writes:
             home.states.committed(key, state or None)
         if durable:
@@ -253,7 +300,7 @@ class Coordinator:
         if here in participants:  # shards of this worker hear it now, not through Redis
             parts.mailbox.deliver(notice)
         # Callers that resubmitted the op while it ran have not been told yet.
-        parts.finish(run, outcome, store=False, replies=run.replies[len(replies):])
+        parts.finish(run, outcome, store=False, replies=run.replies[len(replies) :])
 
     async def _commit_in_process(
         self, run: Run, local: list[str], by_shard: dict[int, list[str]]
@@ -277,8 +324,12 @@ class Coordinator:
             for other in others:
                 held = await stack.enter_async_context(other.hold(tuple(by_shard[other.shard])))
                 if held is None:
-                    log.info("shard %d: shard %d stopped during op %s; asking it for a grant",
-                             home.shard, other.shard, envelope.op_id)
+                    log.info(
+                        "shard %d: shard %d stopped during op %s; asking it for a grant",
+                        home.shard,
+                        other.shard,
+                        envelope.op_id,
+                    )
                     return False
                 states.update(held)
                 fences.update(dict.fromkeys(held, other.executor.next_fence()))
@@ -288,7 +339,8 @@ class Coordinator:
             call = self._across_call(envelope, outcome, owned, writes)
             try:
                 await parts.fenced(
-                    call, replies={reply: self._answers(run, outcome) for reply in replies},
+                    call,
+                    replies={reply: self._answers(run, outcome) for reply in replies},
                     also=[other.lineage for other in others],
                 )
             except anyio.get_cancelled_exc_class():
@@ -296,8 +348,12 @@ class Coordinator:
                 raise
             except OwnedElsewhere as exc:
                 moved = others[exc.index - 2].shard
-                log.info("shard %d: shard %d changed hands during op %s; asking it for a grant",
-                         home.shard, moved, envelope.op_id)
+                log.info(
+                    "shard %d: shard %d changed hands during op %s; asking it for a grant",
+                    home.shard,
+                    moved,
+                    envelope.op_id,
+                )
                 return False
             self._landed(run, owned, writes, outcome, len(replies))
         return True
@@ -320,12 +376,24 @@ class Coordinator:
         decided_at = decision_field(op_id, attempt)
         with parts.mailbox.expect_grant(op_id, attempt, shard) as letter:
             entry = await self._append(there, entry_json)
-            log.debug("shard %d (epoch %d): asked shard %d for a grant to %s#%d (entry %s)",
-                      home.shard, home.epoch, shard, op_id, attempt, entry)
+            log.debug(
+                "shard %d (epoch %d): asked shard %d for a grant to %s#%d (entry %s)",
+                home.shard,
+                home.epoch,
+                shard,
+                op_id,
+                attempt,
+                entry,
+            )
             while True:
                 if isinstance(message := await letter.within(parts.poll), KeyGrant):
-                    log.debug("shard %d: grant of shard %d to %s#%d handed over in process",
-                              home.shard, shard, op_id, attempt)
+                    log.debug(
+                        "shard %d: grant of shard %d to %s#%d handed over in process",
+                        home.shard,
+                        shard,
+                        op_id,
+                        attempt,
+                    )
                     return self._of_keys(message, keys)
                 try:
                     # A wake-up (or the poll): the grant is taken from its record alone.
@@ -339,9 +407,13 @@ class Coordinator:
                     if (await parts.backend.stored(home.keys, [decided_at]))[0] is not None:
                         raise LeaseLost(home.shard, f"op {op_id} was aborted")
                     if not present[0]:
-                        log.warning("shard %d: the grant request of op %s to shard %d is gone"
-                                    " (a failover?); appending it again", home.shard, op_id,
-                                    shard)
+                        log.warning(
+                            "shard %d: the grant request of op %s to shard %d is gone"
+                            " (a failover?); appending it again",
+                            home.shard,
+                            op_id,
+                            shard,
+                        )
                         entry = await self._append(there, entry_json)
                 except BackendUnavailable as exc:
                     log.warning("shard %d: waiting for a grant: %s", home.shard, exc)
@@ -371,8 +443,12 @@ class Coordinator:
         )
         if raw is None or not confirmed:
             return None
-        log.debug("shard %d: grant %s of shard %d read in its record", parts.home.shard,
-                  grant_field, there.shard)
+        log.debug(
+            "shard %d: grant %s of shard %d read in its record",
+            parts.home.shard,
+            grant_field,
+            there.shard,
+        )
         return KeyGrant.from_wire(json.loads(raw))
 
     async def _append(self, there: ShardKeys, request: str) -> bytes:
@@ -381,10 +457,15 @@ class Coordinator:
         its new owner finds the request at its next poll)."""
         parts = self._parts
         local = parts.mailbox.local_shard(there.shard)
-        call = submit(there, SubmitArgs(
-            max_backlog=parts.settings.max_backlog, wire_version=WIRE_VERSION,
-            ops=pack_entry([request]), wake_channel="" if local else there.wake_channel,
-        ))
+        call = submit(
+            there,
+            SubmitArgs(
+                max_backlog=parts.settings.max_backlog,
+                wire_version=WIRE_VERSION,
+                ops=pack_entry([request]),
+                wake_channel="" if local else there.wake_channel,
+            ),
+        )
         backoff = Backoff(0.05, 2.0)
         while True:
             try:
@@ -393,11 +474,18 @@ class Coordinator:
                     local.entries_waiting()
                 return entry
             except BacklogRefused:
-                log.warning("shard %d: shard %d's backlog is full; retrying a grant request",
-                            parts.home.shard, there.shard)
+                log.warning(
+                    "shard %d: shard %d's backlog is full; retrying a grant request",
+                    parts.home.shard,
+                    there.shard,
+                )
             except BackendUnavailable as exc:
-                log.warning("shard %d: appending a grant request to shard %d: %s",
-                            parts.home.shard, there.shard, exc)
+                log.warning(
+                    "shard %d: appending a grant request to shard %d: %s",
+                    parts.home.shard,
+                    there.shard,
+                    exc,
+                )
             await backoff.sleep()
 
 
@@ -422,8 +510,12 @@ def _outcome_unknown(owners: Sequence[tuple[LocalShard, Hold | None]], op_id: st
     way, starts from what Redis has."""
     for owner, _ in owners:
         if not owner.lineage.broken:
-            log.warning("shard %d: the commit of op %s across shards may or may not have"
-                        " landed; giving the shard up", owner.shard, op_id)
+            log.warning(
+                "shard %d: the commit of op %s across shards may or may not have"
+                " landed; giving the shard up",
+                owner.shard,
+                op_id,
+            )
         owner.lineage.broken = True
         owner.entries_waiting()  # (its next step, refused, ends it now, not at its next write)
 

@@ -47,12 +47,20 @@ class Participant:
             parts.finish(run, outcome, store=True, replies=list(run.replies))
             return
         await home.states.flush(envelope.keys)  # the granted states are committed states
-        log.debug("shard %d (epoch %d): granting keys %s to %s#%d of shard %d",
-                  home.shard, home.epoch, list(envelope.keys), request.op_id, request.attempt,
-                  request.home)
+        log.debug(
+            "shard %d (epoch %d): granting keys %s to %s#%d of shard %d",
+            home.shard,
+            home.epoch,
+            list(envelope.keys),
+            request.op_id,
+            request.attempt,
+            request.home,
+        )
         with parts.mailbox.expect_decision(request.op_id, request.attempt) as letter:
             key_grant = KeyGrant(
-                request.op_id, request.attempt, home.shard,
+                request.op_id,
+                request.attempt,
+                home.shard,
                 [(key, home.states[key]) for key in envelope.keys],
                 home.executor.next_fence(),  # the granted keys' fencing token, for the op
                 parts.mailbox.channel,
@@ -62,9 +70,14 @@ class Participant:
         if decision is None:  # nobody asked: nothing is stored, so the attempt may still begin
             parts.finish(run, _RELEASED, store=False, replies=[])
             return
-        log.debug("shard %d (epoch %d): %s#%d decided: %s", home.shard, home.epoch,
-                  request.op_id, request.attempt,
-                  "aborted" if decision.aborted is not None else "committed")
+        log.debug(
+            "shard %d (epoch %d): %s#%d decided: %s",
+            home.shard,
+            home.epoch,
+            request.op_id,
+            request.attempt,
+            "aborted" if decision.aborted is not None else "committed",
+        )
         if decision.aborted is not None:
             parts.finish(run, _RELEASED, store=True, replies=[])
             return
@@ -81,8 +94,13 @@ class Participant:
         home = parts.home
         in_process = request.channel == parts.mailbox.channel
         durable = parts.settings.durability is not None
-        log.debug("shard %d: sending the grant of %s#%d (%s)", home.shard, request.op_id,
-                  request.attempt, "in process" if in_process else "published")
+        log.debug(
+            "shard %d: sending the grant of %s#%d (%s)",
+            home.shard,
+            request.op_id,
+            request.attempt,
+            "in process" if in_process else "published",
+        )
         if in_process and not durable:
             # (No record is needed: an in-process message cannot be lost, and a grant writes
             # nothing, so this worker's zombie could not change anything by granting. But a
@@ -95,11 +113,19 @@ class Participant:
         # coordinator computes on them. (The record is written, and confirmed, on the node
         # that serves the shard now: a WAIT alone could confirm another master's writes.)
         try:
-            await parts.fenced(record_grant(home.keys, GrantArgs(
-                epoch=home.epoch, field=grant_field(request.op_id, request.attempt),
-                grant=dumps(key_grant.to_wire()), channel="" if durable else request.channel,
-                entry_id=entry_id,
-            )), durably=True)
+            await parts.fenced(
+                record_grant(
+                    home.keys,
+                    GrantArgs(
+                        epoch=home.epoch,
+                        field=grant_field(request.op_id, request.attempt),
+                        grant=dumps(key_grant.to_wire()),
+                        channel="" if durable else request.channel,
+                        entry_id=entry_id,
+                    ),
+                ),
+                durably=True,
+            )
         except RequestGone:
             # A failover lost entries this owner fetched: its holds follow a stream order that
             # Redis no longer has. The next owner holds the keys in the order Redis has now.
@@ -119,8 +145,12 @@ class Participant:
         there = ShardKeys(parts.settings.namespace, request.home)
         while True:
             if isinstance(message := await letter.within(parts.poll), DecisionNotice):
-                log.debug("shard %d: the decision of %s#%d handed over in process",
-                          parts.home.shard, request.op_id, request.attempt)
+                log.debug(
+                    "shard %d: the decision of %s#%d handed over in process",
+                    parts.home.shard,
+                    request.op_id,
+                    request.attempt,
+                )
                 return message.decision
             try:
                 # Durably: a decision read from a master that a failover has left behind (its
@@ -132,10 +162,16 @@ class Participant:
                 log.warning("shard %d: waiting for a decision: %s", parts.home.shard, exc)
                 continue
             except AttemptAhead as exc:
-                log.warning("shard %d: releasing keys held for %s: %s", parts.home.shard,
-                            request.op_id, exc)
+                log.warning(
+                    "shard %d: releasing keys held for %s: %s", parts.home.shard, request.op_id, exc
+                )
                 return None
             if record is not None:
-                log.debug("shard %d: the decision of %s#%d read in shard %d", parts.home.shard,
-                          request.op_id, request.attempt, request.home)
+                log.debug(
+                    "shard %d: the decision of %s#%d read in shard %d",
+                    parts.home.shard,
+                    request.op_id,
+                    request.attempt,
+                    request.home,
+                )
                 return Decision.from_wire(record)
