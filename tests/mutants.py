@@ -71,7 +71,7 @@ _STEP = "keyserial/_scripts/lua/step.lua"
 _FROZEN = "tests/test_faults.py::test_a_frozen_owner_resumed_after_takeover_cannot_commit"
 _XS = "tests/test_cross_shard_faults.py::"
 _ZW = "tests/test_zombie_writes.py::"
-_LANDED = "        self._landed(run, owners, pending.writes, pending.outcome, pending.replied)\n"
+_LANDED = "        self._landed(pending)\n"
 _RELEASE = "        for owner, hold in pending.holds:\n            owner.release(hold)\n"
 _STANDALONE = "[standalone]"
 _SHARD = "keyserial/_worker/runner.py"
@@ -215,17 +215,9 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 _COORDINATOR,
-                "            outcome, new_states = await home.executor.evaluate(envelope, states,"
-                " fences)\n"
-                "            writes = writes_by_shard(envelope, states, new_states,"
-                " parts.shard_count)\n"
-                "            owned: list[LocalShard]",
+                "            evaluated = await home.executor.evaluate(envelope, states, fences)\n",
                 "            await stack.aclose()\n"
-                "            outcome, new_states = await home.executor.evaluate(envelope, states,"
-                " fences)\n"
-                "            writes = writes_by_shard(envelope, states, new_states,"
-                " parts.shard_count)\n"
-                "            owned: list[LocalShard]",
+                "            evaluated = await home.executor.evaluate(envelope, states, fences)\n",
             ),
         ),
         (
@@ -316,7 +308,7 @@ MUTANTS: tuple[Mutant, ...] = (
                 _COORDINATOR,
                 "        if isinstance(result, BackendUnavailable):\n"
                 "            if not parts.spawn(partial(self._confirm, pending)):\n"
-                "                _outcome_unknown(pending.holds, run.envelope.op_id)\n"
+                "                _outcome_unknown(pending.owners, run.envelope.op_id)\n"
                 "            return\n",
                 "",
             ),
@@ -949,7 +941,7 @@ def run(mutant: Mutant, *, root: Path = ROOT) -> Verdict:
     seconds = time.monotonic() - began
     if done.returncode == 0:
         return Verdict(mutant, False, "", seconds)
-    failed = re.findall(r"^(?:FAILED|ERROR) (tests/\S+?)(?: - .*)?$", done.stdout, re.MULTILINE)
+    failed = re.findall(r"^(?:FAILED|ERROR) (tests/.+?)(?: - .*)?$", done.stdout, re.MULTILINE)
     if done.returncode != 1 or not failed:
         raise RuntimeError(
             f"mutant {mutant.name}: pytest exited {done.returncode} without a"

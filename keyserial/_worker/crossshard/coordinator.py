@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from functools import partial
@@ -29,7 +29,6 @@ from ..._scripts.submit import SubmitArgs, submit
 from ..._wire.codec import (
     GRANT_OP,
     WIRE_VERSION,
-    Envelope,
     binding,
     bound,
     grant_request_envelope,
@@ -41,8 +40,8 @@ from ..._wire.layout import ShardKeys, decision_field, grant_field
 from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant
 from ...errors import BackendUnavailable, LeaseLost
 from ..chains import Hold
-from ..execution import Run
-from ..pipeline import LineageBroken, reply_messages
+from ..execution import Evaluated, Run
+from ..pipeline import Lineage, LineageBroken, Replies, reply_messages
 from .coordination import (
     Collaborators,
     Writes,
@@ -61,7 +60,7 @@ class Coordinator:
     def __init__(self, parts: Collaborators) -> None:
         self._parts = parts
 
-    # -- in process, with no task --------------------------------------------------------------
+    # -- in process: every shard of the op is this worker's ----------------------------------
 
     def start_now(self, run: Run) -> bool:
         """Start an op whose shards this worker owns and whose keys are all idle, with no task:
@@ -78,41 +77,113 @@ class Coordinator:
         ):
             return False
         local, by_shard = split_keys(envelope, home, parts.shard_count)
-        owners: list[LocalShard] = [home]
-        for shard in sorted(by_shard):
-            other = parts.mailbox.local_shard(shard)
-            if other is None:
-                return False
-            owners.append(other)
-        holds: list[tuple[LocalShard, Hold]] = []
-        for owner in owners:
-            hold = owner.try_hold(tuple(local if owner is home else by_shard[owner.shard]))
-            if hold is None:
-                for taken, held in holds:
-                    taken.release(held)
-                return False
-            holds.append((owner, hold))
-        states = {key: owner.states[key] for owner, hold in holds for key in hold.keys}
-        fences = _fences(holds[1:])
-        outcome, new_states = home.executor.evaluate_now(envelope, states, fences)
-        writes = writes_by_shard(envelope, states, new_states, parts.shard_count)
-        replies = list(run.replies)
-        pending = _PendingCommit(
-            run,
-            holds,
-            writes,
-            outcome,
-            len(replies),
-            self._across_call(envelope, outcome, owners, writes),
+        others = self._local_owners(by_shard)
+        if others is None:
+            return False
+        holds = _try_hold_all(
+            [(home, local), *((other, by_shard[other.shard]) for other in others)]
         )
-        gated = {reply: self._answers(run, outcome) for reply in replies}
+        if holds is None:
+            return False
+        states = {key: owner.states[key] for owner, hold in holds for key in hold.keys}
+        fences = _fences((owner, hold.keys) for owner, hold in holds[1:])
+        evaluated = home.executor.evaluate_now(envelope, states, fences)
+        pending = self._prepared(run, [home, *others], states, evaluated, holds)
         parts.pipeliner.submit(
             pending.call,
-            gated,
+            self._replies(pending),
             partial(self._committed, pending),
-            [owner.lineage for owner in owners],
+            pending.lineages,
         )
         return True
+
+    async def _commit_in_process(
+        self, run: Run, local: list[str], by_shard: dict[int, list[str]]
+    ) -> bool:
+        """:meth:`start_now` for an op that had to queue: wait for its keys on the other shards,
+        run it (an ``async`` op too), and commit every shard at once. False, with nothing
+        written, if some shard is not (or no longer) this worker's: the grant protocol runs
+        instead."""
+        parts, envelope = self._parts, run.envelope
+        home = parts.home
+        others = self._local_owners(by_shard)
+        if others is None:
+            return False
+        states = {key: home.states[key] for key in local}
+        async with AsyncExitStack() as stack:
+            for other in others:
+                held = await stack.enter_async_context(other.hold(tuple(by_shard[other.shard])))
+                if held is None:
+                    log.info(
+                        "shard %d: shard %d stopped during op %s; asking it for a grant",
+                        home.shard,
+                        other.shard,
+                        envelope.op_id,
+                    )
+                    return False
+                states.update(held)
+            fences = _fences((other, by_shard[other.shard]) for other in others)
+            evaluated = await home.executor.evaluate(envelope, states, fences)
+            pending = self._prepared(run, [home, *others], states, evaluated, holds=[])
+            try:
+                await parts.fenced(
+                    pending.call, replies=self._replies(pending), also=pending.lineages[1:]
+                )
+            except anyio.get_cancelled_exc_class():
+                _outcome_unknown(pending.owners, envelope.op_id)
+                raise
+            except OwnedElsewhere as exc:
+                log.info(
+                    "shard %d: shard %d changed hands during op %s; asking it for a grant",
+                    home.shard,
+                    pending.owners[exc.index - 1].shard,
+                    envelope.op_id,
+                )
+                return False
+            self._landed(pending)
+        return True
+
+    def _local_owners(self, by_shard: Mapping[int, list[str]]) -> list[LocalShard] | None:
+        """This worker's runners of an op's other shards, in ascending shard order (so that no
+        wait cycle can form); None if some shard is not this worker's."""
+        others: list[LocalShard] = []
+        for shard in sorted(by_shard):
+            other = self._parts.mailbox.local_shard(shard)
+            if other is None:
+                return None
+            others.append(other)
+        return others
+
+    def _prepared(
+        self,
+        run: Run,
+        owners: list[LocalShard],
+        states: Mapping[str, str | None],
+        evaluated: Evaluated,
+        holds: list[tuple[LocalShard, Hold]],
+    ) -> _PendingCommit:
+        """The ``commit_across`` of an op evaluated on ``states`` of ``owners``' shards (home
+        first), fenced by every owner's epoch, with its outcome stored bound to the op."""
+        envelope = run.envelope
+        outcome, new_states = evaluated
+        writes = writes_by_shard(envelope, states, new_states, self._parts.shard_count)
+        call = commit_across(
+            CommitAcrossArgs(
+                envelope.op_id,
+                bound(outcome, binding(envelope)),
+                "[]",
+                [
+                    ShardWrites(owner.keys, owner.epoch, writes.get(owner.shard, []))
+                    for owner in owners
+                ],
+            )
+        )
+        return _PendingCommit(run, owners, holds, writes, outcome, len(run.replies), call)
+
+    def _replies(self, pending: _PendingCommit) -> Replies:
+        """What the callers known when the op was evaluated are told once it commits."""
+        answers = self._answers(pending.run, pending.outcome)
+        return {reply: answers for reply in pending.run.replies[: pending.replied]}
 
     def _committed(self, pending: _PendingCommit, result: Any) -> None:
         """The reply of :meth:`start_now`'s commit. If the server refused it (a shard changed
@@ -122,7 +193,7 @@ class Coordinator:
         parts, run = self._parts, pending.run
         if isinstance(result, BackendUnavailable):
             if not parts.spawn(partial(self._confirm, pending)):
-                _outcome_unknown(pending.holds, run.envelope.op_id)
+                _outcome_unknown(pending.owners, run.envelope.op_id)
             return
         if isinstance(result, Exception):
             log.info(
@@ -136,8 +207,7 @@ class Coordinator:
             # (If the home runner has stopped, its successor runs the op again.)
             parts.spawn(partial(self._coordinate_holding, run, pending.holds[0][1]))
             return
-        owners = [owner for owner, _ in pending.holds]
-        self._landed(run, owners, pending.writes, pending.outcome, pending.replied)
+        self._landed(pending)
         for owner, hold in pending.holds:
             owner.release(hold)
 
@@ -145,13 +215,11 @@ class Coordinator:
         """Send a commit whose reply was lost again, until it lands or is refused (retried
         while the server is unreachable; ``LeaseLost`` ends the runner, holds and all)."""
         try:
-            result: Any = await self._parts.fenced(
-                pending.call, also=[owner.lineage for owner, _ in pending.holds[1:]]
-            )
+            result: Any = await self._parts.fenced(pending.call, also=pending.lineages[1:])
         except Refused as exc:
             result = exc
         except anyio.get_cancelled_exc_class():
-            _outcome_unknown(pending.holds, pending.run.envelope.op_id)
+            _outcome_unknown(pending.owners, pending.run.envelope.op_id)
             raise
         # Every caller is told again: the first call may have told them already, and a second
         # reply to the same op is ignored.
@@ -164,49 +232,22 @@ class Coordinator:
         answer = reply_outcome(outcome, self._parts.home.shard, entry_ids)
         return [(run.envelope.op_id, answer)]
 
-    def _landed(
-        self,
-        run: Run,
-        owners: Sequence[LocalShard],
-        writes: Mapping[int, Writes],
-        outcome: str,
-        replied: int,
-    ) -> None:
+    def _landed(self, pending: _PendingCommit) -> None:
         """``commit_across`` wrote the op: every owner caches its new states, and the op is
-        finished (``replied``: how many of its callers the script's reply told)."""
-        for owner in owners:
-            for key, state in writes.get(owner.shard, []):
+        finished (callers that resubmitted it while it ran have not been told yet)."""
+        for owner in pending.owners:
+            for key, state in pending.writes.get(owner.shard, []):
                 owner.states.committed(key, state or None)
-        # Callers that resubmitted the op while it ran have not been told yet.
-        self._parts.finish(run, outcome, store=False, replies=run.replies[replied:])
+        run = pending.run
+        self._parts.finish(
+            run, pending.outcome, store=False, replies=run.replies[pending.replied :]
+        )
 
     async def _coordinate_holding(self, run: Run, hold: Hold) -> None:
         try:
             await self.coordinate(run)
         finally:
             self._parts.home.release(hold)
-
-    def _across_call(
-        self,
-        envelope: Envelope,
-        outcome: str,
-        owners: Sequence[LocalShard],
-        writes: Mapping[int, Writes],
-    ) -> ScriptCall[None]:
-        """``commit_across`` of an op's writes, fenced by every shard's epoch (home first), and
-        of its outcome, stored bound to the op."""
-        stored = bound(outcome, binding(envelope))
-        return commit_across(
-            CommitAcrossArgs(
-                envelope.op_id,
-                stored,
-                "[]",
-                [
-                    ShardWrites(owner.keys, owner.epoch, writes.get(owner.shard, []))
-                    for owner in owners
-                ],
-            )
-        )
 
     # -- with a task, once the op's barrier holds its home keys --------------------------------
 
@@ -301,62 +342,6 @@ class Coordinator:
             parts.mailbox.deliver(notice)
         # Callers that resubmitted the op while it ran have not been told yet.
         parts.finish(run, outcome, store=False, replies=run.replies[len(replies) :])
-
-    async def _commit_in_process(
-        self, run: Run, local: list[str], by_shard: dict[int, list[str]]
-    ) -> bool:
-        """Run an op whose other shards this worker owns too: hold their keys in process, then
-        commit every shard at once (``commit_across``, one script: standalone servers only).
-        False, with nothing written, if some shard is not (or no longer) this worker's: the
-        grant protocol runs instead."""
-        parts, envelope = self._parts, run.envelope
-        home = parts.home
-        others: list[LocalShard] = []
-        for shard in sorted(by_shard):  # ascending: no wait cycle can form
-            other = parts.mailbox.local_shard(shard)
-            if other is None:
-                return False
-            others.append(other)
-        states = {key: home.states[key] for key in local}
-        fences: dict[str, int] = {}
-        replies = list(run.replies)
-        async with AsyncExitStack() as stack:
-            for other in others:
-                held = await stack.enter_async_context(other.hold(tuple(by_shard[other.shard])))
-                if held is None:
-                    log.info(
-                        "shard %d: shard %d stopped during op %s; asking it for a grant",
-                        home.shard,
-                        other.shard,
-                        envelope.op_id,
-                    )
-                    return False
-                states.update(held)
-                fences.update(dict.fromkeys(held, other.executor.next_fence()))
-            outcome, new_states = await home.executor.evaluate(envelope, states, fences)
-            writes = writes_by_shard(envelope, states, new_states, parts.shard_count)
-            owned: list[LocalShard] = [home, *others]
-            call = self._across_call(envelope, outcome, owned, writes)
-            try:
-                await parts.fenced(
-                    call,
-                    replies={reply: self._answers(run, outcome) for reply in replies},
-                    also=[other.lineage for other in others],
-                )
-            except anyio.get_cancelled_exc_class():
-                _outcome_unknown([(owner, None) for owner in owned], envelope.op_id)
-                raise
-            except OwnedElsewhere as exc:
-                moved = others[exc.index - 2].shard
-                log.info(
-                    "shard %d: shard %d changed hands during op %s; asking it for a grant",
-                    home.shard,
-                    moved,
-                    envelope.op_id,
-                )
-                return False
-            self._landed(run, owned, writes, outcome, len(replies))
-        return True
 
     # -- grants --------------------------------------------------------------------------------
 
@@ -491,9 +476,13 @@ class Coordinator:
 
 @dataclass(slots=True)
 class _PendingCommit:
-    """A ``commit_across`` that :meth:`Coordinator.start_now` queued, until its reply."""
+    """An op held and run across this worker's shards, until its ``commit_across`` lands."""
 
     run: Run
+    #: The owners of the shards it writes, home first.
+    owners: list[LocalShard]
+    #: The keys :meth:`Coordinator.start_now` holds, released once the commit lands (an op
+    #: that had to queue holds its keys in a block instead: none here).
     holds: list[tuple[LocalShard, Hold]]
     writes: dict[int, Writes]
     outcome: str
@@ -501,14 +490,18 @@ class _PendingCommit:
     replied: int
     call: ScriptCall[None]
 
+    @property
+    def lineages(self) -> list[Lineage]:
+        return [owner.lineage for owner in self.owners]
 
-def _outcome_unknown(owners: Sequence[tuple[LocalShard, Hold | None]], op_id: str) -> None:
+
+def _outcome_unknown(owners: Sequence[LocalShard], op_id: str) -> None:
     """A ``commit_across`` went out, or may have, and its coordinator stops before it learns
     whether it landed: the shards it writes cannot tell whether their cached states are
     Redis's. Each gives its shard up (its lineage is broken: no later write of it goes out),
     and the next owner, with a new epoch that fences the commit out if it is still on its
     way, starts from what Redis has."""
-    for owner, _ in owners:
+    for owner in owners:
         if not owner.lineage.broken:
             log.warning(
                 "shard %d: the commit of op %s across shards may or may not have"
@@ -520,9 +513,25 @@ def _outcome_unknown(owners: Sequence[tuple[LocalShard, Hold | None]], op_id: st
         owner.entries_waiting()  # (its next step, refused, ends it now, not at its next write)
 
 
-def _fences(holds: Sequence[tuple[LocalShard, Hold]]) -> dict[str, int]:
+def _try_hold_all(
+    wanted: Sequence[tuple[LocalShard, list[str]]],
+) -> list[tuple[LocalShard, Hold]] | None:
+    """Each owner's hold on its keys, if every one of them is idle now; else None, with nothing
+    held."""
+    holds: list[tuple[LocalShard, Hold]] = []
+    for owner, keys in wanted:
+        hold = owner.try_hold(tuple(keys))
+        if hold is None:
+            for taken, held in holds:
+                taken.release(held)
+            return None
+        holds.append((owner, hold))
+    return holds
+
+
+def _fences(held: Iterable[tuple[LocalShard, Sequence[str]]]) -> dict[str, int]:
     """A fencing token from each holding shard's owner, for the keys it holds."""
     fences: dict[str, int] = {}
-    for owner, hold in holds:
-        fences.update(dict.fromkeys(hold.keys, owner.executor.next_fence()))
+    for owner, keys in held:
+        fences.update(dict.fromkeys(keys, owner.executor.next_fence()))
     return fences
