@@ -1,8 +1,8 @@
-"""The client's appends: submits that arrive while an append is in flight are coalesced. Ops bound
-for one shard are packed into one stream entry (bounded in ops and bytes), and a node's entries
-go out in one pipeline of ``submit`` calls, one append in flight per Redis node (each master of a
-cluster): a stalled node holds up the ops of its own shards only, and each shard's entries land
-in submit order.
+"""The client's appends: submits that arrive while an append is in flight are coalesced
+(``_backend.batching``: one append in flight per Redis node). Ops bound for one shard are packed
+into one stream entry (bounded in ops and bytes), and a node's entries go out in one pipeline of
+``submit`` calls: a stalled node holds up the ops of its own shards only, and each shard's entries
+land in submit order.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .._backend.backend import Backend
+from .._backend.batching import NodeBatcher
 from .._scripts.calls import ScriptCall
 from .._scripts.refusals import BacklogRefused, Refused
 from .._scripts.submit import SubmitArgs, submit
@@ -43,31 +44,24 @@ class Appender:
         self._shards = shards
         #: Each shard's stream, named once rather than for every op appended.
         self._streams = [keys.stream for keys in shards]
-        self._queue: list[Pending] = []
-        self._queued = anyio.Event()
-        #: Redis nodes with an append in flight.
-        self._appending: set[str] = set()
+        self._batcher: NodeBatcher[Pending] = NodeBatcher(backend, self._append)
         self._task_group: TaskGroup | None = None
         #: Set when the client closes: nothing more is sent.
         self._stopped = False
+        #: Batches taken for sending once stopped: never sent.
+        self._unsent: list[Pending] = []
 
     def add(self, pending: Pending) -> None:
-        self._queue.append(pending)
-        self._queued.set()
+        self._batcher.add(self._streams[pending.shard], pending)
 
     def withdraw(self, pending: Pending) -> bool:
         """Take a submit out of the queue if it has not been sent (True if so)."""
-        try:
-            self._queue.remove(pending)
-        except ValueError:
-            return False
-        return True
+        return self._batcher.withdraw(pending)
 
     def requeue(self, pendings: list[Pending]) -> None:
-        """Append these ops again with the next batch (:meth:`run` leaves out those settled
-        meanwhile)."""
-        self._queue.extend(pendings)
-        self._queued.set()
+        """Append these ops again with the next batch (those settled meanwhile stay out)."""
+        for pending in pendings:
+            self.add(pending)
 
     def stop(self) -> None:
         """Send nothing more (the client is closing; :meth:`run` is cancelled next)."""
@@ -75,58 +69,45 @@ class Appender:
 
     def take_unsent(self) -> set[Pending]:
         """Empty the queue, once stopped: the submits never sent."""
-        unsent, self._queue = set(self._queue), []
+        unsent, self._unsent = {*self._unsent, *self._batcher.take_unsent()}, []
         return unsent
 
     async def run(self) -> None:
-        """Append whatever has queued up while the previous append was in flight, until
-        cancelled."""
+        """Append whatever has queued up while the previous append to the same node was in
+        flight, until cancelled."""
         async with anyio.create_task_group() as task_group:
             self._task_group = task_group
-            while True:
-                await self._queued.wait()
-                self._queued = anyio.Event()
-                # A submit whose caller was cancelled (or that timed out) before the append is
-                # sent stays out: a cancel scope whose deadline had passed when its caller
-                # submitted cancels the caller's future before this task runs.
-                batch = [pending for pending in self._queue if not pending.done.done()]
-                self._queue = []
-                by_node: dict[str, list[Pending]] = defaultdict(list)
-                for pending in batch:
-                    by_node[self._backend.node_of(self._streams[pending.shard])].append(pending)
-                for node, pendings in by_node.items():
-                    if node in self._appending or self._stopped:
-                        # Sent once that node's append returns (or never: the client is closing).
-                        self._queue.extend(pendings)
-                    else:
-                        self._appending.add(node)
-                        task_group.start_soon(self._append, node, pendings)
+            await self._batcher.serve()
 
-    async def _append(self, node: str, batch: list[Pending]) -> None:
-        """Append ``batch`` (ops of shards on one node) in one pipeline."""
+    async def _append(self, queued: list[Pending]) -> None:
+        """Append ``queued`` (ops of shards on one node) in one pipeline."""
+        if self._stopped:
+            self._unsent += queued
+            return
+        # A submit whose caller was cancelled (or that timed out) before the append is sent
+        # stays out: a cancel scope whose deadline had passed when its caller submitted
+        # cancels the caller's future before this task runs.
+        batch = [pending for pending in queued if not pending.done.done()]
+        if not batch:
+            return
+        entries = list(_pack(batch))
+        calls = [self._append_call(shard, group) for shard, group in entries]
         try:
-            entries = list(_pack(batch))
-            calls = [self._append_call(shard, group) for shard, group in entries]
-            try:
-                replies = await self._backend.run_many(calls)
-            except BackendUnavailable as exc:
-                for pending in batch:
-                    pending.settle(
-                        BackendUnavailable(
-                            self._backend.url, exc, op_id=pending.op_id, keys=pending.all_keys
-                        )
+            replies = await self._backend.run_many(calls)
+        except BackendUnavailable as exc:
+            for pending in batch:
+                pending.settle(
+                    BackendUnavailable(
+                        self._backend.url, exc, op_id=pending.op_id, keys=pending.all_keys
                     )
-                return
-            except Exception as exc:  # anything else fails this batch, not the client
-                log.exception("appending %d ops failed", len(batch))
-                for pending in batch:
-                    pending.settle(KeyserialError(f"appending op {pending.op_id!r} failed: {exc}"))
-                return
-            self._after_append(entries, replies)
-        finally:
-            self._appending.discard(node)
-            if self._queue:
-                self._queued.set()
+                )
+            return
+        except Exception as exc:  # anything else fails this batch, not the client
+            log.exception("appending %d ops failed", len(batch))
+            for pending in batch:
+                pending.settle(KeyserialError(f"appending op {pending.op_id!r} failed: {exc}"))
+            return
+        self._after_append(entries, replies)
 
     def _after_append(self, entries: list[tuple[int, list[Pending]]], replies: list[Any]) -> None:
         """Note each appended op's entry; fail the ops of entries the server refused, and queue

@@ -32,10 +32,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import anyio
-from anyio.abc import TaskGroup
 
 from .._backend import durability as _durability
 from .._backend.backend import Backend
+from .._backend.batching import NodeBatcher
 from .._backoff import Backoff
 from .._scripts.calls import REPLIES, ScriptCall
 from .._settings import Durability
@@ -74,39 +74,30 @@ class LineageBroken(Exception):
     up, cleanly: the unfinished ops are not to blame)."""
 
 
-class _Batch:
-    """Calls that go out in one pipeline; one event wakes all their callers."""
+@dataclass(slots=True, eq=False)
+class _Call:
+    """A script call queued for the next pipeline of its node, until its reply."""
 
-    __slots__ = (
-        "builds",
-        "callbacks",
-        "calls",
-        "confirmed",
-        "done",
-        "lineages",
-        "replies",
-        "results",
-    )
-
-    def __init__(self) -> None:
-        self.calls: list[ScriptCall[Any]] = []
-        self.replies: list[Replies | None] = []
-        #: Called with the call's reply (or its error) once the batch is back; None: awaited.
-        self.callbacks: list[Callable[[Any], None] | None] = []
-        #: The lineages each call's writes belong to (none: it builds on no cached state).
-        self.lineages: list[Sequence[Lineage]] = []
-        #: Whether each call commits what its lineages build on (breaks them unconfirmed).
-        self.builds: list[bool] = []
-        self.done = anyio.Event()
-        self.results: list[Any] = []
-        #: Whether the replicas the durability asks for have the batch's writes.
-        self.confirmed = False
+    call: ScriptCall[Any]
+    #: What to publish once it has succeeded (None: nothing, or the script publishes it).
+    replies: Replies | None
+    #: Called with the call's reply (or its error) once the batch is back; None: awaited.
+    on_done: Callable[[Any], None] | None
+    #: The lineages its writes belong to (none: it builds on no cached state).
+    lineages: Sequence[Lineage]
+    #: Whether it commits what its lineages build on (breaks them unconfirmed).
+    builds: bool
+    #: Set once the batch is back, for a caller that awaits it.
+    done: anyio.Event | None = None
+    result: Any = None
+    #: Whether the replicas the durability asks for have its batch's writes.
+    confirmed: bool = False
 
 
 class Pipeliner:
-    """Runs :class:`ScriptCall` s in pipelines: one :class:`_NodePipeliner` per Redis server
-    (each master of a cluster), so a stalled node delays the shards it serves and no others.
-    Start :meth:`serve` in a task group."""
+    """Runs :class:`ScriptCall` s in pipelines, one in flight per Redis server (each master of
+    a cluster): calls that arrive while it is in flight go out together in the next (see
+    ``_backend.batching``). Start :meth:`serve` in a task group."""
 
     def __init__(
         self,
@@ -121,15 +112,10 @@ class Pipeliner:
         self.signer = signer
         #: Told how many calls each pipeline sends (the worker's metrics).
         self._on_batch = on_batch
-        self._by_node: dict[str, _NodePipeliner] = {}
-        self._task_group: TaskGroup | None = None
+        self._batcher: NodeBatcher[_Call] = NodeBatcher(backend, self._send_batch)
 
     async def serve(self) -> None:
-        async with anyio.create_task_group() as task_group:
-            self._task_group = task_group
-            for pipeliner in self._by_node.values():
-                task_group.start_soon(pipeliner.serve)
-            await anyio.sleep_forever()
+        await self._batcher.serve()
 
     async def run(
         self,
@@ -139,8 +125,18 @@ class Pipeliner:
         *,
         builds: bool = True,
     ) -> R:
-        """See :meth:`_NodePipeliner.run`."""
-        result, _ = await self._of(call).run(call, replies, lineages, builds=builds)
+        """The script's reply, as the call decodes it. ``replies`` are published once the call
+        has succeeded (never after a refusal: a fenced step committed nothing): by the script
+        itself, given them as JSON ``[[channel, message], ...]`` in its ``replies`` argument,
+        or with the batch. ``lineages``: the owners whose cached writes the call builds on (see
+        :class:`Lineage`); ``builds``: it commits states or results, so it breaks them if its
+        pipeline is not confirmed.
+
+        :raises Refused: the script's refusal (``Fenced``, …).
+        :raises LineageBroken: if one of ``lineages`` is broken (the call was not sent).
+        :raises BackendUnavailable: if the server does not answer.
+        """
+        result, _ = await self._run(call, replies, lineages, builds=builds)
         return result
 
     async def run_durably(self, call: ScriptCall[R], lineages: Sequence[Lineage] = ()) -> R:
@@ -150,7 +146,7 @@ class Pipeliner:
         own WAIT (on the connection that ran it). Without durability, the first reply."""
         backoff = Backoff(0.05, 1.0)
         while True:
-            result, confirmed = await self._of(call).run(call, None, lineages, builds=True)
+            result, confirmed = await self._run(call, None, lineages, builds=True)
             if confirmed:
                 return result
             assert self._durability is not None  # (without it every pipeline is confirmed)
@@ -168,169 +164,90 @@ class Pipeliner:
         on_done: Callable[[Any], None],
         lineages: Sequence[Lineage] = (),
     ) -> None:
-        """See :meth:`_NodePipeliner.submit`."""
-        self._of(call).submit(call, replies, on_done, lineages, builds=True)
-
-    def _of(self, call: ScriptCall[Any]) -> _NodePipeliner:
-        """The pipeliner of the node that serves the call's keys (as the client knows now)."""
-        node = self._backend.node_of(call.keys[0])
-        pipeliner = self._by_node.get(node)
-        if pipeliner is None:
-            pipeliner = self._by_node[node] = _NodePipeliner(
-                self._backend, self._durability, self.signer, self._on_batch
-            )
-            if self._task_group is not None:
-                self._task_group.start_soon(pipeliner.serve)
-        return pipeliner
-
-
-class _NodePipeliner:
-    """Runs :class:`ScriptCall` s in pipelines, one in flight at a time; calls that arrive while
-    it is in flight go out together in the next. (Two in flight measured slower: smaller batches,
-    more CPU per op.)"""
-
-    def __init__(
-        self,
-        backend: Backend,
-        durability: Durability | None = None,
-        signer: ReplySigner | None = None,
-        on_batch: Callable[[int], None] = _ignore,
-    ) -> None:
-        self._backend = backend
-        self._durability = durability
-        self._signer = signer
-        self._next = _Batch()
-        self._queued = anyio.Event()
-        #: Told how many calls each pipeline sends (the worker's metrics).
-        self._on_batch = on_batch
-
-    async def run(
-        self,
-        call: ScriptCall[R],
-        replies: Replies | None = None,
-        lineages: Sequence[Lineage] = (),
-        *,
-        builds: bool,
-    ) -> tuple[R, bool]:
-        """The script's reply, as the call decodes it, and whether its pipeline's writes are
-        as durable as the settings ask (always, when they ask nothing). ``replies`` are
-        published once the call has succeeded (never after a refusal: a fenced step committed
-        nothing): by the script itself, given them as JSON ``[[channel, message], ...]`` in its
-        ``replies`` argument, or with the batch. ``lineages``: the owners whose cached writes
-        the call builds on (see :class:`Lineage`); ``builds``: it commits states or results,
-        so it breaks them if its pipeline is not confirmed.
-
-        :raises Refused: the script's refusal (``Fenced``, …).
-        :raises LineageBroken: if one of ``lineages`` is broken (the call was not sent).
-        :raises BackendUnavailable: if the server does not answer.
-        """
-        batch = self._next
-        index = len(batch.calls)
-        self._add(call, replies, None, lineages, builds)
-        await batch.done.wait()
-        result = batch.results[index]
-        if isinstance(result, Exception):
-            raise result
-        reply: R = result
-        return reply, batch.confirmed
-
-    def submit(
-        self,
-        call: ScriptCall[Any],
-        replies: Replies | None,
-        on_done: Callable[[Any], None],
-        lineages: Sequence[Lineage] = (),
-        *,
-        builds: bool,
-    ) -> None:
         """Like :meth:`run`, without a task to await it: ``on_done`` gets the script's reply,
         or the error :meth:`run` would raise, once the batch is back (before the awaiting
         callers of that batch wake)."""
-        self._add(call, replies, on_done, lineages, builds)
+        self._add(_Call(call, replies, on_done, lineages, True))
 
-    def _add(
+    async def _run(
         self,
-        call: ScriptCall[Any],
+        call: ScriptCall[R],
         replies: Replies | None,
-        on_done: Callable[[Any], None] | None,
         lineages: Sequence[Lineage],
+        *,
         builds: bool,
-    ) -> None:
-        if replies and not self._backend.in_order and self._durability is None:
-            assert call.script.publishes, f"{call.script.name} cannot publish replies itself"
-            call, replies = _inline(call, replies, self._signer), None
-        batch = self._next
-        batch.calls.append(call)
-        batch.replies.append(replies or None)
-        batch.callbacks.append(on_done)
-        batch.lineages.append(lineages)
-        batch.builds.append(builds)
-        self._queued.set()
+    ) -> tuple[R, bool]:
+        """:meth:`run`'s reply, and whether its pipeline's writes are as durable as the
+        settings ask (always, when they ask nothing)."""
+        queued = _Call(call, replies, None, lineages, builds, anyio.Event())
+        self._add(queued)
+        assert queued.done is not None
+        await queued.done.wait()
+        if isinstance(queued.result, Exception):
+            raise queued.result
+        reply: R = queued.result
+        return reply, queued.confirmed
 
-    async def serve(self) -> None:
-        while True:
-            await self._queued.wait()
-            self._queued = anyio.Event()
-            batch, self._next = self._next, _Batch()
-            self._on_batch(len(batch.calls))
-            carrying = [i for i, replies in enumerate(batch.replies) if replies]
-            if (
-                len(carrying) == 1
-                and batch.calls[carrying[0]].script.publishes
-                and self._durability is None
-            ):
-                i = carrying[0]
-                replies = batch.replies[i]
-                assert replies is not None
-                batch.calls[i], batch.replies[i] = (
-                    _inline(batch.calls[i], replies, self._signer),
-                    None,
-                )
-            await self._send(batch)
-            # Written before the runners wake, so before anything they send next on the one
-            # connection (a later commit's replies cannot overtake these), and not waited for.
-            messages = self._messages(batch) if batch.confirmed else []
-            if messages and not self._backend.publish_nowait(messages):
-                if self._backend.in_order:
-                    # The connection closed since the batch returned. A reply is at most once
-                    # anyway: the result is stored, and clients look up overdue ones.
-                    log.warning("connection lost: %d reply messages not sent", len(messages))
-                else:
-                    await self._publish(messages)
-            for on_done, result in zip(batch.callbacks, batch.results, strict=True):
-                if on_done is not None:
-                    on_done(result)
-            batch.done.set()
+    def _add(self, queued: _Call) -> None:
+        if queued.replies and not self._backend.in_order and self._durability is None:
+            assert queued.call.script.publishes, (
+                f"{queued.call.script.name} cannot publish replies itself"
+            )
+            queued.call, queued.replies = _inline(queued.call, queued.replies, self.signer), None
+        self._batcher.add(queued.call.keys[0], queued)
 
-    async def _send(self, batch: _Batch) -> None:
+    async def _send_batch(self, batch: list[_Call]) -> None:
+        """Send one node's batch, publish the replies of what committed, and tell each caller."""
+        self._on_batch(len(batch))
+        carrying = [queued for queued in batch if queued.replies]
+        if len(carrying) == 1 and carrying[0].call.script.publishes and self._durability is None:
+            only = carrying[0]
+            assert only.replies is not None
+            only.call, only.replies = _inline(only.call, only.replies, self.signer), None
+        confirmed = await self._send(batch)
+        # Written before the runners wake, so before anything they send next on the one
+        # connection (a later commit's replies cannot overtake these), and not waited for.
+        messages = self._messages(batch) if confirmed else []
+        if messages and not self._backend.publish_nowait(messages):
+            if self._backend.in_order:
+                # The connection closed since the batch returned. A reply is at most once
+                # anyway: the result is stored, and clients look up overdue ones.
+                log.warning("connection lost: %d reply messages not sent", len(messages))
+            else:
+                await self._publish(messages)
+        for queued in batch:
+            queued.confirmed = confirmed
+            if queued.on_done is not None:
+                queued.on_done(queued.result)
+        for queued in batch:
+            if queued.done is not None:
+                queued.done.set()
+
+    async def _send(self, batch: list[_Call]) -> bool:
         """Send the batch's calls, but those of a broken lineage: each gets its reply (or
-        error) in ``batch.results``, and ``batch.confirmed`` says whether the replicas the
-        durability asks for have their writes. If they do not, every lineage in the batch
-        breaks (before anyone wakes, so before any later write of theirs is queued)."""
-        sent = [
-            index
-            for index, lineages in enumerate(batch.lineages)
-            if not any(lineage.broken for lineage in lineages)
-        ]
-        if len(sent) == len(batch.calls) and self._durability is None:
-            batch.results, batch.confirmed = await self._run_or_fail(batch.calls)
-            return
-        batch.results = [
-            LineageBroken("an earlier write of this owner may not be in Redis as its cache has it")
-            for _ in batch.calls
-        ]
+        error) as its ``result``; True if the replicas the durability asks for have their
+        writes. If they do not, every lineage in the batch breaks (before anyone wakes, so
+        before any later write of theirs is queued)."""
+        sent = [queued for queued in batch if not any(ln.broken for ln in queued.lineages)]
+        if len(sent) < len(batch):
+            broken = LineageBroken(
+                "an earlier write of this owner may not be in Redis as its cache has it"
+            )
+            for queued in batch:
+                queued.result = broken
         if not sent:
-            return
-        results, batch.confirmed = await self._run_or_fail([batch.calls[i] for i in sent])
-        for index, result in zip(sent, results, strict=True):
-            batch.results[index] = result
-        if not batch.confirmed and self._durability is not None:
-            self._break(batch, sent, results)
+            return False
+        results, confirmed = await self._run_or_fail([queued.call for queued in sent])
+        for queued, result in zip(sent, results, strict=True):
+            queued.result = result
+        if not confirmed and self._durability is not None:
+            self._break(sent)
+        return confirmed
 
     async def _run_or_fail(self, calls: Sequence[ScriptCall[Any]]) -> tuple[list[Any], bool]:
-        """:meth:`_run`, or the error that kept it from running, as every call's result."""
+        """:meth:`_run_calls`, or the error that kept it from running, as every call's result."""
         try:
-            return await self._run(calls)
+            return await self._run_calls(calls)
         except BackendUnavailable as exc:
             return [exc] * len(calls), False
         except Exception as exc:
@@ -339,15 +256,15 @@ class _NodePipeliner:
             log.error("a pipeline of %d calls failed", len(calls), exc_info=exc)
             return [exc] * len(calls), False
 
-    def _break(self, batch: _Batch, sent: list[int], results: list[Any]) -> None:
+    def _break(self, sent: list[_Call]) -> None:
         """An unconfirmed batch: the lineages of the calls that committed what they build on
         break. (A call that failed wrote nothing; one whose server did not answer is sent
         again by its runner, the same call, until the runner knows what became of it.)"""
         assert self._durability is not None
         committed = [
-            index
-            for index, result in zip(sent, results, strict=True)
-            if batch.builds[index] and batch.lineages[index] and not isinstance(result, Exception)
+            queued
+            for queued in sent
+            if queued.builds and queued.lineages and not isinstance(queued.result, Exception)
         ]
         if not committed:
             return
@@ -358,11 +275,11 @@ class _NodePipeliner:
             _describe(self._durability),
             self._durability.wait_ms,
         )
-        for index in committed:
-            for lineage in batch.lineages[index]:
+        for queued in committed:
+            for lineage in queued.lineages:
                 lineage.broken = True
 
-    async def _run(self, calls: Sequence[ScriptCall[Any]]) -> tuple[list[Any], bool]:
+    async def _run_calls(self, calls: Sequence[ScriptCall[Any]]) -> tuple[list[Any], bool]:
         """The calls' replies, and whether the replicas the durability asks for have them."""
         if self._durability is None:
             return await self._backend.run_many(calls), True
@@ -377,14 +294,14 @@ class _NodePipeliner:
         except BackendUnavailable as exc:
             log.warning("%d reply messages not sent: %s", len(messages), exc)
 
-    def _messages(self, batch: _Batch) -> list[tuple[str, str]]:
+    def _messages(self, batch: list[_Call]) -> list[tuple[str, str]]:
         """One reply message per channel, for the calls that succeeded."""
         merged: defaultdict[str, list[tuple[str, str]]] = defaultdict(list)
-        for replies, result in zip(batch.replies, batch.results, strict=True):
-            if replies and not isinstance(result, Exception):
-                for channel, outcomes in replies.items():
+        for queued in batch:
+            if queued.replies and not isinstance(queued.result, Exception):
+                for channel, outcomes in queued.replies.items():
                     merged[channel].extend(outcomes)
-        return reply_messages(merged, self._signer)
+        return reply_messages(merged, self.signer)
 
 
 def _inline(call: ScriptCall[R], replies: Replies, signer: ReplySigner | None) -> ScriptCall[R]:
