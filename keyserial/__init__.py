@@ -4,7 +4,7 @@
 shards; each shard is a Redis stream that exactly one worker consumes at a time.
 """
 
-from ._client.client import Client as Client
+from ._client.api import Client as Client
 from ._client.connect import connect as connect
 from ._client.sync import SyncClient as SyncClient
 from ._client.sync import connect_sync as connect_sync

@@ -659,9 +659,8 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_client/client.py",
-                'self.client_id = f"{settings.service}.{random_id}"'
-                " if settings.service else random_id",
-                "self.client_id = random_id",
+                'client_id = f"{settings.service}.{random_id}" if settings.service else random_id',
+                "client_id = random_id",
             ),
         ),
         (

@@ -16,22 +16,17 @@ import math
 import os
 import uuid
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
-from types import TracebackType
 from typing import Any, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup, TaskStatus
 
-from .. import ledger
 from .._backend.backend import Backend
 from .._backend.durability import stored_confirmed
-from .._ops import RESERVED_PREFIX, Call
+from .._ops import Call
 from .._settings import Settings
 from .._wire.codec import decode_outcome, decode_reply, encode_envelope, replied_op_ids
-from .._wire.json_text import encodes
 from .._wire.layout import ShardKeys, reply_channel
-from .._wire.routing import home_shard, shard_for
 from .._wire.signing import ReplyVerifier
 from ..errors import (
     BackendUnavailable,
@@ -41,6 +36,7 @@ from ..errors import (
     ResultNotFound,
     SubmitTimeout,
 )
+from .api import Client, Keys
 from .appender import Appender
 from .outcomes import ReplyLookups, StoredOutcomes, settle_signed
 from .pending import TIMED_OUT, Pending, closed_while_waiting, value_or_raise
@@ -57,14 +53,13 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
         return None
 
 
-class Client:
-    """A connection to one keyserial namespace. Create it with :func:`keyserial.connect`."""
+class AsyncioClient(Client):
+    """The client on the asyncio loop it was opened on (see :class:`keyserial.Client`)."""
 
     def __init__(self, backend: Backend, settings: Settings, shard_count: int) -> None:
-        self.settings = settings
-        self.shard_count = shard_count
         random_id = uuid.uuid4().hex
-        self.client_id = f"{settings.service}.{random_id}" if settings.service else random_id
+        client_id = f"{settings.service}.{random_id}" if settings.service else random_id
+        super().__init__(settings, shard_count, client_id)
         self._pid = os.getpid()
         self._op_ids = _OpIds(self.client_id)
         self._backend = backend
@@ -84,7 +79,7 @@ class Client:
             backend, settings, self._waiting, self._settle, outcomes, self._appender.requeue
         )
 
-    async def __aenter__(self) -> Client:
+    async def __aenter__(self) -> AsyncioClient:
         if self._loop is not None:  # (its tasks, connection and cancel scope are in use)
             raise KeyserialError(
                 "this keyserial client was opened already; a client is entered once, by"
@@ -103,18 +98,8 @@ class Client:
         self._task_group.start_soon(self._sweep.run)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
-
     async def aclose(self) -> None:
-        """Stop the background tasks and close the connection. Submits still waiting (in
-        other tasks) fail at once, each saying whether its op may still apply: none waits for
-        a reply that can no longer come. (The body's error, if any, stays the body's: it is not
+        """See :meth:`Client.aclose`. (The body's error, if any, stays the body's: it is not
         wrapped in an exception group.)"""
         task_group, self._task_group = self._task_group, None
         self._appender.stop()
@@ -130,18 +115,8 @@ class Client:
             for pending in waiters:
                 pending.settle(closed_while_waiting(pending, sent=pending not in unsent))
 
-    def shard_of(self, key: str) -> int:
-        return shard_for(key, self.shard_count)
-
     def new_op_id(self) -> str:
-        """A fresh op id, unique across clients and unguessable, to pass as ``op_id=``: the
-        caller then knows the op's id before it awaits, so after a cancel it can fetch the
-        outcome (``ks.result(op_id, key=...)``) or resubmit under the same id (it never runs
-        twice).
-
-        :raises KeyserialError: in a process forked from the one that opened the client, whose
-            ids it would repeat.
-        """
+        """See :meth:`Client.new_op_id`."""
         if self._pid != os.getpid():
             raise KeyserialError(
                 f"this keyserial client was opened in process {self._pid}, before a fork: its op"
@@ -163,105 +138,10 @@ class Client:
             )
         return loop
 
-    async def submit(
-        self, key: str, call: Call[R], *, timeout: float | None = None, op_id: str | None = None
+    async def _send(
+        self, keys: Keys, shard: int, call: Call[R], timeout: float, op_id: str | None
     ) -> R:
-        """Run ``call`` on ``key``'s shard, after every op already appended for the key.
-
-        Returns the op's return value once its effects are committed. Resubmitting an ``op_id``
-        returns the stored outcome instead of running the op again.
-
-        :raises OperationFailed: (or a subclass such as ``InsufficientFunds``) if the op failed.
-        ``timeout`` is in seconds; ``None`` means the ``submit_timeout`` setting (30 s by default)
-        and ``math.inf`` waits without limit. If the caller is cancelled (``anyio.move_on_after``,
-        a web framework, ``asyncio.wait_for``) before the op was sent, it is withdrawn and never
-        appended; once sent it may still apply: pass ``op_id=ks.new_op_id()`` to be able to fetch
-        its outcome or resubmit it.
-
-        :raises SubmitTimeout: if no reply came within ``timeout`` seconds; the op may still apply.
-        :raises PayloadTooLarge: if the encoded op is over ``max_payload_bytes``; nothing is sent.
-        :raises BacklogFull: if the shard's stream holds ``max_backlog`` entries.
-        :raises BackendUnavailable: if Redis cannot be reached.
-        :raises TypeError, ValueError: if an argument cannot be carried as JSON (a set, NaN);
-            ``ValueError`` for a malformed ``op_id`` or a reserved op name too.
-        """
-        _check_key(key)
-        return await self._submit(key, self.shard_of(key), call, timeout, op_id)
-
-    def _home(self, keys: Sequence[str]) -> int:
-        """The shard a multi-key op is appended to: the lowest of its keys' shards."""
-        if not isinstance(keys, (list, tuple)) or not keys:
-            # (Not a set: the op sees its keys in the order given.)
-            raise TypeError(f"keys must be a list of non-empty strings, not {keys!r}")
-        for key in keys:
-            _check_key(key)
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"keys must be distinct: {list(keys)!r}")
-        return home_shard(keys, self.shard_count)
-
-    async def submit_many(
-        self,
-        keys: Sequence[str],
-        call: Call[R],
-        *,
-        timeout: float | None = None,
-        op_id: str | None = None,
-    ) -> R:
-        """Run a multi-key op (``@keyserial.multi_op``) on ``keys``, atomically and isolated:
-        it sees and writes all their states as if alone, after every op already appended for
-        any of them.
-
-        Keys on one shard cost what a single-key op costs. Keys on several shards are
-        coordinated by the lowest one (the op's home, where its result is stored): it takes the
-        other shards' keys in ascending shard order, so two such ops can never deadlock.
-
-        Raises as :meth:`submit` does.
-        """
-        home = self._home(keys)
-        return await self._submit(tuple(keys), home, call, timeout, op_id)
-
-    async def transfer(
-        self,
-        source: str,
-        target: str,
-        amount: int,
-        *,
-        timeout: float | None = None,
-        op_id: str | None = None,
-    ) -> dict[str, int]:
-        """Move ``amount`` from ledger key ``source`` to ``target``, atomically; returns both
-        new balances by key.
-
-        :raises InsufficientFunds: if ``source`` holds less (neither balance changes).
-        """
-        return await self.submit_many(
-            [source, target], ledger.transfer(amount), timeout=timeout, op_id=op_id
-        )
-
-    async def _submit(
-        self,
-        keys: str | tuple[str, ...],
-        shard: int,
-        call: Call[R],
-        timeout: float | None,
-        op_id: str | None,
-    ) -> R:
-        if (
-            not isinstance(call, Call)
-            or not isinstance(call.name, str)
-            or not call.name
-            or not isinstance(call.args, tuple)
-            or not isinstance(call.kwargs, Mapping)
-        ):
-            raise TypeError(
-                f"expected a keyserial Call (op(...) or keyserial.call(...)), not {call!r}"
-            )
-        if call.name.startswith(RESERVED_PREFIX):
-            raise ValueError(f"op {call.name!r} is keyserial's own; it cannot be submitted")
         loop = self._check_loop()
-        timeout = self._timeout(timeout)
-        if op_id is not None:
-            _check_op_id(op_id, submitted=True)
         fresh = op_id is None
         op_id = op_id or self.new_op_id()
         envelope = encode_envelope(op_id, keys, call, self._reply)
@@ -288,34 +168,15 @@ class Client:
         value: R = self._unwrap(pending)
         return value
 
-    async def read(self, key: str) -> Any:
-        """The key's last committed state (``None`` if it has none), without queueing an op.
-
-        It may trail ops that are appended but not yet committed; ``submit`` an op for a read
-        that is ordered after them.
-        """
+    async def _state(self, shard: int, key: str) -> Any:
         self._check_loop()
-        _check_key(key)
-        raw = await self._backend.state(self._shards[self.shard_of(key)], key)
+        raw = await self._backend.state(self._shards[shard], key)
         return None if raw is None else json.loads(raw)
 
-    async def result(self, op_id: str, *, key: str | Sequence[str]) -> Any:
-        """The stored outcome of op ``op_id`` on ``key`` (for a multi-key op: its list of keys):
-        its value, or its error raised.
-
-        :raises ResultNotFound: if the op has not been applied yet, or its result expired.
-        :raises OperationFailed: if the op failed.
-        """
+    async def _stored_result(self, op_id: str, shard: int, keys: tuple[str, ...]) -> Any:
         self._check_loop()
-        # ('#' is not refused here: a foreign client's op may have stored an outcome so.)
-        _check_op_id(op_id, submitted=False)
-        if isinstance(key, str):
-            _check_key(key)
-        shard = self.shard_of(key) if isinstance(key, str) else self._home(key)
-        all_keys = (key,) if isinstance(key, str) else tuple(key)
-        keys = ShardKeys(self.settings.namespace, shard)
         (raw,), confirmed = await stored_confirmed(
-            self._backend, self.settings.durability, keys, [op_id]
+            self._backend, self.settings.durability, self._shards[shard], [op_id]
         )
         if raw is not None and not confirmed:
             raise BackendUnavailable(
@@ -325,23 +186,13 @@ class Client:
                 f" durable_fsync={self.settings.durable_fsync}) was not confirmed in time"
                 " (try again)",
                 op_id=op_id,
-                keys=all_keys,
+                keys=keys,
             )
         if raw is None:
-            raise ResultNotFound(key=all_keys[0], op_id=op_id)
-        return value_or_raise(decode_outcome(raw), keys=all_keys, op_id=op_id)
+            raise ResultNotFound(key=keys[0], op_id=op_id)
+        return value_or_raise(decode_outcome(raw), keys=keys, op_id=op_id)
 
     # -- internals -----------------------------------------------------------------------------
-
-    def _timeout(self, timeout: float | None) -> float:
-        """``timeout``, checked before anything is sent, or the ``submit_timeout`` setting."""
-        if timeout is None:
-            return self.settings.submit_timeout
-        if not isinstance(timeout, (int, float)) or type(timeout) is bool:
-            raise TypeError(f"timeout must be a number of seconds, not {timeout!r}")
-        if not timeout > 0:  # (NaN too: it would never expire)
-            raise ValueError(f"timeout must be positive seconds or math.inf, not {timeout!r}")
-        return timeout
 
     async def _timed_out(self, pending: Pending, timeout: float) -> SubmitTimeout:
         """The timeout error, naming the op's shards that no worker holds (the usual reason an
@@ -417,25 +268,6 @@ class Client:
             log.error("ignoring a malformed reply message: %r", data[:200])
             return
         self._lookups.announced(replied)
-
-
-def _check_key(key: object) -> None:
-    if not isinstance(key, str) or not key:
-        raise TypeError(f"key must be a non-empty string, not {key!r}")
-    if not encodes(key):
-        raise ValueError(f"key {key!r} holds an unpaired surrogate: it cannot be sent")
-
-
-def _check_op_id(op_id: object, *, submitted: bool) -> None:
-    """A submitted op id may not hold '#', which names keyserial's coordination records."""
-    if (
-        not isinstance(op_id, str)
-        or not op_id
-        or not encodes(op_id)
-        or (submitted and "#" in op_id)
-    ):
-        wanted = "a non-empty string without '#'" if submitted else "a non-empty string"
-        raise ValueError(f"op_id must be {wanted}, not {op_id!r}")
 
 
 class _OpIds:

@@ -13,7 +13,8 @@ from .._backend.backend import AnyRedis, Backend
 from .._backend.durability import check_durability
 from .._settings import Settings
 from ..errors import ShardCountMismatch
-from .client import Client
+from .api import Client
+from .client import AsyncioClient
 from .foreign import ForeignLoopClient
 
 DEFAULT_URL = "redis://127.0.0.1:6379/0"
@@ -47,25 +48,25 @@ async def connect(
     :raises BackendUnavailable: if Redis cannot be reached.
     """
     if sniffio.current_async_library() == "asyncio":
-        async with _connect_asyncio(redis, shards, namespace, options) as client:
+        async with connect_asyncio(redis, shards, namespace, options) as client:
             yield client
         return
     if redis is not None and not isinstance(redis, str):
         raise TypeError("under trio, pass a Redis URL: a redis.asyncio client runs on asyncio only")
-    client = await ForeignLoopClient.open(
-        lambda: _connect_asyncio(redis, shards, namespace, options)
+    foreign = await ForeignLoopClient.open(
+        lambda: connect_asyncio(redis, shards, namespace, options)
     )
-    async with client:
-        yield client
+    async with foreign:
+        yield foreign
 
 
 @asynccontextmanager
-async def _connect_asyncio(
+async def connect_asyncio(
     redis: str | AnyRedis | None,
     shards: int | None,
     namespace: str | None,
     options: dict[str, Any],
-) -> AsyncIterator[Client]:
+) -> AsyncIterator[AsyncioClient]:
     if "shard_count" in options:  # (Settings' name for it: Python's error would be a puzzle)
         raise TypeError("connect() takes the shard count as shards=, not shard_count=")
     settings = Settings.resolve(namespace=namespace, shard_count=shards, **options)
@@ -81,5 +82,5 @@ async def _connect_asyncio(
     except BaseException:
         await backend.aclose()
         raise
-    async with Client(backend, settings, shard_count) as client:
+    async with AsyncioClient(backend, settings, shard_count) as client:
         yield client

@@ -11,7 +11,7 @@ back through the caller's loop. Cancelling a call cancels it there, with the usu
 from __future__ import annotations
 
 import concurrent.futures
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine
 from contextlib import suppress
 from typing import Any, TypeVar
 
@@ -20,7 +20,7 @@ import sniffio
 
 from .._ops import Call
 from ..errors import KeyserialError
-from .client import Client
+from .api import Client, Keys
 from .hosted import HostedClient, Opener
 
 T = TypeVar("T")
@@ -31,17 +31,15 @@ class ForeignLoopClient(Client):
     """A :class:`Client` whose calls run on a hosted asyncio loop (see the module docstring).
 
     It shares :class:`Client`'s argument checks and routing; only the calls that talk to Redis
-    are forwarded.
+    are forwarded, to the hosted client.
     """
 
     def __init__(self, hosted: HostedClient, notify: Notify) -> None:
-        # No backend of its own (Client.__init__ is not called): the hosted client's is used.
+        inner = hosted.client
+        super().__init__(inner.settings, inner.shard_count, inner.client_id)
         self._hosted = hosted
         self._notify = notify
-        self._inner = hosted.client
-        self.settings = self._inner.settings
-        self.shard_count = self._inner.shard_count
-        self.client_id = self._inner.client_id
+        self._inner = inner
 
     @classmethod
     async def open(cls, opener: Opener) -> ForeignLoopClient:
@@ -55,9 +53,6 @@ class ForeignLoopClient(Client):
             raise
         return cls(hosted, notify)
 
-    async def __aenter__(self) -> ForeignLoopClient:
-        return self
-
     async def aclose(self) -> None:
         if self._hosted.stop():
             with anyio.CancelScope(shield=True):
@@ -66,21 +61,16 @@ class ForeignLoopClient(Client):
     def new_op_id(self) -> str:
         return self._inner.new_op_id()
 
-    async def _submit(
-        self,
-        keys: str | tuple[str, ...],
-        shard: int,
-        call: Call[R],
-        timeout: float | None,
-        op_id: str | None,
+    async def _send(
+        self, keys: Keys, shard: int, call: Call[R], timeout: float, op_id: str | None
     ) -> R:
-        return await self._run(lambda: self._inner._submit(keys, shard, call, timeout, op_id))
+        return await self._run(lambda: self._inner._send(keys, shard, call, timeout, op_id))
 
-    async def read(self, key: str) -> Any:
-        return await self._run(lambda: self._inner.read(key))
+    async def _state(self, shard: int, key: str) -> Any:
+        return await self._run(lambda: self._inner._state(shard, key))
 
-    async def result(self, op_id: str, *, key: str | Sequence[str]) -> Any:
-        return await self._run(lambda: self._inner.result(op_id, key=key))
+    async def _stored_result(self, op_id: str, shard: int, keys: tuple[str, ...]) -> Any:
+        return await self._run(lambda: self._inner._stored_result(op_id, shard, keys))
 
     async def _run(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         self._hosted.check()

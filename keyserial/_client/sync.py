@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 from .._ops import Call
 from .._settings import Settings
-from .client import Client
-from .connect import connect
+from .client import AsyncioClient
+from .connect import connect_asyncio
 from .hosted import HostedClient
 
 R = TypeVar("R")
@@ -25,7 +25,7 @@ class SyncClient:
 
     def __init__(self, hosted: HostedClient) -> None:
         self._hosted = hosted
-        self._client: Client = hosted.client
+        self._client: AsyncioClient = hosted.client
 
     @property
     def settings(self) -> Settings:
@@ -117,6 +117,6 @@ def connect_sync(
     """
     if url is not None and not isinstance(url, str):
         raise TypeError(f"url must be a Redis URL string, not {url!r}")
-    hosted = HostedClient(lambda: connect(url, shards=shards, namespace=namespace, **settings))
+    hosted = HostedClient(lambda: connect_asyncio(url, shards, namespace, settings))
     hosted.opened.result()  # raises what connecting raised
     return SyncClient(hosted)

@@ -1,0 +1,230 @@
+"""The client's API, the same on every event loop: argument checks and routing, then the calls
+that talk to Redis (``_client.client`` on asyncio, ``_client.foreign`` forwarding to it from
+trio)."""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from .. import ledger
+from .._ops import RESERVED_PREFIX, Call
+from .._settings import Settings
+from .._wire.json_text import encodes
+from .._wire.routing import home_shard, shard_for
+
+R = TypeVar("R")
+
+#: What a submit names: one key, or the keys of a multi-key op.
+Keys = str | tuple[str, ...]
+
+
+class Client(abc.ABC):
+    """A connection to one keyserial namespace. Create it with :func:`keyserial.connect`."""
+
+    def __init__(self, settings: Settings, shard_count: int, client_id: str) -> None:
+        self.settings = settings
+        self.shard_count = shard_count
+        self.client_id = client_id
+
+    async def __aenter__(self) -> Client:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Stop the background tasks and close the connection. Submits still waiting (in
+        other tasks) fail at once, each saying whether its op may still apply: none waits for
+        a reply that can no longer come."""
+
+    def shard_of(self, key: str) -> int:
+        return shard_for(key, self.shard_count)
+
+    @abc.abstractmethod
+    def new_op_id(self) -> str:
+        """A fresh op id, unique across clients and unguessable, to pass as ``op_id=``: the
+        caller then knows the op's id before it awaits, so after a cancel it can fetch the
+        outcome (``ks.result(op_id, key=...)``) or resubmit under the same id (it never runs
+        twice).
+
+        :raises KeyserialError: in a process forked from the one that opened the client, whose
+            ids it would repeat.
+        """
+
+    async def submit(
+        self, key: str, call: Call[R], *, timeout: float | None = None, op_id: str | None = None
+    ) -> R:
+        """Run ``call`` on ``key``'s shard, after every op already appended for the key.
+
+        Returns the op's return value once its effects are committed. Resubmitting an ``op_id``
+        returns the stored outcome instead of running the op again.
+
+        :raises OperationFailed: (or a subclass such as ``InsufficientFunds``) if the op failed.
+        ``timeout`` is in seconds; ``None`` means the ``submit_timeout`` setting (30 s by default)
+        and ``math.inf`` waits without limit. If the caller is cancelled (``anyio.move_on_after``,
+        a web framework, ``asyncio.wait_for``) before the op was sent, it is withdrawn and never
+        appended; once sent it may still apply: pass ``op_id=ks.new_op_id()`` to be able to fetch
+        its outcome or resubmit it.
+
+        :raises SubmitTimeout: if no reply came within ``timeout`` seconds; the op may still apply.
+        :raises PayloadTooLarge: if the encoded op is over ``max_payload_bytes``; nothing is sent.
+        :raises BacklogFull: if the shard's stream holds ``max_backlog`` entries.
+        :raises BackendUnavailable: if Redis cannot be reached.
+        :raises TypeError, ValueError: if an argument cannot be carried as JSON (a set, NaN);
+            ``ValueError`` for a malformed ``op_id`` or a reserved op name too.
+        """
+        check_key(key)
+        return await self._checked_submit(key, self.shard_of(key), call, timeout, op_id)
+
+    async def submit_many(
+        self,
+        keys: Sequence[str],
+        call: Call[R],
+        *,
+        timeout: float | None = None,
+        op_id: str | None = None,
+    ) -> R:
+        """Run a multi-key op (``@keyserial.multi_op``) on ``keys``, atomically and isolated:
+        it sees and writes all their states as if alone, after every op already appended for
+        any of them.
+
+        Keys on one shard cost what a single-key op costs. Keys on several shards are
+        coordinated by the lowest one (the op's home, where its result is stored): it takes the
+        other shards' keys in ascending shard order, so two such ops can never deadlock.
+
+        Raises as :meth:`submit` does.
+        """
+        home = self._home(keys)
+        return await self._checked_submit(tuple(keys), home, call, timeout, op_id)
+
+    async def transfer(
+        self,
+        source: str,
+        target: str,
+        amount: int,
+        *,
+        timeout: float | None = None,
+        op_id: str | None = None,
+    ) -> dict[str, int]:
+        """Move ``amount`` from ledger key ``source`` to ``target``, atomically; returns both
+        new balances by key.
+
+        :raises InsufficientFunds: if ``source`` holds less (neither balance changes).
+        """
+        return await self.submit_many(
+            [source, target], ledger.transfer(amount), timeout=timeout, op_id=op_id
+        )
+
+    async def read(self, key: str) -> Any:
+        """The key's last committed state (``None`` if it has none), without queueing an op.
+
+        It may trail ops that are appended but not yet committed; ``submit`` an op for a read
+        that is ordered after them.
+        """
+        check_key(key)
+        return await self._state(self.shard_of(key), key)
+
+    async def result(self, op_id: str, *, key: str | Sequence[str]) -> Any:
+        """The stored outcome of op ``op_id`` on ``key`` (for a multi-key op: its list of keys):
+        its value, or its error raised.
+
+        :raises ResultNotFound: if the op has not been applied yet, or its result expired.
+        :raises OperationFailed: if the op failed.
+        """
+        # ('#' is not refused here: a foreign client's op may have stored an outcome so.)
+        check_op_id(op_id, submitted=False)
+        if isinstance(key, str):
+            check_key(key)
+        shard = self.shard_of(key) if isinstance(key, str) else self._home(key)
+        all_keys = (key,) if isinstance(key, str) else tuple(key)
+        return await self._stored_result(op_id, shard, all_keys)
+
+    # -- what each kind of client does with checked arguments ---------------------------------
+
+    @abc.abstractmethod
+    async def _send(
+        self, keys: Keys, shard: int, call: Call[R], timeout: float, op_id: str | None
+    ) -> R:
+        """Append the op to ``shard`` and wait for its outcome (``timeout``: seconds, or
+        ``math.inf``)."""
+
+    @abc.abstractmethod
+    async def _state(self, shard: int, key: str) -> Any:
+        """The committed state of ``key``, on ``shard``."""
+
+    @abc.abstractmethod
+    async def _stored_result(self, op_id: str, shard: int, keys: tuple[str, ...]) -> Any:
+        """The outcome stored for ``op_id`` on ``shard``."""
+
+    # -- checks --------------------------------------------------------------------------------
+
+    async def _checked_submit(
+        self, keys: Keys, shard: int, call: Call[R], timeout: float | None, op_id: str | None
+    ) -> R:
+        check_call(call)
+        seconds = self._timeout(timeout)
+        if op_id is not None:
+            check_op_id(op_id, submitted=True)
+        return await self._send(keys, shard, call, seconds, op_id)
+
+    def _home(self, keys: Sequence[str]) -> int:
+        """The shard a multi-key op is appended to: the lowest of its keys' shards."""
+        if not isinstance(keys, (list, tuple)) or not keys:
+            # (Not a set: the op sees its keys in the order given.)
+            raise TypeError(f"keys must be a list of non-empty strings, not {keys!r}")
+        for key in keys:
+            check_key(key)
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"keys must be distinct: {list(keys)!r}")
+        return home_shard(keys, self.shard_count)
+
+    def _timeout(self, timeout: float | None) -> float:
+        """``timeout``, checked before anything is sent, or the ``submit_timeout`` setting."""
+        if timeout is None:
+            return self.settings.submit_timeout
+        if not isinstance(timeout, (int, float)) or type(timeout) is bool:
+            raise TypeError(f"timeout must be a number of seconds, not {timeout!r}")
+        if not timeout > 0:  # (NaN too: it would never expire)
+            raise ValueError(f"timeout must be positive seconds or math.inf, not {timeout!r}")
+        return timeout
+
+
+def check_call(call: object) -> None:
+    if (
+        not isinstance(call, Call)
+        or not isinstance(call.name, str)
+        or not call.name
+        or not isinstance(call.args, tuple)
+        or not isinstance(call.kwargs, Mapping)
+    ):
+        raise TypeError(f"expected a keyserial Call (op(...) or keyserial.call(...)), not {call!r}")
+    if call.name.startswith(RESERVED_PREFIX):
+        raise ValueError(f"op {call.name!r} is keyserial's own; it cannot be submitted")
+
+
+def check_key(key: object) -> None:
+    if not isinstance(key, str) or not key:
+        raise TypeError(f"key must be a non-empty string, not {key!r}")
+    if not encodes(key):
+        raise ValueError(f"key {key!r} holds an unpaired surrogate: it cannot be sent")
+
+
+def check_op_id(op_id: object, *, submitted: bool) -> None:
+    """A submitted op id may not hold '#', which names keyserial's coordination records."""
+    if (
+        not isinstance(op_id, str)
+        or not op_id
+        or not encodes(op_id)
+        or (submitted and "#" in op_id)
+    ):
+        wanted = "a non-empty string without '#'" if submitted else "a non-empty string"
+        raise ValueError(f"op_id must be {wanted}, not {op_id!r}")
