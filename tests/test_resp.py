@@ -16,7 +16,7 @@ import redis.asyncio
 from redis import exceptions as redis_errors
 
 from keyserial._backend.backend import Backend
-from keyserial._backend.resp import PipelinedConnection, Subscriber
+from keyserial._backend.resp import PipelinedConnection, Subscriber, reply_error
 from keyserial._scripts.calls import ScriptCall
 from keyserial._scripts.commit import StepArgs
 from keyserial._scripts.refusals import Fenced
@@ -230,3 +230,30 @@ async def test_a_batch_failed_by_a_lost_connection_leaves_no_unretrieved_errors(
         assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
     finally:
         await connection.aclose()
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "NOSCRIPT No matching script. Please use EVAL.",
+        "OOM command not allowed when used memory > 'maxmemory'.",
+        "LOADING Redis is loading the dataset in memory",
+        "READONLY You can't write against a read only replica.",
+        "NOPERM this user has no permissions to run the 'evalsha' command",
+        "WRONGPASS invalid username-password pair or user is disabled.",
+        "TRYAGAIN Multiple keys request during rehashing of slot",
+        "MASTERDOWN Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+        "BUSY Redis is busy running a script.",
+        "ERR unknown command 'NOPE'",
+        "ERR max number of clients reached",
+        "ERR invalid password",
+        "FENCED 7",
+    ],
+)
+def test_error_replies_are_classed_as_redis_py_classes_them(message: str) -> None:
+    """The connection classes error replies itself (no private redis-py parser): the same class
+    and message as redis-py's own connections, so one classification serves both."""
+    from redis._parsers.base import BaseParser  # (the reference, in a test only)
+
+    ours, theirs = reply_error(message), BaseParser.parse_error(message)
+    assert (type(ours), str(ours)) == (type(theirs), str(theirs))

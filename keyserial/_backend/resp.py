@@ -23,7 +23,6 @@ from urllib.parse import urlsplit
 import anyio
 import hiredis
 from redis import exceptions as redis_errors
-from redis._parsers.base import BaseParser
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import Connection
@@ -37,6 +36,47 @@ AnyRedis: TypeAlias = "Redis | RedisCluster"
 MessageHandler = Callable[[str, bytes], None]
 
 
+#: Error codes whose replies are classed as redis-py's own connections class them, so that one
+#: classification (``_backend.backend``) serves both. Any other error is a ``ResponseError``.
+_ERROR_CLASSES: dict[str, type[redis_errors.ResponseError] | type[redis_errors.RedisError]] = {
+    "ASK": redis_errors.AskError,
+    "CLUSTERDOWN": redis_errors.ClusterDownError,
+    "CROSSSLOT": redis_errors.ClusterCrossSlotError,
+    "ERR": redis_errors.ResponseError,
+    "EXECABORT": redis_errors.ExecAbortError,
+    "LOADING": redis_errors.BusyLoadingError,
+    "MASTERDOWN": redis_errors.MasterDownError,
+    "MOVED": redis_errors.MovedError,
+    "NOAUTH": redis_errors.AuthenticationError,
+    "NOPERM": redis_errors.NoPermissionError,
+    "NOSCRIPT": redis_errors.NoScriptError,
+    "OOM": redis_errors.OutOfMemoryError,
+    "READONLY": redis_errors.ReadOnlyError,
+    "TRYAGAIN": redis_errors.TryAgainError,
+    "WRONGPASS": redis_errors.AuthenticationError,
+}
+
+
+#: ``ERR`` replies that redis-py classes by their whole text.
+_ERR_CLASSES: dict[str, type[redis_errors.RedisError]] = {
+    "max number of clients reached": redis_errors.ConnectionError,
+    "invalid password": redis_errors.AuthenticationError,
+    "Client sent AUTH, but no password is set": redis_errors.AuthenticationError,
+}
+
+
+def reply_error(message: str) -> redis_errors.RedisError:
+    """The exception of an error reply: its code's class, with the code taken off the message
+    (as redis-py does), else a ``ResponseError`` with the whole message."""
+    code, _, rest = message.partition(" ")
+    error_class = _ERROR_CLASSES.get(code)
+    if error_class is None:
+        return redis_errors.ResponseError(message)
+    if code == "ERR":
+        error_class = _ERR_CLASSES.get(rest, error_class)
+    return error_class(rest, status_code=code)
+
+
 class _Protocol(asyncio.Protocol):
     """Parses replies with hiredis and resolves the oldest waiting future with each; with an
     ``on_message`` handler, pub/sub messages go to it instead."""
@@ -44,7 +84,7 @@ class _Protocol(asyncio.Protocol):
     def __init__(self, on_message: MessageHandler | None = None) -> None:
         # Error replies become redis-py's exception types (NoScriptError, ResponseError, …).
         self._reader = hiredis.Reader(
-            protocolError=redis_errors.InvalidResponse, replyError=BaseParser.parse_error
+            protocolError=redis_errors.InvalidResponse, replyError=reply_error
         )
         self._on_message = on_message
         self._waiting: deque[asyncio.Future[Any]] = deque()
