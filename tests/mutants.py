@@ -760,7 +760,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a second SIGTERM or SIGINT while a worker drains changes nothing",
         (
             Edit(
-                "keyserial/cli/__init__.py",
+                "keyserial/cli/serving.py",
                 "                        worker.stop(at_once=True)\n",
                 "                        pass\n",
             ),

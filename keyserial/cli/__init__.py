@@ -1,90 +1,36 @@
-"""The ``keyserial`` command: ``worker`` serves shards, ``dev`` runs a server and workers,
-``bench`` runs the benchmark suite (``benchmarks/``)."""
+"""The ``keyserial`` command, one module per group of subcommands: ``serving`` (``worker``,
+``dev``), ``status``, ``deadletters`` (``dead-letters``) and ``bench``."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import logging
 import os
-import signal
 import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
-
-import anyio
+from collections.abc import Sequence
+from typing import Protocol
 
 from .. import __version__
-from .._client.connect import default_url
-from .._local.server import LocalServer
-from .._settings import METRICS_PORT_VARIABLE, Settings
-from .._urls import redact
-from .._worker.worker import Worker
-from ..errors import ConfigError, ShardCountMismatch
-from .argtypes import port, positive, seconds
-from .logs import FORMATS, LEVELS, configure
-from .operator import OPERATOR_COMMANDS, add_operator_commands, run_operator_command
+from ..errors import ConfigError, KeyserialError, ShardCountMismatch
+from . import bench, deadletters, serving, status
+from .arguments import Subcommands, import_from_cwd
+from .logs import configure
 
 log = logging.getLogger("keyserial")
 
 
-def _log_level(text: str) -> str:
-    level = text.upper()
-    if level not in LEVELS:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a log level; choose from {', '.join(LEVELS)}"
-        )
-    return level
+class _Group(Protocol):
+    """A group's module: the commands it adds to the parser, and how it runs one of them."""
+
+    @property
+    def COMMANDS(self) -> tuple[str, ...]: ...
+
+    def add_commands(self, commands: Subcommands) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
 
 
-def _module_name(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("an app module name is needed, such as myapp.ops")
-    return text
-
-
-def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--app",
-        action="append",
-        type=_module_name,
-        default=[],
-        metavar="MODULE",
-        help="module whose @keyserial.op functions to serve (repeatable);"
-        " the ledger ops are always served",
-    )
-    parser.add_argument(
-        "--namespace", default=None, help="namespace (default: $KEYSERIAL_NAMESPACE or default)"
-    )
-    parser.add_argument(
-        "--lease-ttl",
-        type=seconds,
-        default=None,
-        metavar="SECONDS",
-        help="shard lease TTL; a dead worker's shards move within it"
-        " (default: $KEYSERIAL_LEASE_TTL or 10)",
-    )
-    parser.add_argument(
-        "--metrics-port",
-        type=port,
-        default=None,
-        metavar="PORT",
-        help="serve Prometheus metrics on this port, every interface (default:"
-        " $KEYSERIAL_METRICS_PORT, else none); see docs/metrics.md",
-    )
-    parser.add_argument(
-        "--log-level",
-        type=_log_level,
-        default="INFO",
-        metavar="LEVEL",
-        help=f"{', '.join(LEVELS)} (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--log-format",
-        choices=FORMATS,
-        default="text",
-        help="json: one JSON object per line (default: %(default)s)",
-    )
+_GROUPS: tuple[_Group, ...] = (serving, status, deadletters)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,90 +39,48 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"keyserial {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
-
-    worker = commands.add_parser("worker", help="serve shards of a namespace")
-    worker.add_argument(
-        "--shards",
-        default=None,
-        metavar="LIST",
-        help="shards to serve: 0-15, 0,3,7 or 0-3,8-11 (default: all)",
-    )
-    worker.add_argument(
-        "--redis",
-        default=None,
-        metavar="URL",
-        help="Redis URL; a cluster is detected (default: $KEYSERIAL_REDIS_URL"
-        " or redis://127.0.0.1:6379/0)",
-    )
-    worker.add_argument(
-        "--shard-count",
-        type=positive,
-        default=None,
-        metavar="N",
-        help="shards in the namespace; must match the recorded count (default:"
-        " $KEYSERIAL_SHARD_COUNT, else the recorded count, 16 for a new namespace)",
-    )
-    _add_common(worker)
-
-    dev = commands.add_parser(
-        "dev", help="run a private Redis/Valkey server and workers for every shard"
-    )
-    dev.add_argument(
-        "--port", type=port, default=6390, help="(default: %(default)s; 0 picks a free port)"
-    )
-    dev.add_argument(
-        "--shard-count",
-        type=positive,
-        default=None,
-        metavar="N",
-        help="(default: $KEYSERIAL_SHARD_COUNT, else the count --data-dir's data recorded,"
-        " else 16)",
-    )
-    dev.add_argument(
-        "--data-dir",
-        default=None,
-        metavar="DIR",
-        help="keep data here with AOF (appendfsync always); default: a temporary"
-        " directory, removed on exit",
-    )
-    _add_common(dev)
-
-    # Parsed by the suite itself (benchmarks/cli.py): main() hands it every argument after "bench".
-    commands.add_parser(
-        "bench",
-        add_help=False,
-        help="benchmark keyserial against lock baselines (see `keyserial bench --help`)",
-    )
-    add_operator_commands(commands)
+    for group in _GROUPS:
+        group.add_commands(commands)
+    bench.add_commands(commands)  # (its arguments are the suite's: see main)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["bench"]:
-        return _run_bench(arguments[1:])
+        return bench.run_suite(arguments[1:])
     args = build_parser().parse_args(arguments)
     configure(args.log_level, getattr(args, "log_format", "text"))
-    _import_from_cwd()
+    import_from_cwd()
+    run = next(group.run for group in _GROUPS if args.command in group.COMMANDS)
     try:
-        if args.command in OPERATOR_COMMANDS:
-            return run_operator_command(args)
-        if args.command == "worker":
-            return _run_worker(args)
-        return _run_dev(args)
+        return run(args)
     except KeyboardInterrupt:  # (Ctrl-C outside a worker's drain: status, dead-letters)
         print("keyserial: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # a group, when it comes through the worker's task group
-        problem = _config_error(exc)
+        problem = _usage_error(exc, args)
         if problem is None:
             log.error("keyserial %s stopped by an unexpected error", args.command, exc_info=exc)
             return 1
-        if isinstance(problem, ShardCountMismatch):
-            flag = args.shard_count is not None or "KEYSERIAL_SHARD_COUNT" not in os.environ
-            problem = problem.configured_by("--shard-count" if flag else "KEYSERIAL_SHARD_COUNT=")
         print(f"keyserial: error: {problem}", file=sys.stderr)
         return 2
+
+
+def _usage_error(exc: Exception, args: argparse.Namespace) -> KeyserialError | None:
+    """The error to report in one line, with exit code 2: a setup error (``ConfigError``),
+    or any keyserial error of a command that reads or steers a namespace (Redis down, say);
+    None for a crash."""
+    problem = _config_error(exc)
+    if isinstance(problem, ShardCountMismatch):
+        flag = (
+            getattr(args, "shard_count", None) is not None
+            or "KEYSERIAL_SHARD_COUNT" not in os.environ
+        )
+        return problem.configured_by("--shard-count" if flag else "KEYSERIAL_SHARD_COUNT=")
+    if problem is None and args.command not in serving.COMMANDS:
+        return exc if isinstance(exc, KeyserialError) else None
+    return problem
 
 
 def _config_error(exc: BaseException) -> ConfigError | None:
@@ -189,146 +93,3 @@ def _config_error(exc: BaseException) -> ConfigError | None:
             if found is not None:
                 return found
     return None
-
-
-def _import_from_cwd() -> None:
-    """Let ``--app myapp.ops`` find ``myapp`` in the current directory, as ``python -m`` would:
-    a console script's path starts at its own directory, not the current one."""
-    cwd = os.getcwd()
-    if cwd not in sys.path and "" not in sys.path:
-        sys.path.insert(0, cwd)
-
-
-def _run_bench(arguments: list[str]) -> int:
-    """Dispatch to the suite in ``benchmarks/``, which lives in a keyserial checkout (it is not
-    installed: run ``keyserial bench`` from the checkout's root)."""
-    _import_from_cwd()
-    try:
-        suite = importlib.import_module("benchmarks.cli")
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("benchmarks", "benchmarks.cli"):
-            raise
-        print(
-            f"keyserial: error: the benchmark suite is not here ({exc}); run `keyserial bench`"
-            ' from the root of a keyserial checkout, after `pip install -e ".[bench]"`',
-            file=sys.stderr,
-        )
-        return 2
-    return int(suite.main(arguments))
-
-
-def _settings(args: argparse.Namespace) -> Settings:
-    """A flag, else its ``KEYSERIAL_*`` variable, else the default; every other setting from
-    its variable or the default."""
-    return Settings.resolve(
-        namespace=args.namespace, shard_count=args.shard_count, lease_ttl=args.lease_ttl
-    )
-
-
-def _metrics_port(args: argparse.Namespace) -> int | None:
-    """``--metrics-port``, else ``KEYSERIAL_METRICS_PORT``, else None (no metrics served)."""
-    if args.metrics_port is not None:
-        return int(args.metrics_port)
-    raw = os.environ.get(METRICS_PORT_VARIABLE, "")
-    if not raw:
-        return None
-    try:
-        return port(raw)
-    except argparse.ArgumentTypeError as exc:
-        raise ConfigError(f"{METRICS_PORT_VARIABLE}={raw!r}: {exc}") from None
-
-
-def _run_worker(args: argparse.Namespace) -> int:
-    worker = Worker(
-        args.redis or default_url(),
-        shards=args.shards,
-        settings=_settings(args),
-        apps=args.app,
-        metrics_port=_metrics_port(args),
-    )
-    anyio.run(_serve_until_signalled, worker)
-    return 0
-
-
-def _run_dev(args: argparse.Namespace) -> int:
-    settings = _settings(args)  # (no shard count: kept data's, or 16 for a new namespace)
-    if (
-        args.data_dir is not None
-        and Path(args.data_dir).exists()
-        and not Path(args.data_dir).is_dir()
-    ):
-        raise ConfigError(f"--data-dir {args.data_dir!r} is not a directory")
-    server = LocalServer(
-        port=args.port, data_dir=args.data_dir, appendfsync="always" if args.data_dir else None
-    )
-    worker = Worker(server.url, settings=settings, apps=args.app, metrics_port=_metrics_port(args))
-    try:
-        server.start()
-    except (RuntimeError, OSError) as exc:
-        lines = [line for line in str(exc).splitlines() if line.strip()]  # (its log's tail)
-        taken = [line for line in lines if "already in use" in line]
-        hint = " (is the port taken? try another --port)" if taken else ""
-        raise ConfigError(
-            f"cannot start {server.binary} on port {server.port}:"
-            f" {(taken or lines or [''])[-1].strip()}{hint}"
-        ) from exc
-    try:
-        print(f"keyserial dev: {server.binary} serving {redact(server.url)}", flush=True)
-
-        def ready() -> None:
-            print(_ready_line(redact(server.url), settings, len(worker.shards)), flush=True)
-
-        anyio.run(_serve_until_signalled, worker, ready)
-    finally:
-        server.stop()
-        print("keyserial dev: stopped", flush=True)
-    return 0
-
-
-def _ready_line(url: str, settings: Settings, shard_count: int) -> str:
-    """What ``keyserial dev`` says once it serves: where, how to point clients at it (a
-    ``connect()`` with no URL reads the variable), and how to stop."""
-    return (
-        f"keyserial dev: ready on {url} ({shard_count} shards, namespace"
-        f" {settings.namespace!r});"
-        f" in another shell: export KEYSERIAL_REDIS_URL={url} ; Ctrl-C stops"
-    )
-
-
-async def _serve_until_signalled(
-    worker: Worker, on_ready: Callable[[], None] | None = None
-) -> None:
-    """Run the worker; SIGTERM or SIGINT drains it, releases its leases, and returns.
-    ``on_ready`` is called once the worker serves."""
-    async with anyio.create_task_group() as task_group:
-
-        async def announce(ready: Callable[[], None]) -> None:
-            await worker.wait_started()
-            ready()
-
-        if on_ready is not None:
-            task_group.start_soon(announce, on_ready)
-
-        async def stop_on_signal() -> None:
-            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                draining = False
-                async for received in signals:
-                    if draining:  # (not dying: that would leave the leases to expire)
-                        log.warning(
-                            "received %s again: stopping at once; the ops in flight are"
-                            " abandoned (the next owner runs them again), and the leases"
-                            " released",
-                            received.name,
-                        )
-                        worker.stop(at_once=True)
-                        continue
-                    log.info(
-                        "received %s: draining and releasing leases (again: stop at once)",
-                        received.name,
-                    )
-                    draining = True
-                    worker.stop()
-
-        task_group.start_soon(stop_on_signal)
-        await worker.run()
-        task_group.cancel_scope.cancel()

@@ -15,18 +15,26 @@ and never runs again. Only an op with no stored outcome runs, once.
 
 from __future__ import annotations
 
+import argparse
 import json
+import re
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+
 from .._backend.backend import Backend
+from .._client.connect import default_url
 from .._scripts.refusals import BacklogRefused
 from .._scripts.submit import SubmitArgs, submit
 from .._wire.codec import WIRE_VERSION, pack_entry
 from .._wire.json_text import dumps
 from .._wire.layout import ShardKeys
 from .._wire.routing import home_shard as routed_home
+from .arguments import Subcommands, connection_options, positive, resolve_namespace
+from .status import shard_count as recorded_shard_count
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,3 +205,174 @@ async def replay(
 async def drop(backend: Backend, namespace: str, letter: DeadLetter) -> int:
     """Delete one dead letter; 1 if it was there."""
     return int(await backend.drop_dead_letter(ShardKeys(namespace, letter.shard), letter.letter_id))
+
+
+# -- the command -------------------------------------------------------------------------------
+
+COMMANDS = ("dead-letters",)
+_LETTER_ID = re.compile(r"[0-9]+-[0-9]+")
+
+
+def add_commands(commands: Subcommands) -> None:
+    dead = commands.add_parser("dead-letters", help="list, show, replay or drop dead letters")
+    actions = dead.add_subparsers(dest="action", required=True)
+    shard = argparse.ArgumentParser(add_help=False, parents=[connection_options()])
+    shard.add_argument(
+        "--shard",
+        type=int,
+        default=None,
+        metavar="N",
+        help="only this shard (default: every shard)",
+    )
+    listing = actions.add_parser("list", parents=[shard], help="dead letters, oldest first")
+    listing.add_argument(
+        "--count",
+        type=positive,
+        default=100,
+        metavar="N",
+        help="at most N per shard (default: %(default)s)",
+    )
+    listing.add_argument("--json", action="store_true")
+    show = actions.add_parser("show", parents=[shard], help="one dead letter in full")
+    show.add_argument("id", type=_letter_id, help="its id, as `list` shows it")
+    show.add_argument("--json", action="store_true")
+    for name, what in (
+        ("replay", "append the ops again under their op ids"),
+        ("drop", "delete dead letters"),
+    ):
+        action = actions.add_parser(name, parents=[shard], help=what)
+        chosen = action.add_mutually_exclusive_group(required=True)
+        chosen.add_argument("ids", nargs="*", type=_letter_id, default=[], metavar="ID")
+        chosen.add_argument("--all", action="store_true", help="every dead letter selected")
+
+
+def _letter_id(text: str) -> str:
+    """A whole dead-letter id: a part of one would match other letters (all of them, if
+    empty)."""
+    if not _LETTER_ID.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a dead-letter id (`list` shows them: 1700000000000-0)"
+        )
+    return text
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``dead-letters``; the exit code."""
+    resolve_namespace(args)
+    return anyio.run(_run_dead_letters, args)
+
+
+async def _run_dead_letters(args: argparse.Namespace) -> int:
+    backend = await Backend.connect(args.redis or default_url())
+    try:
+        shard_count = await recorded_shard_count(backend, args.namespace)
+        if args.shard is not None and not 0 <= args.shard < shard_count:
+            print(
+                f"keyserial: error: --shard {args.shard} is not a shard of namespace"
+                f" {args.namespace!r} (0-{shard_count - 1})",
+                file=sys.stderr,
+            )
+            return 2
+        shards = range(shard_count) if args.shard is None else [args.shard]
+        if args.action == "list":
+            letters = await read(backend, args.namespace, shards, count=args.count)
+            _print_letters(letters, as_json=args.json)
+            return 0
+        selected = await _selected(backend, args, shards)
+        if selected is None:
+            return 1
+        if args.action == "show":
+            _print_letters(selected, as_json=args.json, full=True)
+            return 0
+        if args.action == "replay":
+            max_backlog = args.settings.max_backlog
+            return await _replay(backend, args.namespace, shard_count, selected, max_backlog)
+        dropped = sum([await drop(backend, args.namespace, one) for one in selected])
+        print(f"dropped {dropped} dead letter(s)")
+        return 0
+    finally:
+        await backend.aclose()
+
+
+async def _selected(
+    backend: Backend, args: argparse.Namespace, shards: range | list[int]
+) -> list[DeadLetter] | None:
+    """The dead letters the arguments name; None (after saying why) if one is missing or is on
+    more than one shard."""
+    if getattr(args, "all", False):
+        return await read(backend, args.namespace, shards)
+    wanted = [args.id] if args.action == "show" else args.ids
+    letters = []
+    for letter_id in wanted:
+        found = await read(backend, args.namespace, shards, letter_id=letter_id)
+        if len(found) != 1:
+            problem = "no dead letter" if not found else "more than one shard has a dead letter"
+            print(
+                f"keyserial: error: {problem} with id {letter_id!r}"
+                + (" (pass --shard)" if found else ""),
+                file=sys.stderr,
+            )
+            return None
+        letters += found
+    return letters
+
+
+def _print_letters(letters: list[DeadLetter], *, as_json: bool, full: bool = False) -> None:
+    if as_json:
+        for letter in letters:
+            print(json.dumps(letter.as_json()))
+        return
+    for letter in letters:
+        ops = ", ".join(letter.op_ids()) or "(no op id)"
+        print(f"shard {letter.shard}  {letter.letter_id}  entry {letter.entry}  ops {ops}")
+        print(f"    {letter.reason}")
+        if full:
+            print(f"    raw: {_pretty(letter.raw)}")
+    if not letters:
+        print("no dead letters")
+
+
+def _pretty(raw: str) -> str:
+    try:
+        value: Any = json.loads(raw)
+    except ValueError:
+        return raw
+    return json.dumps(value, ensure_ascii=False, indent=2).replace("\n", "\n    ")
+
+
+async def _replay(
+    backend: Backend,
+    namespace: str,
+    shard_count: int,
+    letters: list[DeadLetter],
+    max_backlog: int,
+) -> int:
+    for letter in letters:
+        try:
+            replayed, skipped = await replay(
+                backend, namespace, shard_count, letter, max_backlog=max_backlog
+            )
+        except ReplayStopped as stopped:
+            _print_replayed(stopped.replayed)
+            appended = "the ops above were" if stopped.replayed else "nothing of it was"
+            print(
+                f"keyserial: error: dead letter {letter.letter_id}: {stopped}: ops"
+                f" {', '.join(map(repr, stopped.refused))} and any after them were not"
+                f" appended, {appended} (replaying the letter again never runs an op twice)",
+                file=sys.stderr,
+            )
+            return 1
+        _print_replayed(replayed)
+        for reason in skipped:
+            print(f"skipped from dead letter {letter.letter_id}: {reason}")
+    return 0
+
+
+def _print_replayed(replayed: list[Replayed]) -> None:
+    for op in replayed:
+        note = (
+            " (it has a stored outcome: the worker answers with it and does not run it)"
+            if op.had_outcome
+            else ""
+        )
+        print(f"replayed op {op.op_id!r} to shard {op.shard} as entry {op.entry}{note}")

@@ -8,16 +8,24 @@ The fields are documented for users in ``docs/operations.md``.
 
 from __future__ import annotations
 
+import argparse
+import json
+import signal
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+
 from .._backend.backend import Backend
 from .._backend.commands import raise_errors
+from .._client.connect import default_url
 from .._scripts.submit import StatusReply
 from .._scripts.submit import status as status_call
 from .._wire.layout import ShardKeys
 from ..errors import ConfigError
+from .arguments import Subcommands, connection_options, resolve_namespace, seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,3 +194,76 @@ def _duration(ms: int | None) -> str:
     if ms < 120_000:
         return f"{ms / 1000:.1f}s"
     return f"{ms // 60_000}m"
+
+
+# -- the command -------------------------------------------------------------------------------
+
+COMMANDS = ("status",)
+_CLEAR_SCREEN = "\x1b[2J\x1b[H"
+
+
+def add_commands(commands: Subcommands) -> None:
+    status = commands.add_parser(
+        "status",
+        parents=[connection_options()],
+        help="owners, backlog and dead letters of every shard; exits 1 when a shard has no owner",
+    )
+    status.add_argument("--json", action="store_true", help="print JSON (docs/operations.md)")
+    status.add_argument("--watch", action="store_true", help="refresh until interrupted")
+    status.add_argument(
+        "--interval",
+        type=seconds,
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds ops/s is measured over, and between refreshes (default: %(default)s)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run ``status``; the exit code (1: a shard has no owner)."""
+    resolve_namespace(args)
+    return anyio.run(_run_status, args)
+
+
+async def _run_status(args: argparse.Namespace) -> int:
+    backend = await Backend.connect(args.redis or default_url())
+    try:
+        shards = await shard_count(backend, args.namespace)
+        healthy = True
+        with anyio.CancelScope() as scope:
+            async with anyio.create_task_group() as group:
+                if args.watch:
+                    group.start_soon(_cancel_on_signal, scope)
+                before = await snapshot(backend, args.namespace, shards)
+                while True:
+                    await anyio.sleep(args.interval)
+                    after = await snapshot(backend, args.namespace, shards)
+                    statuses = compare(before, after)
+                    healthy = not unowned(statuses)
+                    _print_status(args, statuses)
+                    if not args.watch:
+                        break
+                    before = after
+                group.cancel_scope.cancel()
+        return 0 if healthy else 1
+    finally:
+        await backend.aclose()
+
+
+async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
+    with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        async for _ in signals:
+            scope.cancel()
+            return
+
+
+def _print_status(args: argparse.Namespace, statuses: list[ShardStatus]) -> None:
+    if args.json:
+        print(json.dumps(as_json(args.namespace, statuses)), flush=True)
+        return
+    table = render_table(args.namespace, statuses)
+    if args.watch and sys.stdout.isatty():
+        table = _CLEAR_SCREEN + table
+    elif args.watch:
+        table += "\n"
+    print(table, flush=True)

@@ -1,0 +1,84 @@
+"""What the commands share: argument types, each rejecting bad input as a usage error, and the
+connection options of the commands that read or steer a namespace."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Callable
+from typing import TypeAlias, TypeVar
+
+from .._settings import Settings
+
+T = TypeVar("T")
+
+#: What a group of subcommands adds its commands to.
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
+
+
+def _checked(
+    text: str, convert: Callable[[str], T], kind: str, out_of_range: Callable[[T], bool], why: str
+) -> T:
+    """``text`` converted; a usage error if it is not ``kind``, or ``why`` (``{}``: the value) if
+    it is out of range."""
+    try:
+        value = convert(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {kind}") from None
+    if out_of_range(value):
+        raise argparse.ArgumentTypeError(why.format(value))
+    return value
+
+
+def seconds(text: str) -> float:
+    return _checked(text, _finite, "a number of seconds", lambda s: s <= 0, "must be positive")
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(text)
+    return value
+
+
+def positive(text: str) -> int:
+    return _checked(text, int, "a whole number", lambda n: n < 1, "must be at least 1")
+
+
+def port(text: str) -> int:
+    """A TCP port to listen on; 0 lets the system pick a free one."""
+    why = "{} is not a port number (0-65535)"
+    return _checked(text, int, "a port number", lambda n: not 0 <= n <= 65535, why)
+
+
+def connection_options() -> argparse.ArgumentParser:
+    """``--redis`` and ``--namespace``, for the commands that read or steer a namespace."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--redis",
+        default=None,
+        metavar="URL",
+        help="Redis URL (default: $KEYSERIAL_REDIS_URL or redis://127.0.0.1:6379/0)",
+    )
+    common.add_argument(
+        "--namespace", default=None, help="(default: $KEYSERIAL_NAMESPACE or default)"
+    )
+    common.set_defaults(log_level="WARNING")
+    return common
+
+
+def resolve_namespace(args: argparse.Namespace) -> None:
+    """``args.settings`` and ``args.namespace``: the flags, else their ``KEYSERIAL_*``
+    variables, as the worker's are."""
+    args.settings = Settings.resolve(namespace=args.namespace)
+    args.namespace = args.settings.namespace
+
+
+def import_from_cwd() -> None:
+    """Let ``--app myapp.ops`` find ``myapp`` in the current directory, as ``python -m`` would:
+    a console script's path starts at its own directory, not the current one."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)

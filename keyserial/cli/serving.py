@@ -1,0 +1,256 @@
+"""``keyserial worker`` serves shards of a namespace; ``keyserial dev`` runs a private server
+and a worker for every shard. Both drain on SIGTERM or SIGINT, and stop at once on a second."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+import anyio
+
+from .._client.connect import default_url
+from .._local.server import LocalServer
+from .._settings import METRICS_PORT_VARIABLE, Settings
+from .._urls import redact
+from .._worker.worker import Worker
+from ..errors import ConfigError
+from .arguments import Subcommands, port, positive, seconds
+from .logs import FORMATS, LEVELS
+
+COMMANDS = ("worker", "dev")
+log = logging.getLogger("keyserial")
+
+
+def _log_level(text: str) -> str:
+    level = text.upper()
+    if level not in LEVELS:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a log level; choose from {', '.join(LEVELS)}"
+        )
+    return level
+
+
+def _module_name(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an app module name is needed, such as myapp.ops")
+    return text
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--app",
+        action="append",
+        type=_module_name,
+        default=[],
+        metavar="MODULE",
+        help="module whose @keyserial.op functions to serve (repeatable);"
+        " the ledger ops are always served",
+    )
+    parser.add_argument(
+        "--namespace", default=None, help="namespace (default: $KEYSERIAL_NAMESPACE or default)"
+    )
+    parser.add_argument(
+        "--lease-ttl",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help="shard lease TTL; a dead worker's shards move within it"
+        " (default: $KEYSERIAL_LEASE_TTL or 10)",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=port,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port, every interface (default:"
+        " $KEYSERIAL_METRICS_PORT, else none); see docs/metrics.md",
+    )
+    parser.add_argument(
+        "--log-level",
+        type=_log_level,
+        default="INFO",
+        metavar="LEVEL",
+        help=f"{', '.join(LEVELS)} (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=FORMATS,
+        default="text",
+        help="json: one JSON object per line (default: %(default)s)",
+    )
+
+
+def add_commands(commands: Subcommands) -> None:
+    worker = commands.add_parser("worker", help="serve shards of a namespace")
+    worker.add_argument(
+        "--shards",
+        default=None,
+        metavar="LIST",
+        help="shards to serve: 0-15, 0,3,7 or 0-3,8-11 (default: all)",
+    )
+    worker.add_argument(
+        "--redis",
+        default=None,
+        metavar="URL",
+        help="Redis URL; a cluster is detected (default: $KEYSERIAL_REDIS_URL"
+        " or redis://127.0.0.1:6379/0)",
+    )
+    worker.add_argument(
+        "--shard-count",
+        type=positive,
+        default=None,
+        metavar="N",
+        help="shards in the namespace; must match the recorded count (default:"
+        " $KEYSERIAL_SHARD_COUNT, else the recorded count, 16 for a new namespace)",
+    )
+    _add_common(worker)
+
+    dev = commands.add_parser(
+        "dev", help="run a private Redis/Valkey server and workers for every shard"
+    )
+    dev.add_argument(
+        "--port", type=port, default=6390, help="(default: %(default)s; 0 picks a free port)"
+    )
+    dev.add_argument(
+        "--shard-count",
+        type=positive,
+        default=None,
+        metavar="N",
+        help="(default: $KEYSERIAL_SHARD_COUNT, else the count --data-dir's data recorded,"
+        " else 16)",
+    )
+    dev.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="keep data here with AOF (appendfsync always); default: a temporary"
+        " directory, removed on exit",
+    )
+    _add_common(dev)
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.command == "worker":
+        return _run_worker(args)
+    return _run_dev(args)
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    """A flag, else its ``KEYSERIAL_*`` variable, else the default; every other setting from
+    its variable or the default."""
+    return Settings.resolve(
+        namespace=args.namespace, shard_count=args.shard_count, lease_ttl=args.lease_ttl
+    )
+
+
+def _metrics_port(args: argparse.Namespace) -> int | None:
+    """``--metrics-port``, else ``KEYSERIAL_METRICS_PORT``, else None (no metrics served)."""
+    if args.metrics_port is not None:
+        return int(args.metrics_port)
+    raw = os.environ.get(METRICS_PORT_VARIABLE, "")
+    if not raw:
+        return None
+    try:
+        return port(raw)
+    except argparse.ArgumentTypeError as exc:
+        raise ConfigError(f"{METRICS_PORT_VARIABLE}={raw!r}: {exc}") from None
+
+
+def _run_worker(args: argparse.Namespace) -> int:
+    worker = Worker(
+        args.redis or default_url(),
+        shards=args.shards,
+        settings=_settings(args),
+        apps=args.app,
+        metrics_port=_metrics_port(args),
+    )
+    anyio.run(_serve_until_signalled, worker)
+    return 0
+
+
+def _run_dev(args: argparse.Namespace) -> int:
+    settings = _settings(args)  # (no shard count: kept data's, or 16 for a new namespace)
+    if (
+        args.data_dir is not None
+        and Path(args.data_dir).exists()
+        and not Path(args.data_dir).is_dir()
+    ):
+        raise ConfigError(f"--data-dir {args.data_dir!r} is not a directory")
+    server = LocalServer(
+        port=args.port, data_dir=args.data_dir, appendfsync="always" if args.data_dir else None
+    )
+    worker = Worker(server.url, settings=settings, apps=args.app, metrics_port=_metrics_port(args))
+    try:
+        server.start()
+    except (RuntimeError, OSError) as exc:
+        lines = [line for line in str(exc).splitlines() if line.strip()]  # (its log's tail)
+        taken = [line for line in lines if "already in use" in line]
+        hint = " (is the port taken? try another --port)" if taken else ""
+        raise ConfigError(
+            f"cannot start {server.binary} on port {server.port}:"
+            f" {(taken or lines or [''])[-1].strip()}{hint}"
+        ) from exc
+    try:
+        print(f"keyserial dev: {server.binary} serving {redact(server.url)}", flush=True)
+
+        def ready() -> None:
+            print(_ready_line(redact(server.url), settings, len(worker.shards)), flush=True)
+
+        anyio.run(_serve_until_signalled, worker, ready)
+    finally:
+        server.stop()
+        print("keyserial dev: stopped", flush=True)
+    return 0
+
+
+def _ready_line(url: str, settings: Settings, shard_count: int) -> str:
+    """What ``keyserial dev`` says once it serves: where, how to point clients at it (a
+    ``connect()`` with no URL reads the variable), and how to stop."""
+    return (
+        f"keyserial dev: ready on {url} ({shard_count} shards, namespace"
+        f" {settings.namespace!r});"
+        f" in another shell: export KEYSERIAL_REDIS_URL={url} ; Ctrl-C stops"
+    )
+
+
+async def _serve_until_signalled(
+    worker: Worker, on_ready: Callable[[], None] | None = None
+) -> None:
+    """Run the worker; SIGTERM or SIGINT drains it, releases its leases, and returns.
+    ``on_ready`` is called once the worker serves."""
+    async with anyio.create_task_group() as task_group:
+
+        async def announce(ready: Callable[[], None]) -> None:
+            await worker.wait_started()
+            ready()
+
+        if on_ready is not None:
+            task_group.start_soon(announce, on_ready)
+
+        async def stop_on_signal() -> None:
+            with anyio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                draining = False
+                async for received in signals:
+                    if draining:  # (not dying: that would leave the leases to expire)
+                        log.warning(
+                            "received %s again: stopping at once; the ops in flight are"
+                            " abandoned (the next owner runs them again), and the leases"
+                            " released",
+                            received.name,
+                        )
+                        worker.stop(at_once=True)
+                        continue
+                    log.info(
+                        "received %s: draining and releasing leases (again: stop at once)",
+                        received.name,
+                    )
+                    draining = True
+                    worker.stop()
+
+        task_group.start_soon(stop_on_signal)
+        await worker.run()
+        task_group.cancel_scope.cancel()
