@@ -71,7 +71,7 @@ _STEP = "keyserial/_scripts/lua/step.lua"
 _FROZEN = "tests/test_faults.py::test_a_frozen_owner_resumed_after_takeover_cannot_commit"
 _XS = "tests/test_cross_shard_faults.py::"
 _ZW = "tests/test_zombie_writes.py::"
-_LANDED = "        self._landed(pending)\n"
+_LANDED = "        self._after_commit(pending)\n"
 _RELEASE = "        for owner, hold in pending.holds:\n            owner.release(hold)\n"
 _STANDALONE = "[standalone]"
 _SHARD = "keyserial/_worker/runner.py"
@@ -195,9 +195,9 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 _COORDINATOR,
-                "        parts.pipeliner.submit(\n            pending.call,\n",
+                "        services.pipeliner.submit(\n            pending.call,\n",
                 "        for owner, hold in holds:\n            owner.release(hold)\n"
-                "        parts.pipeliner.submit(\n            pending.call,\n",
+                "        services.pipeliner.submit(\n            pending.call,\n",
             ),
             Edit(_COORDINATOR, _LANDED + _RELEASE, _LANDED),
         ),
@@ -307,7 +307,7 @@ MUTANTS: tuple[Mutant, ...] = (
             Edit(
                 _COORDINATOR,
                 "        if isinstance(result, BackendUnavailable):\n"
-                "            if not parts.spawn(partial(self._confirm, pending)):\n"
+                "            if not services.spawn(partial(self._confirm, pending)):\n"
                 "                _outcome_unknown(pending.owners, run.envelope.op_id)\n"
                 "            return\n",
                 "",
@@ -417,8 +417,8 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_worker/crossshard/mailbox.py",
-                "        for letter in self._waiting.get(_topic(message), ()):\n"
-                "            letter.wake()\n",
+                "        for waiter in self._waiting.get(_topic(message), ()):\n"
+                "            waiter.wake()\n",
                 "        self.deliver(message)\n",
             ),
         ),

@@ -291,7 +291,7 @@ async def test_with_durable_replicas_an_owner_never_builds_on_commits_a_failover
     replied to commits its replicas never got (the WAIT behind them timed out, so no caller was
     answered), then died, and a replica without them took over. The owner's cache still holds
     those commits; building on it, it would apply every such op a second time once its client
-    appends it again. An unconfirmed commit breaks the owner's lineage instead: it gives the
+    appends it again. An unconfirmed commit breaks the owner's write chain instead: it gives the
     shard up, and the next owner starts from what the new master has."""
     with LocalCluster(replicas=2, node_timeout_ms=1500) as cluster:
         for node in cluster.nodes:

@@ -93,7 +93,7 @@ async def test_an_owner_whose_commit_is_not_confirmed_gives_its_shard_up_with_no
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    """A commit its replica does not confirm breaks the owner's lineage: it gives the shard up
+    """A commit its replica does not confirm breaks the owner's write_chain: it gives the shard up
     (its successor starts from Redis), cleanly, for the ops it leaves unfinished are not to
     blame: the next owner runs them again without suspecting any (a strike each, three times,
     would dead-letter innocent ops while a replica lags)."""

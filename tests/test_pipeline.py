@@ -12,7 +12,7 @@ from anyio import wait_all_tasks_blocked
 
 from keyserial._backend.backend import Backend
 from keyserial._scripts.calls import Script, ScriptCall
-from keyserial._worker.pipeline import Lineage, LineageBroken, Pipeliner
+from keyserial._worker.pipeline import Pipeliner, WriteChain, WriteChainBroken
 
 # Publishes ARGV[2] (JSON [[channel, message], ...]) and returns how many messages that was;
 # fails, publishing nothing, on ARGV[1] 'fail'.
@@ -133,18 +133,18 @@ async def test_a_submitted_call_hands_its_reply_or_error_to_its_callback_with_it
 async def test_a_broken_lineage_sends_nothing_without_durability_either(redis_url: str) -> None:
     """A runner whose cache may not be Redis's (a push not in the stream, a commit across
     shards of unknown outcome) must write nothing more, whatever the durability setting: its
-    call is refused with ``LineageBroken`` and never reaches Redis; a healthy one goes out."""
+    call is refused with ``WriteChainBroken`` and never reaches Redis; a healthy one goes out."""
     backend = await Backend.connect(redis_url)
     pipeliner = Pipeliner(backend)  # no durability
-    broken, healthy = Lineage(broken=True), Lineage()
+    broken, healthy = WriteChain(broken=True), WriteChain()
     outcomes: dict[str, Any] = {}
 
-    async def run(name: str, lineage: Lineage) -> None:
+    async def run(name: str, write_chain: WriteChain) -> None:
         replies = [[CHANNEL, f"sent by {name}"]]
         call = ScriptCall(PUBLISHING, ["{t}x"], ["ok", json.dumps(replies)])
         try:
-            outcomes[name] = await pipeliner.run(call, None, [lineage])
-        except LineageBroken as exc:
+            outcomes[name] = await pipeliner.run(call, None, [write_chain])
+        except WriteChainBroken as exc:
             outcomes[name] = exc
 
     try:
@@ -155,5 +155,5 @@ async def test_a_broken_lineage_sends_nothing_without_durability_either(redis_ur
             group.cancel_scope.cancel()
     finally:
         await backend.aclose()
-    assert isinstance(outcomes["broken"], LineageBroken)
+    assert isinstance(outcomes["broken"], WriteChainBroken)
     assert outcomes["healthy"] == 1

@@ -17,7 +17,7 @@ With ``durable_replicas`` (see :class:`Durability`), replies go out only once th
 have the batch's writes (a WAIT behind them, on the same connection), never from a script: a
 reply is an acknowledgement, and one sent before the replicas have the commit could be lost with
 the master. A batch that is not confirmed in time sends no reply, and breaks the
-:class:`Lineage` of every shard owner whose writes it carried: the owner caches what those
+:class:`WriteChain` of every shard owner whose writes it carried: the owner caches what those
 writes did, which a failover may have lost, so none of its later writes may go out. The owner
 gives its shard up; the next one starts from what Redis has, and clients find the results with
 their sweep, which confirms them the same way.
@@ -58,19 +58,19 @@ def _ignore(calls: int) -> None:
 
 
 @dataclass(slots=True, eq=False)
-class Lineage:
+class WriteChain:
     """The writes of one shard owner, each built on those before it (the owner caches what they
     wrote). Broken once its cache may not be what Redis has: a pipeline that carried a write
     that commits states or results is not confirmed as durable (a failover may have lost that
     write while the cache keeps it), a pushed entry is not in the stream as pushed, or a commit
     across shards went out and its coordinator stopped before learning whether it landed. No
-    later call of the lineage goes out (each fails with :class:`LineageBroken`)."""
+    later call of the write chain goes out (each fails with :class:`WriteChainBroken`)."""
 
     broken: bool = False
 
 
-class LineageBroken(Exception):
-    """A write not sent: its owner's :class:`Lineage` is broken (the owner must give its shard
+class WriteChainBroken(Exception):
+    """A write not sent: its owner's :class:`WriteChain` is broken (the owner must give its shard
     up, cleanly: the unfinished ops are not to blame)."""
 
 
@@ -83,9 +83,9 @@ class _Call:
     replies: Replies | None
     #: Called with the call's reply (or its error) once the batch is back; None: awaited.
     on_done: Callable[[Any], None] | None
-    #: The lineages its writes belong to (none: it builds on no cached state).
-    lineages: Sequence[Lineage]
-    #: Whether it commits what its lineages build on (breaks them unconfirmed).
+    #: The write chains its writes belong to (none: it builds on no cached state).
+    write_chains: Sequence[WriteChain]
+    #: Whether it commits what its write chains build on (breaks them unconfirmed).
     builds: bool
     #: Set once the batch is back, for a caller that awaits it.
     done: anyio.Event | None = None
@@ -121,32 +121,32 @@ class Pipeliner:
         self,
         call: ScriptCall[R],
         replies: Replies | None = None,
-        lineages: Sequence[Lineage] = (),
+        write_chains: Sequence[WriteChain] = (),
         *,
         builds: bool = True,
     ) -> R:
         """The script's reply, as the call decodes it. ``replies`` are published once the call
         has succeeded (never after a refusal: a fenced step committed nothing): by the script
         itself, given them as JSON ``[[channel, message], ...]`` in its ``replies`` argument,
-        or with the batch. ``lineages``: the owners whose cached writes the call builds on (see
-        :class:`Lineage`); ``builds``: it commits states or results, so it breaks them if its
+        or with the batch. ``write_chains``: the owners whose cached writes the call builds on (see
+        :class:`WriteChain`); ``builds``: it commits states or results, so it breaks them if its
         pipeline is not confirmed.
 
         :raises Refused: the script's refusal (``Fenced``, …).
-        :raises LineageBroken: if one of ``lineages`` is broken (the call was not sent).
+        :raises WriteChainBroken: if one of ``write_chains`` is broken (the call was not sent).
         :raises BackendUnavailable: if the server does not answer.
         """
-        result, _ = await self._run(call, replies, lineages, builds=builds)
+        result, _ = await self._run(call, replies, write_chains, builds=builds)
         return result
 
-    async def run_durably(self, call: ScriptCall[R], lineages: Sequence[Lineage] = ()) -> R:
+    async def run_durably(self, call: ScriptCall[R], write_chains: Sequence[WriteChain] = ()) -> R:
         """Like :meth:`run`, for an idempotent call whose reply must outlive a failover before
         anything acts on it (a cross-shard grant or decision): it is sent again, each time to
         the node that serves its keys now, until a pipeline that carries it is confirmed by its
         own WAIT (on the connection that ran it). Without durability, the first reply."""
         backoff = Backoff(0.05, 1.0)
         while True:
-            result, confirmed = await self._run(call, None, lineages, builds=True)
+            result, confirmed = await self._run(call, None, write_chains, builds=True)
             if confirmed:
                 return result
             assert self._durability is not None  # (without it every pipeline is confirmed)
@@ -162,24 +162,24 @@ class Pipeliner:
         call: ScriptCall[Any],
         replies: Replies | None,
         on_done: Callable[[Any], None],
-        lineages: Sequence[Lineage] = (),
+        write_chains: Sequence[WriteChain] = (),
     ) -> None:
         """Like :meth:`run`, without a task to await it: ``on_done`` gets the script's reply,
         or the error :meth:`run` would raise, once the batch is back (before the awaiting
         callers of that batch wake)."""
-        self._add(_Call(call, replies, on_done, lineages, True))
+        self._add(_Call(call, replies, on_done, write_chains, True))
 
     async def _run(
         self,
         call: ScriptCall[R],
         replies: Replies | None,
-        lineages: Sequence[Lineage],
+        write_chains: Sequence[WriteChain],
         *,
         builds: bool,
     ) -> tuple[R, bool]:
         """:meth:`run`'s reply, and whether its pipeline's writes are as durable as the
         settings ask (always, when they ask nothing)."""
-        queued = _Call(call, replies, None, lineages, builds, anyio.Event())
+        queued = _Call(call, replies, None, write_chains, builds, anyio.Event())
         self._add(queued)
         assert queued.done is not None
         await queued.done.wait()
@@ -224,13 +224,13 @@ class Pipeliner:
                 queued.done.set()
 
     async def _send(self, batch: list[_Call]) -> bool:
-        """Send the batch's calls, but those of a broken lineage: each gets its reply (or
+        """Send the batch's calls, but those of a broken write_chain: each gets its reply (or
         error) as its ``result``; True if the replicas the durability asks for have their
-        writes. If they do not, every lineage in the batch breaks (before anyone wakes, so
+        writes. If they do not, every write chain in the batch breaks (before anyone wakes, so
         before any later write of theirs is queued)."""
-        sent = [queued for queued in batch if not any(ln.broken for ln in queued.lineages)]
+        sent = [queued for queued in batch if not any(ln.broken for ln in queued.write_chains)]
         if len(sent) < len(batch):
-            broken = LineageBroken(
+            broken = WriteChainBroken(
                 "an earlier write of this owner may not be in Redis as its cache has it"
             )
             for queued in batch:
@@ -257,14 +257,14 @@ class Pipeliner:
             return [exc] * len(calls), False
 
     def _break(self, sent: list[_Call]) -> None:
-        """An unconfirmed batch: the lineages of the calls that committed what they build on
+        """An unconfirmed batch: the write chains of the calls that committed what they build on
         break. (A call that failed wrote nothing; one whose server did not answer is sent
         again by its runner, the same call, until the runner knows what became of it.)"""
         assert self._durability is not None
         committed = [
             queued
             for queued in sent
-            if queued.builds and queued.lineages and not isinstance(queued.result, Exception)
+            if queued.builds and queued.write_chains and not isinstance(queued.result, Exception)
         ]
         if not committed:
             return
@@ -276,8 +276,8 @@ class Pipeliner:
             self._durability.wait_ms,
         )
         for queued in committed:
-            for lineage in queued.lineages:
-                lineage.broken = True
+            for write_chain in queued.write_chains:
+                write_chain.broken = True
 
     async def _run_calls(self, calls: Sequence[ScriptCall[Any]]) -> tuple[list[Any], bool]:
         """The calls' replies, and whether the replicas the durability asks for have them."""

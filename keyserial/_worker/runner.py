@@ -46,14 +46,14 @@ from .._wire.layout import ShardKeys
 from ..errors import BackendUnavailable, LeaseLost
 from .chains import Chains, Hold
 from .commits import CommitPlanner, DeadLetter, Finished, ResultGenerations
-from .crossshard.coordination import Collaborators
+from .crossshard.coordination import RunnerServices
 from .crossshard.cross_shard import CrossShard
 from .crossshard.mailbox import Mailbox
 from .execution import Executor, Run
 from .intake import accept, parse_id
 from .keystates import KeyStates
 from .metrics import NO_METRICS, ShardMetrics
-from .pipeline import Lineage, LineageBroken, Pipeliner, Replies
+from .pipeline import Pipeliner, Replies, WriteChain, WriteChainBroken
 from .wakeups import Wakeups
 
 log = logging.getLogger("keyserial.worker")
@@ -97,7 +97,7 @@ class ShardRunner:
             self._replayed.set()
         self.states = KeyStates(request_step=self.wake)
         #: This owner's writes: broken once one of them is not confirmed as durable.
-        self.lineage = Lineage()
+        self.write_chain = WriteChain()
         self._running: dict[str, Run] = {}
         self._finished: list[Finished] = []
         self._dead: list[DeadLetter] = []
@@ -123,7 +123,7 @@ class ShardRunner:
         self._chains = Chains(
             self.executor,
             CrossShard(
-                Collaborators(
+                RunnerServices(
                     home=self,
                     pipeliner=pipeliner,
                     backend=backend,
@@ -291,8 +291,8 @@ class ShardRunner:
         except Diverged as exc:
             # Ops ran on what Redis does not hold (entries not as pushed, an op id that has an
             # outcome already): the cache is not Redis's.
-            self.lineage.broken = True
-            raise LineageBroken(str(exc)) from None
+            self.write_chain.broken = True
+            raise WriteChainBroken(str(exc)) from None
         self._wakeups.stepped(want, len(fetched.entries), record)
         self.metrics.stepped(batch, len(dead), began)
         self.states.step_done(number)
@@ -449,22 +449,22 @@ class ShardRunner:
         *,
         replies: Replies | None = None,
         durably: bool = False,
-        also: Sequence[Lineage] = (),
+        also: Sequence[WriteChain] = (),
         builds: bool = True,
     ) -> T:
         """Run a script fenced by this owner's epoch in the next pipeline (raises ``LeaseLost``
         when another owner's epoch refuses it); ``replies`` go out once it has committed (see
         :meth:`Pipeliner.run`). ``durably``: an idempotent call, returned only once confirmed
-        as durable (:meth:`Pipeliner.run_durably`). It is a write of this owner's lineage
-        (raises ``LineageBroken`` once that is broken), and of the lineages ``also`` (the
+        as durable (:meth:`Pipeliner.run_durably`). It is a write of this owner's write chain
+        (raises ``WriteChainBroken`` once that is broken), and of the write chains ``also`` (the
         other shards a ``commit_across`` writes); ``builds``: it commits states or results
         (False for a step that only fetches, moves progress or trims)."""
-        lineages = (self.lineage, *also)
+        write_chains = (self.write_chain, *also)
 
         def attempt() -> Awaitable[T]:
             if durably:
-                return self._pipeliner.run_durably(call, lineages)
-            return self._pipeliner.run(call, replies, lineages, builds=builds)
+                return self._pipeliner.run_durably(call, write_chains)
+            return self._pipeliner.run(call, replies, write_chains, builds=builds)
 
         try:
             return await self._retrying(attempt)

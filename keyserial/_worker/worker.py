@@ -37,7 +37,7 @@ from ..ledger import LEDGER_OPS
 from .crossshard.mailbox import Mailbox
 from .leases import Held, Leases
 from .metrics import Metrics
-from .pipeline import LineageBroken, Pipeliner
+from .pipeline import Pipeliner, WriteChainBroken
 from .runner import ShardRunner
 
 log = logging.getLogger("keyserial.worker")
@@ -284,7 +284,7 @@ class Worker:
                 except* LeaseLost as group:
                     log.warning("shard %d: %s", shard, group.exceptions[0])
                     self._owned.pop(shard, None)
-                except* LineageBroken as group:
+                except* WriteChainBroken as group:
                     # Its cache may hold a write a failover lost: the next owner (perhaps this
                     # worker again) starts from what Redis has. Not the ops' fault: no strike.
                     log.warning(

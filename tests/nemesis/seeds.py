@@ -77,7 +77,7 @@ REGRESSIONS: list[KnownFailure] = [
         " up while its commit across shards was in flight; the coordinator, cancelled,"
         " never told the participant shard's runner (same worker), whose cache kept"
         " the old state and granted it to the next payment (fixed: a commit whose"
-        " outcome its coordinator never learns breaks the lineages it writes)",
+        " outcome its coordinator never learns breaks the write_chains it writes)",
     ),
     *(
         KnownFailure(
@@ -85,10 +85,10 @@ REGRESSIONS: list[KnownFailure] = [
             "long",
             "a payment applied on some of its keys only, money not"
             " conserved (4003-4006 in one run of 4000-4029 on a loaded machine): a"
-            " participant runner whose lineage a commit of unknown outcome had broken"
+            " participant runner whose write_chain a commit of unknown outcome had broken"
             " kept sending grants and steps from its cache, since without"
-            " durable_replicas the pipeliner sent a broken lineage's calls anyway (fixed:"
-            " a broken lineage sends nothing, whatever the durability)",
+            " durable_replicas the pipeliner sent a broken write_chain's calls anyway (fixed:"
+            " a broken write_chain sends nothing, whatever the durability)",
         )
         for seed in (4003, 4004, 4005, 4006)
     ),
@@ -174,7 +174,7 @@ REGRESSIONS: list[KnownFailure] = [
         "counters: ops applied twice: a master replied to commits no"
         " replica had, died, and its replica took over within the owner's lease; the"
         " owner built on its cache and ran the ops appended again a second time (fixed:"
-        " an unconfirmed commit breaks the owner's lineage, the shard is taken over)",
+        " an unconfirmed commit breaks the owner's write_chain, the shard is taken over)",
     ),
     KnownFailure(
         6,

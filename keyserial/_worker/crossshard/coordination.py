@@ -18,7 +18,7 @@ from ..._wire.codec import Envelope
 from ..._wire.routing import route
 from ...errors import BackendUnavailable
 from ..execution import Run
-from ..pipeline import Lineage, Pipeliner, Replies
+from ..pipeline import Pipeliner, Replies, WriteChain
 from .mailbox import LocalShard, Mailbox
 
 log = logging.getLogger("keyserial.worker")
@@ -37,7 +37,7 @@ class RunFenced(Protocol):
         *,
         replies: Replies | None = None,
         durably: bool = False,
-        also: Sequence[Lineage] = (),
+        also: Sequence[WriteChain] = (),
         builds: bool = True,
     ) -> R: ...
 
@@ -50,7 +50,7 @@ class Finish(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class Collaborators:
+class RunnerServices:
     """What a shard's runner gives the cross-shard side of that shard."""
 
     home: LocalShard
@@ -103,12 +103,12 @@ def writes_by_shard(
     return writes
 
 
-async def publish(parts: Collaborators, messages: Sequence[tuple[str, str]]) -> None:
+async def publish(services: RunnerServices, messages: Sequence[tuple[str, str]]) -> None:
     """PUBLISH what a script publishes itself without durability. A message lost here is found
     by its receiver's poll of the records."""
     for channel, message in messages:
         try:
-            await parts.backend.publish(channel, message)
+            await services.backend.publish(channel, message)
         except BackendUnavailable as exc:
-            log.warning("shard %d: a coordination message not sent: %s", parts.home.shard, exc)
+            log.warning("shard %d: a coordination message not sent: %s", services.home.shard, exc)
             return

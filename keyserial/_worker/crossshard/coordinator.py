@@ -41,9 +41,9 @@ from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant
 from ...errors import BackendUnavailable, LeaseLost
 from ..chains import Hold
 from ..execution import Evaluated, Run
-from ..pipeline import Lineage, LineageBroken, Replies, reply_messages
+from ..pipeline import Replies, WriteChain, WriteChainBroken, reply_messages
 from .coordination import (
-    Collaborators,
+    RunnerServices,
     Writes,
     publish,
     split_keys,
@@ -57,8 +57,8 @@ log = logging.getLogger("keyserial.worker")
 class Coordinator:
     """Coordinates the cross-shard ops homed on one shard."""
 
-    def __init__(self, parts: Collaborators) -> None:
-        self._parts = parts
+    def __init__(self, services: RunnerServices) -> None:
+        self._services = services
 
     # -- in process: every shard of the op is this worker's ----------------------------------
 
@@ -68,15 +68,15 @@ class Coordinator:
         script's reply ends it (:meth:`_committed`). Under load most transfers go this way.
         False, with nothing done, if the op has to queue: some key busy, uncommitted or not
         cached, some shard not this worker's, an ``async`` op, or a cluster."""
-        parts, envelope = self._parts, run.envelope
-        home = parts.home
+        services, envelope = self._services, run.envelope
+        home = services.home
         if (
-            parts.backend.is_cluster
+            services.backend.is_cluster
             or envelope.name == GRANT_OP
             or not home.executor.runs_inline(envelope)
         ):
             return False
-        local, by_shard = split_keys(envelope, home, parts.shard_count)
+        local, by_shard = split_keys(envelope, home, services.shard_count)
         others = self._local_owners(by_shard)
         if others is None:
             return False
@@ -89,11 +89,11 @@ class Coordinator:
         fences = _fences((owner, hold.keys) for owner, hold in holds[1:])
         evaluated = home.executor.evaluate_now(envelope, states, fences)
         pending = self._prepared(run, [home, *others], states, evaluated, holds)
-        parts.pipeliner.submit(
+        services.pipeliner.submit(
             pending.call,
             self._replies(pending),
             partial(self._committed, pending),
-            pending.lineages,
+            pending.write_chains,
         )
         return True
 
@@ -104,8 +104,8 @@ class Coordinator:
         run it (an ``async`` op too), and commit every shard at once. False, with nothing
         written, if some shard is not (or no longer) this worker's: the grant protocol runs
         instead."""
-        parts, envelope = self._parts, run.envelope
-        home = parts.home
+        services, envelope = self._services, run.envelope
+        home = services.home
         others = self._local_owners(by_shard)
         if others is None:
             return False
@@ -126,8 +126,8 @@ class Coordinator:
             evaluated = await home.executor.evaluate(envelope, states, fences)
             pending = self._prepared(run, [home, *others], states, evaluated, holds=[])
             try:
-                await parts.fenced(
-                    pending.call, replies=self._replies(pending), also=pending.lineages[1:]
+                await services.fenced(
+                    pending.call, replies=self._replies(pending), also=pending.write_chains[1:]
                 )
             except anyio.get_cancelled_exc_class():
                 _outcome_unknown(pending.owners, envelope.op_id)
@@ -140,7 +140,7 @@ class Coordinator:
                     envelope.op_id,
                 )
                 return False
-            self._landed(pending)
+            self._after_commit(pending)
         return True
 
     def _local_owners(self, by_shard: Mapping[int, list[str]]) -> list[LocalShard] | None:
@@ -148,7 +148,7 @@ class Coordinator:
         wait cycle can form); None if some shard is not this worker's."""
         others: list[LocalShard] = []
         for shard in sorted(by_shard):
-            other = self._parts.mailbox.local_shard(shard)
+            other = self._services.mailbox.local_shard(shard)
             if other is None:
                 return None
             others.append(other)
@@ -166,7 +166,7 @@ class Coordinator:
         first), fenced by every owner's epoch, with its outcome stored bound to the op."""
         envelope = run.envelope
         outcome, new_states = evaluated
-        writes = writes_by_shard(envelope, states, new_states, self._parts.shard_count)
+        writes = writes_by_shard(envelope, states, new_states, self._services.shard_count)
         call = commit_across(
             CommitAcrossArgs(
                 envelope.op_id,
@@ -190,24 +190,24 @@ class Coordinator:
         hands), nothing was written: the op takes the usual path, its home keys still held so
         that no later op on them overtakes it. If the reply was lost, the commit may or may not
         have landed: the same (idempotent) call is sent until the server says which."""
-        parts, run = self._parts, pending.run
+        services, run = self._services, pending.run
         if isinstance(result, BackendUnavailable):
-            if not parts.spawn(partial(self._confirm, pending)):
+            if not services.spawn(partial(self._confirm, pending)):
                 _outcome_unknown(pending.owners, run.envelope.op_id)
             return
         if isinstance(result, Exception):
             log.info(
                 "shard %d: op %s did not commit (%s); running it again",
-                parts.home.shard,
+                services.home.shard,
                 run.envelope.op_id,
                 result,
             )
             for owner, hold in pending.holds[1:]:
                 owner.release(hold)
             # (If the home runner has stopped, its successor runs the op again.)
-            parts.spawn(partial(self._coordinate_holding, run, pending.holds[0][1]))
+            services.spawn(partial(self._coordinate_holding, run, pending.holds[0][1]))
             return
-        self._landed(pending)
+        self._after_commit(pending)
         for owner, hold in pending.holds:
             owner.release(hold)
 
@@ -215,7 +215,7 @@ class Coordinator:
         """Send a commit whose reply was lost again, until it lands or is refused (retried
         while the server is unreachable; ``LeaseLost`` ends the runner, holds and all)."""
         try:
-            result: Any = await self._parts.fenced(pending.call, also=pending.lineages[1:])
+            result: Any = await self._services.fenced(pending.call, also=pending.write_chains[1:])
         except Refused as exc:
             result = exc
         except anyio.get_cancelled_exc_class():
@@ -229,17 +229,17 @@ class Coordinator:
     def _answers(self, run: Run, outcome: str) -> list[tuple[str, str]]:
         """A reply's item for ``run``'s ``outcome``: what its callers are told it committed."""
         entry_ids = [entry.entry_id for entry in run.entries]
-        answer = reply_outcome(outcome, self._parts.home.shard, entry_ids)
+        answer = reply_outcome(outcome, self._services.home.shard, entry_ids)
         return [(run.envelope.op_id, answer)]
 
-    def _landed(self, pending: _PendingCommit) -> None:
+    def _after_commit(self, pending: _PendingCommit) -> None:
         """``commit_across`` wrote the op: every owner caches its new states, and the op is
         finished (callers that resubmitted it while it ran have not been told yet)."""
         for owner in pending.owners:
             for key, state in pending.writes.get(owner.shard, []):
                 owner.states.committed(key, state or None)
         run = pending.run
-        self._parts.finish(
+        self._services.finish(
             run, pending.outcome, store=False, replies=run.replies[pending.replied :]
         )
 
@@ -247,7 +247,7 @@ class Coordinator:
         try:
             await self.coordinate(run)
         finally:
-            self._parts.home.release(hold)
+            self._services.home.release(hold)
 
     # -- with a task, once the op's barrier holds its home keys --------------------------------
 
@@ -257,19 +257,19 @@ class Coordinator:
         except Replayed as exc:
             # The op id has an outcome that this run did not write: nothing was written, and
             # the next owner answers the op from its record.
-            self._parts.home.lineage.broken = True
-            raise LineageBroken(f"shard {self._parts.home.shard}: {exc}") from None
+            self._services.home.write_chain.broken = True
+            raise WriteChainBroken(f"shard {self._services.home.shard}: {exc}") from None
 
     async def _coordinate(self, run: Run) -> None:
-        parts, envelope = self._parts, run.envelope
-        home = parts.home
+        services, envelope = self._services, run.envelope
+        home = services.home
         refused = home.executor.refusal(run)
         if refused is not None:
-            parts.finish(run, refused, store=run.keep, replies=list(run.replies))
+            services.finish(run, refused, store=run.keep, replies=list(run.replies))
             return
-        local, by_shard = split_keys(envelope, home, parts.shard_count)
+        local, by_shard = split_keys(envelope, home, services.shard_count)
         await home.states.flush(local)  # the home keys' earlier writes commit before this op's
-        if not parts.backend.is_cluster and await self._commit_in_process(run, local, by_shard):
+        if not services.backend.is_cluster and await self._commit_in_process(run, local, by_shard):
             return
         # The attempt is this owner's epoch: unique to it, and over once the fence moves on.
         attempt = home.epoch
@@ -283,7 +283,7 @@ class Coordinator:
                 fences.update(dict.fromkeys(keys, grant.fence))
             participants.append(grant.channel)
         outcome, new_states = await home.executor.evaluate(envelope, states, fences)
-        writes = writes_by_shard(envelope, states, new_states, parts.shard_count)
+        writes = writes_by_shard(envelope, states, new_states, services.shard_count)
         home_writes = writes.pop(home.shard, [])
         notice = DecisionNotice(envelope.op_id, attempt, Decision(dict(writes)))
         await self._decide(run, notice, home_writes, outcome, participants)
@@ -297,19 +297,19 @@ class Coordinator:
         participants: list[str],
     ) -> None:
         """Write the attempt's decision with the home keys and the result, then tell everyone."""
-        parts, home, op_id = self._parts, self._parts.home, notice.op_id
+        services, home, op_id = self._services, self._services.home, notice.op_id
         replies = list(run.replies)
-        here = parts.mailbox.channel
+        here = services.mailbox.channel
         message = dumps(notice.to_wire())
         notices = [(channel, message) for channel in dict.fromkeys(participants) if channel != here]
         notices += reply_messages(
-            {reply: self._answers(run, outcome) for reply in replies}, parts.pipeliner.signer
+            {reply: self._answers(run, outcome) for reply in replies}, services.pipeliner.signer
         )
         k = home.keys
-        durable = parts.settings.durability is not None
+        durable = services.settings.durability is not None
         # Durably: a decision leaves its shard only once a failover cannot lose it, or the
         # participants would apply what the home shard forgets, and the op would run again.
-        decided = await parts.fenced(
+        decided = await services.fenced(
             decide(
                 k,
                 DecideArgs(
@@ -337,11 +337,11 @@ class Coordinator:
         for key, state in home_writes:
             home.states.committed(key, state or None)
         if durable:
-            await publish(parts, notices)
+            await publish(services, notices)
         if here in participants:  # shards of this worker hear it now, not through Redis
-            parts.mailbox.deliver(notice)
+            services.mailbox.deliver(notice)
         # Callers that resubmitted the op while it ran have not been told yet.
-        parts.finish(run, outcome, store=False, replies=run.replies[len(replies) :])
+        services.finish(run, outcome, store=False, replies=run.replies[len(replies) :])
 
     # -- grants --------------------------------------------------------------------------------
 
@@ -352,14 +352,14 @@ class Coordinator:
 
         :raises LeaseLost: if the attempt was aborted meanwhile (this owner's epoch is over).
         """
-        parts = self._parts
-        home = parts.home
-        request = GrantRequest(home.shard, op_id, attempt, parts.mailbox.channel)
+        services = self._services
+        home = services.home
+        request = GrantRequest(home.shard, op_id, attempt, services.mailbox.channel)
         entry_json = grant_request_envelope(op_id, attempt, keys, request.to_wire())
-        there = ShardKeys(parts.settings.namespace, shard)
+        there = ShardKeys(services.settings.namespace, shard)
         granted_at = grant_field(op_id, attempt)
         decided_at = decision_field(op_id, attempt)
-        with parts.mailbox.expect_grant(op_id, attempt, shard) as letter:
+        with services.mailbox.expect_grant(op_id, attempt, shard) as waiter:
             entry = await self._append(there, entry_json)
             log.debug(
                 "shard %d (epoch %d): asked shard %d for a grant to %s#%d (entry %s)",
@@ -371,7 +371,7 @@ class Coordinator:
                 entry,
             )
             while True:
-                if isinstance(message := await letter.within(parts.poll), KeyGrant):
+                if isinstance(message := await waiter.within(services.poll), KeyGrant):
                     log.debug(
                         "shard %d: grant of shard %d to %s#%d handed over in process",
                         home.shard,
@@ -386,10 +386,10 @@ class Coordinator:
                         return self._of_keys(grant, keys)
                     # (Looked for before the grant: a request leaves the stream only after its
                     # grant was recorded, so gone with no grant means a failover lost it.)
-                    present = await parts.backend.entries_present(there, [entry])
+                    present = await services.backend.entries_present(there, [entry])
                     if (grant := await self._recorded_grant(there, granted_at)) is not None:
                         return self._of_keys(grant, keys)
-                    if (await parts.backend.stored(home.keys, [decided_at]))[0] is not None:
+                    if (await services.backend.stored(home.keys, [decided_at]))[0] is not None:
                         raise LeaseLost(home.shard, f"op {op_id} was aborted")
                     if not present[0]:
                         log.warning(
@@ -410,9 +410,9 @@ class Coordinator:
         the home shard is given up, and the op runs again under the next owner's attempt."""
         if sorted(key for key, _ in grant.states) == sorted(keys):
             return grant
-        home = self._parts.home
-        home.lineage.broken = True
-        raise LineageBroken(
+        home = self._services.home
+        home.write_chain.broken = True
+        raise WriteChainBroken(
             f"shard {home.shard}: the grant of shard {grant.shard} to {grant.op_id}#"
             f"{grant.attempt} holds keys {[key for key, _ in grant.states]}, not {keys}: another"
             " request took the attempt's id"
@@ -422,15 +422,15 @@ class Coordinator:
         """The grant recorded in the participant shard (fenced by its owner's epoch), or None.
         A grant no WAIT confirms, as one read on a master that a failover has left behind, is
         not taken."""
-        parts = self._parts
+        services = self._services
         (raw,), confirmed = await stored_confirmed(
-            parts.backend, parts.settings.durability, there, [grant_field]
+            services.backend, services.settings.durability, there, [grant_field]
         )
         if raw is None or not confirmed:
             return None
         log.debug(
             "shard %d: grant %s of shard %d read in its record",
-            parts.home.shard,
+            services.home.shard,
             grant_field,
             there.shard,
         )
@@ -440,12 +440,12 @@ class Coordinator:
         """Append a grant request, waiting out a full backlog or an unreachable server; its
         entry id. A shard this worker owns is woken in process (if it changes hands meanwhile,
         its new owner finds the request at its next poll)."""
-        parts = self._parts
-        local = parts.mailbox.local_shard(there.shard)
+        services = self._services
+        local = services.mailbox.local_shard(there.shard)
         call = submit(
             there,
             SubmitArgs(
-                max_backlog=parts.settings.max_backlog,
+                max_backlog=services.settings.max_backlog,
                 wire_version=WIRE_VERSION,
                 ops=pack_entry([request]),
                 wake_channel="" if local else there.wake_channel,
@@ -454,20 +454,20 @@ class Coordinator:
         backoff = Backoff(0.05, 2.0)
         while True:
             try:
-                entry = await parts.pipeliner.run(call)
+                entry = await services.pipeliner.run(call)
                 if local is not None:
                     local.entries_waiting()
                 return entry
             except BacklogRefused:
                 log.warning(
                     "shard %d: shard %d's backlog is full; retrying a grant request",
-                    parts.home.shard,
+                    services.home.shard,
                     there.shard,
                 )
             except BackendUnavailable as exc:
                 log.warning(
                     "shard %d: appending a grant request to shard %d: %s",
-                    parts.home.shard,
+                    services.home.shard,
                     there.shard,
                     exc,
                 )
@@ -491,25 +491,25 @@ class _PendingCommit:
     call: ScriptCall[None]
 
     @property
-    def lineages(self) -> list[Lineage]:
-        return [owner.lineage for owner in self.owners]
+    def write_chains(self) -> list[WriteChain]:
+        return [owner.write_chain for owner in self.owners]
 
 
 def _outcome_unknown(owners: Sequence[LocalShard], op_id: str) -> None:
     """A ``commit_across`` went out, or may have, and its coordinator stops before it learns
     whether it landed: the shards it writes cannot tell whether their cached states are
-    Redis's. Each gives its shard up (its lineage is broken: no later write of it goes out),
+    Redis's. Each gives its shard up (its write chain is broken: no later write of it goes out),
     and the next owner, with a new epoch that fences the commit out if it is still on its
     way, starts from what Redis has."""
     for owner in owners:
-        if not owner.lineage.broken:
+        if not owner.write_chain.broken:
             log.warning(
                 "shard %d: the commit of op %s across shards may or may not have"
                 " landed; giving the shard up",
                 owner.shard,
                 op_id,
             )
-        owner.lineage.broken = True
+        owner.write_chain.broken = True
         owner.entries_waiting()  # (its next step, refused, ends it now, not at its next write)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from ..._wire.codec import GRANT_OP, Envelope
 from ..._wire.routing import route
 from ..execution import Run
-from .coordination import Collaborators
+from .coordination import RunnerServices
 from .coordinator import Coordinator
 from .participant import Participant
 
@@ -21,10 +21,10 @@ class CrossShard:
     """The runner's :class:`~._chains.Coordination`: what runs once an op's local keys are
     held, for a grant request or an op with keys on other shards."""
 
-    def __init__(self, parts: Collaborators) -> None:
-        self._parts = parts
-        self._coordinator = Coordinator(parts)
-        self._participant = Participant(parts)
+    def __init__(self, services: RunnerServices) -> None:
+        self._services = services
+        self._coordinator = Coordinator(services)
+        self._participant = Participant(services)
 
     def local_keys(self, envelope: Envelope) -> tuple[str, ...] | None:
         """For a grant request or an op with keys on other shards, its keys on this shard (the
@@ -33,8 +33,8 @@ class CrossShard:
             return envelope.keys
         if not envelope.multi:
             return None
-        here = self._parts.home.shard
-        shards = route(envelope, self._parts.shard_count)
+        here = self._services.home.shard
+        shards = route(envelope, self._services.shard_count)
         if all(shard == here for shard in shards):
             return None
         return tuple(key for key, shard in zip(envelope.keys, shards, strict=True) if shard == here)

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from ..chains import Hold
     from ..execution import Executor
     from ..keystates import KeyStates
-    from ..pipeline import Lineage
+    from ..pipeline import WriteChain
 
 log = logging.getLogger("keyserial.worker")
 
@@ -44,8 +44,8 @@ class LocalShard(Protocol):
     keys: ShardKeys
     states: KeyStates
     executor: Executor
-    #: The owner's writes, for a commit that writes this shard's keys (see ``Lineage``).
-    lineage: Lineage
+    #: The owner's writes, for a commit that writes this shard's keys (see ``WriteChain``).
+    write_chain: WriteChain
 
     def entries_waiting(self) -> None:
         """New entries were appended to the shard (its next step fetches them)."""
@@ -63,7 +63,7 @@ class LocalShard(Protocol):
 
 
 @dataclass(slots=True)
-class Letter:
+class Waiter:
     """Waits for one message: a grant from one shard, or an attempt's decision."""
 
     event: anyio.Event
@@ -91,29 +91,29 @@ class Mailbox:
         self.channel = channel
         #: This worker's runner of a shard, or None if the worker does not own the shard.
         self.local_shard = local_shard
-        self._waiting: dict[Topic, list[Letter]] = defaultdict(list)
+        self._waiting: dict[Topic, list[Waiter]] = defaultdict(list)
 
     @contextmanager
-    def expect_grant(self, op_id: str, attempt: int, shard: int) -> Iterator[Letter]:
+    def expect_grant(self, op_id: str, attempt: int, shard: int) -> Iterator[Waiter]:
         """Register interest before asking, so the grant cannot arrive unseen."""
-        with self._expect(("g", op_id, attempt, shard)) as letter:
-            yield letter
+        with self._expect(("g", op_id, attempt, shard)) as waiter:
+            yield waiter
 
     @contextmanager
-    def expect_decision(self, op_id: str, attempt: int) -> Iterator[Letter]:
-        with self._expect(("d", op_id, attempt)) as letter:
-            yield letter
+    def expect_decision(self, op_id: str, attempt: int) -> Iterator[Waiter]:
+        with self._expect(("d", op_id, attempt)) as waiter:
+            yield waiter
 
     @contextmanager
-    def _expect(self, topic: Topic) -> Iterator[Letter]:
-        letter = Letter(anyio.Event())
-        self._waiting[topic].append(letter)
+    def _expect(self, topic: Topic) -> Iterator[Waiter]:
+        waiter = Waiter(anyio.Event())
+        self._waiting[topic].append(waiter)
         try:
-            yield letter
+            yield waiter
         finally:
-            letters = self._waiting[topic]
-            letters.remove(letter)
-            if not letters:
+            waiters = self._waiting[topic]
+            waiters.remove(waiter)
+            if not waiters:
                 del self._waiting[topic]
 
     def receive(self, data: bytes) -> None:
@@ -124,14 +124,14 @@ class Mailbox:
         except (ValueError, MalformedMessage):
             log.error("ignoring a malformed coordination message: %r", data[:200])
             return
-        for letter in self._waiting.get(_topic(message), ()):
-            letter.wake()
+        for waiter in self._waiting.get(_topic(message), ()):
+            waiter.wake()
 
     def deliver(self, message: KeyGrant | DecisionNotice) -> None:
         """Hand a message over in process, from this worker itself: taken as it is."""
-        for letter in self._waiting.get(_topic(message), ()):
-            letter.message = message
-            letter.wake()
+        for waiter in self._waiting.get(_topic(message), ()):
+            waiter.message = message
+            waiter.wake()
 
 
 def _topic(message: KeyGrant | DecisionNotice) -> Topic:

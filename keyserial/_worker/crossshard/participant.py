@@ -20,9 +20,9 @@ from ..._wire.layout import ShardKeys, grant_field
 from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant, MalformedMessage
 from ...errors import BackendUnavailable, MalformedOperation
 from ..execution import Run
-from ..pipeline import LineageBroken
-from .coordination import Collaborators, publish
-from .mailbox import Letter
+from ..pipeline import WriteChainBroken
+from .coordination import RunnerServices, publish
+from .mailbox import Waiter
 
 log = logging.getLogger("keyserial.worker")
 
@@ -33,18 +33,18 @@ _RELEASED = '{"ok":"released"}'
 class Participant:
     """Grants a shard's keys to cross-shard ops homed on lower shards."""
 
-    def __init__(self, parts: Collaborators) -> None:
-        self._parts = parts
+    def __init__(self, services: RunnerServices) -> None:
+        self._services = services
 
     async def grant(self, run: Run) -> None:
         """Run a grant request once its barrier holds the requested keys."""
-        parts, envelope = self._parts, run.envelope
-        home = parts.home
+        services, envelope = self._services, run.envelope
+        home = services.home
         try:
             request = GrantRequest.from_wire(envelope.kwargs, below=home.shard)
         except MalformedMessage as exc:
             outcome = encode_error(MalformedOperation.wire_type, str(exc))
-            parts.finish(run, outcome, store=True, replies=list(run.replies))
+            services.finish(run, outcome, store=True, replies=list(run.replies))
             return
         await home.states.flush(envelope.keys)  # the granted states are committed states
         log.debug(
@@ -56,19 +56,19 @@ class Participant:
             request.attempt,
             request.home,
         )
-        with parts.mailbox.expect_decision(request.op_id, request.attempt) as letter:
+        with services.mailbox.expect_decision(request.op_id, request.attempt) as waiter:
             key_grant = KeyGrant(
                 request.op_id,
                 request.attempt,
                 home.shard,
                 [(key, home.states[key]) for key in envelope.keys],
                 home.executor.next_fence(),  # the granted keys' fencing token, for the op
-                parts.mailbox.channel,
+                services.mailbox.channel,
             )
             await self._send(request, key_grant, run.entries[0].entry_id)
-            decision = await self._await_decision(letter, request)
+            decision = await self._await_decision(waiter, request)
         if decision is None:  # nobody asked: nothing is stored, so the attempt may still begin
-            parts.finish(run, _RELEASED, store=False, replies=[])
+            services.finish(run, _RELEASED, store=False, replies=[])
             return
         log.debug(
             "shard %d (epoch %d): %s#%d decided: %s",
@@ -79,21 +79,21 @@ class Participant:
             "aborted" if decision.aborted is not None else "committed",
         )
         if decision.aborted is not None:
-            parts.finish(run, _RELEASED, store=True, replies=[])
+            services.finish(run, _RELEASED, store=True, replies=[])
             return
         mine = set(envelope.keys)
         for key, state in decision.writes_of(home.shard):
             if key in mine:
                 home.states.write(key, state or None)
-        parts.finish(run, _APPLIED, store=True, replies=[])
+        services.finish(run, _APPLIED, store=True, replies=[])
 
     async def _send(self, request: GrantRequest, key_grant: KeyGrant, entry_id: str) -> None:
         """Record the grant and send it to the coordinator: in process when the coordinator is
         this worker, else published (by the script, or after the replicas have it)."""
-        parts = self._parts
-        home = parts.home
-        in_process = request.channel == parts.mailbox.channel
-        durable = parts.settings.durability is not None
+        services = self._services
+        home = services.home
+        in_process = request.channel == services.mailbox.channel
+        durable = services.settings.durability is not None
         log.debug(
             "shard %d: sending the grant of %s#%d (%s)",
             home.shard,
@@ -104,16 +104,18 @@ class Participant:
         if in_process and not durable:
             # (No record is needed: an in-process message cannot be lost, and a grant writes
             # nothing, so this worker's zombie could not change anything by granting. But a
-            # broken lineage's cache may not be Redis's: it grants nothing from it.)
-            if home.lineage.broken:
-                raise LineageBroken(f"shard {home.shard} grants nothing: its lineage is broken")
-            parts.mailbox.deliver(key_grant)
+            # broken write chain's cache may not be Redis's: it grants nothing from it.)
+            if home.write_chain.broken:
+                raise WriteChainBroken(
+                    f"shard {home.shard} grants nothing: its write chain is broken"
+                )
+            services.mailbox.deliver(key_grant)
             return
         # Durably: the granted states must be on the replicas, with the record, before the
         # coordinator computes on them. (The record is written, and confirmed, on the node
         # that serves the shard now: a WAIT alone could confirm another master's writes.)
         try:
-            await parts.fenced(
+            await services.fenced(
                 record_grant(
                     home.keys,
                     GrantArgs(
@@ -129,25 +131,25 @@ class Participant:
         except RequestGone:
             # A failover lost entries this owner fetched: its holds follow a stream order that
             # Redis no longer has. The next owner holds the keys in the order Redis has now.
-            home.lineage.broken = True
-            raise LineageBroken(f"the grant request of {request.op_id} is gone") from None
+            home.write_chain.broken = True
+            raise WriteChainBroken(f"the grant request of {request.op_id} is gone") from None
         if in_process:
-            parts.mailbox.deliver(key_grant)
+            services.mailbox.deliver(key_grant)
         elif durable:
-            await publish(parts, [(request.channel, dumps(key_grant.to_wire()))])
+            await publish(services, [(request.channel, dumps(key_grant.to_wire()))])
 
-    async def _await_decision(self, letter: Letter, request: GrantRequest) -> Decision | None:
+    async def _await_decision(self, waiter: Waiter, request: GrantRequest) -> Decision | None:
         """The attempt's decision: handed over in process by this worker's coordinator, or read
         (or, if the coordinator stopped, written as an abort) in the home shard. A notice
         through Redis only says when to read: its payload is never applied. None: the attempt
         has not begun (a forged or garbled request), and the keys are to be released."""
-        parts = self._parts
-        there = ShardKeys(parts.settings.namespace, request.home)
+        services = self._services
+        there = ShardKeys(services.settings.namespace, request.home)
         while True:
-            if isinstance(message := await letter.within(parts.poll), DecisionNotice):
+            if isinstance(message := await waiter.within(services.poll), DecisionNotice):
                 log.debug(
                     "shard %d: the decision of %s#%d handed over in process",
-                    parts.home.shard,
+                    services.home.shard,
                     request.op_id,
                     request.attempt,
                 )
@@ -155,21 +157,24 @@ class Participant:
             try:
                 # Durably: a decision read from a master that a failover has left behind (its
                 # WAIT fails there) is not applied; it is read again where the shard lives now.
-                record = await parts.pipeliner.run_durably(
+                record = await services.pipeliner.run_durably(
                     resolve(there, ResolveArgs(request.op_id, request.attempt))
                 )
             except BackendUnavailable as exc:
-                log.warning("shard %d: waiting for a decision: %s", parts.home.shard, exc)
+                log.warning("shard %d: waiting for a decision: %s", services.home.shard, exc)
                 continue
             except AttemptAhead as exc:
                 log.warning(
-                    "shard %d: releasing keys held for %s: %s", parts.home.shard, request.op_id, exc
+                    "shard %d: releasing keys held for %s: %s",
+                    services.home.shard,
+                    request.op_id,
+                    exc,
                 )
                 return None
             if record is not None:
                 log.debug(
                     "shard %d: the decision of %s#%d read in shard %d",
-                    parts.home.shard,
+                    services.home.shard,
                     request.op_id,
                     request.attempt,
                     request.home,
