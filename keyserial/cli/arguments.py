@@ -7,9 +7,13 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TypeAlias, TypeVar
 
+import anyio
+
+from .._backend.backend import Backend
+from .._client.connect import default_url
 from .._settings import Settings
 
 T = TypeVar("T")
@@ -69,11 +73,23 @@ def connection_options() -> argparse.ArgumentParser:
     return common
 
 
-def resolve_namespace(args: argparse.Namespace) -> None:
-    """``args.settings`` and ``args.namespace``: the flags, else their ``KEYSERIAL_*``
-    variables, as the worker's are."""
+def run_connected(
+    args: argparse.Namespace, command: Callable[[Backend, argparse.Namespace], Awaitable[int]]
+) -> int:
+    """Run an operator's ``command`` on a connection to ``--redis``; its exit code. First
+    ``args.settings`` and ``args.namespace`` are resolved: the flags, else their
+    ``KEYSERIAL_*`` variables, as the worker's are."""
     args.settings = Settings.resolve(namespace=args.namespace)
     args.namespace = args.settings.namespace
+
+    async def connected() -> int:
+        backend = await Backend.connect(args.redis or default_url())
+        try:
+            return await command(backend, args)
+        finally:
+            await backend.aclose()
+
+    return anyio.run(connected)
 
 
 def import_from_cwd() -> None:

@@ -23,17 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import anyio
-
 from .._backend.backend import Backend
-from .._client.connect import default_url
 from .._scripts.refusals import BacklogRefused
 from .._scripts.submit import SubmitArgs, submit
 from .._wire.codec import WIRE_VERSION, pack_entry
 from .._wire.json_text import dumps
 from .._wire.layout import ShardKeys
 from .._wire.routing import home_shard as routed_home
-from .arguments import Subcommands, connection_options, positive, resolve_namespace
+from .arguments import Subcommands, connection_options, positive, run_connected
 from .status import shard_count as recorded_shard_count
 
 
@@ -258,40 +255,35 @@ def _letter_id(text: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``dead-letters``; the exit code."""
-    resolve_namespace(args)
-    return anyio.run(_run_dead_letters, args)
+    return run_connected(args, _run_dead_letters)
 
 
-async def _run_dead_letters(args: argparse.Namespace) -> int:
-    backend = await Backend.connect(args.redis or default_url())
-    try:
-        shard_count = await recorded_shard_count(backend, args.namespace)
-        if args.shard is not None and not 0 <= args.shard < shard_count:
-            print(
-                f"keyserial: error: --shard {args.shard} is not a shard of namespace"
-                f" {args.namespace!r} (0-{shard_count - 1})",
-                file=sys.stderr,
-            )
-            return 2
-        shards = range(shard_count) if args.shard is None else [args.shard]
-        if args.action == "list":
-            letters = await read(backend, args.namespace, shards, count=args.count)
-            _print_letters(letters, as_json=args.json)
-            return 0
-        selected = await _selected(backend, args, shards)
-        if selected is None:
-            return 1
-        if args.action == "show":
-            _print_letters(selected, as_json=args.json, full=True)
-            return 0
-        if args.action == "replay":
-            max_backlog = args.settings.max_backlog
-            return await _replay(backend, args.namespace, shard_count, selected, max_backlog)
-        dropped = sum([await drop(backend, args.namespace, one) for one in selected])
-        print(f"dropped {dropped} dead letter(s)")
+async def _run_dead_letters(backend: Backend, args: argparse.Namespace) -> int:
+    shard_count = await recorded_shard_count(backend, args.namespace)
+    if args.shard is not None and not 0 <= args.shard < shard_count:
+        print(
+            f"keyserial: error: --shard {args.shard} is not a shard of namespace"
+            f" {args.namespace!r} (0-{shard_count - 1})",
+            file=sys.stderr,
+        )
+        return 2
+    shards = range(shard_count) if args.shard is None else [args.shard]
+    if args.action == "list":
+        letters = await read(backend, args.namespace, shards, count=args.count)
+        _print_letters(letters, as_json=args.json)
         return 0
-    finally:
-        await backend.aclose()
+    selected = await _selected(backend, args, shards)
+    if selected is None:
+        return 1
+    if args.action == "show":
+        _print_letters(selected, as_json=args.json, full=True)
+        return 0
+    if args.action == "replay":
+        max_backlog = args.settings.max_backlog
+        return await _replay(backend, args.namespace, shard_count, selected, max_backlog)
+    dropped = sum([await drop(backend, args.namespace, one) for one in selected])
+    print(f"dropped {dropped} dead letter(s)")
+    return 0
 
 
 async def _selected(

@@ -20,12 +20,11 @@ import anyio
 
 from .._backend.backend import Backend
 from .._backend.commands import raise_errors
-from .._client.connect import default_url
 from .._scripts.submit import StatusReply
 from .._scripts.submit import status as status_call
 from .._wire.layout import ShardKeys
 from ..errors import ConfigError
-from .arguments import Subcommands, connection_options, resolve_namespace, seconds
+from .arguments import Subcommands, connection_options, run_connected, seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,33 +220,28 @@ def add_commands(commands: Subcommands) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Run ``status``; the exit code (1: a shard has no owner)."""
-    resolve_namespace(args)
-    return anyio.run(_run_status, args)
+    return run_connected(args, _run_status)
 
 
-async def _run_status(args: argparse.Namespace) -> int:
-    backend = await Backend.connect(args.redis or default_url())
-    try:
-        shards = await shard_count(backend, args.namespace)
-        healthy = True
-        with anyio.CancelScope() as scope:
-            async with anyio.create_task_group() as group:
-                if args.watch:
-                    group.start_soon(_cancel_on_signal, scope)
-                before = await snapshot(backend, args.namespace, shards)
-                while True:
-                    await anyio.sleep(args.interval)
-                    after = await snapshot(backend, args.namespace, shards)
-                    statuses = compare(before, after)
-                    healthy = not unowned(statuses)
-                    _print_status(args, statuses)
-                    if not args.watch:
-                        break
-                    before = after
-                group.cancel_scope.cancel()
-        return 0 if healthy else 1
-    finally:
-        await backend.aclose()
+async def _run_status(backend: Backend, args: argparse.Namespace) -> int:
+    shards = await shard_count(backend, args.namespace)
+    healthy = True
+    with anyio.CancelScope() as scope:
+        async with anyio.create_task_group() as group:
+            if args.watch:
+                group.start_soon(_cancel_on_signal, scope)
+            before = await snapshot(backend, args.namespace, shards)
+            while True:
+                await anyio.sleep(args.interval)
+                after = await snapshot(backend, args.namespace, shards)
+                statuses = compare(before, after)
+                healthy = not unowned(statuses)
+                _print_status(args, statuses)
+                if not args.watch:
+                    break
+                before = after
+            group.cancel_scope.cancel()
+    return 0 if healthy else 1
 
 
 async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
