@@ -437,6 +437,15 @@ class ShardRunner:
     def release(self, hold: Hold) -> None:
         self._chains.release(hold)
 
+    def cached_state(self, key: str) -> str | None:
+        return self.states[key]
+
+    def next_fence(self) -> int:
+        return self.executor.next_fence()
+
+    def committed(self, key: str, state: str | None) -> None:
+        self.states.committed(key, state)
+
     # -- talking to Redis ----------------------------------------------------------------------
 
     async def _read_states(self, keys: list[str]) -> list[bytes | None]:

@@ -19,7 +19,7 @@ from ..._wire.routing import route
 from ...errors import BackendUnavailable
 from ..execution import Run
 from ..pipeline import Pipeliner, Replies, WriteChain
-from .mailbox import LocalShard, Mailbox
+from .mailbox import HomeShard, Mailbox
 
 log = logging.getLogger("keyserial.worker")
 R = TypeVar("R")
@@ -53,7 +53,7 @@ class Finish(Protocol):
 class RunnerServices:
     """What a shard's runner gives the cross-shard side of that shard."""
 
-    home: LocalShard
+    home: HomeShard
     pipeliner: Pipeliner
     backend: Backend
     mailbox: Mailbox
@@ -73,7 +73,7 @@ class RunnerServices:
 
 
 def split_keys(
-    envelope: Envelope, here: LocalShard, shard_count: int
+    envelope: Envelope, here: HomeShard, shard_count: int
 ) -> tuple[list[str], dict[int, list[str]]]:
     """The op's keys on ``here``, and on each other shard."""
     by_shard: dict[int, list[str]] = defaultdict(list)

@@ -85,7 +85,7 @@ class Coordinator:
         )
         if holds is None:
             return False
-        states = {key: owner.states[key] for owner, hold in holds for key in hold.keys}
+        states = {key: owner.cached_state(key) for owner, hold in holds for key in hold.keys}
         fences = _fences((owner, hold.keys) for owner, hold in holds[1:])
         evaluated = home.executor.evaluate_now(envelope, states, fences)
         pending = self._prepared(run, [home, *others], states, evaluated, holds)
@@ -237,7 +237,7 @@ class Coordinator:
         finished (callers that resubmitted it while it ran have not been told yet)."""
         for owner in pending.owners:
             for key, state in pending.writes.get(owner.shard, []):
-                owner.states.committed(key, state or None)
+                owner.committed(key, state or None)
         run = pending.run
         self._services.finish(
             run, pending.outcome, store=False, replies=run.replies[pending.replied :]
@@ -533,5 +533,5 @@ def _fences(held: Iterable[tuple[LocalShard, Sequence[str]]]) -> dict[str, int]:
     """A fencing token from each holding shard's owner, for the keys it holds."""
     fences: dict[str, int] = {}
     for owner, keys in held:
-        fences.update(dict.fromkeys(keys, owner.executor.next_fence()))
+        fences.update(dict.fromkeys(keys, owner.next_fence()))
     return fences

@@ -37,15 +37,23 @@ Topic = tuple[str, str, int] | tuple[str, str, int, int]
 
 
 class LocalShard(Protocol):
-    """A shard this worker owns, as a cross-shard op of another of its shards uses it."""
+    """A shard this worker owns, as a cross-shard op of another of its shards uses it: its
+    keys held, read and written through these calls only."""
 
     shard: int
     epoch: int
     keys: ShardKeys
-    states: KeyStates
-    executor: Executor
     #: The owner's writes, for a commit that writes this shard's keys (see ``WriteChain``).
     write_chain: WriteChain
+
+    def cached_state(self, key: str) -> str | None:
+        """The committed state of a key held with :meth:`try_hold` (cached: it is idle)."""
+
+    def next_fence(self) -> int:
+        """A fencing token of this shard's, for an op that writes keys it holds."""
+
+    def committed(self, key: str, state: str | None) -> None:
+        """A commit across shards wrote ``key``'s new state."""
 
     def entries_waiting(self) -> None:
         """New entries were appended to the shard (its next step fetches them)."""
@@ -60,6 +68,14 @@ class LocalShard(Protocol):
 
     def release(self, hold: Hold) -> None:
         """End a hold :meth:`try_hold` took."""
+
+
+class HomeShard(LocalShard, Protocol):
+    """The shard a cross-shard op is homed on, as its own coordinator (or participant) uses
+    it: its key states and its op execution too."""
+
+    states: KeyStates
+    executor: Executor
 
 
 @dataclass(slots=True)
