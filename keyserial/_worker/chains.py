@@ -66,10 +66,11 @@ class Coordination(Protocol):
 
 
 class Chains:
-    """The queues of a shard's keys. ``task_group`` is set while the runner runs."""
+    """The queues of a shard's keys, between the runner's :meth:`open` and :meth:`close`."""
 
     def __init__(self, executor: Executor, coordination: Coordination) -> None:
-        self.task_group: TaskGroup | None = None
+        #: Where the chains' tasks run while the runner runs; None before and after.
+        self._task_group: TaskGroup | None = None
         self._executor = executor
         self._coordination = coordination
         self._chains: dict[str, deque[Run | Barrier | Hold]] = {}
@@ -97,7 +98,7 @@ class Chains:
 
     def try_hold(self, keys: tuple[str, ...]) -> Hold | None:
         """Hold ``keys`` now if nothing is queued on them (no task needed), else None."""
-        if self.task_group is None or any(key in self._chains for key in keys):
+        if self._task_group is None or any(key in self._chains for key in keys):
             return None
         item = Hold(keys)
         for key in keys:
@@ -108,7 +109,7 @@ class Chains:
         """Queue a hold on ``keys``: its ``held`` is set once every op queued on them before it
         has run; ops queued after it wait until :meth:`release`."""
         item = Hold(keys)
-        if self.task_group is None:  # the runner has stopped
+        if self._task_group is None:  # the runner has stopped
             item.abandoned = True
             return item
         if not any(key in self._chains for key in keys):
@@ -127,7 +128,7 @@ class Chains:
         if item.released is not None:
             item.released.set()
             return
-        if item.abandoned or self.task_group is None:
+        if item.abandoned or self._task_group is None:
             return
         for key in item.keys:
             chain = self._chains[key]
@@ -137,8 +138,14 @@ class Chains:
             else:
                 del self._chains[key]
 
-    def abandon_holds(self) -> None:
-        """The runner stopped: its chains will never reach the holds still waiting."""
+    def open(self, task_group: TaskGroup) -> None:
+        """The runner runs: chains start their tasks in ``task_group``."""
+        self._task_group = task_group
+
+    def close(self) -> None:
+        """The runner stopped: no chain starts again, and the holds still waiting are
+        abandoned (the chains will never reach them)."""
+        self._task_group = None
         for item in self._holds:
             item.abandoned = True
             assert item.held is not None, "only queued holds wait"
@@ -183,5 +190,5 @@ class Chains:
         del self._chains[key]
 
     def _start_chain(self, key: str) -> None:
-        assert self.task_group is not None, "the runner sets task_group before scheduling"
-        self.task_group.start_soon(self._run_chain, key)
+        assert self._task_group is not None, "the runner opens the chains before scheduling"
+        self._task_group.start_soon(self._run_chain, key)

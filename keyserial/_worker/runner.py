@@ -147,7 +147,8 @@ class ShardRunner:
         try:
             await self._preload()
             async with anyio.create_task_group() as task_group:
-                self._task_group = self._chains.task_group = task_group
+                self._task_group = task_group
+                self._chains.open(task_group)
                 task_group.start_soon(self._poll)
                 await self._step_loop()
                 task_group.cancel_scope.cancel()
@@ -155,8 +156,8 @@ class ShardRunner:
             self._ended = True
             self._replayed.set()  # (holds waiting for it find the runner ended: abandoned)
             self.states.end()  # flush() waiters from other shards' coordinators
-            self._task_group = self._chains.task_group = None
-            self._chains.abandon_holds()
+            self._task_group = None
+            self._chains.close()
 
     async def _preload(self) -> None:
         """Load every state of a small shard, so steps need not read any. (The epoch is ours
