@@ -18,7 +18,7 @@ import keyserial
 from keyserial import PoisonOperation, ResultNotFound
 from keyserial._backend.backend import Backend
 from keyserial._scripts.lease import AcquireArgs, acquire
-from keyserial.cli.deadletters import envelopes
+from keyserial._wire.codec import dead_letter_envelopes as envelopes
 from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests import apps
 from tests.entries import append_entry, envelope

@@ -112,7 +112,10 @@ def _not_json_argument(call: Call[Any], exc: TypeError | ValueError) -> TypeErro
 
 
 def _short(value: Any) -> str:
-    text = reprlib.repr(value)  # (bounded in depth and length: the value may nest deeply)
+    return _clipped(reprlib.repr(value))  # (bounded in depth and length: it may nest deeply)
+
+
+def _clipped(text: str) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -213,6 +216,33 @@ def _decode_envelope(item: Any) -> Envelope | MalformedEntry:
         return MalformedEntry(problem, op_id=op_id, reply=reply)
     assert isinstance(name, str)
     return Envelope(op_id, tuple(str(key) for key in keys), name, args, kwargs, reply, multi)
+
+
+def dead_letter_envelopes(raw: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The op envelopes in a dead letter's ``raw`` that can be appended again, and why each
+    other element cannot. ``raw`` is a poison op's envelope (re-encoded by the server's Lua
+    ``cjson``, which writes an empty array as ``{}``), an unreadable entry's fields
+    (``{"v": ..., "ops": "<text>"}``), or an element of an entry that is no envelope."""
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return [], ["raw is not JSON"]
+    items: list[Any] = [value]
+    if isinstance(value, dict) and "id" not in value and isinstance(value.get("ops"), str):
+        try:
+            ops = json.loads(value["ops"])  # an unreadable entry's fields
+        except ValueError:
+            return [], ["the entry's ops are not JSON"]
+        items = ops if isinstance(ops, list) else [ops]
+    found, skipped = [], []
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
+            skipped.append(f"no op id: {_clipped(json.dumps(item))}")
+        elif item.get("args") == {}:  # cjson writes an empty Lua table as an object
+            found.append({**item, "args": []})
+        else:
+            found.append(item)
+    return found, skipped
 
 
 def _distinct_keys(keys: Any) -> bool:

@@ -26,7 +26,7 @@ from typing import Any
 from .._backend.backend import Backend
 from .._scripts.refusals import BacklogRefused
 from .._scripts.submit import SubmitArgs, submit
-from .._wire.codec import WIRE_VERSION, pack_entry
+from .._wire.codec import WIRE_VERSION, dead_letter_envelopes, pack_entry
 from .._wire.json_text import dumps
 from .._wire.layout import ShardKeys
 from .._wire.routing import home_shard as routed_home
@@ -55,7 +55,7 @@ class DeadLetter:
         }
 
     def op_ids(self) -> list[str]:
-        return [envelope["id"] for envelope in envelopes(self.raw)[0]]
+        return [envelope["id"] for envelope in dead_letter_envelopes(self.raw)[0]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,36 +100,6 @@ async def read(
     return found
 
 
-def envelopes(raw: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """The op envelopes in a dead letter's ``raw`` that can be appended again, and why each
-    other element cannot."""
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return [], ["raw is not JSON"]
-    items: list[Any] = [value]
-    if isinstance(value, dict) and "id" not in value and isinstance(value.get("ops"), str):
-        try:
-            ops = json.loads(value["ops"])  # an unreadable entry's fields
-        except ValueError:
-            return [], ["the entry's ops are not JSON"]
-        items = ops if isinstance(ops, list) else [ops]
-    found, skipped = [], []
-    for item in items:
-        if not isinstance(item, dict) or not isinstance(item.get("id"), str) or not item["id"]:
-            skipped.append(f"no op id: {_short(item)}")
-        elif item.get("args") == {}:  # cjson writes an empty Lua table as an object
-            found.append({**item, "args": []})
-        else:
-            found.append(item)
-    return found, skipped
-
-
-def _short(item: Any) -> str:
-    shown = json.dumps(item)
-    return shown if len(shown) <= 60 else shown[:57] + "..."
-
-
 def home_shard(envelope: dict[str, Any], shard_count: int) -> int | None:
     """The shard an envelope belongs on (a multi-key op's: the lowest of its keys'), or None
     if it names no key to route by."""
@@ -165,7 +135,7 @@ async def replay(
     :raises ReplayStopped: when a shard's backlog is full (nothing of that shard appended,
         nor of the shards after it; the ops appended before are in the error).
     """
-    found, skipped = envelopes(letter.raw)
+    found, skipped = dead_letter_envelopes(letter.raw)
     by_shard: dict[int, list[dict[str, Any]]] = {}
     for envelope in found:
         shard = home_shard(envelope, shard_count)
