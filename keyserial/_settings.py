@@ -93,9 +93,14 @@ class Settings:
     max_inflight: int = _positive(4096)
     #: Seconds between an owner's fetches when no wake-up asks for one (a lost one costs this).
     idle_poll: float = _positive(1.0)
-    #: A worker taking over a shard with at most this many keys' states loads them all, then
-    #: never reads a state from Redis again (0: never; larger shards' states load as ops need).
+    #: A worker taking over a shard with at most this many keys' states (and at most
+    #: ``max_cached_states``) loads them all, then reads no state from Redis while none is
+    #: evicted (0: never; larger shards' states load as ops need them).
     preload_states: int = _not_negative(10_000)
+    #: Keys' states a shard's owner keeps in memory. Past it, the idle ones loaded first (no op
+    #: queued, running or uncommitted on them) are dropped, down to 90% of it, and read again
+    #: from Redis when an op needs them: a worker's memory is bounded whatever the key count.
+    max_cached_states: int = _positive(10_000)
     #: Largest encoded state or result one op may commit; an op over it fails (ValueError) and
     #: writes nothing. (A state is written whole at every commit that changes it.)
     max_state_bytes: int = _positive(16 << 20)

@@ -755,6 +755,19 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_reliability.py::test_a_server_out_of_memory_is_waited_out_and_blames_no_op",),
     ),
     Mutant(
+        "busy-state-evicted",
+        "G2.7",
+        "the state cache drops a key that a queued or running op still needs",
+        (
+            Edit(
+                "keyserial/_worker/keystates.py",
+                "            if key not in waiting and not busy(key):\n",
+                "            if key not in waiting:\n",
+            ),
+        ),
+        ("tests/test_state_cache.py::test_a_key_an_op_still_needs_is_never_dropped" + _STANDALONE,),
+    ),
+    Mutant(
         "second-signal-keeps-draining",
         "G6.7",
         "a second SIGTERM or SIGINT while a worker drains changes nothing",

@@ -138,6 +138,11 @@ class Chains:
             else:
                 del self._chains[key]
 
+    def holds_key(self, key: str) -> bool:
+        """Whether something is queued on ``key``: an op (running or waiting), a barrier or a
+        hold."""
+        return key in self._chains
+
     def open(self, task_group: TaskGroup) -> None:
         """The runner runs: chains start their tasks in ``task_group``."""
         self._task_group = task_group

@@ -112,6 +112,29 @@ class KeyStates:
         """A key of another shard, looked up by a fetch that named it: not this owner's."""
         self._cache.pop(key, None)
 
+    def evict(self, down_to: int, busy: Callable[[str], bool]) -> int:
+        """Drop the committed states of idle keys, the first loaded first, until at most
+        ``down_to`` are cached; how many were dropped. A key is idle if none of its writes or
+        outcomes waits for a step or rides in one, and ``busy`` says no op needs it. Once one
+        is dropped the cache is no longer :attr:`complete`: a key it lacks is read again."""
+        excess = len(self._cache) - down_to
+        if excess <= 0:
+            return 0
+        waiting = self._pending | self._answered
+        if self._steps_done < self._steps_started:
+            waiting |= self._in_flight
+        idle = []
+        for key in self._cache:
+            if key not in waiting and not busy(key):
+                idle.append(key)
+                if len(idle) == excess:
+                    break
+        for key in idle:
+            del self._cache[key]
+        if idle:
+            self._cache.complete = False
+        return len(idle)
+
     # -- steps ---------------------------------------------------------------------------------
 
     def start_step(self) -> tuple[int, list[tuple[str, str]]]:

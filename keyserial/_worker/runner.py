@@ -162,7 +162,7 @@ class ShardRunner:
     async def _preload(self) -> None:
         """Load every state of a small shard, so steps need not read any. (The epoch is ours
         already: an earlier owner's late writes are fenced out.)"""
-        limit = self._settings.preload_states
+        limit = min(self._settings.preload_states, self._settings.max_cached_states)
         if not limit or await self._retrying(lambda: self._backend.state_count(self.keys)) > limit:
             return
         loaded = await self._retrying(lambda: self._backend.all_states(self.keys))
@@ -263,6 +263,7 @@ class ShardRunner:
         keeps their effects, and the next commit of those keys writes the effects alone."""
         batch, self._finished = self._finished, []
         dead, self._dead = self._dead, []
+        self._evict_idle_states()
         number, writes = self.states.start_step()
         pushed_to = self._wakeups.pushed_to
         commit = self._commits.plan(batch, dead, writes, pushed=bool(pushed_to))
@@ -309,6 +310,20 @@ class ShardRunner:
         for key, state in fetched.states.items():
             self.states.load(key, state)
         return fetched
+
+    def _evict_idle_states(self) -> None:
+        """Keep at most ``max_cached_states`` states in memory: past it, drop idle ones (see
+        :meth:`KeyStates.evict`), down to 90% of it, so that eviction runs once in a while,
+        not at every step. Called before each step and wherever another shard's cross-shard op
+        adds states (a key it holds or commits stays until that op has let it go)."""
+        bound = self._settings.max_cached_states
+        if len(self.states) <= bound:
+            return
+        needed = {key for run in self._running.values() for key in run.envelope.keys}
+        dropped = self.states.evict(
+            bound * 9 // 10, lambda key: key in needed or self._chains.holds_key(key)
+        )
+        log.debug("shard %d: %d idle states dropped from memory", self.shard, dropped)
 
     async def _commit_through(self, run: Run) -> None:
         """Commit until ``run`` (the suspect) has committed, scheduling nothing else meanwhile.
@@ -421,6 +436,7 @@ class ShardRunner:
                 if missing and not self._ended:
                     for key, state in zip(missing, await self._read_states(missing), strict=True):
                         self.states.load(key, None if state is None else state.decode())
+                    self._evict_idle_states()
             yield None if hold.abandoned or self._ended else {key: self.states[key] for key in keys}
         finally:
             self._chains.release(hold)
@@ -446,6 +462,7 @@ class ShardRunner:
 
     def committed(self, key: str, state: str | None) -> None:
         self.states.committed(key, state)
+        self._evict_idle_states()
 
     # -- talking to Redis ----------------------------------------------------------------------
 
