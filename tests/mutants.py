@@ -768,6 +768,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_state_cache.py::test_a_key_an_op_still_needs_is_never_dropped" + _STANDALONE,),
     ),
     Mutant(
+        "op-sets-never-compared",
+        "G8.16",
+        "workers of the same shards with different op sets pass for the same",
+        (
+            Edit(
+                "keyserial/_wire/roster.py",
+                " or set(other.ops) == set(mine.ops):",
+                ":",
+            ),
+        ),
+        (
+            "tests/test_status.py::test_status_lists_standby_workers_and_workers_whose_ops_differ"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
         "second-signal-keeps-draining",
         "G6.7",
         "a second SIGTERM or SIGINT while a worker drains changes nothing",

@@ -20,7 +20,7 @@ from keyserial._backend.backend import Backend
 from keyserial.cli import status as _status
 from keyserial.ledger import deposit
 from keyserial.testing import LocalServer, ShardKeys, running_worker
-from tests.helpers import ROOT, keys_on_shard
+from tests.helpers import ROOT, Starter, keys_on_shard, wait_for_log
 
 
 async def keyserial_cli(*args: str) -> tuple[int, str, str]:
@@ -123,7 +123,37 @@ async def test_status_table_lists_every_shard_and_exits_0_when_all_are_owned(
     assert lines[1].split()[:2] == ["SHARD", "OWNER"]
     for shard, line in enumerate(lines[2:5]):
         assert line.split()[:2] == [str(shard), f"{socket.gethostname()}:{os.getpid()}"]
-    assert lines[5] == "ok: every shard has an owner"
+    assert lines[5].split()[:3] == ["WORKER", "(host:pid)", "OWNS"]
+    assert lines[6].split()[:3] == [f"{socket.gethostname()}:{os.getpid()}", "0-2", "-"]
+    assert lines[7] == "ok: every shard has an owner"
+
+
+async def test_status_lists_standby_workers_and_workers_whose_ops_differ(
+    redis_url: str, namespace: str, start: Starter
+) -> None:
+    """Every running worker is on the roster: status shows which shards each owns and stands
+    by for, and flags two workers of the same shards with other op sets; the one started
+    second says so in its log, naming the ops it lacks."""
+    async with running_worker(
+        redis_url, namespace, shards=[0, 1], shard_count=2, apps=["tests.apps"]
+    ) as owner:
+        standby = start(redis_url, namespace, shards="0-1", shard_count=2, apps=())
+        await wait_for_log(standby, "also serves shards 0-1, with other ops")
+        assert "it runs append, " in standby.log()  # (tests.apps' ops, which it lacks)
+        code, out, err = await keyserial_cli(
+            "status", "--json", "--redis", redis_url, "--namespace", namespace, "--interval", "0.1"
+        )
+    assert code == 0, err
+    by_pid = {worker["pid"]: worker for worker in json.loads(out)["workers"]}
+    assert set(by_pid) == {os.getpid(), standby.pid}
+    mine, theirs = by_pid[os.getpid()], by_pid[standby.pid]
+    assert mine["worker"] == owner.token
+    assert (mine["serves"], mine["owns"], mine["standby"]) == ([0, 1], [0, 1], [])
+    assert (theirs["serves"], theirs["owns"], theirs["standby"]) == ([0, 1], [], [0, 1])
+    assert "append" in mine["ops"] and "append" not in theirs["ops"]
+    assert "deposit" in mine["ops"] and "deposit" in theirs["ops"]
+    assert mine["ops_differ_from"] == [theirs["worker"]]
+    assert theirs["ops_differ_from"] == [mine["worker"]]
 
 
 async def test_ops_per_second_counts_the_ops_committed_between_two_snapshots(

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 from .._scripts.calls import ScriptArg, ScriptCall, decoded
 from .._scripts.refusals import ScriptMissing
-from .._wire.layout import ShardKeys, meta_key, signers_key
+from .._wire.layout import ShardKeys, meta_key, roster_key, signers_key
 from ..errors import ConfigError, ShardCountMismatch
 
 Command = Sequence[ScriptArg]
@@ -118,14 +118,29 @@ class Commands:
 
     async def list_signer(self, namespace: str, signer_id: str, record: str) -> dict[bytes, bytes]:
         """Write a reply signer's entry in the namespace's signers hash; every entry listed."""
-        key = signers_key(namespace)
-        _, listed = raise_errors(
-            await self.pipeline([("HSET", key, signer_id, record), ("HGETALL", key)])
-        )
-        return _as_dict(listed)
+        return await self._renew_listing(signers_key(namespace), signer_id, record)
 
     async def drop_signers(self, namespace: str, signer_ids: Sequence[str | bytes]) -> None:
         raise_errors(await self.pipeline([("HDEL", signers_key(namespace), *signer_ids)]))
+
+    async def list_worker(self, namespace: str, token: str, entry: str) -> dict[bytes, bytes]:
+        """Write a worker's roster entry; every entry listed."""
+        return await self._renew_listing(roster_key(namespace), token, entry)
+
+    async def drop_workers(self, namespace: str, tokens: Sequence[str | bytes]) -> None:
+        raise_errors(await self.pipeline([("HDEL", roster_key(namespace), *tokens)]))
+
+    async def roster(self, namespace: str) -> dict[bytes, bytes]:
+        """The namespace's roster of workers, as listed (see ``_wire.roster``)."""
+        (listed,) = raise_errors(await self.pipeline([("HGETALL", roster_key(namespace))]))
+        return _as_dict(listed)
+
+    async def _renew_listing(self, key: str, field: str, record: str) -> dict[bytes, bytes]:
+        """Write one entry of a hash that processes list themselves in; every entry."""
+        _, listed = raise_errors(
+            await self.pipeline([("HSET", key, field, record), ("HGETALL", key)])
+        )
+        return _as_dict(listed)
 
     async def signer_records(self, namespace: str, signer_ids: Sequence[str]) -> list[bytes | None]:
         """The signers hash's entries for ``signer_ids`` (None where there is none)."""

@@ -65,6 +65,11 @@ def signers_key(namespace: str) -> str:
     return f"ks:{namespace}:signers"
 
 
+def roster_key(namespace: str) -> str:
+    """The hash in which running workers list themselves (see ``_wire.roster``)."""
+    return f"ks:{namespace}:workers"
+
+
 def worker_channel(namespace: str, token: str) -> str:
     """A worker's coordination channel: grants and decisions of cross-shard ops."""
     return f"ks:{namespace}:worker:{token}"

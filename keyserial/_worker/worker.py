@@ -10,6 +10,7 @@ write.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -30,6 +31,7 @@ from .._scripts.lease import LeaseGrant
 from .._settings import Settings
 from .._wire.codec import GRANT_OP, parse_push
 from .._wire.layout import ShardKeys, worker_channel
+from .._wire.roster import ROSTER_RENEW, OpSetMismatch, WorkerEntry, live_entries, mismatches
 from .._wire.routing import format_shards, parse_shards
 from .._wire.signing import SIGNER_RENEW, SIGNER_TTL, ReplySigner, signer_renewed_at
 from ..errors import BackendUnavailable, ConfigError, LeaseLost
@@ -140,12 +142,13 @@ class Worker:
                 # subscribed or taken a shard.)
                 await task_group.start(self.metrics.serve)
                 await task_group.start(self._keep_signer_listed, backend)
+                task_group.start_soon(self._keep_on_roster, backend)
                 task_group.start_soon(self._pipeliner.serve)
                 await task_group.start(self._listen_for_wakeups, backend)
                 task_group.start_soon(self._leases.keep, self.shards, self._stop)
                 self._started.set()
                 await self._stop.wait()
-                await self._shut_down()
+                await self._shut_down(backend)
                 task_group.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
@@ -169,6 +172,39 @@ class Worker:
                 await anyio.sleep(SIGNER_RENEW)
             else:
                 await backoff.sleep()
+
+    async def _keep_on_roster(self, backend: Backend) -> None:
+        """Keep this worker on the namespace's roster (``_wire.roster``), drop the entries of
+        workers that stopped renewing theirs, and warn, once each, of a worker that serves some
+        of the same shards with another op set."""
+        warned: set[OpSetMismatch] = set()
+        failing = False
+        while True:
+            entry = WorkerEntry(
+                self.token, tuple(self.shards), tuple(self.registry.names()), time.time()
+            )
+            try:
+                live = await self._renew_roster_entry(backend, entry)
+            except Exception as exc:
+                if not failing:  # (once per outage: the leases' warnings say the rest)
+                    log.warning("listing this worker on the roster: %s (retrying)", exc)
+                failing = True
+            else:
+                failing = False
+                for mismatch in set(mismatches(entry, live)) - warned:
+                    warned.add(mismatch)
+                    log.warning("%s", mismatch.describe())
+            await anyio.sleep(ROSTER_RENEW)
+
+    async def _renew_roster_entry(self, backend: Backend, entry: WorkerEntry) -> list[WorkerEntry]:
+        """Write ``entry``, drop the stale ones; the live entries."""
+        namespace = self.settings.namespace
+        live, dropped = live_entries(
+            await backend.list_worker(namespace, self.token, entry.encode())
+        )
+        if dropped:
+            await backend.drop_workers(namespace, dropped)
+        return live
 
     async def _connect_unless_stopped(self) -> Backend | None:
         """:meth:`_client.connect`, given up (None) as soon as :meth:`stop` is called: a worker told
@@ -345,7 +381,7 @@ class Worker:
 
     # -- shutdown ----------------------------------------------------------------------------
 
-    async def _shut_down(self) -> None:
+    async def _shut_down(self, backend: Backend) -> None:
         """Drain every runner (bounded by one lease TTL), then release the leases."""
         holders = dict(self._owned)
         for holder in holders.values():
@@ -368,6 +404,8 @@ class Worker:
             [s for s in holders if self._owned.get(s) is holders[s]], clean=True
         )
         self._owned.clear()
+        with contextlib.suppress(Exception):  # (else it drops out of the roster when stale)
+            await backend.drop_workers(self.settings.namespace, [self.token])
 
 
 async def _list_signer(backend: Backend, namespace: str, signer: ReplySigner) -> bool:

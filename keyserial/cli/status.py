@@ -23,6 +23,8 @@ from .._backend.commands import raise_errors
 from .._scripts.submit import StatusReply
 from .._scripts.submit import status as status_call
 from .._wire.layout import ShardKeys
+from .._wire.roster import WorkerEntry, live_entries, mismatches
+from .._wire.routing import format_shards
 from ..errors import ConfigError
 from .arguments import Subcommands, connection_options, run_connected, seconds
 
@@ -34,6 +36,10 @@ class Owner:
     worker: str
     host: str
     pid: int | None
+
+    @property
+    def host_pid(self) -> str:
+        return f"{self.host}:{self.pid}"
 
     @classmethod
     def parse(cls, token: str) -> Owner:
@@ -141,24 +147,72 @@ def unowned(statuses: Sequence[ShardStatus]) -> list[int]:
     return [status.snapshot.shard for status in statuses if status.snapshot.owner is None]
 
 
-def as_json(namespace: str, statuses: Sequence[ShardStatus]) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    """A worker on the roster: the shards it serves, those it owns now, and its ops."""
+
+    entry: WorkerEntry
+    owns: tuple[int, ...]
+    #: Workers that serve some of the same shards with another op set.
+    differs_from: tuple[str, ...]
+
+    @property
+    def standby(self) -> tuple[int, ...]:
+        return tuple(shard for shard in self.entry.shards if shard not in self.owns)
+
+    def as_json(self) -> dict[str, Any]:
+        owner = Owner.parse(self.entry.token)
+        return {
+            "worker": self.entry.token,
+            "host": owner.host,
+            "pid": owner.pid,
+            "serves": list(self.entry.shards),
+            "owns": list(self.owns),
+            "standby": list(self.standby),
+            "ops": list(self.entry.ops),
+            "ops_differ_from": list(self.differs_from),
+        }
+
+
+def workers(entries: Sequence[WorkerEntry], statuses: Sequence[ShardStatus]) -> list[WorkerStatus]:
+    """Each live roster entry with the shards it owns in ``statuses``."""
+    owners: dict[str, list[int]] = {}
+    for status in statuses:
+        if status.snapshot.owner is not None:
+            owners.setdefault(status.snapshot.owner.worker, []).append(status.snapshot.shard)
+    return [
+        WorkerStatus(
+            entry,
+            tuple(owners.get(entry.token, ())),
+            tuple(mismatch.other for mismatch in mismatches(entry, entries)),
+        )
+        for entry in entries
+    ]
+
+
+def as_json(
+    namespace: str, statuses: Sequence[ShardStatus], roster: Sequence[WorkerStatus] = ()
+) -> dict[str, Any]:
     return {
         "namespace": namespace,
         "shard_count": len(statuses),
         "healthy": not unowned(statuses),
         "shards": [status.as_json() for status in statuses],
+        "workers": [worker.as_json() for worker in roster],
     }
 
 
 _COLUMNS = ("SHARD", "OWNER (host:pid)", "EPOCH", "LEASE", "BACKLOG", "OLDEST", "DEAD", "OPS/S")
 
 
-def render_table(namespace: str, statuses: Sequence[ShardStatus]) -> str:
-    """The human view: one row per shard, then a verdict line."""
+def render_table(
+    namespace: str, statuses: Sequence[ShardStatus], roster: Sequence[WorkerStatus] = ()
+) -> str:
+    """The human view: one row per shard, one per worker, then a verdict line."""
     rows = [_COLUMNS]
     for status in statuses:
         now = status.snapshot
-        owner = "-" if now.owner is None else f"{now.owner.host}:{now.owner.pid}"
+        owner = "-" if now.owner is None else now.owner.host_pid
         rows.append(
             (
                 str(now.shard),
@@ -171,18 +225,40 @@ def render_table(namespace: str, statuses: Sequence[ShardStatus]) -> str:
                 "-" if status.ops_per_s is None else f"{status.ops_per_s:.1f}",
             )
         )
-    widths = [max(len(row[column]) for row in rows) for column in range(len(_COLUMNS))]
-    lines = [f"namespace {namespace!r}: {len(statuses)} shards"]
-    lines += [
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
+    lines = [f"namespace {namespace!r}: {len(statuses)} shards", *_aligned(rows)]
+    if roster:
+        lines += _aligned([_WORKER_COLUMNS, *(_worker_row(worker) for worker in roster)])
     missing = unowned(statuses)
     if missing:
         lines.append(f"UNHEALTHY: no worker owns shard(s) {', '.join(map(str, missing))}")
     else:
         lines.append("ok: every shard has an owner")
     return "\n".join(lines)
+
+
+_WORKER_COLUMNS = ("WORKER (host:pid)", "OWNS", "STANDBY FOR", "OPS")
+
+
+def _worker_row(worker: WorkerStatus) -> tuple[str, ...]:
+    owner = Owner.parse(worker.entry.token)
+    ops = f"{len(worker.entry.ops)} ops"
+    if worker.differs_from:
+        others = ", ".join(Owner.parse(other).host_pid for other in worker.differs_from)
+        ops += f" (NOT THE SAME AS {others})"
+    return (
+        owner.host_pid,
+        format_shards(worker.owns) if worker.owns else "-",
+        format_shards(worker.standby) if worker.standby else "-",
+        ops,
+    )
+
+
+def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(row[column]) for row in rows) for column in range(len(rows[0]))]
+    return [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
 
 
 def _duration(ms: int | None) -> str:
@@ -235,8 +311,9 @@ async def _run_status(backend: Backend, args: argparse.Namespace) -> int:
                 await anyio.sleep(args.interval)
                 after = await snapshot(backend, args.namespace, shards)
                 statuses = compare(before, after)
+                roster, _ = live_entries(await backend.roster(args.namespace))
                 healthy = not unowned(statuses)
-                _print_status(args, statuses)
+                _print_status(args, statuses, workers(roster, statuses))
                 if not args.watch:
                     break
                 before = after
@@ -251,11 +328,13 @@ async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
             return
 
 
-def _print_status(args: argparse.Namespace, statuses: list[ShardStatus]) -> None:
+def _print_status(
+    args: argparse.Namespace, statuses: list[ShardStatus], roster: list[WorkerStatus]
+) -> None:
     if args.json:
-        print(json.dumps(as_json(args.namespace, statuses)), flush=True)
+        print(json.dumps(as_json(args.namespace, statuses, roster)), flush=True)
         return
-    table = render_table(args.namespace, statuses)
+    table = render_table(args.namespace, statuses, roster)
     if args.watch and sys.stdout.isatty():
         table = _CLEAR_SCREEN + table
     elif args.watch:
