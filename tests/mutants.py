@@ -784,6 +784,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "enqueue-waits-for-the-op",
+        "G7.17",
+        "enqueue returns only once the op has run, as submit does",
+        (
+            Edit(
+                "keyserial/_client/pending.py",
+                "        if self.appended_only:\n            self.settle(APPENDED)\n",
+                "",
+            ),
+        ),
+        (
+            "tests/test_enqueue.py::"
+            "test_an_enqueued_op_returns_once_appended_and_runs_when_a_worker_comes" + _STANDALONE,
+        ),
+    ),
+    Mutant(
         "second-signal-keeps-draining",
         "G6.7",
         "a second SIGTERM or SIGINT while a worker drains changes nothing",

@@ -85,6 +85,28 @@ class Client(abc.ABC):
         check_key(key)
         return await self._checked_submit(key, self.shard_of(key), call, timeout, op_id)
 
+    async def enqueue(
+        self, key: str, call: Call[Any], *, op_id: str | None = None, timeout: float | None = None
+    ) -> str:
+        """Append ``call`` for ``key`` as :meth:`submit` does, and return its op id as soon as
+        it is appended, without waiting for it to run: fetch its outcome later with
+        ``ks.result(op_id, key=key)`` (``ResultNotFound`` until it has run).
+
+        ``timeout`` bounds the wait for the append (default: ``submit_timeout``). Sending it
+        again under the returned (or a given) ``op_id`` never runs it twice.
+
+        :raises SubmitTimeout: if it was not appended within ``timeout``; it may still apply.
+        Raises as :meth:`submit` does before anything is sent (``PayloadTooLarge``,
+        ``TypeError``, ``ValueError``), and ``BacklogFull`` or ``BackendUnavailable`` when the
+        append fails (then it may have been appended: enqueue it again under the same op id).
+        """
+        check_key(key)
+        check_call(call)
+        seconds = self._timeout(timeout)
+        if op_id is not None:
+            check_op_id(op_id, submitted=True)
+        return await self._enqueue(key, self.shard_of(key), call, seconds, op_id)
+
     async def submit_many(
         self,
         keys: Sequence[str],
@@ -156,6 +178,12 @@ class Client(abc.ABC):
     ) -> R:
         """Append the op to ``shard`` and wait for its outcome (``timeout``: seconds, or
         ``math.inf``)."""
+
+    @abc.abstractmethod
+    async def _enqueue(
+        self, keys: Keys, shard: int, call: Call[Any], timeout: float, op_id: str | None
+    ) -> str:
+        """Append the op to ``shard``; its op id once appended."""
 
     @abc.abstractmethod
     async def _state(self, shard: int, key: str) -> Any:

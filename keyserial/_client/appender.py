@@ -116,7 +116,7 @@ class Appender:
         for (shard, group), reply in zip(entries, replies, strict=True):
             if isinstance(reply, bytes):
                 for pending in group:
-                    pending.entry = reply
+                    pending.appended(reply)
             elif isinstance(reply, BackendUnavailable):
                 refused += group  # "not now" (BUSY, LOADING): nothing was appended
             elif isinstance(reply, Exception):

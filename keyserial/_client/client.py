@@ -141,6 +141,33 @@ class AsyncioClient(Client):
     async def _send(
         self, keys: Keys, shard: int, call: Call[R], timeout: float, op_id: str | None
     ) -> R:
+        pending = await self._settled(keys, shard, call, timeout, op_id, appended_only=False)
+        value: R = self._unwrap(pending)
+        return value
+
+    async def _enqueue(
+        self, keys: Keys, shard: int, call: Call[Any], timeout: float, op_id: str | None
+    ) -> str:
+        pending = await self._settled(keys, shard, call, timeout, op_id, appended_only=True)
+        if isinstance(pending.outcome, BaseException):
+            raise pending.outcome
+        return pending.op_id  # (appended; or answered already, which it could only be if so)
+
+    async def _settled(
+        self,
+        keys: Keys,
+        shard: int,
+        call: Call[Any],
+        timeout: float,
+        op_id: str | None,
+        *,
+        appended_only: bool,
+    ) -> Pending:
+        """Queue the op for the appender and wait until its pending submit is settled: with
+        its outcome, or (``appended_only``) as soon as it is appended.
+
+        :raises SubmitTimeout: if it is not settled within ``timeout`` seconds.
+        """
         loop = self._check_loop()
         fresh = op_id is None
         op_id = op_id or self.new_op_id()
@@ -149,7 +176,15 @@ class AsyncioClient(Client):
         if size > self.settings.max_payload_bytes:
             key = keys if isinstance(keys, str) else keys[0]
             raise PayloadTooLarge(key=key, size=size, limit=self.settings.max_payload_bytes)
-        pending = Pending(op_id, keys, shard, envelope, loop.create_future(), fresh=fresh)
+        pending = Pending(
+            op_id,
+            keys,
+            shard,
+            envelope,
+            loop.create_future(),
+            fresh=fresh,
+            appended_only=appended_only,
+        )
         self._waiting[op_id].append(pending)
         self._appender.add(pending)
         # A timer, not a cancel scope: a deadline on every submit then costs next to nothing.
@@ -165,8 +200,7 @@ class AsyncioClient(Client):
             self._forget(pending)
         if pending.outcome is TIMED_OUT:
             raise await self._timed_out(pending, timeout)
-        value: R = self._unwrap(pending)
-        return value
+        return pending
 
     async def _state(self, shard: int, key: str) -> Any:
         self._check_loop()

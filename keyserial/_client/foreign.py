@@ -66,6 +66,11 @@ class ForeignLoopClient(Client):
     ) -> R:
         return await self._run(lambda: self._inner._send(keys, shard, call, timeout, op_id))
 
+    async def _enqueue(
+        self, keys: Keys, shard: int, call: Call[Any], timeout: float, op_id: str | None
+    ) -> str:
+        return await self._run(lambda: self._inner._enqueue(keys, shard, call, timeout, op_id))
+
     async def _state(self, shard: int, key: str) -> Any:
         return await self._run(lambda: self._inner._state(shard, key))
 

@@ -11,6 +11,8 @@ from ..errors import KeyserialError, OperationFailed
 
 #: What a pending submit is settled with when its timeout fires first.
 TIMED_OUT: dict[str, Any] = {}
+#: What an enqueued op is settled with once it is appended.
+APPENDED: dict[str, Any] = {}
 
 
 @dataclass(slots=True, eq=False)  # (eq=False: one submit is itself, never equal to another)
@@ -27,6 +29,8 @@ class Pending:
     _: KW_ONLY
     #: The op id was generated for this submit: no entry carried it before.
     fresh: bool
+    #: Settled once appended (:data:`APPENDED`), for an enqueue that does not wait for the op.
+    appended_only: bool = False
     outcome: dict[str, Any] | BaseException | None = field(default=None, init=False)
     since: float = field(default_factory=time.monotonic, init=False)
     #: The stream entry that carries the op, once appended (the sweep checks it is there).
@@ -48,6 +52,12 @@ class Pending:
 
     def expire(self) -> None:
         self.settle(TIMED_OUT)
+
+    def appended(self, entry: bytes) -> None:
+        """The stream entry ``entry`` carries the op now."""
+        self.entry = entry
+        if self.appended_only:
+            self.settle(APPENDED)
 
 
 def closed_while_waiting(pending: Pending, *, sent: bool) -> KeyserialError:

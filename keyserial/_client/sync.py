@@ -51,6 +51,14 @@ class SyncClient:
             lambda: self._client.submit(key, call, timeout=timeout, op_id=op_id)
         )
 
+    def enqueue(
+        self, key: str, call: Call[Any], *, op_id: str | None = None, timeout: float | None = None
+    ) -> str:
+        """:meth:`keyserial.Client.enqueue`, blocking until the op is appended."""
+        return self._hosted.run(
+            lambda: self._client.enqueue(key, call, op_id=op_id, timeout=timeout)
+        )
+
     def submit_many(
         self,
         keys: Sequence[str],
