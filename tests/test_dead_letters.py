@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -117,6 +118,40 @@ async def test_replaying_an_op_that_already_ran_does_not_run_it_again(
             # Ops on a key run in stream order: once this one ran, the replayed one was handled.
             assert await ks.submit(key, apps.peek(), timeout=10) == ["done-1"]
             assert letter["op_ids"] == ["done-1"]
+    finally:
+        await client.aclose()
+
+
+async def test_replaying_under_new_ids_runs_an_op_again_and_says_so(
+    redis_url: str, namespace: str
+) -> None:
+    """``replay --new-id``: an op that has an outcome already runs again, under a new op id
+    derived from its own, printed with the old one."""
+    key = keys_on_shard(0, SHARDS, 1)[0]
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        async with (
+            running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]),
+            keyserial.connect(redis_url, namespace=namespace) as ks,
+        ):
+            assert await ks.submit(key, apps.record(), op_id="again-1", timeout=10) == 1
+            await append_raw(client, namespace, 0, single_envelope("again-1", key))
+            await dead_lettered(client, namespace, 0, 1)
+            (letter,) = await listed(redis_url, namespace)
+
+            code, out, err = await cli(redis_url, namespace, "replay", "--new-id", letter["id"])
+            assert code == 0, err
+            replayed = re.fullmatch(
+                r"replayed op 'again-1' under the new op id '(again-1\.replay-[0-9a-f]{16})' to"
+                r" shard 0 as entry \S+ \(it runs again; its outcome is stored under the new"
+                r" id\)",
+                out.strip(),
+            )
+            assert replayed is not None, out
+            new_id = replayed[1]
+            assert await ks.submit(key, apps.peek(), timeout=10) == ["again-1", new_id]
+            assert await ks.result(new_id, key=key) == 2
+            assert await ks.result("again-1", key=key) == 1
     finally:
         await client.aclose()
 

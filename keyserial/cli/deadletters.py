@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import secrets
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -67,6 +68,8 @@ class Replayed:
     shard: int
     entry: str
     had_outcome: bool
+    #: With ``--new-id``: the op id it had in the letter (``op_id`` is the new one).
+    was: str | None = None
 
 
 def _text(value: bytes | str) -> str:
@@ -127,15 +130,27 @@ class ReplayStopped(Exception):
 
 
 async def replay(
-    backend: Backend, namespace: str, shard_count: int, letter: DeadLetter, *, max_backlog: int
+    backend: Backend,
+    namespace: str,
+    shard_count: int,
+    letter: DeadLetter,
+    *,
+    max_backlog: int,
+    new_ids: bool = False,
 ) -> tuple[list[Replayed], list[str]]:
     """Append the letter's ops again (one entry per shard they route to); what was appended,
-    and what was skipped and why.
+    and what was skipped and why. ``new_ids``: each under a new op id (and no reply channel:
+    its caller is long gone), so that it runs again even if it has an outcome.
 
     :raises ReplayStopped: when a shard's backlog is full (nothing of that shard appended,
         nor of the shards after it; the ops appended before are in the error).
     """
     found, skipped = dead_letter_envelopes(letter.raw)
+    was: dict[str, str] = {}
+    if new_ids:
+        renamed = [_renamed(envelope) for envelope in found]
+        was = {new["id"]: old["id"] for new, old in zip(renamed, found, strict=True)}
+        found = renamed
     by_shard: dict[int, list[dict[str, Any]]] = {}
     for envelope in found:
         shard = home_shard(envelope, shard_count)
@@ -163,10 +178,17 @@ async def replay(
         except BacklogRefused as exc:
             raise ReplayStopped(shard, ids, replayed, exc) from exc
         replayed += [
-            Replayed(op_id, shard, _text(entry), outcome is not None)
+            Replayed(op_id, shard, _text(entry), outcome is not None, was.get(op_id))
             for op_id, outcome in zip(ids, stored, strict=True)
         ]
     return replayed, skipped
+
+
+def _renamed(envelope: dict[str, Any]) -> dict[str, Any]:
+    """``envelope`` under a new op id, derived from its own, with no reply channel."""
+    renamed = {name: value for name, value in envelope.items() if name != "reply"}
+    renamed["id"] = f"{envelope['id']}.replay-{secrets.token_hex(8)}"
+    return renamed
 
 
 async def drop(backend: Backend, namespace: str, letter: DeadLetter) -> int:
@@ -211,6 +233,12 @@ def add_commands(commands: Subcommands) -> None:
         chosen = action.add_mutually_exclusive_group(required=True)
         chosen.add_argument("ids", nargs="*", type=_letter_id, default=[], metavar="ID")
         chosen.add_argument("--all", action="store_true", help="every dead letter selected")
+        if name == "replay":
+            action.add_argument(
+                "--new-id",
+                action="store_true",
+                help="under new op ids instead: each op runs again, even one that has an outcome",
+            )
 
 
 def _letter_id(text: str) -> str:
@@ -250,7 +278,9 @@ async def _run_dead_letters(backend: Backend, args: argparse.Namespace) -> int:
         return 0
     if args.action == "replay":
         max_backlog = args.settings.max_backlog
-        return await _replay(backend, args.namespace, shard_count, selected, max_backlog)
+        return await _replay(
+            backend, args.namespace, shard_count, selected, max_backlog, new_ids=args.new_id
+        )
     dropped = sum([await drop(backend, args.namespace, one) for one in selected])
     print(f"dropped {dropped} dead letter(s)")
     return 0
@@ -308,11 +338,13 @@ async def _replay(
     shard_count: int,
     letters: list[DeadLetter],
     max_backlog: int,
+    *,
+    new_ids: bool,
 ) -> int:
     for letter in letters:
         try:
             replayed, skipped = await replay(
-                backend, namespace, shard_count, letter, max_backlog=max_backlog
+                backend, namespace, shard_count, letter, max_backlog=max_backlog, new_ids=new_ids
             )
         except ReplayStopped as stopped:
             _print_replayed(stopped.replayed)
@@ -332,6 +364,12 @@ async def _replay(
 
 def _print_replayed(replayed: list[Replayed]) -> None:
     for op in replayed:
+        if op.was is not None:
+            print(
+                f"replayed op {op.was!r} under the new op id {op.op_id!r} to shard {op.shard} as"
+                f" entry {op.entry} (it runs again; its outcome is stored under the new id)"
+            )
+            continue
         note = (
             " (it has a stored outcome: the worker answers with it and does not run it)"
             if op.had_outcome
