@@ -630,9 +630,8 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_submit.py::"
-            "test_an_op_id_names_one_op_and_a_resubmit_of_another_op_under_it_is_refused"
-            + _STANDALONE,
+            "tests/test_wire_format.py::"
+            "test_another_op_under_a_used_op_id_is_refused_by_the_worker" + _STANDALONE,
         ),
     ),
     Mutant(
@@ -775,7 +774,7 @@ MUTANTS: tuple[Mutant, ...] = (
             Edit(
                 "keyserial/_wire/roster.py",
                 " or set(other.ops) == set(mine.ops):",
-                ":",
+                " or True:",
             ),
         ),
         (

@@ -340,6 +340,29 @@ async def test_the_submit_script_appends_an_entry_of_several_ops_run_in_array_or
         assert await client.pubsub.get_message(timeout=0.1) is None
 
 
+async def test_another_op_under_a_used_op_id_is_refused_by_the_worker(
+    redis_url: str, namespace: str
+) -> None:
+    """The worker itself refuses another op appended under an op id that has an outcome: it
+    replies MalformedOperation, never the first op's outcome, and runs nothing (a client of
+    another language gets no binding check of its own)."""
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS),
+        ForeignClient.connect(redis_url, namespace) as client,
+    ):
+        await client.read_shard_count()
+        key = "account:6"
+        shard = client.shard(key)
+        deposit = client.envelope(key, "deposit", 100)
+        await client.xadd(shard, [deposit])
+        assert (await client.replies([deposit["id"]]))[deposit["id"]] == {"ok": 100}
+        await client.xadd(shard, [{**deposit, "args": [7]}])
+        refused = (await client.replies([deposit["id"]]))[deposit["id"]]
+        assert refused["error"]["type"] == "keyserial.MalformedOperation"
+        assert "belongs to another op" in refused["error"]["message"]
+        assert await client.commands.hget(client.state(shard), key) == "100"
+
+
 async def test_refused_ops_carry_the_documented_error_types(redis_url: str, namespace: str) -> None:
     async with (
         running_worker(redis_url, namespace, shard_count=SHARDS),

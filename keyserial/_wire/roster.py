@@ -99,7 +99,7 @@ class OpSetMismatch:
 
 def mismatches(mine: WorkerEntry, others: Sequence[WorkerEntry]) -> list[OpSetMismatch]:
     """The workers that serve some of ``mine``'s shards with another op set."""
-    found = []
+    found: list[OpSetMismatch] = []
     for other in others:
         shared = tuple(sorted(set(mine.shards) & set(other.shards)))
         if other.token == mine.token or not shared or set(other.ops) == set(mine.ops):
