@@ -799,6 +799,16 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "dev-gives-up-on-a-dead-worker",
+        "G8.18",
+        "keyserial dev stops when its worker dies instead of starting another",
+        (Edit("keyserial/cli/dev.py", "            if code == 2:\n", "            if True:\n"),),
+        (
+            "tests/test_cli.py::"
+            "test_dev_restarts_a_worker_an_op_killed_and_leaves_no_server_when_killed",
+        ),
+    ),
+    Mutant(
         "second-signal-keeps-draining",
         "G6.7",
         "a second SIGTERM or SIGINT while a worker drains changes nothing",

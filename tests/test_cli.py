@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import anyio
@@ -470,3 +471,55 @@ def test_a_second_signal_stops_at_once_and_still_releases_the_leases(
     finally:
         process.kill()
         process.wait()
+
+
+def test_dev_restarts_a_worker_an_op_killed_and_leaves_no_server_when_killed(
+    tmp_path: Path,
+) -> None:
+    """An op that kills its worker does not take ``keyserial dev`` down: it says how the worker
+    ended and starts another, until the op is dead-lettered as poison; the next op runs. Then
+    kill -9 of ``dev`` takes its server (and worker) with it: the port is free again."""
+    port = free_port()
+    url = f"redis://127.0.0.1:{port}/0"
+    log_path = tmp_path / "dev.log"
+    with open(log_path, "wb") as log:
+        dev = ["dev", "--port", str(port), "--shard-count", "2", "--lease-ttl", "0.5"]
+        process = subprocess.Popen(
+            [sys.executable, "-m", "keyserial", *dev, "--app", "tests.apps"],
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        _wait_for(lambda: "ready on" in log_path.read_text(), timeout=30)
+
+        async def poison_then_deposit() -> int:
+            async with keyserial.connect(url, shards=2) as ks:
+                with pytest.raises(keyserial.PoisonOperation):
+                    await ks.submit("account:1", apps.crash(), timeout=60)
+                return await ks.submit("account:1", deposit(5), timeout=15)
+
+        assert anyio.run(poison_then_deposit) == 5
+        said = log_path.read_text()
+        assert re.search(r"the worker \(pid \d+\) exited with code 17; starting another", said)
+        assert process.poll() is None
+        process.kill()
+        process.wait()
+        _wait_for(lambda: not _answers(port), timeout=10)
+    finally:
+        process.kill()
+        process.wait()
+
+
+def _wait_for(condition: Callable[[], bool], *, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.05)
+
+
+def _answers(port: int) -> bool:
+    try:
+        return bool(redis.Redis(port=port, socket_connect_timeout=0.5).ping())
+    except redis.ConnectionError:
+        return False

@@ -71,6 +71,7 @@ _POSITIVE = [
     "submit_timeout",
     "health_interval",
     "max_state_bytes",
+    "max_cached_states",
 ]
 _NOT_NEGATIVE = ["max_backlog", "preload_states", "durable_replicas"]
 

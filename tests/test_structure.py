@@ -105,3 +105,23 @@ def test_no_module_imports_itself_back() -> None:
 def test_every_layer_is_a_package_of_its_own() -> None:
     layers = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").exists()}
     assert layers == {"_wire", "_scripts", "_backend", "_client", "_worker", "_local", "cli"}
+
+
+def _named_in(text: str, module: str) -> bool:
+    """Whether a line of ``text`` names ``module`` (``_client/api.py``): by its path, or by its
+    file name on a line that names its package's folder."""
+    package, _, name = module.rpartition("/")
+    return any(
+        f"`{module}`" in line or (package and f"`{package}/" in line and f"`{name}`" in line)
+        for line in text.splitlines()
+    )
+
+
+def test_the_architecture_page_names_every_module() -> None:
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    modules = [
+        path.relative_to(PACKAGE).as_posix()
+        for path in LIBRARY
+        if path.name not in ("__init__.py", "__main__.py")
+    ]
+    assert [module for module in modules if not _named_in(text, module)] == []

@@ -28,6 +28,7 @@ from typing import Any
 import hiredis
 
 from ..errors import ConfigError
+from . import process as _process
 
 _CLUSTER_SLOTS = 16384
 
@@ -112,6 +113,7 @@ class LocalServer:
         binary: str | None = None,
         own_slots: bool = True,
         extra_args: Sequence[str] = (),
+        die_with_parent: bool = False,
     ) -> None:
         # A cluster node also listens on port + 10000 (its bus), so it must be <= 55535.
         self.port = port or free_port(55535 if cluster else 65535)
@@ -122,6 +124,9 @@ class LocalServer:
         #: A cluster node that joins a multi-node cluster owns no slot by itself.
         self.own_slots = own_slots
         self.extra_args = list(extra_args)
+        #: The server gets SIGKILL when this process dies, even by kill -9 (Linux only), and
+        #: runs in a process group of its own (a terminal's Ctrl-C does not reach it).
+        self.die_with_parent = die_with_parent
         self.appendfsync = appendfsync
         self.binary = binary or find_server_binary()
         self._own_dir = data_dir is None
@@ -202,7 +207,11 @@ class LocalServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         try:
             self.process = subprocess.Popen(
-                self.command_line(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+                self.command_line(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=_process.die_with_parent() if self.die_with_parent else None,
+                process_group=0 if self.die_with_parent else None,
             )
         except OSError as exc:  # (no such file, not executable, a directory)
             raise RuntimeError(f"cannot run {self.binary}: {exc.strerror or exc}") from exc

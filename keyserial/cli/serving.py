@@ -1,5 +1,6 @@
-"""``keyserial worker`` serves shards of a namespace; ``keyserial dev`` runs a private server
-and a worker for every shard. Both drain on SIGTERM or SIGINT, and stop at once on a second."""
+"""``keyserial worker`` serves shards of a namespace, draining on SIGTERM or SIGINT and stopping
+at once on a second; ``keyserial dev`` runs a private server and a supervised worker
+(``cli.dev``)."""
 
 from __future__ import annotations
 
@@ -8,17 +9,15 @@ import logging
 import os
 import signal
 from collections.abc import Callable
-from pathlib import Path
 
 import anyio
 
 from .._client.connect import default_url
-from .._local.server import LocalServer
 from .._settings import METRICS_PORT_VARIABLE, Settings
-from .._urls import redact
 from .._worker.worker import Worker
 from ..errors import ConfigError
 from .arguments import Subcommands, port, positive, seconds
+from .dev import run_dev
 from .logs import FORMATS, LEVELS
 
 COMMANDS = ("worker", "dev")
@@ -174,47 +173,24 @@ def _run_worker(args: argparse.Namespace) -> int:
 
 def _run_dev(args: argparse.Namespace) -> int:
     settings = _settings(args)  # (no shard count: kept data's, or 16 for a new namespace)
-    if (
-        args.data_dir is not None
-        and Path(args.data_dir).exists()
-        and not Path(args.data_dir).is_dir()
+    return run_dev(args, settings, _worker_flags(args))
+
+
+def _worker_flags(args: argparse.Namespace) -> list[str]:
+    """The flags of ``keyserial worker`` that ``dev``'s own flags pass on to its worker (the
+    ``KEYSERIAL_*`` variables reach it as they are)."""
+    flags = ["--log-level", args.log_level, "--log-format", args.log_format]
+    for flag, value in (
+        ("--namespace", args.namespace),
+        ("--shard-count", args.shard_count),
+        ("--lease-ttl", args.lease_ttl),
+        ("--metrics-port", args.metrics_port),
     ):
-        raise ConfigError(f"--data-dir {args.data_dir!r} is not a directory")
-    server = LocalServer(
-        port=args.port, data_dir=args.data_dir, appendfsync="always" if args.data_dir else None
-    )
-    worker = Worker(server.url, settings=settings, apps=args.app, metrics_port=_metrics_port(args))
-    try:
-        server.start()
-    except (RuntimeError, OSError) as exc:
-        lines = [line for line in str(exc).splitlines() if line.strip()]  # (its log's tail)
-        taken = [line for line in lines if "already in use" in line]
-        hint = " (is the port taken? try another --port)" if taken else ""
-        raise ConfigError(
-            f"cannot start {server.binary} on port {server.port}:"
-            f" {(taken or lines or [''])[-1].strip()}{hint}"
-        ) from exc
-    try:
-        print(f"keyserial dev: {server.binary} serving {redact(server.url)}", flush=True)
-
-        def ready() -> None:
-            print(_ready_line(redact(server.url), settings, len(worker.shards)), flush=True)
-
-        anyio.run(_serve_until_signalled, worker, ready)
-    finally:
-        server.stop()
-        print("keyserial dev: stopped", flush=True)
-    return 0
-
-
-def _ready_line(url: str, settings: Settings, shard_count: int) -> str:
-    """What ``keyserial dev`` says once it serves: where, how to point clients at it (a
-    ``connect()`` with no URL reads the variable), and how to stop."""
-    return (
-        f"keyserial dev: ready on {url} ({shard_count} shards, namespace"
-        f" {settings.namespace!r});"
-        f" in another shell: export KEYSERIAL_REDIS_URL={url} ; Ctrl-C stops"
-    )
+        if value is not None:
+            flags += [flag, str(value)]
+    for app in args.app:
+        flags += ["--app", app]
+    return flags
 
 
 async def _serve_until_signalled(
