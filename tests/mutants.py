@@ -809,6 +809,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "outage-warns-every-retry",
+        "G8.19",
+        "every retry during a Redis outage logs its own warning",
+        (
+            Edit(
+                "keyserial/_backend/outage.py",
+                "        if self.since is None:\n            self.since",
+                "        if True:\n            self.since",
+            ),
+        ),
+        (
+            "tests/test_logging.py::"
+            "test_an_outage_of_redis_is_logged_once_per_process_side_and_once_when_it_ends",
+        ),
+    ),
+    Mutant(
         "second-signal-keeps-draining",
         "G6.7",
         "a second SIGTERM or SIGINT while a worker drains changes nothing",

@@ -9,9 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import anyio
 import pytest
 
 import keyserial
+from keyserial.ledger import deposit
 from keyserial.testing import LocalServer, running_worker
 from tests.helpers import ROOT
 
@@ -110,3 +112,44 @@ async def test_an_op_refusal_is_logged_at_info_without_traceback(
     assert not [
         r for r in caplog.records if r.levelno >= logging.WARNING and r.name.startswith("keyserial")
     ]
+
+
+async def test_an_outage_of_redis_is_logged_once_per_process_side_and_once_when_it_ends(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker and a client whose server is down for 3 s: each retrying task of theirs
+    (leases, steps, subscriptions, the sweep) would warn at every try; each side logs the
+    outage once instead, and once more when Redis answers again, saying how many warnings it
+    held back."""
+    server = LocalServer(data_dir=tmp_path, appendfsync="always")
+    server.start()
+    fast = {"lease_ttl": 1.0, "idle_poll": 0.2, "health_interval": 0.5}
+    try:
+        async with (
+            running_worker(server.url, "outage", shard_count=2, **fast),
+            keyserial.connect(server.url, shards=2, namespace="outage", **fast) as ks,
+        ):
+            assert await ks.submit("account:1", deposit(1)) == 1
+            caplog.clear()
+            caplog.set_level(logging.DEBUG, logger="keyserial")
+            server.stop()
+            await anyio.sleep(3)  # (the outage's length)
+            server.start()
+            assert await ks.submit("account:1", deposit(1), timeout=30) == 2
+            warnings = [
+                record.getMessage()
+                for record in caplog.records
+                if record.levelno >= logging.WARNING and record.name.startswith("keyserial")
+            ]
+            held_back = [
+                record
+                for record in caplog.records
+                if record.levelno == logging.DEBUG and "retrying" in record.getMessage()
+            ]
+    finally:
+        server.stop()
+    ended = [message for message in warnings if "answers again" in message]
+    assert len(ended) == 2, warnings  # the worker's connection and the client's
+    assert all("warnings were held back meanwhile" in message for message in ended)
+    assert held_back  # (there were retries to hold back)
+    assert len(warnings) <= 12, "\n".join(warnings)

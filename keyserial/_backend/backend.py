@@ -32,6 +32,7 @@ from .._scripts.refusals import Refused, refusal
 from .._urls import redact
 from ..errors import BackendUnavailable, ConfigError, KeyserialError
 from .commands import Command, Commands
+from .outage import Outage
 from .resp import (
     URL_TIMEOUTS,
     AnyRedis,
@@ -171,6 +172,9 @@ class Backend(Commands):
         self.client = client
         #: For messages and logs: the password is hidden.
         self.url = redact(url)
+        #: Whether the server has failed to answer since it last did; warnings of callers that
+        #: retry go through it (see ``_backend.outage``).
+        self.outage = Outage(self.url)
         #: The client if it is a cluster's (checked once: RedisCluster is a Protocol, whose
         #: isinstance is slow, and node_of runs for every call).
         self._cluster = client if isinstance(client, RedisCluster) else None
@@ -259,6 +263,7 @@ class Backend(Commands):
             else:
                 client = self.client if node_of is None else self._node_client(node_of)
                 replies = await self._redis_py(client, commands)
+        self.outage.answered()
         return [classify_reply(reply, self.url) for reply in replies]
 
     async def _redis_py(self, client: AnyRedis, commands: Sequence[Command]) -> list[Any]:
@@ -351,7 +356,9 @@ class Backend(Commands):
             task_status.started()
             while True:
                 error = await subscription.until_lost(health_interval)
-                log.warning("subscription to %s lost (%s); resubscribing", self.url, error)
+                self.outage.warn(
+                    log, "subscription to %s lost (%s); resubscribing", self.url, error
+                )
                 await self._resubscribe(subscription, SUBSCRIBE_ROUND_TRIPS * health_interval)
         finally:
             with anyio.CancelScope(shield=True):
@@ -365,9 +372,11 @@ class Backend(Commands):
             await pause.sleep()
             try:
                 await subscription.subscribe(within)
+                self.outage.answered()
                 return
             except _RESUBSCRIBE_AFTER as exc:
-                log.warning(
+                self.outage.warn(
+                    log,
                     "resubscribing to %s failed (%s); trying again in %gs",
                     self.url,
                     exc,

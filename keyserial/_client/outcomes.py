@@ -286,7 +286,7 @@ class ReplyLookups:
                 )
                 await anyio.sleep(_SIGNER_RETRY)
         except (BackendUnavailable, Refused, ValueError) as exc:
-            log.warning("reading reply signers: %s (their replies are looked up)", exc)
+            self._warn(exc, "reading reply signers: %s (their replies are looked up)", exc)
             await anyio.sleep(_SIGNER_RETRY)
         finally:
             self._signers_asked = set()
@@ -307,7 +307,8 @@ class ReplyLookups:
         try:
             left = await self._outcomes.settle_replied(by_shard)
         except (BackendUnavailable, Refused, ValueError) as exc:
-            log.warning("looking up the outcomes of ops replied: %s (the sweep looks again)", exc)
+            message = "looking up the outcomes of ops replied: %s (the sweep looks again)"
+            self._warn(exc, message, exc)
             return
         if left:
             log.warning(
@@ -315,6 +316,13 @@ class ReplyLookups:
                 " (a forged reply?)",
                 _few(left),
             )
+
+    def _warn(self, error: Exception, message: str, *args: object) -> None:
+        """Log a failed read: once per outage if Redis did not answer."""
+        if isinstance(error, BackendUnavailable):
+            self._backend.outage.warn(log, message, *args)
+        else:
+            log.warning(message, *args)
 
 
 def _few(op_ids: Sequence[str]) -> str:

@@ -54,11 +54,12 @@ class Sweep:
                     group.start_soon(self._sweep_bounded, shard, op_ids, interval, failed)
             if failed:  # one line per sweep, not one per shard
                 shard, error = next(iter(failed.items()))
-                log.warning(
-                    "looking up overdue replies of shards %s: %s",
-                    ",".join(map(str, sorted(failed))),
-                    error,
-                )
+                message = "looking up overdue replies of shards %s: %s"
+                shards = ",".join(map(str, sorted(failed)))
+                if isinstance(error, BackendUnavailable):
+                    self._backend.outage.warn(log, message, shards, error)
+                else:
+                    log.warning(message, shards, error)
 
     async def _sweep_bounded(
         self, shard: int, op_ids: list[str], interval: float, failed: dict[int, Exception]

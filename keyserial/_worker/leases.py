@@ -151,7 +151,8 @@ class Leases:
             except (BackendUnavailable, TimeoutError) as exc:
                 # (A TimeoutError from fail_after has no message of its own.)
                 reason = str(exc) or f"no reply within the lease TTL ({ttl:g}s)"
-                log.warning(
+                self._backend.outage.warn(
+                    log,
                     "cannot renew or acquire leases (shards %s): %s",
                     format_shards(sorted([*owned, *free])),
                     reason,

@@ -506,5 +506,6 @@ class ShardRunner:
             try:
                 return await attempt()
             except BackendUnavailable as exc:
-                log.warning("shard %d: %s; retrying in %.2fs", self.shard, exc, backoff.delay)
+                message = "shard %d: %s; retrying in %.2fs"
+                self._backend.outage.warn(log, message, self.shard, exc, backoff.delay)
                 await backoff.sleep()

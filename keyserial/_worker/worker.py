@@ -376,7 +376,8 @@ class Worker:
                     health_interval=self.settings.health_interval,
                 )
             except BackendUnavailable as exc:
-                log.warning("subscribing to wake-ups: %s; retrying in %.1fs", exc, backoff.delay)
+                message = "subscribing to wake-ups: %s; retrying in %.1fs"
+                backend.outage.warn(log, message, exc, backoff.delay)
                 await backoff.sleep()
 
     # -- shutdown ----------------------------------------------------------------------------
