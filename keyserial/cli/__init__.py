@@ -1,5 +1,6 @@
 """The ``keyserial`` command, one module per group of subcommands: ``serving`` (``worker``,
-``dev``), ``status``, ``deadletters`` (``dead-letters``) and ``bench``."""
+``dev``), ``status``, ``deadletters`` (``dead-letters``), ``keys`` (``call``, ``read``,
+``result``) and ``bench``."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Protocol
 
 from .. import __version__
 from ..errors import ConfigError, KeyserialError, ShardCountMismatch
-from . import bench, deadletters, serving, status
+from . import bench, deadletters, keys, serving, status
 from .arguments import Subcommands, import_from_cwd
 from .logs import configure
 
@@ -30,7 +31,7 @@ class _Group(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
-_GROUPS: tuple[_Group, ...] = (serving, status, deadletters)
+_GROUPS: tuple[_Group, ...] = (serving, status, deadletters, keys)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,124 @@
+"""``keyserial call``, ``read`` and ``result``: an operator's view of one key, through the same
+client an app uses (so the client ACL user is enough).
+
+``call KEY OP [ARG...]`` submits an op by name: each ARG is taken as JSON if it parses as JSON
+(``5``, ``"5"``, ``[1,2]``, ``null``), else as a string (``hello``); ``--kw NAME=ARG`` passes a
+keyword argument the same way. The value is printed as JSON on stdout. An op that fails prints
+its error on stderr and exits 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import anyio
+
+from .._client.api import Client
+from .._client.connect import connect, default_url
+from .._ops import call as named_call
+from ..errors import OperationFailed, ResultNotFound, SubmitTimeout
+from .arguments import Subcommands, connection_options, seconds
+
+COMMANDS = ("call", "read", "result")
+
+
+def add_commands(commands: Subcommands) -> None:
+    common = connection_options()
+    call = commands.add_parser(
+        "call", parents=[common], help="submit an op on a key and print its value"
+    )
+    call.add_argument("key")
+    call.add_argument("op", help="the op's registered name (deposit, myapp's reserve, ...)")
+    call.add_argument("args", nargs="*", type=_json_or_text, metavar="ARG")
+    call.add_argument(
+        "--kw",
+        action="append",
+        type=_keyword,
+        default=[],
+        metavar="NAME=ARG",
+        help="a keyword argument (repeatable)",
+    )
+    call.add_argument("--op-id", default=None, help="its op id: sent again, it never runs twice")
+    call.add_argument(
+        "--timeout",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help="how long to wait for its outcome (default: $KEYSERIAL_SUBMIT_TIMEOUT or 30)",
+    )
+    read = commands.add_parser(
+        "read", parents=[common], help="print a key's committed state as JSON"
+    )
+    read.add_argument("key")
+    result = commands.add_parser(
+        "result", parents=[common], help="print the stored outcome of an op by its id"
+    )
+    result.add_argument("op_id")
+    result.add_argument(
+        "--key",
+        action="append",
+        required=True,
+        metavar="KEY",
+        help="the op's key (repeat it for each key of a multi-key op, in order)",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    commands: dict[str, Callable[[Client, argparse.Namespace], Awaitable[Any]]] = {
+        "call": _call,
+        "read": _read,
+        "result": _result,
+    }
+    return anyio.run(_connected, args, commands[args.command])
+
+
+async def _connected(
+    args: argparse.Namespace, command: Callable[[Client, argparse.Namespace], Awaitable[Any]]
+) -> int:
+    async with connect(args.redis or default_url(), namespace=args.namespace) as ks:
+        try:
+            value = await command(ks, args)
+        except OperationFailed as failed:
+            print(f"keyserial: {failed.error_type}: {failed.message}", file=sys.stderr)
+            return 1
+        except (ResultNotFound, SubmitTimeout) as missing:
+            print(f"keyserial: {missing}", file=sys.stderr)
+            return 1
+    print(json.dumps(value, ensure_ascii=False))
+    return 0
+
+
+async def _call(ks: Client, args: argparse.Namespace) -> Any:
+    op = named_call(args.op, *args.args, **dict(args.kw))
+    return await ks.submit(args.key, op, timeout=args.timeout, op_id=args.op_id)
+
+
+async def _read(ks: Client, args: argparse.Namespace) -> Any:
+    return await ks.read(args.key)
+
+
+async def _result(ks: Client, args: argparse.Namespace) -> Any:
+    key: str | list[str] = args.key[0] if len(args.key) == 1 else args.key
+    return await ks.result(args.op_id, key=key)
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    if isinstance(value, float) and not math.isfinite(value):
+        return text  # (NaN and Infinity are not JSON: taken as the words they are)
+    return value
+
+
+def _keyword(text: str) -> tuple[str, Any]:
+    name, equals, value = text.partition("=")
+    if not equals or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=ARG")
+    return name, _json_or_text(value)

@@ -1,0 +1,66 @@
+"""``keyserial call``, ``read`` and ``result`` through the real command line, against a worker:
+an operator's view of one key."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import anyio
+
+from keyserial.testing import running_worker
+from tests.helpers import ROOT
+
+
+async def cli(url: str, namespace: str, *args: str) -> tuple[int, str, str]:
+    with anyio.fail_after(30):
+        result = await anyio.run_process(
+            [sys.executable, "-m", "keyserial", *args, "--redis", url, "--namespace", namespace],
+            cwd=ROOT,
+            check=False,
+        )
+    return result.returncode, result.stdout.decode(), result.stderr.decode()
+
+
+async def test_call_read_and_result_show_one_key_s_ops_and_state(
+    redis_url: str, namespace: str
+) -> None:
+    async with running_worker(redis_url, namespace, shard_count=2, apps=["tests.apps"]):
+        assert await cli(redis_url, namespace, "call", "account:1", "deposit", "5") == (
+            0,
+            "5\n",
+            "",
+        )
+        code, out, _ = await cli(
+            redis_url, namespace, "call", "account:1", "deposit", "7", "--op-id", "op-7"
+        )
+        assert (code, out) == (0, "12\n")
+        code, out, _ = await cli(
+            redis_url, namespace, "call", "account:1", "deposit", "7", "--op-id", "op-7"
+        )
+        assert (code, out) == (0, "12\n")  # the same op id: answered, not run again
+        assert (await cli(redis_url, namespace, "read", "account:1"))[:2] == (0, "12\n")
+        assert (await cli(redis_url, namespace, "read", "account:2"))[:2] == (0, "null\n")
+        result = await cli(redis_url, namespace, "result", "op-7", "--key", "account:1")
+        assert result[:2] == (0, "12\n")
+
+        # Arguments: JSON where they parse as JSON, text otherwise; keywords likewise.
+        code, out, _ = await cli(redis_url, namespace, "call", "list:1", "append", "hello")
+        assert (code, json.loads(out)) == (0, ["hello"])
+        code, out, _ = await cli(
+            redis_url, namespace, "call", "list:1", "append", "--kw", 'value={"n": 1}'
+        )
+        assert (code, json.loads(out)) == (0, ["hello", {"n": 1}])
+
+
+async def test_failures_exit_1_saying_why(redis_url: str, namespace: str) -> None:
+    async with running_worker(redis_url, namespace, shard_count=2):
+        code, out, err = await cli(redis_url, namespace, "call", "account:3", "withdraw", "9")
+        assert (code, out) == (1, "")
+        assert "InsufficientFunds" in err and "less than 9" in err
+        code, _, err = await cli(redis_url, namespace, "call", "account:3", "teleport")
+        assert code == 1 and "UnknownOperation" in err
+        code, _, err = await cli(redis_url, namespace, "result", "nope", "--key", "account:3")
+        assert code == 1 and "nope" in err
+        code, _, err = await cli(redis_url, namespace, "call", "account:3", "deposit", "--kw", "x")
+        assert code == 2 and "NAME=ARG" in err
