@@ -13,6 +13,8 @@ import anyio
 import pytest
 
 import keyserial
+from keyserial._logfields import FIELDS
+from keyserial.cli.logs import JsonFormatter
 from keyserial.ledger import deposit
 from keyserial.testing import LocalServer, running_worker
 from tests.helpers import ROOT
@@ -75,8 +77,9 @@ def test_json_log_lines_carry_time_level_logger_and_message(
     finally:
         process.kill()
         process.wait()
-    for entry in [first, acquired, *rest]:
-        assert set(entry) == {"time", "level", "logger", "message"}, entry
+    for entry in [first, acquired, *rest]:  # (and only the documented fields besides)
+        assert set(entry) - set(FIELDS) == {"time", "level", "logger", "message"}, entry
+    assert (acquired["shard"], acquired["epoch"]) == (0, 1)
     assert first["level"] == "INFO" and first["logger"] == "keyserial.worker"
     assert "serving shards 0 of 1" in first["message"]
     assert any("released shards 0" in entry["message"] for entry in rest)
@@ -153,3 +156,34 @@ async def test_an_outage_of_redis_is_logged_once_per_process_side_and_once_when_
     assert all("warnings were held back meanwhile" in message for message in ended)
     assert held_back  # (there were retries to hold back)
     assert len(warnings) <= 12, "\n".join(warnings)
+
+
+async def test_json_lines_carry_the_shard_key_op_and_op_id_as_fields(
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A log pipeline filters by shard, key or op id without parsing messages: the record of an
+    op that raised, and of a shard acquired, carry them, and a JSON line writes them."""
+    caplog.set_level(logging.INFO, logger="keyserial")
+    async with (
+        running_worker(redis_url, namespace, shard_count=2) as worker,
+        keyserial.connect(redis_url, namespace=namespace) as ks,
+    ):
+        with pytest.raises(keyserial.OperationFailed):
+            await ks.submit("account:7", deposit(-5), op_id="bad-deposit")
+        shard = ks.shard_of("account:7")
+        epoch = worker._runner(shard).epoch
+    formatter = JsonFormatter()
+    [failed] = [json.loads(formatter.format(r)) for r in caplog.records if "failed" in r.msg]
+    assert {name: failed[name] for name in ("shard", "key", "op", "op_id", "error")} == {
+        "shard": shard,
+        "key": "account:7",
+        "op": "deposit",
+        "op_id": "bad-deposit",
+        "error": "ValueError",
+    }
+    acquired = [
+        json.loads(formatter.format(r)) for r in caplog.records if "acquired" in r.getMessage()
+    ]
+    assert {"shard": shard, "epoch": epoch} in [
+        {"shard": line["shard"], "epoch": line["epoch"]} for line in acquired
+    ]

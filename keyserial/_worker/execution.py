@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, TypeGuard
 
+from .._logfields import fields
 from .._ops import Context, MultiContext, Op, Registry
 from .._wire.codec import Envelope, encode_error, encode_ok
 from ..errors import MalformedOperation, OperationFailed, UnknownOperation
@@ -139,6 +140,12 @@ class Executor:
                 self.shard,
                 run.envelope.name,
                 run.envelope.op_id,
+                extra=fields(
+                    shard=self.shard,
+                    op=run.envelope.name,
+                    op_id=run.envelope.op_id,
+                    error="UnknownOperation",
+                ),
             )
         return refused
 
@@ -280,6 +287,13 @@ class Executor:
             type(exc).__name__,
             message,
             "" if remote is None else "\n" + remote,
+            extra=fields(
+                shard=self.shard,
+                key=envelope.key,
+                op=envelope.name,
+                op_id=envelope.op_id,
+                error=type(exc).__name__,
+            ),
         )
         return encode_error(error_type_name(exc), message, None, remote)
 

@@ -9,6 +9,7 @@ import logging
 from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
+from .._logfields import fields as log_fields
 from .._wire.codec import (
     GRANT_OP,
     Envelope,
@@ -57,7 +58,13 @@ def accept(
     try:
         items = decode_entry(fields)
     except MalformedEntry as exc:
-        log.error("shard %d: dead-lettering malformed entry %s: %s", shard, entry_id, exc)
+        log.error(
+            "shard %d: dead-lettering malformed entry %s: %s",
+            shard,
+            entry_id,
+            exc,
+            extra=log_fields(shard=shard, error="MalformedOperation"),
+        )
         accepted = Accepted(Entry(entry_id, 0), dead=[(entry_id, exc.reason, raw_json(fields))])
         outcome = encode_error(MalformedOperation.wire_type, exc.reason)
         for op_id, reply in salvage_replies(fields):

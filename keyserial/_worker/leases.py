@@ -19,6 +19,7 @@ from anyio.abc import TaskGroup
 
 from .._backend import durability as _durability
 from .._backend.backend import Backend
+from .._logfields import fields
 from .._scripts.calls import ScriptCall
 from .._scripts.lease import (
     AcquireArgs,
@@ -242,5 +243,5 @@ class Leases:
     def _drop(self, shard: int, reason: str) -> None:
         held = self._held.pop(shard, None)
         if held is not None:
-            log.warning("shard %d: stopping at once: %s", shard, reason)
+            log.warning("shard %d: stopping at once: %s", shard, reason, extra=fields(shard=shard))
             held.scope.cancel()

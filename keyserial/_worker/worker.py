@@ -26,6 +26,7 @@ from anyio.abc import TaskGroup, TaskStatus
 from .._backend import durability as _durability
 from .._backend.backend import AnyRedis, Backend
 from .._backoff import Backoff
+from .._logfields import fields
 from .._ops import Registry
 from .._scripts.lease import LeaseGrant
 from .._settings import Settings
@@ -282,6 +283,7 @@ class Worker:
                 shard,
                 grant.careful_until,
                 grant.suspect,
+                extra=fields(shard=shard, epoch=grant.epoch, op_id=grant.suspect),
             )
         elif grant.careful_until:
             log.warning(
@@ -289,6 +291,7 @@ class Worker:
                 " ops answered already: none is suspected",
                 shard,
                 grant.careful_until,
+                extra=fields(shard=shard, epoch=grant.epoch),
             )
         if grant.poisoned:
             log.error(
@@ -296,6 +299,7 @@ class Worker:
                 shard,
                 grant.poisoned,
                 self.settings.max_strikes,
+                extra=fields(shard=shard, epoch=grant.epoch, op_id=grant.poisoned),
             )
         runner = ShardRunner(
             self._pipeliner,
@@ -309,7 +313,8 @@ class Worker:
             metrics=self.metrics.acquired(shard, grant),
         )
         holder = self._owned[shard] = Held(runner, renewed_at)
-        log.info("shard %d: acquired (epoch %d)", shard, grant.epoch)
+        extra = fields(shard=shard, epoch=grant.epoch)
+        log.info("shard %d: acquired (epoch %d)", shard, grant.epoch, extra=extra)
         task_group.start_soon(self._serve, shard, holder)
 
     async def _serve(self, shard: int, holder: Held) -> None:

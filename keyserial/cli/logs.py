@@ -7,14 +7,17 @@ import json
 import logging
 from datetime import UTC, datetime
 
+from .._logfields import FIELDS
+
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 FORMATS = ("text", "json")
 _TEXT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 class JsonFormatter(logging.Formatter):
-    """``{"time", "level", "logger", "message"}``, plus ``exc_info`` (the formatted traceback)
-    when the record carries an exception."""
+    """``{"time", "level", "logger", "message"}``, then each structured field the record
+    carries (``shard``, ``epoch``, ``key``, ``op``, ``op_id``, ``error``: see ``_logfields``),
+    and ``exc_info`` (the formatted traceback) when it carries an exception."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {
@@ -23,6 +26,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": record.getMessage(),
         }
+        entry.update({name: record.__dict__[name] for name in FIELDS if name in record.__dict__})
         if record.exc_info:
             entry["exc_info"] = self.formatException(record.exc_info)
         if record.stack_info:
