@@ -6,6 +6,7 @@ shards; each shard is a Redis stream that exactly one worker consumes at a time.
 
 from ._client.api import Client as Client
 from ._client.connect import connect as connect
+from ._client.metrics import register_client_metrics as register_client_metrics
 from ._client.sync import SyncClient as SyncClient
 from ._client.sync import connect_sync as connect_sync
 from ._ops import Call as Call
@@ -67,5 +68,6 @@ __all__ = [
     "connect_sync",
     "multi_op",
     "op",
+    "register_client_metrics",
     "shard_for",
 ]

@@ -8,11 +8,14 @@ import keyserial.testing
 
 def public_names(module: ModuleType) -> set[str]:
     """Every name a user sees on ``module`` (as httpx's test has it): all but underscored names
-    and the package's own submodules (``keyserial.errors``), which ``__all__`` does not list."""
+    and the package's own submodules (``keyserial.errors``), which ``__all__`` does not list.
+    (Not the names pytest's assertion rewriting adds, such as ``@py_builtins``, which no code can
+    spell: pytest rewrites the modules of a package that registers a plugin, as keyserial does.)"""
     return {
         name
         for name, value in vars(module).items()
         if not name.startswith("_")
+        and name.isidentifier()
         and not (isinstance(value, ModuleType) and value.__name__.startswith(f"{module.__name__}."))
     }
 

@@ -14,6 +14,7 @@ from .._ops import RESERVED_PREFIX, Call
 from .._settings import Settings
 from .._wire.json_text import encodes
 from .._wire.routing import home_shard, shard_for
+from .metrics import CLIENT_METRICS
 
 R = TypeVar("R")
 
@@ -202,7 +203,15 @@ class Client(abc.ABC):
         seconds = self._timeout(timeout)
         if op_id is not None:
             check_op_id(op_id, submitted=True)
-        return await self._send(keys, shard, call, seconds, op_id)
+        namespace = self.settings.namespace
+        began, error = CLIENT_METRICS.began(namespace), None
+        try:
+            return await self._send(keys, shard, call, seconds, op_id)
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            CLIENT_METRICS.ended(namespace, began, error)
 
     def _home(self, keys: Sequence[str]) -> int:
         """The shard a multi-key op is appended to: the lowest of its keys' shards."""
