@@ -34,6 +34,8 @@ class _Link:
         self.subscribed = False
         #: Nothing is forwarded on it any more, either way (it stays open).
         self.silenced = False
+        #: The server answered after the client subscribed.
+        self.confirmed = False
 
     def reset(self) -> None:
         for writer in self.writers:
@@ -66,6 +68,9 @@ class FaultProxy:
         self._held_until = 0.0
         #: Links that ever sent SUBSCRIBE (a resubscription opens a new one).
         self.subscribing_links = 0
+        #: Of those, the links on which the server's answer (its confirmation) came back: from
+        #: then on the server delivers what is published on the channels.
+        self.confirmed_subscriptions = 0
         #: Reset a link as soon as it sends SUBSCRIBE (a server that keeps going away).
         self.refuse_subscriptions = False
         #: Silence a link as soon as it sends SUBSCRIBE, which never reaches the server: it
@@ -199,6 +204,9 @@ class FaultProxy:
                         link.silenced = link.silenced or self.silence_subscribing
                     if not link.silenced:
                         queue.put_nowait((time.monotonic() + self.delay, data))
+                        if not outbound and link.subscribed and not link.confirmed:
+                            link.confirmed = True
+                            self.confirmed_subscriptions += 1
             finally:
                 queue.put_nowait(None)
 

@@ -28,7 +28,7 @@ class Outage:
         held back (logged at DEBUG) until the server answers again."""
         if self.since is None:
             self.since = time.monotonic()
-            logger.warning(message + " (warnings like it are held back until it answers)", *args)
+            logger.warning("Redis does not answer (more warnings held back): " + message, *args)
         else:
             self._held_back += 1
             logger.debug(message, *args)
