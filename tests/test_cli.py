@@ -523,3 +523,22 @@ def _answers(port: int) -> bool:
         return bool(redis.Redis(port=port, socket_connect_timeout=0.5).ping())
     except redis.ConnectionError:
         return False
+
+
+def test_dev_stops_with_2_when_its_worker_refuses_to_start() -> None:
+    """A setup error of the worker (an app module that cannot be found) is not a crash to
+    restart from: ``dev`` says so and exits 2, instead of starting it again and again."""
+    port = free_port()
+    dev = ["dev", "--port", str(port), "--app", "no_such_module_of_ops"]
+    result = subprocess.run(
+        [sys.executable, "-m", "keyserial", *dev],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    assert "no_such_module_of_ops" in result.stderr
+    assert "the worker refused to start; stopping" in result.stderr
+    assert "starting another" not in result.stderr
+    assert not _answers(port)  # (and its server is stopped)

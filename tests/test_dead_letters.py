@@ -71,6 +71,18 @@ def single_envelope(op_id: str, key: str) -> str:
     return json.dumps({"id": op_id, "key": key, "op": "record"})
 
 
+async def ran_then_dead_lettered(
+    ks: keyserial.Client, client: Any, url: str, namespace: str, key: str, op_id: str
+) -> dict[str, Any]:
+    """Run ``record`` under ``op_id`` on ``key`` (of shard 0), then dead-letter a copy of its
+    envelope another client wrote wrong; that letter, as ``list --json`` shows it."""
+    assert await ks.submit(key, apps.record(), op_id=op_id, timeout=10) == 1
+    await append_raw(client, namespace, 0, single_envelope(op_id, key))
+    await dead_lettered(client, namespace, 0, 1)
+    (letter,) = await listed(url, namespace, "--shard", "0")
+    return letter
+
+
 async def test_replaying_an_op_that_never_ran_runs_it_once(redis_url: str, namespace: str) -> None:
     key = keys_on_shard(1, SHARDS, 1)[0]
     client = redis.asyncio.Redis.from_url(redis_url)
@@ -106,10 +118,7 @@ async def test_replaying_an_op_that_already_ran_does_not_run_it_again(
             running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]),
             keyserial.connect(redis_url, namespace=namespace) as ks,
         ):
-            assert await ks.submit(key, apps.record(), op_id="done-1", timeout=10) == 1
-            await append_raw(client, namespace, 0, single_envelope("done-1", key))
-            await dead_lettered(client, namespace, 0, 1)
-            (letter,) = await listed(redis_url, namespace, "--shard", "0")
+            letter = await ran_then_dead_lettered(ks, client, redis_url, namespace, key, "done-1")
 
             code, out, err = await cli(redis_url, namespace, "replay", "--all")
             assert code == 0, err
@@ -134,10 +143,7 @@ async def test_replaying_under_new_ids_runs_an_op_again_and_says_so(
             running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]),
             keyserial.connect(redis_url, namespace=namespace) as ks,
         ):
-            assert await ks.submit(key, apps.record(), op_id="again-1", timeout=10) == 1
-            await append_raw(client, namespace, 0, single_envelope("again-1", key))
-            await dead_lettered(client, namespace, 0, 1)
-            (letter,) = await listed(redis_url, namespace)
+            letter = await ran_then_dead_lettered(ks, client, redis_url, namespace, key, "again-1")
 
             code, out, err = await cli(redis_url, namespace, "replay", "--new-id", letter["id"])
             assert code == 0, err

@@ -102,10 +102,7 @@ class Client(abc.ABC):
         append fails (then it may have been appended: enqueue it again under the same op id).
         """
         check_key(key)
-        check_call(call)
-        seconds = self._timeout(timeout)
-        if op_id is not None:
-            check_op_id(op_id, submitted=True)
+        seconds = self._checked(call, timeout, op_id)
         return await self._enqueue(key, self.shard_of(key), call, seconds, op_id)
 
     async def submit_many(
@@ -199,10 +196,7 @@ class Client(abc.ABC):
     async def _checked_submit(
         self, keys: Keys, shard: int, call: Call[R], timeout: float | None, op_id: str | None
     ) -> R:
-        check_call(call)
-        seconds = self._timeout(timeout)
-        if op_id is not None:
-            check_op_id(op_id, submitted=True)
+        seconds = self._checked(call, timeout, op_id)
         namespace = self.settings.namespace
         began, error = CLIENT_METRICS.began(namespace), None
         try:
@@ -212,6 +206,14 @@ class Client(abc.ABC):
             raise
         finally:
             CLIENT_METRICS.ended(namespace, began, error)
+
+    def _checked(self, call: Call[Any], timeout: float | None, op_id: str | None) -> float:
+        """Check a submit's call and op id before anything is sent; its timeout in seconds."""
+        check_call(call)
+        seconds = self._timeout(timeout)
+        if op_id is not None:
+            check_op_id(op_id, submitted=True)
+        return seconds
 
     def _home(self, keys: Sequence[str]) -> int:
         """The shard a multi-key op is appended to: the lowest of its keys' shards."""

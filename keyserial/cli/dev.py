@@ -26,7 +26,7 @@ from .._settings import Settings
 from .._urls import redact
 from .._wire.layout import ShardKeys
 from ..errors import ConfigError, KeyserialError
-from .status import shard_count
+from .status import Owner, shard_count
 
 #: Seconds before a worker that died is started again; doubled, up to the cap, while it keeps
 #: dying within :data:`_STABLE` seconds of its start.
@@ -175,9 +175,8 @@ async def _serving(backend: Backend, namespace: str, child: subprocess.Popen[byt
     while child.poll() is None:
         try:
             count = await shard_count(backend, namespace)
-            holders = [
-                await backend.call("GET", ShardKeys(namespace, s).lease) for s in range(count)
-            ]
+            leases = [("GET", ShardKeys(namespace, shard).lease) for shard in range(count)]
+            holders = await backend.pipeline(leases)  # (one round trip for every shard)
         except (KeyserialError, ConfigError):  # (no shard count recorded yet)
             holders, count = [None], 0
         if holders and all(_pid(holder) == child.pid for holder in holders):
@@ -187,11 +186,8 @@ async def _serving(backend: Backend, namespace: str, child: subprocess.Popen[byt
 
 
 def _pid(token: bytes | None) -> int | None:
-    """The pid in a lease's owner token ``host:pid:nonce``."""
-    if token is None:
-        return None
-    pid = token.decode(errors="replace").rsplit(":", 2)[-2:-1]
-    return int(pid[0]) if pid and pid[0].isdigit() else None
+    """The pid in a lease's owner token (None for a shard no worker holds)."""
+    return None if token is None else Owner.parse(token.decode(errors="replace")).pid
 
 
 def _ready_line(url: str, settings: Settings, shard_count: int) -> str:
