@@ -9,7 +9,8 @@ import logging
 import random
 import time
 from collections import Counter
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ import redis.asyncio
 
 import keyserial
 from keyserial import InsufficientFunds
+from keyserial._scripts.calls import Script
 from keyserial.ledger import balance, deposit
 from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests import apps
@@ -544,7 +546,7 @@ async def test_a_malformed_coordination_message_is_logged_and_ignored(
     ):
         client = redis.asyncio.Redis.from_url(redis_url)
         try:
-            channel = f"ks:{namespace}:worker:{worker.token}"
+            channel = worker._mailbox.channel
             for message in garbage:
                 assert await client.publish(channel, message) == 1
         finally:
@@ -561,3 +563,57 @@ async def test_a_malformed_coordination_message_is_logged_and_ignored(
         )
         await ks.submit(source, deposit(10), timeout=10)
         assert await ks.transfer(source, target, 4, timeout=10) == {source: 6, target: 4}
+
+
+async def test_signed_grants_and_decisions_are_taken_without_reading_their_records(
+    redis_url: str, namespace: str
+) -> None:
+    """Two workers splitting the shards: once each has met the other's signer, a transfer
+    between them reads no grant record and looks up no decision. Each worker takes the message
+    the other signed for it as its record (an unsigned one only wakes: see
+    tests/test_hostile_clients.py). Seen in the server's MONITOR, scripts' commands included."""
+    source, target = keys_on_shard(3, SHARDS, 1, "acct")[0], keys_on_shard(9, SHARDS, 1, "acct")[0]
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS, shards=range(8)) as low,
+        running_worker(redis_url, namespace, shard_count=SHARDS, shards=range(8, 16)) as high,
+        keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+    ):
+        await ks.submit(source, deposit(100))
+        await ks.transfer(source, target, 1)  # (each worker meets the other's signer)
+        await eventually(
+            lambda: all(
+                worker._mailbox.verifier.knows(other._pipeliner.signer.signer_id)  # type: ignore[union-attr]
+                for worker, other in [(low, high), (high, low)]
+            ),
+            message="each worker knows the other's signer",
+        )
+        async with _monitored(redis_url) as commands:
+            for _ in range(5):
+                await ks.transfer(source, target, 1)
+        assert [await ks.submit(key, balance()) for key in (source, target)] == [94, 6]
+    resolve_sha = Script.load("resolve").sha
+    mine = [command for command in commands if namespace in command]
+    assert sum(c.startswith("HSET") and "#g" in c for c in mine) == 5  # (five grants went out)
+    assert [c for c in mine if c.startswith(("HGET", "HMGET")) and "#g" in c] == []
+    assert [c for c in mine if resolve_sha in c] == []
+
+
+@asynccontextmanager
+async def _monitored(url: str) -> AsyncIterator[list[str]]:
+    """Every command the server runs meanwhile (MONITOR), as ``NAME arg ...`` text."""
+    commands: list[str] = []
+    marker = f"end-of-monitor-{time.time_ns()}"
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        async with client.monitor() as monitor:
+            yield commands
+            await client.echo(marker)
+            with anyio.fail_after(10):
+                async for info in monitor.listen():
+                    command = str(info["command"])
+                    if marker in command:
+                        break
+                    name, _, rest = command.partition(" ")
+                    commands.append(f"{name.upper()} {rest}")
+    finally:
+        await client.aclose()

@@ -97,14 +97,23 @@ async def test_a_grant_for_a_request_whose_entry_is_gone_is_refused_and_records_
     kept = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
     lost = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
     await client.xdel(keys.stream, lost)  # as the promoted replica never had it
-    granted = GrantArgs(epoch=1, field="kept#1#g", grant='{"s": []}', channel="", entry_id=kept)
+    granted = GrantArgs(
+        epoch=1, field="kept#1#g", grant='{"s": []}', channel="", entry_id=kept, message=""
+    )
     await backend.run_call(grant(keys, granted))
     assert await client.hget(keys.results, "kept#1#g") == b'{"s": []}'
     with pytest.raises(RequestGone, match=lost):
         await backend.run_call(
             grant(
                 keys,
-                GrantArgs(epoch=1, field="lost#1#g", grant='{"s": []}', channel="", entry_id=lost),
+                GrantArgs(
+                    epoch=1,
+                    field="lost#1#g",
+                    grant='{"s": []}',
+                    channel="",
+                    entry_id=lost,
+                    message="",
+                ),
             )
         )
     assert not await client.hexists(keys.results, "lost#1#g")
@@ -121,7 +130,14 @@ async def test_a_grant_under_an_epoch_that_moved_on_is_refused_and_records_nothi
         await backend.run_call(
             grant(
                 keys,
-                GrantArgs(epoch=1, field="op#1#g", grant='{"s": []}', channel="", entry_id=entry),
+                GrantArgs(
+                    epoch=1,
+                    field="op#1#g",
+                    grant='{"s": []}',
+                    channel="",
+                    entry_id=entry,
+                    message="",
+                ),
             )
         )
     assert not await client.hexists(keys.results, "op#1#g")

@@ -1,11 +1,13 @@
 """Signed replies: a client takes the outcome of a reply that a worker signed for it without
-reading it back, and only then; a worker lists its signing key where only workers write."""
+reading it back, and only then; a worker lists its signing key where only workers write. Signed
+coordination messages: a worker takes a grant or decision another worker signed for it as it is,
+and any other only as a wake-up."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import anyio
 import pytest
@@ -13,8 +15,11 @@ import redis
 import redis.asyncio
 
 import keyserial
+from keyserial._wire.json_text import dumps
 from keyserial._wire.layout import signers_key
+from keyserial._wire.messages import Decision, DecisionNotice, KeyGrant
 from keyserial._wire.signing import SIGNER_TTL, ReplySigner, ReplyVerifier, signer_record
+from keyserial._worker.crossshard.mailbox import Mailbox
 from keyserial.ledger import balance, deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests.helpers import eventually
@@ -153,3 +158,58 @@ async def test_a_worker_lists_its_signer_and_drops_those_not_renewed(
     assert abs(own["at"] - time.time()) < 60
     with pytest.raises(redis.exceptions.NoPermissionError):
         users.client.hset(signers, "0123456789abcdef", other.record())
+
+
+# -- coordination messages between workers: signed like replies --------------------------------
+
+GRANT = KeyGrant("op-1", 4, 9, [("acct:1", '{"balance":5}')], 7, "ks:ns:worker:b.key")
+
+
+def _mailbox() -> Mailbox:
+    return Mailbox("ks:ns:worker:a", lambda shard: None)
+
+
+async def test_a_grant_signed_for_a_worker_by_a_listed_worker_is_taken_as_it_is() -> None:
+    mailbox, participant = _mailbox(), ReplySigner()
+    _met(mailbox.verifier, participant)
+    with mailbox.expect_grant("op-1", 4, 9) as waiter:
+        mailbox.receive(participant.sign(mailbox.channel, dumps(GRANT.to_wire())).encode())
+        assert await waiter.within(0) == GRANT
+
+
+@pytest.mark.parametrize("sent", ["unsigned", "signer not met", "for another worker", "altered"])
+async def test_any_other_grant_only_wakes_its_waiter_to_read_the_record(sent: str) -> None:
+    mailbox, participant, other = _mailbox(), ReplySigner(), _mailbox()
+    if sent != "signer not met":
+        _met(mailbox.verifier, participant)
+    message = dumps(GRANT.to_wire())
+    raw = {
+        "unsigned": message,
+        "signer not met": participant.sign(mailbox.channel, message),
+        "for another worker": participant.sign(other.channel, message),
+        "altered": participant.sign(mailbox.channel, message).replace('"f":7', '"f":8'),
+    }[sent]
+    with mailbox.expect_grant("op-1", 4, 9) as waiter:
+        mailbox.receive(raw.encode())
+        assert await waiter.within(0) is None
+        assert waiter.event.is_set() is False  # (a wake-up is spent by within())
+    learned: list[list[str]] = []
+
+    async def read(signer_ids: Sequence[str]) -> list[bytes | None]:
+        learned.append(list(signer_ids))
+        return [participant.record().encode() for _ in signer_ids]
+
+    with anyio.move_on_after(0.2):
+        await mailbox.learn_signers(read)
+    # Only a signer not met yet is looked up, once, and its next message is taken.
+    assert learned == ([[participant.signer_id]] if sent == "signer not met" else [])
+    assert mailbox.verifier.knows(participant.signer_id)
+
+
+async def test_a_signed_decision_notice_is_taken_as_it_is() -> None:
+    mailbox, coordinator = _mailbox(), ReplySigner()
+    _met(mailbox.verifier, coordinator)
+    notice = DecisionNotice("op-1", 4, Decision({9: [("acct:1", '{"balance":6}')]}))
+    with mailbox.expect_decision("op-1", 4) as waiter:
+        mailbox.receive(coordinator.sign(mailbox.channel, dumps(notice.to_wire())).encode())
+        assert await waiter.within(0) == notice

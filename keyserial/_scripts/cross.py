@@ -31,6 +31,9 @@ class GrantArgs(ScriptArgs):
     channel: str
     #: The request's entry, where the keys were held (``RequestGone`` if the stream lacks it).
     entry_id: str
+    #: What is published: the grant, signed for the coordinator's worker (which then takes it
+    #: without reading the record back).
+    message: str
 
 
 def grant(shard: ShardKeys, args: GrantArgs) -> ScriptCall[None]:

@@ -71,7 +71,8 @@ def roster_key(namespace: str) -> str:
 
 
 def worker_channel(namespace: str, token: str) -> str:
-    """A worker's coordination channel: grants and decisions of cross-shard ops."""
+    """The prefix of a worker's coordination channel (grants and decisions of cross-shard ops);
+    the channel is ``<prefix>.<the worker's public key>`` (see ``_worker.crossshard.mailbox``)."""
     return f"ks:{namespace}:worker:{token}"
 
 

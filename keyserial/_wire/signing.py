@@ -1,4 +1,6 @@
 """Replies a client can take without reading them back: signed by the worker that sent them.
+(Workers sign their grants and decision notices to each other the same way: a worker's
+coordination channel names a key of its own, as a client's reply channel does.)
 
 Anyone who may publish on a service's reply channels can publish a reply, so an unsigned one is
 only a hint to read the op's record (``_client.outcomes``). A signed one is as good as that record:
@@ -30,6 +32,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 
 #: The suffix a signature adds to a reply message.
 _SIGNED = re.compile(r',"k":"([0-9a-f]{16})","t":"([0-9a-f]{32})"}\Z')
+_SIGNED_BYTES = re.compile(_SIGNED.pattern.encode())
 #: A public key as a reply channel ends with it: 32 bytes, base64url without padding.
 _PUBLIC_KEY = re.compile(r"[A-Za-z0-9_-]{43}\Z")
 _CONTEXT = b"keyserial reply signature v1"
@@ -108,6 +111,13 @@ def signer_renewed_at(raw: bytes | str) -> float:
     return float(at) if isinstance(at, int | float) else 0.0
 
 
+def without_signature(raw: bytes) -> bytes:
+    """A signed message as it was before it was signed (a message with no signature as it is):
+    what a receiver that cannot check the signature reads of it."""
+    found = _SIGNED_BYTES.search(raw)
+    return raw if found is None else raw[: found.start()] + b"}"
+
+
 class ReplySigner:
     """A worker's signing key: drawn when the worker starts, never written anywhere but its
     public half (in the signers hash, see :meth:`record`)."""
@@ -149,7 +159,8 @@ class ReplySigner:
 
 
 class ReplyVerifier:
-    """A client's key pair, the reply channel that names it, and the signers it has met."""
+    """A receiver's key pair, the channel that names it, and the signers it has met: a client's
+    for its replies, or a worker's for the coordination messages other workers send it."""
 
     def __init__(self, channel_prefix: str) -> None:
         self._key = X25519PrivateKey.generate()

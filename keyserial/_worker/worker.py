@@ -145,6 +145,10 @@ class Worker:
                 await task_group.start(self._keep_signer_listed, backend)
                 task_group.start_soon(self._keep_on_roster, backend)
                 task_group.start_soon(self._pipeliner.serve)
+                task_group.start_soon(
+                    self._mailbox.learn_signers,
+                    partial(backend.signer_records, self.settings.namespace),
+                )
                 await task_group.start(self._listen_for_wakeups, backend)
                 task_group.start_soon(self._leases.keep, self.shards, self._stop)
                 self._started.set()

@@ -10,6 +10,8 @@
 -- ARGV[4]  the coordinator's channel ('' with durable_replicas: the owner publishes the grant
 --          once replicas have it)
 -- ARGV[5]  the id of the request's entry the keys were held for
+-- ARGV[6]  the message to publish: the grant, signed for the coordinator's worker when its
+--          channel names a key (the coordinator then takes it without reading the record)
 -- (A worker granting to an op it coordinates itself hands the grant over in process instead.)
 -- Returns 1; error "FENCED ..." if another owner took over; error "GONE ..." if the request's
 -- entry is not in the stream (nothing written).
@@ -21,6 +23,6 @@ if #redis.call('XRANGE', KEYS[3], ARGV[5], ARGV[5]) == 0 then
 end
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 if ARGV[4] ~= '' then
-  redis.call('PUBLISH', ARGV[4], ARGV[3])
+  redis.call('PUBLISH', ARGV[4], ARGV[6])
 end
 return 1

@@ -103,6 +103,16 @@ def writes_by_shard(
     return writes
 
 
+def signed(services: RunnerServices, messages: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """``(channel, message)`` with each message signed for its channel's worker, who then takes
+    it as it is (see ``mailbox``); as it is for a channel that names no key (an older worker's).
+    """
+    signer = services.pipeliner.signer
+    if signer is None:
+        return list(messages)
+    return [(channel, signer.sign(channel, message)) for channel, message in messages]
+
+
 async def publish(services: RunnerServices, messages: Sequence[tuple[str, str]]) -> None:
     """PUBLISH what a script publishes itself without durability. A message lost here is found
     by its receiver's poll of the records."""

@@ -46,6 +46,7 @@ from .coordination import (
     RunnerServices,
     Writes,
     publish,
+    signed,
     split_keys,
     writes_by_shard,
 )
@@ -301,7 +302,10 @@ class Coordinator:
         replies = list(run.replies)
         here = services.mailbox.channel
         message = dumps(notice.to_wire())
-        notices = [(channel, message) for channel in dict.fromkeys(participants) if channel != here]
+        notices = signed(
+            services,
+            [(channel, message) for channel in dict.fromkeys(participants) if channel != here],
+        )
         notices += reply_messages(
             {reply: self._answers(run, outcome) for reply in replies}, services.pipeliner.signer
         )
@@ -373,7 +377,7 @@ class Coordinator:
             while True:
                 if isinstance(message := await waiter.within(services.poll), KeyGrant):
                     log.debug(
-                        "shard %d: grant of shard %d to %s#%d handed over in process",
+                        "shard %d: grant of shard %d to %s#%d handed over (in process or signed)",
                         home.shard,
                         shard,
                         op_id,

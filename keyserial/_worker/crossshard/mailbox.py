@@ -1,12 +1,15 @@
 """A worker's channel for coordination messages: grants to the ops it coordinates, decisions to
 the grants it holds.
 
-A message that comes through Redis is a hint, never an authority: anyone who may publish on the
-channel could have sent it. It only wakes whoever waits for what it names, and the waiter reads
-the fenced record in Redis (the recorded grant, the decision record) and acts on that alone. A
-message nobody waits for is dropped, and every waiter also polls the records, so a lost, forged
-or replayed message costs a read, never a write. Only a message this worker hands itself, in
-process, is taken as it is.
+Anyone who may publish on the channel could have sent a message that comes through Redis, so an
+unsigned one is a hint, never an authority: it only wakes whoever waits for what it names, and
+the waiter reads the fenced record in Redis (the recorded grant, the decision record) and acts
+on that alone. A message that another worker signed for this channel (as a worker signs a
+client's reply, ``_wire.signing``) is as good as its record: the sending worker publishes it
+only from the fenced script that wrote the record, or after that script, so it is taken as it
+is and saves the waiter the read. A message nobody waits for is dropped, and every waiter also
+polls the records, so a lost, forged or replayed message costs a read, never a write. A message
+this worker hands itself, in process, is taken as it is too.
 """
 
 from __future__ import annotations
@@ -14,14 +17,17 @@ from __future__ import annotations
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NoReturn, Protocol
 
 import anyio
 
+from ..._scripts.refusals import Refused
 from ..._wire.messages import DecisionNotice, KeyGrant, MalformedMessage, from_wire
+from ..._wire.signing import ReplyVerifier, without_signature
+from ...errors import BackendUnavailable
 
 if TYPE_CHECKING:
     from ..._wire.layout import ShardKeys
@@ -34,6 +40,12 @@ log = logging.getLogger("keyserial.worker")
 
 #: What a waiter waits for: ("g", op id, attempt, shard) or ("d", op id, attempt).
 Topic = tuple[str, str, int] | tuple[str, str, int, int]
+#: Reads the signers hash's entries of some signer ids (None where there is none).
+ReadSigners = Callable[[Sequence[str]], Awaitable[list[bytes | None]]]
+#: At most this many signers not met yet wait to be read (a forged id costs a field of a read).
+_SIGNERS_DUE = 64
+#: After a read that found some signer not listed, the next waits this long.
+_SIGNER_RETRY = 1.0
 
 
 class LocalShard(Protocol):
@@ -103,11 +115,20 @@ class Waiter:
 class Mailbox:
     """Hands each coordination message to whoever waits for it."""
 
-    def __init__(self, channel: str, local_shard: Callable[[int], LocalShard | None]) -> None:
-        self.channel = channel
+    def __init__(
+        self, channel_prefix: str, local_shard: Callable[[int], LocalShard | None]
+    ) -> None:
+        #: This worker's key pair for the messages signed for it; the channel names its public
+        #: half (``<prefix>.<public key>``), so a sender knows whom to sign for.
+        self.verifier = ReplyVerifier(channel_prefix)
+        self.channel = self.verifier.channel
         #: This worker's runner of a shard, or None if the worker does not own the shard.
         self.local_shard = local_shard
         self._waiting: dict[Topic, list[Waiter]] = defaultdict(list)
+        #: Signers met in messages whose keys are to be read.
+        self._signers_due: dict[str, None] = {}
+        #: Set when signers are due (made once :meth:`learn_signers` runs, in the event loop).
+        self._signers_wanted: anyio.Event | None = None
 
     @contextmanager
     def expect_grant(self, op_id: str, attempt: int, shard: int) -> Iterator[Waiter]:
@@ -133,21 +154,58 @@ class Mailbox:
                 del self._waiting[topic]
 
     def receive(self, data: bytes) -> None:
-        """A message from the worker channel, through Redis: it wakes the waiters of what it
-        names, and nothing it carries is handed over (they read the record instead)."""
+        """A message from the worker channel, through Redis. Signed for this worker by another
+        worker, it is handed over as it is; else it only wakes the waiters of what it names
+        (they read the record instead)."""
+        signed = self.verifier.verified(data, self._signer_met)
         try:
-            message = from_wire(json.loads(data))
+            message = from_wire(json.loads(without_signature(data) if signed is None else signed))
         except (ValueError, MalformedMessage):
             log.error("ignoring a malformed coordination message: %r", data[:200])
+            return
+        if signed is not None:
+            self.deliver(message)
             return
         for waiter in self._waiting.get(_topic(message), ()):
             waiter.wake()
 
     def deliver(self, message: KeyGrant | DecisionNotice) -> None:
-        """Hand a message over in process, from this worker itself: taken as it is."""
+        """Hand a message over to be taken as it is: from this worker itself, in process, or
+        signed for it by another worker."""
         for waiter in self._waiting.get(_topic(message), ()):
             waiter.message = message
             waiter.wake()
+
+    def _signer_met(self, signer_id: str) -> None:
+        if len(self._signers_due) < _SIGNERS_DUE:
+            self._signers_due[signer_id] = None
+            if self._signers_wanted is not None:
+                self._signers_wanted.set()
+
+    async def learn_signers(self, read: ReadSigners) -> NoReturn:
+        """Read the keys of the signers met in messages, in one read for all met meanwhile
+        (until then their messages only wake); run in a task of the worker's."""
+        while True:
+            if not self._signers_due:
+                self._signers_wanted = anyio.Event()
+                await self._signers_wanted.wait()
+            asked = list(self._signers_due)
+            try:
+                records = await read(asked)
+            except (BackendUnavailable, Refused) as exc:
+                log.warning("reading coordination message signers: %s (retrying)", exc)
+                await anyio.sleep(_SIGNER_RETRY)
+                continue
+            for signer_id in asked:
+                del self._signers_due[signer_id]
+            unknown = [
+                signer_id
+                for signer_id, record in zip(asked, records, strict=True)
+                if not self.verifier.learn(signer_id, record)
+            ]
+            if unknown:  # (a forged id, or a worker not listed yet: asked again on its next one)
+                log.info("message signers %s are not listed: their records are read", unknown[:3])
+                await anyio.sleep(_SIGNER_RETRY)
 
 
 def _topic(message: KeyGrant | DecisionNotice) -> Topic:

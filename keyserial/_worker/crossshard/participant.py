@@ -21,7 +21,7 @@ from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant, 
 from ...errors import BackendUnavailable, MalformedOperation
 from ..execution import Run
 from ..pipeline import WriteChainBroken
-from .coordination import RunnerServices, publish
+from .coordination import RunnerServices, publish, signed
 from .mailbox import Waiter
 
 log = logging.getLogger("keyserial.worker")
@@ -114,6 +114,10 @@ class Participant:
         # Durably: the granted states must be on the replicas, with the record, before the
         # coordinator computes on them. (The record is written, and confirmed, on the node
         # that serves the shard now: a WAIT alone could confirm another master's writes.)
+        # Signed for the coordinator's worker, the message is as good as the record: it takes
+        # it without reading the record back.
+        grant = dumps(key_grant.to_wire())
+        ((_, message),) = signed(services, [(request.channel, grant)])
         try:
             await services.fenced(
                 record_grant(
@@ -121,9 +125,10 @@ class Participant:
                     GrantArgs(
                         epoch=home.epoch,
                         field=grant_field(request.op_id, request.attempt),
-                        grant=dumps(key_grant.to_wire()),
+                        grant=grant,
                         channel="" if durable else request.channel,
                         entry_id=entry_id,
+                        message="" if durable else message,
                     ),
                 ),
                 durably=True,
@@ -136,7 +141,7 @@ class Participant:
         if in_process:
             services.mailbox.deliver(key_grant)
         elif durable:
-            await publish(services, [(request.channel, dumps(key_grant.to_wire()))])
+            await publish(services, [(request.channel, message)])
 
     async def _await_decision(self, waiter: Waiter, request: GrantRequest) -> Decision | None:
         """The attempt's decision: handed over in process by this worker's coordinator, or read
@@ -148,7 +153,7 @@ class Participant:
         while True:
             if isinstance(message := await waiter.within(services.poll), DecisionNotice):
                 log.debug(
-                    "shard %d: the decision of %s#%d handed over in process",
+                    "shard %d: the decision of %s#%d handed over (in process or signed)",
                     services.home.shard,
                     request.op_id,
                     request.attempt,
