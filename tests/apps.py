@@ -227,8 +227,12 @@ async def gated_append(ctx: Context, value: Any, note_path: str, gate_path: str)
 
 
 @op
-async def gated_hold(ctx: Context, gate_path: str) -> None:
-    """Keep the key busy, its state untouched, until ``gate_path`` exists."""
+async def gated_hold(ctx: Context, gate_path: str, note_path: str | None = None) -> None:
+    """Keep the key busy, its state untouched, until ``gate_path`` exists (the pid goes to
+    ``note_path`` first, if given, so a test knows the key is held)."""
+    if note_path is not None:
+        async with await anyio.open_file(note_path, "a") as note:
+            await note.write(f"{os.getpid()}\n")
     while not await anyio.Path(gate_path).exists():
         await anyio.sleep(0.01)
 

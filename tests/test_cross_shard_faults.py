@@ -121,13 +121,14 @@ async def test_participant_killed_while_holding_keys(
 async def test_a_grant_request_lost_while_its_keys_were_busy_is_granted_at_its_new_place(
     redis_url: str, namespace: str, start: Starter, tmp_path: Path
 ) -> None:
-    """B's owner has fetched the payment's grant request and waits for B (busy) when the entry
-    vanishes from the stream, as a failover that lost it would leave it. Its grant is refused
-    (the place it held B at is gone): it gives the shard up with no strike, the coordinator
-    appends the request again, and the next owner grants it there. Paid exactly once."""
-    held = tmp_path / "held"
+    """B's owner has taken in the payment's grant request (pushed to it, then confirmed by a
+    step) and waits for B (busy) when the entry vanishes from the stream, as a failover that
+    lost it would leave it. Its grant is refused (the place it held B at is gone): it gives the
+    shard up with no strike, the coordinator appends the request again, and the next owner
+    grants it there. Paid exactly once."""
+    held, gate = tmp_path / "held", tmp_path / "gate"
     async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
-        group.start_soon(b.ks.submit, B, apps.hold(0.5, str(held)))
+        group.start_soon(b.ks.submit, B, apps.gated_hold(str(gate), str(held)))
         await eventually(held.exists, message="B busy on its owner")
         group.start_soon(b.pay, 0)
         shard_1 = ShardKeys(b.namespace, 1)
@@ -144,6 +145,7 @@ async def test_a_grant_request_lost_while_its_keys_were_busy_is_granted_at_its_n
         lost = await request_fetched()
         assert lost is not None
         await b.redis.xdel(shard_1.stream, lost)
+        gate.touch()
         fault_at = b.fault(group)
         await eventually(
             lambda: "giving the shard up" in b.w1.log() + b.standby.log(),

@@ -364,7 +364,7 @@ class Coordinator:
         granted_at = grant_field(op_id, attempt)
         decided_at = decision_field(op_id, attempt)
         with services.mailbox.expect_grant(op_id, attempt, shard) as waiter:
-            entry = await self._append(there, entry_json)
+            entry = await self._append(there, entry_json, fresh=True)
             log.debug(
                 "shard %d (epoch %d): asked shard %d for a grant to %s#%d (entry %s)",
                 home.shard,
@@ -403,7 +403,7 @@ class Coordinator:
                             op_id,
                             shard,
                         )
-                        entry = await self._append(there, entry_json)
+                        entry = await self._append(there, entry_json, fresh=False)
                 except BackendUnavailable as exc:
                     log.warning("shard %d: waiting for a grant: %s", home.shard, exc)
 
@@ -440,10 +440,13 @@ class Coordinator:
         )
         return KeyGrant.from_wire(json.loads(raw))
 
-    async def _append(self, there: ShardKeys, request: str) -> bytes:
+    async def _append(self, there: ShardKeys, request: str, *, fresh: bool) -> bytes:
         """Append a grant request, waiting out a full backlog or an unreachable server; its
         entry id. A shard this worker owns is woken in process (if it changes hands meanwhile,
-        its new owner finds the request at its next poll)."""
+        its new owner finds the request at its next poll). ``fresh``: the attempt's first
+        request to that shard (its id, ``<op id>#<attempt>``, is new: an attempt is this
+        owner's epoch), which travels to the shard's owner in its wake-up (a push), saving it
+        a fetch; a request appended again is announced by its id and fetched."""
         services = self._services
         local = services.mailbox.local_shard(there.shard)
         call = submit(
@@ -453,6 +456,7 @@ class Coordinator:
                 wire_version=WIRE_VERSION,
                 ops=pack_entry([request]),
                 wake_channel="" if local else there.wake_channel,
+                fresh=fresh,
             ),
         )
         backoff = Backoff(0.05, 2.0)
