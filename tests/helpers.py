@@ -28,7 +28,7 @@ from tests import apps
 
 ROOT = Path(__file__).resolve().parent.parent
 #: The log level of the worker processes tests start (DEBUG traces the cross-shard protocol).
-WORKER_LOG_LEVEL = os.environ.get("KS_TEST_WORKER_LOG", "INFO")
+WORKER_LOG_LEVEL = os.environ.get("TEST_WORKER_LOG_LEVEL", "INFO")
 
 
 class WorkerProcess:
