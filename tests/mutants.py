@@ -227,6 +227,23 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "poll-skips-dormant",
+        "G6.22",
+        "the worker's poll never wakes a dormant shard whose stream has new entries",
+        (
+            Edit(
+                "keyserial/_worker/worker.py",
+                "                if has_entries:\n",
+                "                if False:\n",
+            ),
+        ),
+        (
+            "tests/test_idle.py::"
+            "test_an_entry_appended_with_no_wake_up_to_a_dormant_shard_is_found_by_the_poll"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
         "client-forgets-sweep",
         "G6.2",
         "the client never looks up overdue replies",

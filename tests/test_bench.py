@@ -384,3 +384,32 @@ def test_a_run_without_out_writes_a_folder_of_its_own_never_the_published_result
     assert RESULTS_DIR not in config.out_dir.resolve().parents
     chosen = config_from(build_parser().parse_args(["--out", str(RESULTS_DIR)]))
     assert chosen.out_dir == RESULTS_DIR
+
+
+@pytest.mark.parametrize(
+    ("script", "arguments", "fields"),
+    [
+        ("keyspace", ["--keys", "300,600"], {"distinct_keys", "rss_mib", "deposits_per_s"}),
+        (
+            "idle",
+            ["--shards", "4,8", "--seconds", "0.5"],
+            {"shards", "worker_cpu_percent", "commands_per_s", "commands_per_shard_per_s"},
+        ),
+    ],
+)
+def test_the_standalone_benchmark_scripts_run_and_print_a_row_per_point(
+    script: str, arguments: list[str], fields: set[str]
+) -> None:
+    """``python -m benchmarks.keyspace`` and ``benchmarks.idle``, on tiny inputs: one JSON row
+    per point, with the documented fields."""
+    printed = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{script}", *arguments],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    rows = [json.loads(line) for line in printed.splitlines()]
+    assert len(rows) == 2
+    assert all(set(row) == fields for row in rows)

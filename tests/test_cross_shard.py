@@ -9,8 +9,7 @@ import logging
 import random
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from tests.helpers import (
     check_bank,
     eventually,
     keys_on_shard,
+    monitored,
     noted,
     pay_once,
     worker_processes,
@@ -587,7 +587,7 @@ async def test_signed_grants_and_decisions_are_taken_without_reading_their_recor
             ),
             message="each worker knows the other's signer",
         )
-        async with _monitored(redis_url) as commands:
+        async with monitored(redis_url) as commands:
             for _ in range(5):
                 await ks.transfer(source, target, 1)
         assert [await ks.submit(key, balance()) for key in (source, target)] == [94, 6]
@@ -596,24 +596,3 @@ async def test_signed_grants_and_decisions_are_taken_without_reading_their_recor
     assert sum(c.startswith("HSET") and "#g" in c for c in mine) == 5  # (five grants went out)
     assert [c for c in mine if c.startswith(("HGET", "HMGET")) and "#g" in c] == []
     assert [c for c in mine if resolve_sha in c] == []
-
-
-@asynccontextmanager
-async def _monitored(url: str) -> AsyncIterator[list[str]]:
-    """Every command the server runs meanwhile (MONITOR), as ``NAME arg ...`` text."""
-    commands: list[str] = []
-    marker = f"end-of-monitor-{time.time_ns()}"
-    client = redis.asyncio.Redis.from_url(url)
-    try:
-        async with client.monitor() as monitor:
-            yield commands
-            await client.echo(marker)
-            with anyio.fail_after(10):
-                async for info in monitor.listen():
-                    command = str(info["command"])
-                    if marker in command:
-                        break
-                    name, _, rest = command.partition(" ")
-                    commands.append(f"{name.upper()} {rest}")
-    finally:
-        await client.aclose()

@@ -149,6 +149,14 @@ class Commands:
         )
         return list(records)
 
+    async def entries_after(self, cursors: Sequence[tuple[ShardKeys, str]]) -> list[bool]:
+        """For each (shard, entry id): whether the shard's stream has an entry after that one
+        (True too where the server answered with an error: look, to be safe). One pipeline."""
+        replies = await self.pipeline(
+            [("XRANGE", shard.stream, f"({cursor}", "+", "COUNT", 1) for shard, cursor in cursors]
+        )
+        return [isinstance(reply, Exception) or bool(reply) for reply in replies]
+
     async def lease_held(self, shard: ShardKeys) -> bool:
         """Whether some worker holds the shard's lease."""
         return bool(await self.call("EXISTS", shard.lease))

@@ -192,7 +192,11 @@ class ResultGenerations:
 
     def rotate(self, now_ms: int) -> bool:
         """Whether this step should ask for a new generation."""
-        if self._since is not None and now_ms < self._since + self._retention:
+        if not self.due(now_ms):
             return False
         self._since = now_ms
         return True
+
+    def due(self, now_ms: int) -> bool:
+        """Whether the next step would ask for one."""
+        return self._since is None or now_ms >= self._since + self._retention

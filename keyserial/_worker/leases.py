@@ -81,11 +81,21 @@ class Leases:
         """Renew the held leases and try the free ones of ``shards``, until cancelled. Once
         ``stopping`` is set it acquires nothing more, but keeps renewing while a shutdown
         drains, so draining commits are not fenced off."""
-        tick = min(self._settings.lease_ttl / 4, 0.5)
         async with anyio.create_task_group() as task_group:
             while True:
                 self._round(shards, stopping.is_set(), task_group)
-                await anyio.sleep(tick)
+                await anyio.sleep(self._tick)
+
+    @property
+    def _tick(self) -> float:
+        """How often a round runs: free shards are tried every round."""
+        return min(self._settings.lease_ttl / 4, 0.5)
+
+    def _renewal_due(self, held: Held, now: float) -> bool:
+        """Whether a held lease is renewed in this round: every quarter of its TTL (less a
+        round, so that no round falls late), not every round: with a long TTL and hundreds of
+        shards, renewals were a large part of an idle worker's Redis traffic."""
+        return now - held.renewed_at >= max(self._tick, self._settings.lease_ttl / 4 - self._tick)
 
     def rest(self, shard: int) -> None:
         """Leave ``shard`` to other workers for a lease TTL (its runner failed: a bug would
@@ -119,8 +129,9 @@ class Leases:
         """Start a round for each Redis node whose last round has ended."""
         now = anyio.current_time()
         rounds: dict[str, tuple[list[int], list[int]]] = defaultdict(lambda: ([], []))
-        for shard in self._held:
-            rounds[self._backend.node_of(self._keys(shard).lease)][0].append(shard)
+        for shard, held in self._held.items():
+            if self._renewal_due(held, now):
+                rounds[self._backend.node_of(self._keys(shard).lease)][0].append(shard)
         for shard in shards:
             if self._may_acquire(shard, now, stopping):
                 rounds[self._backend.node_of(self._keys(shard).lease)][1].append(shard)

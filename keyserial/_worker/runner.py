@@ -109,6 +109,9 @@ class ShardRunner:
         self._wakeups = Wakeups()
         self._commits = CommitPlanner(shard, settings.idle_poll)
         self._generations = ResultGenerations(grant.results_since, settings.result_ttl_ms)
+        #: Steps in a row that committed, trimmed, fetched and confirmed nothing (see
+        #: :attr:`dormant`).
+        self._empty_steps = 0
         #: Set once :meth:`run` has returned: no step will ever come again.
         self._ended = False
         self.executor = Executor(
@@ -149,7 +152,6 @@ class ShardRunner:
             async with anyio.create_task_group() as task_group:
                 self._task_group = task_group
                 self._chains.open(task_group)
-                task_group.start_soon(self._poll)
                 await self._step_loop()
                 task_group.cancel_scope.cancel()
         finally:
@@ -184,7 +186,8 @@ class ShardRunner:
         self.wake()
 
     def entries_waiting(self) -> None:
-        """New entries may be in the stream that no push brings: the next step fetches."""
+        """New entries may be in the stream that no push brings (or the worker's poll, every
+        ``idle_poll``, looks for a wake-up that may have been lost): the next step fetches."""
         self._wakeups.must_fetch = True
         self.wake()
 
@@ -200,12 +203,23 @@ class ShardRunner:
             await self._wakeup.wait()
         self._woken = False
 
-    async def _poll(self) -> None:
-        """Fetch every ``idle_poll`` seconds, in case a wake-up was lost. (One timer for the
-        runner's life: a timeout on every sleep cost visibly under spread-out load.)"""
-        while True:
-            await anyio.sleep(self._settings.idle_poll)
-            self.entries_waiting()
+    @property
+    def dormant(self) -> bool:
+        """Idle for two polls in a row: nothing running, nothing to commit, two steps that
+        fetched nothing (the second found the stream trimmed, and nothing pushed to confirm),
+        and no new results generation due. The worker's poll looks for new entries for all its
+        dormant shards in one cheap read, and wakes those that have some, instead of a step for
+        each: with hundreds of idle shards, those steps were most of an idle worker's CPU."""
+        return (
+            self._empty_steps >= 2
+            and not (self._running or self._finished or self._dead)
+            and not self._generations.due(int(time.time() * 1000))
+        )
+
+    @property
+    def cursor(self) -> str:
+        """The last entry this owner has fetched or taken in."""
+        return self._cursor
 
     def _spawn(self, task: Callable[[], Coroutine[Any, Any, None]]) -> bool:
         if self._task_group is None:
@@ -296,6 +310,8 @@ class ShardRunner:
             self.write_chain.broken = True
             raise WriteChainBroken(str(exc)) from None
         self._wakeups.stepped(want, len(fetched.entries), record)
+        empty = not (commit.payload or commit.trim_to or fetched.entries or pushed_to or record)
+        self._empty_steps = self._empty_steps + 1 if empty and want else 0
         self.metrics.stepped(batch, len(dead), began)
         self.states.step_done(number)
         if commit.trim_to and (commit.trim_now or not want or not fetched.entries):
