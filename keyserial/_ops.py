@@ -164,13 +164,23 @@ class Op(Generic[P, R]):
     """An op function registered under a name. Calling it builds a :class:`Call`, it does not
     run it: ``await ks.submit("account:5", withdraw(30))``."""
 
-    def __init__(self, fn: Callable[..., Any], name: str, *, multi_key: bool = False) -> None:
+    def __init__(
+        self, fn: Callable[..., Any], name: str, *, multi_key: bool = False, blocking: bool = False
+    ) -> None:
         if not name or not isinstance(name, str):
             raise ConfigError(f"op name must be a non-empty string, not {name!r}")
         self.fn = fn
         self.name = name
         self.multi_key = multi_key
         self.is_async = inspect.iscoroutinefunction(fn)
+        if blocking and self.is_async:
+            raise ConfigError(
+                f"op {name!r}: blocking=True is for sync ops (an async op runs on the event"
+                " loop; make it sync, or await the blocking call through a thread)"
+            )
+        #: A sync op that may block (CPU work, blocking I/O): run in a worker thread, so the
+        #: worker's event loop, its other keys and its lease renewals, never wait for it.
+        self.blocking = blocking
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 
@@ -193,16 +203,22 @@ def op(fn: Callable[Concatenate[Context, P], Awaitable[R]], /) -> Op[P, R]: ...
 @overload
 def op(fn: Callable[Concatenate[Context, P], R], /) -> Op[P, R]: ...
 @overload
-def op(*, name: str) -> _NamedOp: ...
-def op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None) -> Any:
+def op(*, name: str | None = None, blocking: bool = False) -> _NamedOp: ...
+def op(
+    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, blocking: bool = False
+) -> Any:
     """Register a function ``fn(ctx, *args, **kwargs)`` as an op, named after it unless ``name``.
 
-    Sync ops run on the worker's event loop and must be quick; use ``async def`` for I/O, so
-    ops on other keys of the shard keep running while it waits.
+    A sync op runs on the worker's event loop, between two awaits: the fastest way, for quick
+    ops. One that may block (CPU work, ``time.sleep``, a blocking client such as ``requests``
+    or the Django ORM) stalls every shard of its worker meanwhile, so declare it
+    ``blocking=True``: it then runs in a worker thread, its key held until it returns (ops on
+    the key stay in order), while the worker's other keys and its leases go on. Use
+    ``async def`` for I/O you can await.
     """
 
     def wrap(function: Callable[..., Any]) -> Op[..., Any]:
-        return Op(function, _op_name(function, name))
+        return Op(function, _op_name(function, name), blocking=blocking)
 
     return wrap if fn is None else wrap(fn)
 
@@ -212,13 +228,18 @@ def multi_op(fn: Callable[Concatenate[MultiContext, P], Awaitable[R]], /) -> Op[
 @overload
 def multi_op(fn: Callable[Concatenate[MultiContext, P], R], /) -> Op[P, R]: ...
 @overload
-def multi_op(*, name: str) -> Callable[[Callable[..., Any]], Op[..., Any]]: ...
-def multi_op(fn: Callable[..., Any] | None = None, /, *, name: str | None = None) -> Any:
+def multi_op(
+    *, name: str | None = None, blocking: bool = False
+) -> Callable[[Callable[..., Any]], Op[..., Any]]: ...
+def multi_op(
+    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, blocking: bool = False
+) -> Any:
     """Register ``fn(ctx: MultiContext, *args, **kwargs)`` as an op on several keys, submitted
-    with ``ks.submit_many(keys, op(...))``: it sees and writes all their states atomically."""
+    with ``ks.submit_many(keys, op(...))``: it sees and writes all their states atomically.
+    ``blocking``: as for :func:`op`."""
 
     def wrap(function: Callable[..., Any]) -> Op[..., Any]:
-        return Op(function, _op_name(function, name), multi_key=True)
+        return Op(function, _op_name(function, name), multi_key=True, blocking=blocking)
 
     return wrap if fn is None else wrap(fn)
 

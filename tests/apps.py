@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 import anyio
@@ -279,3 +280,34 @@ def fail_deep(ctx: Context, depth: int, padding: int = 0) -> None:
         fail_deep.fn(ctx, depth - 1, padding)
         return
     raise RuntimeError(f"boom at the bottom of {ctx.key}" + "!" * padding)
+
+
+@op(blocking=True)
+def gated_block(ctx: Context, gate_path: str, note_path: str) -> int:
+    """A blocking op: notes the pid in ``note_path``, then blocks its thread (``time.sleep``,
+    never awaiting) until ``gate_path`` exists; adds 1 to the key's count."""
+    with open(note_path, "a") as note:
+        note.write(f"{os.getpid()}\n")
+    while not os.path.exists(gate_path):
+        time.sleep(0.01)
+    ctx.state = (ctx.state or 0) + 1
+    return int(ctx.state)
+
+
+@op(blocking=True)
+def blocking_fail(ctx: Context) -> None:
+    """A blocking op that raises in its thread after writing: nothing it wrote is kept."""
+    ctx.state = "written"
+    raise RuntimeError("boom in a thread")
+
+
+@op
+def stall_loop(ctx: Context, seconds: float) -> None:
+    """A sync op not declared blocking that blocks anyway: the worker warns, naming it."""
+    time.sleep(seconds)
+
+
+@multi_op(blocking=True)
+def blocking_pay(ctx: MultiContext, amount: int) -> int:
+    """:func:`pay_now` declared blocking: it runs in a thread, across shards too."""
+    return _pay(ctx, amount)

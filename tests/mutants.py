@@ -244,6 +244,23 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "blocking-op-inline",
+        "G6.23",
+        "an op declared blocking=True runs on the worker's event loop all the same",
+        (
+            Edit(
+                "keyserial/_ops.py",
+                "        self.blocking = blocking\n",
+                "        self.blocking = False\n",
+            ),
+        ),
+        (
+            "tests/test_blocking_ops.py::"
+            "test_a_blocking_op_leaves_the_loop_free_keeps_its_key_in_order_and_every_lease"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
         "client-forgets-sweep",
         "G6.2",
         "the client never looks up overdue replies",

@@ -386,22 +386,34 @@ def test_a_run_without_out_writes_a_folder_of_its_own_never_the_published_result
     assert chosen.out_dir == RESULTS_DIR
 
 
+_SPIN = {"op", "spin_s", "other_ops_during_spin", "p50_ms", "p99_ms", "max_ms", "leases_lost"}
+
+
 @pytest.mark.parametrize(
-    ("script", "arguments", "fields"),
+    ("script", "arguments", "rows"),
     [
-        ("keyspace", ["--keys", "300,600"], {"distinct_keys", "rss_mib", "deposits_per_s"}),
+        ("keyspace", ["--keys", "300,600"], [{"distinct_keys", "rss_mib", "deposits_per_s"}] * 2),
         (
             "idle",
             ["--shards", "4,8", "--seconds", "0.5"],
-            {"shards", "worker_cpu_percent", "commands_per_s", "commands_per_shard_per_s"},
+            [{"shards", "worker_cpu_percent", "commands_per_s", "commands_per_shard_per_s"}] * 2,
+        ),
+        (
+            "blocking",
+            ["--spin", "0.3", "--lease-ttl", "1", "--callers", "2", "--cost-seconds", "0.3"],
+            [
+                _SPIN,
+                _SPIN,
+                {"quick_op_per_s_inline", "quick_op_per_s_blocking", "blocking_over_inline"},
+            ],
         ),
     ],
 )
 def test_the_standalone_benchmark_scripts_run_and_print_a_row_per_point(
-    script: str, arguments: list[str], fields: set[str]
+    script: str, arguments: list[str], rows: list[set[str]]
 ) -> None:
-    """``python -m benchmarks.keyspace`` and ``benchmarks.idle``, on tiny inputs: one JSON row
-    per point, with the documented fields."""
+    """``python -m benchmarks.keyspace``, ``benchmarks.idle`` and ``benchmarks.blocking``, on
+    tiny inputs: one JSON row per point, with the documented fields."""
     printed = subprocess.run(
         [sys.executable, "-m", f"benchmarks.{script}", *arguments],
         cwd=ROOT,
@@ -410,6 +422,4 @@ def test_the_standalone_benchmark_scripts_run_and_print_a_row_per_point(
         timeout=120,
         check=True,
     ).stdout
-    rows = [json.loads(line) for line in printed.splitlines()]
-    assert len(rows) == 2
-    assert all(set(row) == fields for row in rows)
+    assert [set(json.loads(line)) for line in printed.splitlines()] == rows

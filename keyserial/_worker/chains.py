@@ -83,11 +83,13 @@ class Chains:
         # Only an op that involves other shards holds fewer keys here than it names.
         local = self._coordination.local_keys(envelope)
         keys = envelope.keys if local is None else local
-        if local is None and not any(key in self._chains for key in keys):
-            definition = self._executor.definition(envelope)
-            if definition is None or not definition.is_async:
-                self._executor.execute_now(run)  # nothing to wait for: no task needed
-                return
+        if (
+            local is None
+            and not any(key in self._chains for key in keys)
+            and not self._executor.awaited(envelope)
+        ):
+            self._executor.execute_now(run)  # nothing to wait for: no task needed
+            return
         if local is not None and self._coordination.start_now(run):
             return
         item: Run | Barrier = (

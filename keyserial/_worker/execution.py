@@ -7,10 +7,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import traceback
 from collections.abc import Callable, Mapping
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, TypeGuard
+
+import anyio
+import anyio.to_thread
 
 from .._logfields import fields
 from .._ops import Context, MultiContext, Op, Registry
@@ -22,6 +26,10 @@ log = logging.getLogger("keyserial.worker")
 
 #: An op's outcome (JSON) and its keys' new states (None: it failed, nothing is written).
 Evaluated = tuple[str, dict[str, str | None] | None]
+#: Seconds a sync op may hold the event loop before the worker warns that it should be
+#: ``blocking`` (every shard of the worker waits while it runs).
+SLOW_INLINE_OP = 0.1
+_SLOW_WARNING_EVERY = 60.0
 
 
 @dataclass(slots=True)
@@ -90,14 +98,22 @@ class Executor:
     states: KeyStates
     on_complete: Callable[[Run, str], None]
     max_state_bytes: int = 16 << 20
+    _slow_inline_ops: _SlowInlineOps = field(default_factory=lambda: _SlowInlineOps())
 
     def definition(self, envelope: Envelope) -> Op[..., Any] | None:
         return self.registry.get(envelope.name)
 
     def runs_inline(self, envelope: Envelope) -> bool:
-        """Whether the op exists, takes the keys it was given, and is not ``async``."""
+        """Whether the op exists, takes the keys it was given, and runs on the event loop with
+        nothing to await (neither ``async`` nor ``blocking``)."""
         definition = self.definition(envelope)
-        return _accepts_keys(definition, envelope) and not definition.is_async
+        return _accepts_keys(definition, envelope) and not _awaited(definition)
+
+    def awaited(self, envelope: Envelope) -> bool:
+        """Whether the op has to be awaited (``async``, or ``blocking``: in a thread), so it
+        needs a task; an op that cannot run is refused at once, with no task."""
+        definition = self.definition(envelope)
+        return definition is not None and _awaited(definition)
 
     def next_fence(self) -> int:
         """A fencing token for an op on this shard's keys: larger than every one before it
@@ -161,9 +177,10 @@ class Executor:
         self._applied(run, self.evaluate_now(envelope, self._current(envelope), {}))
 
     async def execute(self, run: Run) -> None:
-        """Run any op on the shard's states: an ``async`` one is awaited."""
+        """Run any op on the shard's states: an ``async`` one is awaited, a ``blocking`` one
+        runs in a worker thread."""
         definition = self.definition(run.envelope)
-        if definition is None or not definition.is_async or self.cannot_run(run.envelope):
+        if definition is None or not _awaited(definition) or self.cannot_run(run.envelope):
             self.execute_now(run)
             return
         envelope = run.envelope
@@ -187,13 +204,11 @@ class Executor:
         and every key's new state (None if it failed). ``fences``: the fencing tokens of its
         keys on other shards, from their owners (this shard's keys get one of this shard's)."""
         definition, context = self._begin(envelope, states, fences)
-        assert not definition.is_async, "runs_inline() first"
-        try:
-            value: Any = definition.fn(context, *envelope.args, **envelope.kwargs)
-        except Exception as exc:
-            value = _Raised(exc)
-        except asyncio.CancelledError as exc:
-            value = _Raised(_escaped(exc))
+        assert not _awaited(definition), "runs_inline() first"
+        began = time.monotonic()
+        value = _called(definition.fn, context, envelope)
+        if (took := time.monotonic() - began) >= SLOW_INLINE_OP:
+            self._slow_inline_ops.warn(envelope, took)
         return self._end(envelope, context, value)
 
     async def evaluate(
@@ -203,8 +218,15 @@ class Executor:
         if self.runs_inline(envelope):
             return self.evaluate_now(envelope, states, fences)
         definition, context = self._begin(envelope, states, fences)
+        if definition.blocking:
+            # (Abandoned on cancel: a thread cannot be stopped, and the runner's end must not
+            # wait for it; what it returns then is dropped, as a killed worker's would be.)
+            value: Any = await anyio.to_thread.run_sync(
+                _called, definition.fn, context, envelope, abandon_on_cancel=True
+            )
+            return self._end(envelope, context, value)
         try:
-            value: Any = await definition.fn(context, *envelope.args, **envelope.kwargs)
+            value = await definition.fn(context, *envelope.args, **envelope.kwargs)
         except Exception as exc:
             value = _Raised(exc)
         except asyncio.CancelledError as exc:
@@ -323,6 +345,44 @@ def _described(exc: Exception) -> str:
         return str(exc)
     except Exception as failure:
         return f"(str() of this {type(exc).__name__} raised {type(failure).__name__})"
+
+
+def _awaited(definition: Op[..., Any]) -> bool:
+    """Whether the op is awaited (``async``, or ``blocking``: in a thread), not run inline."""
+    return definition.is_async or definition.blocking
+
+
+def _called(fn: Callable[..., Any], context: Context | MultiContext, envelope: Envelope) -> Any:
+    """What a sync op returned, or what it raised (as :class:`_Raised`)."""
+    try:
+        return fn(context, *envelope.args, **envelope.kwargs)
+    except Exception as exc:
+        return _Raised(exc)
+    except asyncio.CancelledError as exc:
+        return _Raised(_escaped(exc))
+
+
+class _SlowInlineOps:
+    """Warns of a sync op that held the event loop for ``SLOW_INLINE_OP`` or more: once per op
+    name, then at most once a minute, with how long it took."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, float] = {}
+
+    def warn(self, envelope: Envelope, took: float) -> None:
+        now = time.monotonic()
+        if now - self._last.get(envelope.name, -_SLOW_WARNING_EVERY) < _SLOW_WARNING_EVERY:
+            return
+        self._last[envelope.name] = now
+        log.warning(
+            "op %r (%s) ran %.2fs on the worker's event loop: every shard of this worker"
+            " waited meanwhile. Declare it @keyserial.op(blocking=True) to run it in a"
+            " thread, or make it async",
+            envelope.name,
+            envelope.op_id,
+            took,
+            extra=fields(op=envelope.name, op_id=envelope.op_id, key=envelope.key),
+        )
 
 
 def _accepts_keys(definition: Op[..., Any] | None, envelope: Envelope) -> TypeGuard[Op[..., Any]]:
