@@ -5,7 +5,8 @@ and, for each shard count, one worker process owning every shard of a fresh name
 worker answers an op on every shard, nothing more is submitted, and over ``--seconds`` the
 worker's CPU (``utime + stime`` from ``/proc``, as % of one core) and the server's commands
 (``INFO`` ``total_commands_processed``) are measured: the lease renewals and the idle polls.
-Linux only (``/proc``).
+``--standby`` adds a second worker listing every shard (it owns none) and reports its CPU too;
+the commands then include its acquire attempts. Linux only (``/proc``).
 """
 
 from __future__ import annotations
@@ -56,40 +57,49 @@ def _commands_processed(client: redis.Redis) -> int:
     return stats["total_commands_processed"]
 
 
-def measure(url: str, shards: int, seconds: float) -> dict[str, float]:
+def measure(url: str, shards: int, seconds: float, standby: bool) -> dict[str, float]:
     namespace = f"idle-{shards}"
-    flags = ["--redis", url, "--namespace", namespace, "--shard-count", str(shards)]
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "keyserial", "worker", *flags, "--log-level", "WARNING"], cwd=ROOT
-    )
+    command = [sys.executable, "-m", "keyserial", "worker", "--redis", url]
+    command += ["--namespace", namespace, "--shard-count", str(shards), "--log-level", "WARNING"]
+    workers = [subprocess.Popen(command, cwd=ROOT)]
     try:
         anyio.run(answer_on_every_shard, url, namespace, shards)
+        if standby:
+            workers.append(subprocess.Popen(command, cwd=ROOT))
         client = redis.Redis.from_url(url)
-        time.sleep(1)  # (the last replies and commits settle)
-        cpu, commands = cpu_seconds(worker.pid), _commands_processed(client)
+        time.sleep(3 if standby else 1)  # (the last commits settle; the standby's first round)
+        cpu, commands = [cpu_seconds(w.pid) for w in workers], _commands_processed(client)
         time.sleep(seconds)
-        cpu = cpu_seconds(worker.pid) - cpu
+        cpu = [cpu_seconds(w.pid) - before for w, before in zip(workers, cpu, strict=True)]
         commands = _commands_processed(client) - commands - 1
         client.close()
     finally:
-        worker.terminate()
-        worker.wait(60)
-    return {
+        for worker in workers:
+            worker.terminate()
+            worker.wait(60)
+    row = {
         "shards": shards,
-        "worker_cpu_percent": round(100 * cpu / seconds, 2),
+        "worker_cpu_percent": round(100 * cpu[0] / seconds, 2),
         "commands_per_s": round(commands / seconds, 1),
         "commands_per_shard_per_s": round(commands / seconds / shards, 3),
     }
+    if standby:
+        row["standby_cpu_percent"] = round(100 * cpu[1] / seconds, 2)
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.idle")
     parser.add_argument("--shards", default="16,256,1024", help="shard counts")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds each")
+    parser.add_argument(
+        "--standby", action="store_true", help="a second worker listing every shard, standing by"
+    )
     args = parser.parse_args(argv)
     with LocalServer() as server:
         for shards in (int(count) for count in args.shards.split(",")):
-            print(json.dumps(measure(server.url, shards, args.seconds)), flush=True)
+            row = measure(server.url, shards, args.seconds, args.standby)
+            print(json.dumps(row), flush=True)
     return 0
 
 

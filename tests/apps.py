@@ -221,7 +221,8 @@ async def gated_append(ctx: Context, value: Any, note_path: str, gate_path: str)
     items = list(ctx.state or [])
     async with await anyio.open_file(note_path, "a") as note:
         await note.write(f"{os.getpid()}\n")
-    while not await anyio.Path(gate_path).exists():
+    # (A plain check, no thread hop: a worker resumed from SIGSTOP finishes the op at once.)
+    while not os.path.exists(gate_path):  # noqa: ASYNC240
         await anyio.sleep(0.01)
     ctx.state = [*items, value]
     return list(ctx.state)
@@ -234,7 +235,8 @@ async def gated_hold(ctx: Context, gate_path: str, note_path: str | None = None)
     if note_path is not None:
         async with await anyio.open_file(note_path, "a") as note:
             await note.write(f"{os.getpid()}\n")
-    while not await anyio.Path(gate_path).exists():
+    # (A plain check, no thread hop: a worker resumed from SIGSTOP finishes the op at once.)
+    while not os.path.exists(gate_path):  # noqa: ASYNC240
         await anyio.sleep(0.01)
 
 

@@ -244,6 +244,23 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "standby-deaf-to-release",
+        "G6.22",
+        "a standby ignores the wake-up of a released shard: it waits out the lease it last saw",
+        (
+            Edit(
+                "keyserial/_worker/worker.py",
+                "                self._leases.try_soon(shard)",
+                "                pass",
+            ),
+        ),
+        (
+            "tests/test_idle.py::"
+            "test_a_standby_tries_a_held_shard_once_its_lease_may_end_and_at_once_on_release"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
         "blocking-op-inline",
         "G6.23",
         "an op declared blocking=True runs on the worker's event loop all the same",

@@ -18,7 +18,7 @@ import redis.asyncio
 import keyserial
 from keyserial import PoisonOperation, ResultNotFound
 from keyserial._backend.backend import Backend
-from keyserial._scripts.lease import AcquireArgs, acquire
+from keyserial._scripts.lease import AcquireArgs, LeaseGrant, acquire
 from keyserial._wire.codec import dead_letter_envelopes as envelopes
 from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests import apps
@@ -308,7 +308,7 @@ async def test_the_acquire_that_dead_letters_an_op_publishes_no_reply(
     async with client.pubsub() as pubsub:
         await pubsub.subscribe(reply)
         grant = await backend.run_call(acquire(keys, AcquireArgs("owner", 5000, 3, "a-1")))
-        assert grant is not None and grant.poisoned == "poison"
+        assert isinstance(grant, LeaseGrant) and grant.poisoned == "poison"
         await client.publish(reply, "sentinel")
         with anyio.fail_after(5):
             while (
@@ -365,7 +365,7 @@ async def test_a_poison_op_whose_arguments_json_cannot_carry_is_dead_lettered_al
     await client.set(keys.horizon, entry)
     await client.hset(keys.suspect, mapping={"op": "poison", "strikes": 2})
     grant = await backend.run_call(acquire(keys, AcquireArgs("owner", 5000, 3, "a-1")))
-    assert grant is not None and grant.poisoned == "poison"
+    assert isinstance(grant, LeaseGrant) and grant.poisoned == "poison"
     ((_, letter),) = await client.xrange(keys.dead)
     assert json.loads(letter[b"raw"])["id"] == "poison"
     assert b"PoisonOperation" in (await client.hget(keys.results, "poison") or b"")

@@ -1,11 +1,16 @@
 """What an idle worker costs. Once a shard has been idle for two polls (nothing running or to
 commit, two steps that fetched nothing), its owner takes no step for it: the worker's poll
 reads, in one pipeline for all such shards, whether their streams have new entries, and wakes
-only those. A lease is renewed every quarter of its TTL, not at every lease round. What this
-saves is measured by ``python -m benchmarks.idle`` (benchmarks/README.md)."""
+only those. A lease is renewed every quarter of its TTL, not at every lease round, and a
+standby tries a held shard when the lease it saw would run out, or at once when it is
+released. What this saves is measured by ``python -m benchmarks.idle`` (benchmarks/README.md)."""
 
 from __future__ import annotations
 
+import signal
+from typing import Any
+
+import anyio
 import redis.asyncio
 
 import keyserial
@@ -13,7 +18,8 @@ from keyserial._scripts.calls import Script
 from keyserial.ledger import deposit
 from keyserial.testing import running_worker
 from tests.entries import append_entry, envelope, stored
-from tests.helpers import eventually, eventually_async, keys_on_shard, monitored
+from tests.helpers import Starter, eventually, eventually_async, keys_on_shard, monitored
+from tests.ownership import holder_pid, inspector
 
 SHARDS = 8
 
@@ -74,3 +80,42 @@ async def test_an_entry_appended_with_no_wake_up_to_a_dormant_shard_is_found_by_
             ) == {"ok": 11}
     finally:
         await client.aclose()
+
+
+async def test_a_standby_tries_a_held_shard_once_its_lease_may_end_and_at_once_on_release(
+    redis_url: str, namespace: str, start: Starter
+) -> None:
+    """A standby learns how long each held lease lives and tries the shard again only then
+    (lease TTL 8 s: once in the window below, where it tried at every 0.5 s round), unless a
+    wake-up on the shard's channel says something happened: when the owner stops and releases
+    its shards, the standby owns them well within the lease TTL it last saw."""
+    acquire_sha = Script.load("acquire").sha
+    shards = f"0-{SHARDS - 1}"
+    owner = start(redis_url, namespace, shards=shards, shard_count=SHARDS, lease_ttl=8)
+    async with (
+        inspector(redis_url) as client,
+        keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+    ):
+        assert await ks.submit("k", deposit(1), timeout=30) == 1
+        await eventually_async(lambda: _all_held_by(client, namespace, owner.pid), timeout=30)
+        async with monitored(redis_url) as commands:
+            standby = start(redis_url, namespace, shards=shards, shard_count=SHARDS, lease_ttl=8)
+            await eventually(
+                lambda: _tried(commands, acquire_sha, namespace) >= SHARDS,
+                timeout=30,
+                message="the standby's first round",
+            )
+            await anyio.sleep(3)  # (six rounds)
+        assert _tried(commands, acquire_sha, namespace) <= 2 * SHARDS
+        owner.signal(signal.SIGTERM)
+        # (The leases it last saw live 5 s more at least: without the release's wake-up it
+        # would not try them before.)
+        await eventually_async(lambda: _all_held_by(client, namespace, standby.pid), timeout=3)
+
+
+async def _all_held_by(client: Any, namespace: str, pid: int) -> bool:
+    return all([await holder_pid(client, namespace, shard) == pid for shard in range(SHARDS)])
+
+
+def _tried(commands: list[str], acquire_sha: str, namespace: str) -> int:
+    return sum(acquire_sha in c and namespace in c for c in commands)

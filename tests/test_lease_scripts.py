@@ -28,7 +28,7 @@ TTL_MS = 60_000
 
 async def _owned(backend: Backend, keys: ShardKeys, token: str) -> LeaseGrant:
     grant = await backend.run_call(acquire(keys, AcquireArgs(token, TTL_MS, 3, f"{token}-1")))
-    assert grant is not None
+    assert isinstance(grant, LeaseGrant)
     return grant
 
 

@@ -64,7 +64,7 @@ async def appended(backend: Backend, keys: ShardKeys, op_id: str, *, fresh: bool
 
 async def owned(backend: Backend, keys: ShardKeys, attempt: str = "a") -> LeaseGrant:
     grant = await backend.run_call(acquire(keys, AcquireArgs(attempt, 5000, 3, attempt)))
-    assert grant is not None
+    assert isinstance(grant, LeaseGrant)
     return grant
 
 

@@ -22,7 +22,7 @@ from keyserial._scripts.commit import (
     step,
 )
 from keyserial._scripts.cross import DecideArgs, Decided, GrantArgs, decide, grant
-from keyserial._scripts.lease import AcquireArgs, LeaseGrant, acquire
+from keyserial._scripts.lease import AcquireArgs, LeaseGrant, LeaseHeld, acquire
 from keyserial._scripts.refusals import Fenced, Replayed, RequestGone
 from keyserial.testing import ShardKeys, running_worker
 from tests.entries import envelope
@@ -33,7 +33,7 @@ pytestmark = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
 
 async def acquired(
     backend: Backend, keys: ShardKeys, token: str, attempt: str
-) -> LeaseGrant | None:
+) -> LeaseGrant | LeaseHeld:
     return await backend.run_call(acquire(keys, AcquireArgs(token, 5000, 3, attempt)))
 
 
@@ -50,14 +50,15 @@ async def test_an_acquire_sent_again_by_its_owner_returns_the_same_grant_and_no_
     first = await acquired(backend, keys, "me", "try-1")
     again = await acquired(backend, keys, "me", "try-1")
     assert again == first
-    assert first is not None
+    assert isinstance(first, LeaseGrant)
     assert first.suspect == "suspect", "the grant names the struck op: the new owner runs it alone"
     assert await client.get(keys.epoch) == b"1"
     assert await client.hgetall(keys.suspect) == {b"op": b"suspect", b"strikes": b"1"}
     for token, attempt in (("other", "try-1"), ("me", "try-2")):
         # Another worker, or a new attempt of this one (its old runner's calls may still land),
-        # gets nothing while the lease lives.
-        assert await acquired(backend, keys, token, attempt) is None
+        # gets nothing while the lease lives, but how long it lives.
+        held = await acquired(backend, keys, token, attempt)
+        assert isinstance(held, LeaseHeld) and 0 < held.expires_in_ms <= 5000
 
 
 async def test_a_grant_request_left_unfinished_by_a_crash_is_never_a_suspect(

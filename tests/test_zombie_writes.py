@@ -101,14 +101,16 @@ async def test_a_zombie_coordinator_s_decision_reaches_redis_and_is_refused(
 async def test_a_zombie_participant_s_commit_reaches_redis_and_is_refused(
     redis_url: str, namespace: str, start: Starter, tmp_path: Path
 ) -> None:
-    """The participant has fetched the grant request but is still busy with an earlier op on
-    the key when it freezes; its successor grants and the op completes. Resumed, the zombie
-    finishes the earlier op and, before it may grant, commits that op's outcome under its old
-    epoch: Redis refuses it, and the zombie gives the shard up without granting."""
-    held = tmp_path / "held"
+    """The participant has taken in the grant request (pushed, then confirmed by a step) but
+    is still busy with an earlier op on the key when it freezes; its successor grants and the
+    op completes. Resumed, the zombie finishes the earlier op and, before it may grant, commits
+    that op's outcome under its old epoch: Redis refuses it, and the zombie gives the shard up
+    without granting."""
+    held, gate = tmp_path / "held", tmp_path / "gate"
     async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
         stale_epoch = await _epoch(b, 1)
-        group.start_soon(partial(b.ks.submit, B, apps.hold(0.5, str(held)), op_id="busy-on-b"))
+        busy = apps.gated_hold(str(gate), str(held))
+        group.start_soon(partial(b.ks.submit, B, busy, op_id="busy-on-b"))
         await eventually(held.exists, message="B busy on its owner")
         group.start_soon(b.pay, 0)
         shard_1 = ShardKeys(b.namespace, 1)
@@ -121,6 +123,7 @@ async def test_a_zombie_participant_s_commit_reaches_redis_and_is_refused(
         await until(request_fetched, "the grant request fetched by B's owner")
         assert not await b.recorded(1, "victim#1#g"), "B is still busy: no grant yet"
         b.w1.signal(signal.SIGSTOP)
+        gate.touch()  # (the standby's replay of the busy op ends; the zombie's, once resumed)
         fault_at = b.fault(group)
         await until(lambda: holder_is(b, 1, b.standby), "the standby owns B's shard")
         await until(lambda: b.applied(B), "the standby granted and applied B's part")

@@ -1,7 +1,7 @@
 """Typed calls of the lease scripts: ``acquire``, ``renew`` and ``release`` a shard's lease.
 
-Each call's reply becomes what the worker acts on: a :class:`LeaseGrant` (or None), whether a
-lease was renewed or released.
+Each call's reply becomes what the worker acts on: a :class:`LeaseGrant` (or :class:`LeaseHeld`),
+whether a lease was renewed or released.
 """
 
 from __future__ import annotations
@@ -30,6 +30,13 @@ class LeaseGrant:
     suspect: str | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class LeaseHeld:
+    """What acquiring a lease someone else holds returned: how long it lives unless renewed."""
+
+    expires_in_ms: int
+
+
 @script_args("acquire")
 class AcquireArgs(ScriptArgs):
     """Who asks for a shard's lease, for how long, and how many strikes dead-letter an op."""
@@ -41,9 +48,9 @@ class AcquireArgs(ScriptArgs):
     attempt: str
 
 
-def _grant(reply: list[Any]) -> LeaseGrant | None:
-    if not reply:
-        return None  # the lease is someone else's
+def _grant(reply: list[Any]) -> LeaseGrant | LeaseHeld:
+    if len(reply) == 1:
+        return LeaseHeld(int(reply[0]))  # the lease is someone else's
     epoch, progress, careful, poisoned, results_since, replay, suspect = map(text, reply)
     return LeaseGrant(
         epoch=int(epoch),
@@ -56,8 +63,8 @@ def _grant(reply: list[Any]) -> LeaseGrant | None:
     )
 
 
-def acquire(shard: ShardKeys, args: AcquireArgs) -> ScriptCall[LeaseGrant | None]:
-    """Take the shard's lease if it is free: the grant, or None if someone else holds it."""
+def acquire(shard: ShardKeys, args: AcquireArgs) -> ScriptCall[LeaseGrant | LeaseHeld]:
+    """Take the shard's lease if it is free: the grant, or how long the holder's lives."""
     k = shard
     keys = [
         k.lease,

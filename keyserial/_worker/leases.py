@@ -24,6 +24,7 @@ from .._scripts.calls import ScriptCall
 from .._scripts.lease import (
     AcquireArgs,
     LeaseGrant,
+    LeaseHeld,
     ReleaseArgs,
     RenewArgs,
     acquire,
@@ -76,6 +77,10 @@ class Leases:
     _acquiring: set[int] = field(default_factory=set, init=False)
     #: Each shard's acquire attempt whose answer was lost (see ``acquire.lua``).
     _attempts: dict[int, str] = field(default_factory=dict, init=False)
+    #: Shards another worker holds, and when their lease runs out unless renewed: they are not
+    #: tried before (a standby listing 1024 shards tried each one every round), unless a
+    #: wake-up on the shard's channel says something happened there (:meth:`try_soon`).
+    _not_before: dict[int, float] = field(default_factory=dict, init=False)
 
     async def keep(self, shards: Sequence[int], stopping: anyio.Event) -> None:
         """Renew the held leases and try the free ones of ``shards``, until cancelled. Once
@@ -97,6 +102,11 @@ class Leases:
         shards, renewals were a large part of an idle worker's Redis traffic."""
         return now - held.renewed_at >= max(self._tick, self._settings.lease_ttl / 4 - self._tick)
 
+    def try_soon(self, shard: int) -> None:
+        """Something happened on a shard another worker holds (its owner released it, or an op
+        was appended and its owner may be gone): try it at the next round."""
+        self._not_before.pop(shard, None)
+
     def rest(self, shard: int) -> None:
         """Leave ``shard`` to other workers for a lease TTL (its runner failed: a bug would
         fail again at once, in a tight loop)."""
@@ -115,6 +125,11 @@ class Leases:
             try:
                 await self._backend.run_many(calls)
                 log.info("released shards %s", format_shards(shards))
+                # (A wake-up on each shard's channel: a standby tries it at once, not when the
+                # lease it last saw would have run out.)
+                await self._backend.pipeline(
+                    [("PUBLISH", self._keys(shard).wake_channel, "released") for shard in shards]
+                )
             except BackendUnavailable as exc:
                 log.warning(
                     "could not release leases (%s); they expire in %gs",
@@ -147,6 +162,7 @@ class Leases:
             or shard in self._held
             or shard in self._acquiring
             or self._resting.get(shard, 0) > now
+            or self._not_before.get(shard, 0) > now
         )
 
     async def _node_round(self, node: str, owned: list[int], free: list[int]) -> None:
@@ -183,9 +199,13 @@ class Leases:
                     log.log(level, "acquiring shard %d failed: %s", shard, reply)
                     continue
                 self._attempts.pop(shard, None)  # answered: the next acquire is a new attempt
-                # None: someone else holds the lease. Never a second runner for a shard held:
-                # it would share the first one's epoch, and fencing could not tell them apart.
-                if reply is not None and shard not in self._held:
+                if isinstance(reply, LeaseHeld):  # someone else's: tried again once it may end
+                    self._not_before[shard] = sent_at + max(0, reply.expires_in_ms) / 1000
+                    continue
+                self._not_before.pop(shard, None)
+                # Never a second runner for a shard held: it would share the first one's
+                # epoch, and fencing could not tell them apart.
+                if shard not in self._held:
                     self._start(shard, reply, sent_at)
         finally:
             self._rounds.discard(node)
@@ -233,7 +253,7 @@ class Leases:
                 self._metrics.renew_failed([shard])
                 self._drop(shard, "the lease expired and another worker may own the shard")
 
-    def _acquire_call(self, shard: int) -> ScriptCall[LeaseGrant | None]:
+    def _acquire_call(self, shard: int) -> ScriptCall[LeaseGrant | LeaseHeld]:
         return acquire(
             self._keys(shard),
             AcquireArgs(

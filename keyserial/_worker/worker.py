@@ -390,8 +390,11 @@ class Worker:
             if channel == mailbox.channel:
                 mailbox.receive(data)
                 return
-            holder = self._owned.get(shard_of.get(channel, -1))
-            if holder is not None:
+            shard = shard_of.get(channel, -1)
+            holder = self._owned.get(shard)
+            if holder is None and shard >= 0:
+                self._leases.try_soon(shard)  # (a standby: its owner may have released it)
+            elif holder is not None:
                 pushed = parse_push(data)
                 if pushed is None:
                     holder.runner.entries_waiting()

@@ -13,7 +13,8 @@
 --          to it and run); dropped here, so that it only ever names the current owner
 -- ARGV[1]  the new owner's token   ARGV[2]  lease TTL (ms)   ARGV[3]  strikes before dead-letter
 -- ARGV[4]  the attempt id (unique per attempt, the same when the call is sent again)
--- Returns {} when the lease is held by someone else; otherwise
+-- Returns {milliseconds} when the lease is held by someone else: how long it lives unless renewed
+-- (its PTTL: a standby tries again then, not at every round); otherwise
 -- {epoch, progress, careful_until, poisoned, results_since, replay_until, suspect}
 --   progress       the last entry id whose ops have all committed ('0-0': none yet);
 --   careful_until  '' after a clean handover; after a crash, the highest entry id the dead owner
@@ -103,7 +104,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   end
 end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
-  return {}
+  return {redis.call('PTTL', KEYS[1])}
 end
 
 local function granted(reply)
