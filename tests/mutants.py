@@ -156,15 +156,10 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_worker/execution.py",
-                "            value: Any = definition.fn("
-                "context, *envelope.args, **envelope.kwargs)\n"
-                "        except Exception as exc:\n            value = _Raised(exc)\n",
-                "            value: Any = definition.fn("
-                "context, *envelope.args, **envelope.kwargs)\n"
-                "        except Exception as exc:\n"
-                "            if isinstance(context, Context):\n"
-                "                self.states.write(context.key, context.encoded_state())\n"
-                "            value = _Raised(exc)\n",
+                "        value = _called(definition.fn, context, envelope)\n",
+                "        value = _called(definition.fn, context, envelope)\n"
+                "        if isinstance(value, _Raised) and isinstance(context, Context):\n"
+                "            self.states.write(context.key, context.encoded_state())\n",
             ),
         ),
         (
