@@ -3,6 +3,7 @@ that it rests on, and the notification-lock port checked against the library it 
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import random
@@ -423,3 +424,24 @@ def test_the_standalone_benchmark_scripts_run_and_print_a_row_per_point(
         check=True,
     ).stdout
     assert [set(json.loads(line)) for line in printed.splitlines()] == rows
+
+
+def test_the_scaling_benchmark_writes_its_table_json_and_chart(tmp_path: Path) -> None:
+    """``python -m benchmarks.scaling`` on one small point: a row per workload, in its three
+    files."""
+    point = ["--workers", "2", "--shards", "4", "--seconds", "0.3", "--out", str(tmp_path)]
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.scaling", *point],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=180,
+        check=True,
+    )
+    rows = json.loads((tmp_path / "scaling.json").read_text())
+    assert [(row["workers"], row["shards"], row["workload"]) for row in rows] == [
+        (2, 4, "uniform"),
+        (2, 4, "transfer"),
+    ]
+    assert all(row["ops_per_s"] > 0 and row["workers_us_per_op"] for row in rows)
+    assert "| 2 | 4 |" in (tmp_path / "scaling.md").read_text()
+    assert (tmp_path / "scaling.png").exists() or importlib.util.find_spec("matplotlib") is None
