@@ -256,6 +256,37 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "pause-ignored",
+        "G8.26",
+        "a worker reads the paused keys but holds none of them",
+        (
+            Edit(
+                "keyserial/_worker/runner.py",
+                "            self._paused[key] = self._chains.hold((key,))\n",
+                "            continue\n",
+            ),
+        ),
+        (
+            "tests/test_pause.py::"
+            "test_a_paused_key_s_ops_queue_while_its_shard_flows_and_run_in_order_once_resumed"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "pause-forgotten-at-takeover",
+        "G8.26",
+        "a new owner does not read the paused keys when it takes the shard over",
+        (
+            Edit(
+                "keyserial/_worker/runner.py",
+                "                await self._follow_pauses()  # (recorded in Redis: honoured from"
+                " the first op)\n",
+                "",
+            ),
+        ),
+        ("tests/test_pause.py::test_the_next_owner_honours_a_pause_after_a_crash" + _STANDALONE,),
+    ),
+    Mutant(
         "blocking-op-inline",
         "G6.23",
         "an op declared blocking=True runs on the worker's event loop all the same",

@@ -14,7 +14,14 @@ from typing import Any, TypeVar
 
 from .._scripts.calls import ScriptArg, ScriptCall, decoded
 from .._scripts.refusals import ScriptMissing
-from .._wire.layout import ShardKeys, meta_key, roster_key, signers_key
+from .._wire.layout import (
+    PAUSES_CHANGED,
+    ShardKeys,
+    meta_key,
+    pauses_key,
+    roster_key,
+    signers_key,
+)
 from ..errors import ConfigError, ShardCountMismatch
 
 Command = Sequence[ScriptArg]
@@ -156,6 +163,38 @@ class Commands:
             [("XRANGE", shard.stream, f"({cursor}", "+", "COUNT", 1) for shard, cursor in cursors]
         )
         return [isinstance(reply, Exception) or bool(reply) for reply in replies]
+
+    async def paused_keys(self, shard: ShardKeys) -> dict[bytes, bytes]:
+        """The shard's paused keys, with their records."""
+        (paused,) = raise_errors(await self.pipeline([("HGETALL", shard.paused)]))
+        return _as_dict(paused)
+
+    async def all_paused(self, shards: Sequence[ShardKeys]) -> list[dict[bytes, bytes]]:
+        """Each shard's paused keys, in one pipeline."""
+        replies = raise_errors(await self.pipeline([("HGETALL", s.paused) for s in shards]))
+        return [_as_dict(paused) for paused in replies]
+
+    async def pauses_changed(self, namespace: str) -> int:
+        """The namespace's count of pauses and resumes (0: none yet)."""
+        return int(await self.call("GET", pauses_key(namespace)) or 0)
+
+    async def set_paused(self, shard: ShardKeys, key: str, record: str | None) -> bool:
+        """Pause ``key`` (``record``: its JSON record) or resume it (None), then bump the
+        namespace's counter and wake the shard's owner; whether the key was paused before."""
+        change: Command = (
+            ("HDEL", shard.paused, key) if record is None else ("HSET", shard.paused, key, record)
+        )
+        (before,) = raise_errors(await self.pipeline([("HEXISTS", shard.paused, key)]))
+        raise_errors(
+            await self.pipeline(
+                [
+                    change,
+                    ("INCR", pauses_key(shard.namespace)),
+                    ("PUBLISH", shard.wake_channel, PAUSES_CHANGED),
+                ]
+            )
+        )
+        return bool(before)
 
     async def lease_held(self, shard: ShardKeys) -> bool:
         """Whether some worker holds the shard's lease."""

@@ -65,6 +65,16 @@ def signers_key(namespace: str) -> str:
     return f"ks:{namespace}:signers"
 
 
+def pauses_key(namespace: str) -> str:
+    """A counter every pause and resume of a key in the namespace increments: a worker that sees
+    it change reads its shards' paused keys again (``ShardKeys.paused``)."""
+    return f"ks:{namespace}:pauses"
+
+
+#: The wake-up an operator publishes on a shard's channel once it paused or resumed a key there.
+PAUSES_CHANGED = "pauses"
+
+
 def roster_key(namespace: str) -> str:
     """The hash in which running workers list themselves (see ``_wire.roster``)."""
     return f"ks:{namespace}:workers"
@@ -160,6 +170,9 @@ class ShardKeys:
     #: A key written only to be replicated: a WAIT after it covers every write before it (the
     #: ``durable_replicas`` setting).
     barrier = _ShardKey("barrier")
+    #: Hash: resource key -> JSON ``{"at": ms}``, the keys an operator paused (``keyserial
+    #: keys pause``): their ops queue and none runs until resumed, whoever owns the shard.
+    paused = _ShardKey("paused")
 
     @property
     def wake_channel(self) -> str:

@@ -112,6 +112,10 @@ class ShardRunner:
         #: Steps in a row that committed, trimmed, fetched and confirmed nothing (see
         #: :attr:`dormant`).
         self._empty_steps = 0
+        #: The keys an operator paused on this shard (``keyserial keys pause``), each held on
+        #: its chain: its ops queue behind the hold, and the shard's other keys flow.
+        self._paused: dict[str, Hold] = {}
+        self._pauses_stale = False
         #: Set once :meth:`run` has returned: no step will ever come again.
         self._ended = False
         self.executor = Executor(
@@ -152,6 +156,7 @@ class ShardRunner:
             async with anyio.create_task_group() as task_group:
                 self._task_group = task_group
                 self._chains.open(task_group)
+                await self._follow_pauses()  # (recorded in Redis: honoured from the first op)
                 await self._step_loop()
                 task_group.cancel_scope.cancel()
         finally:
@@ -169,6 +174,25 @@ class ShardRunner:
             return
         loaded = await self._retrying(lambda: self._backend.all_states(self.keys))
         self.states.load_all({key.decode(): state.decode() for key, state in loaded.items()})
+
+    def pauses_changed(self) -> None:
+        """An operator paused or resumed some key of the namespace: the step loop reads this
+        shard's paused keys again before it takes in anything more (the wake-up that says so
+        arrives ahead of any push appended after the pause)."""
+        self._pauses_stale = True
+        self.wake()
+
+    async def _follow_pauses(self) -> None:
+        """Hold each key paused in Redis (behind the ops already queued on it), and let go of
+        each that was resumed."""
+        records = await self._retrying(lambda: self._backend.paused_keys(self.keys))
+        paused = {key.decode() for key in records}
+        for key in sorted(paused - self._paused.keys()):
+            self._paused[key] = self._chains.hold((key,))
+            log.info("shard %d: key %r paused: its ops wait until it is resumed", self.shard, key)
+        for key in sorted(self._paused.keys() - paused):
+            self._chains.release(self._paused.pop(key))
+            log.info("shard %d: key %r resumed", self.shard, key)
 
     @property
     def uncommitted(self) -> int:
@@ -234,6 +258,9 @@ class ShardRunner:
         round trip per step, until stopped. Pushes are taken in, and sync ops run, between
         steps: under load each step commits what came in since the last one."""
         while True:
+            if self._pauses_stale:
+                self._pauses_stale = False
+                await self._follow_pauses()
             if (pushed := self._take_push()) is not None:
                 await self._dispatch(pushed)
             want, replaying = self._fetch_size(), self._replay_until is not None

@@ -31,7 +31,7 @@ from .._ops import Registry
 from .._scripts.lease import LeaseGrant
 from .._settings import Settings
 from .._wire.codec import GRANT_OP, parse_push
-from .._wire.layout import ShardKeys, worker_channel
+from .._wire.layout import PAUSES_CHANGED, ShardKeys, worker_channel
 from .._wire.roster import ROSTER_RENEW, OpSetMismatch, WorkerEntry, live_entries, mismatches
 from .._wire.routing import format_shards, parse_shards
 from .._wire.signing import SIGNER_RENEW, SIGNER_TTL, ReplySigner, signer_renewed_at
@@ -44,6 +44,7 @@ from .pipeline import Pipeliner, WriteChainBroken
 from .runner import ShardRunner
 
 log = logging.getLogger("keyserial.worker")
+_PAUSES_CHANGED = PAUSES_CHANGED.encode()
 
 
 class Worker:
@@ -357,8 +358,10 @@ class Worker:
         in one pipeline, and wake only those that have some (all of them if Redis does not
         answer: their steps then meet the outage). One timer for the worker: a timeout on every
         sleep cost visibly under spread-out load, and a timer per runner at 1024 shards."""
+        pauses: int | None = None
         while True:
             await anyio.sleep(self.settings.idle_poll)
+            pauses = await self._follow_pause_count(backend, pauses)
             dormant = []
             for held in list(self._owned.values()):
                 if held.runner.dormant:
@@ -374,6 +377,18 @@ class Worker:
             for runner, has_entries in zip(dormant, found, strict=True):
                 if has_entries:
                     runner.entries_waiting()
+
+    async def _follow_pause_count(self, backend: Backend, seen: int | None) -> int | None:
+        """The namespace's count of pauses and resumes; if it moved since ``seen``, every
+        runner reads its shard's paused keys again (a lost wake-up costs a poll)."""
+        try:
+            count = await backend.pauses_changed(self.settings.namespace)
+        except BackendUnavailable:
+            return seen
+        if seen is not None and count != seen:
+            for held in list(self._owned.values()):
+                held.runner.pauses_changed()
+        return count
 
     def _runner(self, shard: int) -> ShardRunner | None:
         holder = self._owned.get(shard)
@@ -394,6 +409,8 @@ class Worker:
             holder = self._owned.get(shard)
             if holder is None and shard >= 0:
                 self._leases.try_soon(shard)  # (a standby: its owner may have released it)
+            elif holder is not None and data == _PAUSES_CHANGED:
+                holder.runner.pauses_changed()
             elif holder is not None:
                 pushed = parse_push(data)
                 if pushed is None:

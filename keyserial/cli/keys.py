@@ -1,5 +1,8 @@
 """``keyserial call``, ``read`` and ``result``: an operator's view of one key, through the same
-client an app uses (so the client ACL user is enough).
+client an app uses (so the client ACL user is enough). ``keyserial keys pause|resume|paused``:
+an operator's hold on a key, recorded in the shard's ``paused`` hash (the worker ACL user: a
+client user may not write it). A paused key's ops queue and none runs, whoever owns the shard,
+until it is resumed; its shard's other keys flow.
 
 ``call KEY OP [ARG...]`` submits an op by name: each ARG is taken as JSON if it parses as JSON
 (``5``, ``"5"``, ``[1,2]``, ``null``), else as a string (``hello``); ``--kw NAME=ARG`` passes a
@@ -13,18 +16,23 @@ import argparse
 import json
 import math
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio
 
+from .._backend.backend import Backend
 from .._client.api import Client
 from .._client.connect import connect, default_url
 from .._ops import call as named_call
+from .._wire.layout import ShardKeys
+from .._wire.routing import shard_for
 from ..errors import OperationFailed, ResultNotFound, SubmitTimeout
-from .arguments import Subcommands, connection_options, seconds
+from .arguments import Subcommands, connection_options, run_connected, seconds
+from .status import shard_count
 
-COMMANDS = ("call", "read", "result")
+COMMANDS = ("call", "read", "result", "keys")
 
 
 def add_commands(commands: Subcommands) -> None:
@@ -67,8 +75,20 @@ def add_commands(commands: Subcommands) -> None:
         help="the op's key (repeat it for each key of a multi-key op, in order)",
     )
 
+    keys = commands.add_parser(
+        "keys", help="pause or resume a key's ops, or list the paused keys"
+    ).add_subparsers(dest="keys_command", required=True, metavar="{pause,resume,paused}")
+    for name, what in (
+        ("pause", "hold a key's ops: they queue, and none runs until it is resumed"),
+        ("resume", "let a paused key's queued ops run, in order"),
+    ):
+        keys.add_parser(name, parents=[common], help=what).add_argument("key")
+    keys.add_parser("paused", parents=[common], help="list the paused keys, as JSON")
+
 
 def run(args: argparse.Namespace) -> int:
+    if args.command == "keys":
+        return run_connected(args, _pause_command)
     commands: dict[str, Callable[[Client, argparse.Namespace], Awaitable[Any]]] = {
         "call": _call,
         "read": _read,
@@ -122,3 +142,30 @@ def _keyword(text: str) -> tuple[str, Any]:
     if not equals or not name.isidentifier():
         raise argparse.ArgumentTypeError(f"{text!r} is not NAME=ARG")
     return name, _json_or_text(value)
+
+
+async def _pause_command(backend: Backend, args: argparse.Namespace) -> int:
+    count = await shard_count(backend, args.namespace)
+    if args.keys_command == "paused":
+        shards = [ShardKeys(args.namespace, shard) for shard in range(count)]
+        paused = [
+            {"key": key.decode(), "shard": keys.shard, **json.loads(found)}
+            for keys, records in zip(shards, await backend.all_paused(shards), strict=True)
+            for key, found in records.items()
+        ]
+        print(json.dumps(paused, ensure_ascii=False))
+        return 0
+    shard = shard_for(args.key, count)
+    pausing = args.keys_command == "pause"
+    record = json.dumps({"at": int(time.time() * 1000)}) if pausing else None
+    was_paused = await backend.set_paused(ShardKeys(args.namespace, shard), args.key, record)
+    if pausing:
+        again = " (it was paused already)" if was_paused else ""
+        print(
+            f"paused {args.key!r} (shard {shard}){again}: its ops queue until"
+            f" `keyserial keys resume {args.key}`"
+        )
+    else:
+        was = "" if was_paused else " (it was not paused)"
+        print(f"resumed {args.key!r} (shard {shard}){was}: its queued ops run, in order")
+    return 0
