@@ -156,10 +156,12 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_worker/execution.py",
-                "        value = _called(definition.fn, context, envelope)\n",
-                "        value = _called(definition.fn, context, envelope)\n"
-                "        if isinstance(value, _Raised) and isinstance(context, Context):\n"
-                "            self.states.write(context.key, context.encoded_state())\n",
+                "no context manager either)\n"
+                "            value = _called(definition.fn, context, envelope)\n",
+                "no context manager either)\n"
+                "            value = _called(definition.fn, context, envelope)\n"
+                "            if isinstance(value, _Raised) and isinstance(context, Context):\n"
+                "                self.states.write(context.key, context.encoded_state())\n",
             ),
         ),
         (
@@ -285,6 +287,16 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         ("tests/test_pause.py::test_the_next_owner_honours_a_pause_after_a_crash" + _STANDALONE,),
+    ),
+    Mutant(
+        "trace-context-not-sent",
+        "G8.27",
+        "a traced submit sends no trace context with its op",
+        (Edit("keyserial/_wire/codec.py", "    if trace:\n", "    if False:\n"),),
+        (
+            "tests/test_telemetry.py::"
+            "test_a_traced_submit_and_the_op_s_run_are_one_trace_across_processes" + _STANDALONE,
+        ),
     ),
     Mutant(
         "blocking-op-inline",

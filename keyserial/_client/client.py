@@ -25,6 +25,7 @@ from .._backend.backend import Backend
 from .._backend.durability import stored_confirmed
 from .._ops import Call
 from .._settings import Settings
+from .._telemetry import Carrier, submitting, tracer
 from .._wire.codec import decode_outcome, decode_reply, encode_envelope, replied_op_ids
 from .._wire.layout import ShardKeys, reply_channel
 from .._wire.signing import ReplyVerifier
@@ -168,10 +169,30 @@ class AsyncioClient(Client):
 
         :raises SubmitTimeout: if it is not settled within ``timeout`` seconds.
         """
-        loop = self._check_loop()
         fresh = op_id is None
         op_id = op_id or self.new_op_id()
-        envelope = encode_envelope(op_id, keys, call, self._reply)
+        traced = tracer()
+        if traced is None:  # (the common case: no span, and no context manager either)
+            return await self._traced(keys, shard, call, timeout, op_id, fresh, None, appended_only)
+        with submitting(traced, call.name, keys, op_id) as trace:
+            return await self._traced(
+                keys, shard, call, timeout, op_id, fresh, trace, appended_only
+            )
+
+    async def _traced(
+        self,
+        keys: Keys,
+        shard: int,
+        call: Call[Any],
+        timeout: float,
+        op_id: str,
+        fresh: bool,
+        trace: Carrier | None,
+        appended_only: bool,
+    ) -> Pending:
+        """:meth:`_settled` in the submit's span (``trace``: its context, sent with the op)."""
+        loop = self._check_loop()
+        envelope = encode_envelope(op_id, keys, call, self._reply, trace)
         size = len(envelope) if envelope.isascii() else len(envelope.encode())  # bytes
         if size > self.settings.max_payload_bytes:
             key = keys if isinstance(keys, str) else keys[0]

@@ -46,6 +46,8 @@ class Envelope:
     #: Each key's shard, once the worker has routed a multi-key op (see ``_wire.routing.route``):
     #: routed once, not at every step of its way.
     shards: tuple[int, ...] = ()
+    #: The W3C trace context of the submit that sent it (``tc``), if the client traced it.
+    trace: dict[str, str] | None = None
 
     @property
     def key(self) -> str:
@@ -67,9 +69,14 @@ class MalformedEntry(Exception):
 
 
 def encode_envelope(
-    op_id: str, key: str | Sequence[str], call: Call[Any], reply: str | None
+    op_id: str,
+    key: str | Sequence[str],
+    call: Call[Any],
+    reply: str | None,
+    trace: Mapping[str, str] | None = None,
 ) -> str:
-    """``key`` is one key, or the keys of a multi-key op.
+    """``key`` is one key, or the keys of a multi-key op; ``trace``, the W3C trace context of
+    the submit (OpenTelemetry's ``traceparent`` and ``tracestate``).
 
     :raises TypeError, ValueError: when an argument is not JSON-serializable (the message names
         the op and the argument).
@@ -86,6 +93,8 @@ def encode_envelope(
         envelope["kwargs"] = dict(call.kwargs)
     if reply is not None:
         envelope["reply"] = reply
+    if trace:
+        envelope["tc"] = dict(trace)
     try:
         return dumps(envelope)
     except (TypeError, ValueError) as exc:
@@ -215,7 +224,21 @@ def _decode_envelope(item: Any) -> Envelope | MalformedEntry:
     if problem is not None:
         return MalformedEntry(problem, op_id=op_id, reply=reply)
     assert isinstance(name, str)
-    return Envelope(op_id, tuple(str(key) for key in keys), name, args, kwargs, reply, multi)
+    envelope = Envelope(op_id, tuple(str(key) for key in keys), name, args, kwargs, reply, multi)
+    if "tc" in item:
+        envelope.trace = _trace_context(item["tc"])
+    return envelope
+
+
+def _trace_context(value: Any) -> dict[str, str] | None:
+    """A trace context as sent (an object of strings, at most a few short headers), else None:
+    a bad one is dropped, never a reason to refuse the op."""
+    if not isinstance(value, dict) or len(value) > 4:
+        return None
+    for header, text in value.items():
+        if not isinstance(header, str) or not isinstance(text, str) or len(text) > 512:
+            return None
+    return value
 
 
 def dead_letter_envelopes(raw: str) -> tuple[list[dict[str, Any]], list[str]]:

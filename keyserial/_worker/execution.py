@@ -10,12 +10,14 @@ import logging
 import time
 import traceback
 from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, TypeGuard
 
 import anyio
 import anyio.to_thread
 
+from .. import _telemetry as telemetry
 from .._logfields import fields
 from .._ops import Context, MultiContext, Op, Registry
 from .._wire.codec import Envelope, encode_error, encode_ok
@@ -206,7 +208,13 @@ class Executor:
         definition, context = self._begin(envelope, states, fences)
         assert not _awaited(definition), "runs_inline() first"
         began = time.monotonic()
-        value = _called(definition.fn, context, envelope)
+        traced = telemetry.tracer()
+        if traced is None:  # (the common case: no span, and no context manager either)
+            value = _called(definition.fn, context, envelope)
+        else:
+            with _run_span(traced, envelope) as span:
+                value = _called(definition.fn, context, envelope)
+                _record(span, value)
         if (took := time.monotonic() - began) >= SLOW_INLINE_OP:
             self._slow_inline_ops.warn(envelope, took)
         return self._end(envelope, context, value)
@@ -218,19 +226,12 @@ class Executor:
         if self.runs_inline(envelope):
             return self.evaluate_now(envelope, states, fences)
         definition, context = self._begin(envelope, states, fences)
-        if definition.blocking:
-            # (Abandoned on cancel: a thread cannot be stopped, and the runner's end must not
-            # wait for it; what it returns then is dropped, as a killed worker's would be.)
-            value: Any = await anyio.to_thread.run_sync(
-                _called, definition.fn, context, envelope, abandon_on_cancel=True
-            )
-            return self._end(envelope, context, value)
-        try:
-            value = await definition.fn(context, *envelope.args, **envelope.kwargs)
-        except Exception as exc:
-            value = _Raised(exc)
-        except asyncio.CancelledError as exc:
-            value = _Raised(_escaped(exc))
+        traced = telemetry.tracer()
+        if traced is None:
+            return self._end(envelope, context, await _awaited_call(definition, context, envelope))
+        with _run_span(traced, envelope) as span:
+            value = await _awaited_call(definition, context, envelope)
+            _record(span, value)
         return self._end(envelope, context, value)
 
     def _begin(
@@ -350,6 +351,36 @@ def _described(exc: Exception) -> str:
 def _awaited(definition: Op[..., Any]) -> bool:
     """Whether the op is awaited (``async``, or ``blocking``: in a thread), not run inline."""
     return definition.is_async or definition.blocking
+
+
+async def _awaited_call(
+    definition: Op[..., Any], context: Context | MultiContext, envelope: Envelope
+) -> Any:
+    """What an ``async`` op returned, or a ``blocking`` one in a worker thread; or what it
+    raised (as :class:`_Raised`)."""
+    if definition.blocking:
+        # (Abandoned on cancel: a thread cannot be stopped, and the runner's end must not
+        # wait for it; what it returns then is dropped, as a killed worker's would be.)
+        return await anyio.to_thread.run_sync(
+            _called, definition.fn, context, envelope, abandon_on_cancel=True
+        )
+    try:
+        return await definition.fn(context, *envelope.args, **envelope.kwargs)
+    except Exception as exc:
+        return _Raised(exc)
+    except asyncio.CancelledError as exc:
+        return _Raised(_escaped(exc))
+
+
+def _run_span(traced: Any, envelope: Envelope) -> AbstractContextManager[Any]:
+    """The op's run as a span, the child of the submit that sent it (OpenTelemetry)."""
+    keys = envelope.keys if envelope.multi else envelope.key
+    return telemetry.running(traced, envelope.name, keys, envelope.op_id, envelope.trace)
+
+
+def _record(span: Any, value: Any) -> None:
+    if isinstance(value, _Raised):
+        telemetry.failed(span, value.error)
 
 
 def _called(fn: Callable[..., Any], context: Context | MultiContext, envelope: Envelope) -> Any:

@@ -1,0 +1,77 @@
+"""OpenTelemetry tracing, with the ``otel`` extra (``pip install 'keyserial[otel]'``).
+
+A submit is a span (kind PRODUCER) whose W3C trace context travels in the op's envelope (``tc``:
+the ``traceparent`` and ``tracestate`` headers), and the worker runs the op in a span (kind
+CONSUMER) that is its child: an op's run shows under the request that submitted it, across
+processes, and the spans an op makes itself nest under its run. Spans are made only when
+opentelemetry-api is installed and an SDK tracer provider is set, by the app or by
+``opentelemetry-instrument`` from the ``OTEL_*`` variables; otherwise an op costs one check.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+try:
+    from opentelemetry import propagate as _propagate
+    from opentelemetry import trace as _trace
+
+    _INSTALLED = True
+except ImportError:  # (the otel extra is not installed)
+    _INSTALLED = False
+
+#: A trace context as it travels: W3C headers (``traceparent``, ``tracestate``).
+Carrier = dict[str, str]
+
+
+def tracer() -> Any:
+    """keyserial's tracer, or None when nothing would record its spans."""
+    if not _INSTALLED:
+        return None
+    provider = _trace.get_tracer_provider()
+    if isinstance(provider, _trace.ProxyTracerProvider | _trace.NoOpTracerProvider):
+        return None
+    return provider.get_tracer("keyserial")
+
+
+@contextmanager
+def submitting(traced: Any, op: str, keys: str | Sequence[str], op_id: str) -> Iterator[Carrier]:
+    """A submit's span (``traced``: :func:`tracer`'s), current while it runs; yields the trace
+    context to send with the op."""
+    attributes = {"keyserial.op": op, "keyserial.op_id": op_id, "keyserial.key": _key(keys)}
+    with traced.start_as_current_span(
+        f"keyserial submit {op}", kind=_trace.SpanKind.PRODUCER, attributes=attributes
+    ):
+        carrier: Carrier = {}
+        _propagate.inject(carrier)
+        yield carrier
+
+
+@contextmanager
+def running(
+    traced: Any, op: str, keys: str | Sequence[str], op_id: str, sent: Mapping[str, str] | None
+) -> Iterator[Any]:
+    """An op's run on the worker, a child of the submit that ``sent`` its trace context (a
+    root span if it sent none); yields the span."""
+    parent = _propagate.extract(dict(sent)) if sent else None
+    attributes = {"keyserial.op": op, "keyserial.op_id": op_id, "keyserial.key": _key(keys)}
+    with traced.start_as_current_span(
+        f"keyserial run {op}",
+        context=parent,
+        kind=_trace.SpanKind.CONSUMER,
+        attributes=attributes,
+        record_exception=False,
+    ) as span:
+        yield span
+
+
+def failed(span: Any, error: BaseException) -> None:
+    """The op raised: its span records the error (the run itself goes on: it is an outcome)."""
+    span.record_exception(error)
+    span.set_status(_trace.Status(_trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+
+
+def _key(keys: str | Sequence[str]) -> str | list[str]:
+    return keys if isinstance(keys, str) else list(keys)
