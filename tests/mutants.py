@@ -299,6 +299,23 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "preload-past-cache-bound",
+        "G2.7",
+        "a takeover preloads a shard up to preload_states, whatever max_cached_states says",
+        (
+            Edit(
+                "keyserial/_worker/runner.py",
+                "        limit = min(self._settings.preload_states,"
+                " self._settings.max_cached_states)\n",
+                "        limit = self._settings.preload_states\n",
+            ),
+        ),
+        (
+            "tests/test_state_cache.py::"
+            "test_a_takeover_preloads_only_a_shard_within_the_cache_bound" + _STANDALONE,
+        ),
+    ),
+    Mutant(
         "blocking-op-inline",
         "G6.23",
         "an op declared blocking=True runs on the worker's event loop all the same",

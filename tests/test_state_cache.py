@@ -137,3 +137,27 @@ async def test_a_key_an_op_still_needs_is_never_dropped(
             gate.touch()
         assert second == [["first", "second"]]
         assert await ks.read("held") == ["first", "second"]
+
+
+async def test_a_takeover_preloads_only_a_shard_within_the_cache_bound(
+    redis_url: str, namespace: str
+) -> None:
+    """A new owner loads every state of a shard only if it holds at most ``preload_states``
+    and at most ``max_cached_states`` of them: 40 keys, a cache of 8 states: none is loaded
+    (they are read as ops need them), where 40 fit ``preload_states`` alone."""
+    keys = [f"acct:{n}" for n in range(40)]
+    async with (
+        running_worker(redis_url, namespace, shard_count=1),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
+        for key in keys:
+            await ks.submit(key, deposit(1))
+    for cache, loaded in ((8, 0), (100, 41)):  # (41: the 40, and the first round's new key)
+        async with (
+            running_worker(
+                redis_url, namespace, shard_count=1, preload_states=100, max_cached_states=cache
+            ) as worker,
+            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+        ):
+            await ks.submit(f"new:{cache}", deposit(1))  # (answered: the preload is over)
+            assert len(worker._owned[0].runner.states) == loaded + 1
