@@ -98,25 +98,10 @@ async def test_a_grant_for_a_request_whose_entry_is_gone_is_refused_and_records_
     kept = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
     lost = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
     await client.xdel(keys.stream, lost)  # as the promoted replica never had it
-    granted = GrantArgs(
-        epoch=1, field="kept#1#g", grant='{"s": []}', channel="", entry_id=kept, message=""
-    )
-    await backend.run_call(grant(keys, granted))
+    await backend.run_call(_grant(keys, epoch=1, field="kept#1#g", entry_id=kept))
     assert await client.hget(keys.results, "kept#1#g") == b'{"s": []}'
     with pytest.raises(RequestGone, match=lost):
-        await backend.run_call(
-            grant(
-                keys,
-                GrantArgs(
-                    epoch=1,
-                    field="lost#1#g",
-                    grant='{"s": []}',
-                    channel="",
-                    entry_id=lost,
-                    message="",
-                ),
-            )
-        )
+        await backend.run_call(_grant(keys, epoch=1, field="lost#1#g", entry_id=lost))
     assert not await client.hexists(keys.results, "lost#1#g")
 
 
@@ -128,20 +113,16 @@ async def test_a_grant_under_an_epoch_that_moved_on_is_refused_and_records_nothi
     await client.set(keys.epoch, 2)
     entry = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
     with pytest.raises(Fenced):
-        await backend.run_call(
-            grant(
-                keys,
-                GrantArgs(
-                    epoch=1,
-                    field="op#1#g",
-                    grant='{"s": []}',
-                    channel="",
-                    entry_id=entry,
-                    message="",
-                ),
-            )
-        )
+        await backend.run_call(_grant(keys, epoch=1, field="op#1#g", entry_id=entry))
     assert not await client.hexists(keys.results, "op#1#g")
+
+
+def _grant(keys: ShardKeys, *, epoch: int, field: str, entry_id: str) -> ScriptCall[None]:
+    """A grant of no keys, recorded under ``field``, published nowhere."""
+    args = GrantArgs(
+        epoch=epoch, field=field, grant='{"s": []}', channel="", entry_id=entry_id, message=""
+    )
+    return grant(keys, args)
 
 
 async def test_a_decide_sent_again_after_it_won_reports_the_win(

@@ -184,10 +184,10 @@ class Commands:
         change: Command = (
             ("HDEL", shard.paused, key) if record is None else ("HSET", shard.paused, key, record)
         )
-        (before,) = raise_errors(await self.pipeline([("HEXISTS", shard.paused, key)]))
-        raise_errors(
+        before, *_ = raise_errors(
             await self.pipeline(
                 [
+                    ("HEXISTS", shard.paused, key),
                     change,
                     ("INCR", pauses_key(shard.namespace)),
                     ("PUBLISH", shard.wake_channel, PAUSES_CHANGED),
