@@ -17,6 +17,7 @@ from .._scripts.refusals import ScriptMissing
 from .._wire.layout import (
     PAUSES_CHANGED,
     ShardKeys,
+    activity_key,
     meta_key,
     pauses_key,
     roster_key,
@@ -135,7 +136,24 @@ class Commands:
         return await self._renew_listing(roster_key(namespace), token, entry)
 
     async def drop_workers(self, namespace: str, tokens: Sequence[str | bytes]) -> None:
-        raise_errors(await self.pipeline([("HDEL", roster_key(namespace), *tokens)]))
+        """Drop workers' roster entries, and what they posted of their activity."""
+        raise_errors(
+            await self.pipeline(
+                [
+                    ("HDEL", roster_key(namespace), *tokens),
+                    ("HDEL", activity_key(namespace), *tokens),
+                ]
+            )
+        )
+
+    async def post_activity(self, namespace: str, token: str, record: str) -> None:
+        """Write what a worker ran lately (see ``_worker.activity``)."""
+        raise_errors(await self.pipeline([("HSET", activity_key(namespace), token, record)]))
+
+    async def activities(self, namespace: str) -> dict[bytes, bytes]:
+        """What each worker posted of its activity, by token."""
+        (posted,) = raise_errors(await self.pipeline([("HGETALL", activity_key(namespace))]))
+        return _as_dict(posted)
 
     async def roster(self, namespace: str) -> dict[bytes, bytes]:
         """The namespace's roster of workers, as listed (see ``_wire.roster``)."""
@@ -163,6 +181,16 @@ class Commands:
             [("XRANGE", shard.stream, f"({cursor}", "+", "COUNT", 1) for shard, cursor in cursors]
         )
         return [isinstance(reply, Exception) or bool(reply) for reply in replies]
+
+    async def queued(self, shard: ShardKeys, count: int) -> list[tuple[bytes, Any]]:
+        """Up to ``count`` stream entries after the shard's progress marker, oldest first: (id,
+        fields); ops waiting or under way."""
+        progress = await self.call("GET", shard.progress)
+        first = f"({progress.decode()}" if progress else "-"
+        entries: list[tuple[bytes, Any]] = await self.call(
+            "XRANGE", shard.stream, first, "+", "COUNT", count
+        )
+        return entries
 
     async def paused_keys(self, shard: ShardKeys) -> dict[bytes, bytes]:
         """The shard's paused keys, with their records."""

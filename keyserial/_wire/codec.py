@@ -384,6 +384,21 @@ def decode_outcome(raw: str | bytes) -> dict[str, Any]:
     return outcome
 
 
+def error_type(outcome: str) -> str | None:
+    """The error type of an error outcome (``?`` if it names none); None for a value."""
+    if outcome.startswith('{"ok"'):  # what the worker itself writes for a value
+        return None
+    try:
+        decoded = json.loads(outcome)  # (rare: errors, and outcomes a Lua script wrote)
+    except ValueError:
+        return "?"
+    if not isinstance(decoded, dict) or "ok" in decoded:
+        return None
+    error = decoded.get("error")
+    kind = error.get("type") if isinstance(error, dict) else None
+    return kind if isinstance(kind, str) else "?"
+
+
 def reply_outcome(outcome: str, shard: int, entry_ids: Sequence[str]) -> str:
     """An outcome as a reply carries it: with the op's shard (``s``) and the stream entries it
     answers (``e``; none for an op of an entry that could not be read), so that a client takes

@@ -80,6 +80,12 @@ def roster_key(namespace: str) -> str:
     return f"ks:{namespace}:workers"
 
 
+def activity_key(namespace: str) -> str:
+    """The hash of what each worker ran lately (field: its token; see ``_worker.activity``),
+    read by ``keyserial dashboard``; only workers write it."""
+    return f"ks:{namespace}:activity"
+
+
 def worker_channel(namespace: str, token: str) -> str:
     """The prefix of a worker's coordination channel (grants and decisions of cross-shard ops);
     the channel is ``<prefix>.<the worker's public key>`` (see ``_worker.crossshard.mailbox``)."""

@@ -8,7 +8,6 @@ of the worker's own, so two workers in one process never share a metric.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from bisect import bisect_left
@@ -27,7 +26,9 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import generate_latest
 
+from .._wire.codec import error_type
 from ..errors import ConfigError
+from .activity import Activity
 
 if TYPE_CHECKING:
     from .._scripts.lease import LeaseGrant
@@ -74,17 +75,8 @@ _CONTENT_TYPE = b"text/plain; version=0.0.4; charset=utf-8"
 
 def outcome_class(outcome: str) -> str:
     """``ok``, or the class of an error outcome: failed, malformed, unknown_op or poison."""
-    if outcome.startswith('{"ok"'):  # what the worker itself writes for a value
-        return "ok"
-    try:
-        decoded = json.loads(outcome)  # (rare: errors, and outcomes a Lua script wrote)
-    except ValueError:
-        return "failed"
-    if not isinstance(decoded, dict) or "ok" in decoded:
-        return "ok"
-    error = decoded.get("error")
-    kind = error.get("type") if isinstance(error, dict) else None
-    return _ERROR_CLASSES.get(kind, "failed") if isinstance(kind, str) else "failed"
+    kind = error_type(outcome)
+    return "ok" if kind is None else _ERROR_CLASSES.get(kind, "failed")
 
 
 class _Histogram:
@@ -135,6 +127,8 @@ class Metrics:
         port: int | None,
     ) -> None:
         self.namespace = namespace
+        #: Recorded whether or not metrics are served: ``keyserial dashboard`` shows it.
+        self.activity = Activity()
         self.port = port
         #: The port actually served (``port`` 0 picks a free one); None until serving.
         self.bound_port: int | None = None
@@ -162,15 +156,15 @@ class Metrics:
 
     def acquired(self, shard: int, grant: LeaseGrant) -> ShardMetrics:
         """Count a takeover; return what the shard's runner reports to."""
-        if not self.enabled:
-            return NO_METRICS
         label = str(shard)
+        if not self.enabled:
+            return ShardMetrics(None, label, self.activity, shard)
         mode = "careful" if grant.careful_until else "replay" if grant.replay_until else "clean"
         self.takeovers[label, mode] += 1
         if grant.poisoned:  # the acquire script dead-lettered it and stored its outcome
             self.dead_letters[label, "poison"] += 1
             self.ops[label, UNKNOWN_OP, "poison"] += 1
-        return ShardMetrics(self, label)
+        return ShardMetrics(self, label, self.activity, shard)
 
     def renew_failed(self, shards: Iterable[int]) -> None:
         for shard in shards:
@@ -257,18 +251,28 @@ def _http(status: bytes, content_type: bytes, body: bytes, method: bytes) -> byt
 
 class ShardMetrics:
     """What one shard runner reports, for the life of its lease: when each op was dispatched,
-    and what each step committed."""
+    and what each step committed (to the worker's metrics, if served, and its activity)."""
 
-    __slots__ = ("_dispatched", "_metrics", "_shard")
+    __slots__ = ("_activity", "_dispatched", "_metrics", "_number", "_shard")
 
-    def __init__(self, metrics: Metrics | None, shard: str) -> None:
+    def __init__(
+        self,
+        metrics: Metrics | None,
+        shard: str,
+        activity: Activity | None = None,
+        number: int = -1,
+    ) -> None:
         self._metrics = metrics
         self._shard = shard
+        self._activity = activity
+        self._number = number
         #: op id -> (op label, when it was dispatched), until its outcome commits.
         self._dispatched: dict[str, tuple[str, float]] = {}
 
     def dispatched(self, runs: Sequence[Run]) -> None:
         """Ops that are about to run (not the ones answered from a stored outcome)."""
+        if self._activity is not None:
+            self._activity.ran(self._number, runs)
         if self._metrics is None or not runs:
             return
         now = time.monotonic()
@@ -280,6 +284,8 @@ class ShardMetrics:
         """A step script began at ``began`` (``time.monotonic``) has committed ``batch`` and
         ``dead`` dead letters. Counted: the ops this runner ran, ops it refused (malformed), and
         poison outcomes; not the stored outcomes it merely answered again."""
+        if self._activity is not None:
+            self._activity.committed(batch)
         metrics = self._metrics
         if metrics is None:
             return

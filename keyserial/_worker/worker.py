@@ -37,6 +37,7 @@ from .._wire.routing import format_shards, parse_shards
 from .._wire.signing import SIGNER_RENEW, SIGNER_TTL, ReplySigner, signer_renewed_at
 from ..errors import BackendUnavailable, ConfigError, LeaseLost
 from ..ledger import LEDGER_OPS
+from .activity import POST_EVERY
 from .crossshard.mailbox import Mailbox
 from .leases import Held, Leases
 from .metrics import Metrics
@@ -145,6 +146,7 @@ class Worker:
                 await task_group.start(self.metrics.serve)
                 await task_group.start(self._keep_signer_listed, backend)
                 task_group.start_soon(self._keep_on_roster, backend)
+                task_group.start_soon(self._post_activity, backend)
                 task_group.start_soon(self._pipeliner.serve)
                 task_group.start_soon(
                     self._mailbox.learn_signers,
@@ -202,6 +204,18 @@ class Worker:
                     warned.add(mismatch)
                     log.warning("%s", mismatch.describe())
             await anyio.sleep(ROSTER_RENEW)
+
+    async def _post_activity(self, backend: Backend) -> None:
+        """Post what this worker ran lately, for ``keyserial dashboard`` (see ``_activity``)."""
+        while True:
+            await anyio.sleep(POST_EVERY)
+            record = self.metrics.activity.take_record(self.token)
+            if record is None:
+                continue
+            try:
+                await backend.post_activity(self.settings.namespace, self.token, record)
+            except Exception as exc:  # (an outage: the leases' warnings say it)
+                log.debug("posting this worker's activity: %s", exc)
 
     async def _renew_roster_entry(self, backend: Backend, entry: WorkerEntry) -> list[WorkerEntry]:
         """Write ``entry``, drop the stale ones; the live entries."""
