@@ -104,7 +104,16 @@ def test_no_module_imports_itself_back() -> None:
 
 def test_every_layer_is_a_package_of_its_own() -> None:
     layers = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").exists()}
-    assert layers == {"_wire", "_scripts", "_backend", "_client", "_worker", "_local", "cli"}
+    assert layers == {
+        "_wire",
+        "_scripts",
+        "_backend",
+        "_client",
+        "_worker",
+        "_local",
+        "cli",
+        "_dashboard",
+    }
 
 
 def _named_in(text: str, module: str) -> bool:

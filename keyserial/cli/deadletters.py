@@ -199,7 +199,7 @@ async def drop(backend: Backend, namespace: str, letter: DeadLetter) -> int:
 # -- the command -------------------------------------------------------------------------------
 
 COMMANDS = ("dead-letters",)
-_LETTER_ID = re.compile(r"[0-9]+-[0-9]+")
+LETTER_ID = re.compile(r"[0-9]+-[0-9]+")
 
 
 def add_commands(commands: Subcommands) -> None:
@@ -244,7 +244,7 @@ def add_commands(commands: Subcommands) -> None:
 def _letter_id(text: str) -> str:
     """A whole dead-letter id: a part of one would match other letters (all of them, if
     empty)."""
-    if not _LETTER_ID.fullmatch(text):
+    if not LETTER_ID.fullmatch(text):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a dead-letter id (`list` shows them: 1700000000000-0)"
         )

@@ -144,6 +144,15 @@ def _keyword(text: str) -> tuple[str, Any]:
     return name, _json_or_text(value)
 
 
+async def pause(
+    backend: Backend, namespace: str, shard_count: int, key: str, *, pausing: bool
+) -> tuple[int, bool]:
+    """Pause ``key`` (or resume it, ``pausing`` False); its shard, and whether it was paused."""
+    shard = shard_for(key, shard_count)
+    record = json.dumps({"at": int(time.time() * 1000)}) if pausing else None
+    return shard, await backend.set_paused(ShardKeys(namespace, shard), key, record)
+
+
 async def _pause_command(backend: Backend, args: argparse.Namespace) -> int:
     count = await shard_count(backend, args.namespace)
     if args.keys_command == "paused":
@@ -155,10 +164,8 @@ async def _pause_command(backend: Backend, args: argparse.Namespace) -> int:
         ]
         print(json.dumps(paused, ensure_ascii=False))
         return 0
-    shard = shard_for(args.key, count)
     pausing = args.keys_command == "pause"
-    record = json.dumps({"at": int(time.time() * 1000)}) if pausing else None
-    was_paused = await backend.set_paused(ShardKeys(args.namespace, shard), args.key, record)
+    shard, was_paused = await pause(backend, args.namespace, count, args.key, pausing=pausing)
     if pausing:
         again = " (it was paused already)" if was_paused else ""
         print(

@@ -1,0 +1,293 @@
+"""``keyserial dashboard``, served by the real command and driven in a real headless Chromium
+(Debian's ``chromium`` and ``chromium-driver``; ``.ci/run`` installs them): the page loads the
+shards and workers, its numbers follow the load, a dead letter is replayed and dropped from it,
+the key inspector shows a failed op's traceback, a pause from the page holds the key, and markup
+in a key shows as text. The API answers only to the token."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+import redis.asyncio
+
+import keyserial
+from keyserial.ledger import deposit
+from keyserial.testing import LocalServer, ShardKeys, running_worker
+from tests import apps
+from tests.helpers import ROOT, Starter, eventually_async
+
+SHARDS = 4
+TOKEN = "test-token-123"
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+#: A key a hostile client may write: were it put into the page as HTML, it would run script.
+MARKUP_KEY = "<img src=x onerror=\"document.title='pwned'\">"
+
+
+@contextmanager
+def dashboard(url: str, namespace: str) -> Iterator[str]:
+    """``keyserial dashboard`` on a free port; the URL it prints (with the token)."""
+    command = [sys.executable, "-m", "keyserial", "dashboard", "--redis", url]
+    process = subprocess.Popen(
+        [*command, "--namespace", namespace, "--port", "0", "--token", TOKEN],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        line = process.stdout.readline()
+        assert "http://127.0.0.1:" in line, process.stderr.read() if process.stderr else line
+        yield line.split()[-1]
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    """Headless Chromium under Selenium, with Debian's driver (never a downloaded one)."""
+    if not (shutil.which(CHROMIUM) and shutil.which(CHROMEDRIVER)):
+        if os.environ.get("CI"):
+            pytest.fail("CI must install Debian's chromium and chromium-driver (.ci/run)")
+        pytest.skip("needs Debian's chromium and chromium-driver (apt install them)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--window-size=1300,1400",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(CHROMEDRIVER))
+    try:
+        yield driver
+    finally:
+        driver.quit()
+
+
+async def until(check: Callable[[], Any], timeout: float = 15) -> Any:
+    """Poll ``check`` (a call into the browser, run in a thread) until it returns something
+    true; what it returned. A page element replaced by a refresh is looked up again."""
+    from selenium.common.exceptions import StaleElementReferenceException
+
+    with anyio.fail_after(timeout):
+        while True:
+            try:
+                found = await anyio.to_thread.run_sync(check)
+            except StaleElementReferenceException:
+                found = None
+            if found:
+                return found
+            await anyio.sleep(0.1)
+
+
+def rows(driver: Any, table: str) -> list[list[str]]:
+    """The cells' text of a table's body rows."""
+    from selenium.webdriver.common.by import By
+
+    return [
+        [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
+        for row in driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr")
+    ]
+
+
+def click_in_row(driver: Any, table: str, row_text: str, label: str) -> bool:
+    """Click the button ``label`` of the row of ``table`` that shows ``row_text``."""
+    from selenium.webdriver.common.by import By
+
+    for row in driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr"):
+        if row_text in row.text:
+            row.find_element(By.XPATH, f".//button[text()={json.dumps(label)}]").click()
+            return True
+    return False
+
+
+@asynccontextmanager
+async def served(url: str, namespace: str) -> AsyncIterator[keyserial.Client]:
+    async with (
+        running_worker(url, namespace, shard_count=SHARDS, apps=["tests.apps"]),
+        keyserial.connect(url, namespace=namespace) as ks,
+    ):
+        yield ks
+
+
+async def dead_letter(url: str, namespace: str, op_id: str, key: str) -> int:
+    """Append ``record`` on ``key`` as a client that wrote the entry wrong (one envelope, not
+    an array of them): the worker dead-letters it whole, and it never ran. Its shard."""
+    shard = keyserial.shard_for(key, SHARDS)
+    keys = ShardKeys(namespace, shard)
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        ops = json.dumps({"id": op_id, "key": key, "op": "record"})
+        entry = await client.xadd(keys.stream, {"v": "1", "ops": ops})
+        await client.publish(keys.wake_channel, entry)
+        with anyio.fail_after(10):
+            while not await client.xlen(keys.dead):
+                await anyio.sleep(0.05)
+    finally:
+        await client.aclose()
+    return shard
+
+
+async def test_the_page_shows_updates_and_acts(
+    standalone_server: LocalServer, namespace: str, browser: Any, start: Starter
+) -> None:
+    from selenium.webdriver.common.by import By
+
+    url = standalone_server.url
+    reached_the_end = False
+    async with served(url, namespace) as ks:
+        await ks.submit("warm:up", deposit(1))
+        standby = start(url, namespace, shards="0-3", shard_count=SHARDS)
+        with dashboard(url, namespace) as page:
+            await anyio.to_thread.run_sync(browser.get, page)
+            # It loads: every shard, owned by this process's worker.
+            owners = await until(lambda: [row[1] for row in rows(browser, "shards")])
+            this_worker = f"{os.uname().nodename}:{os.getpid()}"
+            assert owners == [this_worker] * SHARDS
+            workers = await until(
+                lambda: len(rows(browser, "workers")) == 2 and rows(browser, "workers")
+            )
+            by_worker = {row[0]: row[1:3] for row in workers}
+            assert by_worker == {
+                this_worker: ["0, 1, 2, 3", "-"],
+                f"{os.uname().nodename}:{standby.pid}": ["-", "0, 1, 2, 3"],
+            }
+
+            # Its numbers follow the load: a key that gets ops becomes the hottest.
+            async def keep_depositing() -> None:
+                while True:
+                    await ks.submit("hot:1", deposit(1))
+
+            async with anyio.create_task_group() as load:
+                load.start_soon(keep_depositing)
+                hot = await until(lambda: [r for r in rows(browser, "hot") if r[0] == "hot:1"])
+                assert float(hot[0][1]) > 0
+                busy = await until(
+                    lambda: [r for r in rows(browser, "shards") if r[7] not in ("-", "0.0")]
+                )
+                assert busy[0][0] == str(keyserial.shard_for("hot:1", SHARDS))
+                load.cancel_scope.cancel()
+
+            # A dead letter, replayed from the page, runs its op once; then it is dropped.
+            shard = await dead_letter(url, namespace, "lost-op-1", "replayed:1")
+            await until(lambda: click_in_row(browser, "letters", "lost-op-1", "Replay"))
+            message = await until(lambda: browser.find_element(By.ID, "message").text)
+            assert "replayed dead letter" in message and "lost-op-1" in message
+            assert await ks.result("lost-op-1", key="replayed:1") == 1
+            assert await ks.read("replayed:1") == ["lost-op-1"]
+            await until(lambda: click_in_row(browser, "letters", "lost-op-1", "Drop"))
+            await anyio.to_thread.run_sync(lambda: browser.switch_to.alert.accept())
+            assert await until(lambda: not rows(browser, "letters"))
+            assert await ks.read("replayed:1") == ["lost-op-1"]  # (dropping runs nothing)
+            assert shard in range(SHARDS)
+
+            # The key inspector: a failed op's error and traceback, and a pause.
+            with pytest.raises(keyserial.OperationFailed):
+                await ks.submit("broken:1", apps.fail_deep(2))
+            # (Workers post their recent ops every 2 s: Inspect again until it is there.)
+            outcome = await until(
+                lambda: (
+                    inspect_key(browser, "broken:1")
+                    or [r[3] for r in rows(browser, "key-recent") if "fail_deep" in r]
+                )
+            )
+            assert outcome == ["RuntimeError: boom at the bottom of broken:1"]
+            browser.find_element(By.CSS_SELECTOR, "#key-recent summary").click()
+            trace = browser.find_element(By.CSS_SELECTOR, "#key-recent pre").text
+            assert "Traceback" in trace and "fail_deep" in trace
+            failed = await until(lambda: [r for r in rows(browser, "failed") if "broken:1" in r])
+            assert failed[0][2:4] == ["fail_deep", "RuntimeError"]
+            browser.find_element(By.ID, "key-pause").click()
+            await until(lambda: browser.find_element(By.ID, "key-pause").text == "Resume")
+            assert "paused" in browser.find_element(By.ID, "key-paused").text
+            with pytest.raises(keyserial.SubmitTimeout):
+                await ks.submit("broken:1", deposit(5), timeout=1)  # queued, not run
+            browser.find_element(By.ID, "key-pause").click()
+            await until(lambda: browser.find_element(By.ID, "key-pause").text == "Pause")
+            with anyio.fail_after(10):
+                while await ks.read("broken:1") != 5:  # the queued op ran once resumed
+                    await anyio.sleep(0.05)
+
+            # Markup in a key is shown as text, never run.
+            await ks.submit(MARKUP_KEY, deposit(1))
+            shown = await until(lambda: [r for r in rows(browser, "hot") if r[0] == MARKUP_KEY])
+            assert shown
+            assert browser.title == "keyserial dashboard"
+            assert not browser.find_elements(By.CSS_SELECTOR, "#hot img")
+        reached_the_end = True
+    assert reached_the_end
+
+
+def inspect_key(browser: Any, key: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    field = browser.find_element(By.ID, "key-input")
+    field.clear()
+    field.send_keys(key)
+    browser.find_element(By.ID, "key-go").click()
+
+
+async def test_the_api_answers_only_to_the_token(
+    standalone_server: LocalServer, namespace: str
+) -> None:
+    url = standalone_server.url
+    async with served(url, namespace) as ks:
+        await ks.submit("account:1", deposit(7))
+        with dashboard(url, namespace) as page:
+            base = page.partition("#")[0].rstrip("/")
+            async with httpx.AsyncClient(base_url=base) as http:
+                assert (await http.get("/")).status_code == 200  # (the page holds no data)
+                for headers in ({}, {"Authorization": "Bearer wrong"}):
+                    for method, path in (
+                        ("GET", "/api/overview"),
+                        ("GET", "/api/keys/account:1"),
+                        ("POST", "/api/keys/account:1/pause"),
+                        ("POST", "/api/dead-letters/0/1-0/drop"),
+                    ):
+                        answer = await http.request(method, path, headers=headers)
+                        assert answer.status_code == 401, (method, path, headers)
+                assert await ks.read("account:1") == 7
+                authorized = {"Authorization": f"Bearer {TOKEN}"}
+                key = (await http.get("/api/keys/account:1", headers=authorized)).json()
+                assert key["state"] == "7" and key["paused"] is False
+                missing = await http.post("/api/dead-letters/0/1-0/replay", headers=authorized)
+                assert missing.status_code == 409
+                assert "no dead letter" in missing.json()["error"]
+                bad = await http.post("/api/dead-letters/0/nonsense/drop", headers=authorized)
+                assert bad.status_code == 409
+                assert "not a dead-letter id" in bad.json()["error"]
+        posted = await eventually_async(lambda: activity_posted(url, namespace))
+        assert [json.loads(post)["hot"] for post in posted.values()] == [[["account:1", 1]]]
+    assert await activity_posted(url, namespace) == {}, "a stopped worker's post is dropped"
+
+
+async def activity_posted(url: str, namespace: str) -> dict[bytes, bytes]:
+    """What workers posted of what they ran (``ks:<ns>:activity``)."""
+    client = redis.asyncio.Redis.from_url(url)
+    try:
+        posted: dict[bytes, bytes] = await client.hgetall(f"ks:{namespace}:activity")
+    finally:
+        await client.aclose()
+    return posted
