@@ -192,6 +192,12 @@ async def test_the_page_shows_updates_and_acts(
 
             # A dead letter, replayed from the page, runs its op once; then it is dropped.
             shard = await dead_letter(url, namespace, "lost-op-1", "replayed:1")
+            await until(lambda: click_summary(browser, "letters", "lost-op-1"))
+            shown_raw = await until(
+                lambda: browser.find_element(By.CSS_SELECTOR, "#letters pre").text
+            )
+            written = {"id": "lost-op-1", "key": "replayed:1", "op": "record"}
+            assert json.loads(json.loads(shown_raw)["ops"]) == written  # the entry, as it was
             await until(lambda: click_in_row(browser, "letters", "lost-op-1", "Replay"))
             message = await until(lambda: browser.find_element(By.ID, "message").text)
             assert "replayed dead letter" in message and "lost-op-1" in message
@@ -238,6 +244,17 @@ async def test_the_page_shows_updates_and_acts(
             assert not browser.find_elements(By.CSS_SELECTOR, "#hot img")
         reached_the_end = True
     assert reached_the_end
+
+
+def click_summary(driver: Any, table: str, text: str) -> bool:
+    """Open the ``<details>`` of ``table`` whose summary shows ``text``."""
+    from selenium.webdriver.common.by import By
+
+    for summary in driver.find_elements(By.CSS_SELECTOR, f"#{table} summary"):
+        if text in summary.text:
+            summary.click()
+            return True
+    return False
 
 
 def inspect_key(browser: Any, key: str) -> None:
@@ -291,3 +308,24 @@ async def activity_posted(url: str, namespace: str) -> dict[bytes, bytes]:
     finally:
         await client.aclose()
     return posted
+
+
+def run_cli(*args: str, preamble: str = "") -> subprocess.CompletedProcess[str]:
+    code = f"import sys\n{preamble}\nfrom keyserial.cli import main\nsys.exit(main({list(args)!r}))"
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
+
+
+def test_the_command_refuses_what_it_cannot_serve(
+    standalone_server: LocalServer, namespace: str
+) -> None:
+    url = standalone_server.url
+    unused = run_cli("dashboard", "--redis", url, "--namespace", namespace, "--port", "0")
+    assert unused.returncode == 2
+    assert "has no shard count recorded" in unused.stderr
+    without_extra = run_cli(
+        "dashboard", "--redis", url, "--port", "0", preamble="sys.modules['uvicorn'] = None"
+    )
+    assert without_extra.returncode == 2
+    assert "pip install 'keyserial[dashboard]'" in without_extra.stderr

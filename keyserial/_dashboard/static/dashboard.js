@@ -5,6 +5,8 @@
 const REFRESH_MS = 1000;
 let token = null;
 let refreshFailed = false;
+// Dead letters opened on the page stay open across refreshes.
+const openLetters = new Set();
 
 function readToken() {
   const match = location.hash.match(/token=([^&]+)/);
@@ -106,9 +108,32 @@ function render(view) {
       button("Replay", () => replay(letter, false)),
       button("Replay as new ops", () => replay(letter, true)),
       button("Drop", () => drop(letter)));
-    tr.append(cell(letter.shard, "num"), cell(letter.id), cell(letter.op_ids.join(", ") || "(none)"),
-      cell(letter.reason), actions);
+    tr.append(cell(letter.shard, "num"), cell(letter.id), letterCell(letter), cell(letter.reason),
+      actions);
   });
+}
+
+function letterCell(letter) {
+  // Its op ids; opened, what it holds (the envelope, or the entry as it was written).
+  const td = document.createElement("td");
+  const details = document.createElement("details");
+  const summary = document.createElement("summary");
+  summary.textContent = letter.op_ids.join(", ") || "(no op id)";
+  const raw = document.createElement("pre");
+  try {
+    raw.textContent = JSON.stringify(JSON.parse(letter.raw), null, 2);
+  } catch {
+    raw.textContent = letter.raw;
+  }
+  details.append(summary, raw);
+  const id = `${letter.shard}/${letter.id}`;
+  details.open = openLetters.has(id);
+  details.addEventListener("toggle", () => {
+    if (details.open) openLetters.add(id);
+    else openLetters.delete(id);
+  });
+  td.append(details);
+  return td;
 }
 
 function button(label, onClick) {
