@@ -71,7 +71,7 @@ async def test_a_lost_reply_is_fetched_by_the_client_s_sweep(
 
                     async def submit() -> None:
                         replies.append(
-                            await ks.submit("k", apps.append(LARGE), op_id="large", timeout=20)
+                            await ks.submit("k", apps.append(LARGE), op_id="large", timeout=10)
                         )
 
                     group.start_soon(submit)

@@ -101,14 +101,17 @@ async def test_a_resubmitted_op_id_returns_the_stored_result_and_never_runs_twic
         running_worker(redis_url, namespace, shard_count=4),
         keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
     ):
-        first = await ks.submit("account:9", deposit(40), op_id="pay-1")
-        again = await ks.submit("account:9", deposit(40), op_id="pay-1")
+        # (A bounded wait: an op run twice breaks the owner's write chain, and a mutant that
+        # does so dies here, not at the default timeout.)
+        first = await ks.submit("account:9", deposit(40), op_id="pay-1", timeout=10)
+        again = await ks.submit("account:9", deposit(40), op_id="pay-1", timeout=10)
         concurrent = []
         async with anyio.create_task_group() as group:
             for _ in range(5):
 
                 async def resubmit() -> None:
-                    concurrent.append(await ks.submit("account:9", deposit(7), op_id="pay-2"))
+                    paid = await ks.submit("account:9", deposit(7), op_id="pay-2", timeout=10)
+                    concurrent.append(paid)
 
                 group.start_soon(resubmit)
         assert first == again == 40
