@@ -24,6 +24,7 @@ import redis.asyncio
 
 import keyserial
 from keyserial import BackendUnavailable, InsufficientFunds, shard_for
+from keyserial._wire.layout import is_shard_channel
 from keyserial.testing import ShardKeys, free_port
 from tests import apps
 
@@ -501,3 +502,18 @@ async def monitored(url: str) -> AsyncIterator[list[str]]:
                 await seen_all.wait()
     finally:
         await client.aclose()
+
+
+async def publish(client: Any, channel: str, message: str | bytes) -> int:
+    """PUBLISH ``message``, or SPUBLISH it on a shard channel (``ks:{<ns>:<shard>}:...``, which
+    keyserial uses on a cluster): how anyone who may publish reaches its subscribers."""
+    command = "SPUBLISH" if is_shard_channel(channel) else "PUBLISH"
+    return int(await client.execute_command(command, channel, message))
+
+
+async def subscribe(pubsub: Any, channel: str) -> None:
+    """SUBSCRIBE ``pubsub`` to ``channel``, or SSUBSCRIBE to a shard channel."""
+    if is_shard_channel(channel):
+        await pubsub.execute_command("SSUBSCRIBE", channel)
+    else:
+        await pubsub.subscribe(channel)

@@ -330,3 +330,58 @@ async def test_with_durable_replicas_an_owner_never_builds_on_commits_a_failover
         )
     assert sorted(ahead.acknowledged) == ahead.tags
     assert final[0] == "warm" and sorted(final[1:]) == ahead.tags, f"lost or applied twice: {final}"
+
+
+#: Polls this slow leave pub/sub alone to wake owners and answer callers within a few seconds.
+SLOW_POLL = "30"
+
+
+async def test_shard_messages_follow_the_nodes_through_a_failover(
+    cluster: LocalCluster, start: Callable[..., WorkerProcess]
+) -> None:
+    """Sharded pub/sub on 3 masters: wake-ups and replies travel on shard channels, subscribed
+    on the master of each shard's slot, and after a master fails over to its replica they are
+    subscribed on the new master. With polls of 30 s, only those messages can wake the owners
+    and answer the callers within seconds, before and after the failover; two workers split
+    the shards, so transfers between them take the grant path (coordination channels)."""
+    namespace = "sharded-failover"
+    where = placement(cluster, namespace)
+    env = {"KEYSERIAL_IDLE_POLL": SLOW_POLL}
+    for shards in ("0-2", "3-5"):
+        start(
+            cluster.url, namespace, shards=shards, shard_count=SHARDS, lease_ttl=LEASE_TTL, env=env
+        )
+    accounts = [keys_on_shard(shard, SHARDS, 1, "acct")[0] for shard in range(SHARDS)]
+    async with keyserial.connect(
+        cluster.url, shards=SHARDS, namespace=namespace, idle_poll=float(SLOW_POLL)
+    ) as ks:
+        for account in accounts:  # every shard owned and answering (the first may wait a lease)
+            await ks.submit(account, keyserial.call("deposit", 100), timeout=20)
+        subscribed = _shard_subscribers(cluster, ks._reply_for(where.stalled[0]))
+        assert subscribed == 1, "the client's reply channel of the shard is a shard channel"
+
+        async def every_shard_answers_at_once() -> None:
+            for account in accounts:
+                with anyio.fail_after(3):
+                    await ks.submit(account, keyserial.call("deposit", 1), timeout=3)
+            for source, target in zip(accounts, accounts[3:], strict=False):  # across workers
+                with anyio.fail_after(3):
+                    await ks.transfer(source, target, 1, timeout=3)
+
+        await every_shard_answers_at_once()
+        await pause_past_failover(cluster, where.victim, Traffic())
+        with anyio.fail_after(30):  # (the paused master's shards: their leases are taken again)
+            for shard in where.stalled:
+                await ks.submit(accounts[shard], keyserial.call("balance"), timeout=30)
+        await every_shard_answers_at_once()
+        balances = [await ks.read(account) for account in accounts]
+    assert sum(balances) == SHARDS * 102, balances
+
+
+def _shard_subscribers(cluster: LocalCluster, channel: str) -> int:
+    """Subscribers of a shard channel on the master of its slot."""
+    master = cluster.master_of(key_slot(channel.encode()))
+    assert master is not None
+    with redis.Redis(port=master.port) as client:
+        _, count = client.execute_command("PUBSUB", "SHARDNUMSUB", channel)
+    return int(count)

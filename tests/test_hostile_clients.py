@@ -25,7 +25,7 @@ from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
 from tests.entries import stored
-from tests.helpers import eventually, eventually_async, keys_on_shard
+from tests.helpers import eventually, eventually_async, keys_on_shard, publish, subscribe
 from tests.test_acl import Users, documented_users
 
 SHARDS = 8
@@ -106,7 +106,7 @@ async def test_a_forged_decision_notice_never_writes_a_state(users: Users, names
                 "a": 0,
                 "d": {"w": {str(PARTICIPANT): [[victim, "1000000"]]}},
             }
-            await attacker.publish(grant["c"], json.dumps(notice))
+            await publish(attacker, grant["c"], json.dumps(notice))
             # The home shard gets an owner: its epoch passes the attempt, which is aborted.
             async with running_worker(
                 users.worker_url, namespace, shard_count=SHARDS, shards=[HOME]
@@ -168,7 +168,7 @@ async def test_a_forged_grant_never_reaches_the_ops_state(
                 "f": 1,
                 "c": "ks:attacker",
             }
-            await attacker.publish(request["channel"], json.dumps(forged))
+            await publish(attacker, request["channel"], json.dumps(forged))
             gate.touch()  # the target's earlier op ends: the real grant goes out
             assert await ks.submit(source, keyserial.call("balance")) == 75
             assert await ks.submit(target, keyserial.call("balance")) == 35
@@ -445,7 +445,7 @@ async def _forge_replies(
 
     for outcome in forged:
         before = handled()
-        await attacker.publish(envelope["reply"], json.dumps({"v": 1, "r": [[op_id, outcome]]}))
+        await publish(attacker, envelope["reply"], json.dumps({"v": 1, "r": [[op_id, outcome]]}))
         await eventually(lambda before=before: handled() > before, message=f"{outcome!r} handled")
     return op_id
 
@@ -536,7 +536,8 @@ async def test_a_signed_reply_replayed_for_a_resubmit_never_answers_it(
             keyserial.connect(users.client_url, namespace=namespace) as ks,
             attacker.pubsub() as listener,
         ):
-            await listener.subscribe(ks._reply)  # (any client user may)
+            reply = ks._reply_for(3)  # (its shard's, on a cluster)
+            await subscribe(listener, reply)  # (any client user may)
             async with running_worker(users.worker_url, namespace, shard_count=SHARDS):
                 with pytest.raises(keyserial.UnknownOperation):
                     await ks.submit(key, apps.record(), op_id="order-9", timeout=10)
@@ -547,7 +548,7 @@ async def test_a_signed_reply_replayed_for_a_resubmit_never_answers_it(
                 await eventually(
                     lambda: any(pending.entry for pending in ks._waiting.get("order-9", ()))
                 )
-                await attacker.publish(ks._reply, signed)
+                await publish(attacker, reply, signed)
                 await eventually(
                     lambda: any(
                         "no outcome for them" in record.getMessage() for record in caplog.records

@@ -173,7 +173,9 @@ async def test_a_grant_signed_for_a_worker_by_a_listed_worker_is_taken_as_it_is(
     mailbox, participant = _mailbox(), ReplySigner()
     _met(mailbox.verifier, participant)
     with mailbox.expect_grant("op-1", 4, 9) as waiter:
-        mailbox.receive(participant.sign(mailbox.channel, dumps(GRANT.to_wire())).encode())
+        mailbox.receive(
+            mailbox.channel, participant.sign(mailbox.channel, dumps(GRANT.to_wire())).encode()
+        )
         assert await waiter.within(0) == GRANT
 
 
@@ -190,7 +192,7 @@ async def test_any_other_grant_only_wakes_its_waiter_to_read_the_record(sent: st
         "altered": participant.sign(mailbox.channel, message).replace('"f":7', '"f":8'),
     }[sent]
     with mailbox.expect_grant("op-1", 4, 9) as waiter:
-        mailbox.receive(raw.encode())
+        mailbox.receive(mailbox.channel, raw.encode())
         assert await waiter.within(0) is None
         assert waiter.event.is_set() is False  # (a wake-up is spent by within())
     learned: list[list[str]] = []
@@ -211,5 +213,25 @@ async def test_a_signed_decision_notice_is_taken_as_it_is() -> None:
     _met(mailbox.verifier, coordinator)
     notice = DecisionNotice("op-1", 4, Decision({9: [("acct:1", '{"balance":6}')]}))
     with mailbox.expect_decision("op-1", 4) as waiter:
-        mailbox.receive(coordinator.sign(mailbox.channel, dumps(notice.to_wire())).encode())
+        signed = coordinator.sign(mailbox.channel, dumps(notice.to_wire()))
+        mailbox.receive(mailbox.channel, signed.encode())
         assert await waiter.within(0) == notice
+
+
+async def test_with_shard_channels_a_message_is_taken_only_on_the_channel_it_was_signed_for() -> (
+    None
+):
+    """On a cluster a worker has a channel per shard (``ks:{ns:<shard>}:worker:...``): a grant
+    signed for one of them is taken when it comes on that one, and only wakes on another (the
+    tag covers the channel)."""
+    mailbox, participant = _mailbox(), ReplySigner()
+    mailbox.use_shard_channels("ns", 4)
+    _met(mailbox.verifier, participant)
+    assert mailbox.channel_for(2) == "ks:{ns:2}:worker:a." + mailbox.verifier.public_key
+    assert all(map(mailbox.is_mine, mailbox.channels)) and len(mailbox.channels) == 5
+    signed = participant.sign(mailbox.channel_for(2), dumps(GRANT.to_wire())).encode()
+    with mailbox.expect_grant("op-1", 4, 9) as waiter:
+        mailbox.receive(mailbox.channel_for(3), signed)
+        assert await waiter.within(0) is None
+        mailbox.receive(mailbox.channel_for(2), signed)
+        assert await waiter.within(0) == GRANT

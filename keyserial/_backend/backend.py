@@ -16,6 +16,7 @@ import logging
 import os
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 import anyio
@@ -30,6 +31,7 @@ from redis.cluster import PRIMARY, REPLICA
 from .._backoff import Backoff
 from .._scripts.refusals import Refused, refusal
 from .._urls import redact
+from .._wire.layout import is_shard_channel
 from ..errors import BackendUnavailable, ConfigError, KeyserialError
 from .commands import Command, Commands
 from .outage import Outage
@@ -45,6 +47,7 @@ from .resp import (
 from .subscriptions import (
     FIRST_SUBSCRIPTION_WITHIN,
     SUBSCRIBE_ROUND_TRIPS,
+    GroupedSubscription,
     PubSubSubscription,
     Subscription,
 )
@@ -150,6 +153,12 @@ def _translating(
         raise BackendUnavailable(url, "no master known yet") from exc
 
 
+def has_sharded_pubsub(version: str) -> bool:
+    """Whether a server of ``version`` (``redis_version``: Valkey reports 7.2.4) has SPUBLISH."""
+    major = version.partition(".")[0]
+    return major.isdigit() and int(major) >= 7
+
+
 def _retype_nodes(cluster: RedisCluster) -> None:
     """Give each node the type the slots it just read say. redis-py keeps a node's cached type
     across a failover (redis/redis-py#2433): once every master has been a replica, it finds no
@@ -183,6 +192,10 @@ class Backend(Commands):
         self._pipelined = pipelined_connection(client) if owned else None
         #: On a cluster, a plain client per master, for :meth:`on_node`.
         self._node_clients: dict[str, Redis] = {}
+        #: Whether wake-ups, replies and coordination messages travel as shard messages
+        #: (``_wire.layout.in_shard``): on a cluster of servers that have them (Redis 7+,
+        #: Valkey); set by :meth:`connect`.
+        self.sharded_pubsub = False
 
     @classmethod
     async def connect(cls, redis: str | AnyRedis) -> Backend:
@@ -194,6 +207,7 @@ class Backend(Commands):
         if not isinstance(redis, str):
             backend = cls(redis, describe(redis), owned=False)
             await backend.ping()
+            await backend._learn_pubsub()
             return backend
         try:
             probe = Redis.from_url(redis, **URL_TIMEOUTS)
@@ -216,8 +230,20 @@ class Backend(Commands):
                 with anyio.CancelScope(shield=True):
                     await cluster.aclose()
                 raise
-            return cls(cluster, redis, owned=True)
+            backend = cls(cluster, redis, owned=True)
+            await backend._learn_pubsub()
+            return backend
         return cls(Redis.from_url(redis, **client_options(redis)), redis, owned=True)
+
+    async def _learn_pubsub(self) -> None:
+        """Use sharded pub/sub on a cluster whose servers have it (Redis 7+, Valkey): else every
+        PUBLISH travels to every node of the cluster."""
+        if self._cluster is None:
+            return
+        node = self._cluster.get_default_node()
+        with _translating(self.url, cluster=self._cluster):
+            info = await self._cluster.execute_command("INFO", "server", target_nodes=node)
+        self.sharded_pubsub = has_sharded_pubsub(str(info.get("redis_version", "")))
 
     @property
     def in_order(self) -> bool:
@@ -388,9 +414,11 @@ class Backend(Commands):
     ) -> Subscription:
         """A subscription that connects as the command connections do (TLS and its
         certificates included), with no read timeout. On a cluster, channel messages reach
-        every node, so one node does."""
+        every node, so one node does; shard channels are subscribed on the master of each."""
         if self._pipelined is not None:
             return Subscriber(self._pipelined, channels, on_message)
+        if self._cluster is not None and any(map(is_shard_channel, channels)):
+            return GroupedSubscription(partial(self._cluster_parts, channels, on_message))
         if isinstance(self.client, RedisCluster):
             node = self.client.get_default_node()
             assert node is not None, "cluster client is initialized in connect()"
@@ -406,6 +434,45 @@ class Backend(Commands):
         pubsub = Redis.from_pool(pool).pubsub()
         return PubSubSubscription(_PubSub(pubsub, self.url), channels, on_message)
 
+    async def _cluster_parts(
+        self, channels: Sequence[str], on_message: Callable[[str, bytes], None]
+    ) -> list[Subscription]:
+        """A subscription per master for the shard channels of the slots it serves (the
+        routing learnt again first: after a failover or a slot move, it has changed), and one
+        for the other channels."""
+        cluster = self._cluster
+        assert cluster is not None
+        await self.refresh_routing()
+        by_node: dict[str, tuple[Any, list[str]]] = {}
+        with _translating(self.url, cluster=cluster):
+            for channel in filter(is_shard_channel, channels):
+                node = cluster.get_node_from_key(channel)
+                if node is None:
+                    raise BackendUnavailable(self.url, f"no master serves {channel!r}")
+                by_node.setdefault(node.name, (node, []))[1].append(channel)
+        parts: list[Subscription] = [
+            PubSubSubscription(
+                _PubSub(_pubsub_of(node), self.url), shard_channels, on_message, sharded=True
+            )
+            for node, shard_channels in by_node.values()
+        ]
+        classic = [channel for channel in channels if not is_shard_channel(channel)]
+        if classic:
+            default = cluster.get_default_node()
+            assert default is not None, "cluster client is initialized in connect()"
+            parts.append(
+                PubSubSubscription(_PubSub(_pubsub_of(default), self.url), classic, on_message)
+            )
+        return parts
+
+
+def _pubsub_of(node: Any) -> PubSub:
+    """A pub/sub connection to a cluster node, made as its command connections are (TLS
+    included), with no read timeout."""
+    options = {**node.connection_kwargs, "socket_timeout": None}
+    pool = ConnectionPool(connection_class=node.connection_class, **options)
+    return Redis.from_pool(pool).pubsub()
+
 
 class _PubSub:
     """redis-py's ``PubSub`` as a ``_backend.subscriptions.PubSubPort``: keyserial's errors only, an
@@ -415,10 +482,16 @@ class _PubSub:
         self._pubsub = pubsub
         self._url = url
 
-    async def subscribe(self, channels: Sequence[str]) -> None:
+    async def subscribe(self, channels: Sequence[str], *, sharded: bool = False) -> None:
         await self._drop_connection()
         with _translating(self._url, lost=True):
-            await self._pubsub.subscribe(*channels)
+            # (redis-py's asyncio PubSub has no ssubscribe, but reads its messages. One command
+            # per channel: the channels of one SSUBSCRIBE must share a slot.)
+            if sharded:
+                for channel in channels:
+                    await self._pubsub.execute_command("SSUBSCRIBE", channel)
+            else:
+                await self._pubsub.subscribe(*channels)
 
     async def get_message(self, timeout: float) -> dict[str, Any] | None:
         with _translating(self._url, lost=True):

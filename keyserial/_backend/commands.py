@@ -18,6 +18,7 @@ from .._wire.layout import (
     PAUSES_CHANGED,
     ShardKeys,
     activity_key,
+    is_shard_channel,
     meta_key,
     pauses_key,
     roster_key,
@@ -44,6 +45,12 @@ def raised(reply: Any) -> Any:
     return reply
 
 
+def publish_command(channel: str, message: str) -> Command:
+    """The command that publishes on ``channel``: SPUBLISH for a shard channel (routed to the
+    node of its slot), PUBLISH for any other."""
+    return ("SPUBLISH" if is_shard_channel(channel) else "PUBLISH", channel, message)
+
+
 def stored_commands(shard: ShardKeys, fields: Sequence[str]) -> list[Command]:
     """The reads of :meth:`Commands.stored`: both generations of the shard's results."""
     return [("HMGET", shard.results, *fields), ("HMGET", shard.results_old, *fields)]
@@ -63,6 +70,9 @@ class Commands:
 
     Every method raises ``BackendUnavailable`` if the server does not answer.
     """
+
+    #: Whether messages travel on shard channels (see ``Backend``).
+    sharded_pubsub = False
 
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
         """Commands in one pipeline (on a cluster, routed by key): each reply, or its error."""
@@ -218,7 +228,7 @@ class Commands:
                     ("HEXISTS", shard.paused, key),
                     change,
                     ("INCR", pauses_key(shard.namespace)),
-                    ("PUBLISH", shard.wake_channel, PAUSES_CHANGED),
+                    publish_command(shard.wake(self.sharded_pubsub), PAUSES_CHANGED),
                 ]
             )
         )
@@ -244,7 +254,7 @@ class Commands:
         return bool(await self.call("XDEL", shard.dead, letter_id))
 
     async def publish(self, channel: str, message: str) -> None:
-        await self.call("PUBLISH", channel, message)
+        await self.call(*publish_command(channel, message))
 
     async def recorded_shard_count(self, namespace: str) -> int | None:
         """The shard count the namespace records, or None if nothing has used it yet."""

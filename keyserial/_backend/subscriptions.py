@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 import anyio
+from anyio.abc import TaskGroup
 
 from ..errors import KeyserialError
 
@@ -57,8 +58,9 @@ class PubSubPort(Protocol):
     connection raises ``BackendUnavailable``; an error reply arrives as a message of type
     ``"error"`` whose ``data`` is its exception."""
 
-    async def subscribe(self, channels: Sequence[str]) -> None:
-        """Subscribe on a new connection (the old one may be silent, not closed)."""
+    async def subscribe(self, channels: Sequence[str], *, sharded: bool = False) -> None:
+        """Subscribe on a new connection (the old one may be silent, not closed); ``sharded``:
+        to shard channels (SSUBSCRIBE), all of them served by the node connected to."""
 
     async def get_message(self, timeout: float) -> dict[str, Any] | None:
         """The next message (confirmations and PING answers included), or None."""
@@ -71,14 +73,22 @@ class PubSubPort(Protocol):
 
 
 class PubSubSubscription:
-    """A :class:`Subscription` on a :class:`PubSubPort` (its confirmations are awaited)."""
+    """A :class:`Subscription` on a :class:`PubSubPort` (its confirmations are awaited);
+    ``sharded``: to shard channels of the node it connects to."""
 
     def __init__(
-        self, pubsub: PubSubPort, channels: Sequence[str], on_message: Callable[[str, bytes], None]
+        self,
+        pubsub: PubSubPort,
+        channels: Sequence[str],
+        on_message: Callable[[str, bytes], None],
+        *,
+        sharded: bool = False,
     ) -> None:
         self._pubsub = pubsub
         self._channels = list(channels)
         self._on_message = on_message
+        self._sharded = sharded
+        self._confirmed = "ssubscribe" if sharded else "subscribe"
 
     async def subscribe(self, within: float) -> None:
         """Subscribe on a new connection: the old one may be silent, not closed, and redis-py
@@ -89,12 +99,12 @@ class PubSubSubscription:
         """
         waiting = set(self._channels)
         with anyio.fail_after(within):  # (a TimeoutError is an OSError)
-            await self._pubsub.subscribe(self._channels)
+            await self._pubsub.subscribe(self._channels, sharded=self._sharded)
             while waiting:
                 message = await self._pubsub.get_message(timeout=within)
                 if message is not None and message["type"] == "error":
                     raise message["data"]
-                if message is not None and message["type"] == "subscribe":
+                if message is not None and message["type"] == self._confirmed:
                     waiting.discard(_text(message["channel"]))
                 else:
                     self._handle(message)
@@ -119,6 +129,9 @@ class PubSubSubscription:
                 message = {"type": "pong"}
             if message is not None and message["type"] == "pong":
                 answer_due = None
+            if message is not None and message["type"] == "sunsubscribe":
+                # The server dropped a shard channel: its slot moved to another node.
+                return ConnectionResetError(f"shard channel {message['channel']!r} moved")
             self._handle(message)
             now = time.monotonic()
             if answer_due is not None and now >= answer_due:
@@ -134,13 +147,46 @@ class PubSubSubscription:
         await self._pubsub.aclose()
 
     def _handle(self, message: dict[str, Any] | None) -> None:
-        if message is None or message["type"] != "message":
+        if message is None or message["type"] not in ("message", "smessage"):
             return
         channel = _text(message["channel"])
         try:
             self._on_message(channel, message["data"])
         except Exception:  # a bug in the handler: the subscription keeps serving
             log.exception("handling a message on %r failed", channel)
+
+
+class GroupedSubscription:
+    """Several subscriptions as one, each on a connection of its own (on a cluster, one per
+    master that serves some of the shard channels, and one for the other channels): made
+    anew at each subscribe, since slots move; lost as soon as any part is."""
+
+    def __init__(self, parts: Callable[[], Awaitable[list[Subscription]]]) -> None:
+        self._make_parts = parts
+        self._parts: list[Subscription] = []
+
+    async def subscribe(self, within: float) -> None:
+        await self.aclose()
+        self._parts = await self._make_parts()
+        for part in self._parts:  # (one after another: a failure is raised as it is)
+            await part.subscribe(within)
+
+    async def until_lost(self, interval: float) -> Exception:
+        lost: list[Exception] = []
+
+        async def watch(part: Subscription, group: TaskGroup) -> None:
+            lost.append(await part.until_lost(interval))
+            group.cancel_scope.cancel()
+
+        async with anyio.create_task_group() as group:
+            for part in self._parts:
+                group.start_soon(watch, part, group)
+        return lost[0]
+
+    async def aclose(self) -> None:
+        parts, self._parts = self._parts, []
+        for part in parts:
+            await part.aclose()
 
 
 def _text(channel: str | bytes) -> str:

@@ -137,9 +137,9 @@ class Appender:
         packed = pack_entry([pending.envelope for pending in group])
         # Fresh only if the entry cannot land twice either (a transport that retries could).
         fresh = self._backend.sends_once and all(pending.fresh for pending in group)
+        wake = keys.wake(self._backend.sharded_pubsub)
         return submit(
-            keys,
-            SubmitArgs(self._settings.max_backlog, WIRE_VERSION, packed, keys.wake_channel, fresh),
+            keys, SubmitArgs(self._settings.max_backlog, WIRE_VERSION, packed, wake, fresh)
         )
 
     def _append_error(self, shard: int, reply: Exception) -> KeyserialError:

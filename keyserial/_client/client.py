@@ -27,7 +27,7 @@ from .._ops import Call
 from .._settings import Settings
 from .._telemetry import Carrier, submitting, tracer
 from .._wire.codec import decode_outcome, decode_reply, encode_envelope, replied_op_ids
-from .._wire.layout import ShardKeys, reply_channel
+from .._wire.layout import ShardKeys, in_shard, reply_channel
 from .._wire.signing import ReplyVerifier
 from ..errors import (
     BackendUnavailable,
@@ -67,6 +67,13 @@ class AsyncioClient(Client):
         #: The client's key pair for signed replies; its public half ends the reply channel.
         self._verifier = ReplyVerifier(reply_channel(settings.namespace, self.client_id))
         self._reply = self._verifier.channel
+        #: With sharded pub/sub (a cluster), a reply channel per shard: an op's reply travels
+        #: on its home shard's, on the node that serves that shard.
+        self._shard_replies = (
+            [in_shard(self._reply, settings.namespace, s) for s in range(shard_count)]
+            if backend.sharded_pubsub
+            else []
+        )
         #: The submits awaited, by op id.
         self._waiting: dict[str, list[Pending]] = defaultdict(list)
         self._task_group: TaskGroup | None = None
@@ -192,7 +199,7 @@ class AsyncioClient(Client):
     ) -> Pending:
         """:meth:`_settled` in the submit's span (``trace``: its context, sent with the op)."""
         loop = self._check_loop()
-        envelope = encode_envelope(op_id, keys, call, self._reply, trace)
+        envelope = encode_envelope(op_id, keys, call, self._reply_for(shard), trace)
         size = len(envelope) if envelope.isascii() else len(envelope.encode())  # bytes
         if size > self.settings.max_payload_bytes:
             key = keys if isinstance(keys, str) else keys[0]
@@ -290,11 +297,15 @@ class AsyncioClient(Client):
         for pending in self._waiting.get(op_id, ()):
             pending.settle(outcome)
 
+    def _reply_for(self, shard: int) -> str:
+        """The reply channel of an op whose home is ``shard``."""
+        return self._shard_replies[shard] if self._shard_replies else self._reply
+
     async def _listen_for_replies(self, *, task_status: TaskStatus[None]) -> None:
         try:
             await self._backend.listen(
-                [self._reply],
-                lambda _, data: self._deliver(data),
+                self._shard_replies or [self._reply],
+                self._deliver,
                 health_interval=self.settings.health_interval,
                 task_status=task_status,
             )
@@ -305,7 +316,7 @@ class AsyncioClient(Client):
                 " service= (KEYSERIAL_SERVICE) set to the name its ACL rules use"
             ) from None
 
-    def _deliver(self, data: bytes) -> None:
+    def _deliver(self, channel: str, data: bytes) -> None:
         """A reply message signed by a worker settles the submits it answers; any other names
         ops to look up. Its outcomes are taken as they are only where the settings trust
         replies (see _outcomes)."""
@@ -314,7 +325,7 @@ class AsyncioClient(Client):
                 for op_id, outcome in decode_reply(data):
                     self._settle(op_id, outcome)
                 return
-            signed = self._verifier.verified(data, self._lookups.wants_signer)
+            signed = self._verifier.verified(data, self._lookups.wants_signer, channel)
             if signed is None:
                 replied = replied_op_ids(data)
             else:

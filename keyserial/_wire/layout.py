@@ -46,6 +46,22 @@ def meta_key(namespace: str) -> str:
     return f"ks:{{{namespace}}}:meta"
 
 
+def in_shard(channel: str, namespace: str, shard: int) -> str:
+    """``channel`` (``ks:<ns>:...``) as a shard channel of ``shard`` (``ks:{<ns>:<shard>}:...``):
+    in the shard's cluster slot, so a script of the shard publishes on it with SPUBLISH and the
+    message stays on the node that serves the shard (sharded pub/sub, Redis 7+, on a cluster)."""
+    prefix = f"ks:{namespace}:"
+    if not channel.startswith(prefix):
+        raise ValueError(f"{channel!r} is not a channel of namespace {namespace!r}")
+    return f"ks:{{{namespace}:{shard}}}:{channel[len(prefix) :]}"
+
+
+def is_shard_channel(channel: str) -> bool:
+    """Whether ``channel`` is a shard channel (:func:`in_shard`): published with SPUBLISH and
+    subscribed with SSUBSCRIBE. A namespace has no braces, so no other channel starts so."""
+    return channel.startswith("ks:{")
+
+
 def same_slot_key(key: str, name: str) -> str:
     """A key named ``name`` in the hash tag (so the cluster slot) of ``key``."""
     start = key.find("{")
@@ -184,3 +200,8 @@ class ShardKeys:
     def wake_channel(self) -> str:
         """Published on every append so an idle owner fetches at once instead of polling."""
         return f"ks:{self.namespace}:wake:{self.shard}"
+
+    def wake(self, sharded: bool) -> str:
+        """The wake channel this process publishes on: on a cluster with sharded pub/sub, the
+        shard channel ``ks:{<ns>:<shard>}:wake:<shard>`` (workers subscribe to both)."""
+        return f"{self.tag}:wake:{self.shard}" if sharded else self.wake_channel

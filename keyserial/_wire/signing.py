@@ -59,12 +59,6 @@ def decode_public_key(text: str) -> X25519PublicKey | None:
     return X25519PublicKey.from_public_bytes(raw) if len(raw) == 32 else None
 
 
-def channel_public_key(channel: str) -> X25519PublicKey | None:
-    """The client key a reply channel names (its last ``.``-separated part), if any: a foreign
-    client's channel may name none, and its replies go out unsigned."""
-    return decode_public_key(channel.rsplit(".", 1)[-1])
-
-
 def _shared_key(
     own: X25519PrivateKey,
     peer: X25519PublicKey,
@@ -141,18 +135,18 @@ class ReplySigner:
         return f'{message[:-1]},"k":"{self.signer_id}","t":"{tag}"}}'
 
     def _key_for(self, channel: str) -> bytes | None:
-        if channel in self._keys:
-            self._keys.move_to_end(channel)
-            return self._keys[channel]
-        client = channel_public_key(channel)
+        # By the client's key, not the channel: a client has a channel per shard on a cluster.
+        client_public = channel.rsplit(".", 1)[-1]
+        if client_public in self._keys:
+            self._keys.move_to_end(client_public)
+            return self._keys[client_public]
+        client = decode_public_key(client_public)
         key = (
             None
             if client is None
-            else _shared_key(
-                self._key, client, channel.rsplit(".", 1)[-1], self.public_key, self.signer_id
-            )
+            else _shared_key(self._key, client, client_public, self.public_key, self.signer_id)
         )
-        self._keys[channel] = key
+        self._keys[client_public] = key
         if len(self._keys) > _CACHED_KEYS:
             self._keys.popitem(last=False)
         return key
@@ -190,10 +184,13 @@ class ReplyVerifier:
             self._keys.popitem(last=False)
         return True
 
-    def verified(self, raw: bytes, unknown: Callable[[str], None]) -> str | None:
+    def verified(
+        self, raw: bytes, unknown: Callable[[str], None], channel: str | None = None
+    ) -> str | None:
         """The signed part of a reply message (a JSON object), if a signer this client knows
-        signed it for this client's channel; else None, and ``unknown`` is told the id of a
-        signer not met yet (its key may be looked up for the next messages)."""
+        signed it for the channel it came on (``channel``, one of this receiver's: by default
+        :attr:`channel`); else None, and ``unknown`` is told the id of a signer not met yet
+        (its key may be looked up for the next messages)."""
         try:
             text = raw.decode("utf-8", "surrogatepass")
         except UnicodeDecodeError:
@@ -207,6 +204,6 @@ class ReplyVerifier:
             unknown(signer_id)
             return None
         signed = text[: found.start()]
-        if not hmac.compare_digest(_tag(key, self.channel, signed), tag):
+        if not hmac.compare_digest(_tag(key, channel or self.channel, signed), tag):
             return None
         return signed + "}"

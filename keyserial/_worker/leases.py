@@ -19,6 +19,7 @@ from anyio.abc import TaskGroup
 
 from .._backend import durability as _durability
 from .._backend.backend import Backend
+from .._backend.commands import publish_command
 from .._logfields import fields
 from .._scripts.calls import ScriptCall
 from .._scripts.lease import (
@@ -127,8 +128,9 @@ class Leases:
                 log.info("released shards %s", format_shards(shards))
                 # (A wake-up on each shard's channel: a standby tries it at once, not when the
                 # lease it last saw would have run out.)
+                sharded = self._backend.sharded_pubsub
                 await self._backend.pipeline(
-                    [("PUBLISH", self._keys(shard).wake_channel, "released") for shard in shards]
+                    [publish_command(self._keys(s).wake(sharded), "released") for s in shards]
                 )
             except BackendUnavailable as exc:
                 log.warning(

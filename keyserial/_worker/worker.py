@@ -121,6 +121,8 @@ class Worker:
         try:
             shard_count = self._shard_count
             self.shards = self._resolve_shards(shard_count)
+            if backend.sharded_pubsub:
+                self._mailbox.use_shard_channels(self.settings.namespace, shard_count)
             log.info(
                 "worker %s serving shards %s of %d in namespace %r (ops: %s)",
                 self.token,
@@ -412,12 +414,16 @@ class Worker:
         """Wake a shard's runner when its stream gets an entry (runners also poll every
         ``idle_poll`` seconds, so a wake-up lost while reconnecting costs latency, not ops), and
         hand coordination messages (grants, decisions) to the mailbox (whose waiters poll too)."""
-        shard_of = {ShardKeys(self.settings.namespace, s).wake_channel: s for s in self.shards}
+        shard_of = {}
+        for shard in self.shards:
+            keys = ShardKeys(self.settings.namespace, shard)
+            # (Both wake channels: a client of a foreign library may publish on the classic one.)
+            shard_of[keys.wake_channel] = shard_of[keys.wake(backend.sharded_pubsub)] = shard
         mailbox = self._mailbox
 
         def receive(channel: str, data: bytes) -> None:
-            if channel == mailbox.channel:
-                mailbox.receive(data)
+            if mailbox.is_mine(channel):
+                mailbox.receive(channel, data)
                 return
             shard = shard_of.get(channel, -1)
             holder = self._owned.get(shard)
@@ -439,7 +445,7 @@ class Worker:
         while True:
             try:
                 await backend.listen(
-                    [*shard_of, mailbox.channel],
+                    [*shard_of, *mailbox.channels],
                     receive,
                     health_interval=self.settings.health_interval,
                 )

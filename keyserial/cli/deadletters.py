@@ -171,7 +171,7 @@ async def replay(
                         max_backlog,
                         WIRE_VERSION,
                         pack_entry([dumps(op) for op in ops]),
-                        keys.wake_channel,
+                        keys.wake(backend.sharded_pubsub),
                     ),
                 )
             )

@@ -42,6 +42,6 @@ for i = 1, shards do
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 for _, reply in ipairs(cjson.decode(ARGV[3])) do
-  redis.call('PUBLISH', reply[1], reply[2])
+  publish(KEYS[1], reply[1], reply[2])
 end
 return 1

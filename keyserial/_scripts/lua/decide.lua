@@ -38,6 +38,6 @@ redis.call('HSET', KEYS[3], field, ARGV[4])
 write_states(KEYS[2], ARGV[5])
 redis.call('HSET', KEYS[3], ARGV[2], ARGV[6])
 for _, notice in ipairs(cjson.decode(ARGV[7])) do
-  redis.call('PUBLISH', notice[1], notice[2])
+  publish(KEYS[1], notice[1], notice[2])
 end
 return {1}

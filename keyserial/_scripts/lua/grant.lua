@@ -23,6 +23,6 @@ if #redis.call('XRANGE', KEYS[3], ARGV[5], ARGV[5]) == 0 then
 end
 redis.call('HSET', KEYS[2], ARGV[2], ARGV[3])
 if ARGV[4] ~= '' then
-  redis.call('PUBLISH', ARGV[4], ARGV[6])
+  publish(KEYS[1], ARGV[4], ARGV[6])
 end
 return 1

@@ -59,3 +59,17 @@ local function fold_pushes(horizon_key, stream_key)
   end
   return horizon
 end
+
+-- Publish ``message`` on ``channel``: a shard channel of this script's slot (its name begins
+-- with the hash tag of ``key``, one of the script's keys) with SPUBLISH, so it stays on this
+-- node; any other channel with PUBLISH. (A server without SPUBLISH refuses it: PUBLISH then.)
+local function publish(key, channel, message)
+  local tag = string.match(key, '^ks:{[^}]*}')
+  if tag and string.sub(channel, 1, #tag) == tag then
+    local sent = redis.pcall('SPUBLISH', channel, message)
+    if type(sent) == 'number' then
+      return sent
+    end
+  end
+  return redis.call('PUBLISH', channel, message)
+end

@@ -244,7 +244,7 @@ if #writes > 0 then
 end
 if ARGV[12] ~= '' then
   for _, reply in ipairs(cjson.decode(ARGV[12])) do
-    redis.call('PUBLISH', reply[1], reply[2])
+    publish(KEYS[1], reply[1], reply[2])
   end
 end
 -- An entry appended under the largest id there is (by hand: XADD takes any larger id) leaves

@@ -9,7 +9,8 @@
 -- ARGV[2]  wire version ("1")
 -- ARGV[3]  the entry's ops: a JSON array of op envelopes
 -- ARGV[4]  the shard's wake channel ('' for none: a worker appending to a shard it owns wakes
---          its runner itself)
+--          its runner itself); on a cluster, its shard channel ks:{<ns>:<shard>}:wake:<shard>
+--          is published on with SPUBLISH, and stays on the shard's node
 -- ARGV[5]  '1' if every op id in the entry is appended for the first time (the entry's field
 --          fresh = '1': its owner skips looking up their stored outcomes, and it is pushed);
 --          optional
@@ -25,6 +26,17 @@ if limit > 0 then
     return redis.error_reply('BACKLOG ' .. length)
   end
 end
+-- (This script is sent alone by foreign clients, so it has its own copy of lib.lua's publish.)
+local function wake(message)
+  local tag = string.match(KEYS[1], '^ks:{[^}]*}')
+  if tag and string.sub(ARGV[4], 1, #tag) == tag then
+    local sent = redis.pcall('SPUBLISH', ARGV[4], message)
+    if type(sent) == 'number' then
+      return
+    end
+  end
+  redis.call('PUBLISH', ARGV[4], message)
+end
 local fresh = ARGV[5] == '1'
 local push = fresh and ARGV[4] ~= ''
 local before = nil
@@ -39,8 +51,8 @@ else
   id = redis.call('XADD', KEYS[1], '*', 'v', ARGV[2], 'ops', ARGV[3])
 end
 if push then
-  redis.call('PUBLISH', ARGV[4], 'push ' .. before .. ' ' .. id .. ' ' .. ARGV[2] .. '\n' .. ARGV[3])
+  wake('push ' .. before .. ' ' .. id .. ' ' .. ARGV[2] .. '\n' .. ARGV[3])
 elseif ARGV[4] ~= '' then
-  redis.call('PUBLISH', ARGV[4], id)
+  wake(id)
 end
 return id

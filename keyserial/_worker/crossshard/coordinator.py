@@ -300,11 +300,11 @@ class Coordinator:
         """Write the attempt's decision with the home keys and the result, then tell everyone."""
         services, home, op_id = self._services, self._services.home, notice.op_id
         replies = list(run.replies)
-        here = services.mailbox.channel
+        mailbox = services.mailbox
         message = dumps(notice.to_wire())
         notices = signed(
             services,
-            [(channel, message) for channel in dict.fromkeys(participants) if channel != here],
+            [(c, message) for c in dict.fromkeys(participants) if not mailbox.is_mine(c)],
         )
         notices += reply_messages(
             {reply: self._answers(run, outcome) for reply in replies}, services.pipeliner.signer
@@ -342,8 +342,8 @@ class Coordinator:
             home.states.committed(key, state or None)
         if durable:
             await publish(services, notices)
-        if here in participants:  # shards of this worker hear it now, not through Redis
-            services.mailbox.deliver(notice)
+        if any(map(mailbox.is_mine, participants)):  # this worker's shards hear it now
+            mailbox.deliver(notice)
         # Callers that resubmitted the op while it ran have not been told yet.
         services.finish(run, outcome, store=False, replies=run.replies[len(replies) :])
 
@@ -358,7 +358,8 @@ class Coordinator:
         """
         services = self._services
         home = services.home
-        request = GrantRequest(home.shard, op_id, attempt, services.mailbox.channel)
+        # (Answered on this worker's channel in the slot of that shard, whose script publishes.)
+        request = GrantRequest(home.shard, op_id, attempt, services.mailbox.channel_for(shard))
         entry_json = grant_request_envelope(op_id, attempt, keys, request.to_wire())
         there = ShardKeys(services.settings.namespace, shard)
         granted_at = grant_field(op_id, attempt)
@@ -455,7 +456,7 @@ class Coordinator:
                 max_backlog=services.settings.max_backlog,
                 wire_version=WIRE_VERSION,
                 ops=pack_entry([request]),
-                wake_channel="" if local else there.wake_channel,
+                wake_channel="" if local else there.wake(services.backend.sharded_pubsub),
                 fresh=fresh,
             ),
         )

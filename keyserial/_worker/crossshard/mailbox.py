@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, NoReturn, Protocol
 import anyio
 
 from ..._scripts.refusals import Refused
+from ..._wire.layout import in_shard
 from ..._wire.messages import DecisionNotice, KeyGrant, MalformedMessage, from_wire
 from ..._wire.signing import ReplyVerifier, without_signature
 from ...errors import BackendUnavailable
@@ -122,6 +123,10 @@ class Mailbox:
         #: half (``<prefix>.<public key>``), so a sender knows whom to sign for.
         self.verifier = ReplyVerifier(channel_prefix)
         self.channel = self.verifier.channel
+        #: With sharded pub/sub, this worker's channel in each shard's slot (see
+        #: :meth:`use_shard_channels`); else none.
+        self._shard_channels: list[str] = []
+        self._mine = {self.channel}
         #: This worker's runner of a shard, or None if the worker does not own the shard.
         self.local_shard = local_shard
         self._waiting: dict[Topic, list[Waiter]] = defaultdict(list)
@@ -129,6 +134,24 @@ class Mailbox:
         self._signers_due: dict[str, None] = {}
         #: Set when signers are due (made once :meth:`learn_signers` runs, in the event loop).
         self._signers_wanted: anyio.Event | None = None
+
+    def use_shard_channels(self, namespace: str, shard_count: int) -> None:
+        """Take messages on a shard channel per shard (a cluster with sharded pub/sub): a
+        script of shard ``s`` publishes on :meth:`channel_for` ``(s)``, in its own slot."""
+        self._shard_channels = [in_shard(self.channel, namespace, s) for s in range(shard_count)]
+        self._mine = {self.channel, *self._shard_channels}
+
+    def channel_for(self, shard: int) -> str:
+        """The channel that a script of ``shard`` publishes on to reach this worker."""
+        return self._shard_channels[shard] if self._shard_channels else self.channel
+
+    @property
+    def channels(self) -> list[str]:
+        """Every channel this worker takes messages on."""
+        return [self.channel, *self._shard_channels]
+
+    def is_mine(self, channel: str) -> bool:
+        return channel in self._mine
 
     @contextmanager
     def expect_grant(self, op_id: str, attempt: int, shard: int) -> Iterator[Waiter]:
@@ -153,11 +176,11 @@ class Mailbox:
             if not waiters:
                 del self._waiting[topic]
 
-    def receive(self, data: bytes) -> None:
-        """A message from the worker channel, through Redis. Signed for this worker by another
-        worker, it is handed over as it is; else it only wakes the waiters of what it names
-        (they read the record instead)."""
-        signed = self.verifier.verified(data, self._signer_met)
+    def receive(self, channel: str, data: bytes) -> None:
+        """A message on one of this worker's channels, through Redis. Signed for this worker by
+        another worker, it is handed over as it is; else it only wakes the waiters of what it
+        names (they read the record instead)."""
+        signed = self.verifier.verified(data, self._signer_met, channel)
         try:
             message = from_wire(json.loads(without_signature(data) if signed is None else signed))
         except (ValueError, MalformedMessage):

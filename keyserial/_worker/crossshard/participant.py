@@ -63,7 +63,7 @@ class Participant:
                 home.shard,
                 [(key, home.states[key]) for key in envelope.keys],
                 home.executor.next_fence(),  # the granted keys' fencing token, for the op
-                services.mailbox.channel,
+                services.mailbox.channel_for(request.home),  # (the decision's script's slot)
             )
             await self._send(request, key_grant, run.entries[0].entry_id)
             decision = await self._await_decision(waiter, request)
@@ -92,7 +92,7 @@ class Participant:
         this worker, else published (by the script, or after the replicas have it)."""
         services = self._services
         home = services.home
-        in_process = request.channel == services.mailbox.channel
+        in_process = services.mailbox.is_mine(request.channel)
         durable = services.settings.durability is not None
         log.debug(
             "shard %d: sending the grant of %s#%d (%s)",
