@@ -33,7 +33,7 @@ from .._scripts.refusals import Refused, refusal
 from .._urls import redact
 from .._wire.layout import is_shard_channel
 from ..errors import BackendUnavailable, ConfigError, KeyserialError
-from .commands import Command, Commands
+from .commands import Command, Commands, publish_command
 from .outage import Outage
 from .resp import (
     URL_TIMEOUTS,
@@ -315,7 +315,7 @@ class Backend(Commands):
         if self._pipelined is None:
             return False
         return self._pipelined.send_nowait(
-            [("PUBLISH", channel, message) for channel, message in messages]
+            [publish_command(channel, message) for channel, message in messages]
         )
 
     # -- routing -------------------------------------------------------------------------------
