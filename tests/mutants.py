@@ -794,7 +794,8 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_wire/signing.py",
-                "        if not hmac.compare_digest(_tag(key, self.channel, signed), tag):",
+                "        if not hmac.compare_digest("
+                "_tag(key, channel or self.channel, signed), tag):",
                 "        if False:",
             ),
         ),

@@ -23,7 +23,7 @@ from keyserial import (
     SubmitTimeout,
 )
 from keyserial.ledger import balance, deposit, withdraw
-from keyserial.testing import running_worker
+from keyserial.testing import ShardKeys, running_worker
 from tests import apps
 from tests.helpers import free_closed_port
 
@@ -80,6 +80,13 @@ def test_one_sync_client_serves_many_threads_over_one_connection(
         worker_in_thread(redis_url, namespace, shard_count=4),
         keyserial.connect_sync(redis_url, shards=4, namespace=namespace) as ks,
     ):
+        sharded = bool(admin.info("cluster").get("cluster_enabled", 0))
+        wake = ShardKeys(namespace, 0).wake(sharded)
+        # (The worker serves before it has subscribed: its connections are counted once it has.)
+        deadline = time.monotonic() + 10
+        while not _subscribers(admin, wake, sharded):
+            assert time.monotonic() < deadline, "the worker never subscribed to its wake-ups"
+            time.sleep(0.02)
         connections = len(admin.client_list())
 
         def deposits(thread: int) -> None:
@@ -101,9 +108,21 @@ def test_one_sync_client_serves_many_threads_over_one_connection(
         # (On a cluster, redis-py opens a node connection per pipeline in flight: appends,
         # outcome lookups and the read of a reply signer's key go out side by side, three at
         # most.)
-        extra = 2 * admin.info("cluster").get("cluster_enabled", 0)
+        extra = 2 * sharded
         assert connections <= len(admin.client_list()) <= connections + extra
-        assert len(admin.pubsub_channels(f"ks:{namespace}:reply:*")) == 1
+        if sharded:  # (a reply channel per shard, in its slot)
+            found = admin.execute_command(
+                "PUBSUB", "SHARDCHANNELS", f"ks:{{{namespace}:*}}:reply:*"
+            )
+            assert len(found) == 4
+        else:
+            assert len(admin.pubsub_channels(f"ks:{namespace}:reply:*")) == 1
+
+
+def _subscribers(admin: redis.Redis, channel: str, sharded: bool) -> int:
+    command = "SHARDNUMSUB" if sharded else "NUMSUB"
+    _, count = admin.execute_command("PUBSUB", command, channel)
+    return int(count)
     admin.close()
 
 
