@@ -47,6 +47,22 @@ def wait_in_sync(replica: LocalServer) -> None:
             time.sleep(0.02)
 
 
+def wait_aof_ready(replica: LocalServer) -> None:
+    """Until the replica's AOF is on and no rewrite is under way or due: after its full sync a
+    replica rewrites its AOF, and confirms no WAITAOF until that is done (on a loaded machine,
+    for many seconds)."""
+    with redis.Redis(port=replica.port) as client:
+        deadline = time.monotonic() + 60
+        while True:
+            info = client.info("persistence")
+            if info.get("aof_enabled") and not (
+                info.get("aof_rewrite_in_progress") or info.get("aof_rewrite_scheduled")
+            ):
+                return
+            assert time.monotonic() < deadline, f"the replica's AOF is not ready: {info}"
+            time.sleep(0.05)
+
+
 def stored_on(server: LocalServer, namespace: str, key: str, op_id: str) -> bool:
     shard = ShardKeys(namespace, shard_for(key, SHARDS))
     with redis.Redis(port=server.port) as client:
@@ -287,6 +303,7 @@ async def test_with_durable_fsync_an_acknowledgement_waits_for_the_replica_s_aof
         )
         with replica, redis.Redis(port=replica.port) as replica_client:
             wait_in_sync(replica)
+            wait_aof_ready(replica)
             monkeypatch.setenv("KEYSERIAL_DURABLE_REPLICAS", "1")
             monkeypatch.setenv("KEYSERIAL_DURABLE_FSYNC", "true")
             worker = start(

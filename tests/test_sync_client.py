@@ -81,10 +81,14 @@ def test_one_sync_client_serves_many_threads_over_one_connection(
         keyserial.connect_sync(redis_url, shards=4, namespace=namespace) as ks,
     ):
         sharded = bool(admin.info("cluster").get("cluster_enabled", 0))
-        wake = ShardKeys(namespace, 0).wake(sharded)
-        # (The worker serves before it has subscribed: its connections are counted once it has.)
+        keys = ShardKeys(namespace, 0)
+        # (The worker serves before it has subscribed: its connections are counted once it has,
+        # on a cluster to both its shard channels and its classic ones.)
         deadline = time.monotonic() + 10
-        while not _subscribers(admin, wake, sharded):
+        while not (
+            _subscribers(admin, keys.wake(sharded), sharded)
+            and _subscribers(admin, keys.wake_channel, False)
+        ):
             assert time.monotonic() < deadline, "the worker never subscribed to its wake-ups"
             time.sleep(0.02)
         connections = len(admin.client_list())

@@ -435,14 +435,15 @@ class Backend(Commands):
         return PubSubSubscription(_PubSub(pubsub, self.url), channels, on_message)
 
     async def _cluster_parts(
-        self, channels: Sequence[str], on_message: Callable[[str, bytes], None]
+        self, channels: Sequence[str], on_message: Callable[[str, bytes], None], again: bool
     ) -> list[Subscription]:
-        """A subscription per master for the shard channels of the slots it serves (the
-        routing learnt again first: after a failover or a slot move, it has changed), and one
-        for the other channels."""
+        """A subscription per master for the shard channels of the slots it serves, and one
+        for the other channels. ``again`` (after a loss): the routing is learnt again first,
+        since a failover or a slot move has changed it."""
         cluster = self._cluster
         assert cluster is not None
-        await self.refresh_routing()
+        if again:
+            await self.refresh_routing()
         by_node: dict[str, tuple[Any, list[str]]] = {}
         with _translating(self.url, cluster=cluster):
             for channel in filter(is_shard_channel, channels):

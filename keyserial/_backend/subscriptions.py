@@ -161,13 +161,16 @@ class GroupedSubscription:
     master that serves some of the shard channels, and one for the other channels): made
     anew at each subscribe, since slots move; lost as soon as any part is."""
 
-    def __init__(self, parts: Callable[[], Awaitable[list[Subscription]]]) -> None:
+    def __init__(self, parts: Callable[[bool], Awaitable[list[Subscription]]]) -> None:
+        #: Makes the parts; told whether it is again (after a loss: the routing may be stale).
         self._make_parts = parts
         self._parts: list[Subscription] = []
+        self._made = False
 
     async def subscribe(self, within: float) -> None:
         await self.aclose()
-        self._parts = await self._make_parts()
+        self._parts = await self._make_parts(self._made)
+        self._made = True
         for part in self._parts:  # (one after another: a failure is raised as it is)
             await part.subscribe(within)
 
