@@ -6,6 +6,7 @@ worker goes on serving. (Through a failover of 3 masters: tests/test_cluster_fai
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import anyio
 import redis.asyncio
@@ -18,9 +19,27 @@ from tests.helpers import monitored
 SHARDS = 4
 
 
-def published(commands: list[str]) -> tuple[list[str], list[str]]:
-    """The SPUBLISH and the PUBLISH commands among ``commands``."""
-    return (
+@dataclass
+class Published:
+    """What a deposit and a transfer under a worker published, and the client's channels."""
+
+    reply: str  # the client's reply channel
+    reply_of_shard_2: str  # the one it sends with ops homed on shard 2
+    sharded: list[str]  # SPUBLISH commands the server ran
+    classic: list[str]  # PUBLISH commands
+
+
+async def published_by_ops(url: str, namespace: str) -> Published:
+    async with (
+        running_worker(url, namespace, shard_count=SHARDS),
+        keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks,
+        monitored(url) as commands,
+    ):
+        await ks.submit("account:1", deposit(5), timeout=10)
+        await ks.transfer("account:1", "account:2", 2, timeout=10)
+    return Published(
+        ks._reply,
+        ks._reply_for(2),
         [command for command in commands if command.startswith("SPUBLISH ")],
         [command for command in commands if command.startswith("PUBLISH ")],
     )
@@ -29,34 +48,21 @@ def published(commands: list[str]) -> tuple[list[str], list[str]]:
 async def test_on_a_cluster_wake_ups_and_replies_are_shard_messages(
     cluster_server: LocalServer, namespace: str
 ) -> None:
-    url = cluster_server.url
-    async with (
-        running_worker(url, namespace, shard_count=SHARDS),
-        keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks,
-    ):
-        assert ks._reply_for(2).startswith(f"ks:{{{namespace}:2}}:reply:")
-        async with monitored(url) as commands:
-            await ks.submit("account:1", deposit(5), timeout=10)
-            await ks.transfer("account:1", "account:2", 2, timeout=10)
-        sharded, classic = published(commands)
-        assert classic == [], classic
-        assert any(f":wake:{ks.shard_of('account:1')} " in command for command in sharded)
-        assert any(":reply:" in command for command in sharded)
+    published = await published_by_ops(cluster_server.url, namespace)
+    assert published.reply_of_shard_2.startswith(f"ks:{{{namespace}:2}}:reply:")
+    assert published.classic == [], published.classic
+    wake = f":wake:{keyserial.shard_for('account:1', SHARDS)} "
+    assert any(wake in command for command in published.sharded)
+    assert any(":reply:" in command for command in published.sharded)
 
 
 async def test_on_a_standalone_server_messages_stay_on_classic_channels(
     standalone_server: LocalServer, namespace: str
 ) -> None:
-    url = standalone_server.url
-    async with (
-        running_worker(url, namespace, shard_count=SHARDS),
-        keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks,
-    ):
-        assert ks._reply_for(2) == ks._reply
-        async with monitored(url) as commands:
-            await ks.submit("account:1", deposit(5), timeout=10)
-        sharded, classic = published(commands)
-        assert sharded == [] and any(":reply:" in command for command in classic)
+    published = await published_by_ops(standalone_server.url, namespace)
+    assert published.reply_of_shard_2 == published.reply
+    assert published.sharded == []
+    assert any(":reply:" in command for command in published.classic)
 
 
 async def test_a_reply_channel_in_another_slot_is_published_classic_and_serving_goes_on(

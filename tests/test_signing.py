@@ -16,7 +16,7 @@ import redis.asyncio
 
 import keyserial
 from keyserial._wire.json_text import dumps
-from keyserial._wire.layout import signers_key
+from keyserial._wire.layout import in_shard, signers_key
 from keyserial._wire.messages import Decision, DecisionNotice, KeyGrant
 from keyserial._wire.signing import SIGNER_TTL, ReplySigner, ReplyVerifier, signer_record
 from keyserial._worker.crossshard.mailbox import Mailbox
@@ -235,3 +235,15 @@ async def test_with_shard_channels_a_message_is_taken_only_on_the_channel_it_was
         assert await waiter.within(0) is None
         mailbox.receive(mailbox.channel_for(2), signed)
         assert await waiter.within(0) == GRANT
+
+
+def test_a_signer_derives_one_key_per_client_whatever_its_channels() -> None:
+    """On a cluster a client has a reply channel per shard: the signer's key exchange runs once
+    per client, not once per channel (its cache holds a few thousand entries)."""
+    client, signer = ReplyVerifier("ks:ns:reply:c"), ReplySigner()
+    _met(client, signer)
+    for shard in range(64):
+        channel = in_shard(client.channel, "ns", shard)
+        signed = signer.sign(channel, MESSAGE).encode()
+        assert client.verified(signed, print, channel) == MESSAGE
+    assert len(signer._keys) == 1

@@ -192,20 +192,17 @@ class Commands:
         )
         return [isinstance(reply, Exception) or bool(reply) for reply in replies]
 
-    async def queued(self, shard: ShardKeys, count: int) -> list[tuple[bytes, Any]]:
+    async def queued(self, shard: ShardKeys, count: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
         """Up to ``count`` stream entries after the shard's progress marker, oldest first: (id,
         fields); ops waiting or under way."""
         progress = await self.call("GET", shard.progress)
         first = f"({progress.decode()}" if progress else "-"
-        entries: list[tuple[bytes, Any]] = await self.call(
-            "XRANGE", shard.stream, first, "+", "COUNT", count
-        )
-        return entries
+        return _entries(await self.call("XRANGE", shard.stream, first, "+", "COUNT", count))
 
     async def paused_keys(self, shard: ShardKeys) -> dict[bytes, bytes]:
         """The shard's paused keys, with their records."""
-        (paused,) = raise_errors(await self.pipeline([("HGETALL", shard.paused)]))
-        return _as_dict(paused)
+        (paused,) = await self.all_paused([shard])
+        return paused
 
     async def all_paused(self, shards: Sequence[ShardKeys]) -> list[dict[bytes, bytes]]:
         """Each shard's paused keys, in one pipeline."""
@@ -240,14 +237,13 @@ class Commands:
 
     async def dead_letters(
         self, shard: ShardKeys, first: str = "-", last: str = "+", count: int | None = None
-    ) -> list[tuple[bytes, Any]]:
+    ) -> list[tuple[bytes, dict[bytes, bytes]]]:
         """The shard's dead letters from ``first`` to ``last`` (ids), oldest first: (id,
         fields)."""
         command: list[ScriptArg] = ["XRANGE", shard.dead, first, last]
         if count is not None:
             command += ["COUNT", count]
-        letters: list[tuple[bytes, Any]] = await self.call(*command)
-        return letters
+        return _entries(await self.call(*command))
 
     async def drop_dead_letter(self, shard: ShardKeys, letter_id: str) -> bool:
         """Delete one dead letter: whether it was there."""
@@ -288,6 +284,11 @@ class Commands:
         if shard_count is not None and recorded != shard_count:
             raise ShardCountMismatch(namespace=namespace, recorded=recorded, configured=shard_count)
         return recorded
+
+
+def _entries(entries: Any) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """Stream entries as XRANGE returns them, each entry's fields as a dict."""
+    return [(entry_id, _as_dict(fields)) for entry_id, fields in entries]
 
 
 def _as_dict(flat: Any) -> dict[bytes, bytes]:

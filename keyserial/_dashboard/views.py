@@ -11,14 +11,14 @@ from __future__ import annotations
 import json
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from .._backend.backend import Backend
 from .._wire.codec import MalformedEntry, decode_entry, decode_outcome
 from .._wire.layout import ShardKeys
-from .._wire.roster import live_entries
+from .._wire.roster import WorkerEntry, live_entries
 from .._wire.routing import shard_for
 from ..cli import deadletters
 from ..cli.keys import pause
@@ -51,8 +51,7 @@ class Dashboard:
         before = self._previous if len(self._previous) == count else now
         self._previous = now
         statuses = compare(before, now)
-        roster, _ = live_entries(await self.backend.roster(self.namespace))
-        posts = await self._activity({entry.token for entry in roster})
+        roster, posts = await self._live()
         view = as_json(self.namespace, statuses, workers(roster, statuses))
         view["hot_keys"] = _hot_keys(posts)
         view["failed"] = _failed(posts)
@@ -62,7 +61,6 @@ class Dashboard:
                 self.backend, self.namespace, range(count), count=SHOWN
             )
         ]
-        view["paused"] = await self._paused(count)
         return view
 
     async def key(self, key: str) -> dict[str, Any]:
@@ -123,25 +121,20 @@ class Dashboard:
 
     # -- reads -------------------------------------------------------------------------------
 
-    async def _activity(self, live: set[str]) -> list[dict[str, Any]]:
-        """The activity posts of live workers (a post that does not parse is left out)."""
+    async def _live(self) -> tuple[list[WorkerEntry], list[dict[str, Any]]]:
+        """The live workers on the roster, and what they posted of their activity (a post that
+        does not parse is left out)."""
+        roster, _ = live_entries(await self.backend.roster(self.namespace))
+        live = {entry.token.encode() for entry in roster}
         posts = []
         for token, raw in (await self.backend.activities(self.namespace)).items():
             try:
                 post = json.loads(raw)
             except ValueError:
                 continue
-            if token.decode(errors="replace") in live and isinstance(post, dict):
+            if token in live and isinstance(post, dict):
                 posts.append(post)
-        return posts
-
-    async def _paused(self, count: int) -> list[dict[str, Any]]:
-        shards = [ShardKeys(self.namespace, shard) for shard in range(count)]
-        return [
-            {"key": key.decode(errors="replace"), "shard": keys.shard}
-            for keys, records in zip(shards, await self.backend.all_paused(shards), strict=True)
-            for key in records
-        ]
+        return roster, posts
 
     async def _queued(self, keys: ShardKeys, key: str) -> list[dict[str, Any]]:
         """The key's ops among the first entries after its shard's progress marker (ops whose
@@ -149,7 +142,7 @@ class Dashboard:
         found = []
         for entry_id, fields in await self.backend.queued(keys, QUEUE_SCANNED):
             try:
-                envelopes = decode_entry(_fields(fields))
+                envelopes = decode_entry(fields)
             except MalformedEntry:
                 continue
             for envelope in envelopes:
@@ -169,9 +162,7 @@ class Dashboard:
 
     async def _recent(self, key: str) -> list[dict[str, Any]]:
         """The key's ops in the workers' posts, newest first, with their stored outcomes."""
-        posts = await self._activity(
-            {entry.token for entry in live_entries(await self.backend.roster(self.namespace))[0]}
-        )
+        _, posts = await self._live()
         ran = sorted(
             (op for post in posts for op in _newest_first(post, "recent") if key in op["keys"]),
             key=lambda op: -int(op.get("at", 0)),
@@ -243,10 +234,3 @@ def _outcome(raw: bytes) -> dict[str, Any]:
 def _shown(value: Any) -> str:
     text = json.dumps(value, ensure_ascii=False)
     return text if len(text) <= 200 else text[:200] + "…"
-
-
-def _fields(fields: Any) -> dict[bytes, bytes]:
-    if isinstance(fields, dict):
-        return fields
-    flat: Sequence[bytes] = fields
-    return dict(zip(flat[::2], flat[1::2], strict=True))

@@ -204,4 +204,8 @@ class ShardKeys:
     def wake(self, sharded: bool) -> str:
         """The wake channel this process publishes on: on a cluster with sharded pub/sub, the
         shard channel ``ks:{<ns>:<shard>}:wake:<shard>`` (workers subscribe to both)."""
-        return f"{self.tag}:wake:{self.shard}" if sharded else self.wake_channel
+        return (
+            in_shard(self.wake_channel, self.namespace, self.shard)
+            if sharded
+            else self.wake_channel
+        )

@@ -76,9 +76,7 @@ def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
-def _letter(shard: int, letter_id: bytes | str, fields: Any) -> DeadLetter:
-    if isinstance(fields, list):  # a RESP flat list of field, value
-        fields = dict(zip(fields[::2], fields[1::2], strict=True))
+def _letter(shard: int, letter_id: bytes | str, fields: dict[bytes, bytes]) -> DeadLetter:
     got = {_text(name): _text(value) for name, value in fields.items()}
     return DeadLetter(
         shard, _text(letter_id), got.get("entry", ""), got.get("reason", ""), got.get("raw", "")
