@@ -10,6 +10,7 @@ opentelemetry-api is installed and an SDK tracer provider is set, by the app or 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -26,14 +27,29 @@ except ImportError:  # (the otel extra is not installed)
 Carrier = dict[str, str]
 
 
+#: Seconds between two looks for a tracer provider while none is set: a look costs about a
+#: microsecond, too much for every op and every submit.
+LOOK_EVERY = 1.0
+_tracer: Any = None
+_looked_at = -LOOK_EVERY
+
+
 def tracer() -> Any:
-    """keyserial's tracer, or None when nothing would record its spans."""
-    if not _INSTALLED:
+    """keyserial's tracer, or None when nothing would record its spans. A provider can be set
+    once per process (the API refuses a second): once found, its tracer is kept; one set
+    later than keyserial first looked is used within :data:`LOOK_EVERY` seconds."""
+    global _tracer, _looked_at
+    if _tracer is not None or not _INSTALLED:
+        return _tracer
+    now = time.monotonic()
+    if now - _looked_at < LOOK_EVERY:
         return None
+    _looked_at = now
     provider = _trace.get_tracer_provider()
     if isinstance(provider, _trace.ProxyTracerProvider | _trace.NoOpTracerProvider):
         return None
-    return provider.get_tracer("keyserial")
+    _tracer = provider.get_tracer("keyserial")
+    return _tracer
 
 
 @contextmanager

@@ -107,3 +107,24 @@ def test_a_trace_context_travels_in_the_envelope_and_a_bad_one_is_dropped() -> N
         }
         (envelope,) = decode_entry(fields)
         assert not isinstance(envelope, Exception) and envelope.trace == kept
+
+
+def test_the_tracer_is_looked_up_once_a_second_until_a_provider_is_set() -> None:
+    """Looking for a provider costs about a microsecond, so it is not done for every op: a
+    provider set after the first look is used from the next look on, and then kept. (In a
+    process of its own: a provider is set once per process.)"""
+    code = "\n".join(
+        [
+            "from opentelemetry import trace",
+            "from opentelemetry.sdk.trace import TracerProvider",
+            "from keyserial import _telemetry as telemetry",
+            "assert telemetry.tracer() is None",
+            "trace.set_tracer_provider(TracerProvider())",
+            "assert telemetry.tracer() is None  # (looked less than LOOK_EVERY ago)",
+            "telemetry._looked_at -= telemetry.LOOK_EVERY  # (as a second later)",
+            "found = telemetry.tracer()",
+            "assert found is not None and telemetry.tracer() is found",
+        ]
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()
