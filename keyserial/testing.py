@@ -7,14 +7,23 @@ keyserial's own tests use exactly these; so can yours (docs/testing.md)::
             assert await ks.submit("account:5", deposit(100)) == 100
 
 Real Redis rather than a fake: the guarantees live in Lua scripts, streams and pub/sub that a
-fake would have to reimplement. :class:`ShardKeys` names a shard's keys (stream, state, results;
-docs/wire-format.md), for a test that looks into Redis.
+fake would have to reimplement. :class:`LocalCluster` is a private Redis Cluster of several
+nodes (with replicas, for failovers). :class:`ShardKeys` names a shard's keys (stream, state,
+results; docs/wire-format.md), for a test that looks into Redis.
 """
 
+from ._local.cluster import LocalCluster as LocalCluster
 from ._local.running import running_worker as running_worker
 from ._local.server import LocalServer as LocalServer
 from ._local.server import find_server_binary as find_server_binary
 from ._local.server import free_port as free_port
 from ._wire.layout import ShardKeys as ShardKeys
 
-__all__ = ["LocalServer", "ShardKeys", "find_server_binary", "free_port", "running_worker"]
+__all__ = [
+    "LocalCluster",
+    "LocalServer",
+    "ShardKeys",
+    "find_server_binary",
+    "free_port",
+    "running_worker",
+]

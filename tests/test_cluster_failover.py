@@ -21,9 +21,8 @@ from redis.crc import key_slot
 
 import keyserial
 from keyserial import KeyserialError, Settings
-from keyserial.testing import LocalServer, ShardKeys
+from keyserial.testing import LocalCluster, LocalServer, ShardKeys
 from tests import apps
-from tests.cluster import LocalCluster
 from tests.helpers import WorkerProcess, eventually, keys_on_shard
 
 SHARDS = 6

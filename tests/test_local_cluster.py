@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from tests.cluster import LocalCluster
+from keyserial.testing import LocalCluster
 
 
 def _masters(cluster: LocalCluster) -> list[list[str]]:

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from keyserial.testing import LocalServer
-from tests.cluster import LocalCluster
+from keyserial.testing import LocalCluster, LocalServer
 
 if TYPE_CHECKING:
     from tests.nemesis.cluster_system import ClusterSystem

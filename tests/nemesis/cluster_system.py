@@ -13,7 +13,7 @@ from pathlib import Path
 import anyio
 from redis.asyncio.cluster import RedisCluster
 
-from tests.cluster import LocalCluster
+from keyserial.testing import LocalCluster
 from tests.nemesis.schedule import Plan
 from tests.nemesis.system import BaseSystem
 from tests.nemesis.tap import StreamTap

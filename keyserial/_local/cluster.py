@@ -1,4 +1,5 @@
-"""A private Redis Cluster of several nodes on 127.0.0.1, for failover tests and the nemesis."""
+"""A private Redis Cluster of several nodes on 127.0.0.1: for failover tests, the nemesis and
+the benchmark's cluster runs."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from keyserial.testing import LocalServer, find_server_binary, free_port
+from .server import LocalServer, find_server_binary, free_port
 
 _CLUSTER_SLOTS = 16384
 
@@ -37,6 +38,11 @@ def _command(client: redis.Redis, *args: str | int) -> Any:
 
 def _text(reply: Any) -> str:
     return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+
+def _role(client: redis.Redis) -> str:
+    info: dict[str, Any] = client.info("replication")  # type: ignore[assignment]
+    return str(info["role"])
 
 
 def _cluster_ports(count: int) -> list[int]:
@@ -91,7 +97,9 @@ class LocalCluster:
             "--repl-diskless-sync-delay",
             "0",
         ]
-        self._node_options = {"appendfsync": appendfsync, "binary": binary, "extra_args": options}
+        self._appendfsync = appendfsync
+        self._binary = binary
+        self._node_args = options
         self.nodes = [self._new_node(port) for port in _cluster_ports(masters * (1 + replicas))]
         step = _CLUSTER_SLOTS // masters
         #: The slot range each master was given at creation: ``(first, last)``.
@@ -144,7 +152,9 @@ class LocalCluster:
             cluster=True,
             own_slots=False,
             data_dir=self.root / f"node-{port}",
-            **self._node_options,
+            appendfsync=self._appendfsync,
+            binary=self._binary,
+            extra_args=self._node_args,
         )
 
     def _start_node(self, index: int) -> None:
@@ -279,7 +289,7 @@ class LocalCluster:
         """The nodes ``master`` replicates to now (as its INFO lists them)."""
         client = _node_client(master.port, 5)
         try:
-            info = client.info("replication")
+            info: dict[str, Any] = client.info("replication")  # type: ignore[assignment]
         finally:
             client.close()
         ports = [
@@ -313,7 +323,7 @@ class LocalCluster:
         try:
             _command(client, "CLUSTER", "FAILOVER", "TAKEOVER")
             deadline = time.monotonic() + timeout
-            while client.info("replication")["role"] != "master":
+            while _role(client) != "master":
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"{replica.port} did not take over in {timeout}s")
                 time.sleep(0.05)
