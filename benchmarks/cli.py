@@ -70,8 +70,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--redis",
         metavar="URL",
         default=None,
-        help="use this standalone server instead of a private one (its"
-        " statistics are diffed, never reset; the run's keys are deleted)",
+        help="use this server (standalone, or a node of a Redis Cluster) instead of a private"
+        " one (its statistics are diffed, never reset; the run's keys are deleted)",
+    )
+    parser.add_argument(
+        "--cluster",
+        type=_positive_int,
+        default=None,
+        metavar="MASTERS",
+        help="run on a private Redis Cluster of this many masters (no replicas) instead of a"
+        " standalone server",
     )
     parser.add_argument(
         "--systems",
@@ -178,6 +186,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         drain_timeout=profile.drain_timeout,
         rounds=args.rounds or profile.rounds,
         redis_url=args.redis,
+        cluster_masters=args.cluster or 0,
         out_dir=args.out or default_out_dir(),
         py_spy=args.py_spy,
     )
@@ -191,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         document = json.loads(args.render.read_text())
         stem = args.render.with_suffix("")
     else:
+        if args.cluster and args.redis:
+            parser.error("--cluster starts a private cluster; --redis names a server: pick one")
         config = config_from(args)
         fewest = config.shards
         if "slow" in config.workloads:

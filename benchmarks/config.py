@@ -148,6 +148,8 @@ class BenchConfig:
     #: Starting balance of every account in the transfer workload.
     transfer_balance: int = 1_000_000
     redis_url: str | None = None
+    #: Masters of the private Redis Cluster the suite starts (0: a standalone server).
+    cluster_masters: int = 0
     out_dir: Path = field(default_factory=default_out_dir)
     seed: int = 4
     py_spy: bool = False
@@ -188,6 +190,8 @@ class RunSpec:
     round: int = 1
     #: keyserial's ``durable_replicas`` for the run's workers and clients (``keyserial-durable``).
     durable_replicas: int = 0
+    #: Whether ``url`` is a cluster node: the systems then route keys with a cluster client.
+    cluster: bool = False
 
     @property
     def total_callers(self) -> int:

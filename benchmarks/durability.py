@@ -97,6 +97,17 @@ async def replication(admin: Redis, url: str, replica: LocalServer | None) -> Re
     return Replication(online, replica is not None, pid, unavailable)
 
 
+def on_cluster() -> Replication:
+    """``keyserial-durable`` is not run on a cluster: the suite's replica is a standalone
+    server's, and a cluster's replicas belong to its own failover."""
+    return Replication(
+        0,
+        False,
+        None,
+        "not run on a cluster (the suite attaches its replica to a standalone server only)",
+    )
+
+
 def cost(results: list[Record]) -> list[Record]:
     """Per workload variant where both ran: ``keyserial-durable`` ÷ ``keyserial``, throughput
     and p99 (each system's median round where the workload ran in rounds)."""

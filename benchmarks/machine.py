@@ -10,7 +10,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from redis.asyncio import Redis
+from keyserial.testing import LocalCluster, LocalServer
+
+from .server import BenchServer
 
 
 def _version(package: str) -> str | None:
@@ -86,14 +88,22 @@ def machine_info() -> dict[str, Any]:
     }
 
 
-async def server_info(redis: Redis, binary: str | None) -> dict[str, Any]:
-    info = await redis.info("server")
+async def server_info(
+    bench: BenchServer, private: LocalServer | LocalCluster | None
+) -> dict[str, Any]:
+    info = await bench.first.info("server")
+    binary = None
+    if isinstance(private, LocalServer):
+        binary = private.binary
+    elif private is not None:
+        binary = private.nodes[0].binary
     return {
         "binary": binary,
         "redis_version": info.get("redis_version"),
         "valkey_version": info.get("valkey_version"),
         "server_name": info.get("server_name", "redis"),
         "mode": info.get("redis_mode"),
+        "cluster_masters": len(bench.nodes) if bench.is_cluster else None,
         "io_threads": info.get("io_threads_active"),
-        "private": binary is not None,
+        "private": private is not None,
     }

@@ -234,6 +234,11 @@ def _targets_table(targets: Iterable[Record]) -> list[str]:
     return [*lines, ""]
 
 
+def _deployment(server: dict[str, Any]) -> str:
+    masters = server.get("cluster_masters")
+    return f" (a cluster of {masters} masters; server CPU sums them)" if masters else ""
+
+
 def markdown(document: dict[str, Any]) -> str:
     results: list[Record] = document["results"]
     server = document["server"]
@@ -245,7 +250,8 @@ def markdown(document: dict[str, Any]) -> str:
         f"## keyserial bench — profile {config['profile']}",
         "",
         f"`{document['command']}` — {machine['cores']} cores ({machine['cpu_model']}),"
-        f" {name} {version}, Python {machine['python']}, redis-py {machine['packages']['redis']};"
+        f" {name} {version}{_deployment(server)}, Python {machine['python']},"
+        f" redis-py {machine['packages']['redis']};"
         f" keyserial: {config['workers']} worker process, {config['shards']} shards"
         f"{' split between them' if config.get('split_shards') else ''};"
         f" warm-up {config['warmup']:g} s, measured {config['duration']:g} s per run."

@@ -1,4 +1,5 @@
-"""The run matrix: every selected workload variant × system, on one server, one after another.
+"""The run matrix: every selected workload variant × system, on one server (or one cluster), one
+after another.
 
 For each run: fresh keys (a new prefix or keyserial namespace), keyserial workers started for it,
 the client processes' callers started together, a warm-up, then a measured window bracketed by
@@ -16,16 +17,15 @@ import time
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import AsyncExitStack, contextmanager
+from contextlib import AsyncExitStack, ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import anyio
 from anyio.abc import Process
-from redis.asyncio import Redis
 
-from keyserial.testing import LocalServer
+from keyserial.testing import LocalCluster, LocalServer
 
 from . import durability, metrics, state
 from .config import DURABLE, BenchConfig, RunSpec, is_keyserial
@@ -39,6 +39,7 @@ from .procs import (
     start_py_spy,
 )
 from .rounds import REPEATED, median_rounds
+from .server import BenchServer
 from .systems import unavailable_reason
 from .workloads import Cell, cells
 
@@ -66,7 +67,7 @@ class Snapshot:
 @dataclass(slots=True)
 class Context:
     config: BenchConfig
-    admin: Redis
+    bench: BenchServer
     private: bool
     agents: AgentPool
     log_dir: Path
@@ -75,7 +76,7 @@ class Context:
     replication: durability.Replication | None = None
 
 
-def plan(config: BenchConfig, url: str, token: str) -> list[RunSpec]:
+def plan(config: BenchConfig, url: str, token: str, *, cluster: bool = False) -> list[RunSpec]:
     """Every run of the suite, in order: workloads, their variants, rounds (of the repeated
     workloads), systems (tuned: per sleep)."""
     specs: list[RunSpec] = []
@@ -86,7 +87,9 @@ def plan(config: BenchConfig, url: str, token: str) -> list[RunSpec]:
                 for system in config.systems:
                     for lock in _lock_settings(config, system):
                         prefix = f"bench-{token}-r{len(specs) + 1:03d}"
-                        specs.append(_spec(config, cell, system, lock, url, prefix, round_))
+                        specs.append(
+                            _spec(config, cell, system, lock, url, cluster, prefix, round_)
+                        )
     return specs
 
 
@@ -102,6 +105,7 @@ def _spec(
     system: str,
     lock: dict[str, Any],
     url: str,
+    cluster: bool,
     prefix: str,
     round_: int,
 ) -> RunSpec:
@@ -119,6 +123,7 @@ def _spec(
         callers=cell.callers,
         shards=cell.shards,
         url=url,
+        cluster=cluster,
         prefix=prefix,
         seed=config.seed,
         zipf_s=config.zipf_s,
@@ -146,33 +151,28 @@ async def run_suite(
     """Run every selected system × workload; the document written to the JSON file."""
     started = time.time()
     machine = machine_info()
-    server = None if config.redis_url else LocalServer()
-    replica: LocalServer | None = None
-    if server is not None:
-        server.start()
-    url = config.redis_url or (server.url if server else "")
-    try:
-        admin = Redis.from_url(url)
+    with ExitStack() as servers:
+        private = _start_private(config, servers)
+        url = config.redis_url or (private.url if private else "")
+        bench = await BenchServer.open(url)
         try:
-            await _check_standalone(admin, url)
             document: dict[str, Any] = {
                 "machine": machine,
-                "server": await server_info(admin, server.binary if server else None),
+                "server": await server_info(bench, private),
             }
             replication = None
-            if DURABLE in config.systems:
-                if server is not None:
-                    replica = await durability.start_replica(server, admin)
-                replication = await durability.replication(admin, url, replica)
+            if DURABLE in config.systems and bench.is_cluster:
+                replication = durability.on_cluster()
+            elif DURABLE in config.systems:
+                replica = None
+                if isinstance(private, LocalServer):
+                    replica = await durability.start_replica(private, bench.first)
+                    servers.callback(replica.stop)
+                replication = await durability.replication(bench.first, url, replica)
                 document["replication"] = replication.to_json()
-            runs = await _run_all(config, admin, url, server is not None, progress, replication)
+            runs = await _run_all(config, bench, private is not None, progress, replication)
         finally:
-            await admin.aclose()
-    finally:
-        if replica is not None:
-            replica.stop()
-        if server is not None:
-            server.stop()
+            await bench.aclose()
     results = median_rounds(runs)
     mark_best_tuned(results)
     document.update(
@@ -191,32 +191,32 @@ async def run_suite(
     return document
 
 
-async def _check_standalone(admin: Redis, url: str) -> None:
-    info = await admin.info("cluster")
-    if info.get("cluster_enabled"):
-        raise SystemExit(
-            f"keyserial bench: {url} is a cluster node; the lock baselines and the Lua script"
-            " need a standalone server (run without --redis for a private one)"
-        )
+def _start_private(config: BenchConfig, servers: ExitStack) -> LocalServer | LocalCluster | None:
+    """The suite's own server (or ``--cluster`` masters), stopped as ``servers`` closes;
+    ``None`` with ``--redis``."""
+    if config.redis_url:
+        return None
+    if config.cluster_masters:
+        return servers.enter_context(LocalCluster(masters=config.cluster_masters, replicas=0))
+    return servers.enter_context(LocalServer())
 
 
 async def _run_all(
     config: BenchConfig,
-    admin: Redis,
-    url: str,
+    bench: BenchServer,
     private: bool,
     progress: Progress,
     replication: durability.Replication | None,
 ) -> list[dict[str, Any]]:
     results: list[dict[str, Any]] = []
     with _log_dir() as log_dir:
-        specs = plan(config, url, secrets.token_hex(3))
+        specs = plan(config, bench.url, secrets.token_hex(3), cluster=bench.is_cluster)
         pool_size = max([spec.clients for spec in specs], default=1)
         progress(_announce(config, specs, private, replication))
         stack = AsyncExitStack()
         agents = await stack.enter_async_context(AgentPool(pool_size, log_dir))
         try:
-            context = Context(config, admin, private, agents, log_dir, progress, replication)
+            context = Context(config, bench, private, agents, log_dir, progress, replication)
             for index, spec in enumerate(specs, 1):
                 result = await _run_guarded(context, spec, f"[{index}/{len(specs)}]")
                 results.append(result)
@@ -237,6 +237,8 @@ def _announce(
 ) -> str:
     seconds = sum(duration_of(config, s) + config.warmup + 0.6 for s in specs)
     where = "a private server" if private else str(config.redis_url)
+    if private and config.cluster_masters:
+        where = f"a private cluster of {config.cluster_masters} masters"
     if replication is not None and replication.unavailable is None:
         replicas = replication.replicas_online
         where += f" with {replicas} replica{'s' if replicas != 1 else ''} attached"
@@ -254,7 +256,7 @@ def _log_dir() -> Iterator[Path]:
 
 async def _run_guarded(context: Context, spec: RunSpec, counter: str) -> dict[str, Any]:
     base = _base_record(context.config, spec)
-    reason = unavailable_reason(spec.system, spec.op)
+    reason = unavailable_reason(spec.system, spec.op, cluster=spec.cluster)
     if reason is None and spec.system == DURABLE and context.replication is not None:
         reason = context.replication.unavailable
     if reason is not None:
@@ -272,7 +274,7 @@ async def _run_guarded(context: Context, spec: RunSpec, counter: str) -> dict[st
         record = {**base, "status": "failed", "reason": reason[-2000:]}
     finally:
         with anyio.CancelScope(shield=True):
-            await state.clean_up(context.admin, spec)
+            await state.clean_up(context.bench, spec)
     if record["status"] == "ok":
         context.progress(f"{counter} {describe(spec)}: {_one_line(record)}")
     return record
@@ -338,7 +340,7 @@ async def run_one(context: Context, spec: RunSpec) -> dict[str, Any]:
                 reason = await state.probe_keyserial_transfer(spec)
                 if reason is not None:
                     raise Skipped(reason)
-            await state.seed(context.admin, spec, config.transfer_balance)
+            await state.seed(context.bench, spec, config.transfer_balance)
         chosen = await context.agents.prepare(spec)
         start = time.time() + 0.05
         go = {
@@ -372,14 +374,14 @@ async def _measure(
 ) -> tuple[Snapshot, Snapshot]:
     await anyio.sleep(max(0.0, go["measure_from"] - time.time()))
     if context.private:
-        await context.admin.config_resetstat()
+        await context.bench.reset_stats()
     replica = context.replication.replica_pid if context.replication else None
-    before = await _snapshot(context.admin, worker_pids, replica)
+    before = await _snapshot(context.bench, worker_pids, replica)
     samplers: list[Process] = []
     if context.config.py_spy and is_keyserial(spec.system):
         samplers = await _profile(context, spec, go, worker_pids + client_pids)
     await anyio.sleep(max(0.0, go["measure_until"] - time.time()))
-    after = await _snapshot(context.admin, worker_pids, replica)
+    after = await _snapshot(context.bench, worker_pids, replica)
     for sampler in samplers:
         with anyio.move_on_after(15):
             await sampler.wait()
@@ -404,11 +406,13 @@ async def _profile(
     return samplers
 
 
-async def _snapshot(admin: Redis, worker_pids: list[int], replica_pid: int | None) -> Snapshot:
+async def _snapshot(
+    bench: BenchServer, worker_pids: list[int], replica_pid: int | None
+) -> Snapshot:
     return Snapshot(
         at=time.time(),
-        commands=await metrics.commandstats(admin),
-        server_cpu=await metrics.server_cpu_seconds(admin),
+        commands=await bench.commandstats(),
+        server_cpu=await bench.cpu_seconds(),
         worker_cpu=[metrics.process_cpu_seconds(pid) for pid in worker_pids],
         machine_busy=metrics.machine_busy_seconds(),
         replica_cpu=None if replica_pid is None else metrics.process_cpu_seconds(replica_pid),
@@ -434,7 +438,7 @@ async def _final_state(context: Context, spec: RunSpec, tallies: list[dict[str, 
     if is_keyserial(spec.system) and slack:
         # Ops the clients gave up on may still run: wait until they have, then read.
         await state.settle_keyserial(spec, sorted(slack), timeout=30)
-    balances = await state.read_balances(context.admin, spec, accounts)
+    balances = await state.read_balances(context.bench, spec, accounts)
     return Final(acked, slack, balances, initial)
 
 

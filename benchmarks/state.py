@@ -14,12 +14,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 import anyio
-from redis.asyncio import Redis
 
 import keyserial
 from keyserial.ledger import deposit
 
 from .config import RunSpec, is_keyserial
+from .server import BenchServer
 from .workloads import account_key
 
 _CHUNK = 1000
@@ -39,7 +39,7 @@ def _chunks(items: Sequence[int]) -> Iterable[Sequence[int]]:
         yield items[start : start + _CHUNK]
 
 
-async def seed(admin: Redis, spec: RunSpec, balance: int) -> None:
+async def seed(bench: BenchServer, spec: RunSpec, balance: int) -> None:
     """Give every account of the run ``balance`` before it starts (the transfer workload)."""
     accounts = list(range(spec.keys))
     if is_keyserial(spec.system):
@@ -55,16 +55,18 @@ async def seed(admin: Redis, spec: RunSpec, balance: int) -> None:
                     group.start_soon(one, account)
         return
     for chunk in _chunks(accounts):
-        await admin.mset({value_key(spec.prefix, n): balance for n in chunk})
+        await bench.set_many({value_key(spec.prefix, n): balance for n in chunk})
 
 
-async def read_balances(admin: Redis, spec: RunSpec, accounts: Sequence[int]) -> dict[int, int]:
+async def read_balances(
+    bench: BenchServer, spec: RunSpec, accounts: Sequence[int]
+) -> dict[int, int]:
     """The committed balance of each account (0 for one never written)."""
     if is_keyserial(spec.system):
         return await _read_keyserial(spec, accounts)
     balances: dict[int, int] = {}
     for chunk in _chunks(accounts):
-        values = await admin.mget([value_key(spec.prefix, n) for n in chunk])
+        values = await bench.get_many([value_key(spec.prefix, n) for n in chunk])
         for account, value in zip(chunk, values, strict=True):
             balances[account] = int(value) if value is not None else 0
     return balances
@@ -130,16 +132,6 @@ def patterns(spec: RunSpec) -> list[str]:
     return [f"{spec.prefix}:*", f"lock:{spec.prefix}:*", f"lock-signal:{spec.prefix}:*"]
 
 
-async def clean_up(admin: Redis, spec: RunSpec) -> int:
+async def clean_up(bench: BenchServer, spec: RunSpec) -> int:
     """Delete the run's keys; return how many."""
-    deleted = 0
-    for pattern in patterns(spec):
-        batch: list[bytes] = []
-        async for key in admin.scan_iter(match=pattern, count=1000):
-            batch.append(key)
-            if len(batch) >= _CHUNK:
-                deleted += await admin.unlink(*batch)
-                batch = []
-        if batch:
-            deleted += await admin.unlink(*batch)
-    return deleted
+    return sum([await bench.delete_matching(pattern) for pattern in patterns(spec)])

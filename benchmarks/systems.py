@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 import anyio
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 import keyserial
 from keyserial.ledger import deposit
@@ -59,13 +60,20 @@ class System(Protocol):
     async def transfer(self, source: int, target: int) -> None: ...
 
 
-def unavailable_reason(system: str, op: str) -> str | None:
+def unavailable_reason(system: str, op: str, *, cluster: bool = False) -> str | None:
     """Why ``system`` cannot run ``op`` (``None``: it can); such a cell gets no number.
 
     keyserial's transfer is probed at run time instead (:func:`state.probe_keyserial_transfer`).
     """
     if system == "lua" and op == "slow":
         return "n/a: a Lua script cannot wait on I/O while it holds the key"
+    if cluster and system == "lua" and op == "transfer":
+        return "n/a on a cluster: one script cannot touch two accounts in different hash slots"
+    if cluster and system == "lock-notify":
+        return (
+            "n/a on a cluster: python-redis-lock's release script touches its lock and signal"
+            " keys, which hash to different slots"
+        )
     return None
 
 
@@ -114,7 +122,10 @@ class _RedisSystem:
 
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
-        self.redis: Redis = Redis.from_url(spec.url, max_connections=spec.callers)
+        #: On a cluster, a cluster client (its pool: as many connections per node).
+        self.redis: Redis | RedisCluster = (RedisCluster if spec.cluster else Redis).from_url(
+            spec.url, max_connections=spec.callers
+        )
 
     async def open(self) -> None:
         await self.redis.ping()  # type: ignore[misc]
@@ -134,6 +145,11 @@ class _RedisSystem:
 
     async def _move(self, source: int, target: int) -> None:
         keys = [self.key(source), self.key(target)]
+        if isinstance(self.redis, RedisCluster):  # (slots differ: a command per node)
+            first, second = await self.redis.mget_nonatomic(keys)
+            moved = {keys[0]: int(first or 0) - 1, keys[1]: int(second or 0) + 1}
+            await self.redis.mset_nonatomic(moved)
+            return
         first, second = await self.redis.mget(keys)
         await self.redis.mset({keys[0]: int(first or 0) - 1, keys[1]: int(second or 0) + 1})
 
@@ -181,6 +197,7 @@ class NotifyLockSystem(_RedisSystem):
     """The python-redis-lock algorithm with the library's defaults (no expiry, signal 1 s)."""
 
     def _lock(self, account: int) -> NotifyLock:
+        assert isinstance(self.redis, Redis), "not run on a cluster (unavailable_reason)"
         return NotifyLock(self.redis, self.key(account))
 
     async def deposit(self, account: int) -> None:
@@ -202,8 +219,9 @@ class LuaSystem(_RedisSystem):
 
     def __init__(self, spec: RunSpec) -> None:
         super().__init__(spec)
-        self._deposit = self.redis.register_script(LUA_DEPOSIT)
-        self._transfer = self.redis.register_script(LUA_TRANSFER)
+        # (redis-py's stubs type register_script for Redis; a cluster client routes it by key.)
+        self._deposit = self.redis.register_script(LUA_DEPOSIT)  # type: ignore[misc]
+        self._transfer = self.redis.register_script(LUA_TRANSFER)  # type: ignore[misc]
 
     async def deposit(self, account: int) -> None:
         await self._deposit(keys=[self.key(account)], args=[1])

@@ -296,6 +296,39 @@ def test_split_shards_gives_each_worker_its_own_range(tmp_path: Path) -> None:
     assert run["correctness"]["lost_updates"] == 0 and run["correctness"]["accounts_wrong"] == 0
 
 
+def test_a_cluster_run_sums_its_masters_and_says_which_systems_cannot_run_there(
+    tmp_path: Path,
+) -> None:
+    """``--cluster 3``: keyserial and the redis-py lock run against three masters (commands
+    and server CPU summed over them, every key deleted afterwards); a transfer in one Lua
+    script and python-redis-lock cannot run on a cluster, and their rows say why."""
+    command = [
+        sys.executable, "-m", "keyserial", "bench", "--cluster", "3", "--workloads", "transfer",
+        "--systems", "keyserial,lock-tuned,lock-notify,lua,keyserial-durable", "--workers", "2",
+        "--split-shards", "--duration", "0.3", "--warmup", "0.1", "--callers", "4",
+        "--no-chart", "--out", str(tmp_path),
+    ]  # fmt: skip
+    completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert "(a cluster of 3 masters; server CPU sums them)" in completed.stdout
+    document = json.loads((tmp_path / "bench-quick.json").read_text())
+    assert document["server"]["cluster_masters"] == 3
+    measured = [r for r in document["results"] if r["status"] == "ok"]
+    assert {r["system"] for r in measured} == {"keyserial", "lock-tuned"}
+    for run in measured:
+        assert run["throughput"] > 0 and run["cpu"]["server"]["percent"] is not None, run
+        assert run["correctness"]["lost_updates"] == 0, run["correctness"]
+        assert run["correctness"]["accounts_wrong"] == 0
+        if run["system"] == "lock-tuned":
+            # two locks, a GET and a SET per account, two releases: on three masters, which
+            # one node's statistics would show a third of
+            assert run["commands_per_op"] >= 8, run["commands"]
+    reasons = {r["system"]: r["reason"] for r in document["results"] if r["status"] == "skipped"}
+    assert reasons["lua"].startswith("n/a on a cluster: one script cannot touch two accounts")
+    assert "python-redis-lock's release script" in reasons["lock-notify"]
+    assert reasons["keyserial-durable"].startswith("not run on a cluster")
+
+
 def test_split_shards_refuses_more_workers_than_shards(tmp_path: Path) -> None:
     command = [
         sys.executable, "-m", "keyserial", "bench", "--workloads", "hot", "--shards", "2",
