@@ -258,3 +258,51 @@ async def test_a_resubscription_over_a_slow_link_gets_a_health_interval_per_roun
                         with anyio.move_on_after(6):
                             assert await ks.submit("acct", deposit(1), op_id="probe") == 2
                             break
+
+
+async def test_what_was_published_while_subscriptions_were_down_is_read_at_once(
+    redis_url: str, namespace: str
+) -> None:
+    """Every subscription is cut (CLIENT KILL TYPE pubsub, as a failover does to a master's
+    shard-channel subscribers) and an op is submitted before they are back: its wake-up and its
+    reply go to no one. After resubscribing, the worker reads its shards and the client looks
+    up its waiting ops at once, so the op is answered in well under the idle poll (30 s)."""
+    admin = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        with anyio.fail_after(60):
+            async with (
+                running_worker(redis_url, namespace, shard_count=1, idle_poll=30),
+                keyserial.connect(redis_url, shards=1, namespace=namespace, idle_poll=30) as ks,
+            ):
+                await ks.submit("acct", deposit(1))
+                killed = await admin.client_kill_filter(_type="pubsub")
+                assert killed >= 2  # the worker's wake-ups and the client's replies, at least
+                started = time.monotonic()
+                assert await ks.submit("acct", deposit(1), timeout=10) == 2
+                took = time.monotonic() - started
+    finally:
+        await admin.aclose()
+    assert took < 3, "the op waited for an idle poll or the sweep"
+
+
+@standalone_only
+async def test_a_reply_published_while_the_client_resubscribes_is_looked_up_at_once(
+    redis_url: str, namespace: str
+) -> None:
+    """The client's subscription goes quiet and an op is submitted at once: its reply is lost
+    on the quiet link. Once the health check has replaced the subscription, the client looks up
+    its waiting ops, not waiting for the sweep (30 s)."""
+    async with FaultProxy("client", _port(redis_url)) as proxy:
+        with anyio.fail_after(60):
+            async with (
+                running_worker(redis_url, namespace, shard_count=1),
+                keyserial.connect(
+                    proxy.url, shards=1, namespace=namespace, idle_poll=30, health_interval=0.3
+                ) as ks,
+            ):
+                await ks.submit("acct", deposit(1))
+                assert proxy.silence_subscriptions() == 1
+                started = time.monotonic()
+                assert await ks.submit("acct", deposit(1), timeout=10) == 2
+                took = time.monotonic() - started
+    assert took < 3, "the reply came by the sweep"

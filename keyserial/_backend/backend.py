@@ -365,13 +365,16 @@ class Backend(Commands):
         on_message: Callable[[str, bytes], None],
         *,
         health_interval: float = 5.0,
+        on_resubscribed: Callable[[], None] | None = None,
         task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
     ) -> None:
         """Subscribe to ``channels`` and hand every message to ``on_message(channel, data)``
         until cancelled, resubscribing after a lost connection, an error reply, or a failed
         health check (a PING every ``health_interval`` seconds, answered within as long: a
         connection dropped without a word only goes quiet). Messages published while the
-        connection was down are lost: callers keep a fallback (result sweep, idle polling).
+        connection was down are lost: ``on_resubscribed()`` is called after each
+        resubscription, for the caller to read at once what a lost message would have told it
+        (it keeps a fallback too: result sweep, idle polling).
 
         :raises BackendUnavailable: if the first subscription fails (before ``started()``).
         """
@@ -386,6 +389,8 @@ class Backend(Commands):
                     log, "subscription to %s lost (%s); resubscribing", self.url, error
                 )
                 await self._resubscribe(subscription, SUBSCRIBE_ROUND_TRIPS * health_interval)
+                if on_resubscribed is not None:
+                    on_resubscribed()
         finally:
             with anyio.CancelScope(shield=True):
                 await subscription.aclose()

@@ -307,6 +307,7 @@ class AsyncioClient(Client):
                 self._shard_replies or [self._reply],
                 self._deliver,
                 health_interval=self.settings.health_interval,
+                on_resubscribed=self._sweep.now,
                 task_status=task_status,
             )
         except ConfigError as exc:  # (the ACL: a client user per service has its own channels)

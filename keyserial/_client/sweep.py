@@ -29,7 +29,8 @@ log = logging.getLogger("keyserial.client")
 class Sweep:
     """Every ``idle_poll`` seconds, settles the ops of ``waiting`` (op id -> its submits) whose
     outcome is stored, and hands those whose entry is gone to ``requeue``; :meth:`run` in a
-    task of the client's."""
+    task of the client's. :meth:`now` sweeps every waiting op at once (replies may have been
+    lost)."""
 
     _backend: Backend
     _settings: Settings
@@ -37,13 +38,23 @@ class Sweep:
     _settle: Callable[[str, dict[str, Any] | BaseException], None]
     _outcomes: StoredOutcomes
     _requeue: Callable[[list[Pending]], None]
+    #: Set by :meth:`now`; made in :meth:`run` (an event needs the running loop).
+    _early: anyio.Event | None = None
+
+    def now(self) -> None:
+        """Sweep every waiting op now, not only overdue ones: after the reply subscription was
+        lost, replies published meanwhile never arrive."""
+        if self._early is not None:
+            self._early.set()
 
     async def run(self) -> None:
         """Fetch stored results for ops whose reply is overdue, until cancelled."""
         interval = self._settings.idle_poll
         while True:
-            await anyio.sleep(interval)
-            cutoff = time.monotonic() - interval
+            self._early = anyio.Event()
+            with anyio.move_on_after(interval):
+                await self._early.wait()
+            cutoff = time.monotonic() - (0.0 if self._early.is_set() else interval)
             overdue: dict[int, list[str]] = defaultdict(list)
             for op_id, waiters in self._waiting.items():
                 if waiters and waiters[0].since < cutoff:

@@ -448,11 +448,18 @@ class Worker:
                     [*shard_of, *mailbox.channels],
                     receive,
                     health_interval=self.settings.health_interval,
+                    on_resubscribed=self._wake_every_runner,
                 )
             except BackendUnavailable as exc:
                 message = "subscribing to wake-ups: %s; retrying in %.1fs"
                 backend.outage.warn(log, message, exc, backoff.delay)
                 await backoff.sleep()
+
+    def _wake_every_runner(self) -> None:
+        """After a gap in the subscription, whose wake-ups are lost: every owned shard reads
+        its stream now, not at its next idle poll."""
+        for holder in self._owned.values():
+            holder.runner.entries_waiting()
 
     # -- shutdown ----------------------------------------------------------------------------
 
