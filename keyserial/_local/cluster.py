@@ -13,36 +13,43 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+import hiredis
 
-from .server import LocalServer, find_server_binary, free_port
+from .server import LocalServer, find_server_binary, free_port, node_command
 
 _CLUSTER_SLOTS = 16384
 
 
-def _node_client(port: int, timeout: float = 1.0) -> redis.Redis:
-    """A client of one node that never retries: a paused node must cost one timeout."""
-    return redis.Redis(
-        port=port,
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        retry=Retry(NoBackoff(), 0),
-    )
+def _command(port: int, *args: str | int, timeout: float = 1.0) -> Any:
+    """One command to the node at ``port`` on a connection of its own, never retried (a paused
+    node must cost one timeout).
 
-
-def _command(client: redis.Redis, *args: str | int) -> Any:
-    return client.execute_command(*args)  # type: ignore[no-untyped-call]
+    :raises OSError: if the node does not answer within ``timeout`` seconds.
+    :raises RuntimeError: on an error reply.
+    """
+    reply = node_command(port, *args, timeout=timeout)
+    if isinstance(reply, hiredis.ReplyError):
+        raise RuntimeError(f"{' '.join(map(str, args))} on port {port}: {reply}")
+    return reply
 
 
 def _text(reply: Any) -> str:
     return reply.decode() if isinstance(reply, bytes) else str(reply)
 
 
-def _role(client: redis.Redis) -> str:
-    info: dict[str, Any] = client.info("replication")  # type: ignore[assignment]
-    return str(info["role"])
+def _info(port: int, section: str, timeout: float = 1.0) -> dict[str, str]:
+    """``INFO <section>`` of the node at ``port``, field by field."""
+    text = _text(_command(port, "INFO", section, timeout=timeout))
+    return dict(line.split(":", 1) for line in text.splitlines() if ":" in line)
+
+
+def _replicas_listed(replication: dict[str, str]) -> list[dict[str, str]]:
+    """The ``slaveN`` fields of ``INFO replication`` (``ip=…,port=…,state=…``), parsed."""
+    return [
+        dict(item.split("=", 1) for item in value.split(","))
+        for name, value in replication.items()
+        if name.startswith("slave") and name[5:].isdigit()
+    ]
 
 
 def _cluster_ports(count: int) -> list[int]:
@@ -175,29 +182,25 @@ class LocalCluster:
         raise RuntimeError("no free port pair found for a cluster node")
 
     def _create(self, deadline: float) -> None:
-        clients = [_node_client(node.port, 5) for node in self.nodes]
-        try:
-            ids = [_text(_command(client, "CLUSTER", "MYID")) for client in clients]
-            # Distinct config epochs from the start, as `redis-cli --cluster create` gives.
-            # Left to collide, two nodes may keep one epoch once one becomes the other's
-            # replica; a TAKEOVER by such a replica then claims its slots at an epoch no
-            # greater than its master's, and the others refuse it.
-            for epoch, client in enumerate(clients, start=1):
-                _command(client, "CLUSTER", "SET-CONFIG-EPOCH", epoch)
-            for client in clients[1:]:
-                _command(client, "CLUSTER", "MEET", "127.0.0.1", self.nodes[0].port)
-            for client, (first, last) in zip(clients, self.ranges, strict=False):
-                _command(client, "CLUSTER", "ADDSLOTS", *range(first, last + 1))
-            known = f"cluster_known_nodes:{len(self.nodes)}"
-            while not all(known in _text(_command(each, "CLUSTER", "INFO")) for each in clients):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("cluster nodes did not all meet")
-                time.sleep(0.05)
-            for number, client in enumerate(clients[self.master_count :]):
-                _command(client, "CLUSTER", "REPLICATE", ids[number % self.master_count])
-        finally:
-            for client in clients:
-                client.close()
+        ports = [node.port for node in self.nodes]
+        ids = [_text(_command(port, "CLUSTER", "MYID", timeout=5)) for port in ports]
+        # Distinct config epochs from the start, as `redis-cli --cluster create` gives. Left to
+        # collide, two nodes may keep one epoch once one becomes the other's replica; a TAKEOVER
+        # by such a replica then claims its slots at an epoch no greater than its master's, and
+        # the others refuse it.
+        for epoch, port in enumerate(ports, start=1):
+            _command(port, "CLUSTER", "SET-CONFIG-EPOCH", epoch, timeout=5)
+        for port in ports[1:]:
+            _command(port, "CLUSTER", "MEET", "127.0.0.1", ports[0], timeout=5)
+        for port, (first, last) in zip(ports, self.ranges, strict=False):
+            _command(port, "CLUSTER", "ADDSLOTS", *range(first, last + 1), timeout=5)
+        known = f"cluster_known_nodes:{len(self.nodes)}"
+        while not all(known in _text(_command(port, "CLUSTER", "INFO")) for port in ports):
+            if time.monotonic() > deadline:
+                raise RuntimeError("cluster nodes did not all meet")
+            time.sleep(0.05)
+        for number, port in enumerate(ports[self.master_count :]):
+            _command(port, "CLUSTER", "REPLICATE", ids[number % self.master_count], timeout=5)
 
     def wait_healthy(self, timeout: float = 30.0) -> None:
         """Until every node runs and says the cluster is ok with every slot served, and every
@@ -216,14 +219,11 @@ class LocalCluster:
         for node in self.nodes:
             if not node.running or node.port in self.paused:
                 return False
-            client = _node_client(node.port)
             try:
-                info = _text(_command(client, "CLUSTER", "INFO"))
-                replication: dict[str, Any] = _command(client, "INFO", "replication")
-            except (redis.RedisError, OSError):
+                info = _text(_command(node.port, "CLUSTER", "INFO"))
+                replication = _info(node.port, "replication")
+            except (RuntimeError, OSError):
                 return False
-            finally:
-                client.close()
             wanted = (
                 "cluster_state:ok",
                 f"cluster_slots_ok:{_CLUSTER_SLOTS}",
@@ -233,13 +233,8 @@ class LocalCluster:
                 return False
             if replication["role"] == "master":
                 masters += 1
-                online = [
-                    value
-                    for name, value in replication.items()
-                    if name.startswith("slave")
-                    and isinstance(value, dict)
-                    and value.get("state") == "online"
-                ]
+                listed = _replicas_listed(replication)
+                online = [replica for replica in listed if replica.get("state") == "online"]
                 if len(online) < self.replicas:
                     return False
             elif replication.get("master_link_status") != "up":
@@ -252,13 +247,10 @@ class LocalCluster:
         for node in asking or self.nodes:
             if not node.running or node.port in self.paused:
                 continue
-            client = _node_client(node.port)
             try:
-                ranges = _command(client, "CLUSTER", "SLOTS")
-            except (redis.RedisError, OSError):
+                ranges = _command(node.port, "CLUSTER", "SLOTS")
+            except (RuntimeError, OSError):
                 continue
-            finally:
-                client.close()
             for first, last, master, *_ in ranges:
                 if first <= slot <= last:
                     return self.node_at(int(master[1]))
@@ -267,11 +259,7 @@ class LocalCluster:
 
     def cluster_command(self, node: LocalServer, *args: str | int) -> str:
         """``CLUSTER <args>`` on ``node``, its reply as text (CLUSTER INFO, CLUSTER NODES)."""
-        client = _node_client(node.port, 5)
-        try:
-            return _text(_command(client, "CLUSTER", *args))
-        finally:
-            client.close()
+        return _text(_command(node.port, "CLUSTER", *args, timeout=5))
 
     def node_at(self, port: int) -> LocalServer | None:
         return next((node for node in self.nodes if node.port == port), None)
@@ -287,16 +275,8 @@ class LocalCluster:
 
     def replicas_of(self, master: LocalServer) -> list[LocalServer]:
         """The nodes ``master`` replicates to now (as its INFO lists them)."""
-        client = _node_client(master.port, 5)
-        try:
-            info: dict[str, Any] = client.info("replication")  # type: ignore[assignment]
-        finally:
-            client.close()
-        ports = [
-            int(value["port"])
-            for name, value in info.items()
-            if name.startswith("slave") and isinstance(value, dict)
-        ]
+        listed = _replicas_listed(_info(master.port, "replication", timeout=5))
+        ports = [int(replica["port"]) for replica in listed]
         return [node for port in ports if (node := self.node_at(port)) is not None]
 
     def cut_off_replicas(self, master: LocalServer) -> list[LocalServer]:
@@ -306,11 +286,7 @@ class LocalCluster:
         replicas = self.replicas_of(master)
         for replica in replicas:
             self.pause(replica)
-        client = _node_client(master.port, 5)
-        try:
-            client.client_kill_filter(_type="slave")
-        finally:
-            client.close()
+        _command(master.port, "CLIENT", "KILL", "TYPE", "replica", timeout=5)
         return replicas
 
     def take_over(self, replica: LocalServer, timeout: float = 20.0) -> None:
@@ -319,16 +295,12 @@ class LocalCluster:
 
         :raises RuntimeError: if it is not a master within ``timeout`` seconds.
         """
-        client = _node_client(replica.port, 5)
-        try:
-            _command(client, "CLUSTER", "FAILOVER", "TAKEOVER")
-            deadline = time.monotonic() + timeout
-            while _role(client) != "master":
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{replica.port} did not take over in {timeout}s")
-                time.sleep(0.05)
-        finally:
-            client.close()
+        _command(replica.port, "CLUSTER", "FAILOVER", "TAKEOVER", timeout=5)
+        deadline = time.monotonic() + timeout
+        while _info(replica.port, "replication", timeout=5)["role"] != "master":
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{replica.port} did not take over in {timeout}s")
+            time.sleep(0.05)
 
     def stop(self) -> None:
         """Stop every node and remove the cluster's temporary directory."""

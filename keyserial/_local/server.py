@@ -58,14 +58,14 @@ def find_server_binary() -> str:
     )
 
 
-def _command(port: int, *args: str | int) -> Any:
+def node_command(port: int, *args: str | int, timeout: float = 1.0) -> Any:
     """One command to the server on 127.0.0.1:``port``, on a connection of its own (the server
     may not listen yet, and is polled): its reply, an error reply as a ``hiredis.ReplyError``.
 
-    :raises OSError: if nothing answers within a second.
+    :raises OSError: if nothing answers within ``timeout`` seconds.
     """
     command: tuple[Any, ...] = args
-    with socket.create_connection(("127.0.0.1", port), timeout=1.0) as sock:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
         sock.sendall(hiredis.pack_command(command))
         reader = hiredis.Reader()
         while (reply := reader.gets()) is False:
@@ -238,14 +238,14 @@ class LocalServer:
         """Pid of the server answering on the port (None if it cannot say yet): another server
         already listening there must never be mistaken for ours (and then written to, or left
         running)."""
-        info = _command(self.port, "INFO", "server")
+        info = node_command(self.port, "INFO", "server")
         found = None if isinstance(info, Exception) else re.search(rb"process_id:(\d+)", info)
         return None if found is None else int(found[1])
 
     def _own_all_slots(self, deadline: float) -> None:
         text = self._cluster_info(deadline)
         if "cluster_slots_assigned:16384" not in text:
-            added = _command(self.port, "CLUSTER", "ADDSLOTS", *range(_CLUSTER_SLOTS))
+            added = node_command(self.port, "CLUSTER", "ADDSLOTS", *range(_CLUSTER_SLOTS))
             if isinstance(added, Exception):
                 raise RuntimeError(f"cluster on port {self.port} refused its slots: {added}")
         while "cluster_state:ok" not in text:
@@ -258,7 +258,7 @@ class LocalServer:
         """CLUSTER INFO, once the node has loaded its data: a node started on existing data
         answers INFO while loading it, but an error (LOADING) to CLUSTER INFO."""
         while True:
-            info = _command(self.port, "CLUSTER", "INFO")
+            info = node_command(self.port, "CLUSTER", "INFO")
             if not isinstance(info, Exception):
                 return info.decode() if isinstance(info, bytes) else str(info)
             if time.monotonic() > deadline:
