@@ -34,13 +34,16 @@ from .._urls import redact
 from .._wire.layout import is_shard_channel
 from ..errors import BackendUnavailable, ConfigError, KeyserialError
 from .commands import Command, Commands, publish_command
+from .nodes import NodeConnections
 from .outage import Outage
 from .resp import (
     URL_TIMEOUTS,
     AnyRedis,
+    PipelinedConnection,
     Subscriber,
     client_options,
     describe,
+    own_connections,
     pipelined_connection,
     use_close_safe_connections,
 )
@@ -188,8 +191,14 @@ class Backend(Commands):
         #: isinstance is slow, and node_of runs for every call).
         self._cluster = client if isinstance(client, RedisCluster) else None
         self._owned = owned
-        #: The hot path's connection (see ``_backend.resp``), on plain TCP connections we opened.
+        #: The hot path's connection (see ``_backend.resp``), on plain TCP connections we opened;
+        #: on a cluster, one per master (``_backend.nodes``).
         self._pipelined = pipelined_connection(client) if owned else None
+        self._nodes = (
+            NodeConnections(self._cluster, URL_TIMEOUTS)
+            if owned and self._cluster is not None and own_connections(url)
+            else None
+        )
         #: On a cluster, a plain client per master, for :meth:`on_node`.
         self._node_clients: dict[str, Redis] = {}
         #: Whether wake-ups, replies and coordination messages travel as shard messages
@@ -260,6 +269,8 @@ class Backend(Commands):
     async def aclose(self) -> None:
         for client in self._node_clients.values():
             await client.aclose()
+        if self._nodes is not None:
+            await self._nodes.aclose()
         if self._pipelined is not None:
             await self._pipelined.aclose()
         if self._owned:
@@ -283,6 +294,16 @@ class Backend(Commands):
             raise
 
     async def _send(self, commands: Sequence[Command], node_of: str | None = None) -> list[Any]:
+        own = None
+        if self._nodes is not None and node_of is None:
+            if self._nodes.stale:
+                with _translating(self.url, cluster=self._cluster):
+                    await self._nodes.learn_routing()
+            own = self._nodes.connection_for(commands)
+        if own is not None:
+            replies = await self._on_own_node_connection(own, commands)
+            self.outage.answered()
+            return [classify_reply(reply, self.url) for reply in replies]
         with _translating(self.url, cluster=self._cluster):
             if self._pipelined is not None:
                 replies = await self._pipelined.execute(commands)
@@ -291,6 +312,15 @@ class Backend(Commands):
                 replies = await self._redis_py(client, commands)
         self.outage.answered()
         return [classify_reply(reply, self.url) for reply in replies]
+
+    async def _on_own_node_connection(
+        self, connection: PipelinedConnection, commands: Sequence[Command]
+    ) -> list[Any]:
+        """A batch for one cluster master on keyserial's connection to it (if it fails, the
+        next batch learns the routing first: the master may have failed over)."""
+        assert self._nodes is not None
+        with _translating(self.url, cluster=self._cluster):
+            return await self._nodes.execute(connection, commands)
 
     async def _redis_py(self, client: AnyRedis, commands: Sequence[Command]) -> list[Any]:
         """Each command's reply or its error reply (not raised, as in a pipeline)."""
@@ -457,9 +487,7 @@ class Backend(Commands):
                     raise BackendUnavailable(self.url, f"no master serves {channel!r}")
                 by_node.setdefault(node.name, (node, []))[1].append(channel)
         parts: list[Subscription] = [
-            PubSubSubscription(
-                _PubSub(_pubsub_of(node), self.url), shard_channels, on_message, sharded=True
-            )
+            self._shard_subscription(node, shard_channels, on_message)
             for node, shard_channels in by_node.values()
         ]
         classic = [channel for channel in channels if not is_shard_channel(channel)]
@@ -470,6 +498,16 @@ class Backend(Commands):
                 PubSubSubscription(_PubSub(_pubsub_of(default), self.url), classic, on_message)
             )
         return parts
+
+    def _shard_subscription(
+        self, node: Any, channels: list[str], on_message: Callable[[str, bytes], None]
+    ) -> Subscription:
+        """A subscription to shard channels of one master: on keyserial's own connection to it
+        where it has one, else redis-py's."""
+        if self._nodes is not None:
+            return Subscriber(self._nodes.to_node(node.name), channels, on_message, sharded=True)
+        pubsub = _PubSub(_pubsub_of(node), self.url)
+        return PubSubSubscription(pubsub, channels, on_message, sharded=True)
 
 
 def _pubsub_of(node: Any) -> PubSub:

@@ -143,8 +143,12 @@ class _Protocol(asyncio.Protocol):
             log.exception("handling a message on %r failed", channel)
 
 
+#: A message's kind in a subscription: a channel's, or a shard channel's (SSUBSCRIBE).
+_MESSAGES = (b"message", b"smessage")
+
+
 def _is_message(reply: Any) -> bool:
-    return isinstance(reply, list) and len(reply) == 3 and reply[0] == b"message"
+    return isinstance(reply, list) and len(reply) == 3 and reply[0] in _MESSAGES
 
 
 class PipelinedConnection:
@@ -221,10 +225,14 @@ class PipelinedConnection:
                 raise reply
         return protocol
 
-    async def aclose(self) -> None:
+    def close(self) -> None:
+        """Close the open connection: every batch waiting on it fails; the next opens anew."""
         protocol, self._protocol = self._protocol, None
         if protocol is not None:
             protocol.fail(redis_errors.ConnectionError("connection closed"))
+
+    async def aclose(self) -> None:
+        self.close()
 
     async def _connected(self) -> _Protocol:
         protocol = self._protocol
@@ -272,14 +280,21 @@ def _retrieve(futures: list[asyncio.Future[Any]]) -> None:
 
 class Subscriber:
     """A subscription to ``channels`` on a :class:`PipelinedConnection`'s server: each message
-    goes straight from the parser to ``on_message`` (no task or queue per message)."""
+    goes straight from the parser to ``on_message`` (no task or queue per message).
+    ``sharded``: they are shard channels (SSUBSCRIBE), all served by that server."""
 
     def __init__(
-        self, connection: PipelinedConnection, channels: Sequence[str], on_message: MessageHandler
+        self,
+        connection: PipelinedConnection,
+        channels: Sequence[str],
+        on_message: MessageHandler,
+        *,
+        sharded: bool = False,
     ) -> None:
         self._connection = connection
         self._channels = list(channels)
         self._on_message = on_message
+        self._command = "SSUBSCRIBE" if sharded else "SUBSCRIBE"
         self._protocol: _Protocol | None = None
 
     async def subscribe(self, within: float) -> None:
@@ -293,9 +308,11 @@ class Subscriber:
         try:
             async with asyncio.timeout(within):
                 protocol = self._protocol = await self._connection.open(self._on_message)
-                # One command per channel: one confirmation each.
+                # One command per channel: one confirmation each. (A shard channel that
+                # moves to another node later is unsubscribed by the server, in a push that
+                # no one asked for: the connection is then dropped, and subscribed anew.)
                 confirmations = protocol.send(
-                    [("SUBSCRIBE", channel) for channel in self._channels]
+                    [(self._command, channel) for channel in self._channels]
                 )
                 replies = await _replies(protocol, confirmations, None)
         except TimeoutError:
@@ -396,11 +413,17 @@ class HiredisPackedConnection(CloseSafeConnection):
             return super().pack_command(*args)
 
 
+def own_connections(url: str) -> bool:
+    """Whether keyserial's own connections serve ``url``'s hot path: plain TCP, with hiredis
+    (TLS and Unix sockets keep redis-py's own connection classes)."""
+    return HIREDIS_AVAILABLE and urlsplit(url).scheme == "redis"
+
+
 def client_options(url: str) -> dict[str, Any]:
-    """Options for a client opened from ``url``: timeouts, and the C packer on plain TCP (TLS
-    and Unix sockets keep redis-py's own connection classes)."""
+    """Options for a client opened from ``url``: timeouts, and the C packer where keyserial's
+    own connection serves it (:func:`own_connections`)."""
     options = dict(URL_TIMEOUTS)
-    if HIREDIS_AVAILABLE and urlsplit(url).scheme == "redis":
+    if own_connections(url):
         options["connection_class"] = HiredisPackedConnection
     return options
 
