@@ -29,6 +29,7 @@ from benchmarks.metrics import parse_commandstats, percentile
 from benchmarks.procs import shard_range
 from benchmarks.rounds import median_rounds
 from benchmarks.runner import Final, correctness, plan
+from benchmarks.server import BenchServer
 from benchmarks.systems import NoLockSystem
 from benchmarks.workloads import make_chooser, shard_table
 from keyserial.testing import LocalServer
@@ -170,12 +171,12 @@ async def test_no_lock_loses_updates_on_a_hot_key(server: LocalServer) -> None:
         tally = await run_callers(spec, system, 0, Window(now, now, now + 0.5, 2.0))
     finally:
         await system.close()
-    admin = Redis.from_url(server.url)
+    bench = await BenchServer.open(server.url)
     try:
-        balances = await state.read_balances(admin, spec, [0])
-        await state.clean_up(admin, spec)
+        balances = await state.read_balances(bench, spec, [0])
+        assert await state.clean_up(bench, spec) == 1
     finally:
-        await admin.aclose()
+        await bench.aclose()
     verdict = correctness(Final(tally.acked, tally.slack, balances, 0), [tally.to_json()])
     assert tally.acked_ops > 100
     assert verdict["lost_updates"] > 0
