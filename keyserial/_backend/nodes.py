@@ -8,11 +8,11 @@ batch goes out here in one write on a :class:`~._backend.resp.PipelinedConnectio
 master, as on a standalone server. A command whose slot has moved (``MOVED``, ``ASK``,
 ``TRYAGAIN``: it did not run) is sent again through redis-py's cluster client, which follows
 the redirect, once the routing has been learnt again: what redis-py's cluster pipeline does
-itself. A batch that fails, times out or is cancelled (a lease renewal's deadline) closes its
-connection, as redis-py closes one in that case: the node may be paused or gone, and what it
-had not run yet must not run late, on a master that may have lost its slots meanwhile. The
-routing is then learnt again before the next batch. Any other batch (keys on several nodes, a
-command without a key) is left to redis-py.
+itself. After a batch that fails, times out or is cancelled (a lease renewal's deadline), the
+routing is learnt again before the next batch: its node may be paused, or gone. (A cancelled
+batch leaves the connection open, as on a standalone server: other callers' batches wait on
+it. Whatever a paused node runs late is fenced like any write of a deposed owner.) Any other
+batch (keys on several nodes, a command without a key) is left to redis-py.
 """
 
 from __future__ import annotations
@@ -113,7 +113,6 @@ class NodeConnections:
         try:
             replies = await connection.execute(commands)
         except BaseException:
-            connection.close()
             self.stale = True
             raise
         moved = [index for index, reply in enumerate(replies) if isinstance(reply, _REDIRECTS)]

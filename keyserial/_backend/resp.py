@@ -225,14 +225,10 @@ class PipelinedConnection:
                 raise reply
         return protocol
 
-    def close(self) -> None:
-        """Close the open connection: every batch waiting on it fails; the next opens anew."""
+    async def aclose(self) -> None:
         protocol, self._protocol = self._protocol, None
         if protocol is not None:
             protocol.fail(redis_errors.ConnectionError("connection closed"))
-
-    async def aclose(self) -> None:
-        self.close()
 
     async def _connected(self) -> _Protocol:
         protocol = self._protocol
