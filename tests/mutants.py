@@ -351,6 +351,38 @@ MUTANTS: tuple[Mutant, ...] = (
         fast=True,
     ),
     Mutant(
+        "worker-sleeps-through-resubscribe",
+        "G6.24",
+        "a worker whose subscription came back does not read its shards until the idle poll",
+        (
+            Edit(
+                "keyserial/_worker/worker.py",
+                "                    on_resubscribed=self._wake_every_runner,\n",
+                "",
+            ),
+        ),
+        (
+            "tests/test_subscription_health.py::"
+            "test_what_was_published_while_subscriptions_were_down_is_read_at_once" + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "client-waits-for-sweep-after-resubscribe",
+        "G6.24",
+        "a client whose reply subscription came back waits for the sweep",
+        (
+            Edit(
+                "keyserial/_client/client.py",
+                "                on_resubscribed=self._sweep.now,\n",
+                "",
+            ),
+        ),
+        (
+            "tests/test_subscription_health.py::"
+            "test_a_reply_published_while_the_client_resubscribes_is_looked_up_at_once[standalone]",
+        ),
+    ),
+    Mutant(
         "release-resets-horizon",
         "G3.3",
         "release.lua sets the horizon back to progress: the next owner forgets what to look up",
