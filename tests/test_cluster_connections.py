@@ -46,7 +46,7 @@ def _last_sent_hget(port: int) -> list[str]:
 async def test_a_batch_for_one_master_goes_on_keyserial_s_connection_to_it(
     cluster: LocalCluster,
 ) -> None:
-    backend = await Backend.connect(cluster.url)
+    backend = await Backend.connect(f"{cluster.url}?socket_timeout=7")
     try:
         keys = [f"{{own-{n}}}:h" for n in range(12)]  # over every master
         for key in keys:
@@ -58,6 +58,7 @@ async def test_a_batch_for_one_master_goes_on_keyserial_s_connection_to_it(
         assert nodes is not None
         assert len(nodes._by_node) == 3  # a connection per master
         for name, connection in nodes._by_node.items():
+            assert connection.timeout == 7  # the URL's, as redis-py's connections have it
             protocol = connection._protocol
             assert protocol is not None and protocol._transport is not None
             host, port = protocol._transport.get_extra_info("sockname")[:2]

@@ -195,7 +195,7 @@ class Backend(Commands):
         #: on a cluster, one per master (``_backend.nodes``).
         self._pipelined = pipelined_connection(client) if owned else None
         self._nodes = (
-            NodeConnections(self._cluster, URL_TIMEOUTS)
+            NodeConnections(self._cluster)
             if owned and self._cluster is not None and own_connections(url)
             else None
         )

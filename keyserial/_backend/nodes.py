@@ -59,11 +59,11 @@ def _slot(key: str | bytes) -> int:
 
 
 class NodeConnections:
-    """A :class:`PipelinedConnection` per master of ``cluster``, opened on first use."""
+    """A :class:`PipelinedConnection` per master of ``cluster``, opened on first use, with the
+    credentials and timeouts of the cluster client's own connections to it."""
 
-    def __init__(self, cluster: RedisCluster, timeouts: dict[str, float]) -> None:
+    def __init__(self, cluster: RedisCluster) -> None:
         self._cluster = cluster
-        self._timeouts = timeouts
         self._by_node: dict[str, PipelinedConnection] = {}
         #: Whether the routing must be learnt again before the next batch.
         self.stale = False
@@ -102,8 +102,8 @@ class NodeConnections:
             int(node.port),
             username=options.get("username"),
             password=options.get("password"),
-            connect_timeout=self._timeouts.get("socket_connect_timeout"),
-            timeout=self._timeouts.get("socket_timeout"),
+            connect_timeout=options.get("socket_connect_timeout"),
+            timeout=options.get("socket_timeout"),
         )
 
     async def execute(
