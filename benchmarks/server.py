@@ -99,8 +99,8 @@ class BenchServer:
 
 
 async def _unlink(node: Redis, keys: list[bytes]) -> int:
-    """UNLINK one key at a time on a cluster node would be slow; keys of one node may still sit
-    in different slots, which one UNLINK refuses there, so a node's batch goes as a pipeline."""
+    """Unlink ``keys`` of one node: one UNLINK each, in one pipeline (a cluster node refuses one
+    UNLINK of keys in different slots)."""
     if not keys:
         return 0
     async with node.pipeline(transaction=False) as pipe:
