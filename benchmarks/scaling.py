@@ -1,7 +1,8 @@
 """Throughput against worker processes and shards: ``python -m benchmarks.scaling``.
 
 Runs ``keyserial bench`` once per point of a matrix, each worker process owning its own range of
-shards (``--split-shards``), on a private standalone server: uniform deposits (one key per op)
+shards (``--split-shards``), on a private standalone server (``--cluster M``: a private Redis
+Cluster of M masters): uniform deposits (one key per op)
 and transfers between two random accounts (across shards, so between workers when the two
 shards belong to different ones). Per point it keeps throughput, p99, Redis commands per op
 and the CPU per op of the server, the workers and the clients (from the bench's own JSON), and
@@ -25,8 +26,9 @@ ROOT = Path(__file__).resolve().parent.parent
 WORKLOADS = ("uniform", "transfer")
 
 
-def run_point(workers: int, shards: int, seconds: float) -> list[dict[str, Any]]:
-    """One bench run of keyserial alone; a row per workload."""
+def run_point(workers: int, shards: int, seconds: float, cluster: int) -> list[dict[str, Any]]:
+    """One bench run of keyserial alone (on a cluster of ``cluster`` masters, if not 0); a row
+    per workload."""
     with tempfile.TemporaryDirectory() as out:
         command = [sys.executable, "-m", "keyserial", "bench", "--systems", "keyserial"]
         command += ["--workloads", ",".join(WORKLOADS), "--workers", str(workers)]
@@ -34,6 +36,8 @@ def run_point(workers: int, shards: int, seconds: float) -> list[dict[str, Any]]
         command += ["--no-chart", "--out", out]
         if workers > 1:
             command.append("--split-shards")
+        if cluster:
+            command += ["--cluster", str(cluster)]
         subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
         (found,) = Path(out).glob("bench-*.json")
         results = json.loads(found.read_text())["results"]
@@ -114,12 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", default="1,2,4", help="worker process counts")
     parser.add_argument("--shards", default="16,256,1024", help="shard counts")
     parser.add_argument("--seconds", type=float, default=2.0, help="measured seconds per run")
+    parser.add_argument(
+        "--cluster", type=int, default=0, metavar="M", help="on a private cluster of M masters"
+    )
     parser.add_argument("--out", type=Path, default=Path("keyserial-scaling"))
     args = parser.parse_args(argv)
     rows: list[dict[str, Any]] = []
     for shards in (int(count) for count in args.shards.split(",")):
         for workers in (int(count) for count in args.workers.split(",")):
-            point = run_point(workers, shards, args.seconds)
+            point = run_point(workers, shards, args.seconds, args.cluster)
             for row in point:
                 print(json.dumps(row), flush=True)
             rows += point

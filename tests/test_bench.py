@@ -460,10 +460,13 @@ def test_the_standalone_benchmark_scripts_run_and_print_a_row_per_point(
     assert [set(json.loads(line)) for line in printed.splitlines()] == rows
 
 
-def test_the_scaling_benchmark_writes_its_table_json_and_chart(tmp_path: Path) -> None:
-    """``python -m benchmarks.scaling`` on one small point: a row per workload, in its three
-    files."""
-    point = ["--workers", "2", "--shards", "4", "--seconds", "0.3", "--out", str(tmp_path)]
+@pytest.mark.parametrize("where", [[], ["--cluster", "3"]], ids=["standalone", "cluster"])
+def test_the_scaling_benchmark_writes_its_table_json_and_chart(
+    tmp_path: Path, where: list[str]
+) -> None:
+    """``python -m benchmarks.scaling`` on one small point, on a standalone server and on a
+    3-master cluster: a row per workload, in its three files."""
+    point = ["--workers", "2", "--shards", "4", "--seconds", "0.3", "--out", str(tmp_path), *where]
     subprocess.run(
         [sys.executable, "-m", "benchmarks.scaling", *point],
         cwd=ROOT,
