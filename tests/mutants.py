@@ -339,8 +339,8 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_client/sweep.py",
-                "        interval = self._settings.idle_poll\n        while True:\n",
-                "        interval = self._settings.idle_poll\n        await anyio.sleep_forever()\n"
+                "        self._early = anyio.Event()\n        while True:\n",
+                "        self._early = anyio.Event()\n        await anyio.sleep_forever()\n"
                 "        while True:\n",
             ),
         ),

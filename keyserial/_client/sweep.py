@@ -50,11 +50,13 @@ class Sweep:
     async def run(self) -> None:
         """Fetch stored results for ops whose reply is overdue, until cancelled."""
         interval = self._settings.idle_poll
+        self._early = anyio.Event()
         while True:
-            self._early = anyio.Event()
             with anyio.move_on_after(interval):
                 await self._early.wait()
-            cutoff = time.monotonic() - (0.0 if self._early.is_set() else interval)
+            woken = self._early.is_set()
+            self._early = anyio.Event()  # (before the sweep: a call of now() during it counts)
+            cutoff = time.monotonic() - (0.0 if woken else interval)
             overdue: dict[int, list[str]] = defaultdict(list)
             for op_id, waiters in self._waiting.items():
                 if waiters and waiters[0].since < cutoff:
