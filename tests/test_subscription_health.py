@@ -8,7 +8,8 @@ from __future__ import annotations
 import logging
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from urllib.parse import urlsplit
 
 import anyio
@@ -31,15 +32,26 @@ async def test_a_silently_dropped_reply_subscription_is_noticed_and_reconnected(
 ) -> None:
     async with FaultProxy("client", _port(redis_url)) as proxy:
         with anyio.fail_after(60):
-            async with (
-                running_worker(redis_url, namespace, shard_count=1),
-                keyserial.connect(
-                    proxy.url, shards=1, namespace=namespace, idle_poll=30, health_interval=0.3
-                ) as ks,
-            ):
+            async with _worker_and_proxied_client(redis_url, namespace, proxy) as ks:
                 took = await _silence_and_time_a_submit(ks, proxy)
                 assert await ks.read("acct") == 2
         assert took < 2, "the reply came by the sweep, not pub/sub"
+
+
+@asynccontextmanager
+async def _worker_and_proxied_client(
+    redis_url: str, namespace: str, proxy: FaultProxy
+) -> AsyncIterator[keyserial.Client]:
+    """A worker on the server, and a client through ``proxy`` whose subscription is health
+    checked every 0.3 s and whose sweep waits 30 s (so a reply it gets in time came by pub/sub,
+    or by a lookup after a resubscription)."""
+    async with (
+        running_worker(redis_url, namespace, shard_count=1),
+        keyserial.connect(
+            proxy.url, shards=1, namespace=namespace, idle_poll=30, health_interval=0.3
+        ) as ks,
+    ):
+        yield ks
 
 
 def _port(url: str) -> int:
@@ -294,12 +306,7 @@ async def test_a_reply_published_while_the_client_resubscribes_is_looked_up_at_o
     its waiting ops, not waiting for the sweep (30 s)."""
     async with FaultProxy("client", _port(redis_url)) as proxy:
         with anyio.fail_after(60):
-            async with (
-                running_worker(redis_url, namespace, shard_count=1),
-                keyserial.connect(
-                    proxy.url, shards=1, namespace=namespace, idle_poll=30, health_interval=0.3
-                ) as ks,
-            ):
+            async with _worker_and_proxied_client(redis_url, namespace, proxy) as ks:
                 await ks.submit("acct", deposit(1))
                 assert proxy.silence_subscriptions() == 1
                 started = time.monotonic()
