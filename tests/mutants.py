@@ -93,18 +93,12 @@ MUTANTS: tuple[Mutant, ...] = (
         fast=True,
     ),
     Mutant(
-        "decide-no-epoch-check",
+        "cross-shard-step-no-epoch-check",
         "G5.3",
-        "decide.lua records a decision without the epoch check",
-        (_no_fence(_LUA + "decide.lua", "if redis.call('GET', KEYS[1]) ~= ARGV[1] then"),),
-        (_ZW + "test_a_zombie_coordinator_s_decision_reaches_redis_and_is_refused" + _STANDALONE,),
-    ),
-    Mutant(
-        "grant-no-epoch-check",
-        "G5.3",
-        "grant.lua grants keys without the epoch check",
-        (_no_fence(_LUA + "grant.lua", "if redis.call('GET', KEYS[1]) ~= ARGV[1] then"),),
+        "step.lua records a decision or a grant without checking the owner's epoch",
+        (_no_fence(_STEP, "if redis.call('GET', KEYS[1]) ~= ARGV[1] then"),),
         (
+            _ZW + "test_a_zombie_coordinator_s_decision_reaches_redis_and_is_refused" + _STANDALONE,
             "tests/test_scripts_idempotent.py::"
             "test_a_grant_under_an_epoch_that_moved_on_is_refused_and_records_nothing"
             + _STANDALONE,
@@ -510,11 +504,11 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "grant-ignores-lost-request",
         "G5.11",
-        "grant.lua records a grant although its request's entry is gone from the stream",
+        "step.lua records a grant although its request's entry is gone from the stream",
         (
             Edit(
-                "keyserial/_scripts/lua/grant.lua",
-                "if #redis.call('XRANGE', KEYS[3], ARGV[5], ARGV[5]) == 0 then",
+                _STEP,
+                "if #redis.call('XRANGE', KEYS[4], grant[3], grant[3]) == 0 then",
                 "if false then",
             ),
         ),
@@ -724,35 +718,13 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
-        "decide-replay-decides",
-        "G3.10",
-        "decide.lua decides a later attempt of an op that has an outcome",
+        "decision-over-abort",
+        "G5.2",
+        "step.lua records a coordinator's decision over an abort a participant recorded first",
+        (Edit(_STEP, "    if earlier and earlier ~= decision[2] then", "    if false then"),),
         (
-            Edit(
-                "keyserial/_scripts/lua/decide.lua",
-                "if has_outcome(KEYS[3], KEYS[4], ARGV[2]) then",
-                "if false then",
-            ),
-        ),
-        (
-            "tests/test_scripts_idempotent.py::"
-            "test_a_decide_of_an_op_run_again_is_refused_and_writes_nothing" + _STANDALONE,
-        ),
-    ),
-    Mutant(
-        "decide-replay-wins",
-        "G3.10",
-        "decide.lua reports a win for the same attempt run again, whose home writes do not hold",
-        (
-            Edit(
-                "keyserial/_scripts/lua/decide.lua",
-                "  if not writes_hold(KEYS[2], cjson.decode(ARGV[5])) then",
-                "  if false then",
-            ),
-        ),
-        (
-            _HOSTILE + "test_a_transfer_appended_again_as_fresh_never_moves_money_twice"
-            "[standalone-two-workers]",
+            "tests/test_scripts_idempotent.py::test_a_decision_never_wins_over_an_abort"
+            + _STANDALONE,
         ),
     ),
     Mutant(

@@ -21,7 +21,6 @@ from keyserial._scripts.commit import (
     commit_across,
     step,
 )
-from keyserial._scripts.cross import DecideArgs, Decided, GrantArgs, decide, grant
 from keyserial._scripts.lease import AcquireArgs, LeaseGrant, LeaseHeld, acquire
 from keyserial._scripts.refusals import Fenced, Replayed, RequestGone
 from keyserial.testing import ShardKeys, running_worker
@@ -92,17 +91,19 @@ async def test_a_grant_for_a_request_whose_entry_is_gone_is_refused_and_records_
     """A participant holds the keys at its grant request's place in the stream. If a failover
     lost that entry (its coordinator appends the request again, perhaps behind another request
     for the same keys), a grant sent there, as a resend after the failover would be, must not
-    be recorded: the coordinator would compute on keys held out of the stream's new order."""
+    be recorded: the coordinator would compute on keys held out of the stream's new order.
+    The step that carries it writes nothing at all."""
     keys = ShardKeys(namespace, 0)
-    await client.set(keys.epoch, 1)
+    await client.set(keys.epoch, 2)
     kept = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
     lost = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
     await client.xdel(keys.stream, lost)  # as the promoted replica never had it
-    await backend.run_call(_grant(keys, epoch=1, field="kept#1#g", entry_id=kept))
+    await backend.run_call(_step(keys, _with_grant("kept#1#g", kept)))
     assert await client.hget(keys.results, "kept#1#g") == b'{"s": []}'
     with pytest.raises(RequestGone, match=lost):
-        await backend.run_call(_grant(keys, epoch=1, field="lost#1#g", entry_id=lost))
+        await backend.run_call(_step(keys, _with_grant("lost#1#g", lost, state="7")))
     assert not await client.hexists(keys.results, "lost#1#g")
+    assert await client.hget(keys.state, "a") == b"5", "nothing of the step was written"
 
 
 async def test_a_grant_under_an_epoch_that_moved_on_is_refused_and_records_nothing(
@@ -110,66 +111,64 @@ async def test_a_grant_under_an_epoch_that_moved_on_is_refused_and_records_nothi
 ) -> None:
     """A zombie participant (its epoch is over) cannot grant: nothing is recorded or sent."""
     keys = ShardKeys(namespace, 0)
-    await client.set(keys.epoch, 2)
+    await client.set(keys.epoch, 3)
     entry = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
     with pytest.raises(Fenced):
-        await backend.run_call(_grant(keys, epoch=1, field="op#1#g", entry_id=entry))
+        await backend.run_call(_step(keys, _with_grant("op#1#g", entry)))
     assert not await client.hexists(keys.results, "op#1#g")
 
 
-def _grant(keys: ShardKeys, *, epoch: int, field: str, entry_id: str) -> ScriptCall[None]:
-    """A grant of no keys, recorded under ``field``, published nowhere."""
-    args = GrantArgs(
-        epoch=epoch, field=field, grant='{"s": []}', channel="", entry_id=entry_id, message=""
-    )
-    return grant(keys, args)
+def _with_grant(field: str, entry_id: str, state: str = "5") -> dict[str, Any]:
+    """A step's commit: a write of key "a", and a grant of no keys recorded under ``field``."""
+    return {"s": [["a", state]], "r": [], "d": [], "g": [[field, '{"s": []}', entry_id]]}
 
 
-async def test_a_decide_sent_again_after_it_won_reports_the_win(
+def _with_decision(outcome: str, state: str, decision: str = '{"w":{}}') -> dict[str, Any]:
+    """A step's commit: the decision of attempt 2 of op "op", with its home write and outcome."""
+    return {"s": [["a", state]], "r": [["op", outcome]], "d": [], "c": [["op#2#d", decision]]}
+
+
+async def test_a_decision_sent_again_after_it_landed_commits_nothing_more(
     backend: Backend, client: redis.asyncio.Redis, namespace: str
 ) -> None:
     keys = ShardKeys(namespace, 0)
-    await client.set(keys.epoch, 7)
-    call = decide(keys, DecideArgs(7, "op", 7, '{"w":{}}', [("a", "5")], '{"ok":5}', []))
-    assert await backend.run_call(call) == Decided(won=True)
-    await client.hset(keys.results, "op", '{"ok":"changed"}')
-    assert await backend.run_call(call) == Decided(won=True)
-    assert await client.hget(keys.results, "op") == b'{"ok":"changed"}', "it wrote nothing"
+    await client.set(keys.epoch, 2)
+    call = _step(keys, _with_decision('{"ok":5}', "5"))
+    await backend.run_call(call)
+    await backend.run_call(call)
+    assert await client.hget(keys.results, "op#2#d") == b'{"w":{}}'
+    assert await client.hget(keys.results, "op") == b'{"ok":5}'
 
 
-async def test_a_decide_of_an_op_run_again_is_refused_and_writes_nothing(
+async def test_a_decision_of_an_op_run_again_is_refused_and_writes_nothing(
     backend: Backend, client: redis.asyncio.Redis, namespace: str
 ) -> None:
-    """The op id has an outcome, and this decision did not write it: the op ran again (its
-    entry appended again as ``fresh``). Its coordinator holds the home keys until its decide
-    returns, so a decide sent again always finds its home writes holding."""
+    """The op id has an outcome, and this step did not write it: the op ran again (its entry
+    appended again as ``fresh``). Its coordinator holds the home keys until its step returns,
+    so a step sent again always finds its home writes holding."""
     keys = ShardKeys(namespace, 0)
-    await client.set(keys.epoch, 7)
-    call = decide(keys, DecideArgs(7, "op", 7, '{"w":{}}', [("a", "5")], '{"ok":5}', []))
-    assert await backend.run_call(call) == Decided(won=True)
+    await client.set(keys.epoch, 2)
+    await backend.run_call(_step(keys, _with_decision('{"ok":5}', "5")))
     await client.hset(keys.state, "a", "6")  # a later op moved the key on
     with pytest.raises(Replayed):  # the same attempt run again, on the key as it is now
-        await backend.run_call(call)
-    await client.set(keys.epoch, 8)
-    with pytest.raises(Replayed):  # a later attempt
-        await backend.run_call(
-            decide(keys, DecideArgs(8, "op", 8, '{"w":{}}', [("a", "7")], '{"ok":7}', []))
-        )
+        await backend.run_call(_step(keys, _with_decision('{"ok":7}', "7")))
     assert await client.hget(keys.state, "a") == b"6"
-    assert not await client.hexists(keys.results, "op#8#d")
+    assert await client.hget(keys.results, "op") == b'{"ok":5}'
 
 
-async def test_a_decide_never_wins_over_an_abort(
+async def test_a_decision_never_wins_over_an_abort(
     backend: Backend, client: redis.asyncio.Redis, namespace: str
 ) -> None:
+    """An abort a participant recorded first refuses the whole step: nothing is written."""
     keys = ShardKeys(namespace, 0)
-    await client.set(keys.epoch, 7)
+    await client.set(keys.epoch, 2)
     abort = '{"abort":"the coordinator lost the home shard"}'
-    await client.hset(keys.results, "op#7#d", abort)
-    reply = await backend.run_call(
-        decide(keys, DecideArgs(7, "op", 7, '{"w":{}}', [], '{"ok":5}', []))
-    )
-    assert reply == Decided(won=False, abort=abort)
+    await client.hset(keys.results_old, "op#2#d", abort)
+    with pytest.raises(Replayed, match="op#2#d"):
+        await backend.run_call(_step(keys, _with_decision('{"ok":5}', "5")))
+    assert await client.hget(keys.results_old, "op#2#d") == abort.encode()
+    assert not await client.hexists(keys.results, "op")
+    assert await client.hget(keys.state, "a") is None
 
 
 async def test_a_commit_across_sent_again_after_it_landed_writes_nothing_more(

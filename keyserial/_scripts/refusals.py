@@ -32,15 +32,14 @@ class BacklogRefused(Refused):
         self.length = length
 
 
-class RequestGone(Refused):
-    """``grant`` found the grant request's entry gone from the stream (``GONE <entry id>``): a
-    failover lost it, and the keys were held at a place the stream no longer has. Nothing was
-    written."""
-
-
 class Diverged(Refused):
     """A commit found that what its runner ran on is not what Redis holds, and wrote nothing.
     The runner gives its shard up, to start again from what Redis has."""
+
+
+class RequestGone(Diverged):
+    """``step`` found a grant's request entry gone from the stream (``GONE <entry id>``): a
+    failover lost it, and the keys were held at a place the stream no longer has."""
 
 
 class PushUnconfirmed(Diverged):

@@ -11,8 +11,10 @@ from __future__ import annotations
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+import anyio
 
 from .._wire.codec import answered_record, bound, reply_outcome
 from .._wire.json_text import dumps
@@ -44,6 +46,27 @@ class Finished:
     binding: str = ""
 
 
+@dataclass(slots=True, eq=False)
+class Record:
+    """A cross-shard record that commits with the owner's next step (docs/multi-key.md): a
+    grant of this shard's keys, held at its request's entry (which must still be in the
+    stream), or the decision of an attempt this owner coordinates (written once). Riding the
+    step, it commits after every earlier write of the shard and costs no script call of its
+    own; its messages go out once it has committed (the output gate)."""
+
+    #: Its field in the shard's results hash (``<op id>#<attempt>#g`` or ``#d``).
+    name: str
+    value: str
+    #: A grant's request entry; '' for a decision.
+    entry_id: str
+    #: What to publish once committed: (channel, message).
+    messages: list[tuple[str, str]]
+    #: Set once the step that carried it has committed (see :attr:`error`).
+    done: anyio.Event = field(default_factory=anyio.Event)
+    #: Why it cannot be counted on although its step returned (not confirmed as durable).
+    error: Exception | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Commit:
     """The commit part of one step."""
@@ -60,6 +83,8 @@ class Commit:
     trim_now: bool
     #: Whether it commits states or results (what later ops build on, or callers are told).
     builds: bool
+    #: The records' messages, to publish once committed with the replies.
+    messages: list[tuple[str, str]]
 
 
 class CommitPlanner:
@@ -91,11 +116,12 @@ class CommitPlanner:
         batch: Sequence[Finished],
         dead: Sequence[DeadLetter],
         writes: list[tuple[str, str]],
+        records: Sequence[Record] = (),
         *,
         pushed: bool = False,
     ) -> Commit:
-        """The commit of ``batch``, ``dead`` letters and the pending ``writes``; ``pushed``: an
-        entry came pushed since the last step."""
+        """The commit of ``batch``, ``dead`` letters, the pending ``writes`` and the cross-shard
+        ``records``; ``pushed``: an entry came pushed since the last step."""
         self._pushed |= pushed
         results: list[tuple[str, str]] = []
         answered: list[tuple[str, str]] = []
@@ -122,12 +148,14 @@ class CommitPlanner:
             or time.monotonic() - self._trimmed_at >= self._trim_interval
         )
         payload = ""
-        if writes or results or answered or dead or passed:
+        if writes or results or answered or dead or passed or records:
             commit: dict[str, Any] = {"s": writes, "r": results, "d": list(dead)}
             if passed:
                 commit["x"] = passed
             if answered:
                 commit["u"] = answered
+            if records:
+                _add_records(commit, records)
             payload = dumps(commit)
         return Commit(
             progress,
@@ -135,7 +163,8 @@ class CommitPlanner:
             replies,
             self._untrimmed if due else "",
             trim_now,
-            builds=bool(writes or results or answered),
+            builds=bool(writes or results or answered or records),
+            messages=[message for record in records for message in record.messages],
         )
 
     def _reply(self, finished: Finished, replies: dict[str, list[tuple[str, str]]]) -> None:
@@ -177,6 +206,16 @@ class CommitPlanner:
             del self._entries[entry_id]
         self._fewest = len(self._entries)
         return passed
+
+
+def _add_records(commit: dict[str, Any], records: Sequence[Record]) -> None:
+    """The records as step.lua takes them: grants in "g", decisions in "c"."""
+    grants = [[r.name, r.value, r.entry_id] for r in records if r.entry_id]
+    decisions = [[r.name, r.value] for r in records if not r.entry_id]
+    if grants:
+        commit["g"] = grants
+    if decisions:
+        commit["c"] = decisions
 
 
 class ResultGenerations:

@@ -81,6 +81,8 @@ class _Call:
     call: ScriptCall[Any]
     #: What to publish once it has succeeded (None: nothing, or the script publishes it).
     replies: Replies | None
+    #: Messages built already (cross-shard records'), published with ``replies``.
+    messages: Sequence[tuple[str, str]]
     #: Called with the call's reply (or its error) once the batch is back; None: awaited.
     on_done: Callable[[Any], None] | None
     #: The write chains its writes belong to (none: it builds on no cached state).
@@ -124,11 +126,13 @@ class Pipeliner:
         write_chains: Sequence[WriteChain] = (),
         *,
         builds: bool = True,
+        messages: Sequence[tuple[str, str]] = (),
     ) -> R:
-        """The script's reply, as the call decodes it. ``replies`` are published once the call
-        has succeeded (never after a refusal: a fenced step committed nothing): by the script
-        itself, given them as JSON ``[[channel, message], ...]`` in its ``replies`` argument,
-        or with the batch. ``write_chains``: the owners whose cached writes the call builds on (see
+        """The script's reply, as the call decodes it. ``replies`` (and ``messages``, built
+        already) are published once the call has succeeded (never after a refusal: a fenced
+        step committed nothing): by the script itself, given them as JSON
+        ``[[channel, message], ...]`` in its ``replies`` argument, or with the batch.
+        ``write_chains``: the owners whose cached writes the call builds on (see
         :class:`WriteChain`); ``builds``: it commits states or results, so it breaks them if its
         pipeline is not confirmed.
 
@@ -136,7 +140,7 @@ class Pipeliner:
         :raises WriteChainBroken: if one of ``write_chains`` is broken (the call was not sent).
         :raises BackendUnavailable: if the server does not answer.
         """
-        result, _ = await self._run(call, replies, write_chains, builds=builds)
+        result, _ = await self._run(call, replies, write_chains, builds=builds, messages=messages)
         return result
 
     async def run_durably(self, call: ScriptCall[R], write_chains: Sequence[WriteChain] = ()) -> R:
@@ -167,7 +171,7 @@ class Pipeliner:
         """Like :meth:`run`, without a task to await it: ``on_done`` gets the script's reply,
         or the error :meth:`run` would raise, once the batch is back (before the awaiting
         callers of that batch wake)."""
-        self._add(_Call(call, replies, on_done, write_chains, True))
+        self._add(_Call(call, replies, (), on_done, write_chains, True))
 
     async def _run(
         self,
@@ -176,10 +180,11 @@ class Pipeliner:
         write_chains: Sequence[WriteChain],
         *,
         builds: bool,
+        messages: Sequence[tuple[str, str]] = (),
     ) -> tuple[R, bool]:
         """:meth:`run`'s reply, and whether its pipeline's writes are as durable as the
         settings ask (always, when they ask nothing)."""
-        queued = _Call(call, replies, None, write_chains, builds, anyio.Event())
+        queued = _Call(call, replies, messages, None, write_chains, builds, anyio.Event())
         self._add(queued)
         assert queued.done is not None
         await queued.done.wait()
@@ -189,21 +194,19 @@ class Pipeliner:
         return reply, queued.confirmed
 
     def _add(self, queued: _Call) -> None:
-        if queued.replies and not self._backend.in_order and self._durability is None:
+        if _publishes(queued) and not self._backend.in_order and self._durability is None:
             assert queued.call.script.publishes, (
                 f"{queued.call.script.name} cannot publish replies itself"
             )
-            queued.call, queued.replies = _inline(queued.call, queued.replies, self.signer), None
+            _inline(queued, self.signer)
         self._batcher.add(queued.call.keys[0], queued)
 
     async def _send_batch(self, batch: list[_Call]) -> None:
         """Send one node's batch, publish the replies of what committed, and tell each caller."""
         self._on_batch(len(batch))
-        carrying = [queued for queued in batch if queued.replies]
+        carrying = [queued for queued in batch if _publishes(queued)]
         if len(carrying) == 1 and carrying[0].call.script.publishes and self._durability is None:
-            only = carrying[0]
-            assert only.replies is not None
-            only.call, only.replies = _inline(only.call, only.replies, self.signer), None
+            _inline(carrying[0], self.signer)
         confirmed = await self._send(batch)
         # Written before the runners wake, so before anything they send next on the one
         # connection (a later commit's replies cannot overtake these), and not waited for.
@@ -295,18 +298,29 @@ class Pipeliner:
             log.warning("%d reply messages not sent: %s", len(messages), exc)
 
     def _messages(self, batch: list[_Call]) -> list[tuple[str, str]]:
-        """One reply message per channel, for the calls that succeeded."""
+        """One reply message per channel, and the messages built already, for the calls that
+        succeeded."""
         merged: defaultdict[str, list[tuple[str, str]]] = defaultdict(list)
+        built: list[tuple[str, str]] = []
         for queued in batch:
-            if queued.replies and not isinstance(queued.result, Exception):
-                for channel, outcomes in queued.replies.items():
+            if _publishes(queued) and not isinstance(queued.result, Exception):
+                for channel, outcomes in (queued.replies or {}).items():
                     merged[channel].extend(outcomes)
-        return reply_messages(merged, self.signer)
+                built += queued.messages
+        return reply_messages(merged, self.signer) + built
 
 
-def _inline(call: ScriptCall[R], replies: Replies, signer: ReplySigner | None) -> ScriptCall[R]:
-    """``call`` with its replies in its arguments, for the script to publish."""
-    return call.with_arg(REPLIES, dumps(reply_messages(replies, signer)))
+def _publishes(queued: _Call) -> bool:
+    """Whether ``queued`` has something to publish once it has succeeded."""
+    return bool(queued.replies or queued.messages)
+
+
+def _inline(queued: _Call, signer: ReplySigner | None) -> None:
+    """Put ``queued``'s replies and messages in its call's arguments, for the script to
+    publish."""
+    messages = reply_messages(queued.replies or {}, signer) + list(queued.messages)
+    queued.call = queued.call.with_arg(REPLIES, dumps(messages))
+    queued.replies, queued.messages = None, ()
 
 
 def reply_messages(replies: Replies, signer: ReplySigner | None) -> list[tuple[str, str]]:

@@ -45,7 +45,7 @@ from .._wire.codec import Push, binding
 from .._wire.layout import ShardKeys
 from ..errors import BackendUnavailable, LeaseLost
 from .chains import Chains, Hold
-from .commits import CommitPlanner, DeadLetter, Finished, ResultGenerations
+from .commits import CommitPlanner, DeadLetter, Finished, Record, ResultGenerations
 from .crossshard.coordination import RunnerServices
 from .crossshard.cross_shard import CrossShard
 from .crossshard.mailbox import Mailbox
@@ -101,6 +101,8 @@ class ShardRunner:
         self._running: dict[str, Run] = {}
         self._finished: list[Finished] = []
         self._dead: list[DeadLetter] = []
+        #: Cross-shard records for the next step (see :meth:`commit_record`).
+        self._records: list[Record] = []
         self._uncommitted = 0
         self._stopping = False
         #: A wake-up not waited for yet (new entries, a finished op, stop, the poll).
@@ -139,6 +141,7 @@ class ShardRunner:
                     shard_count=shard_count,
                     fenced=self.fenced,
                     finish=self.finish,
+                    commit_record=self.commit_record,
                     spawn=self._spawn,
                 )
             ),
@@ -266,7 +269,7 @@ class ShardRunner:
             want, replaying = self._fetch_size(), self._replay_until is not None
             fetch = self._wakeups.fetch_size(want, replaying)
             record = self._wakeups.records(want, replaying)
-            if self._finished or self._dead or fetch or record:
+            if self._finished or self._dead or self._records or fetch or record:
                 self._woken = False
                 fetched = await self._step(fetch, record=record)
                 if fetched.entries:
@@ -304,10 +307,11 @@ class ShardRunner:
         keeps their effects, and the next commit of those keys writes the effects alone."""
         batch, self._finished = self._finished, []
         dead, self._dead = self._dead, []
+        records, self._records = self._records, []
         self._evict_idle_states()
         number, writes = self.states.start_step()
         pushed_to = self._wakeups.pushed_to
-        commit = self._commits.plan(batch, dead, writes, pushed=bool(pushed_to))
+        commit = self._commits.plan(batch, dead, writes, records, pushed=bool(pushed_to))
         call = step(
             self.keys,
             StepArgs(
@@ -330,12 +334,15 @@ class ShardRunner:
         self._wakeups.sending(want)
         began = time.monotonic()  # (metrics)
         try:
-            fetched = await self.fenced(call, replies=commit.replies, builds=commit.builds)
+            fetched = await self.fenced(
+                call, replies=commit.replies, messages=commit.messages, builds=commit.builds
+            )
         except Diverged as exc:
             # Ops ran on what Redis does not hold (entries not as pushed, an op id that has an
             # outcome already): the cache is not Redis's.
             self.write_chain.broken = True
             raise WriteChainBroken(str(exc)) from None
+        _settle(records, self.write_chain)
         self._wakeups.stepped(want, len(fetched.entries), record)
         empty = not (commit.payload or commit.trim_to or fetched.entries or pushed_to or record)
         self._empty_steps = self._empty_steps + 1 if empty and want else 0
@@ -375,7 +382,7 @@ class ShardRunner:
         the strike. The time limit ends a sleep, never a step (see :meth:`_step`)."""
         deadline = anyio.current_time() + self._settings.lease_ttl
         while self._running.get(run.envelope.op_id) is run or self._finished or self._dead:
-            if self._finished or self._dead:
+            if self._finished or self._dead or self._records:
                 await self._step(0)
                 continue
             with anyio.move_on_after(deadline - anyio.current_time()) as sleeping:
@@ -436,10 +443,12 @@ class ShardRunner:
             run.envelope.keys,
         )
 
-    def finish(self, run: Run, outcome: str, *, store: bool, replies: list[str]) -> None:
+    def finish(
+        self, run: Run, outcome: str, *, store: bool, replies: list[str], binding: str = ""
+    ) -> None:
         """Take the outcome of an op that finished outside the executor (a cross-shard op or a
         grant request) into the next commit; ``store``: the commit stores it (False: it is in
-        Redis already, or must not be kept)."""
+        Redis already, or must not be kept), bound to ``binding`` (see ``Finished``)."""
         run.outcome = outcome
         # (An outcome a cross-shard script committed already leaves its keys committed.)
         committed_already = not store and run.keep
@@ -451,9 +460,23 @@ class ShardRunner:
                 replies,
                 store,
                 answered=not run.keep,
+                binding=binding,
             ),
             () if committed_already else run.envelope.keys,
         )
+
+    async def commit_record(self, record: Record) -> None:
+        """Commit a cross-shard record with the next step (with whatever else finished before
+        it); return once that step has committed it, confirmed as durable where the settings
+        ask. If the step fails, the runner ends, and this waits until it is cancelled.
+
+        :raises WriteChainBroken: the step committed, but not durably (the shard is given up).
+        """
+        self._records.append(record)
+        self.wake()
+        await record.done.wait()
+        if record.error is not None:
+            raise record.error
 
     def _finish(self, finished: Finished, keys: Sequence[str] = ()) -> None:
         """``keys``: those of an op that ran (one answered from Redis, or refused, has none)."""
@@ -521,6 +544,7 @@ class ShardRunner:
         durably: bool = False,
         also: Sequence[WriteChain] = (),
         builds: bool = True,
+        messages: Sequence[tuple[str, str]] = (),
     ) -> T:
         """Run a script fenced by this owner's epoch in the next pipeline (raises ``LeaseLost``
         when another owner's epoch refuses it); ``replies`` go out once it has committed (see
@@ -534,7 +558,9 @@ class ShardRunner:
         def attempt() -> Awaitable[T]:
             if durably:
                 return self._pipeliner.run_durably(call, write_chains)
-            return self._pipeliner.run(call, replies, write_chains, builds=builds)
+            return self._pipeliner.run(
+                call, replies, write_chains, builds=builds, messages=messages
+            )
 
         try:
             return await self._retrying(attempt)
@@ -552,3 +578,12 @@ class ShardRunner:
                 message = "shard %d: %s; retrying in %.2fs"
                 self._backend.outage.warn(log, message, self.shard, exc, backoff.delay)
                 await backoff.sleep()
+
+
+def _settle(records: Sequence[Record], write_chain: WriteChain) -> None:
+    """Tell the records' waiters that their step came back: committed, unless its pipeline was
+    not confirmed as durable (which broke the write chain)."""
+    for record in records:
+        if write_chain.broken:
+            record.error = WriteChainBroken("a cross-shard record not confirmed as durable")
+        record.done.set()

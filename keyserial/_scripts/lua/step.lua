@@ -24,7 +24,12 @@
 --   {"s": [[key, JSON state or '' to delete], ...], "r": [[op id, JSON outcome], ...],
 --    "d": [[entry id, reason, raw entry], ...], "x": [entry id, ...]?, "u": [[field, JSON]]?}
 --   ("x": entries whose ops have all committed, past progress: removed from the stream;
---   "u": records of ops answered but not stored, '<op id>#u', written over freely)
+--   "u": records of ops answered but not stored, '<op id>#u', written over freely;
+--   "g": [[field, grant, request entry id], ...], grants of this shard's keys to cross-shard
+--   ops, each held at its request's entry, which must still be in the stream (a failover that
+--   lost it voids the place the keys were held at); "c": [[field, decision], ...], decisions
+--   of attempts this owner coordinates, each written once: a different one there already (an
+--   abort) means the attempt's epoch is over. Both are results fields: see docs/multi-key.md)
 -- ARGV[7]  '1' while replaying (after a takeover, up to the previous owner's horizon: those
 --          entries are fetched again, so the horizon is only raised, and some of their ops may
 --          have committed, so every stored outcome is looked up); '0' otherwise (every fetched
@@ -36,9 +41,10 @@
 --          come pushed: a shard idle that long has XLEN = its backlog)
 -- ARGV[11] '1': the owner holds every state of the shard (loaded when it took the shard over),
 --          so none is read
--- ARGV[12] replies to publish once committed, JSON [[channel, message], ...], or ''. (On
---          keyserial's own connection the owner publishes the replies of several steps of one
---          batch itself, one message per channel, once they have returned: see _pipeline.py.)
+-- ARGV[12] replies (and the messages of "g" and "c") to publish once committed, JSON
+--          [[channel, message], ...], or ''. (On keyserial's own connection the owner publishes
+--          the replies of several steps of one batch itself, one message per channel, once they
+--          have returned: see pipeline.py.)
 -- ARGV[13] the last entry the owner took in from a push (not fetched) since its last step, or
 --          '': the horizon is raised to it, or to the last entry fetched if that comes later
 --          (never while replaying: no push is taken then)
@@ -55,7 +61,9 @@
 -- states = {key, JSON state or '', ...}. Error "FENCED ..." (nothing written) if another owner
 -- took over: the epoch moved on; error "UNCONFIRMED ..." (nothing written) if the stream does not
 -- hold the pushed entries of ARGV[15] as pushed; error "REPLAYED ..." (nothing written) if an
--- outcome of "r" is stored already and the step is not this same step sent again; error
+-- outcome of "r" is stored already and the step is not this same step sent again, or another
+-- decision of a "c" attempt is; error "GONE ..." (nothing written) if a "g" grant's request
+-- entry is not in the stream; error
 -- "RESTARTED ..." (after the commit) if the new progress is the largest id (see below).
 -- (parse_id, id_gt, writes_hold and replayed_error come from lib.lua.)
 
@@ -152,6 +160,28 @@ if ARGV[6] ~= '' then
     commit = nil
   end
 end
+-- The cross-shard records' conditions, before anything is written.
+local function record_refusal(grants, decisions)
+  for _, grant in ipairs(grants) do
+    if #redis.call('XRANGE', KEYS[4], grant[3], grant[3]) == 0 then
+      return 'GONE entry ' .. grant[3] .. ' is not in the stream; nothing was written'
+    end
+  end
+  for _, decision in ipairs(decisions) do
+    local earlier = redis.call('HGET', KEYS[5], decision[1])
+      or redis.call('HGET', KEYS[6], decision[1])
+    if earlier and earlier ~= decision[2] then
+      return 'REPLAYED attempt ' .. decision[1] .. ' has a decision already; nothing was written'
+    end
+  end
+  return nil
+end
+if commit then
+  local refusal = record_refusal(commit.g or {}, commit.c or {})
+  if refusal then
+    return redis.error_reply(refusal)
+  end
+end
 if commit then
   local sets, deletes = {}, {}
   for _, write in ipairs(commit.s) do
@@ -197,7 +227,7 @@ if ARGV[3] == '1' then
 end
 if commit then
   local stored = {}
-  for _, results in ipairs({commit.r, commit.u or {}}) do
+  for _, results in ipairs({commit.r, commit.u or {}, commit.g or {}, commit.c or {}}) do
     for _, result in ipairs(results) do
       stored[#stored + 1] = result[1]
       stored[#stored + 1] = result[2]

@@ -1,13 +1,12 @@
 """What the two sides of a cross-shard op share: the collaborators a shard's runner passes in,
-how an op's keys and writes split by shard, and the publishing of what a script leaves to its
-caller. The protocol itself is described in docs/multi-key.md.
+how an op's keys and writes split by shard, and the signing of their messages. The protocol
+itself is described in docs/multi-key.md.
 """
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -16,12 +15,11 @@ from ..._scripts.calls import ScriptCall
 from ..._settings import Settings
 from ..._wire.codec import Envelope
 from ..._wire.routing import route
-from ...errors import BackendUnavailable
+from ..commits import Record
 from ..execution import Run
 from ..pipeline import Pipeliner, Replies, WriteChain
 from .mailbox import HomeShard, Mailbox
 
-log = logging.getLogger("keyserial.worker")
 R = TypeVar("R")
 
 #: A shard's writes: [(key, JSON state or '' to delete)].
@@ -44,9 +42,11 @@ class RunFenced(Protocol):
 
 class Finish(Protocol):
     """The runner's way to take an op's outcome into its next commit; ``store``: the commit
-    stores it (False: it is in Redis already, or must not be kept)."""
+    stores it (False: it is in Redis already, or must not be kept), bound to ``binding``."""
 
-    def __call__(self, run: Run, outcome: str, *, store: bool, replies: list[str]) -> None: ...
+    def __call__(
+        self, run: Run, outcome: str, *, store: bool, replies: list[str], binding: str = ""
+    ) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +61,8 @@ class RunnerServices:
     shard_count: int
     fenced: RunFenced
     finish: Finish
+    #: Commits a grant or a decision with the runner's next step (``ShardRunner.commit_record``).
+    commit_record: Callable[[Record], Awaitable[None]]
     #: Runs a task in the runner's task group (its errors end the runner); nothing once the
     #: runner has stopped (then it returns False).
     spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], bool]
@@ -111,14 +113,3 @@ def signed(services: RunnerServices, messages: Sequence[tuple[str, str]]) -> lis
     if signer is None:
         return list(messages)
     return [(channel, signer.sign(channel, message)) for channel, message in messages]
-
-
-async def publish(services: RunnerServices, messages: Sequence[tuple[str, str]]) -> None:
-    """PUBLISH what a script publishes itself without durability. A message lost here is found
-    by its receiver's poll of the records."""
-    for channel, message in messages:
-        try:
-            await services.backend.publish(channel, message)
-        except BackendUnavailable as exc:
-            log.warning("shard %d: a coordination message not sent: %s", services.home.shard, exc)
-            return

@@ -23,7 +23,6 @@ from ..._backend.durability import stored_confirmed
 from ..._backoff import Backoff
 from ..._scripts.calls import ScriptCall
 from ..._scripts.commit import CommitAcrossArgs, ShardWrites, commit_across
-from ..._scripts.cross import DecideArgs, decide
 from ..._scripts.refusals import BacklogRefused, OwnedElsewhere, Refused, Replayed
 from ..._scripts.submit import SubmitArgs, submit
 from ..._wire.codec import (
@@ -40,12 +39,12 @@ from ..._wire.layout import ShardKeys, decision_field, grant_field
 from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant
 from ...errors import BackendUnavailable, LeaseLost
 from ..chains import Hold
+from ..commits import Record
 from ..execution import Evaluated, Run
-from ..pipeline import Replies, WriteChain, WriteChainBroken, reply_messages
+from ..pipeline import Replies, WriteChain, WriteChainBroken
 from .coordination import (
     RunnerServices,
     Writes,
-    publish,
     signed,
     split_keys,
     writes_by_shard,
@@ -269,9 +268,12 @@ class Coordinator:
             services.finish(run, refused, store=run.keep, replies=list(run.replies))
             return
         local, by_shard = split_keys(envelope, home, services.shard_count)
-        await home.states.flush(local)  # the home keys' earlier writes commit before this op's
-        if not services.backend.is_cluster and await self._commit_in_process(run, local, by_shard):
-            return
+        if not services.backend.is_cluster:
+            # (commit_across writes the home keys itself: their earlier writes commit first. A
+            # decision commits in a step, after them.)
+            await home.states.flush(local)
+            if await self._commit_in_process(run, local, by_shard):
+                return
         # The attempt is this owner's epoch: unique to it, and over once the fence moves on.
         attempt = home.epoch
         states = {key: home.states[key] for key in local}
@@ -297,39 +299,32 @@ class Coordinator:
         outcome: str,
         participants: list[str],
     ) -> None:
-        """Write the attempt's decision with the home keys and the result, then tell everyone."""
+        """Commit the attempt's decision with the home keys' writes and the op's result, in the
+        home shard's next step, then tell everyone. (The step's fence makes the decision this
+        owner's; a different decision there already, an abort, refuses the whole step.)"""
         services, home, op_id = self._services, self._services.home, notice.op_id
-        replies = list(run.replies)
         mailbox = services.mailbox
-        message = dumps(notice.to_wire())
         notices = signed(
             services,
-            [(c, message) for c in dict.fromkeys(participants) if not mailbox.is_mine(c)],
+            [
+                (channel, dumps(notice.to_wire()))
+                for channel in dict.fromkeys(participants)
+                if not mailbox.is_mine(channel)
+            ],
         )
-        notices += reply_messages(
-            {reply: self._answers(run, outcome) for reply in replies}, services.pipeliner.signer
+        for key, state in home_writes:
+            home.states.write(key, state or None)
+        # (In the same step as the record: nothing awaited in between.)
+        services.finish(
+            run, outcome, store=True, replies=list(run.replies), binding=binding(run.envelope)
         )
-        k = home.keys
-        durable = services.settings.durability is not None
-        # Durably: a decision leaves its shard only once a failover cannot lose it, or the
-        # participants would apply what the home shard forgets, and the op would run again.
-        decided = await services.fenced(
-            decide(
-                k,
-                DecideArgs(
-                    epoch=home.epoch,
-                    op_id=op_id,
-                    attempt=notice.attempt,
-                    decision=dumps(notice.decision.to_wire()),
-                    home_writes=home_writes,
-                    outcome=bound(outcome, binding(run.envelope)),
-                    notices=[] if durable else notices,
-                ),
-            ),
-            durably=True,
+        decision = Record(
+            decision_field(op_id, notice.attempt),
+            dumps(notice.decision.to_wire()),
+            "",
+            notices,
         )
-        if not decided.won:  # only a participant that saw the epoch end writes an abort
-            raise LeaseLost(home.shard, f"op {op_id} was aborted: {decided.abort!r}")
+        await services.commit_record(decision)
         log.debug(
             "shard %d (epoch %d): decided %s#%d: %s",
             home.shard,
@@ -338,14 +333,8 @@ class Coordinator:
             notice.attempt,
             notice.decision.to_wire(),
         )
-        for key, state in home_writes:
-            home.states.committed(key, state or None)
-        if durable:
-            await publish(services, notices)
         if any(map(mailbox.is_mine, participants)):  # this worker's shards hear it now
             mailbox.deliver(notice)
-        # Callers that resubmitted the op while it ran have not been told yet.
-        services.finish(run, outcome, store=False, replies=run.replies[len(replies) :])
 
     # -- grants --------------------------------------------------------------------------------
 

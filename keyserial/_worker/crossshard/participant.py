@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import logging
 
-from ..._scripts.cross import GrantArgs, ResolveArgs, resolve
-from ..._scripts.cross import grant as record_grant
-from ..._scripts.refusals import AttemptAhead, RequestGone
+from ..._scripts.cross import ResolveArgs, resolve
+from ..._scripts.refusals import AttemptAhead
 from ..._wire.codec import encode_error
 from ..._wire.json_text import dumps
 from ..._wire.layout import ShardKeys, grant_field
 from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant, MalformedMessage
 from ...errors import BackendUnavailable, MalformedOperation
+from ..commits import Record
 from ..execution import Run
 from ..pipeline import WriteChainBroken
-from .coordination import RunnerServices, publish, signed
+from .coordination import RunnerServices, signed
 from .mailbox import Waiter
 
 log = logging.getLogger("keyserial.worker")
@@ -46,7 +46,6 @@ class Participant:
             outcome = encode_error(MalformedOperation.wire_type, str(exc))
             services.finish(run, outcome, store=True, replies=list(run.replies))
             return
-        await home.states.flush(envelope.keys)  # the granted states are committed states
         log.debug(
             "shard %d (epoch %d): granting keys %s to %s#%d of shard %d",
             home.shard,
@@ -89,7 +88,9 @@ class Participant:
 
     async def _send(self, request: GrantRequest, key_grant: KeyGrant, entry_id: str) -> None:
         """Record the grant and send it to the coordinator: in process when the coordinator is
-        this worker, else published (by the script, or after the replicas have it)."""
+        this worker, else published once the step that records it has committed (and the
+        replicas have it, where the settings ask). The step commits the granted keys' earlier
+        writes first, in the same script, so the granted states are committed states."""
         services = self._services
         home = services.home
         in_process = services.mailbox.is_mine(request.channel)
@@ -103,45 +104,27 @@ class Participant:
         )
         if in_process and not durable:
             # (No record is needed: an in-process message cannot be lost, and a grant writes
-            # nothing, so this worker's zombie could not change anything by granting. But a
-            # broken write chain's cache may not be Redis's: it grants nothing from it.)
+            # nothing, so this worker's zombie could not change anything by granting. But the
+            # granted states must be committed ones, and a broken write chain's cache may not be
+            # Redis's: it grants nothing from it.)
+            await home.states.flush(key for key, _ in key_grant.states)
             if home.write_chain.broken:
                 raise WriteChainBroken(
                     f"shard {home.shard} grants nothing: its write chain is broken"
                 )
             services.mailbox.deliver(key_grant)
             return
-        # Durably: the granted states must be on the replicas, with the record, before the
-        # coordinator computes on them. (The record is written, and confirmed, on the node
-        # that serves the shard now: a WAIT alone could confirm another master's writes.)
         # Signed for the coordinator's worker, the message is as good as the record: it takes
         # it without reading the record back.
         grant = dumps(key_grant.to_wire())
-        ((_, message),) = signed(services, [(request.channel, grant)])
-        try:
-            await services.fenced(
-                record_grant(
-                    home.keys,
-                    GrantArgs(
-                        epoch=home.epoch,
-                        field=grant_field(request.op_id, request.attempt),
-                        grant=grant,
-                        channel="" if durable else request.channel,
-                        entry_id=entry_id,
-                        message="" if durable else message,
-                    ),
-                ),
-                durably=True,
-            )
-        except RequestGone:
-            # A failover lost entries this owner fetched: its holds follow a stream order that
-            # Redis no longer has. The next owner holds the keys in the order Redis has now.
-            home.write_chain.broken = True
-            raise WriteChainBroken(f"the grant request of {request.op_id} is gone") from None
+        messages = [] if in_process else signed(services, [(request.channel, grant)])
+        field = grant_field(request.op_id, request.attempt)
+        # (A step that finds the request's entry gone, as a failover that lost entries this
+        # owner fetched leaves it, writes nothing, and the owner gives its shard up: its holds
+        # follow a stream order that Redis no longer has.)
+        await services.commit_record(Record(field, grant, entry_id, messages))
         if in_process:
             services.mailbox.deliver(key_grant)
-        elif durable:
-            await publish(services, [(request.channel, message)])
 
     async def _await_decision(self, waiter: Waiter, request: GrantRequest) -> Decision | None:
         """The attempt's decision: handed over in process by this worker's coordinator, or read
