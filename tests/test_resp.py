@@ -182,6 +182,27 @@ async def test_a_subscriber_gets_every_message_in_order(standalone_server: Local
     await publisher.aclose()
 
 
+async def test_commands_sent_without_waiting_go_out_before_later_ones_or_on_their_own(
+    standalone_server: LocalServer,
+) -> None:
+    """``send_nowait`` (a worker's reply messages) is written with the next batch sent in the
+    same round of the event loop, ahead of it; with none, it is written on its own."""
+    connection = _connection(standalone_server)
+    await connection.execute([("DEL", "resp:nowait")])
+    assert connection.send_nowait([("RPUSH", "resp:nowait", "first")])
+    assert await connection.execute([("RPUSH", "resp:nowait", "second")]) == [2]
+    assert connection.send_nowait([("RPUSH", "resp:nowait", "alone")])
+    probe = _connection(standalone_server)
+    with anyio.fail_after(5):
+        while await probe.execute([("LLEN", "resp:nowait")]) != [3]:
+            await asyncio.sleep(0.01)
+    assert await probe.execute([("LRANGE", "resp:nowait", 0, -1)]) == [
+        [b"first", b"second", b"alone"]
+    ]
+    await connection.aclose()
+    await probe.aclose()
+
+
 async def test_a_subscription_lost_to_a_server_restart_resubscribes(tmp_path: Path) -> None:
     server = LocalServer(data_dir=tmp_path / "redis")
     server.start()

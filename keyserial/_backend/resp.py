@@ -89,20 +89,39 @@ class _Protocol(asyncio.Protocol):
         self._on_message = on_message
         self._waiting: deque[asyncio.Future[Any]] = deque()
         self._transport: asyncio.Transport | None = None
+        #: Commands packed and not written yet (see :meth:`send`).
+        self._deferred: list[bytes] = []
         #: Resolved with the reason once the connection is closed, for good.
         self.closed: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
 
-    def send(self, commands: Sequence[Command]) -> list[asyncio.Future[Any]]:
-        """Write ``commands`` at once; a future per reply."""
+    def send(
+        self, commands: Sequence[Command], *, defer: bool = False
+    ) -> list[asyncio.Future[Any]]:
+        """Write ``commands`` at once, after any deferred ones; a future per reply. ``defer``:
+        write them with the next commands sent in this round of the event loop's callbacks, or
+        at the start of the next round if none are: a worker's reply messages, sent right before
+        its next pipeline, then cost no system call of their own."""
         packed = [hiredis.pack_command(tuple(command)) for command in commands]
         if self.closed.done():
             raise self.closed.result()
         loop = asyncio.get_running_loop()
         futures = [loop.create_future() for _ in commands]
         self._waiting.extend(futures)
+        if defer:
+            if not self._deferred:
+                loop.call_soon(self._write_deferred)
+            self._deferred += packed
+            return futures
+        if self._deferred:
+            packed, self._deferred = self._deferred + packed, []
         assert self._transport is not None
         self._transport.writelines(packed)
         return futures
+
+    def _write_deferred(self) -> None:
+        deferred, self._deferred = self._deferred, []
+        if deferred and self._transport is not None and not self.closed.done():
+            self._transport.writelines(deferred)
 
     def fail(self, error: Exception) -> None:
         """Close: every pending and later command fails with ``error``."""
@@ -191,12 +210,14 @@ class PipelinedConnection:
         return await _replies(protocol, protocol.send(commands), self.timeout)
 
     def send_nowait(self, commands: Sequence[Command]) -> bool:
-        """Write ``commands`` now, on the open connection, without waiting for their replies
-        (errors are dropped); False, with nothing sent, if no connection is open."""
+        """Write ``commands`` on the open connection, ahead of anything sent after them, without
+        waiting for their replies (errors are dropped); False, with nothing sent, if no
+        connection is open. They go out with the next commands sent in this round of the event
+        loop's callbacks, or at the start of the next round."""
         protocol = self._protocol
         if protocol is None or protocol.closed.done():
             return False
-        for future in protocol.send(commands):
+        for future in protocol.send(commands, defer=True):
             future.add_done_callback(_drop)
         return True
 
