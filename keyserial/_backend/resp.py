@@ -17,7 +17,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any, TypeAlias
+from typing import Any, TypeAlias, cast
 from urllib.parse import urlsplit
 
 import anyio
@@ -135,8 +135,9 @@ class _Protocol(asyncio.Protocol):
             self._transport.abort()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self._transport = transport
+        # (Not an isinstance check: uvloop's transports, which uvicorn runs on when uvloop is
+        # installed, do not derive from asyncio's classes.)
+        self._transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
         self._reader.feed(data)
