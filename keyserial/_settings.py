@@ -15,9 +15,11 @@ from .errors import ConfigError
 _ENV_PREFIX = "KEYSERIAL_"
 #: A worker process's metrics port (cli.py): not a setting, clients have no use for it.
 METRICS_PORT_VARIABLE = "KEYSERIAL_METRICS_PORT"
+#: A worker process's event loop (cli.py): not a setting, a client runs on its caller's loop.
+EVENT_LOOP_VARIABLE = "KEYSERIAL_EVENT_LOOP"
 #: Environment variables read elsewhere, not settings.
 _ENV_NOT_SETTINGS = frozenset(
-    {"KEYSERIAL_REDIS_SERVER", "KEYSERIAL_REDIS_URL", METRICS_PORT_VARIABLE}
+    {"KEYSERIAL_REDIS_SERVER", "KEYSERIAL_REDIS_URL", METRICS_PORT_VARIABLE, EVENT_LOOP_VARIABLE}
 )
 
 

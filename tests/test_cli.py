@@ -95,13 +95,15 @@ def _worker_process(*args: str) -> subprocess.Popen[str]:
     )
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """``keyserial ARGS``; ``env``: variables added to this process's."""
     return subprocess.run(
         [sys.executable, "-m", "keyserial", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=30,
+        env={**os.environ, **(env or {})},
     )
 
 
@@ -156,6 +158,20 @@ def test_worker_refuses_an_unknown_app_module(redis_url: str) -> None:
     result = _cli("worker", "--redis", redis_url, "--app", "no_such_module_here")
     assert result.returncode == 2
     assert "cannot import app module 'no_such_module_here'" in result.stderr
+
+
+def test_worker_refuses_an_unknown_event_loop_and_a_uvloop_it_cannot_import(
+    redis_url: str, tmp_path: Path
+) -> None:
+    """Never a silent fallback to asyncio: a uvloop asked for and missing stops the worker."""
+    unknown = _cli("worker", "--redis", redis_url, env={"KEYSERIAL_EVENT_LOOP": "trio"})
+    assert unknown.returncode == 2
+    assert "KEYSERIAL_EVENT_LOOP='trio': choose from asyncio, uvloop" in unknown.stderr
+    (tmp_path / "uvloop.py").write_text("raise ImportError('not installed here')\n")
+    env = {"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"}
+    missing = _cli("worker", "--redis", redis_url, "--event-loop", "uvloop", env=env)
+    assert missing.returncode == 2
+    assert "uvloop is not installed: pip install 'keyserial[uvloop]'" in missing.stderr
 
 
 @pytest.mark.parametrize("bad", ["0", "-1", "soon", "nan", "inf"])

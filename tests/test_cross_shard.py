@@ -295,6 +295,44 @@ async def test_bank_two_workers_32_clients_money_conserved_each_op_applied_once(
     check_bank(states, plans, outcomes, opening)
 
 
+async def test_workers_on_uvloop_pay_across_each_other_s_shards_exactly_once(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """``--event-loop uvloop``: two workers splitting the shards, so most payments take the
+    grant protocol between them, conserve money and apply each op once."""
+    accounts = [f"uv:{n}" for n in range(20)]
+    rng = random.Random(42)
+    plans = [(f"uv-pay-{n}", rng.sample(accounts, 2), rng.randint(1, 300)) for n in range(300)]
+    outcomes: dict[str, str] = {}
+    with worker_processes(tmp_path) as start, anyio.fail_after(120):
+        workers = [
+            start(
+                redis_url,
+                namespace,
+                shards=shards,
+                shard_count=SHARDS,
+                lease_ttl=2.0,
+                extra_args=["--event-loop", "uvloop"],
+            )
+            for shards in ("0-7", "8-15")
+        ]
+        async with keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
+            for account in accounts:
+                await ks.submit(account, apps.open_account(500), timeout=30)
+
+            async def client(mine: list[tuple[str, list[str], int]]) -> None:
+                for op_id, keys, amount in mine:
+                    outcomes[op_id] = await pay_once(ks, op_id, keys, amount)
+
+            async with anyio.create_task_group() as group:
+                for n in range(8):
+                    group.start_soon(client, plans[n::8])
+            states = {account: await ks.submit(account, apps.peek()) for account in accounts}
+        assert all("worker event loop: uvloop" in worker.log() for worker in workers)
+    assert Counter(outcomes.values())["paid"] > 200
+    check_bank(states, plans, outcomes, 500)
+
+
 async def test_the_decision_record_is_in_the_home_shard_and_expires_with_results(
     redis_url: str, namespace: str
 ) -> None:

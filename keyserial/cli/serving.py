@@ -9,11 +9,12 @@ import logging
 import os
 import signal
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 
 from .._client.connect import default_url
-from .._settings import METRICS_PORT_VARIABLE, Settings
+from .._settings import EVENT_LOOP_VARIABLE, METRICS_PORT_VARIABLE, Settings
 from .._worker.worker import Worker
 from ..errors import ConfigError
 from .arguments import Subcommands, port, positive, seconds
@@ -22,6 +23,7 @@ from .logs import FORMATS, LEVELS
 
 COMMANDS = ("worker", "dev")
 log = logging.getLogger("keyserial")
+EVENT_LOOPS = ("asyncio", "uvloop")
 
 
 def _log_level(text: str) -> str:
@@ -67,6 +69,14 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
         metavar="PORT",
         help="serve Prometheus metrics on this port, every interface (default:"
         " $KEYSERIAL_METRICS_PORT, else none); see docs/metrics.md",
+    )
+    parser.add_argument(
+        "--event-loop",
+        choices=EVENT_LOOPS,
+        default=None,
+        help="the worker's event loop: uvloop (pip install 'keyserial[uvloop]') serves cross-"
+        "shard ops between workers faster; see docs/scaling.md (default: $KEYSERIAL_EVENT_LOOP,"
+        " else asyncio)",
     )
     parser.add_argument(
         "--log-level",
@@ -167,8 +177,38 @@ def _run_worker(args: argparse.Namespace) -> int:
         apps=args.app,
         metrics_port=_metrics_port(args),
     )
-    anyio.run(_serve_until_signalled, worker)
+    loop = _event_loop(args)
+    options = _event_loop_options(loop)
+    log.info("worker event loop: %s", loop)
+    anyio.run(_serve_until_signalled, worker, **options)
     return 0
+
+
+def _event_loop(args: argparse.Namespace) -> str:
+    """``--event-loop``, else ``KEYSERIAL_EVENT_LOOP``, else asyncio."""
+    if args.event_loop is not None:
+        return str(args.event_loop)
+    chosen = os.environ.get(EVENT_LOOP_VARIABLE, "") or "asyncio"
+    if chosen not in EVENT_LOOPS:
+        raise ConfigError(f"{EVENT_LOOP_VARIABLE}={chosen!r}: choose from {', '.join(EVENT_LOOPS)}")
+    return chosen
+
+
+def _event_loop_options(loop: str) -> dict[str, Any]:
+    """``anyio.run``'s options for ``loop``.
+
+    :raises ConfigError: uvloop asked for and not installed (never a silent fallback).
+    """
+    if loop == "asyncio":
+        return {}
+    try:
+        import uvloop  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "the uvloop event loop was asked for and uvloop is not installed:"
+            " pip install 'keyserial[uvloop]' (Linux and macOS)"
+        ) from None
+    return {"backend_options": {"use_uvloop": True}}
 
 
 def _run_dev(args: argparse.Namespace) -> int:
@@ -185,6 +225,7 @@ def _worker_flags(args: argparse.Namespace) -> list[str]:
         ("--shard-count", args.shard_count),
         ("--lease-ttl", args.lease_ttl),
         ("--metrics-port", args.metrics_port),
+        ("--event-loop", args.event_loop),
     ):
         if value is not None:
             flags += [flag, str(value)]
