@@ -140,6 +140,13 @@ def build_parser() -> argparse.ArgumentParser:
         " so cross-shard ops between ranges go through grant requests",
     )
     parser.add_argument(
+        "--event-loop",
+        choices=("asyncio", "uvloop"),
+        default="asyncio",
+        help="the keyserial workers' event loop (keyserial worker --event-loop; default:"
+        " %(default)s)",
+    )
+    parser.add_argument(
         "--out",
         type=Path,
         default=None,
@@ -179,6 +186,7 @@ def config_from(args: argparse.Namespace) -> BenchConfig:
         callers=args.callers,
         workers=args.workers,
         split_shards=args.split_shards,
+        event_loop=args.event_loop,
         shards=args.shards,
         tuned_sleeps=profile.tuned_sleeps,
         slow_keys=profile.slow_keys,

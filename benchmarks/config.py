@@ -135,6 +135,8 @@ class BenchConfig:
     workers: int = 1
     #: Give each worker process its own contiguous range of shards instead (no standby).
     split_shards: bool = False
+    #: The workers' event loop (``keyserial worker --event-loop``).
+    event_loop: str = "asyncio"
     keys: int = 10_000
     zipf_s: float = 1.1
     slow_io: float = 0.005

@@ -162,12 +162,22 @@ def shard_range(shards: int, workers: int, index: int) -> str:
 
 class KeyserialWorkers:
     """``count`` ``keyserial worker`` processes serving every shard of the run's namespace (or,
-    ``split``, each its own range of them), with the spec's ``durable_replicas``."""
+    ``split``, each its own range of them), with the spec's ``durable_replicas``, on
+    ``event_loop``."""
 
-    def __init__(self, spec: RunSpec, count: int, log_dir: Path, *, split: bool = False) -> None:
+    def __init__(
+        self,
+        spec: RunSpec,
+        count: int,
+        log_dir: Path,
+        *,
+        split: bool = False,
+        event_loop: str = "asyncio",
+    ) -> None:
         self.spec = spec
         self.count = count
         self.split = split
+        self.event_loop = event_loop
         self.log_dir = log_dir
         self.processes: list[Process] = []
         self._logs: list[IO[bytes]] = []
@@ -185,6 +195,7 @@ class KeyserialWorkers:
             "--shard-count", str(spec.shards),
             "--app", "benchmarks.ops",
             "--log-level", "WARNING",
+            "--event-loop", self.event_loop,
         ]  # fmt: skip
         # Set either way: a value in the suite's own environment must not leak into a run.
         env = {**subprocess_env(), "KEYSERIAL_DURABLE_REPLICAS": str(spec.durable_replicas)}

@@ -253,7 +253,8 @@ def markdown(document: dict[str, Any]) -> str:
         f" {name} {version}{_deployment(server)}, Python {machine['python']},"
         f" redis-py {machine['packages']['redis']};"
         f" keyserial: {config['workers']} worker process, {config['shards']} shards"
-        f"{' split between them' if config.get('split_shards') else ''};"
+        f"{' split between them' if config.get('split_shards') else ''}"
+        f"{' on uvloop' if config.get('event_loop') == 'uvloop' else ''};"
         f" warm-up {config['warmup']:g} s, measured {config['duration']:g} s per run."
         " Clients, workers and the server share the machine's cores. CPU is % of one core;"
         " client CPU includes keyserial's worker processes.",

@@ -333,7 +333,13 @@ async def run_one(context: Context, spec: RunSpec) -> dict[str, Any]:
         workers: KeyserialWorkers | None = None
         if is_keyserial(spec.system):
             workers = await stack.enter_async_context(
-                KeyserialWorkers(spec, config.workers, context.log_dir, split=config.split_shards)
+                KeyserialWorkers(
+                    spec,
+                    config.workers,
+                    context.log_dir,
+                    split=config.split_shards,
+                    event_loop=config.event_loop,
+                )
             )
         if spec.op == "transfer":
             if is_keyserial(spec.system):

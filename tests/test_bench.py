@@ -282,17 +282,20 @@ def test_shard_ranges_split_every_shard_once_in_order() -> None:
 
 
 def test_split_shards_gives_each_worker_its_own_range(tmp_path: Path) -> None:
-    """Two workers splitting 16 shards: cross-shard transfers then mix the one-script path and
-    grant requests between the workers; nothing is lost either way."""
+    """Two workers splitting 16 shards (on uvloop): cross-shard transfers then mix the
+    one-script path and grant requests between the workers; nothing is lost either way."""
     command = [
         sys.executable, "-m", "keyserial", "bench", "--workloads", "transfer",
         "--systems", "keyserial", "--workers", "2", "--split-shards", "--duration", "0.3",
         "--warmup", "0.1", "--callers", "4", "--no-chart", "--out", str(tmp_path),
+        "--event-loop", "uvloop",
     ]  # fmt: skip
     completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=90)
     assert completed.returncode == 0, completed.stderr[-4000:]
-    assert "2 worker process, 16 shards split between them" in completed.stdout
-    [run] = json.loads((tmp_path / "bench-quick.json").read_text())["results"]
+    assert "2 worker process, 16 shards split between them on uvloop" in completed.stdout
+    document = json.loads((tmp_path / "bench-quick.json").read_text())
+    assert document["config"]["event_loop"] == "uvloop"
+    [run] = document["results"]
     assert run["status"] == "ok" and run["throughput"] > 0
     assert run["correctness"]["lost_updates"] == 0 and run["correctness"]["accounts_wrong"] == 0
 
