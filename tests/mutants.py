@@ -93,6 +93,23 @@ MUTANTS: tuple[Mutant, ...] = (
         fast=True,
     ),
     Mutant(
+        "replay-skips-lone-surrogate-entries",
+        "G6.4",
+        "step.lua looks up no stored outcome of an entry holding a lone surrogate",
+        (
+            Edit(
+                _STEP,
+                "    local ok, ops = decode_ops(ops_json)",
+                "    local ok, ops = pcall(cjson.decode, ops_json)",
+            ),
+        ),
+        (
+            "tests/test_scripts_idempotent.py::"
+            "test_a_replaying_step_finds_the_outcomes_of_an_entry_holding_a_lone_surrogate"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
         "cross-shard-step-no-epoch-check",
         "G5.3",
         "step.lua records a decision or a grant without checking the owner's epoch",

@@ -273,6 +273,43 @@ async def test_a_step_storing_an_outcome_that_is_stored_already_is_refused(
     assert await client.get(keys.progress) is None
 
 
+async def test_a_replaying_step_finds_the_outcomes_of_an_entry_holding_a_lone_surrogate(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """Redis's cjson refuses a lone surrogate escape, which the workers' decoder takes (and
+    refuses the op that holds it). A replay must still find the stored outcomes of every op of
+    such an entry, or it runs them again and its commit is refused at every takeover (long
+    nemesis seed 4465: a shard no owner could keep). Escaped backslashes and surrogate pairs
+    stay as they are."""
+    keys = ShardKeys(namespace, 0)
+    await client.set(keys.epoch, 2)
+    ops = (
+        '[{"id":"bad","key":"k","op":"append","args":["\\ud83d", "\\udc00x"]},'
+        ' {"id":"good\\\\ud83d","key":"k","op":"append","args":["\\ud83d\\ude00"]}]'
+    )
+    await client.xadd(keys.stream, {"v": "1", "ops": ops}, id="1-2")
+    await client.hset(keys.results, mapping={"bad": '{"error":1}', "good\\ud83d": '{"ok":1}'})
+    call = step(
+        keys,
+        StepArgs(
+            epoch=2,
+            progress="",
+            rotate=False,
+            cursor="1-1",
+            fetch=10,
+            commit="",
+            replaying=True,
+            result_ttl_ms=60_000,
+            trim_to="",
+            trim_now=False,
+            states_held=True,
+        ),
+    )
+    fetched = await backend.run_call(call)
+    assert [entry_id for entry_id, _ in fetched.entries] == ["1-2"]
+    assert fetched.done == {"bad": '{"error":1}', "good\\ud83d": '{"ok":1}'}
+
+
 def _step(keys: ShardKeys, commit: dict[str, Any]) -> ScriptCall[StepReply]:
     """A step of the owner of epoch 2 that commits ``commit`` and moves progress, fetching
     nothing."""

@@ -93,6 +93,13 @@ REGRESSIONS: list[KnownFailure] = [
         for seed in (4003, 4004, 4005, 4006)
     ),
     KnownFailure(1000, "long", "lone surrogate and deep nesting killed workers (fixed)"),
+    KnownFailure(
+        4465,
+        "long",
+        "a shard no owner could keep: a replay missed the stored outcome of an op whose entry"
+        " held a lone surrogate, which Redis's cjson cannot decode, and every owner's commit was"
+        " refused (fixed: step.lua decodes such entries with the lone surrogates replaced)",
+    ),
     KnownFailure(1001, "long", "SIGTERM double apply (fixed)"),
     KnownFailure(1003, "long", "deep nesting crash-looped shard 5 (fixed)"),
     KnownFailure(1004, "long", "payments applied twice after SIGTERM (fixed)"),

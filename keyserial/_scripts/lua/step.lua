@@ -307,6 +307,49 @@ end
 if #entries == 0 then
   return {entries, done, states}
 end
+-- cjson refuses a lone UTF-16 surrogate escape ('\ud83d' with no pair), which the workers'
+-- JSON decoder takes (and refuses the op that holds it): such an entry is decoded again with
+-- each lone surrogate replaced, so that the stored outcomes of its op ids are still looked up
+-- (a replay that missed them would run them again and be refused, at every takeover).
+local function without_lone_surrogates(text)
+  local out, last, i = {}, 1, 1
+  local function replace(at)
+    out[#out + 1] = string.sub(text, last, at - 1)
+    out[#out + 1] = '\\ufffd'
+    last = at + 6
+  end
+  while true do
+    local at = string.find(text, '\\', i, true)
+    if not at then
+      break
+    end
+    i = at + 2  -- any escape but \u: skipped whole ('\\' included)
+    if string.sub(text, at + 1, at + 1) == 'u' then
+      local code = tonumber(string.sub(text, at + 2, at + 5), 16) or 0
+      i = at + 6
+      if code >= 0xD800 and code <= 0xDBFF then
+        local low = string.sub(text, at + 6, at + 7) == '\\u'
+          and tonumber(string.sub(text, at + 8, at + 11), 16) or 0
+        if low >= 0xDC00 and low <= 0xDFFF then
+          i = at + 12  -- a pair: kept
+        else
+          replace(at)
+        end
+      elseif code >= 0xDC00 and code <= 0xDFFF then
+        replace(at)
+      end
+    end
+  end
+  out[#out + 1] = string.sub(text, last)
+  return table.concat(out)
+end
+local function decode_ops(text)
+  local ok, ops = pcall(cjson.decode, text)
+  if not ok then
+    ok, ops = pcall(cjson.decode, without_lone_surrogates(text))
+  end
+  return ok, ops
+end
 local ids, keys, seen = {}, {}, {}
 local careful, cached = ARGV[7] == '1', ARGV[11] == '1'
 for _, entry in ipairs(entries) do
@@ -320,7 +363,7 @@ for _, entry in ipairs(entries) do
   end
   -- (Decoding JSON is most of a fetch's cost in Lua: skipped when nothing is to be read.)
   if ops_json and not (fresh and cached) then
-    local ok, ops = pcall(cjson.decode, ops_json)
+    local ok, ops = decode_ops(ops_json)
     if ok and type(ops) == 'table' then
       for _, envelope in ipairs(ops) do
         if type(envelope) == 'table' and type(envelope.id) == 'string' then
