@@ -328,7 +328,7 @@ async def test_workers_on_uvloop_pay_across_each_other_s_shards_exactly_once(
                 for n in range(8):
                     group.start_soon(client, plans[n::8])
             states = {account: await ks.submit(account, apps.peek()) for account in accounts}
-        assert all("worker event loop: uvloop" in worker.log() for worker in workers)
+        assert all(f"namespace {namespace!r} on uvloop" in worker.log() for worker in workers)
     assert Counter(outcomes.values())["paid"] > 200
     check_bank(states, plans, outcomes, 500)
 

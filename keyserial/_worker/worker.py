@@ -10,6 +10,7 @@ write.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import os
@@ -124,11 +125,12 @@ class Worker:
             if backend.sharded_pubsub:
                 self._mailbox.use_shard_channels(self.settings.namespace, shard_count)
             log.info(
-                "worker %s serving shards %s of %d in namespace %r (ops: %s)",
+                "worker %s serving shards %s of %d in namespace %r on %s (ops: %s)",
                 self.token,
                 format_shards(self.shards),
                 shard_count,
                 self.settings.namespace,
+                _event_loop_name(),
                 ", ".join(self.registry.names()),
             )
             self._pipeliner = Pipeliner(
@@ -506,3 +508,9 @@ async def _list_signer(backend: Backend, namespace: str, signer: ReplySigner) ->
         log.warning("listing this worker's reply signer: %s (retrying)", exc)
         return False
     return True
+
+
+def _event_loop_name() -> str:
+    """The event loop this worker runs on, as ``keyserial worker --event-loop`` names it."""
+    loop = type(asyncio.get_running_loop())
+    return "uvloop" if loop.__module__.startswith("uvloop") else "asyncio"

@@ -177,10 +177,7 @@ def _run_worker(args: argparse.Namespace) -> int:
         apps=args.app,
         metrics_port=_metrics_port(args),
     )
-    loop = _event_loop(args)
-    options = _event_loop_options(loop)
-    log.info("worker event loop: %s", loop)
-    anyio.run(_serve_until_signalled, worker, **options)
+    anyio.run(_serve_until_signalled, worker, **_event_loop_options(_event_loop(args)))
     return 0
 
 
