@@ -274,21 +274,7 @@ async def test_bank_two_workers_32_clients_money_conserved_each_op_applied_once(
     with worker_processes(tmp_path) as start, anyio.fail_after(240):
         start(redis_url, namespace, shards="0-11", shard_count=SHARDS, lease_ttl=2.0)
         start(redis_url, namespace, shards="4-15", shard_count=SHARDS, lease_ttl=2.0)
-        async with keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
-            for account in accounts:
-                await ks.submit(account, apps.open_account(opening), timeout=30)
-
-            async def client(plans_of_client: list[tuple[str, list[str], int]]) -> None:
-                async with keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as own:
-                    for op_id, keys, amount in plans_of_client:
-                        outcomes[op_id] = await pay_once(own, op_id, keys, amount)
-
-            async with anyio.create_task_group() as group:
-                for n in range(32):
-                    group.start_soon(client, plans[n::32])
-            # Ops, not read(): a participant applies its part just after the caller's reply,
-            # and an op on the key is ordered after that apply (read() may trail it).
-            states = {account: await ks.submit(account, apps.peek()) for account in accounts}
+        states = await _pay_all(redis_url, namespace, accounts, opening, plans, outcomes, 32)
 
     assert len(outcomes) == len(plans)
     assert Counter(outcomes.values())["paid"] > 1_000
@@ -316,21 +302,38 @@ async def test_workers_on_uvloop_pay_across_each_other_s_shards_exactly_once(
             )
             for shards in ("0-7", "8-15")
         ]
-        async with keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks:
-            for account in accounts:
-                await ks.submit(account, apps.open_account(500), timeout=30)
-
-            async def client(mine: list[tuple[str, list[str], int]]) -> None:
-                for op_id, keys, amount in mine:
-                    outcomes[op_id] = await pay_once(ks, op_id, keys, amount)
-
-            async with anyio.create_task_group() as group:
-                for n in range(8):
-                    group.start_soon(client, plans[n::8])
-            states = {account: await ks.submit(account, apps.peek()) for account in accounts}
+        states = await _pay_all(redis_url, namespace, accounts, 500, plans, outcomes, 8)
         assert all(f"namespace {namespace!r} on uvloop" in worker.log() for worker in workers)
     assert Counter(outcomes.values())["paid"] > 200
     check_bank(states, plans, outcomes, 500)
+
+
+async def _pay_all(
+    url: str,
+    namespace: str,
+    accounts: list[str],
+    opening: int,
+    plans: list[tuple[str, list[str], int]],
+    outcomes: dict[str, str],
+    callers: int,
+) -> dict[str, Any]:
+    """Open ``accounts`` with ``opening`` each, then pay ``plans`` from ``callers`` concurrent
+    callers, each with a client of its own, noting each op's outcome in ``outcomes``; the
+    accounts' final states. (Read through ops, not read(): a participant applies its part just
+    after the caller's reply, and an op on the key is ordered after that apply.)"""
+    async with keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks:
+        for account in accounts:
+            await ks.submit(account, apps.open_account(opening), timeout=30)
+
+        async def client(mine: list[tuple[str, list[str], int]]) -> None:
+            async with keyserial.connect(url, shards=SHARDS, namespace=namespace) as own:
+                for op_id, keys, amount in mine:
+                    outcomes[op_id] = await pay_once(own, op_id, keys, amount)
+
+        async with anyio.create_task_group() as group:
+            for n in range(callers):
+                group.start_soon(client, plans[n::callers])
+        return {account: await ks.submit(account, apps.peek()) for account in accounts}
 
 
 async def test_the_decision_record_is_in_the_home_shard_and_expires_with_results(

@@ -289,40 +289,26 @@ async def test_a_replaying_step_finds_the_outcomes_of_an_entry_holding_a_lone_su
     )
     await client.xadd(keys.stream, {"v": "1", "ops": ops}, id="1-2")
     await client.hset(keys.results, mapping={"bad": '{"error":1}', "good\\ud83d": '{"ok":1}'})
-    call = step(
-        keys,
-        StepArgs(
-            epoch=2,
-            progress="",
-            rotate=False,
-            cursor="1-1",
-            fetch=10,
-            commit="",
-            replaying=True,
-            result_ttl_ms=60_000,
-            trim_to="",
-            trim_now=False,
-            states_held=True,
-        ),
-    )
-    fetched = await backend.run_call(call)
+    fetched = await backend.run_call(_step(keys, None, fetch=10, replaying=True))
     assert [entry_id for entry_id, _ in fetched.entries] == ["1-2"]
     assert fetched.done == {"bad": '{"error":1}', "good\\ud83d": '{"ok":1}'}
 
 
-def _step(keys: ShardKeys, commit: dict[str, Any]) -> ScriptCall[StepReply]:
-    """A step of the owner of epoch 2 that commits ``commit`` and moves progress, fetching
-    nothing."""
+def _step(
+    keys: ShardKeys, commit: dict[str, Any] | None, *, fetch: int = 0, replaying: bool = False
+) -> ScriptCall[StepReply]:
+    """A step of the owner of epoch 2 that commits ``commit`` and moves progress (with no
+    commit: fetches up to ``fetch`` entries after 1-1, and moves nothing)."""
     return step(
         keys,
         StepArgs(
             epoch=2,
-            progress="1-1",
+            progress="1-1" if commit is not None else "",
             rotate=False,
             cursor="1-1",
-            fetch=0,
-            commit=json.dumps(commit),
-            replaying=False,
+            fetch=fetch,
+            commit="" if commit is None else json.dumps(commit),
+            replaying=replaying,
             result_ttl_ms=60_000,
             trim_to="",
             trim_now=False,
