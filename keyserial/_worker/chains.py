@@ -18,6 +18,7 @@ from anyio.abc import TaskGroup
 
 from .._wire.codec import Envelope
 from .execution import Executor, Run
+from .taskpool import TaskPool
 
 
 @dataclass(slots=True)
@@ -70,7 +71,7 @@ class Chains:
 
     def __init__(self, executor: Executor, coordination: Coordination) -> None:
         #: Where the chains' tasks run while the runner runs; None before and after.
-        self._task_group: TaskGroup | None = None
+        self._tasks: TaskPool | None = None
         self._executor = executor
         self._coordination = coordination
         self._chains: dict[str, deque[Run | Barrier | Hold]] = {}
@@ -100,7 +101,7 @@ class Chains:
 
     def try_hold(self, keys: tuple[str, ...]) -> Hold | None:
         """Hold ``keys`` now if nothing is queued on them (no task needed), else None."""
-        if self._task_group is None or any(key in self._chains for key in keys):
+        if self._tasks is None or any(key in self._chains for key in keys):
             return None
         item = Hold(keys)
         for key in keys:
@@ -111,7 +112,7 @@ class Chains:
         """Queue a hold on ``keys``: its ``held`` is set once every op queued on them before it
         has run; ops queued after it wait until :meth:`release`."""
         item = Hold(keys)
-        if self._task_group is None:  # the runner has stopped
+        if self._tasks is None:  # the runner has stopped
             item.abandoned = True
             return item
         if not any(key in self._chains for key in keys):
@@ -130,7 +131,7 @@ class Chains:
         if item.released is not None:
             item.released.set()
             return
-        if item.abandoned or self._task_group is None:
+        if item.abandoned or self._tasks is None:
             return
         for key in item.keys:
             chain = self._chains[key]
@@ -147,12 +148,12 @@ class Chains:
 
     def open(self, task_group: TaskGroup) -> None:
         """The runner runs: chains start their tasks in ``task_group``."""
-        self._task_group = task_group
+        self._tasks = TaskPool(task_group)
 
     def close(self) -> None:
         """The runner stopped: no chain starts again, and the holds still waiting are
         abandoned (the chains will never reach them)."""
-        self._task_group = None
+        self._tasks = None
         for item in self._holds:
             item.abandoned = True
             assert item.held is not None, "only queued holds wait"
@@ -197,5 +198,5 @@ class Chains:
         del self._chains[key]
 
     def _start_chain(self, key: str) -> None:
-        assert self._task_group is not None, "the runner opens the chains before scheduling"
-        self._task_group.start_soon(self._run_chain, key)
+        assert self._tasks is not None, "the runner opens the chains before scheduling"
+        self._tasks.start_soon(self._run_chain, key)
