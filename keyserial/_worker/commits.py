@@ -8,13 +8,12 @@ so entries whose ops have all committed behind it are deleted from the stream on
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-
-import anyio
 
 from .._wire.codec import answered_record, bound, reply_outcome
 from .._wire.json_text import dumps
@@ -62,7 +61,7 @@ class Record:
     #: What to publish once committed: (channel, message).
     messages: list[tuple[str, str]]
     #: Set once the step that carried it has committed (see :attr:`error`).
-    done: anyio.Event = field(default_factory=anyio.Event)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
     #: Why it cannot be counted on although its step returned (not confirmed as durable).
     error: Exception | None = None
 

@@ -24,6 +24,7 @@ TTL (the suspect), however many slow ops were in flight: an op stuck forever hol
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
@@ -107,7 +108,9 @@ class ShardRunner:
         self._stopping = False
         #: A wake-up not waited for yet (new entries, a finished op, stop, the poll).
         self._woken = False
-        self._wakeup = anyio.Event()
+        #: (asyncio's event, not anyio's: the step loop makes one per sleep, and anyio's costs
+        #: six times as much; the worker runs on asyncio.)
+        self._wakeup = asyncio.Event()
         self._wakeups = Wakeups()
         self._commits = CommitPlanner(shard, settings.idle_poll)
         self._generations = ResultGenerations(grant.results_since, settings.result_ttl_ms)
@@ -226,7 +229,7 @@ class ShardRunner:
     async def _sleep(self) -> None:
         """Until the next :meth:`wake` (at once if one came since the last sleep)."""
         if not self._woken:
-            self._wakeup = anyio.Event()
+            self._wakeup = asyncio.Event()
             await self._wakeup.wait()
         self._woken = False
 
