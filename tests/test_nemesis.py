@@ -10,10 +10,11 @@ these lists until fixed.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from tests.nemesis.checkers import check_epochs
+from tests.nemesis.checkers import Observed, check_appended_were_applied, check_epochs
 from tests.nemesis.runner import run_seed
 from tests.nemesis.schedule import PROFILES, make_plan
 from tests.nemesis.seeds import (
@@ -25,6 +26,8 @@ from tests.nemesis.seeds import (
     REGRESSIONS,
     TAKEOVER_SEEDS,
 )
+from tests.nemesis.tap import Appended
+from tests.nemesis.workloads import History, OpRecord
 
 
 @pytest.mark.parametrize("seed", DEFAULT_SEEDS)
@@ -115,3 +118,34 @@ def test_the_epochs_checker_flags_one_epoch_handed_to_two_owners() -> None:
         "epoch": 2,
         "owners": ["worker-0.log at 2026-11-24 21:06:04", "worker-1.log at 2026-11-24 21:06:08"],
     }
+
+
+def test_an_append_a_failover_lost_after_its_caller_gave_up_is_not_a_dropped_op() -> None:
+    """Seed 4159 (cluster): an entry appended to a master just before it was stopped, never
+    replicated, lost at the promotion 3 s later, 0.2 s before its caller's timeout. The client
+    appends a lost entry again only while its submit waits (docs/guarantees.md, Durability):
+    that op is not flagged. The same loss with the caller still waiting well past it, an entry
+    still in the stream, or no failover of that shard, is."""
+    record = OpRecord("t1", "list", ("lst:1",), True, "t1", via="timeout", started=100.0)
+    record.ended = 108.0
+    seen = Appended("t1", "t1", ("lst:1",), 2, ["1795815242300-0"])
+
+    def flagged(**changes: Any) -> bool:
+        observed = Observed(
+            History([record]),
+            {},
+            {"t1": seen},
+            {},
+            gone=changes.get("gone", frozenset({"t1"})),
+            promotions=changes.get("promotions", {2: [107.8]}),
+        )
+        return bool(check_appended_were_applied(observed))
+
+    assert not flagged()
+    assert not flagged(promotions={2: [109.0]})  # (lost after the caller gave up)
+    assert flagged(promotions={2: [101.0]})  # the client had 7 s to append it again
+    assert flagged(promotions={1: [107.8]})  # another shard's master
+    assert flagged(promotions={2: [99.0]})  # before the op was submitted
+    assert flagged(gone=frozenset())  # an entry is still there: a worker skipped it
+    record.via = "reply"
+    assert not flagged()  # (answered: other checkers judge it)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import glob
 import signal
+import time
 from contextlib import suppress
 from typing import TYPE_CHECKING
 
@@ -65,6 +66,8 @@ async def _failed_over(
             if master not in (None, victim):
                 assert master is not None
                 faults.note(f"replica {master.port} promoted in place of {victim.port}")
+                last = next(end for start, end in cluster.ranges if start == slot)
+                faults.promotions.append((time.monotonic(), slot, last))
                 return
             await anyio.sleep(0.1)
     faults.note(f"no replica promoted in place of {victim.port} within {_WAIT}s")

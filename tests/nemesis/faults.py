@@ -52,6 +52,9 @@ class Faults:
     #: Faults injected in full (a fault still waiting for its target when the load ended, or
     #: cut short by it, does not count).
     injected: int = 0
+    #: Each time a replica took a slot range over from its master: (monotonic time, first
+    #: slot, last slot). The appends the old master took last may be lost with it.
+    promotions: list[tuple[float, int, int]] = field(default_factory=list)
     _locks: dict[str, anyio.Lock] = field(default_factory=dict)
 
     def note(self, text: str) -> None:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+from redis.crc import key_slot
 
 import keyserial
 from keyserial import BackendUnavailable, KeyserialError, OperationFailed
@@ -27,6 +28,7 @@ from tests.nemesis.checkers import (
     Violation,
     check_all,
     check_epochs,
+    lost_by_a_failover,
     op_ids_of,
 )
 from tests.nemesis.cluster_system import ClusterSystem
@@ -131,7 +133,15 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
         resolved = await _resolve(clients[0], load, tap, profile)
         finals = await _finals(clients[0], system, load, keys)
         report.violations += await _garbage_answered(system, faults)
-        observed = Observed(load.history, resolved, dict(tap.seen), finals, faults.started)
+        observed = Observed(
+            load.history,
+            resolved,
+            dict(tap.seen),
+            finals,
+            faults.started,
+            gone=await _gone(tap, resolved),
+            promotions=_promotions_by_shard(faults, system.namespace, profile.shard_count),
+        )
         report.violations += check_all(observed)
         report.violations += check_epochs(
             {
@@ -325,9 +335,47 @@ def _stats(observed: Observed) -> dict[str, Any]:
     for record in observed.history.records:
         name = f"{record.outcome}:{record.via}"
         counts[name] = counts.get(name, 0) + 1
+    records = observed.history.by_tag()
+    lost = [
+        op_id
+        for op_id, seen in observed.appended.items()
+        if op_id not in observed.resolved
+        and (record := records.get(seen.tag)) is not None
+        and lost_by_a_failover(record, seen, observed)
+    ]
     return {
         "ops": len(observed.history.records),
         "appended_seen": len(observed.appended),
         "resolved": len(observed.resolved),
         **dict(sorted(counts.items())),
+        **({"lost-by-a-failover-after-the-caller-gave-up": len(lost)} if lost else {}),
     }
+
+
+async def _gone(tap: StreamTap, resolved: dict[str, Resolved]) -> frozenset[str]:
+    """The op ids the tap saw appended, with no outcome, of which no entry is left in their
+    shard's stream (a worker trims only entries whose ops committed)."""
+    client = tap.connect()
+    try:
+        gone = set()
+        for op_id, seen in tap.seen.items():
+            if op_id in resolved:
+                continue
+            stream = ShardKeys(tap.namespace, seen.shard).stream
+            present = [await client.xrange(stream, entry, entry) for entry in seen.entries]
+            if not any(present):
+                gone.add(op_id)
+        return frozenset(gone)
+    finally:
+        await client.aclose()
+
+
+def _promotions_by_shard(
+    faults: Faults, namespace: str, shard_count: int
+) -> dict[int, list[float]]:
+    """Shard -> when its slot's master was replaced by a replica."""
+    by_shard: dict[int, list[float]] = {}
+    for shard in range(shard_count):
+        slot = key_slot(ShardKeys(namespace, shard).stream.encode())
+        by_shard[shard] = [at for at, first, last in faults.promotions if first <= slot <= last]
+    return by_shard
