@@ -100,6 +100,13 @@ REGRESSIONS: list[KnownFailure] = [
         " held a lone surrogate, which Redis's cjson cannot decode, and every owner's commit was"
         " refused (fixed: step.lua decodes such entries with the lone surrogates replaced)",
     ),
+    KnownFailure(
+        4159,
+        "cluster",
+        "appended-never-applied for an append a failover lost 0.2 s before its caller's timeout"
+        " (the checker's error: a client appends a lost entry again only while its submit"
+        " waits; fixed: such an op is not flagged, one still waited for is)",
+    ),
     KnownFailure(1001, "long", "SIGTERM double apply (fixed)"),
     KnownFailure(1003, "long", "deep nesting crash-looped shard 5 (fixed)"),
     KnownFailure(1004, "long", "payments applied twice after SIGTERM (fixed)"),
