@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.nemesis.checkers import Observed, check_appended_were_applied, check_epochs
-from tests.nemesis.runner import run_seed
+from tests.nemesis.runner import lost_by_failovers, run_seed
 from tests.nemesis.schedule import PROFILES, make_plan
 from tests.nemesis.seeds import (
     CI_HOSTILE_REGRESSIONS,
@@ -142,6 +142,12 @@ def test_an_append_a_failover_lost_after_its_caller_gave_up_is_not_a_dropped_op(
         return bool(check_appended_were_applied(observed))
 
     assert not flagged()
+    (let_off,) = lost_by_failovers(
+        Observed(
+            History([record]), {}, {"t1": seen}, {}, gone=frozenset({"t1"}), promotions={2: [107.8]}
+        )
+    )["lost-by-a-failover-after-the-caller-gave-up"]
+    assert let_off.startswith("t1 (shard 2, timeout at t=108.00s"), let_off
     assert not flagged(promotions={2: [109.0]})  # (lost after the caller gave up)
     assert flagged(promotions={2: [101.0]})  # the client had 7 s to append it again
     assert flagged(promotions={1: [107.8]})  # another shard's master

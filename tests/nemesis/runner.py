@@ -335,21 +335,32 @@ def _stats(observed: Observed) -> dict[str, Any]:
     for record in observed.history.records:
         name = f"{record.outcome}:{record.via}"
         counts[name] = counts.get(name, 0) + 1
-    records = observed.history.by_tag()
-    lost = [
-        op_id
-        for op_id, seen in observed.appended.items()
-        if op_id not in observed.resolved
-        and (record := records.get(seen.tag)) is not None
-        and lost_by_a_failover(record, seen, observed)
-    ]
     return {
         "ops": len(observed.history.records),
         "appended_seen": len(observed.appended),
         "resolved": len(observed.resolved),
         **dict(sorted(counts.items())),
-        **({"lost-by-a-failover-after-the-caller-gave-up": len(lost)} if lost else {}),
+        **lost_by_failovers(observed),
     }
+
+
+def lost_by_failovers(observed: Observed) -> dict[str, Any]:
+    """The ops :func:`lost_by_a_failover` let off, each with what let it off (to audit)."""
+    records = observed.history.by_tag()
+    lost = []
+    for op_id, seen in sorted(observed.appended.items()):
+        record = records.get(seen.tag)
+        if op_id in observed.resolved or record is None:
+            continue
+        if lost_by_a_failover(record, seen, observed):
+            promoted = [at - observed.t0 for at in observed.promotions[seen.shard]]
+            lost.append(
+                f"{op_id} (shard {seen.shard}, {record.via} at"
+                f" t={record.ended - observed.t0:.2f}s, submitted at"
+                f" t={record.started - observed.t0:.2f}s, master replaced at"
+                f" {', '.join(f't={at:.2f}s' for at in promoted)})"
+            )
+    return {"lost-by-a-failover-after-the-caller-gave-up": lost} if lost else {}
 
 
 async def _gone(tap: StreamTap, resolved: dict[str, Resolved]) -> frozenset[str]:
