@@ -241,6 +241,53 @@ async def gated_hold(ctx: Context, gate_path: str, note_path: str | None = None)
 
 
 @op
+async def hold_then_freeze(ctx: Context, freeze_path: str, gate_path: str, note_path: str) -> None:
+    """Keep the key busy until ``freeze_path`` exists; then, in the first worker that ran the
+    op only, block that worker's event loop until ``gate_path`` exists: a zombie, like one
+    stopped by SIGSTOP, except that once resumed its own op finishes before any other wake-up
+    is handled (after SIGCONT their order is left to chance). Another worker's run of the op
+    ends at ``freeze_path``."""
+    _note_pid(note_path)
+    while not os.path.exists(freeze_path):  # noqa: ASYNC240
+        await anyio.sleep(0.01)
+    await _settle()
+    _freeze_first_runner(note_path, gate_path)
+
+
+@multi_op
+async def pay_frozen(ctx: MultiContext, amount: int, gate_path: str, note_path: str) -> int:
+    """:func:`pay`, whose first run blocks its worker's event loop until ``gate_path`` exists
+    (see :func:`hold_then_freeze`); a later run, as the next owner's, pays at once."""
+    _note_pid(note_path)
+    await _settle()
+    _freeze_first_runner(note_path, gate_path)
+    return _pay(ctx, amount)
+
+
+async def _settle() -> None:
+    """Give the worker a moment before it freezes: a step it queued but had not sent yet would
+    otherwise leave first once it resumes, and that step's refusal would end the runner before
+    the op's own write goes out."""
+    await anyio.sleep(0.05)
+
+
+def _note_pid(note_path: str) -> None:
+    with open(note_path, "a") as note:
+        note.write(f"{os.getpid()}\n")
+
+
+def _freeze_first_runner(note_path: str, gate_path: str) -> None:
+    """In the process that noted its pid first, sleep without yielding until ``gate_path``
+    exists: nothing else of the worker runs meanwhile."""
+    with open(note_path) as note:
+        first = int(note.readline())
+    if first != os.getpid():
+        return
+    while not os.path.exists(gate_path):
+        time.sleep(0.005)  # (blocking on purpose)
+
+
+@op
 def peek(ctx: Context) -> Any:
     """The key's state, as an op: it runs after every op appended before it."""
     return ctx.state

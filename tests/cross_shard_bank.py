@@ -56,10 +56,12 @@ class Bank:
 
     async def pay(self, delay: float) -> None:
         """The op under test: A pays 10 to B and to C (its body notes its pid, then waits)."""
+        await self.submit_payment(apps.pay(10, delay, str(self.note)))
+
+    async def submit_payment(self, payment: keyserial.Call[int]) -> None:
+        """Submit the op under test (A pays 10 to B and to C) as ``payment``."""
         try:
-            value = await self.ks.submit_many(
-                [A, B, C], apps.pay(10, delay, str(self.note)), op_id="victim", timeout=30
-            )
+            value = await self.ks.submit_many([A, B, C], payment, op_id="victim", timeout=30)
         except SubmitTimeout as exc:
             value = exc
         self.outcome.append(value)

@@ -6,11 +6,16 @@ sent: they hold Redis's writes for a moment (CLIENT PAUSE WRITE) while the froze
 resumes, so its pending script leaves before it can notice that it lost the lease, record what
 arrives with MONITOR, and check that each script sent under the stale epoch was refused with
 FENCED (Redis's error counter) and that the op still ended applied exactly once.
+
+The zombie is frozen by its own op, which blocks the worker's event loop until a gate file
+exists (``apps.hold_then_freeze``, ``apps.pay_frozen``), not by SIGSTOP: after SIGCONT, a
+wake-up that arrived meanwhile (a pushed entry that does not follow on) could send a step
+ahead of the one carrying the op's write, and that step's refusal ends the runner first.
+Resumed from inside the op, the op's write is in the runner's first step.
 """
 
 from __future__ import annotations
 
-import signal
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -33,11 +38,12 @@ from tests.ownership import fenced_errors, stale_calls
 
 
 async def _resume_under_paused_writes(
-    b: Bank, zombie: WorkerProcess, shard: int, epoch: str, script_marker: str
+    b: Bank, zombie: WorkerProcess, gate: Path, shard: int, epoch: str, script_marker: str
 ) -> list[list[str]]:
-    """SIGCONT ``zombie`` while Redis holds writes; once a stale call naming ``script_marker``
-    has reached Redis and the zombie has given the shard up, return every call it sent to
-    ``shard`` under its old epoch (each one a fenced script that must be refused)."""
+    """Resume ``zombie`` (open its op's ``gate``) while Redis holds writes; once a stale call
+    naming ``script_marker`` has reached Redis and the zombie has given the shard up, return
+    every call it sent to ``shard`` under its old epoch (each one a fenced script that must be
+    refused)."""
     epoch_key = ShardKeys(b.namespace, shard).epoch
     commands: list[str] = []
     monitor = b.redis.__class__.from_url(b.url)
@@ -54,7 +60,7 @@ async def _resume_under_paused_writes(
             group.start_soon(feed)
             await started.wait()
             await b.redis.execute_command("CLIENT", "PAUSE", 500, "WRITE")
-            zombie.signal(signal.SIGCONT)
+            gate.touch()  # noqa: ASYNC240
             await eventually(
                 lambda: [
                     call
@@ -81,18 +87,18 @@ async def test_a_zombie_coordinator_s_decision_reaches_redis_and_is_refused(
 ) -> None:
     """Frozen while the op holds every key, the coordinator's successor finishes the op; the
     resumed zombie sends its decision under its old epoch, and Redis refuses it."""
+    gate = tmp_path / "gate"
     async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
         stale_epoch = await _epoch(b, 0)
-        group.start_soon(b.pay, 0.3)
+        group.start_soon(b.submit_payment, apps.pay_frozen(10, str(gate), str(b.note)))
         await eventually(lambda: noted(b.note), message="the op running with every key held")
-        b.w0.signal(signal.SIGSTOP)
-        fault_at = b.fault(group)
+        fault_at = b.fault(group)  # (its worker is frozen from now on)
         await until(lambda: holder_is(b, 0, b.standby), "the standby owns the home shard")
         await until(lambda: b.recorded(0, "victim"), "the standby finished the op")
         fenced_before = await fenced_errors(b.redis)
         # The decision names the op's attempt field, "victim#<epoch>#d" is not in the call,
         # but the op id is: the zombie's decide is the stale call carrying "victim".
-        stale = await _resume_under_paused_writes(b, b.w0, 0, stale_epoch, "victim")
+        stale = await _resume_under_paused_writes(b, b.w0, gate, 0, stale_epoch, "victim")
         # Every one of them was refused, the decision (or grant) included.
         assert await fenced_errors(b.redis) - fenced_before >= len(stale) >= 1
         await check_after_fault(b, fault_at)
@@ -106,10 +112,10 @@ async def test_a_zombie_participant_s_commit_reaches_redis_and_is_refused(
     op completes. Resumed, the zombie finishes the earlier op and commits its outcome under its
     old epoch, with its grant of the key riding the same step (or the next): Redis refuses
     every such step, and the zombie gives the shard up."""
-    held, gate = tmp_path / "held", tmp_path / "gate"
+    held, freeze, gate = tmp_path / "held", tmp_path / "freeze", tmp_path / "gate"
     async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
         stale_epoch = await _epoch(b, 1)
-        busy = apps.gated_hold(str(gate), str(held))
+        busy = apps.hold_then_freeze(str(freeze), str(gate), str(held))
         group.start_soon(partial(b.ks.submit, B, busy, op_id="busy-on-b"))
         await eventually(held.exists, message="B busy on its owner")
         group.start_soon(b.pay, 0)
@@ -122,13 +128,12 @@ async def test_a_zombie_participant_s_commit_reaches_redis_and_is_refused(
 
         await until(request_fetched, "the grant request fetched by B's owner")
         assert not await b.recorded(1, "victim#1#g"), "B is still busy: no grant yet"
-        b.w1.signal(signal.SIGSTOP)
-        gate.touch()  # (the standby's replay of the busy op ends; the zombie's, once resumed)
+        freeze.touch()  # (B's owner blocks in the op; the standby's replay of it ends at once)
         fault_at = b.fault(group)
         await until(lambda: holder_is(b, 1, b.standby), "the standby owns B's shard")
         await until(lambda: b.applied(B), "the standby granted and applied B's part")
         fenced_before = await fenced_errors(b.redis)
-        stale = await _resume_under_paused_writes(b, b.w1, 1, stale_epoch, "busy-on-b")
+        stale = await _resume_under_paused_writes(b, b.w1, gate, 1, stale_epoch, "busy-on-b")
         # Every one of them was refused, the step carrying the grant (if it left) included.
         assert await fenced_errors(b.redis) - fenced_before >= len(stale) >= 1
         await check_after_fault(b, fault_at)
