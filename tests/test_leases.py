@@ -9,6 +9,7 @@ import pytest
 from keyserial import Settings
 from keyserial._backend.backend import Backend
 from keyserial._scripts.lease import LeaseGrant
+from keyserial._wire.layout import Layout
 from keyserial._worker.leases import Held, Leases
 from keyserial._worker.metrics import Metrics
 
@@ -27,7 +28,8 @@ def _leases(backend: Backend, namespace: str) -> tuple[Leases, list[int]]:
         started.append(shard)
         held[shard] = Held(runner=None, renewed_at=renewed_at)  # type: ignore[arg-type]
 
-    return Leases(backend, settings, "worker-a", metrics, held, start), started
+    layout = Layout(namespace, 2)
+    return Leases(backend, settings, layout, "worker-a", metrics, held, start), started
 
 
 async def test_an_attempt_answered_twice_starts_one_runner(

@@ -126,7 +126,7 @@ async def test_an_op_that_commits_between_the_sweep_s_lookups_is_never_appended_
     keys = ShardKeys(namespace, 0)
     entry = await client.xadd(keys.stream, {"v": "1", "ops": "[]"})
     loop = asyncio.get_running_loop()
-    pending = Pending("op", "k", 0, "{}", loop.create_future(), fresh=True)
+    pending = Pending("op", "k", keys, "{}", loop.create_future(), fresh=True)
     pending.entry = entry
     requeued: list[Pending] = []
     racing = _CommitsDuringTheLook(backend, client, keys, "op", entry)
@@ -155,7 +155,8 @@ async def test_an_op_gone_with_no_outcome_after_result_ttl_fails_and_is_not_appe
     await client.xdel(keys.stream, entry)
     loop = asyncio.get_running_loop()
     young, old = (
-        Pending(op_id, "k", 0, "{}", loop.create_future(), fresh=True) for op_id in ("young", "old")
+        Pending(op_id, "k", keys, "{}", loop.create_future(), fresh=True)
+        for op_id in ("young", "old")
     )
     for pending in (young, old):
         pending.entry = entry

@@ -3,6 +3,7 @@ import zlib
 import pytest
 
 from keyserial import ConfigError, shard_for
+from keyserial._wire.layout import Layout
 from keyserial._wire.routing import parse_shards
 
 
@@ -38,3 +39,18 @@ def test_shard_lists_accept_ranges_and_items(spec: str, expected: list[int]) -> 
 def test_bad_shard_lists_are_refused_with_the_reason(spec: str, fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
         parse_shards(spec, 16)
+
+
+def test_a_layout_generation_names_shards_apart_and_generation_0_keeps_the_first_names() -> None:
+    """Generation 0 is every namespace's first layout and keeps its names; a later one (after
+    a reshard) names its shards ``<shard>@<generation>``, in keys, hash tags and channels, so
+    two generations' streams, states and results never mix, and each shard keeps one slot."""
+    first, second = Layout("ns", 4), Layout("ns", 16, generation=1)
+    assert first.keys(3).stream == "ks:{ns:3}:stream"
+    assert first.keys(3).wake_channel == "ks:ns:wake:3"
+    assert second.keys(3).stream == "ks:{ns:3@1}:stream"
+    assert second.keys(3).wake_channel == "ks:ns:wake:3@1"
+    assert second.keys(3).wake(True) == "ks:{ns:3@1}:wake:3@1"
+    assert second.keys(3).in_shard("ks:ns:reply:c1") == "ks:{ns:3@1}:reply:c1"
+    assert first.keys(3) != second.keys(3)
+    assert [keys.shard for keys in second.all_keys()] == list(range(16))

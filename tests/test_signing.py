@@ -16,7 +16,7 @@ import redis.asyncio
 
 import keyserial
 from keyserial._wire.json_text import dumps
-from keyserial._wire.layout import in_shard, signers_key
+from keyserial._wire.layout import Layout, in_shard, signers_key
 from keyserial._wire.messages import Decision, DecisionNotice, KeyGrant
 from keyserial._wire.signing import SIGNER_TTL, ReplySigner, ReplyVerifier, signer_record
 from keyserial._worker.crossshard.mailbox import Mailbox
@@ -225,7 +225,7 @@ async def test_with_shard_channels_a_message_is_taken_only_on_the_channel_it_was
     signed for one of them is taken when it comes on that one, and only wakes on another (the
     tag covers the channel)."""
     mailbox, participant = _mailbox(), ReplySigner()
-    mailbox.use_shard_channels("ns", 4)
+    mailbox.use_shard_channels(Layout("ns", 4))
     _met(mailbox.verifier, participant)
     assert mailbox.channel_for(2) == "ks:{ns:2}:worker:a." + mailbox.verifier.public_key
     assert all(map(mailbox.is_mine, mailbox.channels)) and len(mailbox.channels) == 5

@@ -17,6 +17,7 @@ import redis.asyncio
 
 import keyserial
 from keyserial._backend.backend import Backend
+from keyserial._wire.layout import Layout
 from keyserial.cli import status as _status
 from keyserial.ledger import deposit
 from keyserial.testing import LocalServer, ShardKeys, running_worker
@@ -166,10 +167,10 @@ async def test_ops_per_second_counts_the_ops_committed_between_two_snapshots(
     ):
         backend = await Backend.connect(redis_url)
         try:
-            before = await _status.snapshot(backend, namespace, 2)
+            before = await _status.snapshot(backend, Layout(namespace, 2))
             for n in range(40):
                 await ks.submit(keys[n % len(keys)], deposit(1))
-            after = await _status.snapshot(backend, namespace, 2)
+            after = await _status.snapshot(backend, Layout(namespace, 2))
         finally:
             await backend.aclose()
     idle, busy = _status.compare(before, after)

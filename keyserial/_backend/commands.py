@@ -16,6 +16,7 @@ from .._scripts.calls import ScriptArg, ScriptCall, decoded
 from .._scripts.refusals import ScriptMissing
 from .._wire.layout import (
     PAUSES_CHANGED,
+    Layout,
     ShardKeys,
     activity_key,
     is_shard_channel,
@@ -252,13 +253,15 @@ class Commands:
     async def publish(self, channel: str, message: str) -> None:
         await self.call(*publish_command(channel, message))
 
-    async def recorded_shard_count(self, namespace: str) -> int | None:
-        """The shard count the namespace records, or None if nothing has used it yet."""
-        recorded = await self.call("HGET", meta_key(namespace), "shards")
-        return None if recorded is None else int(recorded)
+    async def recorded_layout(self, namespace: str) -> Layout | None:
+        """The layout the namespace records, or None if nothing has used it yet."""
+        shards, generation = await self.call("HMGET", meta_key(namespace), "shards", "generation")
+        if shards is None:
+            return None
+        return Layout(namespace, int(shards), 0 if generation is None else int(generation))
 
-    async def ensure_shard_count(self, namespace: str, shard_count: int | None) -> int:
-        """Record the namespace's shard count on first use; return the recorded one.
+    async def ensure_layout(self, namespace: str, shard_count: int | None) -> Layout:
+        """Record the namespace's shard count on first use; return the recorded layout.
 
         ``None`` adopts the recorded count, or records 16 for a new namespace. A namespace in
         use is only read, so a client's ACL user needs no write access to it.
@@ -269,7 +272,7 @@ class Commands:
         wanted = 16 if shard_count is None else shard_count
         if wanted < 1:
             raise ConfigError(f"shard count must be at least 1, not {wanted}")
-        recorded = await self.recorded_shard_count(namespace)
+        recorded = await self.recorded_layout(namespace)
         if recorded is None:
             try:
                 await self.call("HSETNX", meta_key(namespace), "shards", wanted)
@@ -279,10 +282,12 @@ class Commands:
                     f" user may not record it ({exc.__cause__}); start a worker first, which"
                     " records it"
                 ) from exc
-            recorded = await self.recorded_shard_count(namespace)
+            recorded = await self.recorded_layout(namespace)
             assert recorded is not None, "recorded just now"
-        if shard_count is not None and recorded != shard_count:
-            raise ShardCountMismatch(namespace=namespace, recorded=recorded, configured=shard_count)
+        if shard_count is not None and recorded.shards != shard_count:
+            raise ShardCountMismatch(
+                namespace=namespace, recorded=recorded.shards, configured=shard_count
+            )
         return recorded
 
 

@@ -13,6 +13,7 @@ from .. import ledger
 from .._ops import RESERVED_PREFIX, Call
 from .._settings import Settings
 from .._wire.json_text import encodes
+from .._wire.layout import Layout
 from .._wire.routing import home_shard, shard_for
 from .metrics import CLIENT_METRICS
 
@@ -25,10 +26,15 @@ Keys = str | tuple[str, ...]
 class Client(abc.ABC):
     """A connection to one keyserial namespace. Create it with :func:`keyserial.connect`."""
 
-    def __init__(self, settings: Settings, shard_count: int, client_id: str) -> None:
+    def __init__(self, settings: Settings, layout: Layout, client_id: str) -> None:
         self.settings = settings
-        self.shard_count = shard_count
+        #: The namespace's layout this client routes by (its shard count, and their names).
+        self.layout = layout
         self.client_id = client_id
+
+    @property
+    def shard_count(self) -> int:
+        return self.layout.shards
 
     async def __aenter__(self) -> Client:
         return self

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -38,12 +38,9 @@ _ENTRY_BYTES = 256 * 1024
 class Appender:
     """Appends the submits queued with :meth:`add`; :meth:`run` in a task of the client's."""
 
-    def __init__(self, backend: Backend, settings: Settings, shards: Sequence[ShardKeys]) -> None:
+    def __init__(self, backend: Backend, settings: Settings) -> None:
         self._backend = backend
         self._settings = settings
-        self._shards = shards
-        #: Each shard's stream, named once rather than for every op appended.
-        self._streams = [keys.stream for keys in shards]
         self._batcher: NodeBatcher[Pending] = NodeBatcher(backend, self._append)
         self._task_group: TaskGroup | None = None
         #: Set when the client closes: nothing more is sent.
@@ -52,7 +49,7 @@ class Appender:
         self._unsent: list[Pending] = []
 
     def add(self, pending: Pending) -> None:
-        self._batcher.add(self._streams[pending.shard], pending)
+        self._batcher.add(pending.shard.stream, pending)
 
     def withdraw(self, pending: Pending) -> bool:
         """Take a submit out of the queue if it has not been sent (True if so)."""
@@ -109,7 +106,9 @@ class Appender:
             return
         self._after_append(entries, replies)
 
-    def _after_append(self, entries: list[tuple[int, list[Pending]]], replies: list[Any]) -> None:
+    def _after_append(
+        self, entries: list[tuple[ShardKeys, list[Pending]]], replies: list[Any]
+    ) -> None:
         """Note each appended op's entry; fail the ops of entries the server refused, and queue
         again those refused for now."""
         refused: list[Pending] = []
@@ -132,8 +131,7 @@ class Appender:
         await anyio.sleep(_REFUSED_RETRY)
         self.requeue(refused)
 
-    def _append_call(self, shard: int, group: list[Pending]) -> ScriptCall[bytes]:
-        keys = self._shards[shard]
+    def _append_call(self, keys: ShardKeys, group: list[Pending]) -> ScriptCall[bytes]:
         packed = pack_entry([pending.envelope for pending in group])
         # Fresh only if the entry cannot land twice either (a transport that retries could).
         fresh = self._backend.sends_once and all(pending.fresh for pending in group)
@@ -142,18 +140,18 @@ class Appender:
             keys, SubmitArgs(self._settings.max_backlog, WIRE_VERSION, packed, wake, fresh)
         )
 
-    def _append_error(self, shard: int, reply: Exception) -> KeyserialError:
+    def _append_error(self, keys: ShardKeys, reply: Exception) -> KeyserialError:
         """The error of an append the server answered with an error: nothing was appended."""
         if isinstance(reply, BacklogRefused):
-            return BacklogFull(shard=shard, limit=self._settings.max_backlog)
+            return BacklogFull(shard=keys.shard, limit=self._settings.max_backlog)
         if isinstance(reply, KeyserialError) and not isinstance(reply, Refused):
             return reply  # the credentials or the ACL refused it
-        return KeyserialError(f"Redis refused the append to shard {shard}: {reply}")
+        return KeyserialError(f"Redis refused the append to shard {keys.shard}: {reply}")
 
 
-def _pack(batch: list[Pending]) -> Iterator[tuple[int, list[Pending]]]:
+def _pack(batch: list[Pending]) -> Iterator[tuple[ShardKeys, list[Pending]]]:
     """Group a batch by shard, in submit order, into entries of bounded size."""
-    by_shard: dict[int, list[Pending]] = defaultdict(list)
+    by_shard: dict[ShardKeys, list[Pending]] = defaultdict(list)
     for pending in batch:
         by_shard[pending.shard].append(pending)
     for shard, group in by_shard.items():

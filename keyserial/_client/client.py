@@ -27,7 +27,7 @@ from .._ops import Call
 from .._settings import Settings
 from .._telemetry import Carrier, submitting, tracer
 from .._wire.codec import decode_outcome, decode_reply, encode_envelope, replied_op_ids
-from .._wire.layout import ShardKeys, in_shard, reply_channel
+from .._wire.layout import Layout, reply_channel
 from .._wire.signing import ReplyVerifier
 from ..errors import (
     BackendUnavailable,
@@ -57,10 +57,10 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 class AsyncioClient(Client):
     """The client on the asyncio loop it was opened on (see :class:`keyserial.Client`)."""
 
-    def __init__(self, backend: Backend, settings: Settings, shard_count: int) -> None:
+    def __init__(self, backend: Backend, settings: Settings, layout: Layout) -> None:
         random_id = uuid.uuid4().hex
         client_id = f"{settings.service}.{random_id}" if settings.service else random_id
-        super().__init__(settings, shard_count, client_id)
+        super().__init__(settings, layout, client_id)
         self._pid = os.getpid()
         self._op_ids = _OpIds(self.client_id)
         self._backend = backend
@@ -70,7 +70,7 @@ class AsyncioClient(Client):
         #: With sharded pub/sub (a cluster), a reply channel per shard: an op's reply travels
         #: on its home shard's, on the node that serves that shard.
         self._shard_replies = (
-            [in_shard(self._reply, settings.namespace, s) for s in range(shard_count)]
+            [keys.in_shard(self._reply) for keys in layout.all_keys()]
             if backend.sharded_pubsub
             else []
         )
@@ -79,10 +79,10 @@ class AsyncioClient(Client):
         self._task_group: TaskGroup | None = None
         #: The event loop the client was opened on: its connection and tasks live there.
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._shards = [ShardKeys(settings.namespace, shard) for shard in range(shard_count)]
-        self._appender = Appender(backend, settings, self._shards)
+        self._shards = layout.all_keys()
+        self._appender = Appender(backend, settings)
         outcomes = StoredOutcomes(backend, settings, self._waiting)
-        self._lookups = ReplyLookups(backend, outcomes, self._shards, self._waiting, self._verifier)
+        self._lookups = ReplyLookups(backend, outcomes, settings, self._waiting, self._verifier)
         self._sweep = Sweep(
             backend, settings, self._waiting, self._settle, outcomes, self._appender.requeue
         )
@@ -207,7 +207,7 @@ class AsyncioClient(Client):
         pending = Pending(
             op_id,
             keys,
-            shard,
+            self._shards[shard],
             envelope,
             loop.create_future(),
             fresh=fresh,

@@ -72,7 +72,7 @@ async def connect_asyncio(
     settings = Settings.resolve(namespace=namespace, shard_count=shards, **options)
     backend = await Backend.connect(default_url() if redis is None else redis)
     try:
-        shard_count = await backend.ensure_shard_count(settings.namespace, settings.shard_count)
+        layout = await backend.ensure_layout(settings.namespace, settings.shard_count)
         await check_durability(backend, settings.durability)
     except ShardCountMismatch as exc:
         await backend.aclose()
@@ -82,5 +82,5 @@ async def connect_asyncio(
     except BaseException:
         await backend.aclose()
         raise
-    async with AsyncioClient(backend, settings, shard_count) as client:
+    async with AsyncioClient(backend, settings, layout) as client:
         yield client

@@ -36,7 +36,7 @@ class ForeignLoopClient(Client):
 
     def __init__(self, hosted: HostedClient, notify: Notify) -> None:
         inner = hosted.client
-        super().__init__(inner.settings, inner.shard_count, inner.client_id)
+        super().__init__(inner.settings, inner.layout, inner.client_id)
         self._hosted = hosted
         self._notify = notify
         self._inner = inner

@@ -161,7 +161,7 @@ def signed_outcome_for(pending: Pending, answer: Outcome) -> Outcome | None:
     entries, shard = answer.get("e"), answer.get("s")
     if (
         pending.entry is None
-        or shard != pending.shard
+        or shard != pending.shard.shard
         or not isinstance(entries, list)
         or pending.entry.decode() not in entries
     ):
@@ -210,22 +210,23 @@ class ReplyLookups:
         self,
         backend: Backend,
         outcomes: StoredOutcomes,
-        shards: Sequence[ShardKeys],
+        settings: Settings,
         waiting: Mapping[str, list[Pending]],
         verifier: ReplyVerifier,
     ) -> None:
         self._backend = backend
         self._verifier = verifier
-        self._namespace = shards[0].namespace
+        self._namespace = settings.namespace
         #: Signers met in replies whose keys are to be read, and those being read.
         self._signers_due: dict[str, None] = {}
         self._signers_asked: set[str] = set()
         self._outcomes = outcomes
-        self._shards = shards
         self._waiting = waiting
         #: Results fields to look up, by node and shard, in the order replies named them (the
         #: order their ops settle in); the nodes with a lookup in flight, and those due one.
-        self._due: dict[str, dict[int, dict[str, None]]] = defaultdict(lambda: defaultdict(dict))
+        self._due: dict[str, dict[ShardKeys, dict[str, None]]] = defaultdict(
+            lambda: defaultdict(dict)
+        )
         self._looking: set[str] = set()
         self._ready: set[str] = set()
         # (An asyncio event: replies arrive in a callback of the client's loop, outside any
@@ -240,7 +241,7 @@ class ReplyLookups:
             if not waiters:
                 continue
             shard = waiters[0].shard
-            node = self._backend.node_of(self._shards[shard].stream)
+            node = self._backend.node_of(shard.stream)
             self._due[node][shard][answered_field(op_id) if unknown else op_id] = None
             if node not in self._looking:
                 self._ready.add(node)
@@ -297,7 +298,7 @@ class ReplyLookups:
         due = self._due[node]
         try:
             while due:
-                by_shard = {self._shards[shard]: list(ids) for shard, ids in due.items()}
+                by_shard = {shard: list(ids) for shard, ids in due.items()}
                 due.clear()
                 await self._settle(by_shard)
         finally:

@@ -7,6 +7,7 @@ import time
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
+from .._wire.layout import ShardKeys
 from ..errors import KeyserialError, OperationFailed
 
 #: What a pending submit is settled with when its timeout fires first.
@@ -21,7 +22,8 @@ class Pending:
 
     op_id: str
     keys: str | tuple[str, ...]
-    shard: int
+    #: The shard the op is appended to (its home).
+    shard: ShardKeys
     envelope: str
     # A bare future of the client's own loop: an anyio Event costs several times as much to
     # make, once per submit, and the client's transport is bound to that loop anyway.

@@ -57,25 +57,29 @@ class Sweep:
             woken = self._early.is_set()
             self._early = anyio.Event()  # (before the sweep: a call of now() during it counts)
             cutoff = time.monotonic() - (0.0 if woken else interval)
-            overdue: dict[int, list[str]] = defaultdict(list)
+            overdue: dict[ShardKeys, list[str]] = defaultdict(list)
             for op_id, waiters in self._waiting.items():
                 if waiters and waiters[0].since < cutoff:
                     overdue[waiters[0].shard].append(op_id)
-            failed: dict[int, Exception] = {}
+            failed: dict[ShardKeys, Exception] = {}
             async with anyio.create_task_group() as group:
                 for shard, op_ids in overdue.items():
                     group.start_soon(self._sweep_bounded, shard, op_ids, interval, failed)
             if failed:  # one line per sweep, not one per shard
                 shard, error = next(iter(failed.items()))
                 message = "looking up overdue replies of shards %s: %s"
-                shards = ",".join(map(str, sorted(failed)))
+                shards = ",".join(str(keys.shard) for keys in sorted(failed, key=_number))
                 if isinstance(error, BackendUnavailable):
                     self._backend.outage.warn(log, message, shards, error)
                 else:
                     log.warning(message, shards, error)
 
     async def _sweep_bounded(
-        self, shard: int, op_ids: list[str], interval: float, failed: dict[int, Exception]
+        self,
+        shard: ShardKeys,
+        op_ids: list[str],
+        interval: float,
+        failed: dict[ShardKeys, Exception],
     ) -> None:
         """:meth:`_sweep_shard`, given up after a few intervals (tried again at the next
         sweep): a node that stalls, or fails over meanwhile, must not hold up the sweep of the
@@ -84,7 +88,7 @@ class Sweep:
         waits = 0.0 if durability is None else 2 * durability.wait_ms / 1000  # (two lookups)
         with anyio.move_on_after(max(3 * interval, 1.0) + waits):
             try:
-                await self._sweep_shard(ShardKeys(self._settings.namespace, shard), op_ids)
+                await self._sweep_shard(shard, op_ids)
             except (BackendUnavailable, Refused) as exc:
                 failed[shard] = exc
 
@@ -141,3 +145,7 @@ class Sweep:
             ),
         )
         return True
+
+
+def _number(keys: ShardKeys) -> tuple[int, int]:
+    return keys.generation, keys.shard

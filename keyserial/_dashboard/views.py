@@ -17,12 +17,12 @@ from typing import Any
 
 from .._backend.backend import Backend
 from .._wire.codec import MalformedEntry, decode_entry, decode_outcome
-from .._wire.layout import ShardKeys
+from .._wire.layout import Layout, ShardKeys
 from .._wire.roster import WorkerEntry, live_entries
 from .._wire.routing import shard_for
 from ..cli import deadletters
 from ..cli.keys import pause
-from ..cli.status import Snapshot, as_json, compare, shard_count, snapshot, workers
+from ..cli.status import Snapshot, as_json, compare, recorded_layout, snapshot, workers
 
 #: Hot keys are posted per interval; a post older than this is no longer "now".
 HOT_FOR_MS = 10_000
@@ -46,9 +46,9 @@ class Dashboard:
 
     async def overview(self) -> dict[str, Any]:
         """Shards, workers, dead letters, the hottest keys and the recent failures."""
-        count = await shard_count(self.backend, self.namespace)
-        now = await snapshot(self.backend, self.namespace, count)
-        before = self._previous if len(self._previous) == count else now
+        layout = await self._layout()
+        now = await snapshot(self.backend, layout)
+        before = self._previous if len(self._previous) == layout.shards else now
         self._previous = now
         statuses = compare(before, now)
         roster, posts = await self._live()
@@ -58,16 +58,16 @@ class Dashboard:
         view["dead_letters"] = [
             letter.as_json()
             for letter in await deadletters.read(
-                self.backend, self.namespace, range(count), count=SHOWN
+                self.backend, layout, range(layout.shards), count=SHOWN
             )
         ]
         return view
 
     async def key(self, key: str) -> dict[str, Any]:
         """A key's state, whether it is paused, its queued ops and its recent outcomes."""
-        count = await shard_count(self.backend, self.namespace)
-        shard = shard_for(key, count)
-        keys = ShardKeys(self.namespace, shard)
+        layout = await self._layout()
+        shard = shard_for(key, layout.shards)
+        keys = layout.keys(shard)
         state = await self.backend.state(keys, key)
         text = None if state is None else state.decode(errors="replace")
         paused = await self.backend.paused_keys(keys)
@@ -83,13 +83,12 @@ class Dashboard:
 
     async def replay(self, shard: int, letter_id: str, *, new_ids: bool) -> dict[str, Any]:
         """Replay one dead letter (see ``keyserial dead-letters replay``)."""
-        count = await shard_count(self.backend, self.namespace)
+        layout = await self._layout()
         letter = await self._letter(shard, letter_id)
         try:
             replayed, skipped = await deadletters.replay(
                 self.backend,
-                self.namespace,
-                count,
+                layout,
                 letter,
                 max_backlog=self.max_backlog,
                 new_ids=new_ids,
@@ -112,14 +111,18 @@ class Dashboard:
 
     async def drop(self, shard: int, letter_id: str) -> dict[str, Any]:
         letter = await self._letter(shard, letter_id)
-        return {"dropped": await deadletters.drop(self.backend, self.namespace, letter)}
+        layout = await self._layout()
+        return {"dropped": await deadletters.drop(self.backend, layout, letter)}
 
     async def pause(self, key: str, *, pausing: bool) -> dict[str, Any]:
-        count = await shard_count(self.backend, self.namespace)
-        shard, was = await pause(self.backend, self.namespace, count, key, pausing=pausing)
+        layout = await self._layout()
+        shard, was = await pause(self.backend, layout, key, pausing=pausing)
         return {"key": key, "shard": shard, "paused": pausing, "was_paused": was}
 
     # -- reads -------------------------------------------------------------------------------
+
+    async def _layout(self) -> Layout:
+        return await recorded_layout(self.backend, self.namespace)
 
     async def _live(self) -> tuple[list[WorkerEntry], list[dict[str, Any]]]:
         """The live workers on the roster, and what they posted of their activity (a post that
@@ -167,13 +170,12 @@ class Dashboard:
             (op for post in posts for op in _newest_first(post, "recent") if key in op["keys"]),
             key=lambda op: -int(op.get("at", 0)),
         )[:SHOWN]
+        layout = await self._layout()
         by_shard: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for op in ran:
             by_shard[int(op["shard"])].append(op)
         for shard, ops in by_shard.items():
-            stored = await self.backend.stored(
-                ShardKeys(self.namespace, shard), [op["id"] for op in ops]
-            )
+            stored = await self.backend.stored(layout.keys(shard), [op["id"] for op in ops])
             for op, outcome in zip(ops, stored, strict=True):
                 op["outcome"] = None if outcome is None else _outcome(outcome)
         return ran
@@ -181,7 +183,8 @@ class Dashboard:
     async def _letter(self, shard: int, letter_id: str) -> deadletters.DeadLetter:
         if not deadletters.LETTER_ID.fullmatch(letter_id):
             raise ActionRefused(f"{letter_id!r} is not a dead-letter id")
-        found = await deadletters.read(self.backend, self.namespace, [shard], letter_id=letter_id)
+        layout = await self._layout()
+        found = await deadletters.read(self.backend, layout, [shard], letter_id=letter_id)
         if not found:
             raise ActionRefused(f"no dead letter {letter_id!r} on shard {shard}")
         return found[0]

@@ -46,14 +46,25 @@ def meta_key(namespace: str) -> str:
     return f"ks:{{{namespace}}}:meta"
 
 
-def in_shard(channel: str, namespace: str, shard: int) -> str:
+def shard_name(shard: int, generation: int = 0) -> str:
+    """How a shard is named in its keys and channels: ``7`` in generation 0 (the layout every
+    namespace starts with), ``7@2`` in generation 2 (after two reshards)."""
+    return str(shard) if generation == 0 else f"{shard}@{generation}"
+
+
+def shard_tag(namespace: str, shard: int, generation: int = 0) -> str:
+    """The hash tag of every key of one shard: ``ks:{<ns>:<shard name>}``."""
+    return f"ks:{{{namespace}:{shard_name(shard, generation)}}}"
+
+
+def in_shard(channel: str, namespace: str, shard: int, generation: int = 0) -> str:
     """``channel`` (``ks:<ns>:...``) as a shard channel of ``shard`` (``ks:{<ns>:<shard>}:...``):
     in the shard's cluster slot, so a script of the shard publishes on it with SPUBLISH and the
     message stays on the node that serves the shard (sharded pub/sub, Redis 7+, on a cluster)."""
     prefix = f"ks:{namespace}:"
     if not channel.startswith(prefix):
         raise ValueError(f"{channel!r} is not a channel of namespace {namespace!r}")
-    return f"ks:{{{namespace}:{shard}}}:{channel[len(prefix) :]}"
+    return f"{shard_tag(namespace, shard, generation)}:{channel[len(prefix) :]}"
 
 
 def is_shard_channel(channel: str) -> bool:
@@ -151,11 +162,13 @@ class ShardKeys:
 
     namespace: str
     shard: int
+    #: The layout generation the shard belongs to (see :class:`Layout`).
+    generation: int = 0
     #: The hash tag every key of the shard carries (made once: a step names nine keys).
     tag: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tag", f"ks:{{{self.namespace}:{self.shard}}}")
+        object.__setattr__(self, "tag", shard_tag(self.namespace, self.shard, self.generation))
 
     #: Ops waiting to run, in order; each entry packs one or more op envelopes.
     stream = _ShardKey("stream")
@@ -199,13 +212,38 @@ class ShardKeys:
     @property
     def wake_channel(self) -> str:
         """Published on every append so an idle owner fetches at once instead of polling."""
-        return f"ks:{self.namespace}:wake:{self.shard}"
+        return f"ks:{self.namespace}:wake:{shard_name(self.shard, self.generation)}"
 
     def wake(self, sharded: bool) -> str:
         """The wake channel this process publishes on: on a cluster with sharded pub/sub, the
         shard channel ``ks:{<ns>:<shard>}:wake:<shard>`` (workers subscribe to both)."""
         return (
-            in_shard(self.wake_channel, self.namespace, self.shard)
+            in_shard(self.wake_channel, self.namespace, self.shard, self.generation)
             if sharded
             else self.wake_channel
         )
+
+    def in_shard(self, channel: str) -> str:
+        """``channel`` as a shard channel of this shard (see :func:`in_shard`)."""
+        return in_shard(channel, self.namespace, self.shard, self.generation)
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """How a namespace's keys map to shards: ``shards`` shards of layout ``generation``.
+
+    A namespace starts at generation 0 and its ``shards`` recorded on first use; each reshard
+    makes the next generation, whose shards have keys of their own (``ks:{<ns>:<shard>@<g>}``),
+    so the streams, states and results of two generations never mix."""
+
+    namespace: str
+    shards: int
+    generation: int = 0
+
+    def keys(self, shard: int) -> ShardKeys:
+        """The names of ``shard``'s keys in this layout."""
+        return ShardKeys(self.namespace, shard, self.generation)
+
+    def all_keys(self) -> list[ShardKeys]:
+        """The names of every shard's keys, by shard number."""
+        return [self.keys(shard) for shard in range(self.shards)]

@@ -33,7 +33,7 @@ from .._scripts.lease import (
     renew,
 )
 from .._settings import Settings
-from .._wire.layout import ShardKeys
+from .._wire.layout import Layout, ShardKeys
 from .._wire.routing import format_shards
 from ..errors import BackendUnavailable
 from .metrics import Metrics
@@ -64,6 +64,8 @@ class Leases:
 
     _backend: Backend
     _settings: Settings
+    #: The layout whose shards these leases are of.
+    _layout: Layout
     _token: str
     _metrics: Metrics
     _held: dict[int, Held]
@@ -140,7 +142,7 @@ class Leases:
                 )
 
     def _keys(self, shard: int) -> ShardKeys:
-        return ShardKeys(self._settings.namespace, shard)
+        return self._layout.keys(shard)
 
     def _round(self, shards: Sequence[int], stopping: bool, task_group: TaskGroup) -> None:
         """Start a round for each Redis node whose last round has ended."""

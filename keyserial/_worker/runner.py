@@ -43,7 +43,7 @@ from .._scripts.lease import LeaseGrant
 from .._scripts.refusals import Diverged, Fenced
 from .._settings import Settings
 from .._wire.codec import Push, binding
-from .._wire.layout import ShardKeys
+from .._wire.layout import Layout
 from ..errors import BackendUnavailable, LeaseLost
 from .chains import Chains, Hold
 from .commits import CommitPlanner, DeadLetter, Finished, Record, ResultGenerations
@@ -71,7 +71,7 @@ class ShardRunner:
         registry: Registry,
         *,
         shard: int,
-        shard_count: int,
+        layout: Layout,
         grant: LeaseGrant,
         backend: Backend,
         mailbox: Mailbox,
@@ -80,12 +80,12 @@ class ShardRunner:
         #: What it reports to (``Metrics.acquired``); the default ignores everything.
         self.metrics = metrics
         self.shard = shard
-        self.keys = ShardKeys(settings.namespace, shard)
+        self.keys = layout.keys(shard)
         self.epoch = grant.epoch
         self._pipeliner = pipeliner
         self._backend = backend
         self._settings = settings
-        self._shard_count = shard_count
+        self._shard_count = layout.shards
         self._cursor = grant.progress
         #: Up to this entry, the previous owner may have committed some ops: look them up.
         self._replay_until = parse_id(grant.replay_until) if grant.replay_until else None
@@ -141,7 +141,7 @@ class ShardRunner:
                     backend=backend,
                     mailbox=mailbox,
                     settings=settings,
-                    shard_count=shard_count,
+                    layout=layout,
                     fenced=self.fenced,
                     finish=self.finish,
                     commit_record=self.commit_record,

@@ -32,7 +32,7 @@ from .._ops import Registry
 from .._scripts.lease import LeaseGrant
 from .._settings import Settings
 from .._wire.codec import GRANT_OP, parse_push
-from .._wire.layout import PAUSES_CHANGED, ShardKeys, worker_channel
+from .._wire.layout import PAUSES_CHANGED, Layout, worker_channel
 from .._wire.roster import ROSTER_RENEW, OpSetMismatch, WorkerEntry, live_entries, mismatches
 from .._wire.routing import format_shards, parse_shards
 from .._wire.signing import SIGNER_RENEW, SIGNER_TTL, ReplySigner, signer_renewed_at
@@ -79,7 +79,7 @@ class Worker:
         self._owned: dict[int, Held] = {}
         self._mailbox = Mailbox(worker_channel(self.settings.namespace, self.token), self._runner)
         self._stop = anyio.Event()
-        self._shard_count = 0
+        self._layout = Layout(self.settings.namespace, 0)
         self._started = anyio.Event()
         #: Set by ``stop(at_once=True)``; the drain of a stop under way, to cut short.
         self._at_once = False
@@ -120,10 +120,11 @@ class Worker:
         if backend is None:
             return
         try:
-            shard_count = self._shard_count
+            layout = self._layout
+            shard_count = layout.shards
             self.shards = self._resolve_shards(shard_count)
             if backend.sharded_pubsub:
-                self._mailbox.use_shard_channels(self.settings.namespace, shard_count)
+                self._mailbox.use_shard_channels(layout)
             log.info(
                 "worker %s serving shards %s of %d in namespace %r on %s (ops: %s)",
                 self.token,
@@ -140,10 +141,11 @@ class Worker:
                 self._leases = Leases(
                     backend,
                     self.settings,
+                    layout,
                     self.token,
                     self.metrics,
                     self._owned,
-                    partial(self._start, backend, shard_count, task_group),
+                    partial(self._start, backend, layout, task_group),
                 )
                 # (Metrics first: a port that cannot be bound stops the worker before it has
                 # subscribed or taken a shard.)
@@ -261,7 +263,7 @@ class Worker:
             try:
                 backend = await Backend.connect(self._redis)
                 try:
-                    self._shard_count = await backend.ensure_shard_count(
+                    self._layout = await backend.ensure_layout(
                         self.settings.namespace, self.settings.shard_count
                     )
                     await _durability.check_durability(backend, self.settings.durability)
@@ -293,7 +295,7 @@ class Worker:
     def _start(
         self,
         backend: Backend,
-        shard_count: int,
+        layout: Layout,
         task_group: TaskGroup,
         shard: int,
         grant: LeaseGrant,
@@ -330,7 +332,7 @@ class Worker:
             self.settings,
             self.registry,
             shard=shard,
-            shard_count=shard_count,
+            layout=layout,
             grant=grant,
             backend=backend,
             mailbox=self._mailbox,
@@ -418,7 +420,7 @@ class Worker:
         hand coordination messages (grants, decisions) to the mailbox (whose waiters poll too)."""
         shard_of = {}
         for shard in self.shards:
-            keys = ShardKeys(self.settings.namespace, shard)
+            keys = self._layout.keys(shard)
             # (Both wake channels: a client of a foreign library may publish on the classic one.)
             shard_of[keys.wake_channel] = shard_of[keys.wake(backend.sharded_pubsub)] = shard
         mailbox = self._mailbox

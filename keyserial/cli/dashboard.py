@@ -19,7 +19,7 @@ from .._client.connect import default_url
 from .._settings import Settings
 from ..errors import ConfigError
 from .arguments import Subcommands, connection_options, port
-from .status import shard_count
+from .status import recorded_layout
 
 COMMANDS = ("dashboard",)
 TOKEN_VARIABLE = "KEYSERIAL_DASHBOARD_TOKEN"
@@ -78,7 +78,7 @@ async def _check_namespace(url: str, namespace: str) -> None:
     """Fail at start, not on the first page: Redis down, or a namespace nothing has used."""
     backend = await Backend.connect(url)
     try:
-        await shard_count(backend, namespace)
+        await recorded_layout(backend, namespace)
     finally:
         await backend.aclose()
 

@@ -29,10 +29,10 @@ from .._scripts.refusals import BacklogRefused
 from .._scripts.submit import SubmitArgs, submit
 from .._wire.codec import WIRE_VERSION, dead_letter_envelopes, pack_entry
 from .._wire.json_text import dumps
-from .._wire.layout import ShardKeys
+from .._wire.layout import Layout
 from .._wire.routing import home_shard as routed_home
 from .arguments import Subcommands, connection_options, positive, run_connected
-from .status import shard_count as recorded_shard_count
+from .status import recorded_layout
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +85,7 @@ def _letter(shard: int, letter_id: bytes | str, fields: dict[bytes, bytes]) -> D
 
 async def read(
     backend: Backend,
-    namespace: str,
+    layout: Layout,
     shards: Sequence[int],
     *,
     count: int | None = None,
@@ -96,7 +96,7 @@ async def read(
     found = []
     first, last = (letter_id, letter_id) if letter_id else ("-", "+")
     for shard in shards:
-        letters = await backend.dead_letters(ShardKeys(namespace, shard), first, last, count)
+        letters = await backend.dead_letters(layout.keys(shard), first, last, count)
         found += [_letter(shard, entry_id, fields) for entry_id, fields in letters]
     return found
 
@@ -129,8 +129,7 @@ class ReplayStopped(Exception):
 
 async def replay(
     backend: Backend,
-    namespace: str,
-    shard_count: int,
+    layout: Layout,
     letter: DeadLetter,
     *,
     max_backlog: int,
@@ -151,14 +150,14 @@ async def replay(
         found = renamed
     by_shard: dict[int, list[dict[str, Any]]] = {}
     for envelope in found:
-        shard = home_shard(envelope, shard_count)
+        shard = home_shard(envelope, layout.shards)
         if shard is None:
             skipped.append(f"op {envelope['id']!r}: no key to route by")
         else:
             by_shard.setdefault(shard, []).append(envelope)
     replayed: list[Replayed] = []
     for shard, ops in sorted(by_shard.items()):
-        keys = ShardKeys(namespace, shard)
+        keys = layout.keys(shard)
         ids = [envelope["id"] for envelope in ops]
         stored = await backend.stored(keys, ids)
         try:
@@ -189,9 +188,9 @@ def _renamed(envelope: dict[str, Any]) -> dict[str, Any]:
     return renamed
 
 
-async def drop(backend: Backend, namespace: str, letter: DeadLetter) -> int:
+async def drop(backend: Backend, layout: Layout, letter: DeadLetter) -> int:
     """Delete one dead letter; 1 if it was there."""
-    return int(await backend.drop_dead_letter(ShardKeys(namespace, letter.shard), letter.letter_id))
+    return int(await backend.drop_dead_letter(layout.keys(letter.shard), letter.letter_id))
 
 
 # -- the command -------------------------------------------------------------------------------
@@ -255,7 +254,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _run_dead_letters(backend: Backend, args: argparse.Namespace) -> int:
-    shard_count = await recorded_shard_count(backend, args.namespace)
+    layout = await recorded_layout(backend, args.namespace)
+    shard_count = layout.shards
     if args.shard is not None and not 0 <= args.shard < shard_count:
         print(
             f"keyserial: error: --shard {args.shard} is not a shard of namespace"
@@ -265,10 +265,10 @@ async def _run_dead_letters(backend: Backend, args: argparse.Namespace) -> int:
         return 2
     shards = range(shard_count) if args.shard is None else [args.shard]
     if args.action == "list":
-        letters = await read(backend, args.namespace, shards, count=args.count)
+        letters = await read(backend, layout, shards, count=args.count)
         _print_letters(letters, as_json=args.json)
         return 0
-    selected = await _selected(backend, args, shards)
+    selected = await _selected(backend, layout, args, shards)
     if selected is None:
         return 1
     if args.action == "show":
@@ -276,25 +276,23 @@ async def _run_dead_letters(backend: Backend, args: argparse.Namespace) -> int:
         return 0
     if args.action == "replay":
         max_backlog = args.settings.max_backlog
-        return await _replay(
-            backend, args.namespace, shard_count, selected, max_backlog, new_ids=args.new_id
-        )
-    dropped = sum([await drop(backend, args.namespace, one) for one in selected])
+        return await _replay(backend, layout, selected, max_backlog, new_ids=args.new_id)
+    dropped = sum([await drop(backend, layout, one) for one in selected])
     print(f"dropped {dropped} dead letter(s)")
     return 0
 
 
 async def _selected(
-    backend: Backend, args: argparse.Namespace, shards: range | list[int]
+    backend: Backend, layout: Layout, args: argparse.Namespace, shards: range | list[int]
 ) -> list[DeadLetter] | None:
     """The dead letters the arguments name; None (after saying why) if one is missing or is on
     more than one shard."""
     if getattr(args, "all", False):
-        return await read(backend, args.namespace, shards)
+        return await read(backend, layout, shards)
     wanted = [args.id] if args.action == "show" else args.ids
     letters = []
     for letter_id in wanted:
-        found = await read(backend, args.namespace, shards, letter_id=letter_id)
+        found = await read(backend, layout, shards, letter_id=letter_id)
         if len(found) != 1:
             problem = "no dead letter" if not found else "more than one shard has a dead letter"
             print(
@@ -332,8 +330,7 @@ def _pretty(raw: str) -> str:
 
 async def _replay(
     backend: Backend,
-    namespace: str,
-    shard_count: int,
+    layout: Layout,
     letters: list[DeadLetter],
     max_backlog: int,
     *,
@@ -342,7 +339,7 @@ async def _replay(
     for letter in letters:
         try:
             replayed, skipped = await replay(
-                backend, namespace, shard_count, letter, max_backlog=max_backlog, new_ids=new_ids
+                backend, layout, letter, max_backlog=max_backlog, new_ids=new_ids
             )
         except ReplayStopped as stopped:
             _print_replayed(stopped.replayed)

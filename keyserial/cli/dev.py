@@ -24,9 +24,8 @@ from .._local.process import die_with_parent
 from .._local.server import LocalServer
 from .._settings import Settings
 from .._urls import redact
-from .._wire.layout import ShardKeys
 from ..errors import ConfigError, KeyserialError
-from .status import Owner, shard_count
+from .status import Owner, recorded_layout
 
 #: Seconds before a worker that died is started again; doubled, up to the cap, while it keeps
 #: dying within :data:`_STABLE` seconds of its start.
@@ -174,8 +173,9 @@ async def _serving(backend: Backend, namespace: str, child: subprocess.Popen[byt
     """The shard count, once ``child`` holds every shard's lease; None if it ends first."""
     while child.poll() is None:
         try:
-            count = await shard_count(backend, namespace)
-            leases = [("GET", ShardKeys(namespace, shard).lease) for shard in range(count)]
+            layout = await recorded_layout(backend, namespace)
+            count = layout.shards
+            leases = [("GET", keys.lease) for keys in layout.all_keys()]
             holders = await backend.pipeline(leases)  # (one round trip for every shard)
         except (KeyserialError, ConfigError):  # (no shard count recorded yet)
             holders, count = [None], 0

@@ -26,11 +26,11 @@ from .._backend.backend import Backend
 from .._client.api import Client
 from .._client.connect import connect, default_url
 from .._ops import call as named_call
-from .._wire.layout import ShardKeys
+from .._wire.layout import Layout
 from .._wire.routing import shard_for
 from ..errors import OperationFailed, ResultNotFound, SubmitTimeout
 from .arguments import Subcommands, connection_options, run_connected, seconds
-from .status import shard_count
+from .status import recorded_layout
 
 COMMANDS = ("call", "read", "result", "keys")
 
@@ -144,19 +144,17 @@ def _keyword(text: str) -> tuple[str, Any]:
     return name, _json_or_text(value)
 
 
-async def pause(
-    backend: Backend, namespace: str, shard_count: int, key: str, *, pausing: bool
-) -> tuple[int, bool]:
+async def pause(backend: Backend, layout: Layout, key: str, *, pausing: bool) -> tuple[int, bool]:
     """Pause ``key`` (or resume it, ``pausing`` False); its shard, and whether it was paused."""
-    shard = shard_for(key, shard_count)
+    shard = shard_for(key, layout.shards)
     record = json.dumps({"at": int(time.time() * 1000)}) if pausing else None
-    return shard, await backend.set_paused(ShardKeys(namespace, shard), key, record)
+    return shard, await backend.set_paused(layout.keys(shard), key, record)
 
 
 async def _pause_command(backend: Backend, args: argparse.Namespace) -> int:
-    count = await shard_count(backend, args.namespace)
+    layout = await recorded_layout(backend, args.namespace)
     if args.keys_command == "paused":
-        shards = [ShardKeys(args.namespace, shard) for shard in range(count)]
+        shards = layout.all_keys()
         paused = [
             {"key": key.decode(), "shard": keys.shard, **json.loads(found)}
             for keys, records in zip(shards, await backend.all_paused(shards), strict=True)
@@ -165,7 +163,7 @@ async def _pause_command(backend: Backend, args: argparse.Namespace) -> int:
         print(json.dumps(paused, ensure_ascii=False))
         return 0
     pausing = args.keys_command == "pause"
-    shard, was_paused = await pause(backend, args.namespace, count, args.key, pausing=pausing)
+    shard, was_paused = await pause(backend, layout, args.key, pausing=pausing)
     if pausing:
         again = " (it was paused already)" if was_paused else ""
         print(

@@ -22,7 +22,7 @@ from .._backend.backend import Backend
 from .._backend.commands import raise_errors
 from .._scripts.submit import StatusReply
 from .._scripts.submit import status as status_call
-from .._wire.layout import ShardKeys
+from .._wire.layout import Layout
 from .._wire.roster import WorkerEntry, live_entries, mismatches
 from .._wire.routing import format_shards
 from ..errors import ConfigError
@@ -93,12 +93,12 @@ class ShardStatus:
         }
 
 
-async def shard_count(backend: Backend, namespace: str) -> int:
-    """The namespace's recorded shard count.
+async def recorded_layout(backend: Backend, namespace: str) -> Layout:
+    """The namespace's recorded layout (its shard count).
 
     :raises ConfigError: if nothing has used the namespace yet (nothing is recorded).
     """
-    recorded = await backend.recorded_shard_count(namespace)
+    recorded = await backend.recorded_layout(namespace)
     if recorded is None:
         raise ConfigError(
             f"namespace {namespace!r} has no shard count recorded in Redis: no worker or client"
@@ -107,9 +107,9 @@ async def shard_count(backend: Backend, namespace: str) -> int:
     return recorded
 
 
-async def snapshot(backend: Backend, namespace: str, shards: int) -> list[Snapshot]:
+async def snapshot(backend: Backend, layout: Layout) -> list[Snapshot]:
     """Every shard of the namespace, read in one pipeline."""
-    calls = [status_call(ShardKeys(namespace, shard)) for shard in range(shards)]
+    calls = [status_call(keys) for keys in layout.all_keys()]
     replies = raise_errors(await backend.run_many(calls))
     return [_snapshot(shard, reply) for shard, reply in enumerate(replies)]
 
@@ -300,16 +300,16 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _run_status(backend: Backend, args: argparse.Namespace) -> int:
-    shards = await shard_count(backend, args.namespace)
+    layout = await recorded_layout(backend, args.namespace)
     healthy = True
     with anyio.CancelScope() as scope:
         async with anyio.create_task_group() as group:
             if args.watch:
                 group.start_soon(_cancel_on_signal, scope)
-            before = await snapshot(backend, args.namespace, shards)
+            before = await snapshot(backend, layout)
             while True:
                 await anyio.sleep(args.interval)
-                after = await snapshot(backend, args.namespace, shards)
+                after = await snapshot(backend, layout)
                 statuses = compare(before, after)
                 roster, _ = live_entries(await backend.roster(args.namespace))
                 healthy = not unowned(statuses)

@@ -14,6 +14,7 @@ from ..._backend.backend import Backend
 from ..._scripts.calls import ScriptCall
 from ..._settings import Settings
 from ..._wire.codec import Envelope
+from ..._wire.layout import Layout
 from ..._wire.routing import route
 from ..commits import Record
 from ..execution import Run
@@ -58,7 +59,7 @@ class RunnerServices:
     backend: Backend
     mailbox: Mailbox
     settings: Settings
-    shard_count: int
+    layout: Layout
     fenced: RunFenced
     finish: Finish
     #: Commits a grant or a decision with the runner's next step (``ShardRunner.commit_record``).
@@ -66,6 +67,11 @@ class RunnerServices:
     #: Runs a task in the runner's task group (its errors end the runner); nothing once the
     #: runner has stopped (then it returns False).
     spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], bool]
+
+    @property
+    def shard_count(self) -> int:
+        shards: int = self.layout.shards
+        return shards
 
     @property
     def poll(self) -> float:

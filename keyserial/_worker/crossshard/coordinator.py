@@ -350,7 +350,7 @@ class Coordinator:
         # (Answered on this worker's channel in the slot of that shard, whose script publishes.)
         request = GrantRequest(home.shard, op_id, attempt, services.mailbox.channel_for(shard))
         entry_json = grant_request_envelope(op_id, attempt, keys, request.to_wire())
-        there = ShardKeys(services.settings.namespace, shard)
+        there = services.layout.keys(shard)
         granted_at = grant_field(op_id, attempt)
         decided_at = decision_field(op_id, attempt)
         with services.mailbox.expect_grant(op_id, attempt, shard) as waiter:

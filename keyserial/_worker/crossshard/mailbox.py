@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, NoReturn, Protocol
 import anyio
 
 from ..._scripts.refusals import Refused
-from ..._wire.layout import in_shard
+from ..._wire.layout import Layout
 from ..._wire.messages import DecisionNotice, KeyGrant, MalformedMessage, from_wire
 from ..._wire.signing import ReplyVerifier, without_signature
 from ...errors import BackendUnavailable
@@ -145,10 +145,10 @@ class Mailbox:
         #: Set when signers are due (made once :meth:`learn_signers` runs, in the event loop).
         self._signers_wanted: anyio.Event | None = None
 
-    def use_shard_channels(self, namespace: str, shard_count: int) -> None:
+    def use_shard_channels(self, layout: Layout) -> None:
         """Take messages on a shard channel per shard (a cluster with sharded pub/sub): a
         script of shard ``s`` publishes on :meth:`channel_for` ``(s)``, in its own slot."""
-        self._shard_channels = [in_shard(self.channel, namespace, s) for s in range(shard_count)]
+        self._shard_channels = [keys.in_shard(self.channel) for keys in layout.all_keys()]
         self._mine = {self.channel, *self._shard_channels}
 
     def channel_for(self, shard: int) -> str:

@@ -15,7 +15,7 @@ from ..._scripts.cross import ResolveArgs, resolve
 from ..._scripts.refusals import AttemptAhead
 from ..._wire.codec import encode_error
 from ..._wire.json_text import dumps
-from ..._wire.layout import ShardKeys, grant_field
+from ..._wire.layout import grant_field
 from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant, MalformedMessage
 from ...errors import BackendUnavailable, MalformedOperation
 from ..commits import Record
@@ -132,7 +132,7 @@ class Participant:
         through Redis only says when to read: its payload is never applied. None: the attempt
         has not begun (a forged or garbled request), and the keys are to be released."""
         services = self._services
-        there = ShardKeys(services.settings.namespace, request.home)
+        there = services.layout.keys(request.home)
         while True:
             if isinstance(message := await waiter.within(services.poll), DecisionNotice):
                 log.debug(
