@@ -356,7 +356,7 @@ async def test_shard_messages_follow_the_nodes_through_a_failover(
     ) as ks:
         for account in accounts:  # every shard owned and answering (the first may wait a lease)
             await ks.submit(account, keyserial.call("deposit", 100), timeout=20)
-        subscribed = _shard_subscribers(cluster, ks._reply_for(where.stalled[0]))
+        subscribed = _shard_subscribers(cluster, ks._reply_for(ks.layout.keys(where.stalled[0])))
         assert subscribed == 1, "the client's reply channel of the shard is a shard channel"
 
         async def every_shard_answers_at_once() -> None:

@@ -536,7 +536,7 @@ async def test_a_signed_reply_replayed_for_a_resubmit_never_answers_it(
             keyserial.connect(users.client_url, namespace=namespace) as ks,
             attacker.pubsub() as listener,
         ):
-            reply = ks._reply_for(3)  # (its shard's, on a cluster)
+            reply = ks._reply_for(ks.layout.keys(3))  # (its shard's, on a cluster)
             await subscribe(listener, reply)  # (any client user may)
             async with running_worker(users.worker_url, namespace, shard_count=SHARDS):
                 with pytest.raises(keyserial.UnknownOperation):

@@ -39,7 +39,7 @@ async def published_by_ops(url: str, namespace: str) -> Published:
         await ks.transfer("account:1", "account:2", 2, timeout=10)
     return Published(
         ks._reply,
-        ks._reply_for(2),
+        ks._reply_for(ks.layout.keys(2)),
         [command for command in commands if command.startswith("SPUBLISH ")],
         [command for command in commands if command.startswith("PUBLISH ")],
     )

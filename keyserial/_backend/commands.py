@@ -25,6 +25,7 @@ from .._wire.layout import (
     roster_key,
     signers_key,
 )
+from .._wire.resharding import LayoutRecord, Seal, sealed_key
 from ..errors import ConfigError, ShardCountMismatch
 
 Command = Sequence[ScriptArg]
@@ -210,6 +211,14 @@ class Commands:
         replies = raise_errors(await self.pipeline([("HGETALL", s.paused) for s in shards]))
         return [_as_dict(paused) for paused in replies]
 
+    async def seals(self, shards: Sequence[ShardKeys]) -> list[Seal | None]:
+        """Each shard's seal by a reshard, if it has one, in one pipeline."""
+        replies = raise_errors(await self.pipeline([("GET", sealed_key(s)) for s in shards]))
+        return [
+            None if record is None else Seal.decode(shard.namespace, record)
+            for shard, record in zip(shards, replies, strict=True)
+        ]
+
     async def pauses_changed(self, namespace: str) -> int:
         """The namespace's count of pauses and resumes (0: none yet)."""
         return int(await self.call("GET", pauses_key(namespace)) or 0)
@@ -255,10 +264,16 @@ class Commands:
 
     async def recorded_layout(self, namespace: str) -> Layout | None:
         """The layout the namespace records, or None if nothing has used it yet."""
-        shards, generation = await self.call("HMGET", meta_key(namespace), "shards", "generation")
-        if shards is None:
-            return None
-        return Layout(namespace, int(shards), 0 if generation is None else int(generation))
+        record = await self.layout_record(namespace)
+        return None if record is None else record.live
+
+    async def layout_record(self, namespace: str) -> LayoutRecord | None:
+        """The namespace's layout, the reshard under way and the layouts before; None if
+        nothing has used the namespace yet."""
+        shards, *rest = await self.call(
+            "HMGET", meta_key(namespace), "shards", "generation", "move", "history"
+        )
+        return None if shards is None else LayoutRecord.decode(namespace, shards, *rest)
 
     async def ensure_layout(self, namespace: str, shard_count: int | None) -> Layout:
         """Record the namespace's shard count on first use; return the recorded layout.

@@ -28,9 +28,14 @@ class Client(abc.ABC):
 
     def __init__(self, settings: Settings, layout: Layout, client_id: str) -> None:
         self.settings = settings
-        #: The namespace's layout this client routes by (its shard count, and their names).
-        self.layout = layout
+        self._layout = layout
         self.client_id = client_id
+
+    @property
+    def layout(self) -> Layout:
+        """The namespace's layout this client routes new ops by (its shard count, and their
+        names): during a reshard, the one the namespace moves to."""
+        return self._layout
 
     @property
     def shard_count(self) -> int:
@@ -90,7 +95,7 @@ class Client(abc.ABC):
             ``ValueError`` for a malformed ``op_id`` or a reserved op name too.
         """
         check_key(key)
-        return await self._checked_submit(key, self.shard_of(key), call, timeout, op_id)
+        return await self._checked_submit(key, call, timeout, op_id)
 
     async def enqueue(
         self, key: str, call: Call[Any], *, op_id: str | None = None, timeout: float | None = None
@@ -109,7 +114,7 @@ class Client(abc.ABC):
         """
         check_key(key)
         seconds = self._checked(call, timeout, op_id)
-        return await self._enqueue(key, self.shard_of(key), call, seconds, op_id)
+        return await self._enqueue(key, call, seconds, op_id)
 
     async def submit_many(
         self,
@@ -129,8 +134,8 @@ class Client(abc.ABC):
 
         Raises as :meth:`submit` does.
         """
-        home = self._home(keys)
-        return await self._checked_submit(tuple(keys), home, call, timeout, op_id)
+        self._home(keys)  # (checks them)
+        return await self._checked_submit(tuple(keys), call, timeout, op_id)
 
     async def transfer(
         self,
@@ -157,7 +162,7 @@ class Client(abc.ABC):
         that is ordered after them.
         """
         check_key(key)
-        return await self._state(self.shard_of(key), key)
+        return await self._state(key)
 
     async def result(self, op_id: str, *, key: str | Sequence[str]) -> Any:
         """The stored outcome of op ``op_id`` on ``key`` (for a multi-key op: its list of keys):
@@ -170,43 +175,40 @@ class Client(abc.ABC):
         check_op_id(op_id, submitted=False)
         if isinstance(key, str):
             check_key(key)
-        shard = self.shard_of(key) if isinstance(key, str) else self._home(key)
+        else:
+            self._home(key)  # (checks them)
         all_keys = (key,) if isinstance(key, str) else tuple(key)
-        return await self._stored_result(op_id, shard, all_keys)
+        return await self._stored_result(op_id, all_keys)
 
     # -- what each kind of client does with checked arguments ---------------------------------
 
     @abc.abstractmethod
-    async def _send(
-        self, keys: Keys, shard: int, call: Call[R], timeout: float, op_id: str | None
-    ) -> R:
-        """Append the op to ``shard`` and wait for its outcome (``timeout``: seconds, or
+    async def _send(self, keys: Keys, call: Call[R], timeout: float, op_id: str | None) -> R:
+        """Append the op to its home shard and wait for its outcome (``timeout``: seconds, or
         ``math.inf``)."""
 
     @abc.abstractmethod
-    async def _enqueue(
-        self, keys: Keys, shard: int, call: Call[Any], timeout: float, op_id: str | None
-    ) -> str:
-        """Append the op to ``shard``; its op id once appended."""
+    async def _enqueue(self, keys: Keys, call: Call[Any], timeout: float, op_id: str | None) -> str:
+        """Append the op to its home shard; its op id once appended."""
 
     @abc.abstractmethod
-    async def _state(self, shard: int, key: str) -> Any:
-        """The committed state of ``key``, on ``shard``."""
+    async def _state(self, key: str) -> Any:
+        """The committed state of ``key``."""
 
     @abc.abstractmethod
-    async def _stored_result(self, op_id: str, shard: int, keys: tuple[str, ...]) -> Any:
-        """The outcome stored for ``op_id`` on ``shard``."""
+    async def _stored_result(self, op_id: str, keys: tuple[str, ...]) -> Any:
+        """The outcome stored for ``op_id``, an op on ``keys``."""
 
     # -- checks --------------------------------------------------------------------------------
 
     async def _checked_submit(
-        self, keys: Keys, shard: int, call: Call[R], timeout: float | None, op_id: str | None
+        self, keys: Keys, call: Call[R], timeout: float | None, op_id: str | None
     ) -> R:
         seconds = self._checked(call, timeout, op_id)
         namespace = self.settings.namespace
         began, error = CLIENT_METRICS.began(namespace), None
         try:
-            return await self._send(keys, shard, call, seconds, op_id)
+            return await self._send(keys, call, seconds, op_id)
         except BaseException as exc:
             error = exc
             raise

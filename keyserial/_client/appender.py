@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import anyio
@@ -18,7 +18,7 @@ from anyio.abc import TaskGroup
 from .._backend.backend import Backend
 from .._backend.batching import NodeBatcher
 from .._scripts.calls import ScriptCall
-from .._scripts.refusals import BacklogRefused, Refused
+from .._scripts.refusals import BacklogRefused, Refused, ShardSealed
 from .._scripts.submit import SubmitArgs, submit
 from .._settings import Settings
 from .._wire.codec import WIRE_VERSION, pack_entry
@@ -38,9 +38,13 @@ _ENTRY_BYTES = 256 * 1024
 class Appender:
     """Appends the submits queued with :meth:`add`; :meth:`run` in a task of the client's."""
 
-    def __init__(self, backend: Backend, settings: Settings) -> None:
+    def __init__(
+        self, backend: Backend, settings: Settings, reroute: Callable[[list[Pending]], None]
+    ) -> None:
         self._backend = backend
         self._settings = settings
+        #: Takes the ops of entries refused because a reshard sealed their shard.
+        self._reroute = reroute
         self._batcher: NodeBatcher[Pending] = NodeBatcher(backend, self._append)
         self._task_group: TaskGroup | None = None
         #: Set when the client closes: nothing more is sent.
@@ -112,18 +116,23 @@ class Appender:
         """Note each appended op's entry; fail the ops of entries the server refused, and queue
         again those refused for now."""
         refused: list[Pending] = []
+        sealed: list[Pending] = []
         for (shard, group), reply in zip(entries, replies, strict=True):
             if isinstance(reply, bytes):
                 for pending in group:
                     pending.appended(reply)
             elif isinstance(reply, BackendUnavailable):
                 refused += group  # "not now" (BUSY, LOADING): nothing was appended
+            elif isinstance(reply, ShardSealed):
+                sealed += group  # resharded: nothing was appended
             elif isinstance(reply, Exception):
                 error = self._append_error(shard, reply)
                 for pending in group:
                     pending.settle(error)
         if refused and self._task_group is not None and not self._stopped:
             self._task_group.start_soon(self._append_again, refused)
+        if sealed and not self._stopped:
+            self._reroute(sealed)
 
     async def _append_again(self, refused: list[Pending]) -> None:
         """Queue again, a moment later, ops whose append the server refused for now; each

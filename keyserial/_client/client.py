@@ -16,6 +16,8 @@ import math
 import os
 import uuid
 from collections import defaultdict
+from collections.abc import Sequence
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -23,11 +25,14 @@ from anyio.abc import TaskGroup, TaskStatus
 
 from .._backend.backend import Backend
 from .._backend.durability import stored_confirmed
+from .._backoff import Backoff
 from .._ops import Call
 from .._settings import Settings
 from .._telemetry import Carrier, submitting, tracer
 from .._wire.codec import decode_outcome, decode_reply, encode_envelope, replied_op_ids
-from .._wire.layout import Layout, reply_channel
+from .._wire.layout import Layout, ShardKeys, reply_channel
+from .._wire.resharding import LayoutRecord
+from .._wire.routing import shard_for
 from .._wire.signing import ReplyVerifier
 from ..errors import (
     BackendUnavailable,
@@ -41,7 +46,8 @@ from .api import Client, Keys
 from .appender import Appender
 from .outcomes import ReplyLookups, StoredOutcomes, settle_signed
 from .pending import TIMED_OUT, Pending, closed_while_waiting, value_or_raise
-from .sweep import Sweep
+from .routes import Routes
+from .sweep import Sweep, _number
 
 R = TypeVar("R")
 log = logging.getLogger("keyserial.client")
@@ -57,10 +63,10 @@ def _running_loop() -> asyncio.AbstractEventLoop | None:
 class AsyncioClient(Client):
     """The client on the asyncio loop it was opened on (see :class:`keyserial.Client`)."""
 
-    def __init__(self, backend: Backend, settings: Settings, layout: Layout) -> None:
+    def __init__(self, backend: Backend, settings: Settings, record: LayoutRecord) -> None:
         random_id = uuid.uuid4().hex
         client_id = f"{settings.service}.{random_id}" if settings.service else random_id
-        super().__init__(settings, layout, client_id)
+        super().__init__(settings, record.routing, client_id)
         self._pid = os.getpid()
         self._op_ids = _OpIds(self.client_id)
         self._backend = backend
@@ -69,18 +75,14 @@ class AsyncioClient(Client):
         self._reply = self._verifier.channel
         #: With sharded pub/sub (a cluster), a reply channel per shard: an op's reply travels
         #: on its home shard's, on the node that serves that shard.
-        self._shard_replies = (
-            [keys.in_shard(self._reply) for keys in layout.all_keys()]
-            if backend.sharded_pubsub
-            else []
-        )
+        self._sharded = backend.sharded_pubsub
+        self._routes = Routes(backend, record, self._route_to)
         #: The submits awaited, by op id.
         self._waiting: dict[str, list[Pending]] = defaultdict(list)
         self._task_group: TaskGroup | None = None
         #: The event loop the client was opened on: its connection and tasks live there.
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._shards = layout.all_keys()
-        self._appender = Appender(backend, settings)
+        self._appender = Appender(backend, settings, self._reroute)
         outcomes = StoredOutcomes(backend, settings, self._waiting)
         self._lookups = ReplyLookups(backend, outcomes, settings, self._waiting, self._verifier)
         self._sweep = Sweep(
@@ -104,6 +106,7 @@ class AsyncioClient(Client):
         self._task_group.start_soon(self._appender.run)
         self._task_group.start_soon(self._lookups.run)
         self._task_group.start_soon(self._sweep.run)
+        self._task_group.start_soon(self._follow_layout)
         return self
 
     async def aclose(self) -> None:
@@ -146,17 +149,17 @@ class AsyncioClient(Client):
             )
         return loop
 
-    async def _send(
-        self, keys: Keys, shard: int, call: Call[R], timeout: float, op_id: str | None
-    ) -> R:
-        pending = await self._settled(keys, shard, call, timeout, op_id, appended_only=False)
+    @property
+    def layout(self) -> Layout:
+        return self._routes.routing
+
+    async def _send(self, keys: Keys, call: Call[R], timeout: float, op_id: str | None) -> R:
+        pending = await self._settled(keys, call, timeout, op_id, appended_only=False)
         value: R = self._unwrap(pending)
         return value
 
-    async def _enqueue(
-        self, keys: Keys, shard: int, call: Call[Any], timeout: float, op_id: str | None
-    ) -> str:
-        pending = await self._settled(keys, shard, call, timeout, op_id, appended_only=True)
+    async def _enqueue(self, keys: Keys, call: Call[Any], timeout: float, op_id: str | None) -> str:
+        pending = await self._settled(keys, call, timeout, op_id, appended_only=True)
         if isinstance(pending.outcome, BaseException):
             raise pending.outcome
         return pending.op_id  # (appended; or answered already, which it could only be if so)
@@ -164,7 +167,6 @@ class AsyncioClient(Client):
     async def _settled(
         self,
         keys: Keys,
-        shard: int,
         call: Call[Any],
         timeout: float,
         op_id: str | None,
@@ -180,16 +182,13 @@ class AsyncioClient(Client):
         op_id = op_id or self.new_op_id()
         traced = tracer()
         if traced is None:  # (the common case: no span, and no context manager either)
-            return await self._traced(keys, shard, call, timeout, op_id, fresh, None, appended_only)
+            return await self._traced(keys, call, timeout, op_id, fresh, None, appended_only)
         with submitting(traced, call.name, keys, op_id) as trace:
-            return await self._traced(
-                keys, shard, call, timeout, op_id, fresh, trace, appended_only
-            )
+            return await self._traced(keys, call, timeout, op_id, fresh, trace, appended_only)
 
     async def _traced(
         self,
         keys: Keys,
-        shard: int,
         call: Call[Any],
         timeout: float,
         op_id: str,
@@ -199,7 +198,8 @@ class AsyncioClient(Client):
     ) -> Pending:
         """:meth:`_settled` in the submit's span (``trace``: its context, sent with the op)."""
         loop = self._check_loop()
-        envelope = encode_envelope(op_id, keys, call, self._reply_for(shard), trace)
+        home = self._routes.home(keys)
+        envelope = encode_envelope(op_id, keys, call, self._reply_for(home), trace)
         size = len(envelope) if envelope.isascii() else len(envelope.encode())  # bytes
         if size > self.settings.max_payload_bytes:
             key = keys if isinstance(keys, str) else keys[0]
@@ -207,7 +207,7 @@ class AsyncioClient(Client):
         pending = Pending(
             op_id,
             keys,
-            self._shards[shard],
+            home,
             envelope,
             loop.create_future(),
             fresh=fresh,
@@ -230,16 +230,21 @@ class AsyncioClient(Client):
             raise await self._timed_out(pending, timeout)
         return pending
 
-    async def _state(self, shard: int, key: str) -> Any:
+    async def _state(self, key: str) -> Any:
         self._check_loop()
-        raw = await self._backend.state(self._shards[shard], key)
+        live = self._routes.live
+        raw = await self._backend.state(self._routes.keys(live)[shard_for(key, live.shards)], key)
         return None if raw is None else json.loads(raw)
 
-    async def _stored_result(self, op_id: str, shard: int, keys: tuple[str, ...]) -> Any:
+    async def _stored_result(self, op_id: str, keys: tuple[str, ...]) -> Any:
         self._check_loop()
-        (raw,), confirmed = await stored_confirmed(
-            self._backend, self.settings.durability, self._shards[shard], [op_id]
-        )
+        raw, confirmed = None, True
+        for shard in self._routes.where_stored(keys):
+            (raw,), confirmed = await stored_confirmed(
+                self._backend, self.settings.durability, shard, [op_id]
+            )
+            if raw is not None:
+                break
         if raw is not None and not confirmed:
             raise BackendUnavailable(
                 self._backend.url,
@@ -260,13 +265,13 @@ class AsyncioClient(Client):
         """The timeout error, naming the op's shards that no worker holds (the usual reason an
         op waits that long: no worker serves its namespace, or none runs at all)."""
         withdrawn = self._appender.withdraw(pending)
-        shards = sorted({self.shard_of(key) for key in pending.all_keys})
+        shards = sorted({self._routes.home(key) for key in pending.all_keys}, key=_number)
         vacant: list[int] = []
         with anyio.move_on_after(min(1.0, timeout)):
             for shard in shards:
                 try:
-                    if not await self._backend.lease_held(self._shards[shard]):
-                        vacant.append(shard)
+                    if not await self._backend.lease_held(shard):
+                        vacant.append(shard.shard)
                 except KeyserialError:  # the timeout is the error to report
                     break
         log.debug("op %s timed out (withdrawn unsent: %s)", pending.op_id, withdrawn)
@@ -297,14 +302,75 @@ class AsyncioClient(Client):
         for pending in self._waiting.get(op_id, ()):
             pending.settle(outcome)
 
-    def _reply_for(self, shard: int) -> str:
+    def _reply_for(self, shard: ShardKeys) -> str:
         """The reply channel of an op whose home is ``shard``."""
-        return self._shard_replies[shard] if self._shard_replies else self._reply
+        return shard.in_shard(self._reply) if self._sharded else self._reply
 
-    async def _listen_for_replies(self, *, task_status: TaskStatus[None]) -> None:
+    def _replies_of(self, layouts: Sequence[Layout]) -> list[str]:
+        """The reply channels of ops homed in ``layouts``."""
+        if not self._sharded:
+            return [self._reply]
+        return [
+            self._reply_for(shard)
+            for layout in {layout.generation: layout for layout in layouts}.values()
+            for shard in self._routes.keys(layout)
+        ]
+
+    # -- reshards ------------------------------------------------------------------------------
+
+    def _route_to(self, layout: Layout) -> None:
+        """The client routes new ops to ``layout`` from now on: on a cluster, listen for
+        replies on its shards' channels too."""
+        if self._sharded and self._task_group is not None:
+            self._task_group.start_soon(
+                partial(self._listen_for_replies, self._replies_of([layout]))
+            )
+
+    def _reroute(self, refused: list[Pending]) -> None:
+        """A reshard sealed the shards these ops were appended to, and nothing was appended:
+        learn the layout again and append them where they route now."""
+        if self._task_group is not None:
+            self._task_group.start_soon(self._append_rerouted, refused)
+
+    async def _append_rerouted(self, refused: list[Pending]) -> None:
+        pause = Backoff(0.05, 1.0)
+        while refused:
+            try:
+                await self._routes.learn()
+            except (BackendUnavailable, ConfigError) as exc:
+                log.warning("reading the namespace's layout: %s (retrying)", exc)
+            moved, refused = [], [pending for pending in refused if not pending.done.done()]
+            for pending in list(refused):
+                home = self._routes.home(pending.all_keys)
+                if home != pending.shard:  # (else the move is not recorded where we read)
+                    pending.rehome(home, self._reply_for(home))
+                    moved.append(pending)
+                    refused.remove(pending)
+            self._appender.requeue(moved)
+            if refused:
+                await pause.sleep()
+
+    async def _follow_layout(self) -> None:
+        """Read the layout record every ``idle_poll``: a client that appends nothing learns
+        of a reshard too (its reads then go where the states are)."""
+        while True:
+            await anyio.sleep(self.settings.idle_poll)
+            try:
+                await self._routes.learn()
+            except (KeyserialError, ConfigError) as exc:
+                log.debug("reading the namespace's layout: %s", exc)
+
+    async def _listen_for_replies(
+        self,
+        channels: Sequence[str] | None = None,
+        *,
+        task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        if channels is None:
+            channels = self._replies_of([self._routes.live, self._routes.routing])
         try:
             await self._backend.listen(
-                self._shard_replies or [self._reply],
+                channels,
                 self._deliver,
                 health_interval=self.settings.health_interval,
                 on_resubscribed=self._sweep.now,

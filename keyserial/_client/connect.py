@@ -72,7 +72,9 @@ async def connect_asyncio(
     settings = Settings.resolve(namespace=namespace, shard_count=shards, **options)
     backend = await Backend.connect(default_url() if redis is None else redis)
     try:
-        layout = await backend.ensure_layout(settings.namespace, settings.shard_count)
+        await backend.ensure_layout(settings.namespace, settings.shard_count)
+        record = await backend.layout_record(settings.namespace)
+        assert record is not None, "ensured just now"
         await check_durability(backend, settings.durability)
     except ShardCountMismatch as exc:
         await backend.aclose()
@@ -82,5 +84,5 @@ async def connect_asyncio(
     except BaseException:
         await backend.aclose()
         raise
-    async with AsyncioClient(backend, settings, layout) as client:
+    async with AsyncioClient(backend, settings, record) as client:
         yield client

@@ -19,6 +19,7 @@ import anyio
 import sniffio
 
 from .._ops import Call
+from .._wire.layout import Layout
 from ..errors import KeyserialError
 from .api import Client, Keys
 from .hosted import HostedClient, Opener
@@ -61,21 +62,21 @@ class ForeignLoopClient(Client):
     def new_op_id(self) -> str:
         return self._inner.new_op_id()
 
-    async def _send(
-        self, keys: Keys, shard: int, call: Call[R], timeout: float, op_id: str | None
-    ) -> R:
-        return await self._run(lambda: self._inner._send(keys, shard, call, timeout, op_id))
+    @property
+    def layout(self) -> Layout:
+        return self._inner.layout
 
-    async def _enqueue(
-        self, keys: Keys, shard: int, call: Call[Any], timeout: float, op_id: str | None
-    ) -> str:
-        return await self._run(lambda: self._inner._enqueue(keys, shard, call, timeout, op_id))
+    async def _send(self, keys: Keys, call: Call[R], timeout: float, op_id: str | None) -> R:
+        return await self._run(lambda: self._inner._send(keys, call, timeout, op_id))
 
-    async def _state(self, shard: int, key: str) -> Any:
-        return await self._run(lambda: self._inner._state(shard, key))
+    async def _enqueue(self, keys: Keys, call: Call[Any], timeout: float, op_id: str | None) -> str:
+        return await self._run(lambda: self._inner._enqueue(keys, call, timeout, op_id))
 
-    async def _stored_result(self, op_id: str, shard: int, keys: tuple[str, ...]) -> Any:
-        return await self._run(lambda: self._inner._stored_result(op_id, shard, keys))
+    async def _state(self, key: str) -> Any:
+        return await self._run(lambda: self._inner._state(key))
+
+    async def _stored_result(self, op_id: str, keys: tuple[str, ...]) -> Any:
+        return await self._run(lambda: self._inner._stored_result(op_id, keys))
 
     async def _run(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         self._hosted.check()

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
+from .._wire.json_text import dumps
 from .._wire.layout import ShardKeys
 from ..errors import KeyserialError, OperationFailed
 
@@ -54,6 +56,14 @@ class Pending:
 
     def expire(self) -> None:
         self.settle(TIMED_OUT)
+
+    def rehome(self, shard: ShardKeys, reply: str) -> None:
+        """Append the op to ``shard`` instead (a reshard sealed the one it was refused by), with
+        replies on ``reply``."""
+        envelope = json.loads(self.envelope)
+        if "reply" in envelope:
+            envelope["reply"] = reply
+        self.shard, self.envelope = shard, dumps(envelope)
 
     def appended(self, entry: bytes) -> None:
         """The stream entry ``entry`` carries the op now."""

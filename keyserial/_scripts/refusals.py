@@ -74,6 +74,17 @@ class OwnedElsewhere(Refused):
         self.index = index
 
 
+class MoveRefused(Refused):
+    """``move`` or ``flip`` found another reshard under way (``MOVING <record>``), or a live
+    layout other than the one the move leaves (``LIVE <generation> <shards>``): it wrote
+    nothing."""
+
+
+class ShardSealed(Refused):
+    """``submit`` found the shard sealed by a reshard (``RESHARDED …``): nothing was
+    appended. A client reads the namespace's layout again and appends where the op routes now."""
+
+
 class ScriptMissing(Refused):
     """``EVALSHA`` of a script the server does not hold (a restart, ``SCRIPT FLUSH``): the
     boundary sends the call again as ``EVAL``, so no caller sees this one."""
@@ -87,6 +98,9 @@ _BY_CODE: dict[str, type[Refused]] = {
     "UNCONFIRMED": PushUnconfirmed,
     "REPLAYED": Replayed,
     "RESTARTED": StreamRestarted,
+    "MOVING": MoveRefused,
+    "LIVE": MoveRefused,
+    "RESHARDED": ShardSealed,
 }
 
 

@@ -25,6 +25,8 @@ class SubmitArgs(ScriptArgs):
     #: Every op id in the entry is appended for the first time: its owner looks none up, and the
     #: entry travels to it in its wake-up (a push).
     fresh: bool = False
+    #: Append even to a shard a reshard sealed: a grant request of an op appended before it.
+    past_seal: bool = False
 
 
 def _entry_id(reply: bytes) -> bytes:

@@ -101,6 +101,26 @@ def encode_envelope(
         raise _not_json_argument(call, exc) from None
 
 
+def reencoded(envelope: Envelope) -> str:
+    """``envelope`` as JSON again, for an append elsewhere (an op forwarded by a sealed shard,
+    see ``_wire.resharding``)."""
+    encoded: dict[str, Any] = {"id": envelope.op_id}
+    if envelope.multi:
+        encoded["keys"] = list(envelope.keys)
+    else:
+        encoded["key"] = envelope.key
+    encoded["op"] = envelope.name
+    if envelope.args:
+        encoded["args"] = envelope.args
+    if envelope.kwargs:
+        encoded["kwargs"] = envelope.kwargs
+    if envelope.reply is not None:
+        encoded["reply"] = envelope.reply
+    if envelope.trace:
+        encoded["tc"] = envelope.trace
+    return dumps(encoded)
+
+
 def _not_json_argument(call: Call[Any], exc: TypeError | ValueError) -> TypeError | ValueError:
     """The encoding error, saying which argument of which op JSON cannot carry (a datetime, a
     set, NaN), and what it can."""

@@ -64,6 +64,13 @@ def parse_shards(spec: str, shard_count: int) -> list[int]:
     return sorted(shards)
 
 
+def scale_shards(shards: Sequence[int], of: int, to: int) -> list[int]:
+    """``shards`` of ``of`` shards as the same fraction of ``to`` shards: shard ``i`` covers
+    ``[i·to/of, (i+1)·to/of)`` (rounded down). Ranges that cover every shard of ``of`` cover
+    every shard of ``to``, each once; a lone shard may cover none when shrinking."""
+    return sorted({new for old in shards for new in range(old * to // of, (old + 1) * to // of)})
+
+
 def format_shards(shards: Sequence[int]) -> str:
     """``[0, 1, 2, 5]`` -> ``"0-2,5"`` (sorted input): :func:`parse_shards` reads it back."""
     runs = [

@@ -29,6 +29,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -36,14 +37,19 @@ from anyio.abc import TaskGroup
 
 from .._backend.backend import Backend
 from .._backoff import Backoff
+from .._logfields import fields as log_fields
 from .._ops import Registry
 from .._scripts.calls import ScriptCall
 from .._scripts.commit import StepArgs, StepReply, step
 from .._scripts.lease import LeaseGrant
 from .._scripts.refusals import Diverged, Fenced
+from .._scripts.reshard import record_drained
+from .._scripts.submit import SubmitArgs, submit
 from .._settings import Settings
-from .._wire.codec import Push, binding
+from .._wire.codec import GRANT_OP, WIRE_VERSION, Push, binding, pack_entry, reencoded
 from .._wire.layout import Layout
+from .._wire.resharding import Seal
+from .._wire.routing import home_shard
 from ..errors import BackendUnavailable, LeaseLost
 from .chains import Chains, Hold
 from .commits import CommitPlanner, DeadLetter, Finished, Record, ResultGenerations
@@ -123,6 +129,10 @@ class ShardRunner:
         self._pauses_stale = False
         #: Set once :meth:`run` has returned: no step will ever come again.
         self._ended = False
+        #: The seal of a reshard that moves this shard's keys elsewhere (see :meth:`seal`), and
+        #: the entry this owner last recorded the shard drained up to.
+        self._seal: Seal | None = None
+        self._drained_at = ""
         self.executor = Executor(
             registry,
             shard=shard,
@@ -199,6 +209,27 @@ class ShardRunner:
         for key in sorted(self._paused.keys() - paused):
             self._chains.release(self._paused.pop(key))
             log.info("shard %d: key %r resumed", self.shard, key)
+
+    def seal(self, seal: Seal) -> None:
+        """A reshard sealed this shard: clients append no more ops here (``submit.lua``), and
+        the shard drains. An op found in an entry appended after the seal (by a client of an
+        older version, or a plain ``XADD``) is forwarded to its shard in the new layout, not
+        run; a grant request still runs (its op was appended before the seal). Once nothing
+        is under way, the owner records the shard drained (:meth:`_record_drained`)."""
+        if self._seal is None:
+            self._seal = seal
+            log.info(
+                "shard %d: sealed for a reshard to %d shards (entries up to %s stay here)",
+                self.shard,
+                seal.target.shards,
+                seal.last,
+                extra=log_fields(shard=self.shard, epoch=self.epoch),
+            )
+            self.wake()
+
+    @property
+    def sealed(self) -> bool:
+        return self._seal is not None
 
     @property
     def uncommitted(self) -> int:
@@ -280,7 +311,36 @@ class ShardRunner:
                 continue
             if self._stopping and not self._running:
                 return
+            if self._drains_now():
+                await self._record_drained()
+                continue
             await self._sleep()
+
+    def _drains_now(self) -> bool:
+        """Sealed, past the seal, and nothing under way or to commit, where the last record
+        said otherwise."""
+        seal = self._seal
+        return (
+            seal is not None
+            and self._drained_at != self._cursor
+            and self._replay_until is None
+            and not (self._running or self._finished or self._dead or self._records)
+            and self._uncommitted == 0
+            and parse_id(self._cursor) >= parse_id(seal.last)
+        )
+
+    async def _record_drained(self) -> None:
+        """Record that every entry up to the cursor has taken effect and nothing is under way:
+        the reshard flips once every old shard says so, twice over with no entry between."""
+        at = self._cursor
+        await self.fenced(record_drained(self.keys, self.epoch, at), builds=False)
+        self._drained_at = at
+        log.info(
+            "shard %d: drained up to %s for the reshard",
+            self.shard,
+            at,
+            extra=log_fields(shard=self.shard, epoch=self.epoch),
+        )
 
     def _fetch_size(self) -> int:
         if self._stopping or self._uncommitted >= self._settings.max_inflight:
@@ -418,8 +478,11 @@ class ShardRunner:
             self._dead.extend(accepted.dead)
             for finished in accepted.finished:
                 self._finish(finished)
+            runs = accepted.runs
+            if self._seal is not None and parse_id(entry_id) > parse_id(self._seal.last):
+                runs = self._forward_moved(runs)
             self._uncommitted += len(accepted.runs)
-            runnable.extend(accepted.runs)
+            runnable.extend(runs)
         self.metrics.dispatched(runnable)
         for run in runnable:
             self._chains.schedule(run)
@@ -428,6 +491,41 @@ class ShardRunner:
                 # no code), and nothing after it starts until it has committed.
                 self._suspect = None
                 await self._commit_through(run)
+
+    def _forward_moved(self, runs: list[Run]) -> list[Run]:
+        """Of the runs of an entry appended after the seal, those to run here (grant requests);
+        the others are forwarded to the new layout."""
+        kept = []
+        for run in runs:
+            if run.envelope.name == GRANT_OP:
+                kept.append(run)
+            else:  # (if the runner has stopped meanwhile, the next owner forwards it)
+                self._spawn(partial(self._forward, run))
+        return kept
+
+    async def _forward(self, run: Run) -> None:
+        """Append ``run``'s op to its home shard in the layout the seal names, then let the
+        entry go as if the op had finished (nothing stored: it runs there). Forwarded again
+        after a crash, the op runs once: its id finds the first one's outcome."""
+        assert self._seal is not None
+        target = self._seal.target
+        there = target.keys(home_shard(run.envelope.keys, target.shards))
+        args = SubmitArgs(
+            max_backlog=0,
+            wire_version=WIRE_VERSION,
+            ops=pack_entry([reencoded(run.envelope)]),
+            wake_channel=there.wake(self._backend.sharded_pubsub),
+        )
+        await self._retrying(lambda: self._backend.run_call(submit(there, args)))
+        log.warning(
+            "shard %d: op %s was appended after the shard was sealed for a reshard (an older"
+            " client, or a plain XADD): forwarded to shard %d of the new layout",
+            self.shard,
+            run.envelope.op_id,
+            there.shard,
+            extra=log_fields(shard=self.shard, epoch=self.epoch, op_id=run.envelope.op_id),
+        )
+        self._finish(Finished(run.envelope.op_id, "", run.entries, [], store=False))
 
     # -- outcomes ------------------------------------------------------------------------------
 

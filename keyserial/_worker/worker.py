@@ -33,8 +33,9 @@ from .._scripts.lease import LeaseGrant
 from .._settings import Settings
 from .._wire.codec import GRANT_OP, parse_push
 from .._wire.layout import PAUSES_CHANGED, Layout, worker_channel
+from .._wire.resharding import layout_channel
 from .._wire.roster import ROSTER_RENEW, OpSetMismatch, WorkerEntry, live_entries, mismatches
-from .._wire.routing import format_shards, parse_shards
+from .._wire.routing import format_shards, parse_shards, scale_shards
 from .._wire.signing import SIGNER_RENEW, SIGNER_TTL, ReplySigner, signer_renewed_at
 from ..errors import BackendUnavailable, ConfigError, LeaseLost
 from ..ledger import LEDGER_OPS
@@ -85,6 +86,10 @@ class Worker:
         self._at_once = False
         self._draining: anyio.CancelScope | None = None
         self.shards: list[int] = []
+        #: The shard list given, as read against the first layout served, and its shard count.
+        self._spec_shards: tuple[list[int], int] | None = None
+        #: Set by a wake-up on the namespace's layout channel: read the layout record now.
+        self._layout_wake = asyncio.Event()
         #: Served over HTTP when ``metrics_port`` is given (0: any free port).
         self.metrics = Metrics(
             self.settings.namespace,
@@ -120,33 +125,11 @@ class Worker:
         if backend is None:
             return
         try:
-            layout = self._layout
-            shard_count = layout.shards
-            self.shards = self._resolve_shards(shard_count)
-            if backend.sharded_pubsub:
-                self._mailbox.use_shard_channels(layout)
-            log.info(
-                "worker %s serving shards %s of %d in namespace %r on %s (ops: %s)",
-                self.token,
-                format_shards(self.shards),
-                shard_count,
-                self.settings.namespace,
-                _event_loop_name(),
-                ", ".join(self.registry.names()),
-            )
+            self.shards = self._resolve_shards(self._layout)  # (a bad spec fails here, first)
             self._pipeliner = Pipeliner(
                 backend, self.settings.durability, ReplySigner(), on_batch=self.metrics.pipelined
             )
             async with anyio.create_task_group() as task_group:
-                self._leases = Leases(
-                    backend,
-                    self.settings,
-                    layout,
-                    self.token,
-                    self.metrics,
-                    self._owned,
-                    partial(self._start, backend, layout, task_group),
-                )
                 # (Metrics first: a port that cannot be bound stops the worker before it has
                 # subscribed or taken a shard.)
                 await task_group.start(self.metrics.serve)
@@ -158,12 +141,11 @@ class Worker:
                     self._mailbox.learn_signers,
                     partial(backend.signer_records, self.settings.namespace),
                 )
-                task_group.start_soon(self._poll, backend)
-                await task_group.start(self._listen_for_wakeups, backend)
-                task_group.start_soon(self._leases.keep, self.shards, self._stop)
-                self._started.set()
-                await self._stop.wait()
-                await self._shut_down(backend)
+                layout: Layout | None = self._layout
+                while layout is not None:
+                    layout = await self._serve_layout(backend, layout)
+                with contextlib.suppress(Exception):  # (else it drops out when stale)
+                    await backend.drop_workers(self.settings.namespace, [self.token])
                 task_group.cancel_scope.cancel()
         finally:
             with anyio.CancelScope(shield=True):
@@ -275,10 +257,18 @@ class Worker:
                 log.warning("%s; retrying in %.1fs", exc, backoff.delay)
                 await backoff.sleep()
 
-    def _resolve_shards(self, shard_count: int) -> list[int]:
-        spec = self._shard_spec
-        if spec is None:
-            return list(range(shard_count))
+    def _resolve_shards(self, layout: Layout) -> list[int]:
+        """The shards of ``layout`` this worker serves: every one without a shard list; else
+        the list, read against the first layout the worker served, and after a reshard the
+        same fraction of the new layout (:func:`scale_shards`)."""
+        if self._shard_spec is None:
+            return list(range(layout.shards))
+        if self._spec_shards is None:
+            self._spec_shards = (self._parse_spec(self._shard_spec, layout.shards), layout.shards)
+        chosen, of = self._spec_shards
+        return scale_shards(chosen, of, layout.shards)
+
+    def _parse_spec(self, spec: Sequence[int] | str, shard_count: int) -> list[int]:
         if isinstance(spec, str):
             return parse_shards(spec, shard_count)
         if not spec:
@@ -291,6 +281,95 @@ class Worker:
         return sorted(set(spec))
 
     # -- serving -----------------------------------------------------------------------------
+
+    async def _serve_layout(self, backend: Backend, layout: Layout) -> Layout | None:
+        """Serve this worker's shards of ``layout`` until :meth:`stop` (then None), or until a
+        reshard flips the namespace to the next layout (then that one, once every shard of
+        this one is drained and released)."""
+        self._layout = layout
+        self.shards = self._resolve_shards(layout)
+        if backend.sharded_pubsub:
+            self._mailbox.use_shard_channels(layout)
+        log.info(
+            "worker %s serving shards %s of %d in namespace %r on %s (ops: %s)",
+            self.token,
+            format_shards(self.shards) or "none",
+            layout.shards,
+            self.settings.namespace,
+            _event_loop_name(),
+            ", ".join(self.registry.names()),
+        )
+        async with anyio.create_task_group() as task_group:
+            self._leases = Leases(
+                backend,
+                self.settings,
+                layout,
+                self.token,
+                self.metrics,
+                self._owned,
+                partial(self._start, backend, layout, task_group),
+            )
+            task_group.start_soon(self._poll, backend)
+            await task_group.start(self._listen_for_wakeups, backend)
+            task_group.start_soon(self._leases.keep, self.shards, self._stop)
+            self._started.set()
+            flipped = await self._until_stopped_or_flipped(backend, layout)
+            await self._shut_down()
+            task_group.cancel_scope.cancel()
+        return flipped
+
+    async def _until_stopped_or_flipped(self, backend: Backend, layout: Layout) -> Layout | None:
+        """None once :meth:`stop` is called; the namespace's new layout once a reshard flips it.
+        Meanwhile, hand each runner of a shard that a reshard seals its seal."""
+        flipped: Layout | None = None
+        async with anyio.create_task_group() as group:
+
+            async def follow() -> None:
+                nonlocal flipped
+                flipped = await self._follow_layout(backend, layout)
+                group.cancel_scope.cancel()
+
+            group.start_soon(follow)
+            await self._stop.wait()
+            group.cancel_scope.cancel()
+        return flipped
+
+    async def _follow_layout(self, backend: Backend, layout: Layout) -> Layout:
+        """Read the namespace's layout record every ``idle_poll`` (at once on a wake-up of its
+        channel, which only says to look) until it names another live layout."""
+        while True:
+            with anyio.move_on_after(self.settings.idle_poll):
+                await self._layout_wake.wait()
+            self._layout_wake.clear()
+            try:
+                record = await backend.layout_record(self.settings.namespace)
+            except BackendUnavailable:
+                continue
+            if record is None:
+                continue
+            if record.live.generation > layout.generation:
+                log.info(
+                    "namespace %r resharded to %d shards (layout generation %d)",
+                    self.settings.namespace,
+                    record.live.shards,
+                    record.live.generation,
+                )
+                return record.live
+            if record.move is not None and record.move.source.generation == layout.generation:
+                await self._hand_out_seals(backend, layout)
+
+    async def _hand_out_seals(self, backend: Backend, layout: Layout) -> None:
+        """Give each runner whose shard a reshard sealed its seal."""
+        runners = [held.runner for held in self._owned.values() if not held.runner.sealed]
+        if not runners:
+            return
+        try:
+            seals = await backend.seals([runner.keys for runner in runners])
+        except BackendUnavailable:
+            return
+        for runner, seal in zip(runners, seals, strict=True):
+            if seal is not None:
+                runner.seal(seal)
 
     def _start(
         self,
@@ -424,23 +503,15 @@ class Worker:
             # (Both wake channels: a client of a foreign library may publish on the classic one.)
             shard_of[keys.wake_channel] = shard_of[keys.wake(backend.sharded_pubsub)] = shard
         mailbox = self._mailbox
+        layout_changes = layout_channel(self.settings.namespace)
 
         def receive(channel: str, data: bytes) -> None:
             if mailbox.is_mine(channel):
                 mailbox.receive(channel, data)
-                return
-            shard = shard_of.get(channel, -1)
-            holder = self._owned.get(shard)
-            if holder is None and shard >= 0:
-                self._leases.try_soon(shard)  # (a standby: its owner may have released it)
-            elif holder is not None and data == _PAUSES_CHANGED:
-                holder.runner.pauses_changed()
-            elif holder is not None:
-                pushed = parse_push(data)
-                if pushed is None:
-                    holder.runner.entries_waiting()
-                else:
-                    holder.runner.push(pushed)
+            elif channel == layout_changes:
+                self._layout_wake.set()
+            else:
+                self._wake_up(shard_of.get(channel, -1), data)
 
         # Serving starts at once: until the first subscription succeeds (Redis may be going
         # down again right after the worker connected), the runners' polling stands in for it.
@@ -449,7 +520,7 @@ class Worker:
         while True:
             try:
                 await backend.listen(
-                    [*shard_of, *mailbox.channels],
+                    [*shard_of, *mailbox.channels, layout_changes],
                     receive,
                     health_interval=self.settings.health_interval,
                     on_resubscribed=self._wake_every_runner,
@@ -459,6 +530,20 @@ class Worker:
                 backend.outage.warn(log, message, exc, backoff.delay)
                 await backoff.sleep()
 
+    def _wake_up(self, shard: int, data: bytes) -> None:
+        """A wake-up on ``shard``'s channel (-1: none of this worker's)."""
+        holder = self._owned.get(shard)
+        if holder is None and shard >= 0:
+            self._leases.try_soon(shard)  # (a standby: its owner may have released it)
+        elif holder is not None and data == _PAUSES_CHANGED:
+            holder.runner.pauses_changed()
+        elif holder is not None:
+            pushed = parse_push(data)
+            if pushed is None:
+                holder.runner.entries_waiting()
+            else:
+                holder.runner.push(pushed)
+
     def _wake_every_runner(self) -> None:
         """After a gap in the subscription, whose wake-ups are lost: every owned shard reads
         its stream now, not at its next idle poll."""
@@ -467,7 +552,7 @@ class Worker:
 
     # -- shutdown ----------------------------------------------------------------------------
 
-    async def _shut_down(self, backend: Backend) -> None:
+    async def _shut_down(self) -> None:
         """Drain every runner (bounded by one lease TTL), then release the leases."""
         holders = dict(self._owned)
         for holder in holders.values():
@@ -490,8 +575,6 @@ class Worker:
             [s for s in holders if self._owned.get(s) is holders[s]], clean=True
         )
         self._owned.clear()
-        with contextlib.suppress(Exception):  # (else it drops out of the roster when stale)
-            await backend.drop_workers(self.settings.namespace, [self.token])
 
 
 async def _list_signer(backend: Backend, namespace: str, signer: ReplySigner) -> bool:

@@ -14,10 +14,18 @@
 -- ARGV[5]  '1' if every op id in the entry is appended for the first time (the entry's field
 --          fresh = '1': its owner skips looking up their stored outcomes, and it is pushed);
 --          optional
--- Returns the new entry id; the error "BACKLOG <length>" when the backlog is full (nothing added).
+-- ARGV[6]  '1' to append to a shard a reshard sealed (a grant request of an op appended before
+--          the seal: see _wire/resharding.py); optional
+-- Returns the new entry id; the error "BACKLOG <length>" when the backlog is full, or
+-- "RESHARDED ..." when a reshard sealed the shard (nothing added either way): the ops route by
+-- the namespace's layout as its meta hash records it now.
 if #KEYS < 1 or #ARGV < 4 then  -- (checked first: an error must mean that nothing was appended)
   return redis.error_reply('ERR submit takes the stream as KEYS[1], and the limit, version,'
     .. ' ops and wake channel (and fresh) as ARGV; nothing was appended')
+end
+if ARGV[6] ~= '1' and string.sub(KEYS[1], -7) == ':stream'
+    and redis.call('EXISTS', string.sub(KEYS[1], 1, -8) .. ':sealed') == 1 then
+  return redis.error_reply('RESHARDED the shard moved to a new layout; read it again')
 end
 local limit = tonumber(ARGV[1])
 if limit > 0 then

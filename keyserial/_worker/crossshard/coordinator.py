@@ -447,6 +447,7 @@ class Coordinator:
                 ops=pack_entry([request]),
                 wake_channel="" if local else there.wake(services.backend.sharded_pubsub),
                 fresh=fresh,
+                past_seal=True,
             ),
         )
         backoff = Backoff(0.05, 2.0)

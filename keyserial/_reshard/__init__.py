@@ -1,0 +1,1 @@
+"""Resharding: moving a live namespace to another shard count (see ``mover``)."""

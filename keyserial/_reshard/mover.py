@@ -1,0 +1,221 @@
+"""``keyserial reshard``: move a live namespace from N shards to M, with every record in Redis.
+
+The steps, each idempotent, so a rerun after an interruption finishes the same move:
+
+1. **Record the move** in the meta hash (``move.lua``): from then on, clients append new ops to
+   the next layout generation, whose shards run nothing yet.
+2. **Seal every old shard** (``seal.lua``): clients' appends there are refused (``RESHARDED``:
+   they read the layout and append to the new shard), and each seal names the last entry
+   appended before it.
+3. **Wait until every old shard is quiet at one instant.** Each owner records its sealed shard
+   drained once every entry up to its cursor has taken effect and nothing is under way. A
+   shard drained with no entry after it may still be handed work: a grant request of an op
+   homed on another shard. So the mover reads every shard twice; when both passes find every
+   shard drained through its stream's last entry, with no entry appended between, every shard
+   was idle at the instant between the passes, and none can start anything again (nothing is
+   appended to a sealed shard but for ops already under way).
+4. **Copy the states** (and paused keys) of the old shards to the new ones: nothing writes
+   either until the flip.
+5. **Flip** (``flip.lua``): the new layout becomes the live one; workers let the old shards go
+   and serve the new ones, and the old layout joins the history, where results stored before
+   the move are found (for resubmits and ``result()``) while they are retained.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import anyio
+
+from .._backend.backend import Backend
+from .._backend.commands import publish_command, raise_errors
+from .._scripts.refusals import MoveRefused
+from .._scripts.reshard import Quiet, flip, quiet, record_move, seal
+from .._settings import Settings
+from .._wire.layout import Layout
+from .._wire.resharding import LAYOUT_CHANGED, LayoutRecord, Move, layout_channel
+from .._wire.routing import shard_for
+from ..errors import ConfigError
+
+log = logging.getLogger("keyserial.reshard")
+
+#: How often the mover reads the old shards while they drain.
+DRAIN_POLL = 0.05
+#: States copied per pipeline.
+COPY_BATCH = 500
+
+Progress = Callable[[str], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Resharded:
+    """What a reshard did: the layout the namespace left and the one it has now, and how long
+    (seconds) the old shards took to drain and the states to copy."""
+
+    source: Layout
+    target: Layout
+    drained_s: float
+    copied_s: float
+    states: int
+
+
+async def reshard(
+    backend: Backend, settings: Settings, shards: int, progress: Progress = log.info
+) -> Resharded | None:
+    """Move ``settings.namespace`` to ``shards`` shards, or finish the move to them under way;
+    None if it has that many already and no move is under way.
+
+    :raises MoveRefused: if another move is under way (its target named).
+    :raises ConfigError: for a namespace nothing has used, or a shard count below 1.
+    """
+    if type(shards) is not int or shards < 1:
+        raise ConfigError(f"a namespace needs at least 1 shard, not {shards!r}")
+    namespace = settings.namespace
+    record = await backend.layout_record(namespace)
+    if record is None:
+        raise ConfigError(f"namespace {namespace!r} has no layout recorded: nothing has used it")
+    move = await _recorded_move(backend, record, shards, progress)
+    if move is None:
+        return None
+    await _announce(backend, namespace)
+    await _seal(backend, move, progress)
+    began = time.monotonic()
+    await _until_quiet(backend, move.source, progress)
+    drained = time.monotonic()
+    states = await _copy_states(backend, move, progress)
+    copied = time.monotonic()
+    await _flip(backend, move, settings, progress)
+    return Resharded(move.source, move.target, drained - began, copied - drained, states)
+
+
+async def _recorded_move(
+    backend: Backend, record: LayoutRecord, shards: int, progress: Progress
+) -> Move | None:
+    """The move to ``shards`` shards, recorded now or before; None if there is nothing to do."""
+    if record.move is not None:
+        if record.move.target.shards != shards:
+            raise MoveRefused(
+                f"a reshard of namespace {record.live.namespace!r} to"
+                f" {record.move.target.shards} shards is under way: finish it first (keyserial"
+                f" reshard --to {record.move.target.shards})"
+            )
+        progress(
+            f"resuming the move from {record.move.source.shards} to {shards} shards"
+            f" (layout generation {record.move.target.generation})"
+        )
+        return record.move
+    live = record.live
+    if live.shards == shards:
+        progress(f"namespace {live.namespace!r} has {shards} shards already: nothing to do")
+        return None
+    move = Move(live, Layout(live.namespace, shards, live.generation + 1))
+    await backend.run_call(record_move(move))
+    progress(
+        f"recorded the move from {live.shards} to {shards} shards (layout generation"
+        f" {move.target.generation}): new ops go to the new shards, which run them after the flip"
+    )
+    return move
+
+
+async def _announce(backend: Backend, namespace: str) -> None:
+    """Wake workers and clients to read the layout record (it, not this, says what changed)."""
+    await backend.pipeline([publish_command(layout_channel(namespace), LAYOUT_CHANGED)])
+
+
+async def _seal(backend: Backend, move: Move, progress: Progress) -> None:
+    calls = [seal(shard, move) for shard in move.source.all_keys()]
+    raise_errors(await backend.run_many(calls))
+    progress(f"sealed the {move.source.shards} old shards: clients append to the new ones now")
+
+
+async def _until_quiet(backend: Backend, source: Layout, progress: Progress) -> None:
+    """Until two reads in a row find every old shard drained, with no entry appended between."""
+    previous: list[str] | None = None
+    reported = -1
+    while True:
+        now = await _read_quiet(backend, source)
+        busy = [shard for shard, each in enumerate(now) if not _drained(each)]
+        last_ids = [each.last_id for each in now]
+        if not busy and last_ids == previous:
+            progress(f"all {source.shards} old shards drained")
+            return
+        previous = None if busy else last_ids
+        if busy and len(busy) != reported:
+            reported = len(busy)
+            progress(f"waiting for {len(busy)} old shards to drain: {_few(busy)}")
+        await anyio.sleep(DRAIN_POLL)
+
+
+async def _read_quiet(backend: Backend, source: Layout) -> list[Quiet]:
+    replies = await backend.run_many([quiet(shard) for shard in source.all_keys()])
+    return list(raise_errors(replies))
+
+
+def _drained(shard: Quiet) -> bool:
+    """Sealed, and its owner drained it through the last entry its stream ever had."""
+    through = shard.drained_through
+    return bool(shard.sealed) and through is not None and _order(through) >= _order(shard.last_id)
+
+
+def _order(entry_id: str) -> tuple[int, int]:
+    """A stream entry id (``<ms>-<seq>``; a cursor that never moved may read ``0``) as numbers."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def _few(shards: Sequence[int]) -> str:
+    shown = ", ".join(map(str, shards[:10]))
+    return shown + (f" and {len(shards) - 10} more" if len(shards) > 10 else "")
+
+
+async def _copy_states(backend: Backend, move: Move, progress: Progress) -> int:
+    """Copy every key's state and pause record to its shard in the new layout: the old shards
+    are quiet and sealed, the new ones run nothing, so both stand still. (A rerun copies the
+    same values again.)"""
+    target = move.target
+    new_keys = target.all_keys()
+    old_keys = move.source.all_keys()
+    copied = 0
+    for old, paused in zip(old_keys, await backend.all_paused(old_keys), strict=True):
+        states = await backend.all_states(old)
+        copied += len(states)
+        commands = [
+            *_writes(states, target, lambda shard: new_keys[shard].state),
+            *_writes(paused, target, lambda shard: new_keys[shard].paused),
+        ]
+        raise_errors(await backend.pipeline(commands))
+    progress(f"copied {copied} states to the {target.shards} new shards")
+    return copied
+
+
+def _writes(
+    fields: dict[bytes, bytes], target: Layout, hash_of: Callable[[int], str]
+) -> list[tuple[str | bytes, ...]]:
+    """``HSET`` commands that write ``fields`` (key -> value) to the key's shard of ``target``."""
+    by_shard: dict[int, list[bytes]] = {}
+    for key, value in fields.items():
+        by_shard.setdefault(shard_for(key.decode(), target.shards), []).extend((key, value))
+    return [
+        ("HSET", hash_of(shard), *values[at : at + 2 * COPY_BATCH])
+        for shard, values in by_shard.items()
+        for at in range(0, len(values), 2 * COPY_BATCH)
+    ]
+
+
+async def _flip(backend: Backend, move: Move, settings: Settings, progress: Progress) -> None:
+    record = await backend.layout_record(move.source.namespace)
+    assert record is not None, "read before"
+    if record.live.generation == move.target.generation:
+        progress("the new layout was live already")
+        return
+    now_ms = int(time.time() * 1000)
+    history = record.history_after_flip(now_ms, 2 * settings.result_ttl_ms)
+    await backend.run_call(flip(move, history))
+    await _announce(backend, move.source.namespace)
+    progress(
+        f"flipped: namespace {move.source.namespace!r} has {move.target.shards} shards"
+        f" (layout generation {move.target.generation})"
+    )

@@ -1,0 +1,22 @@
+-- Seal a shard of the layout a reshard leaves: from now on the submit script refuses clients'
+-- appends to its stream (RESHARDED), and the record names the last entry appended before (the
+-- stream's last generated id: entries trimmed since still count). Sealing again changes nothing.
+-- KEYS[1]  the shard's stream      KEYS[2]  its seal record
+-- ARGV[1]  the layout its ops go to now, JSON [<generation>, <shards>]
+-- Returns the seal record, JSON {"to": [<generation>, <shards>], "last": "<entry id>"}.
+local sealed = redis.call('GET', KEYS[2])
+if sealed then
+  return sealed
+end
+local last = '0-0'
+local info = redis.pcall('XINFO', 'STREAM', KEYS[1])
+if type(info) == 'table' and not info.err then
+  for i = 1, #info, 2 do
+    if info[i] == 'last-generated-id' then
+      last = info[i + 1]
+    end
+  end
+end
+sealed = '{"to":' .. ARGV[1] .. ',"last":"' .. last .. '"}'
+redis.call('SET', KEYS[2], sealed)
+return sealed

@@ -1,0 +1,90 @@
+"""Typed calls of the reshard scripts: ``move`` (record a move), ``seal`` (an old shard),
+``drained`` (its owner says it is), ``quiet`` (read the three at once) and ``flip`` (end the move).
+See ``_wire.resharding`` for the records."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .._wire.layout import ShardKeys, meta_key
+from .._wire.resharding import Move, drained_key, seal_target, sealed_key
+from .calls import Script, ScriptArgs, ScriptCall, script_args, text
+
+
+@script_args("move")
+class MoveArgs(ScriptArgs):
+    #: ``<generation> <shards>`` of the layout the move leaves.
+    leaves: str
+    record: str
+
+
+def record_move(move: Move) -> ScriptCall[str]:
+    """Record ``move`` unless another is under way (``MoveRefused``); the record."""
+    leaves = f"{move.source.generation} {move.source.shards}"
+    return MoveArgs(leaves, move.encode()).call([meta_key(move.source.namespace)], text)
+
+
+@script_args("seal")
+class SealArgs(ScriptArgs):
+    #: JSON ``[generation, shards]`` of the layout the shard's ops go to now.
+    target: str
+
+
+def seal(shard: ShardKeys, move: Move) -> ScriptCall[str]:
+    """Seal ``shard`` of the move's source layout; its seal record."""
+    return SealArgs(seal_target(move.target)).call([shard.stream, sealed_key(shard)], text)
+
+
+@script_args("drained")
+class DrainedArgs(ScriptArgs):
+    epoch: int
+    #: The last entry the owner has taken in.
+    at: str
+
+
+def record_drained(shard: ShardKeys, epoch: int, at: str) -> ScriptCall[Any]:
+    """Record that the owner of ``shard`` at ``epoch`` has drained it up to ``at``."""
+    return DrainedArgs(epoch, at).call([shard.epoch, drained_key(shard)], text)
+
+
+@dataclass(frozen=True, slots=True)
+class Quiet:
+    """One sealed shard at one moment: its records as they are, and the stream's last id."""
+
+    sealed: str
+    drained: str
+    last_id: str
+
+    @property
+    def drained_through(self) -> str | None:
+        """The entry its owner has drained the shard up to, if it recorded one."""
+        return self.drained.partition(" ")[2] or None
+
+
+def _quiet(reply: list[Any]) -> Quiet:
+    sealed, drained, last = map(text, reply)
+    return Quiet(sealed, drained, last)
+
+
+QUIET = Script.load("quiet")
+
+
+def quiet(shard: ShardKeys) -> ScriptCall[Quiet]:
+    """Read the shard's seal, drained record and last stream id; writes nothing."""
+    return ScriptCall(QUIET, [shard.stream, sealed_key(shard), drained_key(shard)], [], _quiet)
+
+
+@script_args("flip")
+class FlipArgs(ScriptArgs):
+    record: str
+    generation: int
+    shards: int
+    history: str
+
+
+def flip(move: Move, history: str) -> ScriptCall[bool]:
+    """Make the move's target the live layout: whether it was flipped now (not before)."""
+    target = move.target
+    args = FlipArgs(move.encode(), target.generation, target.shards, history)
+    return args.call([meta_key(target.namespace)], lambda reply: reply == 1)
