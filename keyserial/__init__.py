@@ -17,6 +17,8 @@ from ._ops import Registry as Registry
 from ._ops import call as call
 from ._ops import multi_op as multi_op
 from ._ops import op as op
+from ._reshard.api import reshard as reshard
+from ._reshard.mover import Resharded as Resharded
 from ._settings import Settings as Settings
 from ._wire.routing import shard_for as shard_for
 from ._worker.worker import Worker as Worker
@@ -31,6 +33,7 @@ from .errors import OperationFailed as OperationFailed
 from .errors import OutcomeUnknown as OutcomeUnknown
 from .errors import PayloadTooLarge as PayloadTooLarge
 from .errors import PoisonOperation as PoisonOperation
+from .errors import ReshardRefused as ReshardRefused
 from .errors import ResultNotFound as ResultNotFound
 from .errors import ShardCountMismatch as ShardCountMismatch
 from .errors import SubmitTimeout as SubmitTimeout
@@ -56,6 +59,8 @@ __all__ = [
     "PayloadTooLarge",
     "PoisonOperation",
     "Registry",
+    "ReshardRefused",
+    "Resharded",
     "ResultNotFound",
     "Settings",
     "ShardCountMismatch",
@@ -69,5 +74,6 @@ __all__ = [
     "multi_op",
     "op",
     "register_client_metrics",
+    "reshard",
     "shard_for",
 ]

@@ -85,6 +85,12 @@ class ShardCountMismatch(ConfigError):
         )
 
 
+class ReshardRefused(KeyserialError):
+    """``keyserial.reshard`` (``keyserial reshard``) could not start the move asked for: another
+    move of the namespace is under way (finish it first: run it again with its count), or the
+    layout changed meanwhile. Nothing was written."""
+
+
 class BackendUnavailable(KeyserialError, ConnectionError):
     """Redis/Valkey at ``url`` could not be reached (after the configured retries); ``url`` is
     shown with its password hidden."""

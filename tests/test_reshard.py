@@ -4,7 +4,10 @@ acknowledged op applied once, in order per key, and money conserved across the c
 from __future__ import annotations
 
 import contextlib
+import json
 import random
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,14 +15,19 @@ from typing import Any
 import anyio
 import pytest
 import redis.asyncio
+from anyio.streams.text import TextReceiveStream
 
 import keyserial
-from keyserial import Settings
+from keyserial import Settings, shard_for
 from keyserial._backend.backend import Backend
-from keyserial._reshard.mover import Resharded, reshard
+from keyserial._reshard.mover import Resharded, move_namespace
+from keyserial._scripts.reshard import flip, record_move, seal
 from keyserial._wire.layout import Layout
+from keyserial._wire.resharding import LAYOUT_CHANGED, LayoutRecord, Move, layout_channel
+from keyserial.testing import running_worker
 from tests import apps
-from tests.helpers import Starter
+from tests.helpers import Starter, eventually_async
+from tests.test_acl import documented_users
 
 #: Accounts of the bank load, each opened with this balance.
 ACCOUNTS, OPENING = 12, 100
@@ -85,7 +93,7 @@ async def _open_accounts(ks: keyserial.Client) -> None:
 async def _move(url: str, namespace: str, shards: int) -> Resharded | None:
     backend = await Backend.connect(url)
     try:
-        return await reshard(backend, Settings(namespace=namespace), shards)
+        return await move_namespace(backend, Settings(namespace=namespace), shards)
     finally:
         await backend.aclose()
 
@@ -123,3 +131,151 @@ async def test_a_reshard_resumes_the_same_move_and_refuses_another(
         assert await _move(redis_url, namespace, 8) is not None
         assert await ks.submit("k", apps.append(2), timeout=30) == [1, 2]
         assert await _move(redis_url, namespace, 8) is None  # (nothing to do)
+
+
+async def test_ops_committed_before_a_reshard_answer_resubmits_and_lookups_after_it(
+    redis_url: str, namespace: str, start: Starter
+) -> None:
+    """An op resubmitted under its id after the move, which routes it to another shard, is
+    answered with the outcome stored before it, never run again; ``result()`` finds it too."""
+    start(redis_url, namespace, shards="0-3")
+    async with keyserial.connect(redis_url, namespace=namespace, shards=4) as ks:
+        ids = {f"k{n}": ks.new_op_id() for n in range(8)}
+        for key, op_id in ids.items():
+            assert await ks.submit(key, apps.append("once"), op_id=op_id) == ["once"]
+        await _open_accounts(ks)
+        paid_id = ks.new_op_id()
+        paid = await ks.transfer("acct:0", "acct:1", 5, op_id=paid_id)
+        await _move(redis_url, namespace, 16)
+        for key, op_id in ids.items():
+            assert await ks.submit(key, apps.append("once"), op_id=op_id, timeout=30) == ["once"]
+            assert await ks.result(op_id, key=key) == ["once"]
+            assert await ks.read(key) == ["once"]
+        assert await ks.transfer("acct:0", "acct:1", 5, op_id=paid_id, timeout=30) == paid
+        assert await ks.read("acct:0") == OPENING - 5
+
+
+async def test_a_client_user_cannot_steer_a_reshard_nor_lose_an_op_past_a_seal(
+    redis_url: str, namespace: str
+) -> None:
+    """The client's ACL user may not record, seal or flip a move, and a forged wake-up of the
+    layout channel changes nothing (workers and clients read the records). An op it appends
+    with a plain XADD to a sealed shard is not lost: the shard forwards it to the new layout."""
+    key = "victim"
+    with documented_users(redis_url) as users:
+        attacker = redis.asyncio.Redis.from_url(users.client_url)
+        as_client = await Backend.connect(users.client_url)
+        as_worker = await Backend.connect(users.worker_url)
+        try:
+            async with (
+                running_worker(users.worker_url, namespace, shard_count=4, apps=["tests.apps"]),
+                keyserial.connect(users.client_url, namespace=namespace) as ks,
+            ):
+                await ks.submit(key, apps.append(0))
+                move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
+                old = Layout(namespace, 4).keys(shard_for(key, 4))
+                for forged in (record_move(move), seal(old, move), flip(move, "[]")):
+                    with pytest.raises(keyserial.ConfigError):
+                        await as_client.run_call(forged)
+                await attacker.publish(layout_channel(namespace), LAYOUT_CHANGED)
+                assert (await as_client.layout_record(namespace)) == LayoutRecord(move.source)
+                await as_worker.run_call(record_move(move))
+                await as_worker.run_call(seal(old, move))
+                envelope = {"id": "past-the-seal", "key": key, "op": "append", "args": [1]}
+                await attacker.xadd(old.stream, {"v": "1", "ops": json.dumps([envelope])})
+                await move_namespace(as_worker, Settings(namespace=namespace), 16)
+                assert await ks.submit(key, apps.append(2), timeout=30) == [0, 1, 2]
+        finally:
+            await attacker.aclose()
+            await as_client.aclose()
+            await as_worker.aclose()
+
+
+def _reshard_command(url: str, namespace: str, shards: int) -> list[str]:
+    options = ["--to", str(shards), "--redis", url, "--namespace", namespace]
+    return [sys.executable, "-m", "keyserial", "reshard", *options]
+
+
+async def _killed_after(command: list[str], step: str) -> None:
+    """Run ``command`` and SIGKILL it once it printed ``step``."""
+    async with await anyio.open_process(command) as mover:
+        assert mover.stdout is not None
+        printed = ""
+        async for chunk in TextReceiveStream(mover.stdout):
+            printed += chunk
+            if step in printed:
+                break
+        else:
+            raise AssertionError(f"the mover ended before {step!r}: {printed}")
+        mover.kill()
+        await mover.wait()
+
+
+@pytest.mark.parametrize("killed_after", ["recorded the move", "sealed the"])
+async def test_a_mover_killed_mid_move_is_finished_by_running_it_again(
+    redis_url: str, namespace: str, start: Starter, killed_after: str
+) -> None:
+    """``keyserial reshard`` killed with SIGKILL right after a step, under load: the move stays
+    recorded (clients queue on the new shards), and running the command again finishes it,
+    with nothing lost or applied twice."""
+    start(redis_url, namespace, shards="0-1")
+    start(redis_url, namespace, shards="2-3")
+    async with keyserial.connect(redis_url, namespace=namespace, shards=4) as ks:
+        await _open_accounts(ks)
+
+        async def killed_then_run_again() -> None:
+            await _killed_after(_reshard_command(redis_url, namespace, 16), killed_after)
+            record = await _record(redis_url, namespace)
+            assert record.move is not None and record.live == Layout(namespace, 4)
+            again = await anyio.run_process(_reshard_command(redis_url, namespace, 16))
+            assert b"flipped" in again.stdout
+
+        load = Load(ks, 1)
+        await load.run(killed_then_run_again)
+        await _check(ks, load)
+        assert ks.layout == Layout(namespace, 16, 1)
+
+
+async def _record(url: str, namespace: str) -> LayoutRecord:
+    backend = await Backend.connect(url)
+    try:
+        record = await backend.layout_record(namespace)
+        assert record is not None
+        return record
+    finally:
+        await backend.aclose()
+
+
+async def test_a_reshard_refuses_to_start_while_a_worker_of_an_older_version_runs(
+    redis_url: str, namespace: str, client: redis.asyncio.Redis
+) -> None:
+    """A worker that lists no layout generation on the roster would go on serving the old
+    shards' names with the new count: the move does not start, and says which worker."""
+    async with keyserial.connect(redis_url, namespace=namespace, shards=4, service=""):
+        pass
+    older = {"shards": [0, 1, 2, 3], "ops": ["deposit"], "at": time.time()}
+    await client.hset(f"ks:{namespace}:workers", "old-host:7:abc", json.dumps(older))
+    with pytest.raises(keyserial.ReshardRefused, match="old-host:7:abc"):
+        await _move(redis_url, namespace, 8)
+    assert (await _record(redis_url, namespace)).move is None
+
+
+async def test_dead_letters_move_with_the_namespace(
+    redis_url: str, namespace: str, client: redis.asyncio.Redis, start: Starter
+) -> None:
+    """A dead letter of an old shard is listed, and replayable, in the new layout."""
+    start(redis_url, namespace, shards="0-3")
+    async with keyserial.connect(redis_url, namespace=namespace, shards=4) as ks:
+        await ks.submit("k", apps.append(0))
+        old = Layout(namespace, 4).keys(1)
+        await client.xadd(old.stream, {"v": "1", "ops": "not json"})
+        await eventually_async(lambda: client.xlen(old.dead))
+        ((_, dead),) = await client.xrange(old.dead)
+        await _move(redis_url, namespace, 16)
+        letters = [
+            fields
+            for keys in Layout(namespace, 16, 1).all_keys()
+            for _, fields in await client.xrange(keys.dead)
+        ]
+        assert letters == [dead]
+        assert await client.xlen(old.dead) == 0

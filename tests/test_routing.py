@@ -4,7 +4,7 @@ import pytest
 
 from keyserial import ConfigError, shard_for
 from keyserial._wire.layout import Layout
-from keyserial._wire.routing import parse_shards
+from keyserial._wire.routing import parse_shards, scale_shards
 
 
 def test_shard_is_crc32_of_utf8_key_modulo_count() -> None:
@@ -54,3 +54,13 @@ def test_a_layout_generation_names_shards_apart_and_generation_0_keeps_the_first
     assert second.keys(3).in_shard("ks:ns:reply:c1") == "ks:{ns:3@1}:reply:c1"
     assert first.keys(3) != second.keys(3)
     assert [keys.shard for keys in second.all_keys()] == list(range(16))
+
+
+@pytest.mark.parametrize(("of", "to"), [(4, 16), (16, 4), (16, 24), (64, 8), (8, 8)])
+def test_a_shard_list_covers_the_same_fraction_of_a_new_shard_count(of: int, to: int) -> None:
+    """Ranges that cover every old shard cover every new one, each once: ``0-1`` of 4 is
+    ``0-7`` of 16."""
+    halves = [list(range(of // 2)), list(range(of // 2, of))]
+    scaled = [scale_shards(half, of, to) for half in halves]
+    assert sorted(scaled[0] + scaled[1]) == list(range(to))
+    assert scale_shards([0, 1], 4, 16) == list(range(8))

@@ -22,7 +22,15 @@ from .._wire.roster import WorkerEntry, live_entries
 from .._wire.routing import shard_for
 from ..cli import deadletters
 from ..cli.keys import pause
-from ..cli.status import Snapshot, as_json, compare, recorded_layout, snapshot, workers
+from ..cli.status import (
+    Snapshot,
+    as_json,
+    compare,
+    layout_record,
+    recorded_layout,
+    snapshot,
+    workers,
+)
 
 #: Hot keys are posted per interval; a post older than this is no longer "now".
 HOT_FOR_MS = 10_000
@@ -46,13 +54,14 @@ class Dashboard:
 
     async def overview(self) -> dict[str, Any]:
         """Shards, workers, dead letters, the hottest keys and the recent failures."""
-        layout = await self._layout()
+        record = await layout_record(self.backend, self.namespace)
+        layout = record.live
         now = await snapshot(self.backend, layout)
         before = self._previous if len(self._previous) == layout.shards else now
         self._previous = now
         statuses = compare(before, now)
         roster, posts = await self._live()
-        view = as_json(self.namespace, statuses, workers(roster, statuses))
+        view = as_json(self.namespace, statuses, workers(roster, statuses), record)
         view["hot_keys"] = _hot_keys(posts)
         view["failed"] = _failed(posts)
         view["dead_letters"] = [

@@ -37,8 +37,9 @@ from .._scripts.reshard import Quiet, flip, quiet, record_move, seal
 from .._settings import Settings
 from .._wire.layout import Layout
 from .._wire.resharding import LAYOUT_CHANGED, LayoutRecord, Move, layout_channel
+from .._wire.roster import live_entries
 from .._wire.routing import shard_for
-from ..errors import ConfigError
+from ..errors import ConfigError, ReshardRefused
 
 log = logging.getLogger("keyserial.reshard")
 
@@ -62,13 +63,13 @@ class Resharded:
     states: int
 
 
-async def reshard(
+async def move_namespace(
     backend: Backend, settings: Settings, shards: int, progress: Progress = log.info
 ) -> Resharded | None:
     """Move ``settings.namespace`` to ``shards`` shards, or finish the move to them under way;
     None if it has that many already and no move is under way.
 
-    :raises MoveRefused: if another move is under way (its target named).
+    :raises ReshardRefused: if another move is under way (its target named).
     :raises ConfigError: for a namespace nothing has used, or a shard count below 1.
     """
     if type(shards) is not int or shards < 1:
@@ -86,6 +87,7 @@ async def reshard(
     await _until_quiet(backend, move.source, progress)
     drained = time.monotonic()
     states = await _copy_states(backend, move, progress)
+    await _move_dead_letters(backend, move, progress)
     copied = time.monotonic()
     await _flip(backend, move, settings, progress)
     return Resharded(move.source, move.target, drained - began, copied - drained, states)
@@ -97,7 +99,7 @@ async def _recorded_move(
     """The move to ``shards`` shards, recorded now or before; None if there is nothing to do."""
     if record.move is not None:
         if record.move.target.shards != shards:
-            raise MoveRefused(
+            raise ReshardRefused(
                 f"a reshard of namespace {record.live.namespace!r} to"
                 f" {record.move.target.shards} shards is under way: finish it first (keyserial"
                 f" reshard --to {record.move.target.shards})"
@@ -111,13 +113,31 @@ async def _recorded_move(
     if live.shards == shards:
         progress(f"namespace {live.namespace!r} has {shards} shards already: nothing to do")
         return None
+    await _check_workers(backend, live.namespace)
     move = Move(live, Layout(live.namespace, shards, live.generation + 1))
-    await backend.run_call(record_move(move))
+    try:
+        await backend.run_call(record_move(move))
+    except MoveRefused as exc:  # (another mover, between the read and the write)
+        raise ReshardRefused(
+            f"the namespace's layout changed meanwhile ({exc}): try again"
+        ) from None
     progress(
         f"recorded the move from {live.shards} to {shards} shards (layout generation"
         f" {move.target.generation}): new ops go to the new shards, which run them after the flip"
     )
     return move
+
+
+async def _check_workers(backend: Backend, namespace: str) -> None:
+    """Refuse to start while a worker of a version that cannot follow a reshard runs: it would
+    serve the old layout's names with the new count."""
+    live, _ = live_entries(await backend.roster(namespace))
+    older = [entry.token for entry in live if entry.generation is None]
+    if older:
+        raise ReshardRefused(
+            f"workers {', '.join(older)} run a keyserial version that cannot follow a reshard:"
+            " upgrade them (and every client) first"
+        )
 
 
 async def _announce(backend: Backend, namespace: str) -> None:
@@ -203,6 +223,29 @@ def _writes(
         for shard, values in by_shard.items()
         for at in range(0, len(values), 2 * COPY_BATCH)
     ]
+
+
+async def _move_dead_letters(backend: Backend, move: Move, progress: Progress) -> None:
+    """Move each old shard's dead letters to a shard of the new layout (``old % M``), so that
+    ``keyserial dead-letters`` still lists and replays them (a replay routes each op by its
+    keys). Each is deleted once copied: a rerun copies only what is left (a letter copied
+    just before an interruption may be listed twice; replaying it twice runs it once)."""
+    moved = 0
+    for old in move.source.all_keys():
+        letters = await backend.dead_letters(old)
+        if not letters:
+            continue
+        there = move.target.keys(old.shard % move.target.shards)
+        copies: list[list[str | bytes]] = [
+            ["XADD", there.dead, "*", *(part for pair in fields.items() for part in pair)]
+            for _, fields in letters
+        ]
+        raise_errors(await backend.pipeline(copies))
+        delete: list[str | bytes] = ["XDEL", old.dead, *(letter_id for letter_id, _ in letters)]
+        raise_errors(await backend.pipeline([delete]))
+        moved += len(letters)
+    if moved:
+        progress(f"moved {moved} dead letters to the new shards")
 
 
 async def _flip(backend: Backend, move: Move, settings: Settings, progress: Progress) -> None:

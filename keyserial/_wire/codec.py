@@ -179,6 +179,15 @@ def decode_entry(fields: Mapping[bytes, bytes]) -> list[Envelope | MalformedEntr
     return [_decode_envelope(item) for item in ops]
 
 
+def decode_entry_leniently(fields: Mapping[bytes, bytes]) -> list[Envelope]:
+    """The well-formed envelopes of an entry (none if the entry itself is malformed)."""
+    try:
+        items = decode_entry(fields)
+    except MalformedEntry:
+        return []
+    return [item for item in items if isinstance(item, Envelope)]
+
+
 def salvage_replies(fields: Mapping[bytes, bytes]) -> list[tuple[str, str | None]]:
     """``(op id, reply channel)`` of every envelope still readable in an unreadable entry, so
     their submitters hear why instead of waiting for a timeout."""

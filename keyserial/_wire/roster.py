@@ -33,10 +33,18 @@ class WorkerEntry:
     ops: tuple[str, ...]
     #: When it last renewed its entry (its own clock, seconds since the epoch).
     renewed_at: float
+    #: The layout generation whose shards it serves; None from a worker of a version that
+    #: cannot follow a reshard (``keyserial reshard`` refuses to start while one runs).
+    generation: int | None = None
 
     def encode(self) -> str:
         return dumps(
-            {"shards": list(self.shards), "ops": list(self.ops), "at": round(self.renewed_at, 3)}
+            {
+                "shards": list(self.shards),
+                "ops": list(self.ops),
+                "at": round(self.renewed_at, 3),
+                "g": self.generation,
+            }
         )
 
     @classmethod
@@ -45,7 +53,8 @@ class WorkerEntry:
         try:
             value = json.loads(raw)
             shards, ops, at = value["shards"], value["ops"], value["at"]
-        except (ValueError, TypeError, KeyError):
+            generation = value.get("g")
+        except (ValueError, TypeError, KeyError, AttributeError):
             return None
         if (
             not isinstance(shards, list)
@@ -53,9 +62,10 @@ class WorkerEntry:
             or not isinstance(ops, list)
             or not all(isinstance(op, str) for op in ops)
             or not isinstance(at, int | float)
+            or (generation is not None and type(generation) is not int)
         ):
             return None
-        return cls(token, tuple(shards), tuple(ops), float(at))
+        return cls(token, tuple(shards), tuple(ops), float(at), generation)
 
     def stale(self, now: float | None = None) -> bool:
         return self.renewed_at < (time.time() if now is None else now) - ROSTER_STALE

@@ -46,8 +46,16 @@ from .._scripts.refusals import Diverged, Fenced
 from .._scripts.reshard import record_drained
 from .._scripts.submit import SubmitArgs, submit
 from .._settings import Settings
-from .._wire.codec import GRANT_OP, WIRE_VERSION, Push, binding, pack_entry, reencoded
-from .._wire.layout import Layout
+from .._wire.codec import (
+    GRANT_OP,
+    WIRE_VERSION,
+    Push,
+    binding,
+    decode_entry_leniently,
+    pack_entry,
+    reencoded,
+)
+from .._wire.layout import Layout, ShardKeys
 from .._wire.resharding import Seal
 from .._wire.routing import home_shard
 from ..errors import BackendUnavailable, LeaseLost
@@ -78,6 +86,7 @@ class ShardRunner:
         *,
         shard: int,
         layout: Layout,
+        history: Sequence[tuple[Layout, int]] = (),
         grant: LeaseGrant,
         backend: Backend,
         mailbox: Mailbox,
@@ -133,6 +142,10 @@ class ShardRunner:
         #: the entry this owner last recorded the shard drained up to.
         self._seal: Seal | None = None
         self._drained_at = ""
+        #: The namespace's layouts before this one, newest first, each with when (ms) it
+        #: stopped taking ops: an op appended again after a reshard finds its outcome there
+        #: while it may be retained.
+        self._history = tuple(reversed(history))
         self.executor = Executor(
             registry,
             shard=shard,
@@ -454,6 +467,8 @@ class ShardRunner:
                 return
 
     async def _dispatch(self, fetched: StepReply) -> None:
+        if self._history and fetched.entries:
+            await self._answer_from_earlier_layouts(fetched)
         runnable: list[Run] = []
         for entry_id, fields in fetched.entries:
             self._cursor = entry_id
@@ -491,6 +506,34 @@ class ShardRunner:
                 # no code), and nothing after it starts until it has committed.
                 self._suspect = None
                 await self._commit_through(run)
+
+    async def _answer_from_earlier_layouts(self, fetched: StepReply) -> None:
+        """Add to ``fetched.done`` the outcomes stored before a reshard of its ops appended
+        again (a resubmit, a retry: not ``fresh``) that have none here, looked up at the op's
+        home in each earlier layout (one round trip per layout)."""
+        missing = {
+            envelope.op_id: envelope.keys
+            for _, fields in fetched.entries
+            if fields.get(b"fresh") != b"1"
+            for envelope in decode_entry_leniently(fields)
+            if envelope.op_id not in fetched.done
+        }
+        retained_since = int(time.time() * 1000) - 2 * self._settings.result_ttl_ms
+        for layout, until in self._history:
+            if not missing or until < retained_since:
+                return
+            by_home: dict[int, list[str]] = {}
+            for op_id, keys in missing.items():
+                by_home.setdefault(home_shard(keys, layout.shards), []).append(op_id)
+            for home, op_ids in by_home.items():
+                stored = await self._stored_in(layout.keys(home), op_ids)
+                for op_id, outcome in zip(op_ids, stored, strict=True):
+                    if outcome is not None:
+                        fetched.done[op_id] = outcome.decode()
+                        del missing[op_id]
+
+    async def _stored_in(self, shard: ShardKeys, op_ids: list[str]) -> list[bytes | None]:
+        return await self._retrying(lambda: self._backend.stored(shard, op_ids))
 
     def _forward_moved(self, runs: list[Run]) -> list[Run]:
         """Of the runs of an entry appended after the seal, those to run here (grant requests);

@@ -33,7 +33,7 @@ from .._scripts.lease import LeaseGrant
 from .._settings import Settings
 from .._wire.codec import GRANT_OP, parse_push
 from .._wire.layout import PAUSES_CHANGED, Layout, worker_channel
-from .._wire.resharding import layout_channel
+from .._wire.resharding import LayoutRecord, layout_channel
 from .._wire.roster import ROSTER_RENEW, OpSetMismatch, WorkerEntry, live_entries, mismatches
 from .._wire.routing import format_shards, parse_shards, scale_shards
 from .._wire.signing import SIGNER_RENEW, SIGNER_TTL, ReplySigner, signer_renewed_at
@@ -81,6 +81,7 @@ class Worker:
         self._mailbox = Mailbox(worker_channel(self.settings.namespace, self.token), self._runner)
         self._stop = anyio.Event()
         self._layout = Layout(self.settings.namespace, 0)
+        self._record = LayoutRecord(self._layout)
         self._started = anyio.Event()
         #: Set by ``stop(at_once=True)``; the drain of a stop under way, to cut short.
         self._at_once = False
@@ -141,9 +142,9 @@ class Worker:
                     self._mailbox.learn_signers,
                     partial(backend.signer_records, self.settings.namespace),
                 )
-                layout: Layout | None = self._layout
-                while layout is not None:
-                    layout = await self._serve_layout(backend, layout)
+                record: LayoutRecord | None = self._record
+                while record is not None:
+                    record = await self._serve_layout(backend, record)
                 with contextlib.suppress(Exception):  # (else it drops out when stale)
                     await backend.drop_workers(self.settings.namespace, [self.token])
                 task_group.cancel_scope.cancel()
@@ -178,7 +179,11 @@ class Worker:
         failing = False
         while True:
             entry = WorkerEntry(
-                self.token, tuple(self.shards), tuple(self.registry.names()), time.time()
+                self.token,
+                tuple(self.shards),
+                tuple(self.registry.names()),
+                time.time(),
+                self._layout.generation,
             )
             try:
                 live = await self._renew_roster_entry(backend, entry)
@@ -245,9 +250,10 @@ class Worker:
             try:
                 backend = await Backend.connect(self._redis)
                 try:
-                    self._layout = await backend.ensure_layout(
-                        self.settings.namespace, self.settings.shard_count
-                    )
+                    await backend.ensure_layout(self.settings.namespace, self.settings.shard_count)
+                    record = await backend.layout_record(self.settings.namespace)
+                    assert record is not None, "ensured just now"
+                    self._record, self._layout = record, record.live
                     await _durability.check_durability(backend, self.settings.durability)
                 except BaseException:
                     await backend.aclose()
@@ -282,11 +288,12 @@ class Worker:
 
     # -- serving -----------------------------------------------------------------------------
 
-    async def _serve_layout(self, backend: Backend, layout: Layout) -> Layout | None:
-        """Serve this worker's shards of ``layout`` until :meth:`stop` (then None), or until a
-        reshard flips the namespace to the next layout (then that one, once every shard of
-        this one is drained and released)."""
-        self._layout = layout
+    async def _serve_layout(self, backend: Backend, record: LayoutRecord) -> LayoutRecord | None:
+        """Serve this worker's shards of ``record``'s live layout until :meth:`stop` (then
+        None), or until a reshard flips the namespace to the next layout (then its record, once
+        every shard of this one is drained and released)."""
+        self._record = record
+        self._layout = layout = record.live
         self.shards = self._resolve_shards(layout)
         if backend.sharded_pubsub:
             self._mailbox.use_shard_channels(layout)
@@ -307,7 +314,7 @@ class Worker:
                 self.token,
                 self.metrics,
                 self._owned,
-                partial(self._start, backend, layout, task_group),
+                partial(self._start, backend, record, task_group),
             )
             task_group.start_soon(self._poll, backend)
             await task_group.start(self._listen_for_wakeups, backend)
@@ -318,10 +325,12 @@ class Worker:
             task_group.cancel_scope.cancel()
         return flipped
 
-    async def _until_stopped_or_flipped(self, backend: Backend, layout: Layout) -> Layout | None:
+    async def _until_stopped_or_flipped(
+        self, backend: Backend, layout: Layout
+    ) -> LayoutRecord | None:
         """None once :meth:`stop` is called; the namespace's new layout once a reshard flips it.
         Meanwhile, hand each runner of a shard that a reshard seals its seal."""
-        flipped: Layout | None = None
+        flipped: LayoutRecord | None = None
         async with anyio.create_task_group() as group:
 
             async def follow() -> None:
@@ -334,7 +343,7 @@ class Worker:
             group.cancel_scope.cancel()
         return flipped
 
-    async def _follow_layout(self, backend: Backend, layout: Layout) -> Layout:
+    async def _follow_layout(self, backend: Backend, layout: Layout) -> LayoutRecord:
         """Read the namespace's layout record every ``idle_poll`` (at once on a wake-up of its
         channel, which only says to look) until it names another live layout."""
         while True:
@@ -354,7 +363,7 @@ class Worker:
                     record.live.shards,
                     record.live.generation,
                 )
-                return record.live
+                return record
             if record.move is not None and record.move.source.generation == layout.generation:
                 await self._hand_out_seals(backend, layout)
 
@@ -374,7 +383,7 @@ class Worker:
     def _start(
         self,
         backend: Backend,
-        layout: Layout,
+        record: LayoutRecord,
         task_group: TaskGroup,
         shard: int,
         grant: LeaseGrant,
@@ -411,7 +420,8 @@ class Worker:
             self.settings,
             self.registry,
             shard=shard,
-            layout=layout,
+            layout=record.live,
+            history=record.history,
             grant=grant,
             backend=backend,
             mailbox=self._mailbox,

@@ -1,6 +1,6 @@
 """The ``keyserial`` command, one module per group of subcommands: ``serving`` (``worker``,
 ``dev``), ``status``, ``deadletters`` (``dead-letters``), ``keys`` (``call``, ``read``,
-``result``, ``keys``), ``dashboard`` and ``bench``."""
+``result``, ``keys``), ``dashboard``, ``reshard`` and ``bench``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Protocol
 
 from .. import __version__
 from ..errors import ConfigError, KeyserialError, ShardCountMismatch
-from . import bench, dashboard, deadletters, keys, serving, status
+from . import bench, dashboard, deadletters, keys, reshard, serving, status
 from .arguments import Subcommands, import_from_cwd
 from .logs import configure
 
@@ -31,7 +31,7 @@ class _Group(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
-_GROUPS: tuple[_Group, ...] = (serving, status, deadletters, keys, dashboard)
+_GROUPS: tuple[_Group, ...] = (serving, status, deadletters, keys, dashboard, reshard)
 
 
 def build_parser() -> argparse.ArgumentParser:

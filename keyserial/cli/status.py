@@ -23,6 +23,7 @@ from .._backend.commands import raise_errors
 from .._scripts.submit import StatusReply
 from .._scripts.submit import status as status_call
 from .._wire.layout import Layout
+from .._wire.resharding import LayoutRecord
 from .._wire.roster import WorkerEntry, live_entries, mismatches
 from .._wire.routing import format_shards
 from ..errors import ConfigError
@@ -98,7 +99,15 @@ async def recorded_layout(backend: Backend, namespace: str) -> Layout:
 
     :raises ConfigError: if nothing has used the namespace yet (nothing is recorded).
     """
-    recorded = await backend.recorded_layout(namespace)
+    return (await layout_record(backend, namespace)).live
+
+
+async def layout_record(backend: Backend, namespace: str) -> LayoutRecord:
+    """The namespace's layout record (its layout, and the reshard under way if any).
+
+    :raises ConfigError: if nothing has used the namespace yet (nothing is recorded).
+    """
+    recorded = await backend.layout_record(namespace)
     if recorded is None:
         raise ConfigError(
             f"namespace {namespace!r} has no shard count recorded in Redis: no worker or client"
@@ -191,11 +200,17 @@ def workers(entries: Sequence[WorkerEntry], statuses: Sequence[ShardStatus]) -> 
 
 
 def as_json(
-    namespace: str, statuses: Sequence[ShardStatus], roster: Sequence[WorkerStatus] = ()
+    namespace: str,
+    statuses: Sequence[ShardStatus],
+    roster: Sequence[WorkerStatus] = (),
+    record: LayoutRecord | None = None,
 ) -> dict[str, Any]:
+    move = None if record is None else record.move
     return {
         "namespace": namespace,
         "shard_count": len(statuses),
+        "generation": 0 if record is None else record.live.generation,
+        "reshard": None if move is None else {"from": move.source.shards, "to": move.target.shards},
         "healthy": not unowned(statuses),
         "shards": [status.as_json() for status in statuses],
         "workers": [worker.as_json() for worker in roster],
@@ -206,7 +221,10 @@ _COLUMNS = ("SHARD", "OWNER (host:pid)", "EPOCH", "LEASE", "BACKLOG", "OLDEST", 
 
 
 def render_table(
-    namespace: str, statuses: Sequence[ShardStatus], roster: Sequence[WorkerStatus] = ()
+    namespace: str,
+    statuses: Sequence[ShardStatus],
+    roster: Sequence[WorkerStatus] = (),
+    record: LayoutRecord | None = None,
 ) -> str:
     """The human view: one row per shard, one per worker, then a verdict line."""
     rows = [_COLUMNS]
@@ -228,6 +246,13 @@ def render_table(
     lines = [f"namespace {namespace!r}: {len(statuses)} shards", *_aligned(rows)]
     if roster:
         lines += _aligned([_WORKER_COLUMNS, *(_worker_row(worker) for worker in roster)])
+    if record is not None and record.move is not None:
+        move = record.move
+        lines.append(
+            f"resharding: {move.source.shards} -> {move.target.shards} shards; new ops wait on"
+            f" the new shards until the old ones drain (keyserial reshard --to"
+            f" {move.target.shards} finishes an interrupted move)"
+        )
     missing = unowned(statuses)
     if missing:
         lines.append(f"UNHEALTHY: no worker owns shard(s) {', '.join(map(str, missing))}")
@@ -300,20 +325,24 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _run_status(backend: Backend, args: argparse.Namespace) -> int:
-    layout = await recorded_layout(backend, args.namespace)
+    record = await layout_record(backend, args.namespace)
     healthy = True
     with anyio.CancelScope() as scope:
         async with anyio.create_task_group() as group:
             if args.watch:
                 group.start_soon(_cancel_on_signal, scope)
-            before = await snapshot(backend, layout)
+            before = await snapshot(backend, record.live)
             while True:
                 await anyio.sleep(args.interval)
-                after = await snapshot(backend, layout)
+                now = await layout_record(backend, args.namespace)
+                if now.live != record.live:  # resharded: compare the new shards from now on
+                    before = await snapshot(backend, now.live)
+                record = now
+                after = await snapshot(backend, record.live)
                 statuses = compare(before, after)
                 roster, _ = live_entries(await backend.roster(args.namespace))
                 healthy = not unowned(statuses)
-                _print_status(args, statuses, workers(roster, statuses))
+                _print_status(args, statuses, workers(roster, statuses), record)
                 if not args.watch:
                     break
                 before = after
@@ -329,12 +358,15 @@ async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
 
 
 def _print_status(
-    args: argparse.Namespace, statuses: list[ShardStatus], roster: list[WorkerStatus]
+    args: argparse.Namespace,
+    statuses: list[ShardStatus],
+    roster: list[WorkerStatus],
+    record: LayoutRecord,
 ) -> None:
     if args.json:
-        print(json.dumps(as_json(args.namespace, statuses, roster)), flush=True)
+        print(json.dumps(as_json(args.namespace, statuses, roster, record)), flush=True)
         return
-    table = render_table(args.namespace, statuses, roster)
+    table = render_table(args.namespace, statuses, roster, record)
     if args.watch and sys.stdout.isatty():
         table = _CLEAR_SCREEN + table
     elif args.watch:
