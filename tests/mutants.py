@@ -258,8 +258,8 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_worker/worker.py",
-                "                self._leases.try_soon(shard)",
-                "                pass",
+                "            self._leases.try_soon(shard)",
+                "            pass",
             ),
         ),
         (
