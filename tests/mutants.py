@@ -74,6 +74,7 @@ _ZW = "tests/test_zombie_writes.py::"
 _LANDED = "        self._after_commit(pending)\n"
 _RELEASE = "        for owner, hold in pending.holds:\n            owner.release(hold)\n"
 _STANDALONE = "[standalone]"
+_RESHARD = "tests/test_reshard.py::"
 _SHARD = "keyserial/_worker/runner.py"
 _COORDINATOR = "keyserial/_worker/crossshard/coordinator.py"
 _RACES = "tests/test_cross_shard_races.py::"
@@ -1069,6 +1070,64 @@ MUTANTS: tuple[Mutant, ...] = (
             _PUSH + "test_a_takeover_from_an_owner_that_took_no_pushes_suspects_only_what_it_"
             "fetched" + _STANDALONE,
         ),
+    ),
+    Mutant(
+        "reshard-skips-the-copy",
+        "G11.1",
+        "the mover flips without copying the old shards' states to the new ones",
+        (
+            Edit(
+                "keyserial/_reshard/mover.py",
+                '        raise_errors(await backend.pipeline(commands))\n    progress(f"copied',
+                '        pass\n    progress(f"copied',
+            ),
+        ),
+        (_RESHARD + "test_a_namespace_grows_and_shrinks_under_load_losing_nothing" + _STANDALONE,),
+    ),
+    Mutant(
+        "reshard-trusts-fresh-across-layouts",
+        "G11.4",
+        "a new layout's owner skips looking up earlier layouts' outcomes of ops marked fresh",
+        (
+            Edit(
+                "keyserial/_worker/runner.py",
+                "            for _, fields in fetched.entries\n"
+                "            for envelope in decode_entry_leniently(fields)",
+                "            for _, fields in fetched.entries\n"
+                '            if fields.get(b"fresh") != b"1"\n'
+                "            for envelope in decode_entry_leniently(fields)",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_an_op_copied_as_fresh_into_the_new_layout_never_runs_twice"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "sealed-shard-forwards-pushes",
+        "G11.4",
+        "a sealed shard takes pushes in and forwards their ops before any step confirmed them",
+        (
+            Edit(
+                "keyserial/_worker/runner.py",
+                "        if self._seal is not None:\n"
+                "            self.entries_waiting()\n"
+                "            return\n",
+                "",
+            ),
+            Edit(
+                "keyserial/_worker/runner.py",
+                " or self._replay_until is not None or self._seal is not None:",
+                " or self._replay_until is not None:",
+            ),
+            Edit(
+                "keyserial/_worker/runner.py",
+                "            if from_stream and seal is not None",
+                "            if seal is not None",
+            ),
+        ),
+        (_RESHARD + "test_a_forged_push_to_a_sealed_shard_is_never_forwarded" + _STANDALONE,),
     ),
 )
 

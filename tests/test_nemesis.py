@@ -92,9 +92,13 @@ def test_a_seed_always_draws_the_same_schedule() -> None:
             plan = make_plan(seed, profile)
             assert plan == make_plan(seed, profile)
             fewest, most = (
-                a + b + c
-                for a, b, c in zip(
-                    profile.faults, profile.edge_faults, profile.hostile_faults, strict=True
+                sum(bounds)
+                for bounds in zip(
+                    profile.faults,
+                    profile.edge_faults,
+                    profile.hostile_faults,
+                    profile.reshard_faults,
+                    strict=True,
                 )
             )
             assert fewest <= len(plan.events) <= most
@@ -114,10 +118,13 @@ def test_the_epochs_checker_flags_one_epoch_handed_to_two_owners() -> None:
     logs["worker-1.log"] += line.format(8, 2, 2)
     (violation,) = check_epochs(logs)
     assert violation.evidence == {
-        "shard": 2,
+        "shard": "2",
         "epoch": 2,
         "owners": ["worker-0.log at 2026-11-24 21:06:04", "worker-1.log at 2026-11-24 21:06:08"],
     }
+    # After a reshard, shard 2 of layout generation 1 counts its epochs from 1 again.
+    logs["worker-1.log"] += line.format(9, "2@1", 1) + line.format(9, "2@1", 2)
+    assert len(check_epochs(logs)) == 1
 
 
 def test_an_append_a_failover_lost_after_its_caller_gave_up_is_not_a_dropped_op() -> None:
@@ -128,7 +135,7 @@ def test_an_append_a_failover_lost_after_its_caller_gave_up_is_not_a_dropped_op(
     still in the stream, or no failover of that shard, is."""
     record = OpRecord("t1", "list", ("lst:1",), True, "t1", via="timeout", started=100.0)
     record.ended = 108.0
-    seen = Appended("t1", "t1", ("lst:1",), 2, ["1795815242300-0"])
+    seen = Appended("t1", "t1", ("lst:1",), 2, "ks:{ns:2}:stream", ["1795815242300-0"])
 
     def flagged(**changes: Any) -> bool:
         observed = Observed(

@@ -279,3 +279,66 @@ async def test_dead_letters_move_with_the_namespace(
         ]
         assert letters == [dead]
         assert await client.xlen(old.dead) == 0
+
+
+async def test_an_op_copied_as_fresh_into_the_new_layout_never_runs_twice(
+    redis_url: str, namespace: str
+) -> None:
+    """A client user copies an op that ran before the move into its new shard's stream, marked
+    ``fresh`` (so its owner would skip looking up its own results): the owner finds the
+    outcome stored in the old layout and answers it, never running it again."""
+    with documented_users(redis_url) as users:
+        attacker = redis.asyncio.Redis.from_url(users.client_url)
+        try:
+            async with (
+                running_worker(users.worker_url, namespace, shard_count=4, apps=["tests.apps"]),
+                keyserial.connect(users.client_url, namespace=namespace) as ks,
+            ):
+                op_id = ks.new_op_id()
+                assert await ks.submit("victim", apps.append(0), op_id=op_id) == [0]
+                await _move(users.worker_url, namespace, 16)
+                there = Layout(namespace, 16, 1).keys(shard_for("victim", 16))
+                copy = {"id": op_id, "key": "victim", "op": "append", "args": [0]}
+                fields = {"v": "1", "ops": json.dumps([copy]), "fresh": "1"}
+                await attacker.xadd(there.stream, fields)  # type: ignore[arg-type]
+                assert await ks.submit("victim", apps.append(1), timeout=30) == [0, 1]
+        finally:
+            await attacker.aclose()
+
+
+async def test_a_forged_push_to_a_sealed_shard_is_never_forwarded(
+    redis_url: str, namespace: str
+) -> None:
+    """A sealed shard forwards the ops of entries appended past its seal, at once, so it must
+    forward only entries it read from its stream: a push (which any client user may publish,
+    and which only the next step confirms) of an op no caller made is never forwarded."""
+    key = "victim"
+    with documented_users(redis_url) as users:
+        attacker = redis.asyncio.Redis.from_url(users.client_url)
+        as_worker = await Backend.connect(users.worker_url)
+        try:
+            async with (
+                running_worker(
+                    users.worker_url, namespace, shard_count=4, apps=["tests.apps"]
+                ) as worker,
+                keyserial.connect(users.client_url, namespace=namespace) as ks,
+            ):
+                await ks.submit(key, apps.append(0))
+                move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
+                old = move.source.keys(shard_for(key, 4))
+                await as_worker.run_call(record_move(move))
+                await as_worker.run_call(seal(old, move))
+                runner = worker._owned[old.shard].runner
+                await eventually_async(lambda: _true_soon(runner.sealed))
+                forged = [{"id": "forged-1", "key": key, "op": "append", "args": ["forged"]}]
+                push = f"push {runner.cursor} 99999999999999-0 1\n{json.dumps(forged)}"
+                await attacker.publish(old.wake_channel, push)
+                await move_namespace(as_worker, Settings(namespace=namespace), 16)
+                assert await ks.submit(key, apps.append(1), timeout=30) == [0, 1]
+        finally:
+            await attacker.aclose()
+            await as_worker.aclose()
+
+
+async def _true_soon(value: bool) -> bool:
+    return value

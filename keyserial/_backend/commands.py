@@ -113,6 +113,17 @@ class Commands:
         generation, else the previous one (both read in one round trip)."""
         return merged_stored(raise_errors(await self.pipeline(stored_commands(shard, fields))))
 
+    async def stored_on_many(
+        self, wanted: Sequence[tuple[ShardKeys, Sequence[str]]]
+    ) -> list[list[bytes | None]]:
+        """:meth:`stored` of several shards in one pipeline (on a cluster, one round trip
+        per node, in parallel)."""
+        commands = [
+            command for shard, fields in wanted for command in stored_commands(shard, fields)
+        ]
+        replies = raise_errors(await self.pipeline(commands))
+        return [merged_stored(replies[at : at + 2]) for at in range(0, len(replies), 2)]
+
     async def entries_present(self, shard: ShardKeys, ids: Sequence[bytes]) -> list[bool]:
         """Whether each entry is still in the shard's stream (one round trip)."""
         commands = [("XRANGE", shard.stream, id_, id_) for id_ in ids]

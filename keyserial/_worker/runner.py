@@ -255,7 +255,12 @@ class ShardRunner:
         self.wake()
 
     def push(self, pushed: Push) -> None:
-        """A wake-up that carries an entry: taken in without a fetch where it follows on."""
+        """A wake-up that carries an entry: taken in without a fetch where it follows on. A
+        sealed shard takes none in: it forwards the ops of entries past its seal at once,
+        before any step could confirm a pushed entry, so it forwards only what it fetched."""
+        if self._seal is not None:
+            self.entries_waiting()
+            return
         self._wakeups.push(pushed)
         self.wake()
 
@@ -312,7 +317,7 @@ class ShardRunner:
                 self._pauses_stale = False
                 await self._follow_pauses()
             if (pushed := self._take_push()) is not None:
-                await self._dispatch(pushed)
+                await self._dispatch(pushed, from_stream=False)
             want, replaying = self._fetch_size(), self._replay_until is not None
             fetch = self._wakeups.fetch_size(want, replaying)
             record = self._wakeups.records(want, replaying)
@@ -365,7 +370,7 @@ class ShardRunner:
     def _take_push(self) -> StepReply | None:
         """The pushed entries that follow on from the cursor, if this owner would fetch now
         (not replaying)."""
-        if not self._fetch_size() or self._replay_until is not None:
+        if not self._fetch_size() or self._replay_until is not None or self._seal is not None:
             return None
         return self._wakeups.take(self._cursor, self.states)
 
@@ -466,7 +471,9 @@ class ShardRunner:
             if sleeping.cancelled_caught:
                 return
 
-    async def _dispatch(self, fetched: StepReply) -> None:
+    async def _dispatch(self, fetched: StepReply, *, from_stream: bool = True) -> None:
+        """Take fetched entries in (``from_stream``: read from the stream, not taken in from
+        pushes, which only the next step confirms)."""
         if self._history and fetched.entries:
             await self._answer_from_earlier_layouts(fetched)
         runnable: list[Run] = []
@@ -494,7 +501,8 @@ class ShardRunner:
             for finished in accepted.finished:
                 self._finish(finished)
             runs = accepted.runs
-            if self._seal is not None and parse_id(entry_id) > parse_id(self._seal.last):
+            seal = self._seal
+            if from_stream and seal is not None and parse_id(entry_id) > parse_id(seal.last):
                 runs = self._forward_moved(runs)
             self._uncommitted += len(accepted.runs)
             runnable.extend(runs)
@@ -508,13 +516,15 @@ class ShardRunner:
                 await self._commit_through(run)
 
     async def _answer_from_earlier_layouts(self, fetched: StepReply) -> None:
-        """Add to ``fetched.done`` the outcomes stored before a reshard of its ops appended
-        again (a resubmit, a retry: not ``fresh``) that have none here, looked up at the op's
-        home in each earlier layout (one round trip per layout)."""
+        """Add to ``fetched.done`` the outcomes stored in the layouts before a reshard of its ops
+        that have none here, looked up at each op's home there (one round trip per layout,
+        while its results may be retained). Every op, ``fresh`` ones too: ``fresh`` lets an
+        owner skip looking up its own shard only because the commit refuses an op id that has
+        an outcome there, and cannot see an earlier layout's (an entry copied as fresh by a
+        client user would run twice)."""
         missing = {
             envelope.op_id: envelope.keys
             for _, fields in fetched.entries
-            if fields.get(b"fresh") != b"1"
             for envelope in decode_entry_leniently(fields)
             if envelope.op_id not in fetched.done
         }
@@ -525,15 +535,18 @@ class ShardRunner:
             by_home: dict[int, list[str]] = {}
             for op_id, keys in missing.items():
                 by_home.setdefault(home_shard(keys, layout.shards), []).append(op_id)
-            for home, op_ids in by_home.items():
-                stored = await self._stored_in(layout.keys(home), op_ids)
-                for op_id, outcome in zip(op_ids, stored, strict=True):
+            wanted = [(layout.keys(home), op_ids) for home, op_ids in by_home.items()]
+            stored = await self._stored_on(wanted)
+            for (_, op_ids), outcomes in zip(wanted, stored, strict=True):
+                for op_id, outcome in zip(op_ids, outcomes, strict=True):
                     if outcome is not None:
                         fetched.done[op_id] = outcome.decode()
                         del missing[op_id]
 
-    async def _stored_in(self, shard: ShardKeys, op_ids: list[str]) -> list[bytes | None]:
-        return await self._retrying(lambda: self._backend.stored(shard, op_ids))
+    async def _stored_on(
+        self, wanted: list[tuple[ShardKeys, list[str]]]
+    ) -> list[list[bytes | None]]:
+        return await self._retrying(lambda: self._backend.stored_on_many(wanted))
 
     def _forward_moved(self, runs: list[Run]) -> list[Run]:
         """Of the runs of an entry appended after the seal, those to run here (grant requests);

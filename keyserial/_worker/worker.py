@@ -32,7 +32,7 @@ from .._ops import Registry
 from .._scripts.lease import LeaseGrant
 from .._settings import Settings
 from .._wire.codec import GRANT_OP, parse_push
-from .._wire.layout import PAUSES_CHANGED, Layout, worker_channel
+from .._wire.layout import PAUSES_CHANGED, Layout, shard_name, worker_channel
 from .._wire.resharding import LayoutRecord, layout_channel
 from .._wire.roster import ROSTER_RENEW, OpSetMismatch, WorkerEntry, live_entries, mismatches
 from .._wire.routing import format_shards, parse_shards, scale_shards
@@ -429,7 +429,10 @@ class Worker:
         )
         holder = self._owned[shard] = Held(runner, renewed_at)
         extra = fields(shard=shard, epoch=grant.epoch)
-        log.info("shard %d: acquired (epoch %d)", shard, grant.epoch, extra=extra)
+        # (Named with its layout generation after a reshard: shard 3 of generation 2 is "3@2",
+        # whose epochs count from 1 again.)
+        name = shard_name(shard, record.live.generation)
+        log.info("shard %s: acquired (epoch %d)", name, grant.epoch, extra=extra)
         task_group.start_soon(self._serve, shard, holder)
 
     async def _serve(self, shard: int, holder: Held) -> None:

@@ -380,7 +380,8 @@ def _evidence(record: OpRecord, observed: Observed, **extra: Any) -> dict[str, A
 
 
 _ACQUIRED = re.compile(
-    r"^(\S+ \S+) INFO keyserial.worker: shard (\d+): acquired \(epoch (\d+)\)", re.MULTILINE
+    r"^(\S+ \S+) INFO keyserial.worker: shard (\d+(?:@\d+)?): acquired \(epoch (\d+)\)",
+    re.MULTILINE,
 )
 
 
@@ -389,10 +390,10 @@ def check_epochs(worker_logs: Mapping[str, str]) -> list[Violation]:
     could not tell them apart, and each would commit on its own view of the shard. Every write
     of the runs persists (``appendfsync always``), so only a failover that loses an epoch bump
     could hand an epoch out twice."""
-    owners: defaultdict[tuple[int, int], list[str]] = defaultdict(list)
+    owners: defaultdict[tuple[str, int], list[str]] = defaultdict(list)
     for name, text in sorted(worker_logs.items()):
-        for when, shard, epoch in _ACQUIRED.findall(text):
-            owners[(int(shard), int(epoch))].append(f"{name} at {when}")
+        for when, shard, epoch in _ACQUIRED.findall(text):  # (shard: "3", or "3@2" after a
+            owners[(shard, int(epoch))].append(f"{name} at {when}")  # reshard)
     return [
         Violation(
             "epochs",

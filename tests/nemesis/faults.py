@@ -20,7 +20,7 @@ import anyio
 import redis.asyncio as aredis
 from redis.exceptions import BusyLoadingError
 
-from keyserial.testing import ShardKeys
+from keyserial._wire.layout import Layout
 from tests.helpers import keys_on_shard
 from tests.nemesis import cluster_faults, hostile
 from tests.nemesis.schedule import FaultEvent
@@ -263,21 +263,52 @@ async def garbage(faults: Faults, number: int, event: FaultEvent) -> None:
     """Append a foreign or broken entry with raw XADD (docs/wire-format.md), and wake the
     shard's owner."""
     system = faults.system
-    shard = _slot(event)
-    count = system.profile.shard_count
+    assert system.inspector is not None
+    inspector = system.inspector
+    layout = await _live_layout(inspector, system.namespace)
+    count = layout.shards
+    shard = _slot(event) % count
     kind = event.params["entry"]
     op_id = f"{GARBAGE_PREFIX}{system.plan.seed}-{number}"
     key = keys_on_shard(shard, count, 1, "garbage")[0]
     elsewhere = keys_on_shard((shard + 1) % count, count, 1, "garbage")[0]
     version, ops, answered = garbage_entry(kind, op_id, key, elsewhere)
-    keys = ShardKeys(system.namespace, shard)
-    assert system.inspector is not None
-    inspector = system.inspector
+    keys = layout.keys(shard)
     entry = await _not_busy(lambda: inspector.xadd(keys.stream, {"v": version, "ops": ops}))
     # execute_command: a cluster client has no publish() (any node fans a message out).
     await _not_busy(lambda: inspector.execute_command("PUBLISH", keys.wake_channel, entry))
     faults.garbage.append(GarbageSent(shard, kind, entry.decode(), [op_id] if answered else []))
     faults.note(f"garbage {kind} appended to shard {shard} ({entry.decode()})")
+
+
+async def reshard(faults: Faults, number: int, event: FaultEvent) -> None:
+    """``keyserial reshard`` under the load: to ``to`` shards (one more if the namespace has
+    that many; the move under way, if one is), interrupted ``interrupt_after`` seconds in (a
+    Ctrl-C: the move stays recorded), and run again ``resume_after`` seconds later to its end.
+    Replacement workers started with the old count as the move flipped are started again."""
+    system, params = faults.system, event.params
+    to = await system.move_under_way() or params["to"]
+    if to == system.shard_count:
+        to += 1
+    if params["interrupt_after"] is not None:
+        with anyio.move_on_after(params["interrupt_after"]):
+            await system.move(to, faults.note)
+        faults.note(f"reshard to {to} interrupted after {params['interrupt_after']}s")
+        await anyio.sleep(params["resume_after"])
+    faults.note(f"reshard to {to} shards")
+    await system.move(to, faults.note)
+    faults.note(f"resharded to {to} shards")
+    for _ in range(3):  # (a replacement started as the move flipped)
+        system.restart_outdated()
+        await anyio.sleep(1.0)
+
+
+async def _live_layout(inspector: Any, namespace: str) -> Layout:
+    """The namespace's live layout (a reshard fault may have changed it)."""
+    shards, generation = await _not_busy(
+        lambda: inspector.hmget(f"ks:{{{namespace}}}:meta", "shards", "generation")
+    )
+    return Layout(namespace, int(shards), int(generation or 0))
 
 
 async def _not_busy(command: Callable[[], Awaitable[Any]]) -> Any:
@@ -340,4 +371,5 @@ INJECTORS: dict[str, Injector] = {
     "master_lost_ahead": cluster_faults.master_lost_ahead,
     "clock_skew": cluster_faults.clock_skew,
     "forge": hostile.forge,
+    "reshard": reshard,
 }

@@ -23,7 +23,7 @@ import anyio
 import redis.asyncio as aredis
 from redis.exceptions import NoPermissionError, RedisError
 
-from keyserial.testing import ShardKeys
+from keyserial._wire.layout import Layout, ShardKeys
 from tests.helpers import keys_on_shard
 from tests.nemesis.schedule import FaultEvent, rng_for
 from tests.test_acl import documented_rules
@@ -54,9 +54,7 @@ async def forge(faults: Faults, number: int, event: FaultEvent) -> None:
         with anyio.move_on_after(event.params["lasting"]):
             while True:
                 try:
-                    sent += await _round(
-                        attacker, system.namespace, system.profile.shard_count, rng
-                    )
+                    sent += await _round(attacker, system.namespace, rng)
                 except NoPermissionError:
                     raise  # the forger tried what the client ACL does not allow: a bug here
                 except RedisError:
@@ -79,17 +77,18 @@ async def _client_user(admin: aredis.Redis, port: int) -> str:
     return f"redis://ks-nemesis-client:{password}@127.0.0.1:{port}/0"
 
 
-async def _round(
-    attacker: aredis.Redis, namespace: str, shard_count: int, rng: random.Random
-) -> int:
+async def _round(attacker: aredis.Redis, namespace: str, rng: random.Random) -> int:
     """One round of forgeries: a push to a random shard, then a grant and a decision notice
-    for every grant request in the streams. How many messages were published."""
-    shard = rng.randrange(shard_count)
-    sent = await _forged_push(attacker, namespace, shard, shard_count, rng)
+    for every grant request in the streams. How many messages were published. (The shards of
+    the namespace's live layout, as a client reads it: a reshard fault may have moved it.)"""
+    shards, generation = await attacker.hmget(f"ks:{{{namespace}}}:meta", "shards", "generation")
+    layout = Layout(namespace, int(shards), int(generation or 0))
+    shard = layout.keys(rng.randrange(layout.shards))
+    sent = await _forged_push(attacker, layout, shard, rng)
     if rng.random() < REPLAY_CHANCE:
-        sent += await _replayed_as_fresh(attacker, namespace, shard, rng)
-    sent += await _forged_replies(attacker, namespace, shard, rng)
-    requests = await _grant_requests(attacker, namespace, shard_count)
+        sent += await _replayed_as_fresh(attacker, shard, rng)
+    sent += await _forged_replies(attacker, shard, rng)
+    requests = await _grant_requests(attacker, layout)
     # The workers' channels a client can learn: each grant request names its coordinator's.
     channels = {str(envelope["kwargs"].get("channel")) for _, envelope in requests}
     for requested_from, envelope in requests:
@@ -98,13 +97,12 @@ async def _round(
 
 
 async def _forged_push(
-    attacker: aredis.Redis, namespace: str, shard: int, shard_count: int, rng: random.Random
+    attacker: aredis.Redis, layout: Layout, keys: ShardKeys, rng: random.Random
 ) -> int:
     """A push of an append no caller made, in one of three shapes: following on from the
     stream's last entry with a made-up id, naming an empty stream and the largest id, or naming
     the last real entry with other ops."""
-    keys = ShardKeys(namespace, shard)
-    key = keys_on_shard(shard, shard_count, 1, "lst")[0]
+    key = keys_on_shard(keys.shard, layout.shards, 1, "lst")[0]
     ops = json.dumps(
         [{"id": f"forged-{uuid.uuid4().hex}", "key": key, "op": "append", "args": ["forged"]}]
     )
@@ -121,13 +119,10 @@ async def _forged_push(
     return 1
 
 
-async def _replayed_as_fresh(
-    attacker: aredis.Redis, namespace: str, shard: int, rng: random.Random
-) -> int:
+async def _replayed_as_fresh(attacker: aredis.Redis, keys: ShardKeys, rng: random.Random) -> int:
     """An entry of the shard's stream (committed or not) appended again, its ops as they are
     but the entry marked ``fresh``: with the submit script, so it comes pushed, or a plain
     XADD, so it is fetched. 0 if the stream holds no op of a caller's."""
-    keys = ShardKeys(namespace, shard)
     ops = []
     for _, fields in await attacker.xrevrange(keys.stream, count=20):
         try:
@@ -161,13 +156,11 @@ FORGED_OUTCOMES = (
 )
 
 
-async def _forged_replies(
-    attacker: aredis.Redis, namespace: str, shard: int, rng: random.Random
-) -> int:
+async def _forged_replies(attacker: aredis.Redis, keys: ShardKeys, rng: random.Random) -> int:
     """A forged reply for each of the last few ops in the shard's stream, on the reply
     channel its envelope names (a client may read the streams, and publish on replies)."""
     sent = 0
-    for _, fields in await attacker.xrevrange(ShardKeys(namespace, shard).stream, count=5):
+    for _, fields in await attacker.xrevrange(keys.stream, count=5):
         try:
             envelopes = json.loads(fields.get(b"ops", b"[]"))
         except ValueError:
@@ -181,12 +174,12 @@ async def _forged_replies(
 
 
 async def _grant_requests(
-    attacker: aredis.Redis, namespace: str, shard_count: int
+    attacker: aredis.Redis, layout: Layout
 ) -> list[tuple[int, dict[str, Any]]]:
     """Every grant request in the streams (a client may read them), with its shard."""
     found = []
-    for shard in range(shard_count):
-        for _, fields in await attacker.xrange(ShardKeys(namespace, shard).stream, count=200):
+    for shard in range(layout.shards):
+        for _, fields in await attacker.xrange(layout.keys(shard).stream, count=200):
             try:
                 envelopes = json.loads(fields.get(b"ops", b"[]"))
             except ValueError:

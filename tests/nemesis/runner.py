@@ -19,6 +19,8 @@ from redis.crc import key_slot
 
 import keyserial
 from keyserial import BackendUnavailable, KeyserialError, OperationFailed
+from keyserial._backend.backend import Backend
+from keyserial._wire.layout import Layout
 from keyserial.testing import ShardKeys
 from tests import apps
 from tests.helpers import keys_on_shard
@@ -183,7 +185,7 @@ async def _liveness(
     violations: list[Violation] = []
 
     async def probe(shard: int) -> None:
-        key = keys_on_shard(shard, profile.shard_count, 1, "live")[0]
+        key = keys_on_shard(shard, system.shard_count, 1, "live")[0]
         try:
             while True:
                 left = healed + profile.liveness_bound - time.monotonic()
@@ -217,7 +219,7 @@ async def _liveness(
             )
 
     async with anyio.create_task_group() as group:
-        for shard in range(profile.shard_count):
+        for shard in range(system.shard_count):  # (after a reshard fault, the new count)
             group.start_soon(probe, shard)
     faults.note(f"liveness probed: {len(violations)} shard(s) stuck")
     return violations
@@ -307,13 +309,16 @@ async def _garbage_answered(system: BaseSystem, faults: Faults) -> list[Violatio
     the same op id)."""
     assert system.inspector is not None
     violations = []
+    shards = await _every_shard(system)
     for sent in faults.garbage:
-        keys = ShardKeys(system.namespace, sent.shard)
         for op_id in sent.answer_expected:
+            # (Looked for on every shard of every layout: appended to a shard a reshard had
+            # sealed, an op is forwarded to its home in the new layout, and runs there.)
             found = [
                 await system.inspector.execute_command(  # type: ignore[no-untyped-call]
                     "HGET", name, op_id
                 )
+                for keys in shards
                 for name in (keys.results, keys.results_old)
             ]
             evidence = {"kind": sent.kind, "shard": sent.shard, "op_id": op_id, "entry": sent.entry}
@@ -328,6 +333,22 @@ async def _garbage_answered(system: BaseSystem, faults: Faults) -> list[Violatio
                     )
                 )
     return violations
+
+
+async def _every_shard(system: BaseSystem) -> list[ShardKeys]:
+    """Every shard of the namespace's live layout, of a move under way and of the layouts
+    before (after reshard faults)."""
+    if not system.profile.reshard_faults[1]:
+        return Layout(system.namespace, system.profile.shard_count).all_keys()
+    backend = await Backend.connect(system.direct_url())
+    try:
+        record = await backend.layout_record(system.namespace)
+    finally:
+        await backend.aclose()
+    assert record is not None
+    layouts = [record.live, *(layout for layout, _ in record.history)]
+    layouts += [record.move.target] if record.move else []
+    return [keys for layout in layouts for keys in layout.all_keys()]
 
 
 def _stats(observed: Observed) -> dict[str, Any]:
@@ -372,8 +393,7 @@ async def _gone(tap: StreamTap, resolved: dict[str, Resolved]) -> frozenset[str]
         for op_id, seen in tap.seen.items():
             if op_id in resolved:
                 continue
-            stream = ShardKeys(tap.namespace, seen.shard).stream
-            present = [await client.xrange(stream, entry, entry) for entry in seen.entries]
+            present = [await client.xrange(seen.stream, entry, entry) for entry in seen.entries]
             if not any(present):
                 gone.add(op_id)
         return frozenset(gone)

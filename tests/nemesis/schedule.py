@@ -41,6 +41,15 @@ HOSTILE_FAULT_WEIGHTS: dict[str, int] = {
     "forge": 1,
 }
 
+#: A live reshard (``keyserial reshard``) to another shard count, sometimes interrupted and run
+#: again. Drawn from a stream of its own, after the others (the reshard profile only).
+RESHARD_FAULT_WEIGHTS: dict[str, int] = {
+    "reshard": 1,
+}
+
+#: The shard counts a reshard moves to (from the profile's 6, or from the last move's).
+RESHARD_COUNTS = (2, 3, 4, 5, 8, 9, 12, 16)
+
 #: The cluster profile's kinds: worker faults, and faults of the cluster's nodes and clocks in
 #: place of the proxy and single-server ones (a proxy cannot stand between a cluster client and
 #: the nodes its redirections name).
@@ -110,6 +119,8 @@ class Profile:
     #: Workers' and clients' ``health_interval``: a dropped subscription must be replaced
     #: within three times this, plus a second, while the load runs.
     health_interval: float = 1.0
+    #: How many faults of ``RESHARD_FAULT_WEIGHTS`` a run adds: fewest, most.
+    reshard_faults: tuple[int, int] = (0, 0)
     #: Whether a tenth of the submits are cancelled by their callers. An op whose append a
     #: failover lost is appended again only while its submit waits: where faults lose appends
     #: by design (the takeover profile), every caller waits, so that every loss is a defect.
@@ -124,6 +135,15 @@ PROFILES = {
     ),
     "long": Profile(
         "long", load_seconds=18.0, faults=(5, 9), edge_faults=(1, 3), hostile_faults=(1, 2)
+    ),
+    # The long profile with one or two live reshards in every run.
+    "reshard": Profile(
+        "reshard",
+        load_seconds=18.0,
+        faults=(5, 9),
+        edge_faults=(1, 3),
+        hostile_faults=(1, 2),
+        reshard_faults=(1, 2),
     ),
     "cluster": Profile(
         "cluster",
@@ -205,6 +225,8 @@ def make_plan(seed: int, profile: Profile) -> Plan:
     events += _draw(
         hostile, profile, hostile.randint(*profile.hostile_faults), HOSTILE_FAULT_WEIGHTS
     )
+    moves = rng_for(seed, "plan:reshard")
+    events += _draw(moves, profile, moves.randint(*profile.reshard_faults), RESHARD_FAULT_WEIGHTS)
     events.sort(key=lambda event: event.at)
     return Plan(seed, profile, layouts, tuple(events))
 
@@ -346,6 +368,18 @@ def _forge(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
     }
 
 
+def _reshard(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
+    """A move to ``to`` shards (one more if the namespace has that many then); interrupted
+    (cancelled: a Ctrl-C) ``interrupt_after`` seconds in, if not None, and run again
+    ``resume_after`` seconds later."""
+    interrupted = rng.random() < 0.5
+    return "layout", {
+        "to": rng.choice(RESHARD_COUNTS),
+        "interrupt_after": round(rng.uniform(0.0, 0.6), 2) if interrupted else None,
+        "resume_after": round(rng.uniform(0.0, 1.5), 2),
+    }
+
+
 _PARAMS = {
     "kill9": _kill9,
     "sigstop": _sigstop,
@@ -363,6 +397,7 @@ _PARAMS = {
     "master_lost_ahead": _master_lost_ahead,
     "clock_skew": _clock_skew,
     "forge": _forge,
+    "reshard": _reshard,
 }
 
 

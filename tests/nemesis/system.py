@@ -9,7 +9,7 @@ when a fault kills it and a replacement starts. :class:`BaseSystem` runs the slo
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextlib import suppress
 from pathlib import Path
 from types import TracebackType
@@ -18,11 +18,19 @@ from typing import Any
 import anyio
 import redis.asyncio as aredis
 
+from keyserial import Settings
+from keyserial._backend.backend import Backend
+from keyserial._reshard.mover import move_namespace
+from keyserial._wire.routing import scale_shards
+from keyserial.errors import BackendUnavailable
 from keyserial.testing import LocalServer, ShardKeys, free_port
 from tests.helpers import WorkerProcess
 from tests.nemesis.schedule import Plan
 from tests.nemesis.tap import StreamTap
 from tests.proxy import FaultProxy
+
+#: What a worker logs when started with a shard count a reshard has changed since.
+_COUNT_CHANGED = "shards recorded in Redis, but this process was configured with"
 
 
 class BaseSystem:
@@ -44,6 +52,9 @@ class BaseSystem:
         #: What healing could not do (named in the run's log).
         self.heal_notes: list[str] = []
         self._started = 0
+        #: The namespace's shard count as the nemesis last moved it (``reshard`` faults): a
+        #: replacement worker is started with it, serving the same fraction of the shards.
+        self.shard_count = self.profile.shard_count
 
     async def __aenter__(self) -> BaseSystem:
         await self.start_redis()
@@ -90,14 +101,14 @@ class BaseSystem:
         return process
 
     def start_worker(self, slot: int, env: Mapping[str, str] | None = None) -> WorkerProcess:
-        shards = ",".join(map(str, self.plan.layouts[slot]))
+        shards = ",".join(map(str, self.shards_of(slot)))
         if self.profile.durable_replicas:
             env = {**(env or {}), "KEYSERIAL_DURABLE_REPLICAS": str(self.profile.durable_replicas)}
         process = WorkerProcess(
             self.worker_url(slot),
             self.namespace,
             shards=shards,
-            shard_count=self.profile.shard_count,
+            shard_count=self.shard_count,
             lease_ttl=self.profile.lease_ttl,
             log_path=self.workdir / f"worker-{slot}-{self._started}.log",
             env={"KEYSERIAL_HEALTH_INTERVAL": str(self.profile.health_interval), **(env or {})},
@@ -108,13 +119,63 @@ class BaseSystem:
         self.every_process.append(process)
         return process
 
+    def shards_of(self, slot: int) -> list[int]:
+        """The slot's shards of the plan, as the same fraction of the live shard count (as a
+        running worker serves them after a reshard); at least one."""
+        planned, count = self.plan.layouts[slot], self.shard_count
+        return scale_shards(planned, self.profile.shard_count, count) or [
+            planned[0] * count // self.profile.shard_count
+        ]
+
+    def outdated(self, process: WorkerProcess) -> bool:
+        """Whether ``process`` stopped because a reshard changed the count it was started with
+        (a replacement started just as a move flipped): started again, it is no crash."""
+        return process.process.poll() is not None and _COUNT_CHANGED in process.log()
+
+    def restart_outdated(self) -> None:
+        for slot, process in enumerate(self.slots):
+            if process is not None and self.outdated(process):
+                self.start_worker(slot)
+
+    async def move(self, shards: int, note: Callable[[str], None]) -> None:
+        """Reshard the namespace to ``shards`` shards (or finish the move under way), as
+        ``keyserial reshard`` does, through Redis outages, until done or cancelled."""
+        while True:
+            try:
+                backend = await Backend.connect(self.direct_url())
+                try:
+                    await move_namespace(
+                        backend, Settings(namespace=self.namespace), shards, progress=note
+                    )
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await backend.aclose()
+                self.shard_count = shards
+                return
+            except BackendUnavailable as error:
+                note(f"reshard: {error}; trying again")
+                await anyio.sleep(0.2)
+
+    async def move_under_way(self) -> int | None:
+        """The shard count a recorded move goes to, if one is under way."""
+        backend = await Backend.connect(self.direct_url())
+        try:
+            record = await backend.layout_record(self.namespace)
+        finally:
+            await backend.aclose()
+        return None if record is None or record.move is None else record.move.target.shards
+
+    def direct_url(self) -> str:
+        """Redis, reached without a fault proxy (the mover's, the checkers')."""
+        raise NotImplementedError
+
     def crashed(self) -> list[dict[str, object]]:
         """Worker processes that exited although the nemesis neither killed nor stopped them,
         with their exit code and the last error their log shows."""
         crashes: list[dict[str, object]] = []
         for process in self.every_process:
             code = process.process.poll()
-            if code is None or process.pid in self.ended_by_nemesis:
+            if code is None or process.pid in self.ended_by_nemesis or self.outdated(process):
                 continue
             errors = [
                 line
@@ -142,6 +203,10 @@ class BaseSystem:
         for slot, process in enumerate(self.slots):
             if process is None or process.process.poll() is not None or slot in self.terminating:
                 self.start_worker(slot)
+        under_way = await self.move_under_way() if self.profile.reshard_faults[1] else None
+        if under_way is not None:  # (a reshard fault cut short when the load ended)
+            await self.move(under_way, self.heal_notes.append)
+            self.restart_outdated()
 
     async def holders(self) -> dict[int, int | None]:
         """The pid holding each shard's lease (None: no holder)."""
@@ -220,6 +285,9 @@ class System(BaseSystem):
             self.namespace,
             self.profile.shard_count,
         )
+
+    def direct_url(self) -> str:
+        return self.server.url
 
     def redis_up(self) -> bool:
         process = self.server.process

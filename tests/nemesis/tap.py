@@ -15,9 +15,11 @@ from typing import Any
 
 import anyio
 import redis.asyncio as aredis
+from anyio.abc import TaskGroup
 from redis.exceptions import RedisClusterException
 
-from keyserial.testing import ShardKeys
+from keyserial._wire.layout import Layout
+from keyserial._wire.resharding import Move
 
 #: Op ids of the entries the ``garbage`` fault appends start with this.
 GARBAGE_PREFIX = "garbage-"
@@ -31,6 +33,8 @@ class Appended:
     tag: str
     keys: tuple[str, ...]
     shard: int
+    #: The stream it was seen in (after a reshard, of a later layout generation).
+    stream: str
     #: Every entry that carried the op id (more than one: appended twice).
     entries: list[str]
 
@@ -48,17 +52,44 @@ class StreamTap:
     seen: dict[str, Appended] = field(default_factory=dict)
 
     async def run(self) -> None:
-        """Read every stream until cancelled, resuming after a Redis restart or failover."""
-        streams = {
-            ShardKeys(self.namespace, shard).stream: shard for shard in range(self.shard_count)
-        }
+        """Read every stream until cancelled, resuming after a Redis restart or failover; the
+        streams of each layout a reshard makes too, as soon as the move is recorded."""
+        followed: set[int] = set()
+        async with anyio.create_task_group() as group:
+            self._follow_layout(group, Layout(self.namespace, self.shard_count), followed)
+            while True:
+                await anyio.sleep(0.2)
+                for layout in await self._new_layouts(followed):
+                    self._follow_layout(group, layout, followed)
+
+    def _follow_layout(self, group: TaskGroup, layout: Layout, followed: set[int]) -> None:
+        followed.add(layout.generation)
+        streams = {keys.stream: keys.shard for keys in layout.all_keys()}
         last: dict[str, str] = dict.fromkeys(streams, "0-0")
         if not self.per_stream:
-            await self._follow(streams, last)
+            group.start_soon(self._follow, streams, last)
             return
-        async with anyio.create_task_group() as group:
-            for name, shard in streams.items():
-                group.start_soon(self._follow, {name: shard}, last)
+        for name, shard in streams.items():
+            group.start_soon(self._follow, {name: shard}, last)
+
+    async def _new_layouts(self, followed: set[int]) -> list[Layout]:
+        """The live layout and a move's target, if the tap follows neither yet."""
+        client = self.connect()
+        try:
+            shards, generation, move = await client.hmget(
+                f"ks:{{{self.namespace}}}:meta", "shards", "generation", "move"
+            )
+        except (OSError, aredis.RedisError, RedisClusterException):
+            return []
+        finally:
+            with anyio.CancelScope(shield=True):
+                await client.aclose()
+        layouts = (
+            [] if shards is None else [Layout(self.namespace, int(shards), int(generation or 0))]
+        )
+        if move is not None:
+            layouts.append(Move.decode(self.namespace, move).target)
+        return [layout for layout in layouts if layout.generation not in followed]
 
     async def _follow(self, streams: dict[str, int], last: dict[str, str]) -> None:
         while True:
@@ -72,14 +103,14 @@ class StreamTap:
                         name = stream.decode()
                         for entry_id, fields in entries:
                             last[name] = entry_id.decode()
-                            self._note(streams[name], last[name], fields)
+                            self._note(streams[name], name, last[name], fields)
             except (OSError, aredis.RedisError, RedisClusterException):
                 await anyio.sleep(0.1)
             finally:
                 with anyio.CancelScope(shield=True):
                     await client.aclose()
 
-    def _note(self, shard: int, entry: str, fields: dict[bytes, bytes]) -> None:
+    def _note(self, shard: int, stream: str, entry: str, fields: dict[bytes, bytes]) -> None:
         raw = fields.get(b"ops", b"[]")
         if _deeper_than(raw, 200):  # garbage the nemesis appended: never decoded here, so
             return  # no RecursionError is ever raised in the test process
@@ -91,9 +122,9 @@ class StreamTap:
             return
         for envelope in envelopes:
             with suppress(KeyError, IndexError, TypeError, ValueError):
-                self._note_envelope(shard, entry, envelope)
+                self._note_envelope(shard, stream, entry, envelope)
 
-    def _note_envelope(self, shard: int, entry: str, envelope: dict[str, Any]) -> None:
+    def _note_envelope(self, shard: int, stream: str, entry: str, envelope: dict[str, Any]) -> None:
         op_id = envelope["id"]
         position = _TAG_POSITION.get(envelope.get("op", ""))
         if (
@@ -107,7 +138,8 @@ class StreamTap:
         if not isinstance(tag, str):
             return
         keys = tuple(envelope["keys"]) if "keys" in envelope else (envelope["key"],)
-        self.seen.setdefault(op_id, Appended(op_id, tag, keys, shard, [])).entries.append(entry)
+        seen = self.seen.setdefault(op_id, Appended(op_id, tag, keys, shard, stream, []))
+        seen.entries.append(entry)
 
 
 def _deeper_than(raw: bytes, limit: int) -> bool:
