@@ -338,7 +338,7 @@ async def _garbage_answered(system: BaseSystem, faults: Faults) -> list[Violatio
 async def _every_shard(system: BaseSystem) -> list[ShardKeys]:
     """Every shard of the namespace's live layout, of a move under way and of the layouts
     before (after reshard faults)."""
-    if not system.profile.reshard_faults[1]:
+    if not system.moves:
         return Layout(system.namespace, system.profile.shard_count).all_keys()
     backend = await Backend.connect(system.direct_url())
     try:

@@ -121,6 +121,9 @@ class Profile:
     health_interval: float = 1.0
     #: How many faults of ``RESHARD_FAULT_WEIGHTS`` a run adds: fewest, most.
     reshard_faults: tuple[int, int] = (0, 0)
+    #: Shard counts a run reshards to, one after another, evenly spread over the load (besides
+    #: any drawn ``reshard`` faults).
+    reshard_path: tuple[int, ...] = ()
     #: Whether a tenth of the submits are cancelled by their callers. An op whose append a
     #: failover lost is appended again only while its submit waits: where faults lose appends
     #: by design (the takeover profile), every caller waits, so that every loss is a defect.
@@ -135,6 +138,16 @@ PROFILES = {
     ),
     "long": Profile(
         "long", load_seconds=18.0, faults=(5, 9), edge_faults=(1, 3), hostile_faults=(1, 2)
+    ),
+    # 4 -> 16 -> 64 -> 8 shards under the long profile's load and faults.
+    "resize": Profile(
+        "resize",
+        load_seconds=24.0,
+        faults=(5, 9),
+        edge_faults=(1, 3),
+        hostile_faults=(1, 2),
+        shard_count=4,
+        reshard_path=(16, 64, 8),
     ),
     # The long profile with one or two live reshards in every run.
     "reshard": Profile(
@@ -227,6 +240,7 @@ def make_plan(seed: int, profile: Profile) -> Plan:
     )
     moves = rng_for(seed, "plan:reshard")
     events += _draw(moves, profile, moves.randint(*profile.reshard_faults), RESHARD_FAULT_WEIGHTS)
+    events += _path(profile)
     events.sort(key=lambda event: event.at)
     return Plan(seed, profile, layouts, tuple(events))
 
@@ -243,6 +257,20 @@ def _draw(
         target, params = _PARAMS[kind](rng, profile)
         events.append(FaultEvent(at, kind, target, params))
     return events
+
+
+def _path(profile: Profile) -> list[FaultEvent]:
+    """The profile's fixed reshards, evenly spread over the middle of the load."""
+    steps = len(profile.reshard_path)
+    return [
+        FaultEvent(
+            round(profile.load_seconds * (0.15 + 0.6 * n / steps), 2),
+            "reshard",
+            "layout",
+            {"to": to, "interrupt_after": None, "resume_after": 0.0},
+        )
+        for n, to in enumerate(profile.reshard_path)
+    ]
 
 
 def _layouts(rng: random.Random, profile: Profile) -> tuple[tuple[int, ...], ...]:

@@ -119,6 +119,11 @@ class BaseSystem:
         self.every_process.append(process)
         return process
 
+    @property
+    def moves(self) -> bool:
+        """Whether the plan reshards the namespace."""
+        return bool(self.profile.reshard_faults[1] or self.profile.reshard_path)
+
     def shards_of(self, slot: int) -> list[int]:
         """The slot's shards of the plan, as the same fraction of the live shard count (as a
         running worker serves them after a reshard); at least one."""
@@ -203,7 +208,7 @@ class BaseSystem:
         for slot, process in enumerate(self.slots):
             if process is None or process.process.poll() is not None or slot in self.terminating:
                 self.start_worker(slot)
-        under_way = await self.move_under_way() if self.profile.reshard_faults[1] else None
+        under_way = await self.move_under_way() if self.moves else None
         if under_way is not None:  # (a reshard fault cut short when the load ended)
             await self.move(under_way, self.heal_notes.append)
             self.restart_outdated()
