@@ -240,6 +240,24 @@ REGRESSIONS: list[KnownFailure] = [
         " learning the routing again raised redis-py's IndexError in a client's sweep"
         " (fixed: it is BackendUnavailable, waited out)",
     ),
+    KnownFailure(
+        5000,
+        "reshard",
+        "two owners of a shard under one epoch: the checker's error, a shard of the next layout"
+        " generation counting its epochs from 1 again (fixed: shards are named with their"
+        " generation, 3@1)",
+    ),
+    KnownFailure(
+        5001,
+        "reshard",
+        "a forged tag applied: a sealed shard forwarded the op of a forged push before any step"
+        " confirmed it (fixed: a sealed shard takes no pushes, forwards only what it fetched)",
+    ),
+    KnownFailure(
+        5002,
+        "reshard",
+        "forged tags applied, some twice, as 5001 (fixed as 5001)",
+    ),
 ]
 
 #: The regression seeds CI runs (the rest run with ``python -m tests.nemesis``).
