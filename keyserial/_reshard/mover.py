@@ -45,6 +45,8 @@ log = logging.getLogger("keyserial.reshard")
 
 #: How often the mover reads the old shards while they drain.
 DRAIN_POLL = 0.05
+#: How often the mover says which old shards it still waits for (and when that changes).
+REPORT_EVERY = 5.0
 #: States copied per pipeline.
 COPY_BATCH = 500
 
@@ -154,7 +156,7 @@ async def _seal(backend: Backend, move: Move, progress: Progress) -> None:
 async def _until_quiet(backend: Backend, source: Layout, progress: Progress) -> None:
     """Until two reads in a row find every old shard drained, with no entry appended between."""
     previous: list[str] | None = None
-    reported = -1
+    reported: tuple[list[int], float] = ([], 0.0)
     while True:
         now = await _read_quiet(backend, source)
         busy = [shard for shard, each in enumerate(now) if not _drained(each)]
@@ -163,10 +165,17 @@ async def _until_quiet(backend: Backend, source: Layout, progress: Progress) -> 
             progress(f"all {source.shards} old shards drained")
             return
         previous = None if busy else last_ids
-        if busy and len(busy) != reported:
-            reported = len(busy)
-            progress(f"waiting for {len(busy)} old shards to drain: {_few(busy)}")
+        if busy and (busy != reported[0] or time.monotonic() > reported[1] + REPORT_EVERY):
+            reported = (busy, time.monotonic())
+            waiting = [_waiting_for(shard, now[shard]) for shard in busy]
+            progress(f"waiting for {len(busy)} old shards to drain: {_few(waiting)}")
         await anyio.sleep(DRAIN_POLL)
+
+
+def _waiting_for(shard: int, quiet: Quiet) -> str:
+    """Shard ``shard`` and how far its owner drained it, against its stream's last entry."""
+    through = quiet.drained_through or "nothing yet"
+    return f"{shard} (drained through {through}, last entry {quiet.last_id})"
 
 
 async def _read_quiet(backend: Backend, source: Layout) -> list[Quiet]:
@@ -186,8 +195,8 @@ def _order(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-def _few(shards: Sequence[int]) -> str:
-    shown = ", ".join(map(str, shards[:10]))
+def _few(shards: Sequence[str]) -> str:
+    shown = ", ".join(shards[:10])
     return shown + (f" and {len(shards) - 10} more" if len(shards) > 10 else "")
 
 

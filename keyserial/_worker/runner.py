@@ -231,6 +231,7 @@ class ShardRunner:
         is under way, the owner records the shard drained (:meth:`_record_drained`)."""
         if self._seal is None:
             self._seal = seal
+            self._wakeups.must_fetch = True  # (pushes waiting now are never taken in)
             log.info(
                 "shard %d: sealed for a reshard to %d shards (entries up to %s stay here)",
                 self.shard,

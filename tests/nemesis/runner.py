@@ -77,9 +77,8 @@ async def run_seed(seed: int, profile: Profile, workdir: Path) -> RunReport:
     plan = make_plan(seed, profile)
     report = RunReport(seed, profile.name, plan.describe(), workdir=str(workdir))
     began = time.monotonic()
-    with anyio.fail_after(
-        profile.load_seconds + profile.submit_timeout + profile.resolve_seconds + 90
-    ):
+    deadline = profile.load_seconds + profile.submit_timeout + profile.resolve_seconds + 90
+    with anyio.move_on_after(deadline) as run:
         async with make_system(plan, workdir) as system:
             if not await system.wait_all_held(30):
                 report.violations.append(
@@ -91,6 +90,10 @@ async def run_seed(seed: int, profile: Profile, workdir: Path) -> RunReport:
                 )
                 return report
             await _run(plan, system, report)
+    if run.cancelled_caught:  # (reported, so that a campaign goes on to the next seed)
+        report.violations.append(
+            Violation("harness", f"the run did not end within {deadline:g} s", {})
+        )
     report.stats["seconds"] = round(time.monotonic() - began, 1)
     return report
 
@@ -129,6 +132,14 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
             await system.heal()
             for note in system.heal_notes:
                 faults.note(f"healing: {note}")
+            if system.unfinished_move is not None:
+                report.violations.append(
+                    Violation(
+                        "reshard",
+                        "a move did not finish within 30 s of healing",
+                        {"last": system.unfinished_move, "holders": await system.holders()},
+                    )
+                )
             faults.note("load stopped, every fault healed")
             report.violations += await _liveness(system, clients[0], faults)
         faults.note("load drained")

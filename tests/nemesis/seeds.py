@@ -267,4 +267,13 @@ CI_REGRESSIONS: tuple[int, ...] = (103, 105, 117, 119, 120)
 CI_HOSTILE_REGRESSIONS: tuple[int, ...] = (1,)
 
 #: Reproduce one with ``python -m tests.nemesis --seeds 1 --seed-start SEED --profile PROFILE``.
-KNOWN_FAILING: list[KnownFailure] = []
+KNOWN_FAILING: list[KnownFailure] = [
+    KnownFailure(
+        5122,
+        "reshard",
+        "the move never finished (the run outlived its deadline): old shard 2 was never"
+        " recorded drained after a takeover that ran a slow suspect op alone, sealed a second"
+        " later; not reproduced in a rerun (the mover now names each shard it waits for, with"
+        " how far it drained, and a move left at the heal is reported after 30 s)",
+    ),
+]

@@ -29,6 +29,8 @@ from tests.nemesis.schedule import Plan
 from tests.nemesis.tap import StreamTap
 from tests.proxy import FaultProxy
 
+#: Seconds a move under way when the load ends has to finish once every fault is healed.
+MOVE_AFTER_HEALING = 30.0
 #: What a worker logs when started with a shard count a reshard has changed since.
 _COUNT_CHANGED = "shards recorded in Redis, but this process was configured with"
 
@@ -52,6 +54,9 @@ class BaseSystem:
         #: What healing could not do (named in the run's log).
         self.heal_notes: list[str] = []
         self._started = 0
+        #: Set when a move under way at the heal did not finish within
+        #: :data:`MOVE_AFTER_HEALING`: the mover's last progress line.
+        self.unfinished_move: str | None = None
         #: The namespace's shard count as the nemesis last moved it (``reshard`` faults): a
         #: replacement worker is started with it, serving the same fraction of the shards.
         self.shard_count = self.profile.shard_count
@@ -210,7 +215,10 @@ class BaseSystem:
                 self.start_worker(slot)
         under_way = await self.move_under_way() if self.moves else None
         if under_way is not None:  # (a reshard fault cut short when the load ended)
-            await self.move(under_way, self.heal_notes.append)
+            with anyio.move_on_after(MOVE_AFTER_HEALING):
+                await self.move(under_way, self.heal_notes.append)
+            if await self.move_under_way() is not None:
+                self.unfinished_move = self.heal_notes[-1] if self.heal_notes else "no progress"
             self.restart_outdated()
 
     async def holders(self) -> dict[int, int | None]:
