@@ -47,7 +47,7 @@ from .appender import Appender
 from .outcomes import ReplyLookups, StoredOutcomes, settle_signed
 from .pending import TIMED_OUT, Pending, closed_while_waiting, value_or_raise
 from .routes import Routes
-from .sweep import Sweep, _number
+from .sweep import Sweep
 
 R = TypeVar("R")
 log = logging.getLogger("keyserial.client")
@@ -265,7 +265,7 @@ class AsyncioClient(Client):
         """The timeout error, naming the op's shards that no worker holds (the usual reason an
         op waits that long: no worker serves its namespace, or none runs at all)."""
         withdrawn = self._appender.withdraw(pending)
-        shards = sorted({self._routes.home(key) for key in pending.all_keys}, key=_number)
+        shards = sorted({self._routes.home(key) for key in pending.all_keys})
         vacant: list[int] = []
         with anyio.move_on_after(min(1.0, timeout)):
             for shard in shards:

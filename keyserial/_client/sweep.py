@@ -68,7 +68,7 @@ class Sweep:
             if failed:  # one line per sweep, not one per shard
                 shard, error = next(iter(failed.items()))
                 message = "looking up overdue replies of shards %s: %s"
-                shards = ",".join(str(keys.shard) for keys in sorted(failed, key=_number))
+                shards = ",".join(str(keys.shard) for keys in sorted(failed))
                 if isinstance(error, BackendUnavailable):
                     self._backend.outage.warn(log, message, shards, error)
                 else:
@@ -145,7 +145,3 @@ class Sweep:
             ),
         )
         return True
-
-
-def _number(keys: ShardKeys) -> tuple[int, int]:
-    return keys.generation, keys.shard

@@ -156,9 +156,9 @@ def answered_field(op_id: str) -> str:
     return f"{op_id}#u"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, order=True)
 class ShardKeys:
-    """Names of everything one shard keeps in Redis."""
+    """Names of everything one shard keeps in Redis (ordered by shard, then generation)."""
 
     namespace: str
     shard: int
