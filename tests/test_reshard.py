@@ -342,3 +342,19 @@ async def test_a_forged_push_to_a_sealed_shard_is_never_forwarded(
 
 async def _true_soon(value: bool) -> bool:
     return value
+
+
+async def test_a_client_reads_its_own_write_across_the_cut(
+    redis_url: str, namespace: str, start: Starter
+) -> None:
+    """An op appended during the move runs on its new shard after the flip; the client that
+    awaited it reads its write at once, before it would read the layout record again (a long
+    ``idle_poll``): not the old shard's state, frozen at the cut."""
+    start(redis_url, namespace, shards="0-3")
+    async with keyserial.connect(redis_url, namespace=namespace, shards=4, idle_poll=60.0) as ks:
+        await ks.submit("k", apps.append(0))
+        async with anyio.create_task_group() as group:
+            group.start_soon(_move, redis_url, namespace, 16)
+            await anyio.sleep(0.05)
+            assert await ks.submit("k", apps.append(1), timeout=30) == [0, 1]
+            assert await ks.read("k") == [0, 1]

@@ -231,10 +231,21 @@ class AsyncioClient(Client):
         return pending
 
     async def _state(self, key: str) -> Any:
+        """The key's state in the live layout. While the client knows of a move under way, the
+        new layout's first (its ops run only after the flip, so what it holds is newest): if
+        it holds none, the move may not have flipped yet, so the record is read again first."""
         self._check_loop()
-        live = self._routes.live
-        raw = await self._backend.state(self._routes.keys(live)[shard_for(key, live.shards)], key)
+        raw = await self._state_in(self._routes.routing, key)
+        if raw is None and self._routes.moving:
+            await self._routes.learn()
+            if self._routes.moving:
+                raw = await self._state_in(self._routes.live, key)
         return None if raw is None else json.loads(raw)
+
+    async def _state_in(self, layout: Layout, key: str) -> bytes | None:
+        return await self._backend.state(
+            self._routes.keys(layout)[shard_for(key, layout.shards)], key
+        )
 
     async def _stored_result(self, op_id: str, keys: tuple[str, ...]) -> Any:
         self._check_loop()

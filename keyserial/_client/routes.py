@@ -47,6 +47,12 @@ class Routes:
         return self._record.routing
 
     @property
+    def moving(self) -> bool:
+        """Whether the client knows of a move under way (new ops go to another layout than
+        the live one)."""
+        return self._record.move is not None
+
+    @property
     def live(self) -> Layout:
         """The layout whose states are the keys' committed states."""
         return self._record.live
