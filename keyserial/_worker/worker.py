@@ -80,8 +80,7 @@ class Worker:
         self._owned: dict[int, Held] = {}
         self._mailbox = Mailbox(worker_channel(self.settings.namespace, self.token), self._runner)
         self._stop = anyio.Event()
-        self._layout = Layout(self.settings.namespace, 0)
-        self._record = LayoutRecord(self._layout)
+        self._record = LayoutRecord(Layout(self.settings.namespace, 0))
         self._started = anyio.Event()
         #: Set by ``stop(at_once=True)``; the drain of a stop under way, to cut short.
         self._at_once = False
@@ -98,6 +97,11 @@ class Worker:
             lambda: {shard: holder.runner for shard, holder in self._owned.items()},
             metrics_port,
         )
+
+    @property
+    def _layout(self) -> Layout:
+        """The layout this worker serves (or, before it connected, generation 0)."""
+        return self._record.live
 
     def stop(self, *, at_once: bool = False) -> None:
         """Finish in-flight work (for at most a lease TTL), release every lease, and return from
@@ -253,7 +257,7 @@ class Worker:
                     await backend.ensure_layout(self.settings.namespace, self.settings.shard_count)
                     record = await backend.layout_record(self.settings.namespace)
                     assert record is not None, "ensured just now"
-                    self._record, self._layout = record, record.live
+                    self._record = record
                     await _durability.check_durability(backend, self.settings.durability)
                 except BaseException:
                     await backend.aclose()
@@ -293,7 +297,7 @@ class Worker:
         None), or until a reshard flips the namespace to the next layout (then its record, once
         every shard of this one is drained and released)."""
         self._record = record
-        self._layout = layout = record.live
+        layout = record.live
         self.shards = self._resolve_shards(layout)
         if backend.sharded_pubsub:
             self._mailbox.use_shard_channels(layout)

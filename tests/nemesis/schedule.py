@@ -8,7 +8,7 @@ seed, so a seed replays the same faults at the same offsets and every caller dra
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 #: Fault kinds a plan draws from, with their weights. A new kind needs an entry here, a
@@ -130,33 +130,20 @@ class Profile:
     callers_cancel: bool = True
 
 
+LONG = Profile("long", load_seconds=18.0, faults=(5, 9), edge_faults=(1, 3), hostile_faults=(1, 2))
+
 PROFILES = {
     "short": Profile("short", load_seconds=7.0, faults=(2, 4), edge_faults=(0, 2)),
     # The short profile with a byzantine client in every run (see ``hostile.forge``).
     "hostile": Profile(
         "hostile", load_seconds=7.0, faults=(2, 4), edge_faults=(0, 2), hostile_faults=(1, 1)
     ),
-    "long": Profile(
-        "long", load_seconds=18.0, faults=(5, 9), edge_faults=(1, 3), hostile_faults=(1, 2)
-    ),
-    # 4 -> 16 -> 64 -> 8 shards under the long profile's load and faults.
-    "resize": Profile(
-        "resize",
-        load_seconds=24.0,
-        faults=(5, 9),
-        edge_faults=(1, 3),
-        hostile_faults=(1, 2),
-        shard_count=4,
-        reshard_path=(16, 64, 8),
-    ),
+    "long": LONG,
     # The long profile with one or two live reshards in every run.
-    "reshard": Profile(
-        "reshard",
-        load_seconds=18.0,
-        faults=(5, 9),
-        edge_faults=(1, 3),
-        hostile_faults=(1, 2),
-        reshard_faults=(1, 2),
+    "reshard": replace(LONG, name="reshard", reshard_faults=(1, 2)),
+    # 4 -> 16 -> 64 -> 8 shards under the long profile's load and faults.
+    "resize": replace(
+        LONG, name="resize", load_seconds=24.0, shard_count=4, reshard_path=(16, 64, 8)
     ),
     "cluster": Profile(
         "cluster",

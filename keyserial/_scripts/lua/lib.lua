@@ -73,3 +73,17 @@ local function publish(key, channel, message)
   end
   return redis.call('PUBLISH', channel, message)
 end
+
+-- The last id a stream ever generated ('0-0' for a stream that never existed): entries appended
+-- and since trimmed still count (a reshard's seal and drain checks compare against it).
+local function last_generated_id(stream)
+  local info = redis.pcall('XINFO', 'STREAM', stream)
+  if type(info) == 'table' and not info.err then
+    for i = 1, #info, 2 do
+      if info[i] == 'last-generated-id' then
+        return info[i + 1]
+      end
+    end
+  end
+  return '0-0'
+end

@@ -8,15 +8,7 @@ local sealed = redis.call('GET', KEYS[2])
 if sealed then
   return sealed
 end
-local last = '0-0'
-local info = redis.pcall('XINFO', 'STREAM', KEYS[1])
-if type(info) == 'table' and not info.err then
-  for i = 1, #info, 2 do
-    if info[i] == 'last-generated-id' then
-      last = info[i + 1]
-    end
-  end
-end
+local last = last_generated_id(KEYS[1])
 sealed = '{"to":' .. ARGV[1] .. ',"last":"' .. last .. '"}'
 redis.call('SET', KEYS[2], sealed)
 return sealed

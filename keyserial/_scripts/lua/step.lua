@@ -281,17 +281,8 @@ end
 -- no id for the next append. Once it has committed, so has every entry: the stream (if no
 -- append has followed yet: this step may be sent again), progress and horizon start again as
 -- a new shard's, and the owner starts again from them.
-local function last_generated_id()
-  local info = redis.pcall('XINFO', 'STREAM', KEYS[4])
-  for i = 1, #info - 1, 2 do
-    if info[i] == 'last-generated-id' then
-      return info[i + 1]
-    end
-  end
-  return nil
-end
 if ARGV[2] == LAST_ID then
-  if last_generated_id() == LAST_ID then
+  if last_generated_id(KEYS[4]) == LAST_ID then
     redis.call('DEL', KEYS[4])
   end
   redis.call('DEL', KEYS[3], KEYS[8])
