@@ -6,17 +6,26 @@ random keys, each awaiting its last. Meanwhile ``keyserial.reshard`` moves the n
 ``--from`` to ``--to`` shards. It reports how long the move took (and its parts: the old shards
 draining, the copy of the states), the throughput before, during and after it (per 100 ms), the
 longest wait of one op (the stall a key sees), and the same callers' p99 before the move, as a
-baseline of the same run. Writes ``reshard.json`` and ``reshard.md`` to ``--out``.
-"""
+baseline of the same run.
+
+After a move, every new owner looks up each op it takes in, at the op's home in the layout
+before, for twice ``result_ttl`` (a resubmit of an op committed before the move must not run
+again). The run measures that cost against a namespace created at ``--to`` shards, with the same
+keys and workers, in the same run: the callers' throughput, and one caller's median latency
+(where an extra round trip per op shows most). Writes ``reshard.json`` and ``reshard.md`` to
+``--out``."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import random
+import statistics
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -85,44 +94,61 @@ def _workers(url: str, namespace: str, shards: int) -> list[subprocess.Popen[byt
     ]
 
 
-async def measure(args: argparse.Namespace) -> dict[str, Any]:
-    with LocalServer() as server:
-        namespace = "reshard-bench"
-        workers = _workers(server.url, namespace, args.source)
-        try:
-            async with keyserial.connect(server.url, namespace=namespace, shards=args.source) as ks:
-                await _populate(ks, args.keys)
-                stop = anyio.Event()
-                moved: list[Any] = []
-                timeline: list[Timeline] = []
+async def _one_caller(ks: keyserial.Client, keys: int, seconds: float) -> float:
+    """One caller's median latency in ms: no batch hides an op's round trips."""
+    pick, waits = random.Random(7), []
+    until = time.monotonic() + seconds
+    while time.monotonic() < until:
+        began = time.monotonic()
+        await ks.submit(f"acct:{pick.randrange(keys)}", keyserial.ledger.deposit(1), timeout=60)
+        waits.append(time.monotonic() - began)
+    return statistics.median(waits) * 1000
 
-                async def load() -> None:
-                    timeline.append(await _callers(ks, args.keys, args.callers, stop))
 
-                async with anyio.create_task_group() as group:
-                    group.start_soon(load)
-                    await anyio.sleep(args.before)
-                    began = time.monotonic()
-                    moved.append(
-                        await keyserial.reshard(
-                            server.url, to=args.target, namespace=namespace, progress=print
-                        )
-                    )
-                    ended = time.monotonic()
-                    await anyio.sleep(args.after)
-                    stop.set()
-        finally:
-            for worker in workers:
-                worker.terminate()
-                worker.wait()
-    done, (ops,) = moved[0], timeline
+@contextlib.asynccontextmanager
+async def _load(ks: keyserial.Client, args: argparse.Namespace) -> AsyncIterator[Timeline]:
+    """The callers, running for the block."""
+    stop, timeline = anyio.Event(), Timeline()
+
+    async def run() -> None:
+        ran = await _callers(ks, args.keys, args.callers, stop)
+        timeline.done_at, timeline.waited = ran.done_at, ran.waited
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(run)
+        yield timeline
+        stop.set()
+
+
+@contextlib.contextmanager
+def _serving(url: str, namespace: str, shards: int) -> Iterator[None]:
+    workers = _workers(url, namespace, shards)
+    try:
+        yield
+    finally:
+        for worker in workers:
+            worker.terminate()
+            worker.wait()
+
+
+async def _move_under_load(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    namespace = "reshard-bench"
+    with _serving(url, namespace, args.source):
+        async with keyserial.connect(url, namespace=namespace, shards=args.source) as ks:
+            await _populate(ks, args.keys)
+            async with _load(ks, args) as ops:
+                await anyio.sleep(args.before)
+                began = time.monotonic()
+                done = await keyserial.reshard(
+                    url, to=args.target, namespace=namespace, progress=print
+                )
+                ended = time.monotonic()
+                assert done is not None, "the namespace had that many shards already"
+                await anyio.sleep(args.after)
+            one_caller_ms = await _one_caller(ks, args.keys, args.probe)
     start = ops.done_at[0]
     resumed = next((at for at in ops.done_at if at > ended), ended)
     return {
-        "from": args.source,
-        "to": args.target,
-        "keys": args.keys,
-        "callers": args.callers,
         "move_s": round(ended - began, 3),
         "drained_s": round(done.drained_s, 3),
         "copied_s": round(done.copied_s, 3),
@@ -133,9 +159,47 @@ async def measure(args: argparse.Namespace) -> dict[str, Any]:
         "ops_per_s_before": round(ops.rate(start, began)),
         "ops_per_s_during": round(ops.rate(began, ended)),
         "ops_per_s_after": round(ops.rate(ended + 0.5, ended + args.after)),
+        "one_caller_p50_ms_after": round(one_caller_ms, 3),
         "timeline_ops_per_s": [
             round(ops.rate(at, at + BUCKET)) for at in _buckets(start, ended + args.after)
         ],
+    }
+
+
+async def _never_moved(url: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The same keys, callers and workers on a namespace created at ``--to`` shards."""
+    namespace = "reshard-bench-baseline"
+    with _serving(url, namespace, args.target):
+        async with keyserial.connect(url, namespace=namespace, shards=args.target) as ks:
+            await _populate(ks, args.keys)
+            async with _load(ks, args) as ops:
+                began = time.monotonic()
+                await anyio.sleep(args.after)
+            one_caller_ms = await _one_caller(ks, args.keys, args.probe)
+    return {
+        "baseline_ops_per_s": round(ops.rate(began + 0.5, began + args.after)),
+        "baseline_p99_ms": round(ops.p99(began + 0.5, began + args.after) * 1000, 2),
+        "baseline_one_caller_p50_ms": round(one_caller_ms, 3),
+    }
+
+
+async def measure(args: argparse.Namespace) -> dict[str, Any]:
+    with LocalServer() as server:
+        moved = await _move_under_load(server.url, args)
+        baseline = await _never_moved(server.url, args)
+    return {
+        "from": args.source,
+        "to": args.target,
+        "keys": args.keys,
+        "callers": args.callers,
+        **moved,
+        **baseline,
+        "after_vs_baseline_ops_per_s": round(
+            moved["ops_per_s_after"] / max(baseline["baseline_ops_per_s"], 1), 3
+        ),
+        "after_vs_baseline_one_caller_p50": round(
+            moved["one_caller_p50_ms_after"] / baseline["baseline_one_caller_p50_ms"], 3
+        ),
     }
 
 
@@ -156,6 +220,16 @@ def _markdown(result: dict[str, Any]) -> str:
             f"{result['ops_per_s_before']} / {result['ops_per_s_during']}"
             f" / {result['ops_per_s_after']}",
         ),
+        (
+            f"after the move ÷ a namespace created at {result['to']} shards: ops/s",
+            f"{result['after_vs_baseline_ops_per_s']}× ({result['ops_per_s_after']}"
+            f" / {result['baseline_ops_per_s']})",
+        ),
+        (
+            "the same, one caller's median latency",
+            f"{result['after_vs_baseline_one_caller_p50']}× ({result['one_caller_p50_ms_after']}"
+            f" / {result['baseline_one_caller_p50_ms']} ms)",
+        ),
     ]
     head = (
         f"Reshard {result['from']} -> {result['to']} shards, {result['keys']} keys,"
@@ -172,6 +246,7 @@ def main() -> None:
     parser.add_argument("--callers", type=int, default=64)
     parser.add_argument("--before", type=float, default=3.0)
     parser.add_argument("--after", type=float, default=3.0)
+    parser.add_argument("--probe", type=float, default=2.0, help="seconds of one caller")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "reshard")
     args = parser.parse_args()
     result = anyio.run(measure, args)

@@ -1129,6 +1129,19 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         (_RESHARD + "test_a_forged_push_to_a_sealed_shard_is_never_forwarded" + _STANDALONE,),
     ),
+    Mutant(
+        "read-trails-the-cut",
+        "G11.1",
+        "a client that knows of a move under way reads the old layout, frozen at the cut",
+        (
+            Edit(
+                "keyserial/_client/client.py",
+                "        raw = await self._state_in(self._routes.routing, key)\n",
+                "        raw = await self._state_in(self._routes.live, key)\n",
+            ),
+        ),
+        (_RESHARD + "test_a_client_reads_its_own_write_across_the_cut" + _STANDALONE,),
+    ),
 )
 
 
