@@ -1130,6 +1130,23 @@ MUTANTS: tuple[Mutant, ...] = (
         (_RESHARD + "test_a_forged_push_to_a_sealed_shard_is_never_forwarded" + _STANDALONE,),
     ),
     Mutant(
+        "retired-shard-strays-stay",
+        "G11.4",
+        "nobody forwards ops appended to an old shard after the flip: they wait there, never run",
+        (
+            Edit(
+                "keyserial/_worker/worker.py",
+                "self.settings, record, self._owned.__contains__",
+                "self.settings, record, lambda shard: False",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_an_op_xadded_to_a_retired_shard_is_forwarded_and_runs_once"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
         "read-trails-the-cut",
         "G11.1",
         "a client that knows of a move under way reads the old layout, frozen at the cut",

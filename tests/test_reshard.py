@@ -26,7 +26,7 @@ from keyserial._wire.layout import Layout
 from keyserial._wire.resharding import LAYOUT_CHANGED, LayoutRecord, Move, layout_channel
 from keyserial.testing import running_worker
 from tests import apps
-from tests.helpers import Starter, eventually_async
+from tests.helpers import Starter, eventually_async, stored_outcome
 from tests.test_acl import documented_users
 
 #: Accounts of the bank load, each opened with this balance.
@@ -358,3 +358,48 @@ async def test_a_client_reads_its_own_write_across_the_cut(
             await anyio.sleep(0.05)
             assert await ks.submit("k", apps.append(1), timeout=30) == [0, 1]
             assert await ks.read("k") == [0, 1]
+
+
+async def test_an_op_xadded_to_a_retired_shard_is_forwarded_and_runs_once(
+    redis_url: str, namespace: str
+) -> None:
+    """After the flip no worker serves the old shards, but a client that appends with a plain
+    XADD may still route by the count it read before: the owner of the old shard's heir (shard
+    ``old % M``) forwards its ops to their new shards, each running once (a copy of an op that
+    ran before the move is answered, not run), and dead-letters what cannot run there (a
+    malformed entry, a grant request); each stray entry is then deleted."""
+    key = "victim"
+    with documented_users(redis_url) as users:
+        stale = redis.asyncio.Redis.from_url(users.client_url)
+        try:
+            async with (
+                running_worker(users.worker_url, namespace, shard_count=4, apps=["tests.apps"]),
+                keyserial.connect(users.client_url, namespace=namespace) as ks,
+            ):
+                before = ks.new_op_id()
+                assert await ks.submit(key, apps.append(0), op_id=before) == [0]
+                await _move(users.worker_url, namespace, 16)
+                old = Layout(namespace, 4).keys(shard_for(key, 4))
+                heir = Layout(namespace, 16, 1).keys(old.shard % 16)
+                for envelope in (
+                    {"id": before, "key": key, "op": "append", "args": [0]},
+                    {"id": "stray-1", "key": key, "op": "append", "args": [1]},
+                    {"id": "stray-grant", "key": key, "op": "keyserial.grant", "args": []},
+                ):
+                    entry = {"v": "1", "ops": json.dumps([envelope])}
+                    await stale.xadd(old.stream, entry)  # type: ignore[arg-type]
+                await stale.xadd(old.stream, {"v": "1", "ops": "not json"})
+                assert await stored_outcome(ks, "stray-1", key, timeout=30) == [0, 1]
+                assert await ks.submit(key, apps.append(2), timeout=30) == [0, 1, 2]
+                seal_last = json.loads(users.admin.get(f"{old.tag}:sealed"))["last"]
+                await eventually_async(lambda: _no_entry_after(users.admin, old.stream, seal_last))
+                reasons = [
+                    fields[b"reason"].decode() for _, fields in users.admin.xrange(heir.dead)
+                ]
+                assert len(reasons) == 2 and any("grant" in r for r in reasons), reasons
+        finally:
+            await stale.aclose()
+
+
+async def _no_entry_after(admin: Any, stream: str, entry_id: str) -> bool:
+    return not admin.xrange(stream, f"({entry_id}", "+")

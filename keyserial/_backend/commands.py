@@ -205,6 +205,21 @@ class Commands:
         )
         return [isinstance(reply, Exception) or bool(reply) for reply in replies]
 
+    async def entries_since(
+        self, cursors: Sequence[tuple[ShardKeys, str]], count: int
+    ) -> list[list[tuple[bytes, dict[bytes, bytes]]]]:
+        """For each (shard, entry id): up to ``count`` entries after that one, oldest first.
+        One pipeline."""
+        replies = raise_errors(
+            await self.pipeline(
+                [
+                    ("XRANGE", shard.stream, f"({cursor}", "+", "COUNT", count)
+                    for shard, cursor in cursors
+                ]
+            )
+        )
+        return [_entries(reply) for reply in replies]
+
     async def queued(self, shard: ShardKeys, count: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
         """Up to ``count`` stream entries after the shard's progress marker, oldest first: (id,
         fields); ops waiting or under way."""

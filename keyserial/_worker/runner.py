@@ -44,16 +44,12 @@ from .._scripts.commit import StepArgs, StepReply, step
 from .._scripts.lease import LeaseGrant
 from .._scripts.refusals import Diverged, Fenced
 from .._scripts.reshard import record_drained
-from .._scripts.submit import SubmitArgs, submit
 from .._settings import Settings
 from .._wire.codec import (
     GRANT_OP,
-    WIRE_VERSION,
     Push,
     binding,
     decode_entry_leniently,
-    pack_entry,
-    reencoded,
 )
 from .._wire.layout import Layout, ShardKeys
 from .._wire.resharding import Seal
@@ -69,6 +65,7 @@ from .intake import accept, parse_id
 from .keystates import KeyStates
 from .metrics import NO_METRICS, ShardMetrics
 from .pipeline import Pipeliner, Replies, WriteChain, WriteChainBroken
+from .strays import forward
 from .wakeups import Wakeups
 
 log = logging.getLogger("keyserial.worker")
@@ -566,14 +563,7 @@ class ShardRunner:
         after a crash, the op runs once: its id finds the first one's outcome."""
         assert self._seal is not None
         target = self._seal.target
-        there = target.keys(home_shard(run.envelope.keys, target.shards))
-        args = SubmitArgs(
-            max_backlog=0,
-            wire_version=WIRE_VERSION,
-            ops=pack_entry([reencoded(run.envelope)]),
-            wake_channel=there.wake(self._backend.sharded_pubsub),
-        )
-        await self._retrying(lambda: self._backend.run_call(submit(there, args)))
+        there = await self._retrying(lambda: forward(self._backend, run.envelope, target))
         log.warning(
             "shard %d: op %s was appended after the shard was sealed for a reshard (an older"
             " client, or a plain XADD): forwarded to shard %d of the new layout",

@@ -45,6 +45,7 @@ from .leases import Held, Leases
 from .metrics import Metrics
 from .pipeline import Pipeliner, WriteChainBroken
 from .runner import ShardRunner
+from .strays import forward_strays
 
 log = logging.getLogger("keyserial.worker")
 _PAUSES_CHANGED = PAUSES_CHANGED.encode()
@@ -323,6 +324,10 @@ class Worker:
             task_group.start_soon(self._poll, backend)
             await task_group.start(self._listen_for_wakeups, backend)
             task_group.start_soon(self._leases.keep, self.shards, self._stop)
+            if record.history:
+                task_group.start_soon(
+                    forward_strays, backend, self.settings, record, self._owned.__contains__
+                )
             self._started.set()
             flipped = await self._until_stopped_or_flipped(backend, layout)
             await self._shut_down()

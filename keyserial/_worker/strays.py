@@ -1,0 +1,166 @@
+"""Ops appended to a shard after a reshard retired it, by a client that appends with a plain
+``XADD`` and still routes by the count it read before the move.
+
+Until the flip, the sealed shard's owner forwards such ops (see ``ShardRunner``). After it, no
+worker serves the old shard, so the owner of its heir, shard ``old % M`` of the live layout,
+forwards them: every ``idle_poll`` it reads the entries past each retired shard's seal, appends
+each op to its home where new ops go now, and deletes the entry. An op forwarded twice (two
+workers, or a crash between the append and the delete) still runs once: its id finds the first
+one's outcome, here or in a layout before (the runner looks there for twice ``result_ttl``).
+An entry that is malformed, or that asks for a grant (no op of a retired layout is under way
+to have sent it), goes to the heir's dead letters instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import anyio
+
+from .._backend.backend import Backend
+from .._backend.commands import raise_errors
+from .._scripts.submit import SubmitArgs, submit
+from .._settings import Settings
+from .._wire.codec import (
+    GRANT_OP,
+    WIRE_VERSION,
+    Envelope,
+    MalformedEntry,
+    decode_entry,
+    pack_entry,
+    reencoded,
+)
+from .._wire.layout import Layout, ShardKeys, shard_name
+from .._wire.resharding import LayoutRecord
+from .._wire.routing import home_shard
+from ..errors import BackendUnavailable
+from .intake import raw_json
+
+log = logging.getLogger("keyserial.worker")
+
+#: Entries read from one retired shard per pass.
+STRAY_BATCH = 64
+
+
+async def forward(backend: Backend, envelope: Envelope, layout: Layout) -> ShardKeys:
+    """Append ``envelope``'s op to its home shard in ``layout`` (as a resubmit: not fresh, so
+    that its owner looks its id up); the shard it went to."""
+    there = layout.keys(home_shard(envelope.keys, layout.shards))
+    args = SubmitArgs(
+        max_backlog=0,
+        wire_version=WIRE_VERSION,
+        ops=pack_entry([reencoded(envelope)]),
+        wake_channel=there.wake(backend.sharded_pubsub),
+    )
+    await backend.run_call(submit(there, args))
+    return there
+
+
+@dataclass(frozen=True)
+class Retired:
+    """A shard of a layout before the live one."""
+
+    keys: ShardKeys
+    #: The last entry appended before its seal: every later one is a stray.
+    sealed_at: str
+    #: Its shard in the live layout, whose owner forwards its strays.
+    heir: int
+
+
+async def forward_strays(
+    backend: Backend, settings: Settings, record: LayoutRecord, owns: Callable[[int], bool]
+) -> None:
+    """Every ``idle_poll``, forward the strays of the retired shards whose heir ``owns``
+    says this worker serves, until cancelled."""
+    retired: list[Retired] | None = None
+    while True:
+        await anyio.sleep(settings.idle_poll)
+        try:
+            if retired is None:
+                retired = await _retired(backend, record)
+            mine = [shard for shard in retired if owns(shard.heir)]
+            if mine:
+                await _forward_pass(backend, settings, mine)
+        except BackendUnavailable:
+            continue  # (the next pass tries again: forwarding twice runs nothing twice)
+
+
+async def _retired(backend: Backend, record: LayoutRecord) -> list[Retired]:
+    """Every shard of the layouts before the live one, with its seal."""
+    shards = [keys for layout, _ in record.history for keys in layout.all_keys()]
+    seals = await backend.seals(shards)
+    retired = []
+    for keys, seal in zip(shards, seals, strict=True):
+        if seal is None:  # (a reshard seals every old shard before it flips)
+            log.warning("retired shard %s has no seal: its strays stay", _name(keys))
+            continue
+        retired.append(Retired(keys, seal.last, keys.shard % record.live.shards))
+    return retired
+
+
+async def _forward_pass(backend: Backend, settings: Settings, shards: Sequence[Retired]) -> None:
+    """Forward what was appended to ``shards`` past their seals, to where new ops go now."""
+    entries = await backend.entries_since(
+        [(shard.keys, shard.sealed_at) for shard in shards], STRAY_BATCH
+    )
+    if not any(entries):
+        return
+    record = await backend.layout_record(settings.namespace)
+    if record is None:
+        return
+    for shard, found in zip(shards, entries, strict=True):
+        for entry_id, fields in found:
+            await _forward_entry(backend, record, shard, entry_id, fields)
+
+
+async def _forward_entry(
+    backend: Backend,
+    record: LayoutRecord,
+    shard: Retired,
+    entry_id: bytes,
+    fields: dict[bytes, bytes],
+) -> None:
+    """Forward one stray entry's ops (dead-lettering what cannot run), then delete it."""
+    try:
+        items = decode_entry(fields)
+    except MalformedEntry as exc:
+        items = [exc]
+    refused = [item for item in items if not _forwardable(item)]
+    for item in items:
+        if isinstance(item, Envelope) and _forwardable(item):
+            there = await forward(backend, item, record.routing)
+            log.warning(
+                "op %s was appended to shard %s after a reshard retired it (a client routing by"
+                " an old count, with a plain XADD): forwarded to shard %d of %d",
+                item.op_id,
+                _name(shard.keys),
+                there.shard,
+                record.routing.shards,
+            )
+    commands: list[Sequence[str | bytes]] = []
+    if refused:
+        heir = record.live.keys(shard.heir)
+        reason = "; ".join(_refusal(item) for item in refused)
+        commands.append(
+            ("XADD", heir.dead, "*", "entry", entry_id, "reason", reason, "raw", raw_json(fields))
+        )
+        name = _name(shard.keys)
+        log.error("stray entry %s of shard %s dead-lettered: %s", entry_id.decode(), name, reason)
+    commands.append(("XDEL", shard.keys.stream, entry_id))
+    raise_errors(await backend.pipeline(commands))
+
+
+def _name(keys: ShardKeys) -> str:
+    return shard_name(keys.shard, keys.generation)
+
+
+def _forwardable(item: Envelope | MalformedEntry) -> bool:
+    return isinstance(item, Envelope) and item.name != GRANT_OP
+
+
+def _refusal(item: Envelope | MalformedEntry) -> str:
+    if isinstance(item, MalformedEntry):
+        return f"malformed, appended after a reshard retired its shard: {item.reason}"
+    return f"grant request {item.op_id} appended after a reshard retired its shard"
