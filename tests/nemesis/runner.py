@@ -136,7 +136,8 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
                 report.violations.append(
                     Violation(
                         "reshard",
-                        "a move did not finish within 30 s of healing",
+                        "a move did not finish: its old shards committed nothing for 30 s"
+                        " after healing",
                         {"last": system.unfinished_move, "holders": await system.holders()},
                     )
                 )
@@ -246,17 +247,19 @@ async def _resolve(
     client: keyserial.Client, load: Load, tap: StreamTap, profile: Profile
 ) -> dict[str, Resolved]:
     """Poll the stored outcome of every op whose caller did not learn it, and of every op the
-    tap saw appended, until found or the deadline (for an op the tap never saw, a grace):
-    never resubmitting."""
+    tap saw appended, until found or until ``resolve_seconds`` pass with none found (slow ops
+    queued on one key resolve one after another; for an op the tap never saw, a grace): never
+    resubmitting."""
     wanted = _unresolved(load, tap)
     resolved: dict[str, Resolved] = {}
-    began = time.monotonic()
-    while wanted and time.monotonic() < began + profile.resolve_seconds:
+    began = found_at = time.monotonic()
+    while wanted and time.monotonic() < found_at + profile.resolve_seconds:
         for op_id, key in list(wanted.items()):
             outcome = await _stored(client, op_id, key)
             if outcome is not None:
                 resolved[op_id] = outcome
                 del wanted[op_id]
+                found_at = time.monotonic()
         if time.monotonic() > began + _UNSEEN_GRACE:
             wanted = {op_id: key for op_id, key in wanted.items() if op_id in tap.seen}
         if wanted:

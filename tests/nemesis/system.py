@@ -9,6 +9,7 @@ when a fault kills it and a replacement starts. :class:`BaseSystem` runs the slo
 from __future__ import annotations
 
 import signal
+import time
 from collections.abc import Callable, Mapping
 from contextlib import suppress
 from pathlib import Path
@@ -21,6 +22,7 @@ import redis.asyncio as aredis
 from keyserial import Settings
 from keyserial._backend.backend import Backend
 from keyserial._reshard.mover import move_namespace
+from keyserial._wire.layout import Layout
 from keyserial._wire.routing import scale_shards
 from keyserial.errors import BackendUnavailable
 from keyserial.testing import LocalServer, ShardKeys, free_port
@@ -29,7 +31,8 @@ from tests.nemesis.schedule import Plan
 from tests.nemesis.tap import StreamTap
 from tests.proxy import FaultProxy
 
-#: Seconds a move under way when the load ends has to finish once every fault is healed.
+#: Seconds a move under way when the load ends may go on, once every fault is healed, with no
+#: old shard committing anything: slow ops queued on one key can keep a shard draining longer.
 MOVE_AFTER_HEALING = 30.0
 #: What a worker logs when started with a shard count a reshard has changed since.
 _COUNT_CHANGED = "shards recorded in Redis, but this process was configured with"
@@ -215,11 +218,42 @@ class BaseSystem:
                 self.start_worker(slot)
         under_way = await self.move_under_way() if self.moves else None
         if under_way is not None:  # (a reshard fault cut short when the load ended)
-            with anyio.move_on_after(MOVE_AFTER_HEALING):
-                await self.move(under_way, self.heal_notes.append)
+            async with anyio.create_task_group() as group:
+
+                async def finish() -> None:
+                    await self.move(under_way, self.heal_notes.append)
+                    group.cancel_scope.cancel()
+
+                group.start_soon(finish)
+                await self._until_the_old_shards_stall()
+                group.cancel_scope.cancel()
             if await self.move_under_way() is not None:
                 self.unfinished_move = self.heal_notes[-1] if self.heal_notes else "no progress"
             self.restart_outdated()
+
+    async def _until_the_old_shards_stall(self) -> None:
+        """Until the shards a move leaves have committed nothing for
+        :data:`MOVE_AFTER_HEALING` seconds (their progress records unchanged)."""
+        source = Layout(self.namespace, self.shard_count)  # (the count before the move)
+        last: list[Any] = []
+        stalled_since = time.monotonic()
+        while time.monotonic() - stalled_since < MOVE_AFTER_HEALING:
+            await anyio.sleep(1.0)
+            try:
+                backend = await Backend.connect(self.direct_url())
+                try:
+                    record = await backend.layout_record(self.namespace)
+                    if record is not None:
+                        source = record.live
+                    now = await backend.pipeline(
+                        [("GET", keys.progress) for keys in source.all_keys()]
+                    )
+                finally:
+                    await backend.aclose()
+            except BackendUnavailable:
+                continue
+            if now != last:
+                last, stalled_since = now, time.monotonic()
 
     async def holders(self) -> dict[int, int | None]:
         """The pid holding each shard's lease (None: no holder)."""
