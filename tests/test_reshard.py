@@ -391,8 +391,8 @@ async def test_an_op_xadded_to_a_retired_shard_is_forwarded_and_runs_once(
                 await stale.xadd(old.stream, {"v": "1", "ops": "not json"})
                 assert await stored_outcome(ks, "stray-1", key, timeout=30) == [0, 1]
                 assert await ks.submit(key, apps.append(2), timeout=30) == [0, 1, 2]
-                seal_last = json.loads(users.admin.get(f"{old.tag}:sealed"))["last"]
-                await eventually_async(lambda: _no_entry_after(users.admin, old.stream, seal_last))
+                drained = users.admin.get(f"{old.tag}:drained").decode().partition(" ")[2]
+                await eventually_async(lambda: _no_entry_after(users.admin, old.stream, drained))
                 reasons = [
                     fields[b"reason"].decode() for _, fields in users.admin.xrange(heir.dead)
                 ]

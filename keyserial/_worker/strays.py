@@ -3,8 +3,9 @@
 
 Until the flip, the sealed shard's owner forwards such ops (see ``ShardRunner``). After it, no
 worker serves the old shard, so the owner of its heir, shard ``old % M`` of the live layout,
-forwards them: every ``idle_poll`` it reads the entries past each retired shard's seal, appends
-each op to its home where new ops go now, and deletes the entry. An op forwarded twice (two
+forwards them: every ``idle_poll`` it reads the entries after the last one the old shard was
+recorded drained through (the move flipped only once it had drained every entry appended),
+appends each op to its home where new ops go now, and deletes the entry. An op forwarded twice (two
 workers, or a crash between the append and the delete) still runs once: its id finds the first
 one's outcome, here or in a layout before (the runner looks there for twice ``result_ttl``).
 An entry that is malformed, or that asks for a grant (no op of a retired layout is under way
@@ -33,7 +34,7 @@ from .._wire.codec import (
     reencoded,
 )
 from .._wire.layout import Layout, ShardKeys, shard_name
-from .._wire.resharding import LayoutRecord
+from .._wire.resharding import LayoutRecord, drained_key
 from .._wire.routing import home_shard
 from ..errors import BackendUnavailable
 from .intake import raw_json
@@ -63,8 +64,9 @@ class Retired:
     """A shard of a layout before the live one."""
 
     keys: ShardKeys
-    #: The last entry appended before its seal: every later one is a stray.
-    sealed_at: str
+    #: The last entry its last owner ran or forwarded (its drained record): every later one is
+    #: a stray.
+    drained_through: str
     #: Its shard in the live layout, whose owner forwards its strays.
     heir: int
 
@@ -88,22 +90,23 @@ async def forward_strays(
 
 
 async def _retired(backend: Backend, record: LayoutRecord) -> list[Retired]:
-    """Every shard of the layouts before the live one, with its seal."""
+    """Every shard of the layouts before the live one, with the entry it was drained through."""
     shards = [keys for layout, _ in record.history for keys in layout.all_keys()]
-    seals = await backend.seals(shards)
+    records = raise_errors(await backend.pipeline([("GET", drained_key(s)) for s in shards]))
     retired = []
-    for keys, seal in zip(shards, seals, strict=True):
-        if seal is None:  # (a reshard seals every old shard before it flips)
-            log.warning("retired shard %s has no seal: its strays stay", _name(keys))
+    for keys, drained in zip(shards, records, strict=True):
+        if drained is None:  # (a reshard flips once every old shard recorded it drained)
+            log.warning("retired shard %s was never drained: its strays stay", _name(keys))
             continue
-        retired.append(Retired(keys, seal.last, keys.shard % record.live.shards))
+        through = drained.decode().partition(" ")[2]
+        retired.append(Retired(keys, through, keys.shard % record.live.shards))
     return retired
 
 
 async def _forward_pass(backend: Backend, settings: Settings, shards: Sequence[Retired]) -> None:
-    """Forward what was appended to ``shards`` past their seals, to where new ops go now."""
+    """Forward what was appended to ``shards`` after they drained, to where new ops go now."""
     entries = await backend.entries_since(
-        [(shard.keys, shard.sealed_at) for shard in shards], STRAY_BATCH
+        [(shard.keys, shard.drained_through) for shard in shards], STRAY_BATCH
     )
     if not any(entries):
         return
