@@ -1147,6 +1147,23 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "stale-appends-stall-the-move",
+        "G11.2",
+        "the mover counts an old shard as draining while any entry follows its drained record",
+        (
+            Edit(
+                "keyserial/_reshard/mover.py",
+                "    return len(after) < STRAYS_READ and GRANT_OP not in names\n",
+                "    return False\n",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_a_move_finishes_while_a_stale_client_keeps_appending_to_an_old_shard"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
         "read-trails-the-cut",
         "G11.1",
         "a client that knows of a move under way reads the old layout, frozen at the cut",

@@ -23,7 +23,13 @@ from keyserial._backend.backend import Backend
 from keyserial._reshard.mover import Resharded, move_namespace
 from keyserial._scripts.reshard import flip, record_move, seal
 from keyserial._wire.layout import Layout
-from keyserial._wire.resharding import LAYOUT_CHANGED, LayoutRecord, Move, layout_channel
+from keyserial._wire.resharding import (
+    LAYOUT_CHANGED,
+    Drained,
+    LayoutRecord,
+    Move,
+    layout_channel,
+)
 from keyserial.testing import running_worker
 from tests import apps
 from tests.helpers import Starter, eventually_async, stored_outcome
@@ -391,7 +397,9 @@ async def test_an_op_xadded_to_a_retired_shard_is_forwarded_and_runs_once(
                 await stale.xadd(old.stream, {"v": "1", "ops": "not json"})
                 assert await stored_outcome(ks, "stray-1", key, timeout=30) == [0, 1]
                 assert await ks.submit(key, apps.append(2), timeout=30) == [0, 1, 2]
-                drained = users.admin.get(f"{old.tag}:drained").decode().partition(" ")[2]
+                record = Drained.decode(users.admin.get(f"{old.tag}:drained").decode())
+                assert record is not None
+                drained = record.through
                 await eventually_async(lambda: _no_entry_after(users.admin, old.stream, drained))
                 reasons = [
                     fields[b"reason"].decode() for _, fields in users.admin.xrange(heir.dead)
@@ -403,3 +411,44 @@ async def test_an_op_xadded_to_a_retired_shard_is_forwarded_and_runs_once(
 
 async def _no_entry_after(admin: Any, stream: str, entry_id: str) -> bool:
     return not admin.xrange(stream, f"({entry_id}", "+")
+
+
+async def test_a_move_finishes_while_a_stale_client_keeps_appending_to_an_old_shard(
+    redis_url: str, namespace: str, start: Starter
+) -> None:
+    """A client that appends with plain XADDs by the old count, without pause, before, during
+    and after the move: its ops past the seal are forwarded, not run there, so they never keep
+    the old shard from counting as drained (the move finishes), and every op it appended runs
+    once, in the order it appended them."""
+    key = "stale"
+    start(redis_url, namespace, shards="0-3")
+    async with keyserial.connect(redis_url, namespace=namespace, shards=4) as ks:
+        await ks.submit(key, apps.append("first"))
+        old = Layout(namespace, 4).keys(shard_for(key, 4))
+        stale = redis.asyncio.Redis.from_url(redis_url)
+        appended: list[int] = []
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def append_by_the_old_count() -> None:
+                    while True:
+                        envelope = {"id": f"stale-{len(appended)}", "key": key, "op": "append"}
+                        envelope["args"] = [len(appended)]
+                        entry = {"v": "1", "ops": json.dumps([envelope])}
+                        await stale.xadd(old.stream, entry)  # type: ignore[arg-type]
+                        appended.append(len(appended))
+                        await anyio.sleep(0.002)
+
+                group.start_soon(append_by_the_old_count)
+                await anyio.sleep(0.3)
+                with anyio.fail_after(30):
+                    await _move(redis_url, namespace, 16)
+                await anyio.sleep(0.3)
+                group.cancel_scope.cancel()
+        finally:
+            await stale.aclose()
+        expected = ["first", *appended]
+        with anyio.fail_after(30):
+            while (state := await ks.read(key)) != expected:
+                assert state == expected[: len(state)], "each stale op once, in order"
+                await anyio.sleep(0.05)

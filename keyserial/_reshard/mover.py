@@ -11,9 +11,12 @@ The steps, each idempotent, so a rerun after an interruption finishes the same m
    drained once every entry up to its cursor has taken effect and nothing is under way. A
    shard drained with no entry after it may still be handed work: a grant request of an op
    homed on another shard. So the mover reads every shard twice; when both passes find every
-   shard drained through its stream's last entry, with no entry appended between, every shard
-   was idle at the instant between the passes, and none can start anything again (nothing is
-   appended to a sealed shard but for ops already under way).
+   shard drained through its stream's last entry, by the same owner having run no op between
+   (each record counts the ops its owner ran), every shard was idle at the instant between the
+   passes, and none can start anything again (nothing is appended to a sealed shard but grant
+   requests of ops already under way, which run, and ops a client appended some other way,
+   which are forwarded: those keep coming while a stale client appends, and must not keep the
+   move from finishing).
 4. **Copy the states** (and paused keys) of the old shards to the new ones: nothing writes
    either until the flip.
 5. **Flip** (``flip.lua``): the new layout becomes the live one; workers let the old shards go
@@ -35,8 +38,9 @@ from .._backend.commands import publish_command, raise_errors
 from .._scripts.refusals import MoveRefused
 from .._scripts.reshard import Quiet, flip, quiet, record_move, seal
 from .._settings import Settings
-from .._wire.layout import Layout
-from .._wire.resharding import LAYOUT_CHANGED, LayoutRecord, Move, layout_channel
+from .._wire.codec import GRANT_OP, decode_entry_leniently
+from .._wire.layout import Layout, ShardKeys
+from .._wire.resharding import LAYOUT_CHANGED, LayoutRecord, Move, Seal, layout_channel
 from .._wire.roster import live_entries
 from .._wire.routing import shard_for
 from ..errors import ConfigError, ReshardRefused
@@ -47,6 +51,9 @@ log = logging.getLogger("keyserial.reshard")
 DRAIN_POLL = 0.05
 #: How often the mover says which old shards it still waits for (and when that changes).
 REPORT_EVERY = 5.0
+#: Entries past an old shard's drained record read to tell ops to forward from work to run;
+#: with more, the shard counts as still draining.
+STRAYS_READ = 100
 #: States copied per pipeline.
 COPY_BATCH = 500
 
@@ -154,17 +161,22 @@ async def _seal(backend: Backend, move: Move, progress: Progress) -> None:
 
 
 async def _until_quiet(backend: Backend, source: Layout, progress: Progress) -> None:
-    """Until two reads in a row find every old shard drained, with no entry appended between."""
-    previous: list[str] | None = None
+    """Until two reads in a row find every old shard drained (see :func:`_drained`), each by the
+    same owner having run no op between."""
+    previous: list[tuple[str, str]] | None = None
     reported: tuple[list[int], float] = ([], 0.0)
     while True:
         now = await _read_quiet(backend, source)
-        busy = [shard for shard, each in enumerate(now) if not _drained(each)]
-        last_ids = [each.last_id for each in now]
-        if not busy and last_ids == previous:
+        busy = [
+            shard
+            for shard, each in enumerate(now)
+            if not await _drained(backend, source.keys(shard), each)
+        ]
+        work = [record.work for each in now if (record := each.drained_record) is not None]
+        if not busy and work == previous:
             progress(f"all {source.shards} old shards drained")
             return
-        previous = None if busy else last_ids
+        previous = None if busy else work
         if busy and (busy != reported[0] or time.monotonic() > reported[1] + REPORT_EVERY):
             reported = (busy, time.monotonic())
             waiting = [_waiting_for(shard, now[shard]) for shard in busy]
@@ -183,10 +195,21 @@ async def _read_quiet(backend: Backend, source: Layout) -> list[Quiet]:
     return list(raise_errors(replies))
 
 
-def _drained(shard: Quiet) -> bool:
-    """Sealed, and its owner drained it through the last entry its stream ever had."""
+async def _drained(backend: Backend, keys: ShardKeys, shard: Quiet) -> bool:
+    """Sealed, and its owner drained it through every entry appended before the seal and every
+    entry since that it would run: past its drained record, the stream holds at most ops a
+    client appended some other way than the submit script (which the owner forwards, and after
+    the flip the owner of the shard's heir does: see ``_worker.strays``), no grant request."""
     through = shard.drained_through
-    return bool(shard.sealed) and through is not None and _order(through) >= _order(shard.last_id)
+    if not shard.sealed or through is None:
+        return False
+    if _order(through) < _order(Seal.decode(keys.namespace, shard.sealed).last):
+        return False
+    if _order(through) >= _order(shard.last_id):
+        return True
+    (after,) = await backend.entries_since([(keys, through)], STRAYS_READ)
+    names = {each.name for _, fields in after for each in decode_entry_leniently(fields)}
+    return len(after) < STRAYS_READ and GRANT_OP not in names
 
 
 def _order(entry_id: str) -> tuple[int, int]:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._wire.layout import ShardKeys, meta_key
-from .._wire.resharding import Move, drained_key, seal_target, sealed_key
+from .._wire.resharding import Drained, Move, drained_key, seal_target, sealed_key
 from .calls import Script, ScriptArgs, ScriptCall, script_args, text
 
 
@@ -39,13 +39,14 @@ def seal(shard: ShardKeys, move: Move) -> ScriptCall[str]:
 @script_args("drained")
 class DrainedArgs(ScriptArgs):
     epoch: int
-    #: The last entry the owner has taken in.
+    #: The last entry the owner has taken in, and how many ops it has run: ``<id> <count>``.
     at: str
 
 
-def record_drained(shard: ShardKeys, epoch: int, at: str) -> ScriptCall[Any]:
-    """Record that the owner of ``shard`` at ``epoch`` has drained it up to ``at``."""
-    return DrainedArgs(epoch, at).call([shard.epoch, drained_key(shard)], text)
+def record_drained(shard: ShardKeys, epoch: int, at: str, ran: int) -> ScriptCall[Any]:
+    """Record that the owner of ``shard`` at ``epoch`` has drained it up to ``at``, having run
+    ``ran`` ops."""
+    return DrainedArgs(epoch, f"{at} {ran}").call([shard.epoch, drained_key(shard)], text)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +58,14 @@ class Quiet:
     last_id: str
 
     @property
+    def drained_record(self) -> Drained | None:
+        return Drained.decode(self.drained)
+
+    @property
     def drained_through(self) -> str | None:
         """The entry its owner has drained the shard up to, if it recorded one."""
-        return self.drained.partition(" ")[2] or None
+        record = self.drained_record
+        return None if record is None else record.through
 
 
 def _quiet(reply: list[Any]) -> Quiet:

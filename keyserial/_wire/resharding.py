@@ -7,7 +7,8 @@ a record that only the worker (admin) user can write; pub/sub only says that one
 - each old shard's *seal* (``ks:{<ns>:<shard>}:sealed``): from it on, the submit script refuses
   clients' appends there (``RESHARDED``), and names the last entry appended before it;
 - each old shard's *drained* record (``…:drained``): written by its owner, fenced by its epoch,
-  once everything up to a given entry has taken effect and nothing is under way;
+  once everything up to a given entry has taken effect and nothing is under way, with how many
+  ops that owner has run (ops appended past the seal, which it forwards, do not count);
 - the *flip*: the meta hash's ``shards`` and ``generation`` become the new layout's, the move is
   dropped, and the old layout joins the ``history`` (where results stored before are found).
 """
@@ -38,8 +39,29 @@ def sealed_key(shard: ShardKeys) -> str:
 
 
 def drained_key(shard: ShardKeys) -> str:
-    """The shard's drained record: ``<epoch> <entry id>``."""
+    """The shard's drained record: ``<epoch> <entry id> <ops run>`` (see :class:`Drained`)."""
     return f"{shard.tag}:drained"
+
+
+@dataclass(frozen=True)
+class Drained:
+    """A sealed shard's drained record: its owner (by epoch) ran or forwarded every entry up to
+    ``through``, with nothing under way, having run ``ran`` ops."""
+
+    epoch: str
+    through: str
+    ran: str
+
+    @classmethod
+    def decode(cls, text: str) -> Drained | None:
+        epoch, _, rest = text.partition(" ")
+        through, _, ran = rest.partition(" ")
+        return cls(epoch, through, ran) if through else None
+
+    @property
+    def work(self) -> tuple[str, str]:
+        """Whose, and how much: unchanged between two readings while the shard ran nothing."""
+        return self.epoch, self.ran
 
 
 def _pair(layout: Layout) -> list[int]:

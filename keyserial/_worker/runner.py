@@ -139,6 +139,11 @@ class ShardRunner:
         #: the entry this owner last recorded the shard drained up to.
         self._seal: Seal | None = None
         self._drained_at = ""
+        #: Ops this owner has run (not those it forwarded): the mover sees any change.
+        self._ran = 0
+        #: Forwards go out one at a time, in the order of their entries (a FIFO lock): ops on a
+        #: key keep their order in the new layout.
+        self._forwarding = asyncio.Lock()
         #: The namespace's layouts before this one, newest first, each with when (ms) it
         #: stopped taking ops: an op appended again after a reshard finds its outcome there
         #: while it may be retained.
@@ -349,7 +354,7 @@ class ShardRunner:
         """Record that every entry up to the cursor has taken effect and nothing is under way:
         the reshard flips once every old shard says so, twice over with no entry between."""
         at = self._cursor
-        await self.fenced(record_drained(self.keys, self.epoch, at), builds=False)
+        await self.fenced(record_drained(self.keys, self.epoch, at, self._ran), builds=False)
         self._drained_at = at
         log.info(
             "shard %d: drained up to %s for the reshard",
@@ -503,6 +508,7 @@ class ShardRunner:
             if from_stream and seal is not None and parse_id(entry_id) > parse_id(seal.last):
                 runs = self._forward_moved(runs)
             self._uncommitted += len(accepted.runs)
+            self._ran += len(runs)
             runnable.extend(runs)
         self.metrics.dispatched(runnable)
         for run in runnable:
@@ -563,7 +569,8 @@ class ShardRunner:
         after a crash, the op runs once: its id finds the first one's outcome."""
         assert self._seal is not None
         target = self._seal.target
-        there = await self._retrying(lambda: forward(self._backend, run.envelope, target))
+        async with self._forwarding:
+            there = await self._retrying(lambda: forward(self._backend, run.envelope, target))
         log.warning(
             "shard %d: op %s was appended after the shard was sealed for a reshard (an older"
             " client, or a plain XADD): forwarded to shard %d of the new layout",

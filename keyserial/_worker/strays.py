@@ -34,7 +34,7 @@ from .._wire.codec import (
     reencoded,
 )
 from .._wire.layout import Layout, ShardKeys, shard_name
-from .._wire.resharding import LayoutRecord, drained_key
+from .._wire.resharding import Drained, LayoutRecord, drained_key
 from .._wire.routing import home_shard
 from ..errors import BackendUnavailable
 from .intake import raw_json
@@ -94,12 +94,12 @@ async def _retired(backend: Backend, record: LayoutRecord) -> list[Retired]:
     shards = [keys for layout, _ in record.history for keys in layout.all_keys()]
     records = raise_errors(await backend.pipeline([("GET", drained_key(s)) for s in shards]))
     retired = []
-    for keys, drained in zip(shards, records, strict=True):
+    for keys, text in zip(shards, records, strict=True):
+        drained = None if text is None else Drained.decode(text.decode())
         if drained is None:  # (a reshard flips once every old shard recorded it drained)
             log.warning("retired shard %s was never drained: its strays stay", _name(keys))
             continue
-        through = drained.decode().partition(" ")[2]
-        retired.append(Retired(keys, through, keys.shard % record.live.shards))
+        retired.append(Retired(keys, drained.through, keys.shard % record.live.shards))
     return retired
 
 
