@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import redis.asyncio as aredis
 from redis.crc import key_slot
 
 import keyserial
@@ -121,7 +122,11 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
         ]
         keys = Keys.for_profile(profile)
         await _open_accounts(clients[0], keys)
-        load = Load(plan.seed, profile, keys, clients)
+        stale = None
+        if profile.stale_appends:
+            stale = aredis.Redis.from_url(system.client_urls()[0], socket_timeout=5)
+            stack.push_async_callback(stale.aclose)
+        load = Load(plan.seed, profile, keys, clients, stale)
         faults = Faults(system, load)
         async with anyio.create_task_group() as running:
             running.start_soon(load.run)

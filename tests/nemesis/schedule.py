@@ -119,6 +119,9 @@ class Profile:
     #: Workers' and clients' ``health_interval``: a dropped subscription must be replaced
     #: within three times this, plus a second, while the load runs.
     health_interval: float = 1.0
+    #: The share of counter and list ops a caller appends as a stale client would: a plain
+    #: XADD to the op's shard by the count the run started with, whatever moved since.
+    stale_appends: float = 0.0
     #: How many faults of ``RESHARD_FAULT_WEIGHTS`` a run adds: fewest, most.
     reshard_faults: tuple[int, int] = (0, 0)
     #: Shard counts a run reshards to, one after another, evenly spread over the load (besides
@@ -140,10 +143,15 @@ PROFILES = {
     ),
     "long": LONG,
     # The long profile with one or two live reshards in every run.
-    "reshard": replace(LONG, name="reshard", reshard_faults=(1, 2)),
+    "reshard": replace(LONG, name="reshard", reshard_faults=(1, 2), stale_appends=0.1),
     # 4 -> 16 -> 64 -> 8 shards under the long profile's load and faults.
     "resize": replace(
-        LONG, name="resize", load_seconds=24.0, shard_count=4, reshard_path=(16, 64, 8)
+        LONG,
+        name="resize",
+        load_seconds=24.0,
+        shard_count=4,
+        reshard_path=(16, 64, 8),
+        stale_appends=0.1,
     ),
     "cluster": Profile(
         "cluster",

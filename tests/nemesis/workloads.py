@@ -9,6 +9,7 @@ still says whether the op landed. A submit is never retried: resubmitting would 
 
 from __future__ import annotations
 
+import json
 import random
 import time
 from collections.abc import Awaitable, Callable, Coroutine
@@ -16,7 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
+import redis.asyncio as aredis
 from anyio.abc import TaskGroup
+from redis.exceptions import RedisError
 
 import keyserial
 from keyserial import (
@@ -25,7 +28,9 @@ from keyserial import (
     KeyserialError,
     OperationFailed,
     SubmitTimeout,
+    shard_for,
 )
+from keyserial._wire.layout import Layout
 from tests import apps
 from tests.helpers import keys_on_shard
 from tests.nemesis.schedule import Profile, rng_for
@@ -52,7 +57,8 @@ class OpRecord:
     value: Any = None
     error: str = ""
     #: How the outcome was learned: "reply", "result" (polled after healing), or the unknown
-    #: reason (timeout, unavailable, cancelled, append-failed).
+    #: reason (timeout, unavailable, cancelled, append-failed, stale-xadd: appended as a stale
+    #: client, see ``Load._append_stale``).
     via: str = ""
     started: float = 0.0
     ended: float = 0.0
@@ -97,12 +103,19 @@ class Load:
     """Callers submitting random ops until ``stop()``; every outcome goes to ``history``."""
 
     def __init__(
-        self, seed: int, profile: Profile, keys: Keys, clients: list[keyserial.Client]
+        self,
+        seed: int,
+        profile: Profile,
+        keys: Keys,
+        clients: list[keyserial.Client],
+        stale: aredis.Redis | None = None,
     ) -> None:
         self.seed = seed
         self.profile = profile
         self.keys = keys
         self.clients = clients
+        #: A plain Redis connection, for ops appended as a stale client (``stale_appends``).
+        self.stale = stale
         self.history = History()
         self._stopping = False
         self._group: TaskGroup | None = None
@@ -140,6 +153,7 @@ class Load:
 
     async def _caller(self, caller: int) -> None:
         rng = rng_for(self.seed, f"caller:{caller}")
+        stale_rng = rng_for(self.seed, f"stale:{caller}")  # (its own: seeds draw as they did)
         client = self.clients[caller % len(self.clients)]
         session_key = f"ryw:{caller}"
         session: list[str] = []
@@ -154,7 +168,10 @@ class Load:
             if not self.profile.callers_cancel:  # (drawn all the same: seeds stay as they were)
                 cancel_after = None
             record, call = self._draw(rng, kind, tag, session_key)
-            await self._submit(client, record, call, cancel_after)
+            if kind in ("counter", "list") and stale_rng.random() < self.profile.stale_appends:
+                await self._append_stale(client, record, call)
+            else:
+                await self._submit(client, record, call, cancel_after)
             if kind == "ryw":
                 self._check_session(session, record)
                 await self._check_read(client, session, record)
@@ -212,6 +229,29 @@ class Load:
             self.history.unexpected.append(
                 {"tag": record.tag, "keys": record.keys, "error": record.error}
             )
+        record.ended = time.monotonic()
+
+    async def _append_stale(
+        self, client: keyserial.Client, record: OpRecord, call: keyserial.Call[Any]
+    ) -> None:
+        """Append the op as a client that read the shard count when the run started and
+        appends with a plain XADD (docs/wire-format.md) would: to its shard in that layout,
+        live, sealed by a move, or retired since. Its outcome is looked up after healing."""
+        assert self.stale is not None
+        self.history.records.append(record)
+        record.own_id, record.op_id, record.via = True, record.tag, "stale-xadd"
+        record.started = time.monotonic()
+        count = self.profile.shard_count
+        keys = Layout(client.settings.namespace, count).keys(shard_for(record.keys[0], count))
+        envelope = {"id": record.tag, "key": record.keys[0], "op": call.name}
+        envelope["args"] = list(call.args)
+        try:
+            with anyio.fail_after(self.profile.submit_timeout):
+                entry = {"v": "1", "ops": json.dumps([envelope])}
+                entry_id = await self.stale.xadd(keys.stream, entry)  # type: ignore[arg-type]
+                await self.stale.publish(keys.wake_channel, entry_id)
+        except (RedisError, TimeoutError) as error:  # maybe appended
+            record.via, record.error = "append-failed", repr(error)[:300]
         record.ended = time.monotonic()
 
     async def _send(
