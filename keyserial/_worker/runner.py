@@ -351,8 +351,9 @@ class ShardRunner:
         )
 
     async def _record_drained(self) -> None:
-        """Record that every entry up to the cursor has taken effect and nothing is under way:
-        the reshard flips once every old shard says so, twice over with no entry between."""
+        """Record that every entry up to the cursor has taken effect and nothing is under way,
+        with the count of ops run: the reshard flips once every old shard says so, twice over
+        with no op run between."""
         at = self._cursor
         await self.fenced(record_drained(self.keys, self.epoch, at, self._ran), builds=False)
         self._drained_at = at
