@@ -1164,6 +1164,17 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "takeover-ignores-the-seal",
+        "G11.4",
+        "a runner that takes a sealed shard over runs what follows the seal until its poll",
+        (Edit("keyserial/_worker/runner.py", "            await self._read_seal()\n", ""),),
+        (
+            _RESHARD
+            + "test_a_worker_that_takes_a_sealed_shard_over_forwards_what_follows_the_seal"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
         "read-trails-the-cut",
         "G11.1",
         "a client that knows of a move under way reads the old layout, frozen at the cut",

@@ -452,3 +452,37 @@ async def test_a_move_finishes_while_a_stale_client_keeps_appending_to_an_old_sh
             while (state := await ks.read(key)) != expected:
                 assert state == expected[: len(state)], "each stale op once, in order"
                 await anyio.sleep(0.05)
+
+
+async def test_a_worker_that_takes_a_sealed_shard_over_forwards_what_follows_the_seal(
+    redis_url: str, namespace: str, start: Starter
+) -> None:
+    """A worker that takes over an old shard before it has read the layout again (here: its
+    poll a minute away; after a flip, a worker that has not noticed it yet) reads the shard's
+    seal first: an op appended past the seal is forwarded to the new layout, never run where
+    its effects would be left behind."""
+    key = "victim"
+    first = start(redis_url, namespace, shards="0-3")
+    as_worker = await Backend.connect(redis_url)
+    stale = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        async with keyserial.connect(redis_url, namespace=namespace, shards=4) as ks:
+            await ks.submit(key, apps.append(0))
+            move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
+            old = move.source.keys(shard_for(key, 4))
+            await as_worker.run_call(record_move(move))
+            await as_worker.run_call(seal(old, move))
+            first.kill()
+            envelope = {"id": "past-the-seal", "key": key, "op": "append", "args": [1]}
+            await stale.xadd(old.stream, {"v": "1", "ops": json.dumps([envelope])})
+            start(redis_url, namespace, shards="0-3", env={"KEYSERIAL_IDLE_POLL": "60"})
+            there = move.target.keys(shard_for(key, 16))
+            await eventually_async(lambda: _holds_op(stale, there.stream, "past-the-seal"))
+            assert await stale.hget(old.results, "past-the-seal") is None
+    finally:
+        await stale.aclose()
+        await as_worker.aclose()
+
+
+async def _holds_op(client: redis.asyncio.Redis, stream: str, op_id: str) -> bool:
+    return any(op_id in fields[b"ops"].decode() for _, fields in await client.xrange(stream))

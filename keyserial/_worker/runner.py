@@ -183,6 +183,7 @@ class ShardRunner:
         :raises LeaseLost: when a step finds another owner's epoch.
         """
         try:
+            await self._read_seal()
             await self._preload()
             async with anyio.create_task_group() as task_group:
                 self._task_group = task_group
@@ -196,6 +197,15 @@ class ShardRunner:
             self.states.end()  # flush() waiters from other shards' coordinators
             self._task_group = None
             self._chains.close()
+
+    async def _read_seal(self) -> None:
+        """Start sealed if a reshard sealed the shard already: a worker may take an old shard
+        over (even after the flip, before it has read the layout again), and must forward, not
+        run, what a client appended past the seal: run here, after the flip, its effects would
+        land in a layout nobody reads. (A seal written later comes with the worker's poll.)"""
+        (seal,) = await self._retrying(lambda: self._backend.seals([self.keys]))
+        if seal is not None:
+            self.seal(seal)
 
     async def _preload(self) -> None:
         """Load every state of a small shard, so steps need not read any. (The epoch is ours

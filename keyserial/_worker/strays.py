@@ -22,6 +22,7 @@ import anyio
 
 from .._backend.backend import Backend
 from .._backend.commands import raise_errors
+from .._scripts.refusals import ShardSealed
 from .._scripts.submit import SubmitArgs, submit
 from .._settings import Settings
 from .._wire.codec import (
@@ -47,16 +48,24 @@ STRAY_BATCH = 64
 
 async def forward(backend: Backend, envelope: Envelope, layout: Layout) -> ShardKeys:
     """Append ``envelope``'s op to its home shard in ``layout`` (as a resubmit: not fresh, so
-    that its owner looks its id up); the shard it went to."""
-    there = layout.keys(home_shard(envelope.keys, layout.shards))
-    args = SubmitArgs(
-        max_backlog=0,
-        wire_version=WIRE_VERSION,
-        ops=pack_entry([reencoded(envelope)]),
-        wake_channel=there.wake(backend.sharded_pubsub),
-    )
-    await backend.run_call(submit(there, args))
-    return there
+    that its owner looks its id up), or where new ops go now if a later reshard sealed that
+    shard too; the shard it went to."""
+    while True:
+        there = layout.keys(home_shard(envelope.keys, layout.shards))
+        args = SubmitArgs(
+            max_backlog=0,
+            wire_version=WIRE_VERSION,
+            ops=pack_entry([reencoded(envelope)]),
+            wake_channel=there.wake(backend.sharded_pubsub),
+        )
+        try:
+            await backend.run_call(submit(there, args))
+            return there
+        except ShardSealed:
+            record = await backend.layout_record(layout.namespace)
+            if record is None or record.routing == layout:
+                raise
+            layout = record.routing
 
 
 @dataclass(frozen=True)
