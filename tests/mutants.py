@@ -1175,6 +1175,23 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "drain-waits-for-deleted-entries",
+        "G11.2",
+        "a sealed shard counts as drained only once its cursor reaches the seal's entry",
+        (
+            Edit(
+                "keyserial/_worker/runner.py",
+                "        return seal.last if self._fetched_all else None\n",
+                "        return None\n",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_an_old_shard_drains_when_the_entries_before_its_seal_are_gone"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
         "read-trails-the-cut",
         "G11.1",
         "a client that knows of a move under way reads the old layout, frozen at the cut",

@@ -486,3 +486,30 @@ async def test_a_worker_that_takes_a_sealed_shard_over_forwards_what_follows_the
 
 async def _holds_op(client: redis.asyncio.Redis, stream: str, op_id: str) -> bool:
     return any(op_id in fields[b"ops"].decode() for _, fields in await client.xrange(stream))
+
+
+async def test_an_old_shard_drains_when_the_entries_before_its_seal_are_gone(
+    redis_url: str, namespace: str, client: redis.asyncio.Redis, start: Starter
+) -> None:
+    """A step deletes the entries of ops that committed behind one still running; a new owner
+    after a crash then finds nothing to fetch between its cursor and the seal's last entry.
+    Once a fetch reaches the end of the stream it counts as drained through the seal (nemesis
+    seed 5275: the move waited for that shard forever)."""
+    key = "victim"
+    old = Layout(namespace, 4).keys(shard_for(key, 4))
+    move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
+    envelope = {"id": "before", "key": key, "op": "append", "args": [0]}
+    await client.xadd(old.stream, {"v": "1", "ops": json.dumps([envelope])})
+    gone = await client.xadd(old.stream, {"v": "1", "ops": json.dumps([envelope])})
+    await client.xdel(old.stream, gone)
+    as_worker = await Backend.connect(redis_url)
+    try:
+        await as_worker.ensure_layout(namespace, 4)
+        await as_worker.run_call(record_move(move))
+        await as_worker.run_call(seal(old, move))
+        start(redis_url, namespace, shards="0-3")
+        with anyio.fail_after(20):
+            moved = await _move(redis_url, namespace, 16)
+        assert moved is not None and moved.target == move.target
+    finally:
+        await as_worker.aclose()

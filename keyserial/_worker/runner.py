@@ -141,6 +141,8 @@ class ShardRunner:
         self._drained_at = ""
         #: Ops this owner has run (not those it forwarded): the mover sees any change.
         self._ran = 0
+        #: The last fetch reached the end of the stream.
+        self._fetched_all = False
         #: Forwards go out one at a time, in the order of their entries (a FIFO lock): ops on a
         #: key keep their order in the new layout.
         self._forwarding = asyncio.Lock()
@@ -350,21 +352,32 @@ class ShardRunner:
     def _drains_now(self) -> bool:
         """Sealed, past the seal, and nothing under way or to commit, where the last record
         said otherwise."""
-        seal = self._seal
         return (
-            seal is not None
-            and self._drained_at != self._cursor
+            self._drained_through() not in (None, self._drained_at)
             and self._replay_until is None
             and not (self._running or self._finished or self._dead or self._records)
             and self._uncommitted == 0
-            and parse_id(self._cursor) >= parse_id(seal.last)
         )
+
+    def _drained_through(self) -> str | None:
+        """The entry this owner has taken in everything up to, if that reaches the seal: its
+        cursor, or the seal's entry once a fetch reached the end of the stream. Entries between
+        can be gone: a step deletes the entries of ops that committed behind one still running
+        (so XLEN counts what waits), and an owner that died with that one running leaves the
+        cursor of the next owner behind them, with nothing to fetch up to the seal."""
+        seal = self._seal
+        if seal is None:
+            return None
+        if parse_id(self._cursor) >= parse_id(seal.last):
+            return self._cursor
+        return seal.last if self._fetched_all else None
 
     async def _record_drained(self) -> None:
         """Record that every entry up to the cursor has taken effect and nothing is under way,
         with the count of ops run: the reshard flips once every old shard says so, twice over
         with no op run between."""
-        at = self._cursor
+        at = self._drained_through()
+        assert at is not None
         await self.fenced(record_drained(self.keys, self.epoch, at, self._ran), builds=False)
         self._drained_at = at
         log.info(
@@ -441,6 +454,8 @@ class ShardRunner:
         self._wakeups.stepped(want, len(fetched.entries), record)
         empty = not (commit.payload or commit.trim_to or fetched.entries or pushed_to or record)
         self._empty_steps = self._empty_steps + 1 if empty and want else 0
+        if want:  # (fewer entries than asked for: none followed the last one)
+            self._fetched_all = len(fetched.entries) < want
         self.metrics.stepped(batch, len(dead), began)
         self.states.step_done(number)
         if commit.trim_to and (commit.trim_now or not want or not fetched.entries):
