@@ -90,8 +90,9 @@ async def move_namespace(
     move = await _recorded_move(backend, record, shards, progress)
     if move is None:
         return None
-    await _announce(backend, namespace)
+    await _announce(backend, namespace)  # (clients route to the new layout from now on)
     await _seal(backend, move, progress)
+    await _announce(backend, namespace)  # (owners read their seals: they drain from now on)
     began = time.monotonic()
     await _until_quiet(backend, move.source, progress)
     drained = time.monotonic()
