@@ -11,12 +11,12 @@ The steps, each idempotent, so a rerun after an interruption finishes the same m
    drained once every entry up to its cursor has taken effect and nothing is under way. A
    shard drained with no entry after it may still be handed work: a grant request of an op
    homed on another shard. So the mover reads every shard twice; when both passes find every
-   shard drained through its stream's last entry, by the same owner having run no op between
-   (each record counts the ops its owner ran), every shard was idle at the instant between the
-   passes, and none can start anything again (nothing is appended to a sealed shard but grant
-   requests of ops already under way, which run, and ops a client appended some other way,
-   which are forwarded: those keep coming while a stale client appends, and must not keep the
-   move from finishing).
+   shard drained through its seal with no grant request after its record, by the same owner
+   having run no op between (each record counts the ops its owner ran), every shard was idle at
+   the instant between the passes, and none can start anything again (nothing is appended to a
+   sealed shard but grant requests of ops already under way, which run, and ops a client
+   appended some other way, which are forwarded: those keep coming while a stale client
+   appends, and must not keep the move from finishing).
 4. **Copy the states** (and paused keys) of the old shards to the new ones: nothing writes
    either until the flip.
 5. **Flip** (``flip.lua``): the new layout becomes the live one; workers let the old shards go
