@@ -252,6 +252,9 @@ async def test_ctrl_c_before_the_first_report_stops_status_without_a_traceback(
         async with running_worker(server.url, namespace, shard_count=1):
             pass  # records the namespace
         admin = redis.asyncio.Redis.from_url(server.url)
+        # (The worker's connections may linger in CLIENT LIST a while, their last command a
+        # script: only a connection opened after this one is the status process's.)
+        before = {client["id"] for client in await admin.client_list()}
         process = await anyio.open_process(
             [
                 sys.executable,
@@ -270,7 +273,7 @@ async def test_ctrl_c_before_the_first_report_stops_status_without_a_traceback(
         )
         try:
             # It sent its first snapshot: keyserial's code runs, and its SIGINT handling is set.
-            await eventually_async(lambda: _ran_a_script(admin), timeout=20)
+            await eventually_async(lambda: _ran_a_script(admin, before), timeout=20)
             process.send_signal(signal.SIGINT)
             with anyio.fail_after(10):
                 code = await process.wait()
@@ -297,6 +300,10 @@ async def _rest(stream: Any) -> str:
         return b"".join(chunks).decode()
 
 
-async def _ran_a_script(admin: Any) -> bool:
+async def _ran_a_script(admin: Any, before: set[str]) -> bool:
+    """A connection opened since ``before`` (client ids) ran a script."""
     clients = await admin.client_list()
-    return any(client.get("cmd") in ("eval", "evalsha") for client in clients)
+    return any(
+        client.get("cmd") in ("eval", "evalsha") and client["id"] not in before
+        for client in clients
+    )
