@@ -20,7 +20,7 @@ from anyio.streams.text import TextReceiveStream
 import keyserial
 from keyserial import Settings, shard_for
 from keyserial._backend.backend import Backend
-from keyserial._reshard.mover import Resharded, move_namespace
+from keyserial._reshard.mover import Progress, Resharded, move_namespace
 from keyserial._scripts.reshard import flip, record_move, seal
 from keyserial._wire.layout import Layout
 from keyserial._wire.resharding import (
@@ -30,10 +30,12 @@ from keyserial._wire.resharding import (
     Move,
     layout_channel,
 )
+from keyserial.ledger import deposit
 from keyserial.testing import running_worker
 from tests import apps
-from tests.helpers import Starter, eventually_async, stored_outcome
+from tests.helpers import Starter, eventually_async, keys_on_shard, stored_outcome
 from tests.test_acl import documented_users
+from tests.test_keys_cli import cli
 
 #: Accounts of the bank load, each opened with this balance.
 ACCOUNTS, OPENING = 12, 100
@@ -96,10 +98,15 @@ async def _open_accounts(ks: keyserial.Client) -> None:
         await ks.submit(f"acct:{n}", keyserial.ledger.deposit(OPENING))
 
 
-async def _move(url: str, namespace: str, shards: int) -> Resharded | None:
+async def _move(
+    url: str, namespace: str, shards: int, progress: Progress | None = None
+) -> Resharded | None:
     backend = await Backend.connect(url)
+    settings = Settings(namespace=namespace)
     try:
-        return await move_namespace(backend, Settings(namespace=namespace), shards)
+        if progress is None:
+            return await move_namespace(backend, settings, shards)
+        return await move_namespace(backend, settings, shards, progress)
     finally:
         await backend.aclose()
 
@@ -513,3 +520,74 @@ async def test_an_old_shard_drains_when_the_entries_before_its_seal_are_gone(
         assert moved is not None and moved.target == move.target
     finally:
         await as_worker.aclose()
+
+
+class _Interrupted(Exception):
+    """Raised by the mover's progress callback: the mover stops right after that step."""
+
+
+def _interrupted_after(step: str) -> Progress:
+    def progress(message: str) -> None:
+        if message.startswith(step):
+            raise _Interrupted(message)
+
+    return progress
+
+
+async def _held_until_resumed(ks: keyserial.Client, url: str, namespace: str, key: str) -> None:
+    """``key`` is paused on its shard (balance 1): a deposit waits while an op of a neighbour
+    on that shard, appended after it, runs; once resumed through the CLI, the deposit runs."""
+    neighbour = next(k for k in keys_on_shard(shard_for(key, 16), 16, 2, "acct") if k != key)
+    answers: dict[str, Any] = {}
+
+    async def held() -> None:
+        answers["held"] = await ks.submit(key, deposit(10), timeout=30)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(held)
+        await anyio.wait_all_tasks_blocked()
+        assert await ks.submit(neighbour, deposit(5), timeout=30) == 5
+        assert answers == {}, "a paused key's op ran on its new shard"
+        code, out, _ = await cli(url, namespace, "keys", "resume", key)
+        assert code == 0 and "(it was not paused)" not in out
+    assert answers == {"held": 11}
+
+
+async def test_a_reshard_carries_a_paused_key(redis_url: str, namespace: str) -> None:
+    """A key paused before the move stays paused on its new shard: its op waits there while
+    the shard flows, and runs once resumed."""
+    key = "acct:paused"
+    async with (
+        running_worker(redis_url, namespace, shard_count=4),
+        keyserial.connect(redis_url, namespace=namespace, shards=4) as ks,
+    ):
+        assert await ks.submit(key, deposit(1)) == 1
+        assert (await cli(redis_url, namespace, "keys", "pause", key))[0] == 0
+        assert await _move(redis_url, namespace, 16) is not None
+        await _held_until_resumed(ks, redis_url, namespace, key)
+
+
+async def test_a_rerun_move_leaves_each_key_paused_as_the_operator_last_set_it(
+    redis_url: str, namespace: str
+) -> None:
+    """The mover is interrupted right after the copy, which carried one paused key to the new
+    layout; the operator then resumes that key and pauses another (the CLI writes the live,
+    old layout); the rerun finishes the move. After the flip the resumed key's ops run and the
+    paused key's wait, as the CLI said, not as the first copy left them."""
+    resumed, paused = "acct:resumed", "acct:paused"
+    async with (
+        running_worker(redis_url, namespace, shard_count=4),
+        keyserial.connect(redis_url, namespace=namespace, shards=4) as ks,
+    ):
+        for key in (resumed, paused):
+            assert await ks.submit(key, deposit(1)) == 1
+        assert (await cli(redis_url, namespace, "keys", "pause", resumed))[0] == 0
+        with pytest.raises(_Interrupted, match="copied"):
+            await _move(redis_url, namespace, 16, _interrupted_after("copied"))
+        assert (await _record(redis_url, namespace)).move is not None
+        code, out, _ = await cli(redis_url, namespace, "keys", "resume", resumed)
+        assert code == 0 and f"resumed {resumed!r}" in out
+        assert (await cli(redis_url, namespace, "keys", "pause", paused))[0] == 0
+        assert await _move(redis_url, namespace, 16) is not None
+        assert await ks.submit(resumed, deposit(10), timeout=10) == 11
+        await _held_until_resumed(ks, redis_url, namespace, paused)

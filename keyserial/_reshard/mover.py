@@ -17,8 +17,9 @@ The steps, each idempotent, so a rerun after an interruption finishes the same m
    sealed shard but grant requests of ops already under way, which run, and ops a client
    appended some other way, which are forwarded: those keep coming while a stale client
    appends, and must not keep the move from finishing).
-4. **Copy the states** (and paused keys) of the old shards to the new ones: nothing writes
-   either until the flip.
+4. **Copy the states** (and paused keys) of the old shards to the new ones: nothing but an
+   operator's pause or resume (in the old shards) writes either until the flip, and each run
+   makes the new shards' paused keys the old ones' again.
 5. **Flip** (``flip.lua``): the new layout becomes the live one; workers let the old shards go
    and serve the new ones, and the old layout joins the history, where results stored before
    the move are found (for resubmits and ``result()``) while they are retained.
@@ -227,10 +228,13 @@ def _few(shards: Sequence[str]) -> str:
 async def _copy_states(backend: Backend, move: Move, progress: Progress) -> int:
     """Copy every key's state and pause record to its shard in the new layout: the old shards
     are quiet and sealed, the new ones run nothing, so both stand still. (A rerun copies the
-    same values again.)"""
+    same values again.) The new paused hashes are emptied first, so each rerun makes them the
+    old ones again: an operator pauses and resumes keys in the live (old) layout until the
+    flip, and a key resumed after an interrupted copy must not stay paused in the new one."""
     target = move.target
     new_keys = target.all_keys()
     old_keys = move.source.all_keys()
+    raise_errors(await backend.pipeline([("DEL", keys.paused) for keys in new_keys]))
     copied = 0
     for old, paused in zip(old_keys, await backend.all_paused(old_keys), strict=True):
         states = await backend.all_states(old)
