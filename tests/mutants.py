@@ -78,6 +78,15 @@ _RESHARD = "tests/test_reshard.py::"
 _SHARD = "keyserial/_worker/runner.py"
 _COORDINATOR = "keyserial/_worker/crossshard/coordinator.py"
 _RACES = "tests/test_cross_shard_races.py::"
+_GRANTS = "tests/test_grant_requests.py::"
+_REQUESTS = "keyserial/_worker/crossshard/requests.py"
+
+
+def _no_check(path: str, check: str) -> Edit:
+    """A Python check that never refuses."""
+    return Edit(path, check, check.split("if ", 1)[0] + "if False:\n")
+
+
 _SUSPECT = "            if run.envelope.op_id == self._suspect:\n"
 _PUSH = "tests/test_push.py::"
 _HOSTILE = "tests/test_hostile_clients.py::"
@@ -982,7 +991,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         (
             _HOSTILE
-            + "test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides_the_op"
+            + "test_a_signed_grant_request_ahead_for_other_keys_never_decides_the_op"
             + _STANDALONE,
         ),
     ),
@@ -1203,6 +1212,57 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (_RESHARD + "test_a_client_reads_its_own_write_across_the_cut" + _STANDALONE,),
+    ),
+    Mutant(
+        "grant-request-unchecked",
+        "G5.17",
+        "a participant takes any grant request a client appends: a forged one holds its key",
+        (Edit(_SHARD, "                grant_refusal=self._requests.refusal,\n", ""),),
+        (
+            _GRANTS
+            + "test_a_forged_grant_request_for_the_current_attempt_holds_no_key"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "grant-request-unsigned-taken",
+        "G5.17",
+        "a participant does not refuse an unsigned grant request as such",
+        (_no_check(_REQUESTS, "        if not request.signature:\n"),),
+        (_GRANTS + "test_an_unsigned_request_is_refused",),
+    ),
+    Mutant(
+        "grant-request-any-shard",
+        "G5.17",
+        "a participant takes a grant request signed for another shard or layout generation",
+        (_no_check(_REQUESTS, "        if request.target != self._shard_name:\n"),),
+        (
+            _GRANTS + "test_a_request_for_another_shard_is_refused",
+            _GRANTS + "test_a_request_of_another_layout_generation_is_refused",
+        ),
+    ),
+    Mutant(
+        "grant-request-any-age",
+        "G5.17",
+        "a participant takes a copy of a grant request appended long after its signing",
+        (_no_check(_REQUESTS, "        if abs(appended_ms - request.at) > self._max_age_ms:\n"),),
+        (_GRANTS + "test_a_request_appended_too_long_after_or_before_its_signing_is_refused",),
+    ),
+    Mutant(
+        "grant-request-signature-unchecked",
+        "G5.17",
+        "a participant takes a grant request whatever its signature",
+        (
+            _no_check(
+                _REQUESTS,
+                "        if not self._verifier.verified(request.signer, text, request.signature)"
+                ":\n",
+            ),
+        ),
+        (
+            _GRANTS + "test_a_request_whose_signer_is_not_listed_is_refused",
+            _GRANTS + "test_a_signature_with_any_byte_changed_is_refused",
+        ),
     ),
 )
 

@@ -26,6 +26,7 @@ from keyserial.testing import ShardKeys, running_worker
 from tests import apps
 from tests.entries import stored
 from tests.helpers import eventually, eventually_async, keys_on_shard, publish, subscribe
+from tests.signers import grant_request, listed_signer
 from tests.test_acl import Users, documented_users
 
 SHARDS = 8
@@ -76,10 +77,11 @@ async def _grant_requests(attacker: redis.asyncio.Redis, namespace: str) -> list
 
 
 async def test_a_forged_decision_notice_never_writes_a_state(users: Users, namespace: str) -> None:
-    """The attacker appends a grant request naming itself as coordinator, learns the
-    participant's worker channel from the grant, and publishes a decision that sets the
-    victim's balance. The participant reads the decision record instead: there is none, so it
-    holds the key until the home shard's epoch moves on, then aborts; the balance is intact."""
+    """A grant request naming the attacker as coordinator (signed by a listed signer: a client
+    user cannot sign one, see tests/test_grant_requests.py), whose grant tells the attacker the
+    participant's worker channel; the attacker publishes a decision that sets the victim's
+    balance. The participant reads the decision record instead: there is none, so it holds the
+    key until the home shard's epoch moves on, then aborts; the balance is intact."""
     victim = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
     attacker = redis.asyncio.Redis.from_url(users.client_url)
     own_channel = f"ks:attacker:{uuid.uuid4().hex}"
@@ -91,13 +93,18 @@ async def test_a_forged_decision_notice_never_writes_a_state(users: Users, names
         ):
             assert await ks.submit(victim, deposit(100)) == 100
             await pubsub.subscribe(own_channel)
-            request = {"home": HOME, "op": "evil", "attempt": 0, "channel": own_channel}
-            await _append(
-                attacker,
-                PARTICIPANT,
+            signer = listed_signer(users.admin, namespace)
+            request = grant_request(
+                signer,
                 namespace,
-                [{"id": "evil#0", "keys": [victim], "op": GRANT_OP, "kwargs": request}],
+                home=HOME,
+                participant=PARTICIPANT,
+                op="evil",
+                attempt=0,
+                channel=own_channel,
+                keys=[victim],
             )
+            await _append(attacker, PARTICIPANT, namespace, [request])
             grant = await _next_message(pubsub)
             assert grant["t"] == "g"
             notice = {
@@ -365,10 +372,9 @@ async def test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides
 ) -> None:
     """The attacker guesses a transfer's op id (the caller's order number) and its attempt (the
     home shard's epoch), and appends a grant request under that id for another key of the
-    participant shard, ahead of the coordinator. The participant grants that key under the
-    attempt's id; the coordinator sees the grant is not of the keys it asked for, gives the home
-    shard up, and the op runs under the next owner's attempt: it moves the money once, between
-    the right keys, and the other key is released."""
+    participant shard, ahead of the coordinator. Unsigned, it is dead-lettered, holding no key
+    and storing nothing under the attempt's id: the transfer then runs under that attempt, moves
+    the money once, between the right keys, and the other key was never held."""
     source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
     target, decoy = keys_on_shard(PARTICIPANT, SHARDS, 2, "acct")
     participant = ShardKeys(namespace, PARTICIPANT)
@@ -388,18 +394,66 @@ async def test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides
                 await ks.submit(key, deposit(amount))
             # (The epoch: read here as admin; an attacker reads it off earlier grant requests.)
             attempt = int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
-            request = {
-                "home": HOME,
-                "op": "order-9",
-                "attempt": attempt,
-                "channel": f"ks:attacker:{uuid.uuid4().hex}",
-            }
-            await _append(
-                attacker,
-                PARTICIPANT,
+            request = grant_request(
+                None,
                 namespace,
-                [{"id": f"order-9#{attempt}", "keys": [decoy], "op": GRANT_OP, "kwargs": request}],
+                home=HOME,
+                participant=PARTICIPANT,
+                op="order-9",
+                attempt=attempt,
+                channel=f"ks:attacker:{uuid.uuid4().hex}",
+                keys=[decoy],
             )
+            await _append(attacker, PARTICIPANT, namespace, [request])
+            await eventually(lambda: users.admin.xlen(participant.dead) == 1)
+            moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
+            assert moved == {source: 75, target: 35}
+            assert await ks.submit(decoy, deposit(1), timeout=30) == 6
+            assert int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0) == attempt
+            granted = json.loads(users.admin.hget(participant.results, f"order-9#{attempt}#g"))
+            assert [key for key, _ in granted["st"]] == [target]  # (the transfer's own grant)
+    finally:
+        await attacker.aclose()
+    assert users.refusals() == []
+
+
+async def test_a_signed_grant_request_ahead_for_other_keys_never_decides_the_op(
+    users: Users, namespace: str
+) -> None:
+    """The same request ahead, but signed by a listed signer (what only a worker can append):
+    the participant grants the other key under the attempt's id; the coordinator sees the
+    grant is not of the keys it asked for, gives the home shard up, and the op runs under the
+    next owner's attempt: it moves the money once, between the right keys, and the other key
+    is released."""
+    source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
+    target, decoy = keys_on_shard(PARTICIPANT, SHARDS, 2, "acct")
+    participant = ShardKeys(namespace, PARTICIPANT)
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        async with (
+            running_worker(users.worker_url, namespace, shard_count=SHARDS, shards=[PARTICIPANT]),
+            running_worker(
+                users.worker_url,
+                namespace,
+                shard_count=SHARDS,
+                shards=[s for s in range(SHARDS) if s != PARTICIPANT],
+            ),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+        ):
+            for key, amount in ((source, 100), (target, 10), (decoy, 5)):
+                await ks.submit(key, deposit(amount))
+            attempt = int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
+            request = grant_request(
+                listed_signer(users.admin, namespace),
+                namespace,
+                home=HOME,
+                participant=PARTICIPANT,
+                op="order-9",
+                attempt=attempt,
+                channel=f"ks:attacker:{uuid.uuid4().hex}",
+                keys=[decoy],
+            )
+            await _append(attacker, PARTICIPANT, namespace, [request])
             await eventually_async(
                 lambda: attacker.hget(participant.results, f"order-9#{attempt}#g")
             )

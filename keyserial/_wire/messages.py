@@ -5,9 +5,11 @@ readable by workers of other versions during a rolling deploy).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+from .json_text import dumps
 
 #: A coordination message, as it travels: a grant ("g") or a decision notice ("d").
 Wire = dict[str, Any]
@@ -19,7 +21,8 @@ class MalformedMessage(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class GrantRequest:
-    """What a ``keyserial.grant`` op asks a participant shard (the op's ``kwargs``)."""
+    """What a ``keyserial.grant`` op asks a participant shard (the op's ``kwargs``), signed by
+    the coordinator's worker (see ``_wire.signing``): a participant takes no other."""
 
     #: The home shard, which coordinates the op.
     home: int
@@ -28,6 +31,20 @@ class GrantRequest:
     attempt: int
     #: The coordinator's worker channel, where the grant goes.
     channel: str
+    #: The participant shard it is for, by name (``7``, or ``7@2`` in layout generation 2): a
+    #: request copied to another shard, or to another generation's, is not for it.
+    target: str = ""
+    #: When the coordinator signed it (ms, its clock): a copy appended much later is refused.
+    at: int = 0
+    #: The signer id of the coordinator's worker and its signature (see :meth:`signed_text`).
+    signer: str = ""
+    signature: str = ""
+
+    def signed_text(self, namespace: str, keys: Sequence[str]) -> str:
+        """What the signature covers: every field but the signature, the requested keys and
+        the namespace."""
+        fields = [namespace, self.target, self.home, self.op_id, self.attempt, self.channel]
+        return dumps([*fields, self.at, list(keys)])
 
     def to_wire(self) -> Wire:
         return {
@@ -35,23 +52,34 @@ class GrantRequest:
             "op": self.op_id,
             "attempt": self.attempt,
             "channel": self.channel,
+            "to": self.target,
+            "at": self.at,
+            "k": self.signer,
+            "sig": self.signature,
         }
 
     @classmethod
     def from_wire(cls, kwargs: Mapping[str, Any], *, below: int) -> GrantRequest:
         """:raises MalformedMessage: unless the home is a shard under ``below`` (a participant
-        is always above its home) and every field has its type."""
+        is always above its home) and every field has its type (the signature's fields may be
+        missing: such a request is unsigned)."""
         home, op_id = kwargs.get("home"), kwargs.get("op")
         attempt, channel = kwargs.get("attempt"), kwargs.get("channel")
+        target, at = kwargs.get("to", ""), kwargs.get("at", 0)
+        signer, signature = kwargs.get("k", ""), kwargs.get("sig", "")
         if not (
-            isinstance(home, int)
+            type(home) is int
             and 0 <= home < below
             and isinstance(op_id, str)
-            and isinstance(attempt, int)
+            and type(attempt) is int
             and isinstance(channel, str)
+            and isinstance(target, str)
+            and type(at) is int
+            and isinstance(signer, str)
+            and isinstance(signature, str)
         ):
-            raise MalformedMessage(f"bad grant request {dict(kwargs)!r}")
-        return cls(home, op_id, attempt, channel)
+            raise MalformedMessage(f"bad grant request {dict(kwargs)!r}"[:300])
+        return cls(home, op_id, attempt, channel, target, at, signer, signature)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,7 +6,7 @@ I/O, so every rule here is testable on its own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 from .._logfields import fields as log_fields
@@ -31,6 +31,14 @@ log = logging.getLogger("keyserial.worker")
 
 _RESERVED_ID = "'#' is reserved in op ids (keyserial names its coordination records with it)"
 
+#: Why a grant request (an envelope of ``keyserial.grant``, appended as the given entry id) is
+#: not taken, or None (see ``crossshard.requests``).
+GrantRefusal = Callable[[Envelope, str], str | None]
+
+
+def _no_refusal(envelope: Envelope, entry_id: str) -> str | None:
+    return None
+
 
 @dataclass(slots=True)
 class Accepted:
@@ -52,9 +60,12 @@ def accept(
     shard_count: int,
     done: Mapping[str, str],
     running: MutableMapping[str, Run],
+    grant_refusal: GrantRefusal = _no_refusal,
 ) -> Accepted:
     """Take in one entry. ``done``: stored outcomes of op ids that already ran; ``running``:
-    the owner's runs by op id (an op id seen again joins its run, or reuses its outcome)."""
+    the owner's runs by op id (an op id seen again joins its run, or reuses its outcome);
+    ``grant_refusal``: the rule for grant requests (a refused one is dead-lettered, holding no
+    key and storing nothing, so the genuine request of that id, if any, still runs)."""
     try:
         items = decode_entry(fields)
     except MalformedEntry as exc:
@@ -84,6 +95,8 @@ def accept(
             _reject(accepted, item)
         elif (wrong := misrouted(item, shard, shard_count)) is not None:
             _reject(accepted, MalformedEntry(wrong, op_id=item.op_id, reply=item.reply))
+        elif item.name == GRANT_OP and (refused := grant_refusal(item, entry_id)) is not None:
+            _refuse_request(accepted, item, refused, shard)
         else:
             run = running[item.op_id] = Run(item, [entry], channels(item.reply))
             accepted.runs.append(run)
@@ -131,6 +144,21 @@ def _reject(accepted: Accepted, problem: MalformedEntry) -> None:
         return
     outcome = encode_error(MalformedOperation.wire_type, problem.reason)
     accepted.finished.append(Finished(problem.op_id, outcome, [entry], channels(problem.reply)))
+
+
+def _refuse_request(accepted: Accepted, request: Envelope, reason: str, shard: int) -> None:
+    entry_id = accepted.entry.entry_id
+    log.warning(
+        "shard %d: dead-lettering grant request %s (entry %s): %s",
+        shard,
+        request.op_id,
+        entry_id,
+        reason,
+        extra=log_fields(shard=shard, error="MalformedOperation"),
+    )
+    raw = dumps({"id": request.op_id, "keys": list(request.keys), "kwargs": request.kwargs})
+    accepted.dead.append((entry_id, reason, raw))
+    accepted.finished.append(Finished("", "", [accepted.entry], [], store=False))
 
 
 def misrouted(envelope: Envelope, shard: int, shard_count: int) -> str | None:

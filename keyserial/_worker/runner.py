@@ -51,7 +51,7 @@ from .._wire.codec import (
     binding,
     decode_entry_leniently,
 )
-from .._wire.layout import Layout, ShardKeys
+from .._wire.layout import Layout, ShardKeys, shard_name
 from .._wire.resharding import Seal
 from .._wire.routing import home_shard
 from ..errors import BackendUnavailable, LeaseLost
@@ -60,6 +60,7 @@ from .commits import CommitPlanner, DeadLetter, Finished, Record, ResultGenerati
 from .crossshard.coordination import RunnerServices
 from .crossshard.cross_shard import CrossShard
 from .crossshard.mailbox import Mailbox
+from .crossshard.requests import RequestCheck
 from .execution import Executor, Run
 from .intake import accept, parse_id
 from .keystates import KeyStates
@@ -150,6 +151,13 @@ class ShardRunner:
         #: stopped taking ops: an op appended again after a reshard finds its outcome there
         #: while it may be retained.
         self._history = tuple(reversed(history))
+        self._requests = RequestCheck(
+            mailbox.requests,
+            namespace=settings.namespace,
+            shard=shard,
+            shard_name=shard_name(shard, layout.generation),
+            max_age_ms=settings.result_ttl_ms,
+        )
         self.executor = Executor(
             registry,
             shard=shard,
@@ -505,6 +513,8 @@ class ShardRunner:
         pushes, which only the next step confirms)."""
         if self._history and fetched.entries:
             await self._answer_from_earlier_layouts(fetched)
+        if signers := self._requests.signers_to_read(fetched.entries):
+            await self._read_signers(signers)
         runnable: list[Run] = []
         for entry_id, fields in fetched.entries:
             self._cursor = entry_id
@@ -515,6 +525,7 @@ class ShardRunner:
                 shard_count=self._shard_count,
                 done=fetched.done,
                 running=self._running,
+                grant_refusal=self._requests.refusal,
             )
             self._commits.track(accepted.entry)
             if log.isEnabledFor(logging.DEBUG):
@@ -544,6 +555,13 @@ class ShardRunner:
                 # no code), and nothing after it starts until it has committed.
                 self._suspect = None
                 await self._commit_through(run)
+
+    async def _read_signers(self, signers: list[str]) -> None:
+        """Read the listings of the signers of the grant requests about to be taken in (once
+        per signer: a forged id costs one field of one read)."""
+        namespace = self._settings.namespace
+        records = await self._retrying(lambda: self._backend.signer_records(namespace, signers))
+        self._requests.learn(signers, records)
 
     async def _answer_from_earlier_layouts(self, fetched: StepReply) -> None:
         """Add to ``fetched.done`` the outcomes stored in the layouts before a reshard of its ops

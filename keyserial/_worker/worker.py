@@ -162,15 +162,16 @@ class Worker:
     ) -> None:
         """Keep the public key of this worker's reply signer in the namespace's signers hash
         (clients read it there to check the replies it signs), and drop the keys of workers that
-        stopped renewing theirs; until it is listed, clients look up this worker's outcomes."""
+        stopped renewing theirs. Started once listed: a participant takes no grant request from
+        a signer it cannot find there, so this worker coordinates nothing before."""
         signer = self._pipeliner.signer
         assert signer is not None
         backoff = Backoff(0.1, 5.0)
         while True:
             listed = await _list_signer(backend, self.settings.namespace, signer)
-            task_status.started()
-            task_status = anyio.TASK_STATUS_IGNORED
             if listed:
+                task_status.started()
+                task_status = anyio.TASK_STATUS_IGNORED
                 backoff = Backoff(0.1, 5.0)
                 await anyio.sleep(SIGNER_RENEW)
             else:

@@ -5,16 +5,18 @@ itself is described in docs/multi-key.md.
 
 from __future__ import annotations
 
+import time
 from collections import defaultdict
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from ..._backend.backend import Backend
 from ..._scripts.calls import ScriptCall
 from ..._settings import Settings
 from ..._wire.codec import Envelope
-from ..._wire.layout import Layout
+from ..._wire.layout import Layout, shard_name
+from ..._wire.messages import GrantRequest
 from ..._wire.routing import route
 from ..commits import Record
 from ..execution import Run
@@ -119,3 +121,24 @@ def signed(services: RunnerServices, messages: Sequence[tuple[str, str]]) -> lis
     if signer is None:
         return list(messages)
     return [(channel, signer.sign(channel, message)) for channel, message in messages]
+
+
+def signed_request(
+    services: RunnerServices, shard: int, op_id: str, attempt: int, keys: Sequence[str]
+) -> GrantRequest:
+    """The grant request of one attempt for ``keys`` on ``shard``, signed by this worker: a
+    participant takes no request that a listed worker did not sign (``_worker.intake``)."""
+    home = services.home
+    request = GrantRequest(
+        home.shard,
+        op_id,
+        attempt,
+        services.mailbox.channel_for(shard),  # (in its slot: that shard's script publishes)
+        shard_name(shard, services.layout.generation),
+        int(time.time() * 1000),
+    )
+    signer = services.pipeliner.signer
+    if signer is None:
+        return request
+    text = request.signed_text(services.settings.namespace, keys)
+    return replace(request, signer=signer.signer_id, signature=signer.sign_request(text))

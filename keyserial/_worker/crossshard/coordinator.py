@@ -36,7 +36,7 @@ from ..._wire.codec import (
 )
 from ..._wire.json_text import dumps
 from ..._wire.layout import ShardKeys, decision_field, grant_field
-from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant
+from ..._wire.messages import Decision, DecisionNotice, KeyGrant
 from ...errors import BackendUnavailable, LeaseLost
 from ..chains import Hold
 from ..commits import Record
@@ -46,6 +46,7 @@ from .coordination import (
     RunnerServices,
     Writes,
     signed,
+    signed_request,
     split_keys,
     writes_by_shard,
 )
@@ -229,7 +230,7 @@ class Coordinator:
     def _answers(self, run: Run, outcome: str) -> list[tuple[str, str]]:
         """A reply's item for ``run``'s ``outcome``: what its callers are told it committed."""
         entry_ids = [entry.entry_id for entry in run.entries]
-        answer = reply_outcome(outcome, self._services.home.shard, entry_ids)
+        answer = reply_outcome(outcome, self._services.home.keys, entry_ids)
         return [(run.envelope.op_id, answer)]
 
     def _after_commit(self, pending: _PendingCommit) -> None:
@@ -347,8 +348,7 @@ class Coordinator:
         """
         services = self._services
         home = services.home
-        # (Answered on this worker's channel in the slot of that shard, whose script publishes.)
-        request = GrantRequest(home.shard, op_id, attempt, services.mailbox.channel_for(shard))
+        request = signed_request(services, shard, op_id, attempt, keys)
         entry_json = grant_request_envelope(op_id, attempt, keys, request.to_wire())
         there = services.layout.keys(shard)
         granted_at = grant_field(op_id, attempt)

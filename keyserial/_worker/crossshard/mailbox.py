@@ -28,7 +28,7 @@ import anyio
 from ..._scripts.refusals import Refused
 from ..._wire.layout import Layout
 from ..._wire.messages import DecisionNotice, KeyGrant, MalformedMessage, from_wire
-from ..._wire.signing import ReplyVerifier, without_signature
+from ..._wire.signing import ReplyVerifier, RequestVerifier, without_signature
 from ...errors import BackendUnavailable
 
 if TYPE_CHECKING:
@@ -133,6 +133,8 @@ class Mailbox:
         #: half (``<prefix>.<public key>``), so a sender knows whom to sign for.
         self.verifier = ReplyVerifier(channel_prefix)
         self.channel = self.verifier.channel
+        #: The signing keys of the workers whose grant requests this worker's shards took in.
+        self.requests = RequestVerifier()
         #: With sharded pub/sub, this worker's channel in each shard's slot (see
         #: :meth:`use_shard_channels`); else none.
         self._shard_channels: list[str] = []

@@ -1,0 +1,76 @@
+"""Which grant requests a participant shard takes: only those a listed worker signed, for this
+very shard, appended soon after they were signed.
+
+A grant request holds keys until its attempt is decided, and only the attempt's coordinator
+can decide it. A request that no coordinator sent (a client user's ``XADD``) would hold its
+keys until the home shard changed owner; a copy of a genuine one, appended after its decision
+record expired, the same. So the rule is checked when the entry is taken in, before its op
+holds anything, and a refused request is dead-lettered: it holds no key, and costs no restart.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from ..._wire.codec import GRANT_OP, Envelope, decode_entry_leniently
+from ..._wire.messages import GrantRequest, MalformedMessage
+from ..._wire.signing import RequestVerifier
+
+#: How a grant request's op name appears in an entry's ``ops`` (a cheap test before decoding).
+_GRANT_BYTES = f'"{GRANT_OP}"'.encode()
+
+
+class RequestCheck:
+    """The rule for one shard of one layout generation (see the module doc)."""
+
+    def __init__(
+        self,
+        verifier: RequestVerifier,
+        *,
+        namespace: str,
+        shard: int,
+        shard_name: str,
+        max_age_ms: int,
+    ) -> None:
+        self._verifier = verifier
+        self._namespace = namespace
+        self._shard = shard
+        self._shard_name = shard_name
+        #: How far apart the signing (the coordinator's clock) and the append (the entry id,
+        #: Redis's clock) may be: a decision record is kept this long (``result_ttl``).
+        self._max_age_ms = max_age_ms
+
+    def signers_to_read(self, entries: Iterable[tuple[str, Mapping[bytes, bytes]]]) -> list[str]:
+        """The signers of the grant requests in ``entries`` whose listing is not known yet."""
+        wanted: dict[str, None] = {}
+        for _, fields in entries:
+            if _GRANT_BYTES not in fields.get(b"ops", b""):
+                continue
+            for envelope in decode_entry_leniently(fields):
+                signer = envelope.kwargs.get("k") if envelope.name == GRANT_OP else None
+                if isinstance(signer, str) and signer and not self._verifier.knows(signer):
+                    wanted[signer] = None
+        return list(wanted)
+
+    def learn(self, signers: list[str], records: list[bytes | None]) -> None:
+        for signer, record in zip(signers, records, strict=True):
+            self._verifier.learn(signer, record)
+
+    def refusal(self, envelope: Envelope, entry_id: str) -> str | None:
+        """Why the grant request ``envelope``, appended as ``entry_id``, is not taken; None if
+        it is."""
+        try:
+            request = GrantRequest.from_wire(envelope.kwargs, below=self._shard)
+        except MalformedMessage as exc:
+            return str(exc)
+        if not request.signature:
+            return "an unsigned grant request (only a worker may ask for a grant)"
+        if request.target != self._shard_name:
+            return f"a grant request for shard {request.target!r}, not {self._shard_name!r}"
+        appended_ms = int(entry_id.partition("-")[0])
+        if abs(appended_ms - request.at) > self._max_age_ms:
+            return "a grant request appended too long after it was signed (a copy)"
+        text = request.signed_text(self._namespace, envelope.keys)
+        if not self._verifier.verified(request.signer, text, request.signature):
+            return "a grant request that no listed worker signed"
+        return None

@@ -1,0 +1,317 @@
+"""Only a worker speaks for a worker: a participant shard takes a grant request only if a
+worker listed in the namespace's signers hash signed it, for this very shard of this layout
+generation, and it was appended soon after it was signed. Anything else is dead-lettered when
+it is taken in, before it holds a key, so a client user (who may append to any stream) can no
+longer hold a key by asking for it on a coordinator's behalf."""
+
+from __future__ import annotations
+
+import base64
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis.asyncio
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+import keyserial
+from keyserial._wire.codec import Envelope
+from keyserial._wire.signing import ReplySigner, RequestVerifier
+from keyserial._worker.crossshard.requests import RequestCheck
+from keyserial.ledger import deposit
+from keyserial.testing import ShardKeys, running_worker
+from tests.helpers import eventually, keys_on_shard
+from tests.signers import grant_request, listed_signer
+from tests.test_acl import Users, documented_users
+
+SHARDS = 8
+HOME, PARTICIPANT = 1, 5
+NAMESPACE = "orders"
+NOW_MS = 1_800_000_000_000
+MAX_AGE_MS = 3_600_000
+
+
+@pytest.fixture
+def users(redis_url: str) -> Iterator[Users]:
+    """The documented worker and client users; the attacker connects as the client."""
+    with documented_users(redis_url) as created:
+        yield created
+
+
+# -- the rule, one check at a time (no Redis: the check is pure once the signers are read) ------
+
+
+def _check(verifier: RequestVerifier, shard_name: str = "5") -> RequestCheck:
+    return RequestCheck(
+        verifier, namespace=NAMESPACE, shard=5, shard_name=shard_name, max_age_ms=MAX_AGE_MS
+    )
+
+
+def _envelope(request: dict[str, Any]) -> Envelope:
+    return Envelope(
+        request["id"], tuple(request["keys"]), request["op"], [], request["kwargs"], None, True
+    )
+
+
+def _signed(signer: ReplySigner | None = None, **changes: Any) -> dict[str, Any]:
+    options: dict[str, Any] = {
+        "home": 1,
+        "participant": 5,
+        "op": "order-9",
+        "attempt": 3,
+        "channel": "ks:orders:worker:abc",
+        "keys": ["sku:1", "sku:2"],
+        "at": NOW_MS,
+    }
+    return grant_request(signer, NAMESPACE, **{**options, **changes})
+
+
+@pytest.fixture
+def signer() -> ReplySigner:
+    return ReplySigner()
+
+
+@pytest.fixture
+def verifier(signer: ReplySigner) -> RequestVerifier:
+    verifier = RequestVerifier()
+    assert verifier.learn(signer.signer_id, signer.record())
+    return verifier
+
+
+def _refusal(verifier: RequestVerifier, request: dict[str, Any], entry_ms: int = NOW_MS) -> Any:
+    return _check(verifier).refusal(_envelope(request), f"{entry_ms}-0")
+
+
+def test_a_request_a_listed_worker_signed_for_this_shard_is_taken(
+    signer: ReplySigner, verifier: RequestVerifier
+) -> None:
+    assert _refusal(verifier, _signed(signer)) is None
+
+
+def test_an_unsigned_request_is_refused(verifier: RequestVerifier) -> None:
+    assert "unsigned" in _refusal(verifier, _signed(None))
+
+
+def test_a_request_whose_signer_is_not_listed_is_refused(verifier: RequestVerifier) -> None:
+    assert "no listed worker" in _refusal(verifier, _signed(ReplySigner()))
+
+
+def test_a_signer_whose_entry_has_no_signing_key_is_not_listed(signer: ReplySigner) -> None:
+    """(The entry of a worker of a version that signs no request, or a forged one.)"""
+    verifier = RequestVerifier()
+    assert not verifier.learn(signer.signer_id, json.dumps({"key": signer.public_key, "at": 1}))
+    assert verifier.knows(signer.signer_id)  # (read once: a forged id costs one read)
+    assert "no listed worker" in _refusal(verifier, _signed(signer))
+
+
+def test_a_request_for_another_shard_is_refused(
+    signer: ReplySigner, verifier: RequestVerifier
+) -> None:
+    assert "not '5'" in _refusal(verifier, _signed(signer, participant=6))
+
+
+def test_a_request_of_another_layout_generation_is_refused(
+    signer: ReplySigner, verifier: RequestVerifier
+) -> None:
+    assert "not '5'" in _refusal(verifier, _signed(signer, generation=1))
+
+
+def test_a_request_appended_too_long_after_or_before_its_signing_is_refused(
+    signer: ReplySigner, verifier: RequestVerifier
+) -> None:
+    for appended_ms in (NOW_MS + MAX_AGE_MS + 1, NOW_MS - MAX_AGE_MS - 1):
+        assert "too long" in _refusal(verifier, _signed(signer), appended_ms)
+    for appended_ms in (NOW_MS + MAX_AGE_MS, NOW_MS - MAX_AGE_MS):
+        assert _refusal(verifier, _signed(signer), appended_ms) is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("home", 0),
+        ("op", "order-8"),
+        ("attempt", 4),
+        ("channel", "ks:orders:worker:evil"),
+        ("to", "5@0"),
+        ("at", NOW_MS + 1),
+    ],
+)
+def test_a_request_changed_after_signing_is_refused(
+    signer: ReplySigner, verifier: RequestVerifier, field: str, value: Any
+) -> None:
+    request = _signed(signer)
+    request["kwargs"][field] = value
+    assert _refusal(verifier, request) is not None
+
+
+def test_a_request_for_other_keys_than_signed_is_refused(
+    signer: ReplySigner, verifier: RequestVerifier
+) -> None:
+    request = _signed(signer)
+    request["keys"] = ["sku:1"]
+    assert "no listed worker" in _refusal(verifier, request)
+
+
+def test_a_request_signed_for_another_namespace_is_refused(
+    signer: ReplySigner, verifier: RequestVerifier
+) -> None:
+    request = grant_request(
+        signer,
+        "payments",
+        home=1,
+        participant=5,
+        op="order-9",
+        attempt=3,
+        channel="ks:orders:worker:abc",
+        keys=["sku:1", "sku:2"],
+        at=NOW_MS,
+    )
+    assert "no listed worker" in _refusal(verifier, request)
+
+
+def test_a_signature_with_any_byte_changed_is_refused(
+    signer: ReplySigner, verifier: RequestVerifier
+) -> None:
+    request = _signed(signer)
+    signature = request["kwargs"]["sig"]
+    for index in range(len(signature)):
+        changed = "A" if signature[index] != "A" else "B"
+        request["kwargs"]["sig"] = signature[:index] + changed + signature[index + 1 :]
+        # (The last character carries two padding bits: some changes of it decode alike.)
+        if request["kwargs"]["sig"] != signature and index < len(signature) - 1:
+            assert _refusal(verifier, request) is not None, index
+    request["kwargs"]["sig"] = signature[:-1]
+    assert _refusal(verifier, request) is not None
+
+
+def test_a_request_of_a_malformed_shape_is_refused(verifier: RequestVerifier) -> None:
+    request = _signed(None)
+    request["kwargs"]["attempt"] = "3"
+    assert "bad grant request" in _refusal(verifier, request)
+
+
+# -- through a worker, as the documented client user -------------------------------------------
+
+
+async def _append(attacker: redis.asyncio.Redis, namespace: str, envelope: dict[str, Any]) -> None:
+    stream = ShardKeys(namespace, PARTICIPANT).stream
+    await attacker.xadd(stream, {"v": "1", "ops": json.dumps([envelope])})
+
+
+async def test_a_forged_grant_request_for_the_current_attempt_holds_no_key(
+    users: Users, namespace: str
+) -> None:
+    """The reviewer's attack: an unsigned request for an op the home shard's owner never
+    began, under the home shard's current epoch. It is dead-lettered when taken in: the key's
+    next op is answered at once (it used to wait until the home shard changed owner)."""
+    victim = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    participant = ShardKeys(namespace, PARTICIPANT)
+    try:
+        async with (
+            running_worker(users.worker_url, namespace, shard_count=SHARDS),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+        ):
+            assert await ks.submit(victim, deposit(100)) == 100
+            attempt = int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
+            forged = grant_request(
+                None,
+                namespace,
+                home=HOME,
+                participant=PARTICIPANT,
+                op=f"never-{uuid.uuid4().hex[:8]}",
+                attempt=attempt,
+                channel=f"ks:attacker:{uuid.uuid4().hex}",
+                keys=[victim],
+            )
+            await _append(attacker, namespace, forged)
+            assert await ks.submit(victim, deposit(1), timeout=5) == 101
+            await eventually(lambda: users.admin.xlen(participant.dead) == 1)
+            assert int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0) == attempt
+    finally:
+        await attacker.aclose()
+    assert users.refusals() == []
+
+
+async def test_a_request_signed_by_a_signer_not_listed_holds_no_key(
+    users: Users, namespace: str
+) -> None:
+    """A request signed well, but by a key no worker listed (an attacker's own): the worker
+    reads the signer's entry, finds none, and dead-letters the request."""
+    victim = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        async with (
+            running_worker(users.worker_url, namespace, shard_count=SHARDS),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+        ):
+            assert await ks.submit(victim, deposit(100)) == 100
+            attempt = int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
+            forged = grant_request(
+                ReplySigner(),
+                namespace,
+                home=HOME,
+                participant=PARTICIPANT,
+                op="unlisted",
+                attempt=attempt,
+                channel=f"ks:attacker:{uuid.uuid4().hex}",
+                keys=[victim],
+            )
+            await _append(attacker, namespace, forged)
+            assert await ks.submit(victim, deposit(1), timeout=5) == 101
+            dead = users.admin.xrange(ShardKeys(namespace, PARTICIPANT).dead)
+            assert [fields[b"reason"] for _, fields in dead] == [
+                b"a grant request that no listed worker signed"
+            ]
+    finally:
+        await attacker.aclose()
+    assert users.refusals() == []
+
+
+async def test_a_request_a_listed_worker_signed_is_granted(users: Users, namespace: str) -> None:
+    """The control: the same request, signed by a listed signer, is taken: the participant
+    records its grant (so the refusals above are the signature's doing)."""
+    victim = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        async with (
+            running_worker(users.worker_url, namespace, shard_count=SHARDS),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+        ):
+            assert await ks.submit(victim, deposit(100)) == 100
+            signer = listed_signer(users.admin, namespace)
+            request = grant_request(
+                signer,
+                namespace,
+                home=HOME,
+                participant=PARTICIPANT,
+                op="listed",
+                attempt=0,  # (an attempt that is over: the participant aborts and releases)
+                channel=f"ks:attacker:{uuid.uuid4().hex}",
+                keys=[victim],
+            )
+            await _append(attacker, namespace, request)
+            results = ShardKeys(namespace, PARTICIPANT).results
+            await eventually(lambda: users.admin.hget(results, "listed#0#g") is not None)
+            assert await ks.submit(victim, deposit(1), timeout=10) == 101
+            assert users.admin.xlen(ShardKeys(namespace, PARTICIPANT).dead) == 0
+    finally:
+        await attacker.aclose()
+    assert users.refusals() == []
+
+
+def test_a_grant_request_checks_out_as_documented(signer: ReplySigner) -> None:
+    """docs/wire-format.md, Grant requests: rebuilt from the page alone, with no keyserial
+    code, the signed bytes verify under the signer's listed key."""
+    request = _signed(signer, keys=["sku:1", "café"])
+    kwargs = request["kwargs"]
+    fields = [NAMESPACE, kwargs["to"], kwargs["home"], kwargs["op"], kwargs["attempt"]]
+    fields += [kwargs["channel"], kwargs["at"], request["keys"]]
+    text = json.dumps(fields, separators=(",", ":"), ensure_ascii=False)
+    listed = json.loads(signer.record())["sign"]
+    key = Ed25519PublicKey.from_public_bytes(base64.urlsafe_b64decode(listed + "="))
+    signature = base64.urlsafe_b64decode(kwargs["sig"] + "==")
+    key.verify(signature, b"keyserial request signature v1\n" + text.encode())
+    assert kwargs["k"] == signer.signer_id
