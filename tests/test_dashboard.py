@@ -2,7 +2,8 @@
 (Debian's ``chromium`` and ``chromium-driver``; ``.ci/run`` installs them): the page loads the
 shards and workers, its numbers follow the load, a dead letter is replayed and dropped from it,
 the key inspector shows a failed op's traceback, a pause from the page holds the key, and markup
-in a key shows as text. The API answers only to the token."""
+in a key shows as text. The API answers only to the token: every route of the app's route
+table that may change something is refused without it, and changes nothing."""
 
 from __future__ import annotations
 
@@ -266,29 +267,103 @@ def inspect_key(browser: Any, key: str) -> None:
     browser.find_element(By.ID, "key-go").click()
 
 
+#: The methods by which a request may change something: every route that takes one of them
+#: must answer only to the token.
+MUTATING = frozenset({"POST", "PUT", "PATCH", "DELETE"})
+#: A dead letter's op, and the keys the refused requests aim at.
+LOST_OP, LOST_KEY, HELD_KEY, RUNNING_KEY = "lost-op-1", "lost:1", "held:1", "account:1"
+
+
+def guarded_routes() -> list[tuple[str, str]]:
+    """From the app's own route table: each ``(method, path format)`` that must answer only to
+    the token: every route under ``/api/``, and every route anywhere that takes a method that
+    may change something. A route added later is in it without a change here."""
+    from starlette.routing import Mount, Route
+
+    from keyserial._dashboard.app import create_app
+
+    app = create_app("redis://unused", "unused", TOKEN, max_backlog=1)
+    found = []
+    routes: list[tuple[str, Any]] = [("", route) for route in app.routes]
+    while routes:
+        prefix, route = routes.pop(0)
+        if isinstance(route, Mount):
+            routes += [(prefix + route.path, inner) for inner in route.routes]
+            continue
+        assert isinstance(route, Route), f"a route of a kind this test cannot read: {route!r}"
+        path = prefix + route.path_format
+        methods = set(route.methods or ())
+        if path.startswith("/api/") or methods & MUTATING:
+            found += [(method, path) for method in sorted(methods - {"HEAD"})]
+    return found
+
+
+def filled(path: str, candidates: dict[str, list[str]]) -> list[str]:
+    """``path`` with each of its parameters given each of its candidate values."""
+    names = [part.partition("}")[0] for part in path.split("{")[1:]]
+    unknown = set(names) - set(candidates)
+    assert not unknown, f"{path}: give this test values for {sorted(unknown)}"
+    paths = [path]
+    for name in names:
+        paths = [p.replace(f"{{{name}}}", value, 1) for p in paths for value in candidates[name]]
+    return paths
+
+
 async def test_the_api_answers_only_to_the_token(
     standalone_server: LocalServer, namespace: str
 ) -> None:
     url = standalone_server.url
+    guarded = guarded_routes()
+    mutating = {path for method, path in guarded if method in MUTATING}
+    assert {
+        "/api/keys/{key}/pause",
+        "/api/keys/{key}/resume",
+        "/api/dead-letters/{shard}/{letter}/replay",
+        "/api/dead-letters/{shard}/{letter}/drop",
+    } <= mutating, mutating  # (the route table was read: at least these are in it)
     async with served(url, namespace) as ks:
-        await ks.submit("account:1", deposit(7))
+        await ks.submit(RUNNING_KEY, deposit(7))
+        shard = await dead_letter(url, namespace, LOST_OP, LOST_KEY)
         with dashboard(url, namespace) as page:
             base = page.partition("#")[0].rstrip("/")
+            authorized = {"Authorization": f"Bearer {TOKEN}"}
             async with httpx.AsyncClient(base_url=base) as http:
+
+                async def state() -> dict[str, Any]:
+                    """What a refused request must leave as it was."""
+                    overview = (await http.get("/api/overview", headers=authorized)).json()
+                    keys = {}
+                    for key in (RUNNING_KEY, HELD_KEY, LOST_KEY):
+                        shown = await http.get(f"/api/keys/{key}", headers=authorized)
+                        keys[key] = {k: shown.json()[k] for k in ("state", "paused")}
+                    return {"letters": overview["dead_letters"], "keys": keys}
+
                 assert (await http.get("/")).status_code == 200  # (the page holds no data)
-                for headers in ({}, {"Authorization": "Bearer wrong"}):
-                    for method, path in (
-                        ("GET", "/api/overview"),
-                        ("GET", "/api/keys/account:1"),
-                        ("POST", "/api/keys/account:1/pause"),
-                        ("POST", "/api/dead-letters/0/1-0/drop"),
-                    ):
-                        answer = await http.request(method, path, headers=headers)
-                        assert answer.status_code == 401, (method, path, headers)
-                assert await ks.read("account:1") == 7
-                authorized = {"Authorization": f"Bearer {TOKEN}"}
-                key = (await http.get("/api/keys/account:1", headers=authorized)).json()
-                assert key["state"] == "7" and key["paused"] is False
+                held = await http.post(f"/api/keys/{HELD_KEY}/pause", headers=authorized)
+                assert held.status_code == 200, held.text
+                before = await state()
+                [letter] = before["letters"]
+                assert letter["op_ids"] == [LOST_OP] and letter["shard"] == shard
+                assert before["keys"] == {
+                    RUNNING_KEY: {"state": "7", "paused": False},
+                    HELD_KEY: {"state": None, "paused": True},
+                    LOST_KEY: {"state": None, "paused": False},  # (its op never ran)
+                }
+                candidates = {
+                    "key": [RUNNING_KEY, HELD_KEY],  # (one to pause, one to resume)
+                    "shard": [str(shard)],
+                    "letter": [letter["id"]],
+                }
+                refused = 0
+                for wrong in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+                    for method, route in guarded:
+                        for path in filled(route, candidates):
+                            answer = await http.request(method, path, headers=wrong)
+                            assert answer.status_code == 401, (method, path, wrong, answer.text)
+                            refused += 1
+                assert refused >= 3 * 8
+                assert await state() == before, "a refused request changed something"
+                assert await ks.read(RUNNING_KEY) == 7
                 missing = await http.post("/api/dead-letters/0/1-0/replay", headers=authorized)
                 assert missing.status_code == 409
                 assert "no dead letter" in missing.json()["error"]
@@ -296,7 +371,7 @@ async def test_the_api_answers_only_to_the_token(
                 assert bad.status_code == 409
                 assert "not a dead-letter id" in bad.json()["error"]
         posted = await eventually_async(lambda: activity_posted(url, namespace))
-        assert [json.loads(post)["hot"] for post in posted.values()] == [[["account:1", 1]]]
+        assert [json.loads(post)["hot"] for post in posted.values()] == [[[RUNNING_KEY, 1]]]
     assert await activity_posted(url, namespace) == {}, "a stopped worker's post is dropped"
 
 
