@@ -12,11 +12,15 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import anyio
 import pytest
 import redis.asyncio
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
 import keyserial
+from keyserial import Settings
+from keyserial._backend.backend import Backend
+from keyserial._reshard.mover import move_namespace
 from keyserial._wire.codec import Envelope
 from keyserial._wire.signing import ReplySigner, RequestVerifier
 from keyserial._worker.crossshard.requests import RequestCheck
@@ -315,3 +319,41 @@ def test_a_grant_request_checks_out_as_documented(signer: ReplySigner) -> None:
     signature = base64.urlsafe_b64decode(kwargs["sig"] + "==")
     key.verify(signature, b"keyserial request signature v1\n" + text.encode())
     assert kwargs["k"] == signer.signer_id
+
+
+async def test_a_forged_grant_request_never_holds_a_reshard_up(
+    users: Users, namespace: str
+) -> None:
+    """The reviewer's second attack: the same forged request, then a reshard. Granted, it kept
+    its shard's runner busy, so the shard never drained, the move never flipped, and every new
+    op (already routed by the new layout) waited for the flip. Dead-lettered, it holds nothing:
+    the move finishes, and ops on other keys and on the victim's are answered."""
+    victim = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    backend = await Backend.connect(users.worker_url)
+    try:
+        async with (
+            running_worker(users.worker_url, namespace, shard_count=SHARDS),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+        ):
+            assert await ks.submit(victim, deposit(100)) == 100
+            attempt = int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
+            forged = grant_request(
+                None,
+                namespace,
+                home=HOME,
+                participant=PARTICIPANT,
+                op="never-begun",
+                attempt=attempt,
+                channel=f"ks:attacker:{uuid.uuid4().hex}",
+                keys=[victim],
+            )
+            await _append(attacker, namespace, forged)
+            with anyio.fail_after(30):
+                await move_namespace(backend, Settings(namespace=namespace), 2 * SHARDS)
+            assert await ks.submit("unrelated", deposit(5), timeout=10) == 5
+            assert await ks.submit(victim, deposit(1), timeout=10) == 101
+    finally:
+        await attacker.aclose()
+        await backend.aclose()
+    assert users.refusals() == []
