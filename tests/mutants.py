@@ -79,7 +79,24 @@ _SHARD = "keyserial/_worker/runner.py"
 _COORDINATOR = "keyserial/_worker/crossshard/coordinator.py"
 _RACES = "tests/test_cross_shard_races.py::"
 _GRANTS = "tests/test_grant_requests.py::"
+_DASHBOARD_APP = "keyserial/_dashboard/app.py"
+_TOKEN_CHECK = (
+    '            if not secrets.compare_digest(given.encode(), f"Bearer {token}".encode()):\n'
+)
+_TOKEN_TEST = "tests/test_dashboard.py::test_the_api_answers_only_to_the_token"
 _REQUESTS = "keyserial/_worker/crossshard/requests.py"
+
+
+def _token_unchecked_on(action: str) -> Edit:
+    """The dashboard's API takes a request to ``.../<action>`` without the token."""
+    return Edit(
+        _DASHBOARD_APP,
+        _TOKEN_CHECK,
+        f'            if not request.url.path.endswith("/{action}")'
+        " and not secrets.compare_digest(\n"
+        '                given.encode(), f"Bearer {token}".encode()\n'
+        "            ):\n",
+    )
 
 
 def _no_check(path: str, check: str) -> Edit:
@@ -1262,6 +1279,37 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             _GRANTS + "test_a_request_whose_signer_is_not_listed_is_refused",
             _GRANTS + "test_a_signature_with_any_byte_changed_is_refused",
+        ),
+    ),
+    Mutant(
+        "dashboard-replay-without-token",
+        "G8.29",
+        "the dashboard replays a dead letter for a request without its token",
+        (_token_unchecked_on("replay"),),
+        (_TOKEN_TEST,),
+    ),
+    Mutant(
+        "dashboard-resume-without-token",
+        "G8.29",
+        "the dashboard resumes a paused key for a request without its token",
+        (_token_unchecked_on("resume"),),
+        (_TOKEN_TEST,),
+    ),
+    Mutant(
+        "reshard-copies-dead-letters-twice",
+        "G11.5",
+        "a rerun of the mover copies again the dead letters an interrupted run had copied",
+        (
+            Edit(
+                "keyserial/_reshard/mover.py",
+                "if (origin := _origin(old, letter_id)) not in copied",
+                "if (origin := _origin(old, letter_id)) not in set()",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_a_mover_interrupted_mid_dead_letters_lists_each_letter_once_after_its_rerun"
+            + _STANDALONE,
         ),
     ),
 )

@@ -283,14 +283,44 @@ async def test_dead_letters_move_with_the_namespace(
         old = Layout(namespace, 4).keys(1)
         await client.xadd(old.stream, {"v": "1", "ops": "not json"})
         await eventually_async(lambda: client.xlen(old.dead))
-        ((_, dead),) = await client.xrange(old.dead)
+        ((letter_id, dead),) = await client.xrange(old.dead)
         await _move(redis_url, namespace, 16)
         letters = [
             fields
             for keys in Layout(namespace, 16, 1).all_keys()
             for _, fields in await client.xrange(keys.dead)
         ]
-        assert letters == [dead]
+        assert letters == [{**dead, b"moved": b"1 " + letter_id}]
+        assert await client.xlen(old.dead) == 0
+
+
+async def _holds(client: redis.asyncio.Redis, stream: str, count: int) -> bool:
+    return int(await client.xlen(stream)) == count
+
+
+async def test_a_mover_interrupted_mid_dead_letters_lists_each_letter_once_after_its_rerun(
+    redis_url: str, namespace: str, client: redis.asyncio.Redis, start: Starter
+) -> None:
+    """Killed between copying an old shard's dead letters and deleting them, the rerun copies
+    none of them again: each letter is listed once, so ``replay --new-id`` runs it once."""
+    start(redis_url, namespace, shards="0-3")
+    async with keyserial.connect(redis_url, namespace=namespace, shards=4) as ks:
+        await ks.submit("k", apps.append(0))
+        old = Layout(namespace, 4).keys(1)
+        for n in range(3):
+            await client.xadd(old.stream, {"v": "1", "ops": f"not json {n}"})
+        await eventually_async(lambda: _holds(client, old.dead, 3))
+        dead_before = [fields for _, fields in await client.xrange(old.dead)]
+        with pytest.raises(_Interrupted):
+            await _move(redis_url, namespace, 16, _interrupted_after("copied the dead letters"))
+        assert await client.xlen(old.dead) == 3  # (copied, not deleted yet)
+        await _move(redis_url, namespace, 16)
+        letters = [
+            fields[b"raw"]
+            for keys in Layout(namespace, 16, 1).all_keys()
+            for _, fields in await client.xrange(keys.dead)
+        ]
+        assert sorted(letters) == sorted(fields[b"raw"] for fields in dead_before)
         assert await client.xlen(old.dead) == 0
 
 

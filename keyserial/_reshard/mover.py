@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -40,7 +40,7 @@ from .._scripts.refusals import MoveRefused
 from .._scripts.reshard import Quiet, flip, quiet, record_move, seal
 from .._settings import Settings
 from .._wire.codec import GRANT_OP, decode_entry_leniently
-from .._wire.layout import Layout, ShardKeys
+from .._wire.layout import Layout, ShardKeys, shard_name
 from .._wire.resharding import LAYOUT_CHANGED, LayoutRecord, Move, Seal, layout_channel
 from .._wire.roster import live_entries
 from .._wire.routing import shard_for
@@ -265,24 +265,47 @@ def _writes(
 async def _move_dead_letters(backend: Backend, move: Move, progress: Progress) -> None:
     """Move each old shard's dead letters to a shard of the new layout (``old % M``), so that
     ``keyserial dead-letters`` still lists and replays them (a replay routes each op by its
-    keys). Each is deleted once copied: a rerun copies only what is left (a letter copied
-    just before an interruption may be listed twice; replaying it twice runs it once)."""
+    keys). Each copy names the letter it copies (``moved``), and a letter whose copy is there
+    already is not copied again: a mover interrupted between a shard's copy and its delete
+    lists each letter once after its rerun (``replay --new-id`` would run a second copy
+    again)."""
     moved = 0
     for old in move.source.all_keys():
         letters = await backend.dead_letters(old)
         if not letters:
             continue
         there = move.target.keys(old.shard % move.target.shards)
+        copied = await _copied_letters(backend, there)
         copies: list[list[str | bytes]] = [
-            ["XADD", there.dead, "*", *(part for pair in fields.items() for part in pair)]
-            for _, fields in letters
+            ["XADD", there.dead, "*", *_fields(fields), "moved", origin]
+            for letter_id, fields in letters
+            if (origin := _origin(old, letter_id)) not in copied
         ]
-        raise_errors(await backend.pipeline(copies))
+        if copies:
+            raise_errors(await backend.pipeline(copies))
+        progress(f"copied the dead letters of old shard {old.shard}")
         delete: list[str | bytes] = ["XDEL", old.dead, *(letter_id for letter_id, _ in letters)]
         raise_errors(await backend.pipeline([delete]))
         moved += len(letters)
     if moved:
         progress(f"moved {moved} dead letters to the new shards")
+
+
+def _origin(old: ShardKeys, letter_id: bytes) -> bytes:
+    """What a moved dead letter's copy says it copies: ``<old shard's name> <letter id>``."""
+    return f"{shard_name(old.shard, old.generation)} ".encode() + letter_id
+
+
+def _fields(fields: Mapping[bytes, bytes]) -> list[bytes]:
+    """A letter's fields, as XADD takes them (less the ``moved`` of an earlier move's copy)."""
+    return [part for name, value in fields.items() if name != b"moved" for part in (name, value)]
+
+
+async def _copied_letters(backend: Backend, there: ShardKeys) -> set[bytes]:
+    """The letters that copies in ``there`` name (a rerun's: this move's copies)."""
+    return {
+        fields[b"moved"] for _, fields in await backend.dead_letters(there) if b"moved" in fields
+    }
 
 
 async def _flip(backend: Backend, move: Move, settings: Settings, progress: Progress) -> None:
