@@ -1312,6 +1312,23 @@ MUTANTS: tuple[Mutant, ...] = (
             + _STANDALONE,
         ),
     ),
+    Mutant(
+        "reshard-prunes-by-its-own-ttl",
+        "G11.3",
+        "the flip prunes the history by the mover's result_ttl alone, not the workers'",
+        (
+            Edit(
+                "keyserial/_reshard/mover.py",
+                "    retention = await _longest_retention(backend, settings)\n",
+                "    retention = settings.result_ttl\n",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_a_reshard_keeps_old_layouts_as_long_as_the_workers_keep_results"
+            + _STANDALONE,
+        ),
+    ),
 )
 
 

@@ -621,3 +621,28 @@ async def test_a_rerun_move_leaves_each_key_paused_as_the_operator_last_set_it(
         assert await _move(redis_url, namespace, 16) is not None
         assert await ks.submit(resumed, deposit(10), timeout=10) == 11
         await _held_until_resumed(ks, redis_url, namespace, paused)
+
+
+async def test_a_reshard_keeps_old_layouts_as_long_as_the_workers_keep_results(
+    redis_url: str, namespace: str
+) -> None:
+    """A mover run with a short ``result_ttl`` keeps the layouts it leaves in the history for
+    as long as the running workers keep results (an hour here): a resubmit of an op committed
+    two moves ago is still answered from its outcome, not run again."""
+    backend = await Backend.connect(redis_url)
+    mover = Settings(namespace=namespace, result_ttl=0.001)
+    try:
+        async with (
+            running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]),
+            keyserial.connect(redis_url, namespace=namespace) as ks,
+        ):
+            assert await ks.submit("k", apps.append(0), op_id="first") == [0]
+            await move_namespace(backend, mover, 8)
+            await anyio.sleep(0.01)
+            await move_namespace(backend, mover, 16)
+            record = await _record(redis_url, namespace)
+            assert [layout.generation for layout, _ in record.history] == [0, 1]
+            assert await ks.submit("k", apps.append(0), op_id="first") == [0]
+            assert await ks.read("k") == [0]
+    finally:
+        await backend.aclose()

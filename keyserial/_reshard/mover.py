@@ -308,6 +308,14 @@ async def _copied_letters(backend: Backend, there: ShardKeys) -> set[bytes]:
     }
 
 
+async def _longest_retention(backend: Backend, settings: Settings) -> float:
+    """The longest ``result_ttl`` of this mover's and the running workers': the history keeps a
+    layout while any of them may still find an op's outcome there (pruned by this mover's
+    alone, a resubmit to a worker that keeps results longer would run again)."""
+    live, _ = live_entries(await backend.roster(settings.namespace))
+    return max([settings.result_ttl, *(e.result_ttl for e in live if e.result_ttl is not None)])
+
+
 async def _flip(backend: Backend, move: Move, settings: Settings, progress: Progress) -> None:
     record = await backend.layout_record(move.source.namespace)
     assert record is not None, "read before"
@@ -315,7 +323,8 @@ async def _flip(backend: Backend, move: Move, settings: Settings, progress: Prog
         progress("the new layout was live already")
         return
     now_ms = int(time.time() * 1000)
-    history = record.history_after_flip(now_ms, 2 * settings.result_ttl_ms)
+    retention = await _longest_retention(backend, settings)
+    history = record.history_after_flip(now_ms, round(2 * retention * 1000))
     await backend.run_call(flip(move, history))
     await _announce(backend, move.source.namespace)
     progress(

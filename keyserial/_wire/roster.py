@@ -36,6 +36,9 @@ class WorkerEntry:
     #: The layout generation whose shards it serves; None from a worker of a version that
     #: cannot follow a reshard (``keyserial reshard`` refuses to start while one runs).
     generation: int | None = None
+    #: How long it keeps results (``result_ttl``, seconds); None from a worker that does not
+    #: say. A reshard keeps the layouts it leaves in the history at least twice that long.
+    result_ttl: float | None = None
 
     def encode(self) -> str:
         return dumps(
@@ -44,6 +47,7 @@ class WorkerEntry:
                 "ops": list(self.ops),
                 "at": round(self.renewed_at, 3),
                 "g": self.generation,
+                "r": self.result_ttl,
             }
         )
 
@@ -53,7 +57,7 @@ class WorkerEntry:
         try:
             value = json.loads(raw)
             shards, ops, at = value["shards"], value["ops"], value["at"]
-            generation = value.get("g")
+            generation, result_ttl = value.get("g"), value.get("r")
         except (ValueError, TypeError, KeyError, AttributeError):
             return None
         if (
@@ -63,9 +67,11 @@ class WorkerEntry:
             or not all(isinstance(op, str) for op in ops)
             or not isinstance(at, int | float)
             or (generation is not None and type(generation) is not int)
+            or not (result_ttl is None or isinstance(result_ttl, int | float))
         ):
             return None
-        return cls(token, tuple(shards), tuple(ops), float(at), generation)
+        ttl = None if result_ttl is None else float(result_ttl)
+        return cls(token, tuple(shards), tuple(ops), float(at), generation, ttl)
 
     def stale(self, now: float | None = None) -> bool:
         return self.renewed_at < (time.time() if now is None else now) - ROSTER_STALE

@@ -190,6 +190,7 @@ class Worker:
                 tuple(self.registry.names()),
                 time.time(),
                 self._layout.generation,
+                self.settings.result_ttl,
             )
             try:
                 live = await self._renew_roster_entry(backend, entry)
