@@ -21,6 +21,7 @@ import keyserial
 from keyserial._backend.backend import Backend
 from keyserial._scripts.cross import ResolveArgs, resolve
 from keyserial._scripts.refusals import AttemptAhead
+from keyserial._wire.layout import signers_key
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
@@ -638,6 +639,82 @@ async def _published(listener: redis.client.PubSub) -> bytes:
             if message is not None:
                 data: bytes = message["data"]
                 return data
+
+
+async def test_a_signed_reply_of_another_shard_never_settles_a_submit(
+    users: Users, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The victim's deposit waits on shard 2, which no worker serves yet. A client user copies
+    its entry to shard 6 under the same entry id (XADD takes any id above the stream's last):
+    shard 6's owner refuses the misrouted op with a genuine reply, signed for the victim and
+    naming that entry, but shard 6. The client looks the op up on its own shard instead, finds
+    nothing, and keeps waiting: the deposit applies once, and its caller gets its outcome."""
+    key, other = keys_on_shard(2, SHARDS, 1, "acct")[0], keys_on_shard(6, SHARDS, 1, "acct")[0]
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    answered: list[Any] = []
+    try:
+        await _record_shard_count(users, namespace)
+        async with (
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+            anyio.create_task_group() as group,
+        ):
+
+            async def deposit_10() -> None:
+                try:
+                    answered.append(await ks.submit(key, deposit(10), timeout=30))
+                except keyserial.KeyserialError as exc:
+                    answered.append(exc)
+
+            async with running_worker(users.worker_url, namespace, shards=[6], shard_count=SHARDS):
+                assert await ks.submit(other, deposit(1)) == 1  # (the client meets the signer)
+                signers = await eventually(lambda: users.admin.hkeys(signers_key(namespace)))
+                await eventually(lambda: ks._verifier.knows(signers[0].decode()))
+                group.start_soon(deposit_10)
+                stream = ShardKeys(namespace, 2).stream
+                ((entry_id, fields),) = await eventually_async(lambda: attacker.xrange(stream))
+                (envelope,) = json.loads(fields[b"ops"])
+                await eventually(
+                    lambda: any(pending.entry for pending in ks._waiting[envelope["id"]])
+                )
+                signed = await _refused_elsewhere(attacker, namespace, 6, entry_id, fields)
+                ((_, refusal),) = json.loads(signed)["r"]
+                assert "t" in json.loads(signed), "signed for the victim"
+                assert (refusal["s"], refusal["e"]) == (6, [entry_id.decode()])
+                await publish(attacker, envelope["reply"], signed)  # (where the victim listens)
+                await eventually(lambda: answered or looked_up(caplog, envelope["id"]))
+                assert answered == [], "the refusal of another shard settled the submit"
+            await _served(users, namespace, answered)
+            assert answered == [10]
+            assert await ks.read(key) == 10
+    finally:
+        await attacker.aclose()
+    assert users.refusals() == []
+
+
+def looked_up(caplog: pytest.LogCaptureFixture, op_id: str) -> bool:
+    """Whether the client looked up an op a reply named, and found no outcome for it."""
+    return any(
+        op_id in record.getMessage() and "no outcome for them" in record.getMessage()
+        for record in caplog.records
+    )
+
+
+async def _refused_elsewhere(
+    attacker: redis.asyncio.Redis,
+    namespace: str,
+    shard: int,
+    entry_id: bytes,
+    fields: dict[bytes, bytes],
+) -> bytes:
+    """Append a copy of an entry (its ops) to ``shard`` under the same entry id; the reply its
+    owner publishes on the (first) op's channel."""
+    (envelope,) = json.loads(fields[b"ops"])
+    async with attacker.pubsub() as listener:
+        # (Published by another slot's script, so with PUBLISH, even on a cluster.)
+        await listener.subscribe(envelope["reply"])
+        copy = {"v": "1", "ops": fields[b"ops"]}
+        await attacker.xadd(ShardKeys(namespace, shard).stream, copy, id=entry_id)  # type: ignore[arg-type]
+        return await _published(listener)
 
 
 async def test_a_client_that_trusts_replies_ignores_malformed_ones(

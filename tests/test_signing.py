@@ -25,7 +25,7 @@ from keyserial.testing import ShardKeys, running_worker
 from tests.helpers import eventually
 from tests.test_acl import Users, documented_users
 
-MESSAGE = '{"v":1,"r":[["op-1",{"ok":7,"s":0,"e":["1-0"]}]]}'
+MESSAGE = '{"v":1,"r":[["op-1",{"ok":7,"s":0,"g":0,"e":["1-0"]}]]}'
 
 
 @pytest.fixture
@@ -49,6 +49,23 @@ def test_a_signed_reply_verifies_on_its_own_channel_only() -> None:
     assert other.verified(signed, unknown.append) is None  # (the tag covers the channel)
     assert mine.verified(signed.replace(b'"ok":7', b'"ok":8'), unknown.append) is None
     assert unknown == []
+
+
+def test_a_signed_reply_is_taken_only_if_its_whole_tag_matches() -> None:
+    """A tag that matches in its first half only (or its second) is a forgery: a check of
+    half the tag would let a forger who tries 2^64 tags in, not 2^128."""
+    signer = ReplySigner()
+    verifier = _met(ReplyVerifier("ks:ns:reply:mine"), signer)
+    signed = signer.sign(verifier.channel, MESSAGE)
+    tag = json.loads(signed)["t"]
+    for forged in (tag[:16] + _other_hex(tag[16:]), _other_hex(tag[:16]) + tag[16:]):
+        assert verifier.verified(signed.replace(tag, forged).encode(), print) is None
+    assert verifier.verified(signed.encode(), print) == MESSAGE
+
+
+def _other_hex(digits: str) -> str:
+    """``digits`` with every hex digit changed."""
+    return "".join(f"{(int(digit, 16) + 1) % 16:x}" for digit in digits)
 
 
 def test_a_reply_signed_by_a_signer_not_met_is_not_taken_and_its_key_is_asked_for() -> None:
