@@ -84,7 +84,8 @@ _TOKEN_CHECK = (
     '            if not secrets.compare_digest(given.encode(), f"Bearer {token}".encode()):\n'
 )
 _TOKEN_TEST = "tests/test_dashboard.py::test_the_api_answers_only_to_the_token"
-_REQUESTS = "keyserial/_worker/crossshard/requests.py"
+_REQUESTS = "keyserial/_wire/requests.py"
+_MOVER = "keyserial/_reshard/mover.py"
 
 
 def _token_unchecked_on(action: str) -> Edit:
@@ -1179,8 +1180,8 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_reshard/mover.py",
-                "    return len(after) < STRAYS_READ and GRANT_OP not in names\n",
-                "    return False\n",
+                "        if await requests.pending(keys, after):\n",
+                "        if after:\n",
             ),
         ),
         (
@@ -1328,6 +1329,93 @@ MUTANTS: tuple[Mutant, ...] = (
             + "test_a_reshard_keeps_old_layouts_as_long_as_the_workers_keep_results"
             + _STANDALONE,
         ),
+    ),
+    Mutant(
+        "mover-reads-one-page-of-strays",
+        "G11.2",
+        "the mover reads one page of the entries past a sealed shard's drained record",
+        (Edit(_MOVER, "        through = after[-1][0].decode()\n", "        return True\n"),),
+        (
+            _RESHARD
+            + "test_the_mover_waits_for_a_signed_grant_request_past_the_seal_even_pages_later"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "mover-skips-pending-grant-requests",
+        "G11.2",
+        "the mover flips while a grant request past a seal waits to run on its old shard",
+        (_no_check(_MOVER, "        if await requests.pending(keys, after):\n"),),
+        (
+            _RESHARD
+            + "test_the_mover_waits_for_a_signed_grant_request_past_the_seal_even_pages_later"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "mover-waits-on-unsigned-requests",
+        "G11.2",
+        "the mover waits for a grant request past a seal that no worker would take",
+        (
+            Edit(
+                _MOVER,
+                "            if envelope.name == GRANT_OP and check.refusal(envelope, entry_id)"
+                " is None\n",
+                "            if envelope.name == GRANT_OP\n",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_the_mover_ignores_a_grant_request_past_the_seal_no_worker_would_take"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "mover-waits-on-answered-copies",
+        "G11.2",
+        "the mover waits for a copy of a grant request whose outcome is stored",
+        (
+            Edit(
+                _MOVER,
+                "        return any(outcome is None for outcome in stored)\n",
+                "        return True\n",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_the_mover_ignores_a_grant_request_past_the_seal_no_worker_would_take"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "sealed-runner-counts-forwards-as-work",
+        "G11.2",
+        "a sealed shard's owner records it drained only with no forward in flight",
+        (
+            Edit(
+                _SHARD,
+                "            and all(op_id in forwarded for op_id in self._running)\n",
+                "            and not self._running\n",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_a_stale_client_packing_entries_faster_than_they_are_forwarded_holds_no_move_up"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "mover-flips-after-one-reading",
+        "G11.2",
+        "the mover ends the drain after one reading that finds every old shard drained",
+        (
+            Edit(
+                _MOVER,
+                "        if not busy and work == self._previous:\n",
+                "        if not busy:\n",
+            ),
+        ),
+        (_RESHARD + "test_the_drain_ends_only_after_two_readings_in_a_row_find_the_same_work",),
     ),
 )
 

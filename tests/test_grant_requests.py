@@ -22,8 +22,8 @@ from keyserial import Settings
 from keyserial._backend.backend import Backend
 from keyserial._reshard.mover import move_namespace
 from keyserial._wire.codec import Envelope
+from keyserial._wire.requests import RequestCheck
 from keyserial._wire.signing import ReplySigner, RequestVerifier
-from keyserial._worker.crossshard.requests import RequestCheck
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests.helpers import eventually, keys_on_shard

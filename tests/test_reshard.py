@@ -8,7 +8,8 @@ import json
 import random
 import sys
 import time
-from collections.abc import Callable
+import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,21 +21,31 @@ from anyio.streams.text import TextReceiveStream
 import keyserial
 from keyserial import Settings, shard_for
 from keyserial._backend.backend import Backend
-from keyserial._reshard.mover import Progress, Resharded, move_namespace
-from keyserial._scripts.reshard import flip, record_move, seal
-from keyserial._wire.layout import Layout
+from keyserial._reshard.mover import (
+    STRAYS_READ,
+    Progress,
+    QuietReadings,
+    Resharded,
+    _drained,
+    _GrantRequests,
+    move_namespace,
+)
+from keyserial._scripts.reshard import flip, quiet, record_drained, record_move, seal
+from keyserial._wire.layout import Layout, ShardKeys
 from keyserial._wire.resharding import (
     LAYOUT_CHANGED,
     Drained,
     LayoutRecord,
     Move,
+    Seal,
     layout_channel,
 )
 from keyserial.ledger import deposit
 from keyserial.testing import running_worker
 from tests import apps
 from tests.helpers import Starter, eventually_async, keys_on_shard, stored_outcome
-from tests.test_acl import documented_users
+from tests.signers import grant_request, listed_signer
+from tests.test_acl import Users, documented_users
 from tests.test_keys_cli import cli
 
 #: Accounts of the bank load, each opened with this balance.
@@ -646,3 +657,172 @@ async def test_a_reshard_keeps_old_layouts_as_long_as_the_workers_keep_results(
             assert await ks.read("k") == [0]
     finally:
         await backend.aclose()
+
+
+async def test_a_stale_client_packing_entries_faster_than_they_are_forwarded_holds_no_move_up(
+    redis_url: str, namespace: str, start: Starter
+) -> None:
+    """A client appends to a sealed old shard, with plain XADDs, entries of 200 ops each,
+    faster than its owner can forward them one by one: the strays past the drained record only
+    grow. The mover reads them all (no grant request among them), counts the shard drained,
+    and the move finishes while the flood goes on."""
+    start(redis_url, namespace, shards="0-3")
+    async with keyserial.connect(redis_url, namespace=namespace, shards=4) as ks:
+        await ks.submit("warm", deposit(1))
+    old = Layout(namespace, 4).keys(1)
+    keys = keys_on_shard(1, 4, 200, "flood")
+    backend = await Backend.connect(redis_url)
+    stale = redis.asyncio.Redis.from_url(redis_url)
+    sent = 0
+
+    async def one_entry() -> None:
+        nonlocal sent
+        ops = [
+            {"id": f"flood-{sent}-{n}", "key": key, "op": "deposit", "args": [1]}
+            for n, key in enumerate(keys)
+        ]
+        await stale.xadd(old.stream, {"v": "1", "ops": json.dumps(ops)})
+        sent += 1
+
+    try:
+        move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
+        await backend.run_call(record_move(move))
+        await backend.run_call(seal(old, move))
+        for _ in range(150):
+            await one_entry()
+        async with anyio.create_task_group() as group:
+
+            async def flood() -> None:
+                while True:
+                    await one_entry()
+                    await anyio.sleep(0.02)
+
+            group.start_soon(flood)
+            with anyio.fail_after(20):
+                await move_namespace(backend, Settings(namespace=namespace), 16)
+            group.cancel_scope.cancel()
+        assert (await _record(redis_url, namespace)).live.shards == 16
+        assert await stale.xlen(old.stream) > 100  # (the strays outran their forwarding)
+    finally:
+        await stale.aclose()
+        await backend.aclose()
+
+
+@contextlib.asynccontextmanager
+async def _sealed_and_drained(
+    redis_url: str, namespace: str
+) -> AsyncIterator[tuple[ShardKeys, Callable[[], Any]]]:
+    """Old shard 1 of a move from 4 shards, sealed and drained through its seal by an owner at
+    epoch 1 (written as that owner would), with no worker: what follows the seal is what a
+    client appends. Yields the shard and a check: whether the mover counts it drained now."""
+    backend = await Backend.connect(redis_url)
+    try:
+        async with keyserial.connect(redis_url, namespace=namespace, shards=4):
+            pass  # (records the count)
+        move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
+        old = move.source.keys(1)
+        await backend.call("XADD", old.stream, "*", "v", "1", "ops", "[]")
+        await backend.run_call(record_move(move))
+        await backend.run_call(seal(old, move))
+        await backend.call("SET", old.epoch, 1)
+        sealed = Seal.decode(namespace, (await backend.run_call(quiet(old))).sealed)
+        await backend.run_call(record_drained(old, 1, sealed.last, 0))
+        requests = _GrantRequests(backend, 3_600_000)
+
+        async def drained() -> bool:
+            return await _drained(backend, old, await backend.run_call(quiet(old)), requests)
+
+        yield old, drained
+    finally:
+        await backend.aclose()
+
+
+async def _append_past_the_seal(redis_url: str, old: ShardKeys, envelopes: list[Any]) -> None:
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        await client.xadd(old.stream, {"v": "1", "ops": json.dumps(envelopes)})
+    finally:
+        await client.aclose()
+
+
+def _stray(n: int) -> dict[str, Any]:
+    return {"id": f"stray-{n}", "key": keys_on_shard(1, 4, 1, "k")[0], "op": "deposit", "args": [1]}
+
+
+async def test_the_mover_counts_strays_past_the_seal_as_drained_however_many(
+    redis_url: str, namespace: str
+) -> None:
+    """Ops a client appended past the seal are forwarded, not run: more than a page of them
+    (the mover reads them all) leaves the shard drained."""
+    async with _sealed_and_drained(redis_url, namespace) as (old, drained):
+        for n in range(STRAYS_READ + 50):
+            await _append_past_the_seal(redis_url, old, [_stray(n)])
+        assert await drained()
+
+
+async def test_the_mover_waits_for_a_signed_grant_request_past_the_seal_even_pages_later(
+    redis_url: str, namespace: str
+) -> None:
+    """A grant request a listed worker signed for the old shard, past more than a page of
+    strays, and with no outcome stored yet: the owner will run it, so the move waits."""
+    with documented_users(redis_url) as users:
+        await _a_signed_request_past_strays(users, namespace)
+
+
+async def _a_signed_request_past_strays(users: Users, namespace: str) -> None:
+    async with _sealed_and_drained(users.worker_url, namespace) as (old, drained):
+        for n in range(STRAYS_READ + 50):
+            await _append_past_the_seal(users.client_url, old, [_stray(n)])
+        request = _signed_request(users, namespace, old)
+        await _append_past_the_seal(users.client_url, old, [request])
+        assert not await drained()
+
+
+async def test_the_mover_ignores_a_grant_request_past_the_seal_no_worker_would_take(
+    redis_url: str, namespace: str
+) -> None:
+    """Unsigned, or a copy of one whose outcome is stored already: the owner dead-letters or
+    answers it at once, so a client appending such copies cannot hold the move up."""
+    with documented_users(redis_url) as users:
+        await _requests_no_worker_would_take(users, namespace)
+
+
+async def _requests_no_worker_would_take(users: Users, namespace: str) -> None:
+    async with _sealed_and_drained(users.worker_url, namespace) as (old, drained):
+        unsigned = _signed_request(users, namespace, old, signed=False)
+        await _append_past_the_seal(users.client_url, old, [unsigned])
+        assert await drained()
+        copy = _signed_request(users, namespace, old)
+        users.admin.hset(old.results, copy["id"], '{"ok":"applied"}')
+        await _append_past_the_seal(users.client_url, old, [copy])
+        assert await drained()
+
+
+def _signed_request(
+    users: Users, namespace: str, old: ShardKeys, *, signed: bool = True
+) -> dict[str, Any]:
+    return grant_request(
+        listed_signer(users.admin, namespace) if signed else None,
+        namespace,
+        home=0,
+        participant=old.shard,
+        op=f"order-{uuid.uuid4().hex[:8]}",
+        attempt=1,
+        channel="ks:coordinator",
+        keys=keys_on_shard(old.shard, 4, 1, "acct"),
+    )
+
+
+def test_the_drain_ends_only_after_two_readings_in_a_row_find_the_same_work() -> None:
+    """One all-drained reading is not enough; the next must find each shard's owner and count
+    of ops run unchanged, and a busy shard in between starts the count again."""
+    readings = QuietReadings()
+    assert not readings.settled([], [("1", "5"), ("1", "0")])
+    assert not readings.settled([], [("1", "6"), ("1", "0")])  # an op ran between
+    assert not readings.settled([], [("2", "6"), ("1", "0")])  # another owner
+    assert readings.settled([], [("2", "6"), ("1", "0")])
+    readings = QuietReadings()
+    assert not readings.settled([], [("1", "5")])
+    assert not readings.settled([1], [("1", "5")])
+    assert not readings.settled([], [("1", "5")])
+    assert readings.settled([], [("1", "5")])

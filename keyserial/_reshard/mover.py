@@ -41,9 +41,11 @@ from .._scripts.reshard import Quiet, flip, quiet, record_move, seal
 from .._settings import Settings
 from .._wire.codec import GRANT_OP, decode_entry_leniently
 from .._wire.layout import Layout, ShardKeys, shard_name
+from .._wire.requests import RequestCheck
 from .._wire.resharding import LAYOUT_CHANGED, LayoutRecord, Move, Seal, layout_channel
 from .._wire.roster import live_entries
 from .._wire.routing import shard_for
+from .._wire.signing import RequestVerifier
 from ..errors import ConfigError, ReshardRefused
 
 log = logging.getLogger("keyserial.reshard")
@@ -52,13 +54,15 @@ log = logging.getLogger("keyserial.reshard")
 DRAIN_POLL = 0.05
 #: How often the mover says which old shards it still waits for (and when that changes).
 REPORT_EVERY = 5.0
-#: Entries past an old shard's drained record read to tell ops to forward from work to run;
-#: with more, the shard counts as still draining.
-STRAYS_READ = 100
+#: Entries past an old shard's drained record read per round trip, to tell ops to forward from
+#: work to run (every such entry up to the shard's last is read, however many).
+STRAYS_READ = 200
 #: States copied per pipeline.
 COPY_BATCH = 500
 
 Progress = Callable[[str], None]
+#: Stream entries as the backend reads them: (id, fields).
+Entries = Sequence[tuple[bytes, Mapping[bytes, bytes]]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +99,9 @@ async def move_namespace(
     await _seal(backend, move, progress)
     await _announce(backend, namespace)  # (owners read their seals: they drain from now on)
     began = time.monotonic()
-    await _until_quiet(backend, move.source, progress)
+    longest = await _longest_retention(backend, settings)
+    requests = _GrantRequests(backend, round(longest * 1000))
+    await _until_quiet(backend, move.source, requests, progress)
     drained = time.monotonic()
     states = await _copy_states(backend, move, progress)
     await _move_dead_letters(backend, move, progress)
@@ -162,23 +168,42 @@ async def _seal(backend: Backend, move: Move, progress: Progress) -> None:
     progress(f"sealed the {move.source.shards} old shards: clients append to the new ones now")
 
 
-async def _until_quiet(backend: Backend, source: Layout, progress: Progress) -> None:
+class QuietReadings:
+    """The rule that ends the drain: two readings in a row find every old shard drained, with
+    the same owner and count of ops run each time. One reading is not enough: an owner may
+    record its shard drained while an op it took in a moment ago commits, and a shard that
+    changes hands between two readings may have run ops the first reading did not see."""
+
+    def __init__(self) -> None:
+        self._previous: list[tuple[str, str]] | None = None
+
+    def settled(self, busy: Sequence[int], work: list[tuple[str, str]]) -> bool:
+        """Take one reading (``busy``: the shards not drained; ``work``: each drained record's
+        owner and count): whether the drain is over."""
+        if not busy and work == self._previous:
+            return True
+        self._previous = None if busy else work
+        return False
+
+
+async def _until_quiet(
+    backend: Backend, source: Layout, requests: _GrantRequests, progress: Progress
+) -> None:
     """Until two reads in a row find every old shard drained (see :func:`_drained`), each by the
     same owner having run no op between."""
-    previous: list[tuple[str, str]] | None = None
+    readings = QuietReadings()
     reported: tuple[list[int], float] = ([], 0.0)
     while True:
         now = await _read_quiet(backend, source)
         busy = [
             shard
             for shard, each in enumerate(now)
-            if not await _drained(backend, source.keys(shard), each)
+            if not await _drained(backend, source.keys(shard), each, requests)
         ]
         work = [record.work for each in now if (record := each.drained_record) is not None]
-        if not busy and work == previous:
+        if readings.settled(busy, work):
             progress(f"all {source.shards} old shards drained")
             return
-        previous = None if busy else work
         if busy and (busy != reported[0] or time.monotonic() > reported[1] + REPORT_EVERY):
             reported = (busy, time.monotonic())
             waiting = [_waiting_for(shard, now[shard]) for shard in busy]
@@ -197,21 +222,67 @@ async def _read_quiet(backend: Backend, source: Layout) -> list[Quiet]:
     return list(raise_errors(replies))
 
 
-async def _drained(backend: Backend, keys: ShardKeys, shard: Quiet) -> bool:
+async def _drained(
+    backend: Backend, keys: ShardKeys, shard: Quiet, requests: _GrantRequests
+) -> bool:
     """Sealed, and its owner drained it through every entry appended before the seal and every
-    entry since that it would run: past its drained record, the stream holds at most ops a
-    client appended some other way than the submit script (which the owner forwards, and after
-    the flip the owner of the shard's heir does: see ``_worker.strays``), no grant request."""
+    entry since that it would run: past its drained record, the stream holds only ops a client
+    appended some other way than the submit script (which the owner forwards, and after the
+    flip the owner of the shard's heir does: see ``_worker.strays``), and no grant request the
+    owner would still take (see :class:`_GrantRequests`). Every entry up to the last is read:
+    a count limit would let a client that appends faster than the owner forwards hold the move
+    up."""
     through = shard.drained_through
     if not shard.sealed or through is None:
         return False
     if _order(through) < _order(Seal.decode(keys.namespace, shard.sealed).last):
         return False
-    if _order(through) >= _order(shard.last_id):
-        return True
-    (after,) = await backend.entries_since([(keys, through)], STRAYS_READ)
-    names = {each.name for _, fields in after for each in decode_entry_leniently(fields)}
-    return len(after) < STRAYS_READ and GRANT_OP not in names
+    last = _order(shard.last_id)
+    while _order(through) < last:
+        (after,) = await backend.entries_since([(keys, through)], STRAYS_READ)
+        if await requests.pending(keys, after):
+            return False
+        if len(after) < STRAYS_READ:
+            return True
+        through = after[-1][0].decode()
+    return True
+
+
+class _GrantRequests:
+    """Which grant requests past an old shard's drained record its owner would still run (the
+    move waits for them): those a listed worker signed for that shard, recently, and that have
+    no outcome stored there yet. Any other, the owner dead-letters or answers from its outcome
+    at once, so a client user's appends (forged requests, copies of genuine ones) cannot hold
+    the move up."""
+
+    def __init__(self, backend: Backend, max_age_ms: int) -> None:
+        self._backend = backend
+        self._verifier = RequestVerifier()
+        #: (The longest retention of the mover's and the workers': any request a worker
+        #: would take, the mover counts.)
+        self._max_age_ms = max_age_ms
+
+    async def pending(self, keys: ShardKeys, entries: Entries) -> bool:
+        check = RequestCheck(
+            self._verifier,
+            namespace=keys.namespace,
+            shard=keys.shard,
+            shard_name=shard_name(keys.shard, keys.generation),
+            max_age_ms=self._max_age_ms,
+        )
+        fetched = [(entry_id.decode(), fields) for entry_id, fields in entries]
+        if signers := check.signers_to_read(fetched):
+            check.learn(signers, await self._backend.signer_records(keys.namespace, signers))
+        taken = [
+            envelope.op_id
+            for entry_id, fields in fetched
+            for envelope in decode_entry_leniently(fields)
+            if envelope.name == GRANT_OP and check.refusal(envelope, entry_id) is None
+        ]
+        if not taken:
+            return False
+        (stored,) = await self._backend.stored_on_many([(keys, taken)])
+        return any(outcome is None for outcome in stored)
 
 
 def _order(entry_id: str) -> tuple[int, int]:

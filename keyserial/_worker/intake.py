@@ -32,7 +32,7 @@ log = logging.getLogger("keyserial.worker")
 _RESERVED_ID = "'#' is reserved in op ids (keyserial names its coordination records with it)"
 
 #: Why a grant request (an envelope of ``keyserial.grant``, appended as the given entry id) is
-#: not taken, or None (see ``crossshard.requests``).
+#: not taken, or None (see ``_wire.requests``).
 GrantRefusal = Callable[[Envelope, str], str | None]
 
 

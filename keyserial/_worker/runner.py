@@ -52,6 +52,7 @@ from .._wire.codec import (
     decode_entry_leniently,
 )
 from .._wire.layout import Layout, ShardKeys, shard_name
+from .._wire.requests import RequestCheck
 from .._wire.resharding import Seal
 from .._wire.routing import home_shard
 from ..errors import BackendUnavailable, LeaseLost
@@ -60,7 +61,6 @@ from .commits import CommitPlanner, DeadLetter, Finished, Record, ResultGenerati
 from .crossshard.coordination import RunnerServices
 from .crossshard.cross_shard import CrossShard
 from .crossshard.mailbox import Mailbox
-from .crossshard.requests import RequestCheck
 from .execution import Executor, Run
 from .intake import accept, parse_id
 from .keystates import KeyStates
@@ -137,9 +137,12 @@ class ShardRunner:
         #: Set once :meth:`run` has returned: no step will ever come again.
         self._ended = False
         #: The seal of a reshard that moves this shard's keys elsewhere (see :meth:`seal`), and
-        #: the entry this owner last recorded the shard drained up to.
+        #: what this owner last recorded it drained up to, with the count of ops it had run.
         self._seal: Seal | None = None
-        self._drained_at = ""
+        self._drained_at: tuple[str, int] | None = None
+        #: Ops appended past the seal, taken in to be forwarded, not committed yet: not work of
+        #: this shard's (however many a client appends, they never keep it from draining).
+        self._forwarded: set[str] = set()
         #: Ops this owner has run (not those it forwarded): the mover sees any change.
         self._ran = 0
         #: The last fetch reached the end of the stream.
@@ -358,26 +361,33 @@ class ShardRunner:
             await self._sleep()
 
     def _drains_now(self) -> bool:
-        """Sealed, past the seal, and nothing under way or to commit, where the last record
-        said otherwise."""
+        """Sealed, past the seal, and nothing under way or to commit but forwards, where the
+        last record said otherwise."""
+        through = self._drained_through()
+        forwarded = self._forwarded
         return (
-            self._drained_through() not in (None, self._drained_at)
+            through is not None
+            and (through, self._ran) != self._drained_at
             and self._replay_until is None
-            and not (self._running or self._finished or self._dead or self._records)
-            and self._uncommitted == 0
+            and not (self._dead or self._records)
+            and all(op_id in forwarded for op_id in self._running)
+            and all(finished.op_id in forwarded for finished in self._finished)
+            and self._uncommitted == len(forwarded)
         )
 
     def _drained_through(self) -> str | None:
-        """The entry this owner has taken in everything up to, if that reaches the seal: its
-        cursor, or the seal's entry once a fetch reached the end of the stream. Entries between
-        can be gone: a step deletes the entries of ops that committed behind one still running
-        (so XLEN counts what waits), and an owner that died with that one running leaves the
-        cursor of the next owner behind them, with nothing to fetch up to the seal."""
+        """The seal's entry, once this owner has taken in everything up to it: its cursor
+        reached it, or a fetch reached the end of the stream. (Entries between can be gone: a
+        step deletes the entries of ops that committed behind one still running, so XLEN counts
+        what waits, and an owner that died with that one running leaves the cursor of the next
+        owner behind them, with nothing to fetch up to the seal.) Never past it: what follows
+        the seal is forwarded, by this owner or after the flip by the heir's (``strays``),
+        which starts after the record; the mover reads it all for grant requests."""
         seal = self._seal
         if seal is None:
             return None
         if parse_id(self._cursor) >= parse_id(seal.last):
-            return self._cursor
+            return seal.last
         return seal.last if self._fetched_all else None
 
     async def _record_drained(self) -> None:
@@ -386,8 +396,9 @@ class ShardRunner:
         with no op run between."""
         at = self._drained_through()
         assert at is not None
-        await self.fenced(record_drained(self.keys, self.epoch, at, self._ran), builds=False)
-        self._drained_at = at
+        ran = self._ran
+        await self.fenced(record_drained(self.keys, self.epoch, at, ran), builds=False)
+        self._drained_at = (at, ran)
         log.info(
             "shard %d: drained up to %s for the reshard",
             self.shard,
@@ -471,6 +482,7 @@ class ShardRunner:
         for finished in batch:
             if self._running.pop(finished.op_id, None) is not None:
                 self._uncommitted -= 1
+                self._forwarded.discard(finished.op_id)
         if not fetched.entries:
             if want and self._replay_until is not None:
                 self._end_replay()
@@ -604,6 +616,7 @@ class ShardRunner:
             if run.envelope.name == GRANT_OP:
                 kept.append(run)
             else:  # (if the runner has stopped meanwhile, the next owner forwards it)
+                self._forwarded.add(run.envelope.op_id)
                 self._spawn(partial(self._forward, run))
         return kept
 

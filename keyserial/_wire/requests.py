@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from ..._wire.codec import GRANT_OP, Envelope, decode_entry_leniently
-from ..._wire.messages import GrantRequest, MalformedMessage
-from ..._wire.signing import RequestVerifier
+from .codec import GRANT_OP, Envelope, decode_entry_leniently
+from .messages import GrantRequest, MalformedMessage
+from .signing import RequestVerifier
 
 #: How a grant request's op name appears in an entry's ``ops`` (a cheap test before decoding).
 _GRANT_BYTES = f'"{GRANT_OP}"'.encode()
