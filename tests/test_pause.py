@@ -1,19 +1,30 @@
 """``keyserial keys pause|resume|paused``: an operator holds one key's ops. They queue and none
 runs, the rest of the shard flows, and the pause is recorded in Redis, so the next owner honours
-it after a takeover; resumed, the queued ops run once each, in order."""
+it after a takeover; resumed, the queued ops run once each, in order. A pause or resume holds
+across a reshard however it interleaves with the move's copy and flip."""
 
 from __future__ import annotations
 
 import json
 import signal
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import anyio
+import pytest
 
 import keyserial
+from keyserial import Settings, shard_for
+from keyserial._backend.backend import Backend
+from keyserial._reshard.mover import Progress, move_namespace
+from keyserial._wire.layout import ShardKeys
+from keyserial._wire.resharding import LayoutRecord
+from keyserial.cli.keys import pause
 from keyserial.ledger import deposit
 from keyserial.testing import running_worker
-from tests.helpers import Starter, eventually_async, keys_on_shard
+from tests.helpers import ROOT, Starter, eventually_async, keys_on_shard
 from tests.ownership import holder_pid, inspector
 from tests.test_acl import documented_users
 from tests.test_keys_cli import cli
@@ -103,3 +114,191 @@ async def _held_by(client: Any, namespace: str, pid: int) -> bool:
 async def _state(url: str, namespace: str, key: str) -> Any:
     async with keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks:
         return await ks.read(key)
+
+
+# -- pauses and resumes across a reshard ------------------------------------------------------
+#
+# The mover copies the paused keys to the new layout before its flip; `pause` (the CLI's and the
+# dashboard's) must land in the new layout however it interleaves with that copy and the flip.
+
+
+def _cli_now(url: str, namespace: str, *args: str) -> tuple[int, str]:
+    """The CLI, run to its end before returning: from the mover's (synchronous) progress
+    callback, so between two of its steps."""
+    result = subprocess.run(
+        [sys.executable, "-m", "keyserial", *args, "--redis", url, "--namespace", namespace],
+        cwd=ROOT,
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    return result.returncode, result.stdout.decode()
+
+
+async def _waits_until_resumed(
+    ks: keyserial.Client, url: str, namespace: str, key: str, shards: int
+) -> None:
+    """``key`` (balance 1) is paused on its shard of ``shards``: a deposit waits while an op of
+    a neighbour on that shard, appended after it, runs; once resumed through the CLI, it runs."""
+    neighbour = next(
+        k for k in keys_on_shard(shard_for(key, shards), shards, 2, "acct") if k != key
+    )
+    answers: dict[str, Any] = {}
+
+    async def held() -> None:
+        answers["held"] = await ks.submit(key, deposit(10), timeout=30)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(held)
+        await anyio.wait_all_tasks_blocked()
+        assert await ks.submit(neighbour, deposit(5), timeout=30) == 5
+        assert answers == {}, f"{key!r} was not paused in the new layout"
+        code, out, _ = await cli(url, namespace, "keys", "resume", key)
+        assert code == 0 and "(it was not paused)" not in out
+    assert answers == {"held": 11}
+
+
+async def _move(url: str, namespace: str, shards: int, progress: Progress | None = None) -> None:
+    backend = await Backend.connect(url)
+    try:
+        settings = Settings(namespace=namespace)
+        if progress is None:
+            assert await move_namespace(backend, settings, shards) is not None
+        else:
+            assert await move_namespace(backend, settings, shards, progress) is not None
+    finally:
+        await backend.aclose()
+
+
+class _Interrupted(Exception):
+    """Raised by the mover's progress callback: the mover stops right after that step."""
+
+
+def _stop_after_the_copy(message: str) -> None:
+    if message.startswith("copied"):
+        raise _Interrupted(message)
+
+
+async def _start(ks: keyserial.Client, url: str, namespace: str, *, paused: str) -> None:
+    """``acct:resumed`` and ``acct:paused`` hold 1; ``paused`` is paused."""
+    for key in ("acct:resumed", "acct:paused"):
+        assert await ks.submit(key, deposit(1)) == 1
+    assert (await cli(url, namespace, "keys", "pause", paused))[0] == 0
+
+
+async def test_a_pause_and_a_resume_between_the_copy_and_the_flip_hold_after_the_flip(
+    redis_url: str, namespace: str
+) -> None:
+    """One uninterrupted move from 4 shards to 16: right after it copied the states and paused
+    keys, before its flip, the operator resumes a key the copy carried paused and pauses
+    another. After the flip the resumed key's ops run and the paused key's wait."""
+    resumed, paused = "acct:resumed", "acct:paused"
+    said: list[tuple[int, str]] = []
+
+    def progress(message: str) -> None:
+        if message.startswith("copied"):
+            said.append(_cli_now(redis_url, namespace, "keys", "resume", resumed))
+            said.append(_cli_now(redis_url, namespace, "keys", "pause", paused))
+
+    async with (
+        running_worker(redis_url, namespace, shard_count=4),
+        keyserial.connect(redis_url, namespace=namespace, shards=4) as ks,
+    ):
+        await _start(ks, redis_url, namespace, paused=resumed)
+        await _move(redis_url, namespace, 16, progress)
+        assert [code for code, _ in said] == [0, 0], said
+        assert f"resumed {resumed!r}" in said[0][1] and "(it was not paused)" not in said[0][1]
+        assert await ks.submit(resumed, deposit(10), timeout=10) == 11
+        await _waits_until_resumed(ks, redis_url, namespace, paused, 16)
+
+
+class _MovesOnAfterReading(Backend):
+    """A connection whose first reading of the layout record is followed, before it returns, by
+    ``then`` (the rest of a move, flip included): a `pause` that read the layout just before the
+    flip, and writes after it."""
+
+    then: Callable[[], Awaitable[None]] | None = None
+
+    async def layout_record(self, namespace: str) -> LayoutRecord | None:
+        record = await super().layout_record(namespace)
+        then, self.then = self.then, None
+        if then is not None:
+            await then()
+        return record
+
+
+async def _pause_reading_before(
+    url: str, namespace: str, key: str, then: Callable[[], Awaitable[None]], *, pausing: bool
+) -> None:
+    backend = await _MovesOnAfterReading.connect(url)
+    assert isinstance(backend, _MovesOnAfterReading)
+    try:
+        backend.then = then
+        await pause(backend, namespace, key, pausing=pausing)
+        assert backend.then is None, "the layout was read"
+    finally:
+        await backend.aclose()
+
+
+async def test_a_pause_and_a_resume_that_read_the_layout_before_a_flip_hold_after_it(
+    redis_url: str, namespace: str
+) -> None:
+    """`pause` reads the layout record, and a move flips before it writes: a resume that read
+    it while a move from 4 shards to 16 was under way (after its copy), then a pause that read
+    it before a move from 16 to 8 was recorded. Each holds in the new layout."""
+    resumed, paused = "acct:resumed", "acct:paused"
+    async with (
+        running_worker(redis_url, namespace, shard_count=4),
+        keyserial.connect(redis_url, namespace=namespace, shards=4) as ks,
+    ):
+        await _start(ks, redis_url, namespace, paused=resumed)
+        with pytest.raises(_Interrupted):
+            await _move(redis_url, namespace, 16, _stop_after_the_copy)
+        await _pause_reading_before(
+            redis_url, namespace, resumed, lambda: _move(redis_url, namespace, 16), pausing=False
+        )
+        assert await ks.submit(resumed, deposit(10), timeout=10) == 11
+        await _pause_reading_before(
+            redis_url, namespace, paused, lambda: _move(redis_url, namespace, 8), pausing=True
+        )
+        await _waits_until_resumed(ks, redis_url, namespace, paused, 8)
+
+
+class _OperatorMidCopy(Backend):
+    """The mover's connection: right after its first reading of the old shards' paused keys,
+    the operator resumes one key and pauses another through the CLI."""
+
+    url = ""
+    namespace = ""
+
+    async def all_paused(self, shards: Sequence[ShardKeys]) -> list[dict[bytes, bytes]]:
+        paused = await super().all_paused(shards)
+        if self.url:
+            url, self.url = self.url, ""
+            assert (await cli(url, self.namespace, "keys", "resume", "acct:resumed"))[0] == 0
+            assert (await cli(url, self.namespace, "keys", "pause", "acct:paused"))[0] == 0
+        return paused
+
+
+async def test_a_pause_and_a_resume_made_while_the_mover_copies_paused_keys_hold(
+    redis_url: str, namespace: str
+) -> None:
+    """The operator resumes a paused key and pauses another between the mover's reading of the
+    old shards' paused keys and its writes to the new ones (which undo both in the new layout):
+    the mover reads the old shards again, sees the change, and copies again."""
+    resumed, paused = "acct:resumed", "acct:paused"
+    async with (
+        running_worker(redis_url, namespace, shard_count=4),
+        keyserial.connect(redis_url, namespace=namespace, shards=4) as ks,
+    ):
+        await _start(ks, redis_url, namespace, paused=resumed)
+        mover = await _OperatorMidCopy.connect(redis_url)
+        assert isinstance(mover, _OperatorMidCopy)
+        try:
+            mover.url, mover.namespace = redis_url, namespace
+            assert await move_namespace(mover, Settings(namespace=namespace), 16) is not None
+            assert mover.url == "", "the mover read the paused keys"
+        finally:
+            await mover.aclose()
+        assert await ks.submit(resumed, deposit(10), timeout=10) == 11
+        await _waits_until_resumed(ks, redis_url, namespace, paused, 16)

@@ -124,8 +124,7 @@ class Dashboard:
         return {"dropped": await deadletters.drop(self.backend, layout, letter)}
 
     async def pause(self, key: str, *, pausing: bool) -> dict[str, Any]:
-        layout = await self._layout()
-        shard, was = await pause(self.backend, layout, key, pausing=pausing)
+        shard, was = await pause(self.backend, self.namespace, key, pausing=pausing)
         return {"key": key, "shard": shard, "paused": pausing, "was_paused": was}
 
     # -- reads -------------------------------------------------------------------------------

@@ -17,9 +17,10 @@ The steps, each idempotent, so a rerun after an interruption finishes the same m
    sealed shard but grant requests of ops already under way, which run, and ops a client
    appended some other way, which are forwarded: those keep coming while a stale client
    appends, and must not keep the move from finishing).
-4. **Copy the states** (and paused keys) of the old shards to the new ones: nothing but an
-   operator's pause or resume (in the old shards) writes either until the flip, and each run
-   makes the new shards' paused keys the old ones' again.
+4. **Copy the states** (and paused keys) of the old shards to the new ones: nothing writes
+   the states until the flip; an operator's pause or resume writes the old shards and, once
+   the move is recorded, the new ones too, so the copy makes the new shards' paused keys the
+   old ones' again until a second reading of the old ones finds what it wrote.
 5. **Flip** (``flip.lua``): the new layout becomes the live one; workers let the old shards go
    and serve the new ones, and the old layout joins the history, where results stored before
    the move are found (for resubmits and ``result()``) while they are retained.
@@ -297,26 +298,48 @@ def _few(shards: Sequence[str]) -> str:
 
 
 async def _copy_states(backend: Backend, move: Move, progress: Progress) -> int:
-    """Copy every key's state and pause record to its shard in the new layout: the old shards
-    are quiet and sealed, the new ones run nothing, so both stand still. (A rerun copies the
-    same values again.) The new paused hashes are emptied first, so each rerun makes them the
-    old ones again: an operator pauses and resumes keys in the live (old) layout until the
-    flip, and a key resumed after an interrupted copy must not stay paused in the new one."""
+    """Copy the paused keys (:func:`_copy_paused`), then every key's state, to its shard in the
+    new layout: the old shards are quiet and sealed, the new ones run nothing, so the states
+    stand still. (A rerun copies the same values again.)"""
+    await _copy_paused(backend, move)
     target = move.target
     new_keys = target.all_keys()
-    old_keys = move.source.all_keys()
-    raise_errors(await backend.pipeline([("DEL", keys.paused) for keys in new_keys]))
     copied = 0
-    for old, paused in zip(old_keys, await backend.all_paused(old_keys), strict=True):
+    for old in move.source.all_keys():
         states = await backend.all_states(old)
         copied += len(states)
-        commands = [
-            *_writes(states, target, lambda shard: new_keys[shard].state),
-            *_writes(paused, target, lambda shard: new_keys[shard].paused),
-        ]
+        commands = _writes(states, target, lambda shard: new_keys[shard].state)
         raise_errors(await backend.pipeline(commands))
     progress(f"copied {copied} states to the {target.shards} new shards")
     return copied
+
+
+async def _copy_paused(backend: Backend, move: Move) -> None:
+    """Make the new shards' paused keys the old ones': empty the new paused hashes, write what
+    the old ones hold, and read those again, until that reading finds what was written.
+
+    An operator pauses and resumes keys in the old layout and, once the move is recorded, in
+    the new one too, the old first (``cli.keys.pause``). So each run of the mover makes the new
+    hashes the old ones again (a key resumed after an interrupted copy does not stay paused),
+    and a pause or resume written between a reading and the writes made from it (whose old
+    write the reading missed, and whose new write those writes undid) changes the next
+    reading, and another round carries it. Once a reading matches, every pause or resume has
+    either written the old shards before it (and the new ones then hold its value) or writes
+    the new ones after the round's writes (and stands: nothing else writes them before the
+    flip)."""
+    target = move.target
+    new_keys = target.all_keys()
+    old_keys = move.source.all_keys()
+    paused = await backend.all_paused(old_keys)
+    while True:
+        raise_errors(await backend.pipeline([("DEL", keys.paused) for keys in new_keys]))
+        fields = {key: value for each in paused for key, value in each.items()}
+        commands = _writes(fields, target, lambda shard: new_keys[shard].paused)
+        raise_errors(await backend.pipeline(commands))
+        again = await backend.all_paused(old_keys)
+        if again == paused:
+            return
+        paused = again
 
 
 def _writes(
