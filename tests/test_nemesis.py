@@ -14,7 +14,12 @@ from typing import Any
 
 import pytest
 
-from tests.nemesis.checkers import Observed, check_appended_were_applied, check_epochs
+from tests.nemesis.checkers import (
+    Observed,
+    check_appended_were_applied,
+    check_epochs,
+    check_refusals,
+)
 from tests.nemesis.runner import lost_by_failovers, run_seed
 from tests.nemesis.schedule import PROFILES, make_plan
 from tests.nemesis.seeds import (
@@ -163,3 +168,24 @@ def test_an_append_a_failover_lost_after_its_caller_gave_up_is_not_a_dropped_op(
     assert flagged(gone=frozenset())  # an entry is still there: a worker skipped it
     record.via = "reply"
     assert not flagged()  # (answered: other checkers judge it)
+
+
+def test_the_refusals_checker_flags_an_op_answered_as_misrouted() -> None:
+    """The load submits no malformed or misrouted op: an op of it answered with
+    ``MalformedOperation`` (by its caller's reply, or by its stored outcome) took the refusal
+    of an op the byzantine client appended under its id. Other failures pass."""
+    refused = OpRecord("t1", "list", ("lst:1",), True, "t1", outcome="not-applied", via="reply")
+    refused.error = "MalformedOperation: key 'lst:9' routes to shard 2 of 6, not to shard 4"
+    broke = OpRecord("t2", "bank", ("acct:1", "acct:2"), True, "t2", outcome="not-applied")
+    broke.via, broke.error = "reply", "InsufficientFunds: balance 3 is less than 9"
+    polled = OpRecord("t3", "list", ("lst:2",), True, "t3", via="timeout")
+    observed = Observed(
+        History([refused, broke, polled]),
+        {"t3": ("error", "MalformedOperation: a grant request's id must be '<op id>#<attempt>'")},
+        {},
+        {},
+    )
+    flagged = [violation.evidence["tag"] for violation in check_refusals(observed)]
+    assert flagged == ["t1", "t3"]
+    observed.resolved["t3"] = ("error", "InsufficientFunds: balance 3 is less than 9")
+    assert [violation.evidence["tag"] for violation in check_refusals(observed)] == ["t1"]

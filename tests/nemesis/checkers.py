@@ -77,6 +77,7 @@ def check_all(observed: Observed) -> list[Violation]:
     violations += check_bank(observed)
     violations += check_sessions(observed.history)
     violations += check_appended_were_applied(observed)
+    violations += check_refusals(observed)
     violations += [
         Violation("client-errors", "a submit raised outside keyserial's errors", item)
         for item in observed.history.unexpected
@@ -309,6 +310,28 @@ def check_sessions(history: History) -> list[Violation]:
         Violation("read-your-writes", "a caller did not see its own acknowledged write", breach)
         for breach in history.session_breaches
     ]
+
+
+def check_refusals(observed: Observed) -> list[Violation]:
+    """No op of the load was answered with ``MalformedOperation``, the refusal of a malformed
+    or misrouted op (or of an op id another op holds): the load submits none. One is a refusal
+    that a worker gave an op the byzantine client appended under the caller's op id (to another
+    shard, or to a shard of an older layout, under the caller's own entry id), taken as the
+    caller's outcome, or stored where the caller's op looks it up."""
+    violations = []
+    for record in observed.history.records:
+        outcome, value = effective(record, observed)
+        said = record.error if record.outcome != UNKNOWN else value
+        if outcome == NOT_APPLIED and "MalformedOperation" in str(said):
+            violations.append(
+                Violation(
+                    "forged-refusal",
+                    "an op of the load was answered with the refusal of a malformed or"
+                    " misrouted op",
+                    _evidence(record, observed, refusal=str(said)[:300]),
+                )
+            )
+    return violations
 
 
 def check_appended_were_applied(observed: Observed) -> list[Violation]:

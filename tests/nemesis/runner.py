@@ -19,7 +19,7 @@ import redis.asyncio as aredis
 from redis.crc import key_slot
 
 import keyserial
-from keyserial import BackendUnavailable, KeyserialError, OperationFailed
+from keyserial import BackendUnavailable, KeyserialError, OperationFailed, shard_for
 from keyserial._backend.backend import Backend
 from keyserial._wire.layout import Layout
 from keyserial.testing import ShardKeys
@@ -149,6 +149,7 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
             faults.note("load stopped, every fault healed")
             report.violations += await _liveness(system, clients[0], faults)
         faults.note("load drained")
+        report.violations += await _held_keys(system, clients[0], faults)
         resolved = await _resolve(clients[0], load, tap, profile)
         finals = await _finals(clients[0], system, load, keys)
         report.violations += await _garbage_answered(system, faults)
@@ -169,6 +170,16 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
                 if process.log_path is not None
             }
         )
+        if system.moves and system.unfinished_move is None:
+            under_way = await system.move_under_way()
+            if under_way is not None:
+                report.violations.append(
+                    Violation(
+                        "reshard",
+                        "a move is still under way at the end of the run",
+                        {"to": under_way, "healing": system.heal_notes[-5:]},
+                    )
+                )
         report.violations += [
             Violation("worker-crashes", "a worker process exited by itself", crash)
             for crash in system.crashed()
@@ -180,6 +191,13 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
                 stale,
             )
             for stale in faults.stale_subscriptions
+        ]
+        report.violations += [
+            Violation(
+                "harness", "the byzantine client stopped on an error of its own", {"log": line}
+            )
+            for line in faults.log
+            if " forge forger failed to inject: " in line
         ]
         report.injected = faults.log
         report.stats.update(_stats(observed), faults=faults.injected)
@@ -239,6 +257,56 @@ async def _liveness(
         for shard in range(system.shard_count):  # (after a reshard fault, the new count)
             group.start_soon(probe, shard)
     faults.note(f"liveness probed: {len(violations)} shard(s) stuck")
+    return violations
+
+
+async def _held_keys(
+    system: BaseSystem, client: keyserial.Client, faults: Faults
+) -> list[Violation]:
+    """Every key the byzantine client named (in the grant requests and ops it appended) answers
+    a fresh op within the liveness bound, counted from when the load has drained (every fault
+    healed, no caller waiting): a forged grant request that a worker took would hold its keys
+    until the home shard changed owner, which nothing does any more."""
+    profile = system.profile
+    began = time.monotonic()
+    violations: list[Violation] = []
+
+    async def probe(key: str) -> None:
+        try:
+            while True:
+                left = began + profile.liveness_bound - time.monotonic()
+                try:
+                    # (One op id, as a caller told BackendUnavailable resubmits.)
+                    await client.submit(
+                        key, apps.peek(), op_id=f"held-{key}", timeout=max(0.1, left)
+                    )
+                    return
+                except BackendUnavailable:
+                    if left <= 0.2:
+                        raise
+                    await anyio.sleep(0.2)
+        except KeyserialError as error:
+            violations.append(
+                Violation(
+                    "held-key",
+                    f"key {key!r}, named by the byzantine client, answered no op within"
+                    f" {profile.liveness_bound}s of the load draining",
+                    {
+                        "key": key,
+                        "shard": client.shard_of(key),
+                        "error": str(error)[:200],
+                        "holders": await system.holders(),
+                    },
+                )
+            )
+
+    async with anyio.create_task_group() as group:
+        for key in sorted(system.forged_keys):
+            group.start_soon(probe, key)
+    if system.forged_keys:
+        faults.note(
+            f"keys the forger named probed: {len(violations)} of {len(system.forged_keys)} held"
+        )
     return violations
 
 
@@ -310,9 +378,9 @@ async def _finals(
             )
         except KeyserialError:
             assert system.inspector is not None
-            shard = client.shard_of(key)
-            raw = await system.inspector.execute_command(  # type: ignore[no-untyped-call]
-                "HGET", ShardKeys(system.namespace, shard).state, key
+            layout = client.layout  # (the layout new ops go to: a reshard fault may have moved it)
+            raw = await system.inspector.execute_command(
+                "HGET", layout.keys(shard_for(key, layout.shards)).state, key
             )
             finals[key] = None if raw is None else json.loads(raw)
 
@@ -334,9 +402,7 @@ async def _garbage_answered(system: BaseSystem, faults: Faults) -> list[Violatio
             # (Looked for on every shard of every layout: appended to a shard a reshard had
             # sealed, an op is forwarded to its home in the new layout, and runs there.)
             found = [
-                await system.inspector.execute_command(  # type: ignore[no-untyped-call]
-                    "HGET", name, op_id
-                )
+                await system.inspector.execute_command("HGET", name, op_id)
                 for keys in shards
                 for name in (keys.results, keys.results_old)
             ]

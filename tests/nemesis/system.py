@@ -63,6 +63,10 @@ class BaseSystem:
         #: The namespace's shard count as the nemesis last moved it (``reshard`` faults): a
         #: replacement worker is started with it, serving the same fraction of the shards.
         self.shard_count = self.profile.shard_count
+        #: The keys the byzantine client (``hostile.forge``) named in the grant requests and
+        #: the ops it appended: each must answer an op after healing (a forged request that
+        #: a worker took would hold it).
+        self.forged_keys: set[str] = set()
 
     async def __aenter__(self) -> BaseSystem:
         await self.start_redis()
@@ -170,13 +174,19 @@ class BaseSystem:
                 await anyio.sleep(0.2)
 
     async def move_under_way(self) -> int | None:
-        """The shard count a recorded move goes to, if one is under way."""
-        backend = await Backend.connect(self.direct_url())
-        try:
-            record = await backend.layout_record(self.namespace)
-        finally:
-            await backend.aclose()
-        return None if record is None or record.move is None else record.move.target.shards
+        """The shard count a recorded move goes to, if one is under way (asked again while
+        Redis is down, BUSY or LOADING: a reshard fault must not be lost to one)."""
+        while True:
+            try:
+                backend = await Backend.connect(self.direct_url())
+                try:
+                    record = await backend.layout_record(self.namespace)
+                finally:
+                    with anyio.CancelScope(shield=True):
+                        await backend.aclose()
+                return None if record is None or record.move is None else record.move.target.shards
+            except BackendUnavailable:
+                await anyio.sleep(0.2)
 
     def direct_url(self) -> str:
         """Redis, reached without a fault proxy (the mover's, the checkers')."""
@@ -221,7 +231,10 @@ class BaseSystem:
             async with anyio.create_task_group() as group:
 
                 async def finish() -> None:
-                    await self.move(under_way, self.heal_notes.append)
+                    try:
+                        await self.move(under_way, self.heal_notes.append)
+                    except Exception as error:  # (reported below: the move is still recorded)
+                        self.heal_notes.append(f"reshard to {under_way} failed: {error!r}")
                     group.cancel_scope.cancel()
 
                 group.start_soon(finish)
