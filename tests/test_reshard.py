@@ -31,7 +31,8 @@ from keyserial._reshard.mover import (
     move_namespace,
 )
 from keyserial._scripts.reshard import flip, quiet, record_drained, record_move, seal
-from keyserial._wire.layout import Layout, ShardKeys
+from keyserial._wire.codec import decode_reply
+from keyserial._wire.layout import Layout, ShardKeys, signers_key
 from keyserial._wire.resharding import (
     LAYOUT_CHANGED,
     Drained,
@@ -43,7 +44,7 @@ from keyserial._wire.resharding import (
 from keyserial.ledger import deposit
 from keyserial.testing import running_worker
 from tests import apps
-from tests.helpers import Starter, eventually_async, keys_on_shard, stored_outcome
+from tests.helpers import Starter, eventually, eventually_async, keys_on_shard, stored_outcome
 from tests.signers import grant_request, listed_signer
 from tests.test_acl import Users, documented_users
 from tests.test_keys_cli import cli
@@ -396,6 +397,110 @@ async def test_a_forged_push_to_a_sealed_shard_is_never_forwarded(
 
 async def _true_soon(value: bool) -> bool:
     return value
+
+
+@dataclass
+class _Cut:
+    """An op waiting in the new layout for the flip, as a client user can see it."""
+
+    attacker: redis.asyncio.Redis
+    #: The op's old shard (shard 1 of 4, sealed, its owner knowing it) and new one (1 of 16).
+    old: ShardKeys
+    new: ShardKeys
+    #: The waiting op's id, its entry in the new shard's stream, and its reply channel.
+    op_id: str
+    entry_id: str
+    reply: str
+    #: What the op's submit returned, or raised, once it has.
+    answered: list[Any]
+
+
+@contextlib.asynccontextmanager
+async def _an_op_waiting_for_the_flip(users: Users, namespace: str) -> AsyncIterator[_Cut]:
+    """The victim's key holds ``[0]``; a move from 4 to 16 shards is recorded and the key's old
+    shard sealed; the victim's ``append(1)``, refused there, waits on its new shard (of the same
+    number, 1) for the flip. After the block the move finishes: the op must then have applied
+    once, and its caller must have got ``[0, 1]``."""
+    key = keys_on_shard(1, 16, 1, "victim")[0]  # (shard 1 of 16, so of 4 too)
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    as_worker = await Backend.connect(users.worker_url)
+    move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
+    old, new = move.source.keys(1), move.target.keys(1)
+    try:
+        async with (
+            running_worker(
+                users.worker_url, namespace, shard_count=4, apps=["tests.apps"]
+            ) as worker,
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+        ):
+            assert await ks.submit(key, apps.append(0)) == [0]
+            signers = await eventually(lambda: users.admin.hkeys(signers_key(namespace)))
+            await eventually(lambda: ks._verifier.knows(signers[0].decode()))
+            await as_worker.run_call(record_move(move))
+            await as_worker.run_call(seal(old, move))
+            runner = worker._owned[old.shard].runner
+            await eventually(lambda: runner.sealed)
+            answered: list[Any] = []
+
+            async def victim() -> None:
+                try:
+                    answered.append(await ks.submit(key, apps.append(1), timeout=60))
+                except keyserial.KeyserialError as exc:
+                    answered.append(exc)
+
+            async with anyio.create_task_group() as group:
+                group.start_soon(victim)
+                ((entry_id, fields),) = await eventually_async(lambda: attacker.xrange(new.stream))
+                (envelope,) = json.loads(fields[b"ops"])
+                op_id = envelope["id"]
+                await eventually(lambda: any(pending.entry for pending in ks._waiting[op_id]))
+                yield _Cut(
+                    attacker, old, new, op_id, entry_id.decode(), envelope["reply"], answered
+                )
+                await move_namespace(as_worker, Settings(namespace=namespace), 16)
+            assert answered == [[0, 1]], "the op's caller got its own outcome"
+            assert await ks.read(key) == [0, 1], "the op applied once"
+    finally:
+        await attacker.aclose()
+        await as_worker.aclose()
+
+
+def _misrouted(cut: _Cut, reply: str) -> str:
+    """The ``ops`` of an entry for the waiting op's old shard: its op id, with a key that
+    routes to another old shard, and ``reply``."""
+    elsewhere = keys_on_shard((cut.old.shard + 1) % 4, 4, 1, "elsewhere")[0]
+    envelope = {"id": cut.op_id, "key": elsewhere, "op": "append", "args": [], "reply": reply}
+    return json.dumps([envelope])
+
+
+async def _next_message(listener: Any) -> bytes:
+    """The next message on a channel ``listener`` subscribed to."""
+    with anyio.fail_after(10):
+        while True:
+            message = await listener.get_message(ignore_subscribe_messages=True, timeout=1)
+            if message is not None:
+                data: bytes = message["data"]
+                return data
+
+
+async def test_an_outcome_stored_past_a_seal_never_answers_an_op_of_the_new_layout(
+    redis_url: str, namespace: str
+) -> None:
+    """A client user reads the id of an op waiting in the new layout for the flip, and appends
+    it past the seal of the op's old shard, with a key that routes elsewhere. The sealed shard
+    refuses that entry on the attacker's channel but stores nothing for it: after the flip, the
+    new owner finds no outcome of the op in the old layout, runs it, once, and its caller gets
+    its own outcome, not the refusal."""
+    with documented_users(redis_url) as users:
+        async with _an_op_waiting_for_the_flip(users, namespace) as cut:
+            channel = f"ks:{namespace}:reply:attacker"
+            async with cut.attacker.pubsub() as listener:
+                await listener.subscribe(channel)
+                await cut.attacker.xadd(cut.old.stream, {"v": "1", "ops": _misrouted(cut, channel)})
+                ((op_id, refusal),) = decode_reply(await _next_message(listener))
+            assert op_id == cut.op_id
+            assert refusal["error"]["type"] == keyserial.MalformedOperation.wire_type
+        assert users.admin.hget(cut.old.results, cut.op_id) is None
 
 
 async def test_a_client_reads_its_own_write_across_the_cut(

@@ -550,7 +550,9 @@ class ShardRunner:
                     [finished.op_id for finished in accepted.finished],
                 )
             self._dead.extend(accepted.dead)
+            past_seal = self._past_seal(entry_id)
             for finished in accepted.finished:
+                finished.store = finished.store and not past_seal  # (replied only: see there)
                 self._finish(finished)
             runs = accepted.runs
             seal = self._seal
@@ -574,6 +576,19 @@ class ShardRunner:
         namespace = self._settings.namespace
         records = await self._retrying(lambda: self._backend.signer_records(namespace, signers))
         self._requests.learn(signers, records)
+
+    def _past_seal(self, entry_id: str) -> bool:
+        """Whether ``entry_id`` was appended after this shard's seal (by a client of an older
+        version, or a plain ``XADD``). What an op of such an entry is answered with, without
+        running here (a refusal, a stored outcome), is replied, never stored: after the flip the
+        new layout's owners look each op id up here (:meth:`_answer_from_earlier_layouts`), and
+        a client user can read the id of an op waiting in the new layout and append it here
+        past the seal (misrouted, say): stored, the refusal would answer that op, which would
+        then never run. Ops that would run here are forwarded instead (:meth:`_forward`), and
+        run in the new layout, once; a client that appended past the seal reads its refusal on
+        its reply channel."""
+        seal = self._seal
+        return seal is not None and parse_id(entry_id) > parse_id(seal.last)
 
     async def _answer_from_earlier_layouts(self, fetched: StepReply) -> None:
         """Add to ``fetched.done`` the outcomes stored in the layouts before a reshard of its ops
