@@ -44,9 +44,17 @@ from keyserial._wire.resharding import (
 from keyserial.ledger import deposit
 from keyserial.testing import running_worker
 from tests import apps
-from tests.helpers import Starter, eventually, eventually_async, keys_on_shard, stored_outcome
+from tests.helpers import (
+    Starter,
+    eventually,
+    eventually_async,
+    keys_on_shard,
+    publish,
+    stored_outcome,
+)
 from tests.signers import grant_request, listed_signer
 from tests.test_acl import Users, documented_users
+from tests.test_hostile_clients import looked_up
 from tests.test_keys_cli import cli
 
 #: Accounts of the bank load, each opened with this balance.
@@ -501,6 +509,32 @@ async def test_an_outcome_stored_past_a_seal_never_answers_an_op_of_the_new_layo
             assert op_id == cut.op_id
             assert refusal["error"]["type"] == keyserial.MalformedOperation.wire_type
         assert users.admin.hget(cut.old.results, cut.op_id) is None
+
+
+async def test_a_reply_of_an_older_layout_never_settles_a_submit(
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The victim's op waits on shard 1 of the new layout. A client user appends to shard 1 of
+    the old one, under the victim's own entry id (XADD takes any id above the stream's last),
+    the op's id with a key that routes elsewhere, and the victim's reply channel. The old
+    owner's refusal is genuine, signed for the victim, and names shard 1 and that entry, but
+    of the old layout: the client looks the op up instead, finds nothing, and keeps waiting;
+    after the flip the op runs once and its caller gets its own outcome."""
+    with documented_users(redis_url) as users:
+        async with _an_op_waiting_for_the_flip(users, namespace) as cut:
+            async with cut.attacker.pubsub() as listener:
+                # (Published by another slot's script, so with PUBLISH, even on a cluster.)
+                await listener.subscribe(cut.reply)
+                entry = {"v": "1", "ops": _misrouted(cut, cut.reply)}
+                await cut.attacker.xadd(cut.old.stream, entry, id=cut.entry_id)  # type: ignore[arg-type]
+                signed = await _next_message(listener)
+            ((_, refusal),) = decode_reply(signed)
+            assert "t" in json.loads(signed), "signed for the victim"
+            assert (refusal["s"], refusal["e"]) == (cut.new.shard, [cut.entry_id])
+            assert refusal["error"]["type"] == keyserial.MalformedOperation.wire_type
+            await publish(cut.attacker, cut.reply, signed)  # (where the victim listens)
+            await eventually(lambda: cut.answered or looked_up(caplog, cut.op_id))
+            assert cut.answered == [], "the refusal of the old layout settled the submit"
 
 
 async def test_a_client_reads_its_own_write_across_the_cut(

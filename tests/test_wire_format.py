@@ -202,8 +202,10 @@ class ForeignClient:
 
 
 def _as_replied(outcome: dict[str, Any]) -> dict[str, Any]:
-    """An outcome as a reply carries it: as stored, with the shard and entries it answers."""
+    """An outcome as a reply carries it: as stored, with the shard, layout generation and
+    entries it answers."""
     assert isinstance(outcome.pop("s"), int), "s is the op's shard"
+    assert outcome.pop("g") == 0, "g is its layout generation (0: never resharded)"
     entries = outcome.pop("e")  # (none for an op of an entry that could not be read)
     assert all(re.fullmatch(r"[0-9]+-[0-9]+", entry) for entry in entries)
     return _as_read(outcome)
@@ -257,7 +259,7 @@ async def test_a_signed_reply_checks_out_as_documented(redis_url: str, namespace
         assert tag[:16].hex() == suffix["t"]
         assert json.loads(signed + "}") == {
             "v": 1,
-            "r": [[deposit["id"], {"ok": 100, "s": shard, "e": [entry_id]}]],
+            "r": [[deposit["id"], {"ok": 100, "s": shard, "g": 0, "e": [entry_id]}]],
         }
 
 
@@ -281,7 +283,7 @@ async def test_xadd_and_publish_then_reply_stored_result_state_and_dedup(
         expected = (
             '{"v":1,"r":[['
             + json.dumps(deposit["id"])
-            + f',{{"ok":100,"s":{shard},"e":["{entry_id}"]}}]]}}'
+            + f',{{"ok":100,"s":{shard},"g":0,"e":["{entry_id}"]}}]]}}'
         )
         assert await client.next_message() == expected
         stored = await client.commands.hget(client.results(shard), deposit["id"])

@@ -34,6 +34,8 @@ log = logging.getLogger("keyserial.client")
 
 Outcome = dict[str, Any]
 _ANSWERED = answered_field("")
+#: The members a reply adds to an outcome, naming what it answers (``_wire.codec.reply_outcome``).
+_ADDRESS = frozenset(("s", "g", "e"))
 #: Signers met and not read yet that a client keeps at most (more are met again later).
 _SIGNERS_DUE = 64
 #: Seconds before a signer not listed is looked for again.
@@ -156,19 +158,21 @@ def _outcome_for(pending: Pending, stored: bytes | None, answered: bytes | None)
 
 def signed_outcome_for(pending: Pending, answer: Outcome) -> Outcome | None:
     """The outcome a signed reply's ``answer`` gives ``pending``, if it answers the very entry
-    that ``pending`` appended to its shard (see ``_wire.codec.reply_outcome``); else None (one that
-    came before the append's own reply did is looked up instead)."""
-    entries, shard = answer.get("e"), answer.get("s")
+    that ``pending`` appended to its shard, of the layout generation it appended to (see
+    ``_wire.codec.reply_outcome``); else None (looked up instead: one that came before the
+    append's own reply did, or a worker's genuine answer to an entry a client user appended
+    to another shard, of this layout or an older one, under the same entry id). A reply with
+    no generation (a worker of an older version) is looked up too."""
+    entries = answer.get("e")
     if (
         pending.entry is None
-        or shard != pending.shard.shard
+        or answer.get("s") != pending.shard.shard
+        or answer.get("g") != pending.shard.generation
         or not isinstance(entries, list)
         or pending.entry.decode() not in entries
     ):
         return None
-    return _own(
-        pending, {name: value for name, value in answer.items() if name != "e" and name != "s"}
-    )
+    return _own(pending, {name: value for name, value in answer.items() if name not in _ADDRESS})
 
 
 def settle_signed(

@@ -7,7 +7,8 @@ Documented for other languages in ``docs/wire-format.md``. In short:
   instead of ``"key"``);
 * an outcome is ``{"ok": value}`` or ``{"error": {"type", "message", "data"?}}``, and, as a
   worker stores an op's, ``"b"``: the op's binding (see :func:`binding`);
-* a reply, published on the envelope's ``reply`` channel, is ``{"v": 1, "r": [[id, outcome], …]}``.
+* a reply, published on the envelope's ``reply`` channel, is ``{"v": 1, "r": [[id, outcome], …]}``,
+  each outcome with the shard (``s``), layout generation (``g``) and entries (``e``) it answers.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from typing import Any
 from .._ops import Call
 from ..errors import MalformedOperation, UnknownOperation
 from .json_text import dumps, encodes
-from .layout import attempt_id
+from .layout import ShardKeys, attempt_id
 
 WIRE_VERSION = "1"
 #: A JSON escape of a UTF-16 surrogate: an entry with one may decode to invalid text.
@@ -428,12 +429,15 @@ def error_type(outcome: str) -> str | None:
     return kind if isinstance(kind, str) else "?"
 
 
-def reply_outcome(outcome: str, shard: int, entry_ids: Sequence[str]) -> str:
-    """An outcome as a reply carries it: with the op's shard (``s``) and the stream entries it
-    answers (``e``; none for an op of an entry that could not be read), so that a client takes
-    a signed reply's outcome only for the very op it appended (see ``_wire.signing``)."""
+def reply_outcome(outcome: str, shard: ShardKeys, entry_ids: Sequence[str]) -> str:
+    """An outcome as a reply carries it: with the op's shard (``s``), that shard's layout
+    generation (``g``) and the stream entries it answers (``e``; none for an op of an entry
+    that could not be read), so that a client takes a signed reply's outcome only for the very
+    op it appended (see ``_wire.signing``). Entry ids name an entry of one stream only, and
+    shard numbers repeat in every generation: without ``g``, a client user could have an old
+    shard answer, under a new shard's entry id, an op waiting in the new layout."""
     entries = '["' + '","'.join(entry_ids) + '"]' if entry_ids else "[]"
-    return f'{outcome[:-1]},"s":{shard},"e":{entries}}}'
+    return f'{outcome[:-1]},"s":{shard.shard},"g":{shard.generation},"e":{entries}}}'
 
 
 def encode_reply(outcomes: Iterable[tuple[str, str]]) -> str:

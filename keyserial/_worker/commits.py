@@ -17,7 +17,7 @@ from typing import Any
 
 from .._wire.codec import answered_record, bound, reply_outcome
 from .._wire.json_text import dumps
-from .._wire.layout import answered_field
+from .._wire.layout import ShardKeys, answered_field
 from .execution import Entry
 
 #: Committed entries a busy shard leaves in its stream at most before a step trims them.
@@ -94,7 +94,8 @@ class CommitPlanner:
     ``trim_interval`` seconds: nearly every step then fetches nothing, and a trim each time
     would cost a command per step."""
 
-    def __init__(self, shard: int, trim_interval: float) -> None:
+    def __init__(self, shard: ShardKeys, trim_interval: float) -> None:
+        #: The shard its replies name (the generation too: see ``_wire.codec.reply_outcome``).
         self._shard = shard
         self._entries: OrderedDict[str, Entry] = OrderedDict()
         #: The last committed entry still in the stream ('' if none), and how many such entries.

@@ -125,7 +125,7 @@ class ShardRunner:
         #: six times as much; the worker runs on asyncio.)
         self._wakeup = asyncio.Event()
         self._wakeups = Wakeups()
-        self._commits = CommitPlanner(shard, settings.idle_poll)
+        self._commits = CommitPlanner(self.keys, settings.idle_poll)
         self._generations = ResultGenerations(grant.results_since, settings.result_ttl_ms)
         #: Steps in a row that committed, trimmed, fetched and confirmed nothing (see
         #: :attr:`dormant`).

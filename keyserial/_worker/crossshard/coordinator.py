@@ -230,7 +230,7 @@ class Coordinator:
     def _answers(self, run: Run, outcome: str) -> list[tuple[str, str]]:
         """A reply's item for ``run``'s ``outcome``: what its callers are told it committed."""
         entry_ids = [entry.entry_id for entry in run.entries]
-        answer = reply_outcome(outcome, self._services.home.shard, entry_ids)
+        answer = reply_outcome(outcome, self._services.home.keys, entry_ids)
         return [(run.envelope.op_id, answer)]
 
     def _after_commit(self, pending: _PendingCommit) -> None:
