@@ -148,7 +148,8 @@ class SubmitTimeout(KeyserialError, TimeoutError):
     """No reply within the timeout. The op may still apply (unless it was never sent).
 
     ``keys`` holds every key of the op, so ``ks.result(op_id, key=keys)`` looks in the op's home
-    shard; ``vacant`` lists the op's shards that no worker held when the timeout fired.
+    shard; ``vacant`` lists the op's shards that no worker held when the timeout fired, and
+    ``server`` the Redis it waited on (its URL, password hidden), which the message then names.
     """
 
     def __init__(
@@ -160,6 +161,7 @@ class SubmitTimeout(KeyserialError, TimeoutError):
         keys: Sequence[str] = (),
         namespace: str | None = None,
         vacant: Sequence[int] = (),
+        server: str | None = None,
     ) -> None:
         self.key = key
         self.op_id = op_id
@@ -167,13 +169,16 @@ class SubmitTimeout(KeyserialError, TimeoutError):
         self.keys = tuple(keys) or (key,)
         self.namespace = namespace
         self.vacant = tuple(vacant)
+        self.server = None if server is None else redact(server)
         where = _shown_keys(self.keys)
         why = ""
         if self.vacant:
             shards = ", ".join(str(shard) for shard in self.vacant)
+            at = "" if self.server is None else f" at {self.server}"
+            there = "" if self.server is None else " there"
             why = (
-                f": no worker holds shard {shards} of namespace {namespace!r} (its lease is"
-                " vacant; is a worker serving this namespace?)"
+                f": no worker holds shard {shards} of namespace {namespace!r}{at} (its lease is"
+                f" vacant; is a worker serving this namespace{there}?)"
             )
         super().__init__(
             f"no reply for op {_shown(op_id)} on key{'s' if len(self.keys) > 1 else ''} {where}"

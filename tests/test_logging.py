@@ -68,6 +68,7 @@ def test_json_log_lines_carry_time_level_logger_and_message(
     )
     try:
         assert process.stderr is not None
+        named = json.loads(process.stderr.readline())  # (the server first: docs/deployment.md)
         first = json.loads(process.stderr.readline())
         acquired = json.loads(process.stderr.readline())  # before it, there is nothing to release
         assert "shard 0: acquired" in acquired["message"]
@@ -77,7 +78,8 @@ def test_json_log_lines_carry_time_level_logger_and_message(
     finally:
         process.kill()
         process.wait()
-    for entry in [first, acquired, *rest]:  # (and only the documented fields besides)
+    assert named["message"] == f"worker using Redis at {standalone_server.url} (--redis)"
+    for entry in [named, first, acquired, *rest]:  # (and only the documented fields besides)
         assert set(entry) - set(FIELDS) == {"time", "level", "logger", "message"}, entry
     assert (acquired["shard"], acquired["epoch"]) == (0, 1)
     assert first["level"] == "INFO" and first["logger"] == "keyserial.worker"

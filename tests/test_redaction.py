@@ -60,9 +60,12 @@ def test_the_worker_command_never_logs_the_password() -> None:
     )
     try:
         assert process.stdout is not None
+        named = process.stdout.readline()  # (the server first: docs/deployment.md)
         lines = [process.stdout.readline() for _ in range(3)]  # three failed attempts
     finally:
         process.kill()
         process.wait()
+    assert "worker using Redis at redis://app:***@127.0.0.1" in named, named
+    assert "s3cret" not in named
     assert all("cannot reach Redis at redis://app:***@127.0.0.1" in line for line in lines), lines
     assert not any("s3cret" in line for line in lines)

@@ -201,6 +201,8 @@ def test_the_worker_command_takes_flags_over_variables_over_defaults(
     )
     try:
         assert process.stderr is not None
+        named = process.stderr.readline()  # (the server first: docs/deployment.md)
+        assert f"worker using Redis at {standalone_server.url} (--redis)" in named, named
         serving = process.stderr.readline()
         assert f"serving shards 0-2 of 3 in namespace {namespace!r}" in serving, serving
         acquired = process.stderr.readline()

@@ -25,7 +25,7 @@ from redis import exceptions as redis_errors
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
-from redis.asyncio.connection import AbstractConnection, ConnectionPool
+from redis.asyncio.connection import AbstractConnection, ConnectionPool, parse_url
 from redis.cluster import PRIMARY, REPLICA
 
 from .._backoff import Backoff
@@ -175,6 +175,17 @@ def _retype_nodes(cluster: RedisCluster) -> None:
 def _raised_by_redis_py(exc: BaseException) -> bool:
     frames = traceback.extract_tb(exc.__traceback__)
     return bool(frames) and f"{os.sep}redis{os.sep}" in frames[-1].filename
+
+
+def check_url(url: str) -> None:
+    """Refuse a URL that redis-py cannot use (a scheme, a port), before anything connects.
+
+    :raises ConfigError: naming the URL, its password hidden.
+    """
+    try:
+        parse_url(url)
+    except ValueError as exc:  # (redis-py's word for a URL it cannot use)
+        raise ConfigError(f"{redact(url)} is not a usable Redis URL: {exc}") from None
 
 
 class Backend(Commands):

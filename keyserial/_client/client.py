@@ -293,6 +293,7 @@ class AsyncioClient(Client):
             keys=pending.all_keys,
             namespace=self.settings.namespace,
             vacant=vacant,
+            server=self._backend.url,
         )
 
     def _forget(self, pending: Pending) -> None:

@@ -17,12 +17,18 @@ from .api import Client
 from .client import AsyncioClient
 from .foreign import ForeignLoopClient
 
-DEFAULT_URL = "redis://127.0.0.1:6379/0"
+#: The port ``keyserial dev`` serves on unless told otherwise.
+DEV_PORT = 6390
+#: Where a client or command given no URL, and no ``KEYSERIAL_REDIS_URL``, connects: the server
+#: ``keyserial dev`` starts, never a Redis on the standard port that may be someone else's
+#: (docs/deployment.md#the-default-server).
+DEFAULT_URL = f"redis://127.0.0.1:{DEV_PORT}/0"
+URL_VARIABLE = "KEYSERIAL_REDIS_URL"
 
 
 def default_url() -> str:
-    """``KEYSERIAL_REDIS_URL``, else the local default server."""
-    return os.environ.get("KEYSERIAL_REDIS_URL", DEFAULT_URL)
+    """``KEYSERIAL_REDIS_URL`` (unless empty), else :data:`DEFAULT_URL`, ``keyserial dev``'s."""
+    return os.environ.get(URL_VARIABLE) or DEFAULT_URL
 
 
 @asynccontextmanager
@@ -35,9 +41,10 @@ async def connect(
 ) -> AsyncIterator[Client]:
     """Connect to a namespace: ``async with keyserial.connect(url, shards=16) as ks``.
 
-    ``redis`` is a URL (a cluster is detected and used as one; default: ``KEYSERIAL_REDIS_URL``)
-    or a ``redis.asyncio`` client you configured (retries, TLS) and keep owning. ``shards`` must
-    match the namespace's recorded shard count; ``None`` adopts it. ``options`` are
+    ``redis`` is a URL (a cluster is detected and used as one; default: ``KEYSERIAL_REDIS_URL``,
+    else ``keyserial dev``'s server, :data:`DEFAULT_URL`) or a ``redis.asyncio`` client you
+    configured (retries, TLS) and keep owning. ``shards`` must match the namespace's recorded
+    shard count; ``None`` adopts it. ``options`` are
     :class:`Settings` fields. An argument left out (or ``None``) comes from its
     ``KEYSERIAL_<FIELD>`` variable, else the default (namespace ``"default"``).
 

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from .. import __version__
+from .._urls import redact
 from ..errors import ConfigError, KeyserialError, ShardCountMismatch
 from . import bench, dashboard, deadletters, keys, reshard, serving, status
-from .arguments import Subcommands, import_from_cwd
+from .arguments import Subcommands, chosen_server, import_from_cwd
 from .logs import configure
 
 log = logging.getLogger("keyserial")
@@ -53,6 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(arguments)
     configure(args.log_level, getattr(args, "log_format", "text"))
     import_from_cwd()
+    if "redis" in vars(args):  # (every command but dev, which names the server it starts)
+        _name_the_server(args)
     run = next(group.run for group in _GROUPS if args.command in group.COMMANDS)
     try:
         return run(args)
@@ -66,6 +69,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 1
         print(f"keyserial: error: {problem}", file=sys.stderr)
         return 2
+
+
+def _name_the_server(args: argparse.Namespace) -> None:
+    """Say which server the command uses (``--redis``, else ``$KEYSERIAL_REDIS_URL``, else
+    ``keyserial dev``'s: ``arguments.chosen_server``, as each command finds it), password
+    hidden, when its command line does not: on stderr, as stdout is the command's answer. (A
+    worker logs it whatever chose it: ``cli.serving``.) No command uses a server unnamed."""
+    url, chosen_by = chosen_server(args.redis)
+    if args.command != "worker" and chosen_by != "--redis":
+        print(f"keyserial: using {redact(url)} ({chosen_by})", file=sys.stderr, flush=True)
 
 
 def _usage_error(exc: Exception, args: argparse.Namespace) -> KeyserialError | None:

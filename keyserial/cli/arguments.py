@@ -13,7 +13,7 @@ from typing import TypeAlias, TypeVar
 import anyio
 
 from .._backend.backend import Backend
-from .._client.connect import default_url
+from .._client.connect import DEFAULT_URL, URL_VARIABLE
 from .._settings import Settings
 
 T = TypeVar("T")
@@ -64,13 +64,25 @@ def connection_options() -> argparse.ArgumentParser:
         "--redis",
         default=None,
         metavar="URL",
-        help="Redis URL (default: $KEYSERIAL_REDIS_URL or redis://127.0.0.1:6379/0)",
+        help=f"Redis URL (default: ${URL_VARIABLE}, else {DEFAULT_URL}, where keyserial dev"
+        " serves)",
     )
     common.add_argument(
         "--namespace", default=None, help="(default: $KEYSERIAL_NAMESPACE or default)"
     )
     common.set_defaults(log_level="WARNING")
     return common
+
+
+def chosen_server(given: str | None) -> tuple[str, str]:
+    """The Redis URL a command uses, and what chose it, in words: ``--redis``, else
+    ``$KEYSERIAL_REDIS_URL``, else the default, where ``keyserial dev`` serves (never a Redis
+    on the standard port, which may be anyone's: docs/deployment.md#the-default-server)."""
+    if given:
+        return given, "--redis"
+    if os.environ.get(URL_VARIABLE):
+        return os.environ[URL_VARIABLE], f"${URL_VARIABLE}"
+    return DEFAULT_URL, f"the default, keyserial dev's; --redis or ${URL_VARIABLE} sets another"
 
 
 def run_connected(
@@ -83,7 +95,7 @@ def run_connected(
     args.namespace = args.settings.namespace
 
     async def connected() -> int:
-        backend = await Backend.connect(args.redis or default_url())
+        backend = await Backend.connect(chosen_server(args.redis)[0])
         try:
             return await command(backend, args)
         finally:

@@ -15,10 +15,10 @@ import socket
 import anyio
 
 from .._backend.backend import Backend
-from .._client.connect import default_url
 from .._settings import Settings
+from .._urls import redact
 from ..errors import ConfigError
-from .arguments import Subcommands, connection_options, port
+from .arguments import Subcommands, chosen_server, connection_options, port
 from .status import recorded_layout
 
 COMMANDS = ("dashboard",)
@@ -57,14 +57,14 @@ def run(args: argparse.Namespace) -> int:
             " pip install 'keyserial[dashboard]'"
         ) from None
     settings = Settings.resolve(namespace=args.namespace)
-    url = args.redis or default_url()
+    url = chosen_server(args.redis)[0]
     anyio.run(_check_namespace, url, settings.namespace)
     token = args.token or os.environ.get(TOKEN_VARIABLE) or secrets.token_urlsafe(24)
     listener = _bind(args.host, args.port)
     bound = listener.getsockname()[1]
     shown_host = f"[{args.host}]" if ":" in args.host else args.host
     print(
-        f"keyserial dashboard of namespace {settings.namespace!r}:"
+        f"keyserial dashboard of namespace {settings.namespace!r} on {redact(url)}:"
         f" http://{shown_host}:{bound}/#token={token}",
         flush=True,
     )

@@ -13,11 +13,13 @@ from typing import Any
 
 import anyio
 
-from .._client.connect import default_url
+from .._backend.backend import check_url
+from .._client.connect import DEFAULT_URL, DEV_PORT, URL_VARIABLE
 from .._settings import EVENT_LOOP_VARIABLE, METRICS_PORT_VARIABLE, Settings
+from .._urls import redact
 from .._worker.worker import Worker
 from ..errors import ConfigError
-from .arguments import Subcommands, port, positive, seconds
+from .arguments import Subcommands, chosen_server, port, positive, seconds
 from .dev import run_dev
 from .logs import FORMATS, LEVELS
 
@@ -105,8 +107,8 @@ def add_commands(commands: Subcommands) -> None:
         "--redis",
         default=None,
         metavar="URL",
-        help="Redis URL; a cluster is detected (default: $KEYSERIAL_REDIS_URL"
-        " or redis://127.0.0.1:6379/0)",
+        help=f"Redis URL; a cluster is detected (default: ${URL_VARIABLE}, else {DEFAULT_URL},"
+        " where keyserial dev serves)",
     )
     worker.add_argument(
         "--shard-count",
@@ -122,7 +124,7 @@ def add_commands(commands: Subcommands) -> None:
         "dev", help="run a private Redis/Valkey server and workers for every shard"
     )
     dev.add_argument(
-        "--port", type=port, default=6390, help="(default: %(default)s; 0 picks a free port)"
+        "--port", type=port, default=DEV_PORT, help="(default: %(default)s; 0 picks a free port)"
     )
     dev.add_argument(
         "--shard-count",
@@ -170,13 +172,17 @@ def _metrics_port(args: argparse.Namespace) -> int | None:
 
 
 def _run_worker(args: argparse.Namespace) -> int:
+    url, chosen_by = chosen_server(args.redis)
     worker = Worker(
-        args.redis or default_url(),
+        url,
         shards=args.shards,
         settings=_settings(args),
         apps=args.app,
         metrics_port=_metrics_port(args),
     )
+    check_url(url)  # (a URL it cannot use: that error, alone)
+    # (Whatever chose it, and first: a worker's log is read where its command line is not.)
+    log.info("worker using Redis at %s (%s)", redact(url), chosen_by)
     anyio.run(_serve_until_signalled, worker, **_event_loop_options(_event_loop(args)))
     return 0
 
