@@ -25,7 +25,7 @@ def _first_python_block(heading: str) -> str:
 
 def test_the_quick_start_runs_as_written() -> None:
     code = _first_python_block("30-second example")
-    assert 'keyserial.connect("redis://127.0.0.1:6390/0", shards=16)' in code
+    assert 'keyserial.connect("redis://127.0.0.1:6390/0")' in code
     with LocalServer() as server:
         script = code.replace("redis://127.0.0.1:6390/0", server.url)
 
