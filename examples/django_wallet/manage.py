@@ -1,6 +1,7 @@
 """Django's command-line utility for the wallet example.
 
-Run: python manage.py runserver   (from examples/django_wallet, with a worker serving wallet.ops)
+Run: pip install django; then python manage.py runserver   (from examples/django_wallet, with a
+worker serving wallet.ops: python -m keyserial dev --app wallet.ops)
 """
 
 import os
