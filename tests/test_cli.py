@@ -558,3 +558,44 @@ def test_dev_stops_with_2_when_its_worker_refuses_to_start() -> None:
     assert "the worker refused to start; stopping" in result.stderr
     assert "starting another" not in result.stderr
     assert not _answers(port)  # (and its server is stopped)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["status"], ["status", "--json"], ["dead-letters", "list"]],
+    ids=["status", "status --json", "dead-letters list"],
+)
+def test_a_reader_gone_ends_a_command_quietly_as_sigpipe_would(
+    standalone_server: LocalServer, namespace: str, command: list[str]
+) -> None:
+    """``keyserial status | head``: once ``head`` has its lines and exits, the rest of the
+    output finds no reader. The command ends with 141 (128 + SIGPIPE), and no traceback."""
+
+    async def record() -> None:
+        async with keyserial.connect(standalone_server.url, shards=64, namespace=namespace):
+            pass
+
+    anyio.run(record)
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # (the reader gone before the first write: what `head` leaves)
+    try:
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "keyserial",
+                *command,
+                "--namespace",
+                namespace,
+                "--redis",
+                standalone_server.url,
+            ],
+            cwd=ROOT,
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        os.close(write_end)
+    assert (result.returncode, result.stderr) == (141, "")

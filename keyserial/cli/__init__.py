@@ -7,9 +7,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from .. import __version__
 from .._urls import redact
@@ -48,6 +49,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run a command; its exit code. Output piped to a reader that stops reading early
+    (``keyserial status | head``) ends the command quietly with code 141, as a program killed by
+    SIGPIPE reports in a shell: the Python docs' recipe (the ``signal`` module, "Note on
+    SIGPIPE"), for every command. (SIGPIPE itself is left ignored, as Python sets it: a worker's
+    socket to a vanished peer must raise, not kill it.)"""
+    try:
+        code = _main(argv)
+        sys.stdout.flush()  # (a reader gone shows here, not in the interpreter's flush at exit)
+    except BrokenPipeError:
+        return _reader_gone()
+    return code
+
+
+def _main(argv: Sequence[str] | None) -> int:
     arguments = list(sys.argv[1:] if argv is None else argv)
     if arguments[:1] == ["bench"]:
         return bench.run_suite(arguments[1:])
@@ -63,6 +78,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("keyserial: interrupted", file=sys.stderr)
         return 130
     except Exception as exc:  # a group, when it comes through the worker's task group
+        if _found(exc, BrokenPipeError) is not None:
+            return _reader_gone()
         problem = _usage_error(exc, args)
         if problem is None:
             log.error("keyserial %s stopped by an unexpected error", args.command, exc_info=exc)
@@ -79,6 +96,18 @@ def _name_the_server(args: argparse.Namespace) -> None:
     url, chosen_by = chosen_server(args.redis)
     if args.command != "worker" and chosen_by != "--redis":
         print(f"keyserial: using {redact(url)} ({chosen_by})", file=sys.stderr, flush=True)
+
+
+_READER_GONE = 128 + signal.SIGPIPE
+
+
+def _reader_gone() -> int:
+    """Stdout's reader has gone: point stdout at /dev/null, so that no later write or flush (the
+    interpreter's at exit) fails again, and exit as a program killed by SIGPIPE would."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    return _READER_GONE
 
 
 def _usage_error(exc: Exception, args: argparse.Namespace) -> KeyserialError | None:
@@ -99,11 +128,19 @@ def _usage_error(exc: Exception, args: argparse.Namespace) -> KeyserialError | N
 
 def _config_error(exc: BaseException) -> ConfigError | None:
     """The setup error (``ConfigError``) in ``exc``, or among the errors it groups."""
-    if isinstance(exc, ConfigError):
+    return _found(exc, ConfigError)
+
+
+E = TypeVar("E", bound=BaseException)
+
+
+def _found(exc: BaseException, kind: type[E]) -> E | None:
+    """``exc`` if it is a ``kind``, else the first ``kind`` among the errors it groups."""
+    if isinstance(exc, kind):
         return exc
     if isinstance(exc, BaseExceptionGroup):
         for each in exc.exceptions:
-            found = _config_error(each)
+            found = _found(each, kind)
             if found is not None:
                 return found
     return None
