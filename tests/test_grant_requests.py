@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -47,9 +48,14 @@ def users(redis_url: str) -> Iterator[Users]:
 # -- the rule, one check at a time (no Redis: the check is pure once the signers are read) ------
 
 
-def _check(verifier: RequestVerifier, shard_name: str = "5") -> RequestCheck:
+def _check(verifier: RequestVerifier, now_ms: int = NOW_MS) -> RequestCheck:
     return RequestCheck(
-        verifier, namespace=NAMESPACE, shard=5, shard_name=shard_name, max_age_ms=MAX_AGE_MS
+        verifier,
+        namespace=NAMESPACE,
+        shard=5,
+        shard_name="5",
+        max_age_ms=MAX_AGE_MS,
+        clock_ms=lambda: now_ms,
     )
 
 
@@ -84,8 +90,8 @@ def verifier(signer: ReplySigner) -> RequestVerifier:
     return verifier
 
 
-def _refusal(verifier: RequestVerifier, request: dict[str, Any], entry_ms: int = NOW_MS) -> Any:
-    return _check(verifier).refusal(_envelope(request), f"{entry_ms}-0")
+def _refusal(verifier: RequestVerifier, request: dict[str, Any], now_ms: int = NOW_MS) -> Any:
+    return _check(verifier, now_ms).refusal(_envelope(request))
 
 
 def test_a_request_a_listed_worker_signed_for_this_shard_is_taken(
@@ -122,13 +128,16 @@ def test_a_request_of_another_layout_generation_is_refused(
     assert "not '5'" in _refusal(verifier, _signed(signer, generation=1))
 
 
-def test_a_request_appended_too_long_after_or_before_its_signing_is_refused(
+def test_a_request_taken_in_too_long_after_or_before_its_signing_is_refused(
     signer: ReplySigner, verifier: RequestVerifier
 ) -> None:
-    for appended_ms in (NOW_MS + MAX_AGE_MS + 1, NOW_MS - MAX_AGE_MS - 1):
-        assert "too long" in _refusal(verifier, _signed(signer), appended_ms)
-    for appended_ms in (NOW_MS + MAX_AGE_MS, NOW_MS - MAX_AGE_MS):
-        assert _refusal(verifier, _signed(signer), appended_ms) is None
+    """By the participant's clock (a copy of a genuine request appended after its decision may
+    have expired); never by the entry id, which a client user's far-future XADD would push
+    ahead of every genuine request's signing time."""
+    for now_ms in (NOW_MS + MAX_AGE_MS + 1, NOW_MS - MAX_AGE_MS - 1):
+        assert "too long" in _refusal(verifier, _signed(signer), now_ms)
+    for now_ms in (NOW_MS + MAX_AGE_MS, NOW_MS - MAX_AGE_MS):
+        assert _refusal(verifier, _signed(signer), now_ms) is None
 
 
 @pytest.mark.parametrize(
@@ -356,4 +365,36 @@ async def test_a_forged_grant_request_never_holds_a_reshard_up(
     finally:
         await attacker.aclose()
         await backend.aclose()
+    assert users.refusals() == []
+
+
+async def test_an_entry_under_a_far_future_id_stops_no_transfer(
+    users: Users, namespace: str
+) -> None:
+    """A client user XADDs to a participant shard under an id two hours ahead: every later
+    entry id follows it. A request's age is judged by the participant's clock, not by its
+    entry id, so transfers between two workers still go through."""
+    source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
+    target = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    ahead = f"{int(time.time() * 1000) + 7_200_000}-0"
+    try:
+        async with (
+            running_worker(users.worker_url, namespace, shard_count=SHARDS, shards=[PARTICIPANT]),
+            running_worker(
+                users.worker_url,
+                namespace,
+                shard_count=SHARDS,
+                shards=[s for s in range(SHARDS) if s != PARTICIPANT],
+            ),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+        ):
+            await ks.submit(source, deposit(100))
+            stream = ShardKeys(namespace, PARTICIPANT).stream
+            await attacker.xadd(stream, {"v": "1", "ops": "[]"}, id=ahead)
+            moved = await ks.transfer(source, target, 25, timeout=15)
+            assert moved == {source: 75, target: 25}
+            assert users.admin.xlen(ShardKeys(namespace, PARTICIPANT).dead) <= 1  # (the "[]")
+    finally:
+        await attacker.aclose()
     assert users.refusals() == []

@@ -14,17 +14,26 @@ from typing import Any
 
 import anyio
 import pytest
+import redis.asyncio
 
 import keyserial
 from keyserial import Settings, shard_for
 from keyserial._backend.backend import Backend
 from keyserial._reshard.mover import Progress, move_namespace
-from keyserial._wire.layout import ShardKeys
+from keyserial._wire.layout import Layout, ShardKeys
 from keyserial._wire.resharding import LayoutRecord
 from keyserial.cli.keys import pause
 from keyserial.ledger import deposit
 from keyserial.testing import running_worker
-from tests.helpers import ROOT, Starter, eventually_async, keys_on_shard
+from tests import apps
+from tests.helpers import (
+    ROOT,
+    Starter,
+    eventually_async,
+    keys_on_shard,
+    publish,
+    stored_outcome,
+)
 from tests.ownership import holder_pid, inspector
 from tests.test_acl import documented_users
 from tests.test_keys_cli import cli
@@ -302,3 +311,36 @@ async def test_a_pause_and_a_resume_made_while_the_mover_copies_paused_keys_hold
             await mover.aclose()
         assert await ks.submit(resumed, deposit(10), timeout=10) == 11
         await _waits_until_resumed(ks, redis_url, namespace, paused, 16)
+
+
+async def test_an_owner_that_has_not_heard_of_a_pause_holds_the_key_it_fetches(
+    redis_url: str, namespace: str
+) -> None:
+    """The pause is written and its wake-up never comes (lost): the owner, polling once in
+    30 s, fetches an entry with an op on the paused key and one on another key, woken by an
+    append's own wake-up. The step reads the paused keys with the entries: the other key's op
+    runs, the paused key's waits."""
+    paused, free = keys_on_shard(1, 4, 2, "late")
+    shard = Layout(namespace, 4).keys(1)
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        async with (
+            running_worker(
+                redis_url, namespace, shard_count=4, apps=["tests.apps"], idle_poll=30.0
+            ) as worker,
+            keyserial.connect(redis_url, namespace=namespace) as ks,
+        ):
+            assert await ks.submit(paused, apps.append(0)) == [0]
+            await client.hset(shard.paused, paused, json.dumps({"at": 0}))
+            ops = [
+                {"id": "on-paused", "key": paused, "op": "append", "args": [1]},
+                {"id": "on-free", "key": free, "op": "append", "args": [1]},
+            ]
+            entry_id = await client.xadd(shard.stream, {"v": "1", "ops": json.dumps(ops)})
+            await publish(client, shard.wake_channel, entry_id)
+            assert await stored_outcome(ks, "on-free", free, timeout=10) == [1]
+            assert json.loads(await client.hget(shard.state, paused)) == [0]
+            runner = worker._owned[1].runner
+            assert paused in runner._paused
+    finally:
+        await client.aclose()

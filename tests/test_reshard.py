@@ -866,7 +866,7 @@ async def _sealed_and_drained(
         await backend.call("SET", old.epoch, 1)
         sealed = Seal.decode(namespace, (await backend.run_call(quiet(old))).sealed)
         await backend.run_call(record_drained(old, 1, sealed.last, 0))
-        requests = _GrantRequests(backend, 3_600_000)
+        requests = _GrantRequests(backend)
 
         async def drained() -> bool:
             return await _drained(backend, old, await backend.run_call(quiet(old)), requests)
@@ -965,3 +965,38 @@ def test_the_drain_ends_only_after_two_readings_in_a_row_find_the_same_work() ->
     assert not readings.settled([1], [("1", "5")])
     assert not readings.settled([], [("1", "5")])
     assert readings.settled([], [("1", "5")])
+
+
+async def test_an_owner_that_has_not_heard_of_its_seal_forwards_what_follows_it(
+    redis_url: str, namespace: str
+) -> None:
+    """The seal is written and no wake-up says so (lost, or late): the old shard's owner,
+    polling once in 30 s, fetches an op a client XADDed past the seal, woken by the client's own
+    wake-up. The step reads the seal with the entries: the op is forwarded to the new layout,
+    not run where, after the flip, nobody would read its effect."""
+    key = keys_on_shard(1, 16, 1, "late")[0]  # (shard 1 of 16, so of 4 too)
+    move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
+    old, new = move.source.keys(1), move.target.keys(1)
+    backend = await Backend.connect(redis_url)
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        async with (
+            running_worker(
+                redis_url, namespace, shard_count=4, apps=["tests.apps"], idle_poll=30.0
+            ) as worker,
+            keyserial.connect(redis_url, namespace=namespace) as ks,
+        ):
+            assert await ks.submit(key, apps.append(0)) == [0]
+            await backend.run_call(record_move(move))
+            await backend.run_call(seal(old, move))
+            runner = worker._owned[old.shard].runner
+            assert not runner.sealed
+            envelope = {"id": "past-the-seal", "key": key, "op": "append", "args": [1]}
+            entry_id = await client.xadd(old.stream, {"v": "1", "ops": json.dumps([envelope])})
+            await publish(client, old.wake_channel, entry_id)
+            await eventually_async(lambda: _holds_op(client, new.stream, "past-the-seal"))
+            assert runner.sealed
+            assert json.loads(await client.hget(old.state, key)) == [0]
+    finally:
+        await client.aclose()
+        await backend.aclose()

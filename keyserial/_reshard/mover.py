@@ -60,6 +60,8 @@ REPORT_EVERY = 5.0
 STRAYS_READ = 200
 #: States copied per pipeline.
 COPY_BATCH = 500
+#: The age limit of :class:`_GrantRequests`' check: none.
+_NO_AGE_LIMIT = 2**62
 
 Progress = Callable[[str], None]
 #: Stream entries as the backend reads them: (id, fields).
@@ -100,9 +102,7 @@ async def move_namespace(
     await _seal(backend, move, progress)
     await _announce(backend, namespace)  # (owners read their seals: they drain from now on)
     began = time.monotonic()
-    longest = await _longest_retention(backend, settings)
-    requests = _GrantRequests(backend, round(longest * 1000))
-    await _until_quiet(backend, move.source, requests, progress)
+    await _until_quiet(backend, move.source, _GrantRequests(backend), progress)
     drained = time.monotonic()
     states = await _copy_states(backend, move, progress)
     await _move_dead_letters(backend, move, progress)
@@ -256,12 +256,9 @@ class _GrantRequests:
     at once, so a client user's appends (forged requests, copies of genuine ones) cannot hold
     the move up."""
 
-    def __init__(self, backend: Backend, max_age_ms: int) -> None:
+    def __init__(self, backend: Backend) -> None:
         self._backend = backend
         self._verifier = RequestVerifier()
-        #: (The longest retention of the mover's and the workers': any request a worker
-        #: would take, the mover counts.)
-        self._max_age_ms = max_age_ms
 
     async def pending(self, keys: ShardKeys, entries: Entries) -> bool:
         check = RequestCheck(
@@ -269,16 +266,18 @@ class _GrantRequests:
             namespace=keys.namespace,
             shard=keys.shard,
             shard_name=shard_name(keys.shard, keys.generation),
-            max_age_ms=self._max_age_ms,
+            # (No age limit: a worker's clock decides that, and a request it refuses as a copy
+            # leaves the stream once refused, so the mover never waits for it long.)
+            max_age_ms=_NO_AGE_LIMIT,
         )
         fetched = [(entry_id.decode(), fields) for entry_id, fields in entries]
         if signers := check.signers_to_read(fetched):
             check.learn(signers, await self._backend.signer_records(keys.namespace, signers))
         taken = [
             envelope.op_id
-            for entry_id, fields in fetched
+            for _, fields in fetched
             for envelope in decode_entry_leniently(fields)
-            if envelope.name == GRANT_OP and check.refusal(envelope, entry_id) is None
+            if envelope.name == GRANT_OP and check.refusal(envelope) is None
         ]
         if not taken:
             return False

@@ -15,6 +15,7 @@ from typing import Any
 
 from .._wire.json_text import dumps
 from .._wire.layout import ShardKeys
+from .._wire.resharding import sealed_key
 from .calls import ScriptArg, ScriptArgs, ScriptCall, acknowledged, pairs, script_args, text
 
 
@@ -64,6 +65,10 @@ class StepReply:
     #: The committed state (JSON, None: none) of every key the entries name, unless the owner
     #: holds them all.
     states: dict[str, str | None]
+    #: The shard's seal record, read with the entries (None: not sealed, or nothing fetched).
+    sealed: str | None = None
+    #: The shard's paused keys, read with the entries (None: nothing fetched).
+    paused: set[str] | None = None
 
 
 def fields(raw: Any) -> dict[bytes, bytes]:
@@ -72,11 +77,13 @@ def fields(raw: Any) -> dict[bytes, bytes]:
 
 
 def _step_reply(reply: list[Any]) -> StepReply:
-    entries, outcomes, states = reply
+    entries, outcomes, states, sealed, paused = reply
     return StepReply(
         entries=[(text(entry_id), fields(raw)) for entry_id, raw in entries],
         done={text(op_id): text(outcome) for op_id, outcome in pairs(outcomes)},
         states={text(key): text(state) or None for key, state in pairs(states)},
+        sealed=text(sealed) if sealed else None,
+        paused={text(key) for key, _ in pairs(paused)} if entries else None,
     )
 
 
@@ -96,6 +103,8 @@ def step(shard: ShardKeys, args: StepArgs) -> ScriptCall[StepReply]:
         k.horizon,
         k.results_since,
         k.pushes,
+        sealed_key(k),
+        k.paused,
     ]
     return args.call(keys, _step_reply)
 

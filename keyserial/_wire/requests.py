@@ -10,7 +10,8 @@ holds anything, and a refused request is dead-lettered: it holds no key, and cos
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Mapping
 
 from .codec import GRANT_OP, Envelope, decode_entry_leniently
 from .messages import GrantRequest, MalformedMessage
@@ -31,14 +32,17 @@ class RequestCheck:
         shard: int,
         shard_name: str,
         max_age_ms: int,
+        clock_ms: Callable[[], int] = lambda: int(time.time() * 1000),
     ) -> None:
         self._verifier = verifier
         self._namespace = namespace
         self._shard = shard
         self._shard_name = shard_name
-        #: How far apart the signing (the coordinator's clock) and the append (the entry id,
-        #: Redis's clock) may be: a decision record is kept this long (``result_ttl``).
+        #: How far apart the signing (the coordinator's clock) and the intake (this worker's)
+        #: may be: a decision record is kept this long (``result_ttl``). (Not the entry id's
+        #: time: a client user may XADD under a far-future id, and every later id follows it.)
         self._max_age_ms = max_age_ms
+        self._clock_ms = clock_ms
 
     def signers_to_read(self, entries: Iterable[tuple[str, Mapping[bytes, bytes]]]) -> list[str]:
         """The signers of the grant requests in ``entries`` whose listing is not known yet."""
@@ -56,9 +60,8 @@ class RequestCheck:
         for signer, record in zip(signers, records, strict=True):
             self._verifier.learn(signer, record)
 
-    def refusal(self, envelope: Envelope, entry_id: str) -> str | None:
-        """Why the grant request ``envelope``, appended as ``entry_id``, is not taken; None if
-        it is."""
+    def refusal(self, envelope: Envelope) -> str | None:
+        """Why the grant request ``envelope`` is not taken; None if it is."""
         try:
             request = GrantRequest.from_wire(envelope.kwargs, below=self._shard)
         except MalformedMessage as exc:
@@ -67,9 +70,8 @@ class RequestCheck:
             return "an unsigned grant request (only a worker may ask for a grant)"
         if request.target != self._shard_name:
             return f"a grant request for shard {request.target!r}, not {self._shard_name!r}"
-        appended_ms = int(entry_id.partition("-")[0])
-        if abs(appended_ms - request.at) > self._max_age_ms:
-            return "a grant request appended too long after it was signed (a copy)"
+        if abs(self._clock_ms() - request.at) > self._max_age_ms:
+            return "a grant request taken in too long after it was signed (a copy)"
         text = request.signed_text(self._namespace, envelope.keys)
         if not self._verifier.verified(request.signer, text, request.signature):
             return "a grant request that no listed worker signed"

@@ -31,12 +31,12 @@ log = logging.getLogger("keyserial.worker")
 
 _RESERVED_ID = "'#' is reserved in op ids (keyserial names its coordination records with it)"
 
-#: Why a grant request (an envelope of ``keyserial.grant``, appended as the given entry id) is
-#: not taken, or None (see ``_wire.requests``).
-GrantRefusal = Callable[[Envelope, str], str | None]
+#: Why a grant request (an envelope of ``keyserial.grant``) is not taken, or None (see
+#: ``_wire.requests``).
+GrantRefusal = Callable[[Envelope], str | None]
 
 
-def _no_refusal(envelope: Envelope, entry_id: str) -> str | None:
+def _no_refusal(envelope: Envelope) -> str | None:
     return None
 
 
@@ -95,7 +95,7 @@ def accept(
             _reject(accepted, item)
         elif (wrong := misrouted(item, shard, shard_count)) is not None:
             _reject(accepted, MalformedEntry(wrong, op_id=item.op_id, reply=item.reply))
-        elif item.name == GRANT_OP and (refused := grant_refusal(item, entry_id)) is not None:
+        elif item.name == GRANT_OP and (refused := grant_refusal(item)) is not None:
             _refuse_request(accepted, item, refused, shard)
         else:
             run = running[item.op_id] = Run(item, [entry], channels(item.reply))

@@ -240,7 +240,10 @@ class ShardRunner:
         """Hold each key paused in Redis (behind the ops already queued on it), and let go of
         each that was resumed."""
         records = await self._retrying(lambda: self._backend.paused_keys(self.keys))
-        paused = {key.decode() for key in records}
+        self._hold_paused({key.decode() for key in records})
+
+    def _hold_paused(self, paused: set[str]) -> None:
+        """Hold the keys of ``paused`` not held yet, and let go of the others held."""
         for key in sorted(paused - self._paused.keys()):
             self._paused[key] = self._chains.hold((key,))
             log.info("shard %d: key %r paused: its ops wait until it is resumed", self.shard, key)
@@ -469,6 +472,7 @@ class ShardRunner:
             # outcome already): the cache is not Redis's.
             self.write_chain.broken = True
             raise WriteChainBroken(str(exc)) from None
+        self._follow_records(fetched)
         _settle(records, self.write_chain)
         self._wakeups.stepped(want, len(fetched.entries), record)
         empty = not (commit.payload or commit.trim_to or fetched.entries or pushed_to or record)
@@ -490,6 +494,14 @@ class ShardRunner:
         for key, state in fetched.states.items():
             self.states.load(key, state)
         return fetched
+
+    def _follow_records(self, fetched: StepReply) -> None:
+        """Take the seal and the paused keys the step read with its entries: each entry is then
+        judged by them, though their wake-ups come later (or are lost)."""
+        if fetched.sealed is not None and self._seal is None:
+            self.seal(Seal.decode(self._settings.namespace, fetched.sealed))
+        if fetched.paused is not None and fetched.paused != self._paused.keys():
+            self._hold_paused(fetched.paused)
 
     def _evict_idle_states(self) -> None:
         """Keep at most ``max_cached_states`` states in memory: past it, drop idle ones (see

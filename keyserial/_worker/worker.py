@@ -305,11 +305,12 @@ class Worker:
         if backend.sharded_pubsub:
             self._mailbox.use_shard_channels(layout)
         log.info(
-            "worker %s serving shards %s of %d in namespace %r on %s (ops: %s)",
+            "worker %s serving shards %s of %d in namespace %r at %s on %s (ops: %s)",
             self.token,
             format_shards(self.shards) or "none",
             layout.shards,
             self.settings.namespace,
+            backend.url,
             _event_loop_name(),
             ", ".join(self.registry.names()),
         )

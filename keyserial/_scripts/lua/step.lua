@@ -11,6 +11,8 @@
 -- KEYS[5]  results    KEYS[6]  results, previous generation    KEYS[7]  dead-letter stream
 -- KEYS[8]  horizon    KEYS[9]  when the current results generation began
 -- KEYS[10] the epoch of the owner that takes pushed entries (see submit.lua, acquire.lua)
+-- KEYS[11] the shard's seal, once a reshard sealed it (see seal.lua)
+-- KEYS[12] the shard's paused keys (keyserial keys pause)
 -- ARGV[1]  the owner's epoch
 -- ARGV[2]  new progress: id of the last entry whose ops have all finished, or '' to keep it
 -- ARGV[3]  '1': start a new results generation first if the current one is a retention period
@@ -57,10 +59,14 @@
 --          value in order, as '<length>:<bytes>'), or nothing is written.
 -- Entries with the field fresh = '1' carry op ids appended for the first time (see the wire
 -- format), so their stored outcomes are not looked up, except while replaying.
--- Returns {entries, done, states}: entries as XRANGE returns them; done = {op id, outcome, ...};
--- states = {key, JSON state or '', ...}. Error "FENCED ..." (nothing written) if another owner
+-- Returns {entries, done, states, seal, paused}: entries as XRANGE returns them; done = {op id,
+-- outcome, ...}; states = {key, JSON state or '', ...}; seal = the seal record when entries were
+-- fetched and the shard is sealed, else false; paused = the shard's paused hash (HGETALL) when
+-- entries were fetched. (Both read with the entries: an owner that has not heard of a seal or a pause yet
+-- judges every fetched entry by it.) Error "FENCED ..." (nothing written) if another owner
 -- took over: the epoch moved on; error "UNCONFIRMED ..." (nothing written) if the stream does not
--- hold the pushed entries of ARGV[15] as pushed; error "REPLAYED ..." (nothing written) if an
+-- hold the pushed entries of ARGV[15] as pushed, or the shard is sealed (no push follows a seal:
+-- the submit script refuses appends there; the owner starts again, sealed); error "REPLAYED ..." (nothing written) if an
 -- outcome of "r" is stored already and the step is not this same step sent again, or another
 -- decision of a "c" attempt is; error "GONE ..." (nothing written) if a "g" grant's request
 -- entry is not in the stream; error
@@ -116,6 +122,9 @@ local function unconfirmed(pushed)
 end
 if ARGV[15] and ARGV[15] ~= '' then
   local problem = unconfirmed(cjson.decode(ARGV[15]))
+  if not problem and redis.call('EXISTS', KEYS[11]) == 1 then
+    problem = 'the shard is sealed for a reshard'
+  end
   if problem then
     return redis.error_reply('UNCONFIRMED ' .. problem .. '; nothing was written')
   end
@@ -296,7 +305,7 @@ if ARGV[9] ~= '' and (ARGV[10] == '1' or not fetching or #entries == 0) then
   redis.call('XTRIM', KEYS[4], 'MINID', string.format('%d-%d', ms, seq + 1))
 end
 if #entries == 0 then
-  return {entries, done, states}
+  return {entries, done, states, false, {}}
 end
 -- cjson refuses a lone UTF-16 surrogate escape ('\ud83d' with no pair), which the workers'
 -- JSON decoder takes (and refuses the op that holds it): such an entry is decoded again with
@@ -381,4 +390,4 @@ for i, state in ipairs(hmget(KEYS[2], keys)) do
   states[#states + 1] = keys[i]
   states[#states + 1] = state or ''
 end
-return {entries, done, states}
+return {entries, done, states, redis.call('GET', KEYS[11]), redis.call('HGETALL', KEYS[12])}
