@@ -33,6 +33,22 @@ async def keyserial_cli(*args: str) -> tuple[int, str, str]:
     return result.returncode, result.stdout.decode(), result.stderr.decode()
 
 
+#: ``python -m keyserial ARGS`` as a shell in a terminal starts it, SIGINT neither blocked nor
+#: ignored, for the tests that send it Ctrl-C. Both survive fork and exec, so a child has them
+#: from pytest, and pytest from whatever started the run: a non-interactive shell's background
+#: job (``python -m pytest > log &``, ``nohup``) has SIGINT ignored, and its one-shot status
+#: then never sees the signal. (A command ignores a Ctrl-C its parent chose to ignore, as it
+#: should: what is tested is the one a terminal sends.)
+_KEYSERIAL_AS_FROM_A_TERMINAL = [
+    sys.executable,
+    "-c",
+    "import os, signal, sys\n"
+    "signal.signal(signal.SIGINT, signal.SIG_DFL)\n"
+    "signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])\n"
+    "os.execv(sys.executable, [sys.executable, '-m', 'keyserial', *sys.argv[1:]])",
+]
+
+
 async def eventually_async(check: Any, timeout: float = 10) -> None:
     with anyio.fail_after(timeout):
         while not await check():
@@ -197,9 +213,7 @@ async def test_status_watch_prints_a_report_per_interval_until_interrupted(
     async with running_worker(url, namespace, shard_count=2):
         process = await anyio.open_process(
             [
-                sys.executable,
-                "-m",
-                "keyserial",
+                *_KEYSERIAL_AS_FROM_A_TERMINAL,
                 "status",
                 "--watch",
                 "--json",
@@ -257,9 +271,7 @@ async def test_ctrl_c_before_the_first_report_stops_status_without_a_traceback(
         before = {client["id"] for client in await admin.client_list()}
         process = await anyio.open_process(
             [
-                sys.executable,
-                "-m",
-                "keyserial",
+                *_KEYSERIAL_AS_FROM_A_TERMINAL,
                 "status",
                 "--redis",
                 server.url,

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
+from anyio.abc import TaskStatus
 
 from .._backend.backend import Backend
 from .._backend.commands import raise_errors
@@ -330,7 +331,7 @@ async def _run_status(backend: Backend, args: argparse.Namespace) -> int:
     with anyio.CancelScope() as scope:
         async with anyio.create_task_group() as group:
             if args.watch:
-                group.start_soon(_cancel_on_signal, scope)
+                await group.start(_cancel_on_signal, scope)
             before = await snapshot(backend, record.live)
             while True:
                 await anyio.sleep(args.interval)
@@ -350,8 +351,15 @@ async def _run_status(backend: Backend, args: argparse.Namespace) -> int:
     return 0 if healthy else 1
 
 
-async def _cancel_on_signal(scope: anyio.CancelScope) -> None:
+async def _cancel_on_signal(
+    scope: anyio.CancelScope, *, task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED
+) -> None:
+    """Cancel ``scope`` at the first SIGINT or SIGTERM (``--watch`` then exits with the code of
+    its last report). Reports started once the handlers are set: no snapshot's script goes out
+    before them, so a signal sent once the watch has begun to work is the watch's, never left to
+    asyncio's handler (exit 130) or, where SIGINT was inherited ignored, to none."""
     with anyio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as signals:
+        task_status.started()
         async for _ in signals:
             scope.cancel()
             return
