@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import signal
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
@@ -19,6 +20,16 @@ from keyserial.testing import LocalServer
 from tests.helpers import ROOT, WorkerProcess, worker_processes
 from tests.postgres import LocalPostgres, find_binaries
 from tests.tls import TlsServer, TlsUnsupported, make_certificates
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Give SIGINT its usual meaning in every test process, whatever started the run: a
+    background job of a non-interactive shell (CI's, `pytest &`) starts with SIGINT ignored, and
+    an ignored or blocked SIGINT passes to every child a test starts, so a test that stops one
+    with Ctrl-C's signal would wait in vain."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 
 TOPOLOGIES = ("standalone", "cluster")
 _counter = itertools.count()

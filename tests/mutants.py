@@ -79,6 +79,8 @@ _SHARD = "keyserial/_worker/runner.py"
 _COORDINATOR = "keyserial/_worker/crossshard/coordinator.py"
 _RACES = "tests/test_cross_shard_races.py::"
 _GRANTS = "tests/test_grant_requests.py::"
+_DEFAULT = "tests/test_default_server.py::"
+_STALE = "tests/test_shard_count_after_reshard.py::"
 _DASHBOARD_APP = "keyserial/_dashboard/app.py"
 _TOKEN_CHECK = (
     '            if not secrets.compare_digest(given.encode(), f"Bearer {token}".encode()):\n'
@@ -1262,9 +1264,13 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "grant-request-any-age",
         "G5.17",
-        "a participant takes a copy of a grant request appended long after its signing",
-        (_no_check(_REQUESTS, "        if abs(appended_ms - request.at) > self._max_age_ms:\n"),),
-        (_GRANTS + "test_a_request_appended_too_long_after_or_before_its_signing_is_refused",),
+        "a participant takes a copy of a grant request long after its signing",
+        (
+            _no_check(
+                _REQUESTS, "        if abs(self._clock_ms() - request.at) > self._max_age_ms:\n"
+            ),
+        ),
+        (_GRANTS + "test_a_request_taken_in_too_long_after_or_before_its_signing_is_refused",),
     ),
     Mutant(
         "grant-request-signature-unchecked",
@@ -1359,8 +1365,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 _MOVER,
-                "            if envelope.name == GRANT_OP and check.refusal(envelope, entry_id)"
-                " is None\n",
+                "            if envelope.name == GRANT_OP and check.refusal(envelope) is None\n",
                 "            if envelope.name == GRANT_OP\n",
             ),
         ),
@@ -1416,6 +1421,267 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (_RESHARD + "test_the_drain_ends_only_after_two_readings_in_a_row_find_the_same_work",),
+    ),
+    Mutant(
+        "sealed-shard-stores-refusals-past-the-seal",
+        "G11.4",
+        "a sealed shard stores the refusal of an op appended past its seal",
+        (
+            Edit(
+                _SHARD,
+                "                finished.store = finished.store and not past_seal"
+                "  # (replied only: see there)\n",
+                "",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_an_outcome_stored_past_a_seal_never_answers_an_op_of_the_new_layout"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "signed-reply-of-any-layout-taken",
+        "G8.14",
+        "a client takes a signed reply's outcome whichever layout generation it answered",
+        (
+            Edit(
+                "keyserial/_client/outcomes.py",
+                '        or answer.get("g") != pending.shard.generation\n',
+                "",
+            ),
+        ),
+        (_RESHARD + "test_a_reply_of_an_older_layout_never_settles_a_submit" + _STANDALONE,),
+    ),
+    Mutant(
+        "signed-reply-of-any-shard-taken",
+        "G8.14",
+        "a client takes a signed reply's outcome whichever shard it answered",
+        (
+            Edit(
+                "keyserial/_client/outcomes.py",
+                '        or answer.get("s") != pending.shard.shard\n',
+                "",
+            ),
+        ),
+        (_HOSTILE + "test_a_signed_reply_of_another_shard_never_settles_a_submit" + _STANDALONE,),
+    ),
+    Mutant(
+        "reply-tag-half-checked",
+        "G8.14",
+        "a client takes a signed reply whose tag matches in its first half only",
+        (
+            Edit(
+                "keyserial/_wire/signing.py",
+                "        if not hmac.compare_digest("
+                "_tag(key, channel or self.channel, signed), tag):",
+                "        if not hmac.compare_digest("
+                "_tag(key, channel or self.channel, signed)[:16], tag[:16]):",
+            ),
+        ),
+        ("tests/test_signing.py::test_a_signed_reply_is_taken_only_if_its_whole_tag_matches",),
+    ),
+    Mutant(
+        "pause-skips-the-move-target",
+        "G11.2",
+        "a pause or resume made while a move is under way is written to the live layout only",
+        (
+            Edit(
+                "keyserial/cli/keys.py",
+                "    if layouts.move is not None:\n"
+                "        await backend.set_paused(_shard_keys(layouts.move.target, key),"
+                " key, record)\n",
+                "",
+            ),
+        ),
+        (
+            "tests/test_pause.py::"
+            "test_a_pause_and_a_resume_between_the_copy_and_the_flip_hold_after_the_flip"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "pause-trusts-a-stale-layout",
+        "G11.2",
+        "a pause or resume is written by the layout it read, though a move flipped since",
+        (
+            Edit(
+                "keyserial/cli/keys.py",
+                "        if (again.live, again.move) == (layouts.live, layouts.move):\n",
+                "        if True:\n",
+            ),
+        ),
+        (
+            "tests/test_pause.py::"
+            "test_a_pause_and_a_resume_that_read_the_layout_before_a_flip_hold_after_it"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "mover-copies-paused-keys-once",
+        "G11.2",
+        "the mover copies the paused keys from one reading, undoing a pause or resume made since",
+        (Edit(_MOVER, "        if again == paused:\n", "        if True:\n"),),
+        (
+            "tests/test_pause.py::"
+            "test_a_pause_and_a_resume_made_while_the_mover_copies_paused_keys_hold" + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "step-hides-the-seal",
+        "G11.4",
+        "an owner that has not heard of its shard's seal runs what a client appended past it",
+        (
+            Edit(
+                _SHARD,
+                "        if fetched.sealed is not None and self._seal is None:\n",
+                "        if False:\n",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_an_owner_that_has_not_heard_of_its_seal_forwards_what_follows_it"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "reshard-keeps-stale-pauses",
+        "G11.2",
+        "a rerun of the copy adds the old shards' paused keys but never removes one resumed since",
+        (
+            Edit(
+                _MOVER,
+                '        raise_errors(await backend.pipeline([("DEL", keys.paused) for keys in'
+                " new_keys]))\n",
+                "",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_a_rerun_move_leaves_each_key_paused_as_the_operator_last_set_it"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "reshard-drops-pauses",
+        "G11.5",
+        "the mover copies states but not paused keys: a paused key's ops run on its new shard",
+        (
+            Edit(
+                _MOVER,
+                "        raise_errors(await backend.pipeline(commands))\n"
+                "        again = await backend.all_paused(old_keys)\n",
+                "        again = await backend.all_paused(old_keys)\n",
+            ),
+        ),
+        (_RESHARD + "test_a_reshard_carries_a_paused_key" + _STANDALONE,),
+    ),
+    Mutant(
+        "step-hides-the-pauses",
+        "G8.26",
+        "an owner that has not heard of a pause runs the paused key's ops it fetches",
+        (
+            Edit(
+                _SHARD,
+                "        if fetched.paused is not None and fetched.paused != self._paused.keys()"
+                ":\n",
+                "        if False:\n",
+            ),
+        ),
+        (
+            "tests/test_pause.py::"
+            "test_an_owner_that_has_not_heard_of_a_pause_holds_the_key_it_fetches" + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "default-url-on-the-standard-port",
+        "G8.32",
+        "with no URL given, clients and commands go to redis://127.0.0.1:6379/0 again",
+        (
+            Edit(
+                "keyserial/_client/connect.py",
+                'DEFAULT_URL = f"redis://127.0.0.1:{DEV_PORT}/0"\n',
+                'DEFAULT_URL = "redis://127.0.0.1:6379/0"\n',
+            ),
+        ),
+        (_DEFAULT + "test_no_url_means_the_server_keyserial_dev_starts",),
+    ),
+    Mutant(
+        "commands-name-no-server",
+        "G8.32",
+        "a command whose command line names no server uses one without a word",
+        (Edit("keyserial/cli/__init__.py", "        _name_the_server(args)\n", "        pass\n"),),
+        (_DEFAULT + "test_every_command_names_its_server_unless_its_command_line_does",),
+    ),
+    Mutant(
+        "worker-logs-no-server",
+        "G8.32",
+        "a worker serves without logging which Redis it uses",
+        (
+            Edit(
+                "keyserial/cli/serving.py",
+                '    log.info("worker using Redis at %s (%s)", redact(url), chosen_by)\n',
+                "",
+            ),
+        ),
+        (_DEFAULT + "test_the_worker_logs_the_server_it_serves_before_it_serves",),
+    ),
+    Mutant(
+        "timeout-names-no-server",
+        "G7.18",
+        "a submit timing out for want of a worker does not say on which server",
+        (Edit("keyserial/_client/client.py", "            server=self._backend.url,\n", ""),),
+        (
+            _DEFAULT + "test_a_timeout_for_want_of_a_worker_names_the_server_password_hidden",
+            _DEFAULT + "test_call_says_which_server_has_no_worker_for_its_shard",
+        ),
+    ),
+    Mutant(
+        "stale-shard-count-refused",
+        "G11.7",
+        "a client given the shard count from before a reshard is refused after it",
+        (
+            Edit(
+                "keyserial/_client/connect.py",
+                "        if record is None or not resharded(record):\n",
+                "        if True:\n",
+            ),
+        ),
+        (
+            _STALE + "test_a_count_from_before_a_reshard_connects_warns_and_routes_by_the_new_one",
+            _STALE + "test_the_count_a_move_under_way_goes_to_is_taken_without_a_word",
+        ),
+    ),
+    Mutant(
+        "any-shard-count-taken",
+        "G11.7",
+        "a shard count a never-resharded namespace does not have is taken",
+        (
+            Edit(
+                "keyserial/_client/connect.py",
+                "        if record is None or not resharded(record):\n",
+                "        if record is None:\n",
+            ),
+        ),
+        (_STALE + "test_the_count_a_move_under_way_goes_to_is_taken_without_a_word",),
+    ),
+    Mutant(
+        "reader-gone-traceback",
+        "G8.33",
+        "output to a reader that has gone ends in a BrokenPipeError traceback",
+        (
+            Edit(
+                "keyserial/cli/__init__.py",
+                "    except BrokenPipeError:\n        return _reader_gone()\n",
+                "    except ZeroDivisionError:\n        return _reader_gone()\n",
+            ),
+            Edit(
+                "keyserial/cli/__init__.py",
+                "        if _found(exc, BrokenPipeError) is not None:\n",
+                "        if False:\n",
+            ),
+        ),
+        ("tests/test_cli.py::test_a_reader_gone_ends_a_command_quietly_as_sigpipe_would[status]",),
     ),
 )
 
