@@ -21,7 +21,7 @@ import pytest
 import redis
 from redis.asyncio import Redis
 
-from benchmarks import notifylock, state
+from benchmarks import cost, notifylock, state
 from benchmarks.agent import Window, run_callers
 from benchmarks.cli import build_parser, config_from
 from benchmarks.config import DEFAULT_SYSTEMS, RESULTS_DIR, RunSpec
@@ -485,3 +485,28 @@ def test_the_scaling_benchmark_writes_its_table_json_and_chart(
     assert all(row["ops_per_s"] > 0 and row["workers_us_per_op"] for row in rows)
     assert "| 2 | 4 |" in (tmp_path / "scaling.md").read_text()
     assert (tmp_path / "scaling.png").exists() or importlib.util.find_spec("matplotlib") is None
+
+
+def test_the_cost_table_derives_a_crossing_transfer_from_the_mix() -> None:
+    """``benchmarks.cost``: about half of the bench's transfers cross two workers' halves of
+    16 shards, and the crossing cost is what the measured mix leaves once the share that stays
+    in one worker is taken out at its own cost."""
+    share = cost.crossing_share()
+    assert 0.45 < share < 0.6
+    within = {"commands": 10.0, "workers_us": 100.0, "ops_per_s": 5000}
+    crossing = {"commands": 30.0, "workers_us": 500.0, "ops_per_s": 1000}
+    mix = {key: share * crossing[key] + (1 - share) * within[key] for key in within}
+    derived = cost.derived_between(mix, within, share)
+    assert derived["commands"] == pytest.approx(30.0, abs=0.1)
+    assert derived["workers_us"] == pytest.approx(500.0, abs=0.1)
+    assert derived["ops_per_s"] is None  # (a throughput of a mix cannot be split)
+
+
+def test_the_cost_table_names_each_op_kind_and_system_in_one_row() -> None:
+    row = {"kind": "single key", "system": "lua", "round_trips": 1, "note": ""}
+    row |= dict.fromkeys(cost.figures_keys(), 1.5) | {"workers_us": None, "ops_per_s": 4321}
+    text = cost.markdown([row], "python -m benchmarks.cost")
+    assert (
+        text.splitlines()[-1]
+        == "| single key | Lua script | 1 | 1.5 | 1.5 | 1.5 | 1.5 | — | 1.5 | 4,321 |"
+    )
