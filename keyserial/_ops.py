@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import warnings
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -165,7 +166,7 @@ class Op(Generic[P, R]):
     run it: ``await ks.submit("account:5", withdraw(30))``."""
 
     def __init__(
-        self, fn: Callable[..., Any], name: str, *, multi_key: bool = False, blocking: bool = False
+        self, fn: Callable[..., Any], name: str, *, multi_key: bool = False, inline: bool = False
     ) -> None:
         if not name or not isinstance(name, str):
             raise ConfigError(f"op name must be a non-empty string, not {name!r}")
@@ -173,16 +174,22 @@ class Op(Generic[P, R]):
         self.name = name
         self.multi_key = multi_key
         self.is_async = inspect.iscoroutinefunction(fn)
-        if blocking and self.is_async:
+        if inline and self.is_async:
             raise ConfigError(
-                f"op {name!r}: blocking=True is for sync ops (an async op runs on the event"
-                " loop; make it sync, or await the blocking call through a thread)"
+                f"op {name!r}: inline=True is for sync ops (an async op runs on the event loop"
+                " already, between its awaits)"
             )
-        #: A sync op that may block (CPU work, blocking I/O): run in a worker thread, so the
-        #: worker's event loop, its other keys and its lease renewals, never wait for it.
-        self.blocking = blocking
+        #: A sync op declared quick: it runs on the worker's event loop, between two awaits,
+        #: with no thread hop. Every other sync op runs in a worker thread, so that the loop,
+        #: the worker's other keys and its lease renewals never wait for it.
+        self.inline = inline
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
+
+    @property
+    def blocking(self) -> bool:
+        """Whether the op runs in a worker thread: a sync op not declared ``inline``."""
+        return not self.is_async and not self.inline
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> Call[R]:
         return Call(self.name, args, kwargs)
@@ -203,22 +210,36 @@ def op(fn: Callable[Concatenate[Context, P], Awaitable[R]], /) -> Op[P, R]: ...
 @overload
 def op(fn: Callable[Concatenate[Context, P], R], /) -> Op[P, R]: ...
 @overload
-def op(*, name: str | None = None, blocking: bool = False) -> _NamedOp: ...
 def op(
-    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, blocking: bool = False
+    *, name: str | None = None, inline: bool = False, blocking: bool | None = None
+) -> _NamedOp: ...
+def op(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    inline: bool = False,
+    blocking: bool | None = None,
 ) -> Any:
     """Register a function ``fn(ctx, *args, **kwargs)`` as an op, named after it unless ``name``.
 
-    A sync op runs on the worker's event loop, between two awaits: the fastest way, for quick
-    ops. One that may block (CPU work, ``time.sleep``, a blocking client such as ``requests``
-    or the Django ORM) stalls every shard of its worker meanwhile, so declare it
-    ``blocking=True``: it then runs in a worker thread, its key held until it returns (ops on
-    the key stay in order), while the worker's other keys and its leases go on. Use
-    ``async def`` for I/O you can await.
+    A sync op runs in a worker thread, its key held until it returns (ops on the key stay in
+    order), while the worker's event loop, its other keys and its lease renewals go on: CPU
+    work, ``time.sleep``, a blocking client such as ``requests`` or the Django ORM cannot
+    stall them. ``inline=True`` declares a sync op quick (no I/O, well under a millisecond of
+    CPU): it then runs on the event loop, between two awaits, with no thread hop, which is
+    faster; but while it runs nothing else of its worker does, lease renewals included, so an
+    inline op that is slow stalls every shard of the worker (a warning names it past 100 ms).
+    An ``async def`` op runs on the event loop and may await I/O.
+
+    ``blocking`` is deprecated: ``blocking=True`` is what every sync op does now, and
+    ``blocking=False`` no longer runs an op on the event loop (declare ``inline=True``).
     """
+    inline = _declared_inline(inline, blocking)
 
     def wrap(function: Callable[..., Any]) -> Op[..., Any]:
-        return Op(function, _op_name(function, name), blocking=blocking)
+        _check_blocking(function, name, blocking)
+        return Op(function, _op_name(function, name), inline=inline)
 
     return wrap if fn is None else wrap(fn)
 
@@ -229,19 +250,61 @@ def multi_op(fn: Callable[Concatenate[MultiContext, P], Awaitable[R]], /) -> Op[
 def multi_op(fn: Callable[Concatenate[MultiContext, P], R], /) -> Op[P, R]: ...
 @overload
 def multi_op(
-    *, name: str | None = None, blocking: bool = False
+    *, name: str | None = None, inline: bool = False, blocking: bool | None = None
 ) -> Callable[[Callable[..., Any]], Op[..., Any]]: ...
 def multi_op(
-    fn: Callable[..., Any] | None = None, /, *, name: str | None = None, blocking: bool = False
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    inline: bool = False,
+    blocking: bool | None = None,
 ) -> Any:
     """Register ``fn(ctx: MultiContext, *args, **kwargs)`` as an op on several keys, submitted
     with ``ks.submit_many(keys, op(...))``: it sees and writes all their states atomically.
-    ``blocking``: as for :func:`op`."""
+    ``inline`` and ``blocking``: as for :func:`op` (a sync one runs in a worker thread unless
+    declared ``inline=True``)."""
+    inline = _declared_inline(inline, blocking)
 
     def wrap(function: Callable[..., Any]) -> Op[..., Any]:
-        return Op(function, _op_name(function, name), multi_key=True, blocking=blocking)
+        _check_blocking(function, name, blocking)
+        return Op(function, _op_name(function, name), multi_key=True, inline=inline)
 
     return wrap if fn is None else wrap(fn)
+
+
+def _declared_inline(inline: bool, blocking: bool | None) -> bool:
+    """``inline``, once the deprecated ``blocking`` has been checked against it (and warned of,
+    at the line that declares the op)."""
+    if blocking is None:
+        return inline
+    if blocking and inline:
+        raise ConfigError(
+            "an op is declared inline=True (on the event loop) or blocking=True (in a thread),"
+            " not both; blocking=True is the default for sync ops now: drop it"
+        )
+    if blocking:
+        message = (
+            "@keyserial.op(blocking=True) is deprecated: every sync op runs in a worker thread"
+            " now unless declared inline=True; drop blocking=True"
+        )
+    else:
+        message = (
+            "@keyserial.op(blocking=False) is deprecated and no longer runs a sync op on the"
+            " event loop: sync ops run in a worker thread unless declared"
+            " @keyserial.op(inline=True) (for quick ops only); drop blocking=False"
+        )
+    warnings.warn(message, DeprecationWarning, stacklevel=3)
+    return inline
+
+
+def _check_blocking(function: Any, name: str | None, blocking: bool | None) -> None:
+    if blocking and inspect.iscoroutinefunction(function):
+        raise ConfigError(
+            f"op {name or getattr(function, '__name__', function)!r}: blocking=True is for sync"
+            " ops (an async op runs on the event loop; make it sync, or await the blocking call"
+            " through a thread)"
+        )
 
 
 def _where_defined(each: Op[..., Any]) -> str:

@@ -14,7 +14,7 @@ import redis
 from keyserial import Context, InsufficientFunds, MultiContext, multi_op, op
 
 
-@op
+@op(inline=True)
 def append(ctx: Context, value: Any) -> list[Any]:
     """Append to the key's list; return the whole list (ordering tests)."""
     items = ctx.state or []
@@ -23,7 +23,7 @@ def append(ctx: Context, value: Any) -> list[Any]:
     return list(items)
 
 
-@op
+@op(inline=True)
 def record(ctx: Context) -> int:
     """Log the op id in the key's state: exactly-once is checked op by op, not by a sum."""
     applied = ctx.state or []
@@ -49,18 +49,18 @@ async def slow_increment(ctx: Context, delay: float) -> int:
     return int(ctx.state)
 
 
-@op
+@op(inline=True)
 def fence(ctx: Context) -> int:
     return ctx.fence
 
 
-@op
+@op(inline=True)
 def crash(ctx: Context) -> None:
     """Kill the worker process outright, as a segfault or OOM kill would."""
     os._exit(17)
 
 
-@op
+@op(inline=True)
 def return_unserializable(ctx: Context) -> Any:
     return {1, 2, 3}
 
@@ -75,12 +75,12 @@ async def leak_cancelled(ctx: Context) -> None:
     await waited
 
 
-@op
+@op(inline=True)
 def raise_cancelled(ctx: Context) -> None:
     raise asyncio.CancelledError()
 
 
-@multi_op
+@multi_op(inline=True)
 def write_elsewhere(ctx: MultiContext) -> None:
     for key in ctx.keys:
         ctx.states[key] = "written"
@@ -92,7 +92,7 @@ class Unprintable(Exception):
         raise RuntimeError("this exception cannot be printed")
 
 
-@op
+@op(inline=True)
 def raise_unprintable(ctx: Context) -> None:
     ctx.state = "never kept"
     raise Unprintable()
@@ -120,7 +120,7 @@ async def slow_move(ctx: MultiContext, delay: float) -> list[str]:
     return list(ctx.keys)
 
 
-@op
+@op(inline=True)
 def open_account(ctx: Context, amount: int) -> None:
     """A bank account for the cross-shard tests: a balance and the ids of the ops it saw."""
     ctx.state = {"balance": amount, "ops": []}
@@ -139,14 +139,14 @@ async def pay(ctx: MultiContext, amount: int, delay: float = 0, note_path: str =
     return _pay(ctx, amount)
 
 
-@multi_op
+@multi_op(inline=True)
 def pay_now(ctx: MultiContext, amount: int) -> int:
     """:func:`pay` as a sync op: when its keys are idle, a worker owning all its shards runs it
     with no task and commits it in the next pipeline (``CrossShard.start_now``)."""
     return _pay(ctx, amount)
 
 
-@multi_op
+@multi_op(inline=True)
 def pay_while_taken_over(
     ctx: MultiContext, amount: int, url: str, epoch_key: str, lease_key: str, note_path: str
 ) -> int:
@@ -173,7 +173,7 @@ async def pay_tagged(ctx: MultiContext, amount: int, tag: str, delay: float = 0)
     return _pay(ctx, amount, logged=tag)
 
 
-@multi_op
+@multi_op(inline=True)
 def pay_now_tagged(ctx: MultiContext, amount: int, tag: str) -> int:
     """:func:`pay_tagged` as a sync op (see :func:`pay_now`)."""
     return _pay(ctx, amount, logged=tag)
@@ -287,19 +287,19 @@ def _freeze_first_runner(note_path: str, gate_path: str) -> None:
         time.sleep(0.005)  # (blocking on purpose)
 
 
-@op
+@op(inline=True)
 def peek(ctx: Context) -> Any:
     """The key's state, as an op: it runs after every op appended before it."""
     return ctx.state
 
 
-@multi_op
+@multi_op(inline=True)
 def fences(ctx: MultiContext) -> dict[str, int]:
     """Each key's fencing token, as the op saw it."""
     return dict(ctx.fences)
 
 
-@op
+@op(inline=True)
 def write_then_fail(ctx: Context, value: Any) -> None:
     """Writes ``value`` to the key's state, then raises: none of it may be kept."""
     ctx.state = value
@@ -314,7 +314,7 @@ async def slow_write_then_fail(ctx: Context, value: Any) -> None:
     raise ValueError("failed after writing")
 
 
-@multi_op
+@multi_op(inline=True)
 def write_all_then_fail(ctx: MultiContext, value: Any) -> None:
     """Writes ``value`` to every key's state, then raises: none of it may be kept."""
     for key in ctx.keys:
@@ -322,7 +322,7 @@ def write_all_then_fail(ctx: MultiContext, value: Any) -> None:
     raise ValueError("failed after writing")
 
 
-@op
+@op(inline=True)
 def fail_deep(ctx: Context, depth: int, padding: int = 0) -> None:
     """Raise from ``depth`` frames down, with ``padding`` more characters of message."""
     if depth > 0:
@@ -331,10 +331,10 @@ def fail_deep(ctx: Context, depth: int, padding: int = 0) -> None:
     raise RuntimeError(f"boom at the bottom of {ctx.key}" + "!" * padding)
 
 
-@op(blocking=True)
+@op
 def gated_block(ctx: Context, gate_path: str, note_path: str) -> int:
-    """A blocking op: notes the pid in ``note_path``, then blocks its thread (``time.sleep``,
-    never awaiting) until ``gate_path`` exists; adds 1 to the key's count."""
+    """A sync op (in a worker thread): notes the pid in ``note_path``, then blocks its thread
+    (``time.sleep``, never awaiting) until ``gate_path`` exists; adds 1 to the key's count."""
     with open(note_path, "a") as note:
         note.write(f"{os.getpid()}\n")
     while not os.path.exists(gate_path):
@@ -343,20 +343,86 @@ def gated_block(ctx: Context, gate_path: str, note_path: str) -> int:
     return int(ctx.state)
 
 
-@op(blocking=True)
+@op
 def blocking_fail(ctx: Context) -> None:
-    """A blocking op that raises in its thread after writing: nothing it wrote is kept."""
+    """A sync op that raises in its thread after writing: nothing it wrote is kept."""
     ctx.state = "written"
     raise RuntimeError("boom in a thread")
 
 
-@op
+@op(inline=True)
 def stall_loop(ctx: Context, seconds: float) -> None:
-    """A sync op not declared blocking that blocks anyway: the worker warns, naming it."""
+    """A sync op declared inline that blocks anyway: the worker warns, naming it."""
     time.sleep(seconds)
 
 
-@multi_op(blocking=True)
+@multi_op
 def blocking_pay(ctx: MultiContext, amount: int) -> int:
-    """:func:`pay_now` declared blocking: it runs in a thread, across shards too."""
+    """:func:`pay_now` not declared inline: it runs in a thread, across shards too."""
     return _pay(ctx, amount)
+
+
+def _spin(seconds: float) -> None:
+    """Keep a core busy in Python for ``seconds`` (CPU work: no sleep, no I/O)."""
+    began = time.perf_counter()
+    while time.perf_counter() - began < seconds:
+        pass
+
+
+@op
+def cpu_spin(ctx: Context, seconds: float, note_path: str = "") -> int:
+    """A plain sync op, CPU-bound for ``seconds`` (no declaration: it runs in a worker
+    thread), once it has noted its pid in ``note_path`` (if any); adds 1 to the key's count."""
+    if note_path:
+        _note_pid(note_path)
+    _spin(seconds)
+    ctx.state = (ctx.state or 0) + 1
+    return int(ctx.state)
+
+
+@op(inline=True)
+def cpu_spin_inline(ctx: Context, seconds: float) -> int:
+    """:func:`cpu_spin` declared inline: it runs on the worker's event loop, holding it."""
+    _spin(seconds)
+    ctx.state = (ctx.state or 0) + 1
+    return int(ctx.state)
+
+
+def _where() -> str:
+    """``"loop"`` when called on a running event loop's thread, else ``"thread"``."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return "thread"
+    return "loop"
+
+
+@op
+def where_plain(ctx: Context) -> str:
+    """Where a sync op runs with no declaration."""
+    return _where()
+
+
+@op(inline=True)
+def where_inline(ctx: Context) -> str:
+    """Where a sync op declared inline runs."""
+    return _where()
+
+
+@op
+def append_slowly(ctx: Context, value: Any, seconds: float) -> list[Any]:
+    """A plain sync op (in a worker thread): read the key's list, block ``seconds``, then
+    append ``value``; loses updates unless the ops on the key run one after another. The value
+    ``"fail"`` is appended, then the op raises: nothing of it may be kept."""
+    items = list(ctx.state or [])
+    time.sleep(seconds)
+    ctx.state = [*items, value]
+    if value == "fail":
+        raise ValueError("failed after appending")
+    return list(ctx.state)
+
+
+@op
+def raise_cancelled_in_thread(ctx: Context) -> None:
+    """:func:`raise_cancelled` as a plain sync op: in a worker thread, where no task is."""
+    raise asyncio.CancelledError()

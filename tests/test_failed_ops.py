@@ -73,7 +73,9 @@ async def test_an_op_whose_exception_cannot_be_printed_fails_alone(
 
 
 @pytest.mark.parametrize(
-    "escaping", [apps.leak_cancelled, apps.raise_cancelled], ids=["async", "sync"]
+    "escaping",
+    [apps.leak_cancelled, apps.raise_cancelled, apps.raise_cancelled_in_thread],
+    ids=["async", "sync", "sync in a thread"],
 )
 async def test_an_op_that_lets_a_cancellation_out_fails_alone(
     redis_url: str, namespace: str, escaping: keyserial.Op[..., None]

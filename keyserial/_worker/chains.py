@@ -1,10 +1,12 @@
 """Which op runs when: one key's ops one after another, different keys' ops side by side.
 
-Sync ops on a free key run inline (no task); an ``async`` op gets a chain task for its key, and
-later ops on that key queue behind it. A multi-key op is a :class:`Barrier` placed in every one
-of its keys' chains: the last chain to reach it runs it, the others wait, so it sees and writes
-all its keys alone. Chains fill in stream order, so two barriers can never wait for each other.
-A :class:`Hold` is a barrier that another shard's coordinator runs (a cross-shard op).
+Ops declared ``inline`` on a free key run at once (no task); an ``async`` op, or a sync op (run
+in a worker thread), gets a chain task for its key, and later ops on that key queue behind it; a
+key's consecutive sync ops share one trip to a thread. A multi-key op is a :class:`Barrier`
+placed in every one of its keys' chains: the last chain to reach it runs it, the others wait, so
+it sees and writes all its keys alone. Chains fill in stream order, so two barriers can never
+wait for each other. A :class:`Hold` is a barrier that another shard's coordinator runs (a
+cross-shard op).
 """
 
 from __future__ import annotations
@@ -174,7 +176,10 @@ class Chains:
         while chain:
             item = chain.popleft()
             if isinstance(item, Run):
-                await self._executor.execute(item)
+                if self._executor.in_thread(item.envelope):
+                    await self._executor.execute_in_thread(self._trip(item, chain))
+                else:
+                    await self._executor.execute(item)
                 continue
             item.arrived += 1
             if isinstance(item, Hold):
@@ -196,6 +201,18 @@ class Chains:
                     item.done = anyio.Event()
                 await item.done.wait()
         del self._chains[key]
+
+    def _trip(self, first: Run, chain: deque[Run | Barrier | Hold]) -> list[Run]:
+        """``first`` and the sync ops queued right behind it on its key, taken off the chain:
+        they run one after another in one trip to a worker thread."""
+        runs = [first]
+        while chain:
+            head = chain[0]
+            if not isinstance(head, Run) or not self._executor.in_thread(head.envelope):
+                break
+            runs.append(head)
+            chain.popleft()
+        return runs
 
     def _start_chain(self, key: str) -> None:
         assert self._tasks is not None, "the runner opens the chains before scheduling"

@@ -1,21 +1,23 @@
 """Running one op: build its context, call it, turn what it returned (or raised) into an outcome
 and new states. One path for every op: sync or ``async``, one key or several; only the ``await``
-differs. Which op runs when is :mod:`._chains`' job.
+differs. A sync op runs in a worker thread unless it is declared ``inline`` (then on the event
+loop, with nothing to await). Which op runs when is :mod:`._chains`' job.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import os
+import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, TypeGuard
-
-import anyio
-import anyio.to_thread
 
 from .. import _telemetry as telemetry
 from .._logfields import fields
@@ -28,10 +30,18 @@ log = logging.getLogger("keyserial.worker")
 
 #: An op's outcome (JSON) and its keys' new states (None: it failed, nothing is written).
 Evaluated = tuple[str, dict[str, str | None] | None]
-#: Seconds a sync op may hold the event loop before the worker warns that it should be
-#: ``blocking`` (every shard of the worker waits while it runs).
+#: Seconds an ``inline`` op may hold the event loop before the worker warns that it should not
+#: be (every shard of the worker, and its lease renewals, wait while it runs).
 SLOW_INLINE_OP = 0.1
 _SLOW_WARNING_EVERY = 60.0
+#: The most sync ops a worker process runs at once, each in a thread of its own; more wait for
+#: a thread (while the event loop, and every other op, go on).
+MAX_OP_THREADS = 40
+#: The interpreter's switch interval once a process runs sync ops in threads (it is 5 ms by
+#: default): a thread holding the GIL (CPU work in Python) hands it to the event loop only when
+#: the loop has waited this long, at each of the loop's wake-ups. Lowering it to 1 ms took the
+#: other keys' p99 beside a CPU-bound op from 82-136 ms to 31-48 ms (``benchmarks.blocking``).
+OP_SWITCH_INTERVAL = 0.001
 
 
 @dataclass(slots=True)
@@ -63,11 +73,12 @@ class _Raised:
     error: Exception
 
 
-def _escaped(cancelled: asyncio.CancelledError) -> Exception:
+def _escaped(cancelled: asyncio.CancelledError, *, on_loop: bool = True) -> Exception:
     """The failure of an op that let a ``CancelledError`` out of its own code (it awaited a
     task that was cancelled): an error like any other, not the end of the runner that ran it.
-    One that cancels this task (the worker stopping) goes on up."""
-    task = asyncio.current_task()
+    One that cancels this task (the worker stopping) goes on up; in a worker thread
+    (``on_loop`` false) there is no task, so it is always the op's own."""
+    task = asyncio.current_task() if on_loop else None
     if task is not None and task.cancelling():
         raise cancelled
     return RuntimeError(
@@ -107,15 +118,27 @@ class Executor:
 
     def runs_inline(self, envelope: Envelope) -> bool:
         """Whether the op exists, takes the keys it was given, and runs on the event loop with
-        nothing to await (neither ``async`` nor ``blocking``)."""
+        nothing to await (a sync op declared ``inline``)."""
         definition = self.definition(envelope)
         return _accepts_keys(definition, envelope) and not _awaited(definition)
 
     def awaited(self, envelope: Envelope) -> bool:
-        """Whether the op has to be awaited (``async``, or ``blocking``: in a thread), so it
-        needs a task; an op that cannot run is refused at once, with no task."""
+        """Whether the op has to be awaited (``async``, or sync and not ``inline``: in a
+        thread), so it needs a task; an op that cannot run is refused at once, with no task."""
         definition = self.definition(envelope)
         return definition is not None and _awaited(definition)
+
+    def in_thread(self, envelope: Envelope) -> bool:
+        """Whether the op is a one-key sync op not declared ``inline``: it runs in a worker
+        thread, where a key's consecutive ones may share a trip (:meth:`execute_in_thread`)."""
+        definition = self.definition(envelope)
+        return (
+            definition is not None
+            and not definition.multi_key
+            and not envelope.multi
+            and not definition.is_async
+            and not definition.inline
+        )
 
     def next_fence(self) -> int:
         """A fencing token for an op on this shard's keys: larger than every one before it
@@ -170,28 +193,72 @@ class Executor:
     # -- running on the shard's states ---------------------------------------------------------
 
     def execute_now(self, run: Run) -> None:
-        """Run a sync op (or refuse one that cannot run) on the shard's states, now."""
+        """Run an ``inline`` op (or refuse one that cannot run) on the shard's states, now."""
         refused = self.refusal(run)
         if refused is not None:
             self.on_complete(run, refused)
             return
         envelope = run.envelope
-        self._applied(run, self.evaluate_now(envelope, self._current(envelope), {}))
+        self.applied(run, self.evaluate_now(envelope, self._current(envelope), {}))
 
     async def execute(self, run: Run) -> None:
-        """Run any op on the shard's states: an ``async`` one is awaited, a ``blocking`` one
-        runs in a worker thread."""
+        """Run any op on the shard's states: an ``async`` one is awaited, a sync one not
+        declared ``inline`` runs in a worker thread."""
         definition = self.definition(run.envelope)
         if definition is None or not _awaited(definition) or self.cannot_run(run.envelope):
             self.execute_now(run)
             return
+        if self.in_thread(run.envelope):
+            await self.execute_in_thread([run])
+            return
         envelope = run.envelope
-        self._applied(run, await self.evaluate(envelope, self._current(envelope), {}))
+        self.applied(run, await self.evaluate(envelope, self._current(envelope), {}))
+
+    async def execute_in_thread(self, runs: list[Run]) -> None:
+        """Run one key's consecutive sync ops (each :meth:`in_thread`), in stream order, in one
+        trip to a worker thread: each sees the state the one before it left, and each outcome
+        is applied on the event loop as soon as the loop is free to take it, in order. A hot
+        key's ops thus share the thread hop, and commit in batches as inline ops do."""
+        key = runs[0].envelope.key
+        assert all(self.in_thread(run.envelope) and run.envelope.key == key for run in runs)
+        fences = [self.next_fence() for _ in runs]  # (on the loop: the thread takes none)
+        trip = _Trip(self, runs, fences, self.states[key], asyncio.get_running_loop())
+        try:
+            rest = await asyncio.get_running_loop().run_in_executor(_op_threads(), trip.run)
+        except BaseException:
+            # (The runner stops: what the thread still returns is dropped, as a killed
+            # worker's would be, and it starts no other op of the trip.)
+            trip.abandoned = True
+            raise
+        trip.apply(rest)
+        assert trip.applied_count == len(runs), "every op of the trip has its outcome"
+
+    def evaluate_in_thread(self, envelope: Envelope, state: str | None, fence: int) -> Evaluated:
+        """Run a one-key sync op on ``state`` in this (worker) thread, touching nothing else:
+        :meth:`evaluate_now` off the event loop."""
+        definition = self.definition(envelope)
+        assert definition is not None, "in_thread() first"
+        context = Context(
+            key=envelope.key,
+            op_id=envelope.op_id,
+            shard=self.shard,
+            fence=fence,
+            encoded_state=state,
+        )
+        traced = telemetry.tracer()
+        if traced is None:
+            value = _called(definition.fn, context, envelope, False)
+        else:
+            with _run_span(traced, envelope) as span:
+                value = _called(definition.fn, context, envelope, False)
+                _record(span, value)
+        return self._end(envelope, context, value)
 
     def _current(self, envelope: Envelope) -> dict[str, str | None]:
         return {key: self.states[key] for key in envelope.keys}
 
-    def _applied(self, run: Run, evaluated: Evaluated) -> None:
+    def applied(self, run: Run, evaluated: Evaluated) -> None:
+        """Write an op's new states and report its outcome."""
         outcome, new_states = evaluated
         for key, state in (new_states or {}).items():
             self.states.write(key, state)
@@ -202,9 +269,10 @@ class Executor:
     def evaluate_now(
         self, envelope: Envelope, states: Mapping[str, str | None], fences: Mapping[str, int]
     ) -> Evaluated:
-        """Run a sync op on ``states`` (keys of any shard), touching nothing else: its outcome,
-        and every key's new state (None if it failed). ``fences``: the fencing tokens of its
-        keys on other shards, from their owners (this shard's keys get one of this shard's)."""
+        """Run an ``inline`` op on ``states`` (keys of any shard), touching nothing else: its
+        outcome, and every key's new state (None if it failed). ``fences``: the fencing tokens
+        of its keys on other shards, from their owners (this shard's keys get one of this
+        shard's)."""
         definition, context = self._begin(envelope, states, fences)
         assert not _awaited(definition), "runs_inline() first"
         began = time.monotonic()
@@ -222,7 +290,8 @@ class Executor:
     async def evaluate(
         self, envelope: Envelope, states: Mapping[str, str | None], fences: Mapping[str, int]
     ) -> Evaluated:
-        """:meth:`evaluate_now` for any op: an ``async`` one is awaited."""
+        """:meth:`evaluate_now` for any op: an ``async`` one is awaited, a sync one not
+        ``inline`` runs in a worker thread."""
         if self.runs_inline(envelope):
             return self.evaluate_now(envelope, states, fences)
         definition, context = self._begin(envelope, states, fences)
@@ -321,6 +390,56 @@ class Executor:
         return encode_error(error_type_name(exc), message, None, remote)
 
 
+@dataclass(slots=True, eq=False)
+class _Trip:
+    """One key's sync ops run one after another in a worker thread (:meth:`run`), their
+    outcomes sent back to the event loop (:meth:`apply`): at once when none is on its way,
+    else together with the next, so that the loop takes them in batches while it is busy."""
+
+    executor: Executor
+    runs: list[Run]
+    fences: list[int]
+    #: The key's state before the first op: each op then sees the one before it left.
+    state: str | None
+    loop: asyncio.AbstractEventLoop
+    #: Set on the loop once the runner stops: nothing more is run or applied.
+    abandoned: bool = False
+    #: How many outcomes the loop has applied (in order: the assertion in :meth:`apply`).
+    applied_count: int = 0
+    #: Whether outcomes sent to the loop wait there to be applied.
+    _sent: bool = False
+
+    def run(self) -> list[tuple[Run, Evaluated]]:
+        """In the worker thread: run the ops; the outcomes not sent to the loop yet."""
+        pending: list[tuple[Run, Evaluated]] = []
+        state = self.state
+        for run, fence in zip(self.runs, self.fences, strict=True):
+            if self.abandoned:
+                break
+            evaluated = self.executor.evaluate_in_thread(run.envelope, state, fence)
+            if evaluated[1] is not None:
+                state = evaluated[1][run.envelope.key]
+            pending.append((run, evaluated))
+            if not self._sent:
+                self._sent = True
+                try:
+                    self.loop.call_soon_threadsafe(self.apply, pending)
+                except RuntimeError:  # (the loop has closed: the worker is gone)
+                    return []
+                pending = []
+        return pending
+
+    def apply(self, done: list[tuple[Run, Evaluated]]) -> None:
+        """On the event loop: apply outcomes (their states written, each run completed)."""
+        self._sent = False
+        if self.abandoned:
+            return
+        for run, evaluated in done:
+            assert run is self.runs[self.applied_count], "a trip's outcomes apply in order"
+            self.applied_count += 1
+            self.executor.applied(run, evaluated)
+
+
 #: The most of a failed op's traceback an outcome carries: its start (the outermost frames)
 #: and its end (where it raised), the middle cut out.
 TRACEBACK_LIMIT = 8192
@@ -349,20 +468,21 @@ def _described(exc: Exception) -> str:
 
 
 def _awaited(definition: Op[..., Any]) -> bool:
-    """Whether the op is awaited (``async``, or ``blocking``: in a thread), not run inline."""
-    return definition.is_async or definition.blocking
+    """Whether the op is awaited (``async``, or sync and not ``inline``: in a thread), not run
+    on the event loop with nothing to await."""
+    return definition.is_async or not definition.inline
 
 
 async def _awaited_call(
     definition: Op[..., Any], context: Context | MultiContext, envelope: Envelope
 ) -> Any:
-    """What an ``async`` op returned, or a ``blocking`` one in a worker thread; or what it
-    raised (as :class:`_Raised`)."""
-    if definition.blocking:
+    """What an ``async`` op returned, or a sync one (not ``inline``) in a worker thread; or
+    what it raised (as :class:`_Raised`)."""
+    if not definition.is_async:
         # (Abandoned on cancel: a thread cannot be stopped, and the runner's end must not
         # wait for it; what it returns then is dropped, as a killed worker's would be.)
-        return await anyio.to_thread.run_sync(
-            _called, definition.fn, context, envelope, abandon_on_cancel=True
+        return await asyncio.get_running_loop().run_in_executor(
+            _op_threads(), _called, definition.fn, context, envelope, False
         )
     try:
         return await definition.fn(context, *envelope.args, **envelope.kwargs)
@@ -370,6 +490,18 @@ async def _awaited_call(
         return _Raised(exc)
     except asyncio.CancelledError as exc:
         return _Raised(_escaped(exc))
+
+
+def _op_threads() -> ThreadPoolExecutor:
+    """The threads this process runs sync ops in (a forked child gets threads of its own)."""
+    return _threads_of(os.getpid())
+
+
+@functools.cache
+def _threads_of(pid: int) -> ThreadPoolExecutor:
+    if sys.getswitchinterval() > OP_SWITCH_INTERVAL:  # (lowered, never raised)
+        sys.setswitchinterval(OP_SWITCH_INTERVAL)
+    return ThreadPoolExecutor(MAX_OP_THREADS, thread_name_prefix=f"keyserial-op-{pid}")
 
 
 def _run_span(traced: Any, envelope: Envelope) -> AbstractContextManager[Any]:
@@ -383,19 +515,25 @@ def _record(span: Any, value: Any) -> None:
         telemetry.failed(span, value.error)
 
 
-def _called(fn: Callable[..., Any], context: Context | MultiContext, envelope: Envelope) -> Any:
-    """What a sync op returned, or what it raised (as :class:`_Raised`)."""
+def _called(
+    fn: Callable[..., Any],
+    context: Context | MultiContext,
+    envelope: Envelope,
+    on_loop: bool = True,
+) -> Any:
+    """What a sync op returned, or what it raised (as :class:`_Raised`); ``on_loop`` false: in
+    a worker thread."""
     try:
         return fn(context, *envelope.args, **envelope.kwargs)
     except Exception as exc:
         return _Raised(exc)
     except asyncio.CancelledError as exc:
-        return _Raised(_escaped(exc))
+        return _Raised(_escaped(exc, on_loop=on_loop))
 
 
 class _SlowInlineOps:
-    """Warns of a sync op that held the event loop for ``SLOW_INLINE_OP`` or more: once per op
-    name, then at most once a minute, with how long it took."""
+    """Warns of an ``inline`` op that held the event loop for ``SLOW_INLINE_OP`` or more: once
+    per op name, then at most once a minute, with how long it took."""
 
     def __init__(self) -> None:
         self._last: dict[str, float] = {}
@@ -406,9 +544,9 @@ class _SlowInlineOps:
             return
         self._last[envelope.name] = now
         log.warning(
-            "op %r (%s) ran %.2fs on the worker's event loop: every shard of this worker"
-            " waited meanwhile. Declare it @keyserial.op(blocking=True) to run it in a"
-            " thread, or make it async",
+            "op %r (%s) is declared inline but ran %.2fs on the worker's event loop: every"
+            " shard of this worker, and its lease renewals, waited meanwhile. Drop"
+            " inline=True to run it in a worker thread, or make it async",
             envelope.name,
             envelope.op_id,
             took,
