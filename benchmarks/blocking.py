@@ -1,15 +1,19 @@
-"""A CPU-bound op beside the other keys: what a blocking op spares them, and what it costs.
+"""A CPU-bound sync op beside the other keys: what its thread spares them, and what it costs.
 
-``python -m benchmarks.blocking [--spin 5] [--lease-ttl 3] [--callers 16]`` starts a private
-server and, for each way of running the op, a fresh namespace (16 shards) with one worker
-process (``--app benchmarks.ops``). One caller submits a ``--spin``-second CPU-bound op on one
-key, declared ``blocking=True`` (it runs in a worker thread) or not (it runs on the worker's
-event loop); meanwhile ``--callers`` callers deposit into 1,000 other keys, one op after
-another. It prints, for each way, how many of the other callers' ops were under way at some
-moment while the spin ran and their latency (p50, p99, max), and how many shards changed owner
-(a lease lost: their epoch moved on). Then what ``blocking=True`` costs an op that is quick:
-a one-line op's throughput from 64 callers, inline and declared blocking (``--cost-seconds``
-each; 0 skips it). Compare within one run.
+``python -m benchmarks.blocking [--spin 5] [--lease-ttl 2] [--callers 16] [--check]`` starts a
+private server and, for each way of running the op, a fresh namespace (16 shards) with one
+worker process (``--app benchmarks.ops``). One caller submits a ``--spin``-second CPU-bound op
+on one key, a plain sync op (``plain``: it runs in a worker thread) or one declared
+``inline=True`` (``inline``: it runs on the worker's event loop); meanwhile ``--callers``
+callers deposit into 1,000 other keys, one op after another. It prints, for each way, how many
+of the other callers' ops were under way at some moment while the spin ran and their latency
+(p50, p99, max), and how many shards changed owner (a lease lost: their epoch moved on). Then
+what the thread costs an op that is quick: a one-line op's throughput from 64 callers, declared
+inline and plain (``--cost-seconds`` each; 0 skips it). Compare within one run.
+
+``--check`` measures the plain op only (no cost) and checks the target: while it spins, the
+other keys' ops keep p99 under 100 ms and no lease is lost. It prints a last row saying
+whether the target was met, and exits 1 if it was not.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from keyserial.testing import LocalServer, ShardKeys
 ROOT = Path(__file__).resolve().parent.parent
 SHARDS = 16
 OTHER_KEYS = 1000
-OPS = {"blocking": "bench_cpu_spin", "inline": "bench_cpu_spin_inline"}
+OPS = {"plain": "bench_cpu_spin", "inline": "bench_cpu_spin_inline"}
+#: The target of ``--check``: the other keys' p99 while the plain op spins, in milliseconds.
+P99_TARGET_MS = 100.0
 
 
 def _epochs(url: str, namespace: str) -> list[bytes | None]:
@@ -121,7 +127,7 @@ async def _quick_ops_per_second(url: str, namespace: str, op: str, seconds: floa
 
 
 def quick_op_cost(url: str, seconds: float) -> dict[str, object]:
-    """A quick op's throughput run inline and declared blocking, on one worker."""
+    """A quick op's throughput, declared inline and plain (in a thread), on one worker."""
     namespace = "blocking-cost"
     flags = ["--redis", url, "--namespace", namespace, "--shard-count", str(SHARDS)]
     flags += ["--app", "benchmarks.ops", "--log-level", "ERROR"]
@@ -130,15 +136,29 @@ def quick_op_cost(url: str, seconds: float) -> dict[str, object]:
         anyio.run(_warm, url, namespace)
         rates = {
             way: anyio.run(_quick_ops_per_second, url, namespace, op, seconds)
-            for way, op in (("inline", "bench_add"), ("blocking", "bench_add_blocking"))
+            for way, op in (("inline", "bench_add_inline"), ("thread", "bench_add"))
         }
     finally:
         worker.terminate()
         worker.wait(60)
     return {
         "quick_op_per_s_inline": round(rates["inline"]),
-        "quick_op_per_s_blocking": round(rates["blocking"]),
-        "blocking_over_inline": round(rates["blocking"] / rates["inline"], 2),
+        "quick_op_per_s_thread": round(rates["thread"]),
+        "thread_over_inline": round(rates["thread"] / rates["inline"], 2),
+    }
+
+
+def verdict(row: dict[str, object]) -> dict[str, object]:
+    """Whether a plain op's row meets the target of ``--check``."""
+    p99, lost, others = row["p99_ms"], row["leases_lost"], row["other_ops_during_spin"]
+    assert isinstance(p99, float | int) and isinstance(others, int)
+    met = others > 0 and 0 <= p99 < P99_TARGET_MS and lost == 0
+    return {
+        "target": f"other keys' p99 < {P99_TARGET_MS:g} ms and no lease lost while a plain"
+        " sync op spins",
+        "p99_ms": p99,
+        "leases_lost": lost,
+        "met": met,
     }
 
 
@@ -150,20 +170,31 @@ async def _warm(url: str, namespace: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.blocking")
     parser.add_argument("--spin", type=float, default=5.0, help="the op's seconds of CPU")
-    parser.add_argument("--lease-ttl", type=float, default=3.0)
+    parser.add_argument("--lease-ttl", type=float, default=2.0)
     parser.add_argument("--callers", type=int, default=16, help="callers on the other keys")
-    parser.add_argument("--ways", default="blocking,inline", help="blocking, inline, or both")
+    parser.add_argument("--ways", default=None, help="plain, inline, or both (default: both)")
     parser.add_argument(
         "--cost-seconds", type=float, default=3.0, help="seconds per way of the quick op (0: skip)"
     )
+    parser.add_argument(
+        "--check",
+        action="store_true",
+        help="the plain op only: exit 1 unless the other keys' p99 < 100 ms and no lease is lost",
+    )
     args = parser.parse_args(argv)
+    ways = (args.ways or ("plain" if args.check else "plain,inline")).split(",")
+    met = True
     with LocalServer() as server:
-        for way in args.ways.split(","):
+        for way in ways:
             row = measure(server.url, way, args.spin, args.lease_ttl, args.callers)
             print(json.dumps(row), flush=True)
-        if args.cost_seconds:
+            if args.check and way == "plain":
+                checked = verdict(row)
+                met = met and bool(checked["met"])
+                print(json.dumps(checked), flush=True)
+        if args.cost_seconds and not args.check:
             print(json.dumps(quick_op_cost(server.url, args.cost_seconds)), flush=True)
-    return 0
+    return 0 if met else 1
 
 
 if __name__ == "__main__":

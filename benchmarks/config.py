@@ -22,6 +22,7 @@ def default_out_dir() -> Path:
 SYSTEMS: tuple[str, ...] = (
     "keyserial",
     "keyserial-durable",
+    "keyserial-thread",
     "lock-default",
     "lock-tuned",
     "lock-notify",
@@ -32,6 +33,7 @@ SYSTEMS: tuple[str, ...] = (
 SYSTEM_LABELS: dict[str, str] = {
     "keyserial": "keyserial",
     "keyserial-durable": "keyserial, durable_replicas=1",
+    "keyserial-thread": "keyserial, plain sync ops (in a thread)",
     "lock-default": "redis-py Lock, defaults",
     "lock-tuned": "redis-py Lock, tuned",
     "lock-notify": "notification lock (python-redis-lock)",
@@ -43,11 +45,17 @@ SYSTEM_LABELS: dict[str, str] = {
 #: private server), which every system of that suite run then shares, so it runs only when named.
 DURABLE = "keyserial-durable"
 
-#: ``--systems`` when none is given.
-DEFAULT_SYSTEMS: tuple[str, ...] = tuple(s for s in SYSTEMS if s != DURABLE)
+#: keyserial running the same deposits and transfers as user-defined sync ops with no
+#: declaration, which run in a worker thread (the ledger's are declared ``inline``: on the
+#: event loop): what the thread costs. It runs only when named.
+THREAD = "keyserial-thread"
 
-#: The systems that run keyserial workers: the same code, with and without ``durable_replicas``.
-KEYSERIAL_SYSTEMS: tuple[str, ...] = ("keyserial", DURABLE)
+#: ``--systems`` when none is given.
+DEFAULT_SYSTEMS: tuple[str, ...] = tuple(s for s in SYSTEMS if s not in (DURABLE, THREAD))
+
+#: The systems that run keyserial workers: the same code, with and without ``durable_replicas``,
+#: and with the ops in a thread.
+KEYSERIAL_SYSTEMS: tuple[str, ...] = ("keyserial", DURABLE, THREAD)
 
 
 def is_keyserial(system: str) -> bool:

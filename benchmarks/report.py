@@ -16,6 +16,7 @@ Record = dict[str, Any]
 _COLORS = {
     "keyserial": "#1b9e77",
     "keyserial-durable": "#66a61e",
+    "keyserial-thread": "#a6761d",
     "lock-default": "#d95f02",
     "lock-tuned": "#e6ab02",
     "lock-notify": "#7570b3",

@@ -23,9 +23,9 @@ from redis.asyncio.cluster import RedisCluster
 import keyserial
 from keyserial.ledger import deposit
 
-from .config import RunSpec, is_keyserial
+from .config import THREAD, RunSpec, is_keyserial
 from .notifylock import NotifyLock
-from .ops import slow_deposit
+from .ops import deposit_in_thread, slow_deposit, transfer_in_thread
 from .state import lock_key, value_key
 from .workloads import account_key
 
@@ -79,7 +79,9 @@ def unavailable_reason(system: str, op: str, *, cluster: bool = False) -> str | 
 
 class KeyserialSystem:
     """``keyserial.connect`` once per client process; ``submit`` per op (``keyserial-durable``:
-    with ``durable_replicas=1``, so a stored result counts only once a replica has it)."""
+    with ``durable_replicas=1``, so a stored result counts only once a replica has it;
+    ``keyserial-thread``: the same deposit and transfer as plain sync ops of ``benchmarks.ops``,
+    run in a worker thread, instead of the ledger's, declared inline)."""
 
     def __init__(self, spec: RunSpec) -> None:
         self.spec = spec
@@ -105,12 +107,19 @@ class KeyserialSystem:
         return self._ks
 
     async def deposit(self, account: int) -> None:
+        if self.spec.system == THREAD:
+            await self.ks.submit(account_key(account), deposit_in_thread(1))
+            return
         await self.ks.submit(account_key(account), deposit(1))
 
     async def slow_deposit(self, account: int) -> None:
         await self.ks.submit(account_key(account), slow_deposit(1, self.spec.slow_io))
 
     async def transfer(self, source: int, target: int) -> None:
+        if self.spec.system == THREAD:
+            keys = [account_key(source), account_key(target)]
+            await self.ks.submit_many(keys, transfer_in_thread(1))
+            return
         transfer: Any = getattr(self.ks, "transfer", None)
         if transfer is None:
             raise Unavailable("keyserial has no transfer op yet")

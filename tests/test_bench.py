@@ -121,6 +121,25 @@ def test_durable_system_runs_next_to_keyserial_on_a_replicated_server(tmp_path: 
     assert f"| hot | {plain['throughput']:,.0f} |" in completed.stdout
 
 
+def test_thread_system_runs_plain_sync_ops_in_threads_next_to_keyserial(tmp_path: Path) -> None:
+    """``keyserial-thread``: the same deposits and transfers as plain sync ops of
+    ``benchmarks.ops`` (run in worker threads), with figures, and nothing lost."""
+    command = [
+        sys.executable, "-m", "keyserial", "bench", "--workloads", "hot,uniform,transfer",
+        "--systems", "keyserial-thread", "--duration", "0.3", "--warmup", "0.1",
+        "--callers", "4", "--no-chart", "--out", str(tmp_path),
+    ]  # fmt: skip
+    completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=90)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    document = json.loads((tmp_path / "bench-quick.json").read_text())
+    runs = document["results"]
+    assert [run["workload"] for run in runs] == ["hot", "uniform", "transfer"]
+    for run in runs:
+        assert run["system"] == "keyserial-thread" and run["status"] == "ok", run
+        assert run["throughput"] > 0 and run["correctness"]["lost_updates"] == 0, run
+    assert "| keyserial, plain sync ops (in a thread)" in completed.stdout
+
+
 @pytest.fixture(scope="module")
 def server() -> Iterator[LocalServer]:
     with LocalServer() as running:
@@ -442,7 +461,7 @@ _SPIN = {"op", "spin_s", "other_ops_during_spin", "p50_ms", "p99_ms", "max_ms", 
             [
                 _SPIN,
                 _SPIN,
-                {"quick_op_per_s_inline", "quick_op_per_s_blocking", "blocking_over_inline"},
+                {"quick_op_per_s_inline", "quick_op_per_s_thread", "thread_over_inline"},
             ],
         ),
     ],
@@ -461,6 +480,24 @@ def test_the_standalone_benchmark_scripts_run_and_print_a_row_per_point(
         check=True,
     ).stdout
     assert [set(json.loads(line)) for line in printed.splitlines()] == rows
+
+
+def test_the_blocking_benchmark_checks_its_target_and_says_so_in_its_exit_status() -> None:
+    """``python -m benchmarks.blocking --check``: the plain op's row, then the verdict, which
+    the exit status follows (the target itself is for a quiet machine: it is not asserted)."""
+    check = ["--check", "--spin", "0.3", "--lease-ttl", "1", "--callers", "2"]
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.blocking", *check],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    row, verdict = [json.loads(line) for line in completed.stdout.splitlines()]
+    assert row["op"] == "plain" and row["other_ops_during_spin"] > 0
+    assert set(verdict) == {"target", "p99_ms", "leases_lost", "met"}
+    assert verdict["met"] == (row["p99_ms"] < 100 and row["leases_lost"] == 0)
+    assert completed.returncode == (0 if verdict["met"] else 1), completed.stderr[-2000:]
 
 
 @pytest.mark.parametrize("where", [[], ["--cluster", "3"]], ids=["standalone", "cluster"])
