@@ -357,20 +357,89 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
-        "blocking-op-inline",
+        "sync-op-inline-by-default",
         "G6.23",
-        "an op declared blocking=True runs on the worker's event loop all the same",
+        "a plain sync op runs on the worker's event loop, as if declared inline=True",
         (
             Edit(
                 "keyserial/_ops.py",
-                "        self.blocking = blocking\n",
-                "        self.blocking = False\n",
+                "        self.inline = inline\n",
+                "        self.inline = inline or not self.is_async\n",
             ),
         ),
         (
             "tests/test_blocking_ops.py::"
-            "test_a_blocking_op_leaves_the_loop_free_keeps_its_key_in_order_and_every_lease"
+            "test_a_plain_sync_cpu_bound_op_stalls_no_other_key_and_loses_no_lease" + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "inline-declaration-ignored",
+        "G6.23",
+        "an op declared inline=True runs in a worker thread all the same",
+        (
+            Edit(
+                "keyserial/_ops.py",
+                "        self.inline = inline\n",
+                "        self.inline = False\n",
+            ),
+        ),
+        (
+            "tests/test_blocking_ops.py::"
+            "test_a_sync_op_declared_inline_runs_on_the_event_loop_and_a_plain_one_off_it"
             + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "sync-trip-forgets-state",
+        "G2.1",
+        "a key's sync ops sharing a trip to a thread each see the state before the trip",
+        (
+            Edit(
+                "keyserial/_worker/execution.py",
+                "                state = evaluated[1][run.envelope.key]\n",
+                "                pass\n",
+            ),
+        ),
+        (
+            "tests/test_blocking_ops.py::"
+            "test_plain_sync_ops_on_one_key_run_one_after_another_in_stream_order" + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "sync-trips-overlap",
+        "G2.1",
+        "a key's chain moves on without waiting for its sync ops' trip to a thread",
+        (
+            Edit(
+                "keyserial/_worker/chains.py",
+                "                    await self._executor.execute_in_thread("
+                "self._trip(item, chain))\n",
+                "                    assert self._tasks is not None\n"
+                "                    self._tasks.start_soon(\n"
+                "                        self._executor.execute_in_thread,"
+                " self._trip(item, chain)\n"
+                "                    )\n",
+            ),
+        ),
+        (
+            "tests/test_blocking_ops.py::"
+            "test_plain_sync_ops_on_one_key_run_one_after_another_in_stream_order" + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "cancelled-in-thread-ends-runner",
+        "G6.4",
+        "a CancelledError raised by a sync op in a thread looks for a task, and ends the runner",
+        (
+            Edit(
+                "keyserial/_worker/execution.py",
+                "        return _Raised(_escaped(exc, on_loop=on_loop))\n",
+                "        return _Raised(_escaped(exc))\n",
+            ),
+        ),
+        (
+            "tests/test_failed_ops.py::test_an_op_that_lets_a_cancellation_out_fails_alone"
+            "[standalone-sync in a thread]",
         ),
     ),
     Mutant(

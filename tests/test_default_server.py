@@ -109,7 +109,7 @@ def test_the_worker_logs_the_server_it_serves_before_it_serves(namespace: str) -
                 lines.append(line)
             named = [line for line in lines if "worker using Redis at" in line]
             assert len(named) == 1 and f"at {shown} ($KEYSERIAL_REDIS_URL)" in named[0], lines
-            assert f"in namespace '{namespace}' at {shown} on" in lines[-1], lines[-1]
+            assert f"in namespace '{namespace}' on asyncio at {shown} (ops:" in lines[-1], lines[-1]
             assert not any(users.worker_url in line for line in lines)
         finally:
             process.terminate()

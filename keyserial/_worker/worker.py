@@ -305,13 +305,13 @@ class Worker:
         if backend.sharded_pubsub:
             self._mailbox.use_shard_channels(layout)
         log.info(
-            "worker %s serving shards %s of %d in namespace %r at %s on %s (ops: %s)",
+            "worker %s serving shards %s of %d in namespace %r on %s at %s (ops: %s)",
             self.token,
             format_shards(self.shards) or "none",
             layout.shards,
             self.settings.namespace,
-            backend.url,
             _event_loop_name(),
+            backend.url,
             ", ".join(self.registry.names()),
         )
         async with anyio.create_task_group() as task_group:
