@@ -25,6 +25,7 @@ the client rebuilds keyserial's own types from ``type`` and wraps any other in `
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -149,7 +150,9 @@ class SubmitTimeout(KeyserialError, TimeoutError):
 
     ``keys`` holds every key of the op, so ``ks.result(op_id, key=keys)`` looks in the op's home
     shard; ``vacant`` lists the op's shards that no worker held when the timeout fired, and
-    ``server`` the Redis it waited on (its URL, password hidden), which the message then names.
+    ``server`` the Redis it waited on (its URL, password hidden), which the message then names;
+    ``paused`` lists the op's keys that an operator had paused (``keyserial keys pause``): the
+    message then says so, and how to resume them.
     """
 
     def __init__(
@@ -162,6 +165,7 @@ class SubmitTimeout(KeyserialError, TimeoutError):
         namespace: str | None = None,
         vacant: Sequence[int] = (),
         server: str | None = None,
+        paused: Sequence[str] = (),
     ) -> None:
         self.key = key
         self.op_id = op_id
@@ -170,22 +174,50 @@ class SubmitTimeout(KeyserialError, TimeoutError):
         self.namespace = namespace
         self.vacant = tuple(vacant)
         self.server = None if server is None else redact(server)
+        self.paused = tuple(paused)
         where = _shown_keys(self.keys)
-        why = ""
+        reasons = []
         if self.vacant:
             shards = ", ".join(str(shard) for shard in self.vacant)
             at = "" if self.server is None else f" at {self.server}"
             there = "" if self.server is None else " there"
-            why = (
-                f": no worker holds shard {shards} of namespace {namespace!r}{at} (its lease is"
+            reasons.append(
+                f"no worker holds shard {shards} of namespace {namespace!r}{at} (its lease is"
                 f" vacant; is a worker serving this namespace{there}?)"
             )
+        if self.paused:
+            reasons.append(_paused_reason(self.paused, namespace))
+        why = f": {'; '.join(reasons)}" if reasons else ""
         super().__init__(
             f"no reply for op {_shown(op_id)} on key{'s' if len(self.keys) > 1 else ''} {where}"
             f" within {timeout:g}s{why}; it may still apply. Fetch its outcome with"
             f" `ks.result({_shown(op_id)}, key={where})`, or resubmit with op_id={_shown(op_id)}"
             " (it never runs twice)."
         )
+
+
+def _paused_reason(paused: Sequence[str], namespace: str | None) -> str:
+    """Why an op on ``paused`` keys waits, and the command that lets it run."""
+    if len(paused) == 1:
+        named, them = f"key {_shown(paused[0])} is", "it"
+        command = f"keyserial keys resume {_argument(paused[0], 'KEY')}"
+    else:
+        named, them = f"keys {', '.join(map(_shown, paused))} are", "each"
+        command = "keyserial keys resume KEY"
+    if namespace is not None:
+        command += f" --namespace {_argument(namespace, 'NAMESPACE')}"
+    return (
+        f"{named} paused (`keyserial keys pause`): the op waits until an operator resumes"
+        f" {them} with `{command}`"
+    )
+
+
+def _argument(text: str, placeholder: str) -> str:
+    """``text`` as a shell argument, or ``placeholder`` where a message should not print it
+    raw (a control character, or too long to paste)."""
+    if not text.isprintable() or len(text) > _SHOWN:
+        return placeholder
+    return shlex.quote(text)
 
 
 class OutcomeUnknown(KeyserialError):

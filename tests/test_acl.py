@@ -195,6 +195,20 @@ async def test_a_submit_timing_out_as_the_client_user_names_the_shards_with_no_o
     assert users.refusals() == []
 
 
+async def test_a_submit_timing_out_on_a_paused_key_as_the_client_user_says_it_is_paused(
+    users: Users, namespace: str
+) -> None:
+    key = keys_on_shard(1, 2, 1, "acct")[0]
+    async with running_worker(users.worker_url, namespace, shard_count=2):
+        code, _, err = await _cli("keys", "pause", key, url=users.worker_url, namespace=namespace)
+        assert code == 0, err
+        async with keyserial.connect(users.client_url, namespace=namespace) as ks:
+            with pytest.raises(keyserial.SubmitTimeout) as timed_out:
+                await ks.submit(key, deposit(1), timeout=0.5)
+    assert timed_out.value.paused == (key,) and timed_out.value.vacant == ()
+    assert users.refusals() == []
+
+
 async def test_operator_commands_run_as_the_documented_worker_user(
     users: Users, namespace: str
 ) -> None:

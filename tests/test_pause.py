@@ -116,6 +116,40 @@ async def test_a_client_user_cannot_pause_a_key(redis_url: str, namespace: str) 
             assert (code, json.loads(out)) == (0, [])
 
 
+async def test_a_submit_timing_out_on_a_paused_key_says_it_is_paused_and_how_to_resume_it(
+    redis_url: str, namespace: str
+) -> None:
+    """A client whose submit times out reads its keys' pause records: the error names the
+    paused key and the command that resumes it, for a multi-key op too; a timeout on a key of
+    the same shard that is not paused says nothing of pauses. Resumed, the held op runs."""
+    paused, neighbour = keys_on_shard(0, SHARDS, 2, "acct")
+    elsewhere = keys_on_shard(1, SHARDS, 1, "acct")[0]
+    backend = await Backend.connect(redis_url)
+    try:
+        async with (
+            running_worker(redis_url, namespace, shard_count=SHARDS, apps=["tests.apps"]),
+            keyserial.connect(redis_url, namespace=namespace) as ks,
+        ):
+            assert await ks.submit(elsewhere, deposit(5)) == 5
+            await pause(backend, namespace, paused, pausing=True)
+            with pytest.raises(keyserial.SubmitTimeout) as held:
+                await ks.submit(paused, deposit(10), op_id="held-op", timeout=0.5)
+            assert held.value.paused == (paused,) and held.value.vacant == ()
+            message = str(held.value)
+            assert f"key {paused!r} is paused" in message
+            assert f"`keyserial keys resume {paused} --namespace {namespace}`" in message
+            with pytest.raises(keyserial.SubmitTimeout) as both:
+                await ks.transfer(elsewhere, paused, 1, timeout=0.5)
+            assert both.value.paused == (paused,) and f"key {paused!r} is paused" in str(both.value)
+            with pytest.raises(keyserial.SubmitTimeout) as slow:
+                await ks.submit(neighbour, apps.slow_increment(1.0), timeout=0.2)
+            assert slow.value.paused == () and "paused" not in str(slow.value)
+            await pause(backend, namespace, paused, pausing=False)
+            assert await stored_outcome(ks, "held-op", paused) == 10
+    finally:
+        await backend.aclose()
+
+
 async def _held_by(client: Any, namespace: str, pid: int) -> bool:
     return all([await holder_pid(client, namespace, shard) == pid for shard in range(SHARDS)])
 

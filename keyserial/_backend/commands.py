@@ -267,9 +267,16 @@ class Commands:
         )
         return bool(before)
 
-    async def lease_held(self, shard: ShardKeys) -> bool:
-        """Whether some worker holds the shard's lease."""
-        return bool(await self.call("EXISTS", shard.lease))
+    async def held_and_paused(
+        self, shard: ShardKeys, keys: Sequence[str]
+    ) -> tuple[bool, list[str]]:
+        """Whether some worker holds the shard's lease, and which of ``keys`` (of the shard) an
+        operator paused: one round trip, with the commands a client user may send (``EXISTS``,
+        ``HMGET``)."""
+        held, records = raise_errors(
+            await self.pipeline([("EXISTS", shard.lease), ("HMGET", shard.paused, *keys)])
+        )
+        return bool(held), [key for key, record in zip(keys, records, strict=True) if record]
 
     async def dead_letters(
         self, shard: ShardKeys, first: str = "-", last: str = "+", count: int | None = None

@@ -273,18 +273,25 @@ class AsyncioClient(Client):
     # -- internals -----------------------------------------------------------------------------
 
     async def _timed_out(self, pending: Pending, timeout: float) -> SubmitTimeout:
-        """The timeout error, naming the op's shards that no worker holds (the usual reason an
-        op waits that long: no worker serves its namespace, or none runs at all)."""
+        """The timeout error, naming the op's shards that no worker holds and its keys that an
+        operator paused (the usual reasons an op waits that long: no worker serves its
+        namespace, or none runs at all; or ``keyserial keys pause``, which holds a key's ops
+        until it is resumed)."""
         withdrawn = self._appender.withdraw(pending)
-        shards = sorted({self._routes.home(key) for key in pending.all_keys})
+        by_shard: dict[ShardKeys, list[str]] = {}
+        for key in pending.all_keys:
+            by_shard.setdefault(self._routes.home(key), []).append(key)
         vacant: list[int] = []
+        paused: list[str] = []
         with anyio.move_on_after(min(1.0, timeout)):
-            for shard in shards:
+            for shard, keys in sorted(by_shard.items()):
                 try:
-                    if not await self._backend.lease_held(shard):
-                        vacant.append(shard.shard)
+                    held, held_keys = await self._backend.held_and_paused(shard, keys)
                 except KeyserialError:  # the timeout is the error to report
                     break
+                if not held:
+                    vacant.append(shard.shard)
+                paused += held_keys
         log.debug("op %s timed out (withdrawn unsent: %s)", pending.op_id, withdrawn)
         return SubmitTimeout(
             key=pending.key,
@@ -294,6 +301,7 @@ class AsyncioClient(Client):
             namespace=self.settings.namespace,
             vacant=vacant,
             server=self._backend.url,
+            paused=[key for key in pending.all_keys if key in paused],
         )
 
     def _forget(self, pending: Pending) -> None:
