@@ -22,6 +22,7 @@ import pytest
 import redis.asyncio
 
 import keyserial
+from keyserial._worker.activity import RECENT_OPS
 from keyserial.ledger import deposit
 from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests import apps
@@ -373,6 +374,50 @@ async def test_the_api_answers_only_to_the_token(
         posted = await eventually_async(lambda: activity_posted(url, namespace))
         assert [json.loads(post)["hot"] for post in posted.values()] == [[[RUNNING_KEY, 1]]]
     assert await activity_posted(url, namespace) == {}, "a stopped worker's post is dropped"
+
+
+async def test_the_api_shows_paused_keys_roster_ages_and_failed_ops_among_a_key_s_recent(
+    standalone_server: LocalServer, namespace: str
+) -> None:
+    """The overview counts each shard's paused keys and names them, and gives each worker's
+    roster age; a key's recent ops include its failed op after the worker's last 200 ops have
+    moved past it (the worker keeps its last failures longer, and the overview lists them)."""
+    url = standalone_server.url
+    async with served(url, namespace) as ks:
+        with pytest.raises(keyserial.OperationFailed) as failed:
+            await ks.submit("broken:1", apps.fail_deep(1))
+        async with anyio.create_task_group() as group:  # more than the 200 ops a worker keeps
+            for n in range(RECENT_OPS + 20):
+                group.start_soon(ks.submit, f"filler:{n}", deposit(1))
+        op_id = failed.value.op_id
+
+        async def moved_past() -> bool:
+            posts = [json.loads(raw) for raw in (await activity_posted(url, namespace)).values()]
+            return any(
+                op_id in [op["id"] for op in post["failed"]]
+                and op_id not in [op["id"] for op in post["recent"]]
+                for post in posts
+            )
+
+        await eventually_async(moved_past)
+        with dashboard(url, namespace) as page:
+            base = page.partition("#")[0].rstrip("/")
+            authorized = {"Authorization": f"Bearer {TOKEN}"}
+            async with httpx.AsyncClient(base_url=base, headers=authorized) as http:
+                paused = await http.post(f"/api/keys/{HELD_KEY}/pause")
+                assert paused.status_code == 200, paused.text
+                overview = (await http.get("/api/overview")).json()
+                key = (await http.get("/api/keys/broken:1")).json()
+    assert [op["id"] for op in overview["failed"]] == [op_id]
+    assert [(op["id"], op["outcome"]["error"]["type"]) for op in key["recent"]] == [
+        (op_id, "RuntimeError")
+    ]
+    held_on = keyserial.shard_for(HELD_KEY, SHARDS)
+    assert [(s["paused"], s["paused_keys"]) for s in overview["shards"]] == [
+        (1, [HELD_KEY]) if shard == held_on else (0, []) for shard in range(SHARDS)
+    ]
+    (worker,) = overview["workers"]
+    assert 0 <= worker["renewed_ms_ago"] < 12_000 and worker["maybe_gone"] is False
 
 
 async def activity_posted(url: str, namespace: str) -> dict[bytes, bytes]:

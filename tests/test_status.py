@@ -17,8 +17,10 @@ import redis.asyncio
 
 import keyserial
 from keyserial._backend.backend import Backend
-from keyserial._wire.layout import Layout
+from keyserial._wire.layout import Layout, roster_key
+from keyserial._wire.roster import ROSTER_SILENT, ROSTER_STALE, WorkerEntry
 from keyserial.cli import status as _status
+from keyserial.cli.keys import pause
 from keyserial.ledger import deposit
 from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests.helpers import ROOT, Starter, keys_on_shard, wait_for_log
@@ -171,6 +173,76 @@ async def test_status_lists_standby_workers_and_workers_whose_ops_differ(
     assert "deposit" in mine["ops"] and "deposit" in theirs["ops"]
     assert mine["ops_differ_from"] == [theirs["worker"]]
     assert theirs["ops_differ_from"] == [mine["worker"]]
+
+
+async def test_status_shows_each_shard_s_paused_keys_the_longest_paused_first(
+    redis_url: str, namespace: str
+) -> None:
+    """A paused key's ops wait, so its shard's backlog and oldest waiting entry grow: status
+    counts each shard's paused keys and names the longest paused few, beside those figures."""
+    held = keys_on_shard(0, 2, _status.PAUSED_SHOWN + 2, "held")
+    backend = await Backend.connect(redis_url)
+    try:
+        async with (
+            running_worker(redis_url, namespace, shard_count=2),
+            keyserial.connect(redis_url, namespace=namespace) as ks,
+        ):
+            for key in held:
+                await pause(backend, namespace, key, pausing=True)
+                await anyio.sleep(0.005)  # (each paused a millisecond or more after the last)
+            await ks.enqueue(held[0], deposit(1))  # waits: the shard's backlog
+            options = ["--redis", redis_url, "--namespace", namespace, "--interval", "0.1"]
+            code, out, err = await keyserial_cli("status", "--json", *options)
+            assert code == 0, err
+            code, table, err = await keyserial_cli("status", *options)
+            assert code == 0, err
+    finally:
+        await backend.aclose()
+    holding, other = json.loads(out)["shards"]
+    assert holding["backlog"] == 1 and holding["oldest_waiting_age_ms"] is not None
+    assert holding["paused"] == len(held)
+    assert holding["paused_keys"] == held[: _status.PAUSED_SHOWN]
+    assert (other["paused"], other["paused_keys"]) == (0, [])
+    lines = table.splitlines()
+    assert lines[1].split()[-1] == "PAUSED"
+    assert lines[2].split()[-1] == str(len(held)) and lines[3].split()[-1] == "0"
+    named = ", ".join(repr(key) for key in held[: _status.PAUSED_SHOWN])
+    at = lines.index("paused keys (their ops wait until `keyserial keys resume KEY`):")
+    assert lines[at + 1] == f"  shard 0: {named} and 2 more (`keyserial keys paused` lists them)"
+    assert lines[-1] == "ok: every shard has an owner"
+
+
+async def test_status_says_when_each_worker_last_renewed_and_flags_one_that_missed_two(
+    redis_url: str, namespace: str
+) -> None:
+    """A worker killed without a word stays on the roster until its entry is 30 s old: status
+    shows each entry's age, and flags one that missed two renewals as maybe gone; an entry
+    past 30 s is left out."""
+    now = time.time()
+    silent = WorkerEntry("gone-host:4321:feed", (0, 1), ("deposit",), now - ROSTER_SILENT - 3)
+    stale = WorkerEntry("old-host:1234:beef", (0, 1), ("deposit",), now - ROSTER_STALE - 5)
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        async with running_worker(redis_url, namespace, shard_count=2) as worker:
+            for entry in (silent, stale):
+                await client.hset(roster_key(namespace), entry.token, entry.encode())
+            options = ["--redis", redis_url, "--namespace", namespace, "--interval", "0.1"]
+            code, out, err = await keyserial_cli("status", "--json", *options)
+            assert code == 0, err
+            code, table, err = await keyserial_cli("status", *options)
+            assert code == 0, err
+    finally:
+        await client.aclose()
+    listed = {entry["worker"]: entry for entry in json.loads(out)["workers"]}
+    assert set(listed) == {worker.token, silent.token}
+    live, gone = listed[worker.token], listed[silent.token]
+    assert live["renewed_ms_ago"] < ROSTER_SILENT * 1000 and live["maybe_gone"] is False
+    assert (ROSTER_SILENT + 3) * 1000 <= gone["renewed_ms_ago"] < ROSTER_STALE * 1000
+    assert gone["maybe_gone"] is True and gone["standby"] == [0, 1]
+    rows = {line.split()[0]: line for line in table.splitlines()}
+    assert rows["gone-host:4321"].endswith("s ago (gone?)")
+    mine = rows[f"{socket.gethostname()}:{os.getpid()}"]
+    assert mine.endswith(" ago") and "gone?" not in mine
 
 
 async def test_ops_per_second_counts_the_ops_committed_between_two_snapshots(

@@ -172,12 +172,17 @@ class Dashboard:
         return found[:SHOWN]
 
     async def _recent(self, key: str) -> list[dict[str, Any]]:
-        """The key's ops in the workers' posts, newest first, with their stored outcomes."""
+        """The key's ops in the workers' posts, newest first, with their stored outcomes: those
+        among each worker's last ops, and among its last failed ones, which it keeps longer (a
+        key whose failure the overview lists has it here too)."""
         _, posts = await self._live()
-        ran = sorted(
-            (op for post in posts for op in _newest_first(post, "recent") if key in op["keys"]),
-            key=lambda op: -int(op.get("at", 0)),
-        )[:SHOWN]
+        found: dict[tuple[str, str], dict[str, Any]] = {}
+        for post in posts:
+            for op in (*_newest_first(post, "recent"), *_newest_first(post, "failed")):
+                if key in op["keys"]:  # (a run in both lists is shown once, as it ran)
+                    run = {name: value for name, value in op.items() if name != "error"}
+                    found.setdefault((str(op.get("id")), str(op.get("at"))), run)
+        ran = sorted(found.values(), key=lambda op: -int(op.get("at", 0)))[:SHOWN]
         layout = await self._layout()
         by_shard: dict[int, list[dict[str, Any]]] = defaultdict(list)
         for op in ran:

@@ -4,11 +4,12 @@ dead letter's replay, a coordinator's grant request) and ``status`` (operators).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from .._wire.layout import ShardKeys
-from .calls import Script, ScriptArgs, ScriptCall, script_args, text
+from .calls import Script, ScriptArgs, ScriptCall, pairs, script_args, text
 
 
 @script_args("submit")
@@ -57,13 +58,17 @@ class StatusReply:
     #: When the current results generation began ('' if none has).
     results_since: str
     time_ms: int
+    #: The keys an operator paused on the shard, each with when it was paused (ms since the
+    #: epoch; None for a record that does not say), longest paused first.
+    paused: tuple[tuple[str, int | None], ...] = ()
 
 
 STATUS = Script.load("status")
 
 
 def _status_reply(reply: list[Any]) -> StatusReply:
-    token, pttl, epoch, _, backlog, oldest, dead, results, since, seconds, micros = map(text, reply)
+    *fields, paused = reply
+    token, pttl, epoch, _, backlog, oldest, dead, results, since, secs, micros = map(text, fields)
     return StatusReply(
         owner=token or None,
         lease_ms=int(pttl) if token and int(pttl) >= 0 else None,
@@ -73,12 +78,32 @@ def _status_reply(reply: list[Any]) -> StatusReply:
         dead_letters=int(dead),
         results=int(results),
         results_since=since,
-        time_ms=int(seconds) * 1000 + int(micros) // 1000,
+        time_ms=int(secs) * 1000 + int(micros) // 1000,
+        paused=_paused(paused),
     )
+
+
+def _paused(flat: list[Any]) -> tuple[tuple[str, int | None], ...]:
+    """The paused hash's keys with their pause times (``{"at": ms}``), longest paused first
+    (a record without a time last)."""
+    found = [(_key(key), _paused_at(record)) for key, record in pairs(flat)]
+    return tuple(sorted(found, key=lambda item: (item[1] is None, item[1] or 0, item[0])))
+
+
+def _key(key: Any) -> str:
+    return key.decode(errors="replace") if isinstance(key, bytes) else str(key)
+
+
+def _paused_at(record: Any) -> int | None:
+    try:
+        at = json.loads(record)["at"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    return at if type(at) is int else None
 
 
 def status(shard: ShardKeys) -> ScriptCall[StatusReply]:
     """Read the shard's health in one snapshot; writes nothing."""
     k = shard
-    keys = [k.lease, k.epoch, k.progress, k.stream, k.dead, k.results, k.results_since]
+    keys = [k.lease, k.epoch, k.progress, k.stream, k.dead, k.results, k.results_since, k.paused]
     return ScriptCall(STATUS, keys, [], _status_reply)

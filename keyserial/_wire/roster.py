@@ -3,7 +3,8 @@
 :data:`ROSTER_RENEW` seconds. ``keyserial status`` reads it to show standby workers and each
 worker's op set; a worker reads it to warn when a worker serving the same shards runs another
 set of ops (an op one of them lacks fails with ``UnknownOperation`` while that one owns the
-shard). Only workers write it; nothing in it is an authority over a shard (the leases are).
+shard); ``status`` also shows how long ago each renewed its entry. Only workers write it;
+nothing in it is an authority over a shard (the leases are).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ ROSTER_RENEW = 5.0
 #: An entry not renewed for this long is a worker that stopped without a word (kill -9): it is
 #: left out, and dropped by the next worker that renews its own.
 ROSTER_STALE = 30.0
+#: An entry not renewed for this long missed two renewals in a row: ``keyserial status`` still
+#: lists the worker (until :data:`ROSTER_STALE`), but says it may be gone.
+ROSTER_SILENT = 2 * ROSTER_RENEW + 2.0
 
 
 @dataclass(frozen=True, slots=True)

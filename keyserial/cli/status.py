@@ -12,6 +12,7 @@ import argparse
 import json
 import signal
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,7 @@ from .._scripts.submit import StatusReply
 from .._scripts.submit import status as status_call
 from .._wire.layout import Layout
 from .._wire.resharding import LayoutRecord
-from .._wire.roster import WorkerEntry, live_entries, mismatches
+from .._wire.roster import ROSTER_SILENT, WorkerEntry, live_entries, mismatches
 from .._wire.routing import format_shards
 from ..errors import ConfigError
 from .arguments import Subcommands, connection_options, run_connected, seconds
@@ -64,6 +65,8 @@ class Snapshot:
     results: int
     results_since: str
     time_ms: int
+    #: The shard's paused keys (``keyserial keys pause``), longest paused first.
+    paused: tuple[str, ...] = ()
 
     @property
     def oldest_age_ms(self) -> int | None:
@@ -92,7 +95,13 @@ class ShardStatus:
             "oldest_waiting_age_ms": now.oldest_age_ms,
             "dead_letters": now.dead_letters,
             "ops_per_s": None if self.ops_per_s is None else round(self.ops_per_s, 1),
+            "paused": len(now.paused),
+            "paused_keys": list(now.paused[:PAUSED_SHOWN]),
         }
+
+
+#: The paused keys named per shard (the longest paused); ``keyserial keys paused`` lists all.
+PAUSED_SHOWN = 5
 
 
 async def recorded_layout(backend: Backend, namespace: str) -> Layout:
@@ -136,6 +145,7 @@ def _snapshot(shard: int, reply: StatusReply) -> Snapshot:
         results=reply.results,
         results_since=reply.results_since,
         time_ms=reply.time_ms,
+        paused=tuple(key for key, _ in reply.paused),
     )
 
 
@@ -159,16 +169,26 @@ def unowned(statuses: Sequence[ShardStatus]) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class WorkerStatus:
-    """A worker on the roster: the shards it serves, those it owns now, and its ops."""
+    """A worker on the roster: the shards it serves, those it owns now, its ops, and how long
+    ago it last renewed its entry."""
 
     entry: WorkerEntry
     owns: tuple[int, ...]
     #: Workers that serve some of the same shards with another op set.
     differs_from: tuple[str, ...]
+    #: Since it last renewed its roster entry: its own stamp against this host's clock (the
+    #: clock the roster's 30 s staleness is judged by), 0 if that stamp is ahead.
+    renewed_ms_ago: int = 0
 
     @property
     def standby(self) -> tuple[int, ...]:
         return tuple(shard for shard in self.entry.shards if shard not in self.owns)
+
+    @property
+    def maybe_gone(self) -> bool:
+        """It missed two renewals in a row: stopped without a word (kill -9, a lost host), or
+        stalled. Still listed until its entry is :data:`ROSTER_STALE` old."""
+        return self.renewed_ms_ago > ROSTER_SILENT * 1000
 
     def as_json(self) -> dict[str, Any]:
         owner = Owner.parse(self.entry.token)
@@ -181,11 +201,17 @@ class WorkerStatus:
             "standby": list(self.standby),
             "ops": list(self.entry.ops),
             "ops_differ_from": list(self.differs_from),
+            "renewed_ms_ago": self.renewed_ms_ago,
+            "maybe_gone": self.maybe_gone,
         }
 
 
-def workers(entries: Sequence[WorkerEntry], statuses: Sequence[ShardStatus]) -> list[WorkerStatus]:
-    """Each live roster entry with the shards it owns in ``statuses``."""
+def workers(
+    entries: Sequence[WorkerEntry], statuses: Sequence[ShardStatus], now: float | None = None
+) -> list[WorkerStatus]:
+    """Each live roster entry with the shards it owns in ``statuses``, and the age of its
+    entry at ``now`` (seconds since the epoch; default: this host's clock)."""
+    now = time.time() if now is None else now
     owners: dict[str, list[int]] = {}
     for status in statuses:
         if status.snapshot.owner is not None:
@@ -195,6 +221,7 @@ def workers(entries: Sequence[WorkerEntry], statuses: Sequence[ShardStatus]) -> 
             entry,
             tuple(owners.get(entry.token, ())),
             tuple(mismatch.other for mismatch in mismatches(entry, entries)),
+            max(0, round((now - entry.renewed_at) * 1000)),
         )
         for entry in entries
     ]
@@ -218,7 +245,17 @@ def as_json(
     }
 
 
-_COLUMNS = ("SHARD", "OWNER (host:pid)", "EPOCH", "LEASE", "BACKLOG", "OLDEST", "DEAD", "OPS/S")
+_COLUMNS = (
+    "SHARD",
+    "OWNER (host:pid)",
+    "EPOCH",
+    "LEASE",
+    "BACKLOG",
+    "OLDEST",
+    "DEAD",
+    "OPS/S",
+    "PAUSED",
+)
 
 
 def render_table(
@@ -242,11 +279,13 @@ def render_table(
                 _duration(now.oldest_age_ms),
                 str(now.dead_letters),
                 "-" if status.ops_per_s is None else f"{status.ops_per_s:.1f}",
+                str(len(now.paused)),
             )
         )
     lines = [f"namespace {namespace!r}: {len(statuses)} shards", *_aligned(rows)]
     if roster:
         lines += _aligned([_WORKER_COLUMNS, *(_worker_row(worker) for worker in roster)])
+    lines += _paused_lines(statuses)
     if record is not None and record.move is not None:
         move = record.move
         lines.append(
@@ -262,7 +301,7 @@ def render_table(
     return "\n".join(lines)
 
 
-_WORKER_COLUMNS = ("WORKER (host:pid)", "OWNS", "STANDBY FOR", "OPS")
+_WORKER_COLUMNS = ("WORKER (host:pid)", "OWNS", "STANDBY FOR", "OPS", "RENEWED")
 
 
 def _worker_row(worker: WorkerStatus) -> tuple[str, ...]:
@@ -276,7 +315,24 @@ def _worker_row(worker: WorkerStatus) -> tuple[str, ...]:
         format_shards(worker.owns) if worker.owns else "-",
         format_shards(worker.standby) if worker.standby else "-",
         ops,
+        f"{_duration(worker.renewed_ms_ago)} ago" + (" (gone?)" if worker.maybe_gone else ""),
     )
+
+
+def _paused_lines(statuses: Sequence[ShardStatus]) -> list[str]:
+    """The paused keys of each shard that has some: their ops wait, so its backlog and oldest
+    waiting entry grow, and their callers time out, until the keys are resumed."""
+    held = [status.snapshot for status in statuses if status.snapshot.paused]
+    if not held:
+        return []
+    lines = ["paused keys (their ops wait until `keyserial keys resume KEY`):"]
+    for now in held:
+        shown = ", ".join(repr(key) for key in now.paused[:PAUSED_SHOWN])
+        more = len(now.paused) - PAUSED_SHOWN
+        if more > 0:
+            shown += f" and {more} more (`keyserial keys paused` lists them)"
+        lines.append(f"  shard {now.shard}: {shown}")
+    return lines
 
 
 def _aligned(rows: Sequence[Sequence[str]]) -> list[str]:

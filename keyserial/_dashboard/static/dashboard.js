@@ -66,6 +66,13 @@ function shardList(shards) {
   return shards.length ? shards.join(", ") : "-";
 }
 
+function pausedKeys(shard) {
+  // How many keys are paused on the shard, and the longest paused few (their ops wait).
+  if (!shard.paused) return "0";
+  const more = shard.paused - shard.paused_keys.length;
+  return `${shard.paused}: ${shard.paused_keys.join(", ")}${more > 0 ? ` and ${more} more` : ""}`;
+}
+
 function when(ms) {
   return new Date(ms).toLocaleTimeString();
 }
@@ -88,13 +95,15 @@ function render(view) {
       cell(shard.shard, "num"), cell(hostPid(shard.owner)), cell(shard.epoch, "num"),
       cell(duration(shard.lease_expires_in_ms), "num"), cell(shard.backlog, "num"),
       cell(duration(shard.oldest_waiting_age_ms), "num"), cell(shard.dead_letters, "num"),
-      cell(shard.ops_per_s === null ? "-" : shard.ops_per_s.toFixed(1), "num"));
+      cell(shard.ops_per_s === null ? "-" : shard.ops_per_s.toFixed(1), "num"),
+      cell(pausedKeys(shard)));
   });
   fill("workers", view.workers, (worker, tr) => {
     let ops = worker.ops.join(", ");
     if (worker.ops_differ_from.length) ops += ` (NOT THE SAME AS ${worker.ops_differ_from.join(", ")})`;
+    const renewed = `${duration(worker.renewed_ms_ago)} ago${worker.maybe_gone ? " (gone?)" : ""}`;
     tr.append(cell(hostPid(worker)), cell(shardList(worker.owns)), cell(shardList(worker.standby)),
-      cell(ops));
+      cell(ops), cell(renewed, worker.maybe_gone ? "bad" : undefined));
   });
   fill("hot", view.hot_keys, (hot, tr) => {
     tr.append(cell(hot.key), cell(hot.ops_per_s.toFixed(1), "num"));
