@@ -38,6 +38,8 @@ class GarbageSent:
     kind: str
     entry: str
     answer_expected: list[str]
+    #: The layout generation of the shard it was appended to.
+    generation: int = 0
 
 
 @dataclass
@@ -277,7 +279,8 @@ async def garbage(faults: Faults, number: int, event: FaultEvent) -> None:
     entry = await _not_busy(lambda: inspector.xadd(keys.stream, {"v": version, "ops": ops}))
     # execute_command: a cluster client has no publish() (any node fans a message out).
     await _not_busy(lambda: inspector.execute_command("PUBLISH", keys.wake_channel, entry))
-    faults.garbage.append(GarbageSent(shard, kind, entry.decode(), [op_id] if answered else []))
+    answer = [op_id] if answered else []
+    faults.garbage.append(GarbageSent(shard, kind, entry.decode(), answer, layout.generation))
     faults.note(f"garbage {kind} appended to shard {shard} ({entry.decode()})")
 
 
