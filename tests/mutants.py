@@ -1769,6 +1769,78 @@ MUTANTS: tuple[Mutant, ...] = (
             + _STANDALONE,
         ),
     ),
+    Mutant(
+        "status-hides-paused-keys",
+        "G8.34",
+        "status.lua reads no paused keys",
+        (
+            Edit(
+                "keyserial/_scripts/lua/status.lua",
+                "  redis.call('HGETALL', KEYS[8]),\n",
+                "  {},\n",
+            ),
+        ),
+        (
+            "tests/test_status.py::"
+            "test_status_shows_each_shard_s_paused_keys_the_longest_paused_first" + _STANDALONE,
+            "tests/test_dashboard.py::"
+            "test_the_api_shows_paused_keys_roster_ages_and_failed_ops_among_a_key_s_recent",
+        ),
+    ),
+    Mutant(
+        "timeout-silent-on-paused-keys",
+        "G7.19",
+        "a SubmitTimeout never names the op's paused keys",
+        (
+            Edit(
+                "keyserial/_client/client.py",
+                "            paused=[key for key in pending.all_keys if key in paused],\n",
+                "            paused=[],\n",
+            ),
+        ),
+        (
+            "tests/test_pause.py::"
+            "test_a_submit_timing_out_on_a_paused_key_says_it_is_paused_and_how_to_resume_it"
+            + _STANDALONE,
+            "tests/test_acl.py::"
+            "test_a_submit_timing_out_on_a_paused_key_as_the_client_user_says_it_is_paused"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "roster-age-never-flags",
+        "G8.35",
+        "status never marks a silent worker as maybe gone",
+        (
+            Edit(
+                "keyserial/cli/status.py",
+                "        return self.renewed_ms_ago > ROSTER_SILENT * 1000\n",
+                "        return False\n",
+            ),
+        ),
+        (
+            "tests/test_status.py::"
+            "test_status_says_when_each_worker_last_renewed_and_flags_one_that_missed_two"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "key-recent-skips-failed-ops",
+        "G8.36",
+        "the key inspector's recent ops ignore the posted failures",
+        (
+            Edit(
+                "keyserial/_dashboard/views.py",
+                '            for op in (*_newest_first(post, "recent"),'
+                ' *_newest_first(post, "failed")):\n',
+                '            for op in _newest_first(post, "recent"):\n',
+            ),
+        ),
+        (
+            "tests/test_dashboard.py::"
+            "test_the_api_shows_paused_keys_roster_ages_and_failed_ops_among_a_key_s_recent",
+        ),
+    ),
 )
 
 
