@@ -1753,23 +1753,6 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_cli.py::test_a_reader_gone_ends_a_command_quietly_as_sigpipe_would[status]",),
     ),
     Mutant(
-        "fresh-copy-found-too-late-ignored",
-        "G11.4",
-        "a fresh entry's op found in an earlier layout after it ran here is committed anyway",
-        (
-            Edit(
-                _SHARD,
-                "            if lookup.found:\n                self.write_chain.broken = True\n",
-                "            if False:\n                self.write_chain.broken = True\n",
-            ),
-        ),
-        (
-            _RESHARD
-            + "test_an_op_copied_as_fresh_into_the_new_layout_never_runs_twice"
-            + _STANDALONE,
-        ),
-    ),
-    Mutant(
         "status-hides-paused-keys",
         "G8.34",
         "status.lua reads no paused keys",

@@ -29,7 +29,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, TypeVar
 
@@ -155,8 +154,6 @@ class ShardRunner:
         #: stopped taking ops: an op appended again after a reshard finds its outcome there
         #: while it may be retained.
         self._history = tuple(reversed(history))
-        #: Earlier-layout lookups of fresh entries, answered before the next commit.
-        self._lookups: list[_Lookup] = []
         self._requests = RequestCheck(
             mailbox.requests,
             namespace=settings.namespace,
@@ -438,8 +435,6 @@ class ShardRunner:
         Never cancel a step while the runner goes on: it takes its batch out of memory first,
         so a cancelled step that never reached Redis loses the batch's results while the cache
         keeps their effects, and the next commit of those keys writes the effects alone."""
-        if self._lookups:
-            await self._confirm_fresh()
         batch, self._finished = self._finished, []
         dead, self._dead = self._dead, []
         records, self._records = self._records, []
@@ -541,12 +536,7 @@ class ShardRunner:
         """Take fetched entries in (``from_stream``: read from the stream, not taken in from
         pushes, which only the next step confirms)."""
         if self._history and fetched.entries:
-            if self._replay_until is None and all(
-                fields.get(b"fresh") == b"1" for _, fields in fetched.entries
-            ):
-                self._look_up_before_commit(fetched)
-            else:
-                await self._answer_from_earlier_layouts(fetched)
+            await self._answer_from_earlier_layouts(fetched)
         if signers := self._requests.signers_to_read(fetched.entries):
             await self._read_signers(signers)
         runnable: list[Run] = []
@@ -619,42 +609,6 @@ class ShardRunner:
         owner skip looking up its own shard only because the commit refuses an op id that has
         an outcome there, and cannot see an earlier layout's (an entry copied as fresh by a
         client user would run twice)."""
-        fetched.done.update(await self._earlier_outcomes(fetched))
-
-    def _look_up_before_commit(self, fetched: StepReply) -> None:
-        """Look the ops of fresh entries up in the earlier layouts while they run, not before:
-        their ids are new, so an outcome is found there only for an entry a client user copied
-        as fresh. The next step waits for the answer before it commits anything (see
-        :meth:`_confirm_fresh`): after a reshard, a batch then costs no round trip of its own."""
-        lookup = _Lookup(anyio.Event())
-
-        async def look_up() -> None:
-            try:
-                lookup.found = await self._earlier_outcomes(fetched)
-            finally:
-                lookup.answered.set()
-
-        if self._spawn(look_up):
-            self._lookups.append(lookup)
-
-    async def _confirm_fresh(self) -> None:
-        """Wait for the lookups of fresh entries (:meth:`_look_up_before_commit`); one that
-        found an outcome means an op that ran before ran again here, in memory: nothing of it
-        is committed, and the runner starts again from Redis, replaying (which looks every op
-        up before it runs)."""
-        lookups, self._lookups = self._lookups, []
-        for lookup in lookups:
-            await lookup.answered.wait()
-            if lookup.found:
-                self.write_chain.broken = True
-                raise WriteChainBroken(
-                    f"shard {self.shard}: op {min(lookup.found)!r}, appended as fresh, has an"
-                    " outcome in a layout before the reshard (a copy): starting again from Redis"
-                )
-
-    async def _earlier_outcomes(self, fetched: StepReply) -> dict[str, str]:
-        """The outcomes stored in the earlier layouts of ``fetched``'s ops that have none here."""
-        found: dict[str, str] = {}
         missing = {
             envelope.op_id: envelope.keys
             for _, fields in fetched.entries
@@ -664,7 +618,7 @@ class ShardRunner:
         retained_since = int(time.time() * 1000) - 2 * self._settings.result_ttl_ms
         for layout, until in self._history:
             if not missing or until < retained_since:
-                break
+                return
             by_home: dict[int, list[str]] = {}
             for op_id, keys in missing.items():
                 by_home.setdefault(home_shard(keys, layout.shards), []).append(op_id)
@@ -673,9 +627,8 @@ class ShardRunner:
             for (_, op_ids), outcomes in zip(wanted, stored, strict=True):
                 for op_id, outcome in zip(op_ids, outcomes, strict=True):
                     if outcome is not None:
-                        found[op_id] = outcome.decode()
+                        fetched.done[op_id] = outcome.decode()
                         del missing[op_id]
-        return found
 
     async def _stored_on(
         self, wanted: list[tuple[ShardKeys, list[str]]]
@@ -873,11 +826,3 @@ def _settle(records: Sequence[Record], write_chain: WriteChain) -> None:
         if write_chain.broken:
             record.error = WriteChainBroken("a cross-shard record not confirmed as durable")
         record.done.set()
-
-
-@dataclass(slots=True)
-class _Lookup:
-    """One earlier-layout lookup under way: set once answered, with the outcomes it found."""
-
-    answered: anyio.Event
-    found: dict[str, str] = field(default_factory=dict)
