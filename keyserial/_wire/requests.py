@@ -1,5 +1,5 @@
 """Which grant requests a participant shard takes: only those a listed worker signed, for this
-very shard, appended soon after they were signed.
+very shard, taken in soon after they were signed.
 
 A grant request holds keys until its attempt is decided, and only the attempt's coordinator
 can decide it. A request that no coordinator sent (a client user's ``XADD``) would hold its
