@@ -96,3 +96,41 @@ async def test_a_step_that_lands_after_its_owner_s_release_is_fenced(
         await backend.run_call(late)
     assert await client.get(keys.horizon) == b"9999999999999-0"
     assert await client.get(keys.progress) is None
+
+
+_LARGEST = "18446744073709551615-18446744073709551615"
+
+
+async def test_nothing_is_fetched_or_replayed_after_the_largest_id_and_nothing_fails(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """An entry a client user XADDed under the largest id there is, run or forwarded: a step
+    whose cursor is that id fetches nothing, and a takeover whose horizon is that id finds no
+    op to suspect after it (an XRANGE that starts after it is an error in Redis, not an empty
+    range: the shard's runner, or its acquire, failed at every try)."""
+    keys = ShardKeys(namespace, 0)
+    await client.xadd(keys.stream, {"v": "1", "ops": "[]"}, id=_LARGEST)
+    epoch = (await _owned(backend, keys, "me")).epoch
+    fetched = await backend.run_call(
+        step(
+            keys,
+            StepArgs(
+                epoch=epoch,
+                progress="",
+                rotate=False,
+                cursor=_LARGEST,
+                fetch=10,
+                commit="",
+                replaying=True,
+                result_ttl_ms=TTL_MS,
+                trim_to="",
+                trim_now=False,
+                states_held=True,
+            ),
+        )
+    )
+    assert fetched.entries == []
+    await client.set(keys.horizon, _LARGEST)
+    await client.set(keys.progress, "0-1")
+    assert await backend.run_call(release(keys, ReleaseArgs("me", clean=False)))
+    await _owned(backend, keys, "next")  # (its replay reads up to the horizon: no error)

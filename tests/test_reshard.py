@@ -1007,3 +1007,34 @@ async def test_an_owner_that_has_not_heard_of_its_seal_forwards_what_follows_it(
     finally:
         await client.aclose()
         await backend.aclose()
+
+
+async def test_an_entry_under_the_largest_id_past_a_seal_holds_no_move_up(
+    redis_url: str, namespace: str
+) -> None:
+    """A client user XADDs an op under the largest stream id there is to a sealed old shard
+    (the nemesis's forger found it): the owner forwards it, and no script then asks Redis for
+    the entries after that id (an error, not an empty range), so the shard drains, the move
+    finishes and the key's ops are answered."""
+    key = keys_on_shard(1, 16, 1, "largest")[0]  # (shard 1 of 16, so of 4 too)
+    move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
+    old = move.source.keys(1)
+    backend = await Backend.connect(redis_url)
+    client = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        async with (
+            running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]),
+            keyserial.connect(redis_url, namespace=namespace) as ks,
+        ):
+            assert await ks.submit(key, apps.append(0)) == [0]
+            await backend.run_call(record_move(move))
+            await backend.run_call(seal(old, move))
+            envelope = {"id": "at-the-end", "key": key, "op": "append", "args": [1]}
+            largest = "18446744073709551615-18446744073709551615"
+            await client.xadd(old.stream, {"v": "1", "ops": json.dumps([envelope])}, id=largest)
+            with anyio.fail_after(30):
+                await move_namespace(backend, Settings(namespace=namespace), 16)
+            assert await ks.submit(key, apps.append(2), timeout=30) == [0, 1, 2]
+    finally:
+        await client.aclose()
+        await backend.aclose()

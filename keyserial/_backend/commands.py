@@ -67,6 +67,10 @@ def merged_stored(replies: Sequence[Any]) -> list[bytes | None]:
     ]
 
 
+#: The largest stream id there is (XADD takes it by hand): nothing can follow it.
+LARGEST_ID = "18446744073709551615-18446744073709551615"
+
+
 class Commands:
     """Script calls, reads and writes, over one primitive: :meth:`pipeline`.
 
@@ -208,17 +212,24 @@ class Commands:
     async def entries_since(
         self, cursors: Sequence[tuple[ShardKeys, str]], count: int
     ) -> list[list[tuple[bytes, dict[bytes, bytes]]]]:
-        """For each (shard, entry id): up to ``count`` entries after that one, oldest first.
-        One pipeline."""
-        replies = raise_errors(
-            await self.pipeline(
-                [
-                    ("XRANGE", shard.stream, f"({cursor}", "+", "COUNT", count)
-                    for shard, cursor in cursors
-                ]
+        """For each (shard, entry id): up to ``count`` entries after that one, oldest first
+        (none after the largest id there is, where XRANGE would refuse the range). One
+        pipeline."""
+        asked = [(shard, cursor) for shard, cursor in cursors if cursor != LARGEST_ID]
+        replies = (
+            raise_errors(
+                await self.pipeline(
+                    [
+                        ("XRANGE", shard.stream, f"({cursor}", "+", "COUNT", count)
+                        for shard, cursor in asked
+                    ]
+                )
             )
+            if asked
+            else []
         )
-        return [_entries(reply) for reply in replies]
+        found = iter(replies)
+        return [[] if cursor == LARGEST_ID else _entries(next(found)) for _, cursor in cursors]
 
     async def queued(self, shard: ShardKeys, count: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
         """Up to ``count`` stream entries after the shard's progress marker, oldest first: (id,

@@ -44,7 +44,7 @@ end
 local function first_unfinished(after, upto)
   local cursor = after
   while true do
-    local entries = redis.call('XRANGE', KEYS[6], '(' .. cursor, upto, 'COUNT', 100)
+    local entries = xrange_after(KEYS[6], cursor, upto, 100)
     if #entries == 0 then return nil end
     for _, entry in ipairs(entries) do
       local fields = entry[2]

@@ -12,6 +12,18 @@ local function id_gt(a, b)
   return am > bm or (am == bm and as > bs)
 end
 
+-- The largest stream id there is (XADD takes it by hand): nothing can follow it, and a range
+-- that starts after it is an error, not an empty range.
+local LARGEST_ID = '18446744073709551615-18446744073709551615'
+-- XRANGE ``key`` from after ``after`` to ``upto`` (at most ``count`` entries): none after the
+-- largest id.
+local function xrange_after(key, after, upto, count)
+  if after == LARGEST_ID then
+    return {}
+  end
+  return redis.call('XRANGE', key, '(' .. after, upto, 'COUNT', count)
+end
+
 -- Write [[key, JSON state or '' to delete], ...] (JSON) to the state hash ``hash``.
 local function write_states(hash, writes_json)
   for _, write in ipairs(cjson.decode(writes_json)) do

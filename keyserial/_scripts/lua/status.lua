@@ -16,13 +16,12 @@ if progress ~= '' then
   while true do
     local page = redis.call('XRANGE', KEYS[4], cursor, progress, 'COUNT', 500)
     committed = committed + #page
-    if #page < 500 then break end
+    if #page < 500 or page[#page][1] == LARGEST_ID then break end
     cursor = '(' .. page[#page][1]
   end
 end
-local after = '-'
-if progress ~= '' then after = '(' .. progress end
-local first = redis.call('XRANGE', KEYS[4], after, '+', 'COUNT', 1)
+local first = redis.call('XRANGE', KEYS[4], '-', '+', 'COUNT', 1)
+if progress ~= '' then first = xrange_after(KEYS[4], progress, '+', 1) end
 local oldest = ''
 if #first > 0 then oldest = first[1][1] end
 local now = redis.call('TIME')

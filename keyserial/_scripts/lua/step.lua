@@ -108,8 +108,7 @@ local function digest(fields)
 end
 local function unconfirmed(pushed)
   local taken = pushed[2]
-  local held = redis.call('XRANGE', KEYS[4], '(' .. pushed[1], taken[#taken][1], 'COUNT',
-    #taken + 1)
+  local held = xrange_after(KEYS[4], pushed[1], taken[#taken][1], #taken + 1)
   if #held ~= #taken then
     return 'the stream holds ' .. #held .. ' entries where ' .. #taken .. ' came pushed'
   end
@@ -218,7 +217,7 @@ local function rotation_due()
   if passed == '' then
     passed = redis.call('GET', KEYS[3]) or '0-0'
   end
-  local oldest = redis.call('XRANGE', KEYS[4], '(' .. passed, '+', 'COUNT', 1)[1]
+  local oldest = xrange_after(KEYS[4], passed, '+', 1)[1]
   if oldest and parse_id(oldest[1]) < since then
     return nil
   end
@@ -256,7 +255,7 @@ end
 local entries, done, states = {}, {}, {}
 local fetching = tonumber(ARGV[5]) > 0
 if fetching then
-  entries = redis.call('XRANGE', KEYS[4], '(' .. ARGV[4], '+', 'COUNT', ARGV[5])
+  entries = xrange_after(KEYS[4], ARGV[4], '+', ARGV[5])
 end
 local horizon = nil
 if #entries == 0 and ARGV[13] ~= '' then
