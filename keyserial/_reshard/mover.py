@@ -270,12 +270,11 @@ class _GrantRequests:
             # leaves the stream once refused, so the mover never waits for it long.)
             max_age_ms=_NO_AGE_LIMIT,
         )
-        fetched = [(entry_id.decode(), fields) for entry_id, fields in entries]
-        if signers := check.signers_to_read(fetched):
+        if signers := check.signers_to_read(fields for _, fields in entries):
             check.learn(signers, await self._backend.signer_records(keys.namespace, signers))
         taken = [
             envelope.op_id
-            for _, fields in fetched
+            for _, fields in entries
             for envelope in decode_entry_leniently(fields)
             if envelope.name == GRANT_OP and check.refusal(envelope) is None
         ]

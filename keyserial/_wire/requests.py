@@ -44,10 +44,11 @@ class RequestCheck:
         self._max_age_ms = max_age_ms
         self._clock_ms = clock_ms
 
-    def signers_to_read(self, entries: Iterable[tuple[str, Mapping[bytes, bytes]]]) -> list[str]:
-        """The signers of the grant requests in ``entries`` whose listing is not known yet."""
+    def signers_to_read(self, entries: Iterable[Mapping[bytes, bytes]]) -> list[str]:
+        """The signers of the grant requests in ``entries`` (their fields) whose listing is not
+        known yet."""
         wanted: dict[str, None] = {}
-        for _, fields in entries:
+        for fields in entries:
             if _GRANT_BYTES not in fields.get(b"ops", b""):
                 continue
             for envelope in decode_entry_leniently(fields):

@@ -537,7 +537,7 @@ class ShardRunner:
         pushes, which only the next step confirms)."""
         if self._history and fetched.entries:
             await self._answer_from_earlier_layouts(fetched)
-        if signers := self._requests.signers_to_read(fetched.entries):
+        if signers := self._requests.signers_to_read(fields for _, fields in fetched.entries):
             await self._read_signers(signers)
         runnable: list[Run] = []
         for entry_id, fields in fetched.entries:
