@@ -110,6 +110,23 @@ async def noted_slow_record(ctx: Context, delay: float, note_path: str) -> int:
     return len(ctx.state)
 
 
+@op
+def noted_spin_record(ctx: Context, delay: float, note_path: str) -> int:
+    """``noted_slow_record`` as a sync op (run in a worker thread), CPU-bound: its first run
+    spins for ``delay`` seconds, a thread that cannot be cancelled; a run again (the note names
+    an earlier one) does not."""
+    with open(note_path, "a+") as note:
+        note.seek(0)
+        first = not note.read()
+        note.write(f"{os.getpid()}\n")
+    applied = list(ctx.state or [])
+    deadline = time.monotonic() + (delay if first else 0)
+    while time.monotonic() < deadline:
+        pass
+    ctx.state = [*applied, ctx.op_id]
+    return len(ctx.state)
+
+
 @multi_op
 async def slow_move(ctx: MultiContext, delay: float) -> list[str]:
     """Read every key, wait, then write: each key's list gains this op id (isolation check)."""

@@ -14,7 +14,6 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any, TypeGuard
@@ -25,6 +24,7 @@ from .._ops import Context, MultiContext, Op, Registry
 from .._wire.codec import Envelope, encode_error, encode_ok
 from ..errors import MalformedOperation, OperationFailed, UnknownOperation
 from .keystates import KeyStates
+from .opthreads import DaemonThreadPool
 
 log = logging.getLogger("keyserial.worker")
 
@@ -35,7 +35,8 @@ Evaluated = tuple[str, dict[str, str | None] | None]
 SLOW_INLINE_OP = 0.1
 _SLOW_WARNING_EVERY = 60.0
 #: The most sync ops a worker process runs at once, each in a thread of its own; more wait for
-#: a thread (while the event loop, and every other op, go on).
+#: a thread (while the event loop, and every other op, go on). Daemon threads (``opthreads``):
+#: the process never waits for an op it abandoned.
 MAX_OP_THREADS = 40
 #: The interpreter's switch interval once a process runs sync ops in threads (it is 5 ms by
 #: default): a thread holding the GIL (CPU work in Python) hands it to the event loop only when
@@ -492,16 +493,16 @@ async def _awaited_call(
         return _Raised(_escaped(exc))
 
 
-def _op_threads() -> ThreadPoolExecutor:
+def _op_threads() -> DaemonThreadPool:
     """The threads this process runs sync ops in (a forked child gets threads of its own)."""
     return _threads_of(os.getpid())
 
 
 @functools.cache
-def _threads_of(pid: int) -> ThreadPoolExecutor:
+def _threads_of(pid: int) -> DaemonThreadPool:
     if sys.getswitchinterval() > OP_SWITCH_INTERVAL:  # (lowered, never raised)
         sys.setswitchinterval(OP_SWITCH_INTERVAL)
-    return ThreadPoolExecutor(MAX_OP_THREADS, thread_name_prefix=f"keyserial-op-{pid}")
+    return DaemonThreadPool(MAX_OP_THREADS, f"keyserial-op-{pid}")
 
 
 def _run_span(traced: Any, envelope: Envelope) -> AbstractContextManager[Any]:
