@@ -21,6 +21,7 @@ import keyserial
 from keyserial._backend.backend import Backend
 from keyserial._scripts.cross import ResolveArgs, resolve
 from keyserial._scripts.refusals import AttemptAhead
+from keyserial._wire.codec import LARGEST_ID
 from keyserial._wire.layout import signers_key
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
@@ -747,9 +748,6 @@ async def _empty(client: redis.asyncio.Redis, stream: str) -> bool:
     return not await client.xrange(stream)
 
 
-LAST_ID = "18446744073709551615-18446744073709551615"
-
-
 async def test_an_entry_under_the_largest_id_stops_appends_only_until_it_has_committed(
     users: Users, namespace: str
 ) -> None:
@@ -761,7 +759,7 @@ async def test_an_entry_under_the_largest_id_stops_appends_only_until_it_has_com
     async with _one_worker_and_an_attacker(users, namespace) as (ks, attacker):
         stream = ShardKeys(namespace, 4).stream
         envelope = {"id": "squatter-1", "key": own, "op": "deposit", "args": [1]}
-        await attacker.xadd(stream, {"v": "1", "ops": json.dumps([envelope])}, id=LAST_ID)
+        await attacker.xadd(stream, {"v": "1", "ops": json.dumps([envelope])}, id=LARGEST_ID)
         # (The client sends a refused append again, as for BUSY, until its timeout.)
         assert await ks.submit(key, deposit(10), timeout=20) == 10
         assert await ks.submit(key, deposit(5), timeout=10) == 15

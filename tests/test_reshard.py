@@ -31,7 +31,7 @@ from keyserial._reshard.mover import (
     move_namespace,
 )
 from keyserial._scripts.reshard import flip, quiet, record_drained, record_move, seal
-from keyserial._wire.codec import decode_reply
+from keyserial._wire.codec import LARGEST_ID, decode_reply
 from keyserial._wire.layout import Layout, ShardKeys, signers_key
 from keyserial._wire.resharding import (
     LAYOUT_CHANGED,
@@ -1030,8 +1030,7 @@ async def test_an_entry_under_the_largest_id_past_a_seal_holds_no_move_up(
             await backend.run_call(record_move(move))
             await backend.run_call(seal(old, move))
             envelope = {"id": "at-the-end", "key": key, "op": "append", "args": [1]}
-            largest = "18446744073709551615-18446744073709551615"
-            await client.xadd(old.stream, {"v": "1", "ops": json.dumps([envelope])}, id=largest)
+            await client.xadd(old.stream, {"v": "1", "ops": json.dumps([envelope])}, id=LARGEST_ID)
             with anyio.fail_after(30):
                 await move_namespace(backend, Settings(namespace=namespace), 16)
             assert await ks.submit(key, apps.append(2), timeout=30) == [0, 1, 2]

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 
 from .._scripts.calls import ScriptArg, ScriptCall, decoded
 from .._scripts.refusals import ScriptMissing
+from .._wire.codec import LARGEST_ID
 from .._wire.layout import (
     PAUSES_CHANGED,
     Layout,
@@ -65,10 +66,6 @@ def merged_stored(replies: Sequence[Any]) -> list[bytes | None]:
     return [
         now if now is not None else before for now, before in zip(current, previous, strict=True)
     ]
-
-
-#: The largest stream id there is (XADD takes it by hand): nothing can follow it.
-LARGEST_ID = "18446744073709551615-18446744073709551615"
 
 
 class Commands:

@@ -40,7 +40,7 @@ from .._backend.commands import publish_command, raise_errors
 from .._scripts.refusals import MoveRefused
 from .._scripts.reshard import Quiet, flip, quiet, record_move, seal
 from .._settings import Settings
-from .._wire.codec import GRANT_OP, decode_entry_leniently
+from .._wire.codec import GRANT_OP, decode_entry_leniently, parse_id
 from .._wire.layout import Layout, ShardKeys, shard_name
 from .._wire.requests import RequestCheck
 from .._wire.resharding import LAYOUT_CHANGED, LayoutRecord, Move, Seal, layout_channel
@@ -236,10 +236,10 @@ async def _drained(
     through = shard.drained_through
     if not shard.sealed or through is None:
         return False
-    if _order(through) < _order(Seal.decode(keys.namespace, shard.sealed).last):
+    if parse_id(through) < parse_id(Seal.decode(keys.namespace, shard.sealed).last):
         return False
-    last = _order(shard.last_id)
-    while _order(through) < last:
+    last = parse_id(shard.last_id)
+    while parse_id(through) < last:
         (after,) = await backend.entries_since([(keys, through)], STRAYS_READ)
         if await requests.pending(keys, after):
             return False
@@ -282,12 +282,6 @@ class _GrantRequests:
             return False
         (stored,) = await self._backend.stored_on_many([(keys, taken)])
         return any(outcome is None for outcome in stored)
-
-
-def _order(entry_id: str) -> tuple[int, int]:
-    """A stream entry id (``<ms>-<seq>``; a cursor that never moved may read ``0``) as numbers."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
 
 
 def _few(shards: Sequence[str]) -> str:

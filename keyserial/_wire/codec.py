@@ -27,6 +27,9 @@ from .json_text import dumps, encodes
 from .layout import ShardKeys, attempt_id
 
 WIRE_VERSION = "1"
+#: The largest stream id there is (XADD takes it by hand): nothing can follow it, and a range
+#: that starts after it is an error in Redis, not an empty range.
+LARGEST_ID = "18446744073709551615-18446744073709551615"
 #: A JSON escape of a UTF-16 surrogate: an entry with one may decode to invalid text.
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
@@ -54,6 +57,13 @@ class Envelope:
     def key(self) -> str:
         """The op's key (a multi-key op's first key)."""
         return self.keys[0]
+
+
+def parse_id(entry_id: str) -> tuple[int, int]:
+    """A stream entry id, ``<ms>-<seq>``, as numbers (ordered as the stream orders them); a
+    cursor that never moved may read ``0``."""
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
 
 
 class MalformedEntry(Exception):

@@ -189,12 +189,6 @@ def misrouted(envelope: Envelope, shard: int, shard_count: int) -> str | None:
     return None
 
 
-def parse_id(entry_id: str) -> tuple[int, int]:
-    """A stream entry id, ``<ms>-<seq>``, as numbers (ordered as the stream orders them)."""
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq)
-
-
 def channels(reply: str | None) -> list[str]:
     """The reply channels of one occurrence of an op (none if its caller wants no reply)."""
     return [] if reply is None else [reply]

@@ -50,6 +50,7 @@ from .._wire.codec import (
     Push,
     binding,
     decode_entry_leniently,
+    parse_id,
 )
 from .._wire.layout import Layout, ShardKeys, shard_name
 from .._wire.requests import RequestCheck
@@ -62,7 +63,7 @@ from .crossshard.coordination import RunnerServices
 from .crossshard.cross_shard import CrossShard
 from .crossshard.mailbox import Mailbox
 from .execution import Executor, Run
-from .intake import accept, parse_id
+from .intake import accept
 from .keystates import KeyStates
 from .metrics import NO_METRICS, ShardMetrics
 from .pipeline import Pipeliner, Replies, WriteChain, WriteChainBroken

@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from .._scripts.commit import StepReply
-from .._wire.codec import Push
+from .._wire.codec import Push, parse_id
 from .._wire.json_text import dumps
-from .intake import entry_keys, parse_id
+from .intake import entry_keys
 from .keystates import KeyStates
 
 #: Pushes kept at most while the owner takes none in (replaying, or at ``max_inflight``): past

@@ -45,6 +45,7 @@ import anyio
 import redis.asyncio as aredis
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
 
+from keyserial._wire.codec import LARGEST_ID
 from keyserial._wire.layout import Layout, ShardKeys, shard_name
 from keyserial._wire.resharding import LayoutRecord
 from keyserial._wire.routing import home_shard, shard_for
@@ -68,9 +69,6 @@ FORGED_ACCOUNT = json.dumps({"balance": 1_000_000, "ops": ["forged"]})
 REPLAY_CHANCE = 0.2
 #: The submit script, as a foreign client sends it (docs/wire-format.md).
 SUBMIT_SCRIPT = resources.files("keyserial._scripts").joinpath("lua/submit.lua").read_text()
-#: The largest stream entry id: XADD takes it on any stream that holds no larger one (and then
-#: takes nothing more until the stream is deleted).
-LAST_ID = "18446744073709551615-18446744073709551615"
 #: Grant requests (forged or copied) one round appends, at most.
 REQUESTS_PER_ROUND = 3
 #: How often a round appends a misrouted op under a victim's id, and publishes replies naming
@@ -430,8 +428,8 @@ class Forger:
     ) -> bool:
         """Append ``envelope`` under the victim's entry id, else (if ``largest``, once per
         stream) under the largest id; whether the stream took either."""
-        for entry_id in (victim.entry_id, LAST_ID):
-            if entry_id == LAST_ID and (not largest or where.stream in self.exhausted):
+        for entry_id in (victim.entry_id, LARGEST_ID):
+            if entry_id == LARGEST_ID and (not largest or where.stream in self.exhausted):
                 break
             try:
                 await self._append(where, [envelope], entry_id=entry_id)
@@ -439,9 +437,9 @@ class Forger:
                 raise
             except ResponseError:  # (the stream holds a larger id)
                 continue
-            if entry_id == LAST_ID:
+            if entry_id == LARGEST_ID:
                 self.exhausted.add(where.stream)
-            how = " (under the largest id)" if entry_id == LAST_ID else ""
+            how = " (under the largest id)" if entry_id == LARGEST_ID else ""
             self.kinds[f"misrouted op under a victim's id{how}"] += 1
             return True
         self.missed["misrouted op: the stream took no id"] += 1

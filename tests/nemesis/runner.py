@@ -21,6 +21,7 @@ from redis.crc import key_slot
 import keyserial
 from keyserial import BackendUnavailable, KeyserialError, OperationFailed, shard_for
 from keyserial._backend.backend import Backend
+from keyserial._wire.codec import parse_id
 from keyserial._wire.layout import Layout
 from keyserial._wire.resharding import Seal, sealed_key
 from keyserial.testing import ShardKeys
@@ -432,12 +433,7 @@ async def _past_seal(system: BaseSystem, sent: GarbageSent) -> bool:
     if raw is None:
         return False
     last = Seal.decode(system.namespace, raw).last
-    return _entry_order(sent.entry) > _entry_order(last)
-
-
-def _entry_order(entry_id: str) -> tuple[int, int]:
-    ms, _, seq = entry_id.partition("-")
-    return int(ms), int(seq or 0)
+    return parse_id(sent.entry) > parse_id(last)
 
 
 async def _every_shard(system: BaseSystem) -> list[ShardKeys]:

@@ -71,9 +71,8 @@
 -- decision of a "c" attempt is; error "GONE ..." (nothing written) if a "g" grant's request
 -- entry is not in the stream; error
 -- "RESTARTED ..." (after the commit) if the new progress is the largest id (see below).
--- (parse_id, id_gt, writes_hold and replayed_error come from lib.lua.)
-
-local LAST_ID = '18446744073709551615-18446744073709551615'
+-- (parse_id, id_gt, writes_hold, replayed_error, xrange_after and LARGEST_ID come from
+-- lib.lua.)
 
 -- One command for many arguments (a few per step, not one per op), in bounded chunks: unpack()
 -- has a stack limit. (The chunk is even, so field-value pairs never split.)
@@ -289,13 +288,13 @@ end
 -- no id for the next append. Once it has committed, so has every entry: the stream (if no
 -- append has followed yet: this step may be sent again), progress and horizon start again as
 -- a new shard's, and the owner starts again from them.
-if ARGV[2] == LAST_ID then
-  if last_generated_id(KEYS[4]) == LAST_ID then
+if ARGV[2] == LARGEST_ID then
+  if last_generated_id(KEYS[4]) == LARGEST_ID then
     redis.call('DEL', KEYS[4])
   end
   redis.call('DEL', KEYS[3], KEYS[8])
   return redis.error_reply('RESTARTED the stream held an entry with the largest id, '
-    .. LAST_ID .. ', so no append could follow it; every entry had committed, and the stream'
+    .. LARGEST_ID .. ', so no append could follow it; every entry had committed, and the stream'
     .. ' starts again')
 end
 if ARGV[9] ~= '' and (ARGV[10] == '1' or not fetching or #entries == 0) then
