@@ -3,9 +3,11 @@ has them: for tests that put an entry exactly where they need it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
+from keyserial._scripts.commit import StepArgs
 from keyserial.testing import ShardKeys
 
 
@@ -49,3 +51,23 @@ async def bound_to(client: Any, namespace: str, shard: int, op_id: str) -> str |
     raw = await stored_raw(client, namespace, shard, op_id)
     found = None if raw is None else json.loads(raw).get("b")
     return found if isinstance(found, str) else None
+
+
+def step_args(epoch: int, **changes: Any) -> StepArgs:
+    """The arguments of a step by the owner of ``epoch`` that fetches up to 10 entries after
+    ``0-0`` and commits, moves and trims nothing, holding every state; ``changes`` set any
+    other field (``cursor=…``, ``replaying=True``)."""
+    plain = StepArgs(
+        epoch=epoch,
+        progress="",
+        rotate=False,
+        cursor="0-0",
+        fetch=10,
+        commit="",
+        replaying=False,
+        result_ttl_ms=60_000,
+        trim_to="",
+        trim_now=False,
+        states_held=True,
+    )
+    return dataclasses.replace(plain, **changes)

@@ -8,7 +8,7 @@ import pytest
 import redis.asyncio
 
 from keyserial._backend.backend import Backend
-from keyserial._scripts.commit import StepArgs, step
+from keyserial._scripts.commit import step
 from keyserial._scripts.lease import (
     AcquireArgs,
     LeaseGrant,
@@ -19,7 +19,9 @@ from keyserial._scripts.lease import (
     renew,
 )
 from keyserial._scripts.refusals import Fenced
+from keyserial._wire.codec import LARGEST_ID
 from keyserial.testing import ShardKeys
+from tests.entries import step_args
 
 pytestmark = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
 
@@ -76,29 +78,11 @@ async def test_a_step_that_lands_after_its_owner_s_release_is_fenced(
     await client.xadd(keys.stream, {"v": "1", "ops": "[]"})
     await client.set(keys.horizon, "9999999999999-0")
     assert await backend.run_call(release(keys, ReleaseArgs("me", clean=True)))
-    late = step(
-        keys,
-        StepArgs(
-            epoch=epoch,
-            progress=first,
-            rotate=False,
-            cursor="0-0",
-            fetch=10,
-            commit="",
-            replaying=False,
-            result_ttl_ms=TTL_MS,
-            trim_to="",
-            trim_now=False,
-            states_held=True,
-        ),
-    )
+    late = step(keys, step_args(epoch, progress=first))
     with pytest.raises(Fenced):
         await backend.run_call(late)
     assert await client.get(keys.horizon) == b"9999999999999-0"
     assert await client.get(keys.progress) is None
-
-
-_LARGEST = "18446744073709551615-18446744073709551615"
 
 
 async def test_nothing_is_fetched_or_replayed_after_the_largest_id_and_nothing_fails(
@@ -109,28 +93,13 @@ async def test_nothing_is_fetched_or_replayed_after_the_largest_id_and_nothing_f
     op to suspect after it (an XRANGE that starts after it is an error in Redis, not an empty
     range: the shard's runner, or its acquire, failed at every try)."""
     keys = ShardKeys(namespace, 0)
-    await client.xadd(keys.stream, {"v": "1", "ops": "[]"}, id=_LARGEST)
+    await client.xadd(keys.stream, {"v": "1", "ops": "[]"}, id=LARGEST_ID)
     epoch = (await _owned(backend, keys, "me")).epoch
     fetched = await backend.run_call(
-        step(
-            keys,
-            StepArgs(
-                epoch=epoch,
-                progress="",
-                rotate=False,
-                cursor=_LARGEST,
-                fetch=10,
-                commit="",
-                replaying=True,
-                result_ttl_ms=TTL_MS,
-                trim_to="",
-                trim_now=False,
-                states_held=True,
-            ),
-        )
+        step(keys, step_args(epoch, cursor=LARGEST_ID, replaying=True))
     )
     assert fetched.entries == []
-    await client.set(keys.horizon, _LARGEST)
+    await client.set(keys.horizon, LARGEST_ID)
     await client.set(keys.progress, "0-1")
     assert await backend.run_call(release(keys, ReleaseArgs("me", clean=False)))
     await _owned(backend, keys, "next")  # (its replay reads up to the horizon: no error)

@@ -18,13 +18,13 @@ from redis.asyncio.client import PubSub
 import keyserial
 from keyserial import PoisonOperation
 from keyserial._backend.backend import Backend
-from keyserial._scripts.commit import StepArgs, step
+from keyserial._scripts.commit import step
 from keyserial._scripts.lease import AcquireArgs, LeaseGrant, ReleaseArgs, acquire, release
 from keyserial._scripts.submit import SubmitArgs, submit
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
-from tests.entries import append_entry, envelope, stored
+from tests.entries import append_entry, envelope, step_args, stored
 from tests.helpers import Starter
 from tests.ownership import all_held
 
@@ -82,21 +82,7 @@ async def stepped(
     reply = await backend.run_call(
         step(
             keys,
-            StepArgs(
-                epoch=epoch,
-                progress="",
-                rotate=False,
-                cursor=cursor,
-                fetch=10,
-                commit="",
-                replaying=False,
-                result_ttl_ms=60_000,
-                trim_to="",
-                trim_now=False,
-                states_held=True,
-                pushed_to=pushed_to,
-                takes_pushes=takes_pushes,
-            ),
+            step_args(epoch, cursor=cursor, pushed_to=pushed_to, takes_pushes=takes_pushes),
         )
     )
     return [entry_id for entry_id, _ in reply.entries]

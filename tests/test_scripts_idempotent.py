@@ -16,7 +16,6 @@ from keyserial._scripts.calls import ScriptCall
 from keyserial._scripts.commit import (
     CommitAcrossArgs,
     ShardWrites,
-    StepArgs,
     StepReply,
     commit_across,
     step,
@@ -24,7 +23,7 @@ from keyserial._scripts.commit import (
 from keyserial._scripts.lease import AcquireArgs, LeaseGrant, LeaseHeld, acquire
 from keyserial._scripts.refusals import Fenced, Replayed, RequestGone
 from keyserial.testing import ShardKeys, running_worker
-from tests.entries import envelope
+from tests.entries import envelope, step_args
 from tests.helpers import keys_on_shard, stored_outcome
 
 pytestmark = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
@@ -301,18 +300,13 @@ def _step(
     commit: fetches up to ``fetch`` entries after 1-1, and moves nothing)."""
     return step(
         keys,
-        StepArgs(
-            epoch=2,
+        step_args(
+            2,
             progress="1-1" if commit is not None else "",
-            rotate=False,
             cursor="1-1",
             fetch=fetch,
             commit="" if commit is None else json.dumps(commit),
             replaying=replaying,
-            result_ttl_ms=60_000,
-            trim_to="",
-            trim_now=False,
-            states_held=True,
         ),
     )
 

@@ -471,7 +471,8 @@ async def test_a_step_sent_again_after_a_lost_reply_rotates_results_only_once(
     that rotates (once per retention period) on demand; the nemesis's connection resets lose
     replies at random."""
     from keyserial._backend.backend import Backend
-    from keyserial._scripts.commit import StepArgs, step
+    from keyserial._scripts.commit import step
+    from tests.entries import step_args
 
     k = ShardKeys(namespace, 0)
     backend = await Backend.connect(redis_url)
@@ -482,18 +483,8 @@ async def test_a_step_sent_again_after_a_lost_reply_rotates_results_only_once(
         commit = json.dumps({"s": [], "r": [["new", '{"ok":2}']], "d": []})
         call = step(
             k,
-            StepArgs(
-                epoch=7,
-                progress="",
-                rotate=True,
-                cursor="0-0",
-                fetch=0,
-                commit=commit,
-                replaying=False,
-                result_ttl_ms=3_600_000,
-                trim_to="",
-                trim_now=False,
-                states_held=False,
+            step_args(
+                7, rotate=True, fetch=0, commit=commit, result_ttl_ms=3_600_000, states_held=False
             ),
         )
         began = None
