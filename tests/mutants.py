@@ -963,6 +963,31 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "range-after-the-largest-id",
+        "G3.12",
+        "lib.lua's xrange_after asks Redis for the entries after the largest id (an error)",
+        (Edit(_LUA + "lib.lua", "  if after == LARGEST_ID then\n", "  if false then\n"),),
+        (
+            _LEASE
+            + "test_nothing_is_fetched_or_replayed_after_the_largest_id_and_nothing_fails"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "strays-read-after-the-largest-id",
+        "G3.12",
+        "entries_since asks Redis for the entries after the largest id (an error)",
+        (
+            Edit("keyserial/_backend/commands.py", "if cursor != LARGEST_ID]", "if cursor]"),
+            Edit(
+                "keyserial/_backend/commands.py",
+                "[[] if cursor == LARGEST_ID else _entries(next(found))",
+                "[_entries(next(found))",
+            ),
+        ),
+        (_RESHARD + "test_strays_are_read_after_every_cursor_but_the_largest_id" + _STANDALONE,),
+    ),
+    Mutant(
         "oom-refused-for-good",
         "G6.21",
         'an OOM error reply is a refusal that no retry cures, not a "not now"',

@@ -1037,3 +1037,18 @@ async def test_an_entry_under_the_largest_id_past_a_seal_holds_no_move_up(
     finally:
         await client.aclose()
         await backend.aclose()
+
+
+async def test_strays_are_read_after_every_cursor_but_the_largest_id(
+    backend: Backend, namespace: str
+) -> None:
+    """The owners of retired shards' heirs and the mover read an old shard's strays after its
+    drained record, which may name an entry under the largest id there is: no entry can follow
+    it, and Redis refuses a range that starts after it (an error, not an empty range), so none
+    is asked for, and the other shards of the same read are still read."""
+    full, other = ShardKeys(namespace, 0), ShardKeys(namespace, 1)
+    await backend.call("XADD", full.stream, LARGEST_ID, "v", "1", "ops", "[]")
+    stray = (await backend.call("XADD", other.stream, "*", "v", "1", "ops", "[]")).decode()
+    after_full, after_other = await backend.entries_since([(full, LARGEST_ID), (other, "0-0")], 10)
+    assert after_full == []
+    assert [entry_id.decode() for entry_id, _ in after_other] == [stray]
