@@ -87,6 +87,8 @@ _TOKEN_CHECK = (
 )
 _TOKEN_TEST = "tests/test_dashboard.py::test_the_api_answers_only_to_the_token"
 _REQUESTS = "keyserial/_wire/requests.py"
+_SIGNING = "keyserial/_wire/signing.py"
+_TAGS = "tests/test_grant_request_tags.py::"
 _MOVER = "keyserial/_reshard/mover.py"
 
 
@@ -1373,14 +1375,115 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             _no_check(
                 _REQUESTS,
-                "        if not self._verifier.verified(request.signer, text, request.signature)"
-                ":\n",
+                "        if not self._verifier.verified(request.signer, text, request.signature,"
+                " request.tag):\n",
             ),
         ),
         (
             _GRANTS + "test_a_request_whose_signer_is_not_listed_is_refused",
             _GRANTS + "test_a_signature_with_any_byte_changed_is_refused",
         ),
+    ),
+    Mutant(
+        "grant-request-tag-unchecked",
+        "G5.17",
+        "a participant takes a grant request on any tag, whatever its signature",
+        (
+            Edit(
+                _SIGNING,
+                "        return hmac.compare_digest(_request_tag(key, self.public_key, text),"
+                " tag)\n",
+                "        return True\n",
+            ),
+        ),
+        (
+            _TAGS + "test_a_tag_with_any_byte_changed_is_not_taken",
+            _TAGS + "test_a_tag_for_another_owner_falls_back_to_the_signature",
+        ),
+    ),
+    Mutant(
+        "grant-request-tag-covers-nothing",
+        "G5.17",
+        "a grant request's tag covers none of its fields: it is taken with any of them changed",
+        (
+            Edit(
+                _SIGNING,
+                'return _tag(key, f"{_REQUEST_TAG_CONTEXT}\\n{receiver_public}", text)',
+                'return _tag(key, f"{_REQUEST_TAG_CONTEXT}\\n{receiver_public}", "")',
+            ),
+        ),
+        (
+            _TAGS + "test_a_request_changed_after_tagging_is_refused[op-order-8]",
+            _TAGS + "test_a_request_for_other_keys_or_namespace_than_tagged_is_refused",
+        ),
+    ),
+    Mutant(
+        "grant-request-tag-of-unlisted-signer",
+        "G5.17",
+        "a participant takes a tagged grant request of a signer not listed to make requests",
+        (
+            Edit(
+                _SIGNING,
+                "        if key is None:\n            return False\n"
+                "        if self._receiver is not None and self._receiver.tagged(",
+                "        if self._receiver is not None and self._receiver.tagged(",
+            ),
+            Edit(
+                _SIGNING,
+                "        if not _SIGNATURE.match(signature):\n",
+                "        if key is None or not _SIGNATURE.match(signature):\n",
+            ),
+        ),
+        (_TAGS + "test_a_tag_of_a_signer_whose_entry_lists_no_signing_key_is_not_taken",),
+    ),
+    Mutant(
+        "grant-request-tag-ignored",
+        "G5.17",
+        "a participant checks the signature of every grant request, tagged for it or not",
+        (
+            _no_check(
+                _SIGNING,
+                "        if self._receiver is not None and self._receiver.tagged(signer_id, text,"
+                " tag):\n",
+            ),
+        ),
+        (
+            _TAGS + "test_a_request_tagged_for_this_owner_is_taken_on_its_tag_alone",
+            _TAGS + "test_transfers_between_two_workers_take_their_requests_on_tags" + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "grant-request-owner-forgotten",
+        "G5.17",
+        "a coordinator never learns a participant shard's owner: it tags no request",
+        (
+            Edit(
+                _COORDINATOR,
+                "            services.mailbox.owner_granted(target, grant.channel)",
+                "            pass",
+            ),
+        ),
+        (_TAGS + "test_transfers_between_two_workers_take_their_requests_on_tags" + _STANDALONE,),
+    ),
+    Mutant(
+        "grant-request-tag-shape-unchecked",
+        "G5.17",
+        "a participant compares a tag of any text (one not ASCII fails the intake)",
+        (
+            Edit(
+                _SIGNING,
+                "        if key is None or not _REQUEST_TAG.match(tag):",
+                "        if key is None:",
+            ),
+        ),
+        (_TAGS + "test_a_tag_with_any_byte_changed_is_not_taken",),
+    ),
+    Mutant(
+        "grant-request-tag-any-type",
+        "G5.17",
+        "a grant request whose tag is not a string is not refused as malformed",
+        (Edit("keyserial/_wire/messages.py", "            and isinstance(tag, str)\n", ""),),
+        (_TAGS + "test_a_request_whose_tag_is_not_a_string_is_malformed",),
     ),
     Mutant(
         "dashboard-replay-without-token",

@@ -39,6 +39,10 @@ class GrantRequest:
     #: The signer id of the coordinator's worker and its signature (see :meth:`signed_text`).
     signer: str = ""
     signature: str = ""
+    #: The signed text's tag for the participant shard's owner the coordinator expects (see
+    #: ``ReplySigner.tag_request``), which that owner checks instead of the signature; '' if
+    #: the coordinator expects none yet.
+    tag: str = ""
 
     def signed_text(self, namespace: str, keys: Sequence[str]) -> str:
         """What the signature covers: every field but the signature, the requested keys and
@@ -47,7 +51,7 @@ class GrantRequest:
         return dumps([*fields, self.at, list(keys)])
 
     def to_wire(self) -> Wire:
-        return {
+        wire: Wire = {
             "home": self.home,
             "op": self.op_id,
             "attempt": self.attempt,
@@ -57,16 +61,20 @@ class GrantRequest:
             "k": self.signer,
             "sig": self.signature,
         }
+        if self.tag:
+            wire["tag"] = self.tag
+        return wire
 
     @classmethod
     def from_wire(cls, kwargs: Mapping[str, Any], *, below: int) -> GrantRequest:
         """:raises MalformedMessage: unless the home is a shard under ``below`` (a participant
         is always above its home) and every field has its type (the signature's fields may be
-        missing: such a request is unsigned)."""
+        missing: such a request is unsigned; the tag too: then only the signature is checked)."""
         home, op_id = kwargs.get("home"), kwargs.get("op")
         attempt, channel = kwargs.get("attempt"), kwargs.get("channel")
         target, at = kwargs.get("to", ""), kwargs.get("at", 0)
         signer, signature = kwargs.get("k", ""), kwargs.get("sig", "")
+        tag = kwargs.get("tag", "")
         if not (
             type(home) is int
             and 0 <= home < below
@@ -77,9 +85,10 @@ class GrantRequest:
             and type(at) is int
             and isinstance(signer, str)
             and isinstance(signature, str)
+            and isinstance(tag, str)
         ):
             raise MalformedMessage(f"bad grant request {dict(kwargs)!r}"[:300])
-        return cls(home, op_id, attempt, channel, target, at, signer, signature)
+        return cls(home, op_id, attempt, channel, target, at, signer, signature, tag)
 
 
 @dataclass(frozen=True, slots=True)

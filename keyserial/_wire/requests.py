@@ -1,5 +1,6 @@
 """Which grant requests a participant shard takes: only those a listed worker signed, for this
-very shard, taken in soon after they were signed.
+very shard, taken in soon after they were signed. (Signed: tagged for this worker by the signer,
+or, failing that, with a signature that any worker checks; see ``_wire.signing``.)
 
 A grant request holds keys until its attempt is decided, and only the attempt's coordinator
 can decide it. A request that no coordinator sent (a client user's ``XADD``) would hold its
@@ -74,6 +75,6 @@ class RequestCheck:
         if abs(self._clock_ms() - request.at) > self._max_age_ms:
             return "a grant request taken in too long after it was signed (a copy)"
         text = request.signed_text(self._namespace, envelope.keys)
-        if not self._verifier.verified(request.signer, text, request.signature):
+        if not self._verifier.verified(request.signer, text, request.signature, request.tag):
             return "a grant request that no listed worker signed"
         return None

@@ -127,18 +127,27 @@ def signed_request(
     services: RunnerServices, shard: int, op_id: str, attempt: int, keys: Sequence[str]
 ) -> GrantRequest:
     """The grant request of one attempt for ``keys`` on ``shard``, signed by this worker: a
-    participant takes no request that a listed worker did not sign (``_worker.intake``)."""
+    participant takes no request that a listed worker did not sign (``_worker.intake``). It is
+    also tagged for the shard's owner that granted this worker's last request there, if one
+    did: that owner checks the tag instead of the signature (any other, the signature)."""
     home = services.home
+    target = shard_name(shard, services.layout.generation)
     request = GrantRequest(
         home.shard,
         op_id,
         attempt,
         services.mailbox.channel_for(shard),  # (in its slot: that shard's script publishes)
-        shard_name(shard, services.layout.generation),
+        target,
         int(time.time() * 1000),
     )
     signer = services.pipeliner.signer
     if signer is None:
         return request
     text = request.signed_text(services.settings.namespace, keys)
-    return replace(request, signer=signer.signer_id, signature=signer.sign_request(text))
+    owner = services.mailbox.expected_owner(target)
+    return replace(
+        request,
+        signer=signer.signer_id,
+        signature=signer.sign_request(text),
+        tag="" if owner is None else signer.tag_request(owner, text),
+    )

@@ -35,7 +35,7 @@ from ..._wire.codec import (
     reply_outcome,
 )
 from ..._wire.json_text import dumps
-from ..._wire.layout import ShardKeys, decision_field, grant_field
+from ..._wire.layout import ShardKeys, decision_field, grant_field, shard_name
 from ..._wire.messages import Decision, DecisionNotice, KeyGrant
 from ...errors import BackendUnavailable, LeaseLost
 from ..chains import Hold
@@ -403,6 +403,9 @@ class Coordinator:
         the op id, and answered in its place): this attempt can get no grant of its own, so
         the home shard is given up, and the op runs again under the next owner's attempt."""
         if sorted(key for key, _ in grant.states) == sorted(keys):
+            services = self._services
+            target = shard_name(grant.shard, services.layout.generation)
+            services.mailbox.owner_granted(target, grant.channel)  # (the next request's tag)
             return grant
         home = self._services.home
         home.write_chain.broken = True

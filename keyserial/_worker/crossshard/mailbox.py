@@ -133,8 +133,12 @@ class Mailbox:
         #: half (``<prefix>.<public key>``), so a sender knows whom to sign for.
         self.verifier = ReplyVerifier(channel_prefix)
         self.channel = self.verifier.channel
-        #: The signing keys of the workers whose grant requests this worker's shards took in.
-        self.requests = RequestVerifier()
+        #: The signing keys of the workers whose grant requests this worker's shards took in
+        #: (a request tagged for this worker's key is taken on its tag).
+        self.requests = RequestVerifier(self.verifier)
+        #: The channel of each participant shard's owner (by the shard's name) as its latest
+        #: grant to this worker named it: this worker's requests to it are tagged for it.
+        self._owners: dict[str, str] = {}
         #: With sharded pub/sub, this worker's channel in each shard's slot (see
         #: :meth:`use_shard_channels`); else none.
         self._shard_channels: list[str] = []
@@ -164,6 +168,16 @@ class Mailbox:
 
     def is_mine(self, channel: str) -> bool:
         return channel in self._mine
+
+    def owner_granted(self, shard_name: str, channel: str) -> None:
+        """The owner of the shard named ``shard_name`` granted (from ``channel``) a request of
+        this worker's: the next are tagged for it."""
+        self._owners[shard_name] = channel
+
+    def expected_owner(self, shard_name: str) -> str | None:
+        """The channel of the owner that granted this worker's latest request to the shard
+        named ``shard_name`` (its owner still, unless a takeover came since), if one did."""
+        return self._owners.get(shard_name)
 
     @contextmanager
     def expect_grant(self, op_id: str, attempt: int, shard: int) -> Iterator[Waiter]:
