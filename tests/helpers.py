@@ -25,7 +25,7 @@ import redis.asyncio
 import keyserial
 from keyserial import BackendUnavailable, InsufficientFunds, shard_for
 from keyserial._wire.layout import is_shard_channel
-from keyserial.testing import ShardKeys, free_port
+from keyserial.testing import ShardKeys, free_port, running_worker
 from tests import apps
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -517,3 +517,19 @@ async def subscribe(pubsub: Any, channel: str) -> None:
         await pubsub.execute_command("SSUBSCRIBE", channel)
     else:
         await pubsub.subscribe(channel)
+
+
+@asynccontextmanager
+async def workers_split_around(
+    url: str, namespace: str, shard: int, *, shard_count: int, **options: Any
+) -> AsyncIterator[tuple[keyserial.Worker, keyserial.Worker]]:
+    """Two in-process workers: one serving ``shard`` alone, the other every other shard, so an
+    op between a key of ``shard`` and a key elsewhere crosses between workers (a signed grant
+    request, a decision) rather than committing in one script. ``options`` go to both
+    (``apps=[...]``, settings)."""
+    rest = [other for other in range(shard_count) if other != shard]
+    async with (
+        running_worker(url, namespace, shard_count=shard_count, shards=[shard], **options) as alone,
+        running_worker(url, namespace, shard_count=shard_count, shards=rest, **options) as others,
+    ):
+        yield alone, others

@@ -27,7 +27,7 @@ from keyserial._wire.requests import RequestCheck
 from keyserial._wire.signing import ReplySigner, RequestVerifier
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
-from tests.helpers import eventually, keys_on_shard
+from tests.helpers import eventually, keys_on_shard, workers_split_around
 from tests.signers import grant_request, listed_signer
 from tests.test_acl import Users, documented_users
 
@@ -380,13 +380,7 @@ async def test_an_entry_under_a_far_future_id_stops_no_transfer(
     ahead = f"{int(time.time() * 1000) + 7_200_000}-0"
     try:
         async with (
-            running_worker(users.worker_url, namespace, shard_count=SHARDS, shards=[PARTICIPANT]),
-            running_worker(
-                users.worker_url,
-                namespace,
-                shard_count=SHARDS,
-                shards=[s for s in range(SHARDS) if s != PARTICIPANT],
-            ),
+            workers_split_around(users.worker_url, namespace, PARTICIPANT, shard_count=SHARDS),
             keyserial.connect(users.client_url, namespace=namespace) as ks,
         ):
             await ks.submit(source, deposit(100))

@@ -4,7 +4,6 @@ forged message costs a read, never a write (the pushes' twin: tests/test_push.py
 
 from __future__ import annotations
 
-import contextlib
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -27,7 +26,14 @@ from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
 from tests.entries import stored
-from tests.helpers import eventually, eventually_async, keys_on_shard, publish, subscribe
+from tests.helpers import (
+    eventually,
+    eventually_async,
+    keys_on_shard,
+    publish,
+    subscribe,
+    workers_split_around,
+)
 from tests.signers import grant_request, listed_signer
 from tests.test_acl import Users, documented_users
 
@@ -139,19 +145,8 @@ async def test_a_forged_grant_never_reaches_the_ops_state(
     attacker = redis.asyncio.Redis.from_url(users.client_url)
     try:
         async with (
-            running_worker(
-                users.worker_url,
-                namespace,
-                shard_count=SHARDS,
-                apps=["tests.apps"],
-                shards=[PARTICIPANT],
-            ),
-            running_worker(
-                users.worker_url,
-                namespace,
-                shard_count=SHARDS,
-                apps=["tests.apps"],
-                shards=[s for s in range(SHARDS) if s != PARTICIPANT],
+            workers_split_around(
+                users.worker_url, namespace, PARTICIPANT, shard_count=SHARDS, apps=["tests.apps"]
             ),
             keyserial.connect(users.client_url, namespace=namespace) as ks,
             anyio.create_task_group() as group,
@@ -294,21 +289,14 @@ async def test_a_transfer_appended_again_as_fresh_never_moves_money_twice(
     decision finds the op's outcome stored and the writes not holding, and writes nothing."""
     source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
     target = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
-    groups = (
-        [[PARTICIPANT], [s for s in range(SHARDS) if s != PARTICIPANT]]
+    workers = (
+        workers_split_around(users.worker_url, namespace, PARTICIPANT, shard_count=SHARDS)
         if split
-        else [list(range(SHARDS))]
+        else running_worker(users.worker_url, namespace, shard_count=SHARDS)
     )
     attacker = redis.asyncio.Redis.from_url(users.client_url)
     try:
-        async with contextlib.AsyncExitStack() as stack:
-            for shards in groups:
-                await stack.enter_async_context(
-                    running_worker(users.worker_url, namespace, shard_count=SHARDS, shards=shards)
-                )
-            ks = await stack.enter_async_context(
-                keyserial.connect(users.client_url, namespace=namespace)
-            )
+        async with workers, keyserial.connect(users.client_url, namespace=namespace) as ks:
             assert await ks.submit(source, deposit(100)) == 100
             op_id = ks.new_op_id()
             moved = await ks.transfer(source, target, 25, op_id=op_id, timeout=30)
@@ -383,13 +371,7 @@ async def test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides
     attacker = redis.asyncio.Redis.from_url(users.client_url)
     try:
         async with (
-            running_worker(users.worker_url, namespace, shard_count=SHARDS, shards=[PARTICIPANT]),
-            running_worker(
-                users.worker_url,
-                namespace,
-                shard_count=SHARDS,
-                shards=[s for s in range(SHARDS) if s != PARTICIPANT],
-            ),
+            workers_split_around(users.worker_url, namespace, PARTICIPANT, shard_count=SHARDS),
             keyserial.connect(users.client_url, namespace=namespace) as ks,
         ):
             for key, amount in ((source, 100), (target, 10), (decoy, 5)):
@@ -433,13 +415,7 @@ async def test_a_signed_grant_request_ahead_for_other_keys_never_decides_the_op(
     attacker = redis.asyncio.Redis.from_url(users.client_url)
     try:
         async with (
-            running_worker(users.worker_url, namespace, shard_count=SHARDS, shards=[PARTICIPANT]),
-            running_worker(
-                users.worker_url,
-                namespace,
-                shard_count=SHARDS,
-                shards=[s for s in range(SHARDS) if s != PARTICIPANT],
-            ),
+            workers_split_around(users.worker_url, namespace, PARTICIPANT, shard_count=SHARDS),
             keyserial.connect(users.client_url, namespace=namespace) as ks,
         ):
             for key, amount in ((source, 100), (target, 10), (decoy, 5)):
