@@ -1341,6 +1341,19 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "serves-before-its-signer-is-listed",
+        "G5.17",
+        "a worker takes its shards before its signer is listed: participants refuse its requests",
+        (
+            Edit(
+                "keyserial/_worker/worker.py",
+                "                await task_group.start(self._keep_signer_listed, backend)\n",
+                "                task_group.start_soon(self._keep_signer_listed, backend)\n",
+            ),
+        ),
+        (_GRANTS + "test_a_worker_serves_no_shard_before_its_signer_is_listed" + _STANDALONE,),
+    ),
+    Mutant(
         "grant-request-unsigned-taken",
         "G5.17",
         "a participant does not refuse an unsigned grant request as such",

@@ -10,7 +10,9 @@ import base64
 import json
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -23,13 +25,14 @@ from keyserial import Settings
 from keyserial._backend.backend import Backend
 from keyserial._reshard.mover import move_namespace
 from keyserial._wire.codec import Envelope
+from keyserial._wire.layout import signers_key
 from keyserial._wire.requests import RequestCheck
 from keyserial._wire.signing import ReplySigner, RequestVerifier
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests.helpers import eventually, keys_on_shard, workers_split_around
 from tests.signers import grant_request, listed_signer
-from tests.test_acl import Users, documented_users
+from tests.test_acl import Users, documented_rules, documented_users
 
 SHARDS = 8
 HOME, PARTICIPANT = 1, 5
@@ -391,4 +394,99 @@ async def test_an_entry_under_a_far_future_id_stops_no_transfer(
             assert users.admin.xlen(ShardKeys(namespace, PARTICIPANT).dead) <= 1  # (the "[]")
     finally:
         await attacker.aclose()
+    assert users.refusals() == []
+
+
+@dataclass(frozen=True)
+class _LateSigner:
+    """A worker user as documented, save that it may not write the namespace's signers hash
+    until :meth:`allow`: its workers cannot list their signers before."""
+
+    url: str
+    name: str
+    namespace: str
+    admin: Any
+
+    def refused(self) -> int:
+        """How many of its writes to the signers hash the server refused so far."""
+        return sum(
+            int(entry["count"])
+            for entry in self.admin.acl_log()
+            if entry["username"] == self.name and entry["object"] == signers_key(self.namespace)
+        )
+
+    def allow(self) -> None:
+        self.admin.execute_command("ACL", "SETUSER", self.name, f"~{signers_key(self.namespace)}")
+
+
+@contextmanager
+def _late_signer(users: Users, redis_url: str, namespace: str) -> Iterator[_LateSigner]:
+    name, password = f"ks-late-{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    rules = [
+        rule.replace(">WORKER_PASSWORD", f">{password}") for rule in documented_rules("worker")[0]
+    ]
+    users.admin.execute_command("ACL", "SETUSER", name, *rules)
+    # It reads every key, and writes all but ks:<ns>:signers (the only one there with an "s").
+    users.admin.execute_command(
+        "ACL", "SETUSER", name, "resetkeys", "%R~ks:*", "~ks:{*", f"~ks:{namespace}:[^s]*"
+    )
+    url = redis_url.replace("redis://", f"redis://{name}:{password}@", 1)
+    try:
+        yield _LateSigner(url, name, namespace, users.admin)
+    finally:
+        users.admin.execute_command("ACL", "DELUSER", name)
+
+
+@asynccontextmanager
+async def _started(worker: keyserial.Worker) -> AsyncIterator[None]:
+    """``worker`` running for the block, without waiting for it to own anything (as
+    ``running_worker`` does), and stopped at its end."""
+    async with anyio.create_task_group() as group:
+        group.start_soon(worker.run)
+        try:
+            yield
+        finally:
+            worker.stop()
+
+
+@pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
+async def test_a_worker_serves_no_shard_before_its_signer_is_listed(
+    users: Users, redis_url: str, namespace: str
+) -> None:
+    """A participant takes a grant request only from a listed signer, so a worker that took a
+    home shard before its signer's entry was written would have its requests dead-lettered. A
+    worker whose writes to the signers hash are refused (an ACL not yet widened, an outage of
+    that key) takes no shard while they are: a transfer it would coordinate waits for it, and
+    once its signer is listed, runs once, with nothing dead-lettered."""
+    source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
+    target = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
+    participant = ShardKeys(namespace, PARTICIPANT)
+    async with (
+        running_worker(users.worker_url, namespace, shard_count=SHARDS),
+        keyserial.connect(users.client_url, namespace=namespace) as ks,
+    ):
+        assert await ks.submit(source, deposit(100)) == 100
+    rest = [shard for shard in range(SHARDS) if shard != PARTICIPANT]
+    with _late_signer(users, redis_url, namespace) as late:
+        worker = keyserial.Worker(
+            late.url, shards=rest, settings=Settings(namespace=namespace, shard_count=SHARDS)
+        )
+        moved: dict[str, Any] = {}
+        async with (
+            running_worker(users.worker_url, namespace, shard_count=SHARDS, shards=[PARTICIPANT]),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+            _started(worker),
+            anyio.create_task_group() as group,
+        ):
+
+            async def transfer() -> None:
+                moved.update(await ks.transfer(source, target, 25, timeout=30))
+
+            group.start_soon(transfer)
+            await eventually(lambda: late.refused() >= 3)  # (0.7 s of retries at least)
+            assert worker.owned_shards == []
+            assert users.admin.xlen(participant.dead) == 0
+            late.allow()
+        assert moved == {source: 75, target: 25}
+        assert users.admin.xlen(participant.dead) == 0
     assert users.refusals() == []
