@@ -24,7 +24,11 @@ CLUSTER_SEEDS: tuple[int, ...] = (7,)
 TAKEOVER_SEEDS: tuple[int, ...] = (6, 12, 29, 50)
 
 #: Seeds that failed once, each for a defect since fixed: ``tests/test_nemesis.py`` runs them
-#: as regression tests (the short ones; the long ones with ``python -m tests.nemesis``).
+#: as regression tests (the short ones; the long ones with ``python -m tests.nemesis``). A seed
+#: draws the same schedule every run, but what the system does under it depends on timing, so
+#: one that failed only now and then (5122, 7304) may pass on the unfixed code too: it is listed
+#: here as a record of what it found, and the test its description names is the regression
+#: that fails every run.
 REGRESSIONS: list[KnownFailure] = [
     KnownFailure(
         103,
@@ -255,6 +259,13 @@ REGRESSIONS: list[KnownFailure] = [
         " outcomes are polled until none is found for resolve_seconds)",
     ),
     KnownFailure(
+        5183,
+        "reshard",
+        "a stale op applied in a retired layout: a worker slowed by the nemesis took an old shard"
+        " over after the flip, before it read the layout again, and ran what followed the seal"
+        " (fixed: a runner reads its shard's seal before its first step)",
+    ),
+    KnownFailure(
         5275,
         "reshard",
         "the move never finished: a takeover ran the suspect op alone, then found nothing to"
@@ -279,6 +290,22 @@ REGRESSIONS: list[KnownFailure] = [
         5002,
         "reshard",
         "forged tags applied, some twice, as 5001 (fixed as 5001)",
+    ),
+    KnownFailure(
+        7200,
+        "reshard",
+        "garbage with no stored refusal: the harness's error, the garbage checker expected one for"
+        " garbage appended past a seal, where a sealed shard stores nothing since c209b82 (fixed:"
+        " the checker skips entries past their shard's seal)",
+    ),
+    KnownFailure(
+        7304,
+        "reshard",
+        "a shard with no owner, once in three runs: the forger XADDed an op under the largest"
+        " stream id to an old shard; once its owner took it in, every step, and the next owner's"
+        " acquire, asked XRANGE for the entries after it, an error (fixed: no range starts after"
+        " it; tests/test_lease_scripts.py"
+        "::test_nothing_is_fetched_or_replayed_after_the_largest_id_and_nothing_fails)",
     ),
 ]
 
