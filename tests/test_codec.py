@@ -6,6 +6,7 @@ import pytest
 
 from keyserial import call
 from keyserial._client.client import _OpIds
+from keyserial._wire import json_text
 from keyserial._wire.codec import (
     Envelope,
     MalformedEntry,
@@ -111,11 +112,21 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, ensure_ascii
         "\u2028é😀",
         [1, "x"],
         {"k": [None]},
+        {"s": [["acct:1", "12"]], "r": [], "d": [], "x": {"n": -1.5e300, "t": True}},
+        [["é\u2028", {"1": 2, "k": [0.1, 10**30, [], {}]}]],
     ],
 )
 def test_dumps_shortcuts_write_exactly_what_the_encoder_writes(value: object) -> None:
-    """Ints and strings skip the encoder (a busy worker's most common values): same text."""
+    """Ints and strings skip the encoder (a busy worker's most common values), and containers
+    go to an encoder made once: same text as the stdlib's encoder writes."""
     assert dumps(value) == _ENCODER.encode(value)
+
+
+def test_without_a_c_encoder_dumps_uses_the_stdlib_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(json.encoder, "c_make_encoder", None)
+    encode = json_text._made_encoder()
+    assert encode == json_text._ENCODER.encode
+    assert encode({"k": [1, "é"]}) == '{"k":[1,"é"]}'
 
 
 def test_dumps_still_refuses_what_json_cannot_carry() -> None:
@@ -131,10 +142,17 @@ def _nested(depth: int) -> list[object]:
     return value
 
 
-@pytest.mark.parametrize("value", ["\ud83d", ["ok", {"k": "x\udc00"}], _nested(5000)])
+def _circular() -> dict[str, object]:
+    value: dict[str, object] = {}
+    value["self"] = [value]
+    return value
+
+
+@pytest.mark.parametrize("value", ["\ud83d", ["ok", {"k": "x\udc00"}], _nested(5000), _circular()])
 def test_dumps_refuses_what_redis_or_a_reader_could_not_take_back(value: object) -> None:
-    """A lone surrogate cannot be sent as UTF-8, and a value nested thousands deep cannot be
-    read back: both are ValueError, like NaN, never an error on the wire."""
+    """A lone surrogate cannot be sent as UTF-8, and a value nested thousands deep (or one that
+    contains itself) cannot be read back: all are ValueError, like NaN, never an error on the
+    wire."""
     with pytest.raises(ValueError):
         dumps(value)
 
