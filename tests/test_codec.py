@@ -22,7 +22,7 @@ from keyserial._wire.codec import (
     pack_entry,
     salvage_replies,
 )
-from keyserial._wire.json_text import dumps, loads
+from keyserial._wire.json_text import dumps, loads, parse
 
 
 def test_an_entry_round_trips_its_envelopes() -> None:
@@ -236,3 +236,43 @@ def test_an_op_id_is_bound_to_its_op_unless_a_client_generated_it() -> None:
         assert binding(envelope(generated, 10)) == ""
     assert bound('{"ok":1}', "") == '{"ok":1}'
     assert bound('{"ok":1}', "0123456789abcdef") == '{"ok":1,"b":"0123456789abcdef"}'
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"v":1,"r":[["id",{"ok":5}]]}',
+        '[{"id":"a","key":"k","op":"x","args":[1.5,null,true]}]',
+        '"\\ud83d"',
+        "NaN",
+        "123456789012345678901234567890",
+        ' {"a":1}',
+        '{"a":1} ',
+        "\ufeff[1]",
+        "[1]]",
+        "[1] x",
+        "",
+        "[",
+        '{"a":1,}',
+        "[" * 3000 + "]" * 3000,
+        b'{"ok":"\xc3\xa9"}',
+        b'"\xed\xa0\xbd"',
+        b"\xff",
+        b"\xef\xbb\xbf[1]",
+        '[1, "x"]'.encode("utf-16"),
+        b"[1] ",
+    ],
+)
+def test_parse_reads_exactly_what_json_loads_reads(text: str | bytes) -> None:
+    """The scanner called directly: the same value, or the same error, as ``json.loads``."""
+
+    def outcome(read: object) -> object:
+        try:
+            value = read(text)  # type: ignore[operator]
+        except RecursionError:
+            return "too deep"
+        except ValueError as exc:
+            return ("refused", type(exc), str(exc))
+        return ("ok", value, type(value))
+
+    assert outcome(parse) == outcome(json.loads)

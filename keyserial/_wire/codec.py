@@ -23,7 +23,7 @@ from typing import Any
 
 from .._ops import Call
 from ..errors import MalformedOperation, UnknownOperation
-from .json_text import dumps, encodes
+from .json_text import dumps, encodes, parse
 from .layout import ShardKeys, attempt_id
 
 WIRE_VERSION = "1"
@@ -178,7 +178,7 @@ def decode_entry(fields: Mapping[bytes, bytes]) -> list[Envelope | MalformedEntr
     if raw is None:
         raise MalformedEntry("entry has no 'ops' field")
     try:
-        ops = json.loads(raw.decode())  # (given bytes, json first sniffs their encoding)
+        ops = parse(raw.decode())  # (given bytes, json first sniffs their encoding)
     except ValueError as exc:  # UnicodeDecodeError included
         raise MalformedEntry(f"'ops' is not valid JSON: {exc}") from None
     except RecursionError:
@@ -355,7 +355,7 @@ def bound(outcome: str, to: str) -> str:
 def envelope_binding(encoded: str) -> str:
     """:func:`binding` of an encoded envelope (as a client sent it): what a stored outcome
     must carry to be this op's."""
-    envelope = _decode_envelope(json.loads(encoded))
+    envelope = _decode_envelope(parse(encoded))
     return "" if isinstance(envelope, MalformedEntry) else binding(envelope)
 
 
@@ -379,7 +379,7 @@ def answered_record(outcome: str, entry_ids: Sequence[str]) -> str:
 def binding_of(outcome: str) -> str | None:
     """The binding a stored outcome carries, or None (one stored without: a dead letter's)."""
     try:
-        found = json.loads(outcome).get("b")
+        found = parse(outcome).get("b")
     except (ValueError, AttributeError):
         return None
     return found if isinstance(found, str) else None
@@ -418,7 +418,7 @@ def _printable(text: str) -> str:
 
 def decode_outcome(raw: str | bytes) -> dict[str, Any]:
     """An outcome as a dict with exactly one of ``ok`` / ``error``."""
-    outcome = json.loads(raw)
+    outcome = parse(raw)
     if not isinstance(outcome, dict) or not ("ok" in outcome or "error" in outcome):
         raise ValueError(f"not a keyserial outcome: {raw!r}")
     return outcome
@@ -429,7 +429,7 @@ def error_type(outcome: str) -> str | None:
     if outcome.startswith('{"ok"'):  # what the worker itself writes for a value
         return None
     try:
-        decoded = json.loads(outcome)  # (rare: errors, and outcomes a Lua script wrote)
+        decoded = parse(outcome)  # (rare: errors, and outcomes a Lua script wrote)
     except ValueError:
         return "?"
     if not isinstance(decoded, dict) or "ok" in decoded:
@@ -462,7 +462,7 @@ def decode_reply(raw: str | bytes) -> list[tuple[str, dict[str, Any]]]:
 
     :raises ValueError, KeyError, TypeError: for a message that is not a reply.
     """
-    message = json.loads(raw)
+    message = parse(raw)
     replies = [(op_id, outcome) for op_id, outcome in message["r"]]
     for op_id, outcome in replies:
         if not (
@@ -481,7 +481,7 @@ def replied_op_ids(raw: str | bytes) -> list[tuple[str, bool]]:
 
     :raises ValueError, KeyError, TypeError: for a message that is not a reply.
     """
-    message = json.loads(raw)
+    message = parse(raw)
     return [
         (op_id, says_unknown(outcome)) for op_id, outcome in message["r"] if isinstance(op_id, str)
     ]
