@@ -29,7 +29,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +63,25 @@ SHAPES = (
     Shape("two workers", ("transfer",), ("--workers", "2", "--split-shards")),
     Shape("cluster", ("transfer",), ("--workers", "1", "--cluster", "3")),
 )
+#: The workload that measures each op kind, in its shape.
+KIND_WORKLOADS = {
+    "single key": ("one worker", "uniform"),
+    "transfer in one worker": ("one worker", "transfer"),
+    "transfer between workers": ("two workers", "transfer"),
+    "transfer on a cluster": ("cluster", "transfer"),
+}
+
+
+def shapes_for(shapes: set[str], kinds: set[str]) -> list[Shape]:
+    """The shapes to run, each with only the workloads of ``kinds`` it measures (a shape left
+    with none is not run)."""
+    wanted = [KIND_WORKLOADS[kind] for kind in kinds]
+    chosen = []
+    for shape in SHAPES:
+        workloads = tuple(w for w in shape.workloads if (shape.name, w) in wanted)
+        if shape.name in shapes and workloads:
+            chosen.append(replace(shape, workloads=workloads))
+    return chosen
 
 
 def run_shape(shape: Shape, seconds: float) -> list[dict[str, Any]]:
@@ -213,14 +232,20 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(shape.name for shape in SHAPES),
         help="comma-separated subset of: " + ", ".join(shape.name for shape in SHAPES),
     )
+    parser.add_argument(
+        "--kinds",
+        default=",".join(KIND_WORKLOADS),
+        help="comma-separated subset of the op kinds: " + ", ".join(KIND_WORKLOADS),
+    )
     parser.add_argument("--out", type=Path, default=Path("keyserial-cost"))
     args = parser.parse_args(argv)
-    wanted = set(args.shapes.split(","))
+    kinds = set(args.kinds.split(","))
+    if unknown := kinds - KIND_WORKLOADS.keys():
+        parser.error(f"unknown op kinds: {', '.join(sorted(unknown))}")
     runs: dict[str, list[dict[str, Any]]] = {shape.name: [] for shape in SHAPES}
-    for shape in SHAPES:
-        if shape.name in wanted:
-            runs[shape.name] = run_shape(shape, args.seconds)
-            print(f"{shape.name}: {len(runs[shape.name])} runs", flush=True)
+    for shape in shapes_for(set(args.shapes.split(",")), kinds):
+        runs[shape.name] = run_shape(shape, args.seconds)
+        print(f"{shape.name}: {len(runs[shape.name])} runs", flush=True)
     rows = rows_of(runs)
     args.out.mkdir(parents=True, exist_ok=True)
     command = "python -m benchmarks.cost " + " ".join(argv if argv is not None else sys.argv[1:])

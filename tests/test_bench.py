@@ -547,3 +547,19 @@ def test_the_cost_table_names_each_op_kind_and_system_in_one_row() -> None:
         text.splitlines()[-1]
         == "| single key | Lua script | 1 | 1.5 | 1.5 | 1.5 | 1.5 | — | 1.5 | 4,321 |"
     )
+
+
+def test_the_cost_table_runs_only_the_workloads_of_the_kinds_asked_for() -> None:
+    every = {shape.name for shape in cost.SHAPES}
+    (single,) = cost.shapes_for(every, {"single key"})
+    assert (single.name, single.workloads) == ("one worker", ("uniform",))
+    assert [shape.name for shape in cost.shapes_for({"cluster"}, set(cost.KIND_WORKLOADS))] == [
+        "cluster"
+    ]
+    assert cost.shapes_for(every, set(cost.KIND_WORKLOADS)) == list(cost.SHAPES)
+
+
+def test_the_cost_table_refuses_an_unknown_op_kind(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        cost.main(["--kinds", "single key,hot key"])
+    assert "unknown op kinds: hot key" in capsys.readouterr().err
