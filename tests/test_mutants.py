@@ -17,10 +17,12 @@ def test_every_mutant_still_applies_to_the_library_exactly_once() -> None:
     assert len(mutants.select(fast=False, only=[])) == len(mutants.MUTANTS)
 
 
+@pytest.mark.timeout(600)
 def test_every_python_mutant_type_checks(tmp_path: Path) -> None:
     """A mutant must die of the behaviour it breaks, not of a name the code no longer has (an
     AttributeError fails its tests just as well, and proves nothing). One test, one mypy cache:
-    after the first, each check reads the unchanged modules from the cache."""
+    after the first, each check reads the unchanged modules from the cache. (About a second a
+    mutant, a hundred of them: longer than the default timeout on a shared 2-core machine.)"""
     python_mutants = [m for m in mutants.MUTANTS if any(e.path.endswith(".py") for e in m.edits)]
     assert python_mutants
     failures = []
