@@ -112,6 +112,7 @@ def _no_check(path: str, check: str) -> Edit:
 _SUSPECT = "            if run.envelope.op_id == self._suspect:\n"
 _PUSH = "tests/test_push.py::"
 _HOSTILE = "tests/test_hostile_clients.py::"
+_INTAKE = "keyserial/_worker/intake.py"
 _LEASE = "tests/test_lease_scripts.py::"
 _RELEASE_LUA = "keyserial/_scripts/lua/release.lua"
 
@@ -1963,6 +1964,35 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             "tests/test_dashboard.py::"
             "test_the_api_shows_paused_keys_roster_ages_and_failed_ops_among_a_key_s_recent",
+        ),
+    ),
+    Mutant(
+        "refusal-stored-under-a-record-name",
+        "G5.9",
+        "a refusal of an op id holding '#' is stored under it, standing in for a record",
+        (Edit(_INTAKE, '    return "#" not in op_id\n', "    return True\n"),),
+        (
+            _HOSTILE
+            + "test_an_op_ahead_under_an_attempts_record_name_stores_nothing_there[standalone]",
+            "tests/test_scripts_idempotent.py::test_reserved_op_names_and_ids_are_refused[standalone]",
+        ),
+    ),
+    Mutant(
+        "misrouted-grant-request-refused-not-dead-lettered",
+        "G5.9",
+        "a grant request whose keys route elsewhere is refused as misrouted before its check",
+        (
+            Edit(
+                _INTAKE,
+                "            refused := grant_refusal(item)"
+                " or misrouted(item, shard, shard_count)\n",
+                "            refused := None if misrouted(item, shard, shard_count)"
+                " else grant_refusal(item)\n",
+            ),
+        ),
+        (
+            _HOSTILE + "test_a_signed_grant_request_copied_to_another_participant_is_dead_lettered"
+            "[standalone]",
         ),
     ),
 )

@@ -25,7 +25,7 @@ from keyserial._wire.layout import signers_key
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
-from tests.entries import stored
+from tests.entries import envelope, stored
 from tests.helpers import (
     eventually,
     eventually_async,
@@ -439,6 +439,87 @@ async def test_a_signed_grant_request_ahead_for_other_keys_never_decides_the_op(
             assert moved == {source: 75, target: 35}
             assert await ks.submit(decoy, deposit(1), timeout=30) == 6
             assert int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0) > attempt
+    finally:
+        await attacker.aclose()
+    assert users.refusals() == []
+
+
+async def test_an_op_ahead_under_an_attempts_record_name_stores_nothing_there(
+    users: Users, namespace: str
+) -> None:
+    """The attacker appends to the participant shard an op under the name of the record where
+    that shard keeps what became of its part of a transfer (``<op id>#<attempt>``: the
+    caller's order number and the home shard's epoch). Refused ('#' is reserved), it is
+    replied to and never stored: stored, the refusal would stand in for that record, and the
+    participant, finding its part answered, would never apply it (money made from nothing)."""
+    source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
+    target, decoy = keys_on_shard(PARTICIPANT, SHARDS, 2, "acct")
+    participant = ShardKeys(namespace, PARTICIPANT)
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        async with (
+            workers_split_around(users.worker_url, namespace, PARTICIPANT, shard_count=SHARDS),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+        ):
+            for key, amount in ((source, 100), (target, 10)):
+                await ks.submit(key, deposit(amount))
+            attempt = int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
+            record = f"order-9#{attempt}"
+            await _append(
+                attacker,
+                PARTICIPANT,
+                namespace,
+                [
+                    envelope(record, target, "deposit", 1_000),
+                    envelope("after", decoy, "deposit", 5),
+                ],
+            )
+            # (One entry, one step: the refusal would be stored with the op after it.)
+            await eventually_async(lambda: attacker.hget(participant.results, "after"))
+            assert await stored(attacker, namespace, PARTICIPANT, record) is None
+            moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
+            assert moved == {source: 75, target: 35}
+            assert await stored(attacker, namespace, PARTICIPANT, record) == {"ok": "applied"}
+    finally:
+        await attacker.aclose()
+    assert users.refusals() == []
+
+
+async def test_a_signed_grant_request_copied_to_another_participant_is_dead_lettered(
+    users: Users, namespace: str
+) -> None:
+    """A genuine request (signed by a listed worker) for another participant shard, copied to
+    this one, where its keys do not route: dead-lettered before anything else is asked of it,
+    never refused with an outcome stored under its id (the name of this shard's own part of
+    the transfer, ``<op id>#<attempt>``); the transfer then commits here too."""
+    source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
+    target = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
+    elsewhere = keys_on_shard(PARTICIPANT + 1, SHARDS, 1, "acct")[0]
+    participant = ShardKeys(namespace, PARTICIPANT)
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        async with (
+            workers_split_around(users.worker_url, namespace, PARTICIPANT, shard_count=SHARDS),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+        ):
+            for key, amount in ((source, 100), (target, 10)):
+                await ks.submit(key, deposit(amount))
+            attempt = int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
+            request = grant_request(
+                listed_signer(users.admin, namespace),
+                namespace,
+                home=HOME,
+                participant=PARTICIPANT + 1,
+                op="order-9",
+                attempt=attempt,
+                channel=f"ks:attacker:{uuid.uuid4().hex}",
+                keys=[elsewhere],
+            )
+            await _append(attacker, PARTICIPANT, namespace, [request])
+            await eventually(lambda: users.admin.xlen(participant.dead) == 1)
+            assert await stored(attacker, namespace, PARTICIPANT, f"order-9#{attempt}") is None
+            moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
+            assert moved == {source: 75, target: 35}
     finally:
         await attacker.aclose()
     assert users.refusals() == []

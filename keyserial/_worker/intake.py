@@ -80,7 +80,9 @@ def accept(
         outcome = encode_error(MalformedOperation.wire_type, exc.reason)
         for op_id, reply in salvage_replies(fields):
             if not _answered(accepted, None, op_id, reply, None, done, running):
-                accepted.finished.append(Finished(op_id, outcome, [], channels(reply)))
+                accepted.finished.append(
+                    Finished(op_id, outcome, [], channels(reply), store=storable(op_id))
+                )
         return accepted
     accepted = Accepted(Entry(entry_id, len(items)))
     entry = accepted.entry
@@ -93,10 +95,12 @@ def accept(
             continue
         if isinstance(item, MalformedEntry):
             _reject(accepted, item)
+        elif item.name == GRANT_OP and (
+            refused := grant_refusal(item) or misrouted(item, shard, shard_count)
+        ):
+            _refuse_request(accepted, item, refused, shard)
         elif (wrong := misrouted(item, shard, shard_count)) is not None:
             _reject(accepted, MalformedEntry(wrong, op_id=item.op_id, reply=item.reply))
-        elif item.name == GRANT_OP and (refused := grant_refusal(item)) is not None:
-            _refuse_request(accepted, item, refused, shard)
         else:
             run = running[item.op_id] = Run(item, [entry], channels(item.reply))
             accepted.runs.append(run)
@@ -143,7 +147,24 @@ def _reject(accepted: Accepted, problem: MalformedEntry) -> None:
         accepted.finished.append(Finished("", "", [entry], [], store=False))
         return
     outcome = encode_error(MalformedOperation.wire_type, problem.reason)
-    accepted.finished.append(Finished(problem.op_id, outcome, [entry], channels(problem.reply)))
+    accepted.finished.append(
+        Finished(
+            problem.op_id,
+            outcome,
+            [entry],
+            channels(problem.reply),
+            store=storable(problem.op_id),
+        )
+    )
+
+
+def storable(op_id: str) -> bool:
+    """Whether a refusal may be stored under ``op_id``: not if it holds '#'. Such an id names
+    one of keyserial's records (``<op id>#<attempt>`` is where a participant stores what became
+    of its part of a cross-shard op, ``…#d`` a decision), and a refusal stored there would stand
+    in for that record: a participant's part, found answered, would never apply. Refused, then,
+    it is replied to and not stored."""
+    return "#" not in op_id
 
 
 def _refuse_request(accepted: Accepted, request: Envelope, reason: str, shard: int) -> None:
