@@ -977,6 +977,24 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "emptied-stream-stays-exhausted",
+        "G3.12",
+        "a stream emptied after an entry under the largest id is never started again",
+        (
+            Edit(
+                _STEP,
+                "if ARGV[2] == LARGEST_ID or (ARGV[4] == LARGEST_ID and"
+                " redis.call('XLEN', KEYS[4]) == 0) then\n",
+                "if ARGV[2] == LARGEST_ID then\n",
+            ),
+        ),
+        (
+            _LEASE
+            + "test_a_stream_emptied_after_an_entry_under_the_largest_id_starts_again"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
         "strays-read-after-the-largest-id",
         "G3.12",
         "entries_since asks Redis for the entries after the largest id (an error)",

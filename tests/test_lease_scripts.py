@@ -18,7 +18,7 @@ from keyserial._scripts.lease import (
     release,
     renew,
 )
-from keyserial._scripts.refusals import Fenced
+from keyserial._scripts.refusals import Fenced, StreamRestarted
 from keyserial._wire.codec import LARGEST_ID
 from keyserial.testing import ShardKeys
 from tests.entries import step_args
@@ -83,6 +83,26 @@ async def test_a_step_that_lands_after_its_owner_s_release_is_fenced(
         await backend.run_call(late)
     assert await client.get(keys.horizon) == b"9999999999999-0"
     assert await client.get(keys.progress) is None
+
+
+async def test_a_stream_emptied_after_an_entry_under_the_largest_id_starts_again(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """A sealed shard forwards what follows its seal and deletes it, so its progress never
+    reaches an entry a client user XADDed there under the largest id: once its owner has taken
+    that entry in and the stream is empty, the step starts the stream again, and the grant
+    requests of the old shards still draining go in again (else the move waits for ever)."""
+    keys = ShardKeys(namespace, 0)
+    await client.xadd(keys.stream, {"v": "1", "ops": "[]"}, id=LARGEST_ID)
+    await client.xdel(keys.stream, LARGEST_ID)
+    with pytest.raises(redis.exceptions.ResponseError, match="exhausted"):
+        await client.xadd(keys.stream, {"v": "1", "ops": "[]"})
+    epoch = (await _owned(backend, keys, "me")).epoch
+    await client.set(keys.progress, "1-1")
+    with pytest.raises(StreamRestarted):
+        await backend.run_call(step(keys, step_args(epoch, cursor=LARGEST_ID)))
+    assert await client.get(keys.progress) is None
+    assert await client.xadd(keys.stream, {"v": "1", "ops": "[]"})
 
 
 async def test_nothing_is_fetched_or_replayed_after_the_largest_id_and_nothing_fails(

@@ -287,8 +287,11 @@ end
 -- An entry appended under the largest id there is (by hand: XADD takes any larger id) leaves
 -- no id for the next append. Once it has committed, so has every entry: the stream (if no
 -- append has followed yet: this step may be sent again), progress and horizon start again as
--- a new shard's, and the owner starts again from them.
-if ARGV[2] == LARGEST_ID then
+-- a new shard's, and the owner starts again from them. Likewise once the owner has taken it in
+-- and the stream is empty: a sealed shard forwards what follows its seal and deletes it, so its
+-- progress never reaches that entry, and the old shards still draining could append it no
+-- grant request.
+if ARGV[2] == LARGEST_ID or (ARGV[4] == LARGEST_ID and redis.call('XLEN', KEYS[4]) == 0) then
   if last_generated_id(KEYS[4]) == LARGEST_ID then
     redis.call('DEL', KEYS[4])
   end
