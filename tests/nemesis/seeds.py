@@ -307,6 +307,39 @@ REGRESSIONS: list[KnownFailure] = [
         " it; tests/test_lease_scripts.py"
         "::test_nothing_is_fetched_or_replayed_after_the_largest_id_and_nothing_fails)",
     ),
+    KnownFailure(
+        7475,
+        "reshard",
+        "money made from nothing, once: the forger copied a genuine grant request of one"
+        " participant shard to another, whose new owner held its part of that op; intake refused"
+        " the copy as misrouted and stored the refusal under '<op id>#<attempt>', where the shard"
+        " records its part, which then never applied (fixed: no refusal is stored under an id"
+        " holding '#', and a refused grant request is dead-lettered; tests/test_hostile_clients.py"
+        "::test_a_signed_grant_request_copied_to_another_participant_is_dead_lettered)",
+    ),
+    KnownFailure(
+        7485,
+        "reshard",
+        "money lost, once: the same refusal stored under a participant's '<op id>#<attempt>' as"
+        " 7475 (fixed with it; tests/test_hostile_clients.py"
+        "::test_an_op_ahead_under_an_attempts_record_name_stores_nothing_there)",
+    ),
+    KnownFailure(
+        7491,
+        "reshard",
+        "a move that never finished: the forger XADDed an op under the largest stream id to a"
+        " sealed old shard, whose owner forwarded and deleted it, so its progress never reached"
+        " it and the stream stayed exhausted; an old shard still draining could append it no"
+        " grant request (fixed: a stream emptied after that id starts again;"
+        " tests/test_lease_scripts.py"
+        "::test_a_stream_emptied_after_an_entry_under_the_largest_id_starts_again)",
+    ),
+    KnownFailure(
+        7552,
+        "reshard",
+        "the same exhausted sealed stream as 7491, every key of the namespace then waiting for"
+        " the flip (fixed with it)",
+    ),
 ]
 
 #: The regression seeds CI runs (the rest run with ``python -m tests.nemesis``).
