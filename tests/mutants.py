@@ -958,7 +958,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "stream-stays-exhausted",
         "G3.12",
         "step.lua leaves a stream whose last id is the largest as it is",
-        (Edit(_STEP, "if ARGV[2] == LARGEST_ID then", "if false then"),),
+        (Edit(_STEP, "if ARGV[2] == LARGEST_ID or (", "if false or ("),),
         (
             _HOSTILE
             + "test_an_entry_under_the_largest_id_stops_appends_only_until_it_has_committed"
