@@ -349,4 +349,14 @@ CI_REGRESSIONS: tuple[int, ...] = (103, 105, 117, 119, 120)
 CI_HOSTILE_REGRESSIONS: tuple[int, ...] = (1,)
 
 #: Reproduce one with ``python -m tests.nemesis --seeds 1 --seed-start SEED --profile PROFILE``.
-KNOWN_FAILING: list[KnownFailure] = []
+KNOWN_FAILING: list[KnownFailure] = [
+    KnownFailure(
+        7497,
+        "reshard",
+        "an op of the load refused as 'belongs to another op': a stale client XADDed it to a"
+        " retired shard; the forger read its id there and appended a misrouted op under it to"
+        " another retired shard, with a key whose new home is the caller's; the heir forwarded"
+        " the forger's op first, which took the id (a documented limit since: docs/guarantees.md,"
+        " Limits)",
+    ),
+]
