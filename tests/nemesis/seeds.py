@@ -340,6 +340,13 @@ REGRESSIONS: list[KnownFailure] = [
         "the same exhausted sealed stream as 7491, every key of the namespace then waiting for"
         " the flip (fixed with it)",
     ),
+    KnownFailure(
+        7572,
+        "reshard",
+        "a client's silently dropped subscription not replaced within its 4 s bound, once, with"
+        " four nemesis runs at once on two cores; it passed run alone on the same code (timing,"
+        " not a defect found: listed so that it is run again)",
+    ),
 ]
 
 #: The regression seeds CI runs (the rest run with ``python -m tests.nemesis``).
