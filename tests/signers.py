@@ -56,3 +56,21 @@ def grant_request(
         "op": GRANT_OP,
         "kwargs": request.to_wire(),
     }
+
+
+#: The request the rule tests sign and then change one thing of: home 1, participant 5.
+SAMPLE_REQUEST: dict[str, Any] = {
+    "home": 1,
+    "participant": 5,
+    "op": "order-9",
+    "attempt": 3,
+    "keys": ["sku:1", "sku:2"],
+    "at": 1_800_000_000_000,
+}
+
+
+def sample_request(
+    signer: ReplySigner | None, namespace: str, channel: str, **changes: Any
+) -> dict[str, Any]:
+    """:data:`SAMPLE_REQUEST` for ``channel``, with ``changes``, signed by ``signer``."""
+    return grant_request(signer, namespace, **{**SAMPLE_REQUEST, "channel": channel, **changes})

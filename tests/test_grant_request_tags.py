@@ -27,13 +27,13 @@ from keyserial._wire.signing import ReplySigner, ReplyVerifier, RequestVerifier
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests.helpers import eventually, keys_on_shard
-from tests.signers import grant_request, listed_signer
+from tests.signers import SAMPLE_REQUEST, grant_request, listed_signer, sample_request
 from tests.test_acl import Users, documented_users
 
 SHARDS = 8
 HOME, PARTICIPANT = 1, 5
 NAMESPACE = "orders"
-NOW_MS = 1_800_000_000_000
+NOW_MS: int = SAMPLE_REQUEST["at"]
 REFUSED = "a grant request that no listed worker signed"
 
 
@@ -66,16 +66,7 @@ def verifier(signer: ReplySigner, receiver: ReplyVerifier) -> RequestVerifier:
 
 
 def _request(signer: ReplySigner, **changes: Any) -> dict[str, Any]:
-    options: dict[str, Any] = {
-        "home": HOME,
-        "participant": PARTICIPANT,
-        "op": "order-9",
-        "attempt": 3,
-        "channel": "ks:orders:worker:coordinator",
-        "keys": ["sku:1", "sku:2"],
-        "at": NOW_MS,
-    }
-    return grant_request(signer, NAMESPACE, **{**options, **changes})
+    return sample_request(signer, NAMESPACE, "ks:orders:worker:coordinator", **changes)
 
 
 def _signed_text(request: dict[str, Any], namespace: str = NAMESPACE) -> str:

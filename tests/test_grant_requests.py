@@ -31,13 +31,13 @@ from keyserial._wire.signing import ReplySigner, RequestVerifier
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests.helpers import eventually, keys_on_shard, workers_split_around
-from tests.signers import grant_request, listed_signer
+from tests.signers import SAMPLE_REQUEST, grant_request, listed_signer, sample_request
 from tests.test_acl import Users, documented_rules, documented_users
 
 SHARDS = 8
 HOME, PARTICIPANT = 1, 5
 NAMESPACE = "orders"
-NOW_MS = 1_800_000_000_000
+NOW_MS: int = SAMPLE_REQUEST["at"]
 MAX_AGE_MS = 3_600_000
 
 
@@ -69,16 +69,7 @@ def _envelope(request: dict[str, Any]) -> Envelope:
 
 
 def _signed(signer: ReplySigner | None = None, **changes: Any) -> dict[str, Any]:
-    options: dict[str, Any] = {
-        "home": 1,
-        "participant": 5,
-        "op": "order-9",
-        "attempt": 3,
-        "channel": "ks:orders:worker:abc",
-        "keys": ["sku:1", "sku:2"],
-        "at": NOW_MS,
-    }
-    return grant_request(signer, NAMESPACE, **{**options, **changes})
+    return sample_request(signer, NAMESPACE, "ks:orders:worker:abc", **changes)
 
 
 @pytest.fixture

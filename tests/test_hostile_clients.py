@@ -357,6 +357,28 @@ async def test_an_op_appended_ahead_under_a_callers_op_id_never_answers_the_call
     assert users.refusals() == []
 
 
+@asynccontextmanager
+async def _split_and_funded(
+    users: Users, namespace: str, balances: tuple[tuple[str, int], ...]
+) -> AsyncIterator[tuple[keyserial.Client, redis.asyncio.Redis, int]]:
+    """Two workers split around the participant shard, the accounts deposited, and an attacker
+    connected as the client user: ``(client, attacker, the home shard's epoch)``. (The epoch is
+    read as admin here; an attacker reads it off earlier grant requests.) By the end the server
+    refused neither user anything (its ACL log)."""
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        async with (
+            workers_split_around(users.worker_url, namespace, PARTICIPANT, shard_count=SHARDS),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+        ):
+            for key, amount in balances:
+                await ks.submit(key, deposit(amount))
+            yield ks, attacker, int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
+    finally:
+        await attacker.aclose()
+    assert users.refusals() == []
+
+
 async def test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides_the_op(
     users: Users, namespace: str
 ) -> None:
@@ -368,37 +390,26 @@ async def test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides
     source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
     target, decoy = keys_on_shard(PARTICIPANT, SHARDS, 2, "acct")
     participant = ShardKeys(namespace, PARTICIPANT)
-    attacker = redis.asyncio.Redis.from_url(users.client_url)
-    try:
-        async with (
-            workers_split_around(users.worker_url, namespace, PARTICIPANT, shard_count=SHARDS),
-            keyserial.connect(users.client_url, namespace=namespace) as ks,
-        ):
-            for key, amount in ((source, 100), (target, 10), (decoy, 5)):
-                await ks.submit(key, deposit(amount))
-            # (The epoch: read here as admin; an attacker reads it off earlier grant requests.)
-            attempt = int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
-            request = grant_request(
-                None,
-                namespace,
-                home=HOME,
-                participant=PARTICIPANT,
-                op="order-9",
-                attempt=attempt,
-                channel=f"ks:attacker:{uuid.uuid4().hex}",
-                keys=[decoy],
-            )
-            await _append(attacker, PARTICIPANT, namespace, [request])
-            await eventually(lambda: users.admin.xlen(participant.dead) == 1)
-            moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
-            assert moved == {source: 75, target: 35}
-            assert await ks.submit(decoy, deposit(1), timeout=30) == 6
-            assert int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0) == attempt
-            granted = json.loads(users.admin.hget(participant.results, f"order-9#{attempt}#g"))
-            assert [key for key, _ in granted["st"]] == [target]  # (the transfer's own grant)
-    finally:
-        await attacker.aclose()
-    assert users.refusals() == []
+    funded = _split_and_funded(users, namespace, ((source, 100), (target, 10), (decoy, 5)))
+    async with funded as (ks, attacker, attempt):
+        request = grant_request(
+            None,
+            namespace,
+            home=HOME,
+            participant=PARTICIPANT,
+            op="order-9",
+            attempt=attempt,
+            channel=f"ks:attacker:{uuid.uuid4().hex}",
+            keys=[decoy],
+        )
+        await _append(attacker, PARTICIPANT, namespace, [request])
+        await eventually(lambda: users.admin.xlen(participant.dead) == 1)
+        moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
+        assert moved == {source: 75, target: 35}
+        assert await ks.submit(decoy, deposit(1), timeout=30) == 6
+        assert int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0) == attempt
+        granted = json.loads(users.admin.hget(participant.results, f"order-9#{attempt}#g"))
+        assert [key for key, _ in granted["st"]] == [target]  # (the transfer's own grant)
 
 
 async def test_a_signed_grant_request_ahead_for_other_keys_never_decides_the_op(
@@ -412,36 +423,24 @@ async def test_a_signed_grant_request_ahead_for_other_keys_never_decides_the_op(
     source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
     target, decoy = keys_on_shard(PARTICIPANT, SHARDS, 2, "acct")
     participant = ShardKeys(namespace, PARTICIPANT)
-    attacker = redis.asyncio.Redis.from_url(users.client_url)
-    try:
-        async with (
-            workers_split_around(users.worker_url, namespace, PARTICIPANT, shard_count=SHARDS),
-            keyserial.connect(users.client_url, namespace=namespace) as ks,
-        ):
-            for key, amount in ((source, 100), (target, 10), (decoy, 5)):
-                await ks.submit(key, deposit(amount))
-            attempt = int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
-            request = grant_request(
-                listed_signer(users.admin, namespace),
-                namespace,
-                home=HOME,
-                participant=PARTICIPANT,
-                op="order-9",
-                attempt=attempt,
-                channel=f"ks:attacker:{uuid.uuid4().hex}",
-                keys=[decoy],
-            )
-            await _append(attacker, PARTICIPANT, namespace, [request])
-            await eventually_async(
-                lambda: attacker.hget(participant.results, f"order-9#{attempt}#g")
-            )
-            moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
-            assert moved == {source: 75, target: 35}
-            assert await ks.submit(decoy, deposit(1), timeout=30) == 6
-            assert int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0) > attempt
-    finally:
-        await attacker.aclose()
-    assert users.refusals() == []
+    funded = _split_and_funded(users, namespace, ((source, 100), (target, 10), (decoy, 5)))
+    async with funded as (ks, attacker, attempt):
+        request = grant_request(
+            listed_signer(users.admin, namespace),
+            namespace,
+            home=HOME,
+            participant=PARTICIPANT,
+            op="order-9",
+            attempt=attempt,
+            channel=f"ks:attacker:{uuid.uuid4().hex}",
+            keys=[decoy],
+        )
+        await _append(attacker, PARTICIPANT, namespace, [request])
+        await eventually_async(lambda: attacker.hget(participant.results, f"order-9#{attempt}#g"))
+        moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
+        assert moved == {source: 75, target: 35}
+        assert await ks.submit(decoy, deposit(1), timeout=30) == 6
+        assert int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0) > attempt
 
 
 async def test_an_op_ahead_under_an_attempts_record_name_stores_nothing_there(
@@ -455,34 +454,24 @@ async def test_an_op_ahead_under_an_attempts_record_name_stores_nothing_there(
     source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
     target, decoy = keys_on_shard(PARTICIPANT, SHARDS, 2, "acct")
     participant = ShardKeys(namespace, PARTICIPANT)
-    attacker = redis.asyncio.Redis.from_url(users.client_url)
-    try:
-        async with (
-            workers_split_around(users.worker_url, namespace, PARTICIPANT, shard_count=SHARDS),
-            keyserial.connect(users.client_url, namespace=namespace) as ks,
-        ):
-            for key, amount in ((source, 100), (target, 10)):
-                await ks.submit(key, deposit(amount))
-            attempt = int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
-            record = f"order-9#{attempt}"
-            await _append(
-                attacker,
-                PARTICIPANT,
-                namespace,
-                [
-                    envelope(record, target, "deposit", 1_000),
-                    envelope("after", decoy, "deposit", 5),
-                ],
-            )
-            # (One entry, one step: the refusal would be stored with the op after it.)
-            await eventually_async(lambda: attacker.hget(participant.results, "after"))
-            assert await stored(attacker, namespace, PARTICIPANT, record) is None
-            moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
-            assert moved == {source: 75, target: 35}
-            assert await stored(attacker, namespace, PARTICIPANT, record) == {"ok": "applied"}
-    finally:
-        await attacker.aclose()
-    assert users.refusals() == []
+    funded = _split_and_funded(users, namespace, ((source, 100), (target, 10)))
+    async with funded as (ks, attacker, attempt):
+        record = f"order-9#{attempt}"
+        await _append(
+            attacker,
+            PARTICIPANT,
+            namespace,
+            [
+                envelope(record, target, "deposit", 1_000),
+                envelope("after", decoy, "deposit", 5),
+            ],
+        )
+        # (One entry, one step: the refusal would be stored with the op after it.)
+        await eventually_async(lambda: attacker.hget(participant.results, "after"))
+        assert await stored(attacker, namespace, PARTICIPANT, record) is None
+        moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
+        assert moved == {source: 75, target: 35}
+        assert await stored(attacker, namespace, PARTICIPANT, record) == {"ok": "applied"}
 
 
 async def test_a_signed_grant_request_copied_to_another_participant_is_dead_lettered(
@@ -496,33 +485,23 @@ async def test_a_signed_grant_request_copied_to_another_participant_is_dead_lett
     target = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
     elsewhere = keys_on_shard(PARTICIPANT + 1, SHARDS, 1, "acct")[0]
     participant = ShardKeys(namespace, PARTICIPANT)
-    attacker = redis.asyncio.Redis.from_url(users.client_url)
-    try:
-        async with (
-            workers_split_around(users.worker_url, namespace, PARTICIPANT, shard_count=SHARDS),
-            keyserial.connect(users.client_url, namespace=namespace) as ks,
-        ):
-            for key, amount in ((source, 100), (target, 10)):
-                await ks.submit(key, deposit(amount))
-            attempt = int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
-            request = grant_request(
-                listed_signer(users.admin, namespace),
-                namespace,
-                home=HOME,
-                participant=PARTICIPANT + 1,
-                op="order-9",
-                attempt=attempt,
-                channel=f"ks:attacker:{uuid.uuid4().hex}",
-                keys=[elsewhere],
-            )
-            await _append(attacker, PARTICIPANT, namespace, [request])
-            await eventually(lambda: users.admin.xlen(participant.dead) == 1)
-            assert await stored(attacker, namespace, PARTICIPANT, f"order-9#{attempt}") is None
-            moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
-            assert moved == {source: 75, target: 35}
-    finally:
-        await attacker.aclose()
-    assert users.refusals() == []
+    funded = _split_and_funded(users, namespace, ((source, 100), (target, 10)))
+    async with funded as (ks, attacker, attempt):
+        request = grant_request(
+            listed_signer(users.admin, namespace),
+            namespace,
+            home=HOME,
+            participant=PARTICIPANT + 1,
+            op="order-9",
+            attempt=attempt,
+            channel=f"ks:attacker:{uuid.uuid4().hex}",
+            keys=[elsewhere],
+        )
+        await _append(attacker, PARTICIPANT, namespace, [request])
+        await eventually(lambda: users.admin.xlen(participant.dead) == 1)
+        assert await stored(attacker, namespace, PARTICIPANT, f"order-9#{attempt}") is None
+        moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
+        assert moved == {source: 75, target: 35}
 
 
 _FORGED = (
