@@ -21,6 +21,7 @@ from .._wire.codec import (
     salvage_replies,
     taken_outcome,
 )
+from .._wire.deadletters import entry_raw
 from .._wire.json_text import dumps
 from .._wire.routing import home_of, route, shard_for
 from ..errors import MalformedOperation
@@ -76,7 +77,7 @@ def accept(
             exc,
             extra=log_fields(shard=shard, error="MalformedOperation"),
         )
-        accepted = Accepted(Entry(entry_id, 0), dead=[(entry_id, exc.reason, raw_json(fields))])
+        accepted = Accepted(Entry(entry_id, 0), dead=[(entry_id, exc.reason, entry_raw(fields))])
         outcome = encode_error(MalformedOperation.wire_type, exc.reason)
         for op_id, reply in salvage_replies(fields):
             if not _answered(accepted, None, op_id, reply, None, done, running):
@@ -213,13 +214,6 @@ def misrouted(envelope: Envelope, shard: int, shard_count: int) -> str | None:
 def channels(reply: str | None) -> list[str]:
     """The reply channels of one occurrence of an op (none if its caller wants no reply)."""
     return [] if reply is None else [reply]
-
-
-def raw_json(fields: Mapping[bytes, bytes]) -> str:
-    """An entry's fields as JSON text, for the dead-letter stream."""
-    return dumps(
-        {k.decode(errors="replace"): v.decode(errors="replace") for k, v in fields.items()}
-    )
 
 
 def entry_keys(fields: Mapping[bytes, bytes]) -> list[str]:

@@ -34,11 +34,11 @@ from .._wire.codec import (
     pack_entry,
     reencoded,
 )
+from .._wire.deadletters import DeadLetterRecord, entry_raw
 from .._wire.layout import Layout, ShardKeys, shard_name
 from .._wire.resharding import Drained, LayoutRecord, drained_key
 from .._wire.routing import home_shard
 from ..errors import BackendUnavailable
-from .intake import raw_json
 
 log = logging.getLogger("keyserial.worker")
 
@@ -155,9 +155,8 @@ async def _forward_entry(
     if refused:
         heir = record.live.keys(shard.heir)
         reason = "; ".join(_refusal(item) for item in refused)
-        commands.append(
-            ("XADD", heir.dead, "*", "entry", entry_id, "reason", reason, "raw", raw_json(fields))
-        )
+        letter = DeadLetterRecord(entry_id.decode(), reason, entry_raw(fields))
+        commands.append(("XADD", heir.dead, "*", *letter.fields()))
         name = _name(shard.keys)
         log.error("stray entry %s of shard %s dead-lettered: %s", entry_id.decode(), name, reason)
     commands.append(("XDEL", shard.keys.stream, entry_id))
