@@ -1716,7 +1716,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a pause or resume made while a move is under way is written to the live layout only",
         (
             Edit(
-                "keyserial/cli/keys.py",
+                "keyserial/_operator/pauses.py",
                 "    if layouts.move is not None:\n"
                 "        await backend.set_paused(_shard_keys(layouts.move.target, key),"
                 " key, record)\n",
@@ -1735,7 +1735,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a pause or resume is written by the layout it read, though a move flipped since",
         (
             Edit(
-                "keyserial/cli/keys.py",
+                "keyserial/_operator/pauses.py",
                 "        if (again.live, again.move) == (layouts.live, layouts.move):\n",
                 "        if True:\n",
             ),
@@ -1956,7 +1956,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "status never marks a silent worker as maybe gone",
         (
             Edit(
-                "keyserial/cli/status.py",
+                "keyserial/_operator/status.py",
                 "        return self.renewed_ms_ago > ROSTER_SILENT * 1000\n",
                 "        return False\n",
             ),

@@ -19,10 +19,10 @@ import redis.asyncio
 import keyserial
 from keyserial import Settings, shard_for
 from keyserial._backend.backend import Backend
+from keyserial._operator.pauses import pause
 from keyserial._reshard.mover import Progress, move_namespace
 from keyserial._wire.layout import Layout, ShardKeys
 from keyserial._wire.resharding import LayoutRecord
-from keyserial.cli.keys import pause
 from keyserial.ledger import deposit
 from keyserial.testing import running_worker
 from tests import apps

@@ -17,10 +17,10 @@ import redis.asyncio
 
 import keyserial
 from keyserial._backend.backend import Backend
+from keyserial._operator import status as _status
+from keyserial._operator.pauses import pause
 from keyserial._wire.layout import Layout, roster_key
 from keyserial._wire.roster import ROSTER_SILENT, ROSTER_STALE, WorkerEntry
-from keyserial.cli import status as _status
-from keyserial.cli.keys import pause
 from keyserial.ledger import deposit
 from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests.helpers import ROOT, Starter, keys_on_shard, wait_for_log

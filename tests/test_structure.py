@@ -113,6 +113,7 @@ def test_every_layer_is_a_package_of_its_own() -> None:
         "_local",
         "cli",
         "_dashboard",
+        "_operator",
         "_reshard",
     }
 

@@ -16,21 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._backend.backend import Backend
+from .._operator import deadletters
+from .._operator.namespace import layout_in_use, record_in_use
+from .._operator.pauses import pause
+from .._operator.status import Snapshot, as_json, compare, snapshot, workers
 from .._wire.codec import MalformedEntry, decode_entry, decode_outcome
 from .._wire.layout import Layout, ShardKeys
 from .._wire.roster import WorkerEntry, live_entries
 from .._wire.routing import shard_for
-from ..cli import deadletters
-from ..cli.keys import pause
-from ..cli.status import (
-    Snapshot,
-    as_json,
-    compare,
-    layout_record,
-    recorded_layout,
-    snapshot,
-    workers,
-)
 
 #: Hot keys are posted per interval; a post older than this is no longer "now".
 HOT_FOR_MS = 10_000
@@ -54,7 +47,7 @@ class Dashboard:
 
     async def overview(self) -> dict[str, Any]:
         """Shards, workers, dead letters, the hottest keys and the recent failures."""
-        record = await layout_record(self.backend, self.namespace)
+        record = await record_in_use(self.backend, self.namespace)
         layout = record.live
         now = await snapshot(self.backend, layout)
         before = self._previous if len(self._previous) == layout.shards else now
@@ -130,7 +123,7 @@ class Dashboard:
     # -- reads -------------------------------------------------------------------------------
 
     async def _layout(self) -> Layout:
-        return await recorded_layout(self.backend, self.namespace)
+        return await layout_in_use(self.backend, self.namespace)
 
     async def _live(self) -> tuple[list[WorkerEntry], list[dict[str, Any]]]:
         """The live workers on the roster, and what they posted of their activity (a post that

@@ -311,10 +311,10 @@ async def _copy_paused(backend: Backend, move: Move) -> None:
     the old ones hold, and read those again, until that reading finds what was written.
 
     An operator pauses and resumes keys in the old layout and, once the move is recorded, in
-    the new one too, the old first (``cli.keys.pause``). So each run of the mover makes the new
-    hashes the old ones again (a key resumed after an interrupted copy does not stay paused),
-    and a pause or resume written between a reading and the writes made from it (whose old
-    write the reading missed, and whose new write those writes undid) changes the next
+    the new one too, the old first (``_operator.pauses.pause``). So each run of the mover makes
+    the new hashes the old ones again (a key resumed after an interrupted copy does not stay
+    paused), and a pause or resume written between a reading and the writes made from it (whose
+    old write the reading missed, and whose new write those writes undid) changes the next
     reading, and another round carries it. Once a reading matches, every pause or resume has
     either written the old shards before it (and the new ones then hold its value) or writes
     the new ones after the round's writes (and stands: nothing else writes them before the

@@ -15,11 +15,11 @@ import socket
 import anyio
 
 from .._backend.backend import Backend
+from .._operator.namespace import layout_in_use
 from .._settings import Settings
 from .._urls import redact
 from ..errors import ConfigError
 from .arguments import Subcommands, chosen_server, connection_options, port
-from .status import recorded_layout
 
 COMMANDS = ("dashboard",)
 TOKEN_VARIABLE = "KEYSERIAL_DASHBOARD_TOKEN"
@@ -78,7 +78,7 @@ async def _check_namespace(url: str, namespace: str) -> None:
     """Fail at start, not on the first page: Redis down, or a namespace nothing has used."""
     backend = await Backend.connect(url)
     try:
-        await recorded_layout(backend, namespace)
+        await layout_in_use(backend, namespace)
     finally:
         await backend.aclose()
 

@@ -22,10 +22,11 @@ import anyio
 from .._backend.backend import Backend
 from .._local.process import die_with_parent
 from .._local.server import LocalServer
+from .._operator.namespace import layout_in_use
+from .._operator.status import Owner
 from .._settings import Settings
 from .._urls import redact
 from ..errors import ConfigError, KeyserialError
-from .status import Owner, recorded_layout
 
 #: Seconds before a worker that died is started again; doubled, up to the cap, while it keeps
 #: dying within :data:`_STABLE` seconds of its start.
@@ -173,7 +174,7 @@ async def _serving(backend: Backend, namespace: str, child: subprocess.Popen[byt
     """The shard count, once ``child`` holds every shard's lease; None if it ends first."""
     while child.poll() is None:
         try:
-            layout = await recorded_layout(backend, namespace)
+            layout = await layout_in_use(backend, namespace)
             count = layout.shards
             leases = [("GET", keys.lease) for keys in layout.all_keys()]
             holders = await backend.pipeline(leases)  # (one round trip for every shard)

@@ -1,8 +1,6 @@
 """``keyserial call``, ``read`` and ``result``: an operator's view of one key, through the same
 client an app uses (so the client ACL user is enough). ``keyserial keys pause|resume|paused``:
-an operator's hold on a key, recorded in the shard's ``paused`` hash (the worker ACL user: a
-client user may not write it). A paused key's ops queue and none runs, whoever owns the shard,
-until it is resumed; its shard's other keys flow.
+an operator's hold on a key (``_operator.pauses``).
 
 ``call KEY OP [ARG...]`` submits an op by name: each ARG is taken as JSON if it parses as JSON
 (``5``, ``"5"``, ``[1,2]``, ``null``), else as a string (``hello``); ``--kw NAME=ARG`` passes a
@@ -16,7 +14,6 @@ import argparse
 import json
 import math
 import sys
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -25,13 +22,10 @@ import anyio
 from .._backend.backend import Backend
 from .._client.api import Client
 from .._client.connect import connect, default_url
+from .._operator.pauses import list_paused, pause
 from .._ops import call as named_call
-from .._wire.layout import Layout, ShardKeys
-from .._wire.resharding import LayoutRecord
-from .._wire.routing import shard_for
 from ..errors import OperationFailed, ResultNotFound, SubmitTimeout
 from .arguments import Subcommands, connection_options, run_connected, seconds
-from .status import layout_record, recorded_layout
 
 COMMANDS = ("call", "read", "result", "keys")
 
@@ -145,65 +139,10 @@ def _keyword(text: str) -> tuple[str, Any]:
     return name, _json_or_text(value)
 
 
-async def pause(backend: Backend, namespace: str, key: str, *, pausing: bool) -> tuple[int, bool]:
-    """Pause ``key`` (or resume it, ``pausing`` False), for the CLI and the dashboard alike; its
-    shard in the live layout, and whether it was paused there.
-
-    A reshard copies the paused keys to the new layout before its flip, so a pause written only
-    to the layout that was live when it was read is lost if it lands after that copy. So the
-    record is written to the key's shard of the live layout and then, while a move is under
-    way, of the move's target; then the layout record is read again, and, while the live layout
-    or the move differs from the reading written by, written again by the new reading. The
-    writes of the last round thus fall between two readings that find the same layouts:
-
-    - no move under way: the writes precede any move's record, so its copy, which reads the
-      live shards after the record, carries them;
-    - a move under way: the writes precede its flip. The mover's copy ends with a round that
-      writes the target's paused hashes from one reading of the source's and then finds the
-      source's unchanged (``_reshard.mover._copy_paused``). If this target write followed that
-      round's writes, it stands (nothing else writes the target before the flip). If it
-      preceded them, so did this source write, which came first: so it preceded the round's
-      second reading, and, that finding nothing changed, its first, and the round wrote this
-      value;
-    - the move's target live: the writes are in the live layout.
-
-    Each write wakes its shard's owner, as a pause always did.
-    """
-    record = json.dumps({"at": int(time.time() * 1000)}) if pausing else None
-    layouts = await layout_record(backend, namespace)
-    was = await _write_pause(backend, layouts, key, record)
-    while True:
-        again = await layout_record(backend, namespace)
-        if (again.live, again.move) == (layouts.live, layouts.move):
-            return shard_for(key, again.live.shards), was
-        layouts = again
-        await _write_pause(backend, layouts, key, record)
-
-
-async def _write_pause(
-    backend: Backend, layouts: LayoutRecord, key: str, record: str | None
-) -> bool:
-    """Write ``key``'s pause ``record`` (None: resume it) to its shard of the live layout, then,
-    if a move is under way, of the move's target; whether it was paused in the live one."""
-    was = await backend.set_paused(_shard_keys(layouts.live, key), key, record)
-    if layouts.move is not None:
-        await backend.set_paused(_shard_keys(layouts.move.target, key), key, record)
-    return was
-
-
-def _shard_keys(layout: Layout, key: str) -> ShardKeys:
-    return layout.keys(shard_for(key, layout.shards))
-
-
 async def _pause_command(backend: Backend, args: argparse.Namespace) -> int:
     if args.keys_command == "paused":
-        shards = (await recorded_layout(backend, args.namespace)).all_keys()
-        paused = [
-            {"key": key.decode(), "shard": keys.shard, **json.loads(found)}
-            for keys, records in zip(shards, await backend.all_paused(shards), strict=True)
-            for key, found in records.items()
-        ]
-        print(json.dumps(paused, ensure_ascii=False))
+        paused = await list_paused(backend, args.namespace)
+        print(json.dumps([key.as_json() for key in paused], ensure_ascii=False))
         return 0
     pausing = args.keys_command == "pause"
     shard, was_paused = await pause(backend, args.namespace, args.key, pausing=pausing)
