@@ -78,8 +78,24 @@ def test_the_client_and_the_worker_never_import_each_other() -> None:
 
 
 def test_the_wire_format_and_the_scripts_import_no_layer_above_them() -> None:
-    above = {"_backend", "_client", "_worker", "_local", "cli", "testing"}
+    above = {"_backend", "_client", "_worker", "_local", "_operator", "cli", "testing"}
     assert imports_between({"_wire", "_scripts"}, above) == []
+
+
+def test_the_dashboard_and_the_operator_layer_never_import_the_cli() -> None:
+    """The command line is the top: the dashboard calls what it calls, in ``_operator``."""
+    assert imports_between({"_dashboard", "_operator"}, {"cli"}) == []
+
+
+def test_the_operator_layer_sits_between_its_callers_and_the_backend() -> None:
+    """``cli`` and ``_dashboard`` call ``_operator``; it calls ``_backend``, ``_scripts`` and
+    ``_wire`` (never a client or a worker), and none of those calls it back."""
+    assert imports_between({"cli"}, {"_operator"}) != []
+    assert imports_between({"_dashboard"}, {"_operator"}) != []
+    assert imports_between({"_operator"}, {"_backend"}) != []
+    assert imports_between({"_operator"}, {"_dashboard", "_client", "_worker"}) == []
+    below = {"_wire", "_scripts", "_backend", "_client", "_worker", "_reshard", "_local"}
+    assert imports_between(below, {"_operator"}) == []
 
 
 def test_no_module_imports_itself_back() -> None:
