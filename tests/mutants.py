@@ -71,8 +71,6 @@ _STEP = "keyserial/_scripts/lua/step.lua"
 _FROZEN = "tests/test_faults.py::test_a_frozen_owner_resumed_after_takeover_cannot_commit"
 _XS = "tests/test_cross_shard_faults.py::"
 _ZW = "tests/test_zombie_writes.py::"
-_LANDED = "        self._after_commit(pending)\n"
-_RELEASE = "        for owner, hold in pending.holds:\n            owner.release(hold)\n"
 _STANDALONE = "[standalone]"
 _RESHARD = "tests/test_reshard.py::"
 _SHARD = "keyserial/_worker/runner.py"
@@ -155,18 +153,13 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
-        "commit-across-no-epoch-check",
+        "step-no-other-shard-epoch-check",
         "G5.3",
-        "commit_across.lua writes every shard without checking their epochs",
-        (
-            _no_fence(
-                "keyserial/_scripts/lua/commit_across.lua",
-                "if redis.call('GET', KEYS[2 + 2 * i - 1]) ~= ARGV[3 + 2 * i - 1] then",
-            ),
-        ),
+        "step.lua writes a cross-shard op's other shards without checking their epochs",
+        (Edit(_STEP, "    if not owns_other(other[1], other[2]) then\n", "    if false then\n"),),
         (
             "tests/test_cross_shard.py::"
-            "test_a_participant_shard_changing_hands_mid_op_sends_the_op_through_grants"
+            "test_a_participant_shard_changing_hands_mid_op_lands_the_op_once"
             "[while the op runs]",
         ),
     ),
@@ -232,15 +225,14 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "sync-across-releases-before-commit",
         "G5.1",
-        "a sync cross-shard op lets its keys go before its commit_across lands",
+        "a sync cross-shard op lets its keys go before the step that commits it lands",
         (
             Edit(
                 _COORDINATOR,
-                "        services.pipeliner.submit(\n            pending.call,\n",
+                "        self._commit_with_step(run, others, states, evaluated, landed)\n",
                 "        for owner, hold in holds:\n            owner.release(hold)\n"
-                "        services.pipeliner.submit(\n            pending.call,\n",
+                "        self._commit_with_step(run, others, states, evaluated, lambda _: None)\n",
             ),
-            Edit(_COORDINATOR, _LANDED + _RELEASE, _LANDED),
         ),
         (
             "tests/test_cross_shard.py::"
@@ -551,26 +543,6 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
-        "lost-across-reply-taken-as-not-written",
-        "G1.3",
-        "a sync cross-shard op whose commit_across reply was lost runs again on stale caches",
-        (
-            Edit(
-                _COORDINATOR,
-                "        if isinstance(result, BackendUnavailable):\n"
-                "            if not services.spawn(partial(self._confirm, pending)):\n"
-                "                _outcome_unknown(pending.owners, run.envelope.op_id)\n"
-                "            return\n",
-                "",
-            ),
-        ),
-        (
-            _RACES
-            + "test_a_lost_commit_across_reply_is_sent_again_not_taken_as_not_written"
-            + _STANDALONE,
-        ),
-    ),
-    Mutant(
         "takeover-skips-fetched-entries",
         "G3.1",
         "a new owner starts after the entries its dead predecessor fetched, as if committed",
@@ -821,19 +793,20 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
-        "commit-across-replay-landed",
+        "step-others-replay-landed",
         "G3.10",
-        "commit_across.lua answers 'landed' for an op run again, whose writes do not hold",
+        "step.lua takes a step as sent again when its other shards' writes do not hold",
         (
             Edit(
-                "keyserial/_scripts/lua/commit_across.lua",
-                "    if owned and not writes_hold(",
+                _STEP,
+                "    if owns_other(other[1], other[2]) and not writes_hold(",
                 "    if false and not writes_hold(",
             ),
         ),
         (
-            _HOSTILE + "test_a_transfer_appended_again_as_fresh_never_moves_money_twice"
-            "[standalone-one-worker]",
+            "tests/test_scripts_idempotent.py::"
+            "test_a_step_writing_another_shard_of_an_op_run_again_is_refused_and_writes_nothing"
+            + _STANDALONE,
         ),
     ),
     Mutant(

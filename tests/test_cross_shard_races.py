@@ -1,7 +1,7 @@
 """Cross-shard ops racing a takeover or a lost reply, on a standalone server (where a worker
-that owns every shard of an op holds their keys in process and commits them in one script,
-``commit_across``). Each test checks the bank at the end: money conserved, each op applied
-once on each of its keys. Each failed on the code before its fix."""
+that owns every shard of an op holds their keys in process and commits them with the home
+shard's step, which writes every shard). Each test checks the bank at the end: money
+conserved, each op applied once on each of its keys. Each failed on the code before its fix."""
 
 from __future__ import annotations
 
@@ -90,14 +90,14 @@ async def test_a_participant_takeover_lets_no_in_process_op_overtake_a_replayed_
             check_bank(states, plans, {"x1": "paid", "x2": "paid"}, OPENING)
 
 
-async def test_a_lost_commit_across_reply_is_sent_again_not_taken_as_not_written(
+async def test_a_lost_reply_of_a_step_writing_two_shards_is_sent_again_not_taken_as_not_written(
     redis_url: str, namespace: str
 ) -> None:
-    """One worker owns both shards. X (a pays b) commits with ``commit_across``, and its reply
-    is lost (the worker's connection is reset after the script ran). Y (b pays d, in the same
-    entry) waits for b behind X. The worker must send X's commit again (the script finds X's
-    result and writes nothing) and learn that it landed. Taking the lost reply as "not
-    written" releases b with its cached state from before X: Y then commits b without X's
+    """One worker owns both shards. X (a pays b) commits with the home's step, which writes both
+    shards, and its reply is lost (the worker's connection is reset after the script ran). Y (b
+    pays d, in the same entry) waits for b behind X. The worker must send the step again (the
+    script finds X's result and writes nothing) and learn that it landed. Taking the lost reply
+    as "not written" releases b with its cached state from before X: Y then commits b without X's
     payment, and X's rerun finds its result and writes nothing."""
     shards = 2
     a, d = keys_on_shard(0, shards, 2, "lost")

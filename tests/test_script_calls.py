@@ -9,13 +9,13 @@ import re
 import pytest
 
 from keyserial._scripts.calls import REPLIES, Script
-from keyserial._scripts.commit import CommitAcrossArgs, StepArgs
+from keyserial._scripts.commit import StepArgs
 from keyserial._scripts.cross import ResolveArgs
 from keyserial._scripts.lease import AcquireArgs, ReleaseArgs, RenewArgs
 from keyserial._scripts.submit import STATUS, SubmitArgs
 
-STEP, COMMIT_ACROSS = StepArgs.SCRIPT, CommitAcrossArgs.SCRIPT
-#: Every script but commit_across, whose arguments are a pair per shard after the first three.
+STEP = StepArgs.SCRIPT
+#: Every script.
 FIXED = [
     SubmitArgs.SCRIPT,
     STATUS,
@@ -34,13 +34,9 @@ def test_a_typed_call_names_every_argument_its_script_reads(script: Script) -> N
 
 
 def test_the_scripts_that_publish_replies_name_them_for_the_pipeliner() -> None:
-    assert [script.name for script in [*FIXED, COMMIT_ACROSS] if script.publishes] == [
-        "step",
-        "commit_across",
-    ]
+    assert [script.name for script in FIXED if script.publishes] == ["step"]
     documented = re.search(
         r"^-- ARGV\[(\d+)\] +replies \(and the messages", STEP.text, re.MULTILINE
     )
     assert documented, "step.lua's header documents its replies argument"
     assert STEP.argv.index(REPLIES) + 1 == int(documented.group(1))
-    assert COMMIT_ACROSS.argv[:3] == ("op_id", "outcome", REPLIES)

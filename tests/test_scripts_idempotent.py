@@ -5,6 +5,7 @@ nothing more. Each test sends the call as the runtime builds it, twice."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -13,15 +14,9 @@ import redis.asyncio
 import keyserial
 from keyserial._backend.backend import Backend
 from keyserial._scripts.calls import ScriptCall
-from keyserial._scripts.commit import (
-    CommitAcrossArgs,
-    ShardWrites,
-    StepReply,
-    commit_across,
-    step,
-)
+from keyserial._scripts.commit import StepReply, step
 from keyserial._scripts.lease import AcquireArgs, LeaseGrant, LeaseHeld, acquire
-from keyserial._scripts.refusals import Fenced, Replayed, RequestGone
+from keyserial._scripts.refusals import Fenced, OwnedElsewhere, Replayed, RequestGone
 from keyserial.testing import ShardKeys, running_worker
 from tests.entries import envelope, step_args
 from tests.helpers import keys_on_shard, stored_outcome
@@ -170,62 +165,67 @@ async def test_a_decision_never_wins_over_an_abort(
     assert await client.hget(keys.state, "a") is None
 
 
-async def test_a_commit_across_sent_again_after_it_landed_writes_nothing_more(
+def _across(outcome: str, home_state: str, other_state: str) -> dict[str, Any]:
+    """A step's commit: op "op", with its home write, and its write to the step's first other
+    shard, owned by epoch 4."""
+    return {
+        "s": [["a", home_state]],
+        "r": [["op", outcome]],
+        "d": [],
+        "o": [[1, 4, [["b", other_state]]]],
+    }
+
+
+async def test_a_step_writing_another_shard_sent_again_after_it_landed_writes_nothing_more(
     backend: Backend, client: redis.asyncio.Redis, namespace: str
 ) -> None:
-    """Sent again after a lost reply, when a participant has changed hands meanwhile, it must
-    not answer ELSEWHERE (the caller would run the op again through grants): it landed."""
+    """Sent again after a lost reply, when the other shard has changed hands meanwhile, it must
+    not answer ELSEWHERE (its owner would start again and run the op again): it landed."""
     home, other = ShardKeys(namespace, 0), ShardKeys(namespace, 1)
-    await client.set(home.epoch, 3)
+    await client.set(home.epoch, 2)
     await client.set(other.epoch, 4)
-    call = commit_across(
-        CommitAcrossArgs(
-            "op",
-            '{"ok":1}',
-            "[]",
-            [ShardWrites(home, 3, [("a", "9")]), ShardWrites(other, 4, [("b", "11")])],
-        )
-    )
-    assert call.args == ["op", '{"ok":1}', "[]", 3, '[["a","9"]]', 4, '[["b","11"]]']
+    call = _step(home, _across('{"ok":1}', "9", "11"), others=[other])
     await backend.run_call(call)  # committed (a refusal would raise)
-    await client.incr(other.epoch)  # the participant shard changed hands
+    await client.incr(other.epoch)  # the other shard changed hands
     await client.hset(other.state, "b", "12")  # and its new owner moved b on
     await backend.run_call(call)  # committed: ELSEWHERE would raise
     assert await client.hget(other.state, "b") == b"12"
     assert await client.hget(home.results, "op") == b'{"ok":1}'
 
 
-async def test_a_commit_across_of_an_op_run_again_is_refused_and_writes_nothing(
+async def test_a_step_writing_another_shard_of_an_op_run_again_is_refused_and_writes_nothing(
     backend: Backend, client: redis.asyncio.Redis, namespace: str
 ) -> None:
     """The op's result is there, but a write to a shard still owned by the epoch it names
-    does not hold: not this commit sent again, but the op run again (its entry appended again
+    does not hold: not this step sent again, but the op run again (its entry appended again
     as ``fresh``). Answering "landed" would have its owners cache writes Redis does not hold."""
     home, other = ShardKeys(namespace, 0), ShardKeys(namespace, 1)
-    await client.set(home.epoch, 3)
+    await client.set(home.epoch, 2)
     await client.set(other.epoch, 4)
-    first = commit_across(
-        CommitAcrossArgs(
-            "op",
-            '{"ok":1}',
-            "[]",
-            [ShardWrites(home, 3, [("a", "9")]), ShardWrites(other, 4, [("b", "11")])],
-        )
-    )
-    await backend.run_call(first)
-    again = commit_across(
-        CommitAcrossArgs(
-            "op",
-            '{"ok":2}',
-            "[]",
-            [ShardWrites(home, 3, [("a", "8")]), ShardWrites(other, 4, [("b", "12")])],
-        )
-    )
+    await backend.run_call(_step(home, _across('{"ok":1}', "9", "11"), others=[other]))
+    again = _step(home, _across('{"ok":2}', "9", "12"), others=[other])
     with pytest.raises(Replayed):
         await backend.run_call(again)
     assert await client.hget(home.state, "a") == b"9"
     assert await client.hget(other.state, "b") == b"11"
     assert await client.hget(home.results, "op") == b'{"ok":1}'
+
+
+async def test_a_step_writing_another_shard_whose_owner_moved_on_writes_nothing(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """Its owner's epoch is not the one the step names: no write of the step lands, the home's
+    included, and the refusal names the other shard by its place in the step."""
+    home, other = ShardKeys(namespace, 0), ShardKeys(namespace, 1)
+    await client.set(home.epoch, 2)
+    await client.set(other.epoch, 5)
+    call = _step(home, _across('{"ok":1}', "9", "11"), others=[other])
+    with pytest.raises(OwnedElsewhere) as refused:
+        await backend.run_call(call)
+    assert refused.value.index == 1
+    assert await client.hget(home.state, "a") is None
+    assert await client.hget(other.state, "b") is None
+    assert not await client.hexists(home.results, "op")
 
 
 async def test_a_step_sent_again_after_it_landed_commits_nothing_more(
@@ -294,10 +294,16 @@ async def test_a_replaying_step_finds_the_outcomes_of_an_entry_holding_a_lone_su
 
 
 def _step(
-    keys: ShardKeys, commit: dict[str, Any] | None, *, fetch: int = 0, replaying: bool = False
+    keys: ShardKeys,
+    commit: dict[str, Any] | None,
+    *,
+    fetch: int = 0,
+    replaying: bool = False,
+    others: Sequence[ShardKeys] = (),
 ) -> ScriptCall[StepReply]:
     """A step of the owner of epoch 2 that commits ``commit`` and moves progress (with no
-    commit: fetches up to ``fetch`` entries after 1-1, and moves nothing)."""
+    commit: fetches up to ``fetch`` entries after 1-1, and moves nothing); ``others``: the
+    shards its "o" writes."""
     return step(
         keys,
         step_args(
@@ -308,6 +314,7 @@ def _step(
             commit="" if commit is None else json.dumps(commit),
             replaying=replaying,
         ),
+        others,
     )
 
 

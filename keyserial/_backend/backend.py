@@ -6,7 +6,8 @@ becomes ``BackendUnavailable``, refused credentials ``ConfigError``, an error re
 ``_scripts.refusals.refusal`` makes of it. Above it keyserial speaks its own types:
 ``_backend.commands`` (the base of :class:`Backend`), ``_backend.durability``, typed script calls
 in ``_scripts.calls`` and its siblings. Every script touches one shard's keys (one cluster slot),
-except ``commit_across``, which only runs on a standalone server.
+except a step that writes other shards for a cross-shard op, which only runs so on a standalone
+server.
 """
 
 from __future__ import annotations

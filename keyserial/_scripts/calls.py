@@ -82,7 +82,7 @@ class Script:
     name: str
     text: str
     sha: str
-    #: Its ARGV's names, in order (a variable tail, as ``commit_across``'s, is named once, last).
+    #: Its ARGV's names, in order.
     argv: tuple[str, ...] = ()
 
     @classmethod
@@ -143,7 +143,3 @@ def text(value: Any) -> str:
 def pairs(flat: Sequence[Any]) -> list[tuple[Any, Any]]:
     """``[a, 1, b, 2]`` as ``[(a, 1), (b, 2)]`` (how a script returns a table of fields)."""
     return list(zip(flat[::2], flat[1::2], strict=True))
-
-
-def acknowledged(reply: Any) -> None:
-    """A script that answers 1 once it has done its work: nothing to read."""

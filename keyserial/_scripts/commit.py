@@ -1,10 +1,9 @@
-"""Typed calls of an owner's fenced commits: ``step`` (one shard) and ``commit_across`` (every
-shard of a cross-shard op one worker owns, on a standalone server).
+"""Typed calls of an owner's fenced commit: ``step``, which also writes the other shards of the
+cross-shard ops it commits when one worker owns them all, on a standalone server.
 
-Both take the replies they publish once committed as their ``replies`` argument, which the
-pipeliner fills by name (``ScriptCall.with_arg``). Both refuse with ``Fenced`` when another owner
-took the (home) shard over; ``commit_across`` refuses with ``OwnedElsewhere`` when another shard
-changed hands.
+It takes the replies it publishes once committed as its ``replies`` argument, which the
+pipeliner fills by name (``ScriptCall.with_arg``). It refuses with ``Fenced`` when another owner
+took the shard over, and with ``OwnedElsewhere`` when one of those other shards changed hands.
 """
 
 from __future__ import annotations
@@ -13,10 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._wire.json_text import dumps
 from .._wire.layout import ShardKeys
 from .._wire.resharding import sealed_key
-from .calls import ScriptArg, ScriptArgs, ScriptCall, acknowledged, pairs, script_args, text
+from .calls import ScriptArgs, ScriptCall, pairs, script_args, text
 
 
 @script_args("step")
@@ -87,10 +85,13 @@ def _step_reply(reply: list[Any]) -> StepReply:
     )
 
 
-def step(shard: ShardKeys, args: StepArgs) -> ScriptCall[StepReply]:
+def step(
+    shard: ShardKeys, args: StepArgs, others: Sequence[ShardKeys] = ()
+) -> ScriptCall[StepReply]:
     """Commit what finished, then fetch the next entries (fenced by ``args.epoch``; refused with
     ``PushUnconfirmed`` if a pushed entry is not in the stream as pushed, with ``Replayed`` if
-    an outcome it stores is stored already)."""
+    an outcome it stores is stored already). ``others``: the shards whose writes the commit's
+    ``"o"`` carries, in its order (see step.lua), each fenced by the epoch it names there."""
     k = shard
     keys = [
         k.epoch,
@@ -106,43 +107,6 @@ def step(shard: ShardKeys, args: StepArgs) -> ScriptCall[StepReply]:
         sealed_key(k),
         k.paused,
     ]
+    for other in others:
+        keys += [other.epoch, other.state]
     return args.call(keys, _step_reply)
-
-
-@dataclass(frozen=True, slots=True)
-class ShardWrites:
-    """One shard's part of a ``commit_across``: fenced by its owner's epoch."""
-
-    shard: ShardKeys
-    epoch: int
-    #: (key, JSON state or '' to delete).
-    writes: Sequence[tuple[str, str]] = ()
-
-
-@script_args("commit_across")
-class CommitAcrossArgs(ScriptArgs):
-    """An op's outcome and its writes to every shard: sent as three named arguments, then an
-    epoch and the writes per shard."""
-
-    op_id: str
-    #: The op's outcome (JSON).
-    outcome: str
-    #: Replies to publish once committed (JSON), or '[]' (the pipeliner fills it).
-    replies: str
-    #: The home shard first, then the others, in ascending order.
-    shards: Sequence[ShardWrites]
-
-    def argv(self) -> list[ScriptArg]:
-        args: list[ScriptArg] = [self.op_id, self.outcome, self.replies]
-        for part in self.shards:
-            args += [part.epoch, dumps(list(part.writes))]
-        return args
-
-
-def commit_across(args: CommitAcrossArgs) -> ScriptCall[None]:
-    """Commit an op's writes to every shard at once, and its result to the home shard."""
-    home = args.shards[0].shard
-    keys = [home.results, home.results_old]
-    for part in args.shards:
-        keys += [part.shard.epoch, part.shard.state]
-    return args.call(keys, acknowledged)

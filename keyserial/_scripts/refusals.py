@@ -65,9 +65,10 @@ class AttemptAhead(Refused):
     attempt is not aborted before it begins."""
 
 
-class OwnedElsewhere(Refused):
-    """``commit_across`` found shard ``index`` (its position among the script's shards, 1 being
-    the home) owned by another worker now (``ELSEWHERE <index>``): it wrote nothing."""
+class OwnedElsewhere(Diverged):
+    """``step`` found one of the other shards whose writes it carries for a cross-shard op
+    (its ``index``, counted from 1 in the order the step names them) owned by another worker
+    now (``ELSEWHERE <index>``): it wrote nothing."""
 
     def __init__(self, message: str, *, index: int) -> None:
         super().__init__(message)
@@ -115,6 +116,7 @@ def refusal(message: str, *, script_missing: bool = False) -> Refused:
         return _BY_CODE[code](message)
     if code == "BACKLOG" and detail.isdigit():
         return BacklogRefused(message, length=int(detail))
-    if code == "ELSEWHERE" and detail.isdigit():
-        return OwnedElsewhere(message, index=int(detail))
+    index = detail.partition(" ")[0]
+    if code == "ELSEWHERE" and index.isdigit():
+        return OwnedElsewhere(message, index=int(index))
     return Refused(message)

@@ -1,8 +1,8 @@
 """Redis key and channel names.
 
 Every key of one shard carries the hash tag ``{<namespace>:<shard>}``, so each Lua script touches
-exactly one cluster slot (``commit_across``, which spans shards, only runs on a standalone
-server). Channels are not keys (PUBLISH works from any script, on any topology).
+exactly one cluster slot (a step that also writes other shards for a cross-shard op only runs
+so on a standalone server). Channels are not keys (PUBLISH works from any script, on any topology).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,7 @@ from .._wire.codec import answered_record, bound, reply_outcome
 from .._wire.json_text import dumps
 from .._wire.layout import ShardKeys, answered_field
 from .execution import Entry
+from .pipeline import WriteChain
 
 #: Committed entries a busy shard leaves in its stream at most before a step trims them.
 TRIM_EVERY = 32
@@ -67,6 +68,31 @@ class Record:
 
 
 @dataclass(frozen=True, slots=True)
+class OtherWrites:
+    """A cross-shard op's writes to another shard that its home's owner owns too."""
+
+    keys: ShardKeys
+    #: That shard's owner's epoch: the step writes nothing if it has moved on.
+    epoch: int
+    #: (key, JSON state or '' to delete).
+    writes: Sequence[tuple[str, str]]
+
+
+@dataclass(slots=True, eq=False)
+class AcrossCommit:
+    """The writes of a cross-shard op to the other shards of its home's owner, on a standalone
+    server: they ride the home's next step with the op's result and home writes, one script
+    fenced by every shard's epoch, so the op needs no grant or decision records."""
+
+    writes: list[OtherWrites]
+    #: The other shards' owners' write chains (the step builds on their cached states).
+    write_chains: list[WriteChain]
+    #: Told once the step is back: True if it committed, False if it wrote nothing, None if
+    #: that is not known (the runner stopped while it was in flight).
+    settle: Callable[[bool | None], None]
+
+
+@dataclass(frozen=True, slots=True)
 class Commit:
     """The commit part of one step."""
 
@@ -84,6 +110,8 @@ class Commit:
     builds: bool
     #: The records' messages, to publish once committed with the replies.
     messages: list[tuple[str, str]]
+    #: The other shards whose writes the payload's "o" carries, in its order.
+    others: list[ShardKeys] = field(default_factory=list)
 
 
 class CommitPlanner:
@@ -117,11 +145,13 @@ class CommitPlanner:
         dead: Sequence[DeadLetter],
         writes: list[tuple[str, str]],
         records: Sequence[Record] = (),
+        others: Sequence[OtherWrites] = (),
         *,
         pushed: bool = False,
     ) -> Commit:
-        """The commit of ``batch``, ``dead`` letters, the pending ``writes`` and the cross-shard
-        ``records``; ``pushed``: an entry came pushed since the last step."""
+        """The commit of ``batch``, ``dead`` letters, the pending ``writes``, the cross-shard
+        ``records`` and the cross-shard ops' writes to ``others``; ``pushed``: an entry came
+        pushed since the last step."""
         self._pushed |= pushed
         results: list[tuple[str, str]] = []
         answered: list[tuple[str, str]] = []
@@ -147,24 +177,18 @@ class CommitPlanner:
             or not self._pushed
             or time.monotonic() - self._trimmed_at >= self._trim_interval
         )
-        payload = ""
-        if writes or results or answered or dead or passed or records:
-            commit: dict[str, Any] = {"s": writes, "r": results, "d": list(dead)}
-            if passed:
-                commit["x"] = passed
-            if answered:
-                commit["u"] = answered
-            if records:
-                _add_records(commit, records)
-            payload = dumps(commit)
+        payload, shards = "", list[ShardKeys]()
+        if writes or results or answered or dead or passed or records or others:
+            payload, shards = _payload(writes, results, answered, dead, passed, records, others)
         return Commit(
             progress,
             payload,
             replies,
             self._untrimmed if due else "",
             trim_now,
-            builds=bool(writes or results or answered or records),
+            builds=bool(writes or results or answered or records or others),
             messages=[message for record in records for message in record.messages],
+            others=shards,
         )
 
     def _reply(self, finished: Finished, replies: dict[str, list[tuple[str, str]]]) -> None:
@@ -216,6 +240,40 @@ def _add_records(commit: dict[str, Any], records: Sequence[Record]) -> None:
         commit["g"] = grants
     if decisions:
         commit["c"] = decisions
+
+
+def _payload(
+    writes: list[tuple[str, str]],
+    results: list[tuple[str, str]],
+    answered: list[tuple[str, str]],
+    dead: Sequence[DeadLetter],
+    passed: list[str],
+    records: Sequence[Record],
+    others: Sequence[OtherWrites],
+) -> tuple[str, list[ShardKeys]]:
+    """step.lua's commit argument, and the other shards its "o" writes."""
+    commit: dict[str, Any] = {"s": writes, "r": results, "d": list(dead)}
+    if passed:
+        commit["x"] = passed
+    if answered:
+        commit["u"] = answered
+    if records:
+        _add_records(commit, records)
+    shards: list[ShardKeys] = []
+    if others:
+        shards, commit["o"] = _by_shard(others)
+    return dumps(commit), shards
+
+
+def _by_shard(others: Sequence[OtherWrites]) -> tuple[list[ShardKeys], list[Any]]:
+    """The shards ``others`` write, in order, and step.lua's "o": [[j, epoch, writes], ...],
+    one item per shard (j: its place in that order, from 1)."""
+    merged: dict[tuple[ShardKeys, int], list[tuple[str, str]]] = {}
+    for other in others:
+        merged.setdefault((other.keys, other.epoch), []).extend(other.writes)
+    shards = [keys for keys, _ in merged]
+    items = [[j, epoch, writes] for j, ((_, epoch), writes) in enumerate(merged.items(), 1)]
+    return shards, items
 
 
 class ResultGenerations:

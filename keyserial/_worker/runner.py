@@ -42,7 +42,7 @@ from .._ops import Registry
 from .._scripts.calls import ScriptCall
 from .._scripts.commit import StepArgs, StepReply, step
 from .._scripts.lease import LeaseGrant
-from .._scripts.refusals import Diverged, Fenced
+from .._scripts.refusals import Diverged, Fenced, OwnedElsewhere, StreamRestarted
 from .._scripts.reshard import record_drained
 from .._settings import Settings
 from .._wire.codec import (
@@ -58,7 +58,15 @@ from .._wire.resharding import Seal
 from .._wire.routing import home_shard
 from ..errors import BackendUnavailable, LeaseLost
 from .chains import Chains, Hold
-from .commits import CommitPlanner, DeadLetter, Finished, Record, ResultGenerations
+from .commits import (
+    AcrossCommit,
+    Commit,
+    CommitPlanner,
+    DeadLetter,
+    Finished,
+    Record,
+    ResultGenerations,
+)
 from .crossshard.coordination import RunnerServices
 from .crossshard.cross_shard import CrossShard
 from .crossshard.mailbox import Mailbox
@@ -118,6 +126,9 @@ class ShardRunner:
         self._dead: list[DeadLetter] = []
         #: Cross-shard records for the next step (see :meth:`commit_record`).
         self._records: list[Record] = []
+        #: Cross-shard ops' writes to this worker's other shards, for the next step (see
+        #: :meth:`commit_across`).
+        self._across: list[AcrossCommit] = []
         self._uncommitted = 0
         self._stopping = False
         #: A wake-up not waited for yet (new entries, a finished op, stop, the poll).
@@ -184,6 +195,7 @@ class ShardRunner:
                     fenced=self.fenced,
                     finish=self.finish,
                     commit_record=self.commit_record,
+                    commit_across=self.commit_across,
                     spawn=self._spawn,
                 )
             ),
@@ -351,7 +363,7 @@ class ShardRunner:
             want, replaying = self._fetch_size(), self._replay_until is not None
             fetch = self._wakeups.fetch_size(want, replaying)
             record = self._wakeups.records(want, replaying)
-            if self._finished or self._dead or self._records or fetch or record:
+            if self._finished or self._dead or self._records or self._across or fetch or record:
                 self._woken = False
                 fetched = await self._step(fetch, record=record)
                 if fetched.entries:
@@ -373,7 +385,7 @@ class ShardRunner:
             through is not None
             and (through, self._ran) != self._drained_at
             and self._replay_until is None
-            and not (self._dead or self._records)
+            and not (self._dead or self._records or self._across)
             and all(op_id in forwarded for op_id in self._running)
             and all(finished.op_id in forwarded for finished in self._finished)
             and self._uncommitted == len(forwarded)
@@ -439,10 +451,12 @@ class ShardRunner:
         batch, self._finished = self._finished, []
         dead, self._dead = self._dead, []
         records, self._records = self._records, []
+        across, self._across = self._across, []
         self._evict_idle_states()
         number, writes = self.states.start_step()
         pushed_to = self._wakeups.pushed_to
-        commit = self._commits.plan(batch, dead, writes, records, pushed=bool(pushed_to))
+        others = [other for commit in across for other in commit.writes]
+        commit = self._commits.plan(batch, dead, writes, records, others, pushed=bool(pushed_to))
         call = step(
             self.keys,
             StepArgs(
@@ -461,18 +475,11 @@ class ShardRunner:
                 takes_pushes=record,
                 pushed=self._wakeups.to_confirm(),
             ),
+            commit.others,
         )
         self._wakeups.sending(want)
         began = time.monotonic()  # (metrics)
-        try:
-            fetched = await self.fenced(
-                call, replies=commit.replies, messages=commit.messages, builds=commit.builds
-            )
-        except Diverged as exc:
-            # Ops ran on what Redis does not hold (entries not as pushed, an op id that has an
-            # outcome already): the cache is not Redis's.
-            self.write_chain.broken = True
-            raise WriteChainBroken(str(exc)) from None
+        fetched = await self._send_step(call, commit, across)
         self._follow_records(fetched)
         _settle(records, self.write_chain)
         self._wakeups.stepped(want, len(fetched.entries), record)
@@ -482,6 +489,7 @@ class ShardRunner:
             self._fetched_all = len(fetched.entries) < want
         self.metrics.stepped(batch, len(dead), began)
         self.states.step_done(number)
+        _settle_across(across, True)
         if commit.trim_to and (commit.trim_now or not want or not fetched.entries):
             self._commits.trimmed()
         for finished in batch:
@@ -495,6 +503,38 @@ class ShardRunner:
         for key, state in fetched.states.items():
             self.states.load(key, state)
         return fetched
+
+    async def _send_step(
+        self, call: ScriptCall[StepReply], commit: Commit, across: Sequence[AcrossCommit]
+    ) -> StepReply:
+        """Send a step; the cross-shard ops whose writes to other shards it carries hear if it
+        wrote nothing (or if that is not known) at once, if it committed after the step."""
+        try:
+            return await self.fenced(
+                call,
+                replies=commit.replies,
+                messages=commit.messages,
+                builds=commit.builds,
+                also=[chain for across_commit in across for chain in across_commit.write_chains],
+            )
+        except Diverged as exc:
+            # Ops ran on what Redis does not hold (entries not as pushed, an op id that has an
+            # outcome already, another shard's owner moved on): the cache is not Redis's.
+            self.write_chain.broken = True
+            _settle_across(across, isinstance(exc, StreamRestarted))
+            if isinstance(exc, OwnedElsewhere):
+                elsewhere = commit.others[exc.index - 1].shard
+                raise WriteChainBroken(
+                    f"shard {elsewhere} changed hands during a cross-shard op of this shard's"
+                    " next step, which wrote nothing"
+                ) from None
+            raise WriteChainBroken(str(exc)) from None
+        except (LeaseLost, WriteChainBroken):
+            _settle_across(across, False)  # refused or not sent: nothing written
+            raise
+        except BaseException:
+            _settle_across(across, None)
+            raise
 
     def _follow_records(self, fetched: StepReply) -> None:
         """Take the seal and the paused keys the step read with its entries: each entry is then
@@ -525,7 +565,7 @@ class ShardRunner:
         the strike. The time limit ends a sleep, never a step (see :meth:`_step`)."""
         deadline = anyio.current_time() + self._settings.lease_ttl
         while self._running.get(run.envelope.op_id) is run or self._finished or self._dead:
-            if self._finished or self._dead or self._records:
+            if self._finished or self._dead or self._records or self._across:
                 await self._step(0)
                 continue
             with anyio.move_on_after(deadline - anyio.current_time()) as sleeping:
@@ -718,6 +758,13 @@ class ShardRunner:
         if record.error is not None:
             raise record.error
 
+    def commit_across(self, commit: AcrossCommit) -> None:
+        """Commit a cross-shard op's writes to other shards of this worker with the next step,
+        with the op's outcome and home writes (:meth:`finish` them first, with nothing awaited
+        in between); ``commit.settle`` hears what became of them."""
+        self._across.append(commit)
+        self.wake()
+
     def _finish(self, finished: Finished, keys: Sequence[str] = ()) -> None:
         """``keys``: those of an op that ran (one answered from Redis, or refused, has none)."""
         self.states.answered(keys)
@@ -791,8 +838,9 @@ class ShardRunner:
         :meth:`Pipeliner.run`). ``durably``: an idempotent call, returned only once confirmed
         as durable (:meth:`Pipeliner.run_durably`). It is a write of this owner's write chain
         (raises ``WriteChainBroken`` once that is broken), and of the write chains ``also`` (the
-        other shards a ``commit_across`` writes); ``builds``: it commits states or results
-        (False for a step that only fetches, moves progress or trims)."""
+        other shards a step writes for cross-shard ops, see :meth:`commit_across`); ``builds``:
+        it commits states or results (False for a step that only fetches, moves progress or
+        trims)."""
         write_chains = (self.write_chain, *also)
 
         def attempt() -> Awaitable[T]:
@@ -818,6 +866,11 @@ class ShardRunner:
                 message = "shard %d: %s; retrying in %.2fs"
                 self._backend.outage.warn(log, message, self.shard, exc, backoff.delay)
                 await backoff.sleep()
+
+
+def _settle_across(across: Sequence[AcrossCommit], landed: bool | None) -> None:
+    for commit in across:
+        commit.settle(landed)
 
 
 def _settle(records: Sequence[Record], write_chain: WriteChain) -> None:

@@ -24,17 +24,6 @@ local function xrange_after(key, after, upto, count)
   return redis.call('XRANGE', key, '(' .. after, upto, 'COUNT', count)
 end
 
--- Write [[key, JSON state or '' to delete], ...] (JSON) to the state hash ``hash``.
-local function write_states(hash, writes_json)
-  for _, write in ipairs(cjson.decode(writes_json)) do
-    if write[2] == '' then
-      redis.call('HDEL', hash, write[1])
-    else
-      redis.call('HSET', hash, write[1], write[2])
-    end
-  end
-end
-
 -- An op's outcome is written once. A commit that finds an outcome it would store already stored
 -- is either itself, sent again after its reply was lost (it landed: every write it carries
 -- holds already), or a replay: an op run again under an id that already has an outcome (an

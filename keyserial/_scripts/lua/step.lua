@@ -13,6 +13,8 @@
 -- KEYS[10] the epoch of the owner that takes pushed entries (see submit.lua, acquire.lua)
 -- KEYS[11] the shard's seal, once a reshard sealed it (see seal.lua)
 -- KEYS[12] the shard's paused keys (keyserial keys pause)
+-- KEYS[12 + 2j - 1], KEYS[12 + 2j]  the epoch and state of the j-th other shard whose keys
+--          "o" writes (a standalone server only: a cluster keeps each script to one slot)
 -- ARGV[1]  the owner's epoch
 -- ARGV[2]  new progress: id of the last entry whose ops have all finished, or '' to keep it
 -- ARGV[3]  '1': start a new results generation first if the current one is a retention period
@@ -31,7 +33,10 @@
 --   ops, each held at its request's entry, which must still be in the stream (a failover that
 --   lost it voids the place the keys were held at); "c": [[field, decision], ...], decisions
 --   of attempts this owner coordinates, each written once: a different one there already (an
---   abort) means the attempt's epoch is over. Both are results fields: see docs/multi-key.md)
+--   abort) means the attempt's epoch is over. Both are results fields: see docs/multi-key.md;
+--   "o": [[j, epoch, [[key, JSON state or '' to delete], ...]], ...], the writes of cross-shard
+--   ops (their results are in "r") to other shards the same worker owns, each fenced by its
+--   owner's epoch)
 -- ARGV[7]  '1' while replaying (after a takeover, up to the previous owner's horizon: those
 --          entries are fetched again, so the horizon is only raised, and some of their ops may
 --          have committed, so every stored outcome is looked up); '0' otherwise (every fetched
@@ -69,7 +74,8 @@
 -- the submit script refuses appends there; the owner starts again, sealed); error "REPLAYED ..." (nothing written) if an
 -- outcome of "r" is stored already and the step is not this same step sent again, or another
 -- decision of a "c" attempt is; error "GONE ..." (nothing written) if a "g" grant's request
--- entry is not in the stream; error
+-- entry is not in the stream; error "ELSEWHERE j" (nothing written) if the j-th other shard
+-- of "o" has another owner now; error
 -- "RESTARTED ..." (after the commit) if the new progress is the largest id (see below).
 -- (parse_id, id_gt, writes_hold, replayed_error, xrange_after and LARGEST_ID come from
 -- lib.lua.)
@@ -149,6 +155,21 @@ local function stored_outcomes(ids)
   return found
 end
 
+-- Whether the j-th other shard of "o" is still owned by ``epoch``.
+local function owns_other(j, epoch)
+  return redis.call('GET', KEYS[12 + 2 * j - 1]) == tostring(epoch)
+end
+-- Whether the "o" writes hold on every other shard still owned by the epoch they name (a shard
+-- that changed hands since may have moved on, and its old owner is fenced).
+local function others_hold(others)
+  for _, other in ipairs(others or {}) do
+    if owns_other(other[1], other[2]) and not writes_hold(KEYS[12 + 2 * other[1]], other[3]) then
+      return false
+    end
+  end
+  return true
+end
+
 -- Commit: the state writes, then (in the current generation) the results and dead letters.
 -- An outcome is written once (see replayed_error): a step whose outcomes are all stored, and
 -- whose writes all hold, was sent again after its reply was lost, and commits nothing more.
@@ -161,14 +182,20 @@ if ARGV[6] ~= '' then
   end
   local stored = stored_outcomes(ids)
   if #stored > 0 then
-    if #stored < 2 * #ids or not writes_hold(KEYS[2], commit.s) then
+    if #stored < 2 * #ids or not writes_hold(KEYS[2], commit.s) or not others_hold(commit.o) then
       return replayed_error('op ' .. stored[1])
     end
     commit = nil
   end
 end
 -- The cross-shard records' conditions, before anything is written.
-local function record_refusal(grants, decisions)
+local function record_refusal(grants, decisions, others)
+  for _, other in ipairs(others) do
+    if not owns_other(other[1], other[2]) then
+      return 'ELSEWHERE ' .. other[1] .. ' another worker owns a shard this step writes for a'
+        .. ' cross-shard op; nothing was written'
+    end
+  end
   for _, grant in ipairs(grants) do
     if #redis.call('XRANGE', KEYS[4], grant[3], grant[3]) == 0 then
       return 'GONE entry ' .. grant[3] .. ' is not in the stream; nothing was written'
@@ -184,14 +211,14 @@ local function record_refusal(grants, decisions)
   return nil
 end
 if commit then
-  local refusal = record_refusal(commit.g or {}, commit.c or {})
+  local refusal = record_refusal(commit.g or {}, commit.c or {}, commit.o or {})
   if refusal then
     return redis.error_reply(refusal)
   end
 end
-if commit then
+local function write_states(hash, writes)
   local sets, deletes = {}, {}
-  for _, write in ipairs(commit.s) do
+  for _, write in ipairs(writes) do
     if write[2] == '' then
       deletes[#deletes + 1] = write[1]
     else
@@ -199,8 +226,14 @@ if commit then
       sets[#sets + 1] = write[2]
     end
   end
-  multi('HSET', KEYS[2], sets)
-  multi('HDEL', KEYS[2], deletes)
+  multi('HSET', hash, sets)
+  multi('HDEL', hash, deletes)
+end
+if commit then
+  write_states(KEYS[2], commit.s)
+  for _, other in ipairs(commit.o or {}) do
+    write_states(KEYS[12 + 2 * other[1]], other[3])
+  end
 end
 -- Results expire a generation at a time: no expiry to record per result. (UNLINK frees the
 -- dropped generation off the main thread. A step sent again after a lost reply does not

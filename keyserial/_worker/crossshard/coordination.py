@@ -18,7 +18,7 @@ from ..._wire.codec import Envelope
 from ..._wire.layout import Layout, shard_name
 from ..._wire.messages import GrantRequest
 from ..._wire.routing import route
-from ..commits import Record
+from ..commits import AcrossCommit, Record
 from ..execution import Run
 from ..pipeline import Pipeliner, Replies, WriteChain
 from .mailbox import HomeShard, Mailbox
@@ -66,6 +66,9 @@ class RunnerServices:
     finish: Finish
     #: Commits a grant or a decision with the runner's next step (``ShardRunner.commit_record``).
     commit_record: Callable[[Record], Awaitable[None]]
+    #: Commits a cross-shard op's writes to this worker's other shards with the runner's next
+    #: step (``ShardRunner.commit_across``).
+    commit_across: Callable[[AcrossCommit], None]
     #: Runs a task in the runner's task group (its errors end the runner); nothing once the
     #: runner has stopped (then it returns False).
     spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], bool]

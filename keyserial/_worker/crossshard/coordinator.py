@@ -1,47 +1,39 @@
 """The home shard's side of a cross-shard op: take the other shards' keys, run the op, commit.
 
-Two ways, the cheaper first. When this worker owns every shard of the op and the server is
-standalone, it holds the other shards' keys in process and commits every shard's writes, the
-result and the reply in one script fenced by all their epochs (``commit_across``). Otherwise it
-asks each other shard for a grant, in ascending shard order, and writes a decision record that
-the participants apply (see docs/multi-key.md for why neither way can deadlock or half-apply).
+Either way the home's step commits it. When this worker owns every shard of the op and the
+server is standalone, it holds the other shards' keys in process, and the home's step writes
+them too, fenced by their epochs. Otherwise it asks each other shard for a grant, in ascending
+shard order, and the home's step writes a decision record that the participants apply (see
+docs/multi-key.md for why neither way can deadlock or half-apply).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
-from functools import partial
-from typing import Any
-
-import anyio
 
 from ..._backend.durability import stored_confirmed
 from ..._backoff import Backoff
-from ..._scripts.calls import ScriptCall
-from ..._scripts.commit import CommitAcrossArgs, ShardWrites, commit_across
-from ..._scripts.refusals import BacklogRefused, OwnedElsewhere, Refused, Replayed
+from ..._scripts.refusals import BacklogRefused, Replayed
 from ..._scripts.submit import SubmitArgs, submit
 from ..._wire.codec import (
     GRANT_OP,
     WIRE_VERSION,
     binding,
-    bound,
     grant_request_envelope,
     pack_entry,
-    reply_outcome,
 )
 from ..._wire.json_text import dumps
 from ..._wire.layout import ShardKeys, decision_field, grant_field, shard_name
 from ..._wire.messages import Decision, DecisionNotice, KeyGrant
 from ...errors import BackendUnavailable, LeaseLost
 from ..chains import Hold
-from ..commits import Record
+from ..commits import AcrossCommit, OtherWrites, Record
 from ..execution import Evaluated, Run
-from ..pipeline import Replies, WriteChain, WriteChainBroken
+from ..pipeline import WriteChainBroken
 from .coordination import (
     RunnerServices,
     Writes,
@@ -65,10 +57,10 @@ class Coordinator:
 
     def start_now(self, run: Run) -> bool:
         """Start an op whose shards this worker owns and whose keys are all idle, with no task:
-        hold its keys, run it, and queue its ``commit_across`` in the next pipeline; the
-        script's reply ends it (:meth:`_committed`). Under load most transfers go this way.
-        False, with nothing done, if the op has to queue: some key busy, uncommitted or not
-        cached, some shard not this worker's, an ``async`` op, or a cluster."""
+        hold its keys, run it, and commit it with the home's next step
+        (:meth:`_commit_with_step`), which lets the keys go. Under load most transfers go this
+        way. False, with nothing done, if the op has to queue: some key busy, uncommitted or
+        not cached, some shard not this worker's, an ``async`` op, or a cluster."""
         services, envelope = self._services, run.envelope
         home = services.home
         if (
@@ -89,22 +81,21 @@ class Coordinator:
         states = {key: owner.cached_state(key) for owner, hold in holds for key in hold.keys}
         fences = _fences((owner, hold.keys) for owner, hold in holds[1:])
         evaluated = home.executor.evaluate_now(envelope, states, fences)
-        pending = self._prepared(run, [home, *others], states, evaluated, holds)
-        services.pipeliner.submit(
-            pending.call,
-            self._replies(pending),
-            partial(self._committed, pending),
-            pending.write_chains,
-        )
+
+        def landed(_: bool) -> None:
+            for owner, hold in holds:
+                owner.release(hold)
+
+        self._commit_with_step(run, others, states, evaluated, landed)
         return True
 
     async def _commit_in_process(
         self, run: Run, local: list[str], by_shard: dict[int, list[str]]
     ) -> bool:
         """:meth:`start_now` for an op that had to queue: wait for its keys on the other shards,
-        run it (an ``async`` op too), and commit every shard at once. False, with nothing
-        written, if some shard is not (or no longer) this worker's: the grant protocol runs
-        instead."""
+        run it (an ``async`` op too), and commit it with the home's next step. False, with
+        nothing written, if some shard is not (or no longer) this worker's: the grant protocol
+        runs instead."""
         services, envelope = self._services, run.envelope
         home = services.home
         others = self._local_owners(by_shard)
@@ -125,23 +116,10 @@ class Coordinator:
                 states.update(held)
             fences = _fences((other, by_shard[other.shard]) for other in others)
             evaluated = await home.executor.evaluate(envelope, states, fences)
-            pending = self._prepared(run, [home, *others], states, evaluated, holds=[])
-            try:
-                await services.fenced(
-                    pending.call, replies=self._replies(pending), also=pending.write_chains[1:]
-                )
-            except anyio.get_cancelled_exc_class():
-                _outcome_unknown(pending.owners, envelope.op_id)
-                raise
-            except OwnedElsewhere as exc:
-                log.info(
-                    "shard %d: shard %d changed hands during op %s; asking it for a grant",
-                    home.shard,
-                    pending.owners[exc.index - 1].shard,
-                    envelope.op_id,
-                )
-                return False
-            self._after_commit(pending)
+            landed = asyncio.get_running_loop().create_future()
+            self._commit_with_step(run, others, states, evaluated, landed.set_result)
+            # (If the step writes nothing, the runner ends, and cancels this.)
+            await landed
         return True
 
     def _local_owners(self, by_shard: Mapping[int, list[str]]) -> list[LocalShard] | None:
@@ -155,100 +133,45 @@ class Coordinator:
             others.append(other)
         return others
 
-    def _prepared(
+    def _commit_with_step(
         self,
         run: Run,
-        owners: list[LocalShard],
+        others: list[LocalShard],
         states: Mapping[str, str | None],
         evaluated: Evaluated,
-        holds: list[tuple[LocalShard, Hold]],
-    ) -> _PendingCommit:
-        """The ``commit_across`` of an op evaluated on ``states`` of ``owners``' shards (home
-        first), fenced by every owner's epoch, with its outcome stored bound to the op."""
-        envelope = run.envelope
+        landed: Callable[[bool], None],
+    ) -> None:
+        """Commit an op evaluated on ``states`` of the home and ``others`` with the home's next
+        step: its home writes and result as any op's, its writes to ``others`` fenced by their
+        owners' epochs. ``landed`` hears whether the step committed, once each owner caches
+        what it wrote (a step that never came back breaks the others' write chains: whether
+        it landed is not known)."""
+        services, envelope = self._services, run.envelope
+        home = services.home
         outcome, new_states = evaluated
-        writes = writes_by_shard(envelope, states, new_states, self._services.shard_count)
-        call = commit_across(
-            CommitAcrossArgs(
-                envelope.op_id,
-                bound(outcome, binding(envelope)),
-                "[]",
-                [
-                    ShardWrites(owner.keys, owner.epoch, writes.get(owner.shard, []))
-                    for owner in owners
-                ],
-            )
-        )
-        return _PendingCommit(run, owners, holds, writes, outcome, len(run.replies), call)
-
-    def _replies(self, pending: _PendingCommit) -> Replies:
-        """What the callers known when the op was evaluated are told once it commits."""
-        answers = self._answers(pending.run, pending.outcome)
-        return {reply: answers for reply in pending.run.replies[: pending.replied]}
-
-    def _committed(self, pending: _PendingCommit, result: Any) -> None:
-        """The reply of :meth:`start_now`'s commit. If the server refused it (a shard changed
-        hands), nothing was written: the op takes the usual path, its home keys still held so
-        that no later op on them overtakes it. If the reply was lost, the commit may or may not
-        have landed: the same (idempotent) call is sent until the server says which."""
-        services, run = self._services, pending.run
-        if isinstance(result, BackendUnavailable):
-            if not services.spawn(partial(self._confirm, pending)):
-                _outcome_unknown(pending.owners, run.envelope.op_id)
-            return
-        if isinstance(result, Exception):
-            log.info(
-                "shard %d: op %s did not commit (%s); running it again",
-                services.home.shard,
-                run.envelope.op_id,
-                result,
-            )
-            for owner, hold in pending.holds[1:]:
-                owner.release(hold)
-            # (If the home runner has stopped, its successor runs the op again.)
-            services.spawn(partial(self._coordinate_holding, run, pending.holds[0][1]))
-            return
-        self._after_commit(pending)
-        for owner, hold in pending.holds:
-            owner.release(hold)
-
-    async def _confirm(self, pending: _PendingCommit) -> None:
-        """Send a commit whose reply was lost again, until it lands or is refused (retried
-        while the server is unreachable; ``LeaseLost`` ends the runner, holds and all)."""
-        try:
-            result: Any = await self._services.fenced(pending.call, also=pending.write_chains[1:])
-        except Refused as exc:
-            result = exc
-        except anyio.get_cancelled_exc_class():
-            _outcome_unknown(pending.owners, pending.run.envelope.op_id)
-            raise
-        # Every caller is told again: the first call may have told them already, and a second
-        # reply to the same op is ignored.
-        pending.replied = 0
-        self._committed(pending, result)
-
-    def _answers(self, run: Run, outcome: str) -> list[tuple[str, str]]:
-        """A reply's item for ``run``'s ``outcome``: what its callers are told it committed."""
-        entry_ids = [entry.entry_id for entry in run.entries]
-        answer = reply_outcome(outcome, self._services.home.keys, entry_ids)
-        return [(run.envelope.op_id, answer)]
-
-    def _after_commit(self, pending: _PendingCommit) -> None:
-        """``commit_across`` wrote the op: every owner caches its new states, and the op is
-        finished (callers that resubmitted it while it ran have not been told yet)."""
-        for owner in pending.owners:
-            for key, state in pending.writes.get(owner.shard, []):
-                owner.committed(key, state or None)
-        run = pending.run
-        self._services.finish(
-            run, pending.outcome, store=False, replies=run.replies[pending.replied :]
+        writes = writes_by_shard(envelope, states, new_states, services.shard_count)
+        for key, state in writes.pop(home.shard, []):
+            home.states.write(key, state or None)
+        services.finish(
+            run, outcome, store=True, replies=list(run.replies), binding=binding(envelope)
         )
 
-    async def _coordinate_holding(self, run: Run, hold: Hold) -> None:
-        try:
-            await self.coordinate(run)
-        finally:
-            self._services.home.release(hold)
+        def settle(committed: bool | None) -> None:
+            if committed is None:
+                _outcome_unknown(others, envelope.op_id)
+            elif committed:
+                for owner in others:
+                    for key, state in writes.get(owner.shard, []):
+                        owner.committed(key, state or None)
+            landed(bool(committed))
+
+        services.commit_across(
+            AcrossCommit(
+                [OtherWrites(o.keys, o.epoch, writes.get(o.shard, [])) for o in others],
+                [owner.write_chain for owner in others],
+                settle,
+            )
+        )
 
     # -- with a task, once the op's barrier holds its home keys --------------------------------
 
@@ -269,12 +192,8 @@ class Coordinator:
             services.finish(run, refused, store=run.keep, replies=list(run.replies))
             return
         local, by_shard = split_keys(envelope, home, services.shard_count)
-        if not services.backend.is_cluster:
-            # (commit_across writes the home keys itself: their earlier writes commit first. A
-            # decision commits in a step, after them.)
-            await home.states.flush(local)
-            if await self._commit_in_process(run, local, by_shard):
-                return
+        if not services.backend.is_cluster and await self._commit_in_process(run, local, by_shard):
+            return
         # The attempt is this owner's epoch: unique to it, and over once the fence moves on.
         attempt = home.epoch
         states = {key: home.states[key] for key in local}
@@ -476,33 +395,12 @@ class Coordinator:
             await backoff.sleep()
 
 
-@dataclass(slots=True)
-class _PendingCommit:
-    """An op held and run across this worker's shards, until its ``commit_across`` lands."""
-
-    run: Run
-    #: The owners of the shards it writes, home first.
-    owners: list[LocalShard]
-    #: The keys :meth:`Coordinator.start_now` holds, released once the commit lands (an op
-    #: that had to queue holds its keys in a block instead: none here).
-    holds: list[tuple[LocalShard, Hold]]
-    writes: dict[int, Writes]
-    outcome: str
-    #: How many of the op's callers the script's reply tells.
-    replied: int
-    call: ScriptCall[None]
-
-    @property
-    def write_chains(self) -> list[WriteChain]:
-        return [owner.write_chain for owner in self.owners]
-
-
 def _outcome_unknown(owners: Sequence[LocalShard], op_id: str) -> None:
-    """A ``commit_across`` went out, or may have, and its coordinator stops before it learns
-    whether it landed: the shards it writes cannot tell whether their cached states are
-    Redis's. Each gives its shard up (its write chain is broken: no later write of it goes out),
-    and the next owner, with a new epoch that fences the commit out if it is still on its
-    way, starts from what Redis has."""
+    """A step that writes other shards for a cross-shard op went out, or may have, and its
+    runner stops before it learns whether it landed: those shards cannot tell whether their
+    cached states are Redis's. Each gives its shard up (its write chain is broken: no later
+    write of it goes out), and the next owner, with a new epoch that fences the step out if it
+    is still on its way, starts from what Redis has."""
     for owner in owners:
         if not owner.write_chain.broken:
             log.warning(
