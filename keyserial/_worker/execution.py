@@ -1,7 +1,7 @@
 """Running one op: build its context, call it, turn what it returned (or raised) into an outcome
 and new states. One path for every op: sync or ``async``, one key or several; only the ``await``
 differs. A sync op runs in a worker thread unless it is declared ``inline`` (then on the event
-loop, with nothing to await). Which op runs when is :mod:`._chains`' job.
+loop, with nothing to await). Which op runs when is :mod:`.chains`' job.
 """
 
 from __future__ import annotations

@@ -228,7 +228,7 @@ class Worker:
         return live
 
     async def _connect_unless_stopped(self) -> Backend | None:
-        """:meth:`_client.connect`, given up (None) as soon as :meth:`stop` is called: a worker told
+        """:meth:`_connect`, given up (None) as soon as :meth:`stop` is called: a worker told
         to stop while Redis is unreachable has nothing to drain."""
         backend: Backend | None = None
         error: Exception | None = None
