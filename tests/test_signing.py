@@ -20,6 +20,7 @@ from keyserial._wire.layout import Layout, in_shard, signers_key
 from keyserial._wire.messages import Decision, DecisionNotice, KeyGrant
 from keyserial._wire.signing import SIGNER_TTL, ReplySigner, ReplyVerifier, signer_record
 from keyserial._worker.crossshard.mailbox import Mailbox
+from keyserial._worker.pipeline import coordination_messages
 from keyserial.ledger import balance, deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests.helpers import eventually
@@ -252,6 +253,69 @@ async def test_with_shard_channels_a_message_is_taken_only_on_the_channel_it_was
         assert await waiter.within(0) is None
         mailbox.receive(mailbox.channel_for(2), signed)
         assert await waiter.within(0) == GRANT
+
+
+NOTICE = DecisionNotice("op-2", 5, Decision({9: [("acct:2", '{"balance":1}')]}))
+
+
+def test_what_a_worker_owes_another_in_one_pipeline_goes_as_one_message_per_channel() -> None:
+    """Items for one channel travel as one batch, signed once; a lone item as it is."""
+    signer, other = ReplySigner(), _mailbox()
+    mailbox = _mailbox()
+    grant, notice = dumps(GRANT.to_wire()), dumps(NOTICE.to_wire())
+    sent = coordination_messages(
+        [(mailbox.channel, grant), (other.channel, notice), (mailbox.channel, notice)], signer
+    )
+    assert [channel for channel, _ in sent] == [mailbox.channel, other.channel]
+    assert sent[0][1] == signer.sign(
+        mailbox.channel, '{"t":"b","m":[' + grant + "," + notice + "]}"
+    )
+    assert sent[1][1] == signer.sign(other.channel, notice)
+    assert coordination_messages([(other.channel, notice)], None) == [(other.channel, notice)]
+
+
+async def test_a_signed_batch_hands_over_each_of_its_items() -> None:
+    mailbox, peer = _mailbox(), ReplySigner()
+    _met(mailbox.verifier, peer)
+    items = [(mailbox.channel, dumps(GRANT.to_wire())), (mailbox.channel, dumps(NOTICE.to_wire()))]
+    [(_, message)] = coordination_messages(items, peer)
+    with (
+        mailbox.expect_grant("op-1", 4, 9) as granted,
+        mailbox.expect_decision("op-2", 5) as decided,
+    ):
+        mailbox.receive(mailbox.channel, message.encode())
+        assert await granted.within(0) == GRANT
+        assert await decided.within(0) == NOTICE
+
+
+@pytest.mark.parametrize("sent", ["unsigned", "one item altered"])
+async def test_any_other_batch_only_wakes_the_waiters_of_its_items(sent: str) -> None:
+    """The signature covers the whole batch: change any item, and none is taken as it is."""
+    mailbox, peer = _mailbox(), ReplySigner()
+    _met(mailbox.verifier, peer)
+    items = [(mailbox.channel, dumps(GRANT.to_wire())), (mailbox.channel, dumps(NOTICE.to_wire()))]
+    [(_, message)] = coordination_messages(items, None if sent == "unsigned" else peer)
+    if sent == "one item altered":
+        message = message.replace('"f":7', '"f":8')
+    with (
+        mailbox.expect_grant("op-1", 4, 9) as granted,
+        mailbox.expect_decision("op-2", 5) as decided,
+    ):
+        mailbox.receive(mailbox.channel, message.encode())
+        for waiter in (granted, decided):
+            assert waiter.event.is_set(), "each item wakes its waiter, to read the record"
+            assert await waiter.within(0) is None
+
+
+@pytest.mark.parametrize("items", ["5", "[]", '[{"t":"x"}]'])
+def test_a_malformed_batch_is_logged_and_ignored(
+    items: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    mailbox = _mailbox()
+    with mailbox.expect_grant("op-1", 4, 9) as waiter:
+        mailbox.receive(mailbox.channel, ('{"t":"b","m":' + items + "}").encode())
+        assert not waiter.event.is_set()
+    assert "ignoring a malformed coordination message" in caplog.text
 
 
 def test_a_signer_derives_one_key_per_client_whatever_its_channels() -> None:

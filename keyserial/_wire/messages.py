@@ -182,6 +182,26 @@ class DecisionNotice:
             raise MalformedMessage(f"bad decision notice {dict(message)!r}") from exc
 
 
+def batch(items: Sequence[str]) -> str:
+    """One message carrying ``items`` (encoded grants and decision notices), all for the same
+    worker channel: signed once, published once. A lone item travels as it is."""
+    if len(items) == 1:
+        return items[0]
+    return '{"t":"b","m":[' + ",".join(items) + "]}"
+
+
+def messages_from_wire(message: Mapping[str, Any]) -> list[KeyGrant | DecisionNotice]:
+    """The items of a message: one, or a batch's (:func:`batch`).
+
+    :raises MalformedMessage: a message, or an item of a batch, of neither kind."""
+    if isinstance(message, Mapping) and message.get("t") == "b":
+        items = message.get("m")
+        if not isinstance(items, list) or not items:
+            raise MalformedMessage(f"not a batch of coordination messages: {message!r}"[:200])
+        return [from_wire(item) for item in items]
+    return [from_wire(message)]
+
+
 def from_wire(message: Mapping[str, Any]) -> KeyGrant | DecisionNotice:
     """:raises MalformedMessage: a message of neither kind."""
     kind = message.get("t") if isinstance(message, Mapping) else None

@@ -59,7 +59,8 @@ class Record:
     value: str
     #: A grant's request entry; '' for a decision.
     entry_id: str
-    #: What to publish once committed: (channel, message).
+    #: What to publish once committed: (channel, coordination message), unsigned (the
+    #: pipeliner signs and batches them per channel).
     messages: list[tuple[str, str]]
     #: Set once the step that carried it has committed (see :attr:`error`).
     done: asyncio.Event = field(default_factory=asyncio.Event)

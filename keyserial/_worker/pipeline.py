@@ -40,6 +40,7 @@ from .._scripts.calls import REPLIES, ScriptCall
 from .._settings import Durability
 from .._wire.codec import encode_reply
 from .._wire.json_text import dumps
+from .._wire.messages import batch
 from .._wire.signing import ReplySigner
 from ..errors import BackendUnavailable
 
@@ -80,7 +81,8 @@ class _Call:
     call: ScriptCall[Any]
     #: What to publish once it has succeeded (None: nothing, or the script publishes it).
     replies: Replies | None
-    #: Messages built already (cross-shard records'), published with ``replies``.
+    #: Coordination messages (cross-shard records'), published with ``replies``: signed and
+    #: batched per channel here.
     messages: Sequence[tuple[str, str]]
     #: Called with the call's reply (or its error) once the batch is back; None: awaited.
     on_done: Callable[[Any], None] | None
@@ -298,17 +300,17 @@ class Pipeliner:
         except BackendUnavailable as exc:
             log.warning("%d reply messages not sent: %s", len(messages), exc)
 
-    def _messages(self, batch: list[_Call]) -> list[tuple[str, str]]:
-        """One reply message per channel, and the messages built already, for the calls that
-        succeeded."""
+    def _messages(self, calls: list[_Call]) -> list[tuple[str, str]]:
+        """One reply message per channel, and one coordination message per channel, for the
+        calls that succeeded."""
         merged: defaultdict[str, list[tuple[str, str]]] = defaultdict(list)
         built: list[tuple[str, str]] = []
-        for queued in batch:
+        for queued in calls:
             if _publishes(queued) and not isinstance(queued.result, Exception):
                 for channel, outcomes in (queued.replies or {}).items():
                     merged[channel].extend(outcomes)
                 built += queued.messages
-        return reply_messages(merged, self.signer) + built
+        return reply_messages(merged, self.signer) + coordination_messages(built, self.signer)
 
 
 def _publishes(queued: _Call) -> bool:
@@ -319,7 +321,9 @@ def _publishes(queued: _Call) -> bool:
 def _inline(queued: _Call, signer: ReplySigner | None) -> None:
     """Put ``queued``'s replies and messages in its call's arguments, for the script to
     publish."""
-    messages = reply_messages(queued.replies or {}, signer) + list(queued.messages)
+    messages = reply_messages(queued.replies or {}, signer) + coordination_messages(
+        queued.messages, signer
+    )
     queued.call = queued.call.with_arg(REPLIES, dumps(messages))
     queued.replies, queued.messages = None, ()
 
@@ -332,6 +336,22 @@ def reply_messages(replies: Replies, signer: ReplySigner | None) -> list[tuple[s
         (channel, signer.sign(channel, encode_reply(outcomes)))
         for channel, outcomes in replies.items()
     ]
+
+
+def coordination_messages(
+    messages: Sequence[tuple[str, str]], signer: ReplySigner | None
+) -> list[tuple[str, str]]:
+    """``(channel, message)``: the items for each channel in one message (``_wire.messages.
+    batch``), signed for that channel's worker by ``signer`` if there is one. A worker that
+    owes another several grants and decision notices in one pipeline sends it one message:
+    one PUBLISH, one signature, one message to read."""
+    by_channel: defaultdict[str, list[str]] = defaultdict(list)
+    for channel, message in messages:
+        by_channel[channel].append(message)
+    merged = [(channel, batch(items)) for channel, items in by_channel.items()]
+    if signer is None:
+        return merged
+    return [(channel, signer.sign(channel, message)) for channel, message in merged]
 
 
 def _describe(durability: Durability) -> str:

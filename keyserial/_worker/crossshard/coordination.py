@@ -116,16 +116,6 @@ def writes_by_shard(
     return writes
 
 
-def signed(services: RunnerServices, messages: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
-    """``(channel, message)`` with each message signed for its channel's worker, who then takes
-    it as it is (see ``mailbox``); as it is for a channel that names no key (an older worker's).
-    """
-    signer = services.pipeliner.signer
-    if signer is None:
-        return list(messages)
-    return [(channel, signer.sign(channel, message)) for channel, message in messages]
-
-
 def signed_request(
     services: RunnerServices, shard: int, op_id: str, attempt: int, keys: Sequence[str]
 ) -> GrantRequest:

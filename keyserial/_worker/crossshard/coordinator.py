@@ -37,7 +37,6 @@ from ..pipeline import WriteChainBroken
 from .coordination import (
     RunnerServices,
     Writes,
-    signed,
     signed_request,
     split_keys,
     writes_by_shard,
@@ -224,14 +223,11 @@ class Coordinator:
         owner's; a different decision there already, an abort, refuses the whole step.)"""
         services, home, op_id = self._services, self._services.home, notice.op_id
         mailbox = services.mailbox
-        notices = signed(
-            services,
-            [
-                (channel, dumps(notice.to_wire()))
-                for channel in dict.fromkeys(participants)
-                if not mailbox.is_mine(channel)
-            ],
-        )
+        notices = [
+            (channel, dumps(notice.to_wire()))
+            for channel in dict.fromkeys(participants)
+            if not mailbox.is_mine(channel)
+        ]
         for key, state in home_writes:
             home.states.write(key, state or None)
         # (In the same step as the record: nothing awaited in between.)

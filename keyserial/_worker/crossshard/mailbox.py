@@ -27,7 +27,7 @@ import anyio
 
 from ..._scripts.refusals import Refused
 from ..._wire.layout import Layout
-from ..._wire.messages import DecisionNotice, KeyGrant, MalformedMessage, from_wire
+from ..._wire.messages import DecisionNotice, KeyGrant, MalformedMessage, messages_from_wire
 from ..._wire.signing import ReplyVerifier, RequestVerifier, without_signature
 from ...errors import BackendUnavailable
 
@@ -203,20 +203,23 @@ class Mailbox:
                 del self._waiting[topic]
 
     def receive(self, channel: str, data: bytes) -> None:
-        """A message on one of this worker's channels, through Redis. Signed for this worker by
-        another worker, it is handed over as it is; else it only wakes the waiters of what it
-        names (they read the record instead)."""
+        """A message on one of this worker's channels, through Redis (a grant, a decision
+        notice, or a batch of them). Signed for this worker by another worker, each item is
+        handed over as it is; else each only wakes the waiters of what it names (they read the
+        record instead)."""
         signed = self.verifier.verified(data, self._signer_met, channel)
         try:
-            message = from_wire(json.loads(without_signature(data) if signed is None else signed))
+            text = without_signature(data) if signed is None else signed
+            messages = messages_from_wire(json.loads(text))
         except (ValueError, MalformedMessage):
             log.error("ignoring a malformed coordination message: %r", data[:200])
             return
-        if signed is not None:
-            self.deliver(message)
-            return
-        for waiter in self._waiting.get(_topic(message), ()):
-            waiter.wake()
+        for message in messages:
+            if signed is not None:
+                self.deliver(message)
+                continue
+            for waiter in self._waiting.get(_topic(message), ()):
+                waiter.wake()
 
     def deliver(self, message: KeyGrant | DecisionNotice) -> None:
         """Hand a message over to be taken as it is: from this worker itself, in process, or

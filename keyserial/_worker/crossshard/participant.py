@@ -21,7 +21,7 @@ from ...errors import BackendUnavailable, MalformedOperation
 from ..commits import Record
 from ..execution import Run
 from ..pipeline import WriteChainBroken
-from .coordination import RunnerServices, signed
+from .coordination import RunnerServices
 from .mailbox import Waiter
 
 log = logging.getLogger("keyserial.worker")
@@ -114,10 +114,11 @@ class Participant:
                 )
             services.mailbox.deliver(key_grant)
             return
-        # Signed for the coordinator's worker, the message is as good as the record: it takes
-        # it without reading the record back.
+        # Signed for the coordinator's worker (by the pipeliner, which batches what this worker
+        # owes that one), the message is as good as the record: it takes it without reading
+        # the record back.
         grant = dumps(key_grant.to_wire())
-        messages = [] if in_process else signed(services, [(request.channel, grant)])
+        messages = [] if in_process else [(request.channel, grant)]
         field = grant_field(request.op_id, request.attempt)
         # (A step that finds the request's entry gone, as a failover that lost entries this
         # owner fetched leaves it, writes nothing, and the owner gives its shard up: its holds
