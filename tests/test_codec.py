@@ -21,6 +21,7 @@ from keyserial._wire.codec import (
     encode_reply,
     pack_entry,
     salvage_replies,
+    with_reply,
 )
 from keyserial._wire.json_text import dumps, loads, parse
 
@@ -38,6 +39,13 @@ def test_an_entry_round_trips_its_envelopes() -> None:
 def test_envelopes_are_plain_json_for_other_languages() -> None:
     raw = encode_envelope("id1", "k", call("deposit", 5), "c")
     assert json.loads(raw) == {"id": "id1", "key": "k", "op": "deposit", "args": [5], "reply": "c"}
+
+
+def test_an_envelope_moved_to_another_reply_channel_keeps_the_rest() -> None:
+    waited = encode_envelope("id1", ["a", "b"], call("move", 1, to="x"), "old", {"tp": "t"})
+    enqueued = encode_envelope("id2", "k", call("deposit", 5), None)
+    assert json.loads(with_reply(waited, "new")) == {**json.loads(waited), "reply": "new"}
+    assert with_reply(enqueued, "new") == enqueued
 
 
 def test_arguments_json_cannot_carry_are_refused_before_sending() -> None:

@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
-from .._wire.json_text import dumps
+from .._wire.codec import with_reply
 from .._wire.layout import ShardKeys
 from ..errors import KeyserialError, OperationFailed
 
@@ -60,10 +59,7 @@ class Pending:
     def rehome(self, shard: ShardKeys, reply: str) -> None:
         """Append the op to ``shard`` instead (a reshard sealed the one it was refused by), with
         replies on ``reply``."""
-        envelope = json.loads(self.envelope)
-        if "reply" in envelope:
-            envelope["reply"] = reply
-        self.shard, self.envelope = shard, dumps(envelope)
+        self.shard, self.envelope = shard, with_reply(self.envelope, reply)
 
     def appended(self, entry: bytes) -> None:
         """The stream entry ``entry`` carries the op now."""

@@ -132,6 +132,16 @@ def reencoded(envelope: Envelope) -> str:
     return dumps(encoded)
 
 
+def with_reply(encoded: str, reply: str) -> str:
+    """An encoded envelope with its replies on ``reply`` instead (after a reshard, the client
+    listens where the op's new home publishes); one sent without a reply, an enqueue's, stays
+    without."""
+    envelope = parse(encoded)
+    if "reply" in envelope:
+        envelope["reply"] = reply
+    return dumps(envelope)
+
+
 def _not_json_argument(call: Call[Any], exc: TypeError | ValueError) -> TypeError | ValueError:
     """The encoding error, saying which argument of which op JSON cannot carry (a datetime, a
     set, NaN), and what it can."""
