@@ -613,7 +613,8 @@ async def _forged_coordination(
     attacker: Any, shard: int, envelope: dict[str, Any], channels: set[str]
 ) -> int:
     """A grant with made-up states to the request's coordinator, and a decision notice that
-    writes made-up states to every worker channel the forger knows."""
+    writes made-up states to every worker channel the forger knows, alone and in a batch with
+    the grant (as a worker sends what it owes another in one pipeline)."""
     request, keys = envelope["kwargs"], envelope.get("keys") or []
     states = [[key, FORGED_ACCOUNT if key.startswith("acct") else FORGED_LIST] for key in keys]
     grant = {
@@ -634,4 +635,5 @@ async def _forged_coordination(
     await attacker.publish(str(request.get("channel", "")), json.dumps(grant))
     for channel in channels:
         await attacker.publish(channel, json.dumps(notice))
-    return 1 + len(channels)
+        await attacker.publish(channel, json.dumps({"t": "b", "m": [grant, notice]}))
+    return 1 + 2 * len(channels)
