@@ -6,6 +6,7 @@ and any other only as a wake-up."""
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Iterator, Sequence
 
@@ -15,6 +16,8 @@ import redis
 import redis.asyncio
 
 import keyserial
+from keyserial import BackendUnavailable
+from keyserial._backend.signers import SIGNERS_DUE, SignersMet
 from keyserial._wire.json_text import dumps
 from keyserial._wire.layout import Layout, in_shard, signers_key
 from keyserial._wire.messages import Decision, DecisionNotice, KeyGrant
@@ -80,6 +83,49 @@ def test_a_reply_signed_by_a_signer_not_met_is_not_taken_and_its_key_is_asked_fo
     # A key listed under another signer's id signs nothing of that signer's.
     impostor.signer_id = signer.signer_id
     assert verifier.verified(impostor.sign(verifier.channel, MESSAGE).encode(), print) is None
+
+
+async def test_signers_met_meanwhile_are_read_together_and_a_failed_read_again() -> None:
+    verifier, listed, unlisted = ReplyVerifier("ks:ns:reply:mine"), ReplySigner(), ReplySigner()
+    signers = SignersMet(verifier, logging.getLogger(__name__), what="signers", meanwhile="-")
+    reads: list[list[str]] = []
+
+    async def read(signer_ids: Sequence[str]) -> list[bytes | None]:
+        reads.append(list(signer_ids))
+        if len(reads) == 1:
+            raise BackendUnavailable("redis://test", "no answer")
+        return [listed.record().encode() if id == listed.signer_id else None for id in signer_ids]
+
+    for signer in (listed, unlisted, listed):
+        signers.met(signer.signer_id)
+    async with anyio.create_task_group() as group:
+        group.start_soon(signers.learn, read)
+        await eventually(lambda: verifier.knows(listed.signer_id))
+        group.cancel_scope.cancel()
+    assert reads == [[listed.signer_id, unlisted.signer_id]] * 2
+    assert not verifier.knows(unlisted.signer_id)  # (read again only once met again)
+
+
+async def test_a_flood_of_signer_ids_costs_one_bounded_read() -> None:
+    signers = SignersMet(
+        ReplyVerifier("ks:ns:reply:mine"),
+        logging.getLogger(__name__),
+        what="signers",
+        meanwhile="-",
+    )
+    reads: list[int] = []
+
+    async def read(signer_ids: Sequence[str]) -> list[bytes | None]:
+        reads.append(len(signer_ids))
+        return [None] * len(signer_ids)
+
+    for n in range(10 * SIGNERS_DUE):
+        signers.met(f"{n:016x}")
+    async with anyio.create_task_group() as group:
+        group.start_soon(signers.learn, read)
+        await eventually(lambda: reads)
+        group.cancel_scope.cancel()
+    assert reads == [SIGNERS_DUE]
 
 
 def test_a_channel_that_names_no_client_key_gets_replies_unsigned() -> None:

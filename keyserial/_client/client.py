@@ -412,7 +412,7 @@ class AsyncioClient(Client):
                 for op_id, outcome in decode_reply(data):
                     self._settle(op_id, outcome)
                 return
-            signed = self._verifier.verified(data, self._lookups.wants_signer, channel)
+            signed = self._verifier.verified(data, self._lookups.signers.met, channel)
             if signed is None:
                 replied = replied_op_ids(data)
             else:

@@ -15,6 +15,7 @@ import json
 import logging
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any
 
 import anyio
@@ -22,6 +23,7 @@ import anyio
 from .._backend.backend import Backend
 from .._backend.commands import raise_errors
 from .._backend.durability import stored_confirmed
+from .._backend.signers import SignersMet
 from .._scripts.refusals import Refused
 from .._settings import Settings
 from .._wire.codec import decode_outcome, envelope_binding, says_unknown, taken_outcome
@@ -36,10 +38,6 @@ Outcome = dict[str, Any]
 _ANSWERED = answered_field("")
 #: The members a reply adds to an outcome, naming what it answers (``_wire.codec.reply_outcome``).
 _ADDRESS = frozenset(("s", "g", "e"))
-#: Signers met and not read yet that a client keeps at most (more are met again later).
-_SIGNERS_DUE = 64
-#: Seconds before a signer not listed is looked for again.
-_SIGNER_RETRY = 1.0
 
 
 class StoredOutcomes:
@@ -219,11 +217,11 @@ class ReplyLookups:
         verifier: ReplyVerifier,
     ) -> None:
         self._backend = backend
-        self._verifier = verifier
         self._namespace = settings.namespace
-        #: Signers met in replies whose keys are to be read, and those being read.
-        self._signers_due: dict[str, None] = {}
-        self._signers_asked: set[str] = set()
+        #: The signers of replies that this client has not met yet (``verified``'s callback).
+        self.signers = SignersMet(
+            verifier, log, what="reply signers", meanwhile="their replies are looked up"
+        )
         self._outcomes = outcomes
         self._waiting = waiting
         #: Results fields to look up, by node and shard, in the order replies named them (the
@@ -251,52 +249,22 @@ class ReplyLookups:
                 self._ready.add(node)
                 self._wake.set()
 
-    def wants_signer(self, signer_id: str) -> None:
-        """A reply came signed by a signer this client has not met: read its key (one read at
-        a time, for every signer met meanwhile: a forged id costs a field of it)."""
-        if signer_id not in self._signers_asked and len(self._signers_due) < _SIGNERS_DUE:
-            self._signers_due[signer_id] = None
-            self._wake.set()
-
     async def run(self) -> None:
-        """Start a lookup for each node that has ops due and none in flight, until cancelled."""
+        """Start a lookup for each node that has ops due and none in flight, and read the keys
+        of the signers met, until cancelled."""
         async with anyio.create_task_group() as group:
+            group.start_soon(
+                self.signers.learn,
+                partial(self._backend.signer_records, self._namespace),
+                self._backend.outage,
+            )
             while True:
                 await self._wake.wait()
                 self._wake.clear()
-                if self._signers_due and not self._signers_asked:
-                    self._signers_asked = set(self._signers_due)
-                    self._signers_due.clear()
-                    group.start_soon(self._learn_signers)
                 for node in self._ready:
                     self._looking.add(node)
                     group.start_soon(self._look_up, node)
                 self._ready.clear()
-
-    async def _learn_signers(self) -> None:
-        """Read the keys of the signers asked for; one not listed (a forged id, or a worker not
-        listed yet) is asked for again only after a pause."""
-        asked = list(self._signers_asked)
-        try:
-            records = await self._backend.signer_records(self._namespace, asked)
-            unknown = [
-                signer
-                for signer, record in zip(asked, records, strict=True)
-                if not self._verifier.learn(signer, record)
-            ]
-            if unknown:
-                log.info(
-                    "reply signers %s are not listed (yet): their replies are looked up",
-                    _few(unknown),
-                )
-                await anyio.sleep(_SIGNER_RETRY)
-        except (BackendUnavailable, Refused, ValueError) as exc:
-            self._warn(exc, "reading reply signers: %s (their replies are looked up)", exc)
-            await anyio.sleep(_SIGNER_RETRY)
-        finally:
-            self._signers_asked = set()
-            if self._signers_due:
-                self._wake.set()
 
     async def _look_up(self, node: str) -> None:
         due = self._due[node]
