@@ -477,7 +477,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a client whose reply subscription came back waits for the sweep",
         (
             Edit(
-                "keyserial/_client/client.py",
+                "keyserial/_client/asyncio_client.py",
                 "                on_resubscribed=self._sweep.now,\n",
                 "",
             ),
@@ -702,7 +702,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a client's op ids are its id and a counter, as anyone who saw one can tell the next",
         (
             Edit(
-                "keyserial/_client/client.py",
+                "keyserial/_client/asyncio_client.py",
                 'return f"{self._client_id}-{next(self._count):x}{self._random.pop()}"',
                 'return f"{self._client_id}-{next(self._count)}"',
             ),
@@ -859,7 +859,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a client's reply channel leaves its service out",
         (
             Edit(
-                "keyserial/_client/client.py",
+                "keyserial/_client/asyncio_client.py",
                 'client_id = f"{settings.service}.{random_id}" if settings.service else random_id',
                 "client_id = random_id",
             ),
@@ -876,7 +876,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a client takes a reply message's outcome as its op's",
         (
             Edit(
-                "keyserial/_client/client.py",
+                "keyserial/_client/asyncio_client.py",
                 "            if not self.settings.verify_replies:",
                 "            if True:",
             ),
@@ -1314,7 +1314,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a client that knows of a move under way reads the old layout, frozen at the cut",
         (
             Edit(
-                "keyserial/_client/client.py",
+                "keyserial/_client/asyncio_client.py",
                 "        raw = await self._state_in(self._routes.routing, key)\n",
                 "        raw = await self._state_in(self._routes.live, key)\n",
             ),
@@ -1832,7 +1832,11 @@ MUTANTS: tuple[Mutant, ...] = (
         "timeout-names-no-server",
         "G7.18",
         "a submit timing out for want of a worker does not say on which server",
-        (Edit("keyserial/_client/client.py", "            server=self._backend.url,\n", ""),),
+        (
+            Edit(
+                "keyserial/_client/asyncio_client.py", "            server=self._backend.url,\n", ""
+            ),
+        ),
         (
             _DEFAULT + "test_a_timeout_for_want_of_a_worker_names_the_server_password_hidden",
             _DEFAULT + "test_call_says_which_server_has_no_worker_for_its_shard",
@@ -1909,7 +1913,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a SubmitTimeout never names the op's paused keys",
         (
             Edit(
-                "keyserial/_client/client.py",
+                "keyserial/_client/asyncio_client.py",
                 "            paused=[key for key in pending.all_keys if key in paused],\n",
                 "            paused=[],\n",
             ),

@@ -5,7 +5,7 @@ import uuid
 import pytest
 
 from keyserial import call
-from keyserial._client.client import _OpIds
+from keyserial._client.asyncio_client import _OpIds
 from keyserial._wire import json_text
 from keyserial._wire.codec import (
     Envelope,

@@ -1,5 +1,5 @@
 """The client's API, the same on every event loop: argument checks and routing, then the calls
-that talk to Redis (``_client.client`` on asyncio, ``_client.foreign`` forwarding to it from
+that talk to Redis (``_client.asyncio_client`` on asyncio, ``_client.foreign`` forwarding to it from
 trio)."""
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from .._settings import Settings
 from .._wire.resharding import LayoutRecord
 from ..errors import ShardCountMismatch
 from .api import Client
-from .client import AsyncioClient
+from .asyncio_client import AsyncioClient
 from .foreign import ForeignLoopClient
 
 log = logging.getLogger("keyserial.client")

@@ -18,7 +18,7 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 from ..errors import KeyserialError
-from .client import AsyncioClient
+from .asyncio_client import AsyncioClient
 
 T = TypeVar("T")
 Opener = Callable[[], AbstractAsyncContextManager[AsyncioClient]]

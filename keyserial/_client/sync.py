@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from .._ops import Call
 from .._settings import Settings
-from .client import AsyncioClient
+from .asyncio_client import AsyncioClient
 from .connect import connect_asyncio
 from .hosted import HostedClient
 
