@@ -299,8 +299,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "a worker reads the paused keys but holds none of them",
         (
             Edit(
-                "keyserial/_worker/runner.py",
-                "            self._paused[key] = self._chains.hold((key,))\n",
+                "keyserial/_worker/pauses.py",
+                "            self._held[key] = self._chains.hold((key,))\n",
                 "            continue\n",
             ),
         ),
@@ -640,9 +640,9 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_worker/crossshard/mailbox.py",
-                "        for waiter in self._waiting.get(_topic(message), ()):\n"
-                "            waiter.wake()\n",
-                "        self.deliver(message)\n",
+                "            for waiter in self._waiting.get(_topic(message), ()):\n"
+                "                waiter.wake()\n",
+                "            self.deliver(message)\n",
             ),
         ),
         (
@@ -1207,7 +1207,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a new layout's owner skips looking up earlier layouts' outcomes of ops marked fresh",
         (
             Edit(
-                "keyserial/_worker/runner.py",
+                "keyserial/_worker/draining.py",
                 "            for _, fields in fetched.entries\n"
                 "            for envelope in decode_entry_leniently(fields)",
                 "            for _, fields in fetched.entries\n"
@@ -1228,20 +1228,18 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_worker/runner.py",
-                "        if self._seal is not None:\n"
-                "            self.entries_waiting()\n"
-                "            return\n",
+                "        if self.sealed:\n            self.entries_waiting()\n            return\n",
                 "",
             ),
             Edit(
                 "keyserial/_worker/runner.py",
-                " or self._replay_until is not None or self._seal is not None:",
+                " or self._replay_until is not None or self.sealed:",
                 " or self._replay_until is not None:",
             ),
             Edit(
-                "keyserial/_worker/runner.py",
-                "            if from_stream and seal is not None",
-                "            if seal is not None",
+                "keyserial/_worker/draining.py",
+                "        if from_stream and self.past_seal(entry_id):",
+                "        if self.past_seal(entry_id):",
             ),
         ),
         (_RESHARD + "test_a_forged_push_to_a_sealed_shard_is_never_forwarded" + _STANDALONE,),
@@ -1297,8 +1295,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "a sealed shard counts as drained only once its cursor reaches the seal's entry",
         (
             Edit(
-                "keyserial/_worker/runner.py",
-                "        return seal.last if self._fetched_all else None\n",
+                "keyserial/_worker/draining.py",
+                "        return seal.last if self.fetched_all else None\n",
                 "        return None\n",
             ),
         ),
@@ -1600,9 +1598,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "a sealed shard's owner records it drained only with no forward in flight",
         (
             Edit(
-                _SHARD,
-                "            and all(op_id in forwarded for op_id in self._running)\n",
-                "            and not self._running\n",
+                "keyserial/_worker/draining.py",
+                "            and all(op_id in forwarded for op_id in running)\n",
+                "            and not running\n",
             ),
         ),
         (
@@ -1736,7 +1734,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 _SHARD,
-                "        if fetched.sealed is not None and self._seal is None:\n",
+                "        if fetched.sealed is not None and not self.sealed:\n",
                 "        if False:\n",
             ),
         ),

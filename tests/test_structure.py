@@ -223,24 +223,6 @@ def _suffixes(names: set[str]) -> set[str]:
 #: leading dot asks for any name that ends so, as Sphinx reads it.
 _ROLE = re.compile(r":(mod|class|func|meth|attr|data|exc|obj):`(~?\.?([^`<]+?))(?:\(\))?`")
 
-#: Broken references in modules that another change is reworking now.
-_PENDING = {
-    "keyserial/_worker/crossshard/cross_shard.py": {
-        "._coordinator",
-        "._participant",
-        "._mailbox",
-        "._messages",
-        "~._chains.Coordination",
-    },
-    "keyserial/_worker/runner.py": {
-        "._keystates",
-        "._chains",
-        "._commits",
-        "._intake",
-        "._wakeups",
-    },
-}
-
 
 def test_every_cross_reference_names_something_that_exists() -> None:
     """A docstring's ``:mod:``, ``:class:``, ``:meth:``… names a module or object of the
@@ -253,7 +235,6 @@ def test_every_cross_reference_names_something_that_exists() -> None:
             role, written, name = match.groups()
             if name in (modules if role == "mod" else objects):
                 continue
-            if written not in _PENDING.get(where, set()):
-                line = text.count("\n", 0, match.start()) + 1
-                broken.append(f"{where}:{line}: {written}")
+            line = text.count("\n", 0, match.start()) + 1
+            broken.append(f"{where}:{line}: {written}")
     assert broken == []

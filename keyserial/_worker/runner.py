@@ -1,12 +1,12 @@
 """Serving one owned shard: fetch entries in order, run ops, group-commit their effects.
 
 While it holds the lease, the owner is the only writer of the shard's keys, so it caches their
-states (:mod:`._keystates`). Ops on one key run one after another, in stream order; ops on
-different keys overlap (:mod:`._chains`). Each step is one script call: it commits every op
+states (:mod:`.keystates`). Ops on one key run one after another, in stream order; ops on
+different keys overlap (:mod:`.chains`). Each step is one script call: it commits every op
 finished since the last one (their states, results and the shard's progress, atomically and
-fenced by the epoch, :mod:`._commits`), publishes their replies (nothing is replied before it is
-committed), and fetches entries when some may be waiting that no push brought (:mod:`._intake`
-takes them in). Fresh entries come pushed with their wake-ups (:mod:`._wakeups`), and are taken
+fenced by the epoch, :mod:`.commits`), publishes their replies (nothing is replied before it is
+committed), and fetches entries when some may be waiting that no push brought (:mod:`.intake`
+takes them in). Fresh entries come pushed with their wake-ups (:mod:`.wakeups`), and are taken
 in without a fetch while each follows on from the cursor.
 
 After a crash, the acquire script strikes the first op without a result, in stream order (the
@@ -29,7 +29,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -37,25 +36,20 @@ from anyio.abc import TaskGroup
 
 from .._backend.backend import Backend
 from .._backoff import Backoff
-from .._logfields import fields as log_fields
 from .._ops import Registry
 from .._scripts.calls import ScriptCall
 from .._scripts.commit import StepArgs, StepReply, step
 from .._scripts.lease import LeaseGrant
 from .._scripts.refusals import Diverged, Fenced, OwnedElsewhere, StreamRestarted
-from .._scripts.reshard import record_drained
 from .._settings import Settings
 from .._wire.codec import (
-    GRANT_OP,
     Push,
     binding,
-    decode_entry_leniently,
     parse_id,
 )
-from .._wire.layout import Layout, ShardKeys, shard_name
+from .._wire.layout import Layout, shard_name
 from .._wire.requests import RequestCheck
 from .._wire.resharding import Seal
-from .._wire.routing import home_shard
 from ..errors import BackendUnavailable, LeaseLost
 from .chains import Chains, Hold
 from .commits import (
@@ -70,12 +64,13 @@ from .commits import (
 from .crossshard.coordination import RunnerServices
 from .crossshard.cross_shard import CrossShard
 from .crossshard.mailbox import Mailbox
+from .draining import Drain, EarlierLayouts
 from .execution import Executor, Run
 from .intake import accept
 from .keystates import KeyStates
 from .metrics import NO_METRICS, ShardMetrics
+from .pauses import PausedKeys
 from .pipeline import Pipeliner, Replies, WriteChain, WriteChainBroken
-from .strays import forward
 from .wakeups import Wakeups
 
 log = logging.getLogger("keyserial.worker")
@@ -142,30 +137,21 @@ class ShardRunner:
         #: Steps in a row that committed, trimmed, fetched and confirmed nothing (see
         #: :attr:`dormant`).
         self._empty_steps = 0
-        #: The keys an operator paused on this shard (``keyserial keys pause``), each held on
-        #: its chain: its ops queue behind the hold, and the shard's other keys flow.
-        self._paused: dict[str, Hold] = {}
-        self._pauses_stale = False
         #: Set once :meth:`run` has returned: no step will ever come again.
         self._ended = False
-        #: The seal of a reshard that moves this shard's keys elsewhere (see :meth:`seal`), and
-        #: what this owner last recorded it drained up to, with the count of ops it had run.
-        self._seal: Seal | None = None
-        self._drained_at: tuple[str, int] | None = None
-        #: Ops appended past the seal, taken in to be forwarded, not committed yet: not work of
-        #: this shard's (however many a client appends, they never keep it from draining).
-        self._forwarded: set[str] = set()
-        #: Ops this owner has run (not those it forwarded): the mover sees any change.
-        self._ran = 0
-        #: The last fetch reached the end of the stream.
-        self._fetched_all = False
-        #: Forwards go out one at a time, in the order of their entries (a FIFO lock): ops on a
-        #: key keep their order in the new layout.
-        self._forwarding = asyncio.Lock()
-        #: The namespace's layouts before this one, newest first, each with when (ms) it
-        #: stopped taking ops: an op appended again after a reshard finds its outcome there
-        #: while it may be retained.
-        self._history = tuple(reversed(history))
+        #: A reshard's seal, as this owner drains the shard (see :meth:`seal`).
+        self._drain = Drain(
+            self.keys,
+            self.epoch,
+            backend,
+            retrying=self._retrying,
+            fenced=self.fenced,
+            spawn=self._spawn,
+            finish=self._finish,
+        )
+        self._earlier = EarlierLayouts(
+            history, backend, retrying=self._retrying, result_ttl_ms=settings.result_ttl_ms
+        )
         self._requests = RequestCheck(
             mailbox.requests,
             namespace=settings.namespace,
@@ -200,6 +186,8 @@ class ShardRunner:
                 )
             ),
         )
+        #: The keys an operator paused on this shard (``keyserial keys pause``).
+        self._paused = PausedKeys(self._chains, shard)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -246,45 +234,28 @@ class ShardRunner:
         """An operator paused or resumed some key of the namespace: the step loop reads this
         shard's paused keys again before it takes in anything more (the wake-up that says so
         arrives ahead of any push appended after the pause)."""
-        self._pauses_stale = True
+        self._paused.stale = True
         self.wake()
 
     async def _follow_pauses(self) -> None:
         """Hold each key paused in Redis (behind the ops already queued on it), and let go of
         each that was resumed."""
         records = await self._retrying(lambda: self._backend.paused_keys(self.keys))
-        self._hold_paused({key.decode() for key in records})
-
-    def _hold_paused(self, paused: set[str]) -> None:
-        """Hold the keys of ``paused`` not held yet, and let go of the others held."""
-        for key in sorted(paused - self._paused.keys()):
-            self._paused[key] = self._chains.hold((key,))
-            log.info("shard %d: key %r paused: its ops wait until it is resumed", self.shard, key)
-        for key in sorted(self._paused.keys() - paused):
-            self._chains.release(self._paused.pop(key))
-            log.info("shard %d: key %r resumed", self.shard, key)
+        self._paused.follow({key.decode() for key in records})
 
     def seal(self, seal: Seal) -> None:
         """A reshard sealed this shard: clients append no more ops here (``submit.lua``), and
         the shard drains. An op found in an entry appended after the seal (by a client of an
         older version, or a plain ``XADD``) is forwarded to its shard in the new layout, not
         run; a grant request still runs (its op was appended before the seal). Once nothing
-        is under way, the owner records the shard drained (:meth:`_record_drained`)."""
-        if self._seal is None:
-            self._seal = seal
+        is under way, the owner records the shard drained (:meth:`Drain.record`)."""
+        if self._drain.seal_with(seal):
             self._wakeups.must_fetch = True  # (pushes waiting now are never taken in)
-            log.info(
-                "shard %d: sealed for a reshard to %d shards (entries up to %s stay here)",
-                self.shard,
-                seal.target.shards,
-                seal.last,
-                extra=log_fields(shard=self.shard, epoch=self.epoch),
-            )
             self.wake()
 
     @property
     def sealed(self) -> bool:
-        return self._seal is not None
+        return self._drain.seal is not None
 
     @property
     def uncommitted(self) -> int:
@@ -300,7 +271,7 @@ class ShardRunner:
         """A wake-up that carries an entry: taken in without a fetch where it follows on. A
         sealed shard takes none in: it forwards the ops of entries past its seal at once,
         before any step could confirm a pushed entry, so it forwards only what it fetched."""
-        if self._seal is not None:
+        if self.sealed:
             self.entries_waiting()
             return
         self._wakeups.push(pushed)
@@ -351,12 +322,12 @@ class ShardRunner:
     # -- the step loop -------------------------------------------------------------------------
 
     async def _step_loop(self) -> None:
-        """Commit what finished and fetch what no push brought (see :mod:`._wakeups`), one
+        """Commit what finished and fetch what no push brought (see :mod:`.wakeups`), one
         round trip per step, until stopped. Pushes are taken in, and sync ops run, between
         steps: under load each step commits what came in since the last one."""
         while True:
-            if self._pauses_stale:
-                self._pauses_stale = False
+            if self._paused.stale:
+                self._paused.stale = False
                 await self._follow_pauses()
             if (pushed := self._take_push()) is not None:
                 await self._dispatch(pushed, from_stream=False)
@@ -372,54 +343,22 @@ class ShardRunner:
             if self._stopping and not self._running:
                 return
             if self._drains_now():
-                await self._record_drained()
+                await self._drain.record(self._cursor)
                 continue
             await self._sleep()
 
     def _drains_now(self) -> bool:
         """Sealed, past the seal, and nothing under way or to commit but forwards, where the
-        last record said otherwise."""
-        through = self._drained_through()
-        forwarded = self._forwarded
+        last record said otherwise (see :meth:`Drain.due`)."""
         return (
-            through is not None
-            and (through, self._ran) != self._drained_at
-            and self._replay_until is None
+            self._replay_until is None
             and not (self._dead or self._records or self._across)
-            and all(op_id in forwarded for op_id in self._running)
-            and all(finished.op_id in forwarded for finished in self._finished)
-            and self._uncommitted == len(forwarded)
-        )
-
-    def _drained_through(self) -> str | None:
-        """The seal's entry, once this owner has taken in everything up to it: its cursor
-        reached it, or a fetch reached the end of the stream. (Entries between can be gone: a
-        step deletes the entries of ops that committed behind one still running, so XLEN counts
-        what waits, and an owner that died with that one running leaves the cursor of the next
-        owner behind them, with nothing to fetch up to the seal.) Never past it: what follows
-        the seal is forwarded, by this owner or after the flip by the heir's (``strays``),
-        which starts after the record; the mover reads it all for grant requests."""
-        seal = self._seal
-        if seal is None:
-            return None
-        if parse_id(self._cursor) >= parse_id(seal.last):
-            return seal.last
-        return seal.last if self._fetched_all else None
-
-    async def _record_drained(self) -> None:
-        """Record that every entry up to the cursor has taken effect and nothing is under way,
-        with the count of ops run: the reshard flips once every old shard says so, twice over
-        with no op run between."""
-        at = self._drained_through()
-        assert at is not None
-        ran = self._ran
-        await self.fenced(record_drained(self.keys, self.epoch, at, ran), builds=False)
-        self._drained_at = (at, ran)
-        log.info(
-            "shard %d: drained up to %s for the reshard",
-            self.shard,
-            at,
-            extra=log_fields(shard=self.shard, epoch=self.epoch),
+            and self._drain.due(
+                self._cursor,
+                running=self._running,
+                finished=(finished.op_id for finished in self._finished),
+                uncommitted=self._uncommitted,
+            )
         )
 
     def _fetch_size(self) -> int:
@@ -432,7 +371,7 @@ class ShardRunner:
     def _take_push(self) -> StepReply | None:
         """The pushed entries that follow on from the cursor, if this owner would fetch now
         (not replaying)."""
-        if not self._fetch_size() or self._replay_until is not None or self._seal is not None:
+        if not self._fetch_size() or self._replay_until is not None or self.sealed:
             return None
         return self._wakeups.take(self._cursor, self.states)
 
@@ -486,7 +425,7 @@ class ShardRunner:
         empty = not (commit.payload or commit.trim_to or fetched.entries or pushed_to or record)
         self._empty_steps = self._empty_steps + 1 if empty and want else 0
         if want:  # (fewer entries than asked for: none followed the last one)
-            self._fetched_all = len(fetched.entries) < want
+            self._drain.fetched_all = len(fetched.entries) < want
         self.metrics.stepped(batch, len(dead), began)
         self.states.step_done(number)
         _settle_across(across, True)
@@ -495,7 +434,7 @@ class ShardRunner:
         for finished in batch:
             if self._running.pop(finished.op_id, None) is not None:
                 self._uncommitted -= 1
-                self._forwarded.discard(finished.op_id)
+                self._drain.forwarded.discard(finished.op_id)
         if not fetched.entries:
             if want and self._replay_until is not None:
                 self._end_replay()
@@ -539,10 +478,10 @@ class ShardRunner:
     def _follow_records(self, fetched: StepReply) -> None:
         """Take the seal and the paused keys the step read with its entries: each entry is then
         judged by them, though their wake-ups come later (or are lost)."""
-        if fetched.sealed is not None and self._seal is None:
+        if fetched.sealed is not None and not self.sealed:
             self.seal(Seal.decode(self._settings.namespace, fetched.sealed))
         if fetched.paused is not None and fetched.paused != self._paused.keys():
-            self._hold_paused(fetched.paused)
+            self._paused.follow(fetched.paused)
 
     def _evict_idle_states(self) -> None:
         """Keep at most ``max_cached_states`` states in memory: past it, drop idle ones (see
@@ -576,8 +515,8 @@ class ShardRunner:
     async def _dispatch(self, fetched: StepReply, *, from_stream: bool = True) -> None:
         """Take fetched entries in (``from_stream``: read from the stream, not taken in from
         pushes, which only the next step confirms)."""
-        if self._history and fetched.entries:
-            await self._answer_from_earlier_layouts(fetched)
+        if self._earlier and fetched.entries:
+            await self._earlier.answer(fetched)
         if signers := self._requests.signers_to_read(fields for _, fields in fetched.entries):
             await self._read_signers(signers)
         runnable: list[Run] = []
@@ -603,17 +542,12 @@ class ShardRunner:
                     [finished.op_id for finished in accepted.finished],
                 )
             self._dead.extend(accepted.dead)
-            past_seal = self._past_seal(entry_id)
+            past_seal = self._drain.past_seal(entry_id)
             for finished in accepted.finished:
                 finished.store = finished.store and not past_seal  # (replied only: see there)
                 self._finish(finished)
-            runs = accepted.runs
-            seal = self._seal
-            if from_stream and seal is not None and parse_id(entry_id) > parse_id(seal.last):
-                runs = self._forward_moved(runs)
             self._uncommitted += len(accepted.runs)
-            self._ran += len(runs)
-            runnable.extend(runs)
+            runnable.extend(self._drain.to_run(entry_id, accepted.runs, from_stream=from_stream))
         self.metrics.dispatched(runnable)
         for run in runnable:
             self._chains.schedule(run)
@@ -629,82 +563,6 @@ class ShardRunner:
         namespace = self._settings.namespace
         records = await self._retrying(lambda: self._backend.signer_records(namespace, signers))
         self._requests.learn(signers, records)
-
-    def _past_seal(self, entry_id: str) -> bool:
-        """Whether ``entry_id`` was appended after this shard's seal (by a client of an older
-        version, or a plain ``XADD``). What an op of such an entry is answered with, without
-        running here (a refusal, a stored outcome), is replied, never stored: after the flip the
-        new layout's owners look each op id up here (:meth:`_answer_from_earlier_layouts`), and
-        a client user can read the id of an op waiting in the new layout and append it here
-        past the seal (misrouted, say): stored, the refusal would answer that op, which would
-        then never run. Ops that would run here are forwarded instead (:meth:`_forward`), and
-        run in the new layout, once; a client that appended past the seal reads its refusal on
-        its reply channel."""
-        seal = self._seal
-        return seal is not None and parse_id(entry_id) > parse_id(seal.last)
-
-    async def _answer_from_earlier_layouts(self, fetched: StepReply) -> None:
-        """Add to ``fetched.done`` the outcomes stored in the layouts before a reshard of its ops
-        that have none here, looked up at each op's home there (one round trip per layout,
-        while its results may be retained). Every op, ``fresh`` ones too: ``fresh`` lets an
-        owner skip looking up its own shard only because the commit refuses an op id that has
-        an outcome there, and cannot see an earlier layout's (an entry copied as fresh by a
-        client user would run twice)."""
-        missing = {
-            envelope.op_id: envelope.keys
-            for _, fields in fetched.entries
-            for envelope in decode_entry_leniently(fields)
-            if envelope.op_id not in fetched.done
-        }
-        retained_since = int(time.time() * 1000) - 2 * self._settings.result_ttl_ms
-        for layout, until in self._history:
-            if not missing or until < retained_since:
-                return
-            by_home: dict[int, list[str]] = {}
-            for op_id, keys in missing.items():
-                by_home.setdefault(home_shard(keys, layout.shards), []).append(op_id)
-            wanted = [(layout.keys(home), op_ids) for home, op_ids in by_home.items()]
-            stored = await self._stored_on(wanted)
-            for (_, op_ids), outcomes in zip(wanted, stored, strict=True):
-                for op_id, outcome in zip(op_ids, outcomes, strict=True):
-                    if outcome is not None:
-                        fetched.done[op_id] = outcome.decode()
-                        del missing[op_id]
-
-    async def _stored_on(
-        self, wanted: list[tuple[ShardKeys, list[str]]]
-    ) -> list[list[bytes | None]]:
-        return await self._retrying(lambda: self._backend.stored_on_many(wanted))
-
-    def _forward_moved(self, runs: list[Run]) -> list[Run]:
-        """Of the runs of an entry appended after the seal, those to run here (grant requests);
-        the others are forwarded to the new layout."""
-        kept = []
-        for run in runs:
-            if run.envelope.name == GRANT_OP:
-                kept.append(run)
-            else:  # (if the runner has stopped meanwhile, the next owner forwards it)
-                self._forwarded.add(run.envelope.op_id)
-                self._spawn(partial(self._forward, run))
-        return kept
-
-    async def _forward(self, run: Run) -> None:
-        """Append ``run``'s op to its home shard in the layout the seal names, then let the
-        entry go as if the op had finished (nothing stored: it runs there). Forwarded again
-        after a crash, the op runs once: its id finds the first one's outcome."""
-        assert self._seal is not None
-        target = self._seal.target
-        async with self._forwarding:
-            there = await self._retrying(lambda: forward(self._backend, run.envelope, target))
-        log.warning(
-            "shard %d: op %s was appended after the shard was sealed for a reshard (an older"
-            " client, or a plain XADD): forwarded to shard %d of the new layout",
-            self.shard,
-            run.envelope.op_id,
-            there.shard,
-            extra=log_fields(shard=self.shard, epoch=self.epoch, op_id=run.envelope.op_id),
-        )
-        self._finish(Finished(run.envelope.op_id, "", run.entries, [], store=False))
 
     # -- outcomes ------------------------------------------------------------------------------
 

@@ -1,9 +1,9 @@
 """Multi-key ops across shards, as one shard's runner sees them.
 
 An op whose keys sit on several shards is appended to its *home* shard, the lowest of them,
-whose owner coordinates it (:mod:`._coordinator`); each other shard holds and grants its keys
-through a grant request, an internal op (:mod:`._participant`). Messages between workers go
-through the :mod:`._mailbox`; their shapes are in :mod:`._messages`. Why this is atomic and can
+whose owner coordinates it (:mod:`.coordinator`); each other shard holds and grants its keys
+through a grant request, an internal op (:mod:`.participant`). Messages between workers go
+through the :mod:`.mailbox`; their shapes are in :mod:`keyserial._wire.messages`. Why this is atomic and can
 never deadlock is written up in docs/multi-key.md.
 """
 
@@ -18,7 +18,7 @@ from .participant import Participant
 
 
 class CrossShard:
-    """The runner's :class:`~._chains.Coordination`: what runs once an op's local keys are
+    """The runner's :class:`~keyserial._worker.chains.Coordination`: what runs once an op's local keys are
     held, for a grant request or an op with keys on other shards."""
 
     def __init__(self, services: RunnerServices) -> None:

@@ -1,0 +1,245 @@
+"""A shard sealed for a reshard, as its owner drains it, and the layouts before a reshard, as a
+new shard's owner answers from them.
+
+A seal stops clients' appends (``submit.lua``). The owner runs what was appended before it,
+forwards what a client appended past it some other way (an older client, a plain ``XADD``) to
+the op's shard in the new layout, and records the shard drained once nothing but forwards is
+under way: the mover flips once every old shard has said so twice, with no op run between.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from functools import partial
+from typing import Any
+
+from .._backend.backend import Backend
+from .._logfields import fields as log_fields
+from .._scripts.commit import StepReply
+from .._scripts.reshard import record_drained
+from .._wire.codec import GRANT_OP, decode_entry_leniently, parse_id
+from .._wire.layout import Layout, ShardKeys
+from .._wire.resharding import Seal
+from .._wire.routing import home_shard
+from .commits import Finished
+from .execution import Run
+from .strays import forward
+
+log = logging.getLogger("keyserial.worker")
+
+#: Runs a call again while Redis is unreachable (the runner's ``_retrying``).
+Retrying = Callable[[Callable[[], Awaitable[Any]]], Awaitable[Any]]
+#: Runs a script fenced by the owner's epoch (the runner's ``fenced``).
+Fenced = Callable[..., Awaitable[Any]]
+
+
+class Drain:
+    """One shard's seal, as its owner sees it: which entries run here, which are forwarded,
+    and when the shard is drained (:meth:`due`, :meth:`record`)."""
+
+    def __init__(
+        self,
+        keys: ShardKeys,
+        epoch: int,
+        backend: Backend,
+        *,
+        retrying: Retrying,
+        fenced: Fenced,
+        spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], bool],
+        finish: Callable[[Finished], None],
+    ) -> None:
+        self._keys = keys
+        self._epoch = epoch
+        self._backend = backend
+        self._retrying = retrying
+        self._fenced = fenced
+        self._spawn = spawn
+        self._finish = finish
+        #: The seal of a reshard that moves this shard's keys elsewhere (see :meth:`seal_with`).
+        self.seal: Seal | None = None
+        #: What this owner last recorded it drained up to, with the count of ops it had run.
+        self._drained_at: tuple[str, int] | None = None
+        #: Ops appended past the seal, taken in to be forwarded, not committed yet: not work of
+        #: this shard's (however many a client appends, they never keep it from draining).
+        self.forwarded: set[str] = set()
+        #: Ops this owner has run (not those it forwarded): the mover sees any change.
+        self._ran = 0
+        #: The last fetch reached the end of the stream.
+        self.fetched_all = False
+        #: Forwards go out one at a time, in the order of their entries (a FIFO lock): ops on a
+        #: key keep their order in the new layout.
+        self._forwarding = asyncio.Lock()
+
+    def seal_with(self, seal: Seal) -> bool:
+        """Take the seal; False if the shard was sealed already."""
+        if self.seal is not None:
+            return False
+        self.seal = seal
+        log.info(
+            "shard %d: sealed for a reshard to %d shards (entries up to %s stay here)",
+            self._keys.shard,
+            seal.target.shards,
+            seal.last,
+            extra=log_fields(shard=self._keys.shard, epoch=self._epoch),
+        )
+        return True
+
+    def past_seal(self, entry_id: str) -> bool:
+        """Whether ``entry_id`` was appended after this shard's seal (by a client of an older
+        version, or a plain ``XADD``). What an op of such an entry is answered with, without
+        running here (a refusal, a stored outcome), is replied, never stored: after the flip the
+        new layout's owners look each op id up here (:class:`EarlierLayouts`), and a client user
+        can read the id of an op waiting in the new layout and append it here past the seal
+        (misrouted, say): stored, the refusal would answer that op, which would then never run.
+        Ops that would run here are forwarded instead (:meth:`_forward`), and run in the new
+        layout, once; a client that appended past the seal reads its refusal on its reply
+        channel."""
+        seal = self.seal
+        return seal is not None and parse_id(entry_id) > parse_id(seal.last)
+
+    def to_run(self, entry_id: str, runs: list[Run], *, from_stream: bool) -> list[Run]:
+        """Of the runs of an entry taken in, those to run here: all of them, unless the entry
+        was fetched from past the seal: then grant requests only (their ops were appended
+        before the seal), the others forwarded to the new layout."""
+        if from_stream and self.past_seal(entry_id):
+            runs = self._forward_moved(runs)
+        self._ran += len(runs)
+        return runs
+
+    def _forward_moved(self, runs: list[Run]) -> list[Run]:
+        kept = []
+        for run in runs:
+            if run.envelope.name == GRANT_OP:
+                kept.append(run)
+            else:  # (if the runner has stopped meanwhile, the next owner forwards it)
+                self.forwarded.add(run.envelope.op_id)
+                self._spawn(partial(self._forward, run))
+        return kept
+
+    async def _forward(self, run: Run) -> None:
+        """Append ``run``'s op to its home shard in the layout the seal names, then let the
+        entry go as if the op had finished (nothing stored: it runs there). Forwarded again
+        after a crash, the op runs once: its id finds the first one's outcome."""
+        assert self.seal is not None
+        target = self.seal.target
+        async with self._forwarding:
+            there = await self._retrying(lambda: forward(self._backend, run.envelope, target))
+        op_id = run.envelope.op_id
+        log.warning(
+            "shard %d: op %s was appended after the shard was sealed for a reshard (an older"
+            " client, or a plain XADD): forwarded to shard %d of the new layout",
+            self._keys.shard,
+            op_id,
+            there.shard,
+            extra=log_fields(shard=self._keys.shard, epoch=self._epoch, op_id=op_id),
+        )
+        self._finish(Finished(op_id, "", run.entries, [], store=False))
+
+    def due(
+        self, cursor: str, *, running: Iterable[str], finished: Iterable[str], uncommitted: int
+    ) -> bool:
+        """Whether to record the shard drained now: sealed, taken in up to the seal, and
+        nothing under way or to commit but forwards (``running``, ``finished``: the op ids
+        under way and waiting to commit; the caller has nothing else to commit), where the
+        last record said otherwise."""
+        through = self._drained_through(cursor)
+        forwarded = self.forwarded
+        return (
+            through is not None
+            and (through, self._ran) != self._drained_at
+            and all(op_id in forwarded for op_id in running)
+            and all(op_id in forwarded for op_id in finished)
+            and uncommitted == len(forwarded)
+        )
+
+    def _drained_through(self, cursor: str) -> str | None:
+        """The seal's entry, once this owner has taken in everything up to it: its cursor
+        reached it, or a fetch reached the end of the stream. (Entries between can be gone: a
+        step deletes the entries of ops that committed behind one still running, so XLEN counts
+        what waits, and an owner that died with that one running leaves the cursor of the next
+        owner behind them, with nothing to fetch up to the seal.) Never past it: what follows
+        the seal is forwarded, by this owner or after the flip by the heir's (``strays``),
+        which starts after the record; the mover reads it all for grant requests."""
+        seal = self.seal
+        if seal is None:
+            return None
+        if parse_id(cursor) >= parse_id(seal.last):
+            return seal.last
+        return seal.last if self.fetched_all else None
+
+    async def record(self, cursor: str) -> None:
+        """Record that every entry up to the cursor has taken effect and nothing is under way,
+        with the count of ops run: the reshard flips once every old shard says so, twice over
+        with no op run between."""
+        at = self._drained_through(cursor)
+        assert at is not None
+        ran = self._ran
+        await self._fenced(record_drained(self._keys, self._epoch, at, ran), builds=False)
+        self._drained_at = (at, ran)
+        log.info(
+            "shard %d: drained up to %s for the reshard",
+            self._keys.shard,
+            at,
+            extra=log_fields(shard=self._keys.shard, epoch=self._epoch),
+        )
+
+
+class EarlierLayouts:
+    """The namespace's layouts before this one, newest first, each with when (ms) it stopped
+    taking ops: an op appended again after a reshard finds its outcome there while it may be
+    retained."""
+
+    def __init__(
+        self,
+        history: Sequence[tuple[Layout, int]],
+        backend: Backend,
+        *,
+        retrying: Retrying,
+        result_ttl_ms: int,
+    ) -> None:
+        self._history = tuple(reversed(history))
+        self._backend = backend
+        self._retrying = retrying
+        self._result_ttl_ms = result_ttl_ms
+
+    def __bool__(self) -> bool:
+        return bool(self._history)
+
+    async def answer(self, fetched: StepReply) -> None:
+        """Add to ``fetched.done`` the outcomes stored in the layouts before a reshard of its ops
+        that have none here, looked up at each op's home there (one round trip per layout,
+        while its results may be retained). Every op, ``fresh`` ones too: ``fresh`` lets an
+        owner skip looking up its own shard only because the commit refuses an op id that has
+        an outcome there, and cannot see an earlier layout's (an entry copied as fresh by a
+        client user would run twice)."""
+        missing = {
+            envelope.op_id: envelope.keys
+            for _, fields in fetched.entries
+            for envelope in decode_entry_leniently(fields)
+            if envelope.op_id not in fetched.done
+        }
+        retained_since = int(time.time() * 1000) - 2 * self._result_ttl_ms
+        for layout, until in self._history:
+            if not missing or until < retained_since:
+                return
+            by_home: dict[int, list[str]] = {}
+            for op_id, keys in missing.items():
+                by_home.setdefault(home_shard(keys, layout.shards), []).append(op_id)
+            wanted = [(layout.keys(home), op_ids) for home, op_ids in by_home.items()]
+            stored = await self._stored_on(wanted)
+            for (_, op_ids), outcomes in zip(wanted, stored, strict=True):
+                for op_id, outcome in zip(op_ids, outcomes, strict=True):
+                    if outcome is not None:
+                        fetched.done[op_id] = outcome.decode()
+                        del missing[op_id]
+
+    async def _stored_on(
+        self, wanted: list[tuple[ShardKeys, list[str]]]
+    ) -> list[list[bytes | None]]:
+        stored: list[list[bytes | None]] = await self._retrying(
+            lambda: self._backend.stored_on_many(wanted)
+        )
+        return stored
