@@ -266,7 +266,7 @@ async def test_any_other_grant_only_wakes_its_waiter_to_read_the_record(sent: st
         return [participant.record().encode() for _ in signer_ids]
 
     with anyio.move_on_after(0.2):
-        await mailbox.learn_signers(read)
+        await mailbox.signers.learn(read)
     # Only a signer not met yet is looked up, once, and its next message is taken.
     assert learned == ([[participant.signer_id]] if sent == "signer not met" else [])
     assert mailbox.verifier.knows(participant.signer_id)

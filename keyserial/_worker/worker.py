@@ -144,8 +144,9 @@ class Worker:
                 task_group.start_soon(self._post_activity, backend)
                 task_group.start_soon(self._pipeliner.serve)
                 task_group.start_soon(
-                    self._mailbox.learn_signers,
+                    self._mailbox.signers.learn,
                     partial(backend.signer_records, self.settings.namespace),
+                    backend.outage,
                 )
                 record: LayoutRecord | None = self._record
                 while record is not None:

@@ -3,8 +3,8 @@
 An op whose keys sit on several shards is appended to its *home* shard, the lowest of them,
 whose owner coordinates it (:mod:`.coordinator`); each other shard holds and grants its keys
 through a grant request, an internal op (:mod:`.participant`). Messages between workers go
-through the :mod:`.mailbox`; their shapes are in :mod:`keyserial._wire.messages`. Why this is atomic and can
-never deadlock is written up in docs/multi-key.md.
+through the :mod:`.mailbox`; their shapes are in :mod:`keyserial._wire.messages`. Why this is
+atomic and can never deadlock is written up in docs/multi-key.md.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from .participant import Participant
 
 
 class CrossShard:
-    """The runner's :class:`~keyserial._worker.chains.Coordination`: what runs once an op's local keys are
-    held, for a grant request or an op with keys on other shards."""
+    """The runner's :class:`~keyserial._worker.chains.Coordination`: what runs once an op's
+    local keys are held, for a grant request or an op with keys on other shards."""
 
     def __init__(self, services: RunnerServices) -> None:
         self._services = services

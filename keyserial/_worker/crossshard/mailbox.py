@@ -18,18 +18,15 @@ import asyncio
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import AbstractAsyncContextManager, contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NoReturn, Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import anyio
-
-from ..._scripts.refusals import Refused
+from ..._backend.signers import SignersMet
 from ..._wire.layout import Layout
 from ..._wire.messages import DecisionNotice, KeyGrant, MalformedMessage, messages_from_wire
 from ..._wire.signing import ReplyVerifier, RequestVerifier, without_signature
-from ...errors import BackendUnavailable
 
 if TYPE_CHECKING:
     from ..._wire.layout import ShardKeys
@@ -42,12 +39,6 @@ log = logging.getLogger("keyserial.worker")
 
 #: What a waiter waits for: ("g", op id, attempt, shard) or ("d", op id, attempt).
 Topic = tuple[str, str, int] | tuple[str, str, int, int]
-#: Reads the signers hash's entries of some signer ids (None where there is none).
-ReadSigners = Callable[[Sequence[str]], Awaitable[list[bytes | None]]]
-#: At most this many signers not met yet wait to be read (a forged id costs a field of a read).
-_SIGNERS_DUE = 64
-#: After a read that found some signer not listed, the next waits this long.
-_SIGNER_RETRY = 1.0
 
 
 class LocalShard(Protocol):
@@ -146,10 +137,13 @@ class Mailbox:
         #: This worker's runner of a shard, or None if the worker does not own the shard.
         self.local_shard = local_shard
         self._waiting: dict[Topic, list[Waiter]] = defaultdict(list)
-        #: Signers met in messages whose keys are to be read.
-        self._signers_due: dict[str, None] = {}
-        #: Set when signers are due (made once :meth:`learn_signers` runs, in the event loop).
-        self._signers_wanted: anyio.Event | None = None
+        #: Signers met in messages whose keys are to be read (the worker runs its ``learn``).
+        self.signers = SignersMet(
+            self.verifier,
+            log,
+            what="coordination message signers",
+            meanwhile="their messages only wake; the records are read",
+        )
 
     def use_shard_channels(self, layout: Layout) -> None:
         """Take messages on a shard channel per shard (a cluster with sharded pub/sub): a
@@ -207,7 +201,7 @@ class Mailbox:
         notice, or a batch of them). Signed for this worker by another worker, each item is
         handed over as it is; else each only wakes the waiters of what it names (they read the
         record instead)."""
-        signed = self.verifier.verified(data, self._signer_met, channel)
+        signed = self.verifier.verified(data, self.signers.met, channel)
         try:
             text = without_signature(data) if signed is None else signed
             messages = messages_from_wire(json.loads(text))
@@ -227,37 +221,6 @@ class Mailbox:
         for waiter in self._waiting.get(_topic(message), ()):
             waiter.message = message
             waiter.wake()
-
-    def _signer_met(self, signer_id: str) -> None:
-        if len(self._signers_due) < _SIGNERS_DUE:
-            self._signers_due[signer_id] = None
-            if self._signers_wanted is not None:
-                self._signers_wanted.set()
-
-    async def learn_signers(self, read: ReadSigners) -> NoReturn:
-        """Read the keys of the signers met in messages, in one read for all met meanwhile
-        (until then their messages only wake); run in a task of the worker's."""
-        while True:
-            if not self._signers_due:
-                self._signers_wanted = anyio.Event()
-                await self._signers_wanted.wait()
-            asked = list(self._signers_due)
-            try:
-                records = await read(asked)
-            except (BackendUnavailable, Refused) as exc:
-                log.warning("reading coordination message signers: %s (retrying)", exc)
-                await anyio.sleep(_SIGNER_RETRY)
-                continue
-            for signer_id in asked:
-                del self._signers_due[signer_id]
-            unknown = [
-                signer_id
-                for signer_id, record in zip(asked, records, strict=True)
-                if not self.verifier.learn(signer_id, record)
-            ]
-            if unknown:  # (a forged id, or a worker not listed yet: asked again on its next one)
-                log.info("message signers %s are not listed: their records are read", unknown[:3])
-                await anyio.sleep(_SIGNER_RETRY)
 
 
 def _topic(message: KeyGrant | DecisionNotice) -> Topic:
