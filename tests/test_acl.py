@@ -112,6 +112,7 @@ def users(redis_url: str) -> Iterator[Users]:
         yield created
 
 
+@pytest.mark.slow
 async def test_documented_users_can_submit_transfer_and_read_results(
     users: Users, namespace: str
 ) -> None:
@@ -153,6 +154,7 @@ async def test_a_client_user_cannot_record_a_new_namespace(users: Users, namespa
             pass
 
 
+@pytest.mark.slow
 async def test_documented_users_serve_and_submit_with_durable_replicas(namespace: str) -> None:
     """Every acknowledgement waits for the replica: the worker's commits and leases, and the
     client's ``result()``, each write the shard's barrier key and send ``WAIT``."""
@@ -195,6 +197,7 @@ async def test_a_submit_timing_out_as_the_client_user_names_the_shards_with_no_o
     assert users.refusals() == []
 
 
+@pytest.mark.slow
 async def test_a_submit_timing_out_on_a_paused_key_as_the_client_user_says_it_is_paused(
     users: Users, namespace: str
 ) -> None:
@@ -209,6 +212,7 @@ async def test_a_submit_timing_out_on_a_paused_key_as_the_client_user_says_it_is
     assert users.refusals() == []
 
 
+@pytest.mark.slow
 async def test_operator_commands_run_as_the_documented_worker_user(
     users: Users, namespace: str
 ) -> None:

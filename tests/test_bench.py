@@ -38,6 +38,7 @@ from tests.helpers import ROOT
 QUICK_WORKLOADS = ("hot", "zipf", "uniform", "transfer")
 
 
+@pytest.mark.slow
 def test_quick_profile_smoke(tmp_path: Path) -> None:
     """``keyserial bench --profile quick``, briefly: every system × workload has figures,
     keyserial loses nothing, and the table, JSON and PNG are written."""
@@ -91,6 +92,7 @@ def test_quick_profile_smoke(tmp_path: Path) -> None:
     assert all(t["met"] is None for name, t in targets.items() if name.startswith("slow"))
 
 
+@pytest.mark.slow
 def test_durable_system_runs_next_to_keyserial_on_a_replicated_server(tmp_path: Path) -> None:
     """``keyserial-durable``: the suite attaches a replica to its server; the durable workers
     WAIT for it, the plain ones do not, and the table and JSON give durable ÷ plain."""
@@ -121,6 +123,7 @@ def test_durable_system_runs_next_to_keyserial_on_a_replicated_server(tmp_path: 
     assert f"| hot | {plain['throughput']:,.0f} |" in completed.stdout
 
 
+@pytest.mark.slow
 def test_thread_system_runs_plain_sync_ops_in_threads_next_to_keyserial(tmp_path: Path) -> None:
     """``keyserial-thread``: the same deposits and transfers as plain sync ops of
     ``benchmarks.ops`` (run in worker threads), with figures, and nothing lost."""
@@ -165,6 +168,7 @@ def _spec(server: LocalServer, system: str, prefix: str, **changes: object) -> R
     return RunSpec(**fields)  # type: ignore[arg-type]
 
 
+@pytest.mark.slow
 def test_durable_system_is_skipped_on_a_server_without_a_replica(
     server: LocalServer, tmp_path: Path
 ) -> None:
@@ -216,6 +220,7 @@ def test_the_unlock_script_is_the_library_s() -> None:
     assert notifylock.UNLOCK_SCRIPT == redis_lock.UNLOCK_SCRIPT
 
 
+@pytest.mark.slow
 async def test_notification_lock_never_overlaps_and_interoperates_with_the_library(
     server: LocalServer,
 ) -> None:
@@ -300,6 +305,7 @@ def test_shard_ranges_split_every_shard_once_in_order() -> None:
     assert [shard_range(16, 3, i) for i in range(3)] == ["0-5", "6-10", "11-15"]
 
 
+@pytest.mark.slow
 def test_split_shards_gives_each_worker_its_own_range(tmp_path: Path) -> None:
     """Two workers splitting 16 shards (on uvloop): cross-shard transfers then mix the
     one-script path and grant requests between the workers; nothing is lost either way."""
@@ -319,6 +325,7 @@ def test_split_shards_gives_each_worker_its_own_range(tmp_path: Path) -> None:
     assert run["correctness"]["lost_updates"] == 0 and run["correctness"]["accounts_wrong"] == 0
 
 
+@pytest.mark.slow
 def test_a_cluster_run_sums_its_masters_and_says_which_systems_cannot_run_there(
     tmp_path: Path,
 ) -> None:
@@ -352,6 +359,7 @@ def test_a_cluster_run_sums_its_masters_and_says_which_systems_cannot_run_there(
     assert reasons["keyserial-durable"].startswith("not run on a cluster")
 
 
+@pytest.mark.slow
 def test_split_shards_refuses_more_workers_than_shards(tmp_path: Path) -> None:
     command = [
         sys.executable, "-m", "keyserial", "bench", "--workloads", "hot", "--shards", "2",
@@ -402,6 +410,7 @@ def test_rounds_run_back_to_back_per_workload() -> None:
     assert {(w, r) for w, r, _ in order[6:]} == {("slow", 1)}  # slow I/O: one round
 
 
+@pytest.mark.slow
 def test_rounds_end_to_end(tmp_path: Path) -> None:
     """Two rounds of uniform keys: the JSON keeps every run, the table each system's median
     round and every round's throughput, and the no-lock losses of every round are reported."""
@@ -446,6 +455,7 @@ def test_a_run_without_out_writes_a_folder_of_its_own_never_the_published_result
 _SPIN = {"op", "spin_s", "other_ops_during_spin", "p50_ms", "p99_ms", "max_ms", "leases_lost"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("script", "arguments", "rows"),
     [
@@ -482,6 +492,7 @@ def test_the_standalone_benchmark_scripts_run_and_print_a_row_per_point(
     assert [set(json.loads(line)) for line in printed.splitlines()] == rows
 
 
+@pytest.mark.slow
 def test_the_blocking_benchmark_checks_its_target_and_says_so_in_its_exit_status() -> None:
     """``python -m benchmarks.blocking --check``: the plain op's row, then the verdict, which
     the exit status follows (the target itself is for a quiet machine: it is not asserted)."""
@@ -500,6 +511,7 @@ def test_the_blocking_benchmark_checks_its_target_and_says_so_in_its_exit_status
     assert completed.returncode == (0 if verdict["met"] else 1), completed.stderr[-2000:]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("where", [[], ["--cluster", "3"]], ids=["standalone", "cluster"])
 def test_the_scaling_benchmark_writes_its_table_json_and_chart(
     tmp_path: Path, where: list[str]

@@ -26,6 +26,7 @@ from tests.ownership import inspector
 SHARDS = 2
 
 
+@pytest.mark.slow
 async def test_a_blocking_op_leaves_the_loop_free_keeps_its_key_in_order_and_every_lease(
     redis_url: str, namespace: str, tmp_path: Path, start: Starter
 ) -> None:
@@ -151,6 +152,7 @@ def test_inline_is_for_sync_ops_and_blocking_is_deprecated() -> None:
     assert all(each.inline for each in LEDGER_OPS)
 
 
+@pytest.mark.slow
 async def test_a_plain_sync_cpu_bound_op_stalls_no_other_key_and_loses_no_lease(
     redis_url: str, namespace: str, tmp_path: Path, start: Starter
 ) -> None:

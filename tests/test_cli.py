@@ -222,6 +222,7 @@ def test_a_server_already_on_the_port_is_never_taken_for_ours(redis_url: str) ->
     assert "is the port taken?" in result.stderr
 
 
+@pytest.mark.slow
 def test_a_cluster_node_restarted_while_loading_its_data_is_waited_for(tmp_path: Path) -> None:
     """A cluster node restarted on its data answers INFO while it still loads the data,
     and LOADING to CLUSTER INFO: start() waits that out (here about 0.3 s: 300 keys, 1 ms
@@ -368,6 +369,7 @@ def test_dead_letter_ids_and_counts_are_checked_before_anything_is_touched(args:
     assert "usage:" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_dev_keeps_data_in_a_relative_dir_and_adopts_its_shard_count_again(
     tmp_path: Path,
 ) -> None:
@@ -422,6 +424,7 @@ def test_dev_keeps_data_in_a_relative_dir_and_adopts_its_shard_count_again(
     assert result.stderr.strip() == "keyserial: error: --data-dir 'afile' is not a directory"
 
 
+@pytest.mark.slow
 def test_a_second_signal_stops_at_once_and_still_releases_the_leases(
     redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
@@ -431,6 +434,7 @@ def test_a_second_signal_stops_at_once_and_still_releases_the_leases(
     _stop_twice_while_an_op_runs(redis_url, namespace, tmp_path, apps.noted_slow_record)
 
 
+@pytest.mark.slow
 def test_a_second_signal_does_not_wait_for_a_sync_op_spinning_in_a_thread(
     redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
@@ -508,6 +512,7 @@ def _stop_twice_while_an_op_runs(
         process.wait()
 
 
+@pytest.mark.slow
 def test_dev_restarts_a_worker_an_op_killed_and_leaves_no_server_when_killed(
     tmp_path: Path,
 ) -> None:
@@ -560,6 +565,7 @@ def _answers(port: int) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_dev_stops_with_2_when_its_worker_refuses_to_start() -> None:
     """A setup error of the worker (an app module that cannot be found) is not a crash to
     restart from: ``dev`` says so and exits 2, instead of starting it again and again."""
@@ -579,6 +585,7 @@ def test_dev_stops_with_2_when_its_worker_refuses_to_start() -> None:
     assert not _answers(port)  # (and its server is stopped)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "command",
     [["status"], ["status", "--json"], ["dead-letters", "list"]],

@@ -78,6 +78,7 @@ async def test_a_submit_already_cancelled_when_called_is_never_appended(
         assert await _op_ids_in_stream(redis_url, stream) == ["sent-later"]
 
 
+@pytest.mark.slow
 async def test_a_submit_cancelled_while_queued_behind_an_append_is_never_appended(
     redis_url: str, namespace: str
 ) -> None:
@@ -226,6 +227,7 @@ async def test_a_client_used_from_another_event_loop_raises_at_once(
         assert await ks.submit("account:2", balance()) == 0  # nothing was appended
 
 
+@pytest.mark.slow
 async def test_a_transfer_that_cannot_reach_redis_carries_all_its_keys(
     durable_server: LocalServer, namespace: str
 ) -> None:

@@ -43,6 +43,7 @@ def _last_sent_hget(port: int) -> list[str]:
         client.close()
 
 
+@pytest.mark.slow
 async def test_a_batch_for_one_master_goes_on_keyserial_s_connection_to_it(
     cluster: LocalCluster,
 ) -> None:

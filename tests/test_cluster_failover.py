@@ -25,6 +25,9 @@ from keyserial.testing import LocalCluster, LocalServer, ShardKeys
 from tests import apps
 from tests.helpers import WorkerProcess, eventually, keys_on_shard
 
+# A 3-master / 3-replica cluster per test, and failovers.
+pytestmark = pytest.mark.slow
+
 SHARDS = 6
 LEASE_TTL = 1.0
 #: How long an op on a healthy master may take while another master is paused.

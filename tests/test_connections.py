@@ -64,6 +64,7 @@ async def test_a_cluster_backend_opens_close_safe_connections(cluster_server: Lo
         await backend.aclose()
 
 
+@pytest.mark.slow
 async def test_a_command_whose_client_learns_the_routing_while_no_master_is_known_waits() -> None:
     """redis-py's cluster client learns the routing inside any command it sends after a node
     failed (or before its first): mid-failover that raises its IndexError too. The boundary
@@ -80,6 +81,7 @@ async def test_a_command_whose_client_learns_the_routing_while_no_master_is_know
             await client.aclose()
 
 
+@pytest.mark.slow
 async def test_a_cluster_client_whose_masters_were_all_replicas_once_recovers() -> None:
     """redis-py keeps each node's cached type across failovers (redis/redis-py#2433): once
     every master has been a replica (three takeovers on three masters), its client finds no
@@ -101,6 +103,7 @@ async def test_a_cluster_client_whose_masters_were_all_replicas_once_recovers() 
             await client.aclose()
 
 
+@pytest.mark.slow
 async def test_routing_learnt_while_no_master_is_known_is_a_backend_outage() -> None:
     """Mid-failover, a cluster can report no master at all; redis-py then fails with an
     IndexError. Learning the routing again (as keyserial does after a failover's errors) must

@@ -252,6 +252,7 @@ def grant_requests(url: str, namespace: str, shard: int) -> bool:
         client.close()
 
 
+@pytest.mark.slow
 async def test_bank_two_workers_32_clients_money_conserved_each_op_applied_once(
     redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
@@ -281,6 +282,7 @@ async def test_bank_two_workers_32_clients_money_conserved_each_op_applied_once(
     check_bank(states, plans, outcomes, opening)
 
 
+@pytest.mark.slow
 async def test_workers_on_uvloop_pay_across_each_other_s_shards_exactly_once(
     redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
@@ -392,6 +394,7 @@ ELSEWHERE = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("when", ["while the op runs", "while the op waits for the key"])
 async def test_a_participant_shard_changing_hands_mid_op_lands_the_op_once(
     standalone_server: LocalServer,
@@ -508,6 +511,7 @@ async def test_a_sync_op_whose_step_is_fenced_out_by_a_participant_runs_again_in
     assert len(note.read_text().split()) >= 2  # its body ran again; its effects landed once
 
 
+@pytest.mark.slow
 async def test_concurrent_sync_payments_of_one_worker_across_shards_apply_each_once(
     redis_url: str, namespace: str
 ) -> None:

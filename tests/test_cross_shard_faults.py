@@ -54,6 +54,9 @@ from tests.helpers import (
     wait_for_log,
 )
 
+# Fault injection: kill -9 and SIGSTOP, waiting out leases.
+pytestmark = pytest.mark.slow
+
 
 async def test_coordinator_killed_after_the_first_grant(
     redis_url: str, namespace: str, start: Starter, tmp_path: Path

@@ -21,7 +21,10 @@ from tests.helpers import Starter, check_bank, eventually, eventually_async, key
 from tests.ownership import inspector, wait_for_holder
 from tests.proxy import FaultProxy
 
-pytestmark = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
+pytestmark = [
+    pytest.mark.parametrize("redis_url", ["standalone"], indirect=True),
+    pytest.mark.slow,  # takeovers that wait out leases
+]
 
 SHARDS = 4
 OPENING = 100

@@ -28,6 +28,9 @@ from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests import apps
 from tests.helpers import ROOT, Starter, eventually_async
 
+# A real Chromium per test.
+pytestmark = pytest.mark.slow
+
 SHARDS = 4
 TOKEN = "test-token-123"
 CHROMIUM = "/usr/bin/chromium"

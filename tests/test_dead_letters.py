@@ -83,6 +83,7 @@ async def ran_then_dead_lettered(
     return letter
 
 
+@pytest.mark.slow
 async def test_replaying_an_op_that_never_ran_runs_it_once(redis_url: str, namespace: str) -> None:
     key = keys_on_shard(1, SHARDS, 1)[0]
     client = redis.asyncio.Redis.from_url(redis_url)
@@ -108,6 +109,7 @@ async def test_replaying_an_op_that_never_ran_runs_it_once(redis_url: str, names
         await client.aclose()
 
 
+@pytest.mark.slow
 async def test_replaying_an_op_that_already_ran_does_not_run_it_again(
     redis_url: str, namespace: str
 ) -> None:
@@ -131,6 +133,7 @@ async def test_replaying_an_op_that_already_ran_does_not_run_it_again(
         await client.aclose()
 
 
+@pytest.mark.slow
 async def test_replaying_under_new_ids_runs_an_op_again_and_says_so(
     redis_url: str, namespace: str
 ) -> None:
@@ -162,6 +165,7 @@ async def test_replaying_under_new_ids_runs_an_op_again_and_says_so(
         await client.aclose()
 
 
+@pytest.mark.slow
 async def test_replaying_a_poison_op_answers_its_stored_outcome_and_never_runs_it(
     standalone_server: LocalServer, namespace: str, start: Callable[..., WorkerProcess]
 ) -> None:
@@ -192,6 +196,7 @@ async def test_replaying_a_poison_op_answers_its_stored_outcome_and_never_runs_i
                 await ks.result("crash-op", key=key)
 
 
+@pytest.mark.slow
 async def test_dead_letters_are_listed_shown_and_dropped(
     standalone_server: LocalServer, namespace: str
 ) -> None:
@@ -227,6 +232,7 @@ async def test_dead_letters_are_listed_shown_and_dropped(
         await client.aclose()
 
 
+@pytest.mark.slow
 async def test_replay_takes_its_settings_from_the_environment_and_says_what_a_full_backlog_kept_out(
     standalone_server: LocalServer, namespace: str
 ) -> None:
@@ -319,6 +325,7 @@ async def test_the_acquire_that_dead_letters_an_op_publishes_no_reply(
     assert b"PoisonOperation" in (await client.hget(keys.results, "poison") or b"")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
 async def test_an_unknown_op_beside_a_poison_op_is_never_struck_twice_nor_dead_lettered(
     redis_url: str, client: redis.asyncio.Redis, namespace: str, start: Starter

@@ -54,6 +54,7 @@ def test_no_url_means_the_server_keyserial_dev_starts(monkeypatch: pytest.Monkey
     assert default_url() == "redis://elsewhere:7000/1"
 
 
+@pytest.mark.slow
 async def test_every_command_names_its_server_unless_its_command_line_does(
     standalone_server: LocalServer, namespace: str
 ) -> None:
@@ -77,6 +78,7 @@ async def test_every_command_names_its_server_unless_its_command_line_does(
             assert code == 0 and NOTE not in err, (command, err)
 
 
+@pytest.mark.slow
 async def test_the_server_named_is_the_default_or_hides_its_password() -> None:
     unused = free_port()
     code, _, err = await _cli("status", url=None)
@@ -88,6 +90,7 @@ async def test_the_server_named_is_the_default_or_hides_its_password() -> None:
     assert "s3cret" not in err
 
 
+@pytest.mark.slow
 def test_the_worker_logs_the_server_it_serves_before_it_serves(namespace: str) -> None:
     with LocalServer() as server, documented_users(server.url) as users:
         shown = _hidden(users.worker_url)
@@ -116,6 +119,7 @@ def test_the_worker_logs_the_server_it_serves_before_it_serves(namespace: str) -
             process.wait(timeout=15)
 
 
+@pytest.mark.slow
 async def test_a_timeout_for_want_of_a_worker_names_the_server_password_hidden(
     standalone_server: LocalServer, namespace: str
 ) -> None:
@@ -133,6 +137,7 @@ async def test_a_timeout_for_want_of_a_worker_names_the_server_password_hidden(
         assert caught.value.server == shown and password not in message
 
 
+@pytest.mark.slow
 async def test_call_says_which_server_has_no_worker_for_its_shard(
     standalone_server: LocalServer, namespace: str
 ) -> None:

@@ -8,10 +8,14 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import redis
 
 from keyserial.testing import free_port
 from tests.helpers import ROOT
+
+# `keyserial dev` as a process, with its server and workers.
+pytestmark = pytest.mark.slow
 
 
 def test_dev_with_a_data_dir_persists_every_write_before_replying(tmp_path: Path) -> None:

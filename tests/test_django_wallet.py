@@ -19,6 +19,9 @@ from keyserial import shard_for
 from keyserial.testing import ShardKeys
 from tests.helpers import ROOT, lease_holder
 
+# A worker process per test, and Django's set-up.
+pytestmark = pytest.mark.slow
+
 django = pytest.importorskip("django", reason="the Django example needs Django (dev extras)")
 
 EXAMPLE = ROOT / "examples" / "django_wallet"

@@ -38,6 +38,9 @@ import pytest
 from keyserial.testing import free_port
 from tests.helpers import ROOT
 
+# A fresh venv, pip installs from the registry: over a minute.
+pytestmark = pytest.mark.slow
+
 README = ROOT / "README.md"
 TUTORIAL = ROOT / "docs" / "tutorial.md"
 #: A fenced block: its language, and its text.

@@ -69,6 +69,7 @@ def stored_on(server: LocalServer, namespace: str, key: str, op_id: str) -> bool
         return any(client.hexists(hash_, op_id) for hash_ in (shard.results, shard.results_old))
 
 
+@pytest.mark.slow
 async def test_an_acknowledgement_waits_until_a_replica_has_the_commit(
     replicated: tuple[LocalServer, LocalServer],
     namespace: str,
@@ -102,6 +103,7 @@ async def test_an_acknowledgement_waits_until_a_replica_has_the_commit(
         assert await ks.result("late", key="acct") == [0, 1, 2, 3, 4, "late"]
 
 
+@pytest.mark.slow
 async def test_an_owner_whose_commit_is_not_confirmed_gives_its_shard_up_with_no_strike(
     replicated: tuple[LocalServer, LocalServer],
     namespace: str,
@@ -144,6 +146,7 @@ async def test_an_owner_whose_commit_is_not_confirmed_gives_its_shard_up_with_no
     assert "suspect op" not in worker.log(), "an op took a strike for an unconfirmed commit"
 
 
+@pytest.mark.slow
 async def test_a_worker_runs_no_op_under_an_epoch_its_replica_has_not_confirmed(
     replicated: tuple[LocalServer, LocalServer],
     namespace: str,
@@ -188,6 +191,7 @@ async def test_a_worker_runs_no_op_under_an_epoch_its_replica_has_not_confirmed(
     assert "acquired (epoch 1)" in worker.log()  # the same attempt's grant, confirmed
 
 
+@pytest.mark.slow
 async def test_an_unconfirmed_outcome_does_not_keep_a_lost_append_from_being_made_again(
     replicated: tuple[LocalServer, LocalServer],
     namespace: str,
@@ -287,6 +291,7 @@ async def test_durable_fsync_on_a_server_that_cannot_confirm_it_is_refused_at_on
             pass
 
 
+@pytest.mark.slow
 async def test_with_durable_fsync_an_acknowledgement_waits_for_the_replica_s_aof(
     namespace: str,
     start: Callable[..., WorkerProcess],

@@ -94,6 +94,7 @@ async def test_a_shard_count_mismatch_from_python_speaks_of_shards(
             pass
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("flags", "env", "advice"),
     [

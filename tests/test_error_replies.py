@@ -146,6 +146,7 @@ async def _deposit_until_acknowledged(ks: keyserial.Client, key: str, op_id: str
             continue
 
 
+@pytest.mark.slow
 async def test_a_restart_that_loads_slowly_loses_and_repeats_nothing(
     tmp_path: Path, namespace: str, start: Callable[..., WorkerProcess]
 ) -> None:

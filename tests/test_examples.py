@@ -57,6 +57,7 @@ def test_every_example_is_found_and_says_how_to_run_it() -> None:
     assert not missing, f"examples/README.md does not list {missing}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("script", EXAMPLES, ids=[path.stem for path in EXAMPLES])
 async def test_example_runs_and_its_invariant_holds(
     script: Path,

@@ -55,6 +55,9 @@ from tests.ownership import (
     wait_for_holder,
 )
 
+# Fault injection: kill -9, SIGSTOP and Redis restarts, waiting out leases.
+pytestmark = pytest.mark.slow
+
 SHARDS = 4
 
 

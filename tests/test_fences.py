@@ -70,6 +70,7 @@ async def test_every_op_on_a_key_sees_a_larger_fence_multi_key_ops_included(
                     await worker.__aexit__(None, None, None)
 
 
+@pytest.mark.slow
 async def test_the_fence_of_a_key_grows_across_owners(
     redis_url: str, namespace: str, start: Starter
 ) -> None:

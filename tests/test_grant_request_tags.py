@@ -305,6 +305,7 @@ def _request_to(
     return request
 
 
+@pytest.mark.slow
 async def test_a_forged_tag_with_a_bad_signature_is_refused_and_stores_nothing(
     users: Users, namespace: str
 ) -> None:

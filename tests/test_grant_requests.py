@@ -277,6 +277,7 @@ async def test_a_request_signed_by_a_signer_not_listed_holds_no_key(
     assert users.refusals() == []
 
 
+@pytest.mark.slow
 async def test_a_request_a_listed_worker_signed_is_granted(users: Users, namespace: str) -> None:
     """The control: the same request, signed by a listed signer, is taken: the participant
     records its grant (so the refusals above are the signature's doing)."""

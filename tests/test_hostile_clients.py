@@ -84,6 +84,7 @@ async def _grant_requests(attacker: redis.asyncio.Redis, namespace: str) -> list
     return found
 
 
+@pytest.mark.slow
 async def test_a_forged_decision_notice_never_writes_a_state(users: Users, namespace: str) -> None:
     """A grant request naming the attacker as coordinator (signed by a listed signer: a client
     user cannot sign one, see tests/test_grant_requests.py), whose grant tells the attacker the
@@ -280,6 +281,7 @@ async def test_an_op_appended_again_as_fresh_never_runs_twice(
     assert users.refusals() == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("split", [False, True], ids=["one-worker", "two-workers"])
 async def test_a_transfer_appended_again_as_fresh_never_moves_money_twice(
     users: Users, namespace: str, split: bool
@@ -412,6 +414,7 @@ async def test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides
         assert [key for key, _ in granted["st"]] == [target]  # (the transfer's own grant)
 
 
+@pytest.mark.slow
 async def test_a_signed_grant_request_ahead_for_other_keys_never_decides_the_op(
     users: Users, namespace: str
 ) -> None:
@@ -754,6 +757,7 @@ async def _refused_elsewhere(
         return await _published(listener)
 
 
+@pytest.mark.slow
 async def test_a_client_that_trusts_replies_ignores_malformed_ones(
     users: Users, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -11,6 +11,7 @@ import signal
 from typing import Any
 
 import anyio
+import pytest
 import redis.asyncio
 
 import keyserial
@@ -82,6 +83,7 @@ async def test_an_entry_appended_with_no_wake_up_to_a_dormant_shard_is_found_by_
         await client.aclose()
 
 
+@pytest.mark.slow
 async def test_a_standby_tries_a_held_shard_once_its_lease_may_end_and_at_once_on_release(
     redis_url: str, namespace: str, start: Starter
 ) -> None:

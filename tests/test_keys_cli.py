@@ -7,9 +7,13 @@ import json
 import sys
 
 import anyio
+import pytest
 
 from keyserial.testing import running_worker
 from tests.helpers import ROOT
+
+# The command line as processes, one per command, against a worker.
+pytestmark = pytest.mark.slow
 
 
 async def cli(url: str, namespace: str, *args: str) -> tuple[int, str, str]:

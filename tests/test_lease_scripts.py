@@ -40,6 +40,7 @@ async def _taken_over(backend: Backend, client: redis.asyncio.Redis, keys: Shard
     await _owned(backend, keys, "new")
 
 
+@pytest.mark.slow
 async def test_a_zombie_s_release_leaves_the_new_owner_s_lease_and_epoch_alone(
     backend: Backend, client: redis.asyncio.Redis, namespace: str
 ) -> None:

@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from keyserial.testing import LocalCluster
+
+# A 3-master / 3-replica cluster per test, and a failover.
+pytestmark = pytest.mark.slow
 
 
 def _masters(cluster: LocalCluster) -> list[list[str]]:

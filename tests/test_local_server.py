@@ -9,6 +9,9 @@ import redis
 
 from keyserial.testing import LocalServer
 
+# Servers started and stopped again.
+pytestmark = pytest.mark.slow
+
 
 def test_a_server_whose_free_port_was_taken_meanwhile_moves_to_another() -> None:
     """Parallel test processes pick free ports independently; one may bind a port another has

@@ -36,6 +36,7 @@ def _cli(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_an_unknown_log_level_is_a_usage_error_without_traceback() -> None:
     result = _cli("worker", "--log-level", "chatty")
     assert result.returncode == 2
@@ -43,6 +44,7 @@ def test_an_unknown_log_level_is_a_usage_error_without_traceback() -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
 def test_json_log_lines_carry_time_level_logger_and_message(
     standalone_server: LocalServer, namespace: str
 ) -> None:
@@ -87,6 +89,7 @@ def test_json_log_lines_carry_time_level_logger_and_message(
     assert any("released shards 0" in entry["message"] for entry in rest)
 
 
+@pytest.mark.slow
 def test_an_unexpected_error_is_logged_at_error_with_its_traceback(tmp_path: Path) -> None:
     (tmp_path / "broken_app.py").write_text("raise RuntimeError('boom at import')\n")
     result = _cli("worker", "--app", "broken_app", "--log-format", "json", cwd=tmp_path)
@@ -119,6 +122,7 @@ async def test_an_op_refusal_is_logged_at_info_without_traceback(
     ]
 
 
+@pytest.mark.slow
 async def test_an_outage_of_redis_is_logged_once_per_process_side_and_once_when_it_ends(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

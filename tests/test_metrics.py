@@ -152,6 +152,7 @@ async def test_a_standby_counts_the_takeovers_after_a_kill_9_of_the_owner(
     assert value(text, "keyserial_shards_owned") == SHARDS
 
 
+@pytest.mark.slow
 async def test_a_poisoned_op_is_counted_as_a_dead_letter_and_a_poison_outcome(
     standalone_server: LocalServer, namespace: str, start: Starter, monkeypatch: pytest.MonkeyPatch
 ) -> None:

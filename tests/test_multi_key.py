@@ -20,6 +20,7 @@ from tests.helpers import eventually
 ACCOUNTS = [f"acct:{n}" for n in range(6)]
 
 
+@pytest.mark.slow
 async def test_transfer_moves_money_atomically_and_refuses_overdrafts(
     redis_url: str, namespace: str
 ) -> None:

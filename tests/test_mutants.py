@@ -17,11 +17,13 @@ import pytest
 from tests import mutants
 
 
+@pytest.mark.slow
 def test_every_mutant_still_applies_to_the_library_exactly_once() -> None:
     """The mutants follow the code: an edit whose old text moved fails here first."""
     assert len(mutants.select(fast=False, only=[])) == len(mutants.MUTANTS)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_every_python_mutant_type_checks(tmp_path: Path) -> None:
     """A mutant must die of the behaviour it breaks, not of a name the code no longer has (an
@@ -164,6 +166,7 @@ def test_a_mutant_whose_old_text_is_gone_fails_loudly() -> None:
         mutants.mutated(drifted, mutants.ROOT)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("mutant", [m for m in mutants.MUTANTS if m.fast], ids=lambda m: m.name)
 def test_the_fast_mutants_are_killed(mutant: mutants.Mutant) -> None:

@@ -35,6 +35,7 @@ from tests.nemesis.tap import Appended
 from tests.nemesis.workloads import History, OpRecord
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", DEFAULT_SEEDS)
 async def test_a_short_nemesis_run_finds_no_violation(seed: int, tmp_path: Path) -> None:
     report = await run_seed(seed, PROFILES["short"], tmp_path)
@@ -44,6 +45,7 @@ async def test_a_short_nemesis_run_finds_no_violation(seed: int, tmp_path: Path)
     assert report.ok, report.describe()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", CLUSTER_SEEDS)
 async def test_a_cluster_nemesis_run_finds_no_violation(seed: int, tmp_path: Path) -> None:
     """The cluster profile: 3 masters with a replica each, masters killed or paused past their
@@ -55,6 +57,7 @@ async def test_a_cluster_nemesis_run_finds_no_violation(seed: int, tmp_path: Pat
     assert report.ok, report.describe()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", TAKEOVER_SEEDS)
 async def test_a_takeover_nemesis_run_finds_no_violation(seed: int, tmp_path: Path) -> None:
     """The takeover profile: masters lost ahead of their replica, which takes over within the
@@ -66,6 +69,7 @@ async def test_a_takeover_nemesis_run_finds_no_violation(seed: int, tmp_path: Pa
     assert report.ok, report.describe()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", CI_REGRESSIONS)
 async def test_a_seed_that_once_found_a_defect_finds_none(seed: int, tmp_path: Path) -> None:
     """Each of these seeds once broke a guarantee (see ``REGRESSIONS`` for which)."""
@@ -73,6 +77,7 @@ async def test_a_seed_that_once_found_a_defect_finds_none(seed: int, tmp_path: P
     assert report.ok, report.describe()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", CI_HOSTILE_REGRESSIONS)
 async def test_a_byzantine_client_run_that_once_found_a_defect_finds_none(
     seed: int, tmp_path: Path

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import anyio
+import pytest
 
 import keyserial
 from keyserial.ledger import deposit
@@ -12,6 +13,7 @@ from keyserial.testing import running_worker
 from tests import apps
 
 
+@pytest.mark.slow
 async def test_a_slow_op_does_not_stall_other_keys_of_its_shard(
     redis_url: str, namespace: str
 ) -> None:

@@ -9,6 +9,8 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import ROOT
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -28,6 +30,7 @@ def test_the_license_file_is_the_mit_license_the_package_declares() -> None:
     assert "[LICENSE](LICENSE)" in README
 
 
+@pytest.mark.slow
 def test_the_wheel_installs_the_library_alone(tmp_path: Path) -> None:
     """``workers``, ``benchmarks`` and ``examples`` stay in the checkout: installed as
     top-level packages they would shadow (or be shadowed by) a user's own of the same name."""

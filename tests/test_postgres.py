@@ -29,6 +29,7 @@ async def rows(dsn: str, query: str) -> list[Any]:
         await connection.close()
 
 
+@pytest.mark.slow
 async def test_a_zombie_worker_that_wakes_up_is_refused_by_the_fence_and_sends_nothing(
     standalone_server: LocalServer,
     namespace: str,

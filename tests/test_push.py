@@ -274,6 +274,7 @@ async def test_an_entry_appended_without_a_wake_up_is_never_skipped_by_a_push(
         assert await stored(client, namespace, 0, "plain") == {"ok": 11}
 
 
+@pytest.mark.slow
 async def test_a_pushed_op_that_kills_its_worker_is_struck_at_every_death(
     redis_url: str, client: redis.asyncio.Redis, namespace: str, start: Starter
 ) -> None:

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+# A pytest run in a subprocess.
+pytestmark = pytest.mark.slow
+
 pytest_plugins = ("pytester",)
 
 OPS = """

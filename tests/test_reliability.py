@@ -45,6 +45,7 @@ async def run_one(ks: keyserial.Client, key: str) -> list[str]:
     return state
 
 
+@pytest.mark.slow
 async def test_a_graceful_stop_never_replays_an_op_that_committed(
     redis_url: str, namespace: str, start: Starter, tmp_path: Path
 ) -> None:
@@ -135,6 +136,7 @@ def _sync_stored(url: str, namespace: str, shard: int, op_id: str) -> Any:
         client.close()
 
 
+@pytest.mark.slow
 async def test_one_sigterm_stops_a_worker_that_cannot_reach_redis(
     namespace: str, start: Starter
 ) -> None:
@@ -148,6 +150,7 @@ async def test_one_sigterm_stops_a_worker_that_cannot_reach_redis(
     assert await wait_for_exit(worker, timeout=5) == 0
 
 
+@pytest.mark.slow
 async def test_results_a_replay_needs_outlive_the_retention_while_progress_is_pinned(
     redis_url: str, namespace: str
 ) -> None:
@@ -187,6 +190,7 @@ async def test_results_a_replay_needs_outlive_the_retention_while_progress_is_pi
                 assert await ks.submit("k2", keyserial.call("balance"), timeout=10) == 10
 
 
+@pytest.mark.slow
 async def test_a_stuck_op_holds_its_key_not_the_shards_backlog(
     redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
@@ -286,6 +290,7 @@ async def test_an_op_that_would_commit_a_state_over_the_limit_fails_and_writes_n
         assert await ks.submit("big", apps.append("z"), timeout=10) == ["x" * 400, "z"]
 
 
+@pytest.mark.slow
 async def test_a_stuck_op_does_not_hold_its_shard_through_a_careful_replay(
     redis_url: str, namespace: str, start: Starter, tmp_path: Path
 ) -> None:
@@ -316,6 +321,7 @@ async def test_a_stuck_op_does_not_hold_its_shard_through_a_careful_replay(
             assert "died with entries" in successor.log(), "the takeover replayed carefully"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
 async def test_a_takeover_with_many_stuck_ops_in_flight_stalls_its_shard_one_lease_ttl_at_most(
     redis_url: str, namespace: str, start: Starter, tmp_path: Path
@@ -361,6 +367,7 @@ async def test_a_takeover_with_many_stuck_ops_in_flight_stalls_its_shard_one_lea
             )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
 async def test_a_poison_op_behind_slow_ops_is_dead_lettered_and_they_are_not(
     redis_url: str, namespace: str, start: Starter
@@ -412,6 +419,7 @@ async def test_a_poison_op_behind_slow_ops_is_dead_lettered_and_they_are_not(
             assert len(await run_one(ks, poison_key)) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
 async def test_a_suspect_finishing_as_its_time_alone_ends_commits_its_result_with_its_state(
     redis_url: str, namespace: str, start: Starter, tmp_path: Path

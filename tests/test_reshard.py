@@ -135,6 +135,7 @@ async def _move(
         await backend.aclose()
 
 
+@pytest.mark.slow
 async def test_a_namespace_grows_and_shrinks_under_load_losing_nothing(
     redis_url: str, namespace: str, start: Starter
 ) -> None:
@@ -153,6 +154,7 @@ async def test_a_namespace_grows_and_shrinks_under_load_losing_nothing(
             assert ks.layout == Layout(namespace, shards, generation)
 
 
+@pytest.mark.slow
 async def test_a_reshard_resumes_the_same_move_and_refuses_another(
     redis_url: str, namespace: str, client: redis.asyncio.Redis, start: Starter
 ) -> None:
@@ -170,6 +172,7 @@ async def test_a_reshard_resumes_the_same_move_and_refuses_another(
         assert await _move(redis_url, namespace, 8) is None  # (nothing to do)
 
 
+@pytest.mark.slow
 async def test_ops_committed_before_a_reshard_answer_resubmits_and_lookups_after_it(
     redis_url: str, namespace: str, start: Starter
 ) -> None:
@@ -248,6 +251,7 @@ async def _killed_after(command: list[str], step: str) -> None:
         await mover.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("killed_after", ["recorded the move", "sealed the"])
 async def test_a_mover_killed_mid_move_is_finished_by_running_it_again(
     redis_url: str, namespace: str, start: Starter, killed_after: str
@@ -297,6 +301,7 @@ async def test_a_reshard_refuses_to_start_while_a_worker_of_an_older_version_run
     assert (await _record(redis_url, namespace)).move is None
 
 
+@pytest.mark.slow
 async def test_dead_letters_move_with_the_namespace(
     redis_url: str, namespace: str, client: redis.asyncio.Redis, start: Starter
 ) -> None:
@@ -322,6 +327,7 @@ async def _holds(client: redis.asyncio.Redis, stream: str, count: int) -> bool:
     return int(await client.xlen(stream)) == count
 
 
+@pytest.mark.slow
 async def test_a_mover_interrupted_mid_dead_letters_lists_each_letter_once_after_its_rerun(
     redis_url: str, namespace: str, client: redis.asyncio.Redis, start: Starter
 ) -> None:
@@ -495,6 +501,7 @@ async def _next_message(listener: Any) -> bytes:
                 return data
 
 
+@pytest.mark.slow
 async def test_an_outcome_stored_past_a_seal_never_answers_an_op_of_the_new_layout(
     redis_url: str, namespace: str
 ) -> None:
@@ -515,6 +522,7 @@ async def test_an_outcome_stored_past_a_seal_never_answers_an_op_of_the_new_layo
         assert users.admin.hget(cut.old.results, cut.op_id) is None
 
 
+@pytest.mark.slow
 async def test_a_reply_of_an_older_layout_never_settles_a_submit(
     redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -541,6 +549,7 @@ async def test_a_reply_of_an_older_layout_never_settles_a_submit(
             assert cut.answered == [], "the refusal of the old layout settled the submit"
 
 
+@pytest.mark.slow
 async def test_a_client_reads_its_own_write_across_the_cut(
     redis_url: str, namespace: str, start: Starter
 ) -> None:
@@ -604,6 +613,7 @@ async def _no_entry_after(admin: Any, stream: str, entry_id: str) -> bool:
     return not admin.xrange(stream, f"({entry_id}", "+")
 
 
+@pytest.mark.slow
 async def test_a_move_finishes_while_a_stale_client_keeps_appending_to_an_old_shard(
     redis_url: str, namespace: str, start: Starter
 ) -> None:
@@ -648,6 +658,7 @@ async def test_a_move_finishes_while_a_stale_client_keeps_appending_to_an_old_sh
                 await anyio.sleep(0.05)
 
 
+@pytest.mark.slow
 async def test_a_worker_that_takes_a_sealed_shard_over_forwards_what_follows_the_seal(
     redis_url: str, namespace: str, start: Starter
 ) -> None:
@@ -682,6 +693,7 @@ async def _holds_op(client: redis.asyncio.Redis, stream: str, op_id: str) -> boo
     return any(op_id in fields[b"ops"].decode() for _, fields in await client.xrange(stream))
 
 
+@pytest.mark.slow
 async def test_an_old_shard_drains_when_the_entries_before_its_seal_are_gone(
     redis_url: str, namespace: str, client: redis.asyncio.Redis, start: Starter
 ) -> None:
@@ -740,6 +752,7 @@ async def _held_until_resumed(ks: keyserial.Client, url: str, namespace: str, ke
     assert answers == {"held": 11}
 
 
+@pytest.mark.slow
 async def test_a_reshard_carries_a_paused_key(redis_url: str, namespace: str) -> None:
     """A key paused before the move stays paused on its new shard: its op waits there while
     the shard flows, and runs once resumed."""
@@ -754,6 +767,7 @@ async def test_a_reshard_carries_a_paused_key(redis_url: str, namespace: str) ->
         await _held_until_resumed(ks, redis_url, namespace, key)
 
 
+@pytest.mark.slow
 async def test_a_rerun_move_leaves_each_key_paused_as_the_operator_last_set_it(
     redis_url: str, namespace: str
 ) -> None:
@@ -805,6 +819,7 @@ async def test_a_reshard_keeps_old_layouts_as_long_as_the_workers_keep_results(
         await backend.aclose()
 
 
+@pytest.mark.slow
 async def test_a_stale_client_packing_entries_faster_than_they_are_forwarded_holds_no_move_up(
     redis_url: str, namespace: str, start: Starter
 ) -> None:
@@ -895,6 +910,7 @@ def _stray(n: int) -> dict[str, Any]:
     return {"id": f"stray-{n}", "key": keys_on_shard(1, 4, 1, "k")[0], "op": "deposit", "args": [1]}
 
 
+@pytest.mark.slow
 async def test_the_mover_counts_strays_past_the_seal_as_drained_however_many(
     redis_url: str, namespace: str
 ) -> None:

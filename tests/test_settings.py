@@ -186,6 +186,7 @@ def _worker(url: str, *flags: str, env: dict[str, str]) -> subprocess.Popen[str]
     )
 
 
+@pytest.mark.slow
 def test_the_worker_command_takes_flags_over_variables_over_defaults(
     standalone_server: LocalServer, namespace: str
 ) -> None:
@@ -220,6 +221,7 @@ def test_the_worker_command_takes_flags_over_variables_over_defaults(
         process.wait()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("variable", "value", "expected"),
     [

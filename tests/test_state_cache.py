@@ -8,6 +8,7 @@ import signal
 from pathlib import Path
 
 import anyio
+import pytest
 
 import keyserial
 from keyserial.ledger import deposit
@@ -56,6 +57,7 @@ async def _pay_around(
             group.start_soon(pay, n, source, target)
 
 
+@pytest.mark.slow
 async def test_a_worker_keeps_at_most_max_cached_states_and_reads_dropped_ones_again(
     redis_url: str, namespace: str
 ) -> None:
@@ -80,6 +82,7 @@ async def test_a_worker_keeps_at_most_max_cached_states_and_reads_dropped_ones_a
             assert not runner.states.complete  # (it dropped some: a missing key is read again)
 
 
+@pytest.mark.slow
 async def test_states_dropped_while_the_owner_is_killed_under_load_lose_no_op(
     redis_url: str, namespace: str, start: Starter
 ) -> None:

@@ -57,6 +57,7 @@ async def eventually_async(check: Any, timeout: float = 10) -> None:
             await anyio.sleep(0.02)
 
 
+@pytest.mark.slow
 async def test_status_json_reports_every_field_and_exits_1_when_a_shard_has_no_owner(
     redis_url: str, namespace: str
 ) -> None:
@@ -128,6 +129,7 @@ async def test_status_json_reports_every_field_and_exits_1_when_a_shard_has_no_o
     assert orphan["dead_letters"] == 0
 
 
+@pytest.mark.slow
 async def test_status_table_lists_every_shard_and_exits_0_when_all_are_owned(
     standalone_server: LocalServer, namespace: str
 ) -> None:
@@ -147,6 +149,7 @@ async def test_status_table_lists_every_shard_and_exits_0_when_all_are_owned(
     assert lines[7] == "ok: every shard has an owner"
 
 
+@pytest.mark.slow
 async def test_status_lists_standby_workers_and_workers_whose_ops_differ(
     redis_url: str, namespace: str, start: Starter
 ) -> None:
@@ -175,6 +178,7 @@ async def test_status_lists_standby_workers_and_workers_whose_ops_differ(
     assert theirs["ops_differ_from"] == [mine["worker"]]
 
 
+@pytest.mark.slow
 async def test_status_shows_each_shard_s_paused_keys_the_longest_paused_first(
     redis_url: str, namespace: str
 ) -> None:
@@ -212,6 +216,7 @@ async def test_status_shows_each_shard_s_paused_keys_the_longest_paused_first(
     assert lines[-1] == "ok: every shard has an owner"
 
 
+@pytest.mark.slow
 async def test_status_says_when_each_worker_last_renewed_and_flags_one_that_missed_two(
     redis_url: str, namespace: str
 ) -> None:
@@ -268,6 +273,7 @@ async def test_ops_per_second_counts_the_ops_committed_between_two_snapshots(
     assert round(busy.ops_per_s * seconds) == 40
 
 
+@pytest.mark.slow
 async def test_status_of_an_unused_namespace_is_an_error_that_says_so(
     standalone_server: LocalServer, namespace: str
 ) -> None:
@@ -278,6 +284,7 @@ async def test_status_of_an_unused_namespace_is_an_error_that_says_so(
     assert f"namespace {namespace!r} has no shard count recorded" in err
 
 
+@pytest.mark.slow
 async def test_status_watch_prints_a_report_per_interval_until_interrupted(
     standalone_server: LocalServer, namespace: str
 ) -> None:
@@ -326,6 +333,7 @@ def test_an_owner_token_reads_as_host_pid_and_nonce(token: str, host: str, pid: 
     assert (owner.worker, owner.host, owner.pid) == (token, host, pid)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("watch", "expected"), [([], 130), (["--watch"], 0)], ids=["one shot", "watch"]
 )

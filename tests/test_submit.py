@@ -320,6 +320,7 @@ async def test_a_full_backlog_fails_fast_and_appends_nothing(
                 await ks.result("refused", key="account:1")
 
 
+@pytest.mark.slow
 async def test_a_failed_runner_releases_its_shard_and_rests_before_taking_it_again(
     redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -95,6 +95,7 @@ def _assert_warned(caplog: pytest.LogCaptureFixture) -> None:
     assert lost and "no answer to a PING" in lost[0], caplog.text
 
 
+@pytest.mark.slow
 async def test_a_silently_dropped_tls_reply_subscription_is_noticed_and_reconnected(
     tls_server: TlsServer, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -168,6 +169,7 @@ async def test_a_silently_dropped_wake_up_subscription_of_a_worker_is_noticed(
             await client.aclose()
 
 
+@pytest.mark.slow
 @standalone_only
 async def test_a_worker_whose_first_subscription_fails_keeps_serving(
     redis_url: str, namespace: str, start: Callable[..., WorkerProcess]
@@ -200,6 +202,7 @@ async def test_a_worker_whose_first_subscription_fails_keeps_serving(
         await proxy.aclose()
 
 
+@pytest.mark.slow
 @standalone_only
 @pytest.mark.parametrize("via", ["url", "callers_client"])
 async def test_a_subscription_silenced_before_its_confirmation_is_replaced_in_time(
@@ -243,6 +246,7 @@ async def test_a_subscription_silenced_before_its_confirmation_is_replaced_in_ti
     assert replied_in < 2, "the reply came by the sweep, not pub/sub"
 
 
+@pytest.mark.slow
 @standalone_only
 async def test_a_resubscription_over_a_slow_link_gets_a_health_interval_per_round_trip(
     redis_url: str, namespace: str

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from keyserial._wire.codec import decode_entry, encode_envelope
 from keyserial.ledger import deposit
 from tests.helpers import ROOT
@@ -59,6 +61,7 @@ def _spans(printed: str) -> list[dict[str, Any]]:
     return spans
 
 
+@pytest.mark.slow
 def test_a_traced_submit_and_the_op_s_run_are_one_trace_across_processes(
     redis_url: str, namespace: str
 ) -> None:

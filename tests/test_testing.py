@@ -76,6 +76,7 @@ async def test_the_blocks_own_error_reaches_the_caller_as_itself(
             raise LookupError("raised in the block")
 
 
+@pytest.mark.slow
 def test_the_guide_s_example_suite_passes_as_written(tmp_path: Path) -> None:
     """docs/testing.md's files (each block starting ``# <path>``), run by pytest as a user's
     project would run them."""

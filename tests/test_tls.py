@@ -38,6 +38,7 @@ def _assert_no_plaintext(server: TlsServer, since: int) -> None:
     assert not [error for error in _HANDSHAKE_ERRORS if error in log], log[-2000:]
 
 
+@pytest.mark.slow
 async def test_an_in_process_worker_and_a_client_work_over_tls(
     tls_server: TlsServer, namespace: str
 ) -> None:
@@ -48,6 +49,7 @@ async def test_an_in_process_worker_and_a_client_work_over_tls(
     _assert_no_plaintext(tls_server, since)
 
 
+@pytest.mark.slow
 async def test_a_worker_process_and_a_client_work_over_tls(
     tls_server: TlsServer, namespace: str, tmp_path: Path
 ) -> None:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import pytest
 
 from keyserial.testing import ShardKeys
 from tests import apps
@@ -35,6 +36,9 @@ from tests.cross_shard_bank import (
 )
 from tests.helpers import Starter, WorkerProcess, eventually, noted
 from tests.ownership import fenced_errors, stale_calls
+
+# Workers frozen past their leases.
+pytestmark = pytest.mark.slow
 
 
 async def _resume_under_paused_writes(
