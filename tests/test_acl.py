@@ -208,6 +208,9 @@ async def test_a_submit_timing_out_on_a_paused_key_as_the_client_user_says_it_is
         async with keyserial.connect(users.client_url, namespace=namespace) as ks:
             with pytest.raises(keyserial.SubmitTimeout) as timed_out:
                 await ks.submit(key, deposit(1), timeout=0.5)
+        # (Its op then runs: the worker's stop has no op to wait a lease TTL for.)
+        code, _, err = await _cli("keys", "resume", key, url=users.worker_url, namespace=namespace)
+        assert code == 0, err
     assert timed_out.value.paused == (key,) and timed_out.value.vacant == ()
     assert users.refusals() == []
 
