@@ -111,6 +111,20 @@ async def noted_slow_record(ctx: Context, delay: float, note_path: str) -> int:
 
 
 @op
+async def noted_slow_first_record(ctx: Context, delay: float, note_path: str) -> int:
+    """``noted_slow_record`` whose first run only waits ``delay`` seconds; a run again (the
+    note names an earlier one) does not, so a test that has it run twice waits once."""
+    async with await anyio.open_file(note_path, "a+") as note:
+        await note.seek(0)
+        first = not await note.read()
+        await note.write(f"{os.getpid()}\n")
+    applied = list(ctx.state or [])
+    await anyio.sleep(delay if first else 0)
+    ctx.state = [*applied, ctx.op_id]
+    return len(ctx.state)
+
+
+@op
 def noted_spin_record(ctx: Context, delay: float, note_path: str) -> int:
     """``noted_slow_record`` as a sync op (run in a worker thread), CPU-bound: its first run
     spins for ``delay`` seconds, a thread that cannot be cancelled; a run again (the note names

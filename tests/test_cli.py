@@ -431,7 +431,7 @@ def test_a_second_signal_stops_at_once_and_still_releases_the_leases(
     """A second Ctrl-C while a worker drains stops it at once, as a user expects: the op in
     flight is abandoned uncommitted, and the leases are still released (dying would leave them
     to expire), so the next worker takes over at once and runs the op, once."""
-    _stop_twice_while_an_op_runs(redis_url, namespace, tmp_path, apps.noted_slow_record)
+    _stop_twice_while_an_op_runs(redis_url, namespace, tmp_path, apps.noted_slow_first_record)
 
 
 @pytest.mark.slow
