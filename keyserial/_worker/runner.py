@@ -29,6 +29,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -529,7 +530,9 @@ class ShardRunner:
                 shard_count=self._shard_count,
                 done=fetched.done,
                 running=self._running,
-                grant_refusal=self._requests.refusal,
+                grant_refusal=partial(
+                    self._requests.refusal, past_seal=self._drain.past_seal(entry_id)
+                ),
             )
             self._commits.track(accepted.entry)
             if log.isEnabledFor(logging.DEBUG):
