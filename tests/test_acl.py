@@ -131,6 +131,7 @@ async def test_documented_users_can_submit_transfer_and_read_results(
     assert users.refusals() == []
 
 
+@pytest.mark.slow
 async def test_the_client_user_cannot_write_state_or_results(users: Users, namespace: str) -> None:
     async with running_worker(users.worker_url, namespace, shard_count=4):
         pass  # records the namespace's shard count

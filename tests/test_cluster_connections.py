@@ -12,6 +12,9 @@ from redis.crc import key_slot
 from keyserial._backend.backend import Backend
 from keyserial.testing import LocalCluster, LocalServer
 
+# A 3-master cluster per test, and slots moved.
+pytestmark = pytest.mark.slow
+
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[LocalCluster]:
@@ -43,7 +46,6 @@ def _last_sent_hget(port: int) -> list[str]:
         client.close()
 
 
-@pytest.mark.slow
 async def test_a_batch_for_one_master_goes_on_keyserial_s_connection_to_it(
     cluster: LocalCluster,
 ) -> None:

@@ -47,6 +47,7 @@ def run_busy_script(url: str, seconds: float) -> None:
         client.close()
 
 
+@pytest.mark.slow
 async def test_a_busy_script_costs_waiting_not_shards_leases_or_the_client(
     busy_server: LocalServer, namespace: str
 ) -> None:

@@ -808,6 +808,7 @@ async def test_an_entry_under_the_largest_id_stops_appends_only_until_it_has_com
     assert users.refusals() == []
 
 
+@pytest.mark.slow
 async def test_entries_an_append_with_maxlen_0_drops_are_appended_again_by_their_clients(
     users: Users, namespace: str
 ) -> None:

@@ -134,6 +134,7 @@ async def test_a_worker_counts_its_ops_by_name_and_outcome(
     assert worker.process.poll() is None
 
 
+@pytest.mark.slow
 async def test_a_standby_counts_the_takeovers_after_a_kill_9_of_the_owner(
     standalone_server: LocalServer, namespace: str, start: Starter
 ) -> None:
@@ -234,6 +235,7 @@ def test_a_bad_metrics_port_variable_is_an_error_naming_it(
     assert "KEYSERIAL_METRICS_PORT='ninety'" in result.stderr
 
 
+@pytest.mark.slow
 async def test_a_taken_metrics_port_stops_the_worker_with_an_error(
     standalone_server: LocalServer, namespace: str, start: Starter
 ) -> None:
@@ -338,6 +340,7 @@ async def test_two_workers_in_one_process_keep_their_own_metrics(
 # -- keyserial dev ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_dev_serves_the_same_metrics() -> None:
     port, metrics_port = free_port(), free_port()
     process = subprocess.Popen(

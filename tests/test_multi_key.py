@@ -40,6 +40,7 @@ async def test_transfer_moves_money_atomically_and_refuses_overdrafts(
         }
 
 
+@pytest.mark.slow
 async def test_concurrent_transfers_both_ways_conserve_money_and_never_go_negative(
     redis_url: str, namespace: str
 ) -> None:

@@ -38,10 +38,12 @@ from tests.ownership import holder_pid, inspector
 from tests.test_acl import documented_users
 from tests.test_keys_cli import cli
 
+# Paused keys' ops wait: the command line as processes, reshards, takeovers.
+pytestmark = pytest.mark.slow
+
 SHARDS = 2
 
 
-@pytest.mark.slow
 async def test_a_paused_key_s_ops_queue_while_its_shard_flows_and_run_in_order_once_resumed(
     redis_url: str, namespace: str
 ) -> None:
@@ -75,7 +77,6 @@ async def test_a_paused_key_s_ops_queue_while_its_shard_flows_and_run_in_order_o
     assert code == 0 and "(it was not paused)" in out
 
 
-@pytest.mark.slow
 async def test_the_next_owner_honours_a_pause_after_a_crash(
     redis_url: str, namespace: str, start: Starter
 ) -> None:
@@ -118,7 +119,6 @@ async def test_a_client_user_cannot_pause_a_key(redis_url: str, namespace: str) 
             assert (code, json.loads(out)) == (0, [])
 
 
-@pytest.mark.slow
 async def test_a_submit_timing_out_on_a_paused_key_says_it_is_paused_and_how_to_resume_it(
     redis_url: str, namespace: str
 ) -> None:
@@ -232,7 +232,6 @@ async def _start(ks: keyserial.Client, url: str, namespace: str, *, paused: str)
     assert (await cli(url, namespace, "keys", "pause", paused))[0] == 0
 
 
-@pytest.mark.slow
 async def test_a_pause_and_a_resume_between_the_copy_and_the_flip_hold_after_the_flip(
     redis_url: str, namespace: str
 ) -> None:
@@ -327,7 +326,6 @@ class _OperatorMidCopy(Backend):
         return paused
 
 
-@pytest.mark.slow
 async def test_a_pause_and_a_resume_made_while_the_mover_copies_paused_keys_hold(
     redis_url: str, namespace: str
 ) -> None:

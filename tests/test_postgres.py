@@ -83,6 +83,7 @@ async def test_a_zombie_worker_that_wakes_up_is_refused_by_the_fence_and_sends_n
     assert [tuple(row) for row in fences] == [(order, outcome["fence"])]
 
 
+@pytest.mark.slow
 async def test_ops_with_distinct_ids_record_one_send_per_order(
     redis_url: str,
     namespace: str,

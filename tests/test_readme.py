@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import anyio
+import pytest
 
 from keyserial.testing import LocalServer, running_worker
 from tests.helpers import ROOT
@@ -23,6 +24,7 @@ def _first_python_block(heading: str) -> str:
     return match.group(1)
 
 
+@pytest.mark.slow
 def test_the_quick_start_runs_as_written() -> None:
     code = _first_python_block("30-second example")
     assert 'keyserial.connect("redis://127.0.0.1:6390/0")' in code

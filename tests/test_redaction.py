@@ -49,6 +49,7 @@ async def test_an_unreachable_url_with_a_password_is_never_shown_with_it(
     assert "s3cret" not in caplog.text
 
 
+@pytest.mark.slow
 def test_the_worker_command_never_logs_the_password() -> None:
     url = f"redis://app:s3cret@127.0.0.1:{free_closed_port()}/0"
     process = subprocess.Popen(

@@ -89,6 +89,7 @@ async def test_a_graceful_stop_never_replays_an_op_that_committed(
             assert "died with entries" not in successor.log(), "a clean release blames no op"
 
 
+@pytest.mark.slow
 async def test_a_failed_runner_replays_without_running_a_committed_op_twice(
     redis_url: str, namespace: str, start: Starter
 ) -> None:
@@ -485,6 +486,7 @@ async def test_a_suspect_finishing_as_its_time_alone_ends_commits_its_result_wit
         await proxy.aclose()
 
 
+@pytest.mark.slow
 async def test_a_takeover_with_every_op_answered_suspects_none_and_says_so(
     redis_url: str, namespace: str, start: Starter
 ) -> None:

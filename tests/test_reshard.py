@@ -379,6 +379,7 @@ async def test_an_op_copied_as_fresh_into_the_new_layout_never_runs_twice(
             await attacker.aclose()
 
 
+@pytest.mark.slow
 async def test_a_forged_push_to_a_sealed_shard_is_never_forwarded(
     redis_url: str, namespace: str
 ) -> None:
