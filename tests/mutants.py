@@ -1323,16 +1323,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "grant-request-unchecked",
         "G5.17",
         "a participant takes any grant request a client appends: a forged one holds its key",
-        (
-            Edit(
-                _SHARD,
-                "                grant_refusal=partial(\n"
-                "                    self._requests.refusal,"
-                " past_seal=self._drain.past_seal(entry_id)\n"
-                "                ),\n",
-                "",
-            ),
-        ),
+        (Edit(_SHARD, "                grant_refusal=self._requests.refusal,\n", ""),),
         (
             _GRANTS
             + "test_a_forged_grant_request_for_the_current_attempt_holds_no_key"
@@ -1356,12 +1347,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "grant-request-unsigned-taken",
         "G5.17",
         "a participant does not refuse an unsigned grant request as such",
-        (
-            _no_check(
-                _REQUESTS,
-                "        if not request.signature and not (request.tag and not past_seal):\n",
-            ),
-        ),
+        (_no_check(_REQUESTS, "        if not request.signature:\n"),),
         (_GRANTS + "test_an_unsigned_request_is_refused",),
     ),
     Mutant(
@@ -1399,51 +1385,6 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             _GRANTS + "test_a_request_whose_signer_is_not_listed_is_refused",
             _GRANTS + "test_a_signature_with_any_byte_changed_is_refused",
-        ),
-    ),
-    Mutant(
-        "request-past-seal-taken-on-tag",
-        "G5.17",
-        "a participant takes a request past its shard's seal on a tag alone, unseen by the mover",
-        (
-            Edit(
-                "keyserial/_wire/requests.py",
-                "        if not request.signature and not (request.tag and not past_seal):\n",
-                "        if not request.signature and not request.tag:\n",
-            ),
-        ),
-        (_TAGS + "test_past_a_seal_a_request_needs_its_signature_not_only_a_tag",),
-    ),
-    Mutant(
-        "intake-ignores-the-seal-for-requests",
-        "G5.17",
-        "a sealed shard's owner judges a request appended past its seal as any other",
-        (
-            Edit(
-                _SHARD,
-                "self._requests.refusal, past_seal=self._drain.past_seal(entry_id)",
-                "self._requests.refusal, past_seal=False",
-            ),
-        ),
-        (
-            _TAGS + "test_a_request_to_the_worker_s_own_shard_goes_unsigned_and_signed_when_refused"
-            "[cluster]",
-        ),
-    ),
-    Mutant(
-        "unsigned-request-never-signed",
-        "G5.17",
-        "a coordinator whose request went on a tag alone never asks again with a signature",
-        (
-            Edit(
-                _COORDINATOR,
-                "                    if not request.signature:\n",
-                "                    if False:\n",
-            ),
-        ),
-        (
-            _TAGS + "test_a_request_to_the_worker_s_own_shard_goes_unsigned_and_signed_when_refused"
-            "[cluster]",
         ),
     ),
     Mutant(

@@ -11,7 +11,6 @@ import base64
 import hashlib
 import hmac
 import json
-import logging
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -21,13 +20,9 @@ import redis.asyncio
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 import keyserial
-from keyserial._backend.backend import Backend
-from keyserial._scripts.reshard import record_move, seal
 from keyserial._wire.codec import Envelope
-from keyserial._wire.layout import Layout
 from keyserial._wire.messages import GrantRequest
 from keyserial._wire.requests import RequestCheck
-from keyserial._wire.resharding import Move
 from keyserial._wire.signing import ReplySigner, ReplyVerifier, RequestVerifier
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
@@ -147,45 +142,6 @@ def test_a_tag_for_another_owner_falls_back_to_the_signature(
     assert _refusal(verifier, _tagged(signer, elsewhere)) is None
     assert (verifier.taken_on_tag, verifier.signatures_checked) == (0, 1)
     assert _refusal(verifier, _tagged(signer, elsewhere, bad_signature=True)) == REFUSED
-
-
-def test_a_request_with_a_tag_and_no_signature_is_taken_on_the_tag_alone(
-    signer: ReplySigner, receiver: ReplyVerifier, verifier: RequestVerifier
-) -> None:
-    """What a coordinator sends to a shard its own worker owns: tagged for itself, unsigned."""
-    request = _tagged(signer, receiver.channel)
-    request["kwargs"]["sig"] = ""
-    assert _refusal(verifier, request) is None
-    assert (verifier.taken_on_tag, verifier.signatures_checked) == (1, 0)
-    elsewhere = ReplyVerifier("ks:orders:worker:former-owner").channel
-    stale = _tagged(signer, elsewhere)
-    stale["kwargs"]["sig"] = ""
-    assert _refusal(verifier, stale) == REFUSED
-
-
-def test_past_a_seal_a_request_needs_its_signature_not_only_a_tag(
-    signer: ReplySigner, receiver: ReplyVerifier, verifier: RequestVerifier
-) -> None:
-    """The mover waits for the requests past a shard's seal that it can check itself, and it
-    holds no coordination key: a request with a tag alone would be granted there unseen."""
-    check = RequestCheck(
-        verifier,
-        namespace=NAMESPACE,
-        shard=PARTICIPANT,
-        shard_name=str(PARTICIPANT),
-        max_age_ms=3_600_000,
-        clock_ms=lambda: NOW_MS,
-    )
-    request = _tagged(signer, receiver.channel)
-    envelope = Envelope(
-        request["id"], tuple(request["keys"]), request["op"], [], request["kwargs"], None, True
-    )
-    assert check.refusal(envelope, past_seal=True) is None  # (signed and tagged)
-    request["kwargs"]["sig"] = ""
-    assert check.refusal(envelope, past_seal=False) is None
-    assert check.refusal(envelope, past_seal=True) == (
-        "a grant request past the shard's seal with no signature (a tag only)"
-    )
 
 
 def test_a_tag_is_taken_only_by_a_receiving_owner(
@@ -392,52 +348,3 @@ async def test_a_forged_tag_with_a_bad_signature_is_refused_and_stores_nothing(
     finally:
         await attacker.aclose()
     assert users.refusals() == []
-
-
-@pytest.mark.parametrize("redis_url", ["cluster"], indirect=True)
-async def test_a_request_to_the_worker_s_own_shard_goes_unsigned_and_signed_when_refused(
-    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """On a cluster a worker owning both shards of a transfer still asks its participant for a
-    grant: tagged for itself, with no signature to make or check. Once the participant is
-    sealed for a reshard, such a request is refused (dead-lettered: past a seal only a
-    signature will do), and the coordinator asks again with a signature a poll later: the
-    transfer still lands, once."""
-    caplog.set_level(logging.INFO, "keyserial.worker")
-    source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
-    target = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
-    backend = await Backend.connect(redis_url)
-    try:
-        async with (
-            running_worker(redis_url, namespace, shard_count=SHARDS) as worker,
-            keyserial.connect(redis_url, namespace=namespace) as ks,
-        ):
-            await ks.submit(source, deposit(100))
-            assert await ks.transfer(source, target, 10, timeout=15) == {source: 90, target: 10}
-            checked = worker._mailbox.requests
-            assert (checked.taken_on_tag, checked.signatures_checked) == (1, 0)
-            move = Move(Layout(namespace, SHARDS), Layout(namespace, 2 * SHARDS, 1))
-            await backend.run_call(record_move(move))
-            await backend.run_call(seal(move.source.keys(PARTICIPANT), move))
-            assert await ks.transfer(source, target, 10, timeout=15) == {source: 80, target: 20}
-            # (The signed copy is tagged too: its owner takes it on the tag, the mover on
-            # the signature.)
-            assert (checked.taken_on_tag, checked.signatures_checked) == (2, 0)
-    finally:
-        await backend.aclose()
-    assert "asking again with a signature" in caplog.text
-    letters = await _dead_letters(redis_url, ShardKeys(namespace, PARTICIPANT))
-    assert [reason for reason, _ in letters] == [
-        "a grant request past the shard's seal with no signature (a tag only)"
-    ]
-
-
-async def _dead_letters(redis_url: str, keys: ShardKeys) -> list[tuple[str, str]]:
-    client = redis.asyncio.RedisCluster.from_url(redis_url)
-    try:
-        return [
-            (fields[b"reason"].decode(), fields[b"entry"].decode())
-            for _, fields in await client.xrange(keys.dead)
-        ]
-    finally:
-        await client.aclose()

@@ -62,17 +62,13 @@ class RequestCheck:
         for signer, record in zip(signers, records, strict=True):
             self._verifier.learn(signer, record)
 
-    def refusal(self, envelope: Envelope, *, past_seal: bool = False) -> str | None:
-        """Why the grant request ``envelope`` is not taken; None if it is. ``past_seal``: it
-        was appended after the shard's seal, where the mover waits for the requests it can
-        check itself, so only a signature will do (a tag proves it to this owner alone)."""
+    def refusal(self, envelope: Envelope) -> str | None:
+        """Why the grant request ``envelope`` is not taken; None if it is."""
         try:
             request = GrantRequest.from_wire(envelope.kwargs, below=self._shard)
         except MalformedMessage as exc:
             return str(exc)
-        if not request.signature and not (request.tag and not past_seal):
-            if request.tag:
-                return "a grant request past the shard's seal with no signature (a tag only)"
+        if not request.signature:
             return "an unsigned grant request (only a worker may ask for a grant)"
         if request.target != self._shard_name:
             return f"a grant request for shard {request.target!r}, not {self._shard_name!r}"

@@ -29,7 +29,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
-from functools import partial
 from typing import Any, TypeVar
 
 import anyio
@@ -530,9 +529,7 @@ class ShardRunner:
                 shard_count=self._shard_count,
                 done=fetched.done,
                 running=self._running,
-                grant_refusal=partial(
-                    self._requests.refusal, past_seal=self._drain.past_seal(entry_id)
-                ),
+                grant_refusal=self._requests.refusal,
             )
             self._commits.track(accepted.entry)
             if log.isEnabledFor(logging.DEBUG):

@@ -117,21 +117,12 @@ def writes_by_shard(
 
 
 def signed_request(
-    services: RunnerServices,
-    shard: int,
-    op_id: str,
-    attempt: int,
-    keys: Sequence[str],
-    *,
-    signature: bool,
+    services: RunnerServices, shard: int, op_id: str, attempt: int, keys: Sequence[str]
 ) -> GrantRequest:
     """The grant request of one attempt for ``keys`` on ``shard``, signed by this worker: a
     participant takes no request that a listed worker did not sign (``_worker.intake``). It is
-    tagged for the shard's owner this worker expects (itself, for a shard it owns; else the
-    one that granted its last request there, if one did), who checks the tag instead of the
-    signature. It carries an Ed25519 signature, which any worker and the mover check, unless
-    the shard is this worker's own and ``signature`` is False: the owner then takes it on its
-    tag, unless it has changed hands or been sealed meanwhile (see ``Coordinator``)."""
+    also tagged for the shard's owner that granted this worker's last request there, if one
+    did: that owner checks the tag instead of the signature (any other, the signature)."""
     home = services.home
     target = shard_name(shard, services.layout.generation)
     request = GrantRequest(
@@ -146,13 +137,10 @@ def signed_request(
     if signer is None:
         return request
     text = request.signed_text(services.settings.namespace, keys)
-    mailbox = services.mailbox
-    local = mailbox.local_shard(shard) is not None
-    owner = mailbox.channel if local else mailbox.expected_owner(target)
-    tag = "" if owner is None else signer.tag_request(owner, text)
+    owner = services.mailbox.expected_owner(target)
     return replace(
         request,
         signer=signer.signer_id,
-        signature=signer.sign_request(text) if signature or not (local and tag) else "",
-        tag=tag,
+        signature=signer.sign_request(text),
+        tag="" if owner is None else signer.tag_request(owner, text),
     )

@@ -257,16 +257,13 @@ class Coordinator:
     async def _request_grant(
         self, op_id: str, attempt: int, shard: int, keys: list[str]
     ) -> KeyGrant:
-        """Append a grant request to ``shard`` and wait for the grant. To a shard this worker
-        owns, the first goes with a tag for itself and no signature: if no grant has come
-        within a poll (the shard changed hands or was sealed meanwhile, and the request was
-        dead-lettered), it is appended again, signed.
+        """Append a grant request to ``shard`` and wait for the grant.
 
         :raises LeaseLost: if the attempt was aborted meanwhile (this owner's epoch is over).
         """
         services = self._services
         home = services.home
-        request = signed_request(services, shard, op_id, attempt, keys, signature=False)
+        request = signed_request(services, shard, op_id, attempt, keys)
         entry_json = grant_request_envelope(op_id, attempt, keys, request.to_wire())
         there = services.layout.keys(shard)
         granted_at = grant_field(op_id, attempt)
@@ -303,21 +300,7 @@ class Coordinator:
                         return self._of_keys(grant, keys)
                     if (await services.backend.stored(home.keys, [decided_at]))[0] is not None:
                         raise LeaseLost(home.shard, f"op {op_id} was aborted")
-                    if not request.signature:
-                        log.info(
-                            "shard %d: no grant from shard %d to %s#%d on its tag; asking"
-                            " again with a signature",
-                            home.shard,
-                            shard,
-                            op_id,
-                            attempt,
-                        )
-                        request = signed_request(
-                            services, shard, op_id, attempt, keys, signature=True
-                        )
-                        entry_json = grant_request_envelope(op_id, attempt, keys, request.to_wire())
-                        entry = await self._append(there, entry_json, fresh=False)
-                    elif not present[0]:
+                    if not present[0]:
                         log.warning(
                             "shard %d: the grant request of op %s to shard %d is gone"
                             " (a failover?); appending it again",
