@@ -22,6 +22,7 @@ from keyserial._scripts.cross import ResolveArgs, resolve
 from keyserial._scripts.refusals import AttemptAhead
 from keyserial._wire.codec import LARGEST_ID
 from keyserial._wire.layout import signers_key
+from keyserial._wire.signing import ReplySigner
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
@@ -381,6 +382,23 @@ async def _split_and_funded(
     assert users.refusals() == []
 
 
+def _ahead_for(
+    signer: ReplySigner | None, namespace: str, attempt: int, decoy: str
+) -> dict[str, Any]:
+    """A grant request of op "order-9"'s current attempt for ``decoy``, not the transfer's
+    key, as a client user appends it ahead of the genuine one (``signer``: None, unsigned)."""
+    return grant_request(
+        signer,
+        namespace,
+        home=HOME,
+        participant=PARTICIPANT,
+        op="order-9",
+        attempt=attempt,
+        channel=f"ks:attacker:{uuid.uuid4().hex}",
+        keys=[decoy],
+    )
+
+
 async def test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides_the_op(
     users: Users, namespace: str
 ) -> None:
@@ -394,16 +412,7 @@ async def test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides
     participant = ShardKeys(namespace, PARTICIPANT)
     funded = _split_and_funded(users, namespace, ((source, 100), (target, 10), (decoy, 5)))
     async with funded as (ks, attacker, attempt):
-        request = grant_request(
-            None,
-            namespace,
-            home=HOME,
-            participant=PARTICIPANT,
-            op="order-9",
-            attempt=attempt,
-            channel=f"ks:attacker:{uuid.uuid4().hex}",
-            keys=[decoy],
-        )
+        request = _ahead_for(None, namespace, attempt, decoy)
         await _append(attacker, PARTICIPANT, namespace, [request])
         await eventually(lambda: users.admin.xlen(participant.dead) == 1)
         moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
@@ -428,16 +437,7 @@ async def test_a_signed_grant_request_ahead_for_other_keys_never_decides_the_op(
     participant = ShardKeys(namespace, PARTICIPANT)
     funded = _split_and_funded(users, namespace, ((source, 100), (target, 10), (decoy, 5)))
     async with funded as (ks, attacker, attempt):
-        request = grant_request(
-            listed_signer(users.admin, namespace),
-            namespace,
-            home=HOME,
-            participant=PARTICIPANT,
-            op="order-9",
-            attempt=attempt,
-            channel=f"ks:attacker:{uuid.uuid4().hex}",
-            keys=[decoy],
-        )
+        request = _ahead_for(listed_signer(users.admin, namespace), namespace, attempt, decoy)
         await _append(attacker, PARTICIPANT, namespace, [request])
         await eventually_async(lambda: attacker.hget(participant.results, f"order-9#{attempt}#g"))
         moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)

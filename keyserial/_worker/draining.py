@@ -64,14 +64,22 @@ class Drain:
         self._drained_at: tuple[str, int] | None = None
         #: Ops appended past the seal, taken in to be forwarded, not committed yet: not work of
         #: this shard's (however many a client appends, they never keep it from draining).
-        self.forwarded: set[str] = set()
+        self._forwarded: set[str] = set()
         #: Ops this owner has run (not those it forwarded): the mover sees any change.
         self._ran = 0
-        #: The last fetch reached the end of the stream.
+        #: The last fetch reached the end of the stream (see :meth:`fetched`).
         self.fetched_all = False
         #: Forwards go out one at a time, in the order of their entries (a FIFO lock): ops on a
         #: key keep their order in the new layout.
         self._forwarding = asyncio.Lock()
+
+    def fetched(self, *, reached_end: bool) -> None:
+        """A step fetched entries; ``reached_end``: fewer than it asked for."""
+        self.fetched_all = reached_end
+
+    def committed(self, op_id: str) -> None:
+        """An op taken in has committed (a forwarded one, once forwarded)."""
+        self._forwarded.discard(op_id)
 
     def seal_with(self, seal: Seal) -> bool:
         """Take the seal; False if the shard was sealed already."""
@@ -115,7 +123,7 @@ class Drain:
             if run.envelope.name == GRANT_OP:
                 kept.append(run)
             else:  # (if the runner has stopped meanwhile, the next owner forwards it)
-                self.forwarded.add(run.envelope.op_id)
+                self._forwarded.add(run.envelope.op_id)
                 self._spawn(partial(self._forward, run))
         return kept
 
@@ -146,7 +154,7 @@ class Drain:
         under way and waiting to commit; the caller has nothing else to commit), where the
         last record said otherwise."""
         through = self._drained_through(cursor)
-        forwarded = self.forwarded
+        forwarded = self._forwarded
         return (
             through is not None
             and (through, self._ran) != self._drained_at

@@ -425,7 +425,7 @@ class ShardRunner:
         empty = not (commit.payload or commit.trim_to or fetched.entries or pushed_to or record)
         self._empty_steps = self._empty_steps + 1 if empty and want else 0
         if want:  # (fewer entries than asked for: none followed the last one)
-            self._drain.fetched_all = len(fetched.entries) < want
+            self._drain.fetched(reached_end=len(fetched.entries) < want)
         self.metrics.stepped(batch, len(dead), began)
         self.states.step_done(number)
         _settle_across(across, True)
@@ -434,7 +434,7 @@ class ShardRunner:
         for finished in batch:
             if self._running.pop(finished.op_id, None) is not None:
                 self._uncommitted -= 1
-                self._drain.forwarded.discard(finished.op_id)
+                self._drain.committed(finished.op_id)
         if not fetched.entries:
             if want and self._replay_until is not None:
                 self._end_replay()
