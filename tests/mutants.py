@@ -1208,14 +1208,55 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_worker/draining.py",
-                "            for _, fields in fetched.entries\n"
-                "            for envelope in decode_entry_leniently(fields)",
-                "            for _, fields in fetched.entries\n"
-                '            if fields.get(b"fresh") != b"1"\n'
-                "            for envelope in decode_entry_leniently(fields)",
+                "trust_fresh = self._in_step and not replaying",
+                "trust_fresh = not replaying",
+            ),
+        ),
+        (_RESHARD + "test_an_op_copied_as_fresh_into_the_new_layout_never_runs_twice[cluster]",),
+    ),
+    Mutant(
+        "reshard-trusts-fresh-while-replaying",
+        "G11.4",
+        "a new layout's owner, replaying after a step refused for an earlier layout's outcome,"
+        " still skips looking up ops marked fresh there",
+        (
+            Edit(
+                "keyserial/_worker/draining.py",
+                "trust_fresh = self._in_step and not replaying",
+                "trust_fresh = self._in_step",
             ),
         ),
         (
+            _RESHARD
+            + "test_an_op_copied_as_fresh_into_the_new_layout_never_runs_twice"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "step-checks-no-earlier-layout",
+        "G11.4",
+        "a new layout's owner skips the lookup of fresh ops and its step does not make it either",
+        (
+            Edit(
+                "keyserial/_worker/draining.py",
+                "        if not self._in_step or not self._history:\n            return []",
+                "        if True:\n            return []",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_an_op_copied_as_fresh_into_the_new_layout_never_runs_twice"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "step-ignores-earlier-layouts",
+        "G11.4",
+        "step.lua commits an op whose outcome a layout before a reshard stored",
+        (_no_fence(_STEP, "if commit and ARGV[16] and ARGV[16] ~= '' then"),),
+        (
+            "tests/test_scripts_idempotent.py::"
+            "test_a_step_storing_an_outcome_stored_in_an_earlier_layout_is_refused[results-standalone]",
             _RESHARD
             + "test_an_op_copied_as_fresh_into_the_new_layout_never_runs_twice"
             + _STANDALONE,

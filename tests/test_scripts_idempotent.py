@@ -272,6 +272,31 @@ async def test_a_step_storing_an_outcome_that_is_stored_already_is_refused(
     assert await client.get(keys.progress) is None
 
 
+@pytest.mark.parametrize("stored_where", ["results", "results_old"])
+async def test_a_step_storing_an_outcome_stored_in_an_earlier_layout_is_refused(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str, stored_where: str
+) -> None:
+    """An op id whose outcome the layout before a reshard stored (in either generation, at the
+    shard the step names for it): the op ran again after the move. Nothing of the step is
+    written; the same step naming another op id there, or the op at another old shard,
+    commits."""
+    keys = ShardKeys(namespace, 0, 1)
+    old_home, old_other = ShardKeys(namespace, 2), ShardKeys(namespace, 3)
+    await client.set(keys.epoch, 2)
+    await client.hset(getattr(old_home, stored_where), "op", '{"ok":5}')
+    commit = {"s": [["a", "10"]], "r": [["op", '{"ok":10}']], "d": []}
+    for earlier in ([(old_home, ["op"])], [(old_other, ["new"]), (old_home, ["new", "op"])]):
+        with pytest.raises(Replayed, match="op op .in a layout before a reshard"):
+            await backend.run_call(_step(keys, commit, earlier=earlier))
+        assert await client.hget(keys.state, "a") is None
+        assert not await client.hexists(keys.results, "op")
+        assert await client.get(keys.progress) is None
+    for earlier in ([(old_home, ["new"])], [(old_other, ["op"])]):
+        await backend.run_call(_step(keys, commit, earlier=earlier))
+        assert await client.hget(keys.state, "a") == b"10"
+        await client.delete(keys.state, keys.results, keys.progress)
+
+
 async def test_a_replaying_step_finds_the_outcomes_of_an_entry_holding_a_lone_surrogate(
     backend: Backend, client: redis.asyncio.Redis, namespace: str
 ) -> None:
@@ -300,10 +325,11 @@ def _step(
     fetch: int = 0,
     replaying: bool = False,
     others: Sequence[ShardKeys] = (),
+    earlier: Sequence[tuple[ShardKeys, Sequence[str]]] = (),
 ) -> ScriptCall[StepReply]:
     """A step of the owner of epoch 2 that commits ``commit`` and moves progress (with no
     commit: fetches up to ``fetch`` entries after 1-1, and moves nothing); ``others``: the
-    shards its "o" writes."""
+    shards its "o" writes; ``earlier``: where it looks its op ids up in an earlier layout."""
     return step(
         keys,
         step_args(
@@ -315,6 +341,7 @@ def _step(
             replaying=replaying,
         ),
         others,
+        earlier,
     )
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .._wire.json_text import dumps
 from .._wire.layout import ShardKeys
 from .._wire.resharding import sealed_key
 from .calls import ScriptArgs, ScriptCall, pairs, script_args, text
@@ -50,6 +51,8 @@ class StepArgs(ScriptArgs):
     #: The entries taken in from pushes since the last step, to confirm in the stream before
     #: anything is committed (``Wakeups.to_confirm``), or ''.
     pushed: str = ""
+    #: The op ids to look up in the layouts before a reshard (set by :func:`step`).
+    earlier: str = ""
 
 
 @dataclass(slots=True)
@@ -86,12 +89,17 @@ def _step_reply(reply: list[Any]) -> StepReply:
 
 
 def step(
-    shard: ShardKeys, args: StepArgs, others: Sequence[ShardKeys] = ()
+    shard: ShardKeys,
+    args: StepArgs,
+    others: Sequence[ShardKeys] = (),
+    earlier: Sequence[tuple[ShardKeys, Sequence[str]]] = (),
 ) -> ScriptCall[StepReply]:
     """Commit what finished, then fetch the next entries (fenced by ``args.epoch``; refused with
     ``PushUnconfirmed`` if a pushed entry is not in the stream as pushed, with ``Replayed`` if
     an outcome it stores is stored already). ``others``: the shards whose writes the commit's
-    ``"o"`` carries, in its order (see step.lua), each fenced by the epoch it names there."""
+    ``"o"`` carries, in its order (see step.lua), each fenced by the epoch it names there.
+    ``earlier``: shards of layouts before a reshard, each with the op ids of the commit homed
+    there; ``Replayed`` too if one has an outcome there (both on a standalone server only)."""
     k = shard
     keys = [
         k.epoch,
@@ -109,4 +117,10 @@ def step(
     ]
     for other in others:
         keys += [other.epoch, other.state]
+    if earlier:
+        checks = []
+        for there, op_ids in earlier:
+            checks.append([len(keys) + 1, op_ids])  # (Lua counts KEYS from 1)
+            keys += [there.results, there.results_old]
+        args.earlier = dumps(checks)
     return args.call(keys, _step_reply)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -198,7 +198,14 @@ class Drain:
 class EarlierLayouts:
     """The namespace's layouts before this one, newest first, each with when (ms) it stopped
     taking ops: an op appended again after a reshard finds its outcome there while it may be
-    retained."""
+    retained.
+
+    On a cluster every batch an owner takes in is looked up there before it runs: one more
+    round trip per batch. On a standalone server only a batch with an op appended again (no
+    ``fresh`` mark: a caller's retry, a resubmit) or replayed is; the step that commits the
+    others looks them up in the same script, and an outcome there refuses it (``Replayed``):
+    only a client user appending a copy marked fresh meets that, and the owner then starts
+    again, replaying, when every op is looked up first."""
 
     def __init__(
         self,
@@ -212,27 +219,39 @@ class EarlierLayouts:
         self._backend = backend
         self._retrying = retrying
         self._result_ttl_ms = result_ttl_ms
+        #: Whether the step looks fresh ops up (one script reaches every shard's keys).
+        self._in_step = not backend.is_cluster
+        #: Each layout's shard keys, by shard.
+        self._shards = {
+            layout: [layout.keys(shard) for shard in range(layout.shards)] for layout, _ in history
+        }
 
     def __bool__(self) -> bool:
         return bool(self._history)
 
-    async def answer(self, fetched: StepReply) -> None:
+    def _retained(self) -> list[Layout]:
+        """The layouts whose results may still be retained, newest first."""
+        retained_since = int(time.time() * 1000) - 2 * self._result_ttl_ms
+        return [layout for layout, until in self._history if until >= retained_since]
+
+    async def answer(self, fetched: StepReply, *, replaying: bool) -> None:
         """Add to ``fetched.done`` the outcomes stored in the layouts before a reshard of its ops
         that have none here, looked up at each op's home there (one round trip per layout,
-        while its results may be retained). Every op, ``fresh`` ones too: ``fresh`` lets an
-        owner skip looking up its own shard only because the commit refuses an op id that has
-        an outcome there, and cannot see an earlier layout's (an entry copied as fresh by a
-        client user would run twice)."""
+        while its results may be retained). ``fresh`` ops too, on a cluster or while
+        ``replaying``: ``fresh`` lets an owner skip looking up its own shard only because the
+        commit refuses an op id that has an outcome there, and a cluster's step cannot see an
+        earlier layout's (an entry copied as fresh by a client user would run twice)."""
+        trust_fresh = self._in_step and not replaying
         missing = {
             envelope.op_id: envelope.keys
             for _, fields in fetched.entries
+            if not (trust_fresh and fields.get(b"fresh") == b"1")
             for envelope in decode_entry_leniently(fields)
             if envelope.op_id not in fetched.done
         }
-        retained_since = int(time.time() * 1000) - 2 * self._result_ttl_ms
-        for layout, until in self._history:
-            if not missing or until < retained_since:
-                return
+        if not missing:
+            return
+        for layout in self._retained():
             by_home: dict[int, list[str]] = {}
             for op_id, keys in missing.items():
                 by_home.setdefault(home_shard(keys, layout.shards), []).append(op_id)
@@ -243,6 +262,32 @@ class EarlierLayouts:
                     if outcome is not None:
                         fetched.done[op_id] = outcome.decode()
                         del missing[op_id]
+            if not missing:
+                return
+
+    def to_check(
+        self, batch: Sequence[Finished], running: Mapping[str, Run]
+    ) -> list[tuple[ShardKeys, list[str]]]:
+        """Where the step that commits ``batch`` looks up the outcomes it records (stored, or
+        answered) of ops that ran: each op's home in each retained earlier layout, by the keys
+        of its run (where :meth:`answer` looks too, so a replay after a refused step answers
+        the op). None on a cluster (:meth:`answer` looked every op up). A refusal, which did
+        not run, is not looked up: a fresh entry's id is new unless a client user copied it,
+        and a client user choosing keys that route nowhere near the op's home would evade any
+        lookup by them."""
+        if not self._in_step or not self._history:
+            return []
+        layouts = self._retained()
+        wanted: dict[ShardKeys, list[str]] = {}
+        for finished in batch:
+            if not (finished.store or finished.answered):
+                continue
+            if (run := running.get(finished.op_id)) is None:
+                continue
+            for layout in layouts:
+                home = self._shards[layout][home_shard(run.envelope.keys, layout.shards)]
+                wanted.setdefault(home, []).append(finished.op_id)
+        return list(wanted.items())
 
     async def _stored_on(
         self, wanted: list[tuple[ShardKeys, list[str]]]

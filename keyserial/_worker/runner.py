@@ -415,6 +415,7 @@ class ShardRunner:
                 pushed=self._wakeups.to_confirm(),
             ),
             commit.others,
+            self._earlier.to_check(batch, self._running),
         )
         self._wakeups.sending(want)
         began = time.monotonic()  # (metrics)
@@ -516,7 +517,7 @@ class ShardRunner:
         """Take fetched entries in (``from_stream``: read from the stream, not taken in from
         pushes, which only the next step confirms)."""
         if self._earlier and fetched.entries:
-            await self._earlier.answer(fetched)
+            await self._earlier.answer(fetched, replaying=self._replay_until is not None)
         if signers := self._requests.signers_to_read(fields for _, fields in fetched.entries):
             await self._read_signers(signers)
         runnable: list[Run] = []

@@ -15,6 +15,8 @@
 -- KEYS[12] the shard's paused keys (keyserial keys pause)
 -- KEYS[12 + 2j - 1], KEYS[12 + 2j]  the epoch and state of the j-th other shard whose keys
 --          "o" writes (a standalone server only: a cluster keeps each script to one slot)
+-- KEYS after those: results hashes of earlier layouts' shards, in pairs (see ARGV[16]; a
+--          standalone server only too)
 -- ARGV[1]  the owner's epoch
 -- ARGV[2]  new progress: id of the last entry whose ops have all finished, or '' to keep it
 -- ARGV[3]  '1': start a new results generation first if the current one is a retention period
@@ -62,6 +64,12 @@
 --          hint anyone allowed to publish may forge: the stream must hold exactly these entries
 --          after that cursor, each with fields whose digest matches (SHA-1 of each field and
 --          value in order, as '<length>:<bytes>'), or nothing is written.
+-- ARGV[16] the op ids whose outcomes this commit records ("r" and "u") to look up in the
+--          layouts before a reshard, JSON [[i, [op id, ...]], ...]: KEYS[i] and KEYS[i + 1]
+--          are the results hashes (current and previous generation) of one earlier layout's
+--          shard, where each of those ops was homed; or '' (none; optional). An outcome there
+--          refuses the step (REPLAYED): the op ran again after a reshard, and its owner starts
+--          again, replaying, when it looks every op up in those layouts before running it.
 -- Entries with the field fresh = '1' carry op ids appended for the first time (see the wire
 -- format), so their stored outcomes are not looked up, except while replaying.
 -- Returns {entries, done, states, seal, paused}: entries as XRANGE returns them; done = {op id,
@@ -186,6 +194,25 @@ if ARGV[6] ~= '' then
       return replayed_error('op ' .. stored[1])
     end
     commit = nil
+  end
+end
+-- An op id with an outcome in a layout before a reshard ran there (see ARGV[16]).
+local function earlier_outcome(checks)
+  for _, check in ipairs(checks) do
+    for _, hash in ipairs({KEYS[check[1]], KEYS[check[1] + 1]}) do
+      for i, outcome in ipairs(hmget(hash, check[2])) do
+        if outcome then
+          return check[2][i]
+        end
+      end
+    end
+  end
+  return nil
+end
+if commit and ARGV[16] and ARGV[16] ~= '' then
+  local ran = earlier_outcome(cjson.decode(ARGV[16]))
+  if ran then
+    return replayed_error('op ' .. ran .. ' (in a layout before a reshard)')
   end
 end
 -- The cross-shard records' conditions, before anything is written.
