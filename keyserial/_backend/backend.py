@@ -364,7 +364,14 @@ class Backend(Commands):
 
     @property
     def is_cluster(self) -> bool:
+        """Whether the deployment is a cluster: its slots on several masters, routed by key."""
         return self._cluster is not None
+
+    @property
+    def one_script_reaches_every_shard(self) -> bool:
+        """Whether one script may read and write the keys of several shards (a standalone
+        server): on a cluster a script's keys must share a slot, and each shard has its own."""
+        return self._cluster is None
 
     def node_of(self, key: str) -> str:
         """The master that serves ``key``, as this client knows ('' on a standalone server)."""

@@ -63,7 +63,7 @@ class Coordinator:
         services, envelope = self._services, run.envelope
         home = services.home
         if (
-            services.backend.is_cluster
+            not services.backend.one_script_reaches_every_shard
             or envelope.name == GRANT_OP
             or not home.executor.runs_inline(envelope)
         ):
@@ -191,7 +191,9 @@ class Coordinator:
             services.finish(run, refused, store=run.keep, replies=list(run.replies))
             return
         local, by_shard = split_keys(envelope, home, services.shard_count)
-        if not services.backend.is_cluster and await self._commit_in_process(run, local, by_shard):
+        if services.backend.one_script_reaches_every_shard and await self._commit_in_process(
+            run, local, by_shard
+        ):
             return
         # The attempt is this owner's epoch: unique to it, and over once the fence moves on.
         attempt = home.epoch
