@@ -8,6 +8,7 @@ from typing import Any
 
 import anyio
 import pytest
+import redis.asyncio
 from anyio import wait_all_tasks_blocked
 
 from keyserial._backend.backend import Backend
@@ -29,12 +30,13 @@ CHANNEL = "ks:test-pipeline:reply"
 
 
 async def one_batch(
-    redis_url: str, calls: list[tuple[str, str | None]]
+    redis_url: str, calls: list[tuple[str, str | None]], *, passed: bool = False
 ) -> tuple[list[Any], list[Any]]:
     """Run ``(mode, op id)`` calls in one pipeline batch, each committing one op whose reply goes
-    to CHANNEL (none without an op id). What each call returned, and the reply messages
-    published, decoded."""
-    backend = await Backend.connect(redis_url)
+    to CHANNEL (none without an op id), through a client of keyserial's or (``passed``) one the
+    caller passed in. What each call returned, and the reply messages published, decoded."""
+    given = redis.asyncio.Redis.from_url(redis_url) if passed else None
+    backend = await Backend.connect(redis_url if given is None else given)
     messages: list[Any] = []
     ended = anyio.Event()
 
@@ -70,6 +72,8 @@ async def one_batch(
             group.cancel_scope.cancel()
     finally:
         await backend.aclose()
+        if given is not None:
+            await given.aclose()
     return results, messages
 
 
@@ -86,6 +90,18 @@ async def test_replies_of_a_batch_go_out_once_committed_one_message_per_channel(
     replied = sorted(op_id for message in messages for op_id, _ in message["r"])
     assert replied == ["a", "c"]
     assert len(messages) == (1 if standalone else 2)
+
+
+async def test_through_a_client_passed_in_each_script_publishes_its_own_replies(
+    redis_url: str,
+) -> None:
+    """redis-py's connections (a pool) would have to wait for the answer of a PUBLISH sent after
+    the batch, to keep it ahead of the next: each committed call's script publishes its own."""
+    results, messages = await one_batch(
+        redis_url, [("ok", "a"), ("fail", "b"), ("ok", "c")], passed=True
+    )
+    assert results == [1, "FENCED test", 1]
+    assert sorted(op_id for message in messages for op_id, _ in message["r"]) == ["a", "c"]
 
 
 async def test_a_batch_with_one_call_replying_lets_its_script_publish(redis_url: str) -> None:

@@ -107,6 +107,30 @@ async def test_a_fresh_entry_is_pushed_naming_the_entry_before_it(
     assert (await next_message(wake_ups)).startswith(f"push {raw} {fourth} 1\n".encode())
 
 
+async def test_an_append_goes_out_fresh_only_where_it_is_sent_once(
+    backend: Backend, wake_ups: PubSub, namespace: str, request: pytest.FixtureRequest
+) -> None:
+    """A fresh entry's owner looks none of its op ids up, so it must land once: ``append``
+    keeps it fresh (pushed) on keyserial's own connection to a standalone server, which never
+    sends a command again, and sends it unmarked (announced by its id) where redis-py's
+    connections serve, which may: a cluster's, or a client the caller passed in."""
+    keys = ShardKeys(namespace, 0)
+    standalone = "standalone" in request.node.callspec.id
+    passed = await Backend.connect(
+        redis.asyncio.Redis.from_url(request.getfixturevalue("redis_url"))
+    )
+    try:
+        for through, pushed in ((backend, standalone), (passed, False)):
+            args = SubmitArgs(0, "1", ops_of("op"), keys.wake_channel, fresh=True)
+            [entry] = await through.append([(keys, args)])
+            message = await next_message(wake_ups)
+            assert message.startswith(b"push ") == pushed
+            assert entry.decode() in message.decode()
+    finally:
+        await passed.aclose()
+        await passed.client.aclose()
+
+
 async def test_a_step_raises_the_horizon_to_the_pushed_entry_it_took(
     backend: Backend, client: redis.asyncio.Redis, namespace: str
 ) -> None:

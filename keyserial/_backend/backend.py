@@ -17,6 +17,7 @@ import logging
 import os
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -31,8 +32,9 @@ from redis.cluster import PRIMARY, REPLICA
 
 from .._backoff import Backoff
 from .._scripts.refusals import Refused, refusal
+from .._scripts.submit import SubmitArgs, submit
 from .._urls import redact
-from .._wire.layout import is_shard_channel
+from .._wire.layout import ShardKeys, is_shard_channel
 from ..errors import BackendUnavailable, ConfigError, KeyserialError
 from .commands import Command, Commands, publish_command
 from .nodes import NodeConnections
@@ -267,16 +269,11 @@ class Backend(Commands):
         self.sharded_pubsub = has_sharded_pubsub(str(info.get("redis_version", "")))
 
     @property
-    def in_order(self) -> bool:
-        """Whether commands reach the server in the order they were sent (one connection, not
-        a pool): keyserial's own connection."""
-        return self._pipelined is not None
-
-    @property
-    def sends_once(self) -> bool:
-        """Whether a command is sent at most once (never retried by the transport), so an entry
-        appended through it cannot land twice: keyserial's own connection does not retry."""
-        return self._pipelined is not None
+    def publish_after_waits(self) -> bool:
+        """Whether :meth:`publish_after` waits for a round trip (redis-py's connections: a
+        pool, whose next command may go out on another connection); where it does, a batch's
+        scripts publish their own messages instead (``_backend.durability.run_publishing``)."""
+        return self._pipelined is None
 
     async def aclose(self) -> None:
         for client in self._node_clients.values():
@@ -292,6 +289,16 @@ class Backend(Commands):
 
     async def pipeline(self, commands: Sequence[Command]) -> list[Any]:
         return await self._send(commands)
+
+    async def append(self, entries: Sequence[tuple[ShardKeys, SubmitArgs]]) -> list[Any]:
+        """Append stream entries (``submit`` calls) in one pipeline: each entry's id, or its
+        error. An entry marked ``fresh`` (op ids appended for the first time: its owner looks
+        none up) must land once, so it goes out marked only where a command is sent at most
+        once: on keyserial's own connection, which never sends one again (redis-py may, after
+        a lost connection)."""
+        if self._pipelined is None:
+            entries = [(keys, replace(args, fresh=False)) for keys, args in entries]
+        return await self.run_many([submit(keys, args) for keys, args in entries])
 
     async def on_node(self, key: str, commands: Sequence[Command]) -> list[Any]:
         """Commands in order on one connection to the master that holds ``key`` (as a WAIT
@@ -351,14 +358,22 @@ class Backend(Commands):
                 raise BackendUnavailable(self.url, reply)
         return replies
 
-    def publish_nowait(self, messages: Sequence[tuple[str, str]]) -> bool:
-        """``PUBLISH`` each message now, on keyserial's own connection, not waiting for the
-        replies; False (nothing sent) where there is none."""
-        if self._pipelined is None:
-            return False
-        return self._pipelined.send_nowait(
-            [publish_command(channel, message) for channel, message in messages]
-        )
+    async def publish_after(self, messages: Sequence[tuple[str, str]]) -> None:
+        """``PUBLISH`` each ``(channel, message)`` after every command sent so far and before
+        any sent once this returns, at most once: on keyserial's own connection written at
+        once, without waiting for the replies; elsewhere each sent and answered in turn. What
+        cannot go out (the connection lost meanwhile, no answer) is logged, not raised: a
+        message is a hint, whose reader looks up what it tells once it is overdue."""
+        if self._pipelined is not None:
+            commands = [publish_command(channel, message) for channel, message in messages]
+            if not self._pipelined.send_nowait(commands):
+                log.warning("connection lost: %d messages not published", len(messages))
+            return
+        try:
+            for channel, message in messages:
+                await self.publish(channel, message)
+        except BackendUnavailable as exc:
+            log.warning("%d messages not published: %s", len(messages), exc)
 
     # -- routing -------------------------------------------------------------------------------
 

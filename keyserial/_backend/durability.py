@@ -6,17 +6,22 @@ it: the replication stream and the AOF are ordered. So one barrier confirms a wh
 script calls, or what a read found, sent on the same connection in the same round trip. A WAIT is
 never sent on its own: after a failover, the master that answers it may not be the one that
 made the writes (or answered the read) it is meant to confirm.
+
+A message a call has to publish once it succeeds (a reply is an acknowledgement) goes out the
+same way on every connection (:func:`run_publishing`): only after its writes, and once they are
+confirmed, before anything sent next, at most once.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from .._scripts.calls import ScriptCall, decoded
+from .._scripts.calls import REPLIES, ScriptCall, decoded
 from .._scripts.refusals import Refused, ScriptMissing
 from .._settings import Durability
+from .._wire.json_text import dumps
 from .._wire.layout import ShardKeys, same_slot_key
 from ..errors import BackendUnavailable, ConfigError
 from .commands import Command, merged_stored, raise_errors, stored_commands
@@ -28,6 +33,10 @@ log = logging.getLogger("keyserial")
 
 #: How long a barrier key lives: it only has to be written, never read.
 _BARRIER_PX = 60_000
+
+T = TypeVar("T")
+#: ``(channel, message)`` pairs to publish.
+Messages = list[tuple[str, str]]
 
 
 def barrier_then_wait(key: str, durability: Durability) -> list[Command]:
@@ -88,6 +97,51 @@ async def run_confirmed(
             replies[index] = reply
         confirmed = confirmed_again and (confirmed or len(missing) == len(calls))
     return decoded(calls, replies), confirmed
+
+
+async def run_publishing(
+    backend: Backend,
+    calls: Sequence[ScriptCall[Any]],
+    outgoing: Sequence[T | None],
+    messages: Callable[[Sequence[T]], Messages],
+    durability: Durability | None,
+) -> tuple[list[Any], bool]:
+    """Run ``calls`` in one round trip (confirmed as ``durability`` asks, see
+    :func:`run_confirmed`) and publish what each call that succeeds has to say: ``outgoing``,
+    one per call (None: nothing), made into messages by ``messages``, which merges several
+    calls' into one per channel. The replies, and whether they are confirmed.
+
+    On every connection a call's messages go out only if it succeeded and its writes are
+    confirmed, after them and before anything sent once this returns, at most once. A script
+    that can (``Script.publishes``) publishes its call's itself, in the same round trip, where
+    that saves one and no confirmation has to come first: it is the batch's only call with
+    something to say, or :meth:`~.backend.Backend.publish_after` would wait for an answer.
+    The others' go out after the batch, merged.
+
+    :raises BackendUnavailable: if the server does not answer.
+    """
+    calls, after = list(calls), list(outgoing)
+    if durability is None:
+        saying = [index for index, said in enumerate(after) if said is not None]
+        if len(saying) == 1 or backend.publish_after_waits:
+            for index in saying:
+                said = after[index]
+                if said is not None and calls[index].script.publishes:
+                    calls[index] = calls[index].with_arg(REPLIES, dumps(messages([said])))
+                    after[index] = None
+        replies, confirmed = await backend.run_many(calls), True
+    else:
+        replies, confirmed = await run_confirmed(backend, calls, durability)
+    if confirmed:
+        succeeded = [
+            said
+            for said, reply in zip(after, replies, strict=True)
+            if said is not None and not isinstance(reply, Exception)
+        ]
+        published = messages(succeeded) if succeeded else []
+        if published:
+            await backend.publish_after(published)
+    return replies, confirmed
 
 
 async def _then_wait(

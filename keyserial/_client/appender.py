@@ -17,9 +17,8 @@ from anyio.abc import TaskGroup
 
 from .._backend.backend import Backend
 from .._backend.batching import NodeBatcher
-from .._scripts.calls import ScriptCall
 from .._scripts.refusals import BacklogRefused, Refused, ShardSealed
-from .._scripts.submit import SubmitArgs, submit
+from .._scripts.submit import SubmitArgs
 from .._settings import Settings
 from .._wire.codec import WIRE_VERSION, pack_entry
 from .._wire.layout import ShardKeys
@@ -92,9 +91,10 @@ class Appender:
         if not batch:
             return
         entries = list(_pack(batch))
-        calls = [self._append_call(shard, group) for shard, group in entries]
         try:
-            replies = await self._backend.run_many(calls)
+            replies = await self._backend.append(
+                [(shard, self._entry(shard, group)) for shard, group in entries]
+            )
         except BackendUnavailable as exc:
             for pending in batch:
                 pending.settle(
@@ -140,14 +140,11 @@ class Appender:
         await anyio.sleep(_REFUSED_RETRY)
         self.requeue(refused)
 
-    def _append_call(self, keys: ShardKeys, group: list[Pending]) -> ScriptCall[bytes]:
+    def _entry(self, keys: ShardKeys, group: list[Pending]) -> SubmitArgs:
         packed = pack_entry([pending.envelope for pending in group])
-        # Fresh only if the entry cannot land twice either (a transport that retries could).
-        fresh = self._backend.sends_once and all(pending.fresh for pending in group)
+        fresh = all(pending.fresh for pending in group)
         wake = keys.wake(self._backend.sharded_pubsub)
-        return submit(
-            keys, SubmitArgs(self._settings.max_backlog, WIRE_VERSION, packed, wake, fresh)
-        )
+        return SubmitArgs(self._settings.max_backlog, WIRE_VERSION, packed, wake, fresh)
 
     def _append_error(self, keys: ShardKeys, reply: Exception) -> KeyserialError:
         """The error of an append the server answered with an error: nothing was appended."""

@@ -6,12 +6,13 @@ together. Each call is routed by its keys, so this is cluster-safe: on a cluster
 is split per node.
 
 Replies travel the same way. A call may carry the replies of the ops it commits, published only
-if it succeeds (the output gate). When several calls of a batch carry replies, on a backend whose
-commands reach the server in the order sent (keyserial's own connection), they go out after the
-batch, one message per client channel for the whole batch (not one per shard step: a Redis
-command each, and a message for the client to parse). Otherwise, and for a call that carries
-the batch's only replies (low load, where the extra hop would cost latency and save nothing),
-the script publishes them itself: they go in its ``replies`` argument (``ScriptCall.with_arg``).
+if it succeeds (the output gate), before anything its runner sends next
+(``_backend.durability.run_publishing``). Where several calls of a batch carry replies, they go
+out after the batch, one message per client channel for the whole batch (not one per shard step:
+a Redis command each, and a message for the client to parse), or each script publishes its own
+where publishing after the batch would cost a round trip; a call that carries the batch's only
+replies (low load, where the extra hop would cost latency and save nothing) publishes them
+itself too.
 
 With ``durable_replicas`` (see :class:`Durability`), replies go out only once that many replicas
 have the batch's writes (a WAIT behind them, on the same connection), never from a script: a
@@ -36,10 +37,9 @@ from .._backend import durability as _durability
 from .._backend.backend import Backend
 from .._backend.batching import NodeBatcher
 from .._backoff import Backoff
-from .._scripts.calls import REPLIES, ScriptCall
+from .._scripts.calls import ScriptCall
 from .._settings import Durability
 from .._wire.codec import encode_reply
-from .._wire.json_text import dumps
 from .._wire.messages import batch
 from .._wire.signing import ReplySigner
 from ..errors import BackendUnavailable
@@ -79,7 +79,7 @@ class _Call:
     """A script call queued for the next pipeline of its node, until its reply."""
 
     call: ScriptCall[Any]
-    #: What to publish once it has succeeded (None: nothing, or the script publishes it).
+    #: What to publish once it has succeeded (None: nothing).
     replies: Replies | None
     #: Coordination messages (cross-shard records'), published with ``replies``: signed and
     #: batched per channel here.
@@ -197,30 +197,14 @@ class Pipeliner:
         return reply, queued.confirmed
 
     def _add(self, queued: _Call) -> None:
-        if _publishes(queued) and not self._backend.in_order and self._durability is None:
-            assert queued.call.script.publishes, (
-                f"{queued.call.script.name} cannot publish replies itself"
-            )
-            _inline(queued, self.signer)
         self._batcher.add(queued.call.keys[0], queued)
 
     async def _send_batch(self, batch: list[_Call]) -> None:
-        """Send one node's batch, publish the replies of what committed, and tell each caller."""
+        """Send one node's batch, publish the replies of what committed (before the runners
+        wake, so before anything they send next: a later commit's replies cannot overtake
+        these), and tell each caller."""
         self._on_batch(len(batch))
-        carrying = [queued for queued in batch if _publishes(queued)]
-        if len(carrying) == 1 and carrying[0].call.script.publishes and self._durability is None:
-            _inline(carrying[0], self.signer)
         confirmed = await self._send(batch)
-        # Written before the runners wake, so before anything they send next on the one
-        # connection (a later commit's replies cannot overtake these), and not waited for.
-        messages = self._messages(batch) if confirmed else []
-        if messages and not self._backend.publish_nowait(messages):
-            if self._backend.in_order:
-                # The connection closed since the batch returned. A reply is at most once
-                # anyway: the result is stored, and clients look up overdue ones.
-                log.warning("connection lost: %d reply messages not sent", len(messages))
-            else:
-                await self._publish(messages)
         for queued in batch:
             queued.confirmed = confirmed
             if queued.on_done is not None:
@@ -243,24 +227,32 @@ class Pipeliner:
                 queued.result = broken
         if not sent:
             return False
-        results, confirmed = await self._run_or_fail([queued.call for queued in sent])
+        results, confirmed = await self._run_or_fail(sent)
         for queued, result in zip(sent, results, strict=True):
             queued.result = result
         if not confirmed and self._durability is not None:
             self._break(sent)
         return confirmed
 
-    async def _run_or_fail(self, calls: Sequence[ScriptCall[Any]]) -> tuple[list[Any], bool]:
-        """:meth:`_run_calls`, or the error that kept it from running, as every call's result."""
+    async def _run_or_fail(self, sent: list[_Call]) -> tuple[list[Any], bool]:
+        """The calls' replies, and whether the replicas the durability asks for have them;
+        their replies and messages published (``_backend.durability.run_publishing``). Or the
+        error that kept them from running, as every call's result."""
         try:
-            return await self._run_calls(calls)
+            return await _durability.run_publishing(
+                self._backend,
+                [queued.call for queued in sent],
+                [queued if _publishes(queued) else None for queued in sent],
+                self._messages,
+                self._durability,
+            )
         except BackendUnavailable as exc:
-            return [exc] * len(calls), False
+            return [exc] * len(sent), False
         except Exception as exc:
             # A defect, not an outage (a call that cannot be sent at all): it fails the calls
             # of this batch, whose runners stop, never the worker's other shards.
-            log.error("a pipeline of %d calls failed", len(calls), exc_info=exc)
-            return [exc] * len(calls), False
+            log.error("a pipeline of %d calls failed", len(sent), exc_info=exc)
+            return [exc] * len(sent), False
 
     def _break(self, sent: list[_Call]) -> None:
         """An unconfirmed batch: the write chains of the calls that committed what they build on
@@ -285,47 +277,21 @@ class Pipeliner:
             for write_chain in queued.write_chains:
                 write_chain.broken = True
 
-    async def _run_calls(self, calls: Sequence[ScriptCall[Any]]) -> tuple[list[Any], bool]:
-        """The calls' replies, and whether the replicas the durability asks for have them."""
-        if self._durability is None:
-            return await self._backend.run_many(calls), True
-        return await _durability.run_confirmed(self._backend, calls, self._durability)
-
-    async def _publish(self, messages: list[tuple[str, str]]) -> None:
-        """PUBLISH on a backend without keyserial's own connection (with durability only:
-        otherwise the scripts publish)."""
-        try:
-            for channel, message in messages:
-                await self._backend.publish(channel, message)
-        except BackendUnavailable as exc:
-            log.warning("%d reply messages not sent: %s", len(messages), exc)
-
-    def _messages(self, calls: list[_Call]) -> list[tuple[str, str]]:
-        """One reply message per channel, and one coordination message per channel, for the
-        calls that succeeded."""
+    def _messages(self, calls: Sequence[_Call]) -> list[tuple[str, str]]:
+        """One reply message per channel, and one coordination message per channel, for
+        ``calls`` (that succeeded)."""
         merged: defaultdict[str, list[tuple[str, str]]] = defaultdict(list)
         built: list[tuple[str, str]] = []
         for queued in calls:
-            if _publishes(queued) and not isinstance(queued.result, Exception):
-                for channel, outcomes in (queued.replies or {}).items():
-                    merged[channel].extend(outcomes)
-                built += queued.messages
+            for channel, outcomes in (queued.replies or {}).items():
+                merged[channel].extend(outcomes)
+            built += queued.messages
         return reply_messages(merged, self.signer) + coordination_messages(built, self.signer)
 
 
 def _publishes(queued: _Call) -> bool:
     """Whether ``queued`` has something to publish once it has succeeded."""
     return bool(queued.replies or queued.messages)
-
-
-def _inline(queued: _Call, signer: ReplySigner | None) -> None:
-    """Put ``queued``'s replies and messages in its call's arguments, for the script to
-    publish."""
-    messages = reply_messages(queued.replies or {}, signer) + coordination_messages(
-        queued.messages, signer
-    )
-    queued.call = queued.call.with_arg(REPLIES, dumps(messages))
-    queued.replies, queued.messages = None, ()
 
 
 def reply_messages(replies: Replies, signer: ReplySigner | None) -> list[tuple[str, str]]:
