@@ -108,6 +108,7 @@ def test_a_seed_always_draws_the_same_schedule() -> None:
                     profile.edge_faults,
                     profile.hostile_faults,
                     profile.reshard_faults,
+                    profile.commit_kills,
                     strict=True,
                 )
             )

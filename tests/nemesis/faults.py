@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from contextlib import suppress
 from dataclasses import dataclass, field
@@ -20,13 +21,15 @@ import anyio
 import redis.asyncio as aredis
 from redis.exceptions import BusyLoadingError
 
+from keyserial import KeyserialError
 from keyserial._wire.layout import Layout
+from tests import apps
 from tests.helpers import keys_on_shard
 from tests.nemesis import cluster_faults, hostile
 from tests.nemesis.schedule import FaultEvent
 from tests.nemesis.system import BaseSystem, System
 from tests.nemesis.tap import GARBAGE_PREFIX
-from tests.nemesis.workloads import Load
+from tests.nemesis.workloads import OPENING_BALANCE, Load
 
 
 @dataclass
@@ -99,6 +102,114 @@ async def kill9(faults: Faults, number: int, event: FaultEvent) -> None:
     faults.note(f"kill -9 {event.target} (pid {victim.pid})")
     await anyio.sleep(event.params["restart_after"])
     faults.note(f"{event.target} replaced (pid {faults.system.start_worker(slot).pid})")
+
+
+async def kill9_mid_commit(faults: Faults, number: int, event: FaultEvent) -> None:
+    """kill -9 the worker holding the most shards while payments between them commit: fresh
+    accounts in ``pairs`` pairs, each across two of its shards, pay back and forth, all pairs
+    at once, and the kill goes out as the ``kill_after``-th payment is acknowledged. On a
+    cluster each payment takes the grant protocol within the one worker too, so with many in
+    flight the kill lands between a decision its home shard committed and the participant
+    shard's applying it, where the participant's next owner must still apply it once (on a
+    standalone server, among commits across shards in process). Replaced ``restart_after``
+    seconds later."""
+    system, load, params = faults.system, faults.load, event.params
+    slot = await _most_shards(system)
+    async with faults.lock(f"worker:{slot}"):  # (not while another fault has the slot)
+        victim = system.worker(slot)
+        held = (await _held_by(system))[slot]
+        if len(held) < 2:
+            raise RuntimeError(f"worker:{slot} (pid {victim.pid}) holds shards {held} only")
+        pairs = await _open_pairs(faults, number, held, params["pairs"])
+        answered = 0
+        killed = anyio.Event()
+
+        def one_answered() -> None:
+            nonlocal answered
+            answered += 1
+            if answered == params["kill_after"]:  # at once: not a wake-up later
+                system.ended_by_nemesis.add(victim.pid)
+                with suppress(ProcessLookupError):
+                    victim.process.kill()
+                killed.set()
+
+        load.spawn(load.transfers, pairs, params["rounds"], f"mc{number}", one_answered)
+        faults.note(
+            f"{len(pairs)} pairs of accounts paying across shards {list(held)} of worker:{slot}"
+            f" (pid {victim.pid})"
+        )
+        await killed.wait()
+        victim.kill()  # (reaped)
+        faults.note(
+            f"kill -9 worker:{slot} (pid {victim.pid}) as payment {params['kill_after']} of"
+            " them was acknowledged"
+        )
+        await anyio.sleep(params["restart_after"])
+        faults.note(f"worker:{slot} replaced (pid {system.start_worker(slot).pid})")
+
+
+async def _held_by(system: BaseSystem) -> dict[int, tuple[int, ...]]:
+    """Slot -> the shards its live process holds (asked again while Redis does not answer)."""
+    while True:
+        try:
+            holders = await system.holders()
+            break
+        except (OSError, aredis.RedisError):
+            await anyio.sleep(0.1)
+    slots = {process.pid: slot for slot, process in enumerate(system.slots) if process}
+    held: dict[int, tuple[int, ...]] = {slot: () for slot in range(len(system.slots))}
+    for shard, pid in sorted(holders.items()):
+        if pid in slots and pid in system.live_pids():
+            held[slots[pid]] += (shard,)
+    return held
+
+
+async def _most_shards(system: BaseSystem) -> int:
+    """The slot whose live process holds the most shards, once one holds two or more (after
+    another kill, the dead worker's leases run out first)."""
+    while True:
+        held = await _held_by(system)
+        slot = max(held, key=lambda slot: len(held[slot]))
+        if len(held[slot]) >= 2:
+            return slot
+        await anyio.sleep(0.1)
+
+
+async def _open_pairs(
+    faults: Faults, number: int, shards: tuple[int, ...], count: int
+) -> list[tuple[str, str]]:
+    """``count`` pairs of fresh accounts, each opened with the load's opening balance and
+    split across two of ``shards`` (every two of them in turn: the lower one is the home)."""
+    system, client = faults.system, faults.load.clients[0]
+    across = [(a, b) for a in shards for b in shards if a < b]
+    uses = Counter(shard for n in range(count) for shard in across[n % len(across)])
+    fresh = {
+        shard: keys_on_shard(shard, system.shard_count, uses[shard], f"acct:m{number}")
+        for shard in uses
+    }
+    pairs = [
+        (fresh[a].pop(), fresh[b].pop()) for a, b in (across[n % len(across)] for n in range(count))
+    ]
+
+    async def open_one(account: str) -> None:
+        with anyio.fail_after(20):
+            while True:
+                try:
+                    await client.submit(
+                        account,
+                        apps.open_account(OPENING_BALANCE),
+                        op_id=f"open-{account}",
+                        timeout=5,
+                    )
+                    return
+                except KeyserialError:  # (one op id: it opens the account once)
+                    await anyio.sleep(0.1)
+
+    async with anyio.create_task_group() as group:
+        for pair in pairs:
+            for account in pair:
+                group.start_soon(open_one, account)
+    return pairs
 
 
 async def sigstop(faults: Faults, number: int, event: FaultEvent) -> None:
@@ -359,6 +470,7 @@ Injector = Callable[[Faults, int, FaultEvent], Awaitable[None]]
 
 INJECTORS: dict[str, Injector] = {
     "kill9": kill9,
+    "kill9_mid_commit": kill9_mid_commit,
     "sigstop": sigstop,
     "sigterm_slow": sigterm_slow,
     "redis_restart": redis_restart,

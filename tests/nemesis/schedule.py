@@ -47,6 +47,13 @@ RESHARD_FAULT_WEIGHTS: dict[str, int] = {
     "reshard": 1,
 }
 
+#: A worker killed -9 mid-commit: the one holding the most shards, as payments between those
+#: shards commit (``faults.kill9_mid_commit``). Drawn from a stream of its own, after the
+#: others, so adding it left every seed's earlier faults as they were.
+COMMIT_KILL_FAULT_WEIGHTS: dict[str, int] = {
+    "kill9_mid_commit": 1,
+}
+
 #: The shard counts a reshard moves to (from the profile's 6, or from the last move's).
 RESHARD_COUNTS = (2, 3, 4, 5, 8, 9, 12, 16)
 
@@ -124,6 +131,8 @@ class Profile:
     stale_appends: float = 0.0
     #: How many faults of ``RESHARD_FAULT_WEIGHTS`` a run adds: fewest, most.
     reshard_faults: tuple[int, int] = (0, 0)
+    #: How many faults of ``COMMIT_KILL_FAULT_WEIGHTS`` a run adds: fewest, most.
+    commit_kills: tuple[int, int] = (0, 0)
     #: Shard counts a run reshards to, one after another, evenly spread over the load (besides
     #: any drawn ``reshard`` faults).
     reshard_path: tuple[int, ...] = ()
@@ -133,7 +142,14 @@ class Profile:
     callers_cancel: bool = True
 
 
-LONG = Profile("long", load_seconds=18.0, faults=(5, 9), edge_faults=(1, 3), hostile_faults=(1, 2))
+LONG = Profile(
+    "long",
+    load_seconds=18.0,
+    faults=(5, 9),
+    edge_faults=(1, 3),
+    hostile_faults=(1, 2),
+    commit_kills=(0, 1),
+)
 
 PROFILES = {
     "short": Profile("short", load_seconds=7.0, faults=(2, 4), edge_faults=(0, 2)),
@@ -143,7 +159,10 @@ PROFILES = {
     ),
     "long": LONG,
     # The long profile with one or two live reshards in every run.
-    "reshard": replace(LONG, name="reshard", reshard_faults=(1, 2), stale_appends=0.1),
+    # (No kill mid-commit: it finds the busiest worker by the first layout's leases.)
+    "reshard": replace(
+        LONG, name="reshard", reshard_faults=(1, 2), stale_appends=0.1, commit_kills=(0, 0)
+    ),
     # 4 -> 16 -> 64 -> 8 shards under the long profile's load and faults.
     "resize": replace(
         LONG,
@@ -152,6 +171,7 @@ PROFILES = {
         shard_count=4,
         reshard_path=(16, 64, 8),
         stale_appends=0.1,
+        commit_kills=(0, 0),
     ),
     "cluster": Profile(
         "cluster",
@@ -161,6 +181,8 @@ PROFILES = {
         topology="cluster",
         fault_weights=tuple(CLUSTER_FAULT_WEIGHTS.items()),
         durable_replicas=1,
+        # Every payment takes the grant protocol on a cluster, within one worker too.
+        commit_kills=(1, 1),
     ),
     # Leases of 6 s outlive a TAKEOVER: owners keep their shards across the failover.
     "takeover": Profile(
@@ -185,7 +207,9 @@ class FaultEvent:
 
     at: float
     kind: str
-    target: str  # "worker:<slot>", "client:<n>", "redis", "shard:<n>", "cluster", "forger"
+    #: "worker:<slot>", "worker:most-shards", "client:<n>", "redis", "shard:<n>", "cluster",
+    #: "forger", "layout"
+    target: str
     params: dict[str, Any] = field(default_factory=dict)
 
     def describe(self) -> str:
@@ -235,6 +259,8 @@ def make_plan(seed: int, profile: Profile) -> Plan:
     )
     moves = rng_for(seed, "plan:reshard")
     events += _draw(moves, profile, moves.randint(*profile.reshard_faults), RESHARD_FAULT_WEIGHTS)
+    kills = rng_for(seed, "plan:commit-kill")
+    events += _draw(kills, profile, kills.randint(*profile.commit_kills), COMMIT_KILL_FAULT_WEIGHTS)
     events += _path(profile)
     events.sort(key=lambda event: event.at)
     return Plan(seed, profile, layouts, tuple(events))
@@ -295,6 +321,18 @@ def _link(rng: random.Random, profile: Profile) -> str:
 
 def _kill9(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
     return _worker(rng, profile), {"restart_after": round(rng.uniform(0.0, 2.0), 2)}
+
+
+def _kill9_mid_commit(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
+    """``pairs`` pairs of fresh accounts, each across two shards of the worker holding the most
+    shards when it fires, paying back and forth ``rounds`` times; that worker killed -9 as the
+    ``kill_after``-th payment is acknowledged, and replaced ``restart_after`` seconds later."""
+    return "worker:most-shards", {
+        "pairs": rng.randint(12, 20),
+        "rounds": 6,
+        "kill_after": rng.randint(8, 40),
+        "restart_after": round(rng.uniform(0.0, 2.0), 2),
+    }
 
 
 def _sigstop(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]:
@@ -405,6 +443,7 @@ def _reshard(rng: random.Random, profile: Profile) -> tuple[str, dict[str, Any]]
 
 _PARAMS = {
     "kill9": _kill9,
+    "kill9_mid_commit": _kill9_mid_commit,
     "sigstop": _sigstop,
     "sigterm_slow": _sigterm,
     "redis_restart": _redis,

@@ -16,7 +16,8 @@ class KnownFailure(NamedTuple):
 DEFAULT_SEEDS: tuple[int, ...] = (102, 104, 112, 114)
 
 #: Cluster-profile seeds ``tests/test_nemesis.py`` runs (each passed every time it was run; the
-#: cluster's runs depend on timing more than the standalone ones).
+#: cluster's runs depend on timing more than the standalone ones). 7 also guards the kill
+#: mid-commit (see its entry in ``REGRESSIONS``).
 CLUSTER_SEEDS: tuple[int, ...] = (7,)
 
 #: Takeover-profile seeds ``tests/test_nemesis.py`` runs: each failed once, for a defect since
@@ -161,6 +162,17 @@ REGRESSIONS: list[KnownFailure] = [
         "cluster",
         "an entry appended as a master was paused lost in its failover,"
         " its submit timed out (fixed with 1)",
+    ),
+    KnownFailure(
+        7,
+        "cluster",
+        "payments applied on their home shard's account only, money not conserved, 3 runs in 3"
+        " (seeds 8 to 18 too, 8 in 1 run of 2): the kill -9 mid-commit of the worker owning both"
+        " shards; the participant's next owner replayed a grant request tagged for the dead"
+        " worker and unsigned, dead-lettered it, and never applied its committed decision (a"
+        " change that sent requests to a worker's own shards unsigned, reverted; on it"
+        " tests/test_state_cache.py::test_states_dropped_while_the_owner_is_killed_under_load"
+        "_lose_no_op[cluster] failed every run)",
     ),
     KnownFailure(
         102,

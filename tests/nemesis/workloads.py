@@ -151,6 +151,34 @@ class Load:
                 client = self.clients[number % len(self.clients)]
                 group.start_soon(self._submit, client, record, call, None)
 
+    async def transfers(
+        self,
+        pairs: list[tuple[str, str]],
+        rounds: int,
+        label: str,
+        answered: Callable[[], None],
+    ) -> None:
+        """``rounds`` payments of 1 back and forth within each pair of accounts, one at a time
+        per pair and every pair at once (so that a worker killed now has many in flight), until
+        the load stops; ``answered()`` as each is acknowledged."""
+
+        async def pay(number: int, pair: tuple[str, str]) -> None:
+            rng = rng_for(self.seed, f"transfers:{label}:{number}")
+            client = self.clients[number % len(self.clients)]
+            for round_ in range(rounds):
+                if self._stopping:
+                    return
+                keys = pair if round_ % 2 == 0 else pair[::-1]
+                tag = f"{self.seed}-{label}-{number}-{round_}"
+                record = OpRecord(tag, "bank", keys, rng.random() < 0.5, None, amount=1)
+                await self._submit(client, record, apps.pay_now_tagged(1, tag), None)
+                if record.outcome == APPLIED:
+                    answered()
+
+        async with anyio.create_task_group() as group:
+            for number, pair in enumerate(pairs):
+                group.start_soon(pay, number, pair)
+
     async def _caller(self, caller: int) -> None:
         rng = rng_for(self.seed, f"caller:{caller}")
         stale_rng = rng_for(self.seed, f"stale:{caller}")  # (its own: seeds draw as they did)
