@@ -972,9 +972,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "G3.12",
         "entries_since asks Redis for the entries after the largest id (an error)",
         (
-            Edit("keyserial/_backend/commands.py", "if cursor != LARGEST_ID]", "if cursor]"),
+            Edit("keyserial/_backend/backend.py", "if cursor != LARGEST_ID]", "if cursor]"),
             Edit(
-                "keyserial/_backend/commands.py",
+                "keyserial/_backend/backend.py",
                 "[[] if cursor == LARGEST_ID else _entries(next(found))",
                 "[_entries(next(found))",
             ),

@@ -219,7 +219,7 @@ def _suffixes(names: set[str]) -> set[str]:
     return {".".join(parts[start:]) for parts in split for start in range(len(parts))}
 
 
-#: A role and its target: ``:mod:`._chains```, ``:meth:`~.commands.Commands.stored```. A
+#: A role and its target: ``:mod:`._chains```, ``:meth:`~.backend.Backend.stored```. A
 #: leading dot asks for any name that ends so, as Sphinx reads it.
 _ROLE = re.compile(r":(mod|class|func|meth|attr|data|exc|obj):`(~?\.?([^`<]+?))(?:\(\))?`")
 

@@ -53,7 +53,7 @@ async def stored_confirmed(
     backend: Backend, durability: Durability | None, shard: ShardKeys, fields: Sequence[str]
 ) -> tuple[list[bytes | None], bool]:
     """What ``shard`` stores under ``fields`` (its results, or cross-shard records), as
-    :meth:`~.commands.Commands.stored` reads it, and whether that is as durable as
+    :meth:`~.backend.Backend.stored` reads it, and whether that is as durable as
     ``durability`` asks: read and confirmed on one connection, so the WAIT covers the master
     that answered the read (a master a failover has left behind answers no WAIT). A value
     found unconfirmed is no answer yet; without durability, the master's word is enough. So is
