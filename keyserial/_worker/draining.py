@@ -220,7 +220,7 @@ class EarlierLayouts:
         self._retrying = retrying
         self._result_ttl_ms = result_ttl_ms
         #: Whether the step looks fresh ops up (one script reaches every shard's keys).
-        self._in_step = not backend.is_cluster
+        self._in_step = backend.one_script_reaches_every_shard
         #: Each layout's shard keys, by shard.
         self._shards = {
             layout: [layout.keys(shard) for shard in range(layout.shards)] for layout, _ in history
