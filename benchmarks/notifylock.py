@@ -6,8 +6,8 @@ then tries ``SET lock:<name> <id> NX [EX expire]``; while that fails, the waiter
 tries again when woken. Release runs the library's unlock script, verbatim: if the lock is still
 ours, delete the signal list, ``LPUSH`` one wake-up, ``PEXPIRE`` the signal list (1 s by
 default), delete the lock. Key names, ids and scripts match the library, so this port and the
-library interoperate on one lock (``tests/test_bench.py`` checks both directions, and the two
-together against overlap).
+library interoperate on one lock (``tests/project/test_bench.py`` checks both directions, and
+the two together against overlap).
 
 Why a port: the library is synchronous. The benchmark's callers are asyncio tasks, like every
 other system's, sharing one client process and one connection pool; a sync lock would need a

@@ -7,7 +7,7 @@ another, and records the send in PostgreSQL in one transaction that first moves 
 fence up to the op's ``ctx.fence`` (``… WHERE fence < $2``) and then inserts the send unless the
 order has one. A worker frozen past its lease that wakes up holds an older fence: PostgreSQL
 refuses its write. This script shows that refusal by writing under an older fence itself
-(``tests/test_postgres.py`` freezes a real worker with SIGSTOP).
+(``tests/project/test_postgres.py`` freezes a real worker with SIGSTOP).
 
 The worker and this script use the database ``$MAIL_PG_DSN`` (default
 ``postgresql://postgres@127.0.0.1:5432/postgres``); the driver is ``asyncpg`` (``pip install -e

@@ -1,6 +1,6 @@
 """A payment from A (shard 0) to B (shard 1) and C (shard 2), one worker on each of their
 shards and a standby on all four: the setting of the cross-shard fault tests
-(test_cross_shard_faults.py, test_zombie_writes.py)."""
+(tests/crossshard/test_cross_shard_faults.py, tests/crossshard/test_zombie_writes.py)."""
 
 from __future__ import annotations
 

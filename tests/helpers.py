@@ -192,6 +192,26 @@ def keys_on_shard(shard: int, shard_count: int, count: int, prefix: str = "key")
     return keys
 
 
+async def cli(url: str, namespace: str, *args: str) -> tuple[int, str, str]:
+    """``python -m keyserial ARGS`` against ``url`` and ``namespace``: its exit code, stdout and
+    stderr."""
+    with anyio.fail_after(30):
+        result = await anyio.run_process(
+            [sys.executable, "-m", "keyserial", *args, "--redis", url, "--namespace", namespace],
+            cwd=ROOT,
+            check=False,
+        )
+    return result.returncode, result.stdout.decode(), result.stderr.decode()
+
+
+def looked_up(caplog: pytest.LogCaptureFixture, op_id: str) -> bool:
+    """Whether the client looked up an op a reply named, and found no outcome for it."""
+    return any(
+        op_id in record.getMessage() and "no outcome for them" in record.getMessage()
+        for record in caplog.records
+    )
+
+
 async def wait_for_log(worker: WorkerProcess, text: str, *, timeout: float = 10) -> None:
     """Wait until the worker's log file contains ``text``."""
     await eventually(

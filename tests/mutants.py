@@ -8,7 +8,7 @@ any mutant survived.
 
 A mutant is a list of exact text replacements; each old text must occur exactly once in its
 file, or the run fails loudly: when the library's code moves, the list must move with it.
-``--fast`` runs the subset CI runs (``tests/test_mutants.py``).
+``--fast`` runs the subset CI runs (``tests/project/test_mutants.py``).
 """
 
 from __future__ import annotations
@@ -68,25 +68,25 @@ def _no_fence(path: str, check: str) -> Edit:
 
 _LUA = "keyserial/_scripts/lua/"
 _STEP = "keyserial/_scripts/lua/step.lua"
-_FROZEN = "tests/test_faults.py::test_a_frozen_owner_resumed_after_takeover_cannot_commit"
-_XS = "tests/test_cross_shard_faults.py::"
-_ZW = "tests/test_zombie_writes.py::"
+_FROZEN = "tests/faults/test_faults.py::test_a_frozen_owner_resumed_after_takeover_cannot_commit"
+_XS = "tests/crossshard/test_cross_shard_faults.py::"
+_ZW = "tests/crossshard/test_zombie_writes.py::"
 _STANDALONE = "[standalone]"
-_RESHARD = "tests/test_reshard.py::"
+_RESHARD = "tests/reshard/test_reshard.py::"
 _SHARD = "keyserial/_worker/runner.py"
 _COORDINATOR = "keyserial/_worker/crossshard/coordinator.py"
-_RACES = "tests/test_cross_shard_races.py::"
-_GRANTS = "tests/test_grant_requests.py::"
-_DEFAULT = "tests/test_default_server.py::"
-_STALE = "tests/test_shard_count_after_reshard.py::"
+_RACES = "tests/crossshard/test_cross_shard_races.py::"
+_GRANTS = "tests/crossshard/test_grant_requests.py::"
+_DEFAULT = "tests/project/test_default_server.py::"
+_STALE = "tests/reshard/test_shard_count_after_reshard.py::"
 _DASHBOARD_APP = "keyserial/_dashboard/app.py"
 _TOKEN_CHECK = (
     '            if not secrets.compare_digest(given.encode(), f"Bearer {token}".encode()):\n'
 )
-_TOKEN_TEST = "tests/test_dashboard.py::test_the_api_answers_only_to_the_token"
+_TOKEN_TEST = "tests/operator/test_dashboard.py::test_the_api_answers_only_to_the_token"
 _REQUESTS = "keyserial/_wire/requests.py"
 _SIGNING = "keyserial/_wire/signing.py"
-_TAGS = "tests/test_grant_request_tags.py::"
+_TAGS = "tests/crossshard/test_grant_request_tags.py::"
 _MOVER = "keyserial/_reshard/mover.py"
 
 
@@ -108,10 +108,10 @@ def _no_check(path: str, check: str) -> Edit:
 
 
 _SUSPECT = "            if run.envelope.op_id == self._suspect:\n"
-_PUSH = "tests/test_push.py::"
-_HOSTILE = "tests/test_hostile_clients.py::"
+_PUSH = "tests/client/test_push.py::"
+_HOSTILE = "tests/security/test_hostile_clients.py::"
 _INTAKE = "keyserial/_worker/intake.py"
-_LEASE = "tests/test_lease_scripts.py::"
+_LEASE = "tests/backend/test_lease_scripts.py::"
 _RELEASE_LUA = "keyserial/_scripts/lua/release.lua"
 
 MUTANTS: tuple[Mutant, ...] = (
@@ -135,7 +135,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_scripts_idempotent.py::"
+            "tests/backend/test_scripts_idempotent.py::"
             "test_a_replaying_step_finds_the_outcomes_of_an_entry_holding_a_lone_surrogate"
             + _STANDALONE,
         ),
@@ -147,7 +147,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (_no_fence(_STEP, "if redis.call('GET', KEYS[1]) ~= ARGV[1] then"),),
         (
             _ZW + "test_a_zombie_coordinator_s_decision_reaches_redis_and_is_refused" + _STANDALONE,
-            "tests/test_scripts_idempotent.py::"
+            "tests/backend/test_scripts_idempotent.py::"
             "test_a_grant_under_an_epoch_that_moved_on_is_refused_and_records_nothing"
             + _STANDALONE,
         ),
@@ -158,7 +158,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "step.lua writes a cross-shard op's other shards without checking their epochs",
         (Edit(_STEP, "    if not owns_other(other[1], other[2]) then\n", "    if false then\n"),),
         (
-            "tests/test_cross_shard.py::"
+            "tests/crossshard/test_cross_shard.py::"
             "test_a_participant_shard_changing_hands_mid_op_lands_the_op_once"
             "[while the op runs]",
         ),
@@ -169,7 +169,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "step.lua never looks up a fetched op id's stored outcome",
         (Edit(_STEP, "          if not fresh then\n", "          if false then\n"),),
         (
-            "tests/test_submit.py::"
+            "tests/client/test_submit.py::"
             "test_a_resubmitted_op_id_returns_the_stored_result_and_never_runs_twice" + _STANDALONE,
         ),
         fast=True,
@@ -180,7 +180,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "step.lua rotates results away although an entry past progress may need them",
         (Edit(_STEP, "  if oldest and parse_id(oldest[1]) < since then\n", "  if false then\n"),),
         (
-            "tests/test_reliability.py::"
+            "tests/faults/test_reliability.py::"
             "test_results_a_replay_needs_outlive_the_retention_while_progress_is_pinned"
             + _STANDALONE,
         ),
@@ -202,7 +202,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_failed_ops.py::test_an_op_that_raises_after_writing_state_keeps_nothing"
+            "tests/worker/test_failed_ops.py::test_an_op_that_raises_after_writing_state_keeps_nothing"
             "[standalone-sync]",
         ),
         fast=True,
@@ -235,7 +235,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_cross_shard.py::"
+            "tests/crossshard/test_cross_shard.py::"
             "test_concurrent_sync_payments_of_one_worker_across_shards_apply_each_once"
             + _STANDALONE,
         ),
@@ -254,7 +254,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_cross_shard.py::"
+            "tests/crossshard/test_cross_shard.py::"
             "test_an_op_on_a_participant_key_waits_for_the_cross_shard_op_holding_it"
             "[standalone-one worker]",
         ),
@@ -271,7 +271,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_idle.py::"
+            "tests/worker/test_idle.py::"
             "test_an_entry_appended_with_no_wake_up_to_a_dormant_shard_is_found_by_the_poll"
             + _STANDALONE,
         ),
@@ -288,7 +288,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_idle.py::"
+            "tests/worker/test_idle.py::"
             "test_a_standby_tries_a_held_shard_once_its_lease_may_end_and_at_once_on_release"
             + _STANDALONE,
         ),
@@ -305,7 +305,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_pause.py::"
+            "tests/operator/test_pause.py::"
             "test_a_paused_key_s_ops_queue_while_its_shard_flows_and_run_in_order_once_resumed"
             + _STANDALONE,
         ),
@@ -322,7 +322,10 @@ MUTANTS: tuple[Mutant, ...] = (
                 "",
             ),
         ),
-        ("tests/test_pause.py::test_the_next_owner_honours_a_pause_after_a_crash" + _STANDALONE,),
+        (
+            "tests/operator/test_pause.py::test_the_next_owner_honours_a_pause_after_a_crash"
+            + _STANDALONE,
+        ),
     ),
     Mutant(
         "trace-context-not-sent",
@@ -330,7 +333,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a traced submit sends no trace context with its op",
         (Edit("keyserial/_wire/codec.py", "    if trace:\n", "    if False:\n"),),
         (
-            "tests/test_telemetry.py::"
+            "tests/operator/test_telemetry.py::"
             "test_a_traced_submit_and_the_op_s_run_are_one_trace_across_processes" + _STANDALONE,
         ),
     ),
@@ -347,7 +350,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_state_cache.py::"
+            "tests/worker/test_state_cache.py::"
             "test_a_takeover_preloads_only_a_shard_within_the_cache_bound" + _STANDALONE,
         ),
     ),
@@ -363,7 +366,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_blocking_ops.py::"
+            "tests/worker/test_blocking_ops.py::"
             "test_a_plain_sync_cpu_bound_op_stalls_no_other_key_and_loses_no_lease" + _STANDALONE,
         ),
     ),
@@ -379,7 +382,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_blocking_ops.py::"
+            "tests/worker/test_blocking_ops.py::"
             "test_a_sync_op_declared_inline_runs_on_the_event_loop_and_a_plain_one_off_it"
             + _STANDALONE,
         ),
@@ -396,7 +399,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_blocking_ops.py::"
+            "tests/worker/test_blocking_ops.py::"
             "test_plain_sync_ops_on_one_key_run_one_after_another_in_stream_order" + _STANDALONE,
         ),
     ),
@@ -417,7 +420,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_blocking_ops.py::"
+            "tests/worker/test_blocking_ops.py::"
             "test_plain_sync_ops_on_one_key_run_one_after_another_in_stream_order" + _STANDALONE,
         ),
     ),
@@ -433,7 +436,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_failed_ops.py::test_an_op_that_lets_a_cancellation_out_fails_alone"
+            "tests/worker/test_failed_ops.py::test_an_op_that_lets_a_cancellation_out_fails_alone"
             "[standalone-sync in a thread]",
         ),
     ),
@@ -450,7 +453,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_lost_replies.py::test_a_lost_reply_is_fetched_by_the_client_s_sweep"
+            "tests/client/test_lost_replies.py::test_a_lost_reply_is_fetched_by_the_client_s_sweep"
             + _STANDALONE,
         ),
         fast=True,
@@ -467,7 +470,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_subscription_health.py::"
+            "tests/client/test_subscription_health.py::"
             "test_what_was_published_while_subscriptions_were_down_is_read_at_once" + _STANDALONE,
         ),
     ),
@@ -483,7 +486,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_subscription_health.py::"
+            "tests/client/test_subscription_health.py::"
             "test_a_reply_published_while_the_client_resubscribes_is_looked_up_at_once[standalone]",
         ),
     ),
@@ -502,7 +505,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_reliability.py::test_a_graceful_stop_never_replays_an_op_that_committed"
+            "tests/faults/test_reliability.py::test_a_graceful_stop_never_replays_an_op_that_committed"
             + _STANDALONE,
         ),
         fast=True,
@@ -513,7 +516,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "after a crash, the new owner runs every replayed op alone, a lease TTL at most each",
         (Edit(_SHARD, _SUSPECT, "            if self._replay_until is not None:\n"),),
         (
-            "tests/test_reliability.py::"
+            "tests/faults/test_reliability.py::"
             "test_a_takeover_with_many_stuck_ops_in_flight_stalls_its_shard_one_lease_ttl_at_most"
             + _STANDALONE,
         ),
@@ -524,7 +527,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "after a crash, the op the acquire struck runs side by side with the others",
         (Edit(_SHARD, _SUSPECT, "            if False:\n"),),
         (
-            "tests/test_reliability.py::"
+            "tests/faults/test_reliability.py::"
             "test_a_poison_op_behind_slow_ops_is_dead_lettered_and_they_are_not" + _STANDALONE,
         ),
     ),
@@ -554,7 +557,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_faults.py::"
+            "tests/faults/test_faults.py::"
             "test_kill_9_of_the_owner_under_load_moves_the_shard_within_a_lease_ttl" + _STANDALONE,
         ),
     ),
@@ -570,7 +573,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_scripts_idempotent.py::"
+            "tests/backend/test_scripts_idempotent.py::"
             "test_an_acquire_sent_again_by_its_owner_returns_the_same_grant_and_no_strike"
             + _STANDALONE,
         ),
@@ -588,7 +591,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_durability.py::"
+            "tests/faults/test_durability.py::"
             "test_a_worker_runs_no_op_under_an_epoch_its_replica_has_not_confirmed",
         ),
     ),
@@ -604,7 +607,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_scripts_idempotent.py::"
+            "tests/backend/test_scripts_idempotent.py::"
             "test_a_grant_for_a_request_whose_entry_is_gone_is_refused_and_records_nothing"
             + _STANDALONE,
             _XS
@@ -621,7 +624,7 @@ MUTANTS: tuple[Mutant, ...] = (
                 "keyserial/_worker/wakeups.py", 'if pushed.after not in (cursor, "-"):', "if False:"
             ),
         ),
-        ("tests/test_wakeups.py::test_a_push_that_does_not_follow_on_is_left_to_a_fetch",),
+        ("tests/worker/test_wakeups.py::test_a_push_that_does_not_follow_on_is_left_to_a_fetch",),
     ),
     Mutant(
         "push-unconfirmed",
@@ -675,7 +678,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_dead_letters.py::"
+            "tests/operator/test_dead_letters.py::"
             "test_the_acquire_that_dead_letters_an_op_publishes_no_reply" + _STANDALONE,
         ),
     ),
@@ -691,7 +694,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_dead_letters.py::"
+            "tests/operator/test_dead_letters.py::"
             "test_an_unknown_op_beside_a_poison_op_is_never_struck_twice_nor_dead_lettered"
             + _STANDALONE,
         ),
@@ -760,7 +763,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_lost_replies.py::"
+            "tests/client/test_lost_replies.py::"
             "test_an_op_that_commits_between_the_sweep_s_lookups_is_never_appended_again"
             + _STANDALONE,
         ),
@@ -777,7 +780,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_lost_replies.py::"
+            "tests/client/test_lost_replies.py::"
             "test_an_op_gone_with_no_outcome_after_result_ttl_fails_and_is_not_appended_again"
             + _STANDALONE,
         ),
@@ -804,7 +807,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_scripts_idempotent.py::"
+            "tests/backend/test_scripts_idempotent.py::"
             "test_a_step_writing_another_shard_of_an_op_run_again_is_refused_and_writes_nothing"
             + _STANDALONE,
         ),
@@ -815,7 +818,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "step.lua records a coordinator's decision over an abort a participant recorded first",
         (Edit(_STEP, "    if earlier and earlier ~= decision[2] then", "    if false then"),),
         (
-            "tests/test_scripts_idempotent.py::test_a_decision_never_wins_over_an_abort"
+            "tests/backend/test_scripts_idempotent.py::test_a_decision_never_wins_over_an_abort"
             + _STANDALONE,
         ),
     ),
@@ -832,7 +835,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_wire_format.py::"
+            "tests/wire/test_wire_format.py::"
             "test_another_op_under_a_used_op_id_is_refused_by_the_worker" + _STANDALONE,
         ),
     ),
@@ -865,7 +868,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_acl.py::"
+            "tests/security/test_acl.py::"
             "test_a_service_user_serves_its_clients_and_cannot_reach_another_services_replies"
             + _STANDALONE,
         ),
@@ -895,7 +898,7 @@ MUTANTS: tuple[Mutant, ...] = (
                 "        if False:",
             ),
         ),
-        ("tests/test_signing.py::test_a_signed_reply_verifies_on_its_own_channel_only",),
+        ("tests/security/test_signing.py::test_a_signed_reply_verifies_on_its_own_channel_only",),
     ),
     Mutant(
         "signed-reply-of-any-entry-taken",
@@ -997,7 +1000,9 @@ MUTANTS: tuple[Mutant, ...] = (
                 '    "UNBLOCKED",\n',
             ),
         ),
-        ("tests/test_reliability.py::test_a_server_out_of_memory_is_waited_out_and_blames_no_op",),
+        (
+            "tests/faults/test_reliability.py::test_a_server_out_of_memory_is_waited_out_and_blames_no_op",
+        ),
     ),
     Mutant(
         "busy-state-evicted",
@@ -1010,7 +1015,10 @@ MUTANTS: tuple[Mutant, ...] = (
                 "            if key not in waiting:\n",
             ),
         ),
-        ("tests/test_state_cache.py::test_a_key_an_op_still_needs_is_never_dropped" + _STANDALONE,),
+        (
+            "tests/worker/test_state_cache.py::test_a_key_an_op_still_needs_is_never_dropped"
+            + _STANDALONE,
+        ),
     ),
     Mutant(
         "op-sets-never-compared",
@@ -1024,7 +1032,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_status.py::test_status_lists_standby_workers_and_workers_whose_ops_differ"
+            "tests/operator/test_status.py::test_status_lists_standby_workers_and_workers_whose_ops_differ"
             + _STANDALONE,
         ),
     ),
@@ -1040,7 +1048,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_enqueue.py::"
+            "tests/client/test_enqueue.py::"
             "test_an_enqueued_op_returns_once_appended_and_runs_when_a_worker_comes" + _STANDALONE,
         ),
     ),
@@ -1050,7 +1058,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "keyserial dev stops when its worker dies instead of starting another",
         (Edit("keyserial/cli/dev.py", "            if code == 2:\n", "            if True:\n"),),
         (
-            "tests/test_cli.py::"
+            "tests/operator/test_cli.py::"
             "test_dev_restarts_a_worker_an_op_killed_and_leaves_no_server_when_killed",
         ),
     ),
@@ -1066,7 +1074,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_logging.py::"
+            "tests/worker/test_logging.py::"
             "test_an_outage_of_redis_is_logged_once_per_process_side_and_once_when_it_ends",
         ),
     ),
@@ -1082,7 +1090,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_cli.py::test_a_second_signal_stops_at_once_and_still_releases_the_leases"
+            "tests/operator/test_cli.py::test_a_second_signal_stops_at_once_and_still_releases_the_leases"
             + _STANDALONE,
         ),
     ),
@@ -1115,7 +1123,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_wakeups.py::"
+            "tests/worker/test_wakeups.py::"
             "test_an_op_that_wrote_nothing_keeps_its_keys_uncommitted_until_a_step_took_it",
         ),
     ),
@@ -1255,7 +1263,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "step.lua commits an op whose outcome a layout before a reshard stored",
         (_no_fence(_STEP, "if commit and ARGV[16] and ARGV[16] ~= '' then"),),
         (
-            "tests/test_scripts_idempotent.py::"
+            "tests/backend/test_scripts_idempotent.py::"
             "test_a_step_storing_an_outcome_stored_in_an_earlier_layout_is_refused[results-standalone]",
             _RESHARD
             + "test_an_op_copied_as_fresh_into_the_new_layout_never_runs_twice"
@@ -1720,7 +1728,9 @@ MUTANTS: tuple[Mutant, ...] = (
                 "_tag(key, channel or self.channel, signed)[:16], tag[:16]):",
             ),
         ),
-        ("tests/test_signing.py::test_a_signed_reply_is_taken_only_if_its_whole_tag_matches",),
+        (
+            "tests/security/test_signing.py::test_a_signed_reply_is_taken_only_if_its_whole_tag_matches",
+        ),
     ),
     Mutant(
         "pause-skips-the-move-target",
@@ -1736,7 +1746,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_pause.py::"
+            "tests/operator/test_pause.py::"
             "test_a_pause_and_a_resume_between_the_copy_and_the_flip_hold_after_the_flip"
             + _STANDALONE,
         ),
@@ -1753,7 +1763,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_pause.py::"
+            "tests/operator/test_pause.py::"
             "test_a_pause_and_a_resume_that_read_the_layout_before_a_flip_hold_after_it"
             + _STANDALONE,
         ),
@@ -1764,7 +1774,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "the mover copies the paused keys from one reading, undoing a pause or resume made since",
         (Edit(_MOVER, "        if again == paused:\n", "        if True:\n"),),
         (
-            "tests/test_pause.py::"
+            "tests/operator/test_pause.py::"
             "test_a_pause_and_a_resume_made_while_the_mover_copies_paused_keys_hold" + _STANDALONE,
         ),
     ),
@@ -1830,7 +1840,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_pause.py::"
+            "tests/operator/test_pause.py::"
             "test_an_owner_that_has_not_heard_of_a_pause_holds_the_key_it_fetches" + _STANDALONE,
         ),
     ),
@@ -1926,7 +1936,9 @@ MUTANTS: tuple[Mutant, ...] = (
                 "        if False:\n",
             ),
         ),
-        ("tests/test_cli.py::test_a_reader_gone_ends_a_command_quietly_as_sigpipe_would[status]",),
+        (
+            "tests/operator/test_cli.py::test_a_reader_gone_ends_a_command_quietly_as_sigpipe_would[status]",
+        ),
     ),
     Mutant(
         "status-hides-paused-keys",
@@ -1940,9 +1952,9 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_status.py::"
+            "tests/operator/test_status.py::"
             "test_status_shows_each_shard_s_paused_keys_the_longest_paused_first" + _STANDALONE,
-            "tests/test_dashboard.py::"
+            "tests/operator/test_dashboard.py::"
             "test_the_api_shows_paused_keys_roster_ages_and_failed_ops_among_a_key_s_recent",
         ),
     ),
@@ -1958,10 +1970,10 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_pause.py::"
+            "tests/operator/test_pause.py::"
             "test_a_submit_timing_out_on_a_paused_key_says_it_is_paused_and_how_to_resume_it"
             + _STANDALONE,
-            "tests/test_acl.py::"
+            "tests/security/test_acl.py::"
             "test_a_submit_timing_out_on_a_paused_key_as_the_client_user_says_it_is_paused"
             + _STANDALONE,
         ),
@@ -1978,7 +1990,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_status.py::"
+            "tests/operator/test_status.py::"
             "test_status_says_when_each_worker_last_renewed_and_flags_one_that_missed_two"
             + _STANDALONE,
         ),
@@ -1996,7 +2008,7 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/test_dashboard.py::"
+            "tests/operator/test_dashboard.py::"
             "test_the_api_shows_paused_keys_roster_ages_and_failed_ops_among_a_key_s_recent",
         ),
     ),
@@ -2008,7 +2020,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             _HOSTILE
             + "test_an_op_ahead_under_an_attempts_record_name_stores_nothing_there[standalone]",
-            "tests/test_scripts_idempotent.py::test_reserved_op_names_and_ids_are_refused[standalone]",
+            "tests/backend/test_scripts_idempotent.py::test_reserved_op_names_and_ids_are_refused[standalone]",
         ),
     ),
     Mutant(

@@ -51,7 +51,7 @@ from keyserial._wire.resharding import LayoutRecord
 from keyserial._wire.routing import home_shard, shard_for
 from tests.helpers import keys_on_shard
 from tests.nemesis.schedule import FaultEvent, rng_for
-from tests.test_acl import documented_rules
+from tests.users import documented_rules
 
 if TYPE_CHECKING:
     from tests.nemesis.faults import Faults

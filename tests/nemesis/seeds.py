@@ -12,19 +12,19 @@ class KnownFailure(NamedTuple):
     description: str
 
 
-#: Short-profile seeds ``tests/test_nemesis.py`` runs (each passed when it was added).
+#: Short-profile seeds ``tests/faults/test_nemesis.py`` runs (each passed when it was added).
 DEFAULT_SEEDS: tuple[int, ...] = (102, 104, 112, 114)
 
-#: Cluster-profile seeds ``tests/test_nemesis.py`` runs (each passed every time it was run; the
-#: cluster's runs depend on timing more than the standalone ones). 7 also guards the kill
-#: mid-commit (see its entry in ``REGRESSIONS``).
+#: Cluster-profile seeds ``tests/faults/test_nemesis.py`` runs (each passed every time it was
+#: run; the cluster's runs depend on timing more than the standalone ones). 7 also guards the
+#: kill mid-commit (see its entry in ``REGRESSIONS``).
 CLUSTER_SEEDS: tuple[int, ...] = (7,)
 
-#: Takeover-profile seeds ``tests/test_nemesis.py`` runs: each failed once, for a defect since
-#: fixed (see ``REGRESSIONS``; 26 failed as 29 did).
+#: Takeover-profile seeds ``tests/faults/test_nemesis.py`` runs: each failed once, for a defect
+#: since fixed (see ``REGRESSIONS``; 26 failed as 29 did).
 TAKEOVER_SEEDS: tuple[int, ...] = (6, 12, 29, 50)
 
-#: Seeds that failed once, each for a defect since fixed: ``tests/test_nemesis.py`` runs them
+#: Seeds that failed once, each for a defect since fixed: ``tests/faults/test_nemesis.py`` runs them
 #: as regression tests (the short ones; the long ones with ``python -m tests.nemesis``). A seed
 #: draws the same schedule every run, but what the system does under it depends on timing, so
 #: one that failed only now and then (5122, 7304) may pass on the unfixed code too: it is listed
@@ -171,8 +171,9 @@ REGRESSIONS: list[KnownFailure] = [
         " shards; the participant's next owner replayed a grant request tagged for the dead"
         " worker and unsigned, dead-lettered it, and never applied its committed decision (a"
         " change that sent requests to a worker's own shards unsigned, reverted; on it"
-        " tests/test_state_cache.py::test_states_dropped_while_the_owner_is_killed_under_load"
-        "_lose_no_op[cluster] failed every run)",
+        " tests/worker/test_state_cache.py"
+        "::test_states_dropped_while_the_owner_is_killed_under_load_lose_no_op[cluster] failed"
+        " every run)",
     ),
     KnownFailure(
         102,
@@ -316,7 +317,7 @@ REGRESSIONS: list[KnownFailure] = [
         "a shard with no owner, once in three runs: the forger XADDed an op under the largest"
         " stream id to an old shard; once its owner took it in, every step, and the next owner's"
         " acquire, asked XRANGE for the entries after it, an error (fixed: no range starts after"
-        " it; tests/test_lease_scripts.py"
+        " it; tests/backend/test_lease_scripts.py"
         "::test_nothing_is_fetched_or_replayed_after_the_largest_id_and_nothing_fails)",
     ),
     KnownFailure(
@@ -326,14 +327,15 @@ REGRESSIONS: list[KnownFailure] = [
         " participant shard to another, whose new owner held its part of that op; intake refused"
         " the copy as misrouted and stored the refusal under '<op id>#<attempt>', where the shard"
         " records its part, which then never applied (fixed: no refusal is stored under an id"
-        " holding '#', and a refused grant request is dead-lettered; tests/test_hostile_clients.py"
+        " holding '#', and a refused grant request is dead-lettered;"
+        " tests/security/test_hostile_clients.py"
         "::test_a_signed_grant_request_copied_to_another_participant_is_dead_lettered)",
     ),
     KnownFailure(
         7485,
         "reshard",
         "money lost, once: the same refusal stored under a participant's '<op id>#<attempt>' as"
-        " 7475 (fixed with it; tests/test_hostile_clients.py"
+        " 7475 (fixed with it; tests/security/test_hostile_clients.py"
         "::test_an_op_ahead_under_an_attempts_record_name_stores_nothing_there)",
     ),
     KnownFailure(
@@ -343,7 +345,7 @@ REGRESSIONS: list[KnownFailure] = [
         " sealed old shard, whose owner forwarded and deleted it, so its progress never reached"
         " it and the stream stayed exhausted; an old shard still draining could append it no"
         " grant request (fixed: a stream emptied after that id starts again;"
-        " tests/test_lease_scripts.py"
+        " tests/backend/test_lease_scripts.py"
         "::test_a_stream_emptied_after_an_entry_under_the_largest_id_starts_again)",
     ),
     KnownFailure(

@@ -1,5 +1,5 @@
 """Which pushed entries a runner takes in, and when its next step fetches (pure code: the
-protocol's Redis side is in test_push.py)."""
+protocol's Redis side is in tests/client/test_push.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A client-ACL user who publishes on every channel it can name: coordination messages are
 hints. A worker acts on a grant or a decision only as its fenced record in Redis says, so a
-forged message costs a read, never a write (the pushes' twin: tests/test_push.py)."""
+forged message costs a read, never a write (the pushes' twin: tests/client/test_push.py)."""
 
 from __future__ import annotations
 
@@ -31,12 +31,13 @@ from tests.helpers import (
     eventually,
     eventually_async,
     keys_on_shard,
+    looked_up,
     publish,
     subscribe,
     workers_split_around,
 )
 from tests.signers import grant_request, listed_signer
-from tests.test_acl import Users, documented_users
+from tests.users import Users, documented_users
 
 SHARDS = 8
 HOME, PARTICIPANT = 1, 5
@@ -88,10 +89,10 @@ async def _grant_requests(attacker: redis.asyncio.Redis, namespace: str) -> list
 @pytest.mark.slow
 async def test_a_forged_decision_notice_never_writes_a_state(users: Users, namespace: str) -> None:
     """A grant request naming the attacker as coordinator (signed by a listed signer: a client
-    user cannot sign one, see tests/test_grant_requests.py), whose grant tells the attacker the
-    participant's worker channel; the attacker publishes a decision that sets the victim's
-    balance. The participant reads the decision record instead: there is none, so it holds the
-    key until the home shard's epoch moves on, then aborts; the balance is intact."""
+    user cannot sign one, see tests/crossshard/test_grant_requests.py), whose grant tells the
+    attacker the participant's worker channel; the attacker publishes a decision that sets the
+    victim's balance. The participant reads the decision record instead: there is none, so it
+    holds the key until the home shard's epoch moves on, then aborts; the balance is intact."""
     victim = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
     attacker = redis.asyncio.Redis.from_url(users.client_url)
     own_channel = f"ks:attacker:{uuid.uuid4().hex}"
@@ -729,14 +730,6 @@ async def test_a_signed_reply_of_another_shard_never_settles_a_submit(
     finally:
         await attacker.aclose()
     assert users.refusals() == []
-
-
-def looked_up(caplog: pytest.LogCaptureFixture, op_id: str) -> bool:
-    """Whether the client looked up an op a reply named, and found no outcome for it."""
-    return any(
-        op_id in record.getMessage() and "no outcome for them" in record.getMessage()
-        for record in caplog.records
-    )
 
 
 async def _refused_elsewhere(

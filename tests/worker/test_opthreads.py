@@ -1,5 +1,5 @@
 """The threads sync ops run in: daemon threads (a process exits without waiting for an op it
-abandoned: tests/test_cli.py's second-signal test checks that on a worker), at most
+abandoned: tests/operator/test_cli.py's second-signal test checks that on a worker), at most
 ``max_threads`` at once, an idle one reused, a call's result or error handed back."""
 
 from __future__ import annotations

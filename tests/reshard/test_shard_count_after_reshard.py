@@ -1,7 +1,7 @@
 """A client given a shard count (``connect(shards=16)``, as the README had it) keeps connecting
 after ``keyserial reshard`` changes the count: it warns and routes by the recorded layout, as
 every client does (docs/client.md#the-shard-count). A count the namespace never changed from is
-still refused (``tests/test_error_messages.py``)."""
+still refused (``tests/project/test_error_messages.py``)."""
 
 from __future__ import annotations
 

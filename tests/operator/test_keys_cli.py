@@ -4,26 +4,14 @@ an operator's view of one key."""
 from __future__ import annotations
 
 import json
-import sys
 
-import anyio
 import pytest
 
 from keyserial.testing import running_worker
-from tests.helpers import ROOT
+from tests.helpers import cli
 
 # The command line as processes, one per command, against a worker.
 pytestmark = pytest.mark.slow
-
-
-async def cli(url: str, namespace: str, *args: str) -> tuple[int, str, str]:
-    with anyio.fail_after(30):
-        result = await anyio.run_process(
-            [sys.executable, "-m", "keyserial", *args, "--redis", url, "--namespace", namespace],
-            cwd=ROOT,
-            check=False,
-        )
-    return result.returncode, result.stdout.decode(), result.stderr.decode()
 
 
 async def test_call_read_and_result_show_one_key_s_ops_and_state(

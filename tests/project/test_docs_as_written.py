@@ -52,8 +52,8 @@ DEV_URL = "redis://127.0.0.1:6390/0"
 #: Commands the pages give that this test does not run, and why.
 NOT_RUN = {
     'pip install -e ".[dev]" && python -m pytest -q': "keyserial's own suite, this test"
-    " among it: CI runs it (.ci/run; tests/test_readme.py checks that it is this command)",
-    "keyserial bench": "minutes of benchmarks; tests/test_bench.py runs a short one",
+    " among it: CI runs it (.ci/run; tests/project/test_readme.py checks that it is this command)",
+    "keyserial bench": "minutes of benchmarks; tests/project/test_bench.py runs a short one",
     "keyserial bench --profile full": "a quarter of an hour of benchmarks",
 }
 #: What a command prints (stdout and stderr) that its page shows in its comment, and its

@@ -1,6 +1,6 @@
 """The README's 30-second example runs as written (against a fresh private server), and its setup
 commands are CI's. The whole README, followed in a fresh venv as a user types it, is
-tests/test_docs_as_written.py's."""
+tests/project/test_docs_as_written.py's."""
 
 from __future__ import annotations
 

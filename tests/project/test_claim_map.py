@@ -9,7 +9,7 @@ from pathlib import Path
 
 from tests.mutants import MUTANTS
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 ROW = re.compile(r"^\| (G\d+\.\d+) \| (.+?) \| (.+?) \| (.+) \|$")
 NAMED = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
 

@@ -17,7 +17,7 @@ from keyserial.cli import build_parser
 from keyserial.ledger import deposit
 from keyserial.testing import LocalServer, free_port, running_worker
 from tests.helpers import ROOT
-from tests.test_acl import documented_users
+from tests.users import documented_users
 
 NOTE = "keyserial: using "
 

@@ -1,7 +1,7 @@
 """Sharded pub/sub: on a cluster, wake-ups and replies travel on shard channels (SPUBLISH, in
 their shard's slot); on a standalone server, on classic channels. A client user who names a
 shard channel of another slot as an op's reply channel gets its reply by PUBLISH, and the
-worker goes on serving. (Through a failover of 3 masters: tests/test_cluster_failover.py.)"""
+worker goes on serving. (Through a failover of 3 masters: tests/faults/test_cluster_failover.py.)"""
 
 from __future__ import annotations
 

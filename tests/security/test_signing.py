@@ -27,7 +27,7 @@ from keyserial._worker.pipeline import coordination_messages
 from keyserial.ledger import balance, deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests.helpers import eventually
-from tests.test_acl import Users, documented_users
+from tests.users import Users, documented_users
 
 MESSAGE = '{"v":1,"r":[["op-1",{"ok":7,"s":0,"g":0,"e":["1-0"]}]]}'
 

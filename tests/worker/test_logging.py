@@ -105,7 +105,7 @@ async def test_an_op_refusal_is_logged_at_info_without_traceback(
 ) -> None:
     caplog.set_level(logging.INFO, logger="keyserial")
     async with (
-        running_worker(redis_url, namespace, shard_count=1, apps=["tests.test_logging"]),
+        running_worker(redis_url, namespace, shard_count=1, apps=["tests.worker.test_logging"]),
         keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
     ):
         with pytest.raises(keyserial.OperationFailed, match="no stock left"):

@@ -626,7 +626,8 @@ async def test_signed_grants_and_decisions_are_taken_without_reading_their_recor
     """Two workers splitting the shards: once each has met the other's signer, a transfer
     between them reads no grant record and looks up no decision. Each worker takes the message
     the other signed for it as its record (an unsigned one only wakes: see
-    tests/test_hostile_clients.py). Seen in the server's MONITOR, scripts' commands included."""
+    tests/security/test_hostile_clients.py). Seen in the server's MONITOR, scripts' commands
+    included."""
     source, target = keys_on_shard(3, SHARDS, 1, "acct")[0], keys_on_shard(9, SHARDS, 1, "acct")[0]
     async with (
         running_worker(redis_url, namespace, shard_count=SHARDS, shards=range(8)) as low,

@@ -32,7 +32,7 @@ from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests.helpers import eventually, keys_on_shard, workers_split_around
 from tests.signers import SAMPLE_REQUEST, grant_request, listed_signer, sample_request
-from tests.test_acl import Users, documented_rules, documented_users
+from tests.users import Users, documented_rules, documented_users
 
 SHARDS = 8
 HOME, PARTICIPANT = 1, 5

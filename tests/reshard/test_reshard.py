@@ -46,16 +46,16 @@ from keyserial.testing import running_worker
 from tests import apps
 from tests.helpers import (
     Starter,
+    cli,
     eventually,
     eventually_async,
     keys_on_shard,
+    looked_up,
     publish,
     stored_outcome,
 )
 from tests.signers import grant_request, listed_signer
-from tests.test_acl import Users, documented_users
-from tests.test_hostile_clients import looked_up
-from tests.test_keys_cli import cli
+from tests.users import Users, documented_users
 
 #: Accounts of the bank load, each opened with this balance.
 ACCOUNTS, OPENING = 12, 100

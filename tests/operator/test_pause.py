@@ -29,14 +29,14 @@ from tests import apps
 from tests.helpers import (
     ROOT,
     Starter,
+    cli,
     eventually_async,
     keys_on_shard,
     publish,
     stored_outcome,
 )
 from tests.ownership import holder_pid, inspector
-from tests.test_acl import documented_users
-from tests.test_keys_cli import cli
+from tests.users import documented_users
 
 # Paused keys' ops wait: the command line as processes, reshards, takeovers.
 pytestmark = pytest.mark.slow

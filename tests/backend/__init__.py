@@ -1,0 +1,1 @@
+"""The boundary to Redis: its connections, script calls, the private servers tests start."""

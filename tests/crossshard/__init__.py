@@ -1,0 +1,1 @@
+"""Multi-key and cross-shard ops: atomicity, grant requests, races and faults, zombie writes."""

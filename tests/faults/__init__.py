@@ -1,0 +1,1 @@
+"""Faults with real processes and servers: kill -9, SIGSTOP, restarts, failovers, the nemesis."""

@@ -1,0 +1,1 @@
+"""The operator's tools: the command line, status, keys, dead letters, the dashboard, traces."""

@@ -1,0 +1,1 @@
+"""Who may do what: the documented ACL users, signatures, hostile clients, TLS, redaction."""

@@ -1,0 +1,1 @@
+"""The worker: leases, steps, order, threads, caches, fences, its pipeliner, metrics and logs."""
