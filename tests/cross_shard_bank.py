@@ -5,7 +5,7 @@ shards and a standby on all four: the setting of the cross-shard fault tests
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -79,14 +79,6 @@ class Bank:
         return time.monotonic()
 
 
-async def until(check: Callable[[], Any], message: str, timeout: float = 15) -> None:
-    deadline = time.monotonic() + timeout
-    while not await check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{message} not reached within {timeout}s")
-        await anyio.sleep(0.005)
-
-
 @asynccontextmanager
 async def bank(url: str, namespace: str, start: Starter, tmp_path: Path) -> AsyncIterator[Bank]:
     def worker(shards: str) -> WorkerProcess:
@@ -103,7 +95,7 @@ async def bank(url: str, namespace: str, start: Starter, tmp_path: Path) -> Asyn
                 tokens = [await client.get(lease) for lease in leases]
                 return [int(t.decode().split(":")[1]) if t else None for t in tokens] == expected
 
-            await until(all_owned, "every shard owned")
+            await eventually(all_owned, message="every shard owned", timeout=15, interval=0.005)
             standby = worker("0-3")
             await wait_for_log(standby, "serving shards", timeout=15)
             the_bank = Bank(url, namespace, ks, client, w0, w1, w2, standby, tmp_path / "paying")

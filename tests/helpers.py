@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import signal
@@ -134,23 +135,19 @@ async def eventually(
     interval: float = 0.02,
     message: str = "condition",
 ) -> Any:
-    """Poll ``check`` until it returns a truthy value (the value is returned)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{message} not reached within {timeout}s")
-        await anyio.sleep(interval)
-
-
-async def eventually_async(check: Any, *, timeout: float = 10) -> Any:
-    """Poll an async ``check`` until it returns something truthy."""
-    with anyio.fail_after(timeout):
-        while not (value := await check()):
-            await anyio.sleep(0.02)
-    return value
+    """Poll ``check`` every ``interval`` until it returns something truthy, and return that; an
+    async check's result is awaited. The one poll of the suite: a test waits for a state, never
+    sleeps for one. Past ``timeout`` (a check that hangs included) the test fails, saying
+    ``message``."""
+    with anyio.move_on_after(timeout):
+        while True:
+            value = check()
+            if inspect.isawaitable(value):
+                value = await value
+            if value:
+                return value
+            await anyio.sleep(interval)
+    raise AssertionError(f"{message} not reached within {timeout}s")
 
 
 async def stored_outcome(
@@ -169,10 +166,12 @@ async def stored_outcome(
 
 async def wait_for_exit(worker: WorkerProcess, timeout: float) -> int:
     """The worker's exit code, once it has exited."""
-    with anyio.fail_after(timeout):
-        while (code := worker.process.poll()) is None:
-            await anyio.sleep(0.02)
-    return code
+    await eventually(
+        lambda: worker.process.poll() is not None,
+        timeout=timeout,
+        message=f"the exit of worker {worker.pid}",
+    )
+    return worker.process.returncode
 
 
 def free_closed_port() -> int:

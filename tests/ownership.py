@@ -8,10 +8,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import anyio
 import redis.asyncio
 
 from keyserial.testing import ShardKeys
+from tests.helpers import eventually
 
 #: The shard count of the fault tests' namespaces.
 SHARDS = 4
@@ -50,18 +50,25 @@ async def wait_for_holder(
 ) -> float:
     """Wait until ``pid`` holds every one of ``shards``; return the time it took."""
     started = time.monotonic()
-    with anyio.fail_after(timeout):
-        while [await holder_pid(client, namespace, s) for s in shards] != [pid] * len(shards):
-            await anyio.sleep(0.01)
+
+    async def held() -> bool:
+        return [await holder_pid(client, namespace, s) for s in shards] == [pid] * len(shards)
+
+    await eventually(
+        held, timeout=timeout, interval=0.01, message=f"worker {pid} holding shards {shards}"
+    )
     return time.monotonic() - started
 
 
 async def all_held(client: Any, namespace: str) -> list[int]:
     """Wait until every shard has a lease holder; return their pids."""
-    with anyio.fail_after(15):
-        while None in (current := await holders(client, namespace)):
-            await anyio.sleep(0.02)
-    return [pid for pid in current if pid is not None]
+
+    async def every_shard_held() -> list[int] | None:
+        current = await holders(client, namespace)
+        return None if None in current else [pid for pid in current if pid is not None]
+
+    pids: list[int] = await eventually(every_shard_held, timeout=15, message="every shard held")
+    return pids
 
 
 def stale_calls(commands: list[str], epoch_key: str, epoch: str) -> list[list[str]]:

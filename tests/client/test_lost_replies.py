@@ -8,7 +8,7 @@ message is gone. (The client resubscribes; the sweep alone can still find the ou
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -23,6 +23,7 @@ from keyserial._client.pending import Pending
 from keyserial._client.sweep import Sweep
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
+from tests.helpers import eventually
 
 LARGE = "x" * 200_000
 
@@ -43,14 +44,6 @@ async def _subscribers(client: Any) -> set[str]:
     listed = await client.execute_command("CLIENT", "LIST", "TYPE", "pubsub")
     text = listed.decode() if isinstance(listed, bytes) else str(listed)
     return {line.split()[0] for line in text.splitlines() if line.startswith("id=")}
-
-
-async def _until(check: Callable[[], Awaitable[Any]], message: str) -> None:
-    with anyio.move_on_after(10):
-        while not await check():
-            await anyio.sleep(0.01)
-        return
-    raise AssertionError(f"{message}: not within 10 s")
 
 
 async def test_a_lost_reply_is_fetched_by_the_client_s_sweep(
@@ -75,13 +68,19 @@ async def test_a_lost_reply_is_fetched_by_the_client_s_sweep(
                         )
 
                     group.start_soon(submit)
-                    await _until(lambda: client.hexists(results, "large"), "the op committed")
+                    await eventually(
+                        lambda: client.hexists(results, "large"),
+                        message="the op committed",
+                        interval=0.01,
+                    )
 
                     async def dropped() -> bool:
                         return bool(subscribed - await _subscribers(client))
 
                     # The reply went into the client's subscription, which Redis then closed.
-                    await _until(dropped, "the client's subscription dropped")
+                    await eventually(
+                        dropped, message="the client's subscription dropped", interval=0.01
+                    )
                 # (The limit is back: replies flow again, but the lost one is never resent.)
             assert replies == [["small", LARGE]]
     finally:

@@ -27,7 +27,7 @@ from keyserial._worker.runner import ShardRunner
 from keyserial.ledger import balance, deposit, withdraw
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
-from tests.helpers import eventually_async, free_closed_port
+from tests.helpers import eventually, free_closed_port
 
 
 async def test_ledger_ops_return_values_and_commit_state(redis_url: str, namespace: str) -> None:
@@ -456,7 +456,7 @@ async def test_an_idle_shard_keeps_only_its_unprocessed_entries(
             async def backlog_only() -> bool:
                 return await client.xlen(stream) == 0
 
-            await eventually_async(backlog_only, timeout=5)
+            await eventually(backlog_only, timeout=5)
         finally:
             await client.aclose()
 

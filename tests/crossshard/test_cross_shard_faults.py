@@ -40,7 +40,6 @@ from tests.cross_shard_bank import (
     check_after_fault,
     holder_is,
     lost_its_shard,
-    until,
 )
 from tests.helpers import (
     Starter,
@@ -66,7 +65,9 @@ async def test_coordinator_killed_after_the_first_grant(
         group.start_soon(b.ks.submit, C, apps.hold(1.0, str(held)))  # C's grant comes later
         await eventually(held.exists, message="C held")
         group.start_soon(b.pay, 0)
-        await until(lambda: b.recorded(1, "victim#1#g"), "B granted")
+        await eventually(
+            lambda: b.recorded(1, "victim#1#g"), message="B granted", timeout=15, interval=0.005
+        )
         assert not await b.recorded(2, "victim#1#g")
         b.w0.kill()
         await check_after_fault(b, b.fault(group))
@@ -83,7 +84,12 @@ async def test_coordinator_killed_after_the_decision_record(
         await eventually(lambda: noted(b.note), message="the op running with every key held")
         for participant in (b.w1, b.w2):
             await freeze(participant)
-        await until(lambda: b.recorded(0, "victim#1#d"), "the decision recorded")
+        await eventually(
+            lambda: b.recorded(0, "victim#1#d"),
+            message="the decision recorded",
+            timeout=15,
+            interval=0.005,
+        )
         b.w0.kill()
         fault_at = b.fault(group)
         for shard, account in ((1, B), (2, C)):  # not yet applied on either participant
@@ -100,7 +106,7 @@ async def test_coordinator_killed_after_part_of_the_apply(
         group.start_soon(b.pay, 0.3)
         await eventually(lambda: noted(b.note), message="the op running with every key held")
         b.w2.signal(signal.SIGSTOP)  # C cannot apply yet
-        await until(lambda: b.applied(B), "B applied")
+        await eventually(lambda: b.applied(B), message="B applied", timeout=15, interval=0.005)
         assert "victim" not in (await b.ks.read(C))["ops"]
         b.w0.kill()
         fault_at = b.fault(group)
@@ -117,7 +123,12 @@ async def test_participant_killed_while_holding_keys(
         b.w1.kill()
         fault_at = b.fault(group)
         assert not await b.recorded(1, "victim#1"), "B's part was applied before the kill"
-        await until(lambda: holder_is(b, 1, b.standby), "the standby owns B's shard")
+        await eventually(
+            lambda: holder_is(b, 1, b.standby),
+            message="the standby owns B's shard",
+            timeout=15,
+            interval=0.005,
+        )
         await check_after_fault(b, fault_at)
 
 
@@ -144,7 +155,12 @@ async def test_a_grant_request_lost_while_its_keys_were_busy_is_granted_at_its_n
             )
             return last[0][0] if fetched else None
 
-        await until(request_fetched, "the grant request fetched by B's owner")
+        await eventually(
+            request_fetched,
+            message="the grant request fetched by B's owner",
+            timeout=15,
+            interval=0.005,
+        )
         lost = await request_fetched()
         assert lost is not None
         await b.redis.xdel(shard_1.stream, lost)
@@ -168,8 +184,18 @@ async def test_zombie_coordinator_changes_nothing(
         await eventually(lambda: noted(b.note), message="the op running with every key held")
         b.w0.signal(signal.SIGSTOP)
         fault_at = b.fault(group)
-        await until(lambda: holder_is(b, 0, b.standby), "the standby owns the home shard")
-        await until(lambda: b.recorded(0, "victim"), "the standby finished the op")
+        await eventually(
+            lambda: holder_is(b, 0, b.standby),
+            message="the standby owns the home shard",
+            timeout=15,
+            interval=0.005,
+        )
+        await eventually(
+            lambda: b.recorded(0, "victim"),
+            message="the standby finished the op",
+            timeout=15,
+            interval=0.005,
+        )
         b.w0.signal(signal.SIGCONT)
         await lost_its_shard(b.w0, 0)
         await check_after_fault(b, fault_at)
@@ -185,8 +211,15 @@ async def test_zombie_participant_changes_nothing(
         await eventually(lambda: noted(b.note), message="the op running with every key held")
         b.w1.signal(signal.SIGSTOP)
         fault_at = b.fault(group)
-        await until(lambda: holder_is(b, 1, b.standby), "the standby owns B's shard")
-        await until(lambda: b.applied(B), "the standby applied B's part")
+        await eventually(
+            lambda: holder_is(b, 1, b.standby),
+            message="the standby owns B's shard",
+            timeout=15,
+            interval=0.005,
+        )
+        await eventually(
+            lambda: b.applied(B), message="the standby applied B's part", timeout=15, interval=0.005
+        )
         b.w1.signal(signal.SIGCONT)  # it still holds B's grant and the decision is waiting
         await lost_its_shard(b.w1, 1)
         await check_after_fault(b, fault_at)
@@ -232,9 +265,11 @@ async def owner_fault_mid_payments(
             owner, standby = await owner_and_standby(start, client, url, namespace)
 
             async def standby_holds() -> None:
-                await until(
+                await eventually(
                     lambda: all_held_by(client, namespace, standby.pid),
-                    "the standby holds every shard",
+                    message="the standby holds every shard",
+                    timeout=15,
+                    interval=0.005,
                 )
 
             async def strike() -> None:
@@ -263,7 +298,12 @@ async def owner_and_standby(
 ) -> tuple[WorkerProcess, WorkerProcess]:
     """A worker holding every shard, then a standby listing them all."""
     owner = start(url, namespace, shards="0-3", shard_count=SHARDS, lease_ttl=TTL)
-    await until(lambda: all_held_by(client, namespace, owner.pid), "the owner holds every shard")
+    await eventually(
+        lambda: all_held_by(client, namespace, owner.pid),
+        message="the owner holds every shard",
+        timeout=15,
+        interval=0.005,
+    )
     standby = start(url, namespace, shards="0-3", shard_count=SHARDS, lease_ttl=TTL)
     await wait_for_log(standby, "serving shards", timeout=15)
     return owner, standby
@@ -309,7 +349,12 @@ async def pay_through_a_fault(
     async with anyio.create_task_group() as group:
         for op_id, keys, amount in plans:
             group.start_soon(pay, op_id, keys, amount)
-        await until(lambda: ks_results_exist(client, namespace), "payments landing")
+        await eventually(
+            lambda: ks_results_exist(client, namespace),
+            message="payments landing",
+            timeout=15,
+            interval=0.005,
+        )
         await fault()
     assert len(outcomes) == len(plans)
     return outcomes
@@ -353,9 +398,11 @@ async def test_zombie_worker_owning_every_shard_changes_nothing(
                         lambda: noted(note), message="the op running with every key held"
                     )
                     owner.signal(signal.SIGSTOP)
-                    await until(
+                    await eventually(
                         lambda: all_held_by(client, namespace, standby.pid),
-                        "the standby holds every shard",
+                        message="the standby holds every shard",
+                        timeout=15,
+                        interval=0.005,
                     )
                     owner.signal(signal.SIGCONT)
                 await lost_its_shard(owner, 0)

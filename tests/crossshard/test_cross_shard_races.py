@@ -17,7 +17,7 @@ import keyserial
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
 from tests.entries import append_entry, envelope, stored
-from tests.helpers import Starter, check_bank, eventually, eventually_async, keys_on_shard
+from tests.helpers import Starter, check_bank, eventually, keys_on_shard
 from tests.ownership import inspector, wait_for_holder
 from tests.proxy import FaultProxy
 
@@ -133,7 +133,7 @@ async def test_a_lost_reply_of_a_step_writing_two_shards_is_sent_again_not_taken
                         await anyio.sleep(0.002)
                 proxy.reset()  # X's reply (and everything else in flight) is lost
                 proxy.heal()
-                await eventually_async(lambda: stored(client, namespace, 0, "y"))
+                await eventually(lambda: stored(client, namespace, 0, "y"))
                 assert await stored(client, namespace, 0, "x") == {"ok": OPENING - 10}
                 assert await stored(client, namespace, 0, "y") == {"ok": OPENING + 10 - 5}
                 states = {}

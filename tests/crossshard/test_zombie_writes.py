@@ -32,7 +32,6 @@ from tests.cross_shard_bank import (
     check_after_fault,
     holder_is,
     lost_its_shard,
-    until,
 )
 from tests.helpers import Starter, WorkerProcess, eventually, noted
 from tests.ownership import fenced_errors, stale_calls
@@ -97,8 +96,18 @@ async def test_a_zombie_coordinator_s_decision_reaches_redis_and_is_refused(
         group.start_soon(b.submit_payment, apps.pay_frozen(10, str(gate), str(b.note)))
         await eventually(lambda: noted(b.note), message="the op running with every key held")
         fault_at = b.fault(group)  # (its worker is frozen from now on)
-        await until(lambda: holder_is(b, 0, b.standby), "the standby owns the home shard")
-        await until(lambda: b.recorded(0, "victim"), "the standby finished the op")
+        await eventually(
+            lambda: holder_is(b, 0, b.standby),
+            message="the standby owns the home shard",
+            timeout=15,
+            interval=0.005,
+        )
+        await eventually(
+            lambda: b.recorded(0, "victim"),
+            message="the standby finished the op",
+            timeout=15,
+            interval=0.005,
+        )
         fenced_before = await fenced_errors(b.redis)
         # The decision names the op's attempt field, "victim#<epoch>#d" is not in the call,
         # but the op id is: the zombie's decide is the stale call carrying "victim".
@@ -130,12 +139,27 @@ async def test_a_zombie_participant_s_commit_reaches_redis_and_is_refused(
             horizon = await b.redis.get(shard_1.horizon)
             return bool(last) and b"keyserial.grant" in last[0][1][b"ops"] and horizon == last[0][0]
 
-        await until(request_fetched, "the grant request fetched by B's owner")
+        await eventually(
+            request_fetched,
+            message="the grant request fetched by B's owner",
+            timeout=15,
+            interval=0.005,
+        )
         assert not await b.recorded(1, "victim#1#g"), "B is still busy: no grant yet"
         freeze.touch()  # (B's owner blocks in the op; the standby's replay of it ends at once)
         fault_at = b.fault(group)
-        await until(lambda: holder_is(b, 1, b.standby), "the standby owns B's shard")
-        await until(lambda: b.applied(B), "the standby granted and applied B's part")
+        await eventually(
+            lambda: holder_is(b, 1, b.standby),
+            message="the standby owns B's shard",
+            timeout=15,
+            interval=0.005,
+        )
+        await eventually(
+            lambda: b.applied(B),
+            message="the standby granted and applied B's part",
+            timeout=15,
+            interval=0.005,
+        )
         fenced_before = await fenced_errors(b.redis)
         stale = await _resume_under_paused_writes(b, b.w1, gate, 1, stale_epoch, "busy-on-b")
         # Every one of them was refused, the step carrying the grant (if it left) included.

@@ -24,7 +24,6 @@ from tests.entries import append_entry, envelope, stored
 from tests.helpers import (
     Starter,
     eventually,
-    eventually_async,
     keys_on_shard,
     stored_outcome,
     wait_for_exit,
@@ -246,10 +245,10 @@ async def test_an_append_lost_before_any_worker_saw_it_is_appended_again(
                     results.append(await ks.submit(key, apps.record(), timeout=20))
 
                 group.start_soon(submit)
-                ((entry_id, _),) = await eventually_async(lambda: client.xrange(stream))
+                ((entry_id, _),) = await eventually(lambda: client.xrange(stream))
                 await client.xdel(stream, entry_id)  # what the failover lost
                 async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]):
-                    await eventually_async(lambda: _done(results))
+                    await eventually(lambda: _done(results))
             assert results == [1]
             assert len(await ks.read(key)) == 1
 
@@ -407,7 +406,7 @@ async def test_a_poison_op_behind_slow_ops_is_dead_lettered_and_they_are_not(
                     return {"error": {"type": "(every worker died)"}}
                 return outcome
 
-            poisoned = await eventually_async(killer_settled, timeout=40)
+            poisoned = await eventually(killer_settled, timeout=40)
             assert poisoned["error"]["type"] == "keyserial.PoisonOperation", poisoned
             assert poisoned["error"]["data"] == {"strikes": 3}
             dead = [worker for worker in workers if worker.process.poll() is not None]
@@ -475,9 +474,9 @@ async def test_a_suspect_finishing_as_its_time_alone_ends_commits_its_result_wit
                 await anyio.sleep(alone + 1.15 * ttl - time.monotonic())
                 proxy.reset()  # what was held is lost
                 proxy.heal()
-                assert await eventually_async(
-                    lambda: stored(client, namespace, 2, "x"), timeout=20
-                ) == {"ok": ["x"]}
+                assert await eventually(lambda: stored(client, namespace, 2, "x"), timeout=20) == {
+                    "ok": ["x"]
+                }
                 state = await run_one(ks, key)  # ["x", the op id of the op run_one submits]
                 assert state[0] == "x" and len(state) == 2, state
                 assert successor.process.poll() is None, "the successor kept its lease"
@@ -528,7 +527,7 @@ async def test_a_server_out_of_memory_is_waited_out_and_blames_no_op(
 
                 async with anyio.create_task_group() as group:
                     group.start_soon(submit, apps.slow_append("slow", 1.0))
-                    await eventually_async(lambda: admin.xlen(stream))
+                    await eventually(lambda: admin.xlen(stream))
                     await admin.config_set("maxmemory", 1)  # (the op runs for a second more)
                     group.start_soon(submit, apps.append("later"))
                     await eventually(lambda: _oom_retried(caplog), message="a commit's OOM")

@@ -9,7 +9,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import anyio
@@ -20,7 +20,7 @@ import keyserial
 from keyserial.ledger import deposit
 from keyserial.testing import LocalServer, find_server_binary, free_port, running_worker
 from tests import apps
-from tests.helpers import ROOT
+from tests.helpers import ROOT, eventually
 
 
 def _python_only_path(tmp_path: Path) -> str:
@@ -543,7 +543,7 @@ def test_dev_restarts_a_worker_an_op_killed_and_leaves_no_server_when_killed(
             stderr=subprocess.STDOUT,
         )
     try:
-        _wait_for(lambda: "ready on" in log_path.read_text(), timeout=30)
+        anyio.run(partial(eventually, lambda: "ready on" in log_path.read_text(), timeout=30))
 
         async def poison_then_deposit() -> int:
             async with keyserial.connect(url, shards=2) as ks:
@@ -557,17 +557,10 @@ def test_dev_restarts_a_worker_an_op_killed_and_leaves_no_server_when_killed(
         assert process.poll() is None
         process.kill()
         process.wait()
-        _wait_for(lambda: not _answers(port), timeout=10)
+        anyio.run(partial(eventually, lambda: not _answers(port), timeout=10))
     finally:
         process.kill()
         process.wait()
-
-
-def _wait_for(condition: Callable[[], bool], *, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
 
 
 def _answers(port: int) -> bool:

@@ -12,7 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
@@ -26,7 +26,7 @@ from keyserial._worker.activity import RECENT_OPS
 from keyserial.ledger import deposit
 from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests import apps
-from tests.helpers import ROOT, Starter, eventually_async
+from tests.helpers import ROOT, Starter, eventually
 
 # A real Chromium per test.
 pytestmark = pytest.mark.slow
@@ -91,20 +91,18 @@ def browser() -> Iterator[Any]:
         driver.quit()
 
 
-async def until(check: Callable[[], Any], timeout: float = 15) -> Any:
-    """Poll ``check`` (a call into the browser, run in a thread) until it returns something
-    true; what it returned. A page element replaced by a refresh is looked up again."""
+def on_page(check: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
+    """``check``, a call into the browser, as a check for ``eventually``: run in a thread, and
+    not yet true where a refresh replaced a page element it held (looked up again next time)."""
     from selenium.common.exceptions import StaleElementReferenceException
 
-    with anyio.fail_after(timeout):
-        while True:
-            try:
-                found = await anyio.to_thread.run_sync(check)
-            except StaleElementReferenceException:
-                found = None
-            if found:
-                return found
-            await anyio.sleep(0.1)
+    async def in_a_thread() -> Any:
+        try:
+            return await anyio.to_thread.run_sync(check)
+        except StaleElementReferenceException:
+            return None
+
+    return in_a_thread
 
 
 def rows(driver: Any, table: str) -> list[list[str]]:
@@ -168,11 +166,17 @@ async def test_the_page_shows_updates_and_acts(
         with dashboard(url, namespace) as page:
             await anyio.to_thread.run_sync(browser.get, page)
             # It loads: every shard, owned by this process's worker.
-            owners = await until(lambda: [row[1] for row in rows(browser, "shards")])
+            owners = await eventually(
+                on_page(lambda: [row[1] for row in rows(browser, "shards")]),
+                timeout=15,
+                interval=0.1,
+            )
             this_worker = f"{os.uname().nodename}:{os.getpid()}"
             assert owners == [this_worker] * SHARDS
-            workers = await until(
-                lambda: len(rows(browser, "workers")) == 2 and rows(browser, "workers")
+            workers = await eventually(
+                on_page(lambda: len(rows(browser, "workers")) == 2 and rows(browser, "workers")),
+                timeout=15,
+                interval=0.1,
             )
             by_worker = {row[0]: row[1:3] for row in workers}
             assert by_worker == {
@@ -187,30 +191,58 @@ async def test_the_page_shows_updates_and_acts(
 
             async with anyio.create_task_group() as load:
                 load.start_soon(keep_depositing)
-                hot = await until(lambda: [r for r in rows(browser, "hot") if r[0] == "hot:1"])
+                hot = await eventually(
+                    on_page(lambda: [r for r in rows(browser, "hot") if r[0] == "hot:1"]),
+                    timeout=15,
+                    interval=0.1,
+                )
                 assert float(hot[0][1]) > 0
-                busy = await until(
-                    lambda: [r for r in rows(browser, "shards") if r[7] not in ("-", "0.0")]
+                busy = await eventually(
+                    on_page(
+                        lambda: [r for r in rows(browser, "shards") if r[7] not in ("-", "0.0")]
+                    ),
+                    timeout=15,
+                    interval=0.1,
                 )
                 assert busy[0][0] == str(keyserial.shard_for("hot:1", SHARDS))
                 load.cancel_scope.cancel()
 
             # A dead letter, replayed from the page, runs its op once; then it is dropped.
             shard = await dead_letter(url, namespace, "lost-op-1", "replayed:1")
-            await until(lambda: click_summary(browser, "letters", "lost-op-1"))
-            shown_raw = await until(
-                lambda: browser.find_element(By.CSS_SELECTOR, "#letters pre").text
+            await eventually(
+                on_page(lambda: click_summary(browser, "letters", "lost-op-1")),
+                timeout=15,
+                interval=0.1,
+            )
+            shown_raw = await eventually(
+                on_page(lambda: browser.find_element(By.CSS_SELECTOR, "#letters pre").text),
+                timeout=15,
+                interval=0.1,
             )
             written = {"id": "lost-op-1", "key": "replayed:1", "op": "record"}
             assert json.loads(json.loads(shown_raw)["ops"]) == written  # the entry, as it was
-            await until(lambda: click_in_row(browser, "letters", "lost-op-1", "Replay"))
-            message = await until(lambda: browser.find_element(By.ID, "message").text)
+            await eventually(
+                on_page(lambda: click_in_row(browser, "letters", "lost-op-1", "Replay")),
+                timeout=15,
+                interval=0.1,
+            )
+            message = await eventually(
+                on_page(lambda: browser.find_element(By.ID, "message").text),
+                timeout=15,
+                interval=0.1,
+            )
             assert "replayed dead letter" in message and "lost-op-1" in message
             assert await ks.result("lost-op-1", key="replayed:1") == 1
             assert await ks.read("replayed:1") == ["lost-op-1"]
-            await until(lambda: click_in_row(browser, "letters", "lost-op-1", "Drop"))
+            await eventually(
+                on_page(lambda: click_in_row(browser, "letters", "lost-op-1", "Drop")),
+                timeout=15,
+                interval=0.1,
+            )
             await anyio.to_thread.run_sync(lambda: browser.switch_to.alert.accept())
-            assert await until(lambda: not rows(browser, "letters"))
+            assert await eventually(
+                on_page(lambda: not rows(browser, "letters")), timeout=15, interval=0.1
+            )
             assert await ks.read("replayed:1") == ["lost-op-1"]  # (dropping runs nothing)
             assert shard in range(SHARDS)
 
@@ -218,32 +250,52 @@ async def test_the_page_shows_updates_and_acts(
             with pytest.raises(keyserial.OperationFailed):
                 await ks.submit("broken:1", apps.fail_deep(2))
             # (Workers post their recent ops every 2 s: Inspect again until it is there.)
-            outcome = await until(
-                lambda: (
-                    inspect_key(browser, "broken:1")
-                    or [r[3] for r in rows(browser, "key-recent") if "fail_deep" in r]
-                )
+            outcome = await eventually(
+                on_page(
+                    lambda: (
+                        inspect_key(browser, "broken:1")
+                        or [r[3] for r in rows(browser, "key-recent") if "fail_deep" in r]
+                    )
+                ),
+                timeout=15,
+                interval=0.1,
             )
             assert outcome == ["RuntimeError: boom at the bottom of broken:1"]
             browser.find_element(By.CSS_SELECTOR, "#key-recent summary").click()
             trace = browser.find_element(By.CSS_SELECTOR, "#key-recent pre").text
             assert "Traceback" in trace and "fail_deep" in trace
-            failed = await until(lambda: [r for r in rows(browser, "failed") if "broken:1" in r])
+            failed = await eventually(
+                on_page(lambda: [r for r in rows(browser, "failed") if "broken:1" in r]),
+                timeout=15,
+                interval=0.1,
+            )
             assert failed[0][2:4] == ["fail_deep", "RuntimeError"]
             browser.find_element(By.ID, "key-pause").click()
-            await until(lambda: browser.find_element(By.ID, "key-pause").text == "Resume")
+            await eventually(
+                on_page(lambda: browser.find_element(By.ID, "key-pause").text == "Resume"),
+                timeout=15,
+                interval=0.1,
+            )
             assert "paused" in browser.find_element(By.ID, "key-paused").text
             with pytest.raises(keyserial.SubmitTimeout):
                 await ks.submit("broken:1", deposit(5), timeout=1)  # queued, not run
             browser.find_element(By.ID, "key-pause").click()
-            await until(lambda: browser.find_element(By.ID, "key-pause").text == "Pause")
+            await eventually(
+                on_page(lambda: browser.find_element(By.ID, "key-pause").text == "Pause"),
+                timeout=15,
+                interval=0.1,
+            )
             with anyio.fail_after(10):
                 while await ks.read("broken:1") != 5:  # the queued op ran once resumed
                     await anyio.sleep(0.05)
 
             # Markup in a key is shown as text, never run.
             await ks.submit(MARKUP_KEY, deposit(1))
-            shown = await until(lambda: [r for r in rows(browser, "hot") if r[0] == MARKUP_KEY])
+            shown = await eventually(
+                on_page(lambda: [r for r in rows(browser, "hot") if r[0] == MARKUP_KEY]),
+                timeout=15,
+                interval=0.1,
+            )
             assert shown
             assert browser.title == "keyserial dashboard"
             assert not browser.find_elements(By.CSS_SELECTOR, "#hot img")
@@ -374,7 +426,7 @@ async def test_the_api_answers_only_to_the_token(
                 bad = await http.post("/api/dead-letters/0/nonsense/drop", headers=authorized)
                 assert bad.status_code == 409
                 assert "not a dead-letter id" in bad.json()["error"]
-        posted = await eventually_async(lambda: activity_posted(url, namespace))
+        posted = await eventually(lambda: activity_posted(url, namespace))
         assert [json.loads(post)["hot"] for post in posted.values()] == [[[RUNNING_KEY, 1]]]
     assert await activity_posted(url, namespace) == {}, "a stopped worker's post is dropped"
 
@@ -402,7 +454,7 @@ async def test_the_api_shows_paused_keys_roster_ages_and_failed_ops_among_a_key_
                 for post in posts
             )
 
-        await eventually_async(moved_past)
+        await eventually(moved_past)
         with dashboard(url, namespace) as page:
             base = page.partition("#")[0].rstrip("/")
             authorized = {"Authorization": f"Bearer {TOKEN}"}

@@ -30,7 +30,7 @@ from tests.helpers import (
     ROOT,
     Starter,
     cli,
-    eventually_async,
+    eventually,
     keys_on_shard,
     publish,
     stored_outcome,
@@ -102,7 +102,7 @@ async def test_the_next_owner_honours_a_pause_after_a_crash(
         await anyio.wait_all_tasks_blocked()
         assert await ks.submit(neighbour, deposit(5), timeout=10) == 5  # (taken in after it)
         owner.signal(signal.SIGKILL)
-        await eventually_async(lambda: _held_by(client, namespace, standby.pid), timeout=15)
+        await eventually(lambda: _held_by(client, namespace, standby.pid), timeout=15)
         assert await ks.submit(neighbour, deposit(5), timeout=10) == 10
         assert answers == {}
         assert (await cli(redis_url, namespace, "keys", "resume", paused))[0] == 0

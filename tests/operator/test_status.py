@@ -23,7 +23,7 @@ from keyserial._wire.layout import Layout, roster_key
 from keyserial._wire.roster import ROSTER_SILENT, ROSTER_STALE, WorkerEntry
 from keyserial.ledger import deposit
 from keyserial.testing import LocalServer, ShardKeys, running_worker
-from tests.helpers import ROOT, Starter, keys_on_shard, wait_for_log
+from tests.helpers import ROOT, Starter, eventually, keys_on_shard, wait_for_log
 
 
 async def keyserial_cli(*args: str) -> tuple[int, str, str]:
@@ -51,12 +51,6 @@ _KEYSERIAL_AS_FROM_A_TERMINAL = [
 ]
 
 
-async def eventually_async(check: Any, timeout: float = 10) -> None:
-    with anyio.fail_after(timeout):
-        while not await check():
-            await anyio.sleep(0.02)
-
-
 @pytest.mark.slow
 async def test_status_json_reports_every_field_and_exits_1_when_a_shard_has_no_owner(
     redis_url: str, namespace: str
@@ -72,7 +66,7 @@ async def test_status_json_reports_every_field_and_exits_1_when_a_shard_has_no_o
             await ks.submit(keys_on_shard(0, 2, 1)[0], deposit(1))
             # A malformed entry on the owned shard becomes its one dead letter.
             await client.xadd(ShardKeys(namespace, 0).stream, {"v": "1", "ops": "{not json"})
-            await eventually_async(lambda: client.xlen(ShardKeys(namespace, 0).dead))
+            await eventually(lambda: client.xlen(ShardKeys(namespace, 0).dead))
             # Shard 1 has no worker: three entries wait there.
             appended = time.time()
             for n in range(3):
@@ -367,7 +361,7 @@ async def test_ctrl_c_before_the_first_report_stops_status_without_a_traceback(
         )
         try:
             # It sent its first snapshot: keyserial's code runs, and its SIGINT handling is set.
-            await eventually_async(lambda: _ran_a_script(admin, before), timeout=20)
+            await eventually(lambda: _ran_a_script(admin, before), timeout=20)
             process.send_signal(signal.SIGINT)
             with anyio.fail_after(10):
                 code = await process.wait()

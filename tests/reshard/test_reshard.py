@@ -48,7 +48,6 @@ from tests.helpers import (
     Starter,
     cli,
     eventually,
-    eventually_async,
     keys_on_shard,
     looked_up,
     publish,
@@ -311,7 +310,7 @@ async def test_dead_letters_move_with_the_namespace(
         await ks.submit("k", apps.append(0))
         old = Layout(namespace, 4).keys(1)
         await client.xadd(old.stream, {"v": "1", "ops": "not json"})
-        await eventually_async(lambda: client.xlen(old.dead))
+        await eventually(lambda: client.xlen(old.dead))
         ((letter_id, dead),) = await client.xrange(old.dead)
         await _move(redis_url, namespace, 16)
         letters = [
@@ -339,7 +338,7 @@ async def test_a_mover_interrupted_mid_dead_letters_lists_each_letter_once_after
         old = Layout(namespace, 4).keys(1)
         for n in range(3):
             await client.xadd(old.stream, {"v": "1", "ops": f"not json {n}"})
-        await eventually_async(lambda: _holds(client, old.dead, 3))
+        await eventually(lambda: _holds(client, old.dead, 3))
         dead_before = [fields for _, fields in await client.xrange(old.dead)]
         with pytest.raises(_Interrupted):
             await _move(redis_url, namespace, 16, _interrupted_after("copied the dead letters"))
@@ -403,7 +402,7 @@ async def test_a_forged_push_to_a_sealed_shard_is_never_forwarded(
                 await as_worker.run_call(record_move(move))
                 await as_worker.run_call(seal(old, move))
                 runner = worker._owned[old.shard].runner
-                await eventually_async(lambda: _true_soon(runner.sealed))
+                await eventually(lambda: _true_soon(runner.sealed))
                 forged = [{"id": "forged-1", "key": key, "op": "append", "args": ["forged"]}]
                 push = f"push {runner.cursor} 99999999999999-0 1\n{json.dumps(forged)}"
                 await attacker.publish(old.wake_channel, push)
@@ -469,7 +468,7 @@ async def _an_op_waiting_for_the_flip(users: Users, namespace: str) -> AsyncIter
 
             async with anyio.create_task_group() as group:
                 group.start_soon(victim)
-                ((entry_id, fields),) = await eventually_async(lambda: attacker.xrange(new.stream))
+                ((entry_id, fields),) = await eventually(lambda: attacker.xrange(new.stream))
                 (envelope,) = json.loads(fields[b"ops"])
                 op_id = envelope["id"]
                 await eventually(lambda: any(pending.entry for pending in ks._waiting[op_id]))
@@ -601,7 +600,7 @@ async def test_an_op_xadded_to_a_retired_shard_is_forwarded_and_runs_once(
                 record = Drained.decode(users.admin.get(f"{old.tag}:drained").decode())
                 assert record is not None
                 drained = record.through
-                await eventually_async(lambda: _no_entry_after(users.admin, old.stream, drained))
+                await eventually(lambda: _no_entry_after(users.admin, old.stream, drained))
                 reasons = [
                     fields[b"reason"].decode() for _, fields in users.admin.xrange(heir.dead)
                 ]
@@ -683,7 +682,7 @@ async def test_a_worker_that_takes_a_sealed_shard_over_forwards_what_follows_the
             await stale.xadd(old.stream, {"v": "1", "ops": json.dumps([envelope])})
             start(redis_url, namespace, shards="0-3", env={"KEYSERIAL_IDLE_POLL": "60"})
             there = move.target.keys(shard_for(key, 16))
-            await eventually_async(lambda: _holds_op(stale, there.stream, "past-the-seal"))
+            await eventually(lambda: _holds_op(stale, there.stream, "past-the-seal"))
             assert await stale.hget(old.results, "past-the-seal") is None
     finally:
         await stale.aclose()
@@ -1018,7 +1017,7 @@ async def test_an_owner_that_has_not_heard_of_its_seal_forwards_what_follows_it(
             envelope = {"id": "past-the-seal", "key": key, "op": "append", "args": [1]}
             entry_id = await client.xadd(old.stream, {"v": "1", "ops": json.dumps([envelope])})
             await publish(client, old.wake_channel, entry_id)
-            await eventually_async(lambda: _holds_op(client, new.stream, "past-the-seal"))
+            await eventually(lambda: _holds_op(client, new.stream, "past-the-seal"))
             assert runner.sealed
             assert json.loads(await client.hget(old.state, key)) == [0]
     finally:

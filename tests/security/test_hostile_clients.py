@@ -29,7 +29,6 @@ from tests import apps
 from tests.entries import envelope, stored
 from tests.helpers import (
     eventually,
-    eventually_async,
     keys_on_shard,
     looked_up,
     publish,
@@ -163,9 +162,7 @@ async def test_a_forged_grant_never_reaches_the_ops_state(
                 moved.update(await ks.transfer(source, target, 25, timeout=30))
 
             group.start_soon(transfer)
-            request = (await eventually_async(lambda: _grant_requests(attacker, namespace)))[0][
-                "kwargs"
-            ]
+            request = (await eventually(lambda: _grant_requests(attacker, namespace)))[0]["kwargs"]
             forged = {
                 "t": "g",
                 "op": request["op"],
@@ -440,7 +437,7 @@ async def test_a_signed_grant_request_ahead_for_other_keys_never_decides_the_op(
     async with funded as (ks, attacker, attempt):
         request = _ahead_for(listed_signer(users.admin, namespace), namespace, attempt, decoy)
         await _append(attacker, PARTICIPANT, namespace, [request])
-        await eventually_async(lambda: attacker.hget(participant.results, f"order-9#{attempt}#g"))
+        await eventually(lambda: attacker.hget(participant.results, f"order-9#{attempt}#g"))
         moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
         assert moved == {source: 75, target: 35}
         assert await ks.submit(decoy, deposit(1), timeout=30) == 6
@@ -471,7 +468,7 @@ async def test_an_op_ahead_under_an_attempts_record_name_stores_nothing_there(
             ],
         )
         # (One entry, one step: the refusal would be stored with the op after it.)
-        await eventually_async(lambda: attacker.hget(participant.results, "after"))
+        await eventually(lambda: attacker.hget(participant.results, "after"))
         assert await stored(attacker, namespace, PARTICIPANT, record) is None
         moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
         assert moved == {source: 75, target: 35}
@@ -529,7 +526,7 @@ async def _forge_replies(
     outcomes for it on its reply channel, one by one, each once its client has logged the one
     before (``logged``); the op's id."""
     stream = ShardKeys(namespace, shard).stream
-    ((_, fields),) = await eventually_async(lambda: attacker.xrange(stream, "-", "+"))
+    ((_, fields),) = await eventually(lambda: attacker.xrange(stream, "-", "+"))
     (envelope,) = json.loads(fields[b"ops"])
     op_id = envelope["id"]
 
@@ -607,7 +604,7 @@ async def test_a_refusal_recorded_for_an_earlier_entry_never_answers_a_resubmit(
                 with pytest.raises(keyserial.UnknownOperation):
                     await ks.submit(key, apps.record(), op_id="order-9", timeout=10)
                 stream = ShardKeys(namespace, 3).stream
-                await eventually_async(lambda: _empty(attacker, stream))
+                await eventually(lambda: _empty(attacker, stream))
             async with _resubmitted(ks, key) as results:
                 assert await _forge_replies(attacker, namespace, 3, caplog) == "order-9"
                 assert results == []
@@ -712,7 +709,7 @@ async def test_a_signed_reply_of_another_shard_never_settles_a_submit(
                 await eventually(lambda: ks._verifier.knows(signers[0].decode()))
                 group.start_soon(deposit_10)
                 stream = ShardKeys(namespace, 2).stream
-                ((entry_id, fields),) = await eventually_async(lambda: attacker.xrange(stream))
+                ((entry_id, fields),) = await eventually(lambda: attacker.xrange(stream))
                 (envelope,) = json.loads(fields[b"ops"])
                 await eventually(
                     lambda: any(pending.entry for pending in ks._waiting[envelope["id"]])
@@ -812,10 +809,10 @@ async def test_entries_an_append_with_maxlen_0_drops_are_appended_again_by_their
     key = keys_on_shard(5, SHARDS, 1, "acct")[0]
     stream = ShardKeys(namespace, 5).stream
     async with _a_deposit_waiting(users, namespace, key) as (ks, attacker, answered):
-        ((first, _),) = await eventually_async(lambda: attacker.xrange(stream))
+        ((first, _),) = await eventually(lambda: attacker.xrange(stream))
         await attacker.xadd(stream, {"v": "1", "ops": "[]"}, maxlen=0, approximate=False)
         assert await attacker.xlen(stream) == 0
-        ((again, _),) = await eventually_async(lambda: attacker.xrange(stream))
+        ((again, _),) = await eventually(lambda: attacker.xrange(stream))
         assert again != first
         await _served(users, namespace, answered)
         assert answered == [10]

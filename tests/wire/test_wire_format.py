@@ -15,9 +15,9 @@ import re
 import time
 import uuid
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 import pytest
@@ -29,11 +29,10 @@ from redis.asyncio.cluster import RedisCluster
 
 from keyserial import shard_for
 from keyserial.testing import running_worker
-from tests.helpers import ROOT
+from tests.helpers import ROOT, eventually
 
 DOC = (ROOT / "docs" / "wire-format.md").read_text(encoding="utf-8")
 SHARDS = 4
-T = TypeVar("T")
 
 
 def doc_submit_script() -> str:
@@ -60,16 +59,6 @@ def test_the_routing_vectors_are_crc32_of_the_utf8_key_modulo_16() -> None:
 def test_the_documented_submit_script_is_the_one_the_python_client_runs() -> None:
     shipped = (ROOT / "keyserial" / "_scripts" / "lua" / "submit.lua").read_text(encoding="utf-8")
     assert doc_submit_script().strip() == shipped.strip()
-
-
-async def until(check: Callable[[], Awaitable[T | None]], *, timeout: float = 10) -> T:
-    """Poll ``check`` until it returns something other than ``None``."""
-    with anyio.fail_after(timeout):
-        while True:
-            value = await check()
-            if value is not None:
-                return value
-            await anyio.sleep(0.02)
 
 
 class ForeignClient:
@@ -338,7 +327,7 @@ async def test_the_submit_script_appends_an_entry_of_several_ops_run_in_array_or
         # Without a reply channel nothing is published, but the outcome is stored.
         silent = client.envelope(key, "deposit", 5, reply=False)
         await client.eval_submit(shard, [silent])
-        assert await until(lambda: client.stored(shard, silent["id"])) == {"ok": 5}
+        assert await eventually(lambda: client.stored(shard, silent["id"])) == {"ok": 5}
         assert await client.pubsub.get_message(timeout=0.1) is None
 
 
@@ -411,7 +400,7 @@ async def test_refused_ops_carry_the_documented_error_types(redis_url: str, name
             dead: list[Any] = await client.commands.xrange(client.dead(shard))
             return dead if len(dead) >= 2 else None
 
-        letters = {fields["entry"]: fields for _, fields in await until(two_dead_letters)}
+        letters = {fields["entry"]: fields for _, fields in await eventually(two_dead_letters)}
         assert "no string 'id'" in letters[entry_id]["reason"]
         assert "unsupported wire version" in letters[other_entry]["reason"]
         assert await client.stored(shard, wrong_version["id"]) == refused

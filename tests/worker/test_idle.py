@@ -19,7 +19,7 @@ from keyserial._scripts.calls import Script
 from keyserial.ledger import deposit
 from keyserial.testing import running_worker
 from tests.entries import append_entry, envelope, stored
-from tests.helpers import Starter, eventually, eventually_async, keys_on_shard, monitored
+from tests.helpers import Starter, eventually, keys_on_shard, monitored
 from tests.ownership import holder_pid, inspector
 
 SHARDS = 8
@@ -76,9 +76,9 @@ async def test_an_entry_appended_with_no_wake_up_to_a_dormant_shard_is_found_by_
             await append_entry(
                 client, namespace, 0, [envelope("plain", "k", "deposit", 10)], fresh=False
             )
-            assert await eventually_async(
-                lambda: stored(client, namespace, 0, "plain"), timeout=5
-            ) == {"ok": 11}
+            assert await eventually(lambda: stored(client, namespace, 0, "plain"), timeout=5) == {
+                "ok": 11
+            }
     finally:
         await client.aclose()
 
@@ -99,7 +99,7 @@ async def test_a_standby_tries_a_held_shard_once_its_lease_may_end_and_at_once_o
         keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
     ):
         assert await ks.submit("k", deposit(1), timeout=30) == 1
-        await eventually_async(lambda: _all_held_by(client, namespace, owner.pid), timeout=30)
+        await eventually(lambda: _all_held_by(client, namespace, owner.pid), timeout=30)
         async with monitored(redis_url) as commands:
             standby = start(redis_url, namespace, shards=shards, shard_count=SHARDS, lease_ttl=8)
             await eventually(
@@ -112,7 +112,7 @@ async def test_a_standby_tries_a_held_shard_once_its_lease_may_end_and_at_once_o
         owner.signal(signal.SIGTERM)
         # (The leases it last saw live 5 s more at least: without the release's wake-up it
         # would not try them before.)
-        await eventually_async(lambda: _all_held_by(client, namespace, standby.pid), timeout=3)
+        await eventually(lambda: _all_held_by(client, namespace, standby.pid), timeout=3)
 
 
 async def _all_held_by(client: Any, namespace: str, pid: int) -> bool:
