@@ -990,12 +990,12 @@ MUTANTS: tuple[Mutant, ...] = (
         'an OOM error reply is a refusal that no retry cures, not a "not now"',
         (
             Edit(
-                "keyserial/_backend/backend.py",
+                "keyserial/_backend/transport.py",
                 "    redis_errors.AskError,\n    redis_errors.OutOfMemoryError,\n",
                 "    redis_errors.AskError,\n",
             ),
             Edit(
-                "keyserial/_backend/backend.py",
+                "keyserial/_backend/transport.py",
                 '    "UNBLOCKED",\n    "OOM ",\n    "MISCONF ",\n',
                 '    "UNBLOCKED",\n',
             ),

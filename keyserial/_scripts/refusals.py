@@ -1,6 +1,6 @@
 """Error replies as exceptions: what Redis refused, in keyserial's terms.
 
-The boundary (``_backend.backend.classify_reply``) hands every error reply to :func:`refusal`, the
+The boundary (``_backend.transport.classify_reply``) hands every error reply to :func:`refusal`, the
 one place its message is read, and raises, or returns as a pipelined call's reply, what it makes of
 it. Every other module catches a type, never matches a string, and never sees a redis-py
 exception. Each keeps the server's message as its text, so logs read as before.

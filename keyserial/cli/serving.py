@@ -13,7 +13,7 @@ from typing import Any
 
 import anyio
 
-from .._backend.backend import check_url
+from .._backend.transport import check_url
 from .._client.connect import DEFAULT_URL, DEV_PORT, URL_VARIABLE
 from .._settings import EVENT_LOOP_VARIABLE, METRICS_PORT_VARIABLE, Settings
 from .._urls import redact

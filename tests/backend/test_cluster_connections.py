@@ -10,6 +10,7 @@ import redis
 from redis.crc import key_slot
 
 from keyserial._backend.backend import Backend
+from keyserial._backend.transport import OwnNodeConnections
 from keyserial.testing import LocalCluster, LocalServer
 
 # A 3-master cluster per test, and slots moved.
@@ -57,8 +58,8 @@ async def test_a_batch_for_one_master_goes_on_keyserial_s_connection_to_it(
                 1,
                 key.encode(),
             ]
-        nodes = backend._nodes
-        assert nodes is not None
+        assert isinstance(backend.transport, OwnNodeConnections)
+        nodes = backend.transport._nodes
         assert len(nodes._by_node) == 3  # a connection per master
         for name, connection in nodes._by_node.items():
             assert connection.timeout == 7  # the URL's, as redis-py's connections have it

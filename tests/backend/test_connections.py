@@ -56,8 +56,9 @@ async def test_a_cluster_backend_opens_close_safe_connections(cluster_server: Lo
     backend = await Backend.connect(cluster_server.url)
     try:
         await backend.call("SET", "{close-safe}key", "1")
-        assert isinstance(backend.client, RedisCluster)
-        connections = [c for node in backend.client.get_nodes() for c in node._connections]
+        client = backend.transport.client
+        assert isinstance(client, RedisCluster)
+        connections = [c for node in client.get_nodes() for c in node._connections]
         assert connections
         assert all(isinstance(c, CloseSafeConnection) for c in connections)
     finally:

@@ -17,6 +17,7 @@ from redis import exceptions as redis_errors
 
 from keyserial._backend.backend import Backend
 from keyserial._backend.resp import PipelinedConnection, Subscriber, reply_error
+from keyserial._backend.transport import OwnConnection
 from keyserial._scripts.calls import ScriptCall
 from keyserial._scripts.commit import StepArgs
 from keyserial._scripts.refusals import Fenced
@@ -95,7 +96,7 @@ async def test_a_restarted_server_is_reconnected_and_a_dead_one_reported(tmp_pat
     server.start()
     backend = await Backend.connect(server.url)
     try:
-        assert backend._pipelined is not None, "a redis:// URL takes the hot path's connection"
+        assert isinstance(backend.transport, OwnConnection), "a redis:// URL takes the hot path's"
         assert await backend.call("SET", "resp:k", "v") == b"OK"
         server.restart()
         # The old connection is gone: a batch that races its close fails as BackendUnavailable

@@ -128,7 +128,7 @@ async def test_an_append_goes_out_fresh_only_where_it_is_sent_once(
             assert entry.decode() in message.decode()
     finally:
         await passed.aclose()
-        await passed.client.aclose()
+        await passed.transport.client.aclose()
 
 
 async def test_a_step_raises_the_horizon_to_the_pushed_entry_it_took(
