@@ -1,10 +1,10 @@
 """Mutants that must die: semantic breakages of keyserial that the claim map's tests must catch.
 
-``python -m tests.mutants [--fast] [--only NAME]... [--list]`` applies each mutant, one at a
-time, to a fresh copy of the repository in a temporary directory (the working tree is never
-touched), runs the tests the claim map names for it there (``PYTHONPATH`` pointing at the
+``python -m tests.mutants [--fast] [--only NAME]... [--list | --markdown]`` applies each mutant,
+one at a time, to a fresh copy of the repository in a temporary directory (the working tree is
+never touched), runs the tests the claim map names for it there (``PYTHONPATH`` pointing at the
 copy), and reports whether some test failed (killed) or all passed (survived). It exits 1 if
-any mutant survived.
+any mutant survived. ``--markdown`` prints what each breaks, as docs/mutants.md shows it.
 
 A mutant is a list of exact text replacements; each old text must occur exactly once in its
 file, or the run fails loudly: when the library's code moves, the list must move with it.
@@ -2155,13 +2155,26 @@ def unknown_tests(node_ids: Sequence[str]) -> list[str]:
     return sorted({node for node in node_ids if node not in collected})
 
 
+def markdown(mutants: Sequence[Mutant]) -> str:
+    """What each mutant breaks, as a table (docs/mutants.md holds it as it is)."""
+    rows = [f"| `{m.name}` | {m.claim} | {'yes' if m.fast else ''} | {m.what} |" for m in mutants]
+    header = "| mutant | claim | in CI | what it breaks |\n|---|---|---|---|\n"
+    return header + "\n".join(rows) + "\n"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.mutants", description=__doc__)
     parser.add_argument("--fast", action="store_true", help="only the subset CI runs")
     parser.add_argument("--only", action="append", default=[], metavar="NAME")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument(
+        "--markdown", action="store_true", help="what each breaks, as docs/mutants.md shows it"
+    )
     options = parser.parse_args(argv)
     chosen = select(fast=options.fast, only=options.only)
+    if options.markdown:
+        print(markdown(chosen), end="")
+        return 0
     if options.list:
         for mutant in chosen:
             print(

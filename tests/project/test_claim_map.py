@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from tests.mutants import MUTANTS
+from tests.mutants import MUTANTS, markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 ROW = re.compile(r"^\| (G\d+\.\d+) \| (.+?) \| (.+?) \| (.+) \|$")
@@ -54,8 +54,14 @@ def test_every_mutant_runs_tests_the_map_lists_under_its_claim() -> None:
             assert node.split("[")[0] in listed, (mutant.name, node)
 
 
-def test_the_map_shows_a_full_run_of_every_mutant() -> None:
-    text = (ROOT / "docs" / "claims.md").read_text()
+def test_the_mutants_page_shows_a_full_run_of_every_mutant() -> None:
+    text = (ROOT / "docs" / "mutants.md").read_text()
     shown = re.findall(r"^\| `([\w-]+)` \| (G[\d.]+) \| (yes|\*\*no\*\*) \|", text, re.MULTILINE)
     assert {name for name, _, _ in shown} == {mutant.name for mutant in MUTANTS}
     assert [name for name, _, killed in shown if killed != "yes"] == [], "survivors"
+
+
+def test_the_mutants_page_says_what_each_breaks_as_the_code_does() -> None:
+    """Its table is ``python -m tests.mutants --markdown`` as it is: one row per mutant."""
+    text = (ROOT / "docs" / "mutants.md").read_text()
+    assert markdown(MUTANTS) in text

@@ -1,5 +1,5 @@
 """The fast subset of tests/mutants.py: each mutant must make one of its tests fail. (A full
-run, every mutant, is ``python -m tests.mutants``; its table is in docs/claims.md.)"""
+run, every mutant, is ``python -m tests.mutants``; its table is in docs/mutants.md.)"""
 
 from __future__ import annotations
 
