@@ -293,12 +293,12 @@ class Transport:
 
     # -- sending -------------------------------------------------------------------------------
 
-    async def send(self, commands: Sequence[Command], node_of: str | None = None) -> list[Any]:
+    async def send(self, commands: Sequence[Command], key: str | None = None) -> list[Any]:
         """Commands in one pipeline (on a cluster, routed by key): each reply, or its error.
-        ``node_of``: a key; the commands go in order on one connection to the master that holds
-        it (as a WAIT must follow the write it covers)."""
+        ``key``: the commands go in order on one connection to the master that holds it (as a
+        WAIT must follow the write it covers)."""
         with _translating(self.url, cluster=self._cluster):
-            client = self.client if node_of is None else self._node_client(node_of)
+            client = self.client if key is None else self._node_client(key)
             replies = await self._redis_py(client, commands)
         return self._answered(replies)
 
@@ -527,7 +527,7 @@ class OwnConnection(Transport):
         await self._connection.aclose()
         await super().aclose()
 
-    async def send(self, commands: Sequence[Command], node_of: str | None = None) -> list[Any]:
+    async def send(self, commands: Sequence[Command], key: str | None = None) -> list[Any]:
         with _translating(self.url):
             replies = await self._connection.execute(commands)
         return self._answered(replies)
@@ -556,9 +556,9 @@ class OwnNodeConnections(Transport):
         await self._nodes.aclose()
         await super().aclose()
 
-    async def send(self, commands: Sequence[Command], node_of: str | None = None) -> list[Any]:
-        if node_of is not None:
-            return await super().send(commands, node_of)
+    async def send(self, commands: Sequence[Command], key: str | None = None) -> list[Any]:
+        if key is not None:
+            return await super().send(commands, key)
         if self._nodes.stale:
             with _translating(self.url, cluster=self._cluster):
                 await self._nodes.learn_routing()
