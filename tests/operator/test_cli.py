@@ -20,7 +20,7 @@ import keyserial
 from keyserial.ledger import deposit
 from keyserial.testing import LocalServer, find_server_binary, free_port, running_worker
 from tests import apps
-from tests.helpers import ROOT, eventually
+from tests.helpers import ROOT, eventually, noted
 
 
 def _python_only_path(tmp_path: Path) -> str:
@@ -502,7 +502,7 @@ def _stop_twice_while_an_op_runs(
             answered = portal.call(anyio.Event)
             submitted = portal.start_task_soon(submit_a_slow_op)
             deadline = time.monotonic() + 10
-            while not note.exists():  # the op is running
+            while not noted(note):  # the op is running, and has written its pid
                 assert time.monotonic() < deadline, "the slow op never started"
                 time.sleep(0.02)
             process.send_signal(signal.SIGTERM)
