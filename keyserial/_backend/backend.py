@@ -68,6 +68,7 @@ class Backend:
         self.node_of = transport.node_of
         self.refresh_routing = transport.refresh_routing
         self.aclose = transport.aclose
+        self.ping = transport.ping
 
     @classmethod
     async def connect(cls, redis: str | AnyRedis) -> Backend:
@@ -86,9 +87,6 @@ class Backend:
         """One command's reply; its error reply raised."""
         (reply,) = await self.transport.send([command])
         return raised(reply)
-
-    async def ping(self) -> None:
-        await self.call("PING")
 
     # -- scripts -------------------------------------------------------------------------------
 

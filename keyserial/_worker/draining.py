@@ -278,6 +278,8 @@ class EarlierLayouts:
         if not self._in_step or not self._history:
             return []
         layouts = self._retained()
+        if not layouts:
+            return []
         wanted: dict[ShardKeys, list[str]] = {}
         for finished in batch:
             if not (finished.store or finished.answered):
