@@ -257,7 +257,7 @@ def _decode_envelope(item: Any) -> Envelope | MalformedEntry:
         return MalformedEntry("op envelope has no string 'id'", raw=_raw_json(item))
     reply = reply if isinstance(reply, str) else None
     multi = "keys" in item
-    keys = item["keys"] if multi else [item.get("key")]
+    keys: list[Any] = item["keys"] if multi else [item.get("key")]
     name = item.get("op")
     args, kwargs = item.get("args", []), item.get("kwargs", {})
     problem = None
@@ -274,7 +274,8 @@ def _decode_envelope(item: Any) -> Envelope | MalformedEntry:
     if problem is not None:
         return MalformedEntry(problem, op_id=op_id, reply=reply)
     assert isinstance(name, str)
-    envelope = Envelope(op_id, tuple(str(key) for key in keys), name, args, kwargs, reply, multi)
+    # (Every key is a string by now: checked above.)
+    envelope = Envelope(op_id, tuple(keys), name, args, kwargs, reply, multi)
     if "tc" in item:
         envelope.trace = _trace_context(item["tc"])
     return envelope

@@ -19,7 +19,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .._wire.codec import Envelope
-from .execution import Executor, Run
+from .execution import Executor, Run, awaited
 from .taskpool import TaskPool
 
 
@@ -86,13 +86,15 @@ class Chains:
         # Only an op that involves other shards holds fewer keys here than it names.
         local = self._coordination.local_keys(envelope)
         keys = envelope.keys if local is None else local
-        if (
-            local is None
-            and not any(key in self._chains for key in keys)
-            and not self._executor.awaited(envelope)
+        chains = self._chains
+        if local is None and (
+            keys[0] not in chains if len(keys) == 1 else not any(key in chains for key in keys)
         ):
-            self._executor.execute_now(run)  # nothing to wait for: no task needed
-            return
+            definition = self._executor.definition(envelope)
+            if definition is None or not awaited(definition):
+                # Nothing to wait for (or an op that cannot run): no task needed.
+                self._executor.execute_now(run, definition)
+                return
         if local is not None and self._coordination.start_now(run):
             return
         item: Run | Barrier = (

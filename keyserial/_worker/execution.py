@@ -121,13 +121,7 @@ class Executor:
         """Whether the op exists, takes the keys it was given, and runs on the event loop with
         nothing to await (a sync op declared ``inline``)."""
         definition = self.definition(envelope)
-        return _accepts_keys(definition, envelope) and not _awaited(definition)
-
-    def awaited(self, envelope: Envelope) -> bool:
-        """Whether the op has to be awaited (``async``, or sync and not ``inline``: in a
-        thread), so it needs a task; an op that cannot run is refused at once, with no task."""
-        definition = self.definition(envelope)
-        return definition is not None and _awaited(definition)
+        return _accepts_keys(definition, envelope) and not awaited(definition)
 
     def in_thread(self, envelope: Envelope) -> bool:
         """Whether the op is a one-key sync op not declared ``inline``: it runs in a worker
@@ -193,20 +187,29 @@ class Executor:
 
     # -- running on the shard's states ---------------------------------------------------------
 
-    def execute_now(self, run: Run) -> None:
-        """Run an ``inline`` op (or refuse one that cannot run) on the shard's states, now."""
-        refused = self.refusal(run)
-        if refused is not None:
+    def execute_now(self, run: Run, definition: Op[..., Any] | None = None) -> None:
+        """Run an ``inline`` op (or refuse one that cannot run) on the shard's states, now.
+        ``definition``: the op's, if the caller looked it up already (once per op: this is
+        every single-key op's path)."""
+        envelope = run.envelope
+        if definition is None:
+            definition = self.definition(envelope)
+        if not _accepts_keys(definition, envelope):
+            refused = self.refusal(run)
+            assert refused is not None
             self.on_complete(run, refused)
             return
-        envelope = run.envelope
-        self.applied(run, self.evaluate_now(envelope, self._current(envelope), {}))
+        if envelope.multi:
+            states = self._current(envelope)
+        else:
+            states = {envelope.key: self.states[envelope.key]}
+        self.applied(run, self.evaluate_now(envelope, states, {}, definition))
 
     async def execute(self, run: Run) -> None:
         """Run any op on the shard's states: an ``async`` one is awaited, a sync one not
         declared ``inline`` runs in a worker thread."""
         definition = self.definition(run.envelope)
-        if definition is None or not _awaited(definition) or self.cannot_run(run.envelope):
+        if definition is None or not awaited(definition) or self.cannot_run(run.envelope):
             self.execute_now(run)
             return
         if self.in_thread(run.envelope):
@@ -268,14 +271,18 @@ class Executor:
     # -- running on given states ---------------------------------------------------------------
 
     def evaluate_now(
-        self, envelope: Envelope, states: Mapping[str, str | None], fences: Mapping[str, int]
+        self,
+        envelope: Envelope,
+        states: Mapping[str, str | None],
+        fences: Mapping[str, int],
+        definition: Op[..., Any] | None = None,
     ) -> Evaluated:
         """Run an ``inline`` op on ``states`` (keys of any shard), touching nothing else: its
         outcome, and every key's new state (None if it failed). ``fences``: the fencing tokens
         of its keys on other shards, from their owners (this shard's keys get one of this
-        shard's)."""
-        definition, context = self._begin(envelope, states, fences)
-        assert not _awaited(definition), "runs_inline() first"
+        shard's). ``definition``: the op's, if looked up already."""
+        definition, context = self._begin(envelope, states, fences, definition)
+        assert not awaited(definition), "runs_inline() first"
         began = time.monotonic()
         traced = telemetry.tracer()
         if traced is None:  # (the common case: no span, and no context manager either)
@@ -305,18 +312,25 @@ class Executor:
         return self._end(envelope, context, value)
 
     def _begin(
-        self, envelope: Envelope, states: Mapping[str, str | None], fences: Mapping[str, int]
+        self,
+        envelope: Envelope,
+        states: Mapping[str, str | None],
+        fences: Mapping[str, int],
+        definition: Op[..., Any] | None = None,
     ) -> tuple[Op[..., Any], Context | MultiContext]:
-        definition = self.definition(envelope)
+        if definition is None:
+            definition = self.definition(envelope)
         assert _accepts_keys(definition, envelope), "cannot_run() is checked first"
-        here = self.next_fence()
+        self.last_fence += 1  # (next_fence(), inline: every op takes one)
+        here = self.last_fence
         if not envelope.multi:
+            key = envelope.keys[0]
             return definition, Context(
-                key=envelope.key,
+                key=key,
                 op_id=envelope.op_id,
                 shard=self.shard,
-                fence=fences.get(envelope.key, here),
-                encoded_state=states[envelope.key],
+                fence=fences.get(key, here) if fences else here,
+                encoded_state=states[key],
             )
         return definition, MultiContext(
             keys=envelope.keys,
@@ -350,8 +364,12 @@ class Executor:
         ``max_state_bytes``: a step carrying it could grow past what Redis takes), or None."""
         limit = self.max_state_bytes
         quarter = limit // 4  # (a character is at most 4 bytes: the common case encodes none)
-        if len(outcome) <= quarter and all(s is None or len(s) <= quarter for s in states.values()):
-            return None
+        for state in states.values():  # (a loop, not all(): this is every op's path)
+            if state is not None and len(state) > quarter:
+                break
+        else:
+            if len(outcome) <= quarter:
+                return None
         sized = [("its result", outcome)]
         sized += [(f"key {key!r}", state) for key, state in states.items() if state is not None]
         for what, text in sized:
@@ -468,9 +486,9 @@ def _described(exc: Exception) -> str:
         return f"(str() of this {type(exc).__name__} raised {type(failure).__name__})"
 
 
-def _awaited(definition: Op[..., Any]) -> bool:
-    """Whether the op is awaited (``async``, or sync and not ``inline``: in a thread), not run
-    on the event loop with nothing to await."""
+def awaited(definition: Op[..., Any]) -> bool:
+    """Whether the op is awaited (``async``, or sync and not ``inline``: in a thread), so it
+    needs a task; not run on the event loop with nothing to await."""
     return definition.is_async or not definition.inline
 
 
