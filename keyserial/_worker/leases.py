@@ -12,7 +12,7 @@ import uuid
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Generic, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -38,18 +38,20 @@ from .._wire.routing import format_shards
 from ..errors import BackendUnavailable
 from .metrics import Metrics
 
-if TYPE_CHECKING:
-    from .runner import ShardRunner
-
 log = logging.getLogger("keyserial.worker")
+
+#: What runs a held shard (the worker's ``ShardRunner``): kept for the worker, never used here.
+Runner = TypeVar("Runner")
 
 
 @dataclass(slots=True, eq=False)
-class Held:
+class Held(Generic[Runner]):
     """A shard this worker holds: its runner, when its lease was last renewed, and the scope
-    the runner serves in (cancelled once the lease may have run out)."""
+    the runner serves in (cancelled once the lease may have run out). The lease rounds renew,
+    drop and cancel what they hold without ever looking at its runner, so they do not depend
+    on what a runner is."""
 
-    runner: ShardRunner
+    runner: Runner
     renewed_at: float
     scope: anyio.CancelScope = field(default_factory=anyio.CancelScope)
     #: Set once the runner has stopped.
@@ -57,7 +59,7 @@ class Held:
 
 
 @dataclass(slots=True, eq=False)
-class Leases:
+class Leases(Generic[Runner]):
     """The leases of one worker (its ``token``). ``held`` is the worker's map of the shards it
     holds, which the rounds renew and drop from; ``start(shard, grant, renewed_at)`` is called
     for each shard acquired (and must add it to ``held``)."""
@@ -68,7 +70,7 @@ class Leases:
     _layout: Layout
     _token: str
     _metrics: Metrics
-    _held: dict[int, Held]
+    _held: dict[int, Held[Runner]]
     _start: Callable[[int, LeaseGrant, float], None]
     #: Shards whose runner failed, and until when this worker leaves them to others.
     _resting: dict[int, float] = field(default_factory=dict, init=False)
@@ -99,7 +101,7 @@ class Leases:
         """How often a round runs: free shards are tried every round."""
         return min(self._settings.lease_ttl / 4, 0.5)
 
-    def _renewal_due(self, held: Held, now: float) -> bool:
+    def _renewal_due(self, held: Held[Runner], now: float) -> bool:
         """Whether a held lease is renewed in this round: every quarter of its TTL (less a
         round, so that no round falls late), not every round: with a long TTL and hundreds of
         shards, renewals were a large part of an idle worker's Redis traffic."""

@@ -78,7 +78,7 @@ class Worker:
         self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._redis = redis
         self._shard_spec = shards
-        self._owned: dict[int, Held] = {}
+        self._owned: dict[int, Held[ShardRunner]] = {}
         self._mailbox = Mailbox(worker_channel(self.settings.namespace, self.token), self._runner)
         self._stop = anyio.Event()
         self._record = LayoutRecord(Layout(self.settings.namespace, 0))
@@ -448,7 +448,7 @@ class Worker:
         log.info("shard %s: acquired (epoch %d)", name, grant.epoch, extra=extra)
         task_group.start_soon(self._serve, shard, holder)
 
-    async def _serve(self, shard: int, holder: Held) -> None:
+    async def _serve(self, shard: int, holder: Held[ShardRunner]) -> None:
         try:
             with holder.scope:
                 try:

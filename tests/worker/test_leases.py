@@ -16,17 +16,17 @@ from keyserial._worker.metrics import Metrics
 pytestmark = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
 
 
-def _leases(backend: Backend, namespace: str) -> tuple[Leases, list[int]]:
+def _leases(backend: Backend, namespace: str) -> tuple[Leases[None], list[int]]:
     """Leases whose ``start`` does what a worker's does (hold the shard), and the shards it
     started, in order."""
     settings = Settings(namespace=namespace, shard_count=2, lease_ttl=5.0)
     metrics = Metrics(namespace, [], dict, port=None)
-    held: dict[int, Held] = {}
+    held: dict[int, Held[None]] = {}
     started: list[int] = []
 
     def start(shard: int, grant: LeaseGrant, renewed_at: float) -> None:
         started.append(shard)
-        held[shard] = Held(runner=None, renewed_at=renewed_at)  # type: ignore[arg-type]
+        held[shard] = Held(runner=None, renewed_at=renewed_at)
 
     layout = Layout(namespace, 2)
     return Leases(backend, settings, layout, "worker-a", metrics, held, start), started
