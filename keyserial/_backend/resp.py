@@ -91,8 +91,10 @@ class _Protocol(asyncio.Protocol):
         self._transport: asyncio.Transport | None = None
         #: Commands packed and not written yet (see :meth:`send`).
         self._deferred: list[bytes] = []
+        #: (Asked once: asking asyncio for the running loop costs a system call.)
+        self._loop = asyncio.get_running_loop()
         #: Resolved with the reason once the connection is closed, for good.
-        self.closed: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
+        self.closed: asyncio.Future[Exception] = self._loop.create_future()
 
     def send(
         self, commands: Sequence[Command], *, defer: bool = False
@@ -104,7 +106,7 @@ class _Protocol(asyncio.Protocol):
         packed = [hiredis.pack_command(tuple(command)) for command in commands]
         if self.closed.done():
             raise self.closed.result()
-        loop = asyncio.get_running_loop()
+        loop = self._loop
         futures = [loop.create_future() for _ in commands]
         self._waiting.extend(futures)
         if defer:

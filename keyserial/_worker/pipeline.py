@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -43,35 +43,16 @@ from .._wire.codec import encode_reply
 from .._wire.messages import batch
 from .._wire.signing import ReplySigner
 from ..errors import BackendUnavailable
+from .writes import Replies, WriteChain, WriteChainBroken
 
 log = logging.getLogger("keyserial.worker")
 
 
 R = TypeVar("R")
 
-#: Outcomes to reply once a call has committed them: channel -> [(op id, outcome JSON)].
-Replies = Mapping[str, Sequence[tuple[str, str]]]
-
 
 def _ignore(calls: int) -> None:
     """The ``on_batch`` hook of a pipeliner without metrics."""
-
-
-@dataclass(slots=True, eq=False)
-class WriteChain:
-    """The writes of one shard owner, each built on those before it (the owner caches what they
-    wrote). Broken once its cache may not be what Redis has: a pipeline that carried a write
-    that commits states or results is not confirmed as durable (a failover may have lost that
-    write while the cache keeps it), a pushed entry is not in the stream as pushed, or a commit
-    across shards went out and its coordinator stopped before learning whether it landed. No
-    later call of the write chain goes out (each fails with :class:`WriteChainBroken`)."""
-
-    broken: bool = False
-
-
-class WriteChainBroken(Exception):
-    """A write not sent: its owner's :class:`WriteChain` is broken (the owner must give its shard
-    up, cleanly: the unfinished ops are not to blame)."""
 
 
 @dataclass(slots=True, eq=False)
@@ -90,8 +71,8 @@ class _Call:
     write_chains: Sequence[WriteChain]
     #: Whether it commits what its write chains build on (breaks them unconfirmed).
     builds: bool
-    #: Set once the batch is back, for a caller that awaits it.
-    done: asyncio.Event | None = None
+    #: Resolved once the batch is back, for a caller that awaits it.
+    done: asyncio.Future[None] | None = None
     result: Any = None
     #: Whether the replicas the durability asks for have its batch's writes.
     confirmed: bool = False
@@ -116,6 +97,9 @@ class Pipeliner:
         #: Told how many calls each pipeline sends (the worker's metrics).
         self._on_batch = on_batch
         self._batcher: NodeBatcher[_Call] = NodeBatcher(backend, self._send_batch)
+        #: The event loop the calls are awaited on (asked once: asking asyncio costs a system
+        #: call, on a path every step takes).
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def serve(self) -> None:
         await self._batcher.serve()
@@ -185,12 +169,15 @@ class Pipeliner:
     ) -> tuple[R, bool]:
         """:meth:`run`'s reply, and whether its pipeline's writes are as durable as the
         settings ask (always, when they ask nothing)."""
-        # (asyncio's event, not anyio's: a sixth of the cost, on a path every step takes; the
-        # worker runs on asyncio, whose protocols its connections are.)
-        queued = _Call(call, replies, messages, None, write_chains, builds, asyncio.Event())
+        # (A bare asyncio future, not an event: a fraction of the cost, on a path every step
+        # takes; the worker runs on asyncio, whose protocols its connections are.)
+        loop = self._loop
+        if loop is None:
+            loop = self._loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        queued = _Call(call, replies, messages, None, write_chains, builds, done)
         self._add(queued)
-        assert queued.done is not None
-        await queued.done.wait()
+        await done
         if isinstance(queued.result, Exception):
             raise queued.result
         reply: R = queued.result
@@ -210,8 +197,8 @@ class Pipeliner:
             if queued.on_done is not None:
                 queued.on_done(queued.result)
         for queued in batch:
-            if queued.done is not None:
-                queued.done.set()
+            if queued.done is not None and not queued.done.done():  # (done: its caller left)
+                queued.done.set_result(None)
 
     async def _send(self, batch: list[_Call]) -> bool:
         """Send the batch's calls, but those of a broken write_chain: each gets its reply (or

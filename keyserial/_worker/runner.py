@@ -70,8 +70,9 @@ from .intake import accept
 from .keystates import KeyStates
 from .metrics import NO_METRICS, ShardMetrics
 from .pauses import PausedKeys
-from .pipeline import Pipeliner, Replies, WriteChain, WriteChainBroken
+from .pipeline import Pipeliner
 from .wakeups import Wakeups
+from .writes import Replies, WriteChain, WriteChainBroken
 
 log = logging.getLogger("keyserial.worker")
 T = TypeVar("T")
@@ -128,9 +129,11 @@ class ShardRunner:
         self._stopping = False
         #: A wake-up not waited for yet (new entries, a finished op, stop, the poll).
         self._woken = False
-        #: (asyncio's event, not anyio's: the step loop makes one per sleep, and anyio's costs
-        #: six times as much; the worker runs on asyncio.)
-        self._wakeup = asyncio.Event()
+        #: What a sleeping step loop awaits (a bare asyncio future, not an event: the loop
+        #: makes one per sleep, and an event costs several times as much, a system call
+        #: included; the worker runs on asyncio). None while it is not asleep.
+        self._sleeping: asyncio.Future[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeups = Wakeups()
         self._commits = CommitPlanner(self.keys, settings.idle_poll)
         self._generations = ResultGenerations(grant.results_since, settings.result_ttl_ms)
@@ -196,6 +199,7 @@ class ShardRunner:
 
         :raises LeaseLost: when a step finds another owner's epoch.
         """
+        self._loop = asyncio.get_running_loop()
         try:
             await self._read_seal()
             await self._preload()
@@ -286,13 +290,18 @@ class ShardRunner:
     def wake(self) -> None:
         """Something for the step loop: a push, a finished op, a stop, a flush, the poll."""
         self._woken = True
-        self._wakeup.set()
+        if (sleeping := self._sleeping) is not None and not sleeping.done():
+            sleeping.set_result(None)
 
     async def _sleep(self) -> None:
         """Until the next :meth:`wake` (at once if one came since the last sleep)."""
         if not self._woken:
-            self._wakeup = asyncio.Event()
-            await self._wakeup.wait()
+            assert self._loop is not None, "run() first"
+            self._sleeping = self._loop.create_future()
+            try:
+                await self._sleeping
+            finally:
+                self._sleeping = None
         self._woken = False
 
     @property
