@@ -19,7 +19,7 @@ from .._wire.codec import answered_record, bound, reply_outcome
 from .._wire.json_text import dumps
 from .._wire.layout import ShardKeys, answered_field
 from .execution import Entry
-from .pipeline import WriteChain
+from .writes import WriteChain
 
 #: Committed entries a busy shard leaves in its stream at most before a step trims them.
 TRIM_EVERY = 32

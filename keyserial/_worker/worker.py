@@ -43,9 +43,10 @@ from .activity import POST_EVERY
 from .crossshard.mailbox import Mailbox
 from .leases import Held, Leases
 from .metrics import Metrics
-from .pipeline import Pipeliner, WriteChainBroken
+from .pipeline import Pipeliner
 from .runner import ShardRunner
 from .strays import forward_strays
+from .writes import WriteChainBroken
 
 log = logging.getLogger("keyserial.worker")
 _PAUSES_CHANGED = PAUSES_CHANGED.encode()

@@ -13,7 +13,8 @@ from anyio import wait_all_tasks_blocked
 
 from keyserial._backend.backend import Backend
 from keyserial._scripts.calls import Script, ScriptCall
-from keyserial._worker.pipeline import Pipeliner, WriteChain, WriteChainBroken
+from keyserial._worker.pipeline import Pipeliner
+from keyserial._worker.writes import WriteChain, WriteChainBroken
 
 # Publishes ARGV[2] (JSON [[channel, message], ...]) and returns how many messages that was;
 # fails, publishing nothing, on ARGV[1] 'fail'.

@@ -20,7 +20,8 @@ from ..._wire.messages import GrantRequest
 from ..._wire.routing import route
 from ..commits import AcrossCommit, Record
 from ..execution import Run
-from ..pipeline import Pipeliner, Replies, WriteChain
+from ..pipeline import Pipeliner
+from ..writes import Replies, WriteChain
 from .mailbox import HomeShard, Mailbox
 
 R = TypeVar("R")

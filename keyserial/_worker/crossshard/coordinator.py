@@ -33,7 +33,7 @@ from ...errors import BackendUnavailable, LeaseLost
 from ..chains import Hold
 from ..commits import AcrossCommit, OtherWrites, Record
 from ..execution import Evaluated, Run
-from ..pipeline import WriteChainBroken
+from ..writes import WriteChainBroken
 from .coordination import (
     RunnerServices,
     Writes,

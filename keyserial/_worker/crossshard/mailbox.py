@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from ..chains import Hold
     from ..execution import Executor
     from ..keystates import KeyStates
-    from ..pipeline import WriteChain
+    from ..writes import WriteChain
 
 log = logging.getLogger("keyserial.worker")
 

@@ -20,7 +20,7 @@ from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant, 
 from ...errors import BackendUnavailable, MalformedOperation
 from ..commits import Record
 from ..execution import Run
-from ..pipeline import WriteChainBroken
+from ..writes import WriteChainBroken
 from .coordination import RunnerServices
 from .mailbox import Waiter
 
