@@ -18,9 +18,9 @@ from ..._wire.codec import Envelope
 from ..._wire.layout import Layout, shard_name
 from ..._wire.messages import GrantRequest
 from ..._wire.routing import route
+from ..._wire.signing import ReplySigner
 from ..commits import AcrossCommit, Record
 from ..execution import Run
-from ..pipeline import Pipeliner
 from ..writes import Replies, WriteChain
 from .mailbox import HomeShard, Mailbox
 
@@ -44,6 +44,23 @@ class RunFenced(Protocol):
     ) -> R: ...
 
 
+class PipelinedCalls(Protocol):
+    """What the cross-shard side uses of the worker's pipeliner (``_worker.pipeline.Pipeliner``):
+    a script call sent in the next pipeline of its node, with the other runners' calls, and
+    the signer of what that pipeline publishes. The two sides share this much of it, not how
+    calls are batched and sent."""
+
+    #: Signs the messages of the calls it runs (None: they go out unsigned).
+    signer: ReplySigner | None
+
+    async def run(self, call: ScriptCall[R]) -> R:
+        """The script's reply (see ``Pipeliner.run``)."""
+
+    async def run_durably(self, call: ScriptCall[R]) -> R:
+        """The reply of an idempotent call, once it is confirmed as durable (see
+        ``Pipeliner.run_durably``)."""
+
+
 class Finish(Protocol):
     """The runner's way to take an op's outcome into its next commit; ``store``: the commit
     stores it (False: it is in Redis already, or must not be kept), bound to ``binding``."""
@@ -58,7 +75,7 @@ class RunnerServices:
     """What a shard's runner gives the cross-shard side of that shard."""
 
     home: HomeShard
-    pipeliner: Pipeliner
+    pipeliner: PipelinedCalls
     backend: Backend
     mailbox: Mailbox
     settings: Settings
