@@ -18,21 +18,23 @@ from contextlib import AbstractAsyncContextManager
 from typing import Any, TypeVar
 
 from ..errors import KeyserialError
-from .asyncio_client import AsyncioClient
+from .api import Client
 
 T = TypeVar("T")
-Opener = Callable[[], AbstractAsyncContextManager[AsyncioClient]]
+Opener = Callable[[], AbstractAsyncContextManager[Client]]
 
 
 class HostedClient:
-    """Opens an :class:`AsyncioClient` with ``opener`` on a new event loop in a daemon thread,
-    and runs calls on it for other threads. :attr:`client` waits until it is open."""
+    """Opens a client with ``opener`` on a new event loop in a daemon thread, and runs calls on
+    it for other threads. :attr:`client` waits until it is open. (The client is an
+    ``AsyncioClient``, whose transport runs on asyncio only; its callers use the API every
+    client has, so this host needs nothing more of it.)"""
 
     def __init__(self, opener: Opener) -> None:
         self._pid = os.getpid()
         self._closed = False
         #: The open client, or what opening it raised.
-        self.opened: concurrent.futures.Future[AsyncioClient] = concurrent.futures.Future()
+        self.opened: concurrent.futures.Future[Client] = concurrent.futures.Future()
         #: Done once the client is closed and its loop has nothing left to run.
         self.stopped: concurrent.futures.Future[None] = concurrent.futures.Future()
         # A daemon thread: a client nobody closed must not keep the interpreter from exiting.
@@ -42,7 +44,7 @@ class HostedClient:
         self._thread.start()
 
     @property
-    def client(self) -> AsyncioClient:
+    def client(self) -> Client:
         """The client, once open (blocks until then; raises what opening it raised)."""
         return self.opened.result()
 

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 
 from .._ops import Call
 from .._settings import Settings
-from .asyncio_client import AsyncioClient
+from .api import Client
 from .connect import connect_asyncio
 from .hosted import HostedClient
 
@@ -25,7 +25,7 @@ class SyncClient:
 
     def __init__(self, hosted: HostedClient) -> None:
         self._hosted = hosted
-        self._client: AsyncioClient = hosted.client
+        self._client: Client = hosted.client
 
     @property
     def settings(self) -> Settings:
