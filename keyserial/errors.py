@@ -21,16 +21,20 @@
 
 Errors raised inside an op travel as ``{"type", "message", "data"}`` (see ``docs/wire-format.md``);
 the client rebuilds keyserial's own types from ``type`` and wraps any other in ``OperationFailed``.
+
+An error's message reaches logs and error trackers, so it shows what it names with care: a long
+key cut short, a Redis URL without its credentials (:func:`redact`, the one helper every log
+line and banner that names a URL goes through too).
 """
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
-
-from ._urls import redact
+from urllib.parse import urlsplit
 
 #: Longest text of a key (or op id) an error message shows whole; a longer one is cut short,
 #: saying how long it is: a 10 MB key must not land in every log line and error tracker.
@@ -47,6 +51,28 @@ def _shown(text: str) -> str:
 
 def _shown_keys(keys: Sequence[str]) -> str:
     return _shown(keys[0]) if len(keys) == 1 else "[" + ", ".join(map(_shown, keys)) + "]"
+
+
+#: Query parameters redis-py accepts as credentials (``?password=``, ``?ssl_password=``).
+_SECRET_PARAMETER = re.compile(r"(^|&)([^=&]*password[^=&]*)=[^&]*", re.IGNORECASE)
+
+
+def redact(url: str) -> str:
+    """``redis://app:s3cret@host:6379/0`` -> ``redis://app:***@host:6379/0`` (and any
+    ``password`` query parameter's value -> ``***``). A URL that cannot be parsed is not shown."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return "(a Redis URL that cannot be parsed)"
+    # Replaced in place (urlunsplit would turn "unix:///path" into "unix:/path").
+    shown = url
+    userinfo, at, hostport = parts.netloc.rpartition("@")
+    if at and ":" in userinfo:
+        shown = shown.replace(parts.netloc, f"{userinfo.split(':', 1)[0]}:***@{hostport}", 1)
+    if parts.query:
+        query = _SECRET_PARAMETER.sub(r"\1\2=***", parts.query)
+        shown = shown.replace(f"?{parts.query}", f"?{query}", 1)
+    return shown
 
 
 class KeyserialError(Exception):

@@ -38,9 +38,8 @@ from redis.cluster import PRIMARY, REPLICA
 
 from .._backoff import Backoff
 from .._scripts.refusals import Refused, refusal
-from .._urls import redact
 from .._wire.layout import is_shard_channel
-from ..errors import BackendUnavailable, ConfigError, KeyserialError
+from ..errors import BackendUnavailable, ConfigError, KeyserialError, redact
 from .commands import Command, publish_command, raised
 from .nodes import NodeConnections
 from .outage import Outage

@@ -13,8 +13,7 @@ from collections.abc import Sequence
 from typing import Protocol, TypeVar
 
 from .. import __version__
-from .._urls import redact
-from ..errors import ConfigError, KeyserialError, ShardCountMismatch
+from ..errors import ConfigError, KeyserialError, ShardCountMismatch, redact
 from . import bench, dashboard, deadletters, keys, reshard, serving, status
 from .arguments import Subcommands, chosen_server, import_from_cwd
 from .logs import configure

@@ -17,8 +17,7 @@ import anyio
 from .._backend.backend import Backend
 from .._operator.namespace import layout_in_use
 from .._settings import Settings
-from .._urls import redact
-from ..errors import ConfigError
+from ..errors import ConfigError, redact
 from .arguments import Subcommands, chosen_server, connection_options, port
 
 COMMANDS = ("dashboard",)

@@ -25,8 +25,7 @@ from .._local.server import LocalServer
 from .._operator.namespace import layout_in_use
 from .._operator.status import Owner
 from .._settings import Settings
-from .._urls import redact
-from ..errors import ConfigError, KeyserialError
+from ..errors import ConfigError, KeyserialError, redact
 
 #: Seconds before a worker that died is started again; doubled, up to the cap, while it keeps
 #: dying within :data:`_STABLE` seconds of its start.

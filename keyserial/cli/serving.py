@@ -16,9 +16,8 @@ import anyio
 from .._backend.transport import check_url
 from .._client.connect import DEFAULT_URL, DEV_PORT, URL_VARIABLE
 from .._settings import EVENT_LOOP_VARIABLE, METRICS_PORT_VARIABLE, Settings
-from .._urls import redact
 from .._worker.worker import Worker
-from ..errors import ConfigError
+from ..errors import ConfigError, redact
 from .arguments import Subcommands, chosen_server, port, positive, seconds
 from .dev import run_dev
 from .logs import FORMATS, LEVELS

@@ -10,7 +10,7 @@ import anyio
 import pytest
 
 import keyserial
-from keyserial._urls import redact
+from keyserial.errors import redact
 from tests.helpers import ROOT, free_closed_port
 
 
