@@ -119,6 +119,46 @@ def test_no_module_imports_itself_back() -> None:
     assert len(order) == len(GRAPH)
 
 
+#: The most modules one chain of imports may pass through (``keyserial.__main__`` -> … ->
+#: ``keyserial.errors``). It was 18 (issue #48): a change at the bottom of a long chain reaches
+#: every module above it, and a reader tracing what a module rests on opens every file of it.
+LONGEST_CHAIN = 14
+
+
+def _longest_chain(module: str, found: dict[str, tuple[str, ...]]) -> tuple[str, ...]:
+    """The longest chain of imports that starts at ``module`` (``found``: those known)."""
+    if module not in found:
+        found[module] = (module,)  # (an import cycle ends here; the test above reports it)
+        chains = [(module, *_longest_chain(target, found)) for target in sorted(GRAPH[module])]
+        found[module] = max(chains, key=len, default=(module,))
+    return found[module]
+
+
+def test_no_chain_of_imports_passes_through_more_than_14_modules() -> None:
+    """Every import counts, under ``TYPE_CHECKING`` or in a function too: a type a module names
+    is a module its reader opens. A longer chain is cut by moving a name to where it belongs
+    (docs/architecture.md, Layers and modules), never by hiding its import."""
+    found: dict[str, tuple[str, ...]] = {}
+    longest = max((_longest_chain(module, found) for module in sorted(GRAPH)), key=len)
+    assert len(longest) <= LONGEST_CHAIN, f"{len(longest)} modules: " + " -> ".join(longest)
+
+
+def test_every_layer_imports_only_the_layers_listed_before_it() -> None:
+    """docs/architecture.md lists the layers lowest first; none imports one listed after it."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    order = re.findall(r"^\| \*\*`(\w+)/`\*\* \|", text, re.MULTILINE)
+    assert sorted(order) == sorted(path.parent.name for path in PACKAGE.glob("*/__init__.py"))
+    upward = [
+        (name, target)
+        for name, targets in sorted(GRAPH.items())
+        for target in sorted(targets)
+        if layer(name) in order
+        and layer(target) in order
+        and order.index(layer(target)) > order.index(layer(name))
+    ]
+    assert upward == []
+
+
 def test_every_layer_is_a_package_of_its_own() -> None:
     layers = {path.name for path in PACKAGE.iterdir() if (path / "__init__.py").exists()}
     assert layers == {
