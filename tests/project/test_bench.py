@@ -575,3 +575,24 @@ def test_the_cost_table_refuses_an_unknown_op_kind(capsys: pytest.CaptureFixture
     with pytest.raises(SystemExit):
         cost.main(["--kinds", "single key,hot key"])
     assert "unknown op kinds: hot key" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_calls_table_counts_each_kind_s_python_and_c_calls_per_op(tmp_path: Path) -> None:
+    """``benchmarks.calls``: each process is profiled for the measured ops only (a worker
+    between its two signals), and a transfer costs the worker more calls than a deposit."""
+    command = [
+        sys.executable, "-m", "benchmarks.calls", "--ops", "400", "--accounts", "300",
+        "--kinds", "single key,transfer in one worker", "--out", str(tmp_path),
+    ]  # fmt: skip
+    completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    rows = {row["kind"]: row for row in json.loads((tmp_path / "calls.json").read_text())}
+    single, transfer = rows["single key"], rows["transfer in one worker"]
+    # (The funding deposits, 300 of them, and the workers' start are outside the window: a
+    # worker profiled from its start makes thousands of calls per op of 400.)
+    assert 20 < single["workers"]["python"] < transfer["workers"]["python"] < 1_000
+    assert 20 < single["client"]["python"] < 1_000
+    assert single["workers"]["c"] > 0 and single["client"]["c"] > 0
+    table = (tmp_path / "calls.md").read_text()
+    assert "| single key | " in table and "| transfer in one worker | " in table

@@ -1,0 +1,254 @@
+"""Python calls per op, by kind of op: ``python -m benchmarks.calls``.
+
+The CPU per op that ``benchmarks.cost`` measures moves by 10-15% between runs of the same code
+on a shared machine, more than most changes to the op's path. The number of calls the Python
+code makes per op does not: it moves with the code and with batch sizes only. So each op kind
+below runs on a private server, with its workers and one client process (64 callers) under
+``cProfile``, switched on for the measured ops only, after a warm-up that also funds the
+accounts; it prints, per op, the calls of Python functions and, apart, of functions written in
+C (builtins and methods of built-in types), for the workers and for the client:
+
+- **single key**: one worker owning every shard, deposits on random accounts;
+- **transfer in one worker**: one worker, transfers between two accounts on different shards;
+- **transfer between workers**: two workers splitting the shards; the row is derived from the
+  two-worker mix and the one-worker transfer as ``benchmarks.cost`` derives it (the share that
+  crosses, from the shard ranges);
+- **transfer on a cluster**: one worker on a three-master Redis Cluster.
+
+Only the main thread of each process is profiled: ops that run in a worker thread (sync ops
+not declared ``inline``) are not counted; the ledger's ops run inline. A call of a coroutine
+counts once per resumption (cProfile's count), so an ``await`` that suspends adds one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import json
+import os
+import pstats
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import keyserial
+from keyserial._local.cluster import LocalCluster
+from keyserial._local.server import LocalServer
+from keyserial.cli import main as keyserial_main
+
+from .cost import crossing_share, derived_between
+from .procs import shard_range
+from .workloads import account_key, make_chooser
+
+ROOT = Path(__file__).resolve().parent.parent
+SHARDS = 16
+ACCOUNTS = 10_000
+CALLERS = 64
+#: The op kinds, each with its workers, its load and whether it runs on a cluster.
+KINDS = {
+    "single key": (1, "deposit", False),
+    "transfer in one worker": (1, "transfer", False),
+    "transfer between workers": (2, "transfer", False),
+    "transfer on a cluster": (1, "transfer", True),
+}
+#: What a table row shows, per kind of process.
+FIGURES = ("python", "c")
+
+
+def counts(stats_path: Path, ops: int) -> dict[str, float]:
+    """Calls per op in a saved profile: of Python functions, and of functions written in C."""
+    python = c = 0
+    for (file, _, _), (_, calls, _, _, _) in pstats.Stats(str(stats_path)).stats.items():  # type: ignore[attr-defined]
+        if file == "~":
+            c += calls
+        else:
+            python += calls
+    return {"python": round(python / ops, 1), "c": round(c / ops, 1)}
+
+
+def summed(parts: Sequence[dict[str, float]]) -> dict[str, float]:
+    total: Counter[str] = Counter()
+    for part in parts:
+        total.update(part)
+    return {name: round(total[name], 1) for name in FIGURES}
+
+
+# -- the processes --------------------------------------------------------------------------
+
+
+def _profiled(out: Path) -> cProfile.Profile:
+    """A profiler that SIGUSR1 switches on and SIGUSR2 off, saving it to ``out``."""
+    profiler = cProfile.Profile()
+
+    def stop(*_: object) -> None:
+        profiler.disable()
+        profiler.dump_stats(out)
+
+    signal.signal(signal.SIGUSR1, lambda *_: profiler.enable())
+    signal.signal(signal.SIGUSR2, stop)
+    return profiler
+
+
+def _serve(out: Path, worker_args: list[str]) -> int:
+    """A ``keyserial worker`` whose profile SIGUSR1 and SIGUSR2 start and save."""
+    _profiled(out)
+    return keyserial_main(["worker", *worker_args])
+
+
+async def _load(url: str, op: str, accounts: int, ops: int, workers: list[int], out: Path) -> None:
+    """Fund each account (the warm-up), then run ``ops`` ops with ``CALLERS`` callers, each
+    process profiled meanwhile (this one included)."""
+    kind = "pairs" if op == "transfer" else "uniform"
+    chooser = make_chooser(kind, accounts, random.Random(7), shards=SHARDS)
+    async with keyserial.connect(url, shards=SHARDS) as ks:
+        for start in range(0, accounts, CALLERS):
+            await asyncio.gather(
+                *(
+                    ks.submit(account_key(n), keyserial.call("deposit", 10**9))
+                    for n in range(start, min(start + CALLERS, accounts))
+                )
+            )
+        left = ops
+
+        async def caller() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                accounts = chooser()
+                if op == "transfer":
+                    await ks.transfer(account_key(accounts[0]), account_key(accounts[1]), 1)
+                else:
+                    await ks.submit(account_key(accounts[0]), keyserial.call("deposit", 1))
+
+        profiler = cProfile.Profile()
+        for pid in workers:
+            os.kill(pid, signal.SIGUSR1)
+        profiler.enable()
+        await asyncio.gather(*(caller() for _ in range(CALLERS)))
+        profiler.disable()
+        # (Its last replies are in: what the workers do after them is not the ops'.)
+        for pid in workers:
+            os.kill(pid, signal.SIGUSR2)
+        profiler.dump_stats(out)
+
+
+def _measure(kind: str, accounts: int, ops: int, folder: Path) -> dict[str, dict[str, float]]:
+    """One kind's calls per op: of its workers (summed) and of its client."""
+    worker_count, op, cluster = KINDS[kind]
+    with LocalCluster(masters=3, replicas=0) if cluster else LocalServer() as server:
+        url = server.url
+        processes = []
+        outs = [folder / f"worker-{n}.prof" for n in range(worker_count)]
+        for n, out in enumerate(outs):
+            shards = ["--shards", shard_range(SHARDS, worker_count, n)]
+            command = [sys.executable, "-m", "benchmarks.calls", "--as-worker", str(out), "--"]
+            command += ["--redis", url, "--shard-count", str(SHARDS), "--log-level", "WARNING"]
+            processes.append(subprocess.Popen(command + shards, cwd=ROOT))
+        try:
+            client_out = folder / "client.prof"
+            command = [sys.executable, "-m", "benchmarks.calls", "--as-client", str(client_out)]
+            command += [url, op, str(accounts), str(ops), *(str(p.pid) for p in processes)]
+            subprocess.run(command, cwd=ROOT, check=True, timeout=600)
+            deadline = time.monotonic() + 30
+            while not all(out.exists() for out in outs) and time.monotonic() < deadline:
+                time.sleep(0.1)  # (each worker saves its profile on SIGUSR2, between two steps)
+        finally:
+            for process in processes:
+                process.send_signal(signal.SIGTERM)
+            for process in processes:
+                process.wait(timeout=30)
+        time.sleep(0.2)  # (a profile written as the worker stopped is complete once it exits)
+        return {
+            "workers": summed([counts(out, ops) for out in outs]),
+            "client": counts(client_out, ops),
+        }
+
+
+# -- the table ------------------------------------------------------------------------------
+
+
+def rows_of(measured: dict[str, dict[str, dict[str, float]]]) -> list[dict[str, Any]]:
+    """A row per op kind measured (a transfer between workers derived from the mix)."""
+    rows = []
+    for kind, found in measured.items():
+        name = (
+            "transfer between workers (measured mix)"
+            if kind == "transfer between workers"
+            else kind
+        )
+        rows.append({"kind": name, **found})
+    mix, within = measured.get("transfer between workers"), measured.get("transfer in one worker")
+    if mix is not None and within is not None:
+        share = crossing_share(SHARDS, 2)
+        rows.append(
+            {
+                "kind": f"transfer between workers (derived: the {share:.0%} that cross)",
+                "workers": derived_between(mix["workers"], within["workers"], share),
+                "client": derived_between(mix["client"], within["client"], share),
+            }
+        )
+    return rows
+
+
+def markdown(rows: list[dict[str, Any]], command: str) -> str:
+    lines = [
+        f"`{command}`",
+        "",
+        "| op kind | workers: Python calls/op | workers: C calls/op | client: Python calls/op"
+        " | client: C calls/op |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        workers, client = row["workers"], row["client"]
+        lines.append(
+            f"| {row['kind']} | {workers['python']:,} | {workers['c']:,} | {client['python']:,}"
+            f" | {client['c']:,} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--as-worker"]:
+        return _serve(Path(argv[1]), argv[3:])
+    if argv[:1] == ["--as-client"]:
+        out, url, op, accounts, ops, *pids = argv[1:]
+        asyncio.run(_load(url, op, int(accounts), int(ops), [int(pid) for pid in pids], Path(out)))
+        return 0
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.calls", description=__doc__)
+    parser.add_argument("--ops", type=int, default=20_000, help="measured ops per kind")
+    parser.add_argument(
+        "--accounts", type=int, default=ACCOUNTS, help="accounts, each funded before the ops"
+    )
+    parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated op kinds")
+    parser.add_argument("--out", type=Path, help="folder for calls.json and calls.md")
+    args = parser.parse_args(argv)
+    kinds = [kind.strip() for kind in args.kinds.split(",")]
+    unknown = [kind for kind in kinds if kind not in KINDS]
+    if unknown:
+        parser.error(f"unknown op kind(s) {unknown}; choose from {list(KINDS)}")
+    measured = {}
+    for kind in KINDS:
+        if kind in kinds:
+            with tempfile.TemporaryDirectory() as folder:
+                measured[kind] = _measure(kind, args.accounts, args.ops, Path(folder))
+    command = "python -m benchmarks.calls " + " ".join(argv)
+    text = markdown(rows_of(measured), command.strip())
+    print(text)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "calls.md").write_text(text)
+        (args.out / "calls.json").write_text(json.dumps(rows_of(measured), indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
