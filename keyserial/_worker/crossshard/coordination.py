@@ -1,23 +1,19 @@
-"""What the two sides of a cross-shard op share: the collaborators a shard's runner passes in,
-how an op's keys and writes split by shard, and the signing of their messages. The protocol
-itself is described in docs/multi-key.md.
+"""What the two sides of a cross-shard op share: what a shard's runner hands them
+(:class:`RunnerServices`), and the shapes of the runner's calls in it. How an op splits by shard,
+and how its grant requests are signed, is the coordinator's alone (``.coordinator``). The
+protocol itself is described in docs/multi-key.md.
 """
 
 from __future__ import annotations
 
-import time
-from collections import defaultdict
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ..._backend.backend import Backend
 from ..._scripts.calls import ScriptCall
 from ..._settings import Settings
-from ..._wire.codec import Envelope
-from ..._wire.layout import Layout, shard_name
-from ..._wire.messages import GrantRequest
-from ..._wire.routing import route
+from ..._wire.layout import Layout
 from ..._wire.signing import ReplySigner
 from ..commits import AcrossCommit, Record
 from ..execution import Run
@@ -25,9 +21,6 @@ from ..writes import Replies, WriteChain
 from .mailbox import HomeShard, Mailbox
 
 R = TypeVar("R")
-
-#: A shard's writes: [(key, JSON state or '' to delete)].
-Writes = list[tuple[str, str]]
 
 
 class RunFenced(Protocol):
@@ -101,64 +94,3 @@ class RunnerServices:
         """How often a waiter looks in Redis for a message it may have missed (and a
         participant checks that its coordinator still owns the home shard)."""
         return min(self.settings.idle_poll, self.settings.lease_ttl / 8)
-
-
-def split_keys(
-    envelope: Envelope, here: HomeShard, shard_count: int
-) -> tuple[list[str], dict[int, list[str]]]:
-    """The op's keys on ``here``, and on each other shard."""
-    by_shard: dict[int, list[str]] = defaultdict(list)
-    for key, shard in zip(envelope.keys, route(envelope, shard_count), strict=True):
-        by_shard[shard].append(key)
-    local = by_shard.pop(here.shard)
-    for keys in by_shard.values():
-        for key in keys:
-            here.states.forget(key)  # the fetch looked it up here: it is not ours
-    return local, by_shard
-
-
-def writes_by_shard(
-    envelope: Envelope,
-    states: Mapping[str, str | None],
-    new_states: Mapping[str, str | None] | None,
-    shard_count: int,
-) -> dict[int, Writes]:
-    """The keys an op changed, by shard ('' for a deleted state)."""
-    writes: dict[int, Writes] = defaultdict(list)
-    if new_states is None:
-        return writes
-    for key, shard in zip(envelope.keys, route(envelope, shard_count), strict=True):
-        state = new_states[key]
-        if state != states[key]:
-            writes[shard].append((key, state or ""))
-    return writes
-
-
-def signed_request(
-    services: RunnerServices, shard: int, op_id: str, attempt: int, keys: Sequence[str]
-) -> GrantRequest:
-    """The grant request of one attempt for ``keys`` on ``shard``, signed by this worker: a
-    participant takes no request that a listed worker did not sign (``_worker.intake``). It is
-    also tagged for the shard's owner that granted this worker's last request there, if one
-    did: that owner checks the tag instead of the signature (any other, the signature)."""
-    home = services.home
-    target = shard_name(shard, services.layout.generation)
-    request = GrantRequest(
-        home.shard,
-        op_id,
-        attempt,
-        services.mailbox.channel_for(shard),  # (in its slot: that shard's script publishes)
-        target,
-        int(time.time() * 1000),
-    )
-    signer = services.pipeliner.signer
-    if signer is None:
-        return request
-    text = request.signed_text(services.settings.namespace, keys)
-    owner = services.mailbox.expected_owner(target)
-    return replace(
-        request,
-        signer=signer.signer_id,
-        signature=signer.sign_request(text),
-        tag="" if owner is None else signer.tag_request(owner, text),
-    )

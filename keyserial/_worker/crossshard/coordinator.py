@@ -12,8 +12,11 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
+from dataclasses import replace
 
 from ..._backend.durability import stored_confirmed
 from ..._backoff import Backoff
@@ -22,28 +25,27 @@ from ..._scripts.submit import SubmitArgs, submit
 from ..._wire.codec import (
     GRANT_OP,
     WIRE_VERSION,
+    Envelope,
     binding,
     grant_request_envelope,
     pack_entry,
 )
 from ..._wire.json_text import dumps
 from ..._wire.layout import ShardKeys, decision_field, grant_field, shard_name
-from ..._wire.messages import Decision, DecisionNotice, KeyGrant
+from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant
+from ..._wire.routing import route
 from ...errors import BackendUnavailable, LeaseLost
 from ..chains import Hold
 from ..commits import AcrossCommit, OtherWrites, Record
 from ..execution import Evaluated, Run
 from ..writes import WriteChainBroken
-from .coordination import (
-    RunnerServices,
-    Writes,
-    signed_request,
-    split_keys,
-    writes_by_shard,
-)
-from .mailbox import LocalShard
+from .coordination import RunnerServices
+from .mailbox import HomeShard, LocalShard
 
 log = logging.getLogger("keyserial.worker")
+
+#: A shard's writes: [(key, JSON state or '' to delete)].
+Writes = list[tuple[str, str]]
 
 
 class Coordinator:
@@ -68,7 +70,7 @@ class Coordinator:
             or not home.executor.runs_inline(envelope)
         ):
             return False
-        local, by_shard = split_keys(envelope, home, services.shard_count)
+        local, by_shard = _split_keys(envelope, home, services.shard_count)
         others = self._local_owners(by_shard)
         if others is None:
             return False
@@ -148,7 +150,7 @@ class Coordinator:
         services, envelope = self._services, run.envelope
         home = services.home
         outcome, new_states = evaluated
-        writes = writes_by_shard(envelope, states, new_states, services.shard_count)
+        writes = _writes_by_shard(envelope, states, new_states, services.shard_count)
         for key, state in writes.pop(home.shard, []):
             home.states.write(key, state or None)
         services.finish(
@@ -190,7 +192,7 @@ class Coordinator:
         if refused is not None:
             services.finish(run, refused, store=run.keep, replies=list(run.replies))
             return
-        local, by_shard = split_keys(envelope, home, services.shard_count)
+        local, by_shard = _split_keys(envelope, home, services.shard_count)
         if services.backend.one_script_reaches_every_shard and await self._commit_in_process(
             run, local, by_shard
         ):
@@ -207,7 +209,7 @@ class Coordinator:
                 fences.update(dict.fromkeys(keys, grant.fence))
             participants.append(grant.channel)
         outcome, new_states = await home.executor.evaluate(envelope, states, fences)
-        writes = writes_by_shard(envelope, states, new_states, services.shard_count)
+        writes = _writes_by_shard(envelope, states, new_states, services.shard_count)
         home_writes = writes.pop(home.shard, [])
         notice = DecisionNotice(envelope.op_id, attempt, Decision(dict(writes)))
         await self._decide(run, notice, home_writes, outcome, participants)
@@ -265,7 +267,7 @@ class Coordinator:
         """
         services = self._services
         home = services.home
-        request = signed_request(services, shard, op_id, attempt, keys)
+        request = _signed_request(services, shard, op_id, attempt, keys)
         entry_json = grant_request_envelope(op_id, attempt, keys, request.to_wire())
         there = services.layout.keys(shard)
         granted_at = grant_field(op_id, attempt)
@@ -433,3 +435,64 @@ def _fences(held: Iterable[tuple[LocalShard, Sequence[str]]]) -> dict[str, int]:
     for owner, keys in held:
         fences.update(dict.fromkeys(keys, owner.next_fence()))
     return fences
+
+
+def _split_keys(
+    envelope: Envelope, here: HomeShard, shard_count: int
+) -> tuple[list[str], dict[int, list[str]]]:
+    """The op's keys on ``here``, and on each other shard."""
+    by_shard: dict[int, list[str]] = defaultdict(list)
+    for key, shard in zip(envelope.keys, route(envelope, shard_count), strict=True):
+        by_shard[shard].append(key)
+    local = by_shard.pop(here.shard)
+    for keys in by_shard.values():
+        for key in keys:
+            here.states.forget(key)  # the fetch looked it up here: it is not ours
+    return local, by_shard
+
+
+def _writes_by_shard(
+    envelope: Envelope,
+    states: Mapping[str, str | None],
+    new_states: Mapping[str, str | None] | None,
+    shard_count: int,
+) -> dict[int, Writes]:
+    """The keys an op changed, by shard ('' for a deleted state)."""
+    writes: dict[int, Writes] = defaultdict(list)
+    if new_states is None:
+        return writes
+    for key, shard in zip(envelope.keys, route(envelope, shard_count), strict=True):
+        state = new_states[key]
+        if state != states[key]:
+            writes[shard].append((key, state or ""))
+    return writes
+
+
+def _signed_request(
+    services: RunnerServices, shard: int, op_id: str, attempt: int, keys: Sequence[str]
+) -> GrantRequest:
+    """The grant request of one attempt for ``keys`` on ``shard``, signed by this worker: a
+    participant takes no request that a listed worker did not sign (``_worker.intake``). It is
+    also tagged for the shard's owner that granted this worker's last request there, if one
+    did: that owner checks the tag instead of the signature (any other, the signature)."""
+    home = services.home
+    target = shard_name(shard, services.layout.generation)
+    request = GrantRequest(
+        home.shard,
+        op_id,
+        attempt,
+        services.mailbox.channel_for(shard),  # (in its slot: that shard's script publishes)
+        target,
+        int(time.time() * 1000),
+    )
+    signer = services.pipeliner.signer
+    if signer is None:
+        return request
+    text = request.signed_text(services.settings.namespace, keys)
+    owner = services.mailbox.expected_owner(target)
+    return replace(
+        request,
+        signer=signer.signer_id,
+        signature=signer.sign_request(text),
+        tag="" if owner is None else signer.tag_request(owner, text),
+    )
