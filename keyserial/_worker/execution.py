@@ -117,11 +117,13 @@ class Executor:
     def definition(self, envelope: Envelope) -> Op[..., Any] | None:
         return self.registry.get(envelope.name)
 
-    def runs_inline(self, envelope: Envelope) -> bool:
-        """Whether the op exists, takes the keys it was given, and runs on the event loop with
-        nothing to await (a sync op declared ``inline``)."""
+    def inline_definition(self, envelope: Envelope) -> Op[..., Any] | None:
+        """The op's definition if it exists, takes the keys it was given, and runs on the event
+        loop with nothing to await (a sync op declared ``inline``); else None."""
         definition = self.definition(envelope)
-        return _accepts_keys(definition, envelope) and not awaited(definition)
+        if _accepts_keys(definition, envelope) and not awaited(definition):
+            return definition
+        return None
 
     def in_thread(self, envelope: Envelope) -> bool:
         """Whether the op is a one-key sync op not declared ``inline``: it runs in a worker
@@ -282,7 +284,7 @@ class Executor:
         of its keys on other shards, from their owners (this shard's keys get one of this
         shard's). ``definition``: the op's, if looked up already."""
         definition, context = self._begin(envelope, states, fences, definition)
-        assert not awaited(definition), "runs_inline() first"
+        assert not awaited(definition), "inline_definition() first"
         began = time.monotonic()
         traced = telemetry.tracer()
         if traced is None:  # (the common case: no span, and no context manager either)
@@ -300,8 +302,8 @@ class Executor:
     ) -> Evaluated:
         """:meth:`evaluate_now` for any op: an ``async`` one is awaited, a sync one not
         ``inline`` runs in a worker thread."""
-        if self.runs_inline(envelope):
-            return self.evaluate_now(envelope, states, fences)
+        if (definition := self.inline_definition(envelope)) is not None:
+            return self.evaluate_now(envelope, states, fences, definition)
         definition, context = self._begin(envelope, states, fences)
         traced = telemetry.tracer()
         if traced is None:

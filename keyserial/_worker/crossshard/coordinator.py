@@ -64,11 +64,10 @@ class Coordinator:
         not cached, some shard not this worker's, an ``async`` op, or a cluster."""
         services, envelope = self._services, run.envelope
         home = services.home
-        if (
-            not services.backend.one_script_reaches_every_shard
-            or envelope.name == GRANT_OP
-            or not home.executor.runs_inline(envelope)
-        ):
+        if not services.backend.one_script_reaches_every_shard or envelope.name == GRANT_OP:
+            return False
+        definition = home.executor.inline_definition(envelope)
+        if definition is None:
             return False
         local, by_shard = _split_keys(envelope, home, services.shard_count)
         others = self._local_owners(by_shard)
@@ -81,7 +80,7 @@ class Coordinator:
             return False
         states = {key: owner.cached_state(key) for owner, hold in holds for key in hold.keys}
         fences = _fences((owner, hold.keys) for owner, hold in holds[1:])
-        evaluated = home.executor.evaluate_now(envelope, states, fences)
+        evaluated = home.executor.evaluate_now(envelope, states, fences, definition)
 
         def landed(_: bool) -> None:
             for owner, hold in holds:
