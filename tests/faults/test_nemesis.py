@@ -9,11 +9,17 @@ these lists until fixed.
 
 from __future__ import annotations
 
+import json
+import time
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
+import redis.asyncio
+import redis.exceptions
 
+from keyserial.testing import LocalServer, ShardKeys, free_port
 from tests.nemesis.checkers import (
     Observed,
     check_appended_were_applied,
@@ -31,7 +37,7 @@ from tests.nemesis.seeds import (
     REGRESSIONS,
     TAKEOVER_SEEDS,
 )
-from tests.nemesis.tap import Appended
+from tests.nemesis.tap import Appended, StreamTap, direct_client
 from tests.nemesis.workloads import History, OpRecord
 
 
@@ -195,3 +201,51 @@ def test_the_refusals_checker_flags_an_op_answered_as_misrouted() -> None:
     assert flagged == ["t1", "t3"]
     observed.resolved["t3"] = ("error", "InsufficientFunds: balance 3 is less than 9")
     assert [violation.evidence["tag"] for violation in check_refusals(observed)] == ["t1"]
+
+
+async def test_outcomes_are_polled_once_the_tap_has_read_every_entry(
+    standalone_server: LocalServer, namespace: str
+) -> None:
+    """The runner polls the outcomes of the ops the tap names once the tap has caught up with
+    the streams (``runner._tap_caught_up``). A tap that cannot read (here its server's port
+    moved; in short seed 102, its read still backing off after a Redis restart) is behind on a
+    stream holding an entry it has not read, until it has read it; an entry trimmed unread (a
+    worker trims only committed ops) needs no reading."""
+    direct = redis.asyncio.Redis.from_url(standalone_server.url)
+    port = free_port()  # (nothing listens there)
+    tap = StreamTap(lambda: direct_client(port), namespace, 2)
+    streams = [ShardKeys(namespace, shard).stream for shard in (0, 1)]
+
+    def entry(op_id: str) -> dict[str, str]:
+        envelope = {"id": op_id, "key": "lst:1", "op": "append", "args": [f"tag-{op_id}"]}
+        return {"v": "1", "ops": json.dumps([envelope])}
+
+    try:
+        async with anyio.create_task_group() as group:
+            group.start_soon(tap.run)
+            assert await tap.catch_up(direct, 5) == []  # (empty streams: nothing to read)
+            await direct.xadd(streams[0], entry("op-1"))  # type: ignore[arg-type]
+            read_first = (await direct.xadd(streams[1], entry("op-2"))).decode()  # type: ignore[arg-type]
+            await direct.xtrim(streams[0], maxlen=0)
+            assert await tap.catch_up(direct, 0.5) == [streams[1]]
+            port = standalone_server.port
+            assert await tap.catch_up(direct, 10) == []
+            assert tap.seen["op-2"].entries == [read_first]
+            assert "op-1" not in tap.seen
+            group.cancel_scope.cancel()
+    finally:
+        await direct.aclose()
+
+
+async def test_the_tap_gives_a_read_up_at_once_when_redis_does_not_answer() -> None:
+    """The tap reconnects every 0.1 s by itself. Its client does not retry: redis-py's does (6
+    and later: three more tries, sleeping up to 2, 4 and 8 s), and in short seed 102 the tap
+    read again seconds after Redis was back."""
+    client = direct_client(free_port())
+    began = time.monotonic()
+    try:
+        with pytest.raises(redis.exceptions.ConnectionError):
+            await client.ping()
+    finally:
+        await client.aclose()
+    assert time.monotonic() - began < 1.0

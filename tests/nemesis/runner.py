@@ -1,8 +1,9 @@
 """One seeded run: start the system, load it while the faults fire, heal, check.
 
 After the load: every fault is healed, each shard must take and commit a new op within the
-profile's liveness bound, unknown outcomes are polled by op id (never resubmitted), the keys'
-final states are read through ops (ordered after everything appended), and the checkers run.
+profile's liveness bound, the stream tap catches up with every entry appended, unknown outcomes
+are polled by op id (never resubmitted), the keys' final states are read through ops (ordered
+after everything appended), and the checkers run.
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
             report.violations += await _liveness(system, clients[0], faults)
         faults.note("load drained")
         report.violations += await _held_keys(system, clients[0], faults)
+        report.violations += await _tap_caught_up(system, tap, faults)
         resolved = await _resolve(clients[0], load, tap, profile)
         finals = await _finals(clients[0], system, load, keys)
         report.violations += await _garbage_answered(system, faults)
@@ -312,9 +314,32 @@ async def _held_keys(
     return violations
 
 
-#: Seconds an op the tap never saw appended is looked up for (the tap reads every 200 ms).
-#: Past that, it was never appended, or it was trimmed before the tap read it, which a worker
-#: does only once it committed: its outcome was stored, and found by then.
+async def _tap_caught_up(system: BaseSystem, tap: StreamTap, faults: Faults) -> list[Violation]:
+    """Wait, up to the liveness bound, until the tap has read every entry in the streams: the
+    ops to poll are those it names, so an op appended just before the load ended must be among
+    them. (Short seed 102, four runs on two cores: the load shifted a Redis restart to just
+    before the load ended, the tap's read was still backing off when outcomes were polled, and
+    an op that had applied was reported without one.) The load has drained: no op of it is
+    appended any more."""
+    bound = system.profile.liveness_bound
+    began = time.monotonic()
+    behind = await tap.catch_up(system.inspector, bound)
+    if behind:
+        return [
+            Violation(
+                "harness",
+                f"the stream tap had not read every entry {bound}s after the load drained",
+                {"streams": behind, "read": {name: tap.read[name] for name in behind}},
+            )
+        ]
+    faults.note(f"stream tap caught up after {time.monotonic() - began:.2f}s")
+    return []
+
+
+#: Seconds an op the tap never saw appended is looked up for. The tap has read every entry by
+#: then (:func:`_tap_caught_up`): such an op was never appended, or it was trimmed before the
+#: tap read it, which a worker does only once it committed: its outcome was stored, and found
+#: by then.
 _UNSEEN_GRACE = 2.0
 
 

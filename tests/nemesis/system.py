@@ -28,7 +28,7 @@ from keyserial.errors import BackendUnavailable
 from keyserial.testing import LocalServer, ShardKeys, free_port
 from tests.helpers import WorkerProcess
 from tests.nemesis.schedule import Plan
-from tests.nemesis.tap import StreamTap
+from tests.nemesis.tap import StreamTap, direct_client
 from tests.proxy import FaultProxy
 
 #: Seconds a move under way when the load ends may go on, once every fault is healed, with no
@@ -340,11 +340,7 @@ class System(BaseSystem):
 
     def tap(self) -> StreamTap:
         port = self.server.port
-        return StreamTap(
-            lambda: aredis.Redis(port=port, socket_timeout=None, socket_connect_timeout=2),
-            self.namespace,
-            self.profile.shard_count,
-        )
+        return StreamTap(lambda: direct_client(port), self.namespace, self.profile.shard_count)
 
     def direct_url(self) -> str:
         return self.server.url

@@ -3,6 +3,10 @@
 It reads the streams directly from Redis (never through a proxy) as entries arrive. The worker
 trims only entries whose ops all committed, so an entry the tap missed (trimmed before it was
 read) was applied; the tap can miss appended ops only on the safe side.
+
+It can fall behind, though: across a Redis restart it reads again only once it has reconnected
+(every 0.1 s, with :func:`direct_client`'s client). The runner therefore polls outcomes only
+once the tap has caught up (:meth:`StreamTap.catch_up`), so that every op it names is polled.
 """
 
 from __future__ import annotations
@@ -16,8 +20,11 @@ from typing import Any
 import anyio
 import redis.asyncio as aredis
 from anyio.abc import TaskGroup
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisClusterException
 
+from keyserial._wire.codec import parse_id
 from keyserial._wire.layout import Layout
 from keyserial._wire.resharding import Move
 
@@ -25,6 +32,17 @@ from keyserial._wire.resharding import Move
 GARBAGE_PREFIX = "garbage-"
 #: The argument position of the tag, per op the load submits.
 _TAG_POSITION = {"append": 0, "slow_append": 0, "pay_tagged": 1, "pay_now_tagged": 1}
+
+
+def direct_client(port: int) -> aredis.Redis:
+    """A client of the server on ``port`` for the tap: no socket timeout (its reads block), and
+    no retries. A client built with ``redis.asyncio.Redis(...)`` (not ``from_url``) retries a
+    failed command three times on redis-py 6 and later, sleeping up to 2, 4 and 8 s between
+    tries: a read begun while Redis was down could sleep seconds past its restart, and the tap
+    fell that far behind the streams (short seed 102). The tap reconnects every 0.1 s instead."""
+    return aredis.Redis(
+        port=port, socket_timeout=None, socket_connect_timeout=2, retry=Retry(NoBackoff(), 0)
+    )
 
 
 @dataclass
@@ -50,6 +68,8 @@ class StreamTap:
     per_stream: bool = False
     #: op id -> what the tap saw appended (only ops the load submitted, tagged).
     seen: dict[str, Appended] = field(default_factory=dict)
+    #: Stream -> the last entry the tap read in it ("0-0": none yet), for every stream it follows.
+    read: dict[str, str] = field(default_factory=dict)
 
     async def run(self) -> None:
         """Read every stream until cancelled, resuming after a Redis restart or failover; the
@@ -65,12 +85,12 @@ class StreamTap:
     def _follow_layout(self, group: TaskGroup, layout: Layout, followed: set[int]) -> None:
         followed.add(layout.generation)
         streams = {keys.stream: keys.shard for keys in layout.all_keys()}
-        last: dict[str, str] = dict.fromkeys(streams, "0-0")
+        self.read.update(dict.fromkeys(streams, "0-0"))
         if not self.per_stream:
-            group.start_soon(self._follow, streams, last)
+            group.start_soon(self._follow, streams)
             return
         for name, shard in streams.items():
-            group.start_soon(self._follow, {name: shard}, last)
+            group.start_soon(self._follow, {name: shard})
 
     async def _new_layouts(self, followed: set[int]) -> list[Layout]:
         """The live layout and a move's target, if the tap follows neither yet."""
@@ -91,7 +111,31 @@ class StreamTap:
             layouts.append(Move.decode(self.namespace, move).target)
         return [layout for layout in layouts if layout.generation not in followed]
 
-    async def _follow(self, streams: dict[str, int], last: dict[str, str]) -> None:
+    async def behind(self, client: Any) -> list[str]:
+        """The streams whose last entry, read now with ``client``, the tap has not read yet."""
+        lagging = []
+        for name, read in list(self.read.items()):
+            tail = await client.xrevrange(name, count=1)
+            if tail and parse_id(tail[0][0].decode()) > parse_id(read):
+                lagging.append(name)
+        return lagging
+
+    async def catch_up(self, client: Any, timeout: float) -> list[str]:
+        """Wait until the tap has read every entry its streams hold (asked with ``client``, again
+        and again: an entry trimmed meanwhile, committed, needs no reading); the streams still
+        behind after ``timeout`` seconds (empty: caught up)."""
+        lagging = list(self.read)
+        with anyio.move_on_after(timeout):
+            while True:
+                with suppress(OSError, aredis.RedisError, RedisClusterException):
+                    lagging = await self.behind(client)
+                    if not lagging:
+                        return []
+                await anyio.sleep(0.05)
+        return lagging
+
+    async def _follow(self, streams: dict[str, int]) -> None:
+        last = self.read
         while True:
             client = self.connect()
             try:
