@@ -120,19 +120,31 @@ def worker_channel(namespace: str, token: str) -> str:
 
 
 class _ShardKey:
-    """A key of one shard, named by its suffix after the shard's hash tag."""
+    """A key of one shard, named by its suffix after the shard's hash tag.
 
-    __slots__ = ("suffix",)
+    The name is made at the first read and kept in the instance: the descriptor has no
+    ``__set__``, so from then on the instance's own attribute answers, with no call (a step
+    names twelve keys, a worker makes thousands of steps a second). It cannot go stale: a
+    :class:`ShardKeys` is frozen, and its names depend on nothing else."""
+
+    __slots__ = ("attribute", "suffix")
 
     def __init__(self, suffix: str) -> None:
         self.suffix = suffix
+        self.attribute = ""
+
+    def __set_name__(self, owner: type[ShardKeys], attribute: str) -> None:
+        self.attribute = attribute
 
     @overload
     def __get__(self, shard: None, owner: type[ShardKeys]) -> _ShardKey: ...
     @overload
     def __get__(self, shard: ShardKeys, owner: type[ShardKeys]) -> str: ...
     def __get__(self, shard: ShardKeys | None, owner: type[ShardKeys]) -> str | _ShardKey:
-        return self if shard is None else f"{shard.tag}:{self.suffix}"
+        if shard is None:
+            return self
+        name = shard.__dict__[self.attribute] = f"{shard.tag}:{self.suffix}"
+        return name
 
 
 def attempt_id(op_id: str, attempt: int) -> str:
@@ -156,7 +168,7 @@ def answered_field(op_id: str) -> str:
     return f"{op_id}#u"
 
 
-@dataclass(frozen=True, slots=True, order=True)
+@dataclass(frozen=True, order=True)  # (no slots: each name is kept once read, see _ShardKey)
 class ShardKeys:
     """Names of everything one shard keeps in Redis (ordered by shard, then generation)."""
 
@@ -164,7 +176,7 @@ class ShardKeys:
     shard: int
     #: The layout generation the shard belongs to (see :class:`Layout`).
     generation: int = 0
-    #: The hash tag every key of the shard carries (made once: a step names nine keys).
+    #: The hash tag every key of the shard carries (made once, as each name is: see _ShardKey).
     tag: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
