@@ -462,8 +462,9 @@ def reply_outcome(outcome: str, shard: ShardKeys, entry_ids: Sequence[str]) -> s
 
 
 def encode_reply(outcomes: Iterable[tuple[str, str]]) -> str:
-    """A reply message from ``(op_id, encoded outcome)`` pairs, without re-encoding outcomes."""
-    body = ",".join("[" + dumps(op_id) + "," + outcome + "]" for op_id, outcome in outcomes)
+    """A reply message from ``(op_id, encoded outcome)`` pairs, without re-encoding outcomes.
+    (A list, not a generator, for ``join``: a generator is resumed once per outcome.)"""
+    body = ",".join(["[" + dumps(op_id) + "," + outcome + "]" for op_id, outcome in outcomes])
     return '{"v":1,"r":[' + body + "]}"
 
 
