@@ -40,8 +40,9 @@ def _as_balance(key: str, value: Any) -> int:
 @op(inline=True)
 def deposit(ctx: Context, amount: int) -> int:
     """Add ``amount`` (a positive integer) to the balance; return the new balance."""
-    ctx.state = _balance(ctx) + _amount(amount)
-    return int(ctx.state)
+    new_balance = _balance(ctx) + _amount(amount)
+    ctx.state = new_balance
+    return new_balance
 
 
 @op(inline=True)
