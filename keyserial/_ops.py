@@ -183,6 +183,10 @@ class Op(Generic[P, R]):
         #: with no thread hop. Every other sync op runs in a worker thread, so that the loop,
         #: the worker's other keys and its lease renewals never wait for it.
         self.inline = inline
+        #: Whether the worker awaits it (``async``, or in a worker thread), so it needs a task;
+        #: not run on the event loop with nothing to await. (Set once: the worker asks it of
+        #: every op it runs.)
+        self.awaited = self.is_async or not self.inline
         self.__doc__ = fn.__doc__
         self.__wrapped__ = fn
 

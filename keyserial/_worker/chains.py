@@ -19,7 +19,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from .._wire.codec import Envelope
-from .execution import Executor, Run, awaited
+from .execution import Executor, Run
 from .taskpool import TaskPool
 
 
@@ -91,7 +91,7 @@ class Chains:
             keys[0] not in chains if len(keys) == 1 else not any(key in chains for key in keys)
         ):
             definition = self._executor.definition(envelope)
-            if definition is None or not awaited(definition):
+            if definition is None or not definition.awaited:
                 # Nothing to wait for (or an op that cannot run): no task needed.
                 self._executor.execute_now(run, definition)
                 return

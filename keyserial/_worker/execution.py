@@ -121,7 +121,7 @@ class Executor:
         """The op's definition if it exists, takes the keys it was given, and runs on the event
         loop with nothing to await (a sync op declared ``inline``); else None."""
         definition = self.definition(envelope)
-        if _accepts_keys(definition, envelope) and not awaited(definition):
+        if _accepts_keys(definition, envelope) and not definition.awaited:
             return definition
         return None
 
@@ -211,7 +211,7 @@ class Executor:
         """Run any op on the shard's states: an ``async`` one is awaited, a sync one not
         declared ``inline`` runs in a worker thread."""
         definition = self.definition(run.envelope)
-        if definition is None or not awaited(definition) or self.cannot_run(run.envelope):
+        if definition is None or not definition.awaited or self.cannot_run(run.envelope):
             self.execute_now(run)
             return
         if self.in_thread(run.envelope):
@@ -284,7 +284,7 @@ class Executor:
         of its keys on other shards, from their owners (this shard's keys get one of this
         shard's). ``definition``: the op's, if looked up already."""
         definition, context = self._begin(envelope, states, fences, definition)
-        assert not awaited(definition), "inline_definition() first"
+        assert not definition.awaited, "inline_definition() first"
         began = time.monotonic()
         traced = telemetry.tracer()
         if traced is None:  # (the common case: no span, and no context manager either)
@@ -486,12 +486,6 @@ def _described(exc: Exception) -> str:
         return str(exc)
     except Exception as failure:
         return f"(str() of this {type(exc).__name__} raised {type(failure).__name__})"
-
-
-def awaited(definition: Op[..., Any]) -> bool:
-    """Whether the op is awaited (``async``, or sync and not ``inline``: in a thread), so it
-    needs a task; not run on the event loop with nothing to await."""
-    return definition.is_async or not definition.inline
 
 
 async def _awaited_call(
