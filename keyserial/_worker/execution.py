@@ -204,7 +204,8 @@ class Executor:
         if envelope.multi:
             states = self._current(envelope)
         else:
-            states = {envelope.key: self.states[envelope.key]}
+            key = envelope.key
+            states = {key: self.states[key]}
         self.applied(run, self.evaluate_now(envelope, states, {}, definition))
 
     async def execute(self, run: Run) -> None:
@@ -282,7 +283,8 @@ class Executor:
         """Run an ``inline`` op on ``states`` (keys of any shard), touching nothing else: its
         outcome, and every key's new state (None if it failed). ``fences``: the fencing tokens
         of its keys on other shards, from their owners (this shard's keys get one of this
-        shard's). ``definition``: the op's, if looked up already."""
+        shard's). ``definition``: the op's, if looked up and checked already (as
+        :meth:`execute_now` and :meth:`inline_definition` do)."""
         definition, context = self._begin(envelope, states, fences, definition)
         assert not definition.awaited, "inline_definition() first"
         began = time.monotonic()
@@ -320,9 +322,9 @@ class Executor:
         fences: Mapping[str, int],
         definition: Op[..., Any] | None = None,
     ) -> tuple[Op[..., Any], Context | MultiContext]:
-        if definition is None:
+        if definition is None:  # (one given was checked: see evaluate_now)
             definition = self.definition(envelope)
-        assert _accepts_keys(definition, envelope), "cannot_run() is checked first"
+            assert _accepts_keys(definition, envelope), "cannot_run() is checked first"
         self.last_fence += 1  # (next_fence(), inline: every op takes one)
         here = self.last_fence
         if not envelope.multi:
