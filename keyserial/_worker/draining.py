@@ -77,9 +77,11 @@ class Drain:
         """A step fetched entries; ``reached_end``: fewer than it asked for."""
         self.fetched_all = reached_end
 
-    def committed(self, op_id: str) -> None:
-        """An op taken in has committed (a forwarded one, once forwarded)."""
-        self._forwarded.discard(op_id)
+    def committed(self, batch: Iterable[Finished]) -> None:
+        """A step committed ``batch`` (a forwarded op, once forwarded). Once a step, not once
+        an op: forwards are rare, and none are under way unless the shard is sealed."""
+        if self._forwarded:
+            self._forwarded.difference_update(finished.op_id for finished in batch)
 
     def seal_with(self, seal: Seal) -> bool:
         """Take the seal; False if the shard was sealed already."""

@@ -444,7 +444,7 @@ class ShardRunner:
         for finished in batch:
             if self._running.pop(finished.op_id, None) is not None:
                 self._uncommitted -= 1
-                self._drain.committed(finished.op_id)
+        self._drain.committed(batch)
         if not fetched.entries:
             if want and self._replay_until is not None:
                 self._end_replay()
