@@ -358,9 +358,11 @@ class ShardRunner:
 
     def _drains_now(self) -> bool:
         """Sealed, past the seal, and nothing under way or to commit but forwards, where the
-        last record said otherwise (see :meth:`Drain.due`)."""
+        last record said otherwise (see :meth:`Drain.due`). (Asked before each sleep: the
+        seal is checked first, so an unsealed shard asks the drain nothing.)"""
         return (
-            self._replay_until is None
+            self.sealed
+            and self._replay_until is None
             and not (self._dead or self._records or self._across)
             and self._drain.due(
                 self._cursor,
