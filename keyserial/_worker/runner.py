@@ -529,7 +529,7 @@ class ShardRunner:
         pushes, which only the next step confirms)."""
         if self._earlier and fetched.entries:
             await self._earlier.answer(fetched, replaying=self._replay_until is not None)
-        if signers := self._requests.signers_to_read(fields for _, fields in fetched.entries):
+        if signers := self._requests.signers_to_read([fields for _, fields in fetched.entries]):
             await self._read_signers(signers)
         runnable: list[Run] = []
         for entry_id, fields in fetched.entries:
