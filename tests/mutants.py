@@ -323,7 +323,8 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
         ),
         (
-            "tests/operator/test_pause.py::test_the_next_owner_honours_a_pause_after_a_crash"
+            "tests/operator/test_pause.py::"
+            "test_the_next_owner_of_an_idle_shard_honours_a_pause_before_its_first_op"
             + _STANDALONE,
         ),
     ),

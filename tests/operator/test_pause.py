@@ -110,6 +110,56 @@ async def test_the_next_owner_honours_a_pause_after_a_crash(
     assert await _state(redis_url, namespace, paused) == 11
 
 
+async def test_the_next_owner_of_an_idle_shard_honours_a_pause_before_its_first_op(
+    redis_url: str, namespace: str, start: Starter
+) -> None:
+    """The owner is killed with its stream empty; its successor reads the paused keys as it
+    takes the shard over, before any op. No step of the successor's fetches an entry (which
+    would read the pauses along with it): the paused key's next op comes in its push, and is
+    held while a later op on the shard runs; resumed, it runs once."""
+    paused, neighbour = keys_on_shard(0, SHARDS, 2, "acct")
+    shard = ShardKeys(namespace, 0)
+    shards = f"0-{SHARDS - 1}"
+    owner = start(redis_url, namespace, shards=shards, shard_count=SHARDS)
+    answers: dict[str, Any] = {}
+    async with (
+        inspector(redis_url) as client,
+        keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+        anyio.create_task_group() as group,
+    ):
+        assert await ks.submit(paused, deposit(1), timeout=30) == 1
+        assert (await cli(redis_url, namespace, "keys", "pause", paused))[0] == 0
+        await eventually(lambda: _stream_empty(client, shard), timeout=15)
+        standby = start(redis_url, namespace, shards=shards, shard_count=SHARDS)
+        owner.signal(signal.SIGKILL)
+        await eventually(lambda: _held_by(client, namespace, standby.pid), timeout=15)
+        await eventually(lambda: _takes_pushes(client, shard), timeout=15)
+
+        async def held() -> None:
+            answers["held"] = await ks.submit(paused, deposit(10), timeout=60)
+
+        group.start_soon(held)
+        await anyio.wait_all_tasks_blocked()
+        # Appended after the paused key's op: had that one run, its reply came first.
+        assert await ks.submit(neighbour, deposit(5), timeout=10) == 5
+        assert answers == {}
+        assert (await cli(redis_url, namespace, "keys", "resume", paused))[0] == 0
+    assert answers == {"held": 11}
+    assert await _state(redis_url, namespace, paused) == 11
+
+
+async def _stream_empty(client: Any, shard: ShardKeys) -> bool:
+    """Every entry of the shard trimmed: a new owner's replay fetches none."""
+    return bool(await client.xlen(shard.stream) == 0)
+
+
+async def _takes_pushes(client: Any, shard: ShardKeys) -> bool:
+    """The shard's owner has recorded that it takes pushed entries (its epoch is the one the
+    pushes record names): its next fresh entries come in their wake-ups, not in a fetch."""
+    epoch, pushes = await client.mget(shard.epoch, shard.pushes)
+    return epoch is not None and epoch == pushes
+
+
 async def test_a_client_user_cannot_pause_a_key(redis_url: str, namespace: str) -> None:
     with documented_users(redis_url) as users:
         async with running_worker(users.worker_url, namespace, shard_count=SHARDS):
