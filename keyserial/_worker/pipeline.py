@@ -205,8 +205,7 @@ class Pipeliner:
         error) as its ``result``; True if the replicas the durability asks for have their
         writes. If they do not, every write chain in the batch breaks (before anyone wakes, so
         before any later write of theirs is queued)."""
-        # (any() of a list: a generator would be resumed once per write chain, for every call.)
-        sent = [queued for queued in batch if not any([ln.broken for ln in queued.write_chains])]
+        sent = [queued for queued in batch if not any(ln.broken for ln in queued.write_chains)]
         if len(sent) < len(batch):
             broken = WriteChainBroken(
                 "an earlier write of this owner may not be in Redis as its cache has it"
