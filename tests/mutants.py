@@ -1337,6 +1337,9 @@ MUTANTS: tuple[Mutant, ...] = (
             _RESHARD
             + "test_a_worker_that_takes_a_sealed_shard_over_forwards_what_follows_the_seal"
             + _STANDALONE,
+            _RESHARD
+            + "test_a_worker_that_takes_a_sealed_idle_shard_over_forwards_a_push_past_the_seal"
+            + _STANDALONE,
         ),
     ),
     Mutant(

@@ -53,6 +53,7 @@ from tests.helpers import (
     publish,
     stored_outcome,
 )
+from tests.ownership import holder_pid
 from tests.signers import grant_request, listed_signer
 from tests.users import Users, documented_users
 
@@ -691,6 +692,72 @@ async def test_a_worker_that_takes_a_sealed_shard_over_forwards_what_follows_the
 
 async def _holds_op(client: redis.asyncio.Redis, stream: str, op_id: str) -> bool:
     return any(op_id in fields[b"ops"].decode() for _, fields in await client.xrange(stream))
+
+
+@pytest.mark.slow
+async def test_a_worker_that_takes_a_sealed_idle_shard_over_forwards_a_push_past_the_seal(
+    redis_url: str, namespace: str, client: redis.asyncio.Redis, start: Starter
+) -> None:
+    """The same takeover of a sealed shard, its stream empty: the new owner's replay fetches no
+    entry (a step reads the seal only with the entries it fetches), and the first entry past
+    the seal comes in its push, as ``submit.lua`` writes one (a client user may ``XADD`` and
+    ``PUBLISH`` it). The owner read the seal as it took the shard over, so it takes no push in:
+    it fetches the entry and forwards its op (one that kills the worker that runs it)."""
+    key = "victim"
+    move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
+    old = move.source.keys(shard_for(key, 4))
+    first = start(redis_url, namespace, shards="0-3")
+    as_worker = await Backend.connect(redis_url)
+    try:
+        async with keyserial.connect(redis_url, namespace=namespace, shards=4) as ks:
+            await ks.submit(key, apps.append(0))
+        await eventually(lambda: _stream_empty(client, old), timeout=15)
+        await as_worker.run_call(record_move(move))
+        await as_worker.run_call(seal(old, move))
+        first.kill()
+        await eventually(lambda: _subscribers(client, old.wake_channel, 0))
+        second = start(redis_url, namespace, shards="0-3", env={"KEYSERIAL_IDLE_POLL": "60"})
+        await eventually(lambda: _held_by(client, old, second.pid), timeout=15)
+        await eventually(lambda: _takes_pushes(client, old), timeout=15)
+        await eventually(lambda: _subscribers(client, old.wake_channel, 1), timeout=15)
+        ops = json.dumps([{"id": "past-the-seal", "key": key, "op": "crash", "args": []}])
+        entry = await client.xadd(old.stream, {"v": "1", "ops": ops, "fresh": "1"})
+        # (The stream held no entry before it: '-'. The push reached the new owner alone.)
+        assert await publish(client, old.wake_channel, f"push - {entry.decode()} 1\n{ops}") == 1
+        there = move.target.keys(shard_for(key, 16))
+
+        async def forwarded_or_ran() -> bool:
+            ran = second.process.poll() is not None
+            return ran or await _holds_op(client, there.stream, "past-the-seal")
+
+        await eventually(forwarded_or_ran, timeout=15)
+        assert second.process.poll() is None, "the op past the seal ran on the old shard"
+        assert await _holds_op(client, there.stream, "past-the-seal")
+        assert await client.hget(old.results, "past-the-seal") is None
+    finally:
+        await as_worker.aclose()
+
+
+async def _stream_empty(client: redis.asyncio.Redis, shard: ShardKeys) -> bool:
+    """Every entry of the shard trimmed: a new owner's replay fetches none."""
+    return bool(await client.xlen(shard.stream) == 0)
+
+
+async def _subscribers(client: redis.asyncio.Redis, channel: str, count: int) -> bool:
+    """``count`` connections subscribe to ``channel`` (a killed worker's no longer does)."""
+    ((_, subscribed),) = await client.pubsub_numsub(channel)
+    return bool(subscribed == count)
+
+
+async def _held_by(client: redis.asyncio.Redis, shard: ShardKeys, pid: int) -> bool:
+    return await holder_pid(client, shard.namespace, shard.shard) == pid
+
+
+async def _takes_pushes(client: redis.asyncio.Redis, shard: ShardKeys) -> bool:
+    """The shard's owner has recorded that it takes pushed entries (its epoch is the one the
+    pushes record names): its next fresh entries come in their wake-ups, not in a fetch."""
+    epoch, pushes = await client.mget(shard.epoch, shard.pushes)
+    return epoch is not None and epoch == pushes
 
 
 @pytest.mark.slow
