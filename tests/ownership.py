@@ -88,3 +88,15 @@ async def fenced_errors(client: Any) -> int:
     """How many scripts Redis has refused with FENCED since it started."""
     stats = await client.info("errorstats")
     return int(stats.get("errorstat_FENCED", {}).get("count", 0))
+
+
+async def stream_empty(client: Any, shard: ShardKeys) -> bool:
+    """Every entry of the shard trimmed: a new owner's replay fetches none."""
+    return bool(await client.xlen(shard.stream) == 0)
+
+
+async def takes_pushes(client: Any, shard: ShardKeys) -> bool:
+    """The shard's owner has recorded that it takes pushed entries (its epoch is the one the
+    pushes record names): its next fresh entries come in their wake-ups, not in a fetch."""
+    epoch, pushes = await client.mget(shard.epoch, shard.pushes)
+    return epoch is not None and epoch == pushes

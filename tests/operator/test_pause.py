@@ -35,7 +35,7 @@ from tests.helpers import (
     publish,
     stored_outcome,
 )
-from tests.ownership import holder_pid, inspector
+from tests.ownership import holder_pid, inspector, stream_empty, takes_pushes
 from tests.users import documented_users
 
 # Paused keys' ops wait: the command line as processes, reshards, takeovers.
@@ -129,11 +129,11 @@ async def test_the_next_owner_of_an_idle_shard_honours_a_pause_before_its_first_
     ):
         assert await ks.submit(paused, deposit(1), timeout=30) == 1
         assert (await cli(redis_url, namespace, "keys", "pause", paused))[0] == 0
-        await eventually(lambda: _stream_empty(client, shard), timeout=15)
+        await eventually(lambda: stream_empty(client, shard), timeout=15)
         standby = start(redis_url, namespace, shards=shards, shard_count=SHARDS)
         owner.signal(signal.SIGKILL)
         await eventually(lambda: _held_by(client, namespace, standby.pid), timeout=15)
-        await eventually(lambda: _takes_pushes(client, shard), timeout=15)
+        await eventually(lambda: takes_pushes(client, shard), timeout=15)
 
         async def held() -> None:
             answers["held"] = await ks.submit(paused, deposit(10), timeout=60)
@@ -146,18 +146,6 @@ async def test_the_next_owner_of_an_idle_shard_honours_a_pause_before_its_first_
         assert (await cli(redis_url, namespace, "keys", "resume", paused))[0] == 0
     assert answers == {"held": 11}
     assert await _state(redis_url, namespace, paused) == 11
-
-
-async def _stream_empty(client: Any, shard: ShardKeys) -> bool:
-    """Every entry of the shard trimmed: a new owner's replay fetches none."""
-    return bool(await client.xlen(shard.stream) == 0)
-
-
-async def _takes_pushes(client: Any, shard: ShardKeys) -> bool:
-    """The shard's owner has recorded that it takes pushed entries (its epoch is the one the
-    pushes record names): its next fresh entries come in their wake-ups, not in a fetch."""
-    epoch, pushes = await client.mget(shard.epoch, shard.pushes)
-    return epoch is not None and epoch == pushes
 
 
 async def test_a_client_user_cannot_pause_a_key(redis_url: str, namespace: str) -> None:

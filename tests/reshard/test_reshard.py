@@ -53,7 +53,7 @@ from tests.helpers import (
     publish,
     stored_outcome,
 )
-from tests.ownership import holder_pid
+from tests.ownership import holder_pid, stream_empty, takes_pushes
 from tests.signers import grant_request, listed_signer
 from tests.users import Users, documented_users
 
@@ -711,14 +711,14 @@ async def test_a_worker_that_takes_a_sealed_idle_shard_over_forwards_a_push_past
     try:
         async with keyserial.connect(redis_url, namespace=namespace, shards=4) as ks:
             await ks.submit(key, apps.append(0))
-        await eventually(lambda: _stream_empty(client, old), timeout=15)
+        await eventually(lambda: stream_empty(client, old), timeout=15)
         await as_worker.run_call(record_move(move))
         await as_worker.run_call(seal(old, move))
         first.kill()
         await eventually(lambda: _subscribers(client, old.wake_channel, 0))
         second = start(redis_url, namespace, shards="0-3", env={"KEYSERIAL_IDLE_POLL": "60"})
         await eventually(lambda: _held_by(client, old, second.pid), timeout=15)
-        await eventually(lambda: _takes_pushes(client, old), timeout=15)
+        await eventually(lambda: takes_pushes(client, old), timeout=15)
         await eventually(lambda: _subscribers(client, old.wake_channel, 1), timeout=15)
         ops = json.dumps([{"id": "past-the-seal", "key": key, "op": "crash", "args": []}])
         entry = await client.xadd(old.stream, {"v": "1", "ops": ops, "fresh": "1"})
@@ -738,11 +738,6 @@ async def test_a_worker_that_takes_a_sealed_idle_shard_over_forwards_a_push_past
         await as_worker.aclose()
 
 
-async def _stream_empty(client: redis.asyncio.Redis, shard: ShardKeys) -> bool:
-    """Every entry of the shard trimmed: a new owner's replay fetches none."""
-    return bool(await client.xlen(shard.stream) == 0)
-
-
 async def _subscribers(client: redis.asyncio.Redis, channel: str, count: int) -> bool:
     """``count`` connections subscribe to ``channel`` (a killed worker's no longer does)."""
     ((_, subscribed),) = await client.pubsub_numsub(channel)
@@ -751,13 +746,6 @@ async def _subscribers(client: redis.asyncio.Redis, channel: str, count: int) ->
 
 async def _held_by(client: redis.asyncio.Redis, shard: ShardKeys, pid: int) -> bool:
     return await holder_pid(client, shard.namespace, shard.shard) == pid
-
-
-async def _takes_pushes(client: redis.asyncio.Redis, shard: ShardKeys) -> bool:
-    """The shard's owner has recorded that it takes pushed entries (its epoch is the one the
-    pushes record names): its next fresh entries come in their wake-ups, not in a fetch."""
-    epoch, pushes = await client.mget(shard.epoch, shard.pushes)
-    return epoch is not None and epoch == pushes
 
 
 @pytest.mark.slow
