@@ -27,7 +27,6 @@ import asyncio
 import cProfile
 import json
 import os
-import pstats
 import random
 import signal
 import subprocess
@@ -63,15 +62,23 @@ KINDS = {
 FIGURES = ("python", "c")
 
 
-def counts(stats_path: Path, ops: int) -> dict[str, float]:
-    """Calls per op in a saved profile: of Python functions, and of functions written in C."""
+def save_calls(profiler: cProfile.Profile, out: Path) -> None:
+    """Save the profile's calls, of Python functions and of functions written in C, each
+    function counted apart (``pstats`` keys functions by file, line and name, and keeps one of
+    those that share them, such as every dataclass's generated ``__init__``)."""
     python = c = 0
-    for (file, _, _), (_, calls, _, _, _) in pstats.Stats(str(stats_path)).stats.items():  # type: ignore[attr-defined]
-        if file == "~":
-            c += calls
+    for entry in profiler.getstats():
+        if isinstance(entry.code, str):  # (a built-in: its description, not a code object)
+            c += entry.callcount
         else:
-            python += calls
-    return {"python": round(python / ops, 1), "c": round(c / ops, 1)}
+            python += entry.callcount
+    out.write_text(json.dumps({"python": python, "c": c}))
+
+
+def counts(saved: Path, ops: int) -> dict[str, float]:
+    """Calls per op of a profile :func:`save_calls` saved."""
+    calls = json.loads(saved.read_text())
+    return {name: round(calls[name] / ops, 1) for name in FIGURES}
 
 
 def summed(parts: Sequence[dict[str, float]]) -> dict[str, float]:
@@ -90,7 +97,7 @@ def _profiled(out: Path) -> cProfile.Profile:
 
     def stop(*_: object) -> None:
         profiler.disable()
-        profiler.dump_stats(out)
+        save_calls(profiler, out)
 
     signal.signal(signal.SIGUSR1, lambda *_: profiler.enable())
     signal.signal(signal.SIGUSR2, stop)
@@ -137,7 +144,7 @@ async def _load(url: str, op: str, accounts: int, ops: int, workers: list[int], 
         # (Its last replies are in: what the workers do after them is not the ops'.)
         for pid in workers:
             os.kill(pid, signal.SIGUSR2)
-        profiler.dump_stats(out)
+        save_calls(profiler, out)
 
 
 def _measure(kind: str, accounts: int, ops: int, folder: Path) -> dict[str, dict[str, float]]:
@@ -146,14 +153,14 @@ def _measure(kind: str, accounts: int, ops: int, folder: Path) -> dict[str, dict
     with LocalCluster(masters=3, replicas=0) if cluster else LocalServer() as server:
         url = server.url
         processes = []
-        outs = [folder / f"worker-{n}.prof" for n in range(worker_count)]
+        outs = [folder / f"worker-{n}.json" for n in range(worker_count)]
         for n, out in enumerate(outs):
             shards = ["--shards", shard_range(SHARDS, worker_count, n)]
             command = [sys.executable, "-m", "benchmarks.calls", "--as-worker", str(out), "--"]
             command += ["--redis", url, "--shard-count", str(SHARDS), "--log-level", "WARNING"]
             processes.append(subprocess.Popen(command + shards, cwd=ROOT))
         try:
-            client_out = folder / "client.prof"
+            client_out = folder / "client.json"
             command = [sys.executable, "-m", "benchmarks.calls", "--as-client", str(client_out)]
             command += [url, op, str(accounts), str(ops), *(str(p.pid) for p in processes)]
             subprocess.run(command, cwd=ROOT, check=True, timeout=600)
