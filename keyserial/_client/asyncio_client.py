@@ -53,13 +53,6 @@ R = TypeVar("R")
 log = logging.getLogger("keyserial.client")
 
 
-def _running_loop() -> asyncio.AbstractEventLoop | None:
-    try:
-        return asyncio.get_running_loop()
-    except RuntimeError:  # another async library (trio), or no event loop at all
-        return None
-
-
 class AsyncioClient(Client):
     """The client on the asyncio loop it was opened on (see :class:`keyserial.Client`)."""
 
@@ -67,7 +60,6 @@ class AsyncioClient(Client):
         random_id = uuid.uuid4().hex
         client_id = f"{settings.service}.{random_id}" if settings.service else random_id
         super().__init__(settings, record.routing, client_id)
-        self._pid = os.getpid()
         self._op_ids = _OpIds(self.client_id)
         self._backend = backend
         #: The client's key pair for signed replies; its public half ends the reply channel.
@@ -128,11 +120,6 @@ class AsyncioClient(Client):
 
     def new_op_id(self) -> str:
         """See :meth:`Client.new_op_id`."""
-        if self._pid != os.getpid():
-            raise KeyserialError(
-                f"this keyserial client was opened in process {self._pid}, before a fork: its op"
-                " ids would repeat the parent's; open a client in this process"
-            )
         return next(self._op_ids)
 
     def _check_loop(self) -> asyncio.AbstractEventLoop:
@@ -140,8 +127,11 @@ class AsyncioClient(Client):
         append ops whose replies never reach the caller)."""
         if self._task_group is None:
             raise KeyserialError("the client is closed; use `async with keyserial.connect(...)`")
-        loop = _running_loop()
-        if loop is None or loop is not self._loop:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # another async library (trio), or no event loop at all
+            loop = None
+        if loop is not self._loop:
             raise KeyserialError(
                 "this keyserial client was opened on another event loop (or thread); a client"
                 " serves only the loop it was opened on: open one per loop, or use"
@@ -179,7 +169,7 @@ class AsyncioClient(Client):
         :raises SubmitTimeout: if it is not settled within ``timeout`` seconds.
         """
         fresh = op_id is None
-        op_id = op_id or self.new_op_id()
+        op_id = op_id or next(self._op_ids)
         traced = tracer()
         if traced is None:  # (the common case: no span, and no context manager either)
             return await self._traced(keys, call, timeout, op_id, fresh, None, appended_only)
@@ -427,12 +417,14 @@ class _OpIds:
     """Op ids: the client's id, a counter (unique) and 64 random bits (unguessable). With the
     counter alone, anyone who saw one id could append ops under the client's next ids ahead of
     it, and its submits would be answered with their outcomes. The random bits are drawn 256 ids
-    at a time: one system call for all of them."""
+    at a time: one system call for all of them. In a process forked from the one that opened the
+    client, they would repeat the parent's: there they are refused."""
 
     _BATCH = 256
 
     def __init__(self, client_id: str) -> None:
         self._client_id = client_id
+        self._pid = os.getpid()
         self._count = itertools.count()
         self._random: list[str] = []
 
@@ -440,6 +432,11 @@ class _OpIds:
         return self
 
     def __next__(self) -> str:
+        if self._pid != os.getpid():
+            raise KeyserialError(
+                f"this keyserial client was opened in process {self._pid}, before a fork: its op"
+                " ids would repeat the parent's; open a client in this process"
+            )
         if not self._random:
             drawn = os.urandom(8 * self._BATCH).hex()
             self._random = [drawn[at : at + 16] for at in range(0, len(drawn), 16)]
