@@ -251,7 +251,8 @@ def check_call(call: object) -> None:
         or not isinstance(call.name, str)
         or not call.name
         or not isinstance(call.args, tuple)
-        or not isinstance(call.kwargs, Mapping)
+        # (dict first: the usual kwargs, which then skip the Mapping ABC's own check)
+        or not isinstance(call.kwargs, (dict, Mapping))
     ):
         raise TypeError(f"expected a keyserial Call (op(...) or keyserial.call(...)), not {call!r}")
     if call.name.startswith(RESERVED_PREFIX):
@@ -261,7 +262,7 @@ def check_call(call: object) -> None:
 def check_key(key: object) -> None:
     if not isinstance(key, str) or not key:
         raise TypeError(f"key must be a non-empty string, not {key!r}")
-    if not encodes(key):
+    if not key.isascii() and not encodes(key):  # (an ASCII key, the usual one, encodes)
         raise ValueError(f"key {key!r} holds an unpaired surrogate: it cannot be sent")
 
 
