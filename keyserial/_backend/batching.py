@@ -31,8 +31,9 @@ class _NodeQueue(Generic[T]):
         self.queued = anyio.Event()
 
     def add(self, item: T) -> None:
+        if not self.items:  # (else set already: it is, whenever items are queued)
+            self.queued.set()
         self.items.append(item)
-        self.queued.set()
 
     async def serve(self, send: Callable[[list[T]], Awaitable[None]]) -> None:
         while True:
