@@ -39,6 +39,8 @@ class Routes:
         #: :meth:`learn`), before any op goes there.
         self._on_new_layout = on_new_layout
         self._keys: dict[int, list[ShardKeys]] = {}
+        #: The routing layout's shards, where new ops go: every submit looks its home up here.
+        self._homes = self.keys(record.routing)
         self._learning: anyio.Event | None = None
 
     @property
@@ -59,10 +61,10 @@ class Routes:
 
     def home(self, keys: str | Sequence[str]) -> ShardKeys:
         """The shard an op on ``keys`` is appended to."""
-        layout = self._record.routing
+        homes = self._homes
         if isinstance(keys, str):
-            return self.keys(layout)[shard_for(keys, layout.shards)]
-        return self.keys(layout)[home_shard(keys, layout.shards)]
+            return homes[shard_for(keys, len(homes))]
+        return homes[home_shard(keys, len(homes))]
 
     def keys(self, layout: Layout) -> list[ShardKeys]:
         """Every shard's names in ``layout`` (made once per layout)."""
@@ -106,4 +108,4 @@ class Routes:
                 record.routing.shards,
                 record.routing.generation,
             )
-        self._record = record
+        self._record, self._homes = record, self.keys(record.routing)
