@@ -142,7 +142,8 @@ class Appender:
 
     def _entry(self, keys: ShardKeys, group: list[Pending]) -> SubmitArgs:
         packed = pack_entry([pending.envelope for pending in group])
-        fresh = all(pending.fresh for pending in group)
+        # (A list, made in one call: a generator here would be resumed once per op.)
+        fresh = all([pending.fresh for pending in group])
         wake = keys.wake(self._backend.sharded_pubsub)
         return SubmitArgs(self._settings.max_backlog, WIRE_VERSION, packed, wake, fresh)
 
