@@ -131,7 +131,7 @@ class AsyncioClient(Client):
             loop = asyncio.get_running_loop()
         except RuntimeError:  # another async library (trio), or no event loop at all
             loop = None
-        if loop is not self._loop:
+        if loop is None or loop is not self._loop:
             raise KeyserialError(
                 "this keyserial client was opened on another event loop (or thread); a client"
                 " serves only the loop it was opened on: open one per loop, or use"
