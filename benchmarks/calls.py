@@ -172,7 +172,6 @@ def _measure(kind: str, accounts: int, ops: int, folder: Path) -> dict[str, dict
                 process.send_signal(signal.SIGTERM)
             for process in processes:
                 process.wait(timeout=30)
-        time.sleep(0.2)  # (a profile written as the worker stopped is complete once it exits)
         return {
             "workers": summed([counts(out, ops) for out in outs]),
             "client": counts(client_out, ops),
