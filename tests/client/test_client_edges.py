@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -145,6 +146,25 @@ async def test_new_op_ids_are_distinct_across_clients(redis_url: str, namespace:
     ):
         ids = [one.new_op_id() for _ in range(100)] + [two.new_op_id() for _ in range(100)]
         assert len(set(ids)) == 200
+
+
+async def test_an_async_client_inherited_across_a_fork_makes_no_op_id_in_the_child(
+    redis_url: str, namespace: str
+) -> None:
+    """The op ids themselves refuse a forked process (a submit takes its id from them too):
+    the child's would repeat the parent's, and answer each other's submits."""
+    async with keyserial.connect(redis_url, shards=2, namespace=namespace) as ks:
+        ks.new_op_id()
+        pid = os.fork()
+        if pid == 0:  # the child: exit code 0 only if the id is refused with the fork message
+            try:
+                ks.new_op_id()
+            except KeyserialError as exc:
+                os._exit(0 if "before a fork" in str(exc) else 1)
+            os._exit(1)
+        _, status = await anyio.to_thread.run_sync(os.waitpid, pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert ks.new_op_id()  # the parent's client is untouched
 
 
 async def test_the_timeout_hint_of_a_transfer_names_its_home_and_finds_the_result(
