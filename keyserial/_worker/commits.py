@@ -62,8 +62,9 @@ class Record:
     #: What to publish once committed: (channel, coordination message), unsigned (the
     #: pipeliner signs and batches them per channel).
     messages: list[tuple[str, str]]
-    #: Set once the step that carried it has committed (see :attr:`error`).
-    done: asyncio.Event = field(default_factory=asyncio.Event)
+    #: Resolved once the step that carried it has committed (see :attr:`error`); set by the
+    #: runner that takes it in.
+    done: asyncio.Future[None] | None = None
     #: Why it cannot be counted on although its step returned (not confirmed as durable).
     error: Exception | None = None
 

@@ -622,9 +622,11 @@ class ShardRunner:
 
         :raises WriteChainBroken: the step committed, but not durably (the shard is given up).
         """
+        assert self._loop is not None, "run() first"
+        record.done = done = self._loop.create_future()
         self._records.append(record)
         self.wake()
-        await record.done.wait()
+        await done
         if record.error is not None:
             raise record.error
 
@@ -749,4 +751,5 @@ def _settle(records: Sequence[Record], write_chain: WriteChain) -> None:
     for record in records:
         if write_chain.broken:
             record.error = WriteChainBroken("a cross-shard record not confirmed as durable")
-        record.done.set()
+        if record.done is not None and not record.done.done():
+            record.done.set_result(None)

@@ -15,12 +15,12 @@ this worker hands itself, in process, is taken as it is too.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import AbstractAsyncContextManager, contextmanager
-from dataclasses import dataclass
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Protocol
 
 from ..._backend.signers import SignersMet
@@ -83,35 +83,100 @@ class HomeShard(LocalShard, Protocol):
     executor: Executor
 
 
-@dataclass(slots=True)
 class Waiter:
-    """Waits for one message: a grant from one shard, or an attempt's decision.
+    """Waits for one message: a grant from one shard, or an attempt's decision. Registered with
+    the mailbox from its creation until the ``with`` block it opens ends.
 
-    On asyncio's own event and timer: a cross-shard op waits twice, and anyio's event and
-    ``move_on_after`` cost about 15 µs a wait more (the worker runs on asyncio: its connections
-    are asyncio protocols)."""
+    On a bare future of the running loop, and one timer for all of a worker's waits (see
+    :class:`_Deadlines`): a crossing transfer waits twice, and an event and a timer of its own
+    per wait cost more Python calls than the rest of the wait together."""
 
-    event: asyncio.Event
-    #: The message, handed over in process by this worker itself (never one from Redis).
-    message: KeyGrant | DecisionNotice | None = None
+    __slots__ = ("_deadlines", "_future", "_mailbox", "_topic", "_woken", "message")
+
+    def __init__(self, mailbox: Mailbox, topic: Topic, deadlines: _Deadlines) -> None:
+        self._mailbox = mailbox
+        self._topic = topic
+        self._deadlines = deadlines
+        #: What :meth:`within` awaits; None while it does not wait.
+        self._future: asyncio.Future[None] | None = None
+        #: Woken while not waiting: the next :meth:`within` returns at once.
+        self._woken = False
+        #: The message, handed over in process by this worker itself, or signed for it by
+        #: another worker (never one merely read from Redis).
+        self.message: KeyGrant | DecisionNotice | None = None
+
+    def __enter__(self) -> Waiter:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._mailbox.forget(self._topic, self)
 
     def wake(self) -> None:
-        self.event.set()
+        future = self._future
+        if future is None:
+            self._woken = True
+        elif not future.done():
+            future.set_result(None)
 
     async def within(self, seconds: float) -> KeyGrant | DecisionNotice | None:
-        """The message, if this worker handed it over in process by now or within
-        ``seconds``; None: time to read its record in Redis (a wake-up came, or the time
-        ran out)."""
-        if not self.event.is_set():
+        """The message, if it was handed over by now or within ``seconds``; None: time to
+        read its record in Redis (a wake-up came, or the time ran out)."""
+        if not self._woken and self.message is None:
             # (Time running out is a wake-up too: either way the record is read next.)
-            timer = asyncio.get_running_loop().call_later(seconds, self.event.set)
+            self._future = future = self._deadlines.future_within(seconds)
             try:
-                await self.event.wait()
+                await future
             finally:
-                timer.cancel()
-        if self.message is None:
-            self.event = asyncio.Event()  # (a wake-up is spent: the next one must come anew)
+                self._future = None
+        self._woken = False  # (a wake-up is spent: the next one must come anew)
         return self.message
+
+
+class _Deadlines:
+    """One timer for every wait of a worker: the waits' futures, each resolved by its wake-up or
+    its deadline, whichever comes first. A wait that ends early leaves its deadline behind; the
+    timer skips it (its future is done) when that deadline comes."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        #: (deadline, sequence, future): a heap, earliest first.
+        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
+        self._made = 0
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
+
+    def future_within(self, seconds: float) -> asyncio.Future[None]:
+        """A future that is resolved in ``seconds`` unless something resolves it before."""
+        loop = self._loop
+        if loop is None or loop.is_closed():  # (a worker runs on one loop: looked up once)
+            loop = self._loop = asyncio.get_running_loop()
+            self._heap.clear()
+            self._timer = None
+        future = loop.create_future()
+        deadline = loop.time() + seconds
+        self._made += 1
+        heapq.heappush(self._heap, (deadline, self._made, future))
+        if self._timer is None or deadline < self._timer_at:
+            self._schedule(loop, deadline)
+        return future
+
+    def _schedule(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = loop.call_at(deadline, self._expire)
+        self._timer_at = deadline
+
+    def _expire(self) -> None:
+        self._timer = None
+        loop, heap = self._loop, self._heap
+        assert loop is not None, "a timer runs only on the loop that set it"
+        now = loop.time()
+        while heap and heap[0][0] <= now:
+            future = heapq.heappop(heap)[2]
+            if not future.done():
+                future.set_result(None)
+        if heap:
+            self._schedule(loop, heap[0][0])
 
 
 class Mailbox:
@@ -137,6 +202,7 @@ class Mailbox:
         #: This worker's runner of a shard, or None if the worker does not own the shard.
         self.local_shard = local_shard
         self._waiting: dict[Topic, list[Waiter]] = defaultdict(list)
+        self._deadlines = _Deadlines()
         #: Signers met in messages whose keys are to be read (the worker runs its ``learn``).
         self.signers = SignersMet(
             self.verifier,
@@ -173,28 +239,25 @@ class Mailbox:
         named ``shard_name`` (its owner still, unless a takeover came since), if one did."""
         return self._owners.get(shard_name)
 
-    @contextmanager
-    def expect_grant(self, op_id: str, attempt: int, shard: int) -> Iterator[Waiter]:
-        """Register interest before asking, so the grant cannot arrive unseen."""
-        with self._expect(("g", op_id, attempt, shard)) as waiter:
-            yield waiter
+    def expect_grant(self, op_id: str, attempt: int, shard: int) -> Waiter:
+        """Register interest before asking, so the grant cannot arrive unseen (until the
+        ``with`` block of the waiter ends)."""
+        return self._expect(("g", op_id, attempt, shard))
 
-    @contextmanager
-    def expect_decision(self, op_id: str, attempt: int) -> Iterator[Waiter]:
-        with self._expect(("d", op_id, attempt)) as waiter:
-            yield waiter
+    def expect_decision(self, op_id: str, attempt: int) -> Waiter:
+        return self._expect(("d", op_id, attempt))
 
-    @contextmanager
-    def _expect(self, topic: Topic) -> Iterator[Waiter]:
-        waiter = Waiter(asyncio.Event())
+    def _expect(self, topic: Topic) -> Waiter:
+        waiter = Waiter(self, topic, self._deadlines)
         self._waiting[topic].append(waiter)
-        try:
-            yield waiter
-        finally:
-            waiters = self._waiting[topic]
-            waiters.remove(waiter)
-            if not waiters:
-                del self._waiting[topic]
+        return waiter
+
+    def forget(self, topic: Topic, waiter: Waiter) -> None:
+        """``waiter`` waits no more."""
+        waiters = self._waiting[topic]
+        waiters.remove(waiter)
+        if not waiters:
+            del self._waiting[topic]
 
     def receive(self, channel: str, data: bytes) -> None:
         """A message on one of this worker's channels, through Redis (a grant, a decision
