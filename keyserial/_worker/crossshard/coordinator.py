@@ -16,7 +16,6 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import replace
 
 from ..._backend.durability import stored_confirmed
 from ..._backoff import Backoff
@@ -250,7 +249,7 @@ class Coordinator:
             home.epoch,
             op_id,
             notice.attempt,
-            notice.decision.to_wire(),
+            decision.value,
         )
         if any(map(mailbox.is_mine, participants)):  # this worker's shards hear it now
             mailbox.deliver(notice)
@@ -273,23 +272,17 @@ class Coordinator:
         decided_at = decision_field(op_id, attempt)
         with services.mailbox.expect_grant(op_id, attempt, shard) as waiter:
             entry = await self._append(there, entry_json, fresh=True)
-            log.debug(
-                "shard %d (epoch %d): asked shard %d for a grant to %s#%d (entry %s)",
-                home.shard,
-                home.epoch,
-                shard,
-                op_id,
-                attempt,
-                entry,
-            )
             while True:
                 if isinstance(message := await waiter.within(services.poll), KeyGrant):
                     log.debug(
-                        "shard %d: grant of shard %d to %s#%d handed over (in process or signed)",
+                        "shard %d (epoch %d): shard %d granted %s#%d (request %s), handed over"
+                        " in process or signed",
                         home.shard,
+                        home.epoch,
                         shard,
                         op_id,
                         attempt,
+                        entry,
                     )
                     return self._of_keys(message, keys)
                 try:
@@ -489,8 +482,14 @@ def _signed_request(
         return request
     text = request.signed_text(services.settings.namespace, keys)
     owner = services.mailbox.expected_owner(target)
-    return replace(
-        request,
+    # (Built again rather than ``dataclasses.replace``d: a replace costs more than the request.)
+    return GrantRequest(
+        request.home,
+        request.op_id,
+        request.attempt,
+        request.channel,
+        request.target,
+        request.at,
         signer=signer.signer_id,
         signature=signer.sign_request(text),
         tag="" if owner is None else signer.tag_request(owner, text),

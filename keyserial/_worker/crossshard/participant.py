@@ -95,13 +95,6 @@ class Participant:
         home = services.home
         in_process = services.mailbox.is_mine(request.channel)
         durable = services.settings.durability is not None
-        log.debug(
-            "shard %d: sending the grant of %s#%d (%s)",
-            home.shard,
-            request.op_id,
-            request.attempt,
-            "in process" if in_process else "published",
-        )
         if in_process and not durable:
             # (No record is needed: an in-process message cannot be lost, and a grant writes
             # nothing, so this worker's zombie could not change anything by granting. But the
@@ -136,12 +129,6 @@ class Participant:
         there = services.layout.keys(request.home)
         while True:
             if isinstance(message := await waiter.within(services.poll), DecisionNotice):
-                log.debug(
-                    "shard %d: the decision of %s#%d handed over (in process or signed)",
-                    services.home.shard,
-                    request.op_id,
-                    request.attempt,
-                )
                 return message.decision
             try:
                 # Durably: a decision read from a master that a failover has left behind (its
