@@ -18,6 +18,10 @@ C (builtins and methods of built-in types), for the workers and for the client:
 Only the main thread of each process is profiled: ops that run in a worker thread (sync ops
 not declared ``inline``) are not counted; the ledger's ops run inline. A call of a coroutine
 counts once per resumption (cProfile's count), so an ``await`` that suspends adds one.
+
+``--by-module N`` adds, per op kind, the N modules the workers' Python calls per op go to most:
+keyserial's by their path in the repository, the standard library's and third-party code by
+package (``asyncio``, ``redis``), dataclasses' generated ``__init__`` functions apart.
 """
 
 from __future__ import annotations
@@ -31,12 +35,14 @@ import random
 import signal
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from types import CodeType
+from typing import TYPE_CHECKING, Any
 
 import keyserial
 from keyserial._local.cluster import LocalCluster
@@ -46,6 +52,9 @@ from keyserial.cli import main as keyserial_main
 from .cost import crossing_share, derived_between
 from .procs import shard_range
 from .workloads import account_key, make_chooser
+
+if TYPE_CHECKING:
+    from _lsprof import profiler_entry
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARDS = 16
@@ -60,19 +69,81 @@ KINDS = {
 }
 #: What a table row shows, per kind of process.
 FIGURES = ("python", "c")
+STDLIB = Path(sysconfig.get_paths()["stdlib"]).resolve()
+#: The module named for dataclasses' generated ``__init__`` functions (their file: ``<string>``).
+GENERATED_INIT = "dataclass __init__"
+#: The key of all modules' calls, next to the modules' own.
+ALL = "(all modules)"
 
 
 def save_calls(profiler: cProfile.Profile, out: Path) -> None:
     """Save the profile's calls, of Python functions and of functions written in C, each
     function counted apart (``pstats`` keys functions by file, line and name, and keeps one of
-    those that share them, such as every dataclass's generated ``__init__``)."""
+    those that share them, such as every dataclass's generated ``__init__``); and, next to
+    ``out`` (:func:`modules_file`), the Python calls summed by module (:func:`module_calls`)."""
+    entries = profiler.getstats()
     python = c = 0
-    for entry in profiler.getstats():
+    for entry in entries:
         if isinstance(entry.code, str):  # (a built-in: its description, not a code object)
             c += entry.callcount
         else:
             python += entry.callcount
+    # (The modules first: ``out`` appearing tells the parent both are written.)
+    modules_file(out).write_text(json.dumps(module_calls(entries)))
     out.write_text(json.dumps({"python": python, "c": c}))
+
+
+def modules_file(out: Path) -> Path:
+    """Where :func:`save_calls` saves the per-module sums of the profile it saves to ``out``."""
+    return out.with_name(f"{out.stem}.modules.json")
+
+
+def module_calls(entries: Iterable[profiler_entry]) -> dict[str, int]:
+    """The calls of Python functions, summed by :func:`module_of` their code."""
+    calls: Counter[str] = Counter()
+    names: dict[tuple[str, str], str] = {}  # (a file's module, looked up once per file)
+    for entry in entries:
+        code = entry.code
+        if isinstance(code, str):
+            continue
+        # (``<string>`` is no one file: what it holds is told by the function's name.)
+        key = (code.co_filename, code.co_name if code.co_filename == "<string>" else "")
+        if key not in names:
+            names[key] = module_of(code)
+        calls[names[key]] += entry.callcount
+    return dict(calls)
+
+
+def module_of(code: CodeType) -> str:
+    """Where a Python function's code is: a path in this repository, a package of the standard
+    library or installed, a frozen module, :data:`GENERATED_INIT`, or its file as given."""
+    filename = code.co_filename
+    if filename == "<string>":
+        return GENERATED_INIT if code.co_name == "__init__" else f"<string> {code.co_name}"
+    if filename.startswith("<frozen "):  # (``<frozen importlib._bootstrap>``, ``<frozen os>``)
+        return filename.removeprefix("<frozen ").removesuffix(">").split(".")[0]
+    path = Path(filename).resolve()
+    for installed in ("site-packages", "dist-packages"):
+        if installed in path.parts:
+            return _package(path.parts[path.parts.index(installed) + 1 :])
+    if path.is_relative_to(ROOT):
+        return path.relative_to(ROOT).as_posix()
+    if path.is_relative_to(STDLIB):
+        return _package(path.relative_to(STDLIB).parts)
+    return filename
+
+
+def _package(parts: Sequence[str]) -> str:
+    """The top-level package (or module) of a path relative to a folder on ``sys.path``."""
+    return parts[0].removesuffix(".py") if parts else "?"
+
+
+def per_module(saved: Sequence[Path], ops: int) -> dict[str, float]:
+    """The Python calls per op by module of the processes that saved ``saved``, summed."""
+    total: Counter[str] = Counter()
+    for out in saved:
+        total.update(json.loads(modules_file(out).read_text()))
+    return {name: calls / ops for name, calls in total.items()}
 
 
 def counts(saved: Path, ops: int) -> dict[str, float]:
@@ -147,8 +218,11 @@ async def _load(url: str, op: str, accounts: int, ops: int, workers: list[int], 
         save_calls(profiler, out)
 
 
-def _measure(kind: str, accounts: int, ops: int, folder: Path) -> dict[str, dict[str, float]]:
-    """One kind's calls per op: of its workers (summed) and of its client."""
+def _measure(
+    kind: str, accounts: int, ops: int, folder: Path
+) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """One kind's calls per op: of its workers (summed) and of its client; and its workers'
+    Python calls per op by module."""
     worker_count, op, cluster = KINDS[kind]
     with LocalCluster(masters=3, replicas=0) if cluster else LocalServer() as server:
         url = server.url
@@ -172,10 +246,11 @@ def _measure(kind: str, accounts: int, ops: int, folder: Path) -> dict[str, dict
                 process.send_signal(signal.SIGTERM)
             for process in processes:
                 process.wait(timeout=30)
-        return {
+        figures = {
             "workers": summed([counts(out, ops) for out in outs]),
             "client": counts(client_out, ops),
         }
+        return figures, per_module(outs, ops)
 
 
 # -- the table ------------------------------------------------------------------------------
@@ -221,6 +296,66 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def module_tables(modules: dict[str, dict[str, float]], largest: int) -> list[dict[str, Any]]:
+    """Per op kind measured, the ``largest`` modules by the workers' Python calls per op, and
+    the calls per op of all of them (a transfer between workers derived as in :func:`rows_of`,
+    if the one-worker transfer was measured too)."""
+    tables = []
+    for kind in modules:
+        heading, figures, total = _module_figures(kind, modules)
+        ranked = sorted(figures.items(), key=lambda item: (-item[1], item[0]))[:largest]
+        tables.append(
+            {
+                "kind": heading,
+                "python": round(total, 1),
+                "modules": len(figures),
+                "rows": [{"module": name, "python": round(calls, 1)} for name, calls in ranked],
+            }
+        )
+    return tables
+
+
+def _module_figures(
+    kind: str, modules: dict[str, dict[str, float]]
+) -> tuple[str, dict[str, float], float]:
+    """A kind's heading, calls per op by module and in all: the mix's derived from the one-worker
+    transfer's as :func:`rows_of` derives them, if that was measured."""
+    mix, within = modules[kind], modules.get("transfer in one worker")
+    if kind != "transfer between workers":
+        return kind, mix, sum(mix.values())
+    if within is None:
+        heading = "transfer between workers (measured mix, not derived: no one-worker transfer)"
+        return heading, mix, sum(mix.values())
+    share = crossing_share(SHARDS, 2)
+    names = mix.keys() | within.keys()
+    derived = derived_between(
+        {name: mix.get(name, 0.0) for name in names} | {ALL: sum(mix.values())},
+        {name: within.get(name, 0.0) for name in names} | {ALL: sum(within.values())},
+        share,
+    )
+    total = derived.pop(ALL)
+    return f"transfer between workers (derived: the {share:.0%} that cross)", derived, total
+
+
+def modules_markdown(tables: list[dict[str, Any]]) -> str:
+    """A table per kind of :func:`module_tables`, with how much of the kind its rows hold."""
+    lines = []
+    for table in tables:
+        lines += [
+            f"### {table['kind']}: the workers' Python calls per op by module",
+            "",
+            "| module | worker Python calls/op |",
+            "|---|---:|",
+            *(f"| `{row['module']}` | {row['python']:,} |" for row in table["rows"]),
+            "",
+            f"The {len(table['rows'])} largest of {table['modules']} modules:"
+            f" {sum(row['python'] for row in table['rows']):,.1f} of {table['python']:,} calls"
+            " per op.",
+            "",
+        ]
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--as-worker"]:
@@ -236,24 +371,51 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated op kinds")
     parser.add_argument("--out", type=Path, help="folder for calls.json and calls.md")
+    parser.add_argument(
+        "--by-module",
+        type=int,
+        metavar="N",
+        help="also print, per op kind, the N modules with the most worker Python calls per op",
+    )
     args = parser.parse_args(argv)
     kinds = [kind.strip() for kind in args.kinds.split(",")]
     unknown = [kind for kind in kinds if kind not in KINDS]
     if unknown:
         parser.error(f"unknown op kind(s) {unknown}; choose from {list(KINDS)}")
-    measured = {}
+    if args.by_module is not None and args.by_module < 1:
+        parser.error("--by-module takes a number of modules, 1 or more")
+    measured, modules = _measure_kinds(kinds, args.accounts, args.ops)
+    command = "python -m benchmarks.calls " + " ".join(argv)
+    text = markdown(rows_of(measured), command.strip())
+    tables = module_tables(modules, args.by_module) if args.by_module else []
+    if tables:
+        text += "\n" + modules_markdown(tables)
+    print(text)
+    if args.out is not None:
+        _write(args.out, text, rows_of(measured), tables)
+    return 0
+
+
+def _measure_kinds(
+    kinds: list[str], accounts: int, ops: int
+) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, float]]]:
+    """The kinds' calls per op (:func:`_measure`), in :data:`KINDS`' order, and by module."""
+    measured: dict[str, dict[str, dict[str, float]]] = {}
+    modules: dict[str, dict[str, float]] = {}
     for kind in KINDS:
         if kind in kinds:
             with tempfile.TemporaryDirectory() as folder:
-                measured[kind] = _measure(kind, args.accounts, args.ops, Path(folder))
-    command = "python -m benchmarks.calls " + " ".join(argv)
-    text = markdown(rows_of(measured), command.strip())
-    print(text)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "calls.md").write_text(text)
-        (args.out / "calls.json").write_text(json.dumps(rows_of(measured), indent=2) + "\n")
-    return 0
+                measured[kind], modules[kind] = _measure(kind, accounts, ops, Path(folder))
+    return measured, modules
+
+
+def _write(out: Path, text: str, rows: list[dict[str, Any]], tables: list[dict[str, Any]]) -> None:
+    """``calls.md``, ``calls.json`` and, with ``--by-module``, ``calls-by-module.json``."""
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "calls.md").write_text(text)
+    (out / "calls.json").write_text(json.dumps(rows, indent=2) + "\n")
+    if tables:
+        (out / "calls-by-module.json").write_text(json.dumps(tables, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -3,9 +3,12 @@ that it rests on, and the notification-lock port checked against the library it 
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import importlib.util
 import itertools
 import json
+import os
 import random
 import re
 import subprocess
@@ -21,7 +24,7 @@ import pytest
 import redis
 from redis.asyncio import Redis
 
-from benchmarks import cost, notifylock, state
+from benchmarks import calls, cost, notifylock, state
 from benchmarks.agent import Window, run_callers
 from benchmarks.cli import build_parser, config_from
 from benchmarks.config import DEFAULT_SYSTEMS, RESULTS_DIR, RunSpec
@@ -596,3 +599,40 @@ def test_the_calls_table_counts_each_kind_s_python_and_c_calls_per_op(tmp_path: 
     assert single["workers"]["c"] > 0 and single["client"]["c"] > 0
     table = (tmp_path / "calls.md").read_text()
     assert "| single key | " in table and "| transfer in one worker | " in table
+
+
+@pytest.mark.slow
+def test_the_calls_by_module_tables_split_a_kind_s_worker_python_calls(tmp_path: Path) -> None:
+    """``benchmarks.calls --by-module N``: the N modules with the most worker Python calls per
+    op, largest first, out of all the modules, which sum to the kind's Python calls per op."""
+    command = [
+        sys.executable, "-m", "benchmarks.calls", "--ops", "400", "--accounts", "300",
+        "--kinds", "single key", "--by-module", "6", "--out", str(tmp_path),
+    ]  # fmt: skip
+    completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    [single] = json.loads((tmp_path / "calls.json").read_text())
+    [table] = json.loads((tmp_path / "calls-by-module.json").read_text())
+    figures = [row["python"] for row in table["rows"]]
+    assert table["kind"] == "single key" and len(figures) == 6 < table["modules"]
+    assert "keyserial/_worker/runner.py" in [row["module"] for row in table["rows"]]
+    assert figures == sorted(figures, reverse=True) and figures[-1] > 0
+    assert abs(table["python"] - single["workers"]["python"]) <= 0.1
+    assert sum(figures) <= single["workers"]["python"] + 0.05 * len(figures)
+    text = (tmp_path / "calls.md").read_text()
+    assert "### single key: the workers' Python calls per op by module" in text
+    assert "| `keyserial/_worker/runner.py` | " in text
+
+
+def test_the_calls_by_module_names_a_function_s_module() -> None:
+    """The repository's modules by path, the rest by package, generated inits apart."""
+
+    @dataclasses.dataclass
+    class Point:
+        x: int
+
+    assert calls.module_of(calls.module_of.__code__) == "benchmarks/calls.py"
+    assert calls.module_of(Point.__init__.__code__) == calls.GENERATED_INIT
+    assert calls.module_of(asyncio.sleep.__code__) == "asyncio"
+    assert calls.module_of(anyio.sleep.__code__) == "anyio"
+    assert calls.module_of(os.path.join.__code__) == "posixpath"  # (frozen)
