@@ -65,6 +65,8 @@ class Record:
     #: Resolved once the step that carried it has committed (see :attr:`error`); set by the
     #: runner that takes it in.
     done: asyncio.Future[None] | None = None
+    #: Called instead, once the step that carried it has committed (see :attr:`error`).
+    on_committed: Callable[[Record], None] | None = None
     #: Why it cannot be counted on although its step returned (not confirmed as durable).
     error: Exception | None = None
 

@@ -122,6 +122,8 @@ class ShardRunner:
         self._dead: list[DeadLetter] = []
         #: Cross-shard records for the next step (see :meth:`commit_record`).
         self._records: list[Record] = []
+        #: Calls for the step loop's next round (see :meth:`in_step_loop`).
+        self._soon: list[Callable[[], None]] = []
         #: Cross-shard ops' writes to this worker's other shards, for the next step (see
         #: :meth:`commit_across`).
         self._across: list[AcrossCommit] = []
@@ -184,6 +186,8 @@ class ShardRunner:
                     fenced=self.fenced,
                     finish=self.finish,
                     commit_record=self.commit_record,
+                    record_with_step=self.record_with_step,
+                    in_step_loop=self.in_step_loop,
                     commit_across=self.commit_across,
                     spawn=self._spawn,
                 )
@@ -335,6 +339,10 @@ class ShardRunner:
         round trip per step, until stopped. Pushes are taken in, and sync ops run, between
         steps: under load each step commits what came in since the last one."""
         while True:
+            if self._soon:
+                soon, self._soon = self._soon, []
+                for callback in soon:
+                    callback()
             if self._paused.stale:
                 self._paused.stale = False
                 await self._follow_pauses()
@@ -630,6 +638,18 @@ class ShardRunner:
         if record.error is not None:
             raise record.error
 
+    def record_with_step(self, record: Record) -> None:
+        """:meth:`commit_record` with no wait: the step that commits it calls its
+        ``on_committed`` (if the step fails, the runner ends, and nothing is called)."""
+        self._records.append(record)
+        self.wake()
+
+    def in_step_loop(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` from the step loop's next round: in its task, where a message
+        handler or a timer (which run in none) cannot start one or set an anyio event."""
+        self._soon.append(callback)
+        self.wake()
+
     def commit_across(self, commit: AcrossCommit) -> None:
         """Commit a cross-shard op's writes to other shards of this worker with the next step,
         with the op's outcome and home writes (:meth:`finish` them first, with nothing awaited
@@ -666,15 +686,22 @@ class ShardRunner:
         finally:
             self._chains.release(hold)
 
-    def try_hold(self, keys: tuple[str, ...]) -> Hold | None:
-        """Hold ``keys`` at once, with no task, if they are idle: nothing queued on them, every
-        write to them committed, their states cached. None if not (or if this runner is
-        stopping); :meth:`hold` waits instead."""
+    def try_hold(self, keys: tuple[str, ...], *, committed: bool = True) -> Hold | None:
+        """Hold ``keys`` at once, with no task, if they are idle: nothing queued on them, their
+        states cached, and (``committed``) every write to them committed. None if not (or if
+        this runner is stopping); :meth:`hold` waits instead."""
         if self._ended or self._stopping or not self._replayed.is_set():
             return None
-        if not self.states.all_committed(keys) or not self.states.cached(keys):
+        if committed and not self.states.all_committed(keys):
+            return None
+        if not self.states.cached(keys):
             return None
         return self._chains.try_hold(keys)
+
+    @property
+    def ended(self) -> bool:
+        """Whether this runner has stopped (nothing it was handed commits any more)."""
+        return self._ended
 
     def release(self, hold: Hold) -> None:
         self._chains.release(hold)
@@ -751,5 +778,7 @@ def _settle(records: Sequence[Record], write_chain: WriteChain) -> None:
     for record in records:
         if write_chain.broken:
             record.error = WriteChainBroken("a cross-shard record not confirmed as durable")
-        if record.done is not None and not record.done.done():
+        if record.on_committed is not None:
+            record.on_committed(record)
+        elif record.done is not None and not record.done.done():
             record.done.set_result(None)

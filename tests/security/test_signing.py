@@ -258,7 +258,7 @@ async def test_any_other_grant_only_wakes_its_waiter_to_read_the_record(sent: st
     with mailbox.expect_grant("op-1", 4, 9) as waiter:
         mailbox.receive(mailbox.channel, raw.encode())
         assert await waiter.within(0) is None
-        assert waiter.event.is_set() is False  # (a wake-up is spent by within())
+        assert waiter.pending is False  # (a wake-up is spent by within())
     learned: list[list[str]] = []
 
     async def read(signer_ids: Sequence[str]) -> list[bytes | None]:
@@ -349,7 +349,7 @@ async def test_any_other_batch_only_wakes_the_waiters_of_its_items(sent: str) ->
     ):
         mailbox.receive(mailbox.channel, message.encode())
         for waiter in (granted, decided):
-            assert waiter.event.is_set(), "each item wakes its waiter, to read the record"
+            assert waiter.pending, "each item wakes its waiter, to read the record"
             assert await waiter.within(0) is None
 
 
@@ -360,7 +360,7 @@ def test_a_malformed_batch_is_logged_and_ignored(
     mailbox = _mailbox()
     with mailbox.expect_grant("op-1", 4, 9) as waiter:
         mailbox.receive(mailbox.channel, ('{"t":"b","m":' + items + "}").encode())
-        assert not waiter.event.is_set()
+        assert not waiter.pending
     assert "ignoring a malformed coordination message" in caplog.text
 
 

@@ -77,6 +77,11 @@ class RunnerServices:
     finish: Finish
     #: Commits a grant or a decision with the runner's next step (``ShardRunner.commit_record``).
     commit_record: Callable[[Record], Awaitable[None]]
+    #: Commits a record with the runner's next step, with no wait: the step calls the record's
+    #: ``on_committed`` (``ShardRunner.record_with_step``).
+    record_with_step: Callable[[Record], None]
+    #: Calls a function from the runner's step loop, in its task (``ShardRunner.in_step_loop``).
+    in_step_loop: Callable[[Callable[[], None]], None]
     #: Commits a cross-shard op's writes to this worker's other shards with the runner's next
     #: step (``ShardRunner.commit_across``).
     commit_across: Callable[[AcrossCommit], None]

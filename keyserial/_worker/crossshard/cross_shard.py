@@ -40,7 +40,10 @@ class CrossShard:
         return tuple(key for key, shard in zip(envelope.keys, shards, strict=True) if shard == here)
 
     def start_now(self, run: Run) -> bool:
-        """See :meth:`Coordinator.start_now`."""
+        """Take the op (or the grant request) with no task, if it can: see
+        :meth:`Coordinator.start_now` and :meth:`Participant.start_now`."""
+        if run.envelope.name == GRANT_OP:
+            return self._participant.start_now(run)
         return self._coordinator.start_now(run)
 
     async def run(self, run: Run) -> None:

@@ -68,8 +68,9 @@ class LocalShard(Protocol):
     ) -> AbstractAsyncContextManager[dict[str, str | None] | None]:
         """Hold ``keys``; yields their committed states, or None if the shard stopped first."""
 
-    def try_hold(self, keys: tuple[str, ...]) -> Hold | None:
-        """Hold ``keys`` at once if they are idle (committed, cached, nothing queued), or None."""
+    def try_hold(self, keys: tuple[str, ...], *, committed: bool = True) -> Hold | None:
+        """Hold ``keys`` at once if they are idle (cached, nothing queued, and, if
+        ``committed``, committed), or None."""
 
     def release(self, hold: Hold) -> None:
         """End a hold :meth:`try_hold` took."""
@@ -82,6 +83,10 @@ class HomeShard(LocalShard, Protocol):
     states: KeyStates
     executor: Executor
 
+    @property
+    def ended(self) -> bool:
+        """Whether its runner has stopped."""
+
 
 class Waiter:
     """Waits for one message: a grant from one shard, or an attempt's decision. Registered with
@@ -91,7 +96,7 @@ class Waiter:
     :class:`_Deadlines`): a crossing transfer waits twice, and an event and a timer of its own
     per wait cost more Python calls than the rest of the wait together."""
 
-    __slots__ = ("_deadlines", "_future", "_mailbox", "_topic", "_woken", "message")
+    __slots__ = ("_deadlines", "_future", "_mailbox", "_topic", "_woken", "message", "on_wake")
 
     def __init__(self, mailbox: Mailbox, topic: Topic, deadlines: _Deadlines) -> None:
         self._mailbox = mailbox
@@ -104,19 +109,39 @@ class Waiter:
         #: The message, handed over in process by this worker itself, or signed for it by
         #: another worker (never one merely read from Redis).
         self.message: KeyGrant | DecisionNotice | None = None
+        #: Called at each wake-up instead, while set (a wait with no task: see
+        #: ``crossshard.participant``); else :meth:`within` hears it.
+        self.on_wake: Callable[[], None] | None = None
 
     def __enter__(self) -> Waiter:
         return self
 
     def __exit__(self, *_: object) -> None:
-        self._mailbox.forget(self._topic, self)
+        self.forget()
 
     def wake(self) -> None:
+        if self.on_wake is not None:
+            self.on_wake()
+            return
         future = self._future
         if future is None:
             self._woken = True
         elif not future.done():
             future.set_result(None)
+
+    def forget(self) -> None:
+        """Wait no more (as the end of its ``with`` block)."""
+        self._mailbox.forget(self._topic, self)
+
+    @property
+    def pending(self) -> bool:
+        """Whether a wake-up came that no :meth:`within` has spent yet."""
+        return self._woken
+
+    def woken(self) -> None:
+        """Count a wake-up that came while it was not waiting: the next :meth:`within` reads
+        the record at once."""
+        self._woken = True
 
     async def within(self, seconds: float) -> KeyGrant | DecisionNotice | None:
         """The message, if it was handed over by now or within ``seconds``; None: time to
@@ -139,26 +164,43 @@ class _Deadlines:
 
     def __init__(self) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: (deadline, sequence, future): a heap, earliest first.
-        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
+        #: (deadline, sequence, what it ends): a heap, earliest first.
+        self._heap: list[tuple[float, int, asyncio.Future[None] | Callable[[], None]]] = []
         self._made = 0
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = 0.0
 
     def future_within(self, seconds: float) -> asyncio.Future[None]:
         """A future that is resolved in ``seconds`` unless something resolves it before."""
+        loop = self._running_loop()
+        future = loop.create_future()
+        self._add(loop, loop.time() + seconds, future)
+        return future
+
+    def call_within(self, seconds: float, callback: Callable[[], None]) -> None:
+        """Call ``callback`` in ``seconds`` (it cannot be cancelled: it checks whether it is
+        still wanted)."""
+        loop = self._running_loop()
+        self._add(loop, loop.time() + seconds, callback)
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
         loop = self._loop
         if loop is None or loop.is_closed():  # (a worker runs on one loop: looked up once)
             loop = self._loop = asyncio.get_running_loop()
             self._heap.clear()
             self._timer = None
-        future = loop.create_future()
-        deadline = loop.time() + seconds
+        return loop
+
+    def _add(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        deadline: float,
+        ends: asyncio.Future[None] | Callable[[], None],
+    ) -> None:
         self._made += 1
-        heapq.heappush(self._heap, (deadline, self._made, future))
+        heapq.heappush(self._heap, (deadline, self._made, ends))
         if self._timer is None or deadline < self._timer_at:
             self._schedule(loop, deadline)
-        return future
 
     def _schedule(self, loop: asyncio.AbstractEventLoop, deadline: float) -> None:
         if self._timer is not None:
@@ -171,12 +213,18 @@ class _Deadlines:
         loop, heap = self._loop, self._heap
         assert loop is not None, "a timer runs only on the loop that set it"
         now = loop.time()
+        due: list[Callable[[], None]] = []
         while heap and heap[0][0] <= now:
-            future = heapq.heappop(heap)[2]
-            if not future.done():
-                future.set_result(None)
+            ends = heapq.heappop(heap)[2]
+            if isinstance(ends, asyncio.Future):
+                if not ends.done():
+                    ends.set_result(None)
+            else:
+                due.append(ends)
         if heap:
             self._schedule(loop, heap[0][0])
+        for callback in due:  # (last: one that raises leaves the timer set)
+            callback()
 
 
 class Mailbox:
@@ -246,6 +294,10 @@ class Mailbox:
 
     def expect_decision(self, op_id: str, attempt: int) -> Waiter:
         return self._expect(("d", op_id, attempt))
+
+    def call_within(self, seconds: float, callback: Callable[[], None]) -> None:
+        """Call ``callback`` in ``seconds``, on the timer the waits share."""
+        self._deadlines.call_within(seconds, callback)
 
     def _expect(self, topic: Topic) -> Waiter:
         waiter = Waiter(self, topic, self._deadlines)

@@ -10,6 +10,8 @@ an abort on the attempt's decision record, set-if-absent: a commit and an abort 
 from __future__ import annotations
 
 import logging
+from collections.abc import Coroutine
+from typing import Any
 
 from ..._scripts.cross import ResolveArgs, resolve
 from ..._scripts.refusals import AttemptAhead
@@ -18,6 +20,7 @@ from ..._wire.json_text import dumps
 from ..._wire.layout import grant_field
 from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant, MalformedMessage
 from ...errors import BackendUnavailable, MalformedOperation
+from ..chains import Hold
 from ..commits import Record
 from ..execution import Run
 from ..writes import WriteChainBroken
@@ -36,6 +39,26 @@ class Participant:
     def __init__(self, services: RunnerServices) -> None:
         self._services = services
 
+    def start_now(self, run: Run) -> bool:
+        """Grant a request from another worker's coordinator with no task, if its keys are idle
+        now (nothing queued on them, their states cached): hold them, record the grant with the
+        next step, and apply the decision when it is handed over (:class:`_Granting`). False,
+        with nothing done, where a task has to wait instead: a key busy, a malformed request, or
+        a coordinator in this worker (its grant waits for the keys' writes to commit)."""
+        services, envelope = self._services, run.envelope
+        home = services.home
+        try:
+            request = GrantRequest.from_wire(envelope.kwargs, below=home.shard)
+        except MalformedMessage:
+            return False
+        if services.mailbox.is_mine(request.channel):
+            return False
+        hold = home.try_hold(envelope.keys, committed=False)
+        if hold is None:
+            return False
+        _Granting(self, run, request, hold).begin()
+        return True
+
     async def grant(self, run: Run) -> None:
         """Run a grant request once its barrier holds the requested keys."""
         services, envelope = self._services, run.envelope
@@ -46,26 +69,39 @@ class Participant:
             outcome = encode_error(MalformedOperation.wire_type, str(exc))
             services.finish(run, outcome, store=True, replies=list(run.replies))
             return
+        with services.mailbox.expect_decision(request.op_id, request.attempt) as waiter:
+            key_grant = self.key_grant(request, envelope.keys)
+            await self._send(request, key_grant, run.entries[0].entry_id)
+            decision = await self.await_decision(waiter, request)
+        self.settle(run, request, decision)
+
+    def key_grant(self, request: GrantRequest, keys: tuple[str, ...]) -> KeyGrant:
+        """The grant of ``keys``, held for ``request``: their states now (committed by the step
+        that records the grant, before it), and a fencing token for the op."""
+        services = self._services
+        home = services.home
         log.debug(
             "shard %d (epoch %d): granting keys %s to %s#%d of shard %d",
             home.shard,
             home.epoch,
-            list(envelope.keys),
+            list(keys),
             request.op_id,
             request.attempt,
             request.home,
         )
-        with services.mailbox.expect_decision(request.op_id, request.attempt) as waiter:
-            key_grant = KeyGrant(
-                request.op_id,
-                request.attempt,
-                home.shard,
-                [(key, home.states[key]) for key in envelope.keys],
-                home.executor.next_fence(),  # the granted keys' fencing token, for the op
-                services.mailbox.channel_for(request.home),  # (the decision's script's slot)
-            )
-            await self._send(request, key_grant, run.entries[0].entry_id)
-            decision = await self._await_decision(waiter, request)
+        return KeyGrant(
+            request.op_id,
+            request.attempt,
+            home.shard,
+            [(key, home.states[key]) for key in keys],
+            home.executor.next_fence(),  # the granted keys' fencing token, for the op
+            services.mailbox.channel_for(request.home),  # (the decision's script's slot)
+        )
+
+    def settle(self, run: Run, request: GrantRequest, decision: Decision | None) -> None:
+        """Apply the attempt's decision (None: nobody asked) and answer the request."""
+        services, envelope = self._services, run.envelope
+        home = services.home
         if decision is None:  # nobody asked: nothing is stored, so the attempt may still begin
             services.finish(run, _RELEASED, store=False, replies=[])
             return
@@ -85,6 +121,20 @@ class Participant:
             if key in mine:
                 home.states.write(key, state or None)
         services.finish(run, _APPLIED, store=True, replies=[])
+
+    def grant_record(self, request: GrantRequest, key_grant: KeyGrant, entry_id: str) -> Record:
+        """The grant's record, and its message to the coordinator's worker (signed for it by
+        the pipeliner, which batches what this worker owes that one: the message is as good as
+        the record, and saves the coordinator reading it back)."""
+        grant = dumps(key_grant.to_wire())
+        messages = (
+            [] if self._services.mailbox.is_mine(request.channel) else [(request.channel, grant)]
+        )
+        field = grant_field(request.op_id, request.attempt)
+        # (A step that finds the request's entry gone, as a failover that lost entries this
+        # owner fetched leaves it, writes nothing, and the owner gives its shard up: its holds
+        # follow a stream order that Redis no longer has.)
+        return Record(field, grant, entry_id, messages)
 
     async def _send(self, request: GrantRequest, key_grant: KeyGrant, entry_id: str) -> None:
         """Record the grant and send it to the coordinator: in process when the coordinator is
@@ -107,20 +157,11 @@ class Participant:
                 )
             services.mailbox.deliver(key_grant)
             return
-        # Signed for the coordinator's worker (by the pipeliner, which batches what this worker
-        # owes that one), the message is as good as the record: it takes it without reading
-        # the record back.
-        grant = dumps(key_grant.to_wire())
-        messages = [] if in_process else [(request.channel, grant)]
-        field = grant_field(request.op_id, request.attempt)
-        # (A step that finds the request's entry gone, as a failover that lost entries this
-        # owner fetched leaves it, writes nothing, and the owner gives its shard up: its holds
-        # follow a stream order that Redis no longer has.)
-        await services.commit_record(Record(field, grant, entry_id, messages))
+        await services.commit_record(self.grant_record(request, key_grant, entry_id))
         if in_process:
             services.mailbox.deliver(key_grant)
 
-    async def _await_decision(self, waiter: Waiter, request: GrantRequest) -> Decision | None:
+    async def await_decision(self, waiter: Waiter, request: GrantRequest) -> Decision | None:
         """The attempt's decision: handed over in process by this worker's coordinator, or read
         (or, if the coordinator stopped, written as an abort) in the home shard. A notice
         through Redis only says when to read: its payload is never applied. None: the attempt
@@ -156,3 +197,94 @@ class Participant:
                     request.home,
                 )
                 return Decision.from_wire(record)
+
+
+class _Granting:
+    """A grant request taken in with no task (:meth:`Participant.start_now`), from its hold to
+    its answer: its grant recorded with the next step, then the decision applied when the
+    coordinator's worker hands it over (signed). A wake-up with no decision in hand, or a poll
+    with none yet, hands the rest to a task that reads the records, as :meth:`Participant.grant`
+    does."""
+
+    __slots__ = ("_hold", "_participant", "_recorded", "_request", "_run", "_waiter")
+
+    def __init__(self, participant: Participant, run: Run, request: GrantRequest, hold: Hold):
+        self._participant = participant
+        self._run = run
+        self._request = request
+        self._hold = hold
+        self._recorded = False
+        services = participant._services
+        self._waiter = services.mailbox.expect_decision(request.op_id, request.attempt)
+        # (A wake-up comes from a message handler or this worker's coordinator, and the poll
+        # from a timer: each goes on in the step loop's task.)
+        self._waiter.on_wake = lambda: services.in_step_loop(self._woken)
+
+    def begin(self) -> None:
+        participant, request = self._participant, self._request
+        services = participant._services
+        key_grant = participant.key_grant(request, self._run.envelope.keys)
+        record = participant.grant_record(request, key_grant, self._run.entries[0].entry_id)
+        record.on_committed = self._committed
+        services.record_with_step(record)
+        services.mailbox.call_within(services.poll, self._polled)
+
+    def _polled(self) -> None:
+        services = self._participant._services
+        if not services.home.ended:
+            services.in_step_loop(self._poll)
+        elif self._waiter.on_wake is not None:  # (nothing it takes in commits any more)
+            self._waiter.on_wake = None
+            self._waiter.forget()
+
+    def _committed(self, record: Record) -> None:
+        if record.error is not None:
+            self._end_with_task(self._raise(record.error))
+            return
+        self._recorded = True
+        if isinstance(self._waiter.message, DecisionNotice):  # (handed over meanwhile)
+            self._woken()
+
+    def _woken(self) -> None:
+        if self._waiter.on_wake is None or not self._recorded:
+            return  # (the poll looks again; a decision handed over waits on the waiter)
+        message = self._waiter.message
+        if isinstance(message, DecisionNotice):
+            self._waiter.forget()
+            self._end(message.decision)
+        else:
+            self._end_with_task(self._read_decision())
+
+    def _poll(self) -> None:
+        if self._waiter.on_wake is None:
+            return  # (ended, or a task has taken over)
+        services = self._participant._services
+        if self._recorded:
+            self._end_with_task(self._read_decision())
+        else:  # (its step has not come back yet)
+            services.mailbox.call_within(services.poll, self._polled)
+
+    def _end(self, decision: Decision | None) -> None:
+        self._waiter.on_wake = None
+        participant = self._participant
+        home = participant._services.home
+        if not home.ended:  # (else nothing it takes in commits: the next owner runs it again)
+            participant.settle(self._run, self._request, decision)
+            home.release(self._hold)
+
+    def _end_with_task(self, task: Coroutine[Any, Any, None]) -> None:
+        """Hand the rest to a task in the runner's task group (none, if it has stopped)."""
+        self._waiter.on_wake = None
+        if not self._participant._services.spawn(lambda: task):
+            task.close()
+            self._waiter.forget()
+
+    async def _read_decision(self) -> None:
+        with self._waiter:
+            self._waiter.woken()
+            decision = await self._participant.await_decision(self._waiter, self._request)
+        self._end(decision)
+
+    async def _raise(self, error: Exception) -> None:
+        self._waiter.forget()
+        raise error
