@@ -223,6 +223,53 @@ MUTANTS: tuple[Mutant, ...] = (
         (_XS + "test_participant_killed_while_holding_keys" + _STANDALONE,),
     ),
     Mutant(
+        "idle-grant-never-polls",
+        "G5.2",
+        "a participant holding keys with no task never reads the decision record when no"
+        " decision is handed over",
+        (
+            Edit(
+                "keyserial/_worker/crossshard/participant.py",
+                "        if self._recorded:\n            self._end_with_task(",
+                "        if False:\n            self._end_with_task(",
+            ),
+        ),
+        (_XS + "test_coordinator_killed_after_the_first_grant" + _STANDALONE,),
+    ),
+    Mutant(
+        "asking-never-polls",
+        "G5.2",
+        "a coordinator asking for grants with no task never reads the grant's record, nor"
+        " finds its request gone, when no grant is handed over",
+        (
+            Edit(
+                _COORDINATOR,
+                "        if self._entry is not None:\n            self._to_task(waiter)",
+                "        if False:\n            self._to_task(waiter)",
+            ),
+        ),
+        (
+            "tests/crossshard/test_cross_shard.py::"
+            "test_a_grant_request_lost_before_its_participant_saw_it_is_appended_again",
+        ),
+    ),
+    Mutant(
+        "waits-miss-an-earlier-deadline",
+        "G5.2",
+        "a cross-shard wait with an earlier deadline than the waits before it waits for theirs",
+        (
+            Edit(
+                "keyserial/_worker/crossshard/mailbox.py",
+                "        if self._timer is None or deadline < self._timer_at:\n",
+                "        if self._timer is None:\n",
+            ),
+        ),
+        (
+            "tests/crossshard/test_mailbox_waits.py::"
+            "test_a_wait_ends_at_its_deadline_even_behind_a_later_one",
+        ),
+    ),
+    Mutant(
         "sync-across-releases-before-commit",
         "G5.1",
         "a sync cross-shard op lets its keys go before the step that commits it lands",

@@ -340,9 +340,7 @@ class ShardRunner:
         steps: under load each step commits what came in since the last one."""
         while True:
             if self._soon:
-                soon, self._soon = self._soon, []
-                for callback in soon:
-                    callback()
+                self._call_soon()
             if self._paused.stale:
                 self._paused.stale = False
                 await self._follow_pauses()
@@ -363,6 +361,12 @@ class ShardRunner:
                 await self._drain.record(self._cursor)
                 continue
             await self._sleep()
+
+    def _call_soon(self) -> None:
+        """Make the calls handed to :meth:`in_step_loop` since the last round."""
+        soon, self._soon = self._soon, []
+        for callback in soon:
+            callback()
 
     def _drains_now(self) -> bool:
         """Sealed, past the seal, and nothing under way or to commit but forwards, where the
@@ -524,6 +528,8 @@ class ShardRunner:
         the strike. The time limit ends a sleep, never a step (see :meth:`_step`)."""
         deadline = anyio.current_time() + self._settings.lease_ttl
         while self._running.get(run.envelope.op_id) is run or self._finished or self._dead:
+            if self._soon:
+                self._call_soon()
             if self._finished or self._dead or self._records or self._across:
                 await self._step(0)
                 continue

@@ -49,6 +49,12 @@ class PipelinedCalls(Protocol):
     async def run(self, call: ScriptCall[R]) -> R:
         """The script's reply (see ``Pipeliner.run``)."""
 
+    def submit(
+        self, call: ScriptCall[Any], replies: Replies | None, on_done: Callable[[Any], None]
+    ) -> None:
+        """Send the call with no task to await it: ``on_done`` gets its reply or its error
+        (see ``Pipeliner.submit``)."""
+
     async def run_durably(self, call: ScriptCall[R]) -> R:
         """The reply of an idempotent call, once it is confirmed as durable (see
         ``Pipeliner.run_durably``)."""

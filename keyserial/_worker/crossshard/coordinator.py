@@ -14,11 +14,15 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
+from dataclasses import dataclass, field
+from typing import Any
 
 from ..._backend.durability import stored_confirmed
 from ..._backoff import Backoff
+from ..._ops import Op
+from ..._scripts.calls import ScriptCall
 from ..._scripts.refusals import BacklogRefused, Replayed
 from ..._scripts.submit import SubmitArgs, submit
 from ..._wire.codec import (
@@ -39,7 +43,7 @@ from ..commits import AcrossCommit, OtherWrites, Record
 from ..execution import Evaluated, Run
 from ..writes import WriteChainBroken
 from .coordination import RunnerServices
-from .mailbox import HomeShard, LocalShard
+from .mailbox import HomeShard, LocalShard, Waiter
 
 log = logging.getLogger("keyserial.worker")
 
@@ -59,19 +63,22 @@ class Coordinator:
         """Start an op whose shards this worker owns and whose keys are all idle, with no task:
         hold its keys, run it, and commit it with the home's next step
         (:meth:`_commit_with_step`), which lets the keys go. Under load most transfers go this
-        way. False, with nothing done, if the op has to queue: some key busy, uncommitted or
-        not cached, some shard not this worker's, an ``async`` op, or a cluster."""
+        way. Else, if the op's keys here are idle, it asks the other shards for grants with no
+        task either (:meth:`_ask_now`). False, with nothing done, if the op has to queue: some
+        key busy, uncommitted or not cached, or an op that is not ``inline``."""
         services, envelope = self._services, run.envelope
         home = services.home
-        if not services.backend.one_script_reaches_every_shard or envelope.name == GRANT_OP:
+        if envelope.name == GRANT_OP:
             return False
         definition = home.executor.inline_definition(envelope)
         if definition is None:
             return False
         local, by_shard = _split_keys(envelope, home, services.shard_count)
-        others = self._local_owners(by_shard)
-        if others is None:
-            return False
+        others = None
+        if services.backend.one_script_reaches_every_shard:
+            others = self._local_owners(by_shard)
+        if others is None:  # (some shard is another worker's, or a cluster's)
+            return self._ask_now(run, definition, local, by_shard)
         holds = _try_hold_all(
             [(home, local), *((other, by_shard[other.shard]) for other in others)]
         )
@@ -175,13 +182,7 @@ class Coordinator:
     # -- with a task, once the op's barrier holds its home keys --------------------------------
 
     async def coordinate(self, run: Run) -> None:
-        try:
-            await self._coordinate(run)
-        except Replayed as exc:
-            # The op id has an outcome that this run did not write: nothing was written, and
-            # the next owner answers the op from its record.
-            self._services.home.write_chain.broken = True
-            raise WriteChainBroken(f"shard {self._services.home.shard}: {exc}") from None
+        await self._coordinating(self._coordinate(run))
 
     async def _coordinate(self, run: Run) -> None:
         services, envelope = self._services, run.envelope
@@ -195,64 +196,125 @@ class Coordinator:
             run, local, by_shard
         ):
             return
-        # The attempt is this owner's epoch: unique to it, and over once the fence moves on.
-        attempt = home.epoch
-        states = {key: home.states[key] for key in local}
-        fences: dict[str, int] = {}
-        participants: list[str] = []
-        for shard, keys in sorted(by_shard.items()):  # ascending: no wait cycle can form
-            grant = await self._request_grant(envelope.op_id, attempt, shard, keys)
-            states.update(grant.states)
-            if grant.fence is not None:  # (a grant from an older worker has none)
-                fences.update(dict.fromkeys(keys, grant.fence))
-            participants.append(grant.channel)
-        outcome, new_states = await home.executor.evaluate(envelope, states, fences)
-        writes = _writes_by_shard(envelope, states, new_states, services.shard_count)
-        home_writes = writes.pop(home.shard, [])
-        notice = DecisionNotice(envelope.op_id, attempt, Decision(dict(writes)))
-        await self._decide(run, notice, home_writes, outcome, participants)
+        await self._ask_the_rest(self._attempt(run, local, by_shard))
 
-    async def _decide(
-        self,
-        run: Run,
-        notice: DecisionNotice,
-        home_writes: Writes,
-        outcome: str,
-        participants: list[str],
-    ) -> None:
-        """Commit the attempt's decision with the home keys' writes and the op's result, in the
-        home shard's next step, then tell everyone. (The step's fence makes the decision this
-        owner's; a different decision there already, an abort, refuses the whole step.)"""
-        services, home, op_id = self._services, self._services.home, notice.op_id
+    def _attempt(self, run: Run, local: list[str], by_shard: dict[int, list[str]]) -> _Attempt:
+        """An attempt at an op that asks the other shards for grants. The attempt is this
+        owner's epoch: unique to it, and over once the fence moves on."""
+        home = self._services.home
+        states = {key: home.states[key] for key in local}
+        # (Ascending: no wait cycle can form.)
+        return _Attempt(run, home.epoch, states, sorted(by_shard.items()))
+
+    async def _ask_the_rest(self, attempt: _Attempt) -> None:
+        """Ask the shards not asked yet for their grants, one after another, then run the op
+        and commit its decision."""
+        op_id = attempt.run.envelope.op_id
+        while (ask := attempt.next_ask()) is not None:
+            shard, keys = ask
+            attempt.granted(await self._request_grant(op_id, attempt.attempt, shard, keys), keys)
+        envelope = attempt.run.envelope
+        evaluated = await self._services.home.executor.evaluate(
+            envelope, attempt.states, attempt.fences
+        )
+        await self._decide(attempt, evaluated)
+
+    async def _decide(self, attempt: _Attempt, evaluated: Evaluated) -> None:
+        """Commit the attempt's decision (:meth:`decision_record`), then tell everyone."""
+        record, notice = self.decision_record(attempt, evaluated)
+        await self._services.commit_record(record)
+        self.decided(attempt, record, notice)
+
+    def decision_record(
+        self, attempt: _Attempt, evaluated: Evaluated
+    ) -> tuple[Record, DecisionNotice]:
+        """Take the op's outcome and the home keys' writes into the home shard's next step,
+        with the attempt's decision record. (The step's fence makes the decision this owner's;
+        a different decision there already, an abort, refuses the whole step.)"""
+        services, home, run = self._services, self._services.home, attempt.run
+        envelope = run.envelope
+        outcome, new_states = evaluated
+        writes = _writes_by_shard(envelope, attempt.states, new_states, services.shard_count)
+        for key, state in writes.pop(home.shard, []):
+            home.states.write(key, state or None)
+        notice = DecisionNotice(envelope.op_id, attempt.attempt, Decision(dict(writes)))
         mailbox = services.mailbox
         notices = [
             (channel, dumps(notice.to_wire()))
-            for channel in dict.fromkeys(participants)
+            for channel in dict.fromkeys(attempt.participants)
             if not mailbox.is_mine(channel)
         ]
-        for key, state in home_writes:
-            home.states.write(key, state or None)
         # (In the same step as the record: nothing awaited in between.)
         services.finish(
-            run, outcome, store=True, replies=list(run.replies), binding=binding(run.envelope)
+            run, outcome, store=True, replies=list(run.replies), binding=binding(envelope)
         )
-        decision = Record(
-            decision_field(op_id, notice.attempt),
-            dumps(notice.decision.to_wire()),
-            "",
-            notices,
-        )
-        await services.commit_record(decision)
+        field = decision_field(envelope.op_id, attempt.attempt)
+        return Record(field, dumps(notice.decision.to_wire()), "", notices), notice
+
+    def decided(self, attempt: _Attempt, record: Record, notice: DecisionNotice) -> None:
+        """The decision is committed: this worker's participant shards hear it now."""
+        home, mailbox = self._services.home, self._services.mailbox
         log.debug(
             "shard %d (epoch %d): decided %s#%d: %s",
             home.shard,
             home.epoch,
-            op_id,
+            notice.op_id,
             notice.attempt,
-            decision.value,
+            record.value,
         )
-        if any(map(mailbox.is_mine, participants)):  # this worker's shards hear it now
+        if any(map(mailbox.is_mine, attempt.participants)):
             mailbox.deliver(notice)
+
+    # -- with no task: the op's keys here are idle ---------------------------------------------
+
+    def _ask_now(
+        self, run: Run, definition: Op[..., Any], local: list[str], by_shard: dict[int, list[str]]
+    ) -> bool:
+        """Hold the op's keys here at once, if they are idle, and ask the other shards for
+        grants with no task (:class:`_Asking`). False, with nothing done, if they are not, or
+        the op is to be refused (the task path answers it)."""
+        home = self._services.home
+        if home.executor.refusal(run) is not None:
+            return False
+        hold = home.try_hold(tuple(local), committed=False)
+        if hold is None:
+            return False
+        _Asking(self, self._attempt(run, local, by_shard), definition, hold).ask()
+        return True
+
+    def continue_in_task(
+        self, attempt: _Attempt, hold: Hold, waiting: _Waiting | None = None
+    ) -> None:
+        """Go on with an attempt :class:`_Asking` began, in a task: from the grant it waits for
+        (``waiting``: its request appended), or from asking the next shard again. Its keys
+        here are let go at the end."""
+        services = self._services
+
+        async def rest() -> None:
+            try:
+                await self._coordinating(self._rest(attempt, waiting))
+            finally:
+                services.home.release(hold)
+
+        if not services.spawn(rest) and waiting is not None:
+            waiting.waiter.forget()  # (the runner has stopped: nothing it does commits)
+
+    async def _rest(self, attempt: _Attempt, waiting: _Waiting | None) -> None:
+        if waiting is not None:
+            op_id, keys = attempt.run.envelope.op_id, waiting.request.keys
+            with waiting.waiter:
+                grant = await self._granted(waiting, op_id, attempt.attempt)
+            attempt.granted(grant, keys)
+        await self._ask_the_rest(attempt)
+
+    async def _coordinating(self, coordinating: Coroutine[Any, Any, None]) -> None:
+        try:
+            await coordinating
+        except Replayed as exc:
+            # The op id has an outcome that this run did not write: nothing was written, and
+            # the next owner answers the op from its record.
+            self._services.home.write_chain.broken = True
+            raise WriteChainBroken(f"shard {self._services.home.shard}: {exc}") from None
 
     # -- grants --------------------------------------------------------------------------------
 
@@ -263,52 +325,67 @@ class Coordinator:
 
         :raises LeaseLost: if the attempt was aborted meanwhile (this owner's epoch is over).
         """
+        request = self.grant_request(op_id, attempt, shard, keys)
+        with self._services.mailbox.expect_grant(op_id, attempt, shard) as waiter:
+            entry = await self._append(request.there, request.entry, fresh=True)
+            return await self._granted(_Waiting(waiter, request, entry), op_id, attempt)
+
+    def grant_request(self, op_id: str, attempt: int, shard: int, keys: list[str]) -> _Request:
+        """An attempt's signed grant request to ``shard``, as the entry to append there."""
+        services = self._services
+        request = _signed_request(services, shard, op_id, attempt, keys)
+        entry = grant_request_envelope(op_id, attempt, keys, request.to_wire())
+        return _Request(services.layout.keys(shard), entry, keys)
+
+    async def _granted(self, waiting: _Waiting, op_id: str, attempt: int) -> KeyGrant:
+        """The grant of a request appended (``waiting.entry``): handed over, or read in its
+        record at a wake-up or a poll; the request appended again if a failover lost it.
+
+        :raises LeaseLost: if the attempt was aborted meanwhile (this owner's epoch is over).
+        """
         services = self._services
         home = services.home
-        request = _signed_request(services, shard, op_id, attempt, keys)
-        entry_json = grant_request_envelope(op_id, attempt, keys, request.to_wire())
-        there = services.layout.keys(shard)
+        waiter, request, entry = waiting.waiter, waiting.request, waiting.entry
+        there, keys = request.there, request.keys
         granted_at = grant_field(op_id, attempt)
         decided_at = decision_field(op_id, attempt)
-        with services.mailbox.expect_grant(op_id, attempt, shard) as waiter:
-            entry = await self._append(there, entry_json, fresh=True)
-            while True:
-                if isinstance(message := await waiter.within(services.poll), KeyGrant):
-                    log.debug(
-                        "shard %d (epoch %d): shard %d granted %s#%d (request %s), handed over"
-                        " in process or signed",
+        while True:
+            if isinstance(message := await waiter.within(services.poll), KeyGrant):
+                log.debug(
+                    "shard %d (epoch %d): shard %d granted %s#%d (request %s), handed over"
+                    " in process or signed",
+                    home.shard,
+                    home.epoch,
+                    there.shard,
+                    op_id,
+                    attempt,
+                    entry,
+                )
+                return self.of_keys(message, keys)
+            try:
+                # A wake-up (or the poll): the grant is taken from its record alone.
+                if (grant := await self._recorded_grant(there, granted_at)) is not None:
+                    return self.of_keys(grant, keys)
+                # (Looked for before the grant: a request leaves the stream only after its
+                # grant was recorded, so gone with no grant means a failover lost it.)
+                present = await services.backend.entries_present(there, [entry])
+                if (grant := await self._recorded_grant(there, granted_at)) is not None:
+                    return self.of_keys(grant, keys)
+                if (await services.backend.stored(home.keys, [decided_at]))[0] is not None:
+                    raise LeaseLost(home.shard, f"op {op_id} was aborted")
+                if not present[0]:
+                    log.warning(
+                        "shard %d: the grant request of op %s to shard %d is gone"
+                        " (a failover?); appending it again",
                         home.shard,
-                        home.epoch,
-                        shard,
                         op_id,
-                        attempt,
-                        entry,
+                        there.shard,
                     )
-                    return self._of_keys(message, keys)
-                try:
-                    # A wake-up (or the poll): the grant is taken from its record alone.
-                    if (grant := await self._recorded_grant(there, granted_at)) is not None:
-                        return self._of_keys(grant, keys)
-                    # (Looked for before the grant: a request leaves the stream only after its
-                    # grant was recorded, so gone with no grant means a failover lost it.)
-                    present = await services.backend.entries_present(there, [entry])
-                    if (grant := await self._recorded_grant(there, granted_at)) is not None:
-                        return self._of_keys(grant, keys)
-                    if (await services.backend.stored(home.keys, [decided_at]))[0] is not None:
-                        raise LeaseLost(home.shard, f"op {op_id} was aborted")
-                    if not present[0]:
-                        log.warning(
-                            "shard %d: the grant request of op %s to shard %d is gone"
-                            " (a failover?); appending it again",
-                            home.shard,
-                            op_id,
-                            shard,
-                        )
-                        entry = await self._append(there, entry_json, fresh=False)
-                except BackendUnavailable as exc:
-                    log.warning("shard %d: waiting for a grant: %s", home.shard, exc)
+                    entry = await self._append(there, request.entry, fresh=False)
+            except BackendUnavailable as exc:
+                log.warning("shard %d: waiting for a grant: %s", home.shard, exc)
 
-    def _of_keys(self, grant: KeyGrant, keys: list[str]) -> KeyGrant:
+    def of_keys(self, grant: KeyGrant, keys: list[str]) -> KeyGrant:
         """``grant``, if it grants exactly the keys asked for. Else another request holds the
         attempt's id on that shard (appended ahead of this one by a client user who guessed
         the op id, and answered in its place): this attempt can get no grant of its own, so
@@ -344,16 +421,11 @@ class Coordinator:
         )
         return KeyGrant.from_wire(json.loads(raw))
 
-    async def _append(self, there: ShardKeys, request: str, *, fresh: bool) -> bytes:
-        """Append a grant request, waiting out a full backlog or an unreachable server; its
-        entry id. A shard this worker owns is woken in process (if it changes hands meanwhile,
-        its new owner finds the request at its next poll). ``fresh``: the attempt's first
-        request to that shard (its id, ``<op id>#<attempt>``, is new: an attempt is this
-        owner's epoch), which travels to the shard's owner in its wake-up (a push), saving it
-        a fetch; a request appended again is announced by its id and fetched."""
+    def append_call(self, there: ShardKeys, request: str, *, fresh: bool) -> ScriptCall[bytes]:
+        """The script call that appends a grant request (see :meth:`_append`)."""
         services = self._services
         local = services.mailbox.local_shard(there.shard)
-        call = submit(
+        return submit(
             there,
             SubmitArgs(
                 max_backlog=services.settings.max_backlog,
@@ -364,6 +436,17 @@ class Coordinator:
                 past_seal=True,
             ),
         )
+
+    async def _append(self, there: ShardKeys, request: str, *, fresh: bool) -> bytes:
+        """Append a grant request, waiting out a full backlog or an unreachable server; its
+        entry id. A shard this worker owns is woken in process (if it changes hands meanwhile,
+        its new owner finds the request at its next poll). ``fresh``: the attempt's first
+        request to that shard (its id, ``<op id>#<attempt>``, is new: an attempt is this
+        owner's epoch), which travels to the shard's owner in its wake-up (a push), saving it
+        a fetch; a request appended again is announced by its id and fetched."""
+        services = self._services
+        local = services.mailbox.local_shard(there.shard)
+        call = self.append_call(there, request, fresh=fresh)
         backoff = Backoff(0.05, 2.0)
         while True:
             try:
@@ -494,3 +577,197 @@ def _signed_request(
         signature=signer.sign_request(text),
         tag="" if owner is None else signer.tag_request(owner, text),
     )
+
+
+@dataclass(slots=True)
+class _Attempt:
+    """One attempt at a cross-shard op that asks other shards for grants: what it has
+    gathered so far."""
+
+    run: Run
+    #: The home shard's epoch when it began.
+    attempt: int
+    #: The states of its keys: here, then those granted.
+    states: dict[str, str | None]
+    #: (shard, keys) to ask, in ascending shard order.
+    asks: list[tuple[int, list[str]]]
+    fences: dict[str, int] = field(default_factory=dict)
+    #: The channel of each granting shard's owner, where the decision notice goes.
+    participants: list[str] = field(default_factory=list)
+
+    def next_ask(self) -> tuple[int, list[str]] | None:
+        """The next shard to ask, and its keys; None once every shard has granted."""
+        granted = len(self.participants)
+        return self.asks[granted] if granted < len(self.asks) else None
+
+    def granted(self, grant: KeyGrant, keys: list[str]) -> None:
+        self.states.update(grant.states)
+        if grant.fence is not None:  # (a grant from an older worker has none)
+            self.fences.update(dict.fromkeys(keys, grant.fence))
+        self.participants.append(grant.channel)
+
+
+@dataclass(frozen=True, slots=True)
+class _Request:
+    """A grant request to one shard, as the entry appended there."""
+
+    there: ShardKeys
+    entry: str
+    keys: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class _Waiting:
+    """A grant request appended, and the wait for its grant."""
+
+    waiter: Waiter
+    request: _Request
+    entry: bytes
+
+
+class _Asking:
+    """An attempt :meth:`Coordinator.start_now` began with no task, its keys here held: it asks
+    each other shard in turn (the request's append and the grant's hand-over each call it
+    back), then runs the op and commits the decision with the home's next step, which calls it
+    back to let the keys go. Whatever does not come as expected (an append refused, a wake-up
+    with no grant in hand, a poll with none yet) hands the rest to a task, as the task path
+    would go on (:meth:`Coordinator.continue_in_task`)."""
+
+    __slots__ = (
+        "_attempt",
+        "_coordinator",
+        "_definition",
+        "_entry",
+        "_hold",
+        "_request",
+        "_waiter",
+    )
+
+    def __init__(
+        self, coordinator: Coordinator, attempt: _Attempt, definition: Op[..., Any], hold: Hold
+    ) -> None:
+        self._coordinator = coordinator
+        self._attempt = attempt
+        self._definition = definition
+        self._hold = hold
+        self._request: _Request | None = None
+        self._waiter: Waiter | None = None
+        #: The current request's entry, once appended.
+        self._entry: bytes | None = None
+
+    def ask(self) -> None:
+        """Ask the next shard, or run the op once every shard has granted."""
+        attempt, coordinator = self._attempt, self._coordinator
+        ask = attempt.next_ask()
+        if ask is None:
+            self._decide()
+            return
+        shard, keys = ask
+        services = coordinator._services
+        op_id = attempt.run.envelope.op_id
+        request = coordinator.grant_request(op_id, attempt.attempt, shard, keys)
+        waiter = services.mailbox.expect_grant(op_id, attempt.attempt, shard)
+        # (A hand-over comes from a message handler or this worker's participant, and the
+        # poll from a timer: each goes on in the step loop's task.)
+        waiter.on_wake = lambda: services.in_step_loop(lambda: self._woken(waiter))
+        self._request, self._waiter, self._entry = request, waiter, None
+        call = coordinator.append_call(request.there, request.entry, fresh=True)
+        services.pipeliner.submit(call, None, lambda entry: self._appended(waiter, entry))
+        services.mailbox.call_within(services.poll, lambda: self._polled(waiter))
+
+    def _appended(self, waiter: Waiter, entry: Any) -> None:
+        if waiter is not self._waiter or waiter.on_wake is None:
+            return
+        if isinstance(entry, Exception):  # (asked again, as the task path would)
+            self._to_task(None)
+            return
+        self._entry = entry
+        assert self._request is not None, "asking"
+        services = self._coordinator._services
+        if (local := services.mailbox.local_shard(self._request.there.shard)) is not None:
+            local.entries_waiting()
+        if isinstance(waiter.message, KeyGrant) or waiter.pending:  # (woken meanwhile)
+            self._woken(waiter)
+
+    def _woken(self, waiter: Waiter) -> None:
+        if waiter is not self._waiter or waiter.on_wake is None:
+            return  # (another ask's, or ended)
+        if self._entry is None:
+            waiter.woken()  # (not appended yet: looked at once it is)
+            return
+        message = waiter.message
+        if not isinstance(message, KeyGrant):
+            self._to_task(waiter)  # (a wake-up: the task reads the record)
+            return
+        assert self._request is not None, "asking"
+        try:
+            grant = self._coordinator.of_keys(message, self._request.keys)
+        except WriteChainBroken as exc:
+            self._fail(exc)
+            return
+        waiter.on_wake = None
+        waiter.forget()
+        self._attempt.granted(grant, self._request.keys)
+        self.ask()
+
+    def _polled(self, waiter: Waiter) -> None:
+        if waiter is not self._waiter or waiter.on_wake is None:
+            return
+        services = self._coordinator._services
+        if services.home.ended:  # (nothing it takes in commits any more)
+            waiter.on_wake = None
+            waiter.forget()
+        else:
+            services.in_step_loop(lambda: self._poll(waiter))
+
+    def _poll(self, waiter: Waiter) -> None:
+        if waiter is not self._waiter or waiter.on_wake is None:
+            return
+        if self._entry is not None:
+            self._to_task(waiter)
+        else:  # (its append has not come back yet)
+            services = self._coordinator._services
+            services.mailbox.call_within(services.poll, lambda: self._polled(waiter))
+
+    def _to_task(self, waiter: Waiter | None) -> None:
+        """Go on in a task: from the grant ``waiter`` waits for, or (None) from asking the
+        current shard again."""
+        current = self._waiter
+        assert current is not None and self._request is not None, "asking"
+        current.on_wake = None
+        waiting = None
+        if waiter is None or self._entry is None:
+            current.forget()
+        else:
+            current.woken()  # (the task reads the record first)
+            waiting = _Waiting(current, self._request, self._entry)
+        self._coordinator.continue_in_task(self._attempt, self._hold, waiting)
+
+    def _decide(self) -> None:
+        coordinator, attempt = self._coordinator, self._attempt
+        executor = coordinator._services.home.executor
+        evaluated = executor.evaluate_now(
+            attempt.run.envelope, attempt.states, attempt.fences, self._definition
+        )
+        record, notice = coordinator.decision_record(attempt, evaluated)
+
+        def committed(record: Record) -> None:
+            if record.error is not None:
+                self._fail(record.error)
+                return
+            coordinator.decided(attempt, record, notice)
+            coordinator._services.home.release(self._hold)
+
+        record.on_committed = committed
+        coordinator._services.record_with_step(record)
+
+    def _fail(self, error: Exception) -> None:
+        """End the runner with ``error``, as a task of it raising it would."""
+        if (waiter := self._waiter) is not None and waiter.on_wake is not None:
+            waiter.on_wake = None
+            waiter.forget()
+
+        async def fail() -> None:
+            raise error
+
+        self._coordinator._services.spawn(fail)

@@ -242,12 +242,16 @@ class _Granting:
             self._end_with_task(self._raise(record.error))
             return
         self._recorded = True
-        if isinstance(self._waiter.message, DecisionNotice):  # (handed over meanwhile)
+        waiter = self._waiter
+        if isinstance(waiter.message, DecisionNotice) or waiter.pending:  # (woken meanwhile)
             self._woken()
 
     def _woken(self) -> None:
-        if self._waiter.on_wake is None or not self._recorded:
-            return  # (the poll looks again; a decision handed over waits on the waiter)
+        if self._waiter.on_wake is None:
+            return  # (ended, or a task has taken over)
+        if not self._recorded:
+            self._waiter.woken()  # (looked at once the grant is recorded)
+            return
         message = self._waiter.message
         if isinstance(message, DecisionNotice):
             self._waiter.forget()
