@@ -250,7 +250,8 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         (
             "tests/crossshard/test_cross_shard.py::"
-            "test_a_grant_request_lost_before_its_participant_saw_it_is_appended_again",
+            "test_a_grant_request_lost_before_its_participant_saw_it_is_appended_again"
+            + _STANDALONE,
         ),
     ),
     Mutant(
