@@ -251,10 +251,16 @@ class Layout:
     namespace: str
     shards: int
     generation: int = 0
+    #: Each shard's :class:`ShardKeys`, made once (a worker names a shard at every grant
+    #: request and step, and a ShardKeys makes each name once).
+    _keys: dict[int, ShardKeys] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def keys(self, shard: int) -> ShardKeys:
         """The names of ``shard``'s keys in this layout."""
-        return ShardKeys(self.namespace, shard, self.generation)
+        keys = self._keys.get(shard)
+        if keys is None:
+            keys = self._keys[shard] = ShardKeys(self.namespace, shard, self.generation)
+        return keys
 
     def all_keys(self) -> list[ShardKeys]:
         """The names of every shard's keys, by shard number."""
