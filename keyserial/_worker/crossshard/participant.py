@@ -230,10 +230,12 @@ class _Granting:
         services.mailbox.call_within(services.poll, self._polled)
 
     def _polled(self) -> None:
+        if self._waiter.on_wake is None:
+            return  # (ended, or a task has taken over)
         services = self._participant._services
         if not services.home.ended:
             services.in_step_loop(self._poll)
-        elif self._waiter.on_wake is not None:  # (nothing it takes in commits any more)
+        else:  # (nothing it takes in commits any more)
             self._waiter.on_wake = None
             self._waiter.forget()
 
