@@ -8,7 +8,6 @@ so entries whose ops have all committed behind it are deleted from the stream on
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -62,10 +61,7 @@ class Record:
     #: What to publish once committed: (channel, coordination message), unsigned (the
     #: pipeliner signs and batches them per channel).
     messages: list[tuple[str, str]]
-    #: Resolved once the step that carried it has committed (see :attr:`error`); set by the
-    #: runner that takes it in.
-    done: asyncio.Future[None] | None = None
-    #: Called instead, once the step that carried it has committed (see :attr:`error`).
+    #: Called once the step that carried it has committed (see :attr:`error`).
     on_committed: Callable[[Record], None] | None = None
     #: Why it cannot be counted on although its step returned (not confirmed as durable).
     error: Exception | None = None

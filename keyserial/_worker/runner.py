@@ -637,9 +637,14 @@ class ShardRunner:
         :raises WriteChainBroken: the step committed, but not durably (the shard is given up).
         """
         assert self._loop is not None, "run() first"
-        record.done = done = self._loop.create_future()
-        self._records.append(record)
-        self.wake()
+        done = self._loop.create_future()
+
+        def committed(_: Record) -> None:
+            if not done.done():  # (done: its caller left)
+                done.set_result(None)
+
+        record.on_committed = committed
+        self.record_with_step(record)
         await done
         if record.error is not None:
             raise record.error
@@ -786,5 +791,3 @@ def _settle(records: Sequence[Record], write_chain: WriteChain) -> None:
             record.error = WriteChainBroken("a cross-shard record not confirmed as durable")
         if record.on_committed is not None:
             record.on_committed(record)
-        elif record.done is not None and not record.done.done():
-            record.done.set_result(None)

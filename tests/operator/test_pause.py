@@ -9,12 +9,14 @@ import json
 import signal
 import subprocess
 import sys
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
 import pytest
 import redis.asyncio
+from anyio.abc import TaskGroup
 
 import keyserial
 from keyserial import Settings, shard_for
@@ -29,6 +31,7 @@ from tests import apps
 from tests.helpers import (
     ROOT,
     Starter,
+    WorkerProcess,
     cli,
     eventually,
     keys_on_shard,
@@ -77,22 +80,36 @@ async def test_a_paused_key_s_ops_queue_while_its_shard_flows_and_run_in_order_o
     assert code == 0 and "(it was not paused)" in out
 
 
-async def test_the_next_owner_honours_a_pause_after_a_crash(
+#: The paused key and its neighbour, on shard 0, in the takeover tests.
+KEYS = tuple(keys_on_shard(0, SHARDS, 2, "acct"))
+ALL_SHARDS = f"0-{SHARDS - 1}"
+
+
+@asynccontextmanager
+async def _owner_and_a_key(
     redis_url: str, namespace: str, start: Starter
-) -> None:
-    """The owner is killed with the paused key's op taken in; its successor takes the shard
-    over, runs the neighbour's ops, holds the paused key's op, and runs it once on resume."""
-    paused, neighbour = keys_on_shard(0, SHARDS, 2, "acct")
-    shards = f"0-{SHARDS - 1}"
-    owner = start(redis_url, namespace, shards=shards, shard_count=SHARDS)
-    answers: dict[str, Any] = {}
+) -> AsyncIterator[tuple[WorkerProcess, Any, keyserial.Client, TaskGroup]]:
+    """A worker owning every shard, with the first of :data:`KEYS` deposited on (so its owner
+    holds its state); an inspector, a client and a task group for the test's callers."""
+    owner = start(redis_url, namespace, shards=ALL_SHARDS, shard_count=SHARDS)
     async with (
         inspector(redis_url) as client,
         keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
         anyio.create_task_group() as group,
     ):
-        assert await ks.submit(paused, deposit(1), timeout=30) == 1
-        standby = start(redis_url, namespace, shards=shards, shard_count=SHARDS)
+        assert await ks.submit(KEYS[0], deposit(1), timeout=30) == 1
+        yield owner, client, ks, group
+
+
+async def test_the_next_owner_honours_a_pause_after_a_crash(
+    redis_url: str, namespace: str, start: Starter
+) -> None:
+    """The owner is killed with the paused key's op taken in; its successor takes the shard
+    over, runs the neighbour's ops, holds the paused key's op, and runs it once on resume."""
+    answers: dict[str, Any] = {}
+    async with _owner_and_a_key(redis_url, namespace, start) as (owner, client, ks, group):
+        paused, neighbour = KEYS
+        standby = start(redis_url, namespace, shards=ALL_SHARDS, shard_count=SHARDS)
         assert (await cli(redis_url, namespace, "keys", "pause", paused))[0] == 0
 
         async def held() -> None:
@@ -117,20 +134,13 @@ async def test_the_next_owner_of_an_idle_shard_honours_a_pause_before_its_first_
     takes the shard over, before any op. No step of the successor's fetches an entry (which
     would read the pauses along with it): the paused key's next op comes in its push, and is
     held while a later op on the shard runs; resumed, it runs once."""
-    paused, neighbour = keys_on_shard(0, SHARDS, 2, "acct")
     shard = ShardKeys(namespace, 0)
-    shards = f"0-{SHARDS - 1}"
-    owner = start(redis_url, namespace, shards=shards, shard_count=SHARDS)
     answers: dict[str, Any] = {}
-    async with (
-        inspector(redis_url) as client,
-        keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
-        anyio.create_task_group() as group,
-    ):
-        assert await ks.submit(paused, deposit(1), timeout=30) == 1
+    async with _owner_and_a_key(redis_url, namespace, start) as (owner, client, ks, group):
+        paused, neighbour = KEYS
         assert (await cli(redis_url, namespace, "keys", "pause", paused))[0] == 0
         await eventually(lambda: stream_empty(client, shard), timeout=15)
-        standby = start(redis_url, namespace, shards=shards, shard_count=SHARDS)
+        standby = start(redis_url, namespace, shards=ALL_SHARDS, shard_count=SHARDS)
         owner.signal(signal.SIGKILL)
         await eventually(lambda: _held_by(client, namespace, standby.pid), timeout=15)
         await eventually(lambda: takes_pushes(client, shard), timeout=15)

@@ -95,6 +95,15 @@ class RunnerServices:
     #: runner has stopped (then it returns False).
     spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], bool]
 
+    def fail(self, error: Exception) -> None:
+        """End the runner with ``error``, as a task of it raising it would (from a callback,
+        which has no task to raise it in)."""
+
+        async def fail() -> None:
+            raise error
+
+        self.spawn(fail)
+
     @property
     def shard_count(self) -> int:
         shards: int = self.layout.shards

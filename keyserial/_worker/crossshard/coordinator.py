@@ -705,8 +705,7 @@ class _Asking:
         except WriteChainBroken as exc:
             self._fail(exc)
             return
-        waiter.on_wake = None
-        waiter.forget()
+        waiter.stop()
         self._attempt.granted(grant, self._request.keys)
         self.ask()
 
@@ -715,8 +714,7 @@ class _Asking:
             return
         services = self._coordinator._services
         if services.home.ended:  # (nothing it takes in commits any more)
-            waiter.on_wake = None
-            waiter.forget()
+            waiter.stop()
         else:
             services.in_step_loop(lambda: self._poll(waiter))
 
@@ -762,12 +760,7 @@ class _Asking:
         coordinator._services.record_with_step(record)
 
     def _fail(self, error: Exception) -> None:
-        """End the runner with ``error``, as a task of it raising it would."""
+        """End the runner with ``error``."""
         if (waiter := self._waiter) is not None and waiter.on_wake is not None:
-            waiter.on_wake = None
-            waiter.forget()
-
-        async def fail() -> None:
-            raise error
-
-        self._coordinator._services.spawn(fail)
+            waiter.stop()
+        self._coordinator._services.fail(error)

@@ -133,6 +133,11 @@ class Waiter:
         """Wait no more (as the end of its ``with`` block)."""
         self._mailbox.forget(self._topic, self)
 
+    def stop(self) -> None:
+        """Call back no more, and wait no more (a wait with no task that has ended)."""
+        self.on_wake = None
+        self.forget()
+
     @property
     def pending(self) -> bool:
         """Whether a wake-up came that no :meth:`within` has spent yet."""

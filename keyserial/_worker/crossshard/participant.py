@@ -236,12 +236,12 @@ class _Granting:
         if not services.home.ended:
             services.in_step_loop(self._poll)
         else:  # (nothing it takes in commits any more)
-            self._waiter.on_wake = None
-            self._waiter.forget()
+            self._waiter.stop()
 
     def _committed(self, record: Record) -> None:
         if record.error is not None:
-            self._end_with_task(self._raise(record.error))
+            self._waiter.stop()
+            self._participant._services.fail(record.error)
             return
         self._recorded = True
         waiter = self._waiter
@@ -256,7 +256,7 @@ class _Granting:
             return
         message = self._waiter.message
         if isinstance(message, DecisionNotice):
-            self._waiter.forget()
+            self._waiter.stop()
             self._end(message.decision)
         else:
             self._end_with_task(self._read_decision())
@@ -290,7 +290,3 @@ class _Granting:
             self._waiter.woken()
             decision = await self._participant.await_decision(self._waiter, self._request)
         self._end(decision)
-
-    async def _raise(self, error: Exception) -> None:
-        self._waiter.forget()
-        raise error
