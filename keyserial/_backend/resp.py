@@ -292,9 +292,12 @@ async def _replies(
 
 def _retrieve(futures: list[asyncio.Future[Any]]) -> None:
     """A lost connection fails every future of a batch: the first error is raised, the others
-    are the same news. Retrieve them, or asyncio logs each as never retrieved."""
+    are the same news. Retrieve them, or asyncio logs each as never retrieved; those still
+    pending (their caller was cancelled at an earlier reply) once they fail."""
     for future in futures:
-        if future.done() and not future.cancelled():
+        if not future.done():
+            future.add_done_callback(_drop)
+        elif not future.cancelled():
             future.exception()
 
 

@@ -254,6 +254,26 @@ async def test_a_batch_failed_by_a_lost_connection_leaves_no_unretrieved_errors(
         await connection.aclose()
 
 
+async def test_a_cancelled_caller_s_batch_failed_later_leaves_no_unretrieved_errors(
+    standalone_server: LocalServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A caller cancelled while it awaits its batch's first reply leaves the rest of the batch
+    pending; when the connection then closes, their errors are nobody's news either."""
+    import gc
+
+    connection = _connection(standalone_server)
+    try:
+        await connection.execute([("PING",)])
+        with anyio.move_on_after(0.2) as waiting:
+            await connection.execute([("BLPOP", "nothing-here", "2"), ("PING",), ("PING",)])
+        assert waiting.cancelled_caught
+    finally:
+        await connection.aclose()
+    gc.collect()
+    await anyio.sleep(0.05)
+    assert not [r for r in caplog.records if "never retrieved" in r.getMessage()]
+
+
 @pytest.mark.parametrize(
     "message",
     [
