@@ -12,6 +12,7 @@ from typing import Any, TypeVar
 from .. import ledger
 from .._ops import RESERVED_PREFIX, Call
 from .._settings import Settings
+from .._wire.codec import call_binding
 from .._wire.json_text import encodes
 from .._wire.layout import Layout
 from .._wire.routing import home_shard, shard_for
@@ -164,12 +165,17 @@ class Client(abc.ABC):
         check_key(key)
         return await self._state(key)
 
-    async def result(self, op_id: str, *, key: str | Sequence[str]) -> Any:
+    async def result(
+        self, op_id: str, *, key: str | Sequence[str], op: Call[Any] | None = None
+    ) -> Any:
         """The stored outcome of op ``op_id`` on ``key`` (for a multi-key op: its list of keys):
-        its value, or its error raised.
+        its value, or its error raised. ``op``: the call submitted under ``op_id``. Given, an
+        outcome that another op stored under that id (an id taken ahead by another client) is
+        not returned: this raises the ``MalformedOperation`` a submit of ``op`` would get. An
+        id chosen by hand can be taken ahead; a generated one cannot be guessed.
 
         :raises ResultNotFound: if the op has not been applied yet, or its result expired.
-        :raises OperationFailed: if the op failed.
+        :raises OperationFailed: if the op failed (or, ``op`` given, the id is another op's).
         """
         # ('#' is not refused here: a foreign client's op may have stored an outcome so.)
         check_op_id(op_id, submitted=False)
@@ -177,8 +183,12 @@ class Client(abc.ABC):
             check_key(key)
         else:
             self._home(key)  # (checks them)
+        bound_to = None
+        if op is not None:
+            check_call(op)
+            bound_to = call_binding(op_id, key, op)
         all_keys = (key,) if isinstance(key, str) else tuple(key)
-        return await self._stored_result(op_id, all_keys)
+        return await self._stored_result(op_id, all_keys, bound_to)
 
     # -- what each kind of client does with checked arguments ---------------------------------
 
@@ -196,8 +206,11 @@ class Client(abc.ABC):
         """The committed state of ``key``."""
 
     @abc.abstractmethod
-    async def _stored_result(self, op_id: str, keys: tuple[str, ...]) -> Any:
-        """The outcome stored for ``op_id``, an op on ``keys``."""
+    async def _stored_result(
+        self, op_id: str, keys: tuple[str, ...], bound_to: str | None = None
+    ) -> Any:
+        """The outcome stored for ``op_id``, an op on ``keys`` (``bound_to``: the binding of
+        the op it must be, or None to take any op's)."""
 
     # -- checks --------------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ from ..errors import (
 )
 from .api import Client, Keys
 from .appender import Appender
-from .outcomes import ReplyLookups, StoredOutcomes, settle_signed
+from .outcomes import ReplyLookups, StoredOutcomes, own_outcome, settle_signed
 from .pending import TIMED_OUT, Pending, closed_while_waiting, value_or_raise
 from .routes import Routes
 from .sweep import Sweep
@@ -237,7 +237,9 @@ class AsyncioClient(Client):
             self._routes.keys(layout)[shard_for(key, layout.shards)], key
         )
 
-    async def _stored_result(self, op_id: str, keys: tuple[str, ...]) -> Any:
+    async def _stored_result(
+        self, op_id: str, keys: tuple[str, ...], bound_to: str | None = None
+    ) -> Any:
         self._check_loop()
         raw, confirmed = None, True
         for shard in self._routes.where_stored(keys):
@@ -258,7 +260,10 @@ class AsyncioClient(Client):
             )
         if raw is None:
             raise ResultNotFound(key=keys[0], op_id=op_id)
-        return value_or_raise(decode_outcome(raw), keys=keys, op_id=op_id)
+        outcome = decode_outcome(raw)
+        if bound_to is not None:
+            outcome = own_outcome(op_id, outcome, bound_to)
+        return value_or_raise(outcome, keys=keys, op_id=op_id)
 
     # -- internals -----------------------------------------------------------------------------
 

@@ -75,8 +75,10 @@ class ForeignLoopClient(Client):
     async def _state(self, key: str) -> Any:
         return await self._run(lambda: self._inner._state(key))
 
-    async def _stored_result(self, op_id: str, keys: tuple[str, ...]) -> Any:
-        return await self._run(lambda: self._inner._stored_result(op_id, keys))
+    async def _stored_result(
+        self, op_id: str, keys: tuple[str, ...], bound_to: str | None = None
+    ) -> Any:
+        return await self._run(lambda: self._inner._stored_result(op_id, keys, bound_to))
 
     async def _run(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
         self._hosted.check()

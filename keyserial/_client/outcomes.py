@@ -193,11 +193,16 @@ def settle_signed(
 
 
 def _own(pending: Pending, outcome: Outcome) -> Outcome:
-    """An outcome stored under ``pending``'s op id, as its answer: stored with another op's
-    binding, it gives the refusal of an id taken."""
+    """An outcome stored under ``pending``'s op id, as its answer (see :func:`own_outcome`)."""
+    return own_outcome(pending.op_id, outcome, envelope_binding(pending.envelope))
+
+
+def own_outcome(op_id: str, outcome: Outcome, binding: str) -> Outcome:
+    """An outcome stored under ``op_id``, as the answer of the op bound to ``binding``: stored
+    with another op's binding, it gives the refusal of an id taken."""
     bound_to = outcome.pop("b", None)
-    if bound_to is not None and bound_to != (envelope_binding(pending.envelope) or None):
-        return decode_outcome(taken_outcome(pending.op_id))
+    if bound_to is not None and bound_to != (binding or None):
+        return decode_outcome(taken_outcome(op_id))
     return outcome
 
 

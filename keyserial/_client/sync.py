@@ -86,9 +86,9 @@ class SyncClient:
             lambda: self._client.transfer(source, target, amount, timeout=timeout, op_id=op_id)
         )
 
-    def result(self, op_id: str, *, key: str | Sequence[str]) -> Any:
+    def result(self, op_id: str, *, key: str | Sequence[str], op: Call[Any] | None = None) -> Any:
         """:meth:`keyserial.Client.result`, blocking."""
-        return self._hosted.run(lambda: self._client.result(op_id, key=key))
+        return self._hosted.run(lambda: self._client.result(op_id, key=key, op=op))
 
     def read(self, key: str) -> Any:
         """:meth:`keyserial.Client.read`, blocking."""

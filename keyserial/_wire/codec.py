@@ -357,6 +357,15 @@ def binding(envelope: Envelope) -> str:
     return hashlib.blake2b(what.encode("utf-8", "surrogatepass"), digest_size=8).hexdigest()
 
 
+def call_binding(op_id: str, key: str | Sequence[str], call: Call[Any]) -> str:
+    """:func:`binding` of ``call`` submitted under ``op_id`` on ``key`` (one key, or a multi-key
+    op's keys), read as a worker would read its envelope.
+
+    :raises TypeError, ValueError: when an argument is not JSON-serializable.
+    """
+    return envelope_binding(encode_envelope(op_id, key, call, None))
+
+
 def bound(outcome: str, to: str) -> str:
     """An encoded outcome (a JSON object) with the binding ``to`` as its member ``b`` (as it
     is, for no binding)."""

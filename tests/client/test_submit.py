@@ -24,7 +24,7 @@ from keyserial import (
     call,
 )
 from keyserial._worker.runner import ShardRunner
-from keyserial.ledger import balance, deposit, withdraw
+from keyserial.ledger import balance, deposit, transfer, withdraw
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
 from tests.helpers import eventually, free_closed_port
@@ -149,6 +149,32 @@ async def test_an_op_id_names_one_op_and_a_resubmit_of_another_op_under_it_is_re
         assert await ks.read("account:9") == 40
         assert await ks.read(neighbour) is None
         assert await ks.result("order-1", key="account:9") == 40
+        assert await ks.result("order-1", key="account:9", op=deposit(40)) == 40
+        for other_key, other_call in (("account:9", deposit(41)), ("account:9", withdraw(40))):
+            with pytest.raises(MalformedOperation, match="belongs to another op"):
+                await ks.result("order-1", key=other_key, op=other_call)
+
+
+async def test_result_given_the_op_checks_a_multi_key_op_s_binding_too(
+    redis_url: str, namespace: str
+) -> None:
+    """A multi-key op is bound to its keys in their order, its name and its arguments."""
+    async with (
+        running_worker(redis_url, namespace, shard_count=4),
+        keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
+    ):
+        await ks.submit("account:1", deposit(10))
+        keys = ["account:1", "account:2"]
+        moved = await ks.submit_many(keys, transfer(3), op_id="move-1")
+        assert moved == {"account:1": 7, "account:2": 3}
+        assert await ks.result("move-1", key=keys, op=transfer(3)) == moved
+        for other in (transfer(4), deposit(3)):
+            with pytest.raises(MalformedOperation, match="belongs to another op"):
+                await ks.result("move-1", key=keys, op=other)
+        with pytest.raises(MalformedOperation, match="belongs to another op"):
+            await ks.result("move-1", key=keys[::-1], op=transfer(3))
+        with pytest.raises(TypeError, match="expected a keyserial Call"):
+            await ks.result("move-1", key=keys, op="transfer")  # type: ignore[arg-type]
 
 
 async def test_a_failed_op_is_also_stored_under_its_op_id(redis_url: str, namespace: str) -> None:

@@ -19,6 +19,7 @@ from keyserial import (
     BackendUnavailable,
     InsufficientFunds,
     KeyserialError,
+    MalformedOperation,
     ResultNotFound,
     SubmitTimeout,
 )
@@ -51,6 +52,10 @@ def test_every_call_of_the_sync_client_blocks_and_returns_the_outcome(
         assert ks.transfer("account:1", "account:2", 20) == {"account:1": 50, "account:2": 20}
         assert ks.submit_many(["k:1", "k:2", "k:3"], apps.slow_move(0)) == ["k:1", "k:2", "k:3"]
         assert ks.result(op_id, key="account:1") == 100
+        assert ks.submit("account:4", deposit(7), op_id="order-4") == 7
+        assert ks.result("order-4", key="account:4", op=deposit(7)) == 7
+        with pytest.raises(MalformedOperation, match="belongs to another op"):
+            ks.result("order-4", key="account:4", op=deposit(99))
         assert ks.read("account:2") == 20
         assert ks.shard_count == 4 and ks.shard_of("account:1") in range(4)
 

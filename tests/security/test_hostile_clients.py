@@ -318,7 +318,7 @@ async def test_an_op_appended_ahead_under_a_callers_op_id_never_answers_the_call
     """The attacker guesses an op id a caller chooses (an order number) and appends its own op
     under it first, and two ops under another id in one entry. The caller's submit is refused
     with MalformedOperation (its id belongs to another op), never answered with the attacker's
-    outcome as if its own op had applied; of two ops under one id, the second is refused while
+    outcome as if its own op had applied, nor is its lookup of the id with its op; of two ops under one id, the second is refused while
     the first runs (its reply says so), never joined to it."""
     key = keys_on_shard(0, SHARDS, 1, "acct")[0]
     attacker = redis.asyncio.Redis.from_url(users.client_url)
@@ -351,6 +351,10 @@ async def test_an_op_appended_ahead_under_a_callers_op_id_never_answers_the_call
             assert outcome["error"]["type"] == "keyserial.MalformedOperation"
             with pytest.raises(keyserial.MalformedOperation, match="belongs to another op"):
                 await ks.submit(key, deposit(100), op_id="order-7")
+            # (Looked up by id with its op: refused too. With no op to check, the id's outcome.)
+            with pytest.raises(keyserial.MalformedOperation, match="belongs to another op"):
+                await ks.result("order-7", key=key, op=deposit(100))
+            assert await ks.result("order-7", key=key) == 1
             assert await ks.read(key) == 2
             assert await stored(attacker, namespace, 0, "order-8") == {"ok": 2}
     finally:
