@@ -354,8 +354,8 @@ async def _resolve(
     resolved: dict[str, Resolved] = {}
     began = found_at = time.monotonic()
     while wanted and time.monotonic() < found_at + profile.resolve_seconds:
-        for op_id, key in list(wanted.items()):
-            outcome = await _stored(client, op_id, key)
+        for op_id, (key, call) in list(wanted.items()):
+            outcome = await _stored(client, op_id, key, call)
             if outcome is not None:
                 resolved[op_id] = outcome
                 del wanted[op_id]
@@ -367,22 +367,30 @@ async def _resolve(
     return resolved
 
 
-def _unresolved(load: Load, tap: StreamTap) -> dict[str, str | list[str]]:
-    """Op id -> the key (or keys) to look it up by."""
+def _unresolved(
+    load: Load, tap: StreamTap
+) -> dict[str, tuple[str | list[str], keyserial.Call[Any] | None]]:
+    """Op id -> the key (or keys) to look it up by, and the op it names (None: an op the tap
+    saw that the load did not submit)."""
     observed = Observed(load.history, {}, dict(tap.seen), {})
-    wanted: dict[str, str | list[str]] = {}
+    wanted: dict[str, tuple[str | list[str], keyserial.Call[Any] | None]] = {}
     for record in load.history.records:
         if record.outcome == UNKNOWN:
+            key = record.keys[0] if len(record.keys) == 1 else list(record.keys)
             for op_id in op_ids_of(record, observed):
-                wanted[op_id] = record.keys[0] if len(record.keys) == 1 else list(record.keys)
+                wanted[op_id] = (key, record.call)
     for op_id, seen in tap.seen.items():
-        wanted.setdefault(op_id, seen.keys[0] if len(seen.keys) == 1 else list(seen.keys))
+        wanted.setdefault(op_id, (seen.keys[0] if len(seen.keys) == 1 else list(seen.keys), None))
     return wanted
 
 
-async def _stored(client: keyserial.Client, op_id: str, key: str | list[str]) -> Resolved | None:
+async def _stored(
+    client: keyserial.Client, op_id: str, key: str | list[str], op: keyserial.Call[Any] | None
+) -> Resolved | None:
+    """The outcome stored for ``op_id``, if it is ``op``'s (another op's, taken ahead under its
+    id, gives the refusal its submit would get)."""
     try:
-        return ("ok", await client.result(op_id, key=key))
+        return ("ok", await client.result(op_id, key=key, op=op))
     except OperationFailed as error:
         return ("error", f"{type(error).__name__}: {error}"[:200])
     except KeyserialError:  # ResultNotFound: not yet; BackendUnavailable: ask again later

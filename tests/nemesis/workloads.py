@@ -62,6 +62,8 @@ class OpRecord:
     via: str = ""
     started: float = 0.0
     ended: float = 0.0
+    #: The op submitted: an outcome looked up by id must be bound to it (an id may be taken).
+    call: keyserial.Call[Any] | None = None
 
 
 @dataclass
@@ -232,6 +234,7 @@ class Load:
         cancel_after: float | None,
     ) -> None:
         self.history.records.append(record)
+        record.call = call
         if record.own_id:
             record.op_id = record.tag
         record.started = time.monotonic()
@@ -268,6 +271,7 @@ class Load:
         assert self.stale is not None
         self.history.records.append(record)
         record.own_id, record.op_id, record.via = True, record.tag, "stale-xadd"
+        record.call = call
         record.started = time.monotonic()
         count = self.profile.shard_count
         keys = Layout(client.settings.namespace, count).keys(shard_for(record.keys[0], count))
