@@ -19,7 +19,7 @@ from .._backend.backend import Backend
 from .._operator import deadletters
 from .._operator.namespace import layout_in_use, record_in_use
 from .._operator.pauses import pause
-from .._operator.status import Snapshot, as_json, compare, snapshot, workers
+from .._operator.status import Rates, as_json, snapshot, workers
 from .._wire.codec import MalformedEntry, decode_entry, decode_outcome
 from .._wire.layout import Layout, ShardKeys
 from .._wire.roster import WorkerEntry, live_entries
@@ -37,22 +37,19 @@ QUEUE_SCANNED = 1000
 
 @dataclass
 class Dashboard:
-    """One namespace, seen through one connection. Keeps the last shard snapshot, so that each
-    overview shows ops/s since the one before."""
+    """One namespace, seen through one connection. Keeps recent shard snapshots, so that each
+    overview shows ops/s over at least a second (see :class:`Rates`), whoever asked before."""
 
     backend: Backend
     namespace: str
     max_backlog: int
-    _previous: list[Snapshot] = field(default_factory=list)
+    _rates: Rates = field(default_factory=Rates)
 
     async def overview(self) -> dict[str, Any]:
         """Shards, workers, dead letters, the hottest keys and the recent failures."""
         record = await record_in_use(self.backend, self.namespace)
         layout = record.live
-        now = await snapshot(self.backend, layout)
-        before = self._previous if len(self._previous) == layout.shards else now
-        self._previous = now
-        statuses = compare(before, now)
+        statuses = self._rates.of(await snapshot(self.backend, layout))
         roster, posts = await self._live()
         view = as_json(self.namespace, statuses, workers(roster, statuses), record)
         view["hot_keys"] = _hot_keys(posts)

@@ -131,6 +131,32 @@ def compare(before: Sequence[Snapshot], after: Sequence[Snapshot]) -> list[Shard
     return statuses
 
 
+#: The shortest time an ops/s figure is taken over, in server milliseconds: shorter, a busy
+#: shard can read as idle (no outcome stored in the last few milliseconds).
+RATE_WINDOW_MS = 1000
+
+
+class Rates:
+    """Ops/s for a series of snapshots of one layout, taken by whoever asks (two viewers of the
+    dashboard a moment apart): each is compared with the newest earlier one taken at least
+    :data:`RATE_WINDOW_MS` before it, or, until there is one, with the oldest kept."""
+
+    def __init__(self) -> None:
+        #: Earlier snapshots, oldest first: the newest one at least a window old, and after it
+        #: those younger than a window.
+        self._kept: list[list[Snapshot]] = []
+
+    def of(self, now: list[Snapshot]) -> list[ShardStatus]:
+        if self._kept and len(self._kept[0]) != len(now):
+            self._kept = []  # (another layout: a reshard moved the namespace)
+        at = now[0].time_ms if now else 0
+        while len(self._kept) > 1 and at - self._kept[1][0].time_ms >= RATE_WINDOW_MS:
+            del self._kept[0]
+        before = self._kept[0] if self._kept else now
+        self._kept.append(now)
+        return compare(before, now)
+
+
 def unowned(statuses: Sequence[ShardStatus]) -> list[int]:
     return [status.snapshot.shard for status in statuses if status.snapshot.owner is None]
 

@@ -280,6 +280,26 @@ async def test_status_of_an_unused_namespace_is_an_error_that_says_so(
     assert f"namespace {namespace!r} has no shard count recorded" in err
 
 
+def _shard_at(time_ms: int, results: int) -> _status.Snapshot:
+    return _status.Snapshot(0, None, None, None, 0, None, 0, results, "0", time_ms)
+
+
+def test_ops_per_second_is_taken_over_at_least_a_second_whoever_asked_last() -> None:
+    """Two viewers of the dashboard a moment apart: the second is not shown the rate of the
+    last few milliseconds (most often none), but of the last second or more."""
+    rates = _status.Rates()
+    window = _status.RATE_WINDOW_MS
+    assert rates.of([_shard_at(0, 0)])[0].ops_per_s is None  # (nothing to compare with)
+    assert rates.of([_shard_at(2 * window, 200)])[0].ops_per_s == 100_000 / window
+    # 20 ms later (a second viewer): since the first, a window or more before, not since 20 ms.
+    assert rates.of([_shard_at(2 * window + 20, 200)])[0].ops_per_s == 200_000 / (2 * window + 20)
+    # Later, from the newest snapshot a window old or more: the second viewer's.
+    assert rates.of([_shard_at(3 * window + 500, 300)])[0].ops_per_s == 100_000 / (window + 480)
+    # A snapshot of another layout (a reshard) starts the series again.
+    two_shards = [_shard_at(4 * window, 0), _shard_at(4 * window, 0)]
+    assert [status.ops_per_s for status in rates.of(two_shards)] == [None, None]
+
+
 @pytest.mark.slow
 async def test_status_watch_prints_a_report_per_interval_until_interrupted(
     standalone_server: LocalServer, namespace: str
