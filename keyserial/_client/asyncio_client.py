@@ -262,7 +262,7 @@ class AsyncioClient(Client):
             raise ResultNotFound(key=keys[0], op_id=op_id)
         outcome = decode_outcome(raw)
         if bound_to is not None:
-            outcome = own_outcome(op_id, outcome, bound_to)
+            outcome = own_outcome(op_id, outcome, lambda: bound_to)
         return value_or_raise(outcome, keys=keys, op_id=op_id)
 
     # -- internals -----------------------------------------------------------------------------

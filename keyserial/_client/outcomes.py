@@ -14,7 +14,7 @@ import asyncio
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 from typing import Any
 
@@ -26,7 +26,7 @@ from .._backend.durability import stored_confirmed
 from .._backend.signers import SignersMet
 from .._scripts.refusals import Refused
 from .._settings import Settings
-from .._wire.codec import decode_outcome, envelope_binding, says_unknown, taken_outcome
+from .._wire.codec import decode_outcome, says_unknown, taken_outcome
 from .._wire.layout import ShardKeys, answered_field
 from .._wire.signing import ReplyVerifier
 from ..errors import BackendUnavailable
@@ -144,7 +144,7 @@ def _outcome_for(pending: Pending, stored: bytes | None, answered: bytes | None)
     answer recorded for the very entry it appended (a refusal of an op no worker knew: a
     resubmit waits for its own); or None."""
     if stored is not None:
-        return _own(pending, decode_outcome(stored))
+        return own_outcome(pending.op_id, decode_outcome(stored), pending.binding)
     if answered is None:
         return None
     outcome = decode_outcome(answered)
@@ -170,7 +170,8 @@ def signed_outcome_for(pending: Pending, answer: Outcome) -> Outcome | None:
         or pending.entry.decode() not in entries
     ):
         return None
-    return _own(pending, {name: value for name, value in answer.items() if name not in _ADDRESS})
+    outcome = {name: value for name, value in answer.items() if name not in _ADDRESS}
+    return own_outcome(pending.op_id, outcome, pending.binding)
 
 
 def settle_signed(
@@ -192,16 +193,11 @@ def settle_signed(
     return left
 
 
-def _own(pending: Pending, outcome: Outcome) -> Outcome:
-    """An outcome stored under ``pending``'s op id, as its answer (see :func:`own_outcome`)."""
-    return own_outcome(pending.op_id, outcome, envelope_binding(pending.envelope))
-
-
-def own_outcome(op_id: str, outcome: Outcome, binding: str) -> Outcome:
-    """An outcome stored under ``op_id``, as the answer of the op bound to ``binding``: stored
-    with another op's binding, it gives the refusal of an id taken."""
+def own_outcome(op_id: str, outcome: Outcome, binding: Callable[[], str]) -> Outcome:
+    """An outcome stored under ``op_id``, as the answer of the op bound to ``binding()``:
+    stored with another op's binding, it gives the refusal of an id taken."""
     bound_to = outcome.pop("b", None)
-    if bound_to is not None and bound_to != (binding or None):
+    if bound_to is not None and bound_to != (binding() or None):
         return decode_outcome(taken_outcome(op_id))
     return outcome
 

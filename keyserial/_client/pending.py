@@ -7,7 +7,7 @@ import time
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
-from .._wire.codec import with_reply
+from .._wire.codec import envelope_binding, with_reply
 from .._wire.layout import ShardKeys
 from ..errors import KeyserialError, OperationFailed
 
@@ -47,6 +47,11 @@ class Pending:
     @property
     def all_keys(self) -> tuple[str, ...]:
         return (self.keys,) if isinstance(self.keys, str) else self.keys
+
+    def binding(self) -> str:
+        """What an outcome stored under the op id must be bound to, to be this op's (the
+        envelope is read again: asked only of an outcome stored with a binding)."""
+        return envelope_binding(self.envelope)
 
     def settle(self, outcome: dict[str, Any] | BaseException) -> None:
         if not self.done.done():  # (also done once its waiter is cancelled)
