@@ -45,7 +45,7 @@ from ..errors import (
 from .api import Client, Keys
 from .appender import Appender
 from .outcomes import ReplyLookups, StoredOutcomes, own_outcome, settle_signed
-from .pending import TIMED_OUT, Pending, closed_while_waiting, value_or_raise
+from .pending import TIMED_OUT, Deadlines, Pending, closed_while_waiting, value_or_raise
 from .routes import Routes
 from .sweep import Sweep
 
@@ -74,6 +74,8 @@ class AsyncioClient(Client):
         self._task_group: TaskGroup | None = None
         #: The event loop the client was opened on: its connection and tasks live there.
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: The submits' timeouts (on the client's loop: set once it is opened).
+        self._deadlines: Deadlines
         self._appender = Appender(backend, settings, self._reroute)
         outcomes = StoredOutcomes(backend, settings, self._waiting)
         self._lookups = ReplyLookups(backend, outcomes, settings, self._waiting, self._verifier)
@@ -88,6 +90,7 @@ class AsyncioClient(Client):
                 " `async with keyserial.connect(...)`: open another one instead"
             )
         self._loop = asyncio.get_running_loop()
+        self._deadlines = Deadlines(self._loop)
         self._task_group = anyio.create_task_group()
         await self._task_group.__aenter__()
         try:
@@ -205,16 +208,16 @@ class AsyncioClient(Client):
         )
         self._waiting[op_id].append(pending)
         self._appender.add(pending)
-        # A timer, not a cancel scope: a deadline on every submit then costs next to nothing.
-        timer = loop.call_later(timeout, pending.expire) if timeout < math.inf else None
+        # A deadline, not a cancel scope: one on every submit then costs next to nothing.
+        deadline = self._deadlines.add(pending, timeout) if timeout < math.inf else None
         try:
             await pending.done
         except BaseException:  # cancelled: withdrawn if not sent yet; else it may still apply
             self._appender.withdraw(pending)
             raise
         finally:
-            if timer is not None:
-                timer.cancel()
+            if deadline is not None:
+                self._deadlines.discard(pending, deadline)
             self._forget(pending)
         if pending.outcome is TIMED_OUT:
             raise await self._timed_out(pending, timeout)

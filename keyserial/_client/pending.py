@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
@@ -71,6 +72,46 @@ class Pending:
         self.entry = entry
         if self.appended_only:
             self.settle(APPENDED)
+
+
+#: The slices of time submits' deadlines are kept in, in seconds: a submit times out at most
+#: this much after its timeout, never before it.
+DEADLINE_SLICE = 0.02
+
+
+class Deadlines:
+    """The timeouts of a client's submits: one timer per slice of time, for every submit whose
+    deadline falls in that slice, instead of a timer of each submit's own (whose making and
+    cancelling took a tenth of a submit's Python calls). A submit settled before its deadline
+    leaves its slice at once."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._slices: dict[int, set[Pending]] = {}
+
+    def add(self, pending: Pending, seconds: float) -> int:
+        """Expire ``pending`` once ``seconds`` have passed, unless discarded first; returns its
+        slice, for :meth:`discard`."""
+        at = math.ceil((self._loop.time() + seconds) / DEADLINE_SLICE)
+        members = self._slices.get(at)
+        if members is None:
+            members = self._slices[at] = set()
+            self._loop.call_at(at * DEADLINE_SLICE, self._expire, at)
+        members.add(pending)
+        return at
+
+    def discard(self, pending: Pending, at: int) -> None:
+        members = self._slices.get(at)
+        if members is not None:
+            members.discard(pending)
+
+    def __len__(self) -> int:
+        """Submits waiting for their deadline."""
+        return sum(len(members) for members in self._slices.values())
+
+    def _expire(self, at: int) -> None:
+        for pending in self._slices.pop(at, ()):
+            pending.expire()
 
 
 def closed_while_waiting(pending: Pending, *, sent: bool) -> KeyserialError:
