@@ -686,6 +686,19 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "push-fields-counted-loosely",
+        "G3.8",
+        "step.lua confirms a pushed entry whose stream copy holds a prefix of the pushed fields",
+        (
+            Edit(
+                _STEP,
+                "local same = entry[1] == taken[i][1] and #fields == taken[i][2]",
+                "local same = entry[1] == taken[i][1]",
+            ),
+        ),
+        (_PUSH + "test_a_push_that_adds_a_field_to_a_real_entry_is_never_committed" + _STANDALONE,),
+    ),
+    Mutant(
         "message-taken-as-is",
         "G5.12",
         "a worker takes a grant or decision message from Redis as it is, not from its record",

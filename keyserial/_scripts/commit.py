@@ -49,7 +49,8 @@ class StepArgs(ScriptArgs):
     #: does (a takeover then counts every entry in the stream as fetched).
     takes_pushes: bool = False
     #: The entries taken in from pushes since the last step, to confirm in the stream before
-    #: anything is committed (``Wakeups.to_confirm``), or ''.
+    #: anything is committed (``Wakeups.to_confirm``; their fields and values follow ARGV), or
+    #: ''.
     pushed: str = ""
     #: The op ids to look up in the layouts before a reshard (set by :func:`step`).
     earlier: str = ""
@@ -93,13 +94,15 @@ def step(
     args: StepArgs,
     others: Sequence[ShardKeys] = (),
     earlier: Sequence[tuple[ShardKeys, Sequence[str]]] = (),
+    pushed_fields: Sequence[bytes] = (),
 ) -> ScriptCall[StepReply]:
     """Commit what finished, then fetch the next entries (fenced by ``args.epoch``; refused with
     ``PushUnconfirmed`` if a pushed entry is not in the stream as pushed, with ``Replayed`` if
     an outcome it stores is stored already). ``others``: the shards whose writes the commit's
     ``"o"`` carries, in its order (see step.lua), each fenced by the epoch it names there.
     ``earlier``: shards of layouts before a reshard, each with the op ids of the commit homed
-    there; ``Replayed`` too if one has an outcome there (both on a standalone server only)."""
+    there; ``Replayed`` too if one has an outcome there (both on a standalone server only).
+    ``pushed_fields``: the fields and values of the entries ``args.pushed`` names, in order."""
     k = shard
     keys = [
         k.epoch,
@@ -123,4 +126,7 @@ def step(
             checks.append([len(keys) + 1, op_ids])  # (Lua counts KEYS from 1)
             keys += [there.results, there.results_old]
         args.earlier = dumps(checks)
-    return args.call(keys, _step_reply)
+    call = args.call(keys, _step_reply)
+    if pushed_fields:
+        call.args = [*call.args, *pushed_fields]
+    return call

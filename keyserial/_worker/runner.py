@@ -419,6 +419,7 @@ class ShardRunner:
         pushed_to = self._wakeups.pushed_to
         others = [other for commit in across for other in commit.writes]
         commit = self._commits.plan(batch, dead, writes, records, others, pushed=bool(pushed_to))
+        pushed, pushed_fields = self._wakeups.to_confirm()
         call = step(
             self.keys,
             StepArgs(
@@ -435,10 +436,11 @@ class ShardRunner:
                 states_held=self.states.complete,
                 pushed_to=pushed_to,
                 takes_pushes=record,
-                pushed=self._wakeups.to_confirm(),
+                pushed=pushed,
             ),
             commit.others,
             self._earlier.to_check(batch, self._running),
+            pushed_fields,
         )
         self._wakeups.sending(want)
         began = time.monotonic()  # (metrics)

@@ -6,7 +6,8 @@ plain wake-up announces an entry, and at its poll. One per runner; only its step
 
 A push is a hint: anyone who may publish on the wake channel could have sent it. The owner runs
 a pushed entry at once, but the next step first confirms, in the script, that the stream holds
-exactly the pushed entries after the cursor, each with the pushed fields; it commits nothing
+exactly the pushed entries after the cursor, each with the pushed fields (sent with the step and
+compared whole: a Lua string comparison costs less than hashing them there); it commits nothing
 otherwise (``UNCONFIRMED``), and the owner gives the shard up to start again from what Redis has.
 So no progress, horizon or result ever passes an entry that Redis does not hold as it ran.
 
@@ -17,7 +18,6 @@ the owner before any step of its records the entry still takes its strike.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -44,8 +44,8 @@ class Wakeups:
     recorded: bool = False
     #: The cursor before the first entry taken in from a push since the last step.
     _taken_after: str = ""
-    #: The entries taken in from pushes since the last step: (entry id, digest of its fields).
-    _taken: list[tuple[str, str]] = field(default_factory=list)
+    #: The entries taken in from pushes since the last step: (entry id, its fields).
+    _taken: list[tuple[str, Mapping[bytes, bytes]]] = field(default_factory=list)
 
     def push(self, pushed: Push) -> None:
         """Keep a push for :meth:`take` (past :data:`MAX_WAITING`, fetch instead)."""
@@ -77,7 +77,7 @@ class Wakeups:
             entries.append((pushed.entry_id, dict(pushed.fields)))
             if not self._taken:
                 self._taken_after = cursor
-            self._taken.append((pushed.entry_id, digest(pushed.fields)))
+            self._taken.append((pushed.entry_id, pushed.fields))
             cursor, at = pushed.entry_id, entry_id
         if not entries:
             return None
@@ -89,10 +89,19 @@ class Wakeups:
         horizon to it)."""
         return self._taken[-1][0] if self._taken else ""
 
-    def to_confirm(self) -> str:
-        """What the next step confirms before it commits (``StepArgs.pushed``): JSON
-        ``[cursor before them, [[entry id, digest], ...]]``, or '' if no push was taken in."""
-        return dumps([self._taken_after, self._taken]) if self._taken else ""
+    def to_confirm(self) -> tuple[str, list[bytes]]:
+        """What the next step confirms before it commits: ``StepArgs.pushed``, JSON
+        ``[cursor before them, [[entry id, number of fields and values], ...]]`` ('' if no push
+        was taken in), and the fields and values of those entries, in order."""
+        if not self._taken:
+            return "", []
+        values: list[bytes] = []
+        counts = []
+        for entry_id, fields in self._taken:
+            for name, value in fields.items():
+                values += (name, value)
+            counts.append([entry_id, 2 * len(fields)])
+        return dumps([self._taken_after, counts]), values
 
     def fetch_size(self, want: int, replaying: bool) -> int:
         """How many entries the next step fetches: ``want`` while replaying, or when entries may
@@ -116,12 +125,3 @@ class Wakeups:
         self.recorded |= recorded
         if fetch and fetched >= fetch:
             self.must_fetch = True
-
-
-def digest(fields: Mapping[bytes, bytes]) -> str:
-    """SHA-1 (hex) of an entry's fields and values in order, each as ``<length>:<bytes>``: what
-    ``step.lua`` computes of the entry the stream holds."""
-    sha = hashlib.sha1(usedforsecurity=False)
-    for name, value in fields.items():
-        sha.update(b"%d:%s%d:%s" % (len(name), name, len(value), value))
-    return sha.hexdigest()

@@ -280,6 +280,29 @@ async def test_a_push_with_the_fields_of_a_real_entry_changed_is_never_committed
         assert await stored(client, namespace, 0, "swapped") is None
 
 
+async def test_a_push_that_adds_a_field_to_a_real_entry_is_never_committed(
+    redis_url: str, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """A push of a real entry that was not appended fresh (a resubmit's, whose outcome must be
+    looked up) claims it is: the pushed fields are the entry's and one more. The step compares
+    every field and their number, so it refuses, the owner starts again from the stream, and
+    the op runs once, from the entry as Redis holds it."""
+    keys = ShardKeys(namespace, 0)
+    async with (
+        running_worker(redis_url, namespace, shards="0", shard_count=1, idle_poll=60),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
+        assert await ks.submit("k", deposit(1)) == 1
+        epoch = int(await client.get(keys.epoch) or 0)
+        cursor = (await client.get(keys.horizon) or b"").decode()
+        ops = json.dumps([envelope("plain", "k", "deposit", 10)])
+        real = await client.xadd(keys.stream, {"v": "1", "ops": ops})  # (not fresh)
+        await client.publish(keys.wake_channel, f"push {cursor} {real.decode()} 1\n{ops}")
+        assert await ks.submit("k", deposit(100), timeout=30) == 111
+        assert await stored(client, namespace, 0, "plain") == {"ok": 11}
+        assert int(await client.get(keys.epoch) or 0) > epoch, "the push was confirmed"
+
+
 async def test_an_entry_appended_without_a_wake_up_is_never_skipped_by_a_push(
     redis_url: str, client: redis.asyncio.Redis, namespace: str
 ) -> None:

@@ -318,8 +318,9 @@ async def test_an_op_appended_ahead_under_a_callers_op_id_never_answers_the_call
     """The attacker guesses an op id a caller chooses (an order number) and appends its own op
     under it first, and two ops under another id in one entry. The caller's submit is refused
     with MalformedOperation (its id belongs to another op), never answered with the attacker's
-    outcome as if its own op had applied, nor is its lookup of the id with its op; of two ops under one id, the second is refused while
-    the first runs (its reply says so), never joined to it."""
+    outcome as if its own op had applied, nor is its lookup of the id with its op; of two ops
+    under one id, the second is refused while the first runs (its reply says so), never joined
+    to it."""
     key = keys_on_shard(0, SHARDS, 1, "acct")[0]
     attacker = redis.asyncio.Redis.from_url(users.client_url)
     own_channel = f"ks:attacker:{uuid.uuid4().hex}"

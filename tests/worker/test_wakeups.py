@@ -114,10 +114,13 @@ def test_the_next_step_confirms_every_entry_taken_from_pushes_since_the_last() -
     wakeups.push(pushed("1-0", "2-0"))
     wakeups.push(pushed("2-0", "3-0"))
     assert taken(wakeups, "1-0") == ["2-0", "3-0"]
-    after, entries = json.loads(wakeups.to_confirm())
-    assert after == "1-0" and [entry_id for entry_id, _ in entries] == ["2-0", "3-0"]
+    confirm, values = wakeups.to_confirm()
+    after, entries = json.loads(confirm)
+    assert after == "1-0" and entries == [["2-0", 6], ["3-0", 6]]
+    assert values[:6] == [b"v", b"1", b"ops", values[3], b"fresh", b"1"]
+    assert json.loads(values[3])[0]["id"] == "op-2-0" and json.loads(values[9])[0]["id"] == "op-3-0"
     wakeups.stepped(fetch=0, fetched=0, recorded=False)
-    assert wakeups.to_confirm() == ""
+    assert wakeups.to_confirm() == ("", [])
 
 
 def test_an_op_that_wrote_nothing_keeps_its_keys_uncommitted_until_a_step_took_it() -> None:

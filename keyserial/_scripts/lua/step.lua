@@ -60,10 +60,11 @@
 -- ARGV[14] '1': this owner takes pushed entries from now on, so KEYS[10] records its epoch (a
 --          takeover then counts every entry in the stream as one it may have run)
 -- ARGV[15] the entries the owner took in from pushes since its last step, JSON
---          [cursor before them, [[entry id, digest], ...]], or '' (none; optional). A push is a
---          hint anyone allowed to publish may forge: the stream must hold exactly these entries
---          after that cursor, each with fields whose digest matches (SHA-1 of each field and
---          value in order, as '<length>:<bytes>'), or nothing is written.
+--          [cursor before them, [[entry id, number of fields and values], ...]], or '' (none;
+--          optional); their fields and values, in order, are the ARGV after ARGV[16]. A push is
+--          a hint anyone allowed to publish may forge: the stream must hold exactly these
+--          entries after that cursor, each with exactly these fields and values (compared as
+--          they are: Lua strings are compared whole), or nothing is written.
 -- ARGV[16] the op ids whose outcomes this commit records ("r" and "u") to look up in the
 --          layouts before a reshard, JSON [[i, [op id, ...]], ...]: KEYS[i] and KEYS[i + 1]
 --          are the results hashes (current and previous generation) of one earlier layout's
@@ -112,23 +113,26 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then
 end
 
 -- Confirm the pushed entries before anything that ran them commits.
-local function digest(fields)
-  local parts = {}
-  for i, part in ipairs(fields) do
-    parts[i] = #part .. ':' .. part
-  end
-  return redis.sha1hex(table.concat(parts))
-end
 local function unconfirmed(pushed)
   local taken = pushed[2]
   local held = xrange_after(KEYS[4], pushed[1], taken[#taken][1], #taken + 1)
   if #held ~= #taken then
     return 'the stream holds ' .. #held .. ' entries where ' .. #taken .. ' came pushed'
   end
+  local at = 17  -- (the pushed fields and values follow ARGV[16])
   for i, entry in ipairs(held) do
-    if entry[1] ~= taken[i][1] or digest(entry[2]) ~= taken[i][2] then
+    local fields = entry[2]
+    local same = entry[1] == taken[i][1] and #fields == taken[i][2]
+    for j = 1, same and #fields or 0 do
+      if fields[j] ~= ARGV[at + j - 1] then
+        same = false
+        break
+      end
+    end
+    if not same then
       return 'entry ' .. taken[i][1] .. ' is not in the stream as pushed'
     end
+    at = at + #fields
   end
   return nil
 end
