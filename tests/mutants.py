@@ -919,6 +919,55 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "result-ignores-the-op",
+        "G3.11",
+        "result(op_id, key=..., op=...) returns whatever outcome is stored under the id",
+        (
+            Edit(
+                "keyserial/_client/asyncio_client.py",
+                "        if bound_to is not None:\n            outcome = own_outcome(",
+                "        if False:\n            outcome = own_outcome(",
+            ),
+        ),
+        (
+            "tests/client/test_submit.py::"
+            "test_result_given_the_op_checks_a_multi_key_op_s_binding_too" + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "submit-times-out-early",
+        "G7.11",
+        "a submit's deadline is rounded down to its slice, so it may time out before its timeout",
+        (
+            Edit(
+                "keyserial/_client/pending.py",
+                "at = math.ceil((self._loop.time() + seconds) / DEADLINE_SLICE)",
+                "at = math.floor((self._loop.time() + seconds) / DEADLINE_SLICE)",
+            ),
+        ),
+        (
+            "tests/client/test_deadlines.py::"
+            "test_a_deadline_never_fires_early_and_a_discarded_one_never_fires",
+        ),
+    ),
+    Mutant(
+        "ops-per-second-since-any-viewer",
+        "G8.5",
+        "a shard's ops/s is taken since the last snapshot, however little time ago",
+        (
+            Edit(
+                "keyserial/_operator/status.py",
+                "        while len(self._kept) > 1 and at - self._kept[1][0].time_ms"
+                " >= RATE_WINDOW_MS:",
+                "        while len(self._kept) > 1:",
+            ),
+        ),
+        (
+            "tests/operator/test_status.py::"
+            "test_ops_per_second_is_taken_over_at_least_a_second_whoever_asked_last",
+        ),
+    ),
+    Mutant(
         "service-ignored",
         "G8.13",
         "a client's reply channel leaves its service out",
