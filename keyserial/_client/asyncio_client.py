@@ -16,7 +16,7 @@ import math
 import os
 import uuid
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from functools import partial
 from typing import Any, TypeVar
 
@@ -157,7 +157,7 @@ class AsyncioClient(Client):
             raise pending.outcome
         return pending.op_id  # (appended; or answered already, which it could only be if so)
 
-    async def _settled(
+    def _settled(
         self,
         keys: Keys,
         call: Call[Any],
@@ -165,9 +165,10 @@ class AsyncioClient(Client):
         op_id: str | None,
         *,
         appended_only: bool,
-    ) -> Pending:
+    ) -> Coroutine[Any, Any, Pending]:
         """Queue the op for the appender and wait until its pending submit is settled: with
-        its outcome, or (``appended_only``) as soon as it is appended.
+        its outcome, or (``appended_only``) as soon as it is appended. (Not a coroutine itself:
+        it hands back the one to await, which spares each submit a coroutine's two calls.)
 
         :raises SubmitTimeout: if it is not settled within ``timeout`` seconds.
         """
@@ -175,7 +176,19 @@ class AsyncioClient(Client):
         op_id = op_id or next(self._op_ids)
         traced = tracer()
         if traced is None:  # (the common case: no span, and no context manager either)
-            return await self._traced(keys, call, timeout, op_id, fresh, None, appended_only)
+            return self._traced(keys, call, timeout, op_id, fresh, None, appended_only)
+        return self._in_span(traced, keys, call, timeout, op_id, fresh, appended_only)
+
+    async def _in_span(
+        self,
+        traced: Any,
+        keys: Keys,
+        call: Call[Any],
+        timeout: float,
+        op_id: str,
+        fresh: bool,
+        appended_only: bool,
+    ) -> Pending:
         with submitting(traced, call.name, keys, op_id) as trace:
             return await self._traced(keys, call, timeout, op_id, fresh, trace, appended_only)
 
