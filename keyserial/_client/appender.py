@@ -8,7 +8,6 @@ land in submit order.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -158,10 +157,16 @@ class Appender:
 
 def _pack(batch: list[Pending]) -> Iterator[tuple[ShardKeys, list[Pending]]]:
     """Group a batch by shard, in submit order, into entries of bounded size."""
-    by_shard: dict[ShardKeys, list[Pending]] = defaultdict(list)
+    # (By the shard's hash tag, which names it as its keys do: a string's hash is kept, where
+    # the dataclass's is computed in Python at every lookup.)
+    by_shard: dict[str, tuple[ShardKeys, list[Pending]]] = {}
     for pending in batch:
-        by_shard[pending.shard].append(pending)
-    for shard, group in by_shard.items():
+        shard = pending.shard
+        if (found := by_shard.get(shard.tag)) is None:
+            by_shard[shard.tag] = (shard, [pending])
+        else:
+            found[1].append(pending)
+    for shard, group in by_shard.values():
         entry: list[Pending] = []
         size = 0
         for pending in group:
