@@ -140,7 +140,7 @@ def _fields(op_ids: Sequence[str]) -> list[str]:
 
 
 def _outcome_for(pending: Pending, stored: bytes | None, answered: bytes | None) -> Outcome | None:
-    """The outcome the records give ``pending``: the stored one (see :func:`_own`), else the
+    """The outcome the records give ``pending``: the stored one (see :func:`own_outcome`), else the
     answer recorded for the very entry it appended (a refusal of an op no worker knew: a
     resubmit waits for its own); or None."""
     if stored is not None:
