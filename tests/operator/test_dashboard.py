@@ -105,14 +105,19 @@ def on_page(check: Callable[[], Any]) -> Callable[[], Awaitable[Any]]:
     return in_a_thread
 
 
+#: The cells' text of a table's body rows, read in the page in one call: cell by cell, each a
+#: round trip to the browser, a loaded machine took longer than the page's one-second refresh,
+#: and every read met a row the refresh had replaced.
+_ROWS = """
+return Array.from(document.querySelectorAll(arguments[0]), (row) =>
+  Array.from(row.querySelectorAll("td"), (cell) => cell.innerText.trim()));
+"""
+
+
 def rows(driver: Any, table: str) -> list[list[str]]:
     """The cells' text of a table's body rows."""
-    from selenium.webdriver.common.by import By
-
-    return [
-        [cell.text for cell in row.find_elements(By.TAG_NAME, "td")]
-        for row in driver.find_elements(By.CSS_SELECTOR, f"#{table} tbody tr")
-    ]
+    found: list[list[str]] = driver.execute_script(_ROWS, f"#{table} tbody tr")
+    return found
 
 
 def click_in_row(driver: Any, table: str, row_text: str, label: str) -> bool:
