@@ -183,7 +183,6 @@ class ShardRunner:
                     mailbox=mailbox,
                     settings=settings,
                     layout=layout,
-                    fenced=self.fenced,
                     finish=self.finish,
                     commit_record=self.commit_record,
                     record_with_step=self.record_with_step,

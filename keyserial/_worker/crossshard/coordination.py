@@ -6,7 +6,7 @@ protocol itself is described in docs/multi-key.md.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -17,24 +17,10 @@ from ..._wire.layout import Layout
 from ..._wire.signing import ReplySigner
 from ..commits import AcrossCommit, Record
 from ..execution import Run
-from ..writes import Replies, WriteChain
+from ..writes import Replies
 from .mailbox import HomeShard, Mailbox
 
 R = TypeVar("R")
-
-
-class RunFenced(Protocol):
-    """The runner's way to run a script fenced by its epoch (``LeaseLost`` when refused)."""
-
-    async def __call__(
-        self,
-        call: ScriptCall[R],
-        *,
-        replies: Replies | None = None,
-        durably: bool = False,
-        also: Sequence[WriteChain] = (),
-        builds: bool = True,
-    ) -> R: ...
 
 
 class PipelinedCalls(Protocol):
@@ -79,7 +65,6 @@ class RunnerServices:
     mailbox: Mailbox
     settings: Settings
     layout: Layout
-    fenced: RunFenced
     finish: Finish
     #: Commits a grant or a decision with the runner's next step (``ShardRunner.commit_record``).
     commit_record: Callable[[Record], Awaitable[None]]
