@@ -17,10 +17,22 @@ _ENV_PREFIX = "KEYSERIAL_"
 METRICS_PORT_VARIABLE = "KEYSERIAL_METRICS_PORT"
 #: A worker process's event loop (cli.py): not a setting, a client runs on its caller's loop.
 EVENT_LOOP_VARIABLE = "KEYSERIAL_EVENT_LOOP"
+#: The port ``keyserial dev`` serves on unless told otherwise.
+DEV_PORT = 6390
+#: Where a client or command given no URL, and no ``KEYSERIAL_REDIS_URL``, connects: the server
+#: ``keyserial dev`` starts, never a Redis on the standard port that may be someone else's
+#: (docs/deployment.md#the-default-server).
+DEFAULT_URL = f"redis://127.0.0.1:{DEV_PORT}/0"
+URL_VARIABLE = "KEYSERIAL_REDIS_URL"
 #: Environment variables read elsewhere, not settings.
 _ENV_NOT_SETTINGS = frozenset(
-    {"KEYSERIAL_REDIS_SERVER", "KEYSERIAL_REDIS_URL", METRICS_PORT_VARIABLE, EVENT_LOOP_VARIABLE}
+    {"KEYSERIAL_REDIS_SERVER", URL_VARIABLE, METRICS_PORT_VARIABLE, EVENT_LOOP_VARIABLE}
 )
+
+
+def default_url() -> str:
+    """``KEYSERIAL_REDIS_URL`` (unless empty), else :data:`DEFAULT_URL`, ``keyserial dev``'s."""
+    return os.environ.get(URL_VARIABLE) or DEFAULT_URL
 
 
 @dataclass(frozen=True, slots=True)

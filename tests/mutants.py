@@ -1964,7 +1964,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "with no URL given, clients and commands go to redis://127.0.0.1:6379/0 again",
         (
             Edit(
-                "keyserial/_client/connect.py",
+                "keyserial/_settings.py",
                 'DEFAULT_URL = f"redis://127.0.0.1:{DEV_PORT}/0"\n',
                 'DEFAULT_URL = "redis://127.0.0.1:6379/0"\n',
             ),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -12,7 +11,7 @@ import sniffio
 
 from .._backend.backend import AnyRedis, Backend
 from .._backend.durability import check_durability
-from .._settings import Settings
+from .._settings import Settings, default_url
 from .._wire.resharding import LayoutRecord
 from ..errors import ShardCountMismatch
 from .api import Client
@@ -20,19 +19,6 @@ from .asyncio_client import AsyncioClient
 from .foreign import ForeignLoopClient
 
 log = logging.getLogger("keyserial.client")
-
-#: The port ``keyserial dev`` serves on unless told otherwise.
-DEV_PORT = 6390
-#: Where a client or command given no URL, and no ``KEYSERIAL_REDIS_URL``, connects: the server
-#: ``keyserial dev`` starts, never a Redis on the standard port that may be someone else's
-#: (docs/deployment.md#the-default-server).
-DEFAULT_URL = f"redis://127.0.0.1:{DEV_PORT}/0"
-URL_VARIABLE = "KEYSERIAL_REDIS_URL"
-
-
-def default_url() -> str:
-    """``KEYSERIAL_REDIS_URL`` (unless empty), else :data:`DEFAULT_URL`, ``keyserial dev``'s."""
-    return os.environ.get(URL_VARIABLE) or DEFAULT_URL
 
 
 @asynccontextmanager

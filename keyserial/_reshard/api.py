@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from .._backend.backend import AnyRedis, Backend
-from .._client.connect import default_url
-from .._settings import Settings
+from .._settings import Settings, default_url
 from .mover import Resharded, move_namespace
 
 

@@ -13,8 +13,7 @@ from typing import TypeAlias, TypeVar
 import anyio
 
 from .._backend.backend import Backend
-from .._client.connect import DEFAULT_URL, URL_VARIABLE
-from .._settings import Settings
+from .._settings import DEFAULT_URL, URL_VARIABLE, Settings
 
 T = TypeVar("T")
 

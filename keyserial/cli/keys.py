@@ -21,9 +21,10 @@ import anyio
 
 from .._backend.backend import Backend
 from .._client.api import Client
-from .._client.connect import connect, default_url
+from .._client.connect import connect
 from .._operator.pauses import list_paused, pause
 from .._ops import call as named_call
+from .._settings import default_url
 from ..errors import OperationFailed, ResultNotFound, SubmitTimeout
 from .arguments import Subcommands, connection_options, run_connected, seconds
 

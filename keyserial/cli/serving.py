@@ -14,8 +14,14 @@ from typing import Any
 import anyio
 
 from .._backend.transport import check_url
-from .._client.connect import DEFAULT_URL, DEV_PORT, URL_VARIABLE
-from .._settings import EVENT_LOOP_VARIABLE, METRICS_PORT_VARIABLE, Settings
+from .._settings import (
+    DEFAULT_URL,
+    DEV_PORT,
+    EVENT_LOOP_VARIABLE,
+    METRICS_PORT_VARIABLE,
+    URL_VARIABLE,
+    Settings,
+)
 from .._worker.worker import Worker
 from ..errors import ConfigError, redact
 from .arguments import Subcommands, chosen_server, port, positive, seconds

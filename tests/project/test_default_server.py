@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 import keyserial
-from keyserial._client.connect import DEFAULT_URL, default_url
+from keyserial._settings import DEFAULT_URL, default_url
 from keyserial.cli import build_parser
 from keyserial.ledger import deposit
 from keyserial.testing import LocalServer, free_port, running_worker
