@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import anyio
@@ -30,11 +32,18 @@ from tests import apps
 from tests.helpers import eventually, free_closed_port
 
 
-async def test_ledger_ops_return_values_and_commit_state(redis_url: str, namespace: str) -> None:
+@asynccontextmanager
+async def _served(url: str, namespace: str) -> AsyncIterator[keyserial.Client]:
+    """A client of a four-shard namespace, and a worker serving every shard."""
     async with (
-        running_worker(redis_url, namespace, shard_count=4),
-        keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
+        running_worker(url, namespace, shard_count=4),
+        keyserial.connect(url, shards=4, namespace=namespace) as ks,
     ):
+        yield ks
+
+
+async def test_ledger_ops_return_values_and_commit_state(redis_url: str, namespace: str) -> None:
+    async with _served(redis_url, namespace) as ks:
         assert await ks.submit("account:5", call("deposit", 100)) == 100
         assert await ks.submit("account:5", withdraw(30)) == 70
         assert await ks.submit("account:5", balance()) == 70
@@ -45,10 +54,7 @@ async def test_ledger_ops_return_values_and_commit_state(redis_url: str, namespa
 async def test_insufficient_funds_is_raised_as_such_and_leaves_the_balance(
     redis_url: str, namespace: str
 ) -> None:
-    async with (
-        running_worker(redis_url, namespace, shard_count=4),
-        keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
-    ):
+    async with _served(redis_url, namespace) as ks:
         await ks.submit("account:1", deposit(10))
         with pytest.raises(InsufficientFunds) as caught:
             await ks.submit("account:1", withdraw(25))
@@ -97,10 +103,7 @@ async def test_app_ops_run_through_their_op_function(redis_url: str, namespace: 
 async def test_a_resubmitted_op_id_returns_the_stored_result_and_never_runs_twice(
     redis_url: str, namespace: str
 ) -> None:
-    async with (
-        running_worker(redis_url, namespace, shard_count=4),
-        keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
-    ):
+    async with _served(redis_url, namespace) as ks:
         # (A bounded wait: an op run twice breaks the owner's write chain, and a mutant that
         # does so dies here, not at the default timeout.)
         first = await ks.submit("account:9", deposit(40), op_id="pay-1", timeout=10)
@@ -127,10 +130,7 @@ async def test_an_op_id_names_one_op_and_a_resubmit_of_another_op_under_it_is_re
     is stored (``ks.result`` takes the key too): a resubmit of the same op
     returns the stored outcome, and another op under that id is refused with
     MalformedOperation, never answered with the first op's outcome and never run."""
-    async with (
-        running_worker(redis_url, namespace, shard_count=4),
-        keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
-    ):
+    async with _served(redis_url, namespace) as ks:
         neighbour = next(
             key
             for n in range(100)
@@ -159,10 +159,7 @@ async def test_result_given_the_op_checks_a_multi_key_op_s_binding_too(
     redis_url: str, namespace: str
 ) -> None:
     """A multi-key op is bound to its keys in their order, its name and its arguments."""
-    async with (
-        running_worker(redis_url, namespace, shard_count=4),
-        keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
-    ):
+    async with _served(redis_url, namespace) as ks:
         await ks.submit("account:1", deposit(10))
         keys = ["account:1", "account:2"]
         moved = await ks.submit_many(keys, transfer(3), op_id="move-1")
@@ -178,10 +175,7 @@ async def test_result_given_the_op_checks_a_multi_key_op_s_binding_too(
 
 
 async def test_a_failed_op_is_also_stored_under_its_op_id(redis_url: str, namespace: str) -> None:
-    async with (
-        running_worker(redis_url, namespace, shard_count=4),
-        keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
-    ):
+    async with _served(redis_url, namespace) as ks:
         with pytest.raises(InsufficientFunds):
             await ks.submit("account:2", withdraw(5), op_id="w-1")
         await ks.submit("account:2", deposit(100))

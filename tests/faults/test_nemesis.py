@@ -19,14 +19,16 @@ import pytest
 import redis.asyncio
 import redis.exceptions
 
-from keyserial.testing import LocalServer, ShardKeys, free_port
+import keyserial
+from keyserial.testing import LocalServer, ShardKeys, free_port, running_worker
+from tests import apps
 from tests.nemesis.checkers import (
     Observed,
     check_appended_were_applied,
     check_epochs,
     check_refusals,
 )
-from tests.nemesis.runner import lost_by_failovers, run_seed
+from tests.nemesis.runner import _stored, lost_by_failovers, run_seed
 from tests.nemesis.schedule import PROFILES, make_plan
 from tests.nemesis.seeds import (
     CI_HOSTILE_REGRESSIONS,
@@ -235,6 +237,23 @@ async def test_outcomes_are_polled_once_the_tap_has_read_every_entry(
             group.cancel_scope.cancel()
     finally:
         await direct.aclose()
+
+
+async def test_the_resolver_reads_an_id_taken_by_another_op_as_refused(
+    redis_url: str, namespace: str
+) -> None:
+    """An op of the load whose caller learned nothing is resolved from the outcome stored under
+    its id only if that outcome is its own: one another op stored there (an id taken ahead, as
+    reshard seed 13401 most likely saw) reads as refused, never as the load op applied."""
+    async with (
+        running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]),
+        keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+    ):
+        await ks.submit("lst:1", apps.append("earlier"))
+        await ks.submit("lst:1", apps.peek(), op_id="victim-1")  # (the other op, ahead)
+        assert await _stored(ks, "victim-1", "lst:1", apps.peek()) == ("ok", ["earlier"])
+        status, error = await _stored(ks, "victim-1", "lst:1", apps.append("victim-1")) or ("", "")
+        assert status == "error" and "belongs to another op" in error
 
 
 async def test_the_tap_gives_a_read_up_at_once_when_redis_does_not_answer() -> None:
