@@ -144,7 +144,7 @@ class MultiContext:
     def states(self) -> dict[str, Any]:
         if self._states is None:
             self._states = _OwnStates(
-                (key, None if raw is None else loads(raw)) for key, raw in self._encoded.items()
+                {key: None if raw is None else loads(raw) for key, raw in self._encoded.items()}
             )
         return self._states
 

@@ -74,12 +74,13 @@ def transfer(ctx: MultiContext, amount: int) -> dict[str, int]:
         raise ValueError(f"transfer takes two keys (source, target), not {list(ctx.keys)!r}")
     source, target = ctx.keys
     amount = _amount(amount)
-    available = _as_balance(source, ctx.states[source])
+    states = ctx.states
+    available = _as_balance(source, states[source])
     if available < amount:
         raise InsufficientFunds(balance=available, amount=amount, key=source, op_id=ctx.op_id)
-    ctx.states[source] = available - amount
-    ctx.states[target] = _as_balance(target, ctx.states[target]) + amount
-    return {source: ctx.states[source], target: ctx.states[target]}
+    states[source] = available - amount
+    states[target] = _as_balance(target, states[target]) + amount
+    return {source: states[source], target: states[target]}
 
 
 LEDGER_OPS: tuple[Op[..., Any], ...] = (deposit, withdraw, balance, transfer)

@@ -35,7 +35,7 @@ def route(envelope: Envelope, shard_count: int) -> tuple[int, ...]:
     cross-shard op at several steps of its way (the misroute check, its barrier, its split,
     its writes)."""
     if not envelope.shards:
-        envelope.shards = tuple(shard_for(key, shard_count) for key in envelope.keys)
+        envelope.shards = tuple([shard_for(key, shard_count) for key in envelope.keys])
     return envelope.shards
 
 

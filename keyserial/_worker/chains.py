@@ -88,7 +88,7 @@ class Chains:
         keys = envelope.keys if local is None else local
         chains = self._chains
         if local is None and (
-            keys[0] not in chains if len(keys) == 1 else not any(key in chains for key in keys)
+            keys[0] not in chains if len(keys) == 1 else chains.keys().isdisjoint(keys)
         ):
             definition = self._executor.definition(envelope)
             if definition is None or not definition.awaited:
@@ -105,7 +105,7 @@ class Chains:
 
     def try_hold(self, keys: tuple[str, ...]) -> Hold | None:
         """Hold ``keys`` now if nothing is queued on them (no task needed), else None."""
-        if self._tasks is None or any(key in self._chains for key in keys):
+        if self._tasks is None or not self._chains.keys().isdisjoint(keys):
             return None
         item = Hold(keys)
         for key in keys:
@@ -119,7 +119,7 @@ class Chains:
         if self._tasks is None:  # the runner has stopped
             item.abandoned = True
             return item
-        if not any(key in self._chains for key in keys):
+        if self._chains.keys().isdisjoint(keys):
             # Free keys: held at once, and no chain task until something queues behind it.
             for key in keys:
                 self._chains[key] = deque([item])

@@ -80,12 +80,12 @@ class Coordinator:
         if others is None:  # (some shard is another worker's, or a cluster's)
             return self._ask_now(run, definition, local, by_shard)
         holds = _try_hold_all(
-            [(home, local), *((other, by_shard[other.shard]) for other in others)]
+            [(home, local), *[(other, by_shard[other.shard]) for other in others]]
         )
         if holds is None:
             return False
         states = {key: owner.cached_state(key) for owner, hold in holds for key in hold.keys}
-        fences = _fences((owner, hold.keys) for owner, hold in holds[1:])
+        fences = _fences([(owner, hold.keys) for owner, hold in holds[1:]])
         evaluated = home.executor.evaluate_now(envelope, states, fences, definition)
 
         def landed(_: bool) -> None:

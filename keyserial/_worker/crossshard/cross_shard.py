@@ -35,9 +35,11 @@ class CrossShard:
             return None
         here = self._services.home.shard
         shards = route(envelope, self._services.shard_count)
-        if all(shard == here for shard in shards):
+        if shards.count(here) == len(shards):
             return None
-        return tuple(key for key, shard in zip(envelope.keys, shards, strict=True) if shard == here)
+        return tuple(
+            [key for key, shard in zip(envelope.keys, shards, strict=True) if shard == here]
+        )
 
     def start_now(self, run: Run) -> bool:
         """Take the op (or the grant request) with no task, if it can: see
