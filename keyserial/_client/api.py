@@ -15,7 +15,7 @@ from .._settings import Settings
 from .._wire.codec import call_binding
 from .._wire.json_text import encodes
 from .._wire.layout import Layout
-from .._wire.routing import home_shard, shard_for
+from .._wire.routing import shard_for
 from .metrics import CLIENT_METRICS
 
 R = TypeVar("R")
@@ -135,7 +135,7 @@ class Client(abc.ABC):
 
         Raises as :meth:`submit` does.
         """
-        self._home(keys)  # (checks them)
+        check_keys(keys)
         return await self._checked_submit(tuple(keys), call, timeout, op_id)
 
     async def transfer(
@@ -182,7 +182,7 @@ class Client(abc.ABC):
         if isinstance(key, str):
             check_key(key)
         else:
-            self._home(key)  # (checks them)
+            check_keys(key)
         bound_to = None
         if op is not None:
             check_call(op)
@@ -236,17 +236,6 @@ class Client(abc.ABC):
             check_op_id(op_id, submitted=True)
         return seconds
 
-    def _home(self, keys: Sequence[str]) -> int:
-        """The shard a multi-key op is appended to: the lowest of its keys' shards."""
-        if not isinstance(keys, (list, tuple)) or not keys:
-            # (Not a set: the op sees its keys in the order given.)
-            raise TypeError(f"keys must be a list of non-empty strings, not {keys!r}")
-        for key in keys:
-            check_key(key)
-        if len(set(keys)) != len(keys):
-            raise ValueError(f"keys must be distinct: {list(keys)!r}")
-        return home_shard(keys, self.shard_count)
-
     def _timeout(self, timeout: float | None) -> float:
         """``timeout``, checked before anything is sent, or the ``submit_timeout`` setting."""
         if timeout is None:
@@ -270,6 +259,17 @@ def check_call(call: object) -> None:
         raise TypeError(f"expected a keyserial Call (op(...) or keyserial.call(...)), not {call!r}")
     if call.name.startswith(RESERVED_PREFIX):
         raise ValueError(f"op {call.name!r} is keyserial's own; it cannot be submitted")
+
+
+def check_keys(keys: object) -> None:
+    """A multi-key op's keys: a list or tuple (not a set: the op sees its keys in the order
+    given) of distinct keys."""
+    if not isinstance(keys, (list, tuple)) or not keys:
+        raise TypeError(f"keys must be a list of non-empty strings, not {keys!r}")
+    for key in keys:
+        check_key(key)
+    if len(set(keys)) != len(keys):
+        raise ValueError(f"keys must be distinct: {list(keys)!r}")
 
 
 def check_key(key: object) -> None:
