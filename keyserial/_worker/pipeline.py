@@ -31,6 +31,7 @@ import logging
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any, TypeVar
 
 from .._backend import durability as _durability
@@ -49,6 +50,9 @@ log = logging.getLogger("keyserial.worker")
 
 
 R = TypeVar("R")
+
+
+_broken = attrgetter("broken")
 
 
 def _ignore(calls: int) -> None:
@@ -205,7 +209,8 @@ class Pipeliner:
         error) as its ``result``; True if the replicas the durability asks for have their
         writes. If they do not, every write chain in the batch breaks (before anyone wakes, so
         before any later write of theirs is queued)."""
-        sent = [queued for queued in batch if not any(ln.broken for ln in queued.write_chains)]
+        # (map, not a generator: every step's path.)
+        sent = [queued for queued in batch if not any(map(_broken, queued.write_chains))]
         if len(sent) < len(batch):
             broken = WriteChainBroken(
                 "an earlier write of this owner may not be in Redis as its cache has it"
