@@ -10,21 +10,43 @@ from pathlib import Path
 from tests.mutants import MUTANTS, markdown
 
 ROOT = Path(__file__).resolve().parents[2]
-ROW = re.compile(r"^\| (G\d+\.\d+) \| (.+?) \| (.+?) \| (.+) \|$")
+#: A claim starts with its id in bold; the tests listed under it, one per line, follow.
+CLAIM = re.compile(r"^\*\*(G\d+\.\d+)\*\* ")
+TEST_LINE = re.compile(r"^- (.+)$")
 NAMED = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
 
 
 def claim_map() -> dict[str, list[tuple[str, str]]]:
     """Claim id -> the (file, test name) pairs it names."""
     claims: dict[str, list[tuple[str, str]]] = {}
+    listed: dict[str, list[str]] = {}
+    current = None
     for line in (ROOT / "docs" / "claims.md").read_text().splitlines():
-        row = ROW.match(line)
-        if row:
-            assert row[1] not in claims, f"claim {row[1]} listed twice"
-            tests = NAMED.findall(row[4])
-            assert tests or row[4].startswith("UNTESTED"), f"{row[1]}: no test and not UNTESTED"
-            claims[row[1]] = tests
+        if line.startswith("#"):
+            current = None
+        elif claim := CLAIM.match(line):
+            current = claim[1]
+            assert current not in listed, f"claim {current} listed twice"
+            listed[current] = []
+        elif current is not None and (item := TEST_LINE.match(line)):
+            listed[current].append(item[1])
+    for claim_id, items in listed.items():
+        tests = [test for item in items for test in NAMED.findall(item)]
+        untested = bool(items) and items[0].startswith("UNTESTED")
+        assert tests or untested, f"{claim_id}: no test and not UNTESTED"
+        claims[claim_id] = tests
     return claims
+
+
+def test_every_claim_is_written_as_the_map_reads_it() -> None:
+    """Each bold claim id names its claim, where it is stated, and a list of tests (or
+    UNTESTED): a claim whose list the parser misses would vouch for nothing."""
+    text = (ROOT / "docs" / "claims.md").read_text()
+    blocks = re.split(r"\n(?=\*\*G\d+\.\d+\*\* )", text)[1:]
+    assert len(blocks) == len(claim_map())
+    for block in blocks:
+        assert "\nStated in: " in block, block[:80]
+        assert re.search(r"^- ", block, re.MULTILINE), block[:80]
 
 
 def test_the_map_lists_claims_of_every_part_of_the_guarantees() -> None:
