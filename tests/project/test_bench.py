@@ -501,6 +501,29 @@ def test_the_standalone_benchmark_scripts_run_and_print_a_row_per_point(
     assert [set(json.loads(line)) for line in printed.splitlines()] == rows
 
 
+def test_the_lua_cost_benchmark_prints_each_shape_with_its_scripts_time() -> None:
+    """``python -m benchmarks.lua_cost`` on a few calls: a row per shape and ops count, each with
+    the server's time per call and its commands' (the step's confirm includes its XRANGE)."""
+    printed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.lua_cost", "--calls", "20", "--ops", "1,4"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    rows = [json.loads(line) for line in printed.splitlines()]
+    assert [row["shape"] for row in rows] == [
+        *("submit, 1 ops", "step, idle", "step, commit 1 ops"),
+        "step, confirm 1 pushed entry of 1 ops",
+        *("submit, 4 ops", "step, idle", "step, commit 4 ops"),
+        "step, confirm 1 pushed entry of 4 ops",
+    ]
+    assert all(row["calls"] == 19 and row["us_per_call"] > 0 for row in rows)
+    assert "xadd" in rows[0]["commands_us_per_call"]
+    assert {"xrange", "hset", "hmget"} <= set(rows[3]["commands_us_per_call"])
+
+
 @pytest.mark.slow
 def test_the_blocking_benchmark_checks_its_target_and_says_so_in_its_exit_status() -> None:
     """``python -m benchmarks.blocking --check``: the plain op's row, then the verdict, which

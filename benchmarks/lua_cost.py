@@ -1,0 +1,198 @@
+"""What the two scripts on every op's path cost Redis per call: ``python -m benchmarks.lua_cost``.
+
+Throughput and CPU per op move by 10% and more between runs on a shared machine; the time Redis
+spends in one script call does not move as much, and it is what a change to ``submit.lua`` or
+``step.lua`` changes first. So this calls each script, in the shapes a uniform load and a hot key
+send, ``--calls`` times on a private server with nothing else running, and prints one JSON row
+per shape: the server's microseconds per call (``INFO commandstats``, the script's own commands
+included) and, apart, those of the commands it ran.
+
+The shapes, in the order run (one namespace, one shard, so the results hash grows as in a run):
+
+- ``submit``: an entry of ``--ops`` fresh ops appended and pushed (``1`` and ``32``);
+- ``step, idle``: a step that commits and fetches nothing;
+- ``step, commit``: a step committing ``--ops`` ops (states, outcomes, progress), no push;
+- ``step, confirm``: a step confirming one pushed entry of ``--ops`` ops and committing them,
+  as an owner fed by pushes sends (the entries appended beforehand, one step each).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+
+from keyserial._scripts.calls import ScriptCall
+from keyserial._scripts.commit import StepArgs, step
+from keyserial._scripts.submit import SubmitArgs, submit
+from keyserial._wire.codec import WIRE_VERSION, pack_entry
+from keyserial._wire.json_text import dumps
+from keyserial._wire.layout import ShardKeys
+from keyserial.testing import LocalServer
+
+EPOCH = 1
+#: Sent by the pipeline per round trip: the client's overhead stays off the server's figures.
+CHUNK = 500
+
+
+def envelope(op_id: str, key: str) -> str:
+    """A deposit's envelope, as the client encodes it."""
+    call = {"id": op_id, "key": key, "op": "deposit", "args": [1], "reply": "ks:bench:reply:0"}
+    return dumps(call)
+
+
+def op_id(n: int) -> str:
+    """An id in the form keyserial's clients generate."""
+    return f"svc.{'0' * 32}-{n:017x}"
+
+
+def submit_call(shard: ShardKeys, ops: Sequence[str]) -> ScriptCall[bytes]:
+    args = SubmitArgs(
+        max_backlog=0,
+        wire_version=WIRE_VERSION,
+        ops=pack_entry(ops),
+        wake_channel=shard.wake(False),
+        fresh=True,
+    )
+    return submit(shard, args)
+
+
+def step_call(
+    shard: ShardKeys,
+    *,
+    commit: str = "",
+    progress: str = "",
+    cursor: str = "0-0",
+    pushed: tuple[str, str, list[bytes]] | None = None,
+) -> ScriptCall[Any]:
+    """A step of owner ``EPOCH`` that fetches nothing; ``pushed``: (cursor before, entry id,
+    its fields and values) of one pushed entry it confirms."""
+    args = StepArgs(
+        epoch=EPOCH,
+        progress=progress,
+        rotate=False,
+        cursor=cursor,
+        fetch=0,
+        commit=commit,
+        replaying=False,
+        result_ttl_ms=3_600_000,
+        trim_to="",
+        trim_now=False,
+        states_held=True,
+    )
+    fields: list[bytes] = []
+    if pushed is not None:
+        before, entry_id, fields = pushed
+        args.pushed = dumps([before, [[entry_id, len(fields)]]])
+        args.pushed_to = entry_id
+    return step(shard, args, pushed_fields=fields)
+
+
+def commit_of(first: int, ops: int) -> str:
+    """A step's commit of ``ops`` deposits: each key's new state and each op's outcome."""
+    ids = range(first, first + ops)
+    states = [[f"acct:{n % 10_000}", str(n)] for n in ids]
+    outcomes = [[op_id(n), dumps({"ok": n})] for n in ids]
+    return dumps({"s": states, "r": outcomes, "d": []})
+
+
+class Server:
+    """The private server, with the scripts' time read apart for each shape."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self._loaded: set[str] = set()
+
+    def run(self, calls: Sequence[ScriptCall[Any]]) -> list[Any]:
+        for call in calls[:1]:
+            if call.script.sha not in self._loaded:
+                self.client.script_load(call.script.text)
+                self._loaded.add(call.script.sha)
+        replies: list[Any] = []
+        for start in range(0, len(calls), CHUNK):
+            pipe = self.client.pipeline(transaction=False)
+            for call in calls[start : start + CHUNK]:
+                pipe.evalsha(call.script.sha, len(call.keys), *call.keys, *call.args)
+            replies += pipe.execute(raise_on_error=True)
+        return replies
+
+    def measured(self, shape: str, calls: Sequence[ScriptCall[Any]]) -> dict[str, Any]:
+        self.run(calls[:1])  # (loads the script: its load stays out of the figures)
+        self.client.config_resetstat()
+        self.run(calls[1:])
+        stats: dict[str, dict[str, float]] = self.client.info("commandstats")  # type: ignore[assignment]
+        script = stats["cmdstat_evalsha"]
+        inner = {
+            name.removeprefix("cmdstat_"): round(stat["usec"] / script["calls"], 2)
+            for name, stat in stats.items()
+            if name not in ("cmdstat_evalsha", "cmdstat_config|resetstat")
+        }
+        return {
+            "shape": shape,
+            "calls": int(script["calls"]),
+            "us_per_call": round(script["usec_per_call"], 2),
+            "commands_us_per_call": dict(sorted(inner.items(), key=lambda kv: -kv[1])),
+        }
+
+
+def shapes(server: Server, shard: ShardKeys, calls: int, ops: int) -> list[dict[str, Any]]:
+    rows = []
+    numbered = iter(range(10**9))
+
+    def entries(count: int) -> list[list[str]]:
+        return [
+            [envelope(op_id(n := next(numbered)), f"acct:{n % 10_000}") for _ in range(ops)]
+            for _ in range(count)
+        ]
+
+    rows.append(
+        server.measured(f"submit, {ops} ops", [submit_call(shard, e) for e in entries(calls)])
+    )
+    rows.append(server.measured("step, idle", [step_call(shard) for _ in range(calls)]))
+    first = 10**8
+    committing = [step_call(shard, commit=commit_of(first + i * ops, ops)) for i in range(calls)]
+    rows.append(server.measured(f"step, commit {ops} ops", committing))
+    # One pushed entry per step, each following on from the last: appended first, unmeasured.
+    server.client.delete(shard.stream)
+    appended = entries(calls)
+    ids = [raw.decode() for raw in server.run([submit_call(shard, e) for e in appended])]
+    confirming, cursor = [], "0-0"
+    for i, (entry_id, ops_of) in enumerate(zip(ids, appended, strict=True)):
+        fields = [b"v", WIRE_VERSION.encode(), b"ops", pack_entry(ops_of).encode(), b"fresh", b"1"]
+        confirming.append(
+            step_call(
+                shard,
+                commit=commit_of(2 * first + i * ops, ops),
+                progress=entry_id,
+                cursor=cursor,
+                pushed=(cursor, entry_id, fields),
+            )
+        )
+        cursor = entry_id
+    rows.append(server.measured(f"step, confirm 1 pushed entry of {ops} ops", confirming))
+    return rows
+
+
+def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.lua_cost", description=__doc__)
+    parser.add_argument("--calls", type=int, default=20_000, help="script calls per shape")
+    parser.add_argument("--ops", default="1,32", help="ops per entry and per step, comma-separated")
+    options = parser.parse_args(argv)
+    with LocalServer() as local:
+        client = redis.Redis.from_url(local.url)
+        server = Server(client)
+        for ops in (int(n) for n in options.ops.split(",")):
+            client.flushall()
+            shard = ShardKeys(f"luacost{ops}", 0)
+            client.set(shard.epoch, EPOCH)
+            for row in shapes(server, shard, options.calls, ops):
+                out(json.dumps(row))
+        client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
