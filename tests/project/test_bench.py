@@ -18,6 +18,7 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -490,6 +491,11 @@ def test_the_standalone_benchmark_scripts_run_and_print_a_row_per_point(
 ) -> None:
     """``python -m benchmarks.keyspace``, ``benchmarks.idle`` and ``benchmarks.blocking``, on
     tiny inputs: one JSON row per point, with the documented fields."""
+    assert [set(row) for row in _rows_printed_by(script, arguments)] == rows
+
+
+def _rows_printed_by(script: str, arguments: list[str]) -> list[dict[str, Any]]:
+    """The JSON rows ``python -m benchmarks.<script>`` prints, one a line."""
     printed = subprocess.run(
         [sys.executable, "-m", f"benchmarks.{script}", *arguments],
         cwd=ROOT,
@@ -498,21 +504,13 @@ def test_the_standalone_benchmark_scripts_run_and_print_a_row_per_point(
         timeout=120,
         check=True,
     ).stdout
-    assert [set(json.loads(line)) for line in printed.splitlines()] == rows
+    return [json.loads(line) for line in printed.splitlines()]
 
 
 def test_the_lua_cost_benchmark_prints_each_shape_with_its_scripts_time() -> None:
     """``python -m benchmarks.lua_cost`` on a few calls: a row per shape and ops count, each with
     the server's time per call and its commands' (the step's confirm includes its XRANGE)."""
-    printed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.lua_cost", "--calls", "20", "--ops", "1,4"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
-    rows = [json.loads(line) for line in printed.splitlines()]
+    rows = _rows_printed_by("lua_cost", ["--calls", "20", "--ops", "1,4"])
     assert [row["shape"] for row in rows] == [
         *("submit, 1 ops", "step, idle", "step, commit 1 ops"),
         "step, confirm 1 pushed entry of 1 ops",
