@@ -5,7 +5,7 @@ spends in one script call does not move as much, and it is what a change to ``su
 ``step.lua`` changes first. So this calls each script, in the shapes a uniform load and a hot key
 send, ``--calls`` times on a private server with nothing else running, and prints one JSON row
 per shape: the server's microseconds per call (``INFO commandstats``, the script's own commands
-included) and, apart, those of the commands it ran.
+included) and, apart, those of the commands it ran, and how many of each it ran per call.
 
 The shapes, in the order run (one namespace, one shard, so the results hash grows as in a run):
 
@@ -13,7 +13,9 @@ The shapes, in the order run (one namespace, one shard, so the results hash grow
 - ``step, idle``: a step that commits and fetches nothing;
 - ``step, commit``: a step committing ``--ops`` ops (states, outcomes, progress), no push;
 - ``step, confirm``: a step confirming one pushed entry of ``--ops`` ops and committing them,
-  as an owner fed by pushes sends (the entries appended beforehand, one step each).
+  as an owner fed by pushes sends (the entries appended beforehand, one step each);
+- the same after a reshard: the shard in the next layout generation, each committed op also
+  looked up in its shard of the layout before (whose results the steps above filled).
 """
 
 from __future__ import annotations
@@ -67,9 +69,11 @@ def step_call(
     progress: str = "",
     cursor: str = "0-0",
     pushed: tuple[str, str, list[bytes]] | None = None,
+    earlier: Sequence[tuple[ShardKeys, Sequence[str]]] = (),
 ) -> ScriptCall[Any]:
     """A step of owner ``EPOCH`` that fetches nothing; ``pushed``: (cursor before, entry id,
-    its fields and values) of one pushed entry it confirms."""
+    its fields and values) of one pushed entry it confirms; ``earlier``: shards of the layout
+    before a reshard, each with the committed op ids to look up there."""
     args = StepArgs(
         epoch=EPOCH,
         progress=progress,
@@ -88,7 +92,7 @@ def step_call(
         before, entry_id, fields = pushed
         args.pushed = dumps([before, [[entry_id, len(fields)]]])
         args.pushed_to = entry_id
-    return step(shard, args, pushed_fields=fields)
+    return step(shard, args, earlier=earlier, pushed_fields=fields)
 
 
 def commit_of(first: int, ops: int) -> str:
@@ -130,11 +134,17 @@ class Server:
             for name, stat in stats.items()
             if name not in ("cmdstat_evalsha", "cmdstat_config|resetstat")
         }
+        counts = {
+            name.removeprefix("cmdstat_"): round(stat["calls"] / script["calls"], 2)
+            for name, stat in stats.items()
+            if name not in ("cmdstat_evalsha", "cmdstat_config|resetstat")
+        }
         return {
             "shape": shape,
             "calls": int(script["calls"]),
             "us_per_call": round(script["usec_per_call"], 2),
             "commands_us_per_call": dict(sorted(inner.items(), key=lambda kv: -kv[1])),
+            "commands_per_call": dict(sorted(counts.items())),
         }
 
 
@@ -155,25 +165,47 @@ def shapes(server: Server, shard: ShardKeys, calls: int, ops: int) -> list[dict[
     first = 10**8
     committing = [step_call(shard, commit=commit_of(first + i * ops, ops)) for i in range(calls)]
     rows.append(server.measured(f"step, commit {ops} ops", committing))
-    # One pushed entry per step, each following on from the last: appended first, unmeasured.
+    confirm = f"step, confirm 1 pushed entry of {ops} ops"
+    steps = confirming(server, shard, entries(calls), 2 * first, ops)
+    rows.append(server.measured(confirm, steps))
+    # After a reshard: the same shard in the next layout generation, and each committed op
+    # looked up in its old shard's results (which hold as many outcomes as the first steps
+    # stored), as the step does for twice result_ttl after the move.
+    moved = ShardKeys(shard.namespace, shard.shard, shard.generation + 1)
+    server.client.set(moved.epoch, EPOCH)
+    steps = confirming(server, moved, entries(calls), 3 * first, ops, earlier=shard)
+    rows.append(server.measured(f"{confirm}, after a reshard", steps))
+    return rows
+
+
+def confirming(
+    server: Server,
+    shard: ShardKeys,
+    appended: list[list[str]],
+    first: int,
+    ops: int,
+    earlier: ShardKeys | None = None,
+) -> list[ScriptCall[Any]]:
+    """One step per entry of ``appended``, each confirming its pushed entry (following on from
+    the last) and committing its ops. The entries are appended here, unmeasured."""
     server.client.delete(shard.stream)
-    appended = entries(calls)
     ids = [raw.decode() for raw in server.run([submit_call(shard, e) for e in appended])]
-    confirming, cursor = [], "0-0"
+    steps, cursor = [], "0-0"
     for i, (entry_id, ops_of) in enumerate(zip(ids, appended, strict=True)):
         fields = [b"v", WIRE_VERSION.encode(), b"ops", pack_entry(ops_of).encode(), b"fresh", b"1"]
-        confirming.append(
+        committed = [op_id(first + i * ops + n) for n in range(ops)]
+        steps.append(
             step_call(
                 shard,
-                commit=commit_of(2 * first + i * ops, ops),
+                commit=commit_of(first + i * ops, ops),
                 progress=entry_id,
                 cursor=cursor,
                 pushed=(cursor, entry_id, fields),
+                earlier=[] if earlier is None else [(earlier, committed)],
             )
         )
         cursor = entry_id
-    rows.append(server.measured(f"step, confirm 1 pushed entry of {ops} ops", confirming))
-    return rows
+    return steps
 
 
 def main(argv: Sequence[str] | None = None, out: Callable[[str], None] = print) -> int:

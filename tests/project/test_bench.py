@@ -512,14 +512,20 @@ def test_the_lua_cost_benchmark_prints_each_shape_with_its_scripts_time() -> Non
     the server's time per call and its commands' (the step's confirm includes its XRANGE)."""
     rows = _rows_printed_by("lua_cost", ["--calls", "20", "--ops", "1,4"])
     assert [row["shape"] for row in rows] == [
-        *("submit, 1 ops", "step, idle", "step, commit 1 ops"),
-        "step, confirm 1 pushed entry of 1 ops",
-        *("submit, 4 ops", "step, idle", "step, commit 4 ops"),
-        "step, confirm 1 pushed entry of 4 ops",
+        shape
+        for ops in (1, 4)
+        for shape in (
+            *(f"submit, {ops} ops", "step, idle", f"step, commit {ops} ops"),
+            f"step, confirm 1 pushed entry of {ops} ops",
+            f"step, confirm 1 pushed entry of {ops} ops, after a reshard",
+        )
     ]
     assert all(row["calls"] == 19 and row["us_per_call"] > 0 for row in rows)
     assert "xadd" in rows[0]["commands_us_per_call"]
     assert {"xrange", "hset", "hmget"} <= set(rows[3]["commands_us_per_call"])
+    # After a reshard the step also looks its ops up in the layout before: two HMGET more.
+    assert rows[3]["commands_per_call"]["hmget"] == 2
+    assert rows[4]["commands_per_call"]["hmget"] == 4
 
 
 @pytest.mark.slow
