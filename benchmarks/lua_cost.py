@@ -30,9 +30,10 @@ import redis
 from keyserial._scripts.calls import ScriptCall
 from keyserial._scripts.commit import StepArgs, step
 from keyserial._scripts.submit import SubmitArgs, submit
-from keyserial._wire.codec import WIRE_VERSION, pack_entry
+from keyserial._wire.codec import WIRE_VERSION, encode_envelope, pack_entry
 from keyserial._wire.json_text import dumps
 from keyserial._wire.layout import ShardKeys
+from keyserial.ledger import deposit
 from keyserial.testing import LocalServer
 
 EPOCH = 1
@@ -42,8 +43,7 @@ CHUNK = 500
 
 def envelope(op_id: str, key: str) -> str:
     """A deposit's envelope, as the client encodes it."""
-    call = {"id": op_id, "key": key, "op": "deposit", "args": [1], "reply": "ks:bench:reply:0"}
-    return dumps(call)
+    return encode_envelope(op_id, key, deposit(1), "ks:bench:reply:0")
 
 
 def op_id(n: int) -> str:
@@ -128,23 +128,21 @@ class Server:
         self.client.config_resetstat()
         self.run(calls[1:])
         stats: dict[str, dict[str, float]] = self.client.info("commandstats")  # type: ignore[assignment]
-        script = stats["cmdstat_evalsha"]
-        inner = {
-            name.removeprefix("cmdstat_"): round(stat["usec"] / script["calls"], 2)
-            for name, stat in stats.items()
-            if name not in ("cmdstat_evalsha", "cmdstat_config|resetstat")
-        }
-        counts = {
-            name.removeprefix("cmdstat_"): round(stat["calls"] / script["calls"], 2)
-            for name, stat in stats.items()
-            if name not in ("cmdstat_evalsha", "cmdstat_config|resetstat")
-        }
+        script = stats.pop("cmdstat_evalsha")
+        stats.pop("cmdstat_config|resetstat", None)
+        ran = {name.removeprefix("cmdstat_"): stat for name, stat in stats.items()}
+        per_call = {name: stat["usec"] / script["calls"] for name, stat in ran.items()}
         return {
             "shape": shape,
             "calls": int(script["calls"]),
             "us_per_call": round(script["usec_per_call"], 2),
-            "commands_us_per_call": dict(sorted(inner.items(), key=lambda kv: -kv[1])),
-            "commands_per_call": dict(sorted(counts.items())),
+            "commands_us_per_call": {
+                name: round(us, 2) for name, us in sorted(per_call.items(), key=lambda kv: -kv[1])
+            },
+            "commands_per_call": {
+                name: round(stat["calls"] / script["calls"], 2)
+                for name, stat in sorted(ran.items())
+            },
         }
 
 
