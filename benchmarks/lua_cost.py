@@ -28,7 +28,7 @@ from typing import Any
 import redis
 
 from keyserial._scripts.calls import ScriptCall
-from keyserial._scripts.commit import StepArgs, step
+from keyserial._scripts.commit import StepArgs, StepCommit, step
 from keyserial._scripts.submit import SubmitArgs, submit
 from keyserial._wire.codec import WIRE_VERSION, encode_envelope, pack_entry
 from keyserial._wire.json_text import dumps
@@ -65,7 +65,7 @@ def submit_call(shard: ShardKeys, ops: Sequence[str]) -> ScriptCall[bytes]:
 def step_call(
     shard: ShardKeys,
     *,
-    commit: str = "",
+    commit: StepCommit | None = None,
     progress: str = "",
     cursor: str = "0-0",
     pushed: tuple[str, str, list[bytes]] | None = None,
@@ -80,7 +80,6 @@ def step_call(
         rotate=False,
         cursor=cursor,
         fetch=0,
-        commit=commit,
         replaying=False,
         result_ttl_ms=3_600_000,
         trim_to="",
@@ -92,15 +91,15 @@ def step_call(
         before, entry_id, fields = pushed
         args.pushed = dumps([before, [[entry_id, len(fields)]]])
         args.pushed_to = entry_id
-    return step(shard, args, earlier=earlier, pushed_fields=fields)
+    return step(shard, args, earlier=earlier, pushed_fields=fields, commit=commit)
 
 
-def commit_of(first: int, ops: int) -> str:
+def commit_of(first: int, ops: int) -> StepCommit:
     """A step's commit of ``ops`` deposits: each key's new state and each op's outcome."""
     ids = range(first, first + ops)
-    states = [[f"acct:{n % 10_000}", str(n)] for n in ids]
-    outcomes = [[op_id(n), dumps({"ok": n})] for n in ids]
-    return dumps({"s": states, "r": outcomes, "d": []})
+    states = [(f"acct:{n % 10_000}", str(n)) for n in ids]
+    outcomes = [(op_id(n), dumps({"ok": n})) for n in ids]
+    return StepCommit.of(states, outcomes)
 
 
 class Server:

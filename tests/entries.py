@@ -63,7 +63,6 @@ def step_args(epoch: int, **changes: Any) -> StepArgs:
         rotate=False,
         cursor="0-0",
         fetch=10,
-        commit="",
         replaying=False,
         result_ttl_ms=60_000,
         trim_to="",

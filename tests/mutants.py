@@ -651,7 +651,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 _STEP,
-                "if #redis.call('XRANGE', KEYS[4], grant[3], grant[3]) == 0 then",
+                "if #redis.call('XRANGE', KEYS[4], request, request) == 0 then",
                 "if false then",
             ),
         ),
@@ -875,10 +875,27 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "step-replay-ignores-deletes",
+        "G3.10",
+        "step.lua takes a step as sent again when a key it deletes is there",
+        (
+            Edit(
+                _STEP,
+                "    if redis.call('HEXISTS', hash, ARGV[i]) == 1 then\n",
+                "    if false then\n",
+            ),
+        ),
+        (
+            "tests/backend/test_scripts_idempotent.py::"
+            "test_a_step_whose_delete_no_longer_holds_is_not_taken_for_itself_sent_again"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
         "decision-over-abort",
         "G5.2",
         "step.lua records a coordinator's decision over an abort a participant recorded first",
-        (Edit(_STEP, "    if earlier and earlier ~= decision[2] then", "    if false then"),),
+        (Edit(_STEP, "    if earlier and earlier ~= ARGV[i + 1] then", "    if false then"),),
         (
             "tests/backend/test_scripts_idempotent.py::test_a_decision_never_wins_over_an_abort"
             + _STANDALONE,

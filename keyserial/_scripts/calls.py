@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import operator
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any, ClassVar, Generic, TypeAlias, TypeVar, dataclass_transform
 
@@ -58,7 +58,7 @@ _JSON = (list, tuple)
 A = TypeVar("A", bound=ScriptArgs)
 
 
-@dataclass_transform()
+@dataclass_transform(field_specifiers=(field,))
 def script_args(name: str) -> Callable[[type[A]], type[A]]:
     """Declare a class as the arguments of ``keyserial/_scripts/lua/<name>.lua``: a slotted
     dataclass (slots: one is made per step), its script loaded once as ``SCRIPT``."""

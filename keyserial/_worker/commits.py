@@ -12,10 +12,9 @@ import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from .._scripts.commit import StepCommit
 from .._wire.codec import answered_record, bound, reply_outcome
-from .._wire.json_text import dumps
 from .._wire.layout import ShardKeys, answered_field
 from .execution import Entry
 from .writes import WriteChain
@@ -98,8 +97,8 @@ class Commit:
 
     #: The last entry whose ops have all finished, or '' to keep progress where it is.
     progress: str
-    #: The step script's commit argument, JSON (see step.lua), or '' when there is none.
-    payload: str
+    #: What the step script commits, or None when there is nothing.
+    payload: StepCommit | None
     #: The outcomes to reply once committed: channel -> [(op id, outcome)].
     replies: Mapping[str, Sequence[tuple[str, str]]]
     #: The last committed entry to trim through ('' for none), and whether to trim it now (else
@@ -177,7 +176,7 @@ class CommitPlanner:
             or not self._pushed
             or time.monotonic() - self._trimmed_at >= self._trim_interval
         )
-        payload, shards = "", list[ShardKeys]()
+        payload, shards = None, list[ShardKeys]()
         if writes or results or answered or dead or passed or records or others:
             payload, shards = _payload(writes, results, answered, dead, passed, records, others)
         return Commit(
@@ -232,16 +231,6 @@ class CommitPlanner:
         return passed
 
 
-def _add_records(commit: dict[str, Any], records: Sequence[Record]) -> None:
-    """The records as step.lua takes them: grants in "g", decisions in "c"."""
-    grants = [[r.name, r.value, r.entry_id] for r in records if r.entry_id]
-    decisions = [[r.name, r.value] for r in records if not r.entry_id]
-    if grants:
-        commit["g"] = grants
-    if decisions:
-        commit["c"] = decisions
-
-
 def _payload(
     writes: list[tuple[str, str]],
     results: list[tuple[str, str]],
@@ -250,29 +239,35 @@ def _payload(
     passed: list[str],
     records: Sequence[Record],
     others: Sequence[OtherWrites],
-) -> tuple[str, list[ShardKeys]]:
-    """step.lua's commit argument, and the other shards its "o" writes."""
-    commit: dict[str, Any] = {"s": writes, "r": results, "d": list(dead)}
-    if passed:
-        commit["x"] = passed
-    if answered:
-        commit["u"] = answered
-    if records:
-        _add_records(commit, records)
+) -> tuple[StepCommit, list[ShardKeys]]:
+    """What the step script commits, and the other shards it writes."""
     shards: list[ShardKeys] = []
+    by_shard: list[tuple[int, int, list[tuple[str, str]]]] = []
     if others:
-        shards, commit["o"] = _by_shard(others)
-    return dumps(commit), shards
+        shards, by_shard = _by_shard(others)
+    payload = StepCommit.of(
+        writes,
+        results,
+        answered=answered,
+        grants=[(r.name, r.value, r.entry_id) for r in records if r.entry_id],
+        decisions=[(r.name, r.value) for r in records if not r.entry_id],
+        dead=dead,
+        passed=passed,
+        others=by_shard,
+    )
+    return payload, shards
 
 
-def _by_shard(others: Sequence[OtherWrites]) -> tuple[list[ShardKeys], list[Any]]:
-    """The shards ``others`` write, in order, and step.lua's "o": [[j, epoch, writes], ...],
-    one item per shard (j: its place in that order, from 1)."""
+def _by_shard(
+    others: Sequence[OtherWrites],
+) -> tuple[list[ShardKeys], list[tuple[int, int, list[tuple[str, str]]]]]:
+    """The shards ``others`` write, in order, and their writes, one item per shard: (j, epoch,
+    writes), j its place in that order, from 1."""
     merged: dict[tuple[ShardKeys, int], list[tuple[str, str]]] = {}
     for other in others:
         merged.setdefault((other.keys, other.epoch), []).extend(other.writes)
     shards = [keys for keys, _ in merged]
-    items = [[j, epoch, writes] for j, ((_, epoch), writes) in enumerate(merged.items(), 1)]
+    items = [(j, epoch, writes) for j, ((_, epoch), writes) in enumerate(merged.items(), 1)]
     return shards, items
 
 

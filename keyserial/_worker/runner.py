@@ -427,7 +427,6 @@ class ShardRunner:
                 rotate=self._generations.rotate(int(time.time() * 1000)),
                 cursor=self._cursor,
                 fetch=want,
-                commit=commit.payload,
                 replaying=self._replay_until is not None,
                 result_ttl_ms=self._settings.result_ttl_ms,
                 trim_to=commit.trim_to,
@@ -440,6 +439,7 @@ class ShardRunner:
             commit.others,
             self._earlier.to_check(batch, self._running),
             pushed_fields,
+            commit.payload,
         )
         self._wakeups.sending(want)
         began = time.monotonic()  # (metrics)
@@ -447,7 +447,9 @@ class ShardRunner:
         self._follow_records(fetched)
         _settle(records, self.write_chain)
         self._wakeups.stepped(want, len(fetched.entries), record)
-        empty = not (commit.payload or commit.trim_to or fetched.entries or pushed_to or record)
+        empty = not (
+            commit.payload is not None or commit.trim_to or fetched.entries or pushed_to or record
+        )
         self._empty_steps = self._empty_steps + 1 if empty and want else 0
         if want:  # (fewer entries than asked for: none followed the last one)
             self._drain.fetched(reached_end=len(fetched.entries) < want)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 
 import pytest
 import redis.asyncio
@@ -14,7 +13,7 @@ import redis.asyncio
 import keyserial
 from keyserial._backend.backend import Backend
 from keyserial._scripts.calls import ScriptCall
-from keyserial._scripts.commit import StepReply, step
+from keyserial._scripts.commit import StepCommit, StepReply, step
 from keyserial._scripts.lease import AcquireArgs, LeaseGrant, LeaseHeld, acquire
 from keyserial._scripts.refusals import Fenced, OwnedElsewhere, Replayed, RequestGone
 from keyserial.testing import ShardKeys, running_worker
@@ -112,14 +111,14 @@ async def test_a_grant_under_an_epoch_that_moved_on_is_refused_and_records_nothi
     assert not await client.hexists(keys.results, "op#1#g")
 
 
-def _with_grant(field: str, entry_id: str, state: str = "5") -> dict[str, Any]:
+def _with_grant(field: str, entry_id: str, state: str = "5") -> StepCommit:
     """A step's commit: a write of key "a", and a grant of no keys recorded under ``field``."""
-    return {"s": [["a", state]], "r": [], "d": [], "g": [[field, '{"s": []}', entry_id]]}
+    return StepCommit.of([("a", state)], grants=[(field, '{"s": []}', entry_id)])
 
 
-def _with_decision(outcome: str, state: str, decision: str = '{"w":{}}') -> dict[str, Any]:
+def _with_decision(outcome: str, state: str, decision: str = '{"w":{}}') -> StepCommit:
     """A step's commit: the decision of attempt 2 of op "op", with its home write and outcome."""
-    return {"s": [["a", state]], "r": [["op", outcome]], "d": [], "c": [["op#2#d", decision]]}
+    return StepCommit.of([("a", state)], [("op", outcome)], decisions=[("op#2#d", decision)])
 
 
 async def test_a_decision_sent_again_after_it_landed_commits_nothing_more(
@@ -165,15 +164,12 @@ async def test_a_decision_never_wins_over_an_abort(
     assert await client.hget(keys.state, "a") is None
 
 
-def _across(outcome: str, home_state: str, other_state: str) -> dict[str, Any]:
+def _across(outcome: str, home_state: str, other_state: str) -> StepCommit:
     """A step's commit: op "op", with its home write, and its write to the step's first other
     shard, owned by epoch 4."""
-    return {
-        "s": [["a", home_state]],
-        "r": [["op", outcome]],
-        "d": [],
-        "o": [[1, 4, [["b", other_state]]]],
-    }
+    return StepCommit.of(
+        [("a", home_state)], [("op", outcome)], others=[(1, 4, [("b", other_state)])]
+    )
 
 
 async def test_a_step_writing_another_shard_sent_again_after_it_landed_writes_nothing_more(
@@ -237,11 +233,11 @@ async def test_a_step_sent_again_after_it_landed_commits_nothing_more(
     await client.set(keys.epoch, 2)
     call = _step(
         keys,
-        {
-            "s": [["a", "5"], ["gone", ""]],
-            "r": [["op", '{"ok":5}']],
-            "d": [["1-1", "malformed", "{}"]],
-        },
+        StepCommit.of(
+            [("a", "5"), ("gone", "")],
+            [("op", '{"ok":5}')],
+            dead=[("1-1", "malformed", "{}")],
+        ),
     )
     for _ in range(2):
         await backend.run_call(call)
@@ -262,13 +258,29 @@ async def test_a_step_storing_an_outcome_that_is_stored_already_is_refused(
     await client.hset(getattr(keys, stored_where), "op", '{"ok":5}')
     await client.hset(keys.state, "a", "5")
     for commit in (
-        {"s": [["a", "10"]], "r": [["op", '{"ok":10}']], "d": []},
-        {"s": [["a", "5"]], "r": [["op", '{"ok":5}'], ["new", '{"ok":1}']], "d": []},
+        StepCommit.of([("a", "10")], [("op", '{"ok":10}')]),
+        StepCommit.of([("a", "5")], [("op", '{"ok":5}'), ("new", '{"ok":1}')]),
     ):
         with pytest.raises(Replayed):
             await backend.run_call(_step(keys, commit))
     assert await client.hget(keys.state, "a") == b"5"
     assert not await client.hexists(keys.results, "new")
+    assert await client.get(keys.progress) is None
+
+
+async def test_a_step_whose_delete_no_longer_holds_is_not_taken_for_itself_sent_again(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """Its outcome is stored and its other writes hold, but a key it deletes is there: not this
+    step sent again (that would have deleted it), but its op run again. Nothing is written."""
+    keys = ShardKeys(namespace, 0)
+    await client.set(keys.epoch, 2)
+    await client.hset(keys.results, "op", '{"ok":5}')
+    await client.hset(keys.state, mapping={"a": "5", "gone": "1"})
+    again = StepCommit.of([("a", "5"), ("gone", "")], [("op", '{"ok":5}')])
+    with pytest.raises(Replayed):
+        await backend.run_call(_step(keys, again))
+    assert await client.hget(keys.state, "gone") == b"1"
     assert await client.get(keys.progress) is None
 
 
@@ -284,7 +296,7 @@ async def test_a_step_storing_an_outcome_stored_in_an_earlier_layout_is_refused(
     old_home, old_other = ShardKeys(namespace, 2), ShardKeys(namespace, 3)
     await client.set(keys.epoch, 2)
     await client.hset(getattr(old_home, stored_where), "op", '{"ok":5}')
-    commit = {"s": [["a", "10"]], "r": [["op", '{"ok":10}']], "d": []}
+    commit = StepCommit.of([("a", "10")], [("op", '{"ok":10}')])
     for earlier in ([(old_home, ["op"])], [(old_other, ["new"]), (old_home, ["new", "op"])]):
         with pytest.raises(Replayed, match=r"op op \(in a layout before a reshard\)"):
             await backend.run_call(_step(keys, commit, earlier=earlier))
@@ -320,7 +332,7 @@ async def test_a_replaying_step_finds_the_outcomes_of_an_entry_holding_a_lone_su
 
 def _step(
     keys: ShardKeys,
-    commit: dict[str, Any] | None,
+    commit: StepCommit | None,
     *,
     fetch: int = 0,
     replaying: bool = False,
@@ -337,11 +349,11 @@ def _step(
             progress="1-1" if commit is not None else "",
             cursor="1-1",
             fetch=fetch,
-            commit="" if commit is None else json.dumps(commit),
             replaying=replaying,
         ),
         others,
         earlier,
+        commit=commit,
     )
 
 

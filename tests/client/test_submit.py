@@ -492,7 +492,7 @@ async def test_a_step_sent_again_after_a_lost_reply_rotates_results_only_once(
     that rotates (once per retention period) on demand; the nemesis's connection resets lose
     replies at random."""
     from keyserial._backend.backend import Backend
-    from keyserial._scripts.commit import step
+    from keyserial._scripts.commit import StepCommit, step
     from tests.entries import step_args
 
     k = ShardKeys(namespace, 0)
@@ -501,12 +501,10 @@ async def test_a_step_sent_again_after_a_lost_reply_rotates_results_only_once(
         await backend.call("SET", k.epoch, "7")
         await backend.call("HSET", k.results, "young", '{"ok":1}')
         await backend.call("HSET", k.results_old, "older", '{"ok":0}')
-        commit = json.dumps({"s": [], "r": [["new", '{"ok":2}']], "d": []})
         call = step(
             k,
-            step_args(
-                7, rotate=True, fetch=0, commit=commit, result_ttl_ms=3_600_000, states_held=False
-            ),
+            step_args(7, rotate=True, fetch=0, result_ttl_ms=3_600_000, states_held=False),
+            commit=StepCommit.of(results=[("new", '{"ok":2}')]),
         )
         began = None
         for _ in range(2):

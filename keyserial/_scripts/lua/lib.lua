@@ -33,15 +33,6 @@ end
 local function replayed_error(what)
   return redis.error_reply('REPLAYED ' .. what .. ' has an outcome already; nothing was written')
 end
--- Whether every write of [[key, JSON state or '' to delete], ...] already holds in ``hash``.
-local function writes_hold(hash, writes)
-  for _, write in ipairs(writes) do
-    if (redis.call('HGET', hash, write[1]) or '') ~= write[2] then
-      return false
-    end
-  end
-  return true
-end
 -- Whether the op id has a stored outcome, in either results generation.
 local function has_outcome(results, previous, op_id)
   return redis.call('HEXISTS', results, op_id) == 1 or redis.call('HEXISTS', previous, op_id) == 1
