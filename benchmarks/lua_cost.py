@@ -86,12 +86,13 @@ def step_call(
         trim_now=False,
         states_held=True,
     )
-    fields: list[bytes] = []
+    taken: list[str | bytes] = []
     if pushed is not None:
         before, entry_id, fields = pushed
-        args.pushed = dumps([before, [[entry_id, len(fields)]]])
+        args.pushed = before
         args.pushed_to = entry_id
-    return step(shard, args, earlier=earlier, pushed_fields=fields, commit=commit)
+        taken = [entry_id, str(len(fields)), *fields]
+    return step(shard, args, earlier=earlier, pushed=taken, commit=commit)
 
 
 def commit_of(first: int, ops: int) -> StepCommit:

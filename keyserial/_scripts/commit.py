@@ -50,9 +50,9 @@ class StepArgs(ScriptArgs):
     #: This owner takes pushed entries from now on: the step records its epoch as the one that
     #: does (a takeover then counts every entry in the stream as fetched).
     takes_pushes: bool = False
-    #: The entries taken in from pushes since the last step, to confirm in the stream before
-    #: anything is committed (``Wakeups.to_confirm``; their fields and values follow ARGV), or
-    #: ''.
+    #: The cursor before the entries taken in from pushes since the last step, which it
+    #: confirms in the stream before anything is committed (``Wakeups.to_confirm``: the entries
+    #: follow the commit's arguments), or '' (none).
     pushed: str = ""
     #: The op ids to look up in the layouts before a reshard (set by :func:`step`).
     earlier: str = ""
@@ -90,24 +90,34 @@ class StepCommit:
         reason, raw entry); the ``passed`` entries to delete from the stream; and ``others``,
         the writes to other shards (j, that shard's owner's epoch, writes), j counting from 1
         in the order :func:`step` is given their keys."""
-        sets, deletes = _split(writes)
-        counts = [len(sets) // 2, len(deletes), len(results), len(answered), len(grants)]
-        counts += (len(decisions), len(dead), len(passed), len(others))
-        values = list(map(str, counts))
-        values += sets
-        values += deletes
-        values.extend(chain.from_iterable(results))
-        values.extend(chain.from_iterable(answered))
-        values.extend(chain.from_iterable((name, grant) for name, grant, _ in grants))
-        values.extend(chain.from_iterable(decisions))
-        values.extend([entry_id for _, _, entry_id in grants])
-        values.extend(chain.from_iterable(dead))
-        values += passed
-        for j, epoch, other_writes in others:
-            other_sets, other_deletes = _split(other_writes)
-            values += (str(j), str(epoch), str(len(other_sets) // 2), str(len(other_deletes)))
-            values += other_sets
-            values += other_deletes
+        sets = [item for write in writes if write[1] for item in write]
+        deletes = [key for key, state in writes if not state]
+        values = [
+            str(len(sets) >> 1),
+            str(len(deletes)),
+            str(len(results)),
+            str(len(answered)),
+            str(len(grants)),
+            str(len(decisions)),
+            str(len(dead)),
+            str(len(passed)),
+            str(len(others)),
+            *sets,
+            *deletes,
+            *chain.from_iterable(results),
+        ]
+        if answered or grants or decisions or dead or passed or others:  # (seldom)
+            values += chain.from_iterable(answered)
+            values += chain.from_iterable((name, grant) for name, grant, _ in grants)
+            values += chain.from_iterable(decisions)
+            values += [entry_id for _, _, entry_id in grants]
+            values += chain.from_iterable(dead)
+            values += passed
+            for j, epoch, other_writes in others:
+                other_sets, other_deletes = _split(other_writes)
+                values += (str(j), str(epoch), str(len(other_sets) >> 1), str(len(other_deletes)))
+                values += other_sets
+                values += other_deletes
         return cls(values)
 
 
@@ -163,7 +173,7 @@ def step(
     args: StepArgs,
     others: Sequence[ShardKeys] = (),
     earlier: Sequence[tuple[ShardKeys, Sequence[str]]] = (),
-    pushed_fields: Sequence[bytes] = (),
+    pushed: Sequence[str | bytes] = (),
     commit: StepCommit | None = None,
 ) -> ScriptCall[StepReply]:
     """Commit ``commit``, then fetch the next entries (fenced by ``args.epoch``; refused with
@@ -172,7 +182,8 @@ def step(
     ``others`` carries, in its order, each fenced by the epoch it names there.
     ``earlier``: shards of layouts before a reshard, each with the op ids of the commit homed
     there; ``Replayed`` too if one has an outcome there (both on a standalone server only).
-    ``pushed_fields``: the fields and values of the entries ``args.pushed`` names, in order."""
+    ``pushed``: the entries taken in from pushes after ``args.pushed``, each its id, the number
+    of its fields and values, then those."""
     k = shard
     keys = [
         k.epoch,
@@ -198,6 +209,6 @@ def step(
         args.earlier = dumps(checks)
     args.commit = commit is not None
     call = args.call(keys, _step_reply)
-    if commit is not None or pushed_fields:
-        call.args = [*call.args, *(commit.args if commit else ()), *pushed_fields]
+    if commit is not None or pushed:
+        call.args = [*call.args, *(commit.args if commit else ()), *pushed]
     return call

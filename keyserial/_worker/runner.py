@@ -418,7 +418,7 @@ class ShardRunner:
         pushed_to = self._wakeups.pushed_to
         others = [other for commit in across for other in commit.writes]
         commit = self._commits.plan(batch, dead, writes, records, others, pushed=bool(pushed_to))
-        pushed, pushed_fields = self._wakeups.to_confirm()
+        pushed_after, pushed = self._wakeups.to_confirm()
         call = step(
             self.keys,
             StepArgs(
@@ -434,11 +434,11 @@ class ShardRunner:
                 states_held=self.states.complete,
                 pushed_to=pushed_to,
                 takes_pushes=record,
-                pushed=pushed,
+                pushed=pushed_after,
             ),
             commit.others,
             self._earlier.to_check(batch, self._running),
-            pushed_fields,
+            pushed,
             commit.payload,
         )
         self._wakeups.sending(want)

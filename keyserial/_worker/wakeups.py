@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 
 from .._scripts.commit import StepReply
 from .._wire.codec import Push, parse_id
-from .._wire.json_text import dumps
 from .intake import entry_keys
 from .keystates import KeyStates
 
@@ -89,19 +88,18 @@ class Wakeups:
         horizon to it)."""
         return self._taken[-1][0] if self._taken else ""
 
-    def to_confirm(self) -> tuple[str, list[bytes]]:
-        """What the next step confirms before it commits: ``StepArgs.pushed``, JSON
-        ``[cursor before them, [[entry id, number of fields and values], ...]]`` ('' if no push
-        was taken in), and the fields and values of those entries, in order."""
+    def to_confirm(self) -> tuple[str, list[str | bytes]]:
+        """What the next step confirms before it commits: ``StepArgs.pushed``, the cursor before
+        the entries taken in from pushes ('' if none was), and those entries, in order: each its
+        id, the number of its fields and values, then those."""
         if not self._taken:
             return "", []
-        values: list[bytes] = []
-        counts = []
+        values: list[str | bytes] = []
         for entry_id, fields in self._taken:
+            values += (entry_id, str(2 * len(fields)))
             for name, value in fields.items():
                 values += (name, value)
-            counts.append([entry_id, 2 * len(fields)])
-        return dumps([self._taken_after, counts]), values
+        return self._taken_after, values
 
     def fetch_size(self, want: int, replaying: bool) -> int:
         """How many entries the next step fetches: ``want`` while replaying, or when entries may

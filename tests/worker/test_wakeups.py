@@ -114,11 +114,13 @@ def test_the_next_step_confirms_every_entry_taken_from_pushes_since_the_last() -
     wakeups.push(pushed("1-0", "2-0"))
     wakeups.push(pushed("2-0", "3-0"))
     assert taken(wakeups, "1-0") == ["2-0", "3-0"]
-    confirm, values = wakeups.to_confirm()
-    after, entries = json.loads(confirm)
-    assert after == "1-0" and entries == [["2-0", 6], ["3-0", 6]]
-    assert values[:6] == [b"v", b"1", b"ops", values[3], b"fresh", b"1"]
-    assert json.loads(values[3])[0]["id"] == "op-2-0" and json.loads(values[9])[0]["id"] == "op-3-0"
+    after, values = wakeups.to_confirm()
+    assert after == "1-0"
+    assert values[:8] == ["2-0", "6", b"v", b"1", b"ops", values[5], b"fresh", b"1"]
+    assert values[8:10] == ["3-0", "6"] and len(values) == 16
+    assert (
+        json.loads(values[5])[0]["id"] == "op-2-0" and json.loads(values[13])[0]["id"] == "op-3-0"
+    )
     wakeups.stepped(fetch=0, fetched=0, recorded=False)
     assert wakeups.to_confirm() == ("", [])
 

@@ -27,7 +27,7 @@
 -- ARGV[4]  cursor: the last entry id already fetched (exclusive)
 -- ARGV[5]  how many entries to fetch (0: commit only)
 -- ARGV[6]  '1': the step commits; '0': it has nothing to commit. The commit follows ARGV[16]
---   (then come the pushed fields of ARGV[15]): first the sizes of its nine parts, one argument
+--   (then come the pushed entries of ARGV[15]): first the sizes of its nine parts, one argument
 --   each, then the values of each part, in this order:
 --   1. state writes, (key, JSON state) pairs; 2. state deletes, keys;
 --   3. outcomes, (op id, JSON outcome) pairs; 4. records of ops answered but not stored,
@@ -64,10 +64,10 @@
 --          (never while replaying: no push is taken then)
 -- ARGV[14] '1': this owner takes pushed entries from now on, so KEYS[10] records its epoch (a
 --          takeover then counts every entry in the stream as one it may have run)
--- ARGV[15] the entries the owner took in from pushes since its last step, JSON
---          [cursor before them, [[entry id, number of fields and values], ...]], or '' (none;
---          optional); their fields and values, in order, are the ARGV after the commit's. A push is
---          a hint anyone allowed to publish may forge: the stream must hold exactly these
+-- ARGV[15] the cursor before the entries the owner took in from pushes since its last step, or
+--          '' (it took none; optional). Those entries are the ARGV after the commit's, to the
+--          last: each its id, the number of its fields and values, then those, in order. A
+--          push is a hint anyone allowed to publish may forge: the stream must hold exactly these
 --          entries after that cursor, each with exactly these fields and values (compared as
 --          they are: Lua strings are compared whole), or nothing is written.
 -- ARGV[16] the op ids whose outcomes this commit records (parts 3 and 4) to look up in the
@@ -148,18 +148,24 @@ for _ = 1, size[9] do
 end
 
 -- Confirm the pushed entries before anything that ran them commits.
-local function unconfirmed(pushed)
-  local taken = pushed[2]
-  local held = xrange_after(KEYS[4], pushed[1], taken[#taken][1], #taken + 1)
+local function unconfirmed(after)
+  local taken = {}  -- {entry id, number of fields and values, where they start in ARGV}
+  local at = pushed_at
+  while at <= #ARGV do
+    local count = tonumber(ARGV[at + 1])
+    taken[#taken + 1] = {ARGV[at], count, at + 2}
+    at = at + 2 + count
+  end
+  local held = xrange_after(KEYS[4], after, taken[#taken][1], #taken + 1)
   if #held ~= #taken then
     return 'the stream holds ' .. #held .. ' entries where ' .. #taken .. ' came pushed'
   end
-  local at = pushed_at  -- (the pushed fields and values follow the commit's)
   for i, entry in ipairs(held) do
     local fields = entry[2]
     local same = entry[1] == taken[i][1] and #fields == taken[i][2]
+    local first = taken[i][3]
     for j = 1, same and #fields or 0 do
-      if fields[j] ~= ARGV[at + j - 1] then
+      if fields[j] ~= ARGV[first + j - 1] then
         same = false
         break
       end
@@ -167,12 +173,11 @@ local function unconfirmed(pushed)
     if not same then
       return 'entry ' .. taken[i][1] .. ' is not in the stream as pushed'
     end
-    at = at + #fields
   end
   return nil
 end
 if ARGV[15] and ARGV[15] ~= '' then
-  local problem = unconfirmed(cjson.decode(ARGV[15]))
+  local problem = unconfirmed(ARGV[15])
   if not problem and redis.call('EXISTS', KEYS[11]) == 1 then
     problem = 'the shard is sealed for a reshard'
   end
