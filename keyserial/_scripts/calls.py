@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import operator
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
@@ -87,8 +88,13 @@ class Script:
 
     @classmethod
     def load(cls, name: str, args: type[ScriptArgs] | None = None) -> Script:
+        """The script, after ``lib.lua`` if it uses a name defined there (every call of a script
+        runs its whole text, and making the helpers' closures costs about a microsecond)."""
         lua = resources.files("keyserial._scripts").joinpath("lua")
-        text = lua.joinpath("lib.lua").read_text() + lua.joinpath(f"{name}.lua").read_text()
+        text = lua.joinpath(f"{name}.lua").read_text()
+        lib = lua.joinpath("lib.lua").read_text()
+        if any(re.search(rf"\b{helper}\b", text) for helper in _defined(lib)):
+            text = lib + text
         names = () if args is None else tuple(args.__dataclass_fields__)
         return cls(name, text, hashlib.sha1(text.encode()).hexdigest(), names)
 
@@ -96,6 +102,11 @@ class Script:
     def publishes(self) -> bool:
         """Whether the script can publish replies itself, given them as its ``replies``."""
         return REPLIES in self.argv
+
+
+def _defined(lua: str) -> list[str]:
+    """The names a Lua text defines at its top level (``local function f``, ``local X =``)."""
+    return re.findall(r"^local (?:function )?(\w+)", lua, re.MULTILINE)
 
 
 def as_sent(reply: Any) -> Any:

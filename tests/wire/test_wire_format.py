@@ -28,6 +28,7 @@ from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 
 from keyserial import shard_for
+from keyserial._scripts.submit import SubmitArgs
 from keyserial.testing import running_worker
 from tests.helpers import ROOT, eventually
 
@@ -57,8 +58,12 @@ def test_the_routing_vectors_are_crc32_of_the_utf8_key_modulo_16() -> None:
 
 
 def test_the_documented_submit_script_is_the_one_the_python_client_runs() -> None:
+    """As it runs it: a foreign client's EVALSHA of the file's text finds the script the Python
+    client loaded (no helpers from lib.lua go before it: it uses none)."""
     shipped = (ROOT / "keyserial" / "_scripts" / "lua" / "submit.lua").read_text(encoding="utf-8")
     assert doc_submit_script().strip() == shipped.strip()
+    assert SubmitArgs.SCRIPT.text == shipped
+    assert SubmitArgs.SCRIPT.sha == hashlib.sha1(shipped.encode()).hexdigest()
 
 
 class ForeignClient:

@@ -1,5 +1,6 @@
--- Helpers for keyserial's scripts, put in front of each one when it is loaded (a Redis script
--- cannot import code). Nothing here reads KEYS or ARGV: keys are passed in.
+-- Helpers for keyserial's scripts, put in front of each one that uses one of them when it is
+-- loaded (a Redis script cannot import code). Nothing here reads KEYS or ARGV: keys are passed
+-- in.
 
 -- Stream ids: '<ms>-<seq>', compared as numbers.
 local function parse_id(id)

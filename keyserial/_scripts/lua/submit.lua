@@ -34,7 +34,7 @@ if limit > 0 then
     return redis.error_reply('BACKLOG ' .. length)
   end
 end
--- (This script is sent alone by foreign clients, so it has its own copy of lib.lua's publish.)
+-- (This script is sent alone by foreign clients: it needs none of lib.lua's helpers.)
 local function wake(message)
   local tag = string.match(KEYS[1], '^ks:{[^}]*}')
   if tag and string.sub(ARGV[4], 1, #tag) == tag then
