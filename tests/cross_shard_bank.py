@@ -54,6 +54,10 @@ class Bank:
     async def recorded(self, shard: int, name: str) -> bool:
         return bool(await self.redis.hexists(ShardKeys(self.namespace, shard).results, name))
 
+    async def holds(self, shard: int, attempt: str) -> bool:
+        """Whether ``shard`` holds keys for the cross-shard attempt ``<op id>#<attempt>``."""
+        return bool(await self.redis.hexists(ShardKeys(self.namespace, shard).held, attempt))
+
     async def pay(self, delay: float) -> None:
         """The op under test: A pays 10 to B and to C (its body notes its pid, then waits)."""
         await self.submit_payment(apps.pay(10, delay, str(self.note)))

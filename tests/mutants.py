@@ -875,6 +875,32 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "hold-released-only-by-a-new-commit",
+        "G5.18",
+        "step.lua deletes a hold only when it commits, not when it takes the step as sent again",
+        (Edit(_STEP, "if ARGV[6] == '1' then\n  multi('HDEL'", "if commit then\n  multi('HDEL'"),),
+        (
+            "tests/backend/test_scripts_idempotent.py::"
+            "test_a_hold_lasts_until_the_step_that_answers_its_request" + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "answered-request-keeps-its-hold",
+        "G5.18",
+        "a grant request answered from its stored answer leaves a hold under its id",
+        (
+            Edit(
+                "keyserial/_worker/intake.py",
+                'releases = op_id if envelope is not None and envelope.name == GRANT_OP else ""',
+                'releases = ""',
+            ),
+        ),
+        (
+            "tests/crossshard/test_grant_requests.py::"
+            "test_a_request_answered_already_ends_any_hold_under_its_id" + _STANDALONE,
+        ),
+    ),
+    Mutant(
         "step-replay-ignores-deletes",
         "G3.10",
         "step.lua takes a step as sent again when a key it deletes is there",

@@ -71,6 +71,23 @@ async def stored_confirmed(
     return merged_stored(raise_errors(replies)), confirmed
 
 
+async def held_confirmed(
+    backend: Backend, durability: Durability | None, shard: ShardKeys, field: str
+) -> tuple[bytes | None, bool]:
+    """The hold ``shard`` records under ``field`` (its held hash), and whether that is as
+    durable as ``durability`` asks, read and confirmed as :func:`stored_confirmed` reads.
+
+    :raises BackendUnavailable: if the server does not answer.
+    """
+    command: Command = ("HGET", shard.held, field)
+    found: bytes | None = (raise_errors(await backend.pipeline([command])))[0]
+    if durability is None or found is None:
+        return found, True
+    replies, confirmed = await _then_wait(backend, shard.barrier, [command], durability)
+    held: bytes | None = raise_errors(replies)[0]
+    return held, confirmed
+
+
 async def run_confirmed(
     backend: Backend, calls: Sequence[ScriptCall[Any]], durability: Durability
 ) -> tuple[list[Any], bool]:

@@ -78,15 +78,17 @@ class StepCommit:
         results: Sequence[tuple[str, str]] = (),
         *,
         answered: Sequence[tuple[str, str]] = (),
-        grants: Sequence[tuple[str, str, str]] = (),
         decisions: Sequence[tuple[str, str]] = (),
+        holds: Sequence[tuple[str, str, str]] = (),
+        released: Sequence[str] = (),
         dead: Sequence[tuple[str, str, str]] = (),
         passed: Sequence[str] = (),
         others: Sequence[tuple[int, int, Sequence[Write]]] = (),
     ) -> StepCommit:
         """The commit of the shard's ``writes``; the ``results`` (op id, outcome) and
-        ``answered`` records to store; the ``grants`` (field, grant, request entry id) and
-        ``decisions`` (field, decision) of cross-shard ops; the ``dead`` letters (entry id,
+        ``answered`` records to store; the ``decisions`` (field, decision) of cross-shard ops
+        this shard coordinates, the ``holds`` of its keys for others' (field, grant, request
+        entry id) and the holds ``released`` (their fields); the ``dead`` letters (entry id,
         reason, raw entry); the ``passed`` entries to delete from the stream; and ``others``,
         the writes to other shards (j, that shard's owner's epoch, writes), j counting from 1
         in the order :func:`step` is given their keys."""
@@ -97,8 +99,10 @@ class StepCommit:
             str(len(deletes)),
             str(len(results)),
             str(len(answered)),
-            str(len(grants)),
             str(len(decisions)),
+            str(len(holds)),
+            str(len(holds)),
+            str(len(released)),
             str(len(dead)),
             str(len(passed)),
             str(len(others)),
@@ -106,11 +110,12 @@ class StepCommit:
             *deletes,
             *chain.from_iterable(results),
         ]
-        if answered or grants or decisions or dead or passed or others:  # (seldom)
+        if answered or decisions or holds or released or dead or passed or others:  # (seldom)
             values += chain.from_iterable(answered)
-            values += chain.from_iterable((name, grant) for name, grant, _ in grants)
             values += chain.from_iterable(decisions)
-            values += [entry_id for _, _, entry_id in grants]
+            values += chain.from_iterable((name, grant) for name, grant, _ in holds)
+            values += [entry_id for _, _, entry_id in holds]
+            values += released
             values += chain.from_iterable(dead)
             values += passed
             for j, epoch, other_writes in others:
@@ -198,6 +203,7 @@ def step(
         k.pushes,
         sealed_key(k),
         k.paused,
+        k.held,
     ]
     for other in others:
         keys += [other.epoch, other.state]

@@ -153,11 +153,6 @@ def attempt_id(op_id: str, attempt: int) -> str:
     return f"{op_id}#{attempt}"
 
 
-def grant_field(op_id: str, attempt: int) -> str:
-    """The participant's results field that records its grant to an attempt."""
-    return f"{attempt_id(op_id, attempt)}#g"
-
-
 def decision_field(op_id: str, attempt: int) -> str:
     """The home shard's results field that records an attempt's decision."""
     return f"{attempt_id(op_id, attempt)}#d"
@@ -220,6 +215,10 @@ class ShardKeys:
     #: Hash: resource key -> JSON ``{"at": ms}``, the keys an operator paused (``keyserial
     #: keys pause``): their ops queue and none runs until resumed, whoever owns the shard.
     paused = _ShardKey("paused")
+    #: Hash: ``<op id>#<attempt>`` -> JSON grant, the keys this shard holds for other shards'
+    #: cross-shard ops, from the step that records a hold to the one that applies or releases
+    #: it (see docs/multi-key.md).
+    held = _ShardKey("held")
 
     @property
     def wake_channel(self) -> str:

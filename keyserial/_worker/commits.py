@@ -42,20 +42,24 @@ class Finished:
     #: The binding of the op that ran (``_wire.codec.binding``), stored with its outcome; '' for
     #: none (a refusal, a grant request's answer).
     binding: str = ""
+    #: A grant request's answer: the hold it ends, its field in the shard's held hash ('' for
+    #: none), deleted by the step that commits the answer.
+    releases: str = ""
 
 
 @dataclass(slots=True, eq=False)
 class Record:
     """A cross-shard record that commits with the owner's next step (docs/multi-key.md): a
-    grant of this shard's keys, held at its request's entry (which must still be in the
-    stream), or the decision of an attempt this owner coordinates (written once). Riding the
-    step, it commits after every earlier write of the shard and costs no script call of its
-    own; its messages go out once it has committed (the output gate)."""
+    hold of this shard's keys, at its request's entry (which must still be in the stream), or
+    the decision of an attempt this owner coordinates (written once). Riding the step, it
+    commits after every earlier write of the shard and costs no script call of its own; its
+    messages go out once it has committed (the output gate)."""
 
-    #: Its field in the shard's results hash (``<op id>#<attempt>#g`` or ``#d``).
+    #: Its field: in the shard's held hash (``<op id>#<attempt>``), or in its results hash
+    #: (a decision, ``<op id>#<attempt>#d``).
     name: str
     value: str
-    #: A grant's request entry; '' for a decision.
+    #: A hold's request entry; '' for a decision.
     entry_id: str
     #: What to publish once committed: (channel, coordination message), unsigned (the
     #: pipeliner signs and batches them per channel).
@@ -154,10 +158,13 @@ class CommitPlanner:
         self._pushed |= pushed
         results: list[tuple[str, str]] = []
         answered: list[tuple[str, str]] = []
+        released: list[str] = []
         replies: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for finished in batch:
             for entry in finished.entries:
                 entry.remaining -= 1
+            if finished.releases:
+                released.append(finished.releases)
             if finished.store:
                 results.append((finished.op_id, bound(finished.outcome, finished.binding)))
             elif finished.answered:
@@ -177,15 +184,17 @@ class CommitPlanner:
             or time.monotonic() - self._trimmed_at >= self._trim_interval
         )
         payload, shards = None, list[ShardKeys]()
-        if writes or results or answered or dead or passed or records or others:
-            payload, shards = _payload(writes, results, answered, dead, passed, records, others)
+        if writes or results or answered or released or dead or passed or records or others:
+            payload, shards = _payload(
+                writes, results, answered, released, dead, passed, records, others
+            )
         return Commit(
             progress,
             payload,
             replies,
             self._untrimmed if due else "",
             trim_now,
-            builds=bool(writes or results or answered or records or others),
+            builds=bool(writes or results or answered or released or records or others),
             messages=[message for record in records for message in record.messages],
             others=shards,
         )
@@ -235,6 +244,7 @@ def _payload(
     writes: list[tuple[str, str]],
     results: list[tuple[str, str]],
     answered: list[tuple[str, str]],
+    released: list[str],
     dead: Sequence[DeadLetter],
     passed: list[str],
     records: Sequence[Record],
@@ -249,8 +259,9 @@ def _payload(
         writes,
         results,
         answered=answered,
-        grants=[(r.name, r.value, r.entry_id) for r in records if r.entry_id],
         decisions=[(r.name, r.value) for r in records if not r.entry_id],
+        holds=[(r.name, r.value, r.entry_id) for r in records if r.entry_id],
+        released=released,
         dead=dead,
         passed=passed,
         others=by_shard,

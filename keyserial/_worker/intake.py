@@ -124,7 +124,13 @@ def _answered(
     if (stored := done.get(op_id)) is not None:
         if envelope is not None and binding_of(stored) not in (None, binding(envelope) or None):
             stored = taken_outcome(op_id)
-        accepted.finished.append(Finished(op_id, stored, entries, channels(reply), store=False))
+        # A grant request answered already: any hold recorded under its id is over (a copy
+        # appended as fresh, which no lookup stopped, may have recorded one before its answer
+        # was refused as a replay).
+        releases = op_id if envelope is not None and envelope.name == GRANT_OP else ""
+        accepted.finished.append(
+            Finished(op_id, stored, entries, channels(reply), store=False, releases=releases)
+        )
     elif (run := running.get(op_id)) is None:
         return False
     elif envelope is not None and binding(run.envelope) != binding(envelope):

@@ -611,11 +611,19 @@ class ShardRunner:
         )
 
     def finish(
-        self, run: Run, outcome: str, *, store: bool, replies: list[str], binding: str = ""
+        self,
+        run: Run,
+        outcome: str,
+        *,
+        store: bool,
+        replies: list[str],
+        binding: str = "",
+        releases: str = "",
     ) -> None:
         """Take the outcome of an op that finished outside the executor (a cross-shard op or a
         grant request) into the next commit; ``store``: the commit stores it (False: it is in
-        Redis already, or must not be kept), bound to ``binding`` (see ``Finished``)."""
+        Redis already, or must not be kept), bound to ``binding``; ``releases``: the hold the
+        commit deletes (see ``Finished``)."""
         run.outcome = outcome
         # (An outcome a cross-shard script committed already leaves its keys committed.)
         committed_already = not store and run.keep
@@ -628,6 +636,7 @@ class ShardRunner:
                 store,
                 answered=not run.keep,
                 binding=binding,
+                releases=releases,
             ),
             () if committed_already else run.envelope.keys,
         )

@@ -91,12 +91,31 @@ async def test_a_grant_for_a_request_whose_entry_is_gone_is_refused_and_records_
     kept = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
     lost = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
     await client.xdel(keys.stream, lost)  # as the promoted replica never had it
-    await backend.run_call(_step(keys, _with_grant("kept#1#g", kept)))
-    assert await client.hget(keys.results, "kept#1#g") == b'{"s": []}'
+    await backend.run_call(_step(keys, _with_grant("kept#1", kept)))
+    assert await client.hget(keys.held, "kept#1") == b'{"s": []}'
     with pytest.raises(RequestGone, match=lost):
-        await backend.run_call(_step(keys, _with_grant("lost#1#g", lost, state="7")))
-    assert not await client.hexists(keys.results, "lost#1#g")
+        await backend.run_call(_step(keys, _with_grant("lost#1", lost, state="7")))
+    assert not await client.hexists(keys.held, "lost#1")
     assert await client.hget(keys.state, "a") == b"5", "nothing of the step was written"
+
+
+async def test_a_hold_lasts_until_the_step_that_answers_its_request(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str
+) -> None:
+    """A hold is a record of its own, in the shard's held hash, not among the results: the step
+    that stores its request's answer (applied or released) deletes it. So does one that the
+    script takes for that step sent again (the answer and writes as stored): a copy of the
+    request, appended again as fresh, held the keys again, and its hold is over too."""
+    keys = ShardKeys(namespace, 0)
+    await client.set(keys.epoch, 2)
+    entry = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
+    applied = StepCommit.of([("a", "6")], [("op#1", '{"ok":"applied"}')], released=["op#1"])
+    for state in ("5", "6"):  # (the request, then its copy, after the request's part applied)
+        await backend.run_call(_step(keys, _with_grant("op#1", entry, state=state)))
+        assert await client.hkeys(keys.held) == [b"op#1"]
+        await backend.run_call(_step(keys, applied))
+        assert await client.hlen(keys.held) == 0
+        assert await client.hget(keys.results, "op#1") == b'{"ok":"applied"}'
 
 
 async def test_a_grant_under_an_epoch_that_moved_on_is_refused_and_records_nothing(
@@ -107,13 +126,13 @@ async def test_a_grant_under_an_epoch_that_moved_on_is_refused_and_records_nothi
     await client.set(keys.epoch, 3)
     entry = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
     with pytest.raises(Fenced):
-        await backend.run_call(_step(keys, _with_grant("op#1#g", entry)))
-    assert not await client.hexists(keys.results, "op#1#g")
+        await backend.run_call(_step(keys, _with_grant("op#1", entry)))
+    assert not await client.hexists(keys.held, "op#1")
 
 
 def _with_grant(field: str, entry_id: str, state: str = "5") -> StepCommit:
-    """A step's commit: a write of key "a", and a grant of no keys recorded under ``field``."""
-    return StepCommit.of([("a", state)], grants=[(field, '{"s": []}', entry_id)])
+    """A step's commit: a write of key "a", and a hold of no keys recorded under ``field``."""
+    return StepCommit.of([("a", state)], holds=[(field, '{"s": []}', entry_id)])
 
 
 def _with_decision(outcome: str, state: str, decision: str = '{"w":{}}') -> StepCommit:

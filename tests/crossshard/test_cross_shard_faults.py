@@ -66,9 +66,9 @@ async def test_coordinator_killed_after_the_first_grant(
         await eventually(held.exists, message="C held")
         group.start_soon(b.pay, 0)
         await eventually(
-            lambda: b.recorded(1, "victim#1#g"), message="B granted", timeout=15, interval=0.005
+            lambda: b.holds(1, "victim#1"), message="B granted", timeout=15, interval=0.005
         )
-        assert not await b.recorded(2, "victim#1#g")
+        assert not await b.holds(2, "victim#1")
         b.w0.kill()
         await check_after_fault(b, b.fault(group))
 

@@ -277,6 +277,42 @@ async def test_a_request_signed_by_a_signer_not_listed_holds_no_key(
     assert users.refusals() == []
 
 
+async def test_a_request_answered_already_ends_any_hold_under_its_id(
+    users: Users, namespace: str
+) -> None:
+    """A copy of a request whose part was applied or released, taken in where its answer is
+    looked up, is answered with it and runs nothing; a hold recorded under its id (as a copy
+    appended as fresh, which no lookup stops, records before its answer is refused) is over,
+    and the step that answers the copy deletes it."""
+    victim = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
+    participant = ShardKeys(namespace, PARTICIPANT)
+    attacker = redis.asyncio.Redis.from_url(users.client_url)
+    try:
+        async with (
+            running_worker(users.worker_url, namespace, shard_count=SHARDS),
+            keyserial.connect(users.client_url, namespace=namespace) as ks,
+        ):
+            assert await ks.submit(victim, deposit(100)) == 100
+            request = grant_request(
+                listed_signer(users.admin, namespace),
+                namespace,
+                home=HOME,
+                participant=PARTICIPANT,
+                op="answered",
+                attempt=0,
+                channel=f"ks:attacker:{uuid.uuid4().hex}",
+                keys=[victim],
+            )
+            users.admin.hset(participant.results, "answered#0", '{"ok":"released"}')
+            users.admin.hset(participant.held, "answered#0", '{"st": []}')
+            await _append(attacker, namespace, request)  # (not fresh: its answer is looked up)
+            await eventually(lambda: not users.admin.hexists(participant.held, "answered#0"))
+            assert await ks.submit(victim, deposit(1), timeout=10) == 101
+            assert users.admin.hget(participant.results, "answered#0") == b'{"ok":"released"}'
+    finally:
+        await attacker.aclose()
+
+
 @pytest.mark.slow
 async def test_a_request_a_listed_worker_signed_is_granted(users: Users, namespace: str) -> None:
     """The control: the same request, signed by a listed signer, is taken: the participant
@@ -302,7 +338,8 @@ async def test_a_request_a_listed_worker_signed_is_granted(users: Users, namespa
             )
             await _append(attacker, namespace, request)
             results = ShardKeys(namespace, PARTICIPANT).results
-            await eventually(lambda: users.admin.hget(results, "listed#0#g") is not None)
+            # (Taken and released: a refused request stores nothing under a '#' id.)
+            await eventually(lambda: users.admin.hget(results, "listed#0") is not None)
             assert await ks.submit(victim, deposit(1), timeout=10) == 101
             assert users.admin.xlen(ShardKeys(namespace, PARTICIPANT).dead) == 0
     finally:

@@ -145,7 +145,7 @@ async def test_a_zombie_participant_s_commit_reaches_redis_and_is_refused(
             timeout=15,
             interval=0.005,
         )
-        assert not await b.recorded(1, "victim#1#g"), "B is still busy: no grant yet"
+        assert not await b.holds(1, "victim#1"), "B is still busy: no grant yet"
         freeze.touch()  # (B's owner blocks in the op; the standby's replay of it ends at once)
         fault_at = b.fault(group)
         await eventually(

@@ -153,6 +153,7 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
             report.violations += await _liveness(system, clients[0], faults)
         faults.note("load drained")
         report.violations += await _held_keys(system, clients[0], faults)
+        report.violations += await _holds_released(system, faults)
         report.violations += await _tap_caught_up(system, tap, faults)
         resolved = await _resolve(clients[0], load, tap, profile)
         finals = await _finals(clients[0], system, load, keys)
@@ -262,6 +263,35 @@ async def _liveness(
             group.start_soon(probe, shard)
     faults.note(f"liveness probed: {len(violations)} shard(s) stuck")
     return violations
+
+
+async def _holds_released(system: BaseSystem, faults: Faults) -> list[Violation]:
+    """Every hold a participant recorded is released once the load has drained: the held
+    hashes of every layout's shards are empty within the liveness bound (Redis deletes a hash
+    with its last field). A hold left behind would stand for keys held for an op that is
+    over."""
+    assert system.inspector is not None
+    inspector = system.inspector
+    deadline = time.monotonic() + system.profile.liveness_bound
+    pattern = f"ks:{{{system.namespace}:*}}:held"
+    while True:
+        left: dict[str, list[str]] = {}
+        async for key in inspector.scan_iter(match=pattern, count=1000):
+            name = key.decode() if isinstance(key, bytes) else key
+            left[name] = sorted(field.decode() for field in await inspector.hkeys(name))
+        if not left or time.monotonic() >= deadline:
+            break
+        await anyio.sleep(0.2)
+    faults.note(f"held hashes left once the load drained: {len(left)}")
+    if not left:
+        return []
+    return [
+        Violation(
+            "held-record",
+            f"holds left {system.profile.liveness_bound}s after the load drained",
+            {"held": {key: fields[:5] for key, fields in sorted(left.items())[:5]}},
+        )
+    ]
 
 
 async def _held_keys(

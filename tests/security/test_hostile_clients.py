@@ -422,8 +422,10 @@ async def test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides
         assert moved == {source: 75, target: 35}
         assert await ks.submit(decoy, deposit(1), timeout=30) == 6
         assert int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0) == attempt
-        granted = json.loads(users.admin.hget(participant.results, f"order-9#{attempt}#g"))
-        assert [key for key, _ in granted["st"]] == [target]  # (the transfer's own grant)
+        # (The transfer's own request was applied under the attempt, and holds nothing now.)
+        applied = users.admin.hget(participant.results, f"order-9#{attempt}")
+        assert applied == b'{"ok":"applied"}'
+        assert users.admin.hlen(participant.held) == 0
 
 
 @pytest.mark.slow
@@ -442,7 +444,7 @@ async def test_a_signed_grant_request_ahead_for_other_keys_never_decides_the_op(
     async with funded as (ks, attacker, attempt):
         request = _ahead_for(listed_signer(users.admin, namespace), namespace, attempt, decoy)
         await _append(attacker, PARTICIPANT, namespace, [request])
-        await eventually(lambda: attacker.hget(participant.results, f"order-9#{attempt}#g"))
+        await eventually(lambda: attacker.hget(participant.held, f"order-9#{attempt}"))
         moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
         assert moved == {source: 75, target: 35}
         assert await ks.submit(decoy, deposit(1), timeout=30) == 6

@@ -13,8 +13,12 @@
 -- KEYS[10] the epoch of the owner that takes pushed entries (see submit.lua, acquire.lua)
 -- KEYS[11] the shard's seal, once a reshard sealed it (see seal.lua)
 -- KEYS[12] the shard's paused keys (keyserial keys pause)
--- KEYS[12 + 2j - 1], KEYS[12 + 2j]  the epoch and state of the j-th other shard whose keys
---          the commit's part 9 writes (a standalone server only: a cluster keeps each script to one slot)
+-- KEYS[13] the shard's held hash: the keys it holds for other shards' cross-shard ops, by
+--          attempt ('<op id>#<attempt>': the grant), from the step that records a hold to the
+--          one that applies or releases it
+-- KEYS[13 + 2j - 1], KEYS[13 + 2j]  the epoch and state of the j-th other shard whose keys
+--          the commit's part 11 writes (a standalone server only: a cluster keeps each script to
+--          one slot)
 -- KEYS after those: results hashes of earlier layouts' shards, in pairs (see ARGV[16]; a
 --          standalone server only too)
 -- ARGV[1]  the owner's epoch
@@ -27,19 +31,20 @@
 -- ARGV[4]  cursor: the last entry id already fetched (exclusive)
 -- ARGV[5]  how many entries to fetch (0: commit only)
 -- ARGV[6]  '1': the step commits; '0': it has nothing to commit. The commit follows ARGV[16]
---   (then come the pushed entries of ARGV[15]): first the sizes of its nine parts, one argument
---   each, then the values of each part, in this order:
+--   (then come the pushed entries of ARGV[15]): first the sizes of its eleven parts, one
+--   argument each, then the values of each part, in this order:
 --   1. state writes, (key, JSON state) pairs; 2. state deletes, keys;
 --   3. outcomes, (op id, JSON outcome) pairs; 4. records of ops answered but not stored,
---   ('<op id>#u', JSON) pairs, written over freely; 5. grants of this shard's keys to
---   cross-shard ops, (field, grant) pairs; 6. decisions of attempts this owner coordinates,
---   (field, decision) pairs, each written once: a different one there already (an abort) means
---   the attempt's epoch is over (5 and 6 are results fields: see docs/multi-key.md);
---   (then, one per grant of 5, in its order) the grant's request entry id: each grant is held at
---   its request's entry, which must still be in the stream (a failover that lost it voids the
---   place the keys were held at); 7. dead letters, (entry id, reason, raw entry) triples;
---   8. entries whose ops have all committed, past progress: removed from the stream;
---   9. the writes of cross-shard ops (their results are in 3) to other shards the same worker
+--   ('<op id>#u', JSON) pairs, written over freely; 5. decisions of attempts this owner
+--   coordinates, ('<op id>#<attempt>#d', decision) pairs, each written once: a different one
+--   there already (an abort) means the attempt's epoch is over (see docs/multi-key.md);
+--   6. holds of this shard's keys for cross-shard ops, ('<op id>#<attempt>', grant) pairs, in
+--   the held hash; 7. (one per hold of 6, in its order) the hold's request entry id: each hold
+--   is at its request's entry, which must still be in the stream (a failover that lost it
+--   voids the place the keys were held at); 8. holds applied or released, fields of the held
+--   hash to delete; 9. dead letters, (entry id, reason, raw entry) triples;
+--   10. entries whose ops have all committed, past progress: removed from the stream;
+--   11. the writes of cross-shard ops (their results are in 3) to other shards the same worker
 --   owns, each fenced by its owner's epoch: per shard j, epoch, its writes' count and its
 --   deletes' count, then its writes and deletes as in 1 and 2.
 --   (Values the script hands to HSET and HMGET as they come: decoding one JSON argument cost
@@ -55,7 +60,7 @@
 --          come pushed: a shard idle that long has XLEN = its backlog)
 -- ARGV[11] '1': the owner holds every state of the shard (loaded when it took the shard over),
 --          so none is read
--- ARGV[12] replies (and the messages of grants and decisions) to publish once committed, JSON
+-- ARGV[12] replies (and the messages of holds and decisions) to publish once committed, JSON
 --          [[channel, message], ...], or ''. (On keyserial's own connection the owner publishes
 --          the replies of several steps of one batch itself, one message per channel, once they
 --          have returned: see pipeline.py.)
@@ -87,9 +92,9 @@
 -- (nothing written) if the stream does not hold the pushed entries of ARGV[15] as pushed, or the
 -- shard is sealed (no push follows a seal: the submit script refuses appends there; the owner
 -- starts again, sealed); error "REPLAYED ..." (nothing written) if an outcome of part 3 is
--- stored already and the step is not this same step sent again, or another decision of a part 6
--- attempt is; error "GONE ..." (nothing written) if a grant's request entry is not in the
--- stream; error "ELSEWHERE j" (nothing written) if the j-th other shard of part 9 has another
+-- stored already and the step is not this same step sent again, or another decision of a part 5
+-- attempt is; error "GONE ..." (nothing written) if a hold's request entry is not in the
+-- stream; error "ELSEWHERE j" (nothing written) if the j-th other shard of part 11 has another
 -- owner now; error "RESTARTED ..." (after the commit) if the new progress is the largest id (see
 -- below).
 -- (parse_id, id_gt, replayed_error, xrange_after and LARGEST_ID come from lib.lua.)
@@ -122,24 +127,26 @@ end
 -- are. A shard's writes are {sets, n_sets, deletes, n_deletes}. (Plain arithmetic: the sizes
 -- parsed from one text, with a table per part, cost a step more than the commands it sends.)
 local commit = ARGV[6] == '1'
-local size = {0, 0, 0, 0, 0, 0, 0, 0, 0}
+local size = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 if commit then
-  for i = 1, 9 do
+  for i = 1, 11 do
     size[i] = tonumber(ARGV[16 + i])
   end
 end
-local home_writes = {commit and 26 or 17, size[1], 0, size[2]}
+local home_writes = {commit and 28 or 17, size[1], 0, size[2]}
 home_writes[3] = home_writes[1] + 2 * size[1]
-local stored_first = home_writes[3] + size[2]  -- parts 3 to 6: pairs for the results hash
+local stored_first = home_writes[3] + size[2]  -- parts 3 to 5: pairs for the results hash
 local results_first, n_results = stored_first, size[3]
-local decisions_first, n_decisions = stored_first + 2 * (size[3] + size[4] + size[5]), size[6]
+local decisions_first, n_decisions = stored_first + 2 * (size[3] + size[4]), size[5]
 local stored_last = decisions_first + 2 * n_decisions - 1
-local requests_first, n_requests = stored_last + 1, size[5]
-local dead_first, n_dead = requests_first + n_requests, size[7]
-local passed_first, n_passed = dead_first + 3 * n_dead, size[8]
+local holds_first, n_holds = stored_last + 1, size[6]
+local requests_first = holds_first + 2 * n_holds
+local released_first, n_released = requests_first + n_holds, size[8]
+local dead_first, n_dead = released_first + n_released, size[9]
+local passed_first, n_passed = dead_first + 3 * n_dead, size[10]
 local pushed_at = passed_first + n_passed
 local others = {}
-for _ = 1, size[9] do
+for _ = 1, size[11] do
   local n_sets, n_deletes = tonumber(ARGV[pushed_at + 2]), tonumber(ARGV[pushed_at + 3])
   local first = pushed_at + 4
   others[#others + 1] = {tonumber(ARGV[pushed_at]), ARGV[pushed_at + 1],
@@ -222,15 +229,15 @@ local function writes_hold(hash, writes)
   end
   return true
 end
--- Whether the j-th other shard of part 9 is still owned by ``epoch``.
+-- Whether the j-th other shard of part 11 is still owned by ``epoch``.
 local function owns_other(j, epoch)
-  return redis.call('GET', KEYS[12 + 2 * j - 1]) == epoch
+  return redis.call('GET', KEYS[13 + 2 * j - 1]) == epoch
 end
--- Whether the part 9 writes hold on every other shard still owned by the epoch they name (a
+-- Whether the part 11 writes hold on every other shard still owned by the epoch they name (a
 -- shard that changed hands since may have moved on, and its old owner is fenced).
 local function others_hold(others)
   for _, other in ipairs(others) do
-    if owns_other(other[1], other[2]) and not writes_hold(KEYS[12 + 2 * other[1]], other[3]) then
+    if owns_other(other[1], other[2]) and not writes_hold(KEYS[13 + 2 * other[1]], other[3]) then
       return false
     end
   end
@@ -280,7 +287,7 @@ local function record_refusal()
         .. ' cross-shard op; nothing was written'
     end
   end
-  for i = requests_first, requests_first + n_requests - 1 do
+  for i = requests_first, requests_first + n_holds - 1 do
     local request = ARGV[i]
     if #redis.call('XRANGE', KEYS[4], request, request) == 0 then
       return 'GONE entry ' .. request .. ' is not in the stream; nothing was written'
@@ -308,7 +315,7 @@ end
 if commit then
   write_states(KEYS[2], home_writes)
   for _, other in ipairs(others) do
-    write_states(KEYS[12 + 2 * other[1]], other[3])
+    write_states(KEYS[13 + 2 * other[1]], other[3])
   end
 end
 -- Results expire a generation at a time: no expiry to record per result. (UNLINK frees the
@@ -343,11 +350,18 @@ if ARGV[3] == '1' then
 end
 if commit then
   multi('HSET', KEYS[5], stored_first, stored_last)
+  multi('HSET', KEYS[13], holds_first, requests_first - 1)
   for i = dead_first, dead_first + 3 * n_dead - 1, 3 do
     redis.call('XADD', KEYS[7], 'MAXLEN', '~', 10000, '*',
       'entry', ARGV[i], 'reason', ARGV[i + 1], 'raw', ARGV[i + 2])
   end
   multi('XDEL', KEYS[4], passed_first, passed_first + n_passed - 1)
+end
+-- A hold ends even with a step taken as sent again: its answer may be a copy's (a request
+-- appended again as fresh by a client user), the same as the one stored, and the copy's hold
+-- is over too.
+if ARGV[6] == '1' then
+  multi('HDEL', KEYS[13], released_first, released_first + n_released - 1)
 end
 
 -- Fetch, then set progress, horizon and who takes pushes (in one command), then trim.

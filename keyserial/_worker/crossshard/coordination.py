@@ -48,10 +48,18 @@ class PipelinedCalls(Protocol):
 
 class Finish(Protocol):
     """The runner's way to take an op's outcome into its next commit; ``store``: the commit
-    stores it (False: it is in Redis already, or must not be kept), bound to ``binding``."""
+    stores it (False: it is in Redis already, or must not be kept), bound to ``binding``;
+    ``releases``: the hold (its held field) the commit deletes."""
 
     def __call__(
-        self, run: Run, outcome: str, *, store: bool, replies: list[str], binding: str = ""
+        self,
+        run: Run,
+        outcome: str,
+        *,
+        store: bool,
+        replies: list[str],
+        binding: str = "",
+        releases: str = "",
     ) -> None: ...
 
 

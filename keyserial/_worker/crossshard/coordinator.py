@@ -19,7 +19,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..._backend.durability import stored_confirmed
+from ..._backend.durability import held_confirmed
 from ..._backoff import Backoff
 from ..._ops import Op
 from ..._scripts.calls import ScriptCall
@@ -34,7 +34,7 @@ from ..._wire.codec import (
     pack_entry,
 )
 from ..._wire.json_text import dumps
-from ..._wire.layout import ShardKeys, decision_field, grant_field, shard_name
+from ..._wire.layout import ShardKeys, attempt_id, decision_field, shard_name
 from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant
 from ..._wire.routing import route
 from ...errors import BackendUnavailable, LeaseLost
@@ -347,7 +347,7 @@ class Coordinator:
         home = services.home
         waiter, request, entry = waiting.waiter, waiting.request, waiting.entry
         there, keys = request.there, request.keys
-        granted_at = grant_field(op_id, attempt)
+        granted_at = attempt_id(op_id, attempt)
         decided_at = decision_field(op_id, attempt)
         while True:
             if isinstance(message := await waiter.within(services.poll), KeyGrant):
@@ -367,7 +367,8 @@ class Coordinator:
                 if (grant := await self._recorded_grant(there, granted_at)) is not None:
                     return self.of_keys(grant, keys)
                 # (Looked for before the grant: a request leaves the stream only after its
-                # grant was recorded, so gone with no grant means a failover lost it.)
+                # grant was recorded, and its hold is released only once the attempt is
+                # decided, so gone with no grant and no decision means a failover lost it.)
                 present = await services.backend.entries_present(there, [entry])
                 if (grant := await self._recorded_grant(there, granted_at)) is not None:
                     return self.of_keys(grant, keys)
@@ -403,20 +404,20 @@ class Coordinator:
             " request took the attempt's id"
         )
 
-    async def _recorded_grant(self, there: ShardKeys, grant_field: str) -> KeyGrant | None:
-        """The grant recorded in the participant shard (fenced by its owner's epoch), or None.
-        A grant no WAIT confirms, as one read on a master that a failover has left behind, is
-        not taken."""
+    async def _recorded_grant(self, there: ShardKeys, held: str) -> KeyGrant | None:
+        """The grant the participant shard holds its keys under (recorded by its owner's
+        fenced step), or None. A grant no WAIT confirms, as one read on a master that a
+        failover has left behind, is not taken."""
         services = self._services
-        (raw,), confirmed = await stored_confirmed(
-            services.backend, services.settings.durability, there, [grant_field]
+        raw, confirmed = await held_confirmed(
+            services.backend, services.settings.durability, there, held
         )
         if raw is None or not confirmed:
             return None
         log.debug(
-            "shard %d: grant %s of shard %d read in its record",
+            "shard %d: grant %s of shard %d read in its held hash",
             services.home.shard,
-            grant_field,
+            held,
             there.shard,
         )
         return KeyGrant.from_wire(json.loads(raw))

@@ -17,7 +17,7 @@ from ..._scripts.cross import ResolveArgs, resolve
 from ..._scripts.refusals import AttemptAhead
 from ..._wire.codec import encode_error
 from ..._wire.json_text import dumps
-from ..._wire.layout import grant_field
+from ..._wire.layout import attempt_id
 from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant, MalformedMessage
 from ...errors import BackendUnavailable, MalformedOperation
 from ..chains import Hold
@@ -102,8 +102,9 @@ class Participant:
         """Apply the attempt's decision (None: nobody asked) and answer the request."""
         services, envelope = self._services, run.envelope
         home = services.home
+        held = attempt_id(request.op_id, request.attempt)
         if decision is None:  # nobody asked: nothing is stored, so the attempt may still begin
-            services.finish(run, _RELEASED, store=False, replies=[])
+            services.finish(run, _RELEASED, store=False, replies=[], releases=held)
             return
         log.debug(
             "shard %d (epoch %d): %s#%d decided: %s",
@@ -114,23 +115,24 @@ class Participant:
             "aborted" if decision.aborted is not None else "committed",
         )
         if decision.aborted is not None:
-            services.finish(run, _RELEASED, store=True, replies=[])
+            services.finish(run, _RELEASED, store=True, replies=[], releases=held)
             return
         mine = set(envelope.keys)
         for key, state in decision.writes_of(home.shard):
             if key in mine:
                 home.states.write(key, state or None)
-        services.finish(run, _APPLIED, store=True, replies=[])
+        services.finish(run, _APPLIED, store=True, replies=[], releases=held)
 
     def grant_record(self, request: GrantRequest, key_grant: KeyGrant, entry_id: str) -> Record:
-        """The grant's record, and its message to the coordinator's worker (signed for it by
-        the pipeliner, which batches what this worker owes that one: the message is as good as
-        the record, and saves the coordinator reading it back)."""
+        """The grant's record, the hold in the shard's held hash (until the step that applies
+        or releases it), and its message to the coordinator's worker (signed for it by the
+        pipeliner, which batches what this worker owes that one: the message is as good as the
+        record, and saves the coordinator reading it back)."""
         grant = dumps(key_grant.to_wire())
         messages = (
             [] if self._services.mailbox.is_mine(request.channel) else [(request.channel, grant)]
         )
-        field = grant_field(request.op_id, request.attempt)
+        field = attempt_id(request.op_id, request.attempt)
         # (A step that finds the request's entry gone, as a failover that lost entries this
         # owner fetched leaves it, writes nothing, and the owner gives its shard up: its holds
         # follow a stream order that Redis no longer has.)
