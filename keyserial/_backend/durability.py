@@ -62,13 +62,8 @@ async def stored_confirmed(
 
     :raises BackendUnavailable: if the server does not answer.
     """
-    found = await backend.stored(shard, fields)
-    if durability is None or not any(found):
-        return found, True
-    replies, confirmed = await _then_wait(
-        backend, shard.barrier, stored_commands(shard, fields), durability
-    )
-    return merged_stored(raise_errors(replies)), confirmed
+    commands = stored_commands(shard, fields)
+    return await _read_confirmed(backend, durability, shard, commands, merged_stored)
 
 
 async def held_confirmed(
@@ -80,12 +75,25 @@ async def held_confirmed(
     :raises BackendUnavailable: if the server does not answer.
     """
     command: Command = ("HGET", shard.held, field)
-    found: bytes | None = (raise_errors(await backend.pipeline([command])))[0]
-    if durability is None or found is None:
-        return found, True
-    replies, confirmed = await _then_wait(backend, shard.barrier, [command], durability)
-    held: bytes | None = raise_errors(replies)[0]
+    (held,), confirmed = await _read_confirmed(backend, durability, shard, [command], list)
     return held, confirmed
+
+
+async def _read_confirmed(
+    backend: Backend,
+    durability: Durability | None,
+    shard: ShardKeys,
+    commands: list[Command],
+    values: Callable[[list[Any]], list[bytes | None]],
+) -> tuple[list[bytes | None], bool]:
+    """The ``values`` of the replies to ``commands`` (reads of ``shard``), and whether they are
+    confirmed: read again before a barrier and a WAIT when something was found (see
+    :func:`stored_confirmed`)."""
+    found = values(raise_errors(await backend.pipeline(commands)))
+    if durability is None or not any(found):
+        return found, True
+    replies, confirmed = await _then_wait(backend, shard.barrier, commands, durability)
+    return values(raise_errors(replies)), confirmed
 
 
 async def run_confirmed(

@@ -92,8 +92,7 @@ class StepCommit:
         reason, raw entry); the ``passed`` entries to delete from the stream; and ``others``,
         the writes to other shards (j, that shard's owner's epoch, writes), j counting from 1
         in the order :func:`step` is given their keys."""
-        sets = [item for write in writes if write[1] for item in write]
-        deletes = [key for key, state in writes if not state]
+        sets, deletes = _split(writes)
         values = [
             str(len(sets) >> 1),
             str(len(deletes)),
@@ -128,14 +127,8 @@ class StepCommit:
 
 def _split(writes: Sequence[Write]) -> tuple[list[str], list[str]]:
     """``writes`` as the script takes them: (key, state) pairs, flat, and the keys to delete."""
-    sets: list[str] = []
-    deletes: list[str] = []
-    for key, state in writes:
-        if state:
-            sets += (key, state)
-        else:
-            deletes.append(key)
-    return sets, deletes
+    sets = [item for write in writes if write[1] for item in write]
+    return sets, [key for key, state in writes if not state]
 
 
 @dataclass(slots=True)

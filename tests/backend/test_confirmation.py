@@ -25,7 +25,7 @@ import pytest
 import redis
 
 from keyserial._backend.backend import Backend
-from keyserial._backend.durability import run_confirmed, stored_confirmed
+from keyserial._backend.durability import held_confirmed, run_confirmed, stored_confirmed
 from keyserial._scripts.cross import ResolveArgs, resolve
 from keyserial._settings import Durability
 from keyserial._worker.pipeline import Pipeliner
@@ -103,6 +103,23 @@ async def test_a_stored_result_is_read_on_the_connection_its_wait_confirms(
     # (A first read may go elsewhere: only the one its WAIT vouches for counts.)
     assert len(sent["WAIT"]) == 1, sent
     assert sent["WAIT"] <= sent["HMGET"], f"no read on the WAIT's connection: {sent}"
+
+
+async def test_a_hold_is_read_on_the_connection_its_wait_confirms(
+    cluster_server: LocalServer,
+    backend: Backend,
+) -> None:
+    """How a coordinator reads a grant it was not handed: from the participant's held hash,
+    with a WAIT on the same connection; nothing found is an answer too."""
+    shard = ShardKeys("confirm-hold", 0)
+    await backend.call("HSET", shard.held, "op-1#2", '{"t":"g"}')
+    with monitored(cluster_server) as seen:
+        found = await held_confirmed(backend, CONFIRMED, shard, "op-1#2")
+        sent = await senders(seen, "HGET", "WAIT")
+    assert found == (b'{"t":"g"}', True)
+    assert len(sent["WAIT"]) == 1, sent
+    assert sent["WAIT"] <= sent["HGET"], f"no read on the WAIT's connection: {sent}"
+    assert await held_confirmed(backend, CONFIRMED, shard, "op-1#3") == (None, True)
 
 
 async def test_script_calls_run_on_the_connection_their_wait_confirms(

@@ -207,38 +207,56 @@ async def _append(attacker: redis.asyncio.Redis, namespace: str, envelope: dict[
     await attacker.xadd(stream, {"v": "1", "ops": json.dumps([envelope])})
 
 
-async def test_a_forged_grant_request_for_the_current_attempt_holds_no_key(
+@asynccontextmanager
+async def _victim_served(
     users: Users, namespace: str
-) -> None:
-    """The reviewer's attack: an unsigned request for an op the home shard's owner never
-    began, under the home shard's current epoch. It is dead-lettered when taken in: the key's
-    next op is answered at once (it used to wait until the home shard changed owner)."""
+) -> AsyncIterator[tuple[keyserial.Client, redis.asyncio.Redis, str]]:
+    """A worker on every shard, a client, the attacker's connection (the client user's), and a
+    victim key on the participant shard holding 100."""
     victim = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
     attacker = redis.asyncio.Redis.from_url(users.client_url)
-    participant = ShardKeys(namespace, PARTICIPANT)
     try:
         async with (
             running_worker(users.worker_url, namespace, shard_count=SHARDS),
             keyserial.connect(users.client_url, namespace=namespace) as ks,
         ):
             assert await ks.submit(victim, deposit(100)) == 100
-            attempt = int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
-            forged = grant_request(
-                None,
-                namespace,
-                home=HOME,
-                participant=PARTICIPANT,
-                op=f"never-{uuid.uuid4().hex[:8]}",
-                attempt=attempt,
-                channel=f"ks:attacker:{uuid.uuid4().hex}",
-                keys=[victim],
-            )
-            await _append(attacker, namespace, forged)
-            assert await ks.submit(victim, deposit(1), timeout=5) == 101
-            await eventually(lambda: users.admin.xlen(participant.dead) == 1)
-            assert int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0) == attempt
+            yield ks, attacker, victim
     finally:
         await attacker.aclose()
+
+
+def _request_for(
+    signer: ReplySigner | None, namespace: str, op: str, attempt: int, victim: str
+) -> dict[str, Any]:
+    """A grant request from the home shard for ``victim`` on the participant shard, its
+    answers to the attacker's own channel, signed by ``signer`` (None: unsigned)."""
+    return grant_request(
+        signer,
+        namespace,
+        home=HOME,
+        participant=PARTICIPANT,
+        op=op,
+        attempt=attempt,
+        channel=f"ks:attacker:{uuid.uuid4().hex}",
+        keys=[victim],
+    )
+
+
+async def test_a_forged_grant_request_for_the_current_attempt_holds_no_key(
+    users: Users, namespace: str
+) -> None:
+    """The reviewer's attack: an unsigned request for an op the home shard's owner never
+    began, under the home shard's current epoch. It is dead-lettered when taken in: the key's
+    next op is answered at once (it used to wait until the home shard changed owner)."""
+    participant = ShardKeys(namespace, PARTICIPANT)
+    async with _victim_served(users, namespace) as (ks, attacker, victim):
+        attempt = int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
+        forged = _request_for(None, namespace, f"never-{uuid.uuid4().hex[:8]}", attempt, victim)
+        await _append(attacker, namespace, forged)
+        assert await ks.submit(victim, deposit(1), timeout=5) == 101
+        await eventually(lambda: users.admin.xlen(participant.dead) == 1)
+        assert int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0) == attempt
     assert users.refusals() == []
 
 
@@ -247,33 +265,15 @@ async def test_a_request_signed_by_a_signer_not_listed_holds_no_key(
 ) -> None:
     """A request signed well, but by a key no worker listed (an attacker's own): the worker
     reads the signer's entry, finds none, and dead-letters the request."""
-    victim = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
-    attacker = redis.asyncio.Redis.from_url(users.client_url)
-    try:
-        async with (
-            running_worker(users.worker_url, namespace, shard_count=SHARDS),
-            keyserial.connect(users.client_url, namespace=namespace) as ks,
-        ):
-            assert await ks.submit(victim, deposit(100)) == 100
-            attempt = int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
-            forged = grant_request(
-                ReplySigner(),
-                namespace,
-                home=HOME,
-                participant=PARTICIPANT,
-                op="unlisted",
-                attempt=attempt,
-                channel=f"ks:attacker:{uuid.uuid4().hex}",
-                keys=[victim],
-            )
-            await _append(attacker, namespace, forged)
-            assert await ks.submit(victim, deposit(1), timeout=5) == 101
-            dead = users.admin.xrange(ShardKeys(namespace, PARTICIPANT).dead)
-            assert [fields[b"reason"] for _, fields in dead] == [
-                b"a grant request that no listed worker signed"
-            ]
-    finally:
-        await attacker.aclose()
+    async with _victim_served(users, namespace) as (ks, attacker, victim):
+        attempt = int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
+        forged = _request_for(ReplySigner(), namespace, "unlisted", attempt, victim)
+        await _append(attacker, namespace, forged)
+        assert await ks.submit(victim, deposit(1), timeout=5) == 101
+        dead = users.admin.xrange(ShardKeys(namespace, PARTICIPANT).dead)
+        assert [fields[b"reason"] for _, fields in dead] == [
+            b"a grant request that no listed worker signed"
+        ]
     assert users.refusals() == []
 
 
@@ -284,66 +284,32 @@ async def test_a_request_answered_already_ends_any_hold_under_its_id(
     looked up, is answered with it and runs nothing; a hold recorded under its id (as a copy
     appended as fresh, which no lookup stops, records before its answer is refused) is over,
     and the step that answers the copy deletes it."""
-    victim = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
     participant = ShardKeys(namespace, PARTICIPANT)
-    attacker = redis.asyncio.Redis.from_url(users.client_url)
-    try:
-        async with (
-            running_worker(users.worker_url, namespace, shard_count=SHARDS),
-            keyserial.connect(users.client_url, namespace=namespace) as ks,
-        ):
-            assert await ks.submit(victim, deposit(100)) == 100
-            request = grant_request(
-                listed_signer(users.admin, namespace),
-                namespace,
-                home=HOME,
-                participant=PARTICIPANT,
-                op="answered",
-                attempt=0,
-                channel=f"ks:attacker:{uuid.uuid4().hex}",
-                keys=[victim],
-            )
-            users.admin.hset(participant.results, "answered#0", '{"ok":"released"}')
-            users.admin.hset(participant.held, "answered#0", '{"st": []}')
-            await _append(attacker, namespace, request)  # (not fresh: its answer is looked up)
-            await eventually(lambda: not users.admin.hexists(participant.held, "answered#0"))
-            assert await ks.submit(victim, deposit(1), timeout=10) == 101
-            assert users.admin.hget(participant.results, "answered#0") == b'{"ok":"released"}'
-    finally:
-        await attacker.aclose()
+    async with _victim_served(users, namespace) as (ks, attacker, victim):
+        signer = listed_signer(users.admin, namespace)
+        request = _request_for(signer, namespace, "answered", 0, victim)
+        users.admin.hset(participant.results, "answered#0", '{"ok":"released"}')
+        users.admin.hset(participant.held, "answered#0", '{"st": []}')
+        await _append(attacker, namespace, request)  # (not fresh: its answer is looked up)
+        await eventually(lambda: not users.admin.hexists(participant.held, "answered#0"))
+        assert await ks.submit(victim, deposit(1), timeout=10) == 101
+        assert users.admin.hget(participant.results, "answered#0") == b'{"ok":"released"}'
 
 
 @pytest.mark.slow
 async def test_a_request_a_listed_worker_signed_is_granted(users: Users, namespace: str) -> None:
     """The control: the same request, signed by a listed signer, is taken: the participant
     records its grant (so the refusals above are the signature's doing)."""
-    victim = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
-    attacker = redis.asyncio.Redis.from_url(users.client_url)
-    try:
-        async with (
-            running_worker(users.worker_url, namespace, shard_count=SHARDS),
-            keyserial.connect(users.client_url, namespace=namespace) as ks,
-        ):
-            assert await ks.submit(victim, deposit(100)) == 100
-            signer = listed_signer(users.admin, namespace)
-            request = grant_request(
-                signer,
-                namespace,
-                home=HOME,
-                participant=PARTICIPANT,
-                op="listed",
-                attempt=0,  # (an attempt that is over: the participant aborts and releases)
-                channel=f"ks:attacker:{uuid.uuid4().hex}",
-                keys=[victim],
-            )
-            await _append(attacker, namespace, request)
-            results = ShardKeys(namespace, PARTICIPANT).results
-            # (Taken and released: a refused request stores nothing under a '#' id.)
-            await eventually(lambda: users.admin.hget(results, "listed#0") is not None)
-            assert await ks.submit(victim, deposit(1), timeout=10) == 101
-            assert users.admin.xlen(ShardKeys(namespace, PARTICIPANT).dead) == 0
-    finally:
-        await attacker.aclose()
+    async with _victim_served(users, namespace) as (ks, attacker, victim):
+        signer = listed_signer(users.admin, namespace)
+        # (An attempt that is over: the participant aborts and releases.)
+        request = _request_for(signer, namespace, "listed", 0, victim)
+        await _append(attacker, namespace, request)
+        results = ShardKeys(namespace, PARTICIPANT).results
+        # (Taken and released: a refused request stores nothing under a '#' id.)
+        await eventually(lambda: users.admin.hget(results, "listed#0") is not None)
+        assert await ks.submit(victim, deposit(1), timeout=10) == 101
+        assert users.admin.xlen(ShardKeys(namespace, PARTICIPANT).dead) == 0
     assert users.refusals() == []
 
 
@@ -379,16 +345,7 @@ async def test_a_forged_grant_request_never_holds_a_reshard_up(
         ):
             assert await ks.submit(victim, deposit(100)) == 100
             attempt = int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0)
-            forged = grant_request(
-                None,
-                namespace,
-                home=HOME,
-                participant=PARTICIPANT,
-                op="never-begun",
-                attempt=attempt,
-                channel=f"ks:attacker:{uuid.uuid4().hex}",
-                keys=[victim],
-            )
+            forged = _request_for(None, namespace, "never-begun", attempt, victim)
             await _append(attacker, namespace, forged)
             with anyio.fail_after(30):
                 await move_namespace(backend, Settings(namespace=namespace), 2 * SHARDS)

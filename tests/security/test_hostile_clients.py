@@ -312,6 +312,43 @@ async def test_a_transfer_appended_again_as_fresh_never_moves_money_twice(
     assert users.refusals() == []
 
 
+@pytest.mark.parametrize("pushed", [False, True], ids=["fetched", "pushed"])
+async def test_a_copy_of_an_answered_grant_request_appended_as_fresh_leaves_no_hold(
+    users: Users, namespace: str, pushed: bool
+) -> None:
+    """The attacker appends again, as fresh, a genuine grant request whose part was released:
+    no lookup stops it, so the owner holds the key and records the hold again, then answers it
+    as the original was answered once the attempt's decision is there. The script takes that
+    answer for the original's step sent again, and still ends the copy's hold (nemesis seed
+    16515, long profile, found it left behind): the held hash empties, and the key serves."""
+    victim = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
+    home, participant = ShardKeys(namespace, HOME), ShardKeys(namespace, PARTICIPANT)
+    async with _one_worker_and_an_attacker(users, namespace) as (ks, attacker):
+        assert await ks.submit(victim, deposit(100)) == 100
+        # (The home's current epoch: the attempt stays undecided, and the copy's hold stays,
+        # until its decision is written below.)
+        attempt = int(users.admin.get(home.epoch) or 0)
+        copy = grant_request(
+            listed_signer(users.admin, namespace),  # (as the genuine request was signed)
+            namespace,
+            home=HOME,
+            participant=PARTICIPANT,
+            op="copied",
+            attempt=attempt,
+            channel=f"ks:attacker:{uuid.uuid4().hex}",
+            keys=[victim],
+        )
+        answered = f"copied#{attempt}"
+        users.admin.hset(participant.results, answered, '{"ok":"released"}')  # (the original's)
+        await _append_fresh(attacker, PARTICIPANT, namespace, [copy], pushed=pushed)
+        await eventually(lambda: users.admin.hexists(participant.held, answered), timeout=15)
+        users.admin.hset(home.results, f"{answered}#d", '{"abort":"the coordinator lost it"}')
+        await eventually(lambda: not users.admin.exists(participant.held), timeout=15)
+        assert await ks.submit(victim, deposit(1), timeout=10) == 101
+        assert users.admin.hget(participant.results, answered) == b'{"ok":"released"}'
+    assert users.refusals() == []
+
+
 async def test_an_op_appended_ahead_under_a_callers_op_id_never_answers_the_caller(
     users: Users, namespace: str
 ) -> None:
