@@ -55,7 +55,8 @@ class Bank:
         return bool(await self.redis.hexists(ShardKeys(self.namespace, shard).results, name))
 
     async def holds(self, shard: int, attempt: str) -> bool:
-        """Whether ``shard`` holds keys for the cross-shard attempt ``<op id>#<attempt>``."""
+        """Whether ``shard`` holds keys for a cross-shard attempt, by its part id
+        (``<op id>#<home>.<attempt>``)."""
         return bool(await self.redis.hexists(ShardKeys(self.namespace, shard).held, attempt))
 
     async def pay(self, delay: float) -> None:

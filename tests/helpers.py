@@ -107,7 +107,8 @@ class WorkerProcess:
 
 
 def lease_holder(url: str, namespace: str, shard: int) -> str | None:
-    """Token of the worker that holds the shard's lease (``host:pid:nonce``), or None."""
+    """The shard's lease value, ``<token>.<public key>`` of the worker that holds it (its token
+    ``host:pid:nonce``, its coordination channel less the prefix), or None."""
     client = redis.Redis.from_url(url)
     try:
         value = client.get(ShardKeys(namespace, shard).lease)

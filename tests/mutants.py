@@ -84,10 +84,8 @@ _TOKEN_CHECK = (
     '            if not secrets.compare_digest(given.encode(), f"Bearer {token}".encode()):\n'
 )
 _TOKEN_TEST = "tests/operator/test_dashboard.py::test_the_api_answers_only_to_the_token"
-_REQUESTS = "keyserial/_wire/requests.py"
-_SIGNING = "keyserial/_wire/signing.py"
-_TAGS = "tests/crossshard/test_grant_request_tags.py::"
 _MOVER = "keyserial/_reshard/mover.py"
+_IDEMPOTENT = "tests/backend/test_scripts_idempotent.py::"
 
 
 def _token_unchecked_on(action: str) -> Edit:
@@ -239,18 +237,18 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "asking-never-polls",
         "G5.2",
-        "a coordinator asking for grants with no task never reads the grant's record, nor"
-        " finds its request gone, when no grant is handed over",
+        "a coordinator asking for grants with no task never reads the grant's record, nor asks"
+        " the shard's owner again, when no grant is handed over",
         (
             Edit(
                 _COORDINATOR,
-                "        if self._entry is not None:\n            self._to_task(waiter)",
-                "        if False:\n            self._to_task(waiter)",
+                "            return\n        self._to_task(waiter)\n\n    def _to_task(",
+                "            return\n\n    def _to_task(",
             ),
         ),
         (
             "tests/crossshard/test_cross_shard.py::"
-            "test_a_grant_request_lost_before_its_participant_saw_it_is_appended_again"
+            "test_a_grant_request_lost_with_a_dead_owner_is_sent_again_to_the_next_one"
             + _STANDALONE,
         ),
     ),
@@ -645,26 +643,6 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
-        "grant-ignores-lost-request",
-        "G5.11",
-        "step.lua records a grant although its request's entry is gone from the stream",
-        (
-            Edit(
-                _STEP,
-                "if #redis.call('XRANGE', KEYS[4], request, request) == 0 then",
-                "if false then",
-            ),
-        ),
-        (
-            "tests/backend/test_scripts_idempotent.py::"
-            "test_a_grant_for_a_request_whose_entry_is_gone_is_refused_and_records_nothing"
-            + _STANDALONE,
-            _XS
-            + "test_a_grant_request_lost_while_its_keys_were_busy_is_granted_at_its_new_place"
-            + _STANDALONE,
-        ),
-    ),
-    Mutant(
         "push-taken-anywhere",
         "G3.7",
         "a worker takes a pushed entry in whatever its cursor, skipping what lies between",
@@ -705,9 +683,10 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_worker/crossshard/mailbox.py",
-                "            for waiter in self._waiting.get(_topic(message), ()):\n"
-                "                waiter.wake()\n",
-                "            self.deliver(message)\n",
+                "            else:\n"
+                "                for waiter in self._waiting.get(_topic(message), ()):\n"
+                "                    waiter.wake()\n",
+                "            else:\n                self.deliver(message)\n",
             ),
         ),
         (
@@ -885,19 +864,37 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
-        "answered-request-keeps-its-hold",
+        "hold-recorded-after-its-answer",
         "G5.18",
-        "a grant request answered from its stored answer leaves a hold under its id",
+        "step.lua records a hold for an attempt whose part here is over (its outcome stored)",
         (
             Edit(
-                "keyserial/_worker/intake.py",
-                'releases = op_id if envelope is not None and envelope.name == GRANT_OP else ""',
-                'releases = ""',
+                _STEP, "    if has_outcome(KEYS[5], KEYS[6], ARGV[i]) then\n", "    if false then\n"
             ),
         ),
         (
-            "tests/crossshard/test_grant_requests.py::"
-            "test_a_request_answered_already_ends_any_hold_under_its_id" + _STANDALONE,
+            _IDEMPOTENT
+            + "test_a_hold_of_an_attempt_whose_part_is_over_is_skipped_and_named_in_the_reply"
+            "[results-standalone]",
+            _IDEMPOTENT + "test_a_hold_lasts_until_the_step_that_answers_its_request" + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "hold-skip-reads-one-generation",
+        "G5.18",
+        "step.lua records a hold for an attempt whose outcome is in the previous results"
+        " generation",
+        (
+            Edit(
+                _STEP,
+                "    if has_outcome(KEYS[5], KEYS[6], ARGV[i]) then\n",
+                "    if has_outcome(KEYS[5], KEYS[5], ARGV[i]) then\n",
+            ),
+        ),
+        (
+            _IDEMPOTENT
+            + "test_a_hold_of_an_attempt_whose_part_is_over_is_skipped_and_named_in_the_reply"
+            "[results_old-standalone]",
         ),
     ),
     Mutant(
@@ -1470,14 +1467,18 @@ MUTANTS: tuple[Mutant, ...] = (
         "the mover counts an old shard as draining while any entry follows its drained record",
         (
             Edit(
-                "keyserial/_reshard/mover.py",
-                "        if await requests.pending(keys, after):\n",
-                "        if after:\n",
+                _MOVER,
+                "    return parse_id(through) >= parse_id(Seal.decode(keys.namespace,"
+                " shard.sealed).last)\n",
+                "    return parse_id(through) >= parse_id(shard.last_id)\n",
             ),
         ),
         (
             _RESHARD
             + "test_a_move_finishes_while_a_stale_client_keeps_appending_to_an_old_shard"
+            + _STANDALONE,
+            _RESHARD
+            + "test_the_mover_counts_strays_past_the_seal_as_drained_however_many"
             + _STANDALONE,
         ),
     ),
@@ -1526,17 +1527,6 @@ MUTANTS: tuple[Mutant, ...] = (
         (_RESHARD + "test_a_client_reads_its_own_write_across_the_cut" + _STANDALONE,),
     ),
     Mutant(
-        "grant-request-unchecked",
-        "G5.17",
-        "a participant takes any grant request a client appends: a forged one holds its key",
-        (Edit(_SHARD, "                grant_refusal=self._requests.refusal,\n", ""),),
-        (
-            _GRANTS
-            + "test_a_forged_grant_request_for_the_current_attempt_holds_no_key"
-            + _STANDALONE,
-        ),
-    ),
-    Mutant(
         "serves-before-its-signer-is-listed",
         "G5.17",
         "a worker takes its shards before its signer is listed: participants refuse its requests",
@@ -1552,147 +1542,95 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "grant-request-unsigned-taken",
         "G5.17",
-        "a participant does not refuse an unsigned grant request as such",
-        (_no_check(_REQUESTS, "        if not request.signature:\n"),),
-        (_GRANTS + "test_an_unsigned_request_is_refused",),
+        "a worker takes a grant request from any message on its channel, signed for it or not",
+        (
+            Edit(
+                "keyserial/_worker/crossshard/mailbox.py",
+                "                if signed is not None:\n"
+                "                    self.take_request(message)\n",
+                "                if True:\n                    self.take_request(message)\n",
+            ),
+        ),
+        (
+            _GRANTS
+            + "test_a_request_is_taken_only_from_a_message_a_listed_worker_signed_for_this_one"
+            "[standalone-unsigned]",
+        ),
     ),
     Mutant(
         "grant-request-any-shard",
         "G5.17",
-        "a participant takes a grant request signed for another shard or layout generation",
-        (_no_check(_REQUESTS, "        if request.target != self._shard_name:\n"),),
+        "a participant takes a grant request for another shard or layout generation",
+        (_no_check(_SHARD, "        if request.target != self.name:\n"),),
         (
-            _GRANTS + "test_a_request_for_another_shard_is_refused",
-            _GRANTS + "test_a_request_of_another_layout_generation_is_refused",
+            _GRANTS
+            + "test_a_signed_request_that_breaks_a_rule_is_dropped[standalone-another-generation]",
+        ),
+    ),
+    Mutant(
+        "grant-request-any-home",
+        "G5.17",
+        "a participant takes a grant request from a home shard not below it, or under an op id"
+        " holding '#'",
+        (
+            _no_check(
+                _SHARD, '        if not 0 <= request.home < self.shard or "#" in request.op_id:\n'
+            ),
+        ),
+        (
+            _GRANTS + "test_a_signed_request_that_breaks_a_rule_is_dropped[standalone-home-itself]",
+            _GRANTS + "test_a_signed_request_that_breaks_a_rule_is_dropped[standalone-home-above]",
+            _GRANTS
+            + "test_a_signed_request_that_breaks_a_rule_is_dropped[standalone-hash-in-op-id]",
+        ),
+    ),
+    Mutant(
+        "grant-request-keys-anywhere",
+        "G5.17",
+        "a participant takes a grant request naming keys that route to other shards",
+        (
+            _no_check(
+                _SHARD,
+                "        if any(shard_for(key, self._shard_count) != self.shard"
+                " for key in request.keys):\n",
+            ),
+        ),
+        (
+            _GRANTS
+            + "test_a_signed_request_that_breaks_a_rule_is_dropped[standalone-keys-elsewhere]",
         ),
     ),
     Mutant(
         "grant-request-any-age",
         "G5.17",
-        "a participant takes a copy of a grant request long after its signing",
+        "a participant takes a grant request made more than half of result_ttl ago, or ahead",
         (
             _no_check(
-                _REQUESTS, "        if abs(self._clock_ms() - request.at) > self._max_age_ms:\n"
-            ),
-        ),
-        (_GRANTS + "test_a_request_taken_in_too_long_after_or_before_its_signing_is_refused",),
-    ),
-    Mutant(
-        "grant-request-signature-unchecked",
-        "G5.17",
-        "a participant takes a grant request whatever its signature",
-        (
-            _no_check(
-                _REQUESTS,
-                "        if not self._verifier.verified(request.signer, text, request.signature,"
-                " request.tag):\n",
+                _SHARD,
+                "        if abs(time.time() * 1000 - request.at)"
+                " > self._settings.result_ttl_ms / 2:\n",
             ),
         ),
         (
-            _GRANTS + "test_a_request_whose_signer_is_not_listed_is_refused",
-            _GRANTS + "test_a_signature_with_any_byte_changed_is_refused",
+            _GRANTS + "test_a_signed_request_that_breaks_a_rule_is_dropped[standalone-too-old]",
+            _GRANTS
+            + "test_a_signed_request_that_breaks_a_rule_is_dropped[standalone-from-the-future]",
         ),
     ),
     Mutant(
-        "grant-request-tag-unchecked",
+        "grant-request-held-twice",
         "G5.17",
-        "a participant takes a grant request on any tag, whatever its signature",
+        "a participant takes a grant request again while its attempt's run is under way",
         (
             Edit(
-                _SIGNING,
-                "        return hmac.compare_digest(_request_tag(key, self.public_key, text),"
-                " tag)\n",
-                "        return True\n",
+                _SHARD,
+                "        if part_id(request.op_id, request.home, request.attempt)"
+                " in self._running:\n"
+                "            return\n",
+                "",
             ),
         ),
-        (
-            _TAGS + "test_a_tag_with_any_byte_changed_is_not_taken",
-            _TAGS + "test_a_tag_for_another_owner_falls_back_to_the_signature",
-        ),
-    ),
-    Mutant(
-        "grant-request-tag-covers-nothing",
-        "G5.17",
-        "a grant request's tag covers none of its fields: it is taken with any of them changed",
-        (
-            Edit(
-                _SIGNING,
-                'return _tag(key, f"{_REQUEST_TAG_CONTEXT}\\n{receiver_public}", text)',
-                'return _tag(key, f"{_REQUEST_TAG_CONTEXT}\\n{receiver_public}", "")',
-            ),
-        ),
-        (
-            _TAGS + "test_a_request_changed_after_tagging_is_refused[op-order-8]",
-            _TAGS + "test_a_request_for_other_keys_or_namespace_than_tagged_is_refused",
-        ),
-    ),
-    Mutant(
-        "grant-request-tag-of-unlisted-signer",
-        "G5.17",
-        "a participant takes a tagged grant request of a signer not listed to make requests",
-        (
-            Edit(
-                _SIGNING,
-                "        if key is None:\n            return False\n"
-                "        if self._receiver is not None and self._receiver.tagged(",
-                "        if self._receiver is not None and self._receiver.tagged(",
-            ),
-            Edit(
-                _SIGNING,
-                "        if not _SIGNATURE.match(signature):\n",
-                "        if key is None or not _SIGNATURE.match(signature):\n",
-            ),
-        ),
-        (_TAGS + "test_a_tag_of_a_signer_whose_entry_lists_no_signing_key_is_not_taken",),
-    ),
-    Mutant(
-        "grant-request-tag-ignored",
-        "G5.17",
-        "a participant checks the signature of every grant request, tagged for it or not",
-        (
-            _no_check(
-                _SIGNING,
-                "        if self._receiver is not None and self._receiver.tagged(signer_id, text,"
-                " tag):\n",
-            ),
-        ),
-        (
-            _TAGS + "test_a_request_tagged_for_this_owner_is_taken_on_its_tag_alone",
-            _TAGS + "test_transfers_between_two_workers_take_their_requests_on_tags" + _STANDALONE,
-        ),
-    ),
-    Mutant(
-        "grant-request-owner-forgotten",
-        "G5.17",
-        "a coordinator never learns a participant shard's owner: it tags no request",
-        (
-            Edit(
-                _COORDINATOR,
-                "            services.mailbox.owner_granted(target, grant.channel)",
-                "            pass",
-            ),
-        ),
-        (_TAGS + "test_transfers_between_two_workers_take_their_requests_on_tags" + _STANDALONE,),
-    ),
-    Mutant(
-        "grant-request-tag-shape-unchecked",
-        "G5.17",
-        "a participant compares a tag of any text (one not ASCII fails the intake)",
-        (
-            Edit(
-                _SIGNING,
-                "        if key is None or not _REQUEST_TAG.match(tag):",
-                "        if key is None:",
-            ),
-        ),
-        (_TAGS + "test_a_tag_with_any_byte_changed_is_not_taken",),
-    ),
-    Mutant(
-        "grant-request-tag-any-type",
-        "G5.17",
-        "a grant request whose tag is not a string is not refused as malformed",
-        (Edit("keyserial/_wire/messages.py", "            and isinstance(tag, str)\n", ""),),
-        (_TAGS + "test_a_request_whose_tag_is_not_a_string_is_malformed",),
+        (_GRANTS + "test_a_request_replayed_while_its_attempt_is_held_is_ignored" + _STANDALONE,),
     ),
     Mutant(
         "dashboard-replay-without-token",
@@ -1743,58 +1681,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
-        "mover-reads-one-page-of-strays",
+        "mover-flips-over-holds",
         "G11.2",
-        "the mover reads one page of the entries past a sealed shard's drained record",
-        (Edit(_MOVER, "        through = after[-1][0].decode()\n", "        return True\n"),),
-        (
-            _RESHARD
-            + "test_the_mover_waits_for_a_signed_grant_request_past_the_seal_even_pages_later"
-            + _STANDALONE,
-        ),
-    ),
-    Mutant(
-        "mover-skips-pending-grant-requests",
-        "G11.2",
-        "the mover flips while a grant request past a seal waits to run on its old shard",
-        (_no_check(_MOVER, "        if await requests.pending(keys, after):\n"),),
-        (
-            _RESHARD
-            + "test_the_mover_waits_for_a_signed_grant_request_past_the_seal_even_pages_later"
-            + _STANDALONE,
-        ),
-    ),
-    Mutant(
-        "mover-waits-on-unsigned-requests",
-        "G11.2",
-        "the mover waits for a grant request past a seal that no worker would take",
+        "the mover counts an old shard drained while it holds keys for another shard's op",
         (
             Edit(
                 _MOVER,
-                "            if envelope.name == GRANT_OP and check.refusal(envelope) is None\n",
-                "            if envelope.name == GRANT_OP\n",
+                "    if not shard.sealed or through is None or shard.held:\n",
+                "    if not shard.sealed or through is None:\n",
             ),
         ),
         (
             _RESHARD
-            + "test_the_mover_ignores_a_grant_request_past_the_seal_no_worker_would_take"
+            + "test_an_old_shard_holding_keys_for_another_shard_s_op_is_not_drained"
             + _STANDALONE,
-        ),
-    ),
-    Mutant(
-        "mover-waits-on-answered-copies",
-        "G11.2",
-        "the mover waits for a copy of a grant request whose outcome is stored",
-        (
-            Edit(
-                _MOVER,
-                "        return any(outcome is None for outcome in stored)\n",
-                "        return True\n",
-            ),
-        ),
-        (
             _RESHARD
-            + "test_the_mover_ignores_a_grant_request_past_the_seal_no_worker_would_take"
+            + "test_the_mover_never_flips_while_an_old_shard_holds_keys_for_another_shard_s_op"
             + _STANDALONE,
         ),
     ),
@@ -2181,21 +2083,95 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
-        "misrouted-grant-request-refused-not-dead-lettered",
+        "grant-op-taken-from-a-stream",
         "G5.9",
-        "a grant request whose keys route elsewhere is refused as misrouted before its check",
+        "a worker runs keyserial's grant op appended to a stream instead of refusing it as"
+        " reserved",
+        (Edit(_INTAKE, "        elif item.name == GRANT_OP:\n", "        elif False:\n"),),
+        (_IDEMPOTENT + "test_reserved_op_names_and_ids_are_refused" + _STANDALONE,),
+    ),
+    Mutant(
+        "hash-id-joins-a-run",
+        "G5.9",
+        "an op id holding '#' is looked up before it is refused: it joins a grant request's run,"
+        " or is answered with the outcome of a participant's part",
         (
-            Edit(
+            _no_check(
                 _INTAKE,
-                "            refused := grant_refusal(item)"
-                " or misrouted(item, shard, shard_count)\n",
-                "            refused := None if misrouted(item, shard, shard_count)"
-                " else grant_refusal(item)\n",
+                '        if item.op_id is not None and "#" in item.op_id:'
+                "  # (before it could join a run)\n",
             ),
         ),
         (
-            _HOSTILE + "test_a_signed_grant_request_copied_to_another_participant_is_dead_lettered"
-            "[standalone]",
+            _IDEMPOTENT
+            + "test_an_op_id_holding_a_hash_never_joins_a_run_nor_takes_its_outcome"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "takeover-forgets-holds",
+        "G5.11",
+        "a participant shard's next owner does not read its held hash: a hold the last owner"
+        " recorded is lost, and ops run on keys a cross-shard op still holds",
+        (Edit(_SHARD, "            await self._read_holds()\n", ""),),
+        (
+            _XS
+            + "test_a_participant_s_next_owner_holds_its_keys_again_before_anything_runs"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "first-request-waits-a-poll",
+        "G5.17",
+        "a request signed by a worker whose listing is not read yet is dropped, not kept: a"
+        " worker's first request to another waits for its coordinator's poll",
+        (
+            Edit(
+                "keyserial/_worker/crossshard/mailbox.py",
+                "        if self._unverified_count >= _UNVERIFIED_KEPT:\n",
+                "        if True:\n",
+            ),
+        ),
+        (
+            "tests/crossshard/test_cross_shard.py::"
+            "test_a_worker_s_first_grant_request_to_another_waits_for_no_poll" + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "request-sent-again-as-made",
+        "G5.2",
+        "a request sent again after a poll keeps the time it was first made: once that is half"
+        " of result_ttl ago, the participant refuses every copy and the op never completes",
+        (
+            Edit(
+                _COORDINATOR,
+                "            request = request.again()"
+                "  # (made now: a participant refuses an old one)\n",
+                "",
+            ),
+        ),
+        (
+            "tests/crossshard/test_cross_shard.py::"
+            "test_a_grant_request_lost_with_a_dead_owner_is_sent_again_to_the_next_one"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "part-names-no-home",
+        "G5.18",
+        "a participant names an attempt's part without its home shard: two ops of one op id"
+        " homed on two shards share it, and the second's part is taken as answered",
+        (
+            Edit(
+                "keyserial/_wire/layout.py",
+                '    return f"{op_id}#{home}.{attempt}"\n',
+                '    return f"{op_id}#{attempt}"\n',
+            ),
+        ),
+        (
+            _HOSTILE
+            + "test_an_op_under_a_callers_op_id_homed_on_another_shard_never_takes_its_part"
+            + _STANDALONE,
         ),
     ),
 )

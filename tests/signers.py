@@ -1,18 +1,24 @@
 """A signer of the tests' own, listed in a namespace's signers hash as a worker lists itself:
-what a worker (or whoever holds a worker's rights) can sign, and a client user cannot."""
+what a worker (or whoever holds a worker's rights) can sign, and a client user cannot. Workers
+ask each other for grants in coordination messages signed for the receiving worker's channel;
+these helpers build such requests and messages, and find where they go."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
+import anyio
 import redis
 
-from keyserial._wire.layout import shard_name, signers_key
-from keyserial._wire.messages import GrantRequest
-from keyserial._wire.signing import ReplySigner
+from keyserial import Worker
+from keyserial._wire.layout import owner_channel, shard_name, signers_key
+from keyserial._wire.messages import GrantRequest, batch
+from keyserial._wire.signing import ReplySigner, without_signature
+from keyserial.testing import ShardKeys
+from tests.helpers import eventually, publish
 
 GRANT_OP = "keyserial.grant"
 
@@ -24,9 +30,7 @@ def listed_signer(admin: redis.Redis, namespace: str) -> ReplySigner:
     return signer
 
 
-def grant_request(
-    signer: ReplySigner | None,
-    namespace: str,
+def request(
     *,
     home: int,
     participant: int,
@@ -36,41 +40,69 @@ def grant_request(
     keys: Sequence[str],
     at: int | None = None,
     generation: int = 0,
-) -> dict[str, Any]:
-    """A grant request's envelope for ``keys`` on shard ``participant``, signed by ``signer``
-    (unsigned if None), as a coordinator appends it."""
-    request = GrantRequest(
+) -> GrantRequest:
+    """A grant request for ``keys`` on shard ``participant``, made now (or ``at``, in ms)."""
+    return GrantRequest(
         home,
         op,
         attempt,
-        channel,
         shard_name(participant, generation),
+        tuple(keys),
+        channel,
         int(time.time() * 1000) if at is None else at,
     )
-    if signer is not None:
-        signature = signer.sign_request(request.signed_text(namespace, keys))
-        request = replace(request, signer=signer.signer_id, signature=signature)
-    return {
-        "id": f"{op}#{attempt}",
-        "keys": list(keys),
-        "op": GRANT_OP,
-        "kwargs": request.to_wire(),
-    }
 
 
-#: The request the rule tests sign and then change one thing of: home 1, participant 5.
-SAMPLE_REQUEST: dict[str, Any] = {
-    "home": 1,
-    "participant": 5,
-    "op": "order-9",
-    "attempt": 3,
-    "keys": ["sku:1", "sku:2"],
-    "at": 1_800_000_000_000,
-}
+def message(signer: ReplySigner | None, channel: str, *items: GrantRequest | str) -> str:
+    """One coordination message of ``items`` (requests, or items' JSON text) for ``channel``,
+    signed for it by ``signer`` as a worker signs (None: unsigned)."""
+    texts = [item if isinstance(item, str) else json.dumps(item.to_wire()) for item in items]
+    text = batch(texts)
+    return text if signer is None else signer.sign(channel, text)
 
 
-def sample_request(
-    signer: ReplySigner | None, namespace: str, channel: str, **changes: Any
-) -> dict[str, Any]:
-    """:data:`SAMPLE_REQUEST` for ``channel``, with ``changes``, signed by ``signer``."""
-    return grant_request(signer, namespace, **{**SAMPLE_REQUEST, "channel": channel, **changes})
+def owner_of(admin: redis.Redis, namespace: str, shard: int) -> str:
+    """The coordination channel of ``shard``'s owner, read off its lease as a coordinator reads
+    it (a client user may read it too)."""
+    holder = admin.get(ShardKeys(namespace, shard).lease)
+    assert holder is not None, f"shard {shard} has no owner"
+    return owner_channel(namespace, holder.decode())
+
+
+def request_channels(admin: redis.Redis, namespace: str, shard: int) -> list[str]:
+    """Every channel on which a coordinator's grant requests may reach ``shard``'s owner: its
+    channel, and on a cluster also that channel in the shard's slot (sharded pub/sub)."""
+    owner = owner_of(admin, namespace, shard)
+    if not admin.info("cluster").get("cluster_enabled"):
+        return [owner]
+    return [owner, ShardKeys(namespace, shard).in_shard(owner)]
+
+
+async def introduce(publisher: Any, worker: Worker, signer: ReplySigner) -> None:
+    """Have ``worker`` meet ``signer`` (a message of its to the worker makes it read the
+    signer's entry), so that what ``signer`` signs for it next is judged on its merits."""
+    channel = worker._mailbox.channel
+    hello = '{"t":"d","op":"hello","a":0,"d":{"w":{}}}'  # (a notice nobody waits for)
+    await publish(publisher, channel, signer.sign(channel, hello))
+    await eventually(
+        lambda: worker._mailbox.verifier.knows(signer.signer_id),
+        message=f"worker {worker.token} knows signer {signer.signer_id}",
+    )
+
+
+async def next_request(pubsub: Any, *, timeout: float = 10) -> tuple[str, bytes, dict[str, Any]]:
+    """The next message on ``pubsub``'s channels that carries a grant request: its channel, its
+    bytes as published, and its (first) request item."""
+    with anyio.fail_after(timeout):
+        while True:
+            got = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+            if got is None:
+                continue
+            data: bytes = got["data"]
+            # (Parsed without the signature's fields, whose names its items use too.)
+            decoded = json.loads(without_signature(data))
+            items = decoded["m"] if decoded.get("t") == "b" else [decoded]
+            found = [item for item in items if item.get("t") == "q"]
+            if found:
+                channel = got["channel"]
+                return channel.decode() if isinstance(channel, bytes) else channel, data, found[0]

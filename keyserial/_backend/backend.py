@@ -157,6 +157,11 @@ class Backend:
         """Every state of the shard, by key."""
         return _as_dict(await self.call("HGETALL", shard.state))
 
+    async def held(self, shard: ShardKeys) -> dict[bytes, bytes]:
+        """The shard's holds for other shards' cross-shard ops (its held hash), by attempt: what
+        a new owner holds again before it runs anything."""
+        return _as_dict(await self.call("HGETALL", shard.held))
+
     async def list_signer(self, namespace: str, signer_id: str, record: str) -> dict[bytes, bytes]:
         """Write a reply signer's entry in the namespace's signers hash; every entry listed."""
         return await self._renew_listing(signers_key(namespace), signer_id, record)
@@ -261,6 +266,13 @@ class Backend:
             None if record is None else Seal.decode(shard.namespace, record)
             for shard, record in zip(shards, replies, strict=True)
         ]
+
+    async def lease_holders(self, shards: Sequence[ShardKeys]) -> list[bytes | None]:
+        """Each shard's lease value (None: no worker holds it), in one pipeline (on a cluster,
+        one per node). A lease holds its holder's coordination channel less its prefix
+        (``_wire.layout.owner_channel``): so a cross-shard op's coordinator finds the channel
+        of each participant shard's owner, to message it, in one round trip."""
+        return raise_errors(await self.pipeline([("GET", s.lease) for s in shards]))
 
     async def pauses_changed(self, namespace: str) -> int:
         """The namespace's count of pauses and resumes (0: none yet)."""

@@ -36,9 +36,17 @@ class SignersMet:
     cost until then."""
 
     def __init__(
-        self, verifier: ReplyVerifier, log: logging.Logger, *, what: str, meanwhile: str
+        self,
+        verifier: ReplyVerifier,
+        log: logging.Logger,
+        *,
+        what: str,
+        meanwhile: str,
+        learned: Callable[[list[str], list[str]], None] | None = None,
     ) -> None:
         self._verifier = verifier
+        #: Told, after each read, the signers whose keys it found (and took) and the others.
+        self._learned = learned
         self._log = log
         self._what = what
         self._meanwhile = meanwhile
@@ -77,11 +85,14 @@ class SignersMet:
                 continue
             for signer_id in asked:
                 self._due.pop(signer_id, None)
-            unknown = [
-                signer_id
+            found = [
+                self._verifier.learn(signer_id, record)
                 for signer_id, record in zip(asked, records, strict=True)
-                if not self._verifier.learn(signer_id, record)
             ]
+            unknown = [signer_id for signer_id, ok in zip(asked, found, strict=True) if not ok]
+            if self._learned is not None:
+                known = [signer_id for signer_id, ok in zip(asked, found, strict=True) if ok]
+                self._learned(known, unknown)
             if unknown:
                 self._log.info(
                     "%s %s are not listed (yet): %s", self._what, _few(unknown), self._meanwhile

@@ -8,6 +8,7 @@ The fields are documented for users in ``docs/operations.md``.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -21,11 +22,18 @@ from .._wire.layout import Layout
 from .._wire.resharding import LayoutRecord
 from .._wire.roster import ROSTER_SILENT, WorkerEntry, live_entries, mismatches
 
+#: A worker's public key as a lease value ends with it (``_wire.signing.encode_public_key``: 32
+#: bytes, unpadded base64url, so never a '.').
+_PUBLIC_KEY = re.compile(r"[A-Za-z0-9_-]{43}")
+
 
 @dataclass(frozen=True, slots=True)
 class Owner:
-    """The worker holding a shard's lease, from its owner token ``host:pid:nonce``."""
+    """The worker holding a shard's lease, from the lease's value ``<token>.<public key>`` (its
+    coordination channel less the prefix: ``_wire.layout.owner_channel``), or from a worker's
+    token ``host:pid:nonce`` (a roster entry's)."""
 
+    #: The worker's token, ``host:pid:nonce``: what the roster names it by.
     worker: str
     host: str
     pid: int | None
@@ -35,7 +43,10 @@ class Owner:
         return f"{self.host}:{self.pid}"
 
     @classmethod
-    def parse(cls, token: str) -> Owner:
+    def parse(cls, value: str) -> Owner:
+        token, dot, key = value.rpartition(".")  # (a host name may have dots; a key has none)
+        if not (dot and _PUBLIC_KEY.fullmatch(key)):
+            token = value  # a plain token
         host_pid = token.rpartition(":")[0]  # less the nonce
         host, _, pid = host_pid.rpartition(":")
         return cls(token, host or token, int(pid) if pid.isdigit() else None)

@@ -9,14 +9,15 @@ The steps, each idempotent, so a rerun after an interruption finishes the same m
    appended before it.
 3. **Wait until every old shard is quiet at one instant.** Each owner records its sealed shard
    drained once every entry up to its cursor has taken effect and nothing is under way. A
-   shard drained with no entry after it may still be handed work: a grant request of an op
-   homed on another shard. So the mover reads every shard twice; when both passes find every
-   shard drained through its seal with no grant request after its record, by the same owner
-   having run no op between (each record counts the ops its owner ran), every shard was idle at
-   the instant between the passes, and none can start anything again (nothing is appended to a
-   sealed shard but grant requests of ops already under way, which run, and ops a client
-   appended some other way, which are forwarded: those keep coming while a stale client
-   appends, and must not keep the move from finishing).
+   shard drained may still be handed work: a grant request of an op homed on another shard
+   (a coordination message, never an entry). So the mover reads every shard twice; when both
+   passes find every shard drained through its seal, holding no keys for another shard's op
+   (its held hash empty), by the same owner having run no op between (each record counts the
+   ops and grant requests its owner ran), every shard was idle at the instant between the
+   passes, and none can start anything again: a grant request comes only from an op under way
+   on its home, which is then not drained. (Ops a client appended past a seal some other way
+   are forwarded: those keep coming while a stale client appends, and must not keep the move
+   from finishing.)
 4. **Copy the states** (and paused keys) of the old shards to the new ones: nothing writes
    the states until the flip; an operator's pause or resume writes the old shards and, once
    the move is recorded, the new ones too, so the copy makes the new shards' paused keys the
@@ -40,13 +41,11 @@ from .._backend.commands import publish_command, raise_errors
 from .._scripts.refusals import MoveRefused
 from .._scripts.reshard import Quiet, flip, quiet, record_move, seal
 from .._settings import Settings
-from .._wire.codec import GRANT_OP, decode_entry_leniently, parse_id
+from .._wire.codec import parse_id
 from .._wire.layout import Layout, ShardKeys, shard_name
-from .._wire.requests import RequestCheck
 from .._wire.resharding import LAYOUT_CHANGED, LayoutRecord, Move, Seal, layout_channel
 from .._wire.roster import live_entries
 from .._wire.routing import shard_for
-from .._wire.signing import RequestVerifier
 from ..errors import ConfigError, ReshardRefused
 
 log = logging.getLogger("keyserial.reshard")
@@ -55,13 +54,8 @@ log = logging.getLogger("keyserial.reshard")
 DRAIN_POLL = 0.05
 #: How often the mover says which old shards it still waits for (and when that changes).
 REPORT_EVERY = 5.0
-#: Entries past an old shard's drained record read per round trip, to tell ops to forward from
-#: work to run (every such entry up to the shard's last is read, however many).
-STRAYS_READ = 200
 #: States copied per pipeline.
 COPY_BATCH = 500
-#: The age limit of :class:`_GrantRequests`' check: none.
-_NO_AGE_LIMIT = 2**62
 
 Progress = Callable[[str], None]
 #: Stream entries as the backend reads them: (id, fields).
@@ -102,7 +96,7 @@ async def move_namespace(
     await _seal(backend, move, progress)
     await _announce(backend, namespace)  # (owners read their seals: they drain from now on)
     began = time.monotonic()
-    await _until_quiet(backend, move.source, _GrantRequests(backend), progress)
+    await _until_quiet(backend, move.source, progress)
     drained = time.monotonic()
     states = await _copy_states(backend, move, progress)
     await _move_dead_letters(backend, move, progress)
@@ -187,20 +181,14 @@ class QuietReadings:
         return False
 
 
-async def _until_quiet(
-    backend: Backend, source: Layout, requests: _GrantRequests, progress: Progress
-) -> None:
+async def _until_quiet(backend: Backend, source: Layout, progress: Progress) -> None:
     """Until two reads in a row find every old shard drained (see :func:`_drained`), each by the
     same owner having run no op between."""
     readings = QuietReadings()
     reported: tuple[list[int], float] = ([], 0.0)
     while True:
         now = await _read_quiet(backend, source)
-        busy = [
-            shard
-            for shard, each in enumerate(now)
-            if not await _drained(backend, source.keys(shard), each, requests)
-        ]
+        busy = [shard for shard, each in enumerate(now) if not _drained(source.keys(shard), each)]
         work = [record.work for each in now if (record := each.drained_record) is not None]
         if readings.settled(busy, work):
             progress(f"all {source.shards} old shards drained")
@@ -223,65 +211,15 @@ async def _read_quiet(backend: Backend, source: Layout) -> list[Quiet]:
     return list(raise_errors(replies))
 
 
-async def _drained(
-    backend: Backend, keys: ShardKeys, shard: Quiet, requests: _GrantRequests
-) -> bool:
-    """Sealed, and its owner drained it through every entry appended before the seal and every
-    entry since that it would run: past its drained record, the stream holds only ops a client
-    appended some other way than the submit script (which the owner forwards, and after the
-    flip the owner of the shard's heir does: see ``_worker.strays``), and no grant request the
-    owner would still take (see :class:`_GrantRequests`). Every entry up to the last is read:
-    a count limit would let a client that appends faster than the owner forwards hold the move
-    up."""
+def _drained(keys: ShardKeys, shard: Quiet) -> bool:
+    """Sealed, its owner drained it through every entry appended before the seal (what follows
+    the seal is ops a client appended some other way than the submit script, which the owner
+    forwards, and after the flip the owner of the shard's heir does: see ``_worker.strays``),
+    and it holds no keys for another shard's op."""
     through = shard.drained_through
-    if not shard.sealed or through is None:
+    if not shard.sealed or through is None or shard.held:
         return False
-    if parse_id(through) < parse_id(Seal.decode(keys.namespace, shard.sealed).last):
-        return False
-    last = parse_id(shard.last_id)
-    while parse_id(through) < last:
-        (after,) = await backend.entries_since([(keys, through)], STRAYS_READ)
-        if await requests.pending(keys, after):
-            return False
-        if len(after) < STRAYS_READ:
-            return True
-        through = after[-1][0].decode()
-    return True
-
-
-class _GrantRequests:
-    """Which grant requests past an old shard's drained record its owner would still run (the
-    move waits for them): those a listed worker signed for that shard, recently, and that have
-    no outcome stored there yet. Any other, the owner dead-letters or answers from its outcome
-    at once, so a client user's appends (forged requests, copies of genuine ones) cannot hold
-    the move up."""
-
-    def __init__(self, backend: Backend) -> None:
-        self._backend = backend
-        self._verifier = RequestVerifier()
-
-    async def pending(self, keys: ShardKeys, entries: Entries) -> bool:
-        check = RequestCheck(
-            self._verifier,
-            namespace=keys.namespace,
-            shard=keys.shard,
-            shard_name=shard_name(keys.shard, keys.generation),
-            # (No age limit: a worker's clock decides that, and a request it refuses as a copy
-            # leaves the stream once refused, so the mover never waits for it long.)
-            max_age_ms=_NO_AGE_LIMIT,
-        )
-        if signers := check.signers_to_read(fields for _, fields in entries):
-            check.learn(signers, await self._backend.signer_records(keys.namespace, signers))
-        taken = [
-            envelope.op_id
-            for _, fields in entries
-            for envelope in decode_entry_leniently(fields)
-            if envelope.name == GRANT_OP and check.refusal(envelope) is None
-        ]
-        if not taken:
-            return False
-        (stored,) = await self._backend.stored_on_many([(keys, taken)])
-        return any(outcome is None for outcome in stored)
+    return parse_id(through) >= parse_id(Seal.decode(keys.namespace, shard.sealed).last)
 
 
 def _few(shards: Sequence[str]) -> str:

@@ -65,7 +65,7 @@ Write = tuple[str, str]
 @dataclass(frozen=True, slots=True)
 class StepCommit:
     """What one step commits, as step.lua takes it after its named arguments: the sizes of its
-    nine parts, then their values. The script hands the values to ``HSET`` and ``HMGET`` as they
+    ten parts, then their values. The script hands the values to ``HSET`` and ``HMGET`` as they
     come: one JSON argument cost it about a microsecond per op to decode and flatten."""
 
     #: The sizes, then the values.
@@ -79,7 +79,7 @@ class StepCommit:
         *,
         answered: Sequence[tuple[str, str]] = (),
         decisions: Sequence[tuple[str, str]] = (),
-        holds: Sequence[tuple[str, str, str]] = (),
+        holds: Sequence[tuple[str, str]] = (),
         released: Sequence[str] = (),
         dead: Sequence[tuple[str, str, str]] = (),
         passed: Sequence[str] = (),
@@ -87,11 +87,12 @@ class StepCommit:
     ) -> StepCommit:
         """The commit of the shard's ``writes``; the ``results`` (op id, outcome) and
         ``answered`` records to store; the ``decisions`` (field, decision) of cross-shard ops
-        this shard coordinates, the ``holds`` of its keys for others' (field, grant, request
-        entry id) and the holds ``released`` (their fields); the ``dead`` letters (entry id,
-        reason, raw entry); the ``passed`` entries to delete from the stream; and ``others``,
-        the writes to other shards (j, that shard's owner's epoch, writes), j counting from 1
-        in the order :func:`step` is given their keys."""
+        this shard coordinates, the ``holds`` of its keys for others' (field, grant: each
+        recorded unless its attempt has an outcome here already) and the holds ``released``
+        (their fields); the ``dead`` letters (entry id, reason, raw entry); the ``passed``
+        entries to delete from the stream; and ``others``, the writes to other shards (j, that
+        shard's owner's epoch, writes), j counting from 1 in the order :func:`step` is given
+        their keys."""
         sets, deletes = _split(writes)
         values = [
             str(len(sets) >> 1),
@@ -99,7 +100,6 @@ class StepCommit:
             str(len(results)),
             str(len(answered)),
             str(len(decisions)),
-            str(len(holds)),
             str(len(holds)),
             str(len(released)),
             str(len(dead)),
@@ -112,8 +112,7 @@ class StepCommit:
         if answered or decisions or holds or released or dead or passed or others:  # (seldom)
             values += chain.from_iterable(answered)
             values += chain.from_iterable(decisions)
-            values += chain.from_iterable((name, grant) for name, grant, _ in holds)
-            values += [entry_id for _, _, entry_id in holds]
+            values += chain.from_iterable(holds)
             values += released
             values += chain.from_iterable(dead)
             values += passed
@@ -146,6 +145,8 @@ class StepReply:
     sealed: str | None = None
     #: The shard's paused keys, read with the entries (None: nothing fetched).
     paused: set[str] | None = None
+    #: The holds the commit did not record: their attempts have an outcome here already.
+    skipped: list[str] = field(default_factory=list)
 
 
 def fields(raw: Any) -> dict[bytes, bytes]:
@@ -156,13 +157,14 @@ def fields(raw: Any) -> dict[bytes, bytes]:
 def _step_reply(reply: list[Any]) -> StepReply:
     if not reply:  # (nothing fetched)
         return StepReply([], {}, {})
-    entries, outcomes, states, sealed, paused = reply
+    entries, outcomes, states, sealed, paused, skipped = reply
     return StepReply(
         entries=[(text(entry_id), fields(raw)) for entry_id, raw in entries],
         done={text(op_id): text(outcome) for op_id, outcome in pairs(outcomes)},
         states={text(key): text(state) or None for key, state in pairs(states)},
         sealed=text(sealed) if sealed else None,
         paused={text(key) for key, _ in pairs(paused)} if entries else None,
+        skipped=[text(name) for name in skipped],
     )
 
 

@@ -37,11 +37,6 @@ class Diverged(Refused):
     The runner gives its shard up, to start again from what Redis has."""
 
 
-class RequestGone(Diverged):
-    """``step`` found a grant's request entry gone from the stream (``GONE <entry id>``): a
-    failover lost it, and the keys were held at a place the stream no longer has."""
-
-
 class PushUnconfirmed(Diverged):
     """``step`` found that the stream does not hold the entries a runner took in from pushes,
     as pushed (``UNCONFIRMED …``): a forged or garbled push, or a failover lost the entry."""
@@ -94,7 +89,6 @@ class ScriptMissing(Refused):
 #: Script refusals that carry nothing but their message.
 _BY_CODE: dict[str, type[Refused]] = {
     "FENCED": Fenced,
-    "GONE": RequestGone,
     "AHEAD": AttemptAhead,
     "UNCONFIRMED": PushUnconfirmed,
     "REPLAYED": Replayed,

@@ -56,6 +56,8 @@ class Quiet:
     sealed: str
     drained: str
     last_id: str
+    #: Holds of its keys for other shards' cross-shard ops (its held hash's length).
+    held: int = 0
 
     @property
     def drained_record(self) -> Drained | None:
@@ -69,16 +71,17 @@ class Quiet:
 
 
 def _quiet(reply: list[Any]) -> Quiet:
-    sealed, drained, last = map(text, reply)
-    return Quiet(sealed, drained, last)
+    sealed, drained, last = map(text, reply[:3])
+    return Quiet(sealed, drained, last, int(reply[3]))
 
 
 QUIET = Script.load("quiet")
 
 
 def quiet(shard: ShardKeys) -> ScriptCall[Quiet]:
-    """Read the shard's seal, drained record and last stream id; writes nothing."""
-    return ScriptCall(QUIET, [shard.stream, sealed_key(shard), drained_key(shard)], [], _quiet)
+    """Read the shard's seal, drained record, last stream id and holds; writes nothing."""
+    keys = [shard.stream, sealed_key(shard), drained_key(shard), shard.held]
+    return ScriptCall(QUIET, keys, [], _quiet)
 
 
 @script_args("flip")

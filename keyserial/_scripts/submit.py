@@ -43,7 +43,8 @@ def submit(shard: ShardKeys, args: SubmitArgs) -> ScriptCall[bytes]:
 class StatusReply:
     """One shard at one moment, as ``status.lua`` reads it (the server's clock)."""
 
-    #: The lease holder's token, or None.
+    #: The lease's value (its holder's ``<token>.<public key>``: see ``_operator.status.Owner``),
+    #: or None.
     owner: str | None
     #: Until the lease expires, if it is held.
     lease_ms: int | None

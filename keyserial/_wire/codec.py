@@ -24,7 +24,7 @@ from typing import Any
 from .._ops import Call
 from ..errors import MalformedOperation, UnknownOperation
 from .json_text import dumps, encodes, parse
-from .layout import ShardKeys, attempt_id
+from .layout import ShardKeys
 
 WIRE_VERSION = "1"
 #: The largest stream id there is (XADD takes it by hand): nothing can follow it, and a range
@@ -517,21 +517,6 @@ def says_unknown(outcome: Any) -> bool:
 
 #: The op name of a grant request; served by every worker, never by an app.
 GRANT_OP = "keyserial.grant"
-
-
-def grant_request_envelope(
-    op_id: str, attempt: int, keys: Sequence[str], request: Mapping[str, Any]
-) -> str:
-    """The envelope (JSON) that asks a participant shard for ``keys`` on behalf of one attempt
-    of a cross-shard op; ``request``: the grant request's wire form (its ``kwargs``)."""
-    return dumps(
-        {
-            "id": attempt_id(op_id, attempt),
-            "keys": list(keys),
-            "op": GRANT_OP,
-            "kwargs": dict(request),
-        }
-    )
 
 
 _PUSH = re.compile(rb"push (\d+-\d+|-) (\d+-\d+) ([^ \n]+)\n")

@@ -119,6 +119,17 @@ def worker_channel(namespace: str, token: str) -> str:
     return f"ks:{namespace}:worker:{token}"
 
 
+def owner_channel(namespace: str, lease_value: str) -> str:
+    """The coordination channel of the worker that holds a shard's lease, from the lease's
+    value (``ShardKeys.lease``): a worker's leases hold its channel less the prefix
+    ``ks:<ns>:worker:`` (``<token>.<public key>``), so that another worker (a cross-shard op's
+    coordinator) finds where to send a shard's owner a message in one GET of the shard's lease,
+    with no table of workers to keep in step with who owns what. The lease may change hands
+    after it was read: a message then reaches a worker that no longer owns the shard, and is as
+    good as lost, which costs a read, never a write (see ``_worker.crossshard.mailbox``)."""
+    return worker_channel(namespace, lease_value)
+
+
 class _ShardKey:
     """A key of one shard, named by its suffix after the shard's hash tag.
 
@@ -147,15 +158,18 @@ class _ShardKey:
         return name
 
 
-def attempt_id(op_id: str, attempt: int) -> str:
-    """The op id of a cross-shard attempt's grant requests (``#`` is reserved in op ids for
-    keyserial's records)."""
-    return f"{op_id}#{attempt}"
+def part_id(op_id: str, home: int, attempt: int) -> str:
+    """The name of a participant shard's part in one attempt of a cross-shard op: its hold's
+    field in the held hash, and the results field of what became of it (``#`` is reserved in
+    op ids for keyserial's records). It names the home shard: two ops homed on different
+    shards may share an op id (each home keeps its own results) and an attempt (each home's
+    epochs count on their own), and their parts on a shared participant must not."""
+    return f"{op_id}#{home}.{attempt}"
 
 
 def decision_field(op_id: str, attempt: int) -> str:
     """The home shard's results field that records an attempt's decision."""
-    return f"{attempt_id(op_id, attempt)}#d"
+    return f"{op_id}#{attempt}#d"
 
 
 def answered_field(op_id: str) -> str:
@@ -179,7 +193,8 @@ class ShardKeys:
 
     #: Ops waiting to run, in order; each entry packs one or more op envelopes.
     stream = _ShardKey("stream")
-    #: Owner token, with a TTL; renewed by the owner.
+    #: The owner's lease value, with a TTL; renewed by the owner. It is ``<token>.<public key>``:
+    #: the owner's coordination channel less ``ks:<ns>:worker:`` (see :func:`owner_channel`).
     lease = _ShardKey("lease")
     #: Fencing epoch, incremented at every acquisition; every write checks it.
     epoch = _ShardKey("epoch")

@@ -9,9 +9,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .json_text import dumps
-
-#: A coordination message, as it travels: a grant ("g") or a decision notice ("d").
+#: A coordination message, as it travels: a grant request ("q"), a grant ("g") or a decision
+#: notice ("d").
 Wire = dict[str, Any]
 
 
@@ -21,74 +20,60 @@ class MalformedMessage(ValueError):
 
 @dataclass(frozen=True, slots=True)
 class GrantRequest:
-    """What a ``keyserial.grant`` op asks a participant shard (the op's ``kwargs``), signed by
-    the coordinator's worker (see ``_wire.signing``): a participant takes no other."""
+    """A coordinator asking a participant shard's owner to hold keys for one attempt of a
+    cross-shard op. It travels as an item of a coordination message that the coordinator's
+    worker signed for the owner's channel: a worker takes a request from no stream and from no
+    message that a listed worker did not sign for it."""
 
     #: The home shard, which coordinates the op.
     home: int
     op_id: str
     #: The attempt: the home shard's epoch when the coordinator began it.
     attempt: int
+    #: The participant shard it is for, by name (``7``, or ``7@2`` in layout generation 2): a
+    #: request for another shard, or another generation's, is not taken.
+    target: str
+    #: The keys to hold, all on the participant shard.
+    keys: tuple[str, ...]
     #: The coordinator's worker channel, where the grant goes.
     channel: str
-    #: The participant shard it is for, by name (``7``, or ``7@2`` in layout generation 2): a
-    #: request copied to another shard, or to another generation's, is not for it.
-    target: str = ""
-    #: When the coordinator signed it (ms, its clock): a copy appended much later is refused.
-    at: int = 0
-    #: The signer id of the coordinator's worker and its signature (see :meth:`signed_text`).
-    signer: str = ""
-    signature: str = ""
-    #: The signed text's tag for the participant shard's owner the coordinator expects (see
-    #: ``ReplySigner.tag_request``), which that owner checks instead of the signature; '' if
-    #: the coordinator expects none yet.
-    tag: str = ""
-
-    def signed_text(self, namespace: str, keys: Sequence[str]) -> str:
-        """What the signature covers: every field but the signature, the requested keys and
-        the namespace."""
-        fields = [namespace, self.target, self.home, self.op_id, self.attempt, self.channel]
-        return dumps([*fields, self.at, list(keys)])
+    #: When the coordinator made it (ms, its clock): one taken much later is refused, since
+    #: what became of its attempt may no longer be on record.
+    at: int
 
     def to_wire(self) -> Wire:
-        wire: Wire = {
-            "home": self.home,
+        return {
+            "t": "q",
             "op": self.op_id,
-            "attempt": self.attempt,
-            "channel": self.channel,
-            "to": self.target,
+            "a": self.attempt,
+            "h": self.home,
+            "s": self.target,
+            "k": list(self.keys),
+            "c": self.channel,
             "at": self.at,
-            "k": self.signer,
-            "sig": self.signature,
         }
-        if self.tag:
-            wire["tag"] = self.tag
-        return wire
 
     @classmethod
-    def from_wire(cls, kwargs: Mapping[str, Any], *, below: int) -> GrantRequest:
-        """:raises MalformedMessage: unless the home is a shard under ``below`` (a participant
-        is always above its home) and every field has its type (the signature's fields may be
-        missing: such a request is unsigned; the tag too: then only the signature is checked)."""
-        home, op_id = kwargs.get("home"), kwargs.get("op")
-        attempt, channel = kwargs.get("attempt"), kwargs.get("channel")
-        target, at = kwargs.get("to", ""), kwargs.get("at", 0)
-        signer, signature = kwargs.get("k", ""), kwargs.get("sig", "")
-        tag = kwargs.get("tag", "")
+    def from_wire(cls, message: Mapping[str, Any]) -> GrantRequest:
+        """:raises MalformedMessage: unless every field has its type, and keys are named."""
+        home, op_id, attempt = message.get("h"), message.get("op"), message.get("a")
+        target, keys = message.get("s"), message.get("k")
+        channel, at = message.get("c"), message.get("at")
         if not (
             type(home) is int
-            and 0 <= home < below
+            and home >= 0
             and isinstance(op_id, str)
+            and op_id
             and type(attempt) is int
-            and isinstance(channel, str)
             and isinstance(target, str)
+            and isinstance(keys, list)
+            and keys
+            and all(isinstance(key, str) for key in keys)
+            and isinstance(channel, str)
             and type(at) is int
-            and isinstance(signer, str)
-            and isinstance(signature, str)
-            and isinstance(tag, str)
         ):
-            raise MalformedMessage(f"bad grant request {dict(kwargs)!r}"[:300])
-        return cls(home, op_id, attempt, channel, target, at, signer, signature, tag)
+            raise MalformedMessage(f"bad grant request {dict(message)!r}"[:300])
+        return cls(home, op_id, attempt, target, tuple(keys), channel, at)
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +88,9 @@ class KeyGrant:
     fence: int | None
     #: The participant's worker channel, where the decision goes.
     channel: str
+    #: The op's home shard (-1 from a worker that sends none): a takeover of the participant
+    #: shard reads its attempt's decision there.
+    home: int = -1
 
     def to_wire(self) -> Wire:
         return {
@@ -113,12 +101,13 @@ class KeyGrant:
             "st": self.states,
             "f": self.fence,
             "c": self.channel,
+            "h": self.home,
         }
 
     @classmethod
     def from_wire(cls, message: Mapping[str, Any]) -> KeyGrant:
         try:
-            fence = message.get("f")
+            fence, home = message.get("f"), message.get("h", -1)
             return cls(
                 str(message["op"]),
                 int(message["a"]),
@@ -126,6 +115,7 @@ class KeyGrant:
                 [(str(key), state) for key, state in message["st"]],
                 fence if isinstance(fence, int) else None,
                 str(message["c"]),
+                home if type(home) is int else -1,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MalformedMessage(f"bad grant {dict(message)!r}") from exc
@@ -170,27 +160,40 @@ class DecisionNotice:
     op_id: str
     attempt: int
     decision: Decision
+    #: The op's home shard, which coordinates it.
+    home: int = -1
 
     def to_wire(self) -> Wire:
-        return {"t": "d", "op": self.op_id, "a": self.attempt, "d": self.decision.to_wire()}
+        decision = self.decision.to_wire()
+        return {"t": "d", "op": self.op_id, "a": self.attempt, "h": self.home, "d": decision}
 
     @classmethod
     def from_wire(cls, message: Mapping[str, Any]) -> DecisionNotice:
         try:
-            return cls(str(message["op"]), int(message["a"]), Decision.from_wire(message["d"]))
+            home = message.get("h", -1)
+            return cls(
+                str(message["op"]),
+                int(message["a"]),
+                Decision.from_wire(message["d"]),
+                home if type(home) is int else -1,
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise MalformedMessage(f"bad decision notice {dict(message)!r}") from exc
 
 
+#: What one coordination message carries.
+Item = GrantRequest | KeyGrant | DecisionNotice
+
+
 def batch(items: Sequence[str]) -> str:
-    """One message carrying ``items`` (encoded grants and decision notices), all for the same
-    worker channel: signed once, published once. A lone item travels as it is."""
+    """One message carrying ``items`` (encoded requests, grants and decision notices), all for
+    the same worker channel: signed once, published once. A lone item travels as it is."""
     if len(items) == 1:
         return items[0]
     return '{"t":"b","m":[' + ",".join(items) + "]}"
 
 
-def messages_from_wire(message: Mapping[str, Any]) -> list[KeyGrant | DecisionNotice]:
+def messages_from_wire(message: Mapping[str, Any]) -> list[Item]:
     """The items of a message: one, or a batch's (:func:`batch`).
 
     :raises MalformedMessage: a message, or an item of a batch, of neither kind."""
@@ -202,9 +205,11 @@ def messages_from_wire(message: Mapping[str, Any]) -> list[KeyGrant | DecisionNo
     return [from_wire(message)]
 
 
-def from_wire(message: Mapping[str, Any]) -> KeyGrant | DecisionNotice:
-    """:raises MalformedMessage: a message of neither kind."""
+def from_wire(message: Mapping[str, Any]) -> Item:
+    """:raises MalformedMessage: a message of no known kind."""
     kind = message.get("t") if isinstance(message, Mapping) else None
+    if kind == "q":
+        return GrantRequest.from_wire(message)
     if kind == "g":
         return KeyGrant.from_wire(message)
     if kind == "d":

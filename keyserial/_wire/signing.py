@@ -1,15 +1,7 @@
 """Replies a client can take without reading them back: signed by the worker that sent them.
-(Workers sign their grants and decision notices to each other the same way: a worker's
-coordination channel names a key of its own, as a client's reply channel does.)
-
-What a worker appends on its own authority (a grant request) is read by whichever worker owns
-the shard then, not by one receiver, so it is signed with Ed25519 instead: the worker's signing
-key's public half is in its signers-hash entry too (``"sign"``), and any worker checks the
-signature against it (:class:`RequestVerifier`). A client can append to a stream but cannot
-write that hash, so it cannot make a request that a worker takes. Checking that signature costs
-about 100 µs, so a request also carries a tag for the owner its coordinator expects (the one
-whose grant it last took from that shard): an HMAC under their pairwise key, which that owner
-checks in about a microsecond; any other owner (after a takeover) checks the signature.
+(Workers sign their grant requests, grants and decision notices to each other the same way: a
+worker's coordination channel names a key of its own, as a client's reply channel does. A client
+can publish on that channel but cannot sign for it, so it cannot make a request a worker takes.)
 
 Anyone who may publish on a service's reply channels can publish a reply, so an unsigned one is
 only a hint to read the op's record (``_client.outcomes``). A signed one is as good as that record:
@@ -37,8 +29,6 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 
 #: The suffix a signature adds to a reply message.
@@ -47,13 +37,6 @@ _SIGNED_BYTES = re.compile(_SIGNED.pattern.encode())
 #: A public key as a reply channel ends with it: 32 bytes, base64url without padding.
 _PUBLIC_KEY = re.compile(r"[A-Za-z0-9_-]{43}\Z")
 _CONTEXT = b"keyserial reply signature v1"
-_REQUEST_CONTEXT = b"keyserial request signature v1\n"
-#: What a request tag's input starts with: a message tag's starts with its channel (``ks:``).
-_REQUEST_TAG_CONTEXT = "keyserial request tag v1"
-#: A request tag: the first 16 bytes of its HMAC, in hex.
-_REQUEST_TAG = re.compile(r"[0-9a-f]{32}\Z")
-#: An Ed25519 signature: 64 bytes, base64url without padding.
-_SIGNATURE = re.compile(r"[A-Za-z0-9_-]{86}\Z")
 #: How long a signer's public key stays in the signers hash after its worker last renewed it.
 SIGNER_TTL = 24 * 3600.0
 #: How often a worker renews its entry (and drops those whose workers stopped renewing).
@@ -103,19 +86,9 @@ def _tag(key: bytes, channel: str, signed: str) -> str:
     return hmac.digest(key, text, "sha256")[:16].hex()
 
 
-def _request_tag(key: bytes, receiver_public: str, text: str) -> str:
-    """The tag of a request's signed ``text`` for the worker whose channel key is
-    ``receiver_public``, under that worker's and the signer's pairwise ``key``."""
-    return _tag(key, f"{_REQUEST_TAG_CONTEXT}\n{receiver_public}", text)
-
-
-def signer_record(public_key: str, at: float, signing_key: str | None = None) -> str:
-    """A signer's entry in the signers hash: its public key, the public half of its request
-    signing key (if it has one), and when it was last renewed."""
-    record: dict[str, str | int] = {"key": public_key, "at": round(at)}
-    if signing_key is not None:
-        record["sign"] = signing_key
-    return json.dumps(record)
+def signer_record(public_key: str, at: float) -> str:
+    """A signer's entry in the signers hash: its public key, and when it was last renewed."""
+    return json.dumps({"key": public_key, "at": round(at)})
 
 
 def parse_signer_record(raw: bytes | str | None) -> X25519PublicKey | None:
@@ -126,22 +99,6 @@ def parse_signer_record(raw: bytes | str | None) -> X25519PublicKey | None:
         return None
     key = record.get("key") if isinstance(record, dict) else None
     return decode_public_key(key) if isinstance(key, str) else None
-
-
-def parse_signing_key(raw: bytes | str | None) -> Ed25519PublicKey | None:
-    """A signer's request-checking key (its entry's ``"sign"``), or None for an entry that
-    holds none (a forged signer id, or a worker of a version that signs no request)."""
-    try:
-        record = json.loads(raw) if raw is not None else None
-    except ValueError:
-        return None
-    key = record.get("sign") if isinstance(record, dict) else None
-    if not isinstance(key, str) or not _PUBLIC_KEY.match(key):
-        return None
-    try:
-        return Ed25519PublicKey.from_public_bytes(base64.urlsafe_b64decode(key + "="))
-    except (binascii.Error, ValueError):
-        return None
 
 
 def signer_renewed_at(raw: bytes | str) -> float:
@@ -167,26 +124,11 @@ class ReplySigner:
     def __init__(self) -> None:
         self._key = X25519PrivateKey.generate()
         self.public_key = encode_public_key(self._key.public_key())
-        self._signing_key = Ed25519PrivateKey.generate()
-        self.signing_key = _encode_raw(self._signing_key.public_key().public_bytes_raw())
         self.signer_id = os.urandom(8).hex()
         self._keys: OrderedDict[str, bytes | None] = OrderedDict()
 
     def record(self) -> str:
-        return signer_record(self.public_key, time.time(), self.signing_key)
-
-    def sign_request(self, text: str) -> str:
-        """The signature of a request's canonical ``text`` (base64url, no padding), which any
-        worker checks against this signer's listed signing key."""
-        signature = self._signing_key.sign(_REQUEST_CONTEXT + text.encode("utf-8", "surrogatepass"))
-        return _encode_raw(signature)
-
-    def tag_request(self, channel: str, text: str) -> str:
-        """The tag of a request's canonical ``text`` for the worker whose (coordination)
-        channel is ``channel``, which checks it instead of the signature (see
-        :meth:`RequestVerifier.verified`); '' for a channel that names no key."""
-        key = self._key_for(channel)
-        return "" if key is None else _request_tag(key, channel.rsplit(".", 1)[-1], text)
+        return signer_record(self.public_key, time.time())
 
     def sign(self, channel: str, message: str) -> str:
         """``message`` (a reply's JSON object) signed for ``channel``'s client; as it is for
@@ -270,71 +212,3 @@ class ReplyVerifier:
         if not hmac.compare_digest(_tag(key, channel or self.channel, signed), tag):
             return None
         return signed + "}"
-
-    def tagged(self, signer_id: str, text: str, tag: str) -> bool:
-        """Whether a signer this receiver knows tagged a request's ``text`` for it (see
-        :meth:`ReplySigner.tag_request`)."""
-        key = self._keys.get(signer_id)
-        if key is None or not _REQUEST_TAG.match(tag):  # (no tag; or not ASCII: not comparable)
-            return False
-        return hmac.compare_digest(_request_tag(key, self.public_key, text), tag)
-
-
-class RequestVerifier:
-    """The request-checking keys of the signers a worker has met (read from the signers hash,
-    which only workers write): a request is taken only if one of them signed it. With a
-    ``receiver`` (the worker's coordination key, :class:`ReplyVerifier`), a request that a
-    listed signer tagged for that receiver is taken on its tag, without checking the
-    signature; without one (the mover, which owns no shard), every signature is checked."""
-
-    def __init__(self, receiver: ReplyVerifier | None = None) -> None:
-        self._keys: OrderedDict[str, Ed25519PublicKey | None] = OrderedDict()
-        self._receiver = receiver
-        #: Requests taken on their tag, and signatures checked (the fast path, seen working).
-        self.taken_on_tag = 0
-        self.signatures_checked = 0
-
-    def knows(self, signer_id: str) -> bool:
-        """Whether the signer's entry was read (listed or not): no read is due for it."""
-        return signer_id in self._keys
-
-    def learn(self, signer_id: str, record: bytes | str | None) -> bool:
-        """Take a signer's checking key from its entry; False (and remembered as unlisted, so
-        a forged id costs one read) if the entry holds none."""
-        key = parse_signing_key(record)
-        if self._receiver is not None:  # (its tag is taken only if it is listed, as here)
-            self._receiver.learn(signer_id, record)
-        self._keys[signer_id] = key
-        self._keys.move_to_end(signer_id)
-        if len(self._keys) > _CACHED_KEYS:
-            self._keys.popitem(last=False)
-        return key is not None
-
-    def forget_unlisted(self) -> None:
-        """Read again, next time, the signers that were not listed (a worker lists itself when
-        it starts: its first request may be read before its entry)."""
-        for signer_id in [s for s, key in self._keys.items() if key is None]:
-            del self._keys[signer_id]
-
-    def verified(self, signer_id: str, text: str, signature: str, tag: str = "") -> bool:
-        """Whether the listed signer ``signer_id`` signed ``text``: by its ``tag`` for this
-        worker, if that checks out (only the signer and this worker hold the tag's key, so it
-        proves what the signature does); else by the signature, as any worker checks it (a tag
-        for another owner, or a wrong one, costs one HMAC more, never a refusal)."""
-        key = self._keys.get(signer_id)
-        if key is None:
-            return False
-        if self._receiver is not None and self._receiver.tagged(signer_id, text, tag):
-            self.taken_on_tag += 1
-            return True
-        if not _SIGNATURE.match(signature):
-            return False
-        self.signatures_checked += 1
-        try:
-            key.verify(
-                base64.urlsafe_b64decode(signature + "=="),
-                _REQUEST_CONTEXT + text.encode("utf-8", "surrogatepass"),
-            )
-        except (InvalidSignature, binascii.Error, ValueError):
-            return False
-        return True

@@ -50,8 +50,8 @@ class Finished:
 @dataclass(slots=True, eq=False)
 class Record:
     """A cross-shard record that commits with the owner's next step (docs/multi-key.md): a
-    hold of this shard's keys, at its request's entry (which must still be in the stream), or
-    the decision of an attempt this owner coordinates (written once). Riding the step, it
+    hold of this shard's keys (skipped if its attempt's part here is over already), or the
+    decision of an attempt this owner coordinates (written once). Riding the step, it
     commits after every earlier write of the shard and costs no script call of its own; its
     messages go out once it has committed (the output gate)."""
 
@@ -59,15 +59,18 @@ class Record:
     #: (a decision, ``<op id>#<attempt>#d``).
     name: str
     value: str
-    #: A hold's request entry; '' for a decision.
-    entry_id: str
     #: What to publish once committed: (channel, coordination message), unsigned (the
     #: pipeliner signs and batches them per channel).
     messages: list[tuple[str, str]]
+    #: A hold (False: a decision).
+    hold: bool = False
     #: Called once the step that carried it has committed (see :attr:`error`).
     on_committed: Callable[[Record], None] | None = None
     #: Why it cannot be counted on although its step returned (not confirmed as durable).
     error: Exception | None = None
+    #: A hold its step did not record: its attempt has an outcome on the shard already (the
+    #: request came again after the answer), so nothing is held for it.
+    skipped: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,8 +262,8 @@ def _payload(
         writes,
         results,
         answered=answered,
-        decisions=[(r.name, r.value) for r in records if not r.entry_id],
-        holds=[(r.name, r.value, r.entry_id) for r in records if r.entry_id],
+        decisions=[(r.name, r.value) for r in records if not r.hold],
+        holds=[(r.name, r.value) for r in records if r.hold],
         released=released,
         dead=dead,
         passed=passed,

@@ -20,7 +20,7 @@ from .._backend.backend import Backend
 from .._logfields import fields as log_fields
 from .._scripts.commit import StepReply
 from .._scripts.reshard import record_drained
-from .._wire.codec import GRANT_OP, decode_entry_leniently, parse_id
+from .._wire.codec import decode_entry_leniently, parse_id
 from .._wire.layout import Layout, ShardKeys
 from .._wire.resharding import Seal
 from .._wire.routing import home_shard
@@ -112,22 +112,20 @@ class Drain:
 
     def to_run(self, entry_id: str, runs: list[Run], *, from_stream: bool) -> list[Run]:
         """Of the runs of an entry taken in, those to run here: all of them, unless the entry
-        was fetched from past the seal: then grant requests only (their ops were appended
-        before the seal), the others forwarded to the new layout."""
+        was fetched from past the seal: then none, each forwarded to the new layout."""
         if from_stream and self.past_seal(entry_id):
-            runs = self._forward_moved(runs)
+            for run in runs:  # (if the runner has stopped meanwhile, the next owner forwards)
+                self._forwarded.add(run.envelope.op_id)
+                self._spawn(partial(self._forward, run))
+            return []
         self._ran += len(runs)
         return runs
 
-    def _forward_moved(self, runs: list[Run]) -> list[Run]:
-        kept = []
-        for run in runs:
-            if run.envelope.name == GRANT_OP:
-                kept.append(run)
-            else:  # (if the runner has stopped meanwhile, the next owner forwards it)
-                self._forwarded.add(run.envelope.op_id)
-                self._spawn(partial(self._forward, run))
-        return kept
+    def took_request(self) -> None:
+        """A grant request's run was taken (from a message, or held again at a takeover): it
+        counts as an op run, so a mover that read the shard drained before it sees a change.
+        (A sealed shard still takes requests: their ops were appended before the seal.)"""
+        self._ran += 1
 
     async def _forward(self, run: Run) -> None:
         """Append ``run``'s op to its home shard in the layout the seal names, then let the
@@ -172,7 +170,7 @@ class Drain:
         what waits, and an owner that died with that one running leaves the cursor of the next
         owner behind them, with nothing to fetch up to the seal.) Never past it: what follows
         the seal is forwarded, by this owner or after the flip by the heir's (``strays``),
-        which starts after the record; the mover reads it all for grant requests."""
+        which starts after the record."""
         seal = self.seal
         if seal is None:
             return None

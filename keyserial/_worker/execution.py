@@ -22,6 +22,7 @@ from .. import _telemetry as telemetry
 from .._logfields import fields
 from .._ops import Context, MultiContext, Op, Registry
 from .._wire.codec import Envelope, encode_error, encode_ok
+from .._wire.messages import GrantRequest
 from ..errors import MalformedOperation, OperationFailed, UnknownOperation
 from .keystates import KeyStates
 from .opthreads import DaemonThreadPool
@@ -65,6 +66,11 @@ class Run:
     #: Whether its outcome is stored (not for an op this worker does not know: see
     #: :meth:`Executor.refusal`).
     keep: bool = True
+    #: A grant request's, for the participant shard (``crossshard.participant``); None for
+    #: an op from the stream.
+    request: GrantRequest | None = None
+    #: A grant request whose hold is recorded already (held again at a takeover).
+    recorded: bool = False
 
 
 @dataclass(slots=True)

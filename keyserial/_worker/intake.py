@@ -6,7 +6,7 @@ I/O, so every rule here is testable on its own.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 from .._logfields import fields as log_fields
@@ -22,7 +22,6 @@ from .._wire.codec import (
     taken_outcome,
 )
 from .._wire.deadletters import entry_raw
-from .._wire.json_text import dumps
 from .._wire.routing import home_of, route, shard_for
 from ..errors import MalformedOperation
 from .commits import DeadLetter, Finished
@@ -31,14 +30,10 @@ from .execution import Entry, Run
 log = logging.getLogger("keyserial.worker")
 
 _RESERVED_ID = "'#' is reserved in op ids (keyserial names its coordination records with it)"
-
-#: Why a grant request (an envelope of ``keyserial.grant``) is not taken, or None (see
-#: ``_wire.requests``).
-GrantRefusal = Callable[[Envelope], str | None]
-
-
-def _no_refusal(envelope: Envelope) -> str | None:
-    return None
+_RESERVED_NAME = (
+    f"{GRANT_OP!r} is reserved: workers ask each other for grants in coordination messages,"
+    " never in a stream"
+)
 
 
 @dataclass(slots=True)
@@ -61,12 +56,10 @@ def accept(
     shard_count: int,
     done: Mapping[str, str],
     running: MutableMapping[str, Run],
-    grant_refusal: GrantRefusal = _no_refusal,
 ) -> Accepted:
     """Take in one entry. ``done``: stored outcomes of op ids that already ran; ``running``:
-    the owner's runs by op id (an op id seen again joins its run, or reuses its outcome);
-    ``grant_refusal``: the rule for grant requests (a refused one is dead-lettered, holding no
-    key and storing nothing, so the genuine request of that id, if any, still runs)."""
+    the owner's runs by op id (an op id seen again joins its run, or reuses its outcome; never
+    an op id with '#', which names a record of keyserial's or a grant request's run)."""
     try:
         items = decode_entry(fields)
     except MalformedEntry as exc:
@@ -78,16 +71,14 @@ def accept(
             extra=log_fields(shard=shard, error="MalformedOperation"),
         )
         accepted = Accepted(Entry(entry_id, 0), dead=[(entry_id, exc.reason, entry_raw(fields))])
-        outcome = encode_error(MalformedOperation.wire_type, exc.reason)
-        for op_id, reply in salvage_replies(fields):
-            if not _answered(accepted, None, op_id, reply, None, done, running):
-                accepted.finished.append(
-                    Finished(op_id, outcome, [], channels(reply), store=storable(op_id))
-                )
+        _answer_salvaged(accepted, fields, exc.reason, done, running)
         return accepted
     accepted = Accepted(Entry(entry_id, len(items)))
     entry = accepted.entry
     for item in items:
+        if item.op_id is not None and "#" in item.op_id:  # (before it could join a run)
+            _reject(accepted, MalformedEntry(_RESERVED_ID, op_id=item.op_id, reply=item.reply))
+            continue
         # An op id that already ran, or runs, keeps its outcome: a malformed copy appended
         # again (a foreign client's retry gone wrong) is answered with it, never stored over it.
         if item.op_id is not None and _answered(
@@ -96,16 +87,31 @@ def accept(
             continue
         if isinstance(item, MalformedEntry):
             _reject(accepted, item)
-        elif item.name == GRANT_OP and (
-            refused := grant_refusal(item) or misrouted(item, shard, shard_count)
-        ):
-            _refuse_request(accepted, item, refused, shard)
+        elif item.name == GRANT_OP:
+            _reject(accepted, MalformedEntry(_RESERVED_NAME, op_id=item.op_id, reply=item.reply))
         elif (wrong := misrouted(item, shard, shard_count)) is not None:
             _reject(accepted, MalformedEntry(wrong, op_id=item.op_id, reply=item.reply))
         else:
             run = running[item.op_id] = Run(item, [entry], channels(item.reply))
             accepted.runs.append(run)
     return accepted
+
+
+def _answer_salvaged(
+    accepted: Accepted,
+    fields: Mapping[bytes, bytes],
+    reason: str,
+    done: Mapping[str, str],
+    running: MutableMapping[str, Run],
+) -> None:
+    """Answer each op id (and reply channel) salvaged from a malformed entry: with its outcome
+    if it has one (or joining its run), else with the refusal."""
+    outcome = encode_error(MalformedOperation.wire_type, reason)
+    for op_id, reply in salvage_replies(fields):
+        if "#" in op_id or not _answered(accepted, None, op_id, reply, None, done, running):
+            accepted.finished.append(
+                Finished(op_id, outcome, [], channels(reply), store=storable(op_id))
+            )
 
 
 def _answered(
@@ -124,13 +130,7 @@ def _answered(
     if (stored := done.get(op_id)) is not None:
         if envelope is not None and binding_of(stored) not in (None, binding(envelope) or None):
             stored = taken_outcome(op_id)
-        # A grant request answered already: any hold recorded under its id is over (a copy
-        # appended as fresh, which no lookup stopped, may have recorded one before its answer
-        # was refused as a replay).
-        releases = op_id if envelope is not None and envelope.name == GRANT_OP else ""
-        accepted.finished.append(
-            Finished(op_id, stored, entries, channels(reply), store=False, releases=releases)
-        )
+        accepted.finished.append(Finished(op_id, stored, entries, channels(reply), store=False))
     elif (run := running.get(op_id)) is None:
         return False
     elif envelope is not None and binding(run.envelope) != binding(envelope):
@@ -174,34 +174,15 @@ def storable(op_id: str) -> bool:
     return "#" not in op_id
 
 
-def _refuse_request(accepted: Accepted, request: Envelope, reason: str, shard: int) -> None:
-    entry_id = accepted.entry.entry_id
-    log.warning(
-        "shard %d: dead-lettering grant request %s (entry %s): %s",
-        shard,
-        request.op_id,
-        entry_id,
-        reason,
-        extra=log_fields(shard=shard, error="MalformedOperation"),
-    )
-    raw = dumps({"id": request.op_id, "keys": list(request.keys), "kwargs": request.kwargs})
-    accepted.dead.append((entry_id, reason, raw))
-    accepted.finished.append(Finished("", "", [accepted.entry], [], store=False))
-
-
 def misrouted(envelope: Envelope, shard: int, shard_count: int) -> str | None:
     """Why the envelope does not belong on ``shard``, or None. A multi-key op belongs on the
     lowest shard of its keys (its home), which coordinates the others."""
     if not envelope.multi and shard_for(envelope.keys[0], shard_count) == shard:
         return _RESERVED_ID if "#" in envelope.op_id else None  # most ops: one key, routed right
-    if envelope.name == GRANT_OP:
-        request = envelope.kwargs
-        if envelope.op_id != f"{request.get('op')}#{request.get('attempt')}":
-            return "a grant request's id must be '<op id>#<attempt>' (keyserial's own op)"
-    elif "#" in envelope.op_id:
+    if "#" in envelope.op_id:
         return _RESERVED_ID
     shards = route(envelope, shard_count)
-    if envelope.multi and envelope.name != GRANT_OP:
+    if envelope.multi:
         if (home := home_of(shards)) != shard:
             placed = ", ".join(
                 f"{key!r} on {home}" for key, home in zip(envelope.keys, shards, strict=True)

@@ -68,6 +68,8 @@ class Leases(Generic[Runner]):
     _settings: Settings
     #: The layout whose shards these leases are of.
     _layout: Layout
+    #: What the worker's leases hold: its ``lease_value`` (``<token>.<public key>``, its
+    #: coordination channel less the namespace's prefix: see ``_wire.layout.owner_channel``).
     _token: str
     _metrics: Metrics
     _held: dict[int, Held[Runner]]

@@ -34,6 +34,8 @@ from dataclasses import dataclass
 from operator import attrgetter
 from typing import Any, TypeVar
 
+import anyio
+
 from .._backend import durability as _durability
 from .._backend.backend import Backend
 from .._backend.batching import NodeBatcher
@@ -104,9 +106,30 @@ class Pipeliner:
         #: The event loop the calls are awaited on (asked once: asking asyncio costs a system
         #: call, on a path every step takes).
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: Coordination messages that wait for no commit (grant requests), for the next round.
+        self._outbox: list[tuple[str, str]] = []
+        self._outbox_filled = anyio.Event()
 
     async def serve(self) -> None:
-        await self._batcher.serve()
+        async with anyio.create_task_group() as task_group:
+            task_group.start_soon(self._send_outbox)
+            await self._batcher.serve()
+
+    def publish(self, channel: str, message: str) -> None:
+        """Publish a coordination message that waits for no commit (a grant request), with the
+        others queued meanwhile: what this worker owes each channel goes in one message, signed
+        once for it (see :func:`coordination_messages`)."""
+        if not self._outbox:
+            self._outbox_filled.set()
+        self._outbox.append((channel, message))
+
+    async def _send_outbox(self) -> None:
+        while True:
+            await self._outbox_filled.wait()
+            self._outbox_filled = anyio.Event()
+            outbox, self._outbox = self._outbox, []
+            if outbox:  # (a message lost here costs its coordinator a poll)
+                await self._backend.publish_after(coordination_messages(outbox, self.signer))
 
     async def run(
         self,

@@ -43,13 +43,17 @@ from .._scripts.lease import LeaseGrant
 from .._scripts.refusals import Diverged, Fenced, OwnedElsewhere, StreamRestarted
 from .._settings import Settings
 from .._wire.codec import (
+    GRANT_OP,
+    Envelope,
     Push,
     binding,
     parse_id,
 )
-from .._wire.layout import Layout, shard_name
-from .._wire.requests import RequestCheck
+from .._wire.json_text import loads
+from .._wire.layout import Layout, part_id, shard_name
+from .._wire.messages import GrantRequest, KeyGrant, MalformedMessage
 from .._wire.resharding import Seal
+from .._wire.routing import shard_for
 from ..errors import BackendUnavailable, LeaseLost
 from .chains import Chains, Hold
 from .commits import (
@@ -157,13 +161,11 @@ class ShardRunner:
         self._earlier = EarlierLayouts(
             history, backend, retrying=self._retrying, result_ttl_ms=settings.result_ttl_ms
         )
-        self._requests = RequestCheck(
-            mailbox.requests,
-            namespace=settings.namespace,
-            shard=shard,
-            shard_name=shard_name(shard, layout.generation),
-            max_age_ms=settings.result_ttl_ms,
-        )
+        #: The shard's name, as grant requests for it name it.
+        self.name = shard_name(shard, layout.generation)
+        #: Runs of grant requests the last owner had recorded a hold for (its held hash): their
+        #: keys are held again before anything else runs (see :meth:`_hold_again`).
+        self._held_again: list[Run] = []
         self.executor = Executor(
             registry,
             shard=shard,
@@ -206,9 +208,11 @@ class ShardRunner:
         try:
             await self._read_seal()
             await self._preload()
+            await self._read_holds()
             async with anyio.create_task_group() as task_group:
                 self._task_group = task_group
                 self._chains.open(task_group)
+                self._hold_again()
                 await self._follow_pauses()  # (recorded in Redis: honoured from the first op)
                 await self._step_loop()
                 task_group.cancel_scope.cancel()
@@ -237,6 +241,49 @@ class ShardRunner:
         loaded = await self._retrying(lambda: self._backend.all_states(self.keys))
         self.states.load_all({key.decode(): state.decode() for key, state in loaded.items()})
 
+    async def _read_holds(self) -> None:
+        """Read the holds the last owner recorded for other shards' cross-shard ops (the held
+        hash): each attempt's keys are held again, ahead of every op this owner takes in, until
+        its decision is applied (read at once: its notice went to the last owner)."""
+        held = await self._retrying(lambda: self._backend.held(self.keys))
+        for name, raw in held.items():
+            field = name.decode()
+            try:
+                grant = KeyGrant.from_wire(loads(raw.decode()))
+            except (ValueError, MalformedMessage) as exc:
+                # (Only workers write there: a record it cannot read is a defect, and its keys
+                # cannot be held again.)
+                log.error("shard %d: an unreadable hold %s: %s", self.shard, field, exc)
+                continue
+            if grant.home < 0:
+                log.error("shard %d: hold %s names no home shard", self.shard, field)
+                continue
+            keys = tuple(key for key, _ in grant.states)
+            request = GrantRequest(grant.home, grant.op_id, grant.attempt, self.name, keys, "", 0)
+            run = self._request_run(request, recorded=True)
+            if run.envelope.op_id != field:
+                log.error("shard %d: hold %s records another attempt", self.shard, field)
+                self._running.pop(run.envelope.op_id, None)
+                self._uncommitted -= 1
+                continue
+            self._held_again.append(run)
+
+    def _hold_again(self) -> None:
+        """Hold the keys of the holds read by :meth:`_read_holds` (nothing else is queued yet)."""
+        held_again, self._held_again = self._held_again, []
+        for run in held_again:
+            self._chains.schedule(run)
+
+    def _request_run(self, request: GrantRequest, *, recorded: bool = False) -> Run:
+        """The run of a grant request, in the running map (its op id is the attempt's)."""
+        field = part_id(request.op_id, request.home, request.attempt)
+        envelope = Envelope(field, request.keys, GRANT_OP, [], {}, None, multi=True)
+        run = self._running[field] = Run(envelope, request=request, recorded=recorded)
+        self._uncommitted += 1
+        self._drain.took_request()
+        self.metrics.dispatched([run])
+        return run
+
     def pauses_changed(self) -> None:
         """An operator paused or resumed some key of the namespace: the step loop reads this
         shard's paused keys again before it takes in anything more (the wake-up that says so
@@ -254,7 +301,7 @@ class ShardRunner:
         """A reshard sealed this shard: clients append no more ops here (``submit.lua``), and
         the shard drains. An op found in an entry appended after the seal (by a client of an
         older version, or a plain ``XADD``) is forwarded to its shard in the new layout, not
-        run; a grant request still runs (its op was appended before the seal). Once nothing
+        run; a grant request is still taken (its op was appended before the seal). Once nothing
         is under way, the owner records the shard drained (:meth:`Drain.record`)."""
         if self._drain.seal_with(seal):
             self._wakeups.must_fetch = True  # (pushes waiting now are never taken in)
@@ -445,7 +492,7 @@ class ShardRunner:
         began = time.monotonic()  # (metrics)
         fetched = await self._send_step(call, commit, across)
         self._follow_records(fetched)
-        _settle(records, self.write_chain)
+        _settle(records, self.write_chain, fetched.skipped)
         self._wakeups.stepped(want, len(fetched.entries), record)
         empty = not (
             commit.payload is not None or commit.trim_to or fetched.entries or pushed_to or record
@@ -546,8 +593,6 @@ class ShardRunner:
         pushes, which only the next step confirms)."""
         if self._earlier and fetched.entries:
             await self._earlier.answer(fetched, replaying=self._replay_until is not None)
-        if signers := self._requests.signers_to_read([fields for _, fields in fetched.entries]):
-            await self._read_signers(signers)
         runnable: list[Run] = []
         for entry_id, fields in fetched.entries:
             self._cursor = entry_id
@@ -558,7 +603,6 @@ class ShardRunner:
                 shard_count=self._shard_count,
                 done=fetched.done,
                 running=self._running,
-                grant_refusal=self._requests.refusal,
             )
             self._commits.track(accepted.entry)
             if log.isEnabledFor(logging.DEBUG):
@@ -581,17 +625,10 @@ class ShardRunner:
         for run in runnable:
             self._chains.schedule(run)
             if run.envelope.op_id == self._suspect:
-                # Alone: every op before it has a result (or is a grant request, which runs
-                # no code), and nothing after it starts until it has committed.
+                # Alone: every op before it has a result, and nothing after it starts until it
+                # has committed.
                 self._suspect = None
                 await self._commit_through(run)
-
-    async def _read_signers(self, signers: list[str]) -> None:
-        """Read the listings of the signers of the grant requests about to be taken in (once
-        per signer: a forged id costs one field of one read)."""
-        namespace = self._settings.namespace
-        records = await self._retrying(lambda: self._backend.signer_records(namespace, signers))
-        self._requests.learn(signers, records)
 
     # -- outcomes ------------------------------------------------------------------------------
 
@@ -700,14 +737,60 @@ class ShardRunner:
                 await hold.held.wait()
             if not hold.abandoned:
                 await self.states.flush(keys)
-                missing = self.states.missing(keys)
-                if missing and not self._ended:
-                    for key, state in zip(missing, await self._read_states(missing), strict=True):
-                        self.states.load(key, None if state is None else state.decode())
-                    self._evict_idle_states()
+                await self.load_states(keys)
             yield None if hold.abandoned or self._ended else {key: self.states[key] for key in keys}
         finally:
             self._chains.release(hold)
+
+    async def load_states(self, keys: Sequence[str]) -> None:
+        """Cache the committed states of those of ``keys`` not cached (nothing queued on them
+        has written them: an op's write stays cached until it has committed)."""
+        missing = self.states.missing(keys)
+        if missing and not self._ended:
+            for key, state in zip(missing, await self._read_states(missing), strict=True):
+                self.states.load(key, None if state is None else state.decode())
+            self._evict_idle_states()
+
+    def take_request(self, request: GrantRequest) -> None:
+        """A grant request for this shard, from the mailbox: checked, then held in the step
+        loop's next round (see :meth:`_take_request`)."""
+        self.in_step_loop(lambda: self._take_request(request))
+
+    def _take_request(self, request: GrantRequest) -> None:
+        """Hold a grant request's keys behind every op taken in on them so far, and grant them
+        (``crossshard.participant``). Dropped, with a log line, if it is not for this shard,
+        too old, or this owner is stopping (its coordinator asks again after a poll); and
+        with none if the attempt's request is held or being held here already (a request sent
+        again: its grant, once recorded, is read by the coordinator's poll)."""
+        refusal = self._request_refusal(request)
+        if refusal is not None:
+            log.warning(
+                "shard %s: dropping the grant request of %s#%d: %s",
+                self.name,
+                request.op_id,
+                request.attempt,
+                refusal,
+            )
+            return
+        if part_id(request.op_id, request.home, request.attempt) in self._running:
+            return
+        self._chains.schedule(self._request_run(request))
+
+    def _request_refusal(self, request: GrantRequest) -> str | None:
+        """Why this owner does not take ``request``; None if it does."""
+        if self._ended or self._stopping:
+            return "this owner is stopping"
+        if request.target != self.name:
+            return f"it is for shard {request.target!r}"
+        if not 0 <= request.home < self.shard or "#" in request.op_id:
+            return "its home or op id cannot be a coordinator's"
+        if any(shard_for(key, self._shard_count) != self.shard for key in request.keys):
+            return "it names keys of other shards"
+        if abs(time.time() * 1000 - request.at) > self._settings.result_ttl_ms / 2:
+            # (A copy: what became of its attempt is kept at least result_ttl, by the server's
+            # clock; half of it is left for the clocks of two workers to disagree.)
+            return "it was made more than half of result_ttl away from now"
+        return None
 
     def try_hold(self, keys: tuple[str, ...], *, committed: bool = True) -> Hold | None:
         """Hold ``keys`` at once, with no task, if they are idle: nothing queued on them, their
@@ -795,10 +878,12 @@ def _settle_across(across: Sequence[AcrossCommit], landed: bool | None) -> None:
         commit.settle(landed)
 
 
-def _settle(records: Sequence[Record], write_chain: WriteChain) -> None:
+def _settle(records: Sequence[Record], write_chain: WriteChain, skipped: Sequence[str]) -> None:
     """Tell the records' waiters that their step came back: committed, unless its pipeline was
-    not confirmed as durable (which broke the write chain)."""
+    not confirmed as durable (which broke the write chain), or ``skipped`` (holds not recorded).
+    """
     for record in records:
+        record.skipped = record.hold and record.name in skipped
         if write_chain.broken:
             record.error = WriteChainBroken("a cross-shard record not confirmed as durable")
         if record.on_committed is not None:

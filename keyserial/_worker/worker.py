@@ -81,6 +81,13 @@ class Worker:
         self._shard_spec = shards
         self._owned: dict[int, Held[ShardRunner]] = {}
         self._mailbox = Mailbox(worker_channel(self.settings.namespace, self.token), self._runner)
+        #: What this worker's leases hold: its coordination channel less the namespace's prefix,
+        #: ``<token>.<public key>``, so that another worker reads the channel of a shard's owner
+        #: off the shard's lease (``_wire.layout.owner_channel``). The roster and the activity
+        #: hash name the worker by its plain :attr:`token`.
+        self.lease_value = self._mailbox.channel.removeprefix(
+            worker_channel(self.settings.namespace, "")
+        )
         self._stop = anyio.Event()
         self._record = LayoutRecord(Layout(self.settings.namespace, 0))
         self._started = anyio.Event()
@@ -321,7 +328,7 @@ class Worker:
                 backend,
                 self.settings,
                 layout,
-                self.token,
+                self.lease_value,
                 self.metrics,
                 self._owned,
                 partial(self._start, backend, record, task_group),

@@ -175,8 +175,7 @@ async def _serving(backend: Backend, namespace: str, child: subprocess.Popen[byt
         try:
             layout = await layout_in_use(backend, namespace)
             count = layout.shards
-            leases = [("GET", keys.lease) for keys in layout.all_keys()]
-            holders = await backend.pipeline(leases)  # (one round trip for every shard)
+            holders = await backend.lease_holders(layout.all_keys())  # (one round trip)
         except (KeyserialError, ConfigError):  # (no shard count recorded yet)
             holders, count = [None], 0
         if holders and all(_pid(holder) == child.pid for holder in holders):
@@ -185,9 +184,9 @@ async def _serving(backend: Backend, namespace: str, child: subprocess.Popen[byt
     return None
 
 
-def _pid(token: bytes | None) -> int | None:
-    """The pid in a lease's owner token (None for a shard no worker holds)."""
-    return None if token is None else Owner.parse(token.decode(errors="replace")).pid
+def _pid(lease: bytes | None) -> int | None:
+    """The pid of a lease's holder, from the lease's value (None for a shard no worker holds)."""
+    return None if lease is None else Owner.parse(lease.decode(errors="replace")).pid
 
 
 def _ready_line(url: str, settings: Settings, shard_count: int) -> str:

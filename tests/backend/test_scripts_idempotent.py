@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+import anyio
 import pytest
 import redis.asyncio
 
@@ -15,12 +16,21 @@ from keyserial._backend.backend import Backend
 from keyserial._scripts.calls import ScriptCall
 from keyserial._scripts.commit import StepCommit, StepReply, step
 from keyserial._scripts.lease import AcquireArgs, LeaseGrant, LeaseHeld, acquire
-from keyserial._scripts.refusals import Fenced, OwnedElsewhere, Replayed, RequestGone
+from keyserial._scripts.refusals import Fenced, OwnedElsewhere, Replayed
+from keyserial._wire.codec import Envelope, decode_reply
+from keyserial._wire.layout import part_id
+from keyserial._wire.messages import GrantRequest
+from keyserial._worker.execution import Run
+from keyserial._worker.intake import accept
 from keyserial.testing import ShardKeys, running_worker
 from tests.entries import envelope, step_args
 from tests.helpers import keys_on_shard, stored_outcome
 
 pytestmark = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
+
+#: Participants' parts of cross-shard ops, as they are named (``<op id>#<home>.<attempt>``).
+PART, OVER, NEW = part_id("op", 0, 1), part_id("over", 0, 1), part_id("new", 0, 1)
+ORDER = part_id("order", 0, 1)
 
 
 async def acquired(
@@ -56,8 +66,9 @@ async def test_an_acquire_sent_again_by_its_owner_returns_the_same_grant_and_no_
 async def test_a_grant_request_left_unfinished_by_a_crash_is_never_a_suspect(
     backend: Backend, client: redis.asyncio.Redis, namespace: str
 ) -> None:
-    """A grant request waits for its coordinator and runs no code: the op behind it takes the
-    strike, and a grant request can never be dead-lettered."""
+    """An entry of keyserial's grant op runs no code (workers ask each other for grants in
+    coordination messages now, and refuse one in a stream as reserved): the op behind it takes
+    the strike, and it is never dead-lettered as a suspect."""
     keys = ShardKeys(namespace, 2)
     grant = {
         "id": "x#1",
@@ -78,44 +89,58 @@ async def test_a_grant_request_left_unfinished_by_a_crash_is_never_a_suspect(
     assert [json.loads(fields[b"raw"])["id"] for _, fields in dead] == ["after"]
 
 
-async def test_a_grant_for_a_request_whose_entry_is_gone_is_refused_and_records_nothing(
-    backend: Backend, client: redis.asyncio.Redis, namespace: str
+@pytest.mark.parametrize("stored_where", ["results", "results_old"])
+async def test_a_hold_of_an_attempt_whose_part_is_over_is_skipped_and_named_in_the_reply(
+    backend: Backend, client: redis.asyncio.Redis, namespace: str, stored_where: str
 ) -> None:
-    """A participant holds the keys at its grant request's place in the stream. If a failover
-    lost that entry (its coordinator appends the request again, perhaps behind another request
-    for the same keys), a grant sent there, as a resend after the failover would be, must not
-    be recorded: the coordinator would compute on keys held out of the stream's new order.
-    The step that carries it writes nothing at all."""
+    """A grant request may reach its participant again after the attempt's part there is over
+    (applied or released, its outcome stored in either results generation): its coordinator
+    sent it again, or a signed message was replayed. The step records no hold for it (nothing
+    would ever answer it: the keys would stay held), names it in its reply's ``skipped``, and
+    commits the rest: a hold of an attempt with no outcome beside it is recorded. Sent again,
+    the step answers the same."""
     keys = ShardKeys(namespace, 0)
     await client.set(keys.epoch, 2)
-    kept = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
-    lost = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
-    await client.xdel(keys.stream, lost)  # as the promoted replica never had it
-    await backend.run_call(_step(keys, _with_grant("kept#1", kept)))
-    assert await client.hget(keys.held, "kept#1") == b'{"s": []}'
-    with pytest.raises(RequestGone, match=lost):
-        await backend.run_call(_step(keys, _with_grant("lost#1", lost, state="7")))
-    assert not await client.hexists(keys.held, "lost#1")
-    assert await client.hget(keys.state, "a") == b"5", "nothing of the step was written"
+    await client.hset(getattr(keys, stored_where), OVER, '{"ok":"applied"}')
+    commit = StepCommit.of([("a", "5")], holds=[(OVER, _HOLD), (NEW, _HOLD)])
+    first = await backend.run_call(_step(keys, commit))
+    assert first.skipped == [OVER]
+    assert await client.hkeys(keys.held) == [NEW.encode()]
+    assert await client.hget(keys.state, "a") == b"5", "the rest of the step committed"
+    fetched = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
+    again = await backend.run_call(_step(keys, commit, fetch=10))  # (and fetches an entry)
+    assert [entry_id for entry_id, _ in again.entries] == [fetched]
+    assert again.skipped == [OVER]
+    assert await client.hkeys(keys.held) == [NEW.encode()]
+    plain = await backend.run_call(_step(keys, StepCommit.of([("a", "5")])))
+    assert plain.skipped == [], "a step with no hold skips none"
 
 
 async def test_a_hold_lasts_until_the_step_that_answers_its_request(
     backend: Backend, client: redis.asyncio.Redis, namespace: str
 ) -> None:
     """A hold is a record of its own, in the shard's held hash, not among the results: the step
-    that stores its request's answer (applied or released) deletes it. So does one that the
-    script takes for that step sent again (the answer and writes as stored): a copy of the
-    request, appended again as fresh, held the keys again, and its hold is over too."""
+    that stores its request's answer (applied or released) deletes it, and so does that step
+    taken as sent again (a hold under the answered attempt is over, whoever left it there). The
+    request coming again after its answer holds nothing: its step skips the hold."""
     keys = ShardKeys(namespace, 0)
     await client.set(keys.epoch, 2)
-    entry = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
-    applied = StepCommit.of([("a", "6")], [("op#1", '{"ok":"applied"}')], released=["op#1"])
-    for state in ("5", "6"):  # (the request, then its copy, after the request's part applied)
-        await backend.run_call(_step(keys, _with_grant("op#1", entry, state=state)))
-        assert await client.hkeys(keys.held) == [b"op#1"]
-        await backend.run_call(_step(keys, applied))
-        assert await client.hlen(keys.held) == 0
-        assert await client.hget(keys.results, "op#1") == b'{"ok":"applied"}'
+    held = await backend.run_call(_step(keys, _with_hold(PART)))
+    assert held.skipped == []
+    assert await client.hkeys(keys.held) == [PART.encode()]
+    applied = StepCommit.of([("a", "6")], [(PART, '{"ok":"applied"}')], released=[PART])
+    await backend.run_call(_step(keys, applied))
+    assert await client.hlen(keys.held) == 0
+    assert await client.hget(keys.results, PART) == b'{"ok":"applied"}'
+    again = await backend.run_call(_step(keys, _with_hold(PART, state="6")))
+    assert again.skipped == [PART], "the request came again after its answer"
+    assert await client.hlen(keys.held) == 0
+    # (A hold under the answered attempt all the same, as a worker of an earlier version left
+    # one for a copy of the request: the answer's step sent again ends it.)
+    await client.hset(keys.held, PART, _HOLD)
+    await backend.run_call(_step(keys, applied))
+    assert await client.hlen(keys.held) == 0
+    assert await client.hget(keys.results, PART) == b'{"ok":"applied"}'
 
 
 async def test_a_grant_under_an_epoch_that_moved_on_is_refused_and_records_nothing(
@@ -124,15 +149,18 @@ async def test_a_grant_under_an_epoch_that_moved_on_is_refused_and_records_nothi
     """A zombie participant (its epoch is over) cannot grant: nothing is recorded or sent."""
     keys = ShardKeys(namespace, 0)
     await client.set(keys.epoch, 3)
-    entry = (await client.xadd(keys.stream, {"v": "1", "ops": "[]"})).decode()
     with pytest.raises(Fenced):
-        await backend.run_call(_step(keys, _with_grant("op#1", entry)))
-    assert not await client.hexists(keys.held, "op#1")
+        await backend.run_call(_step(keys, _with_hold(PART)))
+    assert not await client.hexists(keys.held, PART)
 
 
-def _with_grant(field: str, entry_id: str, state: str = "5") -> StepCommit:
+#: A hold's record: the grant of no keys.
+_HOLD = '{"s": []}'
+
+
+def _with_hold(field: str, state: str = "5") -> StepCommit:
     """A step's commit: a write of key "a", and a hold of no keys recorded under ``field``."""
-    return StepCommit.of([("a", state)], holds=[(field, '{"s": []}', entry_id)])
+    return StepCommit.of([("a", state)], holds=[(field, _HOLD)])
 
 
 def _with_decision(outcome: str, state: str, decision: str = '{"w":{}}') -> StepCommit:
@@ -379,31 +407,91 @@ def _step(
 async def test_reserved_op_names_and_ids_are_refused(
     redis_url: str, namespace: str, client: redis.asyncio.Redis
 ) -> None:
-    """A client cannot submit keyserial's own grant op, and a worker refuses a foreign entry
-    whose op id holds '#' (coordination records are named with it) or a forged grant, storing
-    nothing under either id: a refusal stored under a record's name would stand in for it."""
+    """A client cannot submit keyserial's own grant op, and a worker refuses a stream entry of
+    it (workers ask each other for grants in coordination messages, never in a stream: it holds
+    no key and runs nothing) and any op id holding '#' (coordination records are named with
+    it), storing nothing under such an id: a refusal stored under a record's name would stand
+    in for it. A grant op under a plain id is refused as any malformed op is."""
     with pytest.raises(ValueError, match="keyserial"):
         keyserial.call("keyserial.grant", home=0)
 
-    key = keys_on_shard(0, 4, 1, prefix="reserved")[0]
-    forged = {
-        "id": "victim",
-        "keys": [key],
-        "op": "keyserial.grant",
-        "kwargs": {"home": 0, "op": "x", "attempt": 1, "channel": "c"},
-    }
+    key = keys_on_shard(1, 4, 1, prefix="reserved")[0]
+    forged = [
+        # (As a coordinator of an earlier version appended a request, and with a plain id.)
+        _stream_grant("x#1", key, {"home": 0, "op": "x", "attempt": 1, "channel": "c"}),
+        _stream_grant("victim", key, {"home": 0, "op": "victim", "attempt": 1, "channel": "c"}),
+    ]
     async with (
         running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]),
         keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
     ):
         with pytest.raises(ValueError, match="keyserial's own"):
             await ks.submit(key, keyserial.Call("keyserial.grant"))
-        shard = ShardKeys(namespace, 0)
+        shard = ShardKeys(namespace, 1)
         after = envelope("after", key, "record")
-        entry = [envelope("a#1#d", key, "record"), forged, after]
+        entry = [envelope("a#1#d", key, "record"), *forged, after]
         await client.xadd(shard.stream, {"v": "1", "ops": json.dumps(entry)})
         assert await stored_outcome(ks, "after", key) == 1  # (the entry's step has committed)
         assert await client.hget(shard.results, "a#1#d") is None
-        assert await client.hget(shard.results, "victim") is None
-        assert await client.xlen(shard.dead) == 1  # (the forged grant request)
+        assert await client.hget(shard.results, "x#1") is None
+        refusal = json.loads(await client.hget(shard.results, "victim"))
+        assert refusal["error"]["type"] == keyserial.MalformedOperation.wire_type
+        assert "'keyserial.grant' is reserved" in refusal["error"]["message"]
+        assert await client.hlen(shard.held) == 0, "no grant op held a key"
+        assert await client.xlen(shard.dead) == 0  # (each refused under its id, not dead)
         assert await ks.submit(key, keyserial.call("record"), timeout=10) == 2
+
+
+def _stream_grant(op_id: str, key: str, kwargs: dict[str, object]) -> dict[str, object]:
+    """An entry's envelope of keyserial's grant op, for ``key``."""
+    return {"id": op_id, "keys": [key], "op": "keyserial.grant", "kwargs": kwargs}
+
+
+async def test_an_op_id_holding_a_hash_never_joins_a_run_nor_takes_its_outcome(
+    redis_url: str, namespace: str, client: redis.asyncio.Redis
+) -> None:
+    """A participant's run of a grant request is in its owner's running map under its part's
+    name, ``<op id>#<home>.<attempt>``, and its outcome is stored under that name once its part
+    is over. An entry under that id (here with the very op, keys and arguments the run has) is
+    refused before it is looked up: joining the run would tie a client's entry and reply
+    channel to a worker's request, and the part's outcome is no answer to a client's op."""
+    key = keys_on_shard(1, 4, 1, prefix="attempt")[0]
+    grant_op = {"id": ORDER, "keys": [key], "op": "keyserial.grant"}
+    # The intake, as the owner of a shard holding the attempt's keys runs it:
+    run = Run(
+        Envelope(ORDER, (key,), "keyserial.grant", [], {}, None, multi=True),
+        request=GrantRequest(0, "order", 1, "1", (key,), "ks:ns:worker:w", 0),
+    )
+    accepted = accept(
+        "5-1",
+        {b"v": b"1", b"ops": json.dumps([{**grant_op, "reply": "r"}]).encode()},
+        shard=1,
+        shard_count=4,
+        done={},
+        running={ORDER: run},
+    )
+    assert (run.entries, run.replies, accepted.runs) == ([], [], [])
+    (refused,) = accepted.finished
+    assert (refused.op_id, refused.replies, refused.store) == (ORDER, ["r"], False)
+    assert "'#' is reserved" in json.loads(refused.outcome)["error"]["message"]
+    # A worker, with the attempt's part over (its outcome stored):
+    shard = ShardKeys(namespace, 1)
+    await client.hset(shard.results, ORDER, '{"ok":"applied"}')
+    reply = f"ks:{namespace}:reply:attacker"
+    async with (
+        running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]),
+        client.pubsub() as listener,
+    ):
+        await listener.subscribe(reply)
+        await client.xadd(
+            shard.stream, {"v": "1", "ops": json.dumps([{**grant_op, "reply": reply}])}
+        )
+        with anyio.fail_after(10):
+            while not (message := await listener.get_message(True, timeout=1)):
+                pass
+        ((op_id, outcome),) = decode_reply(message["data"])
+    assert op_id == ORDER
+    assert outcome["error"]["type"] == keyserial.MalformedOperation.wire_type
+    assert "'#' is reserved" in outcome["error"]["message"]
+    stored = [await client.hget(each, ORDER) for each in (shard.results, shard.results_old)]
+    assert b'{"ok":"applied"}' in stored, "the part's outcome stays as it was"

@@ -27,7 +27,9 @@ from tests import apps
 from tests.helpers import (
     check_bank,
     eventually,
+    holder_pid,
     keys_on_shard,
+    lease_holder,
     monitored,
     noted,
     pay_once,
@@ -105,20 +107,22 @@ async def test_random_ops_across_shards_in_both_directions_never_deadlock(
 
 @pytest.mark.parametrize("owners", ["one worker", "two workers"])
 async def test_only_the_involved_keys_wait_while_an_op_waits_on_another_shard(
-    redis_url: str, namespace: str, tmp_path: Path, owners: str
+    redis_url: str, namespace: str, tmp_path: Path, owners: str, request: pytest.FixtureRequest
 ) -> None:
     """The op holds its key on the home shard and waits for a busy key on a participant shard:
     ops on other keys of both shards complete meanwhile; ops on its keys wait for it. With one
     worker owning both shards (on a standalone server) the participant's key is held in process;
-    with two, through a grant request."""
+    with two (or on a cluster), through a grant request, queued behind the busy op."""
     home, participant = 1, 5
-    held, other_home = keys_on_shard(home, SHARDS, 2, "h")
-    busy, other_participant = keys_on_shard(participant, SHARDS, 2, "p")
+    held, other_home, met_home = keys_on_shard(home, SHARDS, 3, "h")
+    busy, other_participant, met_participant = keys_on_shard(participant, SHARDS, 3, "p")
     note = tmp_path / "busy"
     split = owners == "two workers"
+    requested = split or "cluster" in request.node.callspec.id
     async with AsyncExitStack() as stack:
+        alone = None
         if split:
-            await stack.enter_async_context(
+            alone = await stack.enter_async_context(
                 running_worker(
                     redis_url,
                     namespace,
@@ -127,7 +131,7 @@ async def test_only_the_involved_keys_wait_while_an_op_waits_on_another_shard(
                     shards=[participant],
                 )
             )
-        await stack.enter_async_context(
+        worker = await stack.enter_async_context(
             running_worker(
                 redis_url,
                 namespace,
@@ -139,6 +143,9 @@ async def test_only_the_involved_keys_wait_while_an_op_waits_on_another_shard(
         ks = await stack.enter_async_context(
             keyserial.connect(redis_url, shards=SHARDS, namespace=namespace)
         )
+        if split:  # (The workers meet first: a grant request signed by a worker its receiver
+            # has not met yet is dropped until its coordinator asks again, a poll later.)
+            await ks.submit_many([met_home, met_participant], apps.slow_move(0), op_id="meet")
         done: list[str] = []
 
         async def run(name: str, op: Any) -> None:
@@ -155,10 +162,10 @@ async def test_only_the_involved_keys_wait_while_an_op_waits_on_another_shard(
                 lambda: fetched(redis_url, namespace, home, "move"),
                 message="the home shard's owner fetched the op",
             )
-            if split:
+            if requested:
                 await eventually(
-                    lambda: grant_requests(redis_url, namespace, participant),
-                    message="the grant request reached the participant shard",
+                    lambda: request_queued(alone or worker, participant, "move"),
+                    message="the participant's owner queued the grant request behind the busy op",
                 )
             group.start_soon(run, "after-move", ks.submit(held, apps.append("after")))
             started = time.monotonic()
@@ -182,8 +189,8 @@ async def test_an_op_on_a_participant_key_waits_for_the_cross_shard_op_holding_i
     meanwhile runs after it, sees its write, and answers."""
     held, participant_key = keys_on_shard(1, SHARDS, 1, "h")[0], keys_on_shard(5, SHARDS, 1, "p")[0]
     split = owners == "two workers"
-    # (Through a grant request, on a cluster too: the op's place on the participant's key is
-    # the request's in its stream.)
+    # (Through a grant request, on a cluster too: the op holds the participant's key from its
+    # grant, recorded in the shard's held hash, until the decision is applied.)
     requested = split or "cluster" in request.node.callspec.id
     async with AsyncExitStack() as stack:
         if split:
@@ -217,8 +224,8 @@ async def test_an_op_on_a_participant_key_waits_for_the_cross_shard_op_holding_i
                 )
                 if requested:
                     await eventually(
-                        lambda: grant_requests(redis_url, namespace, 5),
-                        message="the grant request reached the participant shard",
+                        lambda: granted(redis_url, namespace, 5, "move"),
+                        message="the participant shard granted its key to the op",
                     )
                 after = await ks.submit(participant_key, apps.append("after"))
         assert after == ["move", "after"]
@@ -246,11 +253,26 @@ def _id(raw: bytes) -> tuple[int, int]:
     return int(ms), int(seq)
 
 
-def grant_requests(url: str, namespace: str, shard: int) -> bool:
+def request_queued(worker: keyserial.Worker, shard: int, op_id: str) -> bool:
+    """``worker``'s owner of ``shard`` has taken in a grant request of ``op_id``: it runs it
+    as ``<op id>#<attempt>``, behind the ops taken in on its keys before it."""
+    runner = worker._owned[shard].runner
+    return any(name.startswith(f"{op_id}#") for name in runner._running)
+
+
+def granted(url: str, namespace: str, shard: int, op_id: str) -> bool:
+    """The shard has granted keys to an attempt of ``op_id``: its hold is recorded in the
+    shard's held hash (field ``<op id>#<attempt>``), or, once its part is applied, the
+    attempt's outcome is in the shard's results."""
     client = sync_redis.Redis.from_url(url)
     try:
-        entries = client.xrange(ShardKeys(namespace, shard).stream)
-        return any(b"keyserial.grant" in fields[b"ops"] for _, fields in entries)
+        keys = ShardKeys(namespace, shard)
+        fields = [
+            *client.hkeys(keys.held),
+            *client.hkeys(keys.results),
+            *client.hkeys(keys.results_old),
+        ]
+        return any(field.startswith(f"{op_id}#".encode()) for field in fields)
     finally:
         client.close()
 
@@ -363,9 +385,10 @@ async def test_the_decision_record_is_in_the_home_shard_and_expires_with_results
         await ks.transfer(source, target, 3, op_id="rec")
         try:
             assert {b"rec", b"rec#1#d"} <= await stored(home)  # 1: the home owner's epoch
-            assert b"rec#1" in await stored(there)  # (its part applied: the hold is gone)
+            part = f"rec#{home.shard}.1".encode()  # (the participant's part of attempt 1)
+            assert part in await stored(there)  # (its part applied: the hold is gone)
             assert await client.hlen(there.held) == 0
-            records = {b"rec", b"rec#1#d", b"rec#1"}
+            records = {b"rec", b"rec#1#d", part}
             with anyio.fail_after(10):
                 while records & (await stored(home) | await stored(there)):
                     await ks.submit(source, deposit(1))  # steps on both shards rotate results
@@ -553,38 +576,58 @@ async def test_concurrent_sync_payments_of_one_worker_across_shards_apply_each_o
     check_bank(states, plans, outcomes, opening)
 
 
-async def test_a_grant_request_lost_before_its_participant_saw_it_is_appended_again(
-    redis_url: str, namespace: str
+async def test_a_grant_request_lost_with_a_dead_owner_is_sent_again_to_the_next_one(
+    redis_url: str, namespace: str, tmp_path: Path
 ) -> None:
-    """A failover can lose an entry appended to a master that dies: here the grant request of
-    a transfer is deleted from the participant's stream before any worker fetched it (its
-    shard has no worker yet). The coordinator must notice and append it again; before, the
-    transfer waited for its grant forever."""
+    """A grant request goes to the worker the participant shard's lease names. Killed -9, that
+    worker leaves its lease behind until it expires: the request is published on its channel,
+    where nobody listens, and lost. The coordinator's poll must find no grant and ask whoever
+    holds the shard then; else the transfer waits for its grant forever."""
     source, target = keys_on_shard(0, 2, 1, "src")[0], keys_on_shard(1, 2, 1, "dst")[0]
-    stream = ShardKeys(namespace, 1).stream
-    admin = sync_redis.Redis.from_url(redis_url)
-    async with (
-        running_worker(redis_url, namespace, shards=[0], shard_count=2, idle_poll=0.1),
-        keyserial.connect(redis_url, shards=2, namespace=namespace) as ks,
-    ):
-        await ks.submit(source, deposit(10), timeout=10)
-        results: list[Any] = []
+    results: list[Any] = []
+    with worker_processes(tmp_path) as start:
+        async with (
+            running_worker(redis_url, namespace, shards=[0], shard_count=2, idle_poll=0.1),
+            keyserial.connect(redis_url, shards=2, namespace=namespace) as ks,
+        ):
+            await ks.submit(source, deposit(10), timeout=10)
+            dead = start(redis_url, namespace, shards="1", shard_count=2, lease_ttl=2.0)
+            await eventually(
+                lambda: holder_pid(redis_url, namespace, 1) == dead.pid,
+                timeout=15,
+                message="the doomed worker owning shard 1",
+            )
+            lease = lease_holder(redis_url, namespace, 1)
+            assert lease is not None
+            # (A transfer first: the coordinator then knows the owner, and asks with no task.)
+            assert await ks.transfer(source, target, 1, timeout=10) == {source: 9, target: 1}
+            dead.kill()  # (its lease stands for up to 2 s more)
 
-        async def transfer() -> None:
-            results.append(await ks.transfer(source, target, 4, timeout=30))
+            async def transfer() -> None:
+                results.append(await ks.transfer(source, target, 4, op_id="lost", timeout=30))
 
-        async with anyio.create_task_group() as group:
-            group.start_soon(transfer)
-            await eventually(lambda: admin.xlen(stream) == 1)
-            ((entry_id, _),) = admin.xrange(stream)
-            assert admin.xdel(stream, entry_id) == 1
-            async with running_worker(redis_url, namespace, shards=[1], shard_count=2):
-                with anyio.fail_after(20):
-                    while not results:
-                        await anyio.sleep(0.02)
-                assert await ks.submit(source, balance(), timeout=10) == 6
-                assert await ks.submit(target, balance(), timeout=10) == 4
-    admin.close()
+            async with anyio.create_task_group() as group:
+                async with monitored(redis_url) as commands:
+                    group.start_soon(transfer)
+                    await eventually(
+                        lambda: any(
+                            c.startswith(("PUBLISH", "SPUBLISH"))
+                            and f":worker:{lease} " in c
+                            and '"t":"q","op":"lost"' in c
+                            for c in commands
+                        ),
+                        message="the grant request published to the dead owner",
+                    )
+                assert not results
+                # (Its result_ttl is short: a request sent again must be made again, its age
+                # counted from then, not from the first one, lost seconds before.)
+                async with running_worker(
+                    redis_url, namespace, shards=[1], shard_count=2, result_ttl=1.0
+                ):
+                    await eventually(lambda: results, timeout=20, message="the transfer's outcome")
+                    assert await ks.submit(source, balance(), timeout=10) == 5
+                    assert await ks.submit(target, balance(), timeout=10) == 5
+    assert results == [{source: 5, target: 5}]
 
 
 async def test_a_malformed_coordination_message_is_logged_and_ignored(
@@ -653,3 +696,24 @@ async def test_signed_grants_and_decisions_are_taken_without_reading_their_recor
     assert sum(c.startswith("HSET") and ":held" in c for c in mine) == 5  # (five holds)
     assert [c for c in mine if c.startswith(("HGET", "HMGET")) and ":held" in c] == []
     assert [c for c in mine if resolve_sha in c] == []
+
+
+async def test_a_worker_s_first_grant_request_to_another_waits_for_no_poll(
+    redis_url: str, namespace: str
+) -> None:
+    """A participant that has not read the coordinator's signer listing yet keeps its first
+    request and takes it once the listing is read: dropped, it would wait for the coordinator's
+    poll (7.5 s here) after every start and takeover of a worker."""
+    source, target = keys_on_shard(0, 2, 1, "src")[0], keys_on_shard(1, 2, 1, "dst")[0]
+    slow_poll = {"shard_count": 2, "idle_poll": 30.0, "lease_ttl": 60.0}
+    async with (
+        running_worker(redis_url, namespace, shards=[0], **slow_poll) as coordinator,
+        running_worker(redis_url, namespace, shards=[1], **slow_poll) as participant,
+        keyserial.connect(redis_url, shards=2, namespace=namespace) as ks,
+    ):
+        await ks.submit(source, deposit(10), timeout=10)
+        signer = coordinator._pipeliner.signer
+        assert signer is not None and not participant._mailbox.verifier.knows(signer.signer_id)
+        began = time.monotonic()
+        assert await ks.transfer(source, target, 4, timeout=10) == {source: 6, target: 4}
+        assert time.monotonic() - began < 4.0, "the first request waited for a poll"

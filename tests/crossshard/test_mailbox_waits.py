@@ -15,13 +15,13 @@ def mailbox() -> Mailbox:
 
 
 def notice(op_id: str = "op-1", attempt: int = 3) -> DecisionNotice:
-    return DecisionNotice(op_id, attempt, Decision({}))
+    return DecisionNotice(op_id, attempt, Decision({}), 0)
 
 
 async def test_a_wait_ends_with_the_message_handed_over_during_it() -> None:
     box = mailbox()
     loop = asyncio.get_running_loop()
-    with box.expect_decision("op-1", 3) as waiter:
+    with box.expect_decision("op-1", 0, 3) as waiter:
         loop.call_later(0.05, box.deliver, notice())
         started = loop.time()
         message = await waiter.within(30)
@@ -31,7 +31,7 @@ async def test_a_wait_ends_with_the_message_handed_over_during_it() -> None:
 
 async def test_a_message_handed_over_before_the_wait_is_returned_at_once() -> None:
     box = mailbox()
-    with box.expect_decision("op-1", 3) as waiter:
+    with box.expect_decision("op-1", 0, 3) as waiter:
         box.deliver(notice())
         box.deliver(notice("op-2"))  # (another op's: not this waiter's)
         assert await asyncio.wait_for(waiter.within(30), 5) == notice()
@@ -40,7 +40,7 @@ async def test_a_message_handed_over_before_the_wait_is_returned_at_once() -> No
 async def test_a_wake_up_without_a_message_ends_the_wait_once() -> None:
     box = mailbox()
     loop = asyncio.get_running_loop()
-    with box.expect_decision("op-1", 3) as waiter:
+    with box.expect_decision("op-1", 0, 3) as waiter:
         waiter.wake()  # (before the wait: the first wait ends at once)
         assert await asyncio.wait_for(waiter.within(30), 5) is None
         started = loop.time()
@@ -53,7 +53,7 @@ async def test_a_wait_ends_at_its_deadline_even_behind_a_later_one() -> None:
     it is not left to wait for theirs."""
     box = mailbox()
     loop = asyncio.get_running_loop()
-    with box.expect_decision("slow", 1) as slow, box.expect_decision("quick", 1) as quick:
+    with box.expect_decision("slow", 0, 1) as slow, box.expect_decision("quick", 0, 1) as quick:
         slow_wait = asyncio.ensure_future(slow.within(30))
         await asyncio.sleep(0)
         started = loop.time()
@@ -87,8 +87,8 @@ async def test_timed_calls_run_in_deadline_order_and_one_that_raises_stops_no_ot
 
 async def test_a_finished_wait_leaves_no_waiter_behind() -> None:
     box = mailbox()
-    with box.expect_decision("op-1", 3) as waiter:
+    with box.expect_decision("op-1", 0, 3) as waiter:
         assert await waiter.within(0.01) is None
     box.deliver(notice())  # (nobody waits: dropped)
-    with box.expect_decision("op-1", 3) as again:
+    with box.expect_decision("op-1", 0, 3) as again:
         assert again.message is None

@@ -1,24 +1,42 @@
 """The byzantine client: the ``forge`` fault. For a while, a client connected as the documented
 client ACL user (docs/deployment.md) publishes forged messages on every channel it can name:
-pushes on a shard's wake channel, and grants and decision notices for every grant request it
-reads in the streams, on the workers' channels those requests name. Each forgery, if a
-worker took it as an authority, would write a tag no caller submitted, or a balance out of
-nowhere, which the usual checkers report. Now and then it also appends an op it reads in a
-stream again, marked ``fresh`` (its id new, so the owner skips looking it up), fetched or
-pushed: run twice, it would write a caller's tag twice, or move money twice. And it publishes
-forged replies for the ops it reads in a stream, on their callers' reply channels: a caller
-that took one would report an op applied that failed, or failed that applied, or return a
-list its own writes are missing from.
+pushes on a shard's wake channel, grant requests on the workers' coordination channels, and
+grants and decision notices for every grant request it hears of, on the workers' channels.
+Each forgery, if a worker took it as an authority, would write a tag no caller submitted, a
+balance out of nowhere, or hold keys nothing answers, which the usual checkers report. Now and
+then it also appends an op it reads in a stream again, marked ``fresh`` (its id new, so the
+owner skips looking it up), fetched or pushed: run twice, it would write a caller's tag twice,
+or move money twice. And it publishes forged replies for the ops it reads in a stream, on their
+callers' reply channels: a caller that took one would report an op applied that failed, or
+failed that applied, or return a list its own writes are missing from.
+
+The workers' channels are no secret the design leans on: a shard's lease holds its owner's
+(``_wire.layout.owner_channel``), and every operator's ``keyserial status`` shows who that is.
+The client user may not GET a lease, so the forger reads them through the run's inspector, as
+one told the names would, and subscribes to them as the client user (which it may): it hears
+what the workers send each other, signed for each other, and learns the attempts and keys of
+the genuine grant requests there.
 
 It follows the reshard: each round it reads the namespace's layout records (the live layout,
-a move's target, the layouts before it) and the streams of all of them, and
+a move's target, the layouts before it), the leases of the layouts workers serve, and the
+streams of all of them, and
 
-- appends grant requests for the run's accounts and lists to participant shards of every
-  layout, live, sealed or retired: unsigned ones (or signed with another request's signature)
-  under guessed attempts (those it saw, one either side, small numbers), and copies of genuine
-  signed ones it read, to the same stream, to another shard, to another generation's shard, or
-  with another attempt. Taken, one would hold its keys until the home shard changed owner:
-  every key it named (``BaseSystem.forged_keys``) must answer an op after healing;
+- publishes grant request items on the workers' channels, to the owner of the participant
+  shard they name (or another worker): made up (under guessed attempts, for keys of the
+  shard or of another, for another shard or generation, made hours ago), or a genuine one
+  heard on a channel with its signature left off, each alone, in a batch with a forged
+  grant, or under a forged signature (a listed signer's id, a made-up tag);
+- publishes again, later, a signed message it heard (a worker's grant requests, grants or
+  notices for another): on its own channel (a genuine request sent again: a worker takes it,
+  and holds nothing for an attempt whose part is over there), on another worker's, or with a
+  byte of it changed. Taken as an authority, any of these would hold keys until the home
+  shard changed owner: every key it named (``BaseSystem.forged_keys``) must answer an op
+  after healing;
+- appends ``keyserial.grant`` ops to participant shards of every layout, live, sealed or
+  retired (as coordinators of an earlier version appended their requests): made up under
+  guessed attempts, and copies of the genuine requests it heard, to their own shard, to
+  another, to another generation's, or with another attempt. Workers refuse every one as a
+  reserved name: taken, one would hold its keys (checked as above);
 - appends to a shard of an older layout (or, with none, to another shard of the live one) an
   op under a victim's op id and reply channel, but with a key that routes elsewhere (a
   misrouted op), under the victim's own entry id where the stream allows it (else the largest
@@ -34,19 +52,21 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import time
 import uuid
 from collections import Counter
+from contextlib import suppress
 from dataclasses import dataclass
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 import redis.asyncio as aredis
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
 
 from keyserial._wire.codec import LARGEST_ID
-from keyserial._wire.layout import Layout, ShardKeys, shard_name
+from keyserial._wire.layout import Layout, ShardKeys, owner_channel, part_id, shard_name
 from keyserial._wire.resharding import LayoutRecord
 from keyserial._wire.routing import home_shard, shard_for
 from tests.helpers import keys_on_shard
@@ -57,6 +77,7 @@ if TYPE_CHECKING:
     from tests.nemesis.faults import Faults
     from tests.nemesis.workloads import Keys
 
+_T = TypeVar("_T")
 GRANT_OP = "keyserial.grant"
 #: The forger's Redis user: the documented client user's rules (docs/deployment.md).
 CLIENT_USER = "ks-nemesis-client"
@@ -85,6 +106,18 @@ ENTRIES_READ = 100
 REMEMBERED = 64
 
 
+#: Grant request items one round publishes on the workers' channels, at most; and signed
+#: messages heard there that it publishes again.
+REQUEST_MESSAGES_PER_ROUND = 3
+REPLAYS_PER_ROUND = 2
+#: Messages read off the workers' channels per round, at most (the rest wait for the next).
+HEARD_PER_ROUND = 500
+#: Requests heard in a round that get a forged grant and decision notices, at most.
+HEARD_FORGED_FOR = 8
+#: A signed message's end: the signer's id and the tag (``_wire.signing``).
+SIGNED_END = re.compile(rb',"k":"([0-9a-f]{16})","t":"[0-9a-f]{32}"}\Z')
+
+
 async def forge(faults: Faults, number: int, event: FaultEvent) -> None:
     """Forge messages every ``every`` seconds for ``lasting`` seconds, as the client user."""
     system = faults.system
@@ -101,6 +134,8 @@ async def forge(faults: Faults, number: int, event: FaultEvent) -> None:
         rng_for(system.plan.seed, f"forge:{number}:layouts"),
         faults.load.keys,
         system.forged_keys,
+        system.inspector,
+        rng_for(system.plan.seed, f"forge:{number}:channels"),
     )
     sent = refused = 0
     user = False
@@ -117,19 +152,25 @@ async def forge(faults: Faults, number: int, event: FaultEvent) -> None:
                 except AuthenticationError:  # a Redis restart forgot the user: set it again
                     user = False
                     refused += 1
+                    await forger.deaf()
                 except RedisError:
                     refused += 1  # Redis down, BUSY or LOADING: a hostile client tries again
+                    await forger.deaf()
                 await anyio.sleep(event.params["every"])
     finally:  # (the note first: the load's end may have cancelled the forger)
         kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(forger.kinds.items()))
         missed = ", ".join(f"{kind} {count}" for kind, count in sorted(forger.missed.items()))
+        published = ", ".join(f"{kind} {count}" for kind, count in sorted(forger.published.items()))
         faults.note(
             f"forge: {sent} forged messages published as the client user"
             f" ({refused} rounds cut short by Redis); appended: {kinds or 'nothing'}"
-            f" (not appended: {missed or 'none'}); {len(system.forged_keys)} keys targeted"
-            " so far"
+            f" (not appended: {missed or 'none'}); on the workers' channels"
+            f" ({forger.heard} messages heard, {len(forger.requests)} genuine requests"
+            f" remembered): {published or 'nothing'}; {len(system.forged_keys)} keys"
+            " targeted so far"
         )
         with anyio.CancelScope(shield=True):
+            await forger.deaf()
             await attacker.aclose()
 
 
@@ -159,8 +200,49 @@ class Seen:
         return [key for key in keys or [] if isinstance(key, str)]
 
 
+@dataclass(frozen=True)
+class Asked:
+    """A grant request: an item heard on a worker's channel (``{"t": "q", ...}``, see
+    docs/wire-format.md), or one of the forger's own, for a participant shard of ``layout``."""
+
+    layout: Layout
+    shard: int
+    item: dict[str, Any]
+
+    @property
+    def op_id(self) -> object:
+        return self.item.get("op")
+
+    @property
+    def attempt(self) -> object:
+        return self.item.get("a")
+
+    @property
+    def home(self) -> object:
+        return self.item.get("h")
+
+    @property
+    def channel(self) -> str:
+        return str(self.item.get("c", ""))
+
+    @property
+    def keys(self) -> list[str]:
+        keys = self.item.get("k")
+        return [key for key in keys if isinstance(key, str)] if isinstance(keys, list) else []
+
+
+@dataclass(frozen=True)
+class Heard:
+    """A signed message heard on a worker's channel, as it came, and the keys its items name."""
+
+    channel: str
+    data: bytes
+    keys: tuple[str, ...]
+    requests: bool
+
+
 class Forger:
-    """One ``forge`` event's byzantine client, and what it has read so far."""
+    """One ``forge`` event's byzantine client, and what it has read and heard so far."""
 
     def __init__(
         self,
@@ -170,29 +252,46 @@ class Forger:
         more: random.Random,
         keys: Keys,
         targeted: set[str],
+        inspector: Any = None,
+        channels_rng: random.Random | None = None,
     ) -> None:
         self.redis: Any = attacker  # (redis-py's asyncio stubs type replies as sync-or-async)
         self.namespace = namespace
         #: The draws of the forgeries on the live layout (as they were before the forger
-        #: followed reshards), and of those that follow them.
+        #: followed reshards), of those that follow them, and of those on the workers'
+        #: channels.
         self.rng, self.more = rng, more
+        self.messages = channels_rng or random.Random(0)
+        #: Where the forger reads the leases (see the module doc); None: it reads none.
+        self.inspector = inspector
         #: The keys the run's load uses, which forged grant requests name.
         self.workload = sorted({*keys.accounts, *keys.lists})
         self.targeted = targeted
-        #: What it appended, by kind; and what it tried to and could not.
+        #: What it appended, by kind; what it tried to and could not; and what it published
+        #: on the workers' channels, by kind.
         self.kinds: Counter[str] = Counter()
         self.missed: Counter[str] = Counter()
-        self.requests: list[Seen] = []  # genuine (signed) grant requests
+        self.published: Counter[str] = Counter()
+        self.requests: list[Asked] = []  # genuine grant requests, heard on workers' channels
+        self.signed: list[Heard] = []  # signed messages heard there
+        self.signers: set[str] = set()  # the ids of the signers of those
         self.victims: list[Seen] = []  # callers' ops in the streams of the layout new ops go to
         self.attempts: dict[tuple[int, int], set[int]] = {}  # (generation, home) -> attempts
         self.channels: dict[tuple[int, int], str] = {}  # (generation, home) -> coordinator's
+        #: Each owned shard's owner's channel, by the shard's name, as the leases say.
+        self.owners: dict[str, str] = {}
         self.exhausted: set[str] = set()  # streams given the largest id
         self.own: set[str] = set()  # the envelopes it appended (JSON): never learned from
+        #: The client user's subscription to the workers' channels, and those it listens on.
+        self.listener: Any = None
+        self.listened: set[str] = set()
+        self.heard = 0
 
     async def round(self) -> int:
         """One round of forgeries: a push to a random shard, then a grant and a decision notice
-        for every grant request in the streams, then what follows the reshard (see the module
-        doc). How many messages were published or appended."""
+        for every grant request heard of, then grant requests and signed messages again on the
+        workers' channels, then what follows the reshard (see the module doc). How many
+        messages were published or appended."""
         record = await self._layout_record()
         if record is None:
             return 0
@@ -202,12 +301,16 @@ class Forger:
         if self.rng.random() < REPLAY_CHANCE:
             sent += await _replayed_as_fresh(self.redis, shard, self.rng)
         sent += await _forged_replies(self.redis, shard, self.rng)
-        requests = await self._read(record)
-        # The workers' channels a client can learn: each grant request names its coordinator's.
-        channels = {str(seen.envelope["kwargs"].get("channel")) for seen in requests}
-        for seen in requests:
-            sent += await _forged_coordination(self.redis, seen.shard, seen.envelope, channels)
+        await self._listen(record)
+        heard = await self._hear(record)
+        appended = await self._read(record)
+        channels = {*self.owners.values(), *(asked.channel for asked in heard)}
+        heard = self.messages.sample(heard, min(len(heard), HEARD_FORGED_FOR))
+        for asked in [*heard, *appended]:
+            sent += await _forged_coordination(self.redis, asked, channels)
         sent += await self._grant_requests(record)
+        sent += await self._request_messages(record)
+        sent += await self._replays()
         if self.more.random() < MISROUTED_CHANCE:
             sent += await self._misrouted(record)
         if self.more.random() < OLD_REPLY_CHANCE:
@@ -222,12 +325,215 @@ class Forger:
             return None
         return LayoutRecord.decode(self.namespace, *fields)
 
+    # -- the workers' channels -------------------------------------------------------------------
+
+    async def _listen(self, record: LayoutRecord) -> None:
+        """Read who owns each shard of the layouts workers serve (the live one, a move's
+        target) in the leases, and listen on every owner's channel not listened on yet."""
+        if self.inspector is None:
+            return
+        served = [record.live] + ([record.move.target] if record.move else [])
+        shards = [(layout, shard) for layout in served for shard in range(layout.shards)]
+        async with self.inspector.pipeline(transaction=False) as pipe:
+            for layout, shard in shards:
+                pipe.get(layout.keys(shard).lease)
+            leases = await pipe.execute()
+        self.owners = {
+            shard_name(shard, layout.generation): owner_channel(self.namespace, lease.decode())
+            for (layout, shard), lease in zip(shards, leases, strict=True)
+            if lease is not None
+        }
+        new = sorted(set(self.owners.values()) - self.listened)
+        if new:
+            if self.listener is None:
+                self.listener = self.redis.pubsub()
+            await self.listener.subscribe(*new)
+            self.listened.update(new)
+
+    async def deaf(self) -> None:
+        """Drop the subscription (Redis went away, or the event ends): the next round listens
+        again."""
+        listener, self.listener = self.listener, None
+        self.listened.clear()
+        if listener is not None:
+            with suppress(RedisError, OSError):
+                await listener.aclose()
+
+    async def _hear(self, record: LayoutRecord) -> list[Asked]:
+        """What arrived on the workers' channels since the last round: each signed message is
+        remembered, with its signer, and each grant request it carries (with the attempt and
+        the coordinator's channel, by home). The requests heard now."""
+        if self.listener is None:
+            return []
+        generations = {layout.generation: layout for layout in _layouts(record)}
+        heard: list[Asked] = []
+        for _ in range(HEARD_PER_ROUND):
+            message = await self.listener.get_message(ignore_subscribe_messages=True, timeout=0)
+            if message is None:
+                break
+            self.heard += 1
+            data, channel = message["data"], message["channel"]
+            signed = SIGNED_END.search(data)
+            if signed is None:
+                continue  # (a forgery: the forger's own, or another's)
+            self.signers.add(signed.group(1).decode())
+            items = _items(data[: signed.start()] + b"}")
+            asked = [
+                each
+                for item in items
+                if item.get("t") == "q" and (each := _asked(item, generations)) is not None
+            ]
+            keys = {key for item in items for key in _item_keys(item)}
+            _keep(self.signed, Heard(channel.decode(), data, tuple(sorted(keys)), bool(asked)))
+            for each in asked:
+                self._learn(each)
+                heard.append(each)
+        return heard
+
+    def _learn(self, asked: Asked) -> None:
+        if type(asked.home) is not int or type(asked.attempt) is not int:
+            return
+        where = (asked.layout.generation, asked.home)
+        self.attempts.setdefault(where, set()).add(asked.attempt)
+        if asked.channel:
+            self.channels[where] = asked.channel
+        _keep(self.requests, asked)
+
+    async def _request_messages(self, record: LayoutRecord) -> int:
+        """Up to :data:`REQUEST_MESSAGES_PER_ROUND` grant request items published on the
+        workers' channels: made up, or genuine ones unsigned (see the module doc)."""
+        if not self.owners:
+            return 0
+        rng, sent = self.messages, 0
+        for _ in range(rng.randint(1, REQUEST_MESSAGES_PER_ROUND)):
+            if self.requests and rng.random() < 0.3:
+                asked, kind = rng.choice(self.requests), "genuine, unsigned"
+            else:
+                made = self._made_up_request(record)
+                if made is None:
+                    continue
+                asked, kind = made
+            channel = self.owners.get(str(asked.item.get("s")))
+            if channel is None or rng.random() < 0.2:
+                channel = rng.choice(sorted(self.owners.values()))
+            item = json.dumps(asked.item)
+            shape = rng.choice(("alone", "in a batch", "under a forged signature"))
+            if shape == "in a batch":
+                grant = _forged_grant(asked, channel)
+                message = json.dumps({"t": "b", "m": [asked.item, grant]})
+            elif shape == "under a forged signature" and self.signers:
+                signer, tag = rng.choice(sorted(self.signers)), f"{rng.getrandbits(128):032x}"
+                message = f'{item[:-1]},"k":"{signer}","t":"{tag}"}}'
+            else:
+                message, shape = item, "alone"
+            self.targeted.update(asked.keys)
+            await self.redis.publish(channel, message)
+            self.published[f"grant request ({kind}, {shape})"] += 1
+            sent += 1
+        return sent
+
+    def _made_up_request(self, record: LayoutRecord) -> tuple[Asked, str] | None:
+        """A grant request item no worker made, for a shard of a layout workers serve: for
+        workload keys of that shard (or now and then of another), under a guessed attempt of
+        a home below it, now and then for another shard's name or made hours ago."""
+        rng = self.messages
+        served = [record.live] + ([record.move.target] if record.move else [])
+        layout = rng.choice(served)
+        made = self._made_up(layout, rng)
+        if made is None:
+            return None
+        participant, home, op_id, attempt, keys, channel = made
+        kind = "made up"
+        target = shard_name(participant, layout.generation)
+        at = int(time.time() * 1000)
+        draw = rng.random()
+        if draw < 0.15:
+            keys = [*keys, rng.choice(self.workload)]  # (now and then one of another shard)
+            kind = "made up, keys anywhere"
+        elif draw < 0.25:
+            target = shard_name(rng.randrange(layout.shards), layout.generation + rng.randint(0, 1))
+            kind = "made up, another shard's name"
+        elif draw < 0.35:
+            at += rng.choice((-1, 1)) * 2 * 3600 * 1000
+            kind = "made up, hours from now"
+        item = {
+            "t": "q",
+            "op": op_id,
+            "a": attempt,
+            "h": home,
+            "s": target,
+            "k": keys,
+            "c": channel,
+            "at": at,
+        }
+        return Asked(layout, participant, item), kind
+
+    def _made_up(
+        self, layout: Layout, rng: random.Random
+    ) -> tuple[int, int, str, int, list[str], str] | None:
+        """A participant shard of ``layout`` with workload keys, a home below it, an op id (a
+        victim's multi-key op's, a genuine request's, or made up), a guessed attempt, keys of
+        the participant and a coordinator's channel (a real worker's, where known)."""
+        by_shard: dict[int, list[str]] = {}
+        for key in self.workload:
+            by_shard.setdefault(shard_for(key, layout.shards), []).append(key)
+        participants = sorted(shard for shard in by_shard if shard > 0)
+        if not participants:
+            return None
+        participant = rng.choice(participants)
+        keys = rng.sample(by_shard[participant], min(len(by_shard[participant]), rng.randint(1, 2)))
+        homes = [home for generation, home in self.attempts if generation == layout.generation]
+        homes = [home for home in homes if home < participant] or list(range(participant))
+        home = rng.choice(homes)
+        victims = [seen.envelope["id"] for seen in self.victims if len(seen.keys) > 1]
+        genuine = [str(asked.op_id) for asked in self.requests]
+        draw = rng.random()
+        if victims and draw < 0.4:
+            op_id = rng.choice(victims)
+        elif genuine and draw < 0.7:
+            op_id = rng.choice(genuine)
+        else:
+            op_id = _forged_id(rng)
+        attempt = self._guessed_attempt(layout.generation, home, rng)
+        channel = self.channels.get((layout.generation, home)) or rng.choice(
+            [*self.channels.values(), *self.owners.values(), f"ks:{self.namespace}:worker:forged"]
+        )
+        return participant, home, op_id, attempt, keys, channel
+
+    async def _replays(self) -> int:
+        """Up to :data:`REPLAYS_PER_ROUND` signed messages heard on the workers' channels,
+        published again: as they came on their own channel (most of them), on another
+        worker's, or with a byte changed (see the module doc)."""
+        if not self.signed:
+            return 0
+        rng, sent = self.messages, 0
+        carrying = [heard for heard in self.signed if heard.requests]
+        for _ in range(rng.randint(0, REPLAYS_PER_ROUND)):
+            heard = rng.choice(carrying if carrying and rng.random() < 0.7 else self.signed)
+            channel, data = heard.channel, heard.data
+            kind = rng.choice(("as it came", "as it came", "to another worker", "changed"))
+            others = sorted(set(self.owners.values()) - {channel})
+            if kind == "to another worker" and others:
+                channel = rng.choice(others)
+            elif kind == "changed":  # (a digit of what the tag covers: an attempt, a time)
+                digits = [at for at, byte in enumerate(data[:-63]) if 48 <= byte <= 57]
+                at = rng.choice(digits)
+                data = data[:at] + str((data[at] - 47) % 10).encode() + data[at + 1 :]
+            else:
+                kind = "as it came"
+            what = "requests" if heard.requests else "grants or notices"
+            self.targeted.update(heard.keys)
+            await self.redis.publish(channel, data)
+            self.published[f"signed message again ({what}, {kind})"] += 1
+            sent += 1
+        return sent
+
     # -- reading ---------------------------------------------------------------------------------
 
-    async def _read(self, record: LayoutRecord) -> list[Seen]:
+    async def _read(self, record: LayoutRecord) -> list[Asked]:
         """Read the streams of every shard of the live layout, and of a sample of the other
-        layouts' (a move's target, those before): remember the genuine grant requests and the
-        victims. Every grant request read (for the forged grants and notices)."""
+        layouts' (a move's target, those before): remember the victims. The grant ops read
+        there (no worker appends one: the forger's own, or another forger's), as requests."""
         live = record.live
         streams = [(live, shard) for shard in range(live.shards)]
         others = [
@@ -241,7 +547,7 @@ class Forger:
             for layout, shard in streams:
                 pipe.xrange(layout.keys(shard).stream, count=ENTRIES_READ)
             replies = await pipe.execute()
-        requests: list[Seen] = []
+        requests: list[Asked] = []
         for (layout, shard), entries in zip(streams, replies, strict=True):
             for entry_id, fields in entries:
                 for envelope in _envelopes(fields):
@@ -249,9 +555,7 @@ class Forger:
                     own = _canonical(envelope) in self.own
                     if envelope.get("op") == GRANT_OP:
                         if isinstance(envelope.get("kwargs"), dict):
-                            requests.append(seen)
-                            if not own:
-                                self._learn_request(seen)
+                            requests.append(_appended_request(layout, shard, seen))
                     elif (
                         not own
                         and layout == record.routing
@@ -263,32 +567,20 @@ class Forger:
                         _remember(self.victims, seen)
         return requests
 
-    def _learn_request(self, seen: Seen) -> None:
-        request = seen.envelope["kwargs"]
-        home, attempt = request.get("home"), request.get("attempt")
-        if type(home) is not int or type(attempt) is not int:
-            return
-        where = (seen.layout.generation, home)
-        self.attempts.setdefault(where, set()).add(attempt)
-        if isinstance(request.get("channel"), str):
-            self.channels[where] = request["channel"]
-        if request.get("sig"):
-            _remember(self.requests, seen)
-
-    # -- grant requests --------------------------------------------------------------------------
+    # -- grant ops in the streams ----------------------------------------------------------------
 
     async def _grant_requests(self, record: LayoutRecord) -> int:
-        """Up to :data:`REQUESTS_PER_ROUND` grant requests appended: forged, or copies of
-        genuine ones (see the module doc)."""
+        """Up to :data:`REQUESTS_PER_ROUND` ``keyserial.grant`` ops appended: made up, or
+        copies of genuine requests heard (see the module doc)."""
         sent = 0
         for _ in range(self.more.randint(1, REQUESTS_PER_ROUND)):
             if self.kinds.total() >= MAX_APPENDS:
                 break
             kind = self.more.choice(
-                ("unsigned", "unsigned", "copy", "copy-elsewhere", "copy-other-generation")
+                ("made up", "made up", "copy", "copy-elsewhere", "copy-other-generation")
             )
-            if kind == "unsigned" or not self.requests:
-                made = self._unsigned_request(record)
+            if kind == "made up" or not self.requests:
+                made = self._made_up_grant_op(record)
             else:
                 made = self._copied_request(record, self.more.choice(self.requests), kind)
             if made is None:
@@ -296,34 +588,24 @@ class Forger:
             where, envelope, kind = made
             self.targeted.update(envelope["keys"])
             await self._append(where, [envelope], past_seal=True)
-            self.kinds[f"grant request ({kind})"] += 1
+            self.kinds[f"grant op ({kind})"] += 1
             sent += 1
         return sent
 
-    def _unsigned_request(
+    def _made_up_grant_op(
         self, record: LayoutRecord
     ) -> tuple[ShardKeys, dict[str, Any], str] | None:
-        """A grant request no worker signed (or signed with the signature of another one), for
-        workload keys of one participant shard of any layout, under a guessed attempt."""
+        """A ``keyserial.grant`` op no worker made, for workload keys of one participant shard
+        of any layout, under a guessed attempt (its id the part's name a run of it has, the
+        attempt's as an earlier version named it, or now and then a plain one), its request in
+        the shape coordinators of an earlier version appended, now and then with a genuine
+        signer's id."""
         rng = self.more
         layout = rng.choice(_layouts(record))
-        by_shard: dict[int, list[str]] = {}
-        for key in self.workload:
-            by_shard.setdefault(shard_for(key, layout.shards), []).append(key)
-        participants = sorted(shard for shard in by_shard if shard > 0)
-        if not participants:
+        made = self._made_up(layout, rng)
+        if made is None:
             return None
-        participant = rng.choice(participants)
-        keys = rng.sample(by_shard[participant], min(len(by_shard[participant]), rng.randint(1, 2)))
-        homes = [home for generation, home in self.attempts if generation == layout.generation]
-        homes = [home for home in homes if home < participant] or list(range(participant))
-        home = rng.choice(homes)
-        victims = [seen.envelope["id"] for seen in self.victims if len(seen.keys) > 1]
-        op_id = rng.choice(victims) if victims and rng.random() < 0.5 else _forged_id(rng)
-        attempt = self._guessed_attempt(layout.generation, home)
-        channel = self.channels.get((layout.generation, home)) or rng.choice(
-            [*self.channels.values(), f"ks:{self.namespace}:worker:forged"]
-        )
+        participant, home, op_id, attempt, keys, channel = made
         request: dict[str, Any] = {
             "home": home,
             "op": op_id,
@@ -332,33 +614,42 @@ class Forger:
             "to": shard_name(participant, layout.generation),
             "at": int(time.time() * 1000),
         }
-        kind = "unsigned"
-        if self.requests and rng.random() < 0.3:  # a genuine signature, of another request
-            other = rng.choice(self.requests).envelope["kwargs"]
-            request |= {"k": other.get("k", ""), "sig": other.get("sig", "")}
-            kind = "signature of another"
-        envelope = {"id": f"{op_id}#{attempt}", "keys": keys, "op": GRANT_OP, "kwargs": request}
-        return layout.keys(participant), envelope, kind
+        kind = "made up"
+        if self.signers and rng.random() < 0.3:  # a listed signer's id, a made-up signature
+            request |= {"k": rng.choice(sorted(self.signers)), "sig": f"{rng.getrandbits(64):x}"}
+            kind = "made up, a signer's id"
+        named = rng.choice(("the part's", "the part's", "the attempt's", "a plain"))
+        op_ids = {
+            "the part's": part_id(op_id, home, attempt),
+            "the attempt's": f"{op_id}#{attempt}",
+            "a plain": op_id,
+        }
+        envelope = {"id": op_ids[named], "keys": keys, "op": GRANT_OP, "kwargs": request}
+        return layout.keys(participant), envelope, f"{kind}, {named} id"
 
     def _copied_request(
-        self, record: LayoutRecord, seen: Seen, kind: str
+        self, record: LayoutRecord, asked: Asked, kind: str
     ) -> tuple[ShardKeys, dict[str, Any], str] | None:
-        """A genuine signed request again: to its own stream, to another shard of its layout
-        above its home, to the same shard of another layout (or the next generation's, which
-        no move has made yet), or with another attempt (its signature then covers another)."""
-        rng, layout = self.more, seen.layout
-        envelope = json.loads(json.dumps(seen.envelope))
-        request = envelope["kwargs"]
-        home = request.get("home")
+        """A genuine request heard on a channel, as a grant op: to its own shard's stream, to
+        another shard of its layout above its home, to the same shard of another layout (or
+        the next generation's, which no move has made yet), or with another attempt."""
+        rng, layout = self.more, asked.layout
+        request = dict(asked.item)
+        home, op_id, attempt = asked.home, asked.op_id, asked.attempt
         if kind == "copy" and rng.random() < 0.3:
-            attempt = self._guessed_attempt(layout.generation, home)
-            op_id = request.get("op")
-            request["attempt"], envelope["id"] = attempt, f"{op_id}#{attempt}"
-            return layout.keys(seen.shard), envelope, "copy, another attempt"
-        if kind == "copy":
-            return layout.keys(seen.shard), envelope, kind
+            attempt = request["a"] = self._guessed_attempt(layout.generation, home)
+            kind = "copy, another attempt"
+        named = part_id(str(op_id), home, attempt) if type(home) is type(attempt) is int else None
+        envelope = {
+            "id": named or f"{op_id}#{attempt}",
+            "keys": asked.keys,
+            "op": GRANT_OP,
+            "kwargs": request,
+        }
+        if kind in ("copy", "copy, another attempt"):
+            return layout.keys(asked.shard), envelope, kind
         if kind == "copy-elsewhere":
-            above = [shard for shard in range(layout.shards) if shard != seen.shard]
+            above = [shard for shard in range(layout.shards) if shard != asked.shard]
             above = [shard for shard in above if type(home) is not int or shard > home]
             return (layout.keys(rng.choice(above)), envelope, kind) if above else None
         generations = {each.generation: each for each in _layouts(record)}
@@ -367,13 +658,15 @@ class Forger:
             newest = max([layout.generation, *generations])
             generations[newest + 1] = Layout(self.namespace, record.live.shards, newest + 1)
         other = generations[rng.choice(sorted(generations))]
-        return other.keys(seen.shard % other.shards), envelope, kind
+        return other.keys(asked.shard % other.shards), envelope, kind
 
-    def _guessed_attempt(self, generation: int, home: object) -> int:
-        """The latest attempt seen in a genuine request of that home (its epoch now, likely:
-        the one attempt a participant would hold keys for), another seen (of that home, or of
+    def _guessed_attempt(
+        self, generation: int, home: object, rng: random.Random | None = None
+    ) -> int:
+        """The latest attempt heard in a genuine request of that home (its epoch now, likely:
+        the one attempt a participant would hold keys for), another heard (of that home, or of
         any), one either side, or a small number."""
-        rng = self.more
+        rng = rng or self.more
         seen = sorted(self.attempts.get((generation, home), set()) if type(home) is int else ())
         draw = rng.random()
         if seen and draw < 0.5:
@@ -531,6 +824,13 @@ def _remember(seen: list[Seen], new: Seen) -> None:
     del seen[:-REMEMBERED]
 
 
+def _keep(kept: list[_T], new: _T) -> None:
+    """Remember ``new`` (once), with the :data:`REMEMBERED` latest."""
+    if new not in kept:
+        kept.append(new)
+        del kept[:-REMEMBERED]
+
+
 def _canonical(envelope: dict[str, Any]) -> str:
     return json.dumps(envelope, sort_keys=True)
 
@@ -609,31 +909,93 @@ async def _forged_replies(attacker: Any, keys: ShardKeys, rng: random.Random) ->
     return sent
 
 
-async def _forged_coordination(
-    attacker: Any, shard: int, envelope: dict[str, Any], channels: set[str]
-) -> int:
+async def _forged_coordination(attacker: Any, asked: Asked, channels: set[str]) -> int:
     """A grant with made-up states to the request's coordinator, and a decision notice that
     writes made-up states to every worker channel the forger knows, alone and in a batch with
     the grant (as a worker sends what it owes another in one pipeline)."""
-    request, keys = envelope["kwargs"], envelope.get("keys") or []
-    states = [[key, FORGED_ACCOUNT if key.startswith("acct") else FORGED_LIST] for key in keys]
-    grant = {
-        "t": "g",
-        "op": request.get("op"),
-        "a": request.get("attempt"),
-        "s": shard,
-        "st": states,
-        "f": 1,
-        "c": "ks:forger",
-    }
+    grant = _forged_grant(asked, "ks:forger")
+    states = grant["st"]
     notice = {
         "t": "d",
-        "op": request.get("op"),
-        "a": request.get("attempt"),
-        "d": {"w": {str(shard): states}},
+        "op": asked.op_id,
+        "a": asked.attempt,
+        "h": asked.home,
+        "d": {"w": {str(asked.shard): states}},
     }
-    await attacker.publish(str(request.get("channel", "")), json.dumps(grant))
+    await attacker.publish(asked.channel, json.dumps(grant))
     for channel in channels:
         await attacker.publish(channel, json.dumps(notice))
         await attacker.publish(channel, json.dumps({"t": "b", "m": [grant, notice]}))
     return 1 + 2 * len(channels)
+
+
+def _forged_grant(asked: Asked, channel: str) -> dict[str, Any]:
+    """A grant of ``asked``'s keys with made-up states, from ``channel``."""
+    states = [
+        [key, FORGED_ACCOUNT if key.startswith("acct") else FORGED_LIST] for key in asked.keys
+    ]
+    return {
+        "t": "g",
+        "op": asked.op_id,
+        "a": asked.attempt,
+        "s": asked.shard,
+        "st": states,
+        "f": 1,
+        "c": channel,
+        "h": asked.home,
+    }
+
+
+def _appended_request(layout: Layout, shard: int, seen: Seen) -> Asked:
+    """A grant op read in a stream, as a request item (its request in either shape the forger
+    appends: a request item's, or one of an earlier version's ``home``, ``attempt``...)."""
+    request = seen.envelope["kwargs"]
+    item = {
+        "t": "q",
+        "op": request.get("op"),
+        "a": request.get("a", request.get("attempt")),
+        "h": request.get("h", request.get("home")),
+        "s": shard_name(shard, layout.generation),
+        "k": seen.keys,
+        "c": request.get("c", request.get("channel")),
+    }
+    return Asked(layout, shard, item)
+
+
+def _items(text: bytes) -> list[dict[str, Any]]:
+    """The items of a coordination message (its signature cut off): one, or a batch's."""
+    try:
+        message = json.loads(text)
+    except (ValueError, RecursionError):
+        return []
+    if not isinstance(message, dict):
+        return []
+    items = message.get("m") if message.get("t") == "b" else [message]
+    return [item for item in items if isinstance(item, dict)] if isinstance(items, list) else []
+
+
+def _item_keys(item: dict[str, Any]) -> list[str]:
+    """The keys an item names: a request's, a grant's states', a notice's writes'."""
+    if item.get("t") == "q":
+        keys = item.get("k")
+        return [key for key in keys if isinstance(key, str)] if isinstance(keys, list) else []
+    if item.get("t") == "g":
+        states = item.get("st")
+        pairs = states if isinstance(states, list) else []
+    else:
+        writes = item.get("d", {}).get("w", {}) if isinstance(item.get("d"), dict) else {}
+        pairs = [pair for each in writes.values() if isinstance(each, list) for pair in each]
+    return [
+        pair[0] for pair in pairs if isinstance(pair, list) and pair and isinstance(pair[0], str)
+    ]
+
+
+def _asked(item: dict[str, Any], generations: dict[int, Layout]) -> Asked | None:
+    """A request item heard, for a shard of a layout the forger knows of (else None)."""
+    number, _, generation = str(item.get("s", "")).partition("@")
+    if not number.isdigit() or not (generation or "0").isdigit():
+        return None
+    layout = generations.get(int(generation or "0"))
+    if layout is None or int(number) >= layout.shards:
+        return None
+    return Asked(layout, int(number), item)

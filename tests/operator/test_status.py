@@ -14,13 +14,15 @@ from typing import Any
 import anyio
 import pytest
 import redis.asyncio
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 import keyserial
 from keyserial._backend.backend import Backend
 from keyserial._operator import status as _status
 from keyserial._operator.pauses import pause
-from keyserial._wire.layout import Layout, roster_key
+from keyserial._wire.layout import Layout, owner_channel, roster_key, worker_channel
 from keyserial._wire.roster import ROSTER_SILENT, ROSTER_STALE, WorkerEntry
+from keyserial._wire.signing import encode_public_key
 from keyserial.ledger import deposit
 from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests.helpers import ROOT, Starter, eventually, keys_on_shard, wait_for_log
@@ -109,7 +111,7 @@ async def test_status_json_reports_every_field_and_exits_1_when_a_shard_has_no_o
     assert owned["shard"] == 0 and orphan["shard"] == 1
     assert owned["owner"]["pid"] == os.getpid()
     assert owned["owner"]["host"] == socket.gethostname()
-    assert owned["owner"]["worker"].startswith(f"{socket.gethostname()}:{os.getpid()}:")
+    assert owned["owner"]["worker"] == worker.token  # (the lease's value, less the public key)
     assert owned["epoch"] == epoch
     assert 0 < owned["lease_expires_in_ms"] <= 5000
     assert owned["backlog"] == 0 and owned["oldest_waiting_age_ms"] is None
@@ -342,11 +344,48 @@ async def test_status_watch_prints_a_report_per_interval_until_interrupted(
 
 @pytest.mark.parametrize(
     ("token", "host", "pid"),
-    [("web-1:4242:0a1b2c3d", "web-1", 4242), ("weird", "weird", None)],
+    [
+        ("web-1:4242:0a1b2c3d", "web-1", 4242),
+        ("host.example:12:abcd1234", "host.example", 12),
+        ("weird", "weird", None),
+        ("weird.not-a-key", "weird.not-a-key", None),
+    ],
 )
 def test_an_owner_token_reads_as_host_pid_and_nonce(token: str, host: str, pid: int | None) -> None:
     owner = _status.Owner.parse(token)
     assert (owner.worker, owner.host, owner.pid) == (token, host, pid)
+
+
+def test_a_lease_value_reads_as_its_holder_s_token_less_the_public_key() -> None:
+    """A lease holds ``<token>.<public key>`` (the holder's channel less its prefix): the owner
+    is the token, which the roster names the worker by (a host name may have dots)."""
+    key = encode_public_key(X25519PrivateKey.generate().public_key())
+    assert len(key) == 43
+    owner = _status.Owner.parse(f"host.example:12:abcd1234.{key}")
+    assert (owner.worker, owner.host, owner.pid) == ("host.example:12:abcd1234", "host.example", 12)
+    assert owner.host_pid == "host.example:12"
+
+
+async def test_a_shard_s_lease_names_the_coordination_channel_of_its_owner(
+    redis_url: str, namespace: str, backend: Backend
+) -> None:
+    """Another worker finds where to message a shard's owner by reading the shard's lease
+    (``Backend.lease_holders``, one GET a shard): through ``owner_channel`` it is the owner's
+    mailbox channel, exactly; and status still names the owner by its token, as the roster
+    does."""
+    layout = Layout(namespace, 3)
+    async with running_worker(redis_url, namespace, shards=[0, 2], shard_count=3) as worker:
+        holders = await backend.lease_holders(layout.all_keys())
+        snapshots = await _status.snapshot(backend, layout)
+    channel = worker._mailbox.channel
+    assert channel.startswith(f"{worker_channel(namespace, worker.token)}.")
+    assert holders[1] is None
+    assert [owner_channel(namespace, held.decode()) for held in holders if held] == [channel] * 2
+    owners = [None if now.owner is None else now.owner.worker for now in snapshots]
+    assert owners == [worker.token, None, worker.token]
+    entry = WorkerEntry(worker.token, (0, 2), ("deposit",), time.time())
+    (listed,) = _status.workers([entry], _status.compare(snapshots, snapshots))
+    assert listed.owns == (0, 2)  # (what `keyserial status` shows of each worker on the roster)
 
 
 @pytest.mark.slow

@@ -8,9 +8,8 @@ import json
 import random
 import sys
 import time
-import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -22,17 +21,15 @@ import keyserial
 from keyserial import Settings, shard_for
 from keyserial._backend.backend import Backend
 from keyserial._reshard.mover import (
-    STRAYS_READ,
     Progress,
     QuietReadings,
     Resharded,
     _drained,
-    _GrantRequests,
     move_namespace,
 )
 from keyserial._scripts.reshard import flip, quiet, record_drained, record_move, seal
 from keyserial._wire.codec import LARGEST_ID, decode_reply
-from keyserial._wire.layout import Layout, ShardKeys, signers_key
+from keyserial._wire.layout import Layout, ShardKeys, part_id, signers_key
 from keyserial._wire.resharding import (
     LAYOUT_CHANGED,
     Drained,
@@ -54,7 +51,6 @@ from tests.helpers import (
     stored_outcome,
 )
 from tests.ownership import holder_pid, stream_empty, takes_pushes
-from tests.signers import grant_request, listed_signer
 from tests.users import Users, documented_users
 
 #: Accounts of the bank load, each opened with this balance.
@@ -880,8 +876,8 @@ async def test_a_stale_client_packing_entries_faster_than_they_are_forwarded_hol
 ) -> None:
     """A client appends to a sealed old shard, with plain XADDs, entries of 200 ops each,
     faster than its owner can forward them one by one: the strays past the drained record only
-    grow. The mover reads them all (no grant request among them), counts the shard drained,
-    and the move finishes while the flood goes on."""
+    grow. The mover reads none of them (what follows the seal is forwarded, never run there),
+    counts the shard drained, and the move finishes while the flood goes on."""
     start(redis_url, namespace, shards="0-3")
     async with keyserial.connect(redis_url, namespace=namespace, shards=4) as ks:
         await ks.submit("warm", deposit(1))
@@ -944,10 +940,9 @@ async def _sealed_and_drained(
         await backend.call("SET", old.epoch, 1)
         sealed = Seal.decode(namespace, (await backend.run_call(quiet(old))).sealed)
         await backend.run_call(record_drained(old, 1, sealed.last, 0))
-        requests = _GrantRequests(backend)
 
         async def drained() -> bool:
-            return await _drained(backend, old, await backend.run_call(quiet(old)), requests)
+            return _drained(old, await backend.run_call(quiet(old)))
 
         yield old, drained
     finally:
@@ -970,65 +965,113 @@ def _stray(n: int) -> dict[str, Any]:
 async def test_the_mover_counts_strays_past_the_seal_as_drained_however_many(
     redis_url: str, namespace: str
 ) -> None:
-    """Ops a client appended past the seal are forwarded, not run: more than a page of them
-    (the mover reads them all) leaves the shard drained."""
+    """Ops a client appended past the seal are forwarded, not run: however many of them (the
+    mover reads none of them) leave the shard drained."""
     async with _sealed_and_drained(redis_url, namespace) as (old, drained):
-        for n in range(STRAYS_READ + 50):
+        for n in range(250):
             await _append_past_the_seal(redis_url, old, [_stray(n)])
         assert await drained()
 
 
-async def test_the_mover_waits_for_a_signed_grant_request_past_the_seal_even_pages_later(
+async def test_an_old_shard_holding_keys_for_another_shard_s_op_is_not_drained(
     redis_url: str, namespace: str
 ) -> None:
-    """A grant request a listed worker signed for the old shard, past more than a page of
-    strays, and with no outcome stored yet: the owner will run it, so the move waits."""
-    with documented_users(redis_url) as users:
-        await _a_signed_request_past_strays(users, namespace)
+    """A hold in the old shard's held hash (its keys held for a cross-shard op homed on another
+    shard, until that op's decision) keeps the shard from counting as drained, however drained
+    its stream is: quiet.lua reads how many holds there are with the seal and the record."""
+    async with _sealed_and_drained(redis_url, namespace) as (old, drained):
+        assert await drained()
+        client = redis.asyncio.Redis.from_url(redis_url)
+        try:
+            await client.hset(old.held, part_id("order", 0, 1), _grant_record(old))
+            assert not await drained()
+            await client.hdel(old.held, part_id("order", 0, 1))
+            assert await drained()
+        finally:
+            await client.aclose()
 
 
-async def _a_signed_request_past_strays(users: Users, namespace: str) -> None:
-    async with _sealed_and_drained(users.worker_url, namespace) as (old, drained):
-        for n in range(STRAYS_READ + 50):
-            await _append_past_the_seal(users.client_url, old, [_stray(n)])
-        request = _signed_request(users, namespace, old)
-        await _append_past_the_seal(users.client_url, old, [request])
-        assert not await drained()
-
-
-async def test_the_mover_ignores_a_grant_request_past_the_seal_no_worker_would_take(
-    redis_url: str, namespace: str
+async def test_the_mover_never_flips_while_an_old_shard_holds_keys_for_another_shard_s_op(
+    redis_url: str, namespace: str, client: redis.asyncio.Redis
 ) -> None:
-    """Unsigned, or a copy of one whose outcome is stored already: the owner dead-letters or
-    answers it at once, so a client appending such copies cannot hold the move up."""
-    with documented_users(redis_url) as users:
-        await _requests_no_worker_would_take(users, namespace)
+    """An old shard's keys held for a cross-shard op (a hold its owner recorded, as a
+    participant does until the op's decision applies there): every old shard drains through its
+    seal, yet the mover waits and does not flip, since the op under way would apply on a shard
+    that no longer serves; once the hold ends, the move finishes."""
+    move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
+    old = move.source.keys(2)
+    backend = await Backend.connect(redis_url)
+    try:
+        async with (
+            running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]),
+            keyserial.connect(redis_url, namespace=namespace) as ks,
+        ):
+            key = keys_on_shard(2, 4, 1, "held")[0]
+            assert await ks.submit(key, apps.append(0)) == [0]
+            await client.hset(old.held, part_id("order", 0, 1), _grant_record(old))
+            settings = Settings(namespace=namespace)
+            async with anyio.create_task_group() as group:
+                group.start_soon(move_namespace, backend, settings, 16)
+                # Every old shard drained but for its hold, for several of the mover's reads:
+                await eventually(lambda: _drained_but_for_holds(backend, move.source))
+                await anyio.sleep(0.5)
+                record = await backend.layout_record(namespace)
+                assert record is not None and record.live == move.source, "flipped while held"
+                await client.hdel(old.held, part_id("order", 0, 1))
+            assert (await _record(redis_url, namespace)).live == move.target
+            assert await ks.submit(key, apps.append(1), timeout=30) == [0, 1]
+    finally:
+        await backend.aclose()
 
 
-async def _requests_no_worker_would_take(users: Users, namespace: str) -> None:
-    async with _sealed_and_drained(users.worker_url, namespace) as (old, drained):
-        unsigned = _signed_request(users, namespace, old, signed=False)
-        await _append_past_the_seal(users.client_url, old, [unsigned])
-        assert await drained()
-        copy = _signed_request(users, namespace, old)
-        users.admin.hset(old.results, copy["id"], '{"ok":"applied"}')
-        await _append_past_the_seal(users.client_url, old, [copy])
-        assert await drained()
+def _grant_record(old: ShardKeys) -> str:
+    """A hold's record, as a participant writes it: the grant of a key of ``old`` to attempt 1
+    of op ``order``, homed on shard 0."""
+    key = keys_on_shard(old.shard, 4, 1, "acct")[0]
+    grant = {"t": "g", "op": "order", "a": 1, "s": old.shard, "st": [[key, None]], "f": 1}
+    return json.dumps({**grant, "c": "c", "h": 0})
 
 
-def _signed_request(
-    users: Users, namespace: str, old: ShardKeys, *, signed: bool = True
-) -> dict[str, Any]:
-    return grant_request(
-        listed_signer(users.admin, namespace) if signed else None,
-        namespace,
-        home=0,
-        participant=old.shard,
-        op=f"order-{uuid.uuid4().hex[:8]}",
-        attempt=1,
-        channel="ks:coordinator",
-        keys=keys_on_shard(old.shard, 4, 1, "acct"),
-    )
+async def _drained_but_for_holds(backend: Backend, layout: Layout) -> bool:
+    for keys in layout.all_keys():
+        shard = await backend.run_call(quiet(keys))
+        if not _drained(keys, replace(shard, held=0)):
+            return False
+    return True
+
+
+async def test_a_grant_op_appended_past_a_seal_never_holds_the_move_up(
+    redis_url: str, namespace: str, client: redis.asyncio.Redis
+) -> None:
+    """A client appends keyserial's grant op past an old shard's seal, as a coordinator of an
+    earlier version appended a request (under a part's name, an attempt's, or a plain id): the
+    owner refuses each as reserved and holds nothing, so the move finishes, and the key they
+    named answers ops after it."""
+    move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
+    old = move.source.keys(1)
+    key = keys_on_shard(1, 16, 1, "granted")[0]  # (shard 1 of 16, so of 4 too)
+    backend = await Backend.connect(redis_url)
+    try:
+        async with (
+            running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]),
+            keyserial.connect(redis_url, namespace=namespace) as ks,
+        ):
+            assert await ks.submit(key, apps.append(0)) == [0]
+            await backend.run_call(record_move(move))
+            await backend.run_call(seal(old, move))
+            request = {"home": 0, "op": "order", "attempt": 1, "channel": "c", "to": "1"}
+            grants = [
+                {"id": op_id, "keys": [key], "op": "keyserial.grant", "kwargs": request}
+                for op_id in (part_id("order", 0, 1), "order#1", "order")
+            ]
+            for grant in grants:
+                await client.xadd(old.stream, {"v": "1", "ops": json.dumps([grant])})
+            with anyio.fail_after(30):
+                await move_namespace(backend, Settings(namespace=namespace), 16)
+            assert await client.hlen(old.held) == 0
+            assert await ks.submit(key, apps.append(1), timeout=30) == [0, 1]
+    finally:
+        await backend.aclose()
 
 
 def test_the_drain_ends_only_after_two_readings_in_a_row_find_the_same_work() -> None:

@@ -1,10 +1,12 @@
 """A client-ACL user who publishes on every channel it can name: coordination messages are
-hints. A worker acts on a grant or a decision only as its fenced record in Redis says, so a
-forged message costs a read, never a write (the pushes' twin: tests/client/test_push.py)."""
+hints. A worker acts on a grant or a decision only as its fenced record in Redis says, and takes
+a grant request only from a message a listed worker signed for it, so a forged message costs a
+read, never a write (the pushes' twin: tests/client/test_push.py)."""
 
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -21,8 +23,7 @@ from keyserial._backend.backend import Backend
 from keyserial._scripts.cross import ResolveArgs, resolve
 from keyserial._scripts.refusals import AttemptAhead
 from keyserial._wire.codec import LARGEST_ID
-from keyserial._wire.layout import signers_key
-from keyserial._wire.signing import ReplySigner
+from keyserial._wire.layout import part_id, signers_key
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
@@ -35,12 +36,22 @@ from tests.helpers import (
     subscribe,
     workers_split_around,
 )
-from tests.signers import grant_request, listed_signer
+from tests.signers import (
+    GRANT_OP,
+    introduce,
+    listed_signer,
+    message,
+    next_request,
+    owner_of,
+    request,
+    request_channels,
+)
 from tests.users import Users, documented_users
 
 SHARDS = 8
 HOME, PARTICIPANT = 1, 5
-GRANT_OP = "keyserial.grant"
+#: What a worker logs of a request in a message no listed worker signed for it.
+IGNORED = ("ignoring a grant request", "no listed worker signed for this")
 
 
 @pytest.fixture
@@ -75,14 +86,22 @@ async def _one_worker_and_an_attacker(
         await attacker.aclose()
 
 
-async def _grant_requests(attacker: redis.asyncio.Redis, namespace: str) -> list[dict[str, Any]]:
-    """The grant requests in the participant shard's stream (a client may read streams)."""
-    found = []
-    for _, fields in await attacker.xrange(ShardKeys(namespace, PARTICIPANT).stream):
-        found += [
-            envelope for envelope in json.loads(fields[b"ops"]) if envelope.get("op") == GRANT_OP
-        ]
-    return found
+@asynccontextmanager
+async def _listening_for_requests(
+    users: Users, attacker: redis.asyncio.Redis, namespace: str
+) -> AsyncIterator[Any]:
+    """The attacker subscribed where coordinators send the participant shard's owner its
+    grant requests (the owner's channel, read off the shard's lease: a client user may
+    subscribe to any worker's channel)."""
+    async with attacker.pubsub() as pubsub:
+        for channel in request_channels(users.admin, namespace, PARTICIPANT):
+            await subscribe(pubsub, channel)
+        yield pubsub
+
+
+def _ignored(caplog: pytest.LogCaptureFixture) -> int:
+    """How many grant requests the workers dropped so far for want of a listed signer."""
+    return sum(all(text in record.getMessage() for text in IGNORED) for record in caplog.records)
 
 
 @pytest.mark.slow
@@ -97,16 +116,17 @@ async def test_a_forged_decision_notice_never_writes_a_state(users: Users, names
     own_channel = f"ks:attacker:{uuid.uuid4().hex}"
     try:
         async with (
-            running_worker(users.worker_url, namespace, shard_count=SHARDS, shards=[PARTICIPANT]),
+            running_worker(
+                users.worker_url, namespace, shard_count=SHARDS, shards=[PARTICIPANT]
+            ) as worker,
             keyserial.connect(users.client_url, namespace=namespace) as ks,
             attacker.pubsub() as pubsub,
         ):
             assert await ks.submit(victim, deposit(100)) == 100
             await pubsub.subscribe(own_channel)
             signer = listed_signer(users.admin, namespace)
-            request = grant_request(
-                signer,
-                namespace,
+            await introduce(attacker, worker, signer)
+            asked = request(
                 home=HOME,
                 participant=PARTICIPANT,
                 op="evil",
@@ -114,7 +134,8 @@ async def test_a_forged_decision_notice_never_writes_a_state(users: Users, names
                 channel=own_channel,
                 keys=[victim],
             )
-            await _append(attacker, PARTICIPANT, namespace, [request])
+            owner = owner_of(users.admin, namespace, PARTICIPANT)
+            await publish(attacker, owner, message(signer, owner, asked))
             grant = await _next_message(pubsub)
             assert grant["t"] == "g"
             notice = {
@@ -129,6 +150,10 @@ async def test_a_forged_decision_notice_never_writes_a_state(users: Users, names
                 users.worker_url, namespace, shard_count=SHARDS, shards=[HOME]
             ):
                 assert await ks.submit(victim, deposit(1), timeout=30) == 101
+            part = part_id("evil", HOME, 0)
+            assert users.admin.hget(ShardKeys(namespace, PARTICIPANT).results, part) == (
+                b'{"ok":"released"}'
+            )
     finally:
         await attacker.aclose()
     assert users.refusals() == []
@@ -138,9 +163,10 @@ async def test_a_forged_grant_never_reaches_the_ops_state(
     users: Users, namespace: str, tmp_path: Path
 ) -> None:
     """While a transfer's coordinator waits for a grant (the target key is busy), the attacker
-    reads the coordinator's channel from the grant request in the stream and publishes a grant
-    whose state says the target holds 1,000,000. The coordinator takes the grant from its
-    record alone: the transfer computes on the real balance, and money is conserved."""
+    reads the coordinator's channel off its grant request (listening on the participant's
+    owner's channel) and publishes there grants whose state says the target holds 1,000,000,
+    unsigned and with a made-up signature. The coordinator takes a grant from its record
+    alone: the transfer computes on the real balance, and money is conserved."""
     gate = tmp_path / "gate"
     source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
     target = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
@@ -151,6 +177,7 @@ async def test_a_forged_grant_never_reaches_the_ops_state(
                 users.worker_url, namespace, PARTICIPANT, shard_count=SHARDS, apps=["tests.apps"]
             ),
             keyserial.connect(users.client_url, namespace=namespace) as ks,
+            _listening_for_requests(users, attacker, namespace) as pubsub,
             anyio.create_task_group() as group,
         ):
             assert await ks.submit(source, deposit(100)) == 100
@@ -162,17 +189,21 @@ async def test_a_forged_grant_never_reaches_the_ops_state(
                 moved.update(await ks.transfer(source, target, 25, timeout=30))
 
             group.start_soon(transfer)
-            request = (await eventually(lambda: _grant_requests(attacker, namespace)))[0]["kwargs"]
+            _, _, asked = await next_request(pubsub)
             forged = {
                 "t": "g",
-                "op": request["op"],
-                "a": request["attempt"],
+                "op": asked["op"],
+                "a": asked["a"],
                 "s": PARTICIPANT,
                 "st": [[target, "1000000"]],
                 "f": 1,
                 "c": "ks:attacker",
+                "h": HOME,
             }
-            await publish(attacker, request["channel"], json.dumps(forged))
+            text = json.dumps(forged)
+            made_up = f',"k":"00112233445566aa","t":"{"0" * 32}"}}'  # (a signer nobody listed)
+            await publish(attacker, asked["c"], text)
+            await publish(attacker, asked["c"], text[:-1] + made_up)
             gate.touch()  # the target's earlier op ends: the real grant goes out
             assert await ks.submit(source, keyserial.call("balance")) == 75
             assert await ks.submit(target, keyserial.call("balance")) == 35
@@ -316,37 +347,39 @@ async def test_a_transfer_appended_again_as_fresh_never_moves_money_twice(
 async def test_a_copy_of_an_answered_grant_request_appended_as_fresh_leaves_no_hold(
     users: Users, namespace: str, pushed: bool
 ) -> None:
-    """The attacker appends again, as fresh, a genuine grant request whose part was released:
-    no lookup stops it, so the owner holds the key and records the hold again, then answers it
-    as the original was answered once the attempt's decision is there. The script takes that
-    answer for the original's step sent again, and still ends the copy's hold (nemesis seed
-    16515, long profile, found it left behind): the held hash empties, and the key serves."""
-    victim = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
-    home, participant = ShardKeys(namespace, HOME), ShardKeys(namespace, PARTICIPANT)
-    async with _one_worker_and_an_attacker(users, namespace) as (ks, attacker):
-        assert await ks.submit(victim, deposit(100)) == 100
-        # (The home's current epoch: the attempt stays undecided, and the copy's hold stays,
-        # until its decision is written below.)
-        attempt = int(users.admin.get(home.epoch) or 0)
-        copy = grant_request(
-            listed_signer(users.admin, namespace),  # (as the genuine request was signed)
-            namespace,
-            home=HOME,
-            participant=PARTICIPANT,
-            op="copied",
-            attempt=attempt,
-            channel=f"ks:attacker:{uuid.uuid4().hex}",
-            keys=[victim],
+    """The attacker captures a transfer's grant request (listening on the participant's
+    owner's channel) and, once its part was applied, appends it as fresh to the participant's
+    stream, fetched or pushed, as a ``keyserial.grant`` op under its part's id. Intake
+    refuses it ('#' is reserved; so is the name): no hold is recorded, the part's answer is
+    intact, money moved once, and the keys serve."""
+    source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
+    target = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
+    participant = ShardKeys(namespace, PARTICIPANT)
+    own_channel = f"ks:attacker:{uuid.uuid4().hex}"
+    funded = _split_and_funded(users, namespace, ((source, 100), (target, 10)))
+    async with (
+        funded as (ks, attacker, _),
+        _listening_for_requests(users, attacker, namespace) as pubsub,
+        attacker.pubsub() as replies,
+    ):
+        await replies.subscribe(own_channel)
+        assert await ks.transfer(source, target, 25, timeout=30) == {source: 75, target: 35}
+        _, _, asked = await next_request(pubsub)
+        answered = part_id(asked["op"], asked["h"], asked["a"])
+        applied = await eventually(lambda: users.admin.hget(participant.results, answered))
+        assert applied == b'{"ok":"applied"}'
+        copy = {"id": answered, "keys": asked["k"], "op": GRANT_OP, "kwargs": asked}
+        await _append_fresh(
+            attacker, PARTICIPANT, namespace, [{**copy, "reply": own_channel}], pushed=pushed
         )
-        answered = f"copied#{attempt}"
-        users.admin.hset(participant.results, answered, '{"ok":"released"}')  # (the original's)
-        await _append_fresh(attacker, PARTICIPANT, namespace, [copy], pushed=pushed)
-        await eventually(lambda: users.admin.hexists(participant.held, answered), timeout=15)
-        users.admin.hset(home.results, f"{answered}#d", '{"abort":"the coordinator lost it"}')
-        await eventually(lambda: not users.admin.exists(participant.held), timeout=15)
-        assert await ks.submit(victim, deposit(1), timeout=10) == 101
-        assert users.admin.hget(participant.results, answered) == b'{"ok":"released"}'
-    assert users.refusals() == []
+        ((op_id, outcome),) = (await _next_message(replies))["r"]
+        assert op_id == answered
+        assert outcome["error"]["type"] == "keyserial.MalformedOperation"
+        assert "'#' is reserved" in outcome["error"]["message"]
+        assert await ks.submit(target, deposit(1), timeout=10) == 36
+        assert users.admin.hgetall(participant.held) == {}
+        assert users.admin.hget(participant.results, answered) == b'{"ok":"applied"}'
+        assert await ks.read(source) == 75
 
 
 async def test_an_op_appended_ahead_under_a_callers_op_id_never_answers_the_caller(
@@ -422,14 +455,10 @@ async def _split_and_funded(
     assert users.refusals() == []
 
 
-def _ahead_for(
-    signer: ReplySigner | None, namespace: str, attempt: int, decoy: str
-) -> dict[str, Any]:
+def _ahead_for(namespace: str, attempt: int, decoy: str) -> Any:
     """A grant request of op "order-9"'s current attempt for ``decoy``, not the transfer's
-    key, as a client user appends it ahead of the genuine one (``signer``: None, unsigned)."""
-    return grant_request(
-        signer,
-        namespace,
+    key, as an attacker sends it ahead of the coordinator's."""
+    return request(
         home=HOME,
         participant=PARTICIPANT,
         op="order-9",
@@ -440,28 +469,40 @@ def _ahead_for(
 
 
 async def test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides_the_op(
-    users: Users, namespace: str
+    users: Users, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The attacker guesses a transfer's op id (the caller's order number) and its attempt (the
-    home shard's epoch), and appends a grant request under that id for another key of the
-    participant shard, ahead of the coordinator. Unsigned, it is dead-lettered, holding no key
-    and storing nothing under the attempt's id: the transfer then runs under that attempt, moves
-    the money once, between the right keys, and the other key was never held."""
+    home shard's epoch), and asks the participant shard ahead of the coordinator for another
+    key under that attempt: in its stream (refused at intake) and in an unsigned message on
+    its owner's channel (dropped). Neither holds a key or stores anything under the attempt's
+    part there: the transfer then runs under that attempt, moves the money once, between the
+    right keys, and the other key was never held."""
+    caplog.set_level(logging.INFO, "keyserial.worker")
     source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
     target, decoy = keys_on_shard(PARTICIPANT, SHARDS, 2, "acct")
     participant = ShardKeys(namespace, PARTICIPANT)
+    own_channel = f"ks:attacker:{uuid.uuid4().hex}"
     funded = _split_and_funded(users, namespace, ((source, 100), (target, 10), (decoy, 5)))
-    async with funded as (ks, attacker, attempt):
-        request = _ahead_for(None, namespace, attempt, decoy)
-        await _append(attacker, PARTICIPANT, namespace, [request])
-        await eventually(lambda: users.admin.xlen(participant.dead) == 1)
+    async with funded as (ks, attacker, attempt), attacker.pubsub() as replies:
+        await replies.subscribe(own_channel)
+        ahead = _ahead_for(namespace, attempt, decoy)
+        field = part_id("order-9", HOME, attempt)
+        entry = {"id": field, "keys": [decoy], "op": GRANT_OP, "kwargs": ahead.to_wire()}
+        await _append(attacker, PARTICIPANT, namespace, [{**entry, "reply": own_channel}])
+        ((op_id, outcome),) = (await _next_message(replies))["r"]
+        assert (op_id, outcome["error"]["type"]) == (field, "keyserial.MalformedOperation")
+        before = _ignored(caplog)
+        for channel in request_channels(users.admin, namespace, PARTICIPANT):
+            await publish(attacker, channel, message(None, channel, ahead))
+        await eventually(lambda: _ignored(caplog) >= before + 1)
+        assert await stored(attacker, namespace, PARTICIPANT, field) is None
+        assert users.admin.hlen(participant.held) == 0
         moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
         assert moved == {source: 75, target: 35}
         assert await ks.submit(decoy, deposit(1), timeout=30) == 6
         assert int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0) == attempt
         # (The transfer's own request was applied under the attempt, and holds nothing now.)
-        applied = users.admin.hget(participant.results, f"order-9#{attempt}")
-        assert applied == b'{"ok":"applied"}'
+        assert users.admin.hget(participant.results, field) == b'{"ok":"applied"}'
         assert users.admin.hlen(participant.held) == 0
 
 
@@ -469,8 +510,9 @@ async def test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides
 async def test_a_signed_grant_request_ahead_for_other_keys_never_decides_the_op(
     users: Users, namespace: str
 ) -> None:
-    """The same request ahead, but signed by a listed signer (what only a worker can append):
-    the participant grants the other key under the attempt's id; the coordinator sees the
+    """The same request ahead, but signed for the participant's owner by a listed signer
+    (what only a worker can send): the participant grants the other key as the attempt's part,
+    and takes the coordinator's request as the same part's; the coordinator sees the
     grant is not of the keys it asked for, gives the home shard up, and the op runs under the
     next owner's attempt: it moves the money once, between the right keys, and the other key
     is released."""
@@ -479,21 +521,63 @@ async def test_a_signed_grant_request_ahead_for_other_keys_never_decides_the_op(
     participant = ShardKeys(namespace, PARTICIPANT)
     funded = _split_and_funded(users, namespace, ((source, 100), (target, 10), (decoy, 5)))
     async with funded as (ks, attacker, attempt):
-        request = _ahead_for(listed_signer(users.admin, namespace), namespace, attempt, decoy)
-        await _append(attacker, PARTICIPANT, namespace, [request])
-        await eventually(lambda: attacker.hget(participant.held, f"order-9#{attempt}"))
+        signer = listed_signer(users.admin, namespace)
+        owner = owner_of(users.admin, namespace, PARTICIPANT)
+        ahead = message(signer, owner, _ahead_for(namespace, attempt, decoy))
+        # (Sent again until taken: the owner reads the signer's entry when it first meets it.)
+        await eventually(
+            lambda: _sent_then_held(
+                attacker, owner, ahead, participant, part_id("order-9", HOME, attempt)
+            ),
+            interval=0.2,
+        )
         moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
         assert moved == {source: 75, target: 35}
         assert await ks.submit(decoy, deposit(1), timeout=30) == 6
         assert int(users.admin.get(ShardKeys(namespace, HOME).epoch) or 0) > attempt
 
 
+async def test_an_op_under_a_callers_op_id_homed_on_another_shard_never_takes_its_part(
+    users: Users, namespace: str
+) -> None:
+    """The attacker submits, under a caller's op id, a transfer of its own homed on another
+    shard at the same epoch, to the caller's participant shard: both attempts are
+    ``<op id>#<epoch>``, and only their homes tell their parts there apart. The caller's
+    transfer, acknowledged, must still apply on both of its shards: money conserved, the
+    attacker's op moving only its own, each part recorded under its own name."""
+    source, other = (
+        keys_on_shard(HOME, SHARDS, 1, "acct")[0],
+        keys_on_shard(2, SHARDS, 1, "acct")[0],
+    )
+    target, decoy = keys_on_shard(PARTICIPANT, SHARDS, 2, "acct")
+    participant = ShardKeys(namespace, PARTICIPANT)
+    funded = _split_and_funded(users, namespace, ((source, 100), (other, 100)))
+    async with funded as (ks, _, attempt):
+        assert int(users.admin.get(ShardKeys(namespace, 2).epoch) or 0) == attempt
+        moved = await ks.transfer(other, decoy, 7, op_id="order-9", timeout=30)
+        assert moved == {other: 93, decoy: 7}
+        moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
+        assert moved == {source: 75, target: 25}
+        assert await ks.submit(target, deposit(1), timeout=10) == 26
+        assert await ks.read(decoy) == 7
+        parts = [part_id("order-9", home, attempt) for home in (2, HOME)]
+        await eventually(lambda: all(users.admin.hmget(participant.results, parts)))
+        assert users.admin.hmget(participant.results, parts) == [b'{"ok":"applied"}'] * 2
+
+
+async def _sent_then_held(
+    attacker: redis.asyncio.Redis, owner: str, sent: str, participant: ShardKeys, field: str
+) -> bool:
+    await publish(attacker, owner, sent)
+    return bool(await attacker.hget(participant.held, field))
+
+
 async def test_an_op_ahead_under_an_attempts_record_name_stores_nothing_there(
     users: Users, namespace: str
 ) -> None:
     """The attacker appends to the participant shard an op under the name of the record where
-    that shard keeps what became of its part of a transfer (``<op id>#<attempt>``: the
-    caller's order number and the home shard's epoch). Refused ('#' is reserved), it is
+    that shard keeps what became of its part of a transfer (``<op id>#<home>.<attempt>``: the
+    caller's order number, the home shard and its epoch). Refused ('#' is reserved), it is
     replied to and never stored: stored, the refusal would stand in for that record, and the
     participant, finding its part answered, would never apply it (money made from nothing)."""
     source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
@@ -501,7 +585,7 @@ async def test_an_op_ahead_under_an_attempts_record_name_stores_nothing_there(
     participant = ShardKeys(namespace, PARTICIPANT)
     funded = _split_and_funded(users, namespace, ((source, 100), (target, 10)))
     async with funded as (ks, attacker, attempt):
-        record = f"order-9#{attempt}"
+        record = part_id("order-9", HOME, attempt)
         await _append(
             attacker,
             PARTICIPANT,
@@ -519,34 +603,43 @@ async def test_an_op_ahead_under_an_attempts_record_name_stores_nothing_there(
         assert await stored(attacker, namespace, PARTICIPANT, record) == {"ok": "applied"}
 
 
-async def test_a_signed_grant_request_copied_to_another_participant_is_dead_lettered(
-    users: Users, namespace: str
+async def test_a_signed_grant_request_copied_to_another_worker_is_dropped(
+    users: Users, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A genuine request (signed by a listed worker) for another participant shard, copied to
-    this one, where its keys do not route: dead-lettered before anything else is asked of it,
-    never refused with an outcome stored under its id (the name of this shard's own part of
-    the transfer, ``<op id>#<attempt>``); the transfer then commits here too."""
+    """A genuine request (signed by the coordinator's worker for the participant's owner),
+    captured and published on another worker's channel, as it is and rewritten for a shard
+    that worker owns: signed for neither, each is dropped, holding nothing there and storing
+    nothing under the attempt's part id (the name of that shard's own part of a transfer); the
+    transfer of that op id then commits there too."""
+    caplog.set_level(logging.INFO, "keyserial.worker")
     source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
     target = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
     elsewhere = keys_on_shard(PARTICIPANT + 1, SHARDS, 1, "acct")[0]
-    participant = ShardKeys(namespace, PARTICIPANT)
-    funded = _split_and_funded(users, namespace, ((source, 100), (target, 10)))
-    async with funded as (ks, attacker, attempt):
-        request = grant_request(
-            listed_signer(users.admin, namespace),
-            namespace,
-            home=HOME,
-            participant=PARTICIPANT + 1,
-            op="order-9",
-            attempt=attempt,
-            channel=f"ks:attacker:{uuid.uuid4().hex}",
-            keys=[elsewhere],
-        )
-        await _append(attacker, PARTICIPANT, namespace, [request])
-        await eventually(lambda: users.admin.xlen(participant.dead) == 1)
-        assert await stored(attacker, namespace, PARTICIPANT, f"order-9#{attempt}") is None
-        moved = await ks.transfer(source, target, 25, op_id="order-9", timeout=30)
+    other = ShardKeys(namespace, PARTICIPANT + 1)
+    funded = _split_and_funded(users, namespace, ((source, 100), (target, 10), (elsewhere, 10)))
+    async with (
+        funded as (ks, attacker, _),
+        _listening_for_requests(users, attacker, namespace) as pubsub,
+    ):
+        moved = await ks.transfer(source, target, 25, op_id="order-8", timeout=30)
         assert moved == {source: 75, target: 35}
+        _, captured, asked = await next_request(pubsub)
+        text = captured.decode()
+        suffix = text[text.rindex(',"k":') :]  # (the signature)
+        retargeted = asked | {"s": str(PARTICIPANT + 1), "k": [elsewhere]}
+        copies = [captured, (json.dumps(retargeted)[:-1] + suffix).encode()]
+        before = _ignored(caplog)
+        for channel in request_channels(users.admin, namespace, PARTICIPANT + 1):
+            for copy in copies:
+                await publish(attacker, channel, copy)
+        await eventually(lambda: _ignored(caplog) >= before + len(copies))
+        field = part_id("order-8", asked["h"], asked["a"])
+        assert await stored(attacker, namespace, PARTICIPANT + 1, field) is None
+        assert users.admin.hlen(other.held) == 0
+        assert await ks.submit(elsewhere, deposit(1), timeout=10) == 11
+        moved = await ks.transfer(source, elsewhere, 25, op_id="order-9", timeout=30)
+        assert moved == {source: 50, elsewhere: 36}
+        assert await ks.read(target) == 35
 
 
 _FORGED = (

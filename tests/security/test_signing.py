@@ -226,7 +226,7 @@ async def test_a_worker_lists_its_signer_and_drops_those_not_renewed(
 
 # -- coordination messages between workers: signed like replies --------------------------------
 
-GRANT = KeyGrant("op-1", 4, 9, [("acct:1", '{"balance":5}')], 7, "ks:ns:worker:b.key")
+GRANT = KeyGrant("op-1", 4, 9, [("acct:1", '{"balance":5}')], 7, "ks:ns:worker:b.key", 2)
 
 
 def _mailbox() -> Mailbox:
@@ -236,7 +236,7 @@ def _mailbox() -> Mailbox:
 async def test_a_grant_signed_for_a_worker_by_a_listed_worker_is_taken_as_it_is() -> None:
     mailbox, participant = _mailbox(), ReplySigner()
     _met(mailbox.verifier, participant)
-    with mailbox.expect_grant("op-1", 4, 9) as waiter:
+    with mailbox.expect_grant("op-1", 2, 4, 9) as waiter:
         mailbox.receive(
             mailbox.channel, participant.sign(mailbox.channel, dumps(GRANT.to_wire())).encode()
         )
@@ -255,7 +255,7 @@ async def test_any_other_grant_only_wakes_its_waiter_to_read_the_record(sent: st
         "for another worker": participant.sign(other.channel, message),
         "altered": participant.sign(mailbox.channel, message).replace('"f":7', '"f":8'),
     }[sent]
-    with mailbox.expect_grant("op-1", 4, 9) as waiter:
+    with mailbox.expect_grant("op-1", 2, 4, 9) as waiter:
         mailbox.receive(mailbox.channel, raw.encode())
         assert await waiter.within(0) is None
         assert waiter.pending is False  # (a wake-up is spent by within())
@@ -275,8 +275,8 @@ async def test_any_other_grant_only_wakes_its_waiter_to_read_the_record(sent: st
 async def test_a_signed_decision_notice_is_taken_as_it_is() -> None:
     mailbox, coordinator = _mailbox(), ReplySigner()
     _met(mailbox.verifier, coordinator)
-    notice = DecisionNotice("op-1", 4, Decision({9: [("acct:1", '{"balance":6}')]}))
-    with mailbox.expect_decision("op-1", 4) as waiter:
+    notice = DecisionNotice("op-1", 4, Decision({9: [("acct:1", '{"balance":6}')]}), 2)
+    with mailbox.expect_decision("op-1", 2, 4) as waiter:
         signed = coordinator.sign(mailbox.channel, dumps(notice.to_wire()))
         mailbox.receive(mailbox.channel, signed.encode())
         assert await waiter.within(0) == notice
@@ -294,14 +294,14 @@ async def test_with_shard_channels_a_message_is_taken_only_on_the_channel_it_was
     assert mailbox.channel_for(2) == "ks:{ns:2}:worker:a." + mailbox.verifier.public_key
     assert all(map(mailbox.is_mine, mailbox.channels)) and len(mailbox.channels) == 5
     signed = participant.sign(mailbox.channel_for(2), dumps(GRANT.to_wire())).encode()
-    with mailbox.expect_grant("op-1", 4, 9) as waiter:
+    with mailbox.expect_grant("op-1", 2, 4, 9) as waiter:
         mailbox.receive(mailbox.channel_for(3), signed)
         assert await waiter.within(0) is None
         mailbox.receive(mailbox.channel_for(2), signed)
         assert await waiter.within(0) == GRANT
 
 
-NOTICE = DecisionNotice("op-2", 5, Decision({9: [("acct:2", '{"balance":1}')]}))
+NOTICE = DecisionNotice("op-2", 5, Decision({9: [("acct:2", '{"balance":1}')]}), 2)
 
 
 def test_what_a_worker_owes_another_in_one_pipeline_goes_as_one_message_per_channel() -> None:
@@ -326,8 +326,8 @@ async def test_a_signed_batch_hands_over_each_of_its_items() -> None:
     items = [(mailbox.channel, dumps(GRANT.to_wire())), (mailbox.channel, dumps(NOTICE.to_wire()))]
     [(_, message)] = coordination_messages(items, peer)
     with (
-        mailbox.expect_grant("op-1", 4, 9) as granted,
-        mailbox.expect_decision("op-2", 5) as decided,
+        mailbox.expect_grant("op-1", 2, 4, 9) as granted,
+        mailbox.expect_decision("op-2", 2, 5) as decided,
     ):
         mailbox.receive(mailbox.channel, message.encode())
         assert await granted.within(0) == GRANT
@@ -344,8 +344,8 @@ async def test_any_other_batch_only_wakes_the_waiters_of_its_items(sent: str) ->
     if sent == "one item altered":
         message = message.replace('"f":7', '"f":8')
     with (
-        mailbox.expect_grant("op-1", 4, 9) as granted,
-        mailbox.expect_decision("op-2", 5) as decided,
+        mailbox.expect_grant("op-1", 2, 4, 9) as granted,
+        mailbox.expect_decision("op-2", 2, 5) as decided,
     ):
         mailbox.receive(mailbox.channel, message.encode())
         for waiter in (granted, decided):
@@ -358,7 +358,7 @@ def test_a_malformed_batch_is_logged_and_ignored(
     items: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     mailbox = _mailbox()
-    with mailbox.expect_grant("op-1", 4, 9) as waiter:
+    with mailbox.expect_grant("op-1", 2, 4, 9) as waiter:
         mailbox.receive(mailbox.channel, ('{"t":"b","m":' + items + "}").encode())
         assert not waiter.pending
     assert "ignoring a malformed coordination message" in caplog.text

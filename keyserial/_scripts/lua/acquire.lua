@@ -53,7 +53,7 @@ local function first_unfinished(after, upto)
           local ok, ops = pcall(cjson.decode, fields[i + 1])
           if ok and type(ops) == 'table' then
             for _, envelope in ipairs(ops) do
-              -- (A grant request waits for its coordinator, it runs no code: never a suspect.
+              -- (A keyserial.grant entry runs no code, refused as a reserved name: never a suspect.
               -- An op answered without a stored outcome, as one no worker knew, has a record
               -- '<op id>#u' instead: it is finished too.)
               if type(envelope) == 'table' and type(envelope.id) == 'string'

@@ -14,10 +14,10 @@
 -- KEYS[11] the shard's seal, once a reshard sealed it (see seal.lua)
 -- KEYS[12] the shard's paused keys (keyserial keys pause)
 -- KEYS[13] the shard's held hash: the keys it holds for other shards' cross-shard ops, by
---          attempt ('<op id>#<attempt>': the grant), from the step that records a hold to the
+--          part ('<op id>#<home>.<attempt>': the grant), from the step that records a hold to the
 --          one that applies or releases it
 -- KEYS[13 + 2j - 1], KEYS[13 + 2j]  the epoch and state of the j-th other shard whose keys
---          the commit's part 11 writes (a standalone server only: a cluster keeps each script to
+--          the commit's part 10 writes (a standalone server only: a cluster keeps each script to
 --          one slot)
 -- KEYS after those: results hashes of earlier layouts' shards, in pairs (see ARGV[16]; a
 --          standalone server only too)
@@ -31,20 +31,19 @@
 -- ARGV[4]  cursor: the last entry id already fetched (exclusive)
 -- ARGV[5]  how many entries to fetch (0: commit only)
 -- ARGV[6]  '1': the step commits; '0': it has nothing to commit. The commit follows ARGV[16]
---   (then come the pushed entries of ARGV[15]): first the sizes of its eleven parts, one
+--   (then come the pushed entries of ARGV[15]): first the sizes of its ten parts, one
 --   argument each, then the values of each part, in this order:
 --   1. state writes, (key, JSON state) pairs; 2. state deletes, keys;
 --   3. outcomes, (op id, JSON outcome) pairs; 4. records of ops answered but not stored,
 --   ('<op id>#u', JSON) pairs, written over freely; 5. decisions of attempts this owner
 --   coordinates, ('<op id>#<attempt>#d', decision) pairs, each written once: a different one
 --   there already (an abort) means the attempt's epoch is over (see docs/multi-key.md);
---   6. holds of this shard's keys for cross-shard ops, ('<op id>#<attempt>', grant) pairs, in
---   the held hash; 7. (one per hold of 6, in its order) the hold's request entry id: each hold
---   is at its request's entry, which must still be in the stream (a failover that lost it
---   voids the place the keys were held at); 8. holds applied or released, fields of the held
---   hash to delete; 9. dead letters, (entry id, reason, raw entry) triples;
---   10. entries whose ops have all committed, past progress: removed from the stream;
---   11. the writes of cross-shard ops (their results are in 3) to other shards the same worker
+--   6. holds of this shard's keys for cross-shard ops, ('<op id>#<home>.<attempt>', grant)
+--   pairs, in the held hash: each recorded unless its part has an outcome here already (it was
+--   applied or released: the request was sent again), then skipped; 7. holds applied or
+--   released, fields of the held hash to delete; 8. dead letters, (entry id, reason, raw entry)
+--   triples; 9. entries whose ops have all committed, past progress: removed from the stream;
+--   10. the writes of cross-shard ops (their results are in 3) to other shards the same worker
 --   owns, each fenced by its owner's epoch: per shard j, epoch, its writes' count and its
 --   deletes' count, then its writes and deletes as in 1 and 2.
 --   (Values the script hands to HSET and HMGET as they come: decoding one JSON argument cost
@@ -83,21 +82,22 @@
 --          again, replaying, when it looks every op up in those layouts before running it.
 -- Entries with the field fresh = '1' carry op ids appended for the first time (see the wire
 -- format), so their stored outcomes are not looked up, except while replaying.
--- Returns {} when it fetched nothing, else {entries, done, states, seal, paused}: entries as
+-- Returns {} when it fetched nothing and skipped no hold, else {entries, done, states, seal,
+-- paused, skipped}: entries as
 -- XRANGE returns them; done = {op id, outcome, ...}; states = {key, JSON state or '', ...}; seal
 -- = the seal record when entries were fetched and the shard is sealed, else false; paused = the
 -- shard's paused hash (HGETALL) when entries were fetched. (Both read with the entries: an owner
--- that has not heard of a seal or a pause yet judges every fetched entry by it.) Error "FENCED
+-- that has not heard of a seal or a pause yet judges every fetched entry by it.) skipped = the
+-- fields of the part 6 holds not recorded. Error "FENCED
 -- ..." (nothing written) if another owner took over: the epoch moved on; error "UNCONFIRMED ..."
 -- (nothing written) if the stream does not hold the pushed entries of ARGV[15] as pushed, or the
 -- shard is sealed (no push follows a seal: the submit script refuses appends there; the owner
 -- starts again, sealed); error "REPLAYED ..." (nothing written) if an outcome of part 3 is
 -- stored already and the step is not this same step sent again, or another decision of a part 5
--- attempt is; error "GONE ..." (nothing written) if a hold's request entry is not in the
--- stream; error "ELSEWHERE j" (nothing written) if the j-th other shard of part 11 has another
+-- attempt is; error "ELSEWHERE j" (nothing written) if the j-th other shard of part 10 has another
 -- owner now; error "RESTARTED ..." (after the commit) if the new progress is the largest id (see
 -- below).
--- (parse_id, id_gt, replayed_error, xrange_after and LARGEST_ID come from lib.lua.)
+-- (parse_id, id_gt, has_outcome, replayed_error, xrange_after and LARGEST_ID come from lib.lua.)
 
 -- One command for many arguments (a few per step, not one per op), in bounded chunks: unpack()
 -- has a stack limit. (The chunk is even, so field-value pairs never split.)
@@ -127,26 +127,25 @@ end
 -- are. A shard's writes are {sets, n_sets, deletes, n_deletes}. (Plain arithmetic: the sizes
 -- parsed from one text, with a table per part, cost a step more than the commands it sends.)
 local commit = ARGV[6] == '1'
-local size = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+local size = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 if commit then
-  for i = 1, 11 do
+  for i = 1, 10 do
     size[i] = tonumber(ARGV[16 + i])
   end
 end
-local home_writes = {commit and 28 or 17, size[1], 0, size[2]}
+local home_writes = {commit and 27 or 17, size[1], 0, size[2]}
 home_writes[3] = home_writes[1] + 2 * size[1]
 local stored_first = home_writes[3] + size[2]  -- parts 3 to 5: pairs for the results hash
 local results_first, n_results = stored_first, size[3]
 local decisions_first, n_decisions = stored_first + 2 * (size[3] + size[4]), size[5]
 local stored_last = decisions_first + 2 * n_decisions - 1
 local holds_first, n_holds = stored_last + 1, size[6]
-local requests_first = holds_first + 2 * n_holds
-local released_first, n_released = requests_first + n_holds, size[8]
-local dead_first, n_dead = released_first + n_released, size[9]
-local passed_first, n_passed = dead_first + 3 * n_dead, size[10]
+local released_first, n_released = holds_first + 2 * n_holds, size[7]
+local dead_first, n_dead = released_first + n_released, size[8]
+local passed_first, n_passed = dead_first + 3 * n_dead, size[9]
 local pushed_at = passed_first + n_passed
 local others = {}
-for _ = 1, size[11] do
+for _ = 1, size[10] do
   local n_sets, n_deletes = tonumber(ARGV[pushed_at + 2]), tonumber(ARGV[pushed_at + 3])
   local first = pushed_at + 4
   others[#others + 1] = {tonumber(ARGV[pushed_at]), ARGV[pushed_at + 1],
@@ -229,11 +228,11 @@ local function writes_hold(hash, writes)
   end
   return true
 end
--- Whether the j-th other shard of part 11 is still owned by ``epoch``.
+-- Whether the j-th other shard of part 10 is still owned by ``epoch``.
 local function owns_other(j, epoch)
   return redis.call('GET', KEYS[13 + 2 * j - 1]) == epoch
 end
--- Whether the part 11 writes hold on every other shard still owned by the epoch they name (a
+-- Whether the part 10 writes hold on every other shard still owned by the epoch they name (a
 -- shard that changed hands since may have moved on, and its old owner is fenced).
 local function others_hold(others)
   for _, other in ipairs(others) do
@@ -285,12 +284,6 @@ local function record_refusal()
     if not owns_other(other[1], other[2]) then
       return 'ELSEWHERE ' .. other[1] .. ' another worker owns a shard this step writes for a'
         .. ' cross-shard op; nothing was written'
-    end
-  end
-  for i = requests_first, requests_first + n_holds - 1 do
-    local request = ARGV[i]
-    if #redis.call('XRANGE', KEYS[4], request, request) == 0 then
-      return 'GONE entry ' .. request .. ' is not in the stream; nothing was written'
     end
   end
   for i = decisions_first, decisions_first + 2 * n_decisions - 1, 2 do
@@ -348,18 +341,25 @@ if ARGV[3] == '1' then
     redis.call('SET', KEYS[9], now_ms)
   end
 end
+-- A hold is recorded unless its attempt's part here is over: a request sent again after its
+-- answer (a message replayed) holds nothing.
+local skipped = {}
 if commit then
+  for i = holds_first, released_first - 1, 2 do
+    if has_outcome(KEYS[5], KEYS[6], ARGV[i]) then
+      skipped[#skipped + 1] = ARGV[i]
+    else
+      redis.call('HSET', KEYS[13], ARGV[i], ARGV[i + 1])
+    end
+  end
   multi('HSET', KEYS[5], stored_first, stored_last)
-  multi('HSET', KEYS[13], holds_first, requests_first - 1)
   for i = dead_first, dead_first + 3 * n_dead - 1, 3 do
     redis.call('XADD', KEYS[7], 'MAXLEN', '~', 10000, '*',
       'entry', ARGV[i], 'reason', ARGV[i + 1], 'raw', ARGV[i + 2])
   end
   multi('XDEL', KEYS[4], passed_first, passed_first + n_passed - 1)
 end
--- A hold ends even with a step taken as sent again: its answer may be a copy's (a request
--- appended again as fresh by a client user), the same as the one stored, and the copy's hold
--- is over too.
+-- A hold ends even with a step taken as sent again (its part's outcome stored by the first).
 if ARGV[6] == '1' then
   multi('HDEL', KEYS[13], released_first, released_first + n_released - 1)
 end
@@ -426,6 +426,9 @@ if ARGV[9] ~= '' and (ARGV[10] == '1' or not fetching or #entries == 0) then
   redis.call('XTRIM', KEYS[4], 'MINID', string.format('%d-%d', ms, seq + 1))
 end
 if #entries == 0 then
+  if #skipped > 0 then
+    return {{}, {}, {}, false, {}, skipped}
+  end
   return {}  -- (five empty parts cost the reply's conversion about a microsecond more)
 end
 -- cjson refuses a lone UTF-16 surrogate escape ('\ud83d' with no pair), which the workers'
@@ -511,4 +514,5 @@ for i, state in ipairs(hmget(KEYS[2], keys)) do
   states[#states + 1] = keys[i]
   states[#states + 1] = state or ''
 end
-return {entries, done, states, redis.call('GET', KEYS[11]), redis.call('HGETALL', KEYS[12])}
+return {entries, done, states, redis.call('GET', KEYS[11]), redis.call('HGETALL', KEYS[12]),
+  skipped}

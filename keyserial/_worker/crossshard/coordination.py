@@ -41,6 +41,10 @@ class PipelinedCalls(Protocol):
         """Send the call with no task to await it: ``on_done`` gets its reply or its error
         (see ``Pipeliner.submit``)."""
 
+    def publish(self, channel: str, message: str) -> None:
+        """Publish a coordination message that waits for no commit (see
+        ``Pipeliner.publish``)."""
+
     async def run_durably(self, call: ScriptCall[R]) -> R:
         """The reply of an idempotent call, once it is confirmed as durable (see
         ``Pipeliner.run_durably``)."""

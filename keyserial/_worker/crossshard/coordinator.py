@@ -16,25 +16,19 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..._backend.durability import held_confirmed
-from ..._backoff import Backoff
 from ..._ops import Op
-from ..._scripts.calls import ScriptCall
-from ..._scripts.refusals import BacklogRefused, Replayed
-from ..._scripts.submit import SubmitArgs, submit
+from ..._scripts.refusals import Replayed
 from ..._wire.codec import (
     GRANT_OP,
-    WIRE_VERSION,
     Envelope,
     binding,
-    grant_request_envelope,
-    pack_entry,
 )
 from ..._wire.json_text import dumps
-from ..._wire.layout import ShardKeys, attempt_id, decision_field, shard_name
+from ..._wire.layout import ShardKeys, decision_field, owner_channel, part_id, shard_name
 from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant
 from ..._wire.routing import route
 from ...errors import BackendUnavailable, LeaseLost
@@ -237,7 +231,7 @@ class Coordinator:
         writes = _writes_by_shard(envelope, attempt.states, new_states, services.shard_count)
         for key, state in writes.pop(home.shard, []):
             home.states.write(key, state or None)
-        notice = DecisionNotice(envelope.op_id, attempt.attempt, Decision(dict(writes)))
+        notice = DecisionNotice(envelope.op_id, attempt.attempt, Decision(dict(writes)), home.shard)
         mailbox = services.mailbox
         notices = [
             (channel, dumps(notice.to_wire()))
@@ -249,7 +243,7 @@ class Coordinator:
             run, outcome, store=True, replies=list(run.replies), binding=binding(envelope)
         )
         field = decision_field(envelope.op_id, attempt.attempt)
-        return Record(field, dumps(notice.decision.to_wire()), "", notices), notice
+        return Record(field, dumps(notice.decision.to_wire()), notices), notice
 
     def decided(self, attempt: _Attempt, record: Record, notice: DecisionNotice) -> None:
         """The decision is committed: this worker's participant shards hear it now."""
@@ -286,7 +280,7 @@ class Coordinator:
         self, attempt: _Attempt, hold: Hold, waiting: _Waiting | None = None
     ) -> None:
         """Go on with an attempt :class:`_Asking` began, in a task: from the grant it waits for
-        (``waiting``: its request appended), or from asking the next shard again. Its keys
+        (``waiting``: its request sent), or from asking the next shard again. Its keys
         here are let go at the end."""
         services = self._services
 
@@ -321,87 +315,126 @@ class Coordinator:
     async def _request_grant(
         self, op_id: str, attempt: int, shard: int, keys: list[str]
     ) -> KeyGrant:
-        """Append a grant request to ``shard`` and wait for the grant.
+        """Ask ``shard``'s owner for a grant and wait for it.
 
         :raises LeaseLost: if the attempt was aborted meanwhile (this owner's epoch is over).
         """
         request = self.grant_request(op_id, attempt, shard, keys)
-        with self._services.mailbox.expect_grant(op_id, attempt, shard) as waiter:
-            entry = await self._append(request.there, request.entry, fresh=True)
-            return await self._granted(_Waiting(waiter, request, entry), op_id, attempt)
+        home = self._services.home.shard
+        with self._services.mailbox.expect_grant(op_id, home, attempt, shard) as waiter:
+            await self._ask(request, look_up=False)
+            return await self._granted(_Waiting(waiter, request), op_id, attempt)
 
     def grant_request(self, op_id: str, attempt: int, shard: int, keys: list[str]) -> _Request:
-        """An attempt's signed grant request to ``shard``, as the entry to append there."""
+        """An attempt's grant request to ``shard``."""
         services = self._services
-        request = _signed_request(services, shard, op_id, attempt, keys)
-        entry = grant_request_envelope(op_id, attempt, keys, request.to_wire())
-        return _Request(services.layout.keys(shard), entry, keys)
+        request = GrantRequest(
+            services.home.shard,
+            op_id,
+            attempt,
+            shard_name(shard, services.layout.generation),
+            tuple(keys),
+            services.mailbox.channel_for(shard),  # (in its slot: that shard's script publishes)
+            int(time.time() * 1000),
+        )
+        return _Request(shard, request, keys)
+
+    def send_now(self, request: _Request) -> bool:
+        """Send ``request`` to its shard's owner with no wait: in process if this worker owns
+        the shard, else on the owner's channel, signed for it (with whatever else this worker
+        owes it this round). False, with nothing sent, if the owner is not known yet."""
+        services = self._services
+        mailbox = services.mailbox
+        if (local := mailbox.local_shard(request.shard)) is not None:
+            local.take_request(request.request)
+            return True
+        owner = mailbox.expected_owner(request.request.target)
+        if owner is None:
+            return False
+        item = dumps(request.request.to_wire())
+        services.pipeliner.publish(mailbox.request_channel(request.shard, owner), item)
+        return True
+
+    async def _ask(self, request: _Request, *, look_up: bool) -> None:
+        """Send ``request`` to its shard's owner, reading the shard's lease first if ``look_up``
+        or if the owner is not known yet (a shard nobody owns gets nothing: its coordinator's
+        poll asks again)."""
+        if not look_up and self.send_now(request):
+            return
+        services = self._services
+        there = services.layout.keys(request.shard)
+        try:
+            (holder,) = await services.backend.lease_holders([there])
+        except BackendUnavailable as exc:
+            log.warning(
+                "shard %d: looking up the owner of shard %d: %s",
+                services.home.shard,
+                request.shard,
+                exc,
+            )
+            return
+        owner = (
+            None if holder is None else owner_channel(services.settings.namespace, holder.decode())
+        )
+        services.mailbox.owner_is(request.request.target, owner)
+        self.send_now(request)
 
     async def _granted(self, waiting: _Waiting, op_id: str, attempt: int) -> KeyGrant:
-        """The grant of a request appended (``waiting.entry``): handed over, or read in its
-        record at a wake-up or a poll; the request appended again if a failover lost it.
+        """The grant of a request sent: handed over, or read in its record at a wake-up or a
+        poll; the request sent again, to the owner the shard's lease names then, at each poll
+        that finds no grant recorded.
 
         :raises LeaseLost: if the attempt was aborted meanwhile (this owner's epoch is over).
         """
         services = self._services
         home = services.home
-        waiter, request, entry = waiting.waiter, waiting.request, waiting.entry
-        there, keys = request.there, request.keys
-        granted_at = attempt_id(op_id, attempt)
+        waiter, request = waiting.waiter, waiting.request
+        there = services.layout.keys(request.shard)
+        granted_at = part_id(op_id, home.shard, attempt)
         decided_at = decision_field(op_id, attempt)
         while True:
             if isinstance(message := await waiter.within(services.poll), KeyGrant):
                 log.debug(
-                    "shard %d (epoch %d): shard %d granted %s#%d (request %s), handed over"
-                    " in process or signed",
+                    "shard %d (epoch %d): shard %d granted %s#%d, handed over in process or signed",
                     home.shard,
                     home.epoch,
-                    there.shard,
+                    request.shard,
                     op_id,
                     attempt,
-                    entry,
                 )
-                return self.of_keys(message, keys)
+                return self.of_keys(message, request.keys)
             try:
                 # A wake-up (or the poll): the grant is taken from its record alone.
                 if (grant := await self._recorded_grant(there, granted_at)) is not None:
-                    return self.of_keys(grant, keys)
-                # (Looked for before the grant: a request leaves the stream only after its
-                # grant was recorded, and its hold is released only once the attempt is
-                # decided, so gone with no grant and no decision means a failover lost it.)
-                present = await services.backend.entries_present(there, [entry])
-                if (grant := await self._recorded_grant(there, granted_at)) is not None:
-                    return self.of_keys(grant, keys)
+                    return self.of_keys(grant, request.keys)
                 if (await services.backend.stored(home.keys, [decided_at]))[0] is not None:
                     raise LeaseLost(home.shard, f"op {op_id} was aborted")
-                if not present[0]:
-                    log.warning(
-                        "shard %d: the grant request of op %s to shard %d is gone"
-                        " (a failover?); appending it again",
-                        home.shard,
-                        op_id,
-                        there.shard,
-                    )
-                    entry = await self._append(there, request.entry, fresh=False)
             except BackendUnavailable as exc:
                 log.warning("shard %d: waiting for a grant: %s", home.shard, exc)
+                continue
+            log.info(
+                "shard %d: no grant of shard %d for %s#%d yet; asking its owner again",
+                home.shard,
+                request.shard,
+                op_id,
+                attempt,
+            )
+            request = request.again()  # (made now: a participant refuses an old one)
+            await self._ask(request, look_up=True)
 
     def of_keys(self, grant: KeyGrant, keys: list[str]) -> KeyGrant:
-        """``grant``, if it grants exactly the keys asked for. Else another request holds the
-        attempt's id on that shard (appended ahead of this one by a client user who guessed
-        the op id, and answered in its place): this attempt can get no grant of its own, so
-        the home shard is given up, and the op runs again under the next owner's attempt."""
+        """``grant``, if it grants exactly the keys asked for. Else another request took the
+        attempt's part on that shard (only a worker's could: never this attempt's), and this
+        attempt can get no grant of its own there: the home shard is given up, and the op runs
+        again under the next owner's attempt."""
         if sorted(key for key, _ in grant.states) == sorted(keys):
-            services = self._services
-            target = shard_name(grant.shard, services.layout.generation)
-            services.mailbox.owner_granted(target, grant.channel)  # (the next request's tag)
             return grant
         home = self._services.home
         home.write_chain.broken = True
         raise WriteChainBroken(
             f"shard {home.shard}: the grant of shard {grant.shard} to {grant.op_id}#"
             f"{grant.attempt} holds keys {[key for key, _ in grant.states]}, not {keys}: another"
-            " request took the attempt's id"
+            " request took the attempt's part"
         )
 
     async def _recorded_grant(self, there: ShardKeys, held: str) -> KeyGrant | None:
@@ -421,54 +454,6 @@ class Coordinator:
             there.shard,
         )
         return KeyGrant.from_wire(json.loads(raw))
-
-    def append_call(self, there: ShardKeys, request: str, *, fresh: bool) -> ScriptCall[bytes]:
-        """The script call that appends a grant request (see :meth:`_append`)."""
-        services = self._services
-        local = services.mailbox.local_shard(there.shard)
-        return submit(
-            there,
-            SubmitArgs(
-                max_backlog=services.settings.max_backlog,
-                wire_version=WIRE_VERSION,
-                ops=pack_entry([request]),
-                wake_channel="" if local else there.wake(services.backend.sharded_pubsub),
-                fresh=fresh,
-                past_seal=True,
-            ),
-        )
-
-    async def _append(self, there: ShardKeys, request: str, *, fresh: bool) -> bytes:
-        """Append a grant request, waiting out a full backlog or an unreachable server; its
-        entry id. A shard this worker owns is woken in process (if it changes hands meanwhile,
-        its new owner finds the request at its next poll). ``fresh``: the attempt's first
-        request to that shard (its id, ``<op id>#<attempt>``, is new: an attempt is this
-        owner's epoch), which travels to the shard's owner in its wake-up (a push), saving it
-        a fetch; a request appended again is announced by its id and fetched."""
-        services = self._services
-        local = services.mailbox.local_shard(there.shard)
-        call = self.append_call(there, request, fresh=fresh)
-        backoff = Backoff(0.05, 2.0)
-        while True:
-            try:
-                entry = await services.pipeliner.run(call)
-                if local is not None:
-                    local.entries_waiting()
-                return entry
-            except BacklogRefused:
-                log.warning(
-                    "shard %d: shard %d's backlog is full; retrying a grant request",
-                    services.home.shard,
-                    there.shard,
-                )
-            except BackendUnavailable as exc:
-                log.warning(
-                    "shard %d: appending a grant request to shard %d: %s",
-                    services.home.shard,
-                    there.shard,
-                    exc,
-                )
-            await backoff.sleep()
 
 
 def _outcome_unknown(owners: Sequence[LocalShard], op_id: str) -> None:
@@ -544,42 +529,6 @@ def _writes_by_shard(
     return writes
 
 
-def _signed_request(
-    services: RunnerServices, shard: int, op_id: str, attempt: int, keys: Sequence[str]
-) -> GrantRequest:
-    """The grant request of one attempt for ``keys`` on ``shard``, signed by this worker: a
-    participant takes no request that a listed worker did not sign (``_worker.intake``). It is
-    also tagged for the shard's owner that granted this worker's last request there, if one
-    did: that owner checks the tag instead of the signature (any other, the signature)."""
-    home = services.home
-    target = shard_name(shard, services.layout.generation)
-    request = GrantRequest(
-        home.shard,
-        op_id,
-        attempt,
-        services.mailbox.channel_for(shard),  # (in its slot: that shard's script publishes)
-        target,
-        int(time.time() * 1000),
-    )
-    signer = services.pipeliner.signer
-    if signer is None:
-        return request
-    text = request.signed_text(services.settings.namespace, keys)
-    owner = services.mailbox.expected_owner(target)
-    # (Built again rather than ``dataclasses.replace``d: a replace costs more than the request.)
-    return GrantRequest(
-        request.home,
-        request.op_id,
-        request.attempt,
-        request.channel,
-        request.target,
-        request.at,
-        signer=signer.signer_id,
-        signature=signer.sign_request(text),
-        tag="" if owner is None else signer.tag_request(owner, text),
-    )
-
-
 @dataclass(slots=True)
 class _Attempt:
     """One attempt at a cross-shard op that asks other shards for grants: what it has
@@ -610,11 +559,17 @@ class _Attempt:
 
 @dataclass(frozen=True, slots=True)
 class _Request:
-    """A grant request to one shard, as the entry appended there."""
+    """A grant request to one shard."""
 
-    there: ShardKeys
-    entry: str
+    shard: int
+    request: GrantRequest
     keys: list[str]
+
+    def again(self) -> _Request:
+        """The request, made again now (its ``at``: one made longer than ``result_ttl`` ago
+        is refused, since what became of its attempt may be forgotten by then)."""
+        now = int(time.time() * 1000)
+        return _Request(self.shard, replace(self.request, at=now), self.keys)
 
 
 @dataclass(frozen=True, slots=True)
@@ -623,26 +578,17 @@ class _Waiting:
 
     waiter: Waiter
     request: _Request
-    entry: bytes
 
 
 class _Asking:
     """An attempt :meth:`Coordinator.start_now` began with no task, its keys here held: it asks
-    each other shard in turn (the request's append and the grant's hand-over each call it
-    back), then runs the op and commits the decision with the home's next step, which calls it
-    back to let the keys go. Whatever does not come as expected (an append refused, a wake-up
-    with no grant in hand, a poll with none yet) hands the rest to a task, as the task path
-    would go on (:meth:`Coordinator.continue_in_task`)."""
+    each other shard in turn (the grant's hand-over calls it back), then runs the op and commits
+    the decision with the home's next step, which calls it back to let the keys go. Whatever
+    does not come as expected (an owner not known yet, a wake-up with no grant in hand, a poll
+    with none yet) hands the rest to a task, as the task path would go on
+    (:meth:`Coordinator.continue_in_task`)."""
 
-    __slots__ = (
-        "_attempt",
-        "_coordinator",
-        "_definition",
-        "_entry",
-        "_hold",
-        "_request",
-        "_waiter",
-    )
+    __slots__ = ("_attempt", "_coordinator", "_definition", "_hold", "_request", "_waiter")
 
     def __init__(
         self, coordinator: Coordinator, attempt: _Attempt, definition: Op[..., Any], hold: Hold
@@ -653,8 +599,6 @@ class _Asking:
         self._hold = hold
         self._request: _Request | None = None
         self._waiter: Waiter | None = None
-        #: The current request's entry, once appended.
-        self._entry: bytes | None = None
 
     def ask(self) -> None:
         """Ask the next shard, or run the op once every shard has granted."""
@@ -667,35 +611,19 @@ class _Asking:
         services = coordinator._services
         op_id = attempt.run.envelope.op_id
         request = coordinator.grant_request(op_id, attempt.attempt, shard, keys)
-        waiter = services.mailbox.expect_grant(op_id, attempt.attempt, shard)
+        waiter = services.mailbox.expect_grant(op_id, services.home.shard, attempt.attempt, shard)
         # (A hand-over comes from a message handler or this worker's participant, and the
         # poll from a timer: each goes on in the step loop's task.)
         waiter.on_wake = lambda: services.in_step_loop(lambda: self._woken(waiter))
-        self._request, self._waiter, self._entry = request, waiter, None
-        call = coordinator.append_call(request.there, request.entry, fresh=True)
-        services.pipeliner.submit(call, None, lambda entry: self._appended(waiter, entry))
-        services.mailbox.call_within(services.poll, lambda: self._polled(waiter))
-
-    def _appended(self, waiter: Waiter, entry: Any) -> None:
-        if waiter is not self._waiter or waiter.on_wake is None:
-            return
-        if isinstance(entry, Exception):  # (asked again, as the task path would)
+        self._request, self._waiter = request, waiter
+        if not coordinator.send_now(request):  # (its owner is looked up in a task)
             self._to_task(None)
             return
-        self._entry = entry
-        assert self._request is not None, "asking"
-        services = self._coordinator._services
-        if (local := services.mailbox.local_shard(self._request.there.shard)) is not None:
-            local.entries_waiting()
-        if isinstance(waiter.message, KeyGrant) or waiter.pending:  # (woken meanwhile)
-            self._woken(waiter)
+        services.mailbox.call_within(services.poll, lambda: self._polled(waiter))
 
     def _woken(self, waiter: Waiter) -> None:
         if waiter is not self._waiter or waiter.on_wake is None:
             return  # (another ask's, or ended)
-        if self._entry is None:
-            waiter.woken()  # (not appended yet: looked at once it is)
-            return
         message = waiter.message
         if not isinstance(message, KeyGrant):
             self._to_task(waiter)  # (a wake-up: the task reads the record)
@@ -722,11 +650,7 @@ class _Asking:
     def _poll(self, waiter: Waiter) -> None:
         if waiter is not self._waiter or waiter.on_wake is None:
             return
-        if self._entry is not None:
-            self._to_task(waiter)
-        else:  # (its append has not come back yet)
-            services = self._coordinator._services
-            services.mailbox.call_within(services.poll, lambda: self._polled(waiter))
+        self._to_task(waiter)
 
     def _to_task(self, waiter: Waiter | None) -> None:
         """Go on in a task: from the grant ``waiter`` waits for, or (None) from asking the
@@ -735,11 +659,11 @@ class _Asking:
         assert current is not None and self._request is not None, "asking"
         current.on_wake = None
         waiting = None
-        if waiter is None or self._entry is None:
+        if waiter is None:
             current.forget()
         else:
             current.woken()  # (the task reads the record first)
-            waiting = _Waiting(current, self._request, self._entry)
+            waiting = _Waiting(current, self._request)
         self._coordinator.continue_in_task(self._attempt, self._hold, waiting)
 
     def _decide(self) -> None:

@@ -1,5 +1,8 @@
-"""A worker's channel for coordination messages: grants to the ops it coordinates, decisions to
-the grants it holds.
+"""A worker's channel for coordination messages: grant requests to the shards it owns, grants to
+the ops it coordinates, decisions to the grants it holds.
+
+A grant request is taken only from a message that another worker signed for this channel (or
+from this worker itself, in process): it holds keys, and only a worker may ask for that.
 
 Anyone who may publish on the channel could have sent a message that comes through Redis, so an
 unsigned one is a hint, never an authority: it only wakes whoever waits for what it names, and
@@ -19,14 +22,20 @@ import heapq
 import json
 import logging
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Protocol
 
 from ..._backend.signers import SignersMet
 from ..._wire.layout import Layout
-from ..._wire.messages import DecisionNotice, KeyGrant, MalformedMessage, messages_from_wire
-from ..._wire.signing import ReplyVerifier, RequestVerifier, without_signature
+from ..._wire.messages import (
+    DecisionNotice,
+    GrantRequest,
+    KeyGrant,
+    MalformedMessage,
+    messages_from_wire,
+)
+from ..._wire.signing import ReplyVerifier, without_signature
 
 if TYPE_CHECKING:
     from ..._wire.layout import ShardKeys
@@ -37,8 +46,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("keyserial.worker")
 
-#: What a waiter waits for: ("g", op id, attempt, shard) or ("d", op id, attempt).
-Topic = tuple[str, str, int] | tuple[str, str, int, int]
+#: Messages from signers not known yet kept to be taken again once their keys are read.
+_UNVERIFIED_KEPT = 256
+
+#: What a waiter waits for: ("g", op id, home, attempt, shard) or ("d", op id, home, attempt).
+Topic = tuple[str, str, int, int] | tuple[str, str, int, int, int]
 
 
 class LocalShard(Protocol):
@@ -75,6 +87,10 @@ class LocalShard(Protocol):
     def release(self, hold: Hold) -> None:
         """End a hold :meth:`try_hold` took."""
 
+    def take_request(self, request: GrantRequest) -> None:
+        """A grant request for this shard, from a listed worker (or this one): hold its keys
+        behind the ops taken in on them, and grant them (see ``ShardRunner.take_request``)."""
+
 
 class HomeShard(LocalShard, Protocol):
     """The shard a cross-shard op is homed on, as its own coordinator (or participant) uses
@@ -82,6 +98,9 @@ class HomeShard(LocalShard, Protocol):
 
     states: KeyStates
     executor: Executor
+
+    async def load_states(self, keys: Sequence[str]) -> None:
+        """Cache the committed states of those of ``keys`` not cached."""
 
     @property
     def ended(self) -> bool:
@@ -242,12 +261,11 @@ class Mailbox:
         #: half (``<prefix>.<public key>``), so a sender knows whom to sign for.
         self.verifier = ReplyVerifier(channel_prefix)
         self.channel = self.verifier.channel
-        #: The signing keys of the workers whose grant requests this worker's shards took in
-        #: (a request tagged for this worker's key is taken on its tag).
-        self.requests = RequestVerifier(self.verifier)
-        #: The channel of each participant shard's owner (by the shard's name) as its latest
-        #: grant to this worker named it: this worker's requests to it are tagged for it.
+        #: The channel of each participant shard's owner (by the shard's name), as its lease
+        #: named it when this worker last asked: its grant requests go there.
         self._owners: dict[str, str] = {}
+        #: The layout whose shard channels this worker uses (a cluster's), or None.
+        self._layout: Layout | None = None
         #: With sharded pub/sub, this worker's channel in each shard's slot (see
         #: :meth:`use_shard_channels`); else none.
         self._shard_channels: list[str] = []
@@ -262,13 +280,19 @@ class Mailbox:
             log,
             what="coordination message signers",
             meanwhile="their messages only wake; the records are read",
+            learned=self._learned,
         )
+        #: Messages from signers met and not read yet, by signer, taken again once their keys
+        #: are known: a worker's first request to another would otherwise wait for a poll.
+        self._unverified: dict[str, list[tuple[str, bytes]]] = defaultdict(list)
+        self._unverified_count = 0
 
     def use_shard_channels(self, layout: Layout) -> None:
         """Take messages on a shard channel per shard (a cluster with sharded pub/sub): a
         script of shard ``s`` publishes on :meth:`channel_for` ``(s)``, in its own slot."""
         self._shard_channels = [keys.in_shard(self.channel) for keys in layout.all_keys()]
         self._mine = {self.channel, *self._shard_channels}
+        self._layout = layout
 
     def channel_for(self, shard: int) -> str:
         """The channel that a script of ``shard`` publishes on to reach this worker."""
@@ -282,23 +306,33 @@ class Mailbox:
     def is_mine(self, channel: str) -> bool:
         return channel in self._mine
 
-    def owner_granted(self, shard_name: str, channel: str) -> None:
-        """The owner of the shard named ``shard_name`` granted (from ``channel``) a request of
-        this worker's: the next are tagged for it."""
-        self._owners[shard_name] = channel
+    def owner_is(self, shard_name: str, channel: str | None) -> None:
+        """The shard named ``shard_name`` is owned by the worker of ``channel`` (read in its
+        lease; None: nobody owns it now)."""
+        if channel is None:
+            self._owners.pop(shard_name, None)
+        else:
+            self._owners[shard_name] = channel
 
     def expected_owner(self, shard_name: str) -> str | None:
-        """The channel of the owner that granted this worker's latest request to the shard
-        named ``shard_name`` (its owner still, unless a takeover came since), if one did."""
+        """The channel of the owner of the shard named ``shard_name``, as its lease named it
+        when this worker last looked (None: not looked yet, or nobody owned it)."""
         return self._owners.get(shard_name)
 
-    def expect_grant(self, op_id: str, attempt: int, shard: int) -> Waiter:
+    def request_channel(self, shard: int, owner: str) -> str:
+        """Where a grant request for ``shard`` reaches the worker of channel ``owner``: that
+        channel, or on a cluster with sharded pub/sub its shard channel in ``shard``'s slot."""
+        if self._layout is None:
+            return owner
+        return self._layout.keys(shard).in_shard(owner)
+
+    def expect_grant(self, op_id: str, home: int, attempt: int, shard: int) -> Waiter:
         """Register interest before asking, so the grant cannot arrive unseen (until the
         ``with`` block of the waiter ends)."""
-        return self._expect(("g", op_id, attempt, shard))
+        return self._expect(("g", op_id, home, attempt, shard))
 
-    def expect_decision(self, op_id: str, attempt: int) -> Waiter:
-        return self._expect(("d", op_id, attempt))
+    def expect_decision(self, op_id: str, home: int, attempt: int) -> Waiter:
+        return self._expect(("d", op_id, home, attempt))
 
     def call_within(self, seconds: float, callback: Callable[[], None]) -> None:
         """Call ``callback`` in ``seconds``, on the timer the waits share."""
@@ -317,11 +351,14 @@ class Mailbox:
             del self._waiting[topic]
 
     def receive(self, channel: str, data: bytes) -> None:
-        """A message on one of this worker's channels, through Redis (a grant, a decision
-        notice, or a batch of them). Signed for this worker by another worker, each item is
-        handed over as it is; else each only wakes the waiters of what it names (they read the
-        record instead)."""
-        signed = self.verifier.verified(data, self.signers.met, channel)
+        """A message on one of this worker's channels, through Redis (a grant request, a grant,
+        a decision notice, or a batch of them). Signed for this worker by another worker, each
+        item is handed over as it is; else a grant or a notice only wakes the waiters of what it
+        names (they read the record instead), and a request is dropped (kept to be taken again
+        once its signer's key is read, if that signer is not known yet)."""
+        signed = self.verifier.verified(
+            data, lambda signer: self._met(signer, channel, data), channel
+        )
         try:
             text = without_signature(data) if signed is None else signed
             messages = messages_from_wire(json.loads(text))
@@ -329,11 +366,57 @@ class Mailbox:
             log.error("ignoring a malformed coordination message: %r", data[:200])
             return
         for message in messages:
-            if signed is not None:
+            if isinstance(message, GrantRequest):
+                if signed is not None:
+                    self.take_request(message)
+                else:
+                    log.info(
+                        "ignoring a grant request of %s#%d that no listed worker signed for this"
+                        " one (or one whose listing is not read yet: taken once it is)",
+                        message.op_id,
+                        message.attempt,
+                    )
+            elif signed is not None:
                 self.deliver(message)
-                continue
-            for waiter in self._waiting.get(_topic(message), ()):
-                waiter.wake()
+            else:
+                for waiter in self._waiting.get(_topic(message), ()):
+                    waiter.wake()
+
+    def _met(self, signer_id: str, channel: str, data: bytes) -> None:
+        """A message signed by a signer not known yet: its key is to be read, and the message
+        taken again then (at most ``_UNVERIFIED_KEPT`` wait: a forger's are dropped first)."""
+        self.signers.met(signer_id)
+        if self._unverified_count >= _UNVERIFIED_KEPT:
+            return
+        self._unverified[signer_id].append((channel, data))
+        self._unverified_count += 1
+
+    def _learned(self, known: list[str], unlisted: list[str]) -> None:
+        """The signers' listings were read: take the messages of those ``known`` kept meanwhile
+        again, and drop those of the ``unlisted`` (forged ids, or workers not listed yet, whose
+        coordinators ask again after a poll)."""
+        for signer_id in unlisted:
+            self._unverified_count -= len(self._unverified.pop(signer_id, []))
+        for signer_id in known:
+            kept = self._unverified.pop(signer_id, [])
+            self._unverified_count -= len(kept)
+            for channel, data in kept:
+                self.receive(channel, data)
+
+    def take_request(self, request: GrantRequest) -> None:
+        """Hand a grant request to this worker's runner of its shard; dropped if the worker
+        does not own it (the coordinator asks the shard's owner again after a poll)."""
+        number, _, _ = request.target.partition("@")
+        local = self.local_shard(int(number)) if number.isdigit() else None
+        if local is None:
+            log.info(
+                "a grant request of %s#%d for shard %s, which this worker does not own",
+                request.op_id,
+                request.attempt,
+                request.target,
+            )
+            return
+        local.take_request(request)
 
     def deliver(self, message: KeyGrant | DecisionNotice) -> None:
         """Hand a message over to be taken as it is: from this worker itself, in process, or
@@ -345,5 +428,5 @@ class Mailbox:
 
 def _topic(message: KeyGrant | DecisionNotice) -> Topic:
     if isinstance(message, KeyGrant):
-        return ("g", message.op_id, message.attempt, message.shard)
-    return ("d", message.op_id, message.attempt)
+        return ("g", message.op_id, message.home, message.attempt, message.shard)
+    return ("d", message.op_id, message.home, message.attempt)

@@ -1,5 +1,8 @@
 """A participant shard's side of a cross-shard op: run a grant request (hold the keys, grant
-their committed states to the coordinator), then apply the decision for them.
+their committed states to the coordinator), then apply the decision for them. A request comes
+from the coordinator's worker in a coordination message (or in process), never from a stream;
+the runner checks it and queues its run behind the ops taken in on its keys
+(``ShardRunner.take_request``).
 
 The request's barrier holds the keys (only they wait; the shard's other keys keep flowing) from
 the grant until the decision is known, so the states the coordinator computed on stay current.
@@ -15,15 +18,13 @@ from typing import Any
 
 from ..._scripts.cross import ResolveArgs, resolve
 from ..._scripts.refusals import AttemptAhead
-from ..._wire.codec import encode_error
 from ..._wire.json_text import dumps
-from ..._wire.layout import attempt_id
-from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant, MalformedMessage
-from ...errors import BackendUnavailable, MalformedOperation
+from ..._wire.layout import part_id
+from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant
+from ...errors import BackendUnavailable
 from ..chains import Hold
 from ..commits import Record
 from ..execution import Run
-from ..writes import WriteChainBroken
 from .coordination import RunnerServices
 from .mailbox import Waiter
 
@@ -44,36 +45,40 @@ class Participant:
         now (nothing queued on them, their states cached): hold them, record the grant with the
         next step, and apply the decision when it is handed over (:class:`_Granting`). False,
         with nothing done, where a task has to wait instead: a key busy, a malformed request, or
-        a coordinator in this worker (its grant waits for the keys' writes to commit)."""
-        services, envelope = self._services, run.envelope
-        home = services.home
-        try:
-            request = GrantRequest.from_wire(envelope.kwargs, below=home.shard)
-        except MalformedMessage:
+        a coordinator in this worker (its grant waits for the keys' writes to commit), or a hold
+        a takeover found recorded."""
+        services, request = self._services, run.request
+        if request is None or run.recorded or services.mailbox.is_mine(request.channel):
             return False
-        if services.mailbox.is_mine(request.channel):
-            return False
-        hold = home.try_hold(envelope.keys, committed=False)
+        hold = services.home.try_hold(run.envelope.keys, committed=False)
         if hold is None:
             return False
         _Granting(self, run, request, hold).begin()
         return True
 
     async def grant(self, run: Run) -> None:
-        """Run a grant request once its barrier holds the requested keys."""
-        services, envelope = self._services, run.envelope
-        home = services.home
-        try:
-            request = GrantRequest.from_wire(envelope.kwargs, below=home.shard)
-        except MalformedMessage as exc:
-            outcome = encode_error(MalformedOperation.wire_type, str(exc))
-            services.finish(run, outcome, store=True, replies=list(run.replies))
-            return
-        with services.mailbox.expect_decision(request.op_id, request.attempt) as waiter:
-            key_grant = self.key_grant(request, envelope.keys)
-            await self._send(request, key_grant, run.entries[0].entry_id)
+        """Run a grant request once its barrier holds the requested keys (or, ``recorded``, a
+        hold a takeover found: its decision is read at once)."""
+        services, request = self._services, run.request
+        assert request is not None, "a grant request's run"
+        with services.mailbox.expect_decision(
+            request.op_id, request.home, request.attempt
+        ) as waiter:
+            await services.home.load_states(run.envelope.keys)  # (the decision writes them)
+            if run.recorded:
+                waiter.woken()  # (its notice went to the last owner)
+            else:
+                key_grant = self.key_grant(request, run.envelope.keys)
+                if not await self._send(request, key_grant):
+                    self.over_already(run)
+                    return
             decision = await self.await_decision(waiter, request)
         self.settle(run, request, decision)
+
+    def over_already(self, run: Run) -> None:
+        """End a request whose hold the step skipped: its attempt's part here is over (the
+        request came again after it), so nothing is held, applied or stored."""
+        self._services.finish(run, _RELEASED, store=False, replies=[])
 
     def key_grant(self, request: GrantRequest, keys: tuple[str, ...]) -> KeyGrant:
         """The grant of ``keys``, held for ``request``: their states now (committed by the step
@@ -96,13 +101,14 @@ class Participant:
             [(key, home.states[key]) for key in keys],
             home.executor.next_fence(),  # the granted keys' fencing token, for the op
             services.mailbox.channel_for(request.home),  # (the decision's script's slot)
+            request.home,
         )
 
     def settle(self, run: Run, request: GrantRequest, decision: Decision | None) -> None:
         """Apply the attempt's decision (None: nobody asked) and answer the request."""
         services, envelope = self._services, run.envelope
         home = services.home
-        held = attempt_id(request.op_id, request.attempt)
+        held = part_id(request.op_id, request.home, request.attempt)
         if decision is None:  # nobody asked: nothing is stored, so the attempt may still begin
             services.finish(run, _RELEASED, store=False, replies=[], releases=held)
             return
@@ -123,45 +129,37 @@ class Participant:
                 home.states.write(key, state or None)
         services.finish(run, _APPLIED, store=True, replies=[], releases=held)
 
-    def grant_record(self, request: GrantRequest, key_grant: KeyGrant, entry_id: str) -> Record:
-        """The grant's record, the hold in the shard's held hash (until the step that applies
-        or releases it), and its message to the coordinator's worker (signed for it by the
-        pipeliner, which batches what this worker owes that one: the message is as good as the
-        record, and saves the coordinator reading it back)."""
-        grant = dumps(key_grant.to_wire())
-        messages = (
-            [] if self._services.mailbox.is_mine(request.channel) else [(request.channel, grant)]
-        )
-        field = attempt_id(request.op_id, request.attempt)
-        # (A step that finds the request's entry gone, as a failover that lost entries this
-        # owner fetched leaves it, writes nothing, and the owner gives its shard up: its holds
-        # follow a stream order that Redis no longer has.)
-        return Record(field, grant, entry_id, messages)
+    def grant_record(self, request: GrantRequest, key_grant: KeyGrant) -> Record:
+        """The grant's record: the hold in the shard's held hash, until the step that applies
+        or releases it (:meth:`granted` sends the grant once it has committed)."""
+        field = part_id(request.op_id, request.home, request.attempt)
+        return Record(field, dumps(key_grant.to_wire()), [], hold=True)
 
-    async def _send(self, request: GrantRequest, key_grant: KeyGrant, entry_id: str) -> None:
+    def granted(self, request: GrantRequest, key_grant: KeyGrant, record: Record) -> None:
+        """The grant's record committed (confirmed as durable where the settings ask): send
+        the grant to the coordinator, in process, or signed for its worker with whatever else
+        this worker owes that one this round (the message is as good as the record, and saves
+        the coordinator reading it back). Not for a hold the step skipped: nothing is held."""
+        mailbox = self._services.mailbox
+        if mailbox.is_mine(request.channel):
+            mailbox.deliver(key_grant)
+        else:
+            self._services.pipeliner.publish(request.channel, record.value)
+
+    async def _send(self, request: GrantRequest, key_grant: KeyGrant) -> bool:
         """Record the grant and send it to the coordinator: in process when the coordinator is
         this worker, else published once the step that records it has committed (and the
         replicas have it, where the settings ask). The step commits the granted keys' earlier
-        writes first, in the same script, so the granted states are committed states."""
-        services = self._services
-        home = services.home
-        in_process = services.mailbox.is_mine(request.channel)
-        durable = services.settings.durability is not None
-        if in_process and not durable:
-            # (No record is needed: an in-process message cannot be lost, and a grant writes
-            # nothing, so this worker's zombie could not change anything by granting. But the
-            # granted states must be committed ones, and a broken write chain's cache may not be
-            # Redis's: it grants nothing from it.)
-            await home.states.flush(key for key, _ in key_grant.states)
-            if home.write_chain.broken:
-                raise WriteChainBroken(
-                    f"shard {home.shard} grants nothing: its write chain is broken"
-                )
-            services.mailbox.deliver(key_grant)
-            return
-        await services.commit_record(self.grant_record(request, key_grant, entry_id))
-        if in_process:
-            services.mailbox.deliver(key_grant)
+        writes first, in the same script, so the granted states are committed states. Recorded
+        in process too: the record is what holds the keys for the shard's next owner, if this
+        one loses the shard before the decision. False: the step skipped the hold (see
+        :meth:`over_already`), and nothing was sent."""
+        record = self.grant_record(request, key_grant)
+        await self._services.commit_record(record)
+        if record.skipped:
+            return False
+        self.granted(request, key_grant, record)
+        return True
 
     async def await_decision(self, waiter: Waiter, request: GrantRequest) -> Decision | None:
         """The attempt's decision: handed over in process by this worker's coordinator, or read
@@ -217,7 +215,9 @@ class _Granting:
         self._hold = hold
         self._recorded = False
         services = participant._services
-        self._waiter = services.mailbox.expect_decision(request.op_id, request.attempt)
+        self._waiter = services.mailbox.expect_decision(
+            request.op_id, request.home, request.attempt
+        )
         # (A wake-up comes from a message handler or this worker's coordinator, and the poll
         # from a timer: each goes on in the step loop's task.)
         self._waiter.on_wake = lambda: services.in_step_loop(self._woken)
@@ -226,8 +226,8 @@ class _Granting:
         participant, request = self._participant, self._request
         services = participant._services
         key_grant = participant.key_grant(request, self._run.envelope.keys)
-        record = participant.grant_record(request, key_grant, self._run.entries[0].entry_id)
-        record.on_committed = self._committed
+        record = participant.grant_record(request, key_grant)
+        record.on_committed = lambda record: self._committed(record, key_grant)
         services.record_with_step(record)
         services.mailbox.call_within(services.poll, self._polled)
 
@@ -240,12 +240,20 @@ class _Granting:
         else:  # (nothing it takes in commits any more)
             self._waiter.stop()
 
-    def _committed(self, record: Record) -> None:
+    def _committed(self, record: Record, key_grant: KeyGrant) -> None:
         if record.error is not None:
             self._waiter.stop()
             self._participant._services.fail(record.error)
             return
+        if record.skipped:
+            self._waiter.stop()
+            participant = self._participant
+            if not participant._services.home.ended:
+                participant.over_already(self._run)
+                participant._services.home.release(self._hold)
+            return
         self._recorded = True
+        self._participant.granted(self._request, key_grant, record)
         waiter = self._waiter
         if isinstance(waiter.message, DecisionNotice) or waiter.pending:  # (woken meanwhile)
             self._woken()
