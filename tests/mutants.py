@@ -2174,6 +2174,25 @@ MUTANTS: tuple[Mutant, ...] = (
             + _STANDALONE,
         ),
     ),
+    Mutant(
+        "reserved-id-struck-as-suspect",
+        "G5.9",
+        "a takeover strikes an entry under an op id holding '#' as the suspect: struck dead,"
+        " its poison record is stored under a name keyserial keeps for a participant's part",
+        (
+            Edit(
+                _LUA + "acquire.lua",
+                "                  and not string.find(envelope.id, '#', 1, true)\n",
+                "",
+            ),
+        ),
+        (
+            _IDEMPOTENT
+            + "test_an_entry_refused_as_reserved_left_by_a_crash_is_never_a_suspect"
+            + _STANDALONE,
+        ),
+        fast=True,
+    ),
 )
 
 

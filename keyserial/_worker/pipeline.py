@@ -39,6 +39,7 @@ import anyio
 from .._backend import durability as _durability
 from .._backend.backend import Backend
 from .._backend.batching import NodeBatcher
+from .._backend.commands import publish_command
 from .._backoff import Backoff
 from .._scripts.calls import ScriptCall
 from .._settings import Durability
@@ -71,14 +72,12 @@ class _Call:
     #: Coordination messages (cross-shard records'), published with ``replies``: signed and
     #: batched per channel here.
     messages: Sequence[tuple[str, str]]
-    #: Called with the call's reply (or its error) once the batch is back; None: awaited.
-    on_done: Callable[[Any], None] | None
     #: The write chains its writes belong to (none: it builds on no cached state).
     write_chains: Sequence[WriteChain]
     #: Whether it commits what its write chains build on (breaks them unconfirmed).
     builds: bool
-    #: Resolved once the batch is back, for a caller that awaits it.
-    done: asyncio.Future[None] | None = None
+    #: Resolved once the batch is back, for the caller that awaits it.
+    done: asyncio.Future[None]
     result: Any = None
     #: Whether the replicas the durability asks for have its batch's writes.
     confirmed: bool = False
@@ -128,8 +127,14 @@ class Pipeliner:
             await self._outbox_filled.wait()
             self._outbox_filled = anyio.Event()
             outbox, self._outbox = self._outbox, []
-            if outbox:  # (a message lost here costs its coordinator a poll)
-                await self._backend.publish_after(coordination_messages(outbox, self.signer))
+            commands = [
+                publish_command(channel, message)
+                for channel, message in coordination_messages(outbox, self.signer)
+            ]
+            try:  # (what queues meanwhile goes in the next batch)
+                await self._backend.pipeline(commands)
+            except BackendUnavailable as exc:  # (a message lost costs its waiter a poll)
+                log.warning("%d coordination messages not published: %s", len(commands), exc)
 
     async def run(
         self,
@@ -173,18 +178,6 @@ class Pipeliner:
             )
             await backoff.sleep()
 
-    def submit(
-        self,
-        call: ScriptCall[Any],
-        replies: Replies | None,
-        on_done: Callable[[Any], None],
-        write_chains: Sequence[WriteChain] = (),
-    ) -> None:
-        """Like :meth:`run`, without a task to await it: ``on_done`` gets the script's reply,
-        or the error :meth:`run` would raise, once the batch is back (before the awaiting
-        callers of that batch wake)."""
-        self._add(_Call(call, replies, (), on_done, write_chains, True))
-
     async def _run(
         self,
         call: ScriptCall[R],
@@ -202,7 +195,7 @@ class Pipeliner:
         if loop is None:
             loop = self._loop = asyncio.get_running_loop()
         done = loop.create_future()
-        queued = _Call(call, replies, messages, None, write_chains, builds, done)
+        queued = _Call(call, replies, messages, write_chains, builds, done)
         self._add(queued)
         await done
         if isinstance(queued.result, Exception):
@@ -221,10 +214,7 @@ class Pipeliner:
         confirmed = await self._send(batch)
         for queued in batch:
             queued.confirmed = confirmed
-            if queued.on_done is not None:
-                queued.on_done(queued.result)
-        for queued in batch:
-            if queued.done is not None and not queued.done.done():  # (done: its caller left)
+            if not queued.done.done():  # (done: its caller left)
                 queued.done.set_result(None)
 
     async def _send(self, batch: list[_Call]) -> bool:

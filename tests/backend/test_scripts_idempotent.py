@@ -63,20 +63,23 @@ async def test_an_acquire_sent_again_by_its_owner_returns_the_same_grant_and_no_
         assert isinstance(held, LeaseHeld) and 0 < held.expires_in_ms <= 5000
 
 
-async def test_a_grant_request_left_unfinished_by_a_crash_is_never_a_suspect(
+async def test_an_entry_refused_as_reserved_left_by_a_crash_is_never_a_suspect(
     backend: Backend, client: redis.asyncio.Redis, namespace: str
 ) -> None:
-    """An entry of keyserial's grant op runs no code (workers ask each other for grants in
-    coordination messages now, and refuse one in a stream as reserved): the op behind it takes
-    the strike, and it is never dead-lettered as a suspect."""
+    """An entry of keyserial's grant op, or under an op id holding '#', runs no code (refused
+    at intake, storing nothing): the op behind it takes the strike, and neither is ever
+    struck dead, which would store a poison record under a name keyserial keeps for a
+    participant's part."""
     keys = ShardKeys(namespace, 2)
     grant = {
-        "id": "x#1",
+        "id": "x",
         "keys": ["k"],
         "op": "keyserial.grant",
         "kwargs": {"home": 0, "op": "x", "attempt": 1, "channel": "c"},
     }
     await client.xadd(keys.stream, {"v": "1", "ops": json.dumps([grant])})
+    part = {"id": "y#0.1", "key": "k", "op": "record"}
+    await client.xadd(keys.stream, {"v": "1", "ops": json.dumps([part])})
     entry = await client.xadd(
         keys.stream, {"v": "1", "ops": json.dumps([{"id": "after", "key": "k2", "op": "record"}])}
     )

@@ -13,6 +13,7 @@ from anyio import wait_all_tasks_blocked
 
 from keyserial._backend.backend import Backend
 from keyserial._scripts.calls import Script, ScriptCall
+from keyserial._wire.signing import ReplySigner, ReplyVerifier
 from keyserial._worker.pipeline import Pipeliner
 from keyserial._worker.writes import WriteChain, WriteChainBroken
 
@@ -112,39 +113,48 @@ async def test_a_batch_with_one_call_replying_lets_its_script_publish(redis_url:
     assert messages == [{"v": 1, "r": [["a", {"ok": 1}]]}]
 
 
-async def test_a_submitted_call_hands_its_reply_or_error_to_its_callback_with_its_batch(
+async def test_messages_published_in_one_round_go_as_one_signed_message_per_channel(
     redis_url: str,
 ) -> None:
-    """``submit`` needs no task: the callback gets the script's reply, or its error, once the
-    batch is back, before the batch's awaiting callers wake (so they see its effects)."""
+    """``publish`` (a grant request, a grant) waits for no commit: what a worker owes one peer
+    in an event-loop round goes in one message, signed once for that peer's channel, and
+    another peer's in a message of its own."""
     backend = await Backend.connect(redis_url)
-    seen: list[tuple[str, Any]] = []
-    pipeliner = Pipeliner(backend)
-
-    async def awaited() -> None:
-        call = ScriptCall(PUBLISHING, ["{t}x"], ["ok", "[]"])
-        seen.append(("awaited", await pipeliner.run(call)))
-
+    signer = ReplySigner()
+    peers = [ReplyVerifier("ks:test-pipeline:worker:a"), ReplyVerifier("ks:test-pipeline:worker:b")]
+    for peer in peers:
+        peer.learn(signer.signer_id, signer.record())
+    pipeliner = Pipeliner(backend, signer=signer)
+    client = redis.asyncio.Redis.from_url(redis_url)
+    pubsub = client.pubsub()
     try:
+        await pubsub.subscribe(*(peer.channel for peer in peers))
+        for _ in peers:
+            await pubsub.get_message(timeout=5)  # (the subscription's confirmations)
         async with anyio.create_task_group() as group:
-            for mode in ("ok", "fail"):
-                pipeliner.submit(
-                    ScriptCall(PUBLISHING, ["{t}x"], [mode, "[]"]),
-                    None,
-                    lambda result, mode=mode: seen.append((mode, result)),
-                )
-            group.start_soon(awaited)
-            await wait_all_tasks_blocked()  # all three queued: they go out as one batch
             group.start_soon(pipeliner.serve)
+            pipeliner.publish(peers[0].channel, '{"t":"x","n":1}')
+            pipeliner.publish(peers[1].channel, '{"t":"x","n":2}')
+            pipeliner.publish(peers[0].channel, '{"t":"x","n":3}')
+            got: dict[str, list[bytes]] = {}
             with anyio.fail_after(5):
-                while len(seen) < 3:
-                    await anyio.sleep(0.01)
+                while sum(map(len, got.values())) < 2:
+                    message = await pubsub.get_message(timeout=1)
+                    if message is not None:
+                        got.setdefault(message["channel"].decode(), []).append(message["data"])
             group.cancel_scope.cancel()
     finally:
+        await pubsub.aclose()
+        await client.aclose()
         await backend.aclose()
-    assert [name for name, _ in seen] == ["ok", "fail", "awaited"]
-    assert seen[0][1] == 0 and seen[2][1] == 0
-    assert isinstance(seen[1][1], Exception) and str(seen[1][1]) == "FENCED test"
+    first = peers[0].verified(got[peers[0].channel][0], lambda _: None)
+    second = peers[1].verified(got[peers[1].channel][0], lambda _: None)
+    assert first is not None and json.loads(first) == {
+        "t": "b",
+        "m": [{"t": "x", "n": 1}, {"t": "x", "n": 3}],
+    }
+    assert second is not None and json.loads(second) == {"t": "x", "n": 2}
+    assert peers[1].verified(got[peers[0].channel][0], lambda _: None) is None
 
 
 async def test_a_broken_lineage_sends_nothing_without_durability_either(redis_url: str) -> None:

@@ -53,11 +53,14 @@ local function first_unfinished(after, upto)
           local ok, ops = pcall(cjson.decode, fields[i + 1])
           if ok and type(ops) == 'table' then
             for _, envelope in ipairs(ops) do
-              -- (A keyserial.grant entry runs no code, refused as a reserved name: never a suspect.
-              -- An op answered without a stored outcome, as one no worker knew, has a record
-              -- '<op id>#u' instead: it is finished too.)
+              -- (An entry of keyserial's grant op, or under an op id holding '#', runs no code:
+              -- refused at intake. Never a suspect: struck dead, its poison record would be
+              -- stored under a name keyserial keeps for its own records. An op answered without
+              -- a stored outcome, as one no worker knew, has a record '<op id>#u' instead: it is
+              -- finished too.)
               if type(envelope) == 'table' and type(envelope.id) == 'string'
                   and envelope.op ~= 'keyserial.grant'
+                  and not string.find(envelope.id, '#', 1, true)
                   and not finished(envelope.id) and not finished(envelope.id .. '#u') then
                 return entry[1], envelope
               end

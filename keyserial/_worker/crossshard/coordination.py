@@ -1,7 +1,7 @@
 """What the two sides of a cross-shard op share: what a shard's runner hands them
-(:class:`RunnerServices`), and the shapes of the runner's calls in it. How an op splits by shard,
-and how its grant requests are signed, is the coordinator's alone (``.coordinator``). The
-protocol itself is described in docs/multi-key.md.
+(:class:`RunnerServices`), and the shapes of the runner's calls in it. How an op splits by shard
+is the coordinator's alone (``.coordinator``). The protocol itself is described in
+docs/multi-key.md.
 """
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ from ..._backend.backend import Backend
 from ..._scripts.calls import ScriptCall
 from ..._settings import Settings
 from ..._wire.layout import Layout
-from ..._wire.signing import ReplySigner
 from ..commits import AcrossCommit, Record
 from ..execution import Run
-from ..writes import Replies
 from .mailbox import HomeShard, Mailbox
 
 R = TypeVar("R")
@@ -25,21 +23,9 @@ R = TypeVar("R")
 
 class PipelinedCalls(Protocol):
     """What the cross-shard side uses of the worker's pipeliner (``_worker.pipeline.Pipeliner``):
-    a script call sent in the next pipeline of its node, with the other runners' calls, and
-    the signer of what that pipeline publishes. The two sides share this much of it, not how
-    calls are batched and sent."""
-
-    #: Signs the messages of the calls it runs (None: they go out unsigned).
-    signer: ReplySigner | None
-
-    async def run(self, call: ScriptCall[R]) -> R:
-        """The script's reply (see ``Pipeliner.run``)."""
-
-    def submit(
-        self, call: ScriptCall[Any], replies: Replies | None, on_done: Callable[[Any], None]
-    ) -> None:
-        """Send the call with no task to await it: ``on_done`` gets its reply or its error
-        (see ``Pipeliner.submit``)."""
+    a message signed for its receiver and batched with the others it owes that worker, and a
+    script call sent in the next pipeline of its node, with the other runners' calls. The two
+    sides share this much of it, not how calls are batched and sent."""
 
     def publish(self, channel: str, message: str) -> None:
         """Publish a coordination message that waits for no commit (see
