@@ -1367,8 +1367,8 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_worker/draining.py",
-                "trust_fresh = self._in_step and not replaying",
-                "trust_fresh = not replaying",
+                "trust_fresh=self._in_step and not replaying",
+                "trust_fresh=not replaying",
             ),
         ),
         (_RESHARD + "test_an_op_copied_as_fresh_into_the_new_layout_never_runs_twice[cluster]",),
@@ -1381,8 +1381,8 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_worker/draining.py",
-                "trust_fresh = self._in_step and not replaying",
-                "trust_fresh = self._in_step",
+                "trust_fresh=self._in_step and not replaying",
+                "trust_fresh=self._in_step",
             ),
         ),
         (
@@ -2173,6 +2173,26 @@ MUTANTS: tuple[Mutant, ...] = (
             + "test_an_op_under_a_callers_op_id_homed_on_another_shard_never_takes_its_part"
             + _STANDALONE,
         ),
+    ),
+    Mutant(
+        "earlier-lookup-by-last-keys",
+        "G11.3",
+        "an op id fetched twice in one batch, with other keys, is looked up in the layouts"
+        " before a reshard by the last copy's keys only: the genuine copy runs again, its step"
+        " is refused, and the owner starts again for ever",
+        (
+            Edit(
+                "keyserial/_worker/draining.py",
+                "                missing.setdefault(envelope.op_id, set()).add(envelope.keys)\n",
+                "                missing[envelope.op_id] = {envelope.keys}\n",
+            ),
+        ),
+        (
+            "tests/reshard/test_earlier_layouts.py::"
+            "test_an_op_id_appended_again_with_other_keys_is_answered_from_an_earlier_layout"
+            + _STANDALONE,
+        ),
+        fast=True,
     ),
     Mutant(
         "reserved-id-struck-as-suspect",

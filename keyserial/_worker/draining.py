@@ -195,6 +195,20 @@ class Drain:
         )
 
 
+def _to_look_up(fetched: StepReply, *, trust_fresh: bool) -> dict[str, set[tuple[str, ...]]]:
+    """The op ids of ``fetched`` with no outcome in it, each with every set of keys it comes
+    with (a client user may append a copy of an op's id with other keys, and the op's outcome
+    is at the home of its own keys); ``trust_fresh``: leave out entries marked fresh."""
+    missing: dict[str, set[tuple[str, ...]]] = {}
+    for _, fields in fetched.entries:
+        if trust_fresh and fields.get(b"fresh") == b"1":
+            continue
+        for envelope in decode_entry_leniently(fields):
+            if envelope.op_id not in fetched.done:
+                missing.setdefault(envelope.op_id, set()).add(envelope.keys)
+    return missing
+
+
 class EarlierLayouts:
     """The namespace's layouts before this one, newest first, each with when (ms) it stopped
     taking ops: an op appended again after a reshard finds its outcome there while it may be
@@ -241,29 +255,21 @@ class EarlierLayouts:
         ``replaying``: ``fresh`` lets an owner skip looking up its own shard only because the
         commit refuses an op id that has an outcome there, and a cluster's step cannot see an
         earlier layout's (an entry copied as fresh by a client user would run twice)."""
-        trust_fresh = self._in_step and not replaying
-        missing = {
-            envelope.op_id: envelope.keys
-            for _, fields in fetched.entries
-            if not (trust_fresh and fields.get(b"fresh") == b"1")
-            for envelope in decode_entry_leniently(fields)
-            if envelope.op_id not in fetched.done
-        }
-        if not missing:
-            return
+        missing = _to_look_up(fetched, trust_fresh=self._in_step and not replaying)
         for layout in self._retained():
+            if not missing:
+                return
             by_home: dict[int, list[str]] = {}
-            for op_id, keys in missing.items():
-                by_home.setdefault(home_shard(keys, layout.shards), []).append(op_id)
+            for op_id, key_sets in missing.items():
+                for home in {home_shard(keys, layout.shards) for keys in key_sets}:
+                    by_home.setdefault(home, []).append(op_id)
             wanted = [(layout.keys(home), op_ids) for home, op_ids in by_home.items()]
             stored = await self._stored_on(wanted)
             for (_, op_ids), outcomes in zip(wanted, stored, strict=True):
                 for op_id, outcome in zip(op_ids, outcomes, strict=True):
-                    if outcome is not None:
+                    if outcome is not None and op_id in missing:
                         fetched.done[op_id] = outcome.decode()
                         del missing[op_id]
-            if not missing:
-                return
 
     def to_check(
         self, batch: Sequence[Finished], running: Mapping[str, Run]
