@@ -2175,6 +2175,25 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "takeover-holds-any-record",
+        "G5.11",
+        "a new owner holds again what a held record names that is not a grant of its field's"
+        " part (or names no home): its keys wait for a decision no coordinator makes",
+        (
+            Edit(
+                _SHARD,
+                "        if grant.home < 0 or part_id(grant.op_id, grant.home, grant.attempt)"
+                " != field:\n",
+                "        if False:\n",
+            ),
+        ),
+        (
+            "tests/crossshard/test_cross_shard.py::"
+            "test_a_held_record_that_is_not_a_grant_of_its_part_holds_nothing_at_takeover"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
         "earlier-lookup-by-last-keys",
         "G11.3",
         "an op id fetched twice in one batch, with other keys, is looked up in the layouts"

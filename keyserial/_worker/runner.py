@@ -247,26 +247,24 @@ class ShardRunner:
         its decision is applied (read at once: its notice went to the last owner)."""
         held = await self._retrying(lambda: self._backend.held(self.keys))
         for name, raw in held.items():
-            field = name.decode()
-            try:
-                grant = KeyGrant.from_wire(loads(raw.decode()))
-            except (ValueError, MalformedMessage) as exc:
-                # (Only workers write there: a record it cannot read is a defect, and its keys
-                # cannot be held again.)
-                log.error("shard %d: an unreadable hold %s: %s", self.shard, field, exc)
-                continue
-            if grant.home < 0:
-                log.error("shard %d: hold %s names no home shard", self.shard, field)
-                continue
-            keys = tuple(key for key, _ in grant.states)
-            request = GrantRequest(grant.home, grant.op_id, grant.attempt, self.name, keys, "", 0)
-            run = self._request_run(request, recorded=True)
-            if run.envelope.op_id != field:
-                log.error("shard %d: hold %s records another attempt", self.shard, field)
-                self._running.pop(run.envelope.op_id, None)
-                self._uncommitted -= 1
-                continue
-            self._held_again.append(run)
+            request = self._held_request(name.decode(), raw)
+            if request is not None:
+                self._held_again.append(self._request_run(request, recorded=True))
+
+    def _held_request(self, field: str, raw: bytes) -> GrantRequest | None:
+        """The request a recorded hold was taken for; None, logged, for a record that is not
+        a grant of its field's part (only workers write there: such a record is a defect, and
+        what it holds cannot be held again)."""
+        try:
+            grant = KeyGrant.from_wire(loads(raw.decode()))
+        except (ValueError, MalformedMessage) as exc:
+            log.error("shard %d: an unreadable hold %s: %s", self.shard, field, exc)
+            return None
+        if grant.home < 0 or part_id(grant.op_id, grant.home, grant.attempt) != field:
+            log.error("shard %d: hold %s is not a grant of that part: %r", self.shard, field, raw)
+            return None
+        keys = tuple(key for key, _ in grant.states)
+        return GrantRequest(grant.home, grant.op_id, grant.attempt, self.name, keys, "", 0)
 
     def _hold_again(self) -> None:
         """Hold the keys of the holds read by :meth:`_read_holds` (nothing else is queued yet)."""

@@ -5,6 +5,7 @@ Fault tests (kill -9, SIGSTOP of coordinator and participants) are in test_cross
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -717,3 +718,38 @@ async def test_a_worker_s_first_grant_request_to_another_waits_for_no_poll(
         began = time.monotonic()
         assert await ks.transfer(source, target, 4, timeout=10) == {source: 6, target: 4}
         assert time.monotonic() - began < 4.0, "the first request waited for a poll"
+
+
+async def test_a_held_record_that_is_not_a_grant_of_its_part_holds_nothing_at_takeover(
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Only workers write a shard's held hash, so a record there that a new owner cannot read,
+    that names no home shard, or that grants another part than its field's is a defect: it is
+    logged and holds nothing (held again, its keys would wait for a decision that no
+    coordinator ever makes), and the shard serves."""
+    caplog.set_level(logging.ERROR, "keyserial.worker")
+    key = keys_on_shard(1, 2, 1, "acct")[0]
+
+    def grant(op_id: str, **home: int) -> str:
+        return json.dumps(
+            {"t": "g", "op": op_id, "a": 1, "s": 1, "st": [[key, None]], "c": "c"} | home
+        )
+
+    client = sync_redis.Redis.from_url(redis_url)
+    client.hset(
+        ShardKeys(namespace, 1).held,
+        mapping={
+            "bad#0.1": "not json",
+            "nohome#0.1": grant("nohome"),
+            "other#0.1": grant("else", h=0),
+        },
+    )
+    client.close()
+    async with (
+        running_worker(redis_url, namespace, shard_count=2),
+        keyserial.connect(redis_url, shards=2, namespace=namespace) as ks,
+    ):
+        assert await ks.submit(key, deposit(5), timeout=10) == 5
+    errors = [record.getMessage() for record in caplog.records]
+    assert sum("an unreadable hold bad#0.1" in e for e in errors) == 1, errors
+    assert sum("is not a grant of that part" in e for e in errors) == 2, errors

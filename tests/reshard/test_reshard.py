@@ -1047,9 +1047,29 @@ async def test_a_grant_op_appended_past_a_seal_never_holds_the_move_up(
     earlier version appended a request (under a part's name, an attempt's, or a plain id): the
     owner refuses each as reserved and holds nothing, so the move finishes, and the key they
     named answers ops after it."""
+    key = keys_on_shard(1, 16, 1, "granted")[0]  # (shard 1 of 16, so of 4 too)
+    async with _sealed_to_16(redis_url, namespace, key) as (ks, backend, old):
+        request = {"home": 0, "op": "order", "attempt": 1, "channel": "c", "to": "1"}
+        grants = [
+            {"id": op_id, "keys": [key], "op": "keyserial.grant", "kwargs": request}
+            for op_id in (part_id("order", 0, 1), "order#1", "order")
+        ]
+        for grant in grants:
+            await client.xadd(old.stream, {"v": "1", "ops": json.dumps([grant])})
+        with anyio.fail_after(30):
+            await move_namespace(backend, Settings(namespace=namespace), 16)
+        assert await client.hlen(old.held) == 0
+        assert await ks.submit(key, apps.append(1), timeout=30) == [0, 1]
+
+
+@contextlib.asynccontextmanager
+async def _sealed_to_16(
+    redis_url: str, namespace: str, key: str
+) -> AsyncIterator[tuple[keyserial.Client, Backend, ShardKeys]]:
+    """A worker serving 4 shards, ``key`` appended to on shard 1, and a move to 16 shards
+    recorded and shard 1 sealed (not drained): the client, a backend, and shard 1's keys."""
     move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
     old = move.source.keys(1)
-    key = keys_on_shard(1, 16, 1, "granted")[0]  # (shard 1 of 16, so of 4 too)
     backend = await Backend.connect(redis_url)
     try:
         async with (
@@ -1059,17 +1079,7 @@ async def test_a_grant_op_appended_past_a_seal_never_holds_the_move_up(
             assert await ks.submit(key, apps.append(0)) == [0]
             await backend.run_call(record_move(move))
             await backend.run_call(seal(old, move))
-            request = {"home": 0, "op": "order", "attempt": 1, "channel": "c", "to": "1"}
-            grants = [
-                {"id": op_id, "keys": [key], "op": "keyserial.grant", "kwargs": request}
-                for op_id in (part_id("order", 0, 1), "order#1", "order")
-            ]
-            for grant in grants:
-                await client.xadd(old.stream, {"v": "1", "ops": json.dumps([grant])})
-            with anyio.fail_after(30):
-                await move_namespace(backend, Settings(namespace=namespace), 16)
-            assert await client.hlen(old.held) == 0
-            assert await ks.submit(key, apps.append(1), timeout=30) == [0, 1]
+            yield ks, backend, old
     finally:
         await backend.aclose()
 
@@ -1132,18 +1142,9 @@ async def test_an_entry_under_the_largest_id_past_a_seal_holds_no_move_up(
     the entries after that id (an error, not an empty range), so the shard drains, the move
     finishes and the key's ops are answered."""
     key = keys_on_shard(1, 16, 1, "largest")[0]  # (shard 1 of 16, so of 4 too)
-    move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
-    old = move.source.keys(1)
-    backend = await Backend.connect(redis_url)
     client = redis.asyncio.Redis.from_url(redis_url)
     try:
-        async with (
-            running_worker(redis_url, namespace, shard_count=4, apps=["tests.apps"]),
-            keyserial.connect(redis_url, namespace=namespace) as ks,
-        ):
-            assert await ks.submit(key, apps.append(0)) == [0]
-            await backend.run_call(record_move(move))
-            await backend.run_call(seal(old, move))
+        async with _sealed_to_16(redis_url, namespace, key) as (ks, backend, old):
             envelope = {"id": "at-the-end", "key": key, "op": "append", "args": [1]}
             await client.xadd(old.stream, {"v": "1", "ops": json.dumps([envelope])}, id=LARGEST_ID)
             with anyio.fail_after(30):
@@ -1151,7 +1152,6 @@ async def test_an_entry_under_the_largest_id_past_a_seal_holds_no_move_up(
             assert await ks.submit(key, apps.append(2), timeout=30) == [0, 1, 2]
     finally:
         await client.aclose()
-        await backend.aclose()
 
 
 async def test_strays_are_read_after_every_cursor_but_the_largest_id(
