@@ -266,8 +266,10 @@ async def test_the_page_shows_updates_and_acts(
                 interval=0.1,
             )
             assert outcome == ["RuntimeError: boom at the bottom of broken:1"]
-            browser.find_element(By.CSS_SELECTOR, "#key-recent summary").click()
-            trace = browser.find_element(By.CSS_SELECTOR, "#key-recent pre").text
+            # (The last Inspect's answer may still replace the rows: open and read at once.)
+            trace = await eventually(
+                on_page(lambda: open_traceback(browser, "key-recent")), timeout=15, interval=0.1
+            )
             assert "Traceback" in trace and "fail_deep" in trace
             failed = await eventually(
                 on_page(lambda: [r for r in rows(browser, "failed") if "broken:1" in r]),
@@ -317,6 +319,14 @@ def click_summary(driver: Any, table: str, text: str) -> bool:
             summary.click()
             return True
     return False
+
+
+def open_traceback(browser: Any, table: str) -> str:
+    """Open the first failed op's traceback in ``table``, and the text it shows."""
+    from selenium.webdriver.common.by import By
+
+    browser.find_element(By.CSS_SELECTOR, f"#{table} summary").click()
+    return str(browser.find_element(By.CSS_SELECTOR, f"#{table} pre").text)
 
 
 def inspect_key(browser: Any, key: str) -> None:
