@@ -9,11 +9,13 @@ included) and, apart, those of the commands it ran, and how many of each it ran 
 
 The shapes, in the order run (one namespace, one shard, so the results hash grows as in a run):
 
-- ``submit``: an entry of ``--ops`` fresh ops appended and pushed (``1`` and ``32``);
+- ``submit``: an entry of ``--ops`` fresh ops pushed to the shard's inbox and in its wake-up
+  (``1`` and ``32``);
 - ``step, idle``: a step that commits and fetches nothing;
 - ``step, commit``: a step committing ``--ops`` ops (states, outcomes, progress), no push;
-- ``step, confirm``: a step confirming one pushed entry of ``--ops`` ops and committing them,
-  as an owner fed by pushes sends (the entries appended beforehand, one step each);
+- ``step, confirm``: a step confirming one pushed entry of ``--ops`` ops at the head of the
+  inbox, taking it out and committing its ops (done with that step, it is appended nowhere), as
+  an owner fed by pushes sends (the entries pushed beforehand, one step each);
 - the same after a reshard: the shard in the next layout generation, each committed op also
   looked up in its shard of the layout before (whose results the steps above filled).
 """
@@ -27,10 +29,10 @@ from typing import Any
 
 import redis
 
-from keyserial._scripts.calls import ScriptCall
+from keyserial._scripts.calls import ScriptCall, decoded
 from keyserial._scripts.commit import StepArgs, StepCommit, step
-from keyserial._scripts.submit import SubmitArgs, submit
-from keyserial._wire.codec import WIRE_VERSION, encode_envelope, pack_entry
+from keyserial._scripts.submit import Pushed, SubmitArgs, submit
+from keyserial._wire.codec import WIRE_VERSION, encode_envelope, inbox_item, pack_entry
 from keyserial._wire.json_text import dumps
 from keyserial._wire.layout import ShardKeys
 from keyserial.ledger import deposit
@@ -51,7 +53,7 @@ def op_id(n: int) -> str:
     return f"svc.{'0' * 32}-{n:017x}"
 
 
-def submit_call(shard: ShardKeys, ops: Sequence[str]) -> ScriptCall[bytes]:
+def submit_call(shard: ShardKeys, ops: Sequence[str]) -> ScriptCall[Pushed]:
     args = SubmitArgs(
         max_backlog=0,
         wire_version=WIRE_VERSION,
@@ -62,23 +64,27 @@ def submit_call(shard: ShardKeys, ops: Sequence[str]) -> ScriptCall[bytes]:
     return submit(shard, args)
 
 
+#: The steps' cursor: past every entry they move in (an owner's cursor stands at the last
+#: entry it moved in or fetched, and a step refuses pushed items that would overtake one after it).
+CURSOR = "9999999999999-0"
+
+
 def step_call(
     shard: ShardKeys,
     *,
     commit: StepCommit | None = None,
     progress: str = "",
-    cursor: str = "0-0",
-    pushed: tuple[str, str, list[bytes]] | None = None,
+    pushed: tuple[str, bytes] | None = None,
     earlier: Sequence[tuple[ShardKeys, Sequence[str]]] = (),
 ) -> ScriptCall[Any]:
-    """A step of owner ``EPOCH`` that fetches nothing; ``pushed``: (cursor before, entry id,
-    its fields and values) of one pushed entry it confirms; ``earlier``: shards of the layout
-    before a reshard, each with the committed op ids to look up there."""
+    """A step of owner ``EPOCH`` that fetches nothing; ``pushed``: (``<place> <keep>``, the
+    item as pushed) of one pushed entry it confirms and takes out of the inbox; ``earlier``:
+    shards of the layout before a reshard, each with the committed op ids to look up there."""
     args = StepArgs(
         epoch=EPOCH,
         progress=progress,
         rotate=False,
-        cursor=cursor,
+        cursor=CURSOR,
         fetch=0,
         replaying=False,
         result_ttl_ms=3_600_000,
@@ -86,13 +92,11 @@ def step_call(
         trim_now=False,
         states_held=True,
     )
-    taken: list[str | bytes] = []
+    items: list[bytes] = []
     if pushed is not None:
-        before, entry_id, fields = pushed
-        args.pushed = before
-        args.pushed_to = entry_id
-        taken = [entry_id, str(len(fields)), *fields]
-    return step(shard, args, earlier=earlier, pushed=taken, commit=commit)
+        args.pushed, item = pushed
+        items = [item]
+    return step(shard, args, earlier=earlier, pushed=items, commit=commit)
 
 
 def commit_of(first: int, ops: int) -> StepCommit:
@@ -184,25 +188,24 @@ def confirming(
     ops: int,
     earlier: ShardKeys | None = None,
 ) -> list[ScriptCall[Any]]:
-    """One step per entry of ``appended``, each confirming its pushed entry (following on from
-    the last) and committing its ops. The entries are appended here, unmeasured."""
-    server.client.delete(shard.stream)
-    ids = [raw.decode() for raw in server.run([submit_call(shard, e) for e in appended])]
-    steps, cursor = [], "0-0"
-    for i, (entry_id, ops_of) in enumerate(zip(ids, appended, strict=True)):
-        fields = [b"v", WIRE_VERSION.encode(), b"ops", pack_entry(ops_of).encode(), b"fresh", b"1"]
+    """One step per entry of ``appended``, each confirming its pushed entry (the next item of
+    the inbox), taking it out of the inbox and committing its ops (done: it goes nowhere). The
+    entries are pushed here, unmeasured."""
+    server.client.delete(shard.stream, shard.inbox, shard.inbox_taken)
+    pushes = [submit_call(shard, e) for e in appended]
+    places = [pushed.place for pushed in decoded(pushes, server.run(pushes))]
+    steps = []
+    for i, (place, ops_of) in enumerate(zip(places, appended, strict=True)):
+        item = inbox_item(pack_entry(ops_of), fresh=True).encode()
         committed = [op_id(first + i * ops + n) for n in range(ops)]
         steps.append(
             step_call(
                 shard,
                 commit=commit_of(first + i * ops, ops),
-                progress=entry_id,
-                cursor=cursor,
-                pushed=(cursor, entry_id, fields),
+                pushed=(f"{place} 0", item),
                 earlier=[] if earlier is None else [(earlier, committed)],
             )
         )
-        cursor = entry_id
     return steps
 
 

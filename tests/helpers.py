@@ -553,3 +553,10 @@ async def workers_split_around(
         running_worker(url, namespace, shard_count=shard_count, shards=rest, **options) as others,
     ):
         yield alone, others
+
+
+async def submit_quietly(ks: keyserial.Client, key: str, call: Any) -> None:
+    """Submit ``call``, for an op a test leaves running (a stuck one): its caller gives up
+    only with the test, quietly."""
+    with suppress(keyserial.SubmitTimeout):
+        await ks.submit(key, call, timeout=3600)

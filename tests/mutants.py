@@ -107,6 +107,7 @@ def _no_check(path: str, check: str) -> Edit:
 
 _SUSPECT = "            if run.envelope.op_id == self._suspect:\n"
 _PUSH = "tests/client/test_push.py::"
+_INBOX = "tests/worker/test_inbox.py::"
 _HOSTILE = "tests/security/test_hostile_clients.py::"
 _INTAKE = "keyserial/_worker/intake.py"
 _LEASE = "tests/backend/test_lease_scripts.py::"
@@ -544,8 +545,8 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_scripts/lua/release.lua",
-                "  horizon = fold_pushes(KEYS[2], KEYS[5])\nend\n",
-                "  horizon = fold_pushes(KEYS[2], KEYS[5])\nend\n"
+                "  horizon = fold_pushes(KEYS[2], KEYS[5], KEYS[7], KEYS[8])\nend\n",
+                "  horizon = fold_pushes(KEYS[2], KEYS[5], KEYS[7], KEYS[8])\nend\n"
                 "redis.call('SET', KEYS[2], redis.call('GET', (string.gsub(KEYS[2], 'horizon$',"
                 " 'progress'))) or '0-0')\n"
                 "horizon = redis.call('GET', KEYS[2])\n",
@@ -589,6 +590,9 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             _RACES
             + "test_a_participant_takeover_lets_no_in_process_op_overtake_a_replayed_grant"
+            + _STANDALONE,
+            _RACES
+            + "test_an_in_process_op_waits_for_a_replay_of_its_keys_earlier_ops"
             + _STANDALONE,
         ),
     ),
@@ -645,12 +649,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "push-taken-anywhere",
         "G3.7",
-        "a worker takes a pushed entry in whatever its cursor, skipping what lies between",
-        (
-            Edit(
-                "keyserial/_worker/wakeups.py", 'if pushed.after not in (cursor, "-"):', "if False:"
-            ),
-        ),
+        "a worker takes a pushed entry whatever its place, skipping what lies between",
+        (Edit("keyserial/_worker/wakeups.py", "if pushed.place > self.next_place:", "if False:"),),
         ("tests/worker/test_wakeups.py::test_a_push_that_does_not_follow_on_is_left_to_a_fetch",),
     ),
     Mutant(
@@ -660,21 +660,17 @@ MUTANTS: tuple[Mutant, ...] = (
         (Edit(_STEP, "  if problem then\n", "  if false then\n"),),
         (
             _PUSH + "test_a_forged_push_is_run_but_never_committed" + _STANDALONE,
-            _PUSH + "test_a_push_that_claims_the_largest_id_does_not_stop_the_shard" + _STANDALONE,
+            _PUSH
+            + "test_a_push_that_claims_a_place_far_past_the_inbox_is_never_taken"
+            + _STANDALONE,
         ),
     ),
     Mutant(
-        "push-fields-counted-loosely",
+        "push-item-unchecked",
         "G3.8",
-        "step.lua confirms a pushed entry whose stream copy holds a prefix of the pushed fields",
-        (
-            Edit(
-                _STEP,
-                "local same = entry[1] == taken[i][1] and #fields == taken[i][2]",
-                "local same = entry[1] == taken[i][1]",
-            ),
-        ),
-        (_PUSH + "test_a_push_that_adds_a_field_to_a_real_entry_is_never_committed" + _STANDALONE,),
+        "step.lua confirms a pushed item whatever the inbox holds in its place",
+        (Edit(_STEP, "    if held[i] ~= pushed[i] then\n", "    if false then\n"),),
+        (_PUSH + "test_a_push_that_marks_a_real_item_fresh_is_never_committed" + _STANDALONE,),
     ),
     Mutant(
         "message-taken-as-is",
@@ -1058,7 +1054,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_client/outcomes.py",
-                "        or pending.entry.decode() not in entries\n    ):",
+                "        or pending.entry.place not in entries\n    ):",
                 "        or False\n    ):",
             ),
         ),
@@ -1071,7 +1067,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_client/outcomes.py",
-                "    if pending.entry is None or pending.entry.decode() not in entries:",
+                "    if pending.entry is None or pending.entry.place not in entries:",
                 "    if not entries:",
             ),
         ),
@@ -1087,8 +1083,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "step.lua leaves a stream whose last id is the largest as it is",
         (Edit(_STEP, "if ARGV[2] == LARGEST_ID or (", "if false or ("),),
         (
-            _HOSTILE
-            + "test_an_entry_under_the_largest_id_stops_appends_only_until_it_has_committed"
+            _INBOX
+            + "test_an_entry_under_the_largest_id_holds_pushed_ops_only_until_it_has_committed"
             + _STANDALONE,
         ),
     ),
@@ -1279,14 +1275,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
-        "push-names-nothing",
+        "push-names-a-wrong-place",
         "G3.7",
-        "submit.lua's push says the stream was empty, whatever stood last in it",
-        (Edit(_LUA + "submit.lua", "before = last and last[1] or '-'", "before = '-'"),),
+        "submit.lua's push names the inbox's next place, whatever stood ahead of the entry",
+        (Edit(_LUA + "submit.lua", "or '0') + ahead + 1", "or '0') + 1"),),
         (
-            _PUSH + "test_a_fresh_entry_is_pushed_naming_the_entry_before_it" + _STANDALONE,
+            _PUSH + "test_a_fresh_entry_is_pushed_with_its_place_in_the_inbox" + _STANDALONE,
             _PUSH
-            + "test_an_entry_appended_without_a_wake_up_is_never_skipped_by_a_push"
+            + "test_an_entry_pushed_without_a_wake_up_is_never_skipped_by_a_push"
             + _STANDALONE,
         ),
     ),
@@ -1310,8 +1306,12 @@ MUTANTS: tuple[Mutant, ...] = (
         "step-forgets-push",
         "G3.7",
         "step.lua leaves the horizon below an entry its owner took in from a push",
-        (Edit(_STEP, "if #entries == 0 and ARGV[13] ~= '' then", "if false then"),),
-        (_PUSH + "test_a_step_raises_the_horizon_to_the_pushed_entry_it_took" + _STANDALONE,),
+        (Edit(_STEP, "if #entries == 0 and last_kept then", "if false then"),),
+        (
+            _PUSH
+            + "test_a_step_moves_the_pushed_entries_in_and_raises_the_horizon_to_them"
+            + _STANDALONE,
+        ),
     ),
     Mutant(
         "takeover-forgets-push",
@@ -1412,7 +1412,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "step-ignores-earlier-layouts",
         "G11.4",
         "step.lua commits an op whose outcome a layout before a reshard stored",
-        (_no_fence(_STEP, "if commit and ARGV[16] and ARGV[16] ~= '' then"),),
+        (_no_fence(_STEP, "if commit and ARGV[15] and ARGV[15] ~= '' then"),),
         (
             "tests/backend/test_scripts_idempotent.py::"
             "test_a_step_storing_an_outcome_stored_in_an_earlier_layout_is_refused[results-standalone]",
@@ -1457,7 +1457,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         (
             _RESHARD
-            + "test_an_op_xadded_to_a_retired_shard_is_forwarded_and_runs_once"
+            + "test_an_op_pushed_with_a_plain_rpush_to_a_retired_shard_is_forwarded_and_runs_once"
             + _STANDALONE,
         ),
     ),
@@ -2229,6 +2229,223 @@ MUTANTS: tuple[Mutant, ...] = (
             _IDEMPOTENT
             + "test_an_entry_refused_as_reserved_left_by_a_crash_is_never_a_suspect"
             + _STANDALONE,
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "push-dropped-while-running",
+        "G3.13",
+        "a step takes every pushed entry out of the inbox for nowhere, also one whose op still"
+        " runs: a takeover never runs it again",
+        (
+            Edit(
+                _SHARD,
+                '["1" if entry.remaining or f"+{n}" in named else "0"'
+                " for n, entry in enumerate(pushed, 1)]",
+                '["0" for n, entry in enumerate(pushed, 1)]',
+            ),
+        ),
+        (_INBOX + "test_progress_never_passes_a_pushed_entry_whose_op_still_runs" + _STANDALONE,),
+    ),
+    Mutant(
+        "pushed-dead-letter-dropped",
+        "G3.13",
+        "a step takes a pushed entry with a dead letter out of the inbox for nowhere: the letter"
+        " names no entry",
+        (Edit(_SHARD, ' or f"+{n}" in named else "0"', ' else "0"'),),
+        (
+            _INBOX
+            + "test_a_dead_letter_of_a_pushed_entry_names_the_entry_it_was_moved_in_as"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "resend-taken-unchecked",
+        "G3.8",
+        "step.lua takes pushed items not in the inbox as moved in by a first sending of the step,"
+        " whatever the taken count: a forged push whose ops all ran commits",
+        (
+            Edit(
+                _STEP,
+                "  if tonumber(redis.call('GET', KEYS[15]) or '0')"
+                " < pushed_place + #pushed - 1 then\n    return nil\n  end\n",
+                "",
+            ),
+        ),
+        (
+            _INBOX
+            + "test_a_pushed_entry_whose_ops_have_committed_leaves_the_inbox_for_nowhere"
+            + _STANDALONE,
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "seal-leaves-the-inbox",
+        "G3.13",
+        "seal.lua names the stream's last entry with the inbox still unmoved: ops pushed before"
+        " the seal are forwarded past it, behind newer ops on their keys",
+        (Edit(_LUA + "seal.lua", "move_inbox(KEYS[3], KEYS[4], KEYS[1])\n", ""),),
+        (
+            _INBOX
+            + "test_a_seal_moves_the_inbox_into_the_stream_before_it_names_the_last_entry"
+            + _STANDALONE,
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "sweep-takes-any-moved-entry",
+        "G3.13",
+        "present.lua counts an overdue op's entry there if any entry moved in since it was pushed"
+        " is: one a failover lost is never pushed again",
+        (
+            Edit(
+                _LUA + "present.lua",
+                "if fields[i] == 'p' and fields[i + 1] == ARGV[at] then",
+                "if fields[i] == 'p' then",
+            ),
+        ),
+        (
+            _INBOX
+            + "test_the_sweep_finds_an_entry_in_the_inbox_or_moved_in_by_its_place"
+            + _STANDALONE,
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "sweep-takes-places-past-the-inbox",
+        "G3.13",
+        "present.lua counts an item there whatever its place past the moved ones: one a failover"
+        " lost is never pushed again",
+        (
+            Edit(
+                _LUA + "present.lua",
+                "if place > taken and place <= taken + length then",
+                "if place > taken then",
+            ),
+        ),
+        (
+            _INBOX
+            + "test_the_sweep_finds_an_entry_in_the_inbox_or_moved_in_by_its_place"
+            + _STANDALONE,
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "resent-step-takes-any-entries",
+        "G3.13",
+        "step.lua takes the entries after the cursor for a pushed item's, whatever they hold: a"
+        " forged push commits what ran it",
+        (Edit(_STEP, "      if entry[2][j] ~= fields[j] then\n", "      if false then\n"),),
+        (
+            _INBOX
+            + "test_a_step_sent_again_after_its_reply_was_lost_moves_its_pushed_items_once"
+            + _STANDALONE,
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "move-past-the-largest-id",
+        "G3.13",
+        "lib.lua's move_items trims the inbox whether or not the stream took its items: ops pushed"
+        " while the stream has no id left are lost",
+        (Edit(_LUA + "lib.lua", "    if type(id) ~= 'string' then\n      break\n    end\n", ""),),
+        (_INBOX + "test_items_wait_in_the_inbox_while_the_stream_has_no_id_left" + _STANDALONE,),
+        fast=True,
+    ),
+    Mutant(
+        "takeover-leaves-the-inbox",
+        "G3.7",
+        "acquire.lua and release.lua count what the stream holds as fetched by an owner that"
+        " took pushes, leaving the inbox unmoved: an op it ran from a push is not suspected",
+        (Edit(_LUA + "lib.lua", "  move_inbox(inbox_key, taken_key, stream_key)\n", ""),),
+        (
+            _PUSH
+            + "test_a_takeover_counts_every_entry_as_fetched_if_the_dead_owner_took_pushes"
+            + _STANDALONE,
+            _PUSH + "test_a_pushed_op_that_kills_its_worker_is_struck_at_every_death" + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "pushed-dead-letter-unnamed",
+        "G3.13",
+        "step.lua records a pushed entry's dead letter under the runner's '+<n>', not the id the"
+        " entry was moved in as",
+        (Edit(_STEP, "    if string.sub(entry, 1, 1) == '+' then", "    if false then"),),
+        (
+            _INBOX
+            + "test_a_dead_letter_of_a_pushed_entry_names_the_entry_it_was_moved_in_as"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "push-overtakes-the-stream",
+        "G3.7",
+        "step.lua moves pushed items in behind an entry appended to the stream itself that no"
+        " fetch brought: the push ran first, and the entry is skipped",
+        (
+            Edit(
+                _STEP,
+                "  if same and #xrange_after(KEYS[4], ARGV[4], '+', 1) > 0 then",
+                "  if false then",
+            ),
+        ),
+        (
+            _INBOX
+            + "test_an_entry_appended_to_the_stream_itself_is_never_overtaken_by_a_push"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "push-taken-behind-an-unread-fetch",
+        "G3.7",
+        "a worker takes pushes while its last fetch may have left entries in the stream",
+        (
+            Edit(
+                "keyserial/_worker/wakeups.py",
+                "if not self.recorded or not self.caught_up or not self._waiting:",
+                "if not self.recorded or not self._waiting:",
+            ),
+        ),
+        (
+            "tests/worker/test_wakeups.py::"
+            "test_no_push_is_taken_while_a_fetch_may_have_left_entries_in_the_stream",
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "heir-leaves-retired-inbox",
+        "G11.4",
+        "the heir of a retired shard forwards what its stream holds, not what a stale client"
+        " pushed to its inbox: those ops are never run",
+        (
+            Edit(
+                "keyserial/_worker/strays.py",
+                "    raise_errors(await backend.run_many([move_in(shard.keys, STRAY_BATCH)"
+                " for shard in shards]))\n",
+                "",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_an_op_pushed_with_a_plain_rpush_to_a_retired_shard_is_forwarded_and_runs_once"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "caught-up-at-any-full-fetch",
+        "G3.7",
+        "a worker counts a fetch that got a full batch as having reached the end of the stream,"
+        " whatever its last entry: pushes overtake what it left there",
+        (
+            Edit(
+                "keyserial/_worker/wakeups.py",
+                "(taken is not None and last == str(taken))",
+                "(taken is not None)",
+            ),
+        ),
+        (
+            "tests/worker/test_wakeups.py::"
+            "test_no_push_is_taken_while_a_fetch_may_have_left_entries_in_the_stream",
         ),
         fast=True,
     ),

@@ -15,8 +15,8 @@ from typing import Any, TypeVar
 
 from .._scripts.calls import ScriptArg, ScriptCall, decoded
 from .._scripts.refusals import ScriptMissing
-from .._scripts.submit import SubmitArgs, submit
-from .._wire.codec import LARGEST_ID
+from .._scripts.submit import Pushed, SubmitArgs, present, submit
+from .._wire.codec import LARGEST_ID, item_fields
 from .._wire.layout import (
     PAUSES_CHANGED,
     Layout,
@@ -107,11 +107,11 @@ class Backend:
         return result
 
     async def append(self, entries: Sequence[tuple[ShardKeys, SubmitArgs]]) -> list[Any]:
-        """Append stream entries (``submit`` calls) in one pipeline: each entry's id, or its
-        error. An entry marked ``fresh`` (op ids appended for the first time: its owner looks
-        none up) must land once, so it goes out marked only where a command is sent at most
-        once: on keyserial's own connection, which never sends one again (redis-py may, after
-        a lost connection)."""
+        """Push entries to shards' inboxes (``submit`` calls) in one pipeline: where each went
+        (:class:`Pushed`), or its error. An entry marked ``fresh`` (op ids appended for the
+        first time: its owner looks none up) must land once, so it goes out marked only where a
+        command is sent at most once: on keyserial's own connection, which never sends one
+        again (redis-py may, after a lost connection)."""
         if not self.transport.sends_once:
             entries = [(keys, replace(args, fresh=False)) for keys, args in entries]
         return await self.run_many([submit(keys, args) for keys, args in entries])
@@ -134,10 +134,9 @@ class Backend:
         replies = raise_errors(await self.pipeline(commands))
         return [merged_stored(replies[at : at + 2]) for at in range(0, len(replies), 2)]
 
-    async def entries_present(self, shard: ShardKeys, ids: Sequence[bytes]) -> list[bool]:
-        """Whether each entry is still in the shard's stream (one round trip)."""
-        commands = [("XRANGE", shard.stream, id_, id_) for id_ in ids]
-        return [bool(reply) for reply in raise_errors(await self.pipeline(commands))]
+    async def entries_present(self, shard: ShardKeys, pushed: Sequence[Pushed]) -> list[bool]:
+        """Whether each pushed entry is still in the shard's inbox or stream (one round trip)."""
+        return await self.run_call(present(shard, pushed))
 
     async def state(self, shard: ShardKeys, key: str) -> bytes | None:
         """The committed state (JSON) of ``key``, or None."""
@@ -213,12 +212,18 @@ class Backend:
         return list(records)
 
     async def entries_after(self, cursors: Sequence[tuple[ShardKeys, str]]) -> list[bool]:
-        """For each (shard, entry id): whether the shard's stream has an entry after that one
-        (True too where the server answered with an error: look, to be safe). One pipeline."""
-        replies = await self.pipeline(
-            [("XRANGE", shard.stream, f"({cursor}", "+", "COUNT", 1) for shard, cursor in cursors]
-        )
-        return [isinstance(reply, Exception) or bool(reply) for reply in replies]
+        """For each (shard, entry id): whether the shard's stream has an entry after that one,
+        or its inbox an item (True too where the server answered with an error: look, to be
+        safe). One pipeline."""
+        commands: list[tuple[str, ...]] = []
+        for shard, cursor in cursors:
+            commands += [("XRANGE", shard.stream, f"({cursor}", "+", "COUNT", "1")]
+            commands += [("LLEN", shard.inbox)]
+        replies = await self.pipeline(commands)
+        return [
+            any(isinstance(reply, Exception) or bool(reply) for reply in replies[at : at + 2])
+            for at in range(0, len(replies), 2)
+        ]
 
     async def entries_since(
         self, cursors: Sequence[tuple[ShardKeys, str]], count: int
@@ -243,11 +248,22 @@ class Backend:
         return [[] if cursor == LARGEST_ID else _entries(next(found)) for _, cursor in cursors]
 
     async def queued(self, shard: ShardKeys, count: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
-        """Up to ``count`` stream entries after the shard's progress marker, oldest first: (id,
-        fields); ops waiting or under way."""
+        """Up to ``count`` entries after the shard's progress marker, oldest first: (id,
+        fields); ops waiting or under way: the stream's, then the inbox's, not moved in yet
+        (named ``inbox <place>``; an item of another form than the wire format's is left out)."""
         progress = await self.call("GET", shard.progress)
         first = f"({progress.decode()}" if progress else "-"
-        return _entries(await self.call("XRANGE", shard.stream, first, "+", "COUNT", count))
+        found = _entries(await self.call("XRANGE", shard.stream, first, "+", "COUNT", count))
+        if len(found) < count:
+            taken, items = raise_errors(
+                await self.pipeline(
+                    [("GET", shard.inbox_taken), ("LRANGE", shard.inbox, 0, count - len(found) - 1)]
+                )
+            )
+            for at, item in enumerate(items, int(taken or 0) + 1):
+                if (fields := item_fields(item)) is not None:
+                    found.append((f"inbox {at}".encode(), fields))
+        return found
 
     async def paused_keys(self, shard: ShardKeys) -> dict[bytes, bytes]:
         """The shard's paused keys, with their records."""

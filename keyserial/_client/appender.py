@@ -17,7 +17,7 @@ from anyio.abc import TaskGroup
 from .._backend.backend import Backend
 from .._backend.batching import NodeBatcher
 from .._scripts.refusals import BacklogRefused, Refused, ShardSealed
-from .._scripts.submit import SubmitArgs
+from .._scripts.submit import Pushed, SubmitArgs
 from .._settings import Settings
 from .._wire.codec import WIRE_VERSION, pack_entry
 from .._wire.layout import ShardKeys
@@ -117,7 +117,7 @@ class Appender:
         refused: list[Pending] = []
         sealed: list[Pending] = []
         for (shard, group), reply in zip(entries, replies, strict=True):
-            if isinstance(reply, bytes):
+            if isinstance(reply, Pushed):
                 for pending in group:
                     pending.appended(reply)
             elif isinstance(reply, BackendUnavailable):

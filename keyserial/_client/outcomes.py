@@ -149,7 +149,7 @@ def _outcome_for(pending: Pending, stored: bytes | None, answered: bytes | None)
         return None
     outcome = decode_outcome(answered)
     entries = outcome.pop("e", ())
-    if pending.entry is None or pending.entry.decode() not in entries:
+    if pending.entry is None or pending.entry.place not in entries:
         return None
     return outcome
 
@@ -167,7 +167,7 @@ def signed_outcome_for(pending: Pending, answer: Outcome) -> Outcome | None:
         or answer.get("s") != pending.shard.shard
         or answer.get("g") != pending.shard.generation
         or not isinstance(entries, list)
-        or pending.entry.decode() not in entries
+        or pending.entry.place not in entries
     ):
         return None
     outcome = {name: value for name, value in answer.items() if name not in _ADDRESS}

@@ -8,6 +8,7 @@ import time
 from dataclasses import KW_ONLY, dataclass, field
 from typing import Any
 
+from .._scripts.submit import Pushed
 from .._wire.codec import envelope_binding, with_reply
 from .._wire.layout import ShardKeys
 from ..errors import KeyserialError, OperationFailed
@@ -37,8 +38,9 @@ class Pending:
     appended_only: bool = False
     outcome: dict[str, Any] | BaseException | None = field(default=None, init=False)
     since: float = field(default_factory=time.monotonic, init=False)
-    #: The stream entry that carries the op, once appended (the sweep checks it is there).
-    entry: bytes | None = field(default=None, init=False)
+    #: Where the entry that carries the op was pushed, once it was (the sweep checks it is
+    #: there).
+    entry: Pushed | None = field(default=None, init=False)
 
     @property
     def key(self) -> str:
@@ -67,8 +69,8 @@ class Pending:
         replies on ``reply``."""
         self.shard, self.envelope = shard, with_reply(self.envelope, reply)
 
-    def appended(self, entry: bytes) -> None:
-        """The stream entry ``entry`` carries the op now."""
+    def appended(self, entry: Pushed) -> None:
+        """The entry pushed as ``entry`` carries the op now."""
         self.entry = entry
         if self.appended_only:
             self.settle(APPENDED)

@@ -104,7 +104,9 @@ class Sweep:
         ]
         if not unanswered:
             return
-        present = await self._backend.entries_present(keys, [p.entry or b"" for p in unanswered])
+        present = await self._backend.entries_present(
+            keys, [pending.entry for pending in unanswered if pending.entry is not None]
+        )
         gone = {p.op_id: p for p, there in zip(unanswered, present, strict=True) if not there}
         if not gone:
             return
@@ -115,9 +117,10 @@ class Sweep:
         lost = [gone[op_id] for op_id in still if not self._expired(gone[op_id])]
         for pending in lost:
             log.warning(
-                "op %s: its entry %s is gone with no outcome (a failover?); appending it again",
+                "op %s: its entry (inbox place %s) is gone with no outcome (a failover?);"
+                " appending it again",
                 pending.op_id,
-                (pending.entry or b"").decode(),
+                pending.entry.place if pending.entry is not None else "?",
             )
             pending.entry, pending.fresh = None, False
         if lost:

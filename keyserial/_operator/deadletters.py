@@ -65,6 +65,7 @@ class Replayed:
 
     op_id: str
     shard: int
+    #: Its entry's place in the shard's inbox.
     entry: str
     had_outcome: bool
     #: With ``--new-id``: the op id it had in the letter (``op_id`` is the new one).
@@ -169,9 +170,8 @@ async def replay(
             )
         except BacklogRefused as exc:
             raise ReplayStopped(shard, ids, replayed, exc) from exc
-        entry_id = entry.decode(errors="replace")
         replayed += [
-            Replayed(op_id, shard, entry_id, outcome is not None, was.get(op_id))
+            Replayed(op_id, shard, entry.place, outcome is not None, was.get(op_id))
             for op_id, outcome in zip(ids, stored, strict=True)
         ]
     return replayed, skipped

@@ -45,15 +45,14 @@ class StepArgs(ScriptArgs):
     states_held: bool
     #: Replies to publish once committed (JSON), or '' (the pipeliner fills it).
     replies: str = ""
-    #: The last entry taken in from a push since the last step, or '': the horizon covers it.
-    pushed_to: str = ""
-    #: This owner takes pushed entries from now on: the step records its epoch as the one that
-    #: does (a takeover then counts every entry in the stream as fetched).
-    takes_pushes: bool = False
-    #: The cursor before the entries taken in from pushes since the last step, which it
-    #: confirms in the stream before anything is committed (``Wakeups.to_confirm``: the entries
-    #: follow the commit's arguments), or '' (none).
+    #: ``<place> <keep>``: the place of the first inbox item taken in from a push since the
+    #: last step, and per item '1' to move it into the stream or '0' if its ops have all
+    #: committed (it goes); or '' (none). The step confirms that the inbox holds those items
+    #: first, as pushed (they follow the commit's arguments), before anything is committed.
     pushed: str = ""
+    #: This owner takes pushed entries from now on: the step records its epoch as the one that
+    #: does (a takeover then counts every entry in the stream and the inbox as fetched).
+    takes_pushes: bool = False
     #: The op ids to look up in the layouts before a reshard (set by :func:`step`).
     earlier: str = ""
 
@@ -147,6 +146,11 @@ class StepReply:
     paused: set[str] | None = None
     #: The holds the commit did not record: their attempts have an outcome here already.
     skipped: list[str] = field(default_factory=list)
+    #: The ids of the stream entries the pushed items became, in order ('' for one not kept).
+    moved: list[str] = field(default_factory=list)
+    #: The inbox's taken count after the step (None: not read): the place of the next item to
+    #: take from a push follows it.
+    taken: int | None = None
 
 
 def fields(raw: Any) -> dict[bytes, bytes]:
@@ -154,10 +158,12 @@ def fields(raw: Any) -> dict[bytes, bytes]:
     return raw if isinstance(raw, dict) else dict(pairs(raw))
 
 
-def _step_reply(reply: list[Any]) -> StepReply:
-    if not reply:  # (nothing fetched)
+def _step_reply(reply: list[Any] | int) -> StepReply:
+    if isinstance(reply, int):  # (nothing fetched or moved: the inbox's taken count)
+        return StepReply([], {}, {}, taken=reply)
+    if not reply:  # (nothing fetched or moved, nor read)
         return StepReply([], {}, {})
-    entries, outcomes, states, sealed, paused, skipped = reply
+    entries, outcomes, states, sealed, paused, skipped, moved, taken = reply
     return StepReply(
         entries=[(text(entry_id), fields(raw)) for entry_id, raw in entries],
         done={text(op_id): text(outcome) for op_id, outcome in pairs(outcomes)},
@@ -165,6 +171,8 @@ def _step_reply(reply: list[Any]) -> StepReply:
         sealed=text(sealed) if sealed else None,
         paused={text(key) for key, _ in pairs(paused)} if entries else None,
         skipped=[text(name) for name in skipped],
+        moved=[text(entry_id) for entry_id in moved],
+        taken=None if taken is None else int(taken),
     )
 
 
@@ -173,17 +181,17 @@ def step(
     args: StepArgs,
     others: Sequence[ShardKeys] = (),
     earlier: Sequence[tuple[ShardKeys, Sequence[str]]] = (),
-    pushed: Sequence[str | bytes] = (),
+    pushed: Sequence[bytes] = (),
     commit: StepCommit | None = None,
 ) -> ScriptCall[StepReply]:
     """Commit ``commit``, then fetch the next entries (fenced by ``args.epoch``; refused with
-    ``PushUnconfirmed`` if a pushed entry is not in the stream as pushed, with ``Replayed`` if
+    ``PushUnconfirmed`` if a pushed item is not in the inbox as pushed, with ``Replayed`` if
     an outcome it stores is stored already). ``others``: the shards whose writes the commit's
     ``others`` carries, in its order, each fenced by the epoch it names there.
     ``earlier``: shards of layouts before a reshard, each with the op ids of the commit homed
     there; ``Replayed`` too if one has an outcome there (both on a standalone server only).
-    ``pushed``: the entries taken in from pushes after ``args.pushed``, each its id, the number
-    of its fields and values, then those."""
+    ``pushed``: the inbox items taken in from pushes since the last step, from the place
+    ``args.pushed``, as pushed."""
     k = shard
     keys = [
         k.epoch,
@@ -199,6 +207,8 @@ def step(
         sealed_key(k),
         k.paused,
         k.held,
+        k.inbox,
+        k.inbox_taken,
     ]
     for other in others:
         keys += [other.epoch, other.state]

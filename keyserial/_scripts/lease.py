@@ -80,6 +80,8 @@ def acquire(shard: ShardKeys, args: AcquireArgs) -> ScriptCall[LeaseGrant | Leas
         k.handover,
         k.last_grant,
         k.pushes,
+        k.inbox,
+        k.inbox_taken,
     ]
     return args.call(keys, _grant)
 
@@ -112,5 +114,14 @@ class ReleaseArgs(ScriptArgs):
 
 def release(shard: ShardKeys, args: ReleaseArgs) -> ScriptCall[bool]:
     """Give the lease up, fencing the caller's late writes out: whether it was the caller's."""
-    keys = [shard.lease, shard.horizon, shard.handover, shard.pushes, shard.stream, shard.epoch]
+    keys = [
+        shard.lease,
+        shard.horizon,
+        shard.handover,
+        shard.pushes,
+        shard.stream,
+        shard.epoch,
+        shard.inbox,
+        shard.inbox_taken,
+    ]
     return args.call(keys, _one)

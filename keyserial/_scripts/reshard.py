@@ -1,6 +1,7 @@
 """Typed calls of the reshard scripts: ``move`` (record a move), ``seal`` (an old shard),
-``drained`` (its owner says it is), ``quiet`` (read the three at once) and ``flip`` (end the move).
-See ``_wire.resharding`` for the records."""
+``drained`` (its owner says it is), ``quiet`` (read the three at once), ``flip`` (end the move)
+and ``move_in`` (a retired shard's inbox into its stream, for its heir to forward). See
+``_wire.resharding`` for the records."""
 
 from __future__ import annotations
 
@@ -33,7 +34,19 @@ class SealArgs(ScriptArgs):
 
 def seal(shard: ShardKeys, move: Move) -> ScriptCall[str]:
     """Seal ``shard`` of the move's source layout; its seal record."""
-    return SealArgs(seal_target(move.target)).call([shard.stream, sealed_key(shard)], text)
+    keys = [shard.stream, sealed_key(shard), shard.inbox, shard.inbox_taken]
+    return SealArgs(seal_target(move.target)).call(keys, text)
+
+
+@script_args("move_in")
+class MoveInArgs(ScriptArgs):
+    #: Items to move at most.
+    count: int
+
+
+def move_in(shard: ShardKeys, count: int) -> ScriptCall[int]:
+    """Move up to ``count`` items of a retired shard's inbox into its stream; how many."""
+    return MoveInArgs(count).call([shard.inbox, shard.inbox_taken, shard.stream], int)
 
 
 @script_args("drained")

@@ -1,10 +1,11 @@
 """Typed calls of the scripts anyone may run on a shard, owner or not: ``submit`` (clients, a
-dead letter's replay, a coordinator's grant request) and ``status`` (operators).
+dead letter's replay, a forwarded op), ``present`` (clients) and ``status`` (operators).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +15,8 @@ from .calls import Script, ScriptArgs, ScriptCall, pairs, script_args, text
 
 @script_args("submit")
 class SubmitArgs(ScriptArgs):
-    """One entry of packed ops to append; the script refuses it with ``BacklogRefused``."""
+    """One entry of packed ops to push to a shard's inbox; the script refuses it with
+    ``BacklogRefused`` or ``ShardSealed``."""
 
     #: Entries past progress at most (0: unbounded).
     max_backlog: int
@@ -26,17 +28,37 @@ class SubmitArgs(ScriptArgs):
     #: Every op id in the entry is appended for the first time: its owner looks none up, and the
     #: entry travels to it in its wake-up (a push).
     fresh: bool = False
-    #: Append even to a shard a reshard sealed: a grant request of an op appended before it.
-    past_seal: bool = False
 
 
-def _entry_id(reply: bytes) -> bytes:
-    return reply
+@dataclass(frozen=True, slots=True)
+class Pushed:
+    """Where an entry was pushed: its place in the shard's inbox (the entry a signed reply
+    names), the server's clock then and how many items were ahead of it (where the client's
+    sweep looks for it once it has been moved into the stream: see ``present.lua``)."""
+
+    place: str
+    at_ms: int
+    ahead: int
 
 
-def submit(shard: ShardKeys, args: SubmitArgs) -> ScriptCall[bytes]:
-    """Append one entry of packed ops to the shard's stream; its entry id."""
-    return args.call([shard.stream], _entry_id)
+def _pushed(reply: list[int]) -> Pushed:
+    place, at_ms, ahead = reply
+    return Pushed(str(place), at_ms, ahead)
+
+
+def submit(shard: ShardKeys, args: SubmitArgs) -> ScriptCall[Pushed]:
+    """Push one entry of packed ops to the shard's inbox; where it went."""
+    return args.call([shard.inbox], _pushed)
+
+
+PRESENT = Script.load("present")
+
+
+def present(shard: ShardKeys, pushed: Sequence[Pushed]) -> ScriptCall[list[bool]]:
+    """Whether each pushed entry is still in the shard's inbox or stream (not lost to a
+    failover; one that has committed and left counts as gone too)."""
+    args = [value for entry in pushed for value in (entry.place, entry.at_ms, entry.ahead)]
+    return ScriptCall(PRESENT, [shard.inbox], args, lambda reply: [bool(found) for found in reply])
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +71,8 @@ class StatusReply:
     #: Until the lease expires, if it is held.
     lease_ms: int | None
     epoch: int | None
-    #: Stream entries past progress (committed ones behind an uncommitted one included).
+    #: Stream entries past progress (committed ones behind an uncommitted one included), and
+    #: entries in the inbox not moved into the stream yet.
     backlog: int
     #: The first entry past progress, if any.
     oldest_entry: str | None
@@ -107,4 +130,5 @@ def status(shard: ShardKeys) -> ScriptCall[StatusReply]:
     """Read the shard's health in one snapshot; writes nothing."""
     k = shard
     keys = [k.lease, k.epoch, k.progress, k.stream, k.dead, k.results, k.results_since, k.paused]
+    keys.append(k.inbox)
     return ScriptCall(STATUS, keys, [], _status_reply)

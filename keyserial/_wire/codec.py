@@ -519,27 +519,49 @@ def says_unknown(outcome: Any) -> bool:
 GRANT_OP = "keyserial.grant"
 
 
-_PUSH = re.compile(rb"push (\d+-\d+|-) (\d+-\d+) ([^ \n]+)\n")
+_PUSH = re.compile(rb"push (\d+) ")
 
 
 @dataclass(frozen=True, slots=True)
 class Push:
     """A fresh entry handed to the owner with its wake-up (see ``submit.lua``): the owner may
-    take it in without fetching it, but only where it is the next entry of the stream."""
+    take it in without fetching it, but only where it is the next item of the shard's inbox."""
 
-    #: The entry that stood last in the stream when this one was appended, or '-' if the stream
-    #: was empty (every entry before it had committed and left).
-    after: str
-    entry_id: str
+    #: Its place: its number in the order of the inbox's pushes, from 1.
+    place: int
+    #: The inbox item as pushed, which the owner's step confirms byte for byte.
+    item: bytes
+    #: The stream entry's fields it becomes (without its place, ``p``).
     fields: Mapping[bytes, bytes]
 
 
 def parse_push(message: bytes) -> Push | None:
-    """The entry a wake-up message pushes, or None: a plain wake-up (an entry id, or anything
+    """The entry a wake-up message pushes, or None: a plain wake-up (a place, or anything
     that is not a well-formed push)."""
     head = _PUSH.match(message)
     if head is None:
         return None
-    after, entry_id, version = head.groups()
-    ops = message[head.end() :]
-    return Push(after.decode(), entry_id.decode(), {b"v": version, b"ops": ops, b"fresh": b"1"})
+    item = message[head.end() :]
+    fields = item_fields(item)
+    if fields is None:
+        return None
+    return Push(int(head.group(1)), item, fields)
+
+
+def item_fields(item: bytes) -> dict[bytes, bytes] | None:
+    """The stream entry's fields an inbox item becomes when its owner moves it in (see
+    ``lib.lua``'s ``inbox_entry``, which this follows rule for rule): ``<version>\\n<ops>`` or
+    ``<version> fresh\\n<ops>``; None for an item of another form (it becomes an entry of its
+    raw text, which its owner dead-letters)."""
+    header, newline, ops = item.partition(b"\n")
+    version, space, flags = header.partition(b" ")
+    if not newline or not version or (space and flags != b"fresh"):
+        return None
+    if space:
+        return {b"v": version, b"ops": ops, b"fresh": b"1"}
+    return {b"v": version, b"ops": ops}
+
+
+def inbox_item(ops: str, *, fresh: bool) -> str:
+    """The inbox item of an entry of packed ``ops`` (``submit.lua`` makes it so)."""
+    return f"{WIRE_VERSION}{' fresh' if fresh else ''}\n{ops}"

@@ -191,8 +191,15 @@ class ShardKeys:
     def __post_init__(self) -> None:
         object.__setattr__(self, "tag", shard_tag(self.namespace, self.shard, self.generation))
 
-    #: Ops waiting to run, in order; each entry packs one or more op envelopes.
+    #: Ops waiting to run, in order; each entry packs one or more op envelopes. Only the shard's
+    #: owner writes it, moving in what clients push to :attr:`inbox`.
     stream = _ShardKey("stream")
+    #: List: entries clients push (``submit.lua``), each ``<version>[ fresh]\n<ops>``, until the
+    #: owner's next step moves them into :attr:`stream`.
+    inbox = _ShardKey("inbox")
+    #: How many items the owner has moved out of :attr:`inbox` so far: an item's place (its
+    #: number in the order of pushes, from 1) is this count plus its index in the inbox.
+    inbox_taken = _ShardKey("inbox:taken")
     #: The owner's lease value, with a TTL; renewed by the owner. It is ``<token>.<public key>``:
     #: the owner's coordination channel less ``ks:<ns>:worker:`` (see :func:`owner_channel`).
     lease = _ShardKey("lease")

@@ -171,9 +171,9 @@ class CommitPlanner:
             if finished.store:
                 results.append((finished.op_id, bound(finished.outcome, finished.binding)))
             elif finished.answered:
-                entry_ids = [entry.entry_id for entry in finished.entries]
+                places = [entry.place for entry in finished.entries]
                 answered.append(
-                    (answered_field(finished.op_id), answered_record(finished.outcome, entry_ids))
+                    (answered_field(finished.op_id), answered_record(finished.outcome, places))
                 )
             self._reply(finished, replies)
         progress = self._advance_progress()
@@ -206,7 +206,7 @@ class CommitPlanner:
         """Add ``finished``'s outcome to the replies of its callers' channels."""
         if finished.replies:
             answer = reply_outcome(
-                finished.outcome, self._shard, [entry.entry_id for entry in finished.entries]
+                finished.outcome, self._shard, [entry.place for entry in finished.entries]
             )
             for channel in finished.replies:
                 replies[channel].append((finished.op_id, answer))

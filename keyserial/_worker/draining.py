@@ -2,7 +2,7 @@
 new shard's owner answers from them.
 
 A seal stops clients' appends (``submit.lua``). The owner runs what was appended before it,
-forwards what a client appended past it some other way (an older client, a plain ``XADD``) to
+forwards what a client appended past it some other way (an older client, a plain ``RPUSH``) to
 the op's shard in the new layout, and records the shard drained once nothing but forwards is
 under way: the mover flips once every old shard has said so twice, with no op run between.
 """
@@ -99,7 +99,7 @@ class Drain:
 
     def past_seal(self, entry_id: str) -> bool:
         """Whether ``entry_id`` was appended after this shard's seal (by a client of an older
-        version, or a plain ``XADD``). What an op of such an entry is answered with, without
+        version, or a plain ``RPUSH``). What an op of such an entry is answered with, without
         running here (a refusal, a stored outcome), is replied, never stored: after the flip the
         new layout's owners look each op id up here (:class:`EarlierLayouts`), and a client user
         can read the id of an op waiting in the new layout and append it here past the seal
@@ -138,7 +138,7 @@ class Drain:
         op_id = run.envelope.op_id
         log.warning(
             "shard %d: op %s was appended after the shard was sealed for a reshard (an older"
-            " client, or a plain XADD): forwarded to shard %d of the new layout",
+            " client, or a plain RPUSH): forwarded to shard %d of the new layout",
             self._keys.shard,
             op_id,
             there.shard,

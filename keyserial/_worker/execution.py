@@ -50,8 +50,12 @@ OP_SWITCH_INTERVAL = 0.001
 class Entry:
     """A fetched stream entry; progress may pass it once ``remaining`` reaches zero."""
 
+    #: Its stream id ('' for one taken in from a push, until the step that moves it in).
     entry_id: str
     remaining: int
+    #: What its replies name it by (``e``): its place in the inbox it was pushed to (or, for
+    #: an entry appended to the stream itself, as before the inbox, its id).
+    place: str
 
 
 @dataclass(slots=True)

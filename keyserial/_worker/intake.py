@@ -52,14 +52,16 @@ def accept(
     entry_id: str,
     fields: Mapping[bytes, bytes],
     *,
+    place: str,
     shard: int,
     shard_count: int,
     done: Mapping[str, str],
     running: MutableMapping[str, Run],
 ) -> Accepted:
-    """Take in one entry. ``done``: stored outcomes of op ids that already ran; ``running``:
-    the owner's runs by op id (an op id seen again joins its run, or reuses its outcome; never
-    an op id with '#', which names a record of keyserial's or a grant request's run)."""
+    """Take in one entry (``place``: what its replies name it by, see ``Entry``). ``done``:
+    stored outcomes of op ids that already ran; ``running``: the owner's runs by op id (an op
+    id seen again joins its run, or reuses its outcome; never an op id with '#', which names a
+    record of keyserial's or a grant request's run)."""
     try:
         items = decode_entry(fields)
     except MalformedEntry as exc:
@@ -70,10 +72,12 @@ def accept(
             exc,
             extra=log_fields(shard=shard, error="MalformedOperation"),
         )
-        accepted = Accepted(Entry(entry_id, 0), dead=[(entry_id, exc.reason, entry_raw(fields))])
+        accepted = Accepted(
+            Entry(entry_id, 0, place), dead=[(entry_id, exc.reason, entry_raw(fields))]
+        )
         _answer_salvaged(accepted, fields, exc.reason, done, running)
         return accepted
-    accepted = Accepted(Entry(entry_id, len(items)))
+    accepted = Accepted(Entry(entry_id, len(items), place))
     entry = accepted.entry
     for item in items:
         if item.op_id is not None and "#" in item.op_id:  # (before it could join a run)
@@ -196,6 +200,14 @@ def misrouted(envelope: Envelope, shard: int, shard_count: int) -> str | None:
         if home != shard:
             return f"key {key!r} routes to shard {home} of {shard_count}, not to shard {shard}"
     return None
+
+
+def entry_place(entry_id: str, fields: Mapping[bytes, bytes]) -> str:
+    """What a fetched entry's replies name it by: its place in the inbox it was pushed to (the
+    field ``p`` its owner's step gave it when moving it in), or, for an entry appended to the
+    stream itself (as before the inbox), its id."""
+    place = fields.get(b"p")
+    return entry_id if place is None else place.decode(errors="replace")
 
 
 def channels(reply: str | None) -> list[str]:

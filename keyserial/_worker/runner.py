@@ -69,8 +69,8 @@ from .crossshard.coordination import RunnerServices
 from .crossshard.cross_shard import CrossShard
 from .crossshard.mailbox import Mailbox
 from .draining import Drain, EarlierLayouts
-from .execution import Executor, Run
-from .intake import accept
+from .execution import Entry, Executor, Run
+from .intake import accept, entry_place
 from .keystates import KeyStates
 from .metrics import NO_METRICS, ShardMetrics
 from .pauses import PausedKeys
@@ -124,6 +124,10 @@ class ShardRunner:
         self._running: dict[str, Run] = {}
         self._finished: list[Finished] = []
         self._dead: list[DeadLetter] = []
+        #: The entries taken in from pushes since the last step, in order: each gets its stream
+        #: id from the step that moves it in, and only then is tracked for progress (their dead
+        #: letters name it as ``+<n>``, n counting from 1, which the step resolves).
+        self._pushed: list[Entry] = []
         #: Cross-shard records for the next step (see :meth:`commit_record`).
         self._records: list[Record] = []
         #: Calls for the step loop's next round (see :meth:`in_step_loop`).
@@ -298,7 +302,7 @@ class ShardRunner:
     def seal(self, seal: Seal) -> None:
         """A reshard sealed this shard: clients append no more ops here (``submit.lua``), and
         the shard drains. An op found in an entry appended after the seal (by a client of an
-        older version, or a plain ``XADD``) is forwarded to its shard in the new layout, not
+        older version, or a plain ``RPUSH``) is forwarded to its shard in the new layout, not
         run; a grant request is still taken (its op was appended before the seal). Once nothing
         is under way, the owner records the shard drained (:meth:`Drain.record`)."""
         if self._drain.seal_with(seal):
@@ -388,8 +392,8 @@ class ShardRunner:
             if self._paused.stale:
                 self._paused.stale = False
                 await self._follow_pauses()
-            if (pushed := self._take_push()) is not None:
-                await self._dispatch(pushed, from_stream=False)
+            if pushed := self._take_push():
+                await self._dispatch_pushed(pushed)
             want, replaying = self._fetch_size(), self._replay_until is not None
             fetch = self._wakeups.fetch_size(want, replaying)
             record = self._wakeups.records(want, replaying)
@@ -435,12 +439,12 @@ class ShardRunner:
             self._end_replay()
         return self._settings.fetch_batch
 
-    def _take_push(self) -> StepReply | None:
-        """The pushed entries that follow on from the cursor, if this owner would fetch now
-        (not replaying)."""
+    def _take_push(self) -> list[Push]:
+        """The pushed entries that follow on from the last item taken, if this owner would
+        fetch now (not replaying)."""
         if not self._fetch_size() or self._replay_until is not None or self.sealed:
-            return None
-        return self._wakeups.take(self._cursor, self.states)
+            return []
+        return self._wakeups.take(self.states)
 
     def _end_replay(self) -> None:
         self._replay_until = None
@@ -460,10 +464,14 @@ class ShardRunner:
         across, self._across = self._across, []
         self._evict_idle_states()
         number, writes = self.states.start_step()
-        pushed_to = self._wakeups.pushed_to
+        pushed_entries, self._pushed = self._pushed, []
         others = [other for commit in across for other in commit.writes]
-        commit = self._commits.plan(batch, dead, writes, records, others, pushed=bool(pushed_to))
-        pushed_after, pushed = self._wakeups.to_confirm()
+        commit = self._commits.plan(
+            batch, dead, writes, records, others, pushed=bool(pushed_entries)
+        )
+        pushed_from, pushed = self._wakeups.to_confirm()
+        if pushed_from:
+            pushed_from += " " + _kept(pushed_entries, dead)
         call = step(
             self.keys,
             StepArgs(
@@ -477,9 +485,8 @@ class ShardRunner:
                 trim_to=commit.trim_to,
                 trim_now=commit.trim_now,
                 states_held=self.states.complete,
-                pushed_to=pushed_to,
+                pushed=pushed_from,
                 takes_pushes=record,
-                pushed=pushed_after,
             ),
             commit.others,
             self._earlier.to_check(batch, self._running),
@@ -490,10 +497,16 @@ class ShardRunner:
         began = time.monotonic()  # (metrics)
         fetched = await self._send_step(call, commit, across)
         self._follow_records(fetched)
+        self._moved_in(pushed_entries, fetched.moved)
         _settle(records, self.write_chain, fetched.skipped)
-        self._wakeups.stepped(want, len(fetched.entries), record)
+        last = entry_place(*fetched.entries[-1]) if fetched.entries else ""
+        self._wakeups.stepped(want, len(fetched.entries), record, fetched.taken, last)
         empty = not (
-            commit.payload is not None or commit.trim_to or fetched.entries or pushed_to or record
+            commit.payload is not None
+            or commit.trim_to
+            or fetched.entries
+            or pushed_entries
+            or record
         )
         self._empty_steps = self._empty_steps + 1 if empty and want else 0
         if want:  # (fewer entries than asked for: none followed the last one)
@@ -547,6 +560,16 @@ class ShardRunner:
             _settle_across(across, None)
             raise
 
+    def _moved_in(self, pushed: list[Entry], ids: list[str]) -> None:
+        """The step took the entries taken in from pushes out of the inbox, moving those not
+        done into the stream as ``ids`` ('' for one done, which went): from now on those count
+        for progress."""
+        assert len(ids) == len(pushed), "a step takes every entry pushed since the last"
+        for entry, entry_id in zip(pushed, ids, strict=True):
+            if entry_id:
+                entry.entry_id = self._cursor = entry_id
+                self._commits.track(entry)
+
     def _follow_records(self, fetched: StepReply) -> None:
         """Take the seal and the paused keys the step read with its entries: each entry is then
         judged by them, though their wake-ups come later (or are lost)."""
@@ -586,39 +609,56 @@ class ShardRunner:
             if sleeping.cancelled_caught:
                 return
 
-    async def _dispatch(self, fetched: StepReply, *, from_stream: bool = True) -> None:
-        """Take fetched entries in (``from_stream``: read from the stream, not taken in from
-        pushes, which only the next step confirms)."""
+    async def _dispatch_pushed(self, pushes: list[Push]) -> None:
+        """Take in entries pushed with their wake-ups, which only the next step confirms, and
+        moves into the stream (it gives them their ids)."""
+        taken = StepReply([("", dict(pushed.fields)) for pushed in pushes], {}, {})
+        await self._dispatch(taken, places=[str(pushed.place) for pushed in pushes])
+
+    async def _dispatch(self, fetched: StepReply, *, places: list[str] | None = None) -> None:
+        """Take entries in: fetched from the stream, or (``places``: their places in the
+        inbox) taken in from pushes (see :meth:`_dispatch_pushed`)."""
         if self._earlier and fetched.entries:
             await self._earlier.answer(fetched, replaying=self._replay_until is not None)
         runnable: list[Run] = []
-        for entry_id, fields in fetched.entries:
-            self._cursor = entry_id
+        for at, (entry_id, fields) in enumerate(fetched.entries):
+            if places is None:
+                self._cursor = entry_id
+                place = entry_place(entry_id, fields)
+            else:
+                place = places[at]
             accepted = accept(
                 entry_id,
                 fields,
+                place=place,
                 shard=self.shard,
                 shard_count=self._shard_count,
                 done=fetched.done,
                 running=self._running,
             )
-            self._commits.track(accepted.entry)
             if log.isEnabledFor(logging.DEBUG):
                 log.debug(
                     "shard %d (epoch %d): entry %s runs %s, answers %s",
                     self.shard,
                     self.epoch,
-                    entry_id,
+                    entry_id or f"pushed at {place}",
                     [run.envelope.op_id for run in accepted.runs],
                     [finished.op_id for finished in accepted.finished],
                 )
-            self._dead.extend(accepted.dead)
-            past_seal = self._drain.past_seal(entry_id)
+            past_seal = False
+            if places is None:
+                self._commits.track(accepted.entry)
+                self._dead.extend(accepted.dead)
+                past_seal = self._drain.past_seal(entry_id)
+            else:
+                self._pushed.append(accepted.entry)
+                n = f"+{len(self._pushed)}"
+                self._dead += [(n, why, raw) for _, why, raw in accepted.dead]
             for finished in accepted.finished:
                 finished.store = finished.store and not past_seal  # (replied only: see there)
                 self._finish(finished)
             self._uncommitted += len(accepted.runs)
-            runnable.extend(self._drain.to_run(entry_id, accepted.runs, from_stream=from_stream))
+            runnable.extend(self._drain.to_run(entry_id, accepted.runs, from_stream=places is None))
         self.metrics.dispatched(runnable)
         for run in runnable:
             self._chains.schedule(run)
@@ -869,6 +909,16 @@ class ShardRunner:
                 message = "shard %d: %s; retrying in %.2fs"
                 self._backend.outage.warn(log, message, self.shard, exc, backoff.delay)
                 await backoff.sleep()
+
+
+def _kept(pushed: Sequence[Entry], dead: Sequence[DeadLetter]) -> str:
+    """Per entry taken in from a push, '1' to move it into the stream, or '0' if its ops have
+    all committed (with this step or before) and no dead letter names it: a takeover then has
+    nothing left to run of it, and it goes, as a committed entry leaves the stream."""
+    named = {letter[0] for letter in dead}
+    return "".join(
+        ["1" if entry.remaining or f"+{n}" in named else "0" for n, entry in enumerate(pushed, 1)]
+    )
 
 
 def _settle_across(across: Sequence[AcrossCommit], landed: bool | None) -> None:

@@ -1,11 +1,12 @@
-"""Ops appended to a shard after a reshard retired it, by a client that appends with a plain
-``XADD`` and still routes by the count it read before the move.
+"""Ops pushed to a shard after a reshard retired it, by a client that pushes with a plain
+``RPUSH`` and still routes by the count it read before the move.
 
-Until the flip, the sealed shard's owner forwards such ops (see ``ShardRunner``). After it, no
-worker serves the old shard, so the owner of its heir, shard ``old % M`` of the live layout,
-forwards them: every ``idle_poll`` it reads the entries after the last one the old shard was
-recorded drained through (the move flipped only once it had drained every entry appended),
-appends each op to its home where new ops go now, and deletes the entry. An op forwarded twice (two
+Until the flip, the sealed shard's owner moves such ops into its stream and forwards them (see
+``ShardRunner``). After it, no worker serves the old shard, so the owner of its heir, shard
+``old % M`` of the live layout, forwards them: every ``idle_poll`` it moves what the old shard's
+inbox holds into its stream, reads the entries after the last one the old shard was recorded
+drained through (the move flipped only once it had drained every entry appended), pushes each
+op to its home where new ops go now, and deletes the entry. An op forwarded twice (two
 workers, or a crash between the append and the delete) still runs once: its id finds the first
 one's outcome, here or in a layout before (the runner looks there for twice ``result_ttl``).
 An entry that is malformed, or that asks for a grant (no op of a retired layout is under way
@@ -23,6 +24,7 @@ import anyio
 from .._backend.backend import Backend
 from .._backend.commands import raise_errors
 from .._scripts.refusals import ShardSealed
+from .._scripts.reshard import move_in
 from .._scripts.submit import SubmitArgs, submit
 from .._settings import Settings
 from .._wire.codec import (
@@ -113,7 +115,8 @@ async def _retired(backend: Backend, record: LayoutRecord) -> list[Retired]:
 
 
 async def _forward_pass(backend: Backend, settings: Settings, shards: Sequence[Retired]) -> None:
-    """Forward what was appended to ``shards`` after they drained, to where new ops go now."""
+    """Forward what was pushed to ``shards`` after they drained, to where new ops go now."""
+    raise_errors(await backend.run_many([move_in(shard.keys, STRAY_BATCH) for shard in shards]))
     entries = await backend.entries_since(
         [(shard.keys, shard.drained_through) for shard in shards], STRAY_BATCH
     )
@@ -145,7 +148,7 @@ async def _forward_entry(
             there = await forward(backend, item, record.routing)
             log.warning(
                 "op %s was appended to shard %s after a reshard retired it (a client routing by"
-                " an old count, with a plain XADD): forwarded to shard %d of %d",
+                " an old count, with a plain RPUSH): forwarded to shard %d of %d",
                 item.op_id,
                 _name(shard.keys),
                 there.shard,

@@ -1,28 +1,29 @@
-"""A shard owner's side of pushes (``submit.lua``): a fresh entry arrives in its wake-up, naming
-the entry that stood last in the stream before it. The owner takes such entries in, without
-fetching them, as long as each one follows on from its cursor; it fetches when that chain breaks
-(an entry appended another way, a lost message, a key whose state it has not cached), when a
-plain wake-up announces an entry, and at its poll. One per runner; only its step loop touches it.
+"""A shard owner's side of pushes (``submit.lua``): a fresh entry arrives in its wake-up, with
+its place in the shard's inbox (its number in the order of pushes). The owner takes such entries
+in, without fetching them, as long as each one's place follows on from the last item it took; it
+fetches when that chain breaks (an entry pushed another way, a lost message, a key whose state it
+has not cached), when a plain wake-up announces an entry, and at its poll. One per runner; only
+its step loop touches it.
 
 A push is a hint: anyone who may publish on the wake channel could have sent it. The owner runs
-a pushed entry at once, but the next step first confirms, in the script, that the stream holds
-exactly the pushed entries after the cursor, each with the pushed fields (sent with the step and
-compared whole: a Lua string comparison costs less than hashing them there); it commits nothing
-otherwise (``UNCONFIRMED``), and the owner gives the shard up to start again from what Redis has.
-So no progress, horizon or result ever passes an entry that Redis does not hold as it ran.
+a pushed entry at once, but the next step first confirms, in the script, that the inbox holds
+exactly the pushed items first, the first at its place (sent with the step and compared whole: a
+Lua string comparison costs less than hashing them there), and moves them into the stream; it
+commits nothing otherwise (``UNCONFIRMED``), and the owner gives the shard up to start again from
+what Redis has. So no progress, horizon or result ever passes an entry that Redis does not hold
+as it ran.
 
-An owner takes pushes only once a step of its own has recorded that it does (``takes_pushes``):
-a takeover then counts every entry in the stream as one it may have run, so an op that kills
-the owner before any step of its records the entry still takes its strike.
+An owner takes pushes only once a step of its own has recorded that it does (``takes_pushes``),
+and has told it the inbox's taken count: a takeover then counts every entry in the stream, and
+in the inbox, as one it may have run, so an op that kills the owner before any step of its
+moves the entry still takes its strike.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from .._scripts.commit import StepReply
-from .._wire.codec import Push, parse_id
+from .._wire.codec import Push
 from .intake import entry_keys
 from .keystates import KeyStates
 
@@ -35,16 +36,23 @@ MAX_WAITING = 1024
 class Wakeups:
     """The pushes a runner got, and whether its next step fetches."""
 
-    #: Pushes not taken in yet, in the order they came (the order of the stream).
+    #: Pushes not taken in yet, in the order they came (the order of the inbox).
     _waiting: list[Push] = field(default_factory=list)
-    #: Whether the next step fetches: the stream may hold entries that no push brings.
+    #: Whether the next step fetches: the inbox or the stream may hold entries that no push
+    #: brings.
     must_fetch: bool = True
     #: Whether a step of this owner has recorded that it takes pushes (until then it takes none).
     recorded: bool = False
-    #: The cursor before the first entry taken in from a push since the last step.
-    _taken_after: str = ""
-    #: The entries taken in from pushes since the last step: (entry id, its fields).
-    _taken: list[tuple[str, Mapping[bytes, bytes]]] = field(default_factory=list)
+    #: The place of the next inbox item this owner may take from a push (0: not known until a
+    #: step tells it the inbox's taken count).
+    next_place: int = 0
+    #: Whether the last step that fetched reached the end of the stream: until then an entry
+    #: moved in by a fetch may wait there unfetched, which a pushed entry must not overtake.
+    caught_up: bool = False
+    #: The place of the first item taken in from a push since the last step.
+    _taken_from: int = 0
+    #: The items taken in from pushes since the last step, as pushed.
+    _taken: list[bytes] = field(default_factory=list)
 
     def push(self, pushed: Push) -> None:
         """Keep a push for :meth:`take` (past :data:`MAX_WAITING`, fetch instead)."""
@@ -53,53 +61,44 @@ class Wakeups:
             self.must_fetch = True
         self._waiting.append(pushed)
 
-    def take(self, cursor: str, states: KeyStates) -> StepReply | None:
-        """The pushed entries that follow on from ``cursor``, in order, as if fetched (None if
-        none does). Call it only when the owner would fetch now. A push that does not follow on
-        (an entry lies between it and the cursor, which came some other way) is left to a fetch;
-        one whose keys' states are not cached ends the chain: the next step fetches instead."""
-        if not self.recorded or not self._waiting:
-            return None
+    def take(self, states: KeyStates) -> list[Push]:
+        """The pushed entries that follow on from the last item taken, in order (none if none
+        does, or the last fetch may have left entries in the stream). Call it only when the
+        owner would fetch now. A push that does not follow on (an item lies between it and the
+        last one taken, which came some other way) is left to a fetch; one whose keys' states
+        are not cached ends the chain: the next step fetches instead."""
+        if not self.recorded or not self.caught_up or not self._waiting:
+            return []
         waiting, self._waiting = self._waiting, []
-        entries: list[tuple[str, dict[bytes, bytes]]] = []
-        at = parse_id(cursor)
+        taken: list[Push] = []
         for pushed in waiting:
-            entry_id = parse_id(pushed.entry_id)
-            if entry_id <= at:
-                continue  # fetched already
-            if pushed.after not in (cursor, "-"):
-                self.must_fetch = True  # (an entry lies between: a later push may still follow on)
+            if pushed.place < self.next_place:
+                continue  # moved in already
+            if pushed.place > self.next_place:
+                self.must_fetch = True  # (an item lies between: a later push may still follow on)
                 continue
             if not states.complete and not states.cached(entry_keys(pushed.fields)):
                 self.must_fetch = True
                 break
-            entries.append((pushed.entry_id, dict(pushed.fields)))
             if not self._taken:
-                self._taken_after = cursor
-            self._taken.append((pushed.entry_id, pushed.fields))
-            cursor, at = pushed.entry_id, entry_id
-        if not entries:
-            return None
-        return StepReply(entries, {}, {})
+                self._taken_from = pushed.place
+            self._taken.append(pushed.item)
+            taken.append(pushed)
+            self.next_place += 1
+        return taken
 
     @property
-    def pushed_to(self) -> str:
-        """The last entry taken in from a push since the last step, or '' (the step raises the
-        horizon to it)."""
-        return self._taken[-1][0] if self._taken else ""
+    def pushed(self) -> bool:
+        """Whether an entry was taken in from a push since the last step."""
+        return bool(self._taken)
 
-    def to_confirm(self) -> tuple[str, list[str | bytes]]:
-        """What the next step confirms before it commits: ``StepArgs.pushed``, the cursor before
-        the entries taken in from pushes ('' if none was), and those entries, in order: each its
-        id, the number of its fields and values, then those."""
+    def to_confirm(self) -> tuple[str, list[bytes]]:
+        """What the next step confirms before it commits: ``StepArgs.pushed``, the place of the
+        first item taken in from a push since the last step ('' if none was), and those items,
+        in order."""
         if not self._taken:
             return "", []
-        values: list[str | bytes] = []
-        for entry_id, fields in self._taken:
-            values += (entry_id, str(2 * len(fields)))
-            for name, value in fields.items():
-                values += (name, value)
-        return self._taken_after, values
+        return str(self._taken_from), self._taken
 
     def fetch_size(self, want: int, replaying: bool) -> int:
         """How many entries the next step fetches: ``want`` while replaying, or when entries may
@@ -116,10 +115,19 @@ class Wakeups:
         if fetch:
             self.must_fetch = False
 
-    def stepped(self, fetch: int, fetched: int, recorded: bool) -> None:
+    def stepped(
+        self, fetch: int, fetched: int, recorded: bool, taken: int | None, last: str = ""
+    ) -> None:
         """A step went through, asking for ``fetch`` entries and getting ``fetched`` (one that
-        got all it asked for fetches again), having ``recorded`` that this owner takes pushes."""
+        got all it asked for fetches again), having ``recorded`` that this owner takes pushes,
+        and leaving the inbox's taken count at ``taken`` (None: not read); ``last``: the place
+        of the last entry fetched. A fetch reached the end of the stream if it got fewer than it
+        asked for, or if its last entry was the last item the inbox had moved out."""
         self._taken = []
         self.recorded |= recorded
+        if taken is not None:
+            self.next_place = taken + 1
+        if fetch:
+            self.caught_up = fetched < fetch or (taken is not None and last == str(taken))
         if fetch and fetched >= fetch:
             self.must_fetch = True

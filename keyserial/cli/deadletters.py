@@ -187,8 +187,8 @@ def _print_replayed(replayed: list[Replayed]) -> None:
     for op in replayed:
         if op.was is not None:
             print(
-                f"replayed op {op.was!r} under the new op id {op.op_id!r} to shard {op.shard} as"
-                f" entry {op.entry} (it runs again; its outcome is stored under the new id)"
+                f"replayed op {op.was!r} under the new op id {op.op_id!r} to shard {op.shard} at"
+                f" inbox place {op.entry} (it runs again; its outcome is stored under the new id)"
             )
             continue
         note = (
@@ -196,4 +196,4 @@ def _print_replayed(replayed: list[Replayed]) -> None:
             if op.had_outcome
             else ""
         )
-        print(f"replayed op {op.op_id!r} to shard {op.shard} as entry {op.entry}{note}")
+        print(f"replayed op {op.op_id!r} to shard {op.shard} at inbox place {op.entry}{note}")

@@ -23,7 +23,7 @@ from keyserial._wire.messages import GrantRequest
 from keyserial._worker.execution import Run
 from keyserial._worker.intake import accept
 from keyserial.testing import ShardKeys, running_worker
-from tests.entries import envelope, step_args
+from tests.entries import envelope, push_item, step_args
 from tests.helpers import keys_on_shard, stored_outcome
 
 pytestmark = pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
@@ -467,7 +467,8 @@ async def test_an_op_id_holding_a_hash_never_joins_a_run_nor_takes_its_outcome(
     )
     accepted = accept(
         "5-1",
-        {b"v": b"1", b"ops": json.dumps([{**grant_op, "reply": "r"}]).encode()},
+        {b"v": b"1", b"ops": json.dumps([{**grant_op, "reply": "r"}]).encode(), b"p": b"3"},
+        place="3",
         shard=1,
         shard_count=4,
         done={},
@@ -486,8 +487,8 @@ async def test_an_op_id_holding_a_hash_never_joins_a_run_nor_takes_its_outcome(
         client.pubsub() as listener,
     ):
         await listener.subscribe(reply)
-        await client.xadd(
-            shard.stream, {"v": "1", "ops": json.dumps([{**grant_op, "reply": reply}])}
+        await push_item(
+            client, namespace, 1, [{**grant_op, "reply": reply}], fresh=False, wake=True
         )
         with anyio.fail_after(10):
             while not (message := await listener.get_message(True, timeout=1)):

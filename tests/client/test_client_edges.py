@@ -27,15 +27,19 @@ from keyserial import (
 from keyserial.ledger import balance, deposit
 from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests import apps
+from tests.entries import inbox_entries
 
 
-async def _op_ids_in_stream(url: str, stream: str) -> list[str]:
+async def _op_ids_sent(url: str, namespace: str, shard: int) -> list[str]:
+    """The op ids of the shard's entries, in order: those its owner moved into the stream, then
+    those still waiting in its inbox, as pushed."""
     client = redis.asyncio.Redis.from_url(url)
     try:
-        entries = await client.xrange(stream)
+        entries = [fields for _, fields in await client.xrange(ShardKeys(namespace, shard).stream)]
+        entries += await inbox_entries(client, namespace, shard)
     finally:
         await client.aclose()
-    return [envelope["id"] for _, fields in entries for envelope in json.loads(fields[b"ops"])]
+    return [envelope["id"] for fields in entries for envelope in json.loads(fields[b"ops"])]
 
 
 @asynccontextmanager
@@ -73,10 +77,10 @@ async def test_a_submit_already_cancelled_when_called_is_never_appended(
     async with keyserial.connect(redis_url, shards=2, namespace=namespace) as ks:
         with anyio.move_on_after(0):
             await ks.submit("account:1", deposit(5), op_id="cancelled-early")
-        with pytest.raises(SubmitTimeout):  # appended after the cancelled one, if that was sent
+        with pytest.raises(SubmitTimeout):  # pushed after the cancelled one, if that was sent
             await ks.submit("account:1", deposit(7), timeout=0.3, op_id="sent-later")
-        stream = ShardKeys(namespace, ks.shard_of("account:1")).stream
-        assert await _op_ids_in_stream(redis_url, stream) == ["sent-later"]
+        shard = ks.shard_of("account:1")
+        assert await _op_ids_sent(redis_url, namespace, shard) == ["sent-later"]
 
 
 @pytest.mark.slow
@@ -111,8 +115,8 @@ async def test_a_submit_cancelled_while_queued_behind_an_append_is_never_appende
             await admin.aclose()
         with pytest.raises(SubmitTimeout):
             await ks.submit("account:1", deposit(7), timeout=0.3, op_id="sent-later")
-        stream = ShardKeys(namespace, ks.shard_of("account:1")).stream
-        assert await _op_ids_in_stream(redis_url, stream) == ["in-flight", "sent-later"]
+        shard = ks.shard_of("account:1")
+        assert await _op_ids_sent(redis_url, namespace, shard) == ["in-flight", "sent-later"]
 
 
 async def test_a_submit_cancelled_after_it_is_sent_applies_and_is_found_by_its_op_id(
@@ -123,10 +127,10 @@ async def test_a_submit_cancelled_after_it_is_sent_applies_and_is_found_by_its_o
         keyserial.connect(redis_url, shards=2, namespace=namespace) as ks,
     ):
         op_id = ks.new_op_id()
-        stream = ShardKeys(namespace, ks.shard_of("counter:1")).stream
+        shard = ks.shard_of("counter:1")
 
         async def cancel_once_sent(scope: anyio.CancelScope) -> None:
-            while op_id not in await _op_ids_in_stream(redis_url, stream):
+            while op_id not in await _op_ids_sent(redis_url, namespace, shard):
                 await anyio.sleep(0.01)
             scope.cancel()
 
@@ -293,9 +297,9 @@ async def test_closing_the_client_settles_the_submits_other_tasks_wait_on(
                 anyio.create_task_group() as tasks,
                 keyserial.connect(redis_url, shards=2, namespace=namespace) as ks,
             ):
-                stream = ShardKeys(namespace, ks.shard_of("account:1")).stream
+                shard = ks.shard_of("account:1")
                 await tasks.start(submit, ks, "appended")
-                while "appended" not in await _op_ids_in_stream(redis_url, stream):
+                while "appended" not in await _op_ids_sent(redis_url, namespace, shard):
                     await anyio.sleep(0.01)
                 blocked_before = await blocked_clients()
                 await admin.execute_command("CLIENT", "PAUSE", 5000, "WRITE")
@@ -311,7 +315,7 @@ async def test_closing_the_client_settles_the_submits_other_tasks_wait_on(
         assert "may still apply" in str(errors[op_id]), errors[op_id]
         assert f"ks.result({op_id!r}, key='account:1')" in str(errors[op_id])
     assert "never appended" in str(errors["queued"]), errors["queued"]
-    assert "queued" not in await _op_ids_in_stream(redis_url, stream)
+    assert "queued" not in await _op_ids_sent(redis_url, namespace, shard)
     await admin.aclose()
 
 
@@ -335,7 +339,7 @@ async def test_a_timeout_that_is_not_positive_seconds_is_refused_and_nothing_is_
         with pytest.raises(error, match="timeout"):
             await ks.submit("acct", deposit(5), timeout=timeout, op_id="checked")
         assert await ks.submit("acct", balance()) == 0  # (committed after anything before it)
-        assert "checked" not in await _op_ids_in_stream(url, ShardKeys(namespace, 0).stream)
+        assert "checked" not in await _op_ids_sent(url, namespace, 0)
         with pytest.raises(ResultNotFound):
             await ks.result("checked", key="acct")
 

@@ -21,6 +21,7 @@ from keyserial._backend.backend import Backend
 from keyserial._client.outcomes import StoredOutcomes
 from keyserial._client.pending import Pending
 from keyserial._client.sweep import Sweep
+from keyserial._scripts.submit import Pushed, SubmitArgs
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
 from tests.helpers import eventually
@@ -87,27 +88,31 @@ async def test_a_lost_reply_is_fetched_by_the_client_s_sweep(
         await client.aclose()
 
 
+async def _push(backend: Backend, keys: ShardKeys) -> Pushed:
+    """Push an entry of no ops to the shard's inbox, as a client does; where it went."""
+    [pushed] = await backend.append([(keys, SubmitArgs(0, "1", "[]", ""))])
+    assert isinstance(pushed, Pushed), pushed
+    return pushed
+
+
 class _CommitsDuringTheLook:
-    """A real backend, except that the op commits (its outcome stored, its entry trimmed) just
-    before the sweep checks whether its entry is there: the race the second lookup closes."""
+    """A real backend, except that the op commits (its outcome stored, its entry moved out of
+    the inbox and trimmed from the stream) just before the sweep checks whether its entry is
+    there: the race the second lookup closes."""
 
     def __init__(
-        self,
-        backend: Backend,
-        client: redis.asyncio.Redis,
-        keys: ShardKeys,
-        op_id: str,
-        entry: bytes,
+        self, backend: Backend, client: redis.asyncio.Redis, keys: ShardKeys, op_id: str
     ) -> None:
-        self._backend, self._client, self._keys = backend, client, keys
-        self._op_id, self._entry = op_id, entry
+        self._backend, self._client, self._keys, self._op_id = backend, client, keys, op_id
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
 
-    async def entries_present(self, keys: ShardKeys, entries: list[bytes]) -> list[bool]:
+    async def entries_present(self, keys: ShardKeys, entries: list[Pushed]) -> list[bool]:
         await self._client.hset(self._keys.results, self._op_id, '{"ok": 1}')
-        await self._client.xdel(self._keys.stream, self._entry)
+        # (Its owner took it out of the inbox, and its stream entry is trimmed: it committed.)
+        await self._client.lpop(self._keys.inbox)
+        await self._client.incr(self._keys.inbox_taken)
         present: list[bool] = await self._backend.entries_present(keys, entries)
         return present
 
@@ -120,15 +125,15 @@ async def test_an_op_that_commits_between_the_sweep_s_lookups_is_never_appended_
     backend: Backend, client: redis.asyncio.Redis, namespace: str
 ) -> None:
     """The sweep finds no outcome, then the entry gone: the op may have committed in between
-    (an entry leaves the stream only once its outcome is stored). It looks again before it
-    appends the op again, and finds the outcome: the op is settled, never appended twice."""
+    (an entry leaves the inbox only for the stream, and the stream only once its outcome is
+    stored). It looks again before it pushes the op again, and finds the outcome: the op is
+    settled, never pushed twice."""
     keys = ShardKeys(namespace, 0)
-    entry = await client.xadd(keys.stream, {"v": "1", "ops": "[]"})
     loop = asyncio.get_running_loop()
     pending = Pending("op", "k", keys, "{}", loop.create_future(), fresh=True)
-    pending.entry = entry
+    pending.entry = await _push(backend, keys)
     requeued: list[Pending] = []
-    racing = _CommitsDuringTheLook(backend, client, keys, "op", entry)
+    racing = _CommitsDuringTheLook(backend, client, keys, "op")
     settings, waiting = Settings(namespace=namespace), {"op": [pending]}
     sweep = Sweep(
         racing,
@@ -147,11 +152,11 @@ async def test_an_op_gone_with_no_outcome_after_result_ttl_fails_and_is_not_appe
     backend: Backend, client: redis.asyncio.Redis, namespace: str
 ) -> None:
     """Gone with no outcome means lost only while the op's outcome cannot have expired yet: an
-    op that waited longer than result_ttl may have applied, and its outcome expired. Appending
+    op that waited longer than result_ttl may have applied, and its outcome expired. Pushing
     it again could apply it twice, so its caller gets ``OutcomeUnknown`` instead."""
     keys = ShardKeys(namespace, 0)
-    entry = await client.xadd(keys.stream, {"v": "1", "ops": "[]"})
-    await client.xdel(keys.stream, entry)
+    entry = await _push(backend, keys)
+    await client.delete(keys.inbox)  # (lost: a failover to a replica that never had it)
     loop = asyncio.get_running_loop()
     young, old = (
         Pending(op_id, "k", keys, "{}", loop.create_future(), fresh=True)

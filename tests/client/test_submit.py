@@ -29,6 +29,7 @@ from keyserial._worker.runner import ShardRunner
 from keyserial.ledger import balance, deposit, transfer, withdraw
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
+from tests.entries import inbox_entries
 from tests.helpers import eventually, free_closed_port
 
 
@@ -213,7 +214,8 @@ async def test_oversize_payload_is_refused_before_anything_is_sent(
             await ks.submit("k", apps.append("x" * 2000))
         client = redis.asyncio.Redis.from_url(redis_url)
         try:
-            for shard in range(2):
+            for shard in range(2):  # (no worker: anything sent would wait in the inbox)
+                assert await client.llen(ShardKeys(namespace, shard).inbox) == 0
                 assert await client.xlen(ShardKeys(namespace, shard).stream) == 0
         finally:
             await client.aclose()
@@ -418,10 +420,9 @@ async def test_only_entries_of_op_ids_generated_for_one_append_skip_the_resubmit
         for op_id in (None, "given-1"):
             with pytest.raises(SubmitTimeout):
                 await ks.submit(key, deposit(5), timeout=0.2, op_id=op_id)
-        stream = ShardKeys(namespace, ks.shard_of(key)).stream
         client = redis.asyncio.Redis.from_url(redis_url)
-        try:
-            generated, given = [fields for _, fields in await client.xrange(stream)]
+        try:  # (no worker: both entries wait in the inbox, as pushed)
+            generated, given = await inbox_entries(client, namespace, ks.shard_of(key))
         finally:
             await client.aclose()
         assert generated.get(b"fresh") == (b"1" if standalone else None)

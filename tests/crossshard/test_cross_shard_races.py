@@ -148,3 +148,48 @@ async def test_a_lost_reply_of_a_step_writing_two_shards_is_sent_again_not_taken
                 assert await ks.submit_many([b, a], apps.pay_now(1), timeout=10) == 104
     finally:
         await proxy.aclose()
+
+
+async def test_an_in_process_op_waits_for_a_replay_of_its_keys_earlier_ops(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """A new owner replays what its predecessor left (a suspect op first, alone, then an op on
+    b); a cross-shard op of another shard of the same worker that touches b, submitted
+    meanwhile, holds b only once the replay is over: b's ops apply in the order they came."""
+    note, gate = tmp_path / "stuck", tmp_path / "gate"
+    [c], [b, stuck] = (keys_on_shard(shard, 4, n, "replay") for shard, n in ((1, 1), (2, 2)))
+    keys = ShardKeys(namespace, 2)
+    async with inspector(redis_url) as client:
+        first = await append_entry(
+            client,
+            namespace,
+            2,
+            [envelope("stuck", stuck, "gated_hold", str(gate), str(note))],
+            fresh=False,
+        )
+        last = await append_entry(
+            client, namespace, 2, [envelope("first", b, "append", "first")], fresh=False
+        )
+        await client.set(keys.horizon, last)  # (a predecessor that fetched both, and died)
+        assert first < last
+        with anyio.fail_after(60):
+            async with (
+                running_worker(
+                    redis_url, namespace, shard_count=4, apps=["tests.apps"], lease_ttl=10
+                ),
+                keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
+                anyio.create_task_group() as group,
+            ):
+                await eventually(note.exists, message="the suspect running alone")
+                done = anyio.Event()
+
+                async def move() -> None:
+                    await ks.submit_many([c, b], apps.slow_move(0), op_id="x2")
+                    done.set()
+
+                group.start_soon(move)
+                with anyio.move_on_after(3):  # (it must not get b while the replay holds)
+                    await done.wait()
+                gate.touch()
+                await done.wait()
+                assert await ks.read(b) == ["first", "x2"]

@@ -2,9 +2,10 @@
 coordination message signed for the participant shard's owner; that owner takes it only from
 such a message (a listed worker signed it for this very worker), and then only if it is for
 its own shard, from a coordinator's shard below it, for that shard's keys, and made lately. A
-client user may append to any stream and publish on any worker's channel: a request in a stream
-is refused as a reserved op, and one in a message no listed worker signed is dropped, so it
-holds no key and stores nothing."""
+client user may push to any shard's inbox (whose owner moves what it holds into the shard's
+stream) and publish on any worker's channel: a request in a stream is refused as a reserved op,
+and one in a message no listed worker signed is dropped, so it holds no key and stores
+nothing."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from keyserial._wire.messages import GrantRequest
 from keyserial._wire.signing import ReplySigner, ReplyVerifier
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
+from tests.entries import push_item
 from tests.helpers import eventually, keys_on_shard, publish, subscribe, workers_split_around
 from tests.signers import (
     GRANT_OP,
@@ -151,7 +153,7 @@ def _granted(caplog: pytest.LogCaptureFixture, attempt: str) -> int:
     return _logged(caplog, f"shard {PARTICIPANT} ", "granting keys", f" to {attempt} of shard")
 
 
-# -- in a stream, as the documented client user: refused ---------------------------------------
+# -- in a stream (pushed to the inbox), as the documented client user: refused -----------------
 
 
 def _submit_script() -> str:
@@ -161,15 +163,19 @@ def _submit_script() -> str:
 async def _append(
     served: _Served, envelopes: list[dict[str, Any]], *, pushed: bool = False
 ) -> None:
-    """An entry on the participant shard's stream: a plain XADD (fetched by the owner), or
-    with the submit script as fresh (pushed to the owner with its wake-up)."""
-    keys, ops = served.participant, json.dumps(envelopes)
+    """An entry for the participant shard's stream, pushed to its inbox: a plain RPUSH and a
+    wake-up naming its place (the owner moves it in and fetches it), or with the submit script
+    as fresh (pushed to the owner with its wake-up)."""
+    keys = served.participant
     if pushed:
+        ops = json.dumps(envelopes)
         await served.attacker.eval(
-            _submit_script(), 1, keys.stream, 0, "1", ops, keys.wake_channel, "1"
+            _submit_script(), 1, keys.inbox, 0, "1", ops, keys.wake_channel, "1"
         )
     else:
-        await served.attacker.xadd(keys.stream, {"v": "1", "ops": ops})
+        await push_item(
+            served.attacker, served.namespace, PARTICIPANT, envelopes, fresh=False, wake=True
+        )
 
 
 async def _replies(pubsub: Any, count: int) -> dict[str, list[Any]]:
@@ -198,11 +204,11 @@ _RESERVED_ID = "'#' is reserved in op ids"
 async def test_a_grant_request_appended_to_a_stream_is_refused_as_reserved(
     users: Users, namespace: str, pushed: bool
 ) -> None:
-    """A client user appends grant requests to the participant shard's stream, in every shape
-    (a real request's wire item under its part's id, the same under a plain id, the old
-    signed stream form, a bare one), for the home's live attempt. Each is refused at intake,
-    answered MalformedOperation and never stored under a '#' id; nothing is held, and the
-    victim's next op is answered at once."""
+    """A client user pushes grant requests to the participant shard's inbox, which its owner
+    moves into the stream, in every shape (a real request's wire item under its part's id, the
+    same under a plain id, the old signed stream form, a bare one), for the home's live
+    attempt. Each is refused at intake, answered MalformedOperation and never stored under a
+    '#' id; nothing is held, and the victim's next op is answered at once."""
     reply = f"ks:{namespace}:attacker:{uuid.uuid4().hex}"
     async with _served(users, namespace) as served, served.attacker.pubsub() as pubsub:
         await pubsub.subscribe(reply)
@@ -234,7 +240,7 @@ async def test_a_grant_request_appended_to_a_stream_is_refused_as_reserved(
 async def test_an_op_id_with_a_hash_never_joins_a_grant_requests_run(
     users: Users, namespace: str
 ) -> None:
-    """While a (signed) request's run holds the victim, a client user appends ops under the
+    """While a (signed) request's run holds the victim, a client user pushes ops under the
     run's id: a copy of the run's own envelope (which would join the run and get its outcome)
     and a deposit. Both are refused at once, while the hold stands, and the run ends as its
     decision says."""
@@ -469,7 +475,7 @@ async def test_a_request_replayed_while_its_attempt_is_held_is_ignored(
 async def test_a_forged_grant_request_never_holds_a_reshard_up(
     users: Users, namespace: str
 ) -> None:
-    """A client user's forged requests for the victim, in the stream and in an unsigned
+    """A client user's forged requests for the victim, in the inbox and in an unsigned
     message, then a reshard. Held, a request would keep its shard from draining, and the move
     would never flip; they hold nothing, so the move finishes and ops are answered."""
     backend = await Backend.connect(users.worker_url)
@@ -492,27 +498,26 @@ async def test_a_forged_grant_request_never_holds_a_reshard_up(
 async def test_an_entry_under_a_far_future_id_stops_no_transfer(
     users: Users, namespace: str
 ) -> None:
-    """A client user XADDs to a participant shard under an id two hours ahead: every later
-    entry id follows it. A request's age is judged by the participant's clock against the
-    time its coordinator made it, never by an entry id, so transfers between two workers
-    still go through."""
+    """A participant shard's stream holds an entry under an id two hours ahead, so every entry
+    its owner moves in after it gets a later id still (XADD ``*`` follows the last id): as
+    after a failover to a server whose clock is behind the old one's. (Only the owner appends
+    to a stream now, so the entry is added as admin: a client user's XADD is refused, see
+    tests/security/test_hostile_clients.py.) A request's age is judged by the participant's
+    clock against the time its coordinator made it, never by an entry id, so transfers between
+    two workers still go through."""
     source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
     target = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
-    attacker = redis.asyncio.Redis.from_url(users.client_url)
     ahead = f"{int(time.time() * 1000) + 7_200_000}-0"
-    try:
-        async with (
-            workers_split_around(users.worker_url, namespace, PARTICIPANT, shard_count=SHARDS),
-            keyserial.connect(users.client_url, namespace=namespace) as ks,
-        ):
-            await ks.submit(source, deposit(100))
-            stream = ShardKeys(namespace, PARTICIPANT).stream
-            await attacker.xadd(stream, {"v": "1", "ops": "[]"}, id=ahead)
-            moved = await ks.transfer(source, target, 25, timeout=15)
-            assert moved == {source: 75, target: 25}
-            assert users.admin.xlen(ShardKeys(namespace, PARTICIPANT).dead) <= 1  # (the "[]")
-    finally:
-        await attacker.aclose()
+    async with (
+        workers_split_around(users.worker_url, namespace, PARTICIPANT, shard_count=SHARDS),
+        keyserial.connect(users.client_url, namespace=namespace) as ks,
+    ):
+        await ks.submit(source, deposit(100))
+        stream = ShardKeys(namespace, PARTICIPANT).stream
+        users.admin.xadd(stream, {"v": "1", "ops": "[]"}, id=ahead)
+        moved = await ks.transfer(source, target, 25, timeout=15)
+        assert moved == {source: 75, target: 25}
+        assert users.admin.xlen(ShardKeys(namespace, PARTICIPANT).dead) <= 1  # (the "[]")
     assert users.refusals() == []
 
 

@@ -3,7 +3,6 @@ before its fix. Real worker processes, real signals, a private server per topolo
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
 import time
@@ -26,6 +25,7 @@ from tests.helpers import (
     eventually,
     keys_on_shard,
     stored_outcome,
+    submit_quietly,
     wait_for_exit,
     wait_for_log,
 )
@@ -208,7 +208,7 @@ async def test_a_stuck_op_holds_its_key_not_the_shards_backlog(
             keyserial.connect(redis_url, shards=1, namespace=namespace, max_backlog=40) as ks,
             anyio.create_task_group() as group,
         ):
-            group.start_soon(_submit_quietly, ks, "stuck", apps.gated_hold(str(gate), str(note)))
+            group.start_soon(submit_quietly, ks, "stuck", apps.gated_hold(str(gate), str(note)))
             await eventually(note.exists, message="the stuck op running")
             for n in range(150):
                 assert await ks.submit(f"other:{n % 7}", deposit(1), timeout=10) >= 1
@@ -219,20 +219,15 @@ async def test_a_stuck_op_holds_its_key_not_the_shards_backlog(
             group.cancel_scope.cancel()
 
 
-async def _submit_quietly(ks: keyserial.Client, key: str, call: Any) -> None:
-    with contextlib.suppress(keyserial.SubmitTimeout):
-        await ks.submit(key, call, timeout=3600)
-
-
 async def test_an_append_lost_before_any_worker_saw_it_is_appended_again(
     redis_url: str, namespace: str
 ) -> None:
-    """A failover can lose an acknowledged append (replication is asynchronous): the entry is
-    gone and no outcome will ever come. The client's sweep notices the entry missing with no
-    outcome and appends the op again under its op id, so it applies once instead of leaving
-    its caller waiting until the timeout."""
+    """A failover can lose an acknowledged push (replication is asynchronous): the entry is
+    gone from the inbox and no outcome will ever come. The client's sweep notices the entry
+    missing with no outcome and pushes the op again under its op id, so it applies once instead
+    of leaving its caller waiting until the timeout."""
     key = "lost:1"
-    stream = ShardKeys(namespace, shard_for(key, 1)).stream
+    inbox = ShardKeys(namespace, shard_for(key, 1)).inbox
     with anyio.fail_after(30):
         async with (
             inspector(redis_url) as client,
@@ -245,8 +240,8 @@ async def test_an_append_lost_before_any_worker_saw_it_is_appended_again(
                     results.append(await ks.submit(key, apps.record(), timeout=20))
 
                 group.start_soon(submit)
-                ((entry_id, _),) = await eventually(lambda: client.xrange(stream))
-                await client.xdel(stream, entry_id)  # what the failover lost
+                await eventually(lambda: client.llen(inbox))
+                await client.delete(inbox)  # what the failover lost
                 async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]):
                     await eventually(lambda: _done(results))
             assert results == [1]

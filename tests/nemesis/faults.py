@@ -54,6 +54,9 @@ class Faults:
     garbage: list[GarbageSent] = field(default_factory=list)
     #: Dropped subscriptions that were not replaced in time (each a violation).
     stale_subscriptions: list[dict[str, object]] = field(default_factory=list)
+    #: Writes the byzantine client tried as the client ACL user that Redis did not refuse
+    #: (each a violation: see ``hostile.Forger._refused_writes``).
+    acl_breaches: list[dict[str, Any]] = field(default_factory=list)
     #: Faults injected in full (a fault still waiting for its target when the load ended, or
     #: cut short by it, does not count).
     injected: int = 0

@@ -4,11 +4,24 @@ pushes on a shard's wake channel, grant requests on the workers' coordination ch
 grants and decision notices for every grant request it hears of, on the workers' channels.
 Each forgery, if a worker took it as an authority, would write a tag no caller submitted, a
 balance out of nowhere, or hold keys nothing answers, which the usual checkers report. Now and
-then it also appends an op it reads in a stream again, marked ``fresh`` (its id new, so the
-owner skips looking it up), fetched or pushed: run twice, it would write a caller's tag twice,
-or move money twice. And it publishes forged replies for the ops it reads in a stream, on their
-callers' reply channels: a caller that took one would report an op applied that failed, or
-failed that applied, or return a list its own writes are missing from.
+then it also pushes an op it reads in a stream again to the shard's inbox, marked ``fresh``
+(its id new, so the owner skips looking it up), with the submit script or a plain ``RPUSH``,
+fetched or pushed: run twice, it would write a caller's tag twice, or move money twice. And it
+publishes forged replies for the ops it reads in a stream, on their callers' reply channels: a
+caller that took one would report an op applied that failed, or failed that applied, or return
+a list its own writes are missing from.
+
+A client user writes no stream, only shards' inboxes, with ``RPUSH`` (docs/deployment.md). So
+the forger's pushes (``push <place> <item>`` on a wake channel) name places that do not hold
+their items: the inbox's next place (nothing there yet: an owner may run the op, and its next
+step finds it missing), the place of an item waiting there (with other ops), a place already
+moved into the stream, or one past a gap; now and then a message that is no item at all. It
+pushes garbage to inboxes (items not of the documented form, another version, ops that are not
+JSON: dead-lettered, none run). And every round it tries what the client ACL must refuse: an
+``XADD`` to a stream (with ``MAXLEN 0``, under the largest id, under an explicit id, plain),
+``LPUSH``, ``LTRIM`` and ``DEL`` of an inbox, ``DEL`` of a stream, also from inside a script
+of its own. Each must be refused (``NOPERM``, counted); one accepted is a violation
+(``Faults.acl_breaches``).
 
 The workers' channels are no secret the design leans on: a shard's lease holds its owner's
 (``_wire.layout.owner_channel``), and every operator's ``keyserial status`` shows who that is.
@@ -32,20 +45,23 @@ streams of all of them, and
   byte of it changed. Taken as an authority, any of these would hold keys until the home
   shard changed owner: every key it named (``BaseSystem.forged_keys``) must answer an op
   after healing;
-- appends ``keyserial.grant`` ops to participant shards of every layout, live, sealed or
-  retired (as coordinators of an earlier version appended their requests): made up under
+- pushes ``keyserial.grant`` ops to participant shards of every layout, live, sealed or
+  retired (as coordinators of an earlier version appended their requests; with a plain
+  ``RPUSH`` where the submit script refuses a sealed shard): made up under
   guessed attempts, and copies of the genuine requests it heard, to their own shard, to
   another, to another generation's, or with another attempt. Workers refuse every one as a
   reserved name: taken, one would hold its keys (checked as above);
-- appends to a shard of an older layout (or, with none, to another shard of the live one) an
+- pushes to a shard of an older layout (or, with none, to another shard of the live one) an
   op under a victim's op id and reply channel, but with a key that routes elsewhere (a
-  misrouted op), under the victim's own entry id where the stream allows it (else the largest
-  id there is): the owner's signed refusal then names an entry id the victim also has, and a
-  refusal stored under its id would answer the victim's op, which would then never run;
+  misrouted op), at the victim's own place where the inbox allows it (junk pushed first, in
+  one script of its own, up to the place before; an inbox already past it takes none): the
+  owner's signed refusal then names a place the victim's entry also has, and a refusal stored
+  under its id would answer the victim's op, which would then never run;
 - publishes forged unsigned replies to the victims that name shards of older generations.
 
 Everything goes to the test's own Redis on 127.0.0.1, and stops after the event's ``lasting``
-seconds (at most :data:`MAX_APPENDS` entries appended by one event).
+seconds (at most :data:`MAX_APPENDS` entries pushed by one event, besides the junk before a
+misrouted op and the garbage).
 """
 
 from __future__ import annotations
@@ -56,6 +72,7 @@ import re
 import time
 import uuid
 from collections import Counter
+from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
 from importlib import resources
@@ -65,7 +82,7 @@ import anyio
 import redis.asyncio as aredis
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisError, ResponseError
 
-from keyserial._wire.codec import LARGEST_ID
+from keyserial._wire.codec import LARGEST_ID, inbox_item
 from keyserial._wire.layout import Layout, ShardKeys, owner_channel, part_id, shard_name
 from keyserial._wire.resharding import LayoutRecord
 from keyserial._wire.routing import home_shard, shard_for
@@ -90,6 +107,32 @@ FORGED_ACCOUNT = json.dumps({"balance": 1_000_000, "ops": ["forged"]})
 REPLAY_CHANCE = 0.2
 #: The submit script, as a foreign client sends it (docs/wire-format.md).
 SUBMIT_SCRIPT = resources.files("keyserial._scripts").joinpath("lua/submit.lua").read_text()
+#: A plain RPUSH of one item to an inbox (KEYS[1]), returning its place: the inbox's taken count
+#: plus the list's length after the push, read in the same script (no move falls between). A
+#: script of the forger's own: a client user may run one, with the commands its ACL allows.
+PUSH_ITEM = """
+local length = redis.call('RPUSH', KEYS[1], ARGV[1])
+return tonumber(redis.call('GET', KEYS[1] .. ':taken') or '0') + length
+"""
+#: Junk pushed to an inbox (KEYS[1]) up to the place before ARGV[1], then the item ARGV[2] at
+#: that place, in one script (no other push falls between); nothing where the inbox's next
+#: place is past ARGV[1], or more than ARGV[3] items before it. Returns {1 if pushed, the next
+#: place it found}.
+PUSH_AT = """
+local taken = tonumber(redis.call('GET', KEYS[1] .. ':taken') or '0')
+local next_place = taken + redis.call('LLEN', KEYS[1]) + 1
+local want = tonumber(ARGV[1])
+if next_place > want or want - next_place > tonumber(ARGV[3]) then
+  return {0, next_place}
+end
+for place = next_place, want - 1 do
+  redis.call('RPUSH', KEYS[1], 'junk at place ' .. place)
+end
+redis.call('RPUSH', KEYS[1], ARGV[2])
+return {1, next_place}
+"""
+#: Junk items pushed before a misrouted op, at most (the rest: no push).
+MAX_JUNK = 16
 #: Grant requests (forged or copied) one round appends, at most.
 REQUESTS_PER_ROUND = 3
 #: How often a round appends a misrouted op under a victim's id, and publishes replies naming
@@ -98,6 +141,10 @@ MISROUTED_CHANCE = 0.5
 OLD_REPLY_CHANCE = 0.5
 #: Entries one ``forge`` event appends in all (grant requests and misrouted ops), at most.
 MAX_APPENDS = 150
+#: How often a round pushes an item of garbage (see :data:`GARBAGE_ITEMS`).
+GARBAGE_CHANCE = 0.3
+#: Writes a round tries that the client ACL must refuse, at most.
+REFUSED_PER_ROUND = 3
 #: Streams of layouts other than the live one read per round, at most (the live one's, all).
 OTHER_STREAMS_READ = 16
 #: Entries read per stream.
@@ -136,6 +183,8 @@ async def forge(faults: Faults, number: int, event: FaultEvent) -> None:
         system.forged_keys,
         system.inspector,
         rng_for(system.plan.seed, f"forge:{number}:channels"),
+        inboxes=rng_for(system.plan.seed, f"forge:{number}:inboxes"),
+        breaches=faults.acl_breaches,
     )
     sent = refused = 0
     user = False
@@ -161,13 +210,15 @@ async def forge(faults: Faults, number: int, event: FaultEvent) -> None:
         kinds = ", ".join(f"{kind} {count}" for kind, count in sorted(forger.kinds.items()))
         missed = ", ".join(f"{kind} {count}" for kind, count in sorted(forger.missed.items()))
         published = ", ".join(f"{kind} {count}" for kind, count in sorted(forger.published.items()))
+        denied = ", ".join(f"{kind} {count}" for kind, count in sorted(forger.refused.items()))
         faults.note(
             f"forge: {sent} forged messages published as the client user"
             f" ({refused} rounds cut short by Redis); appended: {kinds or 'nothing'}"
             f" (not appended: {missed or 'none'}); on the workers' channels"
             f" ({forger.heard} messages heard, {len(forger.requests)} genuine requests"
             f" remembered): {published or 'nothing'}; {len(system.forged_keys)} keys"
-            " targeted so far"
+            f" targeted so far; refused by the ACL: {denied or 'nothing tried'}"
+            f" ({len(forger.accepted)} accepted)"
         )
         with anyio.CancelScope(shield=True):
             await forger.deaf()
@@ -186,12 +237,19 @@ async def _client_user(admin: aredis.Redis, password: str) -> None:
 
 @dataclass(frozen=True)
 class Seen:
-    """An envelope read in a stream: where, under which entry id."""
+    """An envelope read in a stream: where, under which entry id, and what the entry's replies
+    name it by (its place in the inbox it was pushed to: the field ``p``; an entry appended to
+    the stream itself has none, and is named by its id)."""
 
     layout: Layout
     shard: int
     entry_id: str
     envelope: dict[str, Any]
+    place: str = ""
+
+    @property
+    def named(self) -> str:
+        return self.place or self.entry_id
 
     @property
     def keys(self) -> list[str]:
@@ -254,6 +312,9 @@ class Forger:
         targeted: set[str],
         inspector: Any = None,
         channels_rng: random.Random | None = None,
+        *,
+        inboxes: random.Random | None = None,
+        breaches: list[dict[str, Any]] | None = None,
     ) -> None:
         self.redis: Any = attacker  # (redis-py's asyncio stubs type replies as sync-or-async)
         self.namespace = namespace
@@ -262,6 +323,9 @@ class Forger:
         #: channels.
         self.rng, self.more = rng, more
         self.messages = channels_rng or random.Random(0)
+        #: The draws of the garbage pushed to inboxes and of the writes the ACL must refuse
+        #: (a stream of their own: the draws above stay as they were).
+        self.inboxes = inboxes or random.Random(1)
         #: Where the forger reads the leases (see the module doc); None: it reads none.
         self.inspector = inspector
         #: The keys the run's load uses, which forged grant requests name.
@@ -280,7 +344,11 @@ class Forger:
         self.channels: dict[tuple[int, int], str] = {}  # (generation, home) -> coordinator's
         #: Each owned shard's owner's channel, by the shard's name, as the leases say.
         self.owners: dict[str, str] = {}
-        self.exhausted: set[str] = set()  # streams given the largest id
+        #: The writes the client ACL refused, by kind, and those it accepted (each a
+        #: violation: kept in ``breaches`` too, the run's ``Faults.acl_breaches``).
+        self.refused: Counter[str] = Counter()
+        self.accepted: list[dict[str, Any]] = []
+        self.breaches = breaches if breaches is not None else []
         self.own: set[str] = set()  # the envelopes it appended (JSON): never learned from
         #: The client user's subscription to the workers' channels, and those it listens on.
         self.listener: Any = None
@@ -290,8 +358,8 @@ class Forger:
     async def round(self) -> int:
         """One round of forgeries: a push to a random shard, then a grant and a decision notice
         for every grant request heard of, then grant requests and signed messages again on the
-        workers' channels, then what follows the reshard (see the module doc). How many
-        messages were published or appended."""
+        workers' channels, then what follows the reshard, then garbage and writes the ACL must
+        refuse (see the module doc). How many messages were published or appended."""
         record = await self._layout_record()
         if record is None:
             return 0
@@ -315,7 +383,53 @@ class Forger:
             sent += await self._misrouted(record)
         if self.more.random() < OLD_REPLY_CHANCE:
             sent += await self._old_generation_replies(record)
+        if self.inboxes.random() < GARBAGE_CHANCE:
+            sent += await self._garbage(record)
+        await self._refused_writes(record)
         return sent
+
+    # -- garbage, and writes the ACL must refuse -------------------------------------------------
+
+    async def _garbage(self, record: LayoutRecord) -> int:
+        """An item of :data:`GARBAGE_ITEMS` pushed to a shard of any layout, with a plain
+        RPUSH, and its place published (a plain wake-up). Its owner dead-letters it; no op of
+        it runs (a forged tag applied would show in the lists)."""
+        rng = self.inboxes
+        layout = rng.choice(_layouts(record))
+        keys = layout.keys(rng.randrange(layout.shards))
+        key = keys_on_shard(keys.shard, layout.shards, 1, "lst")[0]
+        kind = rng.choice(sorted(GARBAGE_ITEMS))
+        envelope = {"id": _forged_id(rng), "key": key, "op": "append", "args": ["forged"]}
+        item = GARBAGE_ITEMS[kind](json.dumps([envelope]))
+        place = await self.redis.eval(PUSH_ITEM, 1, keys.inbox, item)
+        await self.redis.publish(keys.wake_channel, str(place))
+        self.kinds[f"garbage ({kind})"] += 1
+        return 1
+
+    async def _refused_writes(self, record: LayoutRecord) -> None:
+        """Up to :data:`REFUSED_PER_ROUND` writes of :func:`_must_be_refused` to a shard of the
+        live layout: each refused is counted, each accepted a breach (a violation)."""
+        rng = self.inboxes
+        keys = record.live.keys(rng.randrange(record.live.shards))
+        tries = _must_be_refused(keys, rng)
+        for kind, command in rng.sample(tries, rng.randint(1, REFUSED_PER_ROUND)):
+            try:
+                reply = await self.redis.execute_command(*command)
+            except NoPermissionError:
+                self.refused[kind] += 1
+                continue
+            except ResponseError as error:
+                said = str(error)
+                if said.startswith(("BUSY", "LOADING")):
+                    raise  # (Redis did not run it: the round is cut short)
+                if "can't run this command" in said:  # (a command a script runs, refused there)
+                    self.refused[kind] += 1
+                    continue
+                reply = error  # (let through, and failed on its own: WRONGTYPE...)
+            breach = {"kind": kind, "command": [str(arg)[:80] for arg in command]}
+            breach["reply"] = repr(reply)[:200]
+            self.accepted.append(breach)
+            self.breaches.append(breach)
 
     async def _layout_record(self) -> LayoutRecord | None:
         fields = await self.redis.hmget(
@@ -550,8 +664,9 @@ class Forger:
         requests: list[Asked] = []
         for (layout, shard), entries in zip(streams, replies, strict=True):
             for entry_id, fields in entries:
+                place = fields.get(b"p", b"").decode(errors="replace")
                 for envelope in _envelopes(fields):
-                    seen = Seen(layout, shard, entry_id.decode(), envelope)
+                    seen = Seen(layout, shard, entry_id.decode(), envelope, place)
                     own = _canonical(envelope) in self.own
                     if envelope.get("op") == GRANT_OP:
                         if isinstance(envelope.get("kwargs"), dict):
@@ -587,7 +702,7 @@ class Forger:
                 continue
             where, envelope, kind = made
             self.targeted.update(envelope["keys"])
-            await self._append(where, [envelope], past_seal=True)
+            await self._append(where, [envelope])
             self.kinds[f"grant op ({kind})"] += 1
             sent += 1
         return sent
@@ -680,24 +795,26 @@ class Forger:
 
     async def _misrouted(self, record: LayoutRecord) -> int:
         """An op under a victim's op id and reply channel, with a key that routes elsewhere,
-        appended to a shard of an older layout (or another shard of the live one, with none)
-        under the victim's own entry id where the stream allows it, else (on an older layout's
-        shard, once per stream) under the largest id there is."""
+        pushed to a shard of an older layout (or another shard of the live one, with none) at
+        the victim's own place, where the inbox has not passed it (see :data:`PUSH_AT`)."""
         if not self.victims or self.kinds.total() >= MAX_APPENDS:
             return 0
         rng = self.more
-        if rng.random() < 0.5:  # (the newest: the likeliest id that another stream still takes)
+        if rng.random() < 0.5:  # (the newest: the likeliest place that another inbox still takes)
             victim = max(self.victims, key=lambda seen: _order(seen.entry_id))
         else:
             victim = rng.choice(self.victims)
+        if not victim.place.isdigit():
+            self.missed["misrouted op: the victim's entry has no place"] += 1
+            return 0
         older = [layout for layout in _layouts(record) if layout != record.routing]
         old = rng.choice(older) if older else record.routing
         shard = home_shard(victim.keys, old.shards)
-        if not older:  # another shard of the layout new ops go to, one that takes the id
+        if not older:  # another shard of the layout new ops go to, one that takes the place
             others = [each for each in range(old.shards) if each != shard]
-            below = await self._taking(old, others, victim.entry_id)
+            below = await self._taking(old, others, int(victim.place))
             if not below:
-                self.missed["misrouted op: no other stream takes the victim's entry id"] += 1
+                self.missed["misrouted op: no other inbox takes the victim's place"] += 1
                 return 0
             shard = rng.choice(below)
         elsewhere = [key for key in self.workload if shard_for(key, old.shards) != shard]
@@ -711,48 +828,48 @@ class Forger:
             "args": [],
             "reply": victim.envelope["reply"],
         }
-        if not await self._under_victims_id(old.keys(shard), envelope, victim, largest=bool(older)):
+        if not await self._at_victims_place(old.keys(shard), envelope, victim):
             return 0
         self.targeted.add(key)
         return 1
 
-    async def _under_victims_id(
-        self, where: ShardKeys, envelope: dict[str, Any], victim: Seen, *, largest: bool
+    async def _at_victims_place(
+        self, where: ShardKeys, envelope: dict[str, Any], victim: Seen
     ) -> bool:
-        """Append ``envelope`` under the victim's entry id, else (if ``largest``, once per
-        stream) under the largest id; whether the stream took either."""
-        for entry_id in (victim.entry_id, LARGEST_ID):
-            if entry_id == LARGEST_ID and (not largest or where.stream in self.exhausted):
-                break
-            try:
-                await self._append(where, [envelope], entry_id=entry_id)
-            except NoPermissionError:
-                raise
-            except ResponseError:  # (the stream holds a larger id)
-                continue
-            if entry_id == LARGEST_ID:
-                self.exhausted.add(where.stream)
-            how = " (under the largest id)" if entry_id == LARGEST_ID else ""
-            self.kinds[f"misrouted op under a victim's id{how}"] += 1
-            return True
-        self.missed["misrouted op: the stream took no id"] += 1
-        return False
+        """Push ``envelope`` at the victim's place, junk before it (:data:`PUSH_AT`), and wake
+        the owner; whether the inbox took it there."""
+        self.own.add(_canonical(envelope))
+        item = inbox_item(json.dumps([envelope]), fresh=False)
+        pushed, next_place = await self.redis.eval(
+            PUSH_AT, 1, where.inbox, victim.place, item, MAX_JUNK
+        )
+        if not pushed:
+            past = int(next_place) > int(victim.place)
+            self.missed[f"misrouted op: the inbox is {'past' if past else 'far below'} it"] += 1
+            return False
+        await self.redis.publish(where.wake_channel, victim.place)
+        self.kinds["misrouted op at a victim's place"] += 1
+        return True
 
-    async def _taking(self, layout: Layout, shards: list[int], entry_id: str) -> list[int]:
-        """The shards of ``shards`` whose streams' last entries are below ``entry_id``."""
+    async def _taking(self, layout: Layout, shards: list[int], place: int) -> list[int]:
+        """The shards of ``shards`` whose inboxes' next places are ``place`` or below it, by
+        :data:`MAX_JUNK` at most."""
         async with self.redis.pipeline(transaction=False) as pipe:
             for shard in shards:
-                pipe.xrevrange(layout.keys(shard).stream, count=1)
-            tops = await pipe.execute()
-        return [
-            shard
-            for shard, top in zip(shards, tops, strict=True)
-            if not top or _order(top[0][0].decode()) < _order(entry_id)
-        ]
+                pipe.get(layout.keys(shard).inbox_taken)
+                pipe.llen(layout.keys(shard).inbox)
+            replies = await pipe.execute()
+        taking = []
+        for at, shard in enumerate(shards):
+            taken, waiting = replies[2 * at : 2 * at + 2]
+            next_place = int(taken or 0) + int(waiting) + 1
+            if next_place <= place <= next_place + MAX_JUNK:
+                taking.append(shard)
+        return taking
 
     async def _old_generation_replies(self, record: LayoutRecord) -> int:
         """Forged unsigned replies to a few victims, naming shards of older generations (or of
-        the generation before the live one's, with none), and the victim's entry id."""
+        the generation before the live one's, with none), and the victim's entry (its place)."""
         if not self.victims:
             return 0
         rng = self.more
@@ -767,7 +884,7 @@ class Forger:
                 **rng.choice(FORGED_OUTCOMES),
                 "s": home_shard(victim.keys, old.shards),
                 "g": old.generation,
-                "e": [victim.entry_id],
+                "e": [victim.named],
             }
             message = {"v": 1, "r": [[victim.envelope["id"], outcome]]}
             await self.redis.publish(victim.envelope["reply"], json.dumps(message))
@@ -776,28 +893,24 @@ class Forger:
 
     # -- appending -------------------------------------------------------------------------------
 
-    async def _append(
-        self,
-        where: ShardKeys,
-        envelopes: list[dict[str, Any]],
-        *,
-        entry_id: str = "*",
-        past_seal: bool = False,
-    ) -> None:
-        """Append an entry of ``envelopes`` and wake the shard's owner: under ``entry_id`` with
-        XADD, or (``*``, now and then) with the submit script, past a seal if asked, fetched or
-        pushed."""
+    async def _append(self, where: ShardKeys, envelopes: list[dict[str, Any]]) -> None:
+        """Push an entry of ``envelopes`` to the shard's inbox and wake its owner: now and then
+        with the submit script (fetched or pushed), else, and where the script refuses a sealed
+        shard, with a plain RPUSH and a plain wake-up (its place)."""
         self.own.update(_canonical(envelope) for envelope in envelopes)
         ops = json.dumps(envelopes)
-        if entry_id == "*" and self.more.random() < 0.3:
+        if self.more.random() < 0.3:
             fresh = "1" if self.more.random() < 0.5 else ""
-            seal = "1" if past_seal else ""
-            await self.redis.eval(
-                SUBMIT_SCRIPT, 1, where.stream, 0, "1", ops, where.wake_channel, fresh, seal
-            )
-            return
-        added = await self.redis.xadd(where.stream, {"v": "1", "ops": ops}, id=entry_id)
-        await self.redis.publish(where.wake_channel, added)
+            try:
+                await self.redis.eval(
+                    SUBMIT_SCRIPT, 1, where.inbox, 0, "1", ops, where.wake_channel, fresh
+                )
+                return
+            except ResponseError as error:
+                if not str(error).startswith("RESHARDED"):
+                    raise
+        place = await self.redis.eval(PUSH_ITEM, 1, where.inbox, inbox_item(ops, fresh=False))
+        await self.redis.publish(where.wake_channel, place)
 
 
 def _layouts(record: LayoutRecord) -> list[Layout]:
@@ -845,30 +958,39 @@ def _forged_id(rng: random.Random) -> str:
 
 
 async def _forged_push(attacker: Any, layout: Layout, keys: ShardKeys, rng: random.Random) -> int:
-    """A push of an append no caller made, in one of three shapes: following on from the
-    stream's last entry with a made-up id, naming an empty stream and the largest id, or naming
-    the last real entry with other ops."""
+    """A push of an append no caller made, at a place that does not hold it: the inbox's next
+    place (nothing was pushed there: its owner may take it in and run it, and its next step,
+    finding the inbox without it, commits nothing of it), the place of an item waiting there
+    (its ops are not these), a place its owner moved into the stream already, or one past a
+    gap; or a message that is no item at all (a plain wake-up, then)."""
     key = keys_on_shard(keys.shard, layout.shards, 1, "lst")[0]
     ops = json.dumps(
         [{"id": f"forged-{uuid.uuid4().hex}", "key": key, "op": "append", "args": ["forged"]}]
     )
-    last = [entry_id.decode() for entry_id, _ in await attacker.xrevrange(keys.stream, count=2)]
-    shape = rng.choice(("next", "largest", "swapped"))
-    if shape == "largest" or not last:
-        after, entry_id = "-", "99999999999999-0"
-    elif shape == "swapped":
-        entry_id, after = last[0], last[1] if len(last) > 1 else "-"
-    else:
-        ms, seq = map(int, last[0].split("-"))
-        after, entry_id = last[0], f"{ms}-{seq + 1}"
-    await attacker.publish(keys.wake_channel, f"push {after} {entry_id} 1\n{ops}")
+    taken = int(await attacker.get(keys.inbox_taken) or 0)
+    waiting = int(await attacker.llen(keys.inbox))
+    shape = rng.choice(("next", "waiting", "moved", "gap", "no item"))
+    place = taken + waiting + 1  # (next)
+    if shape == "waiting" and waiting:
+        place = taken + 1 + rng.randrange(waiting)
+    elif shape == "moved" and taken:
+        place = max(1, taken - rng.randrange(3))
+    elif shape == "gap":
+        place += rng.randint(1, 5)
+    item = inbox_item(ops, fresh=True)
+    if shape == "no item":
+        item = rng.choice((ops, f"1 stale\n{ops}", f"fresh\n{ops}"))
+    await attacker.publish(keys.wake_channel, f"push {place} {item}")
     return 1
 
 
 async def _replayed_as_fresh(attacker: Any, keys: ShardKeys, rng: random.Random) -> int:
-    """An entry of the shard's stream (committed or not) appended again, its ops as they are
-    but the entry marked ``fresh``: with the submit script, so it comes pushed, or a plain
-    XADD, so it is fetched. 0 if the stream holds no op of a caller's."""
+    """An op of the shard's stream (committed or not) pushed again, as it is but its item
+    marked ``fresh``: with the submit script, so it comes pushed (where the shard is not
+    sealed for a reshard), or a plain RPUSH followed by
+    its push (``push <place> <item>``, at the place it took: the owner may take it in), by its
+    bare place (fetched), or by nothing (fetched at the owner's poll). 0 if the stream holds no
+    op of a caller's."""
     ops = []
     for _, fields in await attacker.xrevrange(keys.stream, count=20):
         ops += [
@@ -880,10 +1002,64 @@ async def _replayed_as_fresh(attacker: Any, keys: ShardKeys, rng: random.Random)
         return 0
     replayed = json.dumps([rng.choice(ops)])
     if rng.random() < 0.5:
-        await attacker.eval(SUBMIT_SCRIPT, 1, keys.stream, 0, "1", replayed, keys.wake_channel, "1")
-    else:
-        await attacker.xadd(keys.stream, {"v": "1", "ops": replayed, "fresh": "1"})
+        try:
+            await attacker.eval(
+                SUBMIT_SCRIPT, 1, keys.inbox, 0, "1", replayed, keys.wake_channel, "1"
+            )
+            return 1
+        except ResponseError as error:  # (a shard sealed for a reshard: pushed plainly)
+            if not str(error).startswith("RESHARDED"):
+                raise
+    item = inbox_item(replayed, fresh=True)
+    place = await attacker.eval(PUSH_ITEM, 1, keys.inbox, item)
+    wake = rng.choice(("push", "place", "none"))
+    if wake != "none":
+        message = f"push {place} {item}" if wake == "push" else str(place)
+        await attacker.publish(keys.wake_channel, message)
     return 1
+
+
+#: Garbage items (``_garbage``), each made of the JSON ops of one forged envelope: not of the
+#: documented form (``<version>[ fresh]\n<ops>``), of another version, or with ops that are not
+#: a JSON array. Every one is dead-lettered; none runs.
+GARBAGE_ITEMS: dict[str, Callable[[str], str]] = {
+    "no newline": lambda ops: f"forged {ops}",
+    "empty": lambda ops: "",
+    "empty first line": lambda ops: f"\n{ops}",
+    "another flag": lambda ops: f"1 stale\n{ops}",
+    "fresh twice": lambda ops: f"1 fresh fresh\n{ops}",
+    "another version": lambda ops: f"2\n{ops}",
+    "ops not JSON": lambda ops: f"1\n{ops[:-3]}",
+    "ops not a list": lambda ops: f"1 fresh\n{ops[1:-1]}",
+}
+
+
+def _must_be_refused(keys: ShardKeys, rng: random.Random) -> list[tuple[str, tuple[Any, ...]]]:
+    """The writes to a shard's stream and inbox that the client ACL must refuse, by kind: each
+    would drop, reorder or block the entries of other clients (docs/deployment.md)."""
+    entry = ("v", "1", "ops", "[]")
+    explicit = f"{int(time.time() * 1000) + rng.randrange(1000)}-{rng.randrange(5)}"
+    xadd_in_script = "return redis.call('XADD', ARGV[1], 'MAXLEN', 0, '*', 'v', '1', 'ops', '[]')"
+    return [
+        ("XADD MAXLEN 0 to a stream", ("XADD", keys.stream, "MAXLEN", "0", "*", *entry)),
+        ("XADD under the largest id", ("XADD", keys.stream, LARGEST_ID, *entry)),
+        ("XADD under an explicit id", ("XADD", keys.stream, explicit, *entry)),
+        ("XADD to a stream", ("XADD", keys.stream, "*", *entry)),
+        ("XADD to an inbox", ("XADD", keys.inbox, "*", *entry)),
+        ("XTRIM of a stream", ("XTRIM", keys.stream, "MAXLEN", "0")),
+        ("LPUSH to an inbox", ("LPUSH", keys.inbox, "1\n[]")),
+        ("LTRIM of an inbox", ("LTRIM", keys.inbox, "1", "0")),
+        ("RPOP of an inbox", ("RPOP", keys.inbox)),
+        ("DEL of an inbox", ("DEL", keys.inbox)),
+        ("DEL of a stream", ("DEL", keys.stream)),
+        ("INCRBY of an inbox's taken count", ("INCRBY", keys.inbox_taken, "1")),
+        (
+            "LTRIM of an inbox in a script",
+            ("EVAL", "return redis.call('LTRIM', KEYS[1], 1, 0)", 1, keys.inbox),
+        ),
+        ("XADD MAXLEN 0 in a script", ("EVAL", xadd_in_script, 1, keys.inbox, keys.stream)),
+        ("a script given a stream as a key", ("EVAL", "return 1", 1, keys.stream)),
+    ]
 
 
 #: What a forged reply says: an op that failed, one that applied with a made-up value, one no

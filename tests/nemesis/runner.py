@@ -199,6 +199,15 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
         ]
         report.violations += [
             Violation(
+                "acl",
+                "the client ACL user wrote what it must not (a stream, or an inbox other than"
+                " by RPUSH)",
+                breach,
+            )
+            for breach in faults.acl_breaches
+        ]
+        report.violations += [
+            Violation(
                 "harness", "the byzantine client stopped on an error of its own", {"log": line}
             )
             for line in faults.log
@@ -345,7 +354,8 @@ async def _held_keys(
 
 
 async def _tap_caught_up(system: BaseSystem, tap: StreamTap, faults: Faults) -> list[Violation]:
-    """Wait, up to the liveness bound, until the tap has read every entry in the streams: the
+    """Wait, up to the liveness bound, until the tap has read every entry in the streams, and
+    the inboxes are empty (every item pushed moved into a stream, and read there): the
     ops to poll are those it names, so an op appended just before the load ended must be among
     them. (Short seed 102, four runs on two cores: the load shifted a Redis restart to just
     before the load ended, the tap's read was still backing off when outcomes were polled, and
@@ -358,8 +368,9 @@ async def _tap_caught_up(system: BaseSystem, tap: StreamTap, faults: Faults) -> 
         return [
             Violation(
                 "harness",
-                f"the stream tap had not read every entry {bound}s after the load drained",
-                {"streams": behind, "read": {name: tap.read[name] for name in behind}},
+                f"the stream tap had not read every entry {bound}s after the load drained (or"
+                " an inbox still held items its owner had not moved in)",
+                {"behind": behind, "read": {name: tap.read.get(name, "") for name in behind}},
             )
         ]
     faults.note(f"stream tap caught up after {time.monotonic() - began:.2f}s")

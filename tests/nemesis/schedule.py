@@ -35,7 +35,8 @@ EDGE_FAULT_WEIGHTS: dict[str, int] = {
 }
 
 #: A byzantine client (``hostile.forge``): forged pushes, grants and decision notices, published
-#: as the documented client ACL user. Drawn from a stream of its own, after the others, so that
+#: as the documented client ACL user, garbage and copies pushed to inboxes, and writes the ACL
+#: must refuse. Drawn from a stream of its own, after the others, so that
 #: adding it left every seed's earlier faults as they were.
 HOSTILE_FAULT_WEIGHTS: dict[str, int] = {
     "forge": 1,
@@ -127,7 +128,8 @@ class Profile:
     #: within three times this, plus a second, while the load runs.
     health_interval: float = 1.0
     #: The share of counter and list ops a caller appends as a stale client would: a plain
-    #: XADD to the op's shard by the count the run started with, whatever moved since.
+    #: RPUSH to the inbox of the op's shard by the count the run started with, whatever moved
+    #: since (a sealed or retired shard's too: no script checks the seal).
     stale_appends: float = 0.0
     #: How many faults of ``RESHARD_FAULT_WEIGHTS`` a run adds: fewest, most.
     reshard_faults: tuple[int, int] = (0, 0)

@@ -4,6 +4,12 @@ It reads the streams directly from Redis (never through a proxy) as entries arri
 trims only entries whose ops all committed, so an entry the tap missed (trimmed before it was
 read) was applied; the tap can miss appended ops only on the safe side.
 
+Clients push entries to a shard's inbox, and only its owner moves them into the stream (its
+step, a seal, a takeover, a retired shard's heir): the stream's order is the order they were
+moved in, which is the order an owner takes them in, and the tap sees an item once it is
+moved, in that order. An item still in an inbox has not been seen yet: the tap counts as
+caught up only once the inboxes of the shards it follows are empty too (moved in, and read).
+
 It can fall behind, though: across a Redis restart it reads again only once it has reconnected
 (every 0.1 s, with :func:`direct_client`'s client). The runner therefore polls outcomes only
 once the tap has caught up (:meth:`StreamTap.catch_up`), so that every op it names is polled.
@@ -112,18 +118,24 @@ class StreamTap:
         return [layout for layout in layouts if layout.generation not in followed]
 
     async def behind(self, client: Any) -> list[str]:
-        """The streams whose last entry, read now with ``client``, the tap has not read yet."""
+        """The streams whose last entry, read now with ``client``, the tap has not read yet, and
+        the inboxes of its shards that hold items (not moved into the stream yet, so not read
+        either)."""
         lagging = []
         for name, read in list(self.read.items()):
             tail = await client.xrevrange(name, count=1)
             if tail and parse_id(tail[0][0].decode()) > parse_id(read):
                 lagging.append(name)
+            inbox = inbox_of(name)
+            if await client.llen(inbox):
+                lagging.append(inbox)
         return lagging
 
     async def catch_up(self, client: Any, timeout: float) -> list[str]:
-        """Wait until the tap has read every entry its streams hold (asked with ``client``, again
-        and again: an entry trimmed meanwhile, committed, needs no reading); the streams still
-        behind after ``timeout`` seconds (empty: caught up)."""
+        """Wait until the tap has read every entry its streams hold, and every item pushed to
+        its shards' inboxes (moved into the streams by their owners: asked with ``client``,
+        again and again: an entry trimmed meanwhile, committed, needs no reading); the streams
+        and inboxes still behind after ``timeout`` seconds (empty: caught up)."""
         lagging = list(self.read)
         with anyio.move_on_after(timeout):
             while True:
@@ -184,6 +196,11 @@ class StreamTap:
         keys = tuple(envelope["keys"]) if "keys" in envelope else (envelope["key"],)
         seen = self.seen.setdefault(op_id, Appended(op_id, tag, keys, shard, stream, []))
         seen.entries.append(entry)
+
+
+def inbox_of(stream: str) -> str:
+    """The inbox of the shard whose stream is ``stream`` (``ks:{<ns>:<shard>}:stream``)."""
+    return stream.removesuffix(":stream") + ":inbox"
 
 
 def _deeper_than(raw: bytes, limit: int) -> bool:

@@ -30,6 +30,7 @@ from keyserial import (
     SubmitTimeout,
     shard_for,
 )
+from keyserial._wire.codec import inbox_item
 from keyserial._wire.layout import Layout
 from tests import apps
 from tests.helpers import keys_on_shard
@@ -57,7 +58,7 @@ class OpRecord:
     value: Any = None
     error: str = ""
     #: How the outcome was learned: "reply", "result" (polled after healing), or the unknown
-    #: reason (timeout, unavailable, cancelled, append-failed, stale-xadd: appended as a stale
+    #: reason (timeout, unavailable, cancelled, append-failed, stale-push: pushed as a stale
     #: client, see ``Load._append_stale``).
     via: str = ""
     started: float = 0.0
@@ -265,12 +266,15 @@ class Load:
     async def _append_stale(
         self, client: keyserial.Client, record: OpRecord, call: keyserial.Call[Any]
     ) -> None:
-        """Append the op as a client that read the shard count when the run started and
-        appends with a plain XADD (docs/wire-format.md) would: to its shard in that layout,
-        live, sealed by a move, or retired since. Its outcome is looked up after healing."""
+        """Push the op as a client that read the shard count when the run started and pushes
+        with a plain RPUSH to the shard's inbox (docs/wire-format.md, no submit script: it
+        checks no seal) would: to its shard in that layout, live, sealed by a move, or retired
+        since (its owner, the sealed shard's or the retired shard's heir's, moves it into the
+        stream and forwards it). Its place (read after the push: only a hint) wakes the owner.
+        Its outcome is looked up after healing."""
         assert self.stale is not None
         self.history.records.append(record)
-        record.own_id, record.op_id, record.via = True, record.tag, "stale-xadd"
+        record.own_id, record.op_id, record.via = True, record.tag, "stale-push"
         record.call = call
         record.started = time.monotonic()
         count = self.profile.shard_count
@@ -279,9 +283,10 @@ class Load:
         envelope["args"] = list(call.args)
         try:
             with anyio.fail_after(self.profile.submit_timeout):
-                entry = {"v": "1", "ops": json.dumps([envelope])}
-                entry_id = await self.stale.xadd(keys.stream, entry)  # type: ignore[arg-type]
-                await self.stale.publish(keys.wake_channel, entry_id)
+                item = inbox_item(json.dumps([envelope]), fresh=False)
+                length = await self.stale.rpush(keys.inbox, item)  # type: ignore[misc]
+                taken = await self.stale.get(keys.inbox_taken)
+                await self.stale.publish(keys.wake_channel, int(taken or 0) + int(length))
         except (RedisError, TimeoutError) as error:  # maybe appended
             record.via, record.error = "append-failed", repr(error)[:300]
         record.ended = time.monotonic()

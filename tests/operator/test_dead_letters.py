@@ -101,7 +101,7 @@ async def test_replaying_an_op_that_never_ran_runs_it_once(redis_url: str, names
 
             code, out, err = await cli(redis_url, namespace, "replay", letter["id"])
             assert code == 0, err
-            assert out.strip().startswith("replayed op 'lonely-1' to shard 1 as entry ")
+            assert out.strip().startswith("replayed op 'lonely-1' to shard 1 at inbox place ")
             assert "stored outcome" not in out
             assert await ks.submit(key, apps.peek(), timeout=10) == ["lonely-1"]
             assert await ks.result("lonely-1", key=key) == 1
@@ -124,7 +124,7 @@ async def test_replaying_an_op_that_already_ran_does_not_run_it_again(
 
             code, out, err = await cli(redis_url, namespace, "replay", "--all")
             assert code == 0, err
-            assert "replayed op 'done-1' to shard 0 as entry" in out
+            assert "replayed op 'done-1' to shard 0 at inbox place" in out
             assert "it has a stored outcome: the worker answers with it and does not run it" in out
             # Ops on a key run in stream order: once this one ran, the replayed one was handled.
             assert await ks.submit(key, apps.peek(), timeout=10) == ["done-1"]
@@ -152,7 +152,7 @@ async def test_replaying_under_new_ids_runs_an_op_again_and_says_so(
             assert code == 0, err
             replayed = re.fullmatch(
                 r"replayed op 'again-1' under the new op id '(again-1\.replay-[0-9a-f]{16})' to"
-                r" shard 0 as entry \S+ \(it runs again; its outcome is stored under the new"
+                r" shard 0 at inbox place \S+ \(it runs again; its outcome is stored under the new"
                 r" id\)",
                 out.strip(),
             )
@@ -237,8 +237,8 @@ async def test_replay_takes_its_settings_from_the_environment_and_says_what_a_fu
     standalone_server: LocalServer, namespace: str
 ) -> None:
     """``KEYSERIAL_NAMESPACE`` and ``KEYSERIAL_MAX_BACKLOG`` apply as they do to a worker. A
-    letter whose ops route to two shards, the second full: the first shard's op is appended and
-    reported, the second's is not, and the error says which."""
+    letter whose ops route to two shards, the second full: the first shard's op is pushed to its
+    inbox and reported, the second's is not, and the error says which."""
     url = standalone_server.url
     async with running_worker(url, namespace, shard_count=SHARDS):
         pass  # records the shard count
@@ -261,10 +261,11 @@ async def test_replay_takes_its_settings_from_the_environment_and_says_what_a_fu
         env = {"KEYSERIAL_NAMESPACE": namespace, "KEYSERIAL_MAX_BACKLOG": "1"}
         code, out, err = await cli(url, None, "replay", "--all", env=env)
         assert code == 1, err
-        assert out.startswith("replayed op 'to-0' to shard 0 as entry ")
+        assert out.startswith("replayed op 'to-0' to shard 0 at inbox place ")
         assert "shard 1's backlog is full" in err and "'to-1'" in err
         assert "the ops above were" in err
-        assert await client.xlen(ShardKeys(namespace, 0).stream) == 1
+        assert await client.llen(ShardKeys(namespace, 0).inbox) == 1
+        assert await client.llen(ShardKeys(namespace, 1).inbox) == 0
         assert await client.xlen(ShardKeys(namespace, 1).stream) == 1
     finally:
         await client.aclose()

@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 import pytest
 import redis.asyncio
+import redis.exceptions
 from anyio.streams.text import TextReceiveStream
 
 import keyserial
@@ -41,6 +42,7 @@ from keyserial._wire.resharding import (
 from keyserial.ledger import deposit
 from keyserial.testing import running_worker
 from tests import apps
+from tests.entries import inbox_item, push_raw_item
 from tests.helpers import (
     Starter,
     cli,
@@ -195,8 +197,9 @@ async def test_a_client_user_cannot_steer_a_reshard_nor_lose_an_op_past_a_seal(
     redis_url: str, namespace: str
 ) -> None:
     """The client's ACL user may not record, seal or flip a move, and a forged wake-up of the
-    layout channel changes nothing (workers and clients read the records). An op it appends
-    with a plain XADD to a sealed shard is not lost: the shard forwards it to the new layout."""
+    layout channel changes nothing (workers and clients read the records). It may not XADD to
+    a sealed shard's stream (NOPERM); an op it pushes with a plain RPUSH to the shard's inbox
+    past the seal is not lost: the shard forwards it to the new layout."""
     key = "victim"
     with documented_users(redis_url) as users:
         attacker = redis.asyncio.Redis.from_url(users.client_url)
@@ -218,7 +221,9 @@ async def test_a_client_user_cannot_steer_a_reshard_nor_lose_an_op_past_a_seal(
                 await as_worker.run_call(record_move(move))
                 await as_worker.run_call(seal(old, move))
                 envelope = {"id": "past-the-seal", "key": key, "op": "append", "args": [1]}
-                await attacker.xadd(old.stream, {"v": "1", "ops": json.dumps([envelope])})
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    await attacker.xadd(old.stream, {"v": "1", "ops": json.dumps([envelope])})
+                await push_raw_item(attacker, old, inbox_item([envelope], fresh=False))
                 await move_namespace(as_worker, Settings(namespace=namespace), 16)
                 assert await ks.submit(key, apps.append(2), timeout=30) == [0, 1, 2]
         finally:
@@ -353,9 +358,10 @@ async def test_a_mover_interrupted_mid_dead_letters_lists_each_letter_once_after
 async def test_an_op_copied_as_fresh_into_the_new_layout_never_runs_twice(
     redis_url: str, namespace: str
 ) -> None:
-    """A client user copies an op that ran before the move into its new shard's stream, marked
-    ``fresh`` (so its owner would skip looking up its own results): the owner finds the
-    outcome stored in the old layout and answers it, never running it again."""
+    """A client user copies an op that ran before the move into its new shard's inbox, marked
+    ``fresh`` (so its owner would skip looking up its own results), and pushes it to the owner
+    with a wake-up, as the submit script does (it may not XADD it to the stream: NOPERM): the
+    owner finds the outcome stored in the old layout and answers it, never running it again."""
     with documented_users(redis_url) as users:
         attacker = redis.asyncio.Redis.from_url(users.client_url)
         try:
@@ -369,7 +375,10 @@ async def test_an_op_copied_as_fresh_into_the_new_layout_never_runs_twice(
                 there = Layout(namespace, 16, 1).keys(shard_for("victim", 16))
                 copy = {"id": op_id, "key": "victim", "op": "append", "args": [0]}
                 fields = {"v": "1", "ops": json.dumps([copy]), "fresh": "1"}
-                await attacker.xadd(there.stream, fields)  # type: ignore[arg-type]
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    await attacker.xadd(there.stream, fields)  # type: ignore[arg-type]
+                item = inbox_item([copy], fresh=True)
+                await push_raw_item(attacker, there, item, wake=True)
                 assert await ks.submit("victim", apps.append(1), timeout=30) == [0, 1]
         finally:
             await attacker.aclose()
@@ -377,11 +386,13 @@ async def test_an_op_copied_as_fresh_into_the_new_layout_never_runs_twice(
 
 @pytest.mark.slow
 async def test_a_forged_push_to_a_sealed_shard_is_never_forwarded(
-    redis_url: str, namespace: str
+    redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """A sealed shard forwards the ops of entries appended past its seal, at once, so it must
+    """A sealed shard forwards the ops of entries pushed past its seal, at once, so it must
     forward only entries it read from its stream: a push (which any client user may publish,
-    and which only the next step confirms) of an op no caller made is never forwarded."""
+    and which only the next step confirms), at the inbox's next place, of an op no caller made
+    (nothing was pushed to the inbox) is never forwarded, nor taken in (it would run, and its
+    step, refused on a sealed shard, would cost the shard a restart)."""
     key = "victim"
     with documented_users(redis_url) as users:
         attacker = redis.asyncio.Redis.from_url(users.client_url)
@@ -401,10 +412,18 @@ async def test_a_forged_push_to_a_sealed_shard_is_never_forwarded(
                 runner = worker._owned[old.shard].runner
                 await eventually(lambda: _true_soon(runner.sealed))
                 forged = [{"id": "forged-1", "key": key, "op": "append", "args": ["forged"]}]
-                push = f"push {runner.cursor} 99999999999999-0 1\n{json.dumps(forged)}"
+                taken = int(await attacker.get(old.inbox_taken) or 0)
+                waiting = await attacker.llen(old.inbox)  # type: ignore[misc]
+                place = taken + int(waiting) + 1
+                push = f"push {place} {inbox_item(forged, fresh=True)}"
                 await attacker.publish(old.wake_channel, push)
                 await move_namespace(as_worker, Settings(namespace=namespace), 16)
                 assert await ks.submit(key, apps.append(1), timeout=30) == [0, 1]
+            gone = ("runner failed", "giving the shard up")
+            failed = [
+                r.getMessage() for r in caplog.records if any(g in r.getMessage() for g in gone)
+            ]
+            assert failed == [], "the sealed shard took the forged push in and restarted"
         finally:
             await attacker.aclose()
             await as_worker.aclose()
@@ -422,20 +441,29 @@ class _Cut:
     #: The op's old shard (shard 1 of 4, sealed, its owner knowing it) and new one (1 of 16).
     old: ShardKeys
     new: ShardKeys
-    #: The waiting op's id, its entry in the new shard's stream, and its reply channel.
+    #: The waiting op's id, its place in the new shard's inbox (what a reply names it by), and
+    #: its reply channel.
     op_id: str
-    entry_id: str
+    place: str
     reply: str
     #: What the op's submit returned, or raised, once it has.
     answered: list[Any]
 
 
 @contextlib.asynccontextmanager
-async def _an_op_waiting_for_the_flip(users: Users, namespace: str) -> AsyncIterator[_Cut]:
+async def _an_op_waiting_for_the_flip(
+    users: Users, namespace: str, *, ahead: int = 0
+) -> AsyncIterator[_Cut]:
     """The victim's key holds ``[0]``; a move from 4 to 16 shards is recorded and the key's old
     shard sealed; the victim's ``append(1)``, refused there, waits on its new shard (of the same
-    number, 1) for the flip. After the block the move finishes: the op must then have applied
-    once, and its caller must have got ``[0, 1]``."""
+    number, 1) for the flip, in its inbox (no worker serves the new layout before the flip),
+    behind ``ahead`` items of junk the attacker pushed there first (its place is ``ahead + 1``;
+    the new owner dead-letters them after the flip). After the block the move finishes: the op
+    must then have applied once, and its caller must have got ``[0, 1]``.
+
+    The attacker learns the op's id, place and reply channel as a client user can: from the
+    push on the new shard's wake channel, which it may subscribe to (read here, as the same,
+    from the inbox)."""
     key = keys_on_shard(1, 16, 1, "victim")[0]  # (shard 1 of 16, so of 4 too)
     attacker = redis.asyncio.Redis.from_url(users.client_url)
     as_worker = await Backend.connect(users.worker_url)
@@ -455,6 +483,8 @@ async def _an_op_waiting_for_the_flip(users: Users, namespace: str) -> AsyncIter
             await as_worker.run_call(seal(old, move))
             runner = worker._owned[old.shard].runner
             await eventually(lambda: runner.sealed)
+            for n in range(ahead):
+                await push_raw_item(attacker, new, f"junk {n}")
             answered: list[Any] = []
 
             async def victim() -> None:
@@ -465,13 +495,16 @@ async def _an_op_waiting_for_the_flip(users: Users, namespace: str) -> AsyncIter
 
             async with anyio.create_task_group() as group:
                 group.start_soon(victim)
-                ((entry_id, fields),) = await eventually(lambda: attacker.xrange(new.stream))
-                (envelope,) = json.loads(fields[b"ops"])
+                items = await eventually(lambda: users.admin.lrange(new.inbox, ahead, -1))
+                (item,) = items
+                (envelope,) = json.loads(item.partition(b"\n")[2])
                 op_id = envelope["id"]
-                await eventually(lambda: any(pending.entry for pending in ks._waiting[op_id]))
-                yield _Cut(
-                    attacker, old, new, op_id, entry_id.decode(), envelope["reply"], answered
+                (pending,) = await eventually(
+                    lambda: [pending for pending in ks._waiting[op_id] if pending.entry]
                 )
+                place = pending.entry.place
+                assert place == str(ahead + 1)
+                yield _Cut(attacker, old, new, op_id, place, envelope["reply"], answered)
                 await move_namespace(as_worker, Settings(namespace=namespace), 16)
             assert answered == [[0, 1]], "the op's caller got its own outcome"
             assert await ks.read(key) == [0, 1], "the op applied once"
@@ -502,17 +535,19 @@ async def _next_message(listener: Any) -> bytes:
 async def test_an_outcome_stored_past_a_seal_never_answers_an_op_of_the_new_layout(
     redis_url: str, namespace: str
 ) -> None:
-    """A client user reads the id of an op waiting in the new layout for the flip, and appends
-    it past the seal of the op's old shard, with a key that routes elsewhere. The sealed shard
-    refuses that entry on the attacker's channel but stores nothing for it: after the flip, the
-    new owner finds no outcome of the op in the old layout, runs it, once, and its caller gets
-    its own outcome, not the refusal."""
+    """A client user reads the id of an op waiting in the new layout for the flip, and pushes
+    it past the seal of the op's old shard, with a plain RPUSH to its inbox (the submit script
+    refuses a sealed shard), with a key that routes elsewhere. The sealed shard refuses that
+    entry on the attacker's channel but stores nothing for it: after the flip, the new owner
+    finds no outcome of the op in the old layout, runs it, once, and its caller gets its own
+    outcome, not the refusal."""
     with documented_users(redis_url) as users:
         async with _an_op_waiting_for_the_flip(users, namespace) as cut:
             channel = f"ks:{namespace}:reply:attacker"
             async with cut.attacker.pubsub() as listener:
                 await listener.subscribe(channel)
-                await cut.attacker.xadd(cut.old.stream, {"v": "1", "ops": _misrouted(cut, channel)})
+                item = f"1\n{_misrouted(cut, channel)}"
+                await push_raw_item(cut.attacker, cut.old, item, wake=True)
                 ((op_id, refusal),) = decode_reply(await _next_message(listener))
             assert op_id == cut.op_id
             assert refusal["error"]["type"] == keyserial.MalformedOperation.wire_type
@@ -523,23 +558,35 @@ async def test_an_outcome_stored_past_a_seal_never_answers_an_op_of_the_new_layo
 async def test_a_reply_of_an_older_layout_never_settles_a_submit(
     redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The victim's op waits on shard 1 of the new layout. A client user appends to shard 1 of
-    the old one, under the victim's own entry id (XADD takes any id above the stream's last),
-    the op's id with a key that routes elsewhere, and the victim's reply channel. The old
-    owner's refusal is genuine, signed for the victim, and names shard 1 and that entry, but
-    of the old layout: the client looks the op up instead, finds nothing, and keeps waiting;
-    after the flip the op runs once and its caller gets its own outcome."""
+    """The victim's op waits on shard 1 of the new layout, at place 4 of its inbox. A client
+    user pushes to the inbox of shard 1 of the old one (a plain RPUSH: the submit script
+    refuses a sealed shard), junk up to place 3, then, at the victim's own place, the op's id
+    with a key that routes elsewhere, and the victim's reply channel (it may no longer XADD
+    under the victim's entry id: NOPERM). The old owner's refusal is genuine, signed for the
+    victim, and names shard 1 and that place, but of the old layout: the client looks the op
+    up instead, finds nothing, and keeps waiting; after the flip the op runs once and its
+    caller gets its own outcome."""
     with documented_users(redis_url) as users:
-        async with _an_op_waiting_for_the_flip(users, namespace) as cut:
-            async with cut.attacker.pubsub() as listener:
+        async with _an_op_waiting_for_the_flip(users, namespace, ahead=3) as cut:
+            attacker, old = cut.attacker, cut.old
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                entry = {"v": "1", "ops": _misrouted(cut, cut.reply)}
+                await attacker.xadd(old.stream, entry)  # type: ignore[arg-type]
+            async with attacker.pubsub() as listener:
                 # (Published by another slot's script, so with PUBLISH, even on a cluster.)
                 await listener.subscribe(cut.reply)
-                entry = {"v": "1", "ops": _misrouted(cut, cut.reply)}
-                await cut.attacker.xadd(cut.old.stream, entry, id=cut.entry_id)  # type: ignore[arg-type]
+                taken = int(await attacker.get(old.inbox_taken) or 0)
+                waiting = await attacker.llen(old.inbox)  # type: ignore[misc]
+                pushed = taken + int(waiting)  # (no client pushes here)
+                assert pushed < int(cut.place), "the old shard's places are ahead"
+                for n in range(pushed + 1, int(cut.place)):
+                    await push_raw_item(attacker, old, f"junk {n}")
+                item = f"1\n{_misrouted(cut, cut.reply)}"
+                assert await push_raw_item(attacker, old, item, wake=True) == int(cut.place)
                 signed = await _next_message(listener)
             ((_, refusal),) = decode_reply(signed)
             assert "t" in json.loads(signed), "signed for the victim"
-            assert (refusal["s"], refusal["e"]) == (cut.new.shard, [cut.entry_id])
+            assert (refusal["s"], refusal["e"]) == (cut.new.shard, [cut.place])
             assert refusal["error"]["type"] == keyserial.MalformedOperation.wire_type
             await publish(cut.attacker, cut.reply, signed)  # (where the victim listens)
             await eventually(lambda: cut.answered or looked_up(caplog, cut.op_id))
@@ -563,14 +610,16 @@ async def test_a_client_reads_its_own_write_across_the_cut(
             assert await ks.read("k") == [0, 1]
 
 
-async def test_an_op_xadded_to_a_retired_shard_is_forwarded_and_runs_once(
+async def test_an_op_pushed_with_a_plain_rpush_to_a_retired_shard_is_forwarded_and_runs_once(
     redis_url: str, namespace: str
 ) -> None:
-    """After the flip no worker serves the old shards, but a client that appends with a plain
-    XADD may still route by the count it read before: the owner of the old shard's heir (shard
-    ``old % M``) forwards its ops to their new shards, each running once (a copy of an op that
-    ran before the move is answered, not run), and dead-letters what cannot run there (a
-    malformed entry, a grant request); each stray entry is then deleted."""
+    """After the flip no worker serves the old shards, but a client user that pushes with a
+    plain RPUSH (the submit script refuses a sealed shard) may still route by the count it
+    read before, and may not XADD there (NOPERM): the owner of the old shard's heir (shard
+    ``old % M``) moves what the old shard's inbox holds into its stream and forwards its ops
+    to their new shards, each running once (a copy of an op that ran before the move is
+    answered, not run), and dead-letters what cannot run there (a malformed entry, an item not
+    of the documented form, a grant request); each stray entry is then deleted."""
     key = "victim"
     with documented_users(redis_url) as users:
         stale = redis.asyncio.Redis.from_url(users.client_url)
@@ -584,24 +633,27 @@ async def test_an_op_xadded_to_a_retired_shard_is_forwarded_and_runs_once(
                 await _move(users.worker_url, namespace, 16)
                 old = Layout(namespace, 4).keys(shard_for(key, 4))
                 heir = Layout(namespace, 16, 1).keys(old.shard % 16)
+                with pytest.raises(redis.exceptions.NoPermissionError):
+                    await stale.xadd(old.stream, {"v": "1", "ops": "[]"})
                 for envelope in (
                     {"id": before, "key": key, "op": "append", "args": [0]},
                     {"id": "stray-1", "key": key, "op": "append", "args": [1]},
                     {"id": "stray-grant", "key": key, "op": "keyserial.grant", "args": []},
                 ):
-                    entry = {"v": "1", "ops": json.dumps([envelope])}
-                    await stale.xadd(old.stream, entry)  # type: ignore[arg-type]
-                await stale.xadd(old.stream, {"v": "1", "ops": "not json"})
+                    await push_raw_item(stale, old, inbox_item([envelope], fresh=False))
+                await push_raw_item(stale, old, "1\nnot json")
+                await push_raw_item(stale, old, "no form at all")
                 assert await stored_outcome(ks, "stray-1", key, timeout=30) == [0, 1]
                 assert await ks.submit(key, apps.append(2), timeout=30) == [0, 1, 2]
                 record = Drained.decode(users.admin.get(f"{old.tag}:drained").decode())
                 assert record is not None
                 drained = record.through
                 await eventually(lambda: _no_entry_after(users.admin, old.stream, drained))
+                assert users.admin.llen(old.inbox) == 0
                 reasons = [
                     fields[b"reason"].decode() for _, fields in users.admin.xrange(heir.dead)
                 ]
-                assert len(reasons) == 2 and any("grant" in r for r in reasons), reasons
+                assert len(reasons) == 3 and any("grant" in r for r in reasons), reasons
         finally:
             await stale.aclose()
 
@@ -661,8 +713,9 @@ async def test_a_worker_that_takes_a_sealed_shard_over_forwards_what_follows_the
 ) -> None:
     """A worker that takes over an old shard before it has read the layout again (here: its
     poll a minute away; after a flip, a worker that has not noticed it yet) reads the shard's
-    seal first: an op appended past the seal is forwarded to the new layout, never run where
-    its effects would be left behind."""
+    seal first: an op a stale client pushed past the seal (a plain RPUSH to the inbox: the
+    submit script refuses a sealed shard) is forwarded to the new layout, never run where its
+    effects would be left behind."""
     key = "victim"
     first = start(redis_url, namespace, shards="0-3")
     as_worker = await Backend.connect(redis_url)
@@ -676,29 +729,34 @@ async def test_a_worker_that_takes_a_sealed_shard_over_forwards_what_follows_the
             await as_worker.run_call(seal(old, move))
             first.kill()
             envelope = {"id": "past-the-seal", "key": key, "op": "append", "args": [1]}
-            await stale.xadd(old.stream, {"v": "1", "ops": json.dumps([envelope])})
+            await push_raw_item(stale, old, inbox_item([envelope], fresh=False))
             start(redis_url, namespace, shards="0-3", env={"KEYSERIAL_IDLE_POLL": "60"})
             there = move.target.keys(shard_for(key, 16))
-            await eventually(lambda: _holds_op(stale, there.stream, "past-the-seal"))
+            await eventually(lambda: _holds_op(stale, there, "past-the-seal"))
             assert await stale.hget(old.results, "past-the-seal") is None
     finally:
         await stale.aclose()
         await as_worker.aclose()
 
 
-async def _holds_op(client: redis.asyncio.Redis, stream: str, op_id: str) -> bool:
-    return any(op_id in fields[b"ops"].decode() for _, fields in await client.xrange(stream))
+async def _holds_op(client: redis.asyncio.Redis, shard: ShardKeys, op_id: str) -> bool:
+    """Whether an op of ``op_id`` waits in the shard's inbox (where it is forwarded to: no
+    worker serves a move's target before the flip) or is in its stream."""
+    entries = [fields[b"ops"] for _, fields in await client.xrange(shard.stream)]
+    items = await client.lrange(shard.inbox, 0, -1)  # type: ignore[misc]
+    return any(op_id.encode() in found for found in (*entries, *items))
 
 
 @pytest.mark.slow
 async def test_a_worker_that_takes_a_sealed_idle_shard_over_forwards_a_push_past_the_seal(
     redis_url: str, namespace: str, client: redis.asyncio.Redis, start: Starter
 ) -> None:
-    """The same takeover of a sealed shard, its stream empty: the new owner's replay fetches no
-    entry (a step reads the seal only with the entries it fetches), and the first entry past
-    the seal comes in its push, as ``submit.lua`` writes one (a client user may ``XADD`` and
-    ``PUBLISH`` it). The owner read the seal as it took the shard over, so it takes no push in:
-    it fetches the entry and forwards its op (one that kills the worker that runs it)."""
+    """The same takeover of a sealed shard, its stream and inbox empty: the new owner's replay
+    fetches no entry (a step reads the seal only with the entries it fetches), and the first
+    entry past the seal comes in its push, as ``submit.lua`` writes one (a client user may
+    ``RPUSH`` the item to the inbox and ``PUBLISH`` the push). The owner read the seal as it
+    took the shard over, so it takes no push in: it fetches the entry (moving it in from the
+    inbox) and forwards its op (one that kills the worker that runs it)."""
     key = "victim"
     move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
     old = move.source.keys(shard_for(key, 4))
@@ -716,19 +774,21 @@ async def test_a_worker_that_takes_a_sealed_idle_shard_over_forwards_a_push_past
         await eventually(lambda: _held_by(client, old, second.pid), timeout=15)
         await eventually(lambda: takes_pushes(client, old), timeout=15)
         await eventually(lambda: _subscribers(client, old.wake_channel, 1), timeout=15)
-        ops = json.dumps([{"id": "past-the-seal", "key": key, "op": "crash", "args": []}])
-        entry = await client.xadd(old.stream, {"v": "1", "ops": ops, "fresh": "1"})
-        # (The stream held no entry before it: '-'. The push reached the new owner alone.)
-        assert await publish(client, old.wake_channel, f"push - {entry.decode()} 1\n{ops}") == 1
+        crash = [{"id": "past-the-seal", "key": key, "op": "crash", "args": []}]
+        item = inbox_item(crash, fresh=True)
+        place = await push_raw_item(client, old, item)
+        assert place == int(await client.get(old.inbox_taken) or 0) + 1  # (the inbox's next item)
+        # (The push reached the new owner alone.)
+        assert await publish(client, old.wake_channel, f"push {place} {item}") == 1
         there = move.target.keys(shard_for(key, 16))
 
         async def forwarded_or_ran() -> bool:
             ran = second.process.poll() is not None
-            return ran or await _holds_op(client, there.stream, "past-the-seal")
+            return ran or await _holds_op(client, there, "past-the-seal")
 
         await eventually(forwarded_or_ran, timeout=15)
         assert second.process.poll() is None, "the op past the seal ran on the old shard"
-        assert await _holds_op(client, there.stream, "past-the-seal")
+        assert await _holds_op(client, there, "past-the-seal")
         assert await client.hget(old.results, "past-the-seal") is None
     finally:
         await as_worker.aclose()
@@ -1103,9 +1163,10 @@ async def test_an_owner_that_has_not_heard_of_its_seal_forwards_what_follows_it(
     redis_url: str, namespace: str
 ) -> None:
     """The seal is written and no wake-up says so (lost, or late): the old shard's owner,
-    polling once in 30 s, fetches an op a client XADDed past the seal, woken by the client's own
-    wake-up. The step reads the seal with the entries: the op is forwarded to the new layout,
-    not run where, after the flip, nobody would read its effect."""
+    polling once in 30 s, fetches an op a stale client pushed past the seal (a plain RPUSH to
+    the inbox: the submit script refuses a sealed shard), woken by the client's own wake-up
+    (its place). The step moves it in and reads the seal with the entries: the op is forwarded
+    to the new layout, not run where, after the flip, nobody would read its effect."""
     key = keys_on_shard(1, 16, 1, "late")[0]  # (shard 1 of 16, so of 4 too)
     move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
     old, new = move.source.keys(1), move.target.keys(1)
@@ -1124,9 +1185,9 @@ async def test_an_owner_that_has_not_heard_of_its_seal_forwards_what_follows_it(
             runner = worker._owned[old.shard].runner
             assert not runner.sealed
             envelope = {"id": "past-the-seal", "key": key, "op": "append", "args": [1]}
-            entry_id = await client.xadd(old.stream, {"v": "1", "ops": json.dumps([envelope])})
-            await publish(client, old.wake_channel, entry_id)
-            await eventually(lambda: _holds_op(client, new.stream, "past-the-seal"))
+            place = await push_raw_item(client, old, inbox_item([envelope], fresh=False))
+            await publish(client, old.wake_channel, str(place))
+            await eventually(lambda: _holds_op(client, new, "past-the-seal"))
             assert runner.sealed
             assert json.loads(await client.hget(old.state, key)) == [0]
     finally:

@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import urlsplit
 
 import anyio
 import pytest
@@ -49,26 +50,43 @@ async def test_documented_users_can_submit_transfer_and_read_results(
 
 @pytest.mark.slow
 async def test_the_client_user_cannot_write_state_or_results(users: Users, namespace: str) -> None:
+    """The client user's writes to a key's state, a result, an epoch, a stream (a ``SET``, and
+    an ``XADD``: only a shard's owner appends to it, moving in what its inbox holds), its inbox
+    other than by ``RPUSH`` (an ``LTRIM``), and a script of its own that writes state, are all
+    refused and change nothing; the server's ACL log shows these refusals and no other."""
     async with running_worker(users.worker_url, namespace, shard_count=4):
         pass  # records the namespace's shard count
     shard = ShardKeys(namespace, 0)
+    users.client.rpush(shard.inbox, '1\n[{"id":"waiting","key":"acct:1","op":"balance"}]')
+    # (Each with what the ACL log names: the command its user may not run, or the key.)
     forged = [
-        ("HSET", shard.state, "acct:1", "1000000"),
-        ("SET", shard.stream, "wedged"),
-        ("HSET", shard.results, "some-op", '{"ok":1}'),
-        ("SET", shard.epoch, "999"),
-        ("EVAL", "return redis.call('HSET', KEYS[1], 'acct:1', '1000000')", 1, shard.state),
+        (("HSET", shard.state, "acct:1", "1000000"), "hset"),
+        (("SET", shard.stream, "wedged"), shard.stream),
+        (("HSET", shard.results, "some-op", '{"ok":1}'), "hset"),
+        (("SET", shard.epoch, "999"), shard.epoch),
+        (
+            ("EVAL", "return redis.call('HSET', KEYS[1], 'acct:1', '1000000')", 1, shard.state),
+            shard.state,
+        ),
+        (("XADD", shard.stream, "*", "v", "1", "ops", "[]"), "xadd"),
+        (("LTRIM", shard.inbox, 1, 0), "ltrim"),
     ]
-    for command in forged:
+    for command, _ in forged:
         with pytest.raises(redis.exceptions.ResponseError, match="no permissions"):
             users.client.execute_command(*command)
     assert users.client.hget(shard.state, "acct:1") is None
+    assert users.client.hget(shard.results, "some-op") is None
+    assert users.client.get(shard.epoch) != b"999"
+    assert (users.client.xlen(shard.stream), users.client.llen(shard.inbox)) == (0, 1)
+    refused = {f"{users.names[1]}: {named}" for _, named in forged}
+    assert sorted(users.refusals()) == sorted(refused)
 
 
 async def test_a_client_user_cannot_record_a_new_namespace(users: Users, namespace: str) -> None:
     with pytest.raises(keyserial.ConfigError, match="start a worker first"):
         async with keyserial.connect(users.client_url, namespace=namespace):
             pass
+    assert users.refusals() == [f"{users.names[1]}: hsetnx"]  # (its record of the shard count)
 
 
 @pytest.mark.slow
@@ -138,7 +156,7 @@ async def test_operator_commands_run_as_the_documented_worker_user(
 ) -> None:
     shard = ShardKeys(namespace, 0)
     async with running_worker(users.worker_url, namespace, shard_count=2):
-        users.admin.xadd(shard.stream, {"v": "1", "ops": "{not json"})  # dead-lettered
+        users.client.rpush(shard.inbox, "1\n{not json")  # (moved in, and dead-lettered)
         with anyio.fail_after(10):
             while not users.admin.xlen(shard.dead):
                 await anyio.sleep(0.02)
@@ -194,8 +212,9 @@ async def test_a_service_user_serves_its_clients_and_cannot_reach_another_servic
     users: Users, redis_url: str, namespace: str
 ) -> None:
     """Clients of a service, each connected with ``service=`` as its service's documented user,
-    submit, transfer and read results. Another service's user can publish on neither their
-    reply channels nor the workers' coordination channels: it cannot forge their replies."""
+    submit, transfer and read results, refused nothing. Another service's user can publish on
+    neither their reply channels nor the workers' coordination channels (its only refusals): it
+    cannot forge their replies."""
     source, target = keys_on_shard(0, 4, 1, "acct")[0], keys_on_shard(2, 4, 1, "acct")[0]
     with (
         service_user(users.admin, redis_url, "billing") as billing_url,
@@ -214,13 +233,28 @@ async def test_a_service_user_serves_its_clients_and_cannot_reach_another_servic
                 for channel in (reply_channel, f"ks:{namespace}:worker:any"):
                     with pytest.raises(redis.exceptions.NoPermissionError):
                         await evil.publish(channel, forged)
-                await evil.publish(ShardKeys(namespace, 0).wake_channel, "0-1")  # a hint: allowed
+                await evil.publish(ShardKeys(namespace, 0).wake_channel, "1")  # a hint: allowed
                 assert await ks.submit(source, deposit(1), op_id="next") == 101
                 assert await ks.transfer(source, target, 40) == {source: 61, target: 40}
                 assert await ks.result("opening", key=source) == 100
         finally:
             await evil.aclose()
+        assert _refusals_of(users.admin, billing_url) == []
+        assert sorted(_refusals_of(users.admin, evil_url)) == sorted(
+            [reply_channel, f"ks:{namespace}:worker:any"]
+        )
     assert users.refusals() == []
+
+
+def _refusals_of(admin: redis.Redis, url: str) -> list[str]:
+    """What the server refused the user of ``url`` (its ``ACL LOG``), besides redis-py's
+    optional ``CLIENT SETINFO``."""
+    name = urlsplit(url).username
+    return [
+        entry["object"]
+        for entry in admin.acl_log()
+        if entry["username"] == name and entry["object"] != "client|setinfo"
+    ]
 
 
 async def test_a_client_whose_service_its_user_does_not_allow_fails_to_connect(
@@ -232,3 +266,7 @@ async def test_a_client_whose_service_its_user_does_not_allow_fails_to_connect(
                 with pytest.raises(keyserial.ConfigError, match="reply"):
                     async with keyserial.connect(billing_url, namespace=namespace, service=service):
                         pass
+            refused = _refusals_of(users.admin, billing_url)  # (its subscriptions only)
+            assert refused and all(":reply:" in channel for channel in refused)
+            assert not any(":reply:billing." in channel for channel in refused)
+    assert users.refusals() == []

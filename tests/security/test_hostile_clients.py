@@ -27,7 +27,7 @@ from keyserial._wire.layout import part_id, signers_key
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests import apps
-from tests.entries import envelope, stored
+from tests.entries import envelope, push_item, stored
 from tests.helpers import (
     eventually,
     keys_on_shard,
@@ -64,21 +64,22 @@ def users(redis_url: str) -> Iterator[Users]:
 async def _append(
     attacker: redis.asyncio.Redis, shard: int, namespace: str, envelopes: list[dict[str, Any]]
 ) -> None:
-    """An entry, appended as the documented wire format has it, with a client's rights."""
-    stream = ShardKeys(namespace, shard).stream
-    await attacker.xadd(stream, {"v": "1", "ops": json.dumps(envelopes)})
+    """An entry pushed to the shard's inbox as the documented wire format has it (a plain
+    RPUSH, then a wake-up naming its place), with a client's rights: its owner moves it into
+    the stream and runs it."""
+    await push_item(attacker, namespace, shard, envelopes, fresh=False, wake=True)
 
 
 @asynccontextmanager
 async def _one_worker_and_an_attacker(
-    users: Users, namespace: str
+    users: Users, namespace: str, **options: Any
 ) -> AsyncIterator[tuple[keyserial.Client, redis.asyncio.Redis]]:
-    """A worker on every shard, a client of the victim's, and the attacker's connection (the
-    client user's too)."""
+    """A worker on every shard (with ``options``), a client of the victim's, and the
+    attacker's connection (the client user's too)."""
     attacker = redis.asyncio.Redis.from_url(users.client_url)
     try:
         async with (
-            running_worker(users.worker_url, namespace, shard_count=SHARDS),
+            running_worker(users.worker_url, namespace, shard_count=SHARDS, **options),
             keyserial.connect(users.client_url, namespace=namespace) as ks,
         ):
             yield ks, attacker
@@ -280,14 +281,15 @@ async def _append_fresh(
     pushed: bool,
 ) -> None:
     """An entry marked ``fresh``: with the submit script (so it is pushed to the owner with its
-    wake-up) or a plain XADD (so the owner fetches it)."""
+    wake-up) or a plain RPUSH to the shard's inbox and a plain wake-up naming its place (so the
+    owner fetches it)."""
     keys = ShardKeys(namespace, shard)
-    ops = json.dumps(envelopes)
     if pushed:
-        await attacker.eval(_submit_script(), 1, keys.stream, 0, "1", ops, keys.wake_channel, "1")
+        ops = json.dumps(envelopes)
+        await attacker.eval(_submit_script(), 1, keys.inbox, 0, "1", ops, keys.wake_channel, "1")
     else:
-        await attacker.xadd(keys.stream, {"v": "1", "ops": ops, "fresh": "1"})
-        await attacker.publish(keys.wake_channel, "0-1")
+        place = await push_item(attacker, namespace, shard, envelopes, fresh=True)
+        await attacker.publish(keys.wake_channel, str(place))
 
 
 @pytest.mark.parametrize("pushed", [False, True], ids=["fetched", "pushed"])
@@ -348,8 +350,8 @@ async def test_a_copy_of_an_answered_grant_request_appended_as_fresh_leaves_no_h
     users: Users, namespace: str, pushed: bool
 ) -> None:
     """The attacker captures a transfer's grant request (listening on the participant's
-    owner's channel) and, once its part was applied, appends it as fresh to the participant's
-    stream, fetched or pushed, as a ``keyserial.grant`` op under its part's id. Intake
+    owner's channel) and, once its part was applied, pushes it as fresh to the participant's
+    inbox, fetched or pushed, as a ``keyserial.grant`` op under its part's id. Intake
     refuses it ('#' is reserved; so is the name): no hold is recorded, the part's answer is
     intact, money moved once, and the keys serve."""
     source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
@@ -473,10 +475,10 @@ async def test_a_grant_request_appended_ahead_under_an_attempts_id_never_decides
 ) -> None:
     """The attacker guesses a transfer's op id (the caller's order number) and its attempt (the
     home shard's epoch), and asks the participant shard ahead of the coordinator for another
-    key under that attempt: in its stream (refused at intake) and in an unsigned message on
-    its owner's channel (dropped). Neither holds a key or stores anything under the attempt's
-    part there: the transfer then runs under that attempt, moves the money once, between the
-    right keys, and the other key was never held."""
+    key under that attempt: in its inbox (moved into its stream, and refused at intake) and in
+    an unsigned message on its owner's channel (dropped). Neither holds a key or stores
+    anything under the attempt's part there: the transfer then runs under that attempt, moves
+    the money once, between the right keys, and the other key was never held."""
     caplog.set_level(logging.INFO, "keyserial.worker")
     source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
     target, decoy = keys_on_shard(PARTICIPANT, SHARDS, 2, "acct")
@@ -650,7 +652,22 @@ _FORGED = (
 _MALFORMED = (5, {"error": 5}, {"neither": 1}, [1])
 
 
+async def _waiting_entry(
+    users: Users, attacker: redis.asyncio.Redis, namespace: str, shard: int
+) -> tuple[int, list[Any]]:
+    """The one entry waiting in the shard's inbox, once there is one: its place, as a client
+    user reads it (the inbox's taken count and length), and its ops. (These are read as admin:
+    a client user may not read a list's items, but learns an op's id and reply channel from a
+    fresh entry's push on the wake channel, or from the entry once its owner moved it into the
+    stream, which a client user may read.)"""
+    keys = ShardKeys(namespace, shard)
+    (item,) = await eventually(lambda: users.admin.lrange(keys.inbox, 0, -1))
+    taken, length = await attacker.get(keys.inbox_taken), await attacker.llen(keys.inbox)
+    return int(taken or 0) + length, json.loads(item.partition(b"\n")[2])
+
+
 async def _forge_replies(
+    users: Users,
     attacker: redis.asyncio.Redis,
     namespace: str,
     shard: int,
@@ -659,12 +676,10 @@ async def _forge_replies(
     forged: tuple[Any, ...] = _FORGED + _MALFORMED,
     logged: str = "no outcome for them",
 ) -> str:
-    """Find the waiting op in the shard's stream (a client may read it), publish ``forged``
-    outcomes for it on its reply channel, one by one, each once its client has logged the one
-    before (``logged``); the op's id."""
-    stream = ShardKeys(namespace, shard).stream
-    ((_, fields),) = await eventually(lambda: attacker.xrange(stream, "-", "+"))
-    (envelope,) = json.loads(fields[b"ops"])
+    """Find the waiting op in the shard's inbox, publish ``forged`` outcomes for it on its reply
+    channel, one by one, each once its client has logged the one before (``logged``); the op's
+    id."""
+    _, (envelope,) = await _waiting_entry(users, attacker, namespace, shard)
     op_id = envelope["id"]
 
     def handled() -> int:
@@ -719,7 +734,7 @@ async def test_a_forged_reply_never_answers_a_caller(
     forged value, or a malformed one, never reaches it."""
     key = keys_on_shard(2, SHARDS, 1, "acct")[0]
     async with _a_deposit_waiting(users, namespace, key) as (_, attacker, answered):
-        await _forge_replies(attacker, namespace, 2, caplog)
+        await _forge_replies(users, attacker, namespace, 2, caplog)
         assert answered == []
         await _served(users, namespace, answered)
         assert answered == [10]
@@ -743,7 +758,7 @@ async def test_a_refusal_recorded_for_an_earlier_entry_never_answers_a_resubmit(
                 stream = ShardKeys(namespace, 3).stream
                 await eventually(lambda: _empty(attacker, stream))
             async with _resubmitted(ks, key) as results:
-                assert await _forge_replies(attacker, namespace, 3, caplog) == "order-9"
+                assert await _forge_replies(users, attacker, namespace, 3, caplog) == "order-9"
                 assert results == []
                 await _served(users, namespace, results, apps=["tests.apps"])
             assert results == [1]
@@ -819,12 +834,14 @@ async def _published(listener: redis.client.PubSub) -> bytes:
 async def test_a_signed_reply_of_another_shard_never_settles_a_submit(
     users: Users, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The victim's deposit waits on shard 2, which no worker serves yet. A client user copies
-    its entry to shard 6 under the same entry id (XADD takes any id above the stream's last):
-    shard 6's owner refuses the misrouted op with a genuine reply, signed for the victim and
-    naming that entry, but shard 6. The client looks the op up on its own shard instead, finds
-    nothing, and keeps waiting: the deposit applies once, and its caller gets its outcome."""
-    key, other = keys_on_shard(2, SHARDS, 1, "acct")[0], keys_on_shard(6, SHARDS, 1, "acct")[0]
+    """The victim's deposit waits on shard 2, which no worker serves yet. A client user pushes
+    a copy of its entry to shard 6's inbox, where it lands at the same place (a shard's places
+    count its pushes from 1, and no item was pushed to shard 6 before; a client user may read
+    any inbox's taken count and length, so knows the places of the items in it): shard 6's
+    owner refuses the misrouted op with a genuine reply, signed for the victim and naming that
+    place, but shard 6. The client looks the op up on its own shard instead, finds nothing, and
+    keeps waiting: the deposit applies once, and its caller gets its outcome."""
+    key, other = keys_on_shard(2, SHARDS, 1, "acct")[0], keys_on_shard(7, SHARDS, 1, "acct")[0]
     attacker = redis.asyncio.Redis.from_url(users.client_url)
     answered: list[Any] = []
     try:
@@ -840,21 +857,23 @@ async def test_a_signed_reply_of_another_shard_never_settles_a_submit(
                 except keyserial.KeyserialError as exc:
                     answered.append(exc)
 
-            async with running_worker(users.worker_url, namespace, shards=[6], shard_count=SHARDS):
+            workers = running_worker(users.worker_url, namespace, shards=[6, 7], shard_count=SHARDS)
+            async with workers:
                 assert await ks.submit(other, deposit(1)) == 1  # (the client meets the signer)
                 signers = await eventually(lambda: users.admin.hkeys(signers_key(namespace)))
                 await eventually(lambda: ks._verifier.knows(signers[0].decode()))
                 group.start_soon(deposit_10)
-                stream = ShardKeys(namespace, 2).stream
-                ((entry_id, fields),) = await eventually(lambda: attacker.xrange(stream))
-                (envelope,) = json.loads(fields[b"ops"])
+                place, envelopes = await _waiting_entry(users, attacker, namespace, 2)
+                (envelope,) = envelopes
                 await eventually(
                     lambda: any(pending.entry for pending in ks._waiting[envelope["id"]])
                 )
-                signed = await _refused_elsewhere(attacker, namespace, 6, entry_id, fields)
+                waiting = [pending.entry.place for pending in ks._waiting[envelope["id"]]]
+                assert waiting == [str(place)]
+                signed = await _refused_elsewhere(attacker, namespace, 6, place, envelopes)
                 ((_, refusal),) = json.loads(signed)["r"]
                 assert "t" in json.loads(signed), "signed for the victim"
-                assert (refusal["s"], refusal["e"]) == (6, [entry_id.decode()])
+                assert (refusal["s"], refusal["e"]) == (6, [str(place)])
                 await publish(attacker, envelope["reply"], signed)  # (where the victim listens)
                 await eventually(lambda: answered or looked_up(caplog, envelope["id"]))
                 assert answered == [], "the refusal of another shard settled the submit"
@@ -870,17 +889,16 @@ async def _refused_elsewhere(
     attacker: redis.asyncio.Redis,
     namespace: str,
     shard: int,
-    entry_id: bytes,
-    fields: dict[bytes, bytes],
+    place: int,
+    envelopes: list[Any],
 ) -> bytes:
-    """Append a copy of an entry (its ops) to ``shard`` under the same entry id; the reply its
-    owner publishes on the (first) op's channel."""
-    (envelope,) = json.loads(fields[b"ops"])
+    """Push a copy of an entry (its ops) to ``shard``'s inbox, where it must land at ``place``;
+    the reply its owner publishes on the (first) op's channel."""
     async with attacker.pubsub() as listener:
         # (Published by another slot's script, so with PUBLISH, even on a cluster.)
-        await listener.subscribe(envelope["reply"])
-        copy = {"v": "1", "ops": fields[b"ops"]}
-        await attacker.xadd(ShardKeys(namespace, shard).stream, copy, id=entry_id)  # type: ignore[arg-type]
+        await listener.subscribe(envelopes[0]["reply"])
+        copied = await push_item(attacker, namespace, shard, envelopes, fresh=False, wake=True)
+        assert copied == place, "the copy landed at another place than the entry it copies"
         return await _published(listener)
 
 
@@ -898,7 +916,7 @@ async def test_a_client_that_trusts_replies_ignores_malformed_ones(
         answered,
     ):
         await _forge_replies(
-            attacker, namespace, 2, caplog, forged=_MALFORMED, logged="malformed reply"
+            users, attacker, namespace, 2, caplog, forged=_MALFORMED, logged="malformed reply"
         )
         assert answered == []
         await _served(users, namespace, answered)
@@ -915,43 +933,95 @@ async def _empty(client: redis.asyncio.Redis, stream: str) -> bool:
     return not await client.xrange(stream)
 
 
-async def test_an_entry_under_the_largest_id_stops_appends_only_until_it_has_committed(
-    users: Users, namespace: str
+async def test_a_client_user_cannot_xadd_under_any_id_nor_with_maxlen_0(
+    users: Users, namespace: str, tmp_path: Path
 ) -> None:
-    """XADD takes any id larger than the last: one under the largest id there is leaves none
-    for the next append. The owner runs it like any entry, and once it has committed (so has
-    every entry before it), starts the stream again: appends refused meanwhile appended
-    nothing (the client sends them again), and the shard serves again."""
+    """Only a shard's owner writes its stream. While entries wait there behind a busy key, the
+    client user's XADD is refused (NOPERM) in every form that once let a client stop or drop
+    others' entries: under the largest id there is (which left none for the next append),
+    under an id of its choosing just past the last, under ``*`` with ``MAXLEN 0`` (which
+    dropped every entry not run yet), and plain. The stream is left as it was, the queued ops
+    all run, and the same entry pushed to the inbox instead runs as any other."""
+    gate = tmp_path / "gate"
     key, own = keys_on_shard(4, SHARDS, 2, "acct")
-    async with _one_worker_and_an_attacker(users, namespace) as (ks, attacker):
-        stream = ShardKeys(namespace, 4).stream
-        envelope = {"id": "squatter-1", "key": own, "op": "deposit", "args": [1]}
-        await attacker.xadd(stream, {"v": "1", "ops": json.dumps([envelope])}, id=LARGEST_ID)
-        # (The client sends a refused append again, as for BUSY, until its timeout.)
-        assert await ks.submit(key, deposit(10), timeout=20) == 10
+    stream = ShardKeys(namespace, 4).stream
+    squatter = [envelope("squatter-1", own, "deposit", 1)]
+    queued: list[int] = []
+    async with _one_worker_and_an_attacker(users, namespace, apps=["tests.apps"]) as (
+        ks,
+        attacker,
+    ):
+
+        async def deposit_10() -> None:
+            queued.append(await ks.submit(key, deposit(10), timeout=30))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(ks.submit, key, apps.gated_hold(str(gate)))
+            await eventually(lambda: attacker.xlen(stream), message="the held op's entry")
+            group.start_soon(deposit_10)
+            waiting = await eventually(
+                lambda: _entries_carrying(attacker, stream, 2), message="both ops in the stream"
+            )
+            ms, _, seq = waiting[-1][0].decode().partition("-")
+            fields = ["v", "1", "ops", json.dumps(squatter)]
+            for where in ([LARGEST_ID], [f"{ms}-{int(seq) + 1}"], ["MAXLEN", "0", "*"], ["*"]):
+                with pytest.raises(redis.exceptions.NoPermissionError, match="'xadd' command"):
+                    await attacker.execute_command("XADD", stream, *where, *fields)
+            assert await attacker.xrange(stream) == waiting
+            await push_item(attacker, namespace, 4, squatter, fresh=False, wake=True)
+            gate.touch()
+        assert queued == [10]
         assert await ks.submit(key, deposit(5), timeout=10) == 15
         assert await ks.read(own) == 1
         assert await stored(attacker, namespace, 4, "squatter-1") == {"ok": 1}
-    assert users.refusals() == []
+    assert users.refusals() == [f"{users.names[1]}: xadd"]
+
+
+async def _entries_carrying(
+    client: redis.asyncio.Redis, stream: str, count: int
+) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """The stream's entries, once they carry ``count`` ops (else none)."""
+    entries: list[tuple[bytes, dict[bytes, bytes]]] = await client.xrange(stream)
+    carried = sum(len(json.loads(fields[b"ops"])) for _, fields in entries)
+    return entries if carried >= count else []
 
 
 @pytest.mark.slow
-async def test_entries_an_append_with_maxlen_0_drops_are_appended_again_by_their_clients(
+async def test_a_client_user_can_neither_drop_nor_reorder_an_inbox_s_entries(
     users: Users, namespace: str
 ) -> None:
-    """A client may append with ``MAXLEN 0``, which drops every entry not run yet. A client
-    whose op's entry is gone with no outcome appends it again (its sweep, as after a
-    failover): the op applies once. (An op whose client is gone is lost, never
-    acknowledged.)"""
+    """A client user may push to a shard's inbox (RPUSH appends: it cannot choose its place)
+    and nothing else there: while a caller's deposit waits in the inbox, trimming, popping,
+    removing, deleting, prepending, overwriting or inserting items, and moving the inbox's
+    taken count (which would shift every place), are refused (NOPERM) and change nothing. The
+    deposit applies once, and its caller gets its outcome."""
     key = keys_on_shard(5, SHARDS, 1, "acct")[0]
-    stream = ShardKeys(namespace, 5).stream
+    shard = ShardKeys(namespace, 5)
+    forged = "1\n[]"
+    attempts = [
+        ("LTRIM", shard.inbox, 1, 0),
+        ("LPOP", shard.inbox),
+        ("RPOP", shard.inbox),
+        ("LREM", shard.inbox, 0, forged),
+        ("DEL", shard.inbox),
+        ("LPUSH", shard.inbox, forged),
+        ("LSET", shard.inbox, 0, forged),
+        ("LINSERT", shard.inbox, "BEFORE", forged, forged),
+        ("INCRBY", shard.inbox_taken, 1),
+        ("SET", shard.inbox_taken, 0),
+    ]
     async with _a_deposit_waiting(users, namespace, key) as (ks, attacker, answered):
-        ((first, _),) = await eventually(lambda: attacker.xrange(stream))
-        await attacker.xadd(stream, {"v": "1", "ops": "[]"}, maxlen=0, approximate=False)
-        assert await attacker.xlen(stream) == 0
-        ((again, _),) = await eventually(lambda: attacker.xrange(stream))
-        assert again != first
+        waiting = await eventually(lambda: users.admin.lrange(shard.inbox, 0, -1))
+        taken = users.admin.get(shard.inbox_taken)
+        for attempt in attempts:
+            with pytest.raises(redis.exceptions.NoPermissionError):
+                await attacker.execute_command(*attempt)
+        assert users.admin.lrange(shard.inbox, 0, -1) == waiting
+        assert users.admin.get(shard.inbox_taken) == taken
         await _served(users, namespace, answered)
         assert answered == [10]
         assert await ks.read(key) == 10
-    assert users.refusals() == []
+    refused = {str(attempt[0]).lower() for attempt in attempts if attempt[0] != "SET"}
+    assert sorted(users.refusals()) == sorted(
+        [f"{users.names[1]}: {name}" for name in refused | {shard.inbox_taken}]
+    )

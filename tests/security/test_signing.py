@@ -25,7 +25,8 @@ from keyserial._wire.signing import SIGNER_TTL, ReplySigner, ReplyVerifier, sign
 from keyserial._worker.crossshard.mailbox import Mailbox
 from keyserial._worker.pipeline import coordination_messages
 from keyserial.ledger import balance, deposit
-from keyserial.testing import ShardKeys, running_worker
+from keyserial.testing import running_worker
+from tests.entries import push_item
 from tests.helpers import eventually
 from tests.users import Users, documented_users
 
@@ -159,9 +160,7 @@ async def test_an_op_whose_reply_channel_names_a_key_of_low_order_is_answered_un
                 "args": [5],
                 "reply": evil,
             }
-            await attacker.xadd(
-                ShardKeys(namespace, shard).stream, {"v": "1", "ops": json.dumps([envelope])}
-            )
+            await push_item(attacker, namespace, shard, [envelope], fresh=False, wake=True)
             with anyio.fail_after(10):
                 while (
                     message := await listener.get_message(ignore_subscribe_messages=True, timeout=1)

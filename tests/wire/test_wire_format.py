@@ -17,6 +17,7 @@ import uuid
 import zlib
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from functools import partial
 from typing import Any
 
 import anyio
@@ -27,8 +28,13 @@ from redis import exceptions as redis_errors
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import RedisCluster
 
-from keyserial import shard_for
+from keyserial import Settings, shard_for
+from keyserial._backend.backend import Backend
+from keyserial._reshard.mover import move_namespace
+from keyserial._scripts.reshard import record_move, seal
 from keyserial._scripts.submit import SubmitArgs
+from keyserial._wire.layout import Layout
+from keyserial._wire.resharding import Move
 from keyserial.testing import running_worker
 from tests.helpers import ROOT, eventually
 
@@ -87,6 +93,9 @@ class ForeignClient:
         self.pubsub: PubSub = self.node.pubsub(ignore_subscribe_messages=True)
         self.shard_count = 0
         self._counter = 0
+        #: Items pushed to each shard: the tests' namespaces are their own, and this client the
+        #: only one that pushes to them, so the next item's place is one more.
+        self._pushes: dict[int, int] = {}
 
     @classmethod
     @asynccontextmanager
@@ -105,7 +114,7 @@ class ForeignClient:
         )
         client = cls(url, namespace, commands, signed=signed)
         try:
-            # Subscribe before appending anything.
+            # Subscribe before pushing anything.
             await client.pubsub.subscribe(client.reply_channel)
             yield client
         finally:
@@ -120,17 +129,26 @@ class ForeignClient:
     def shard(self, key: str) -> int:
         return zlib.crc32(key.encode("utf-8")) % self.shard_count
 
+    def name(self, shard: int, suffix: str) -> str:
+        return f"ks:{{{self.namespace}:{shard}}}:{suffix}"
+
+    def inbox(self, shard: int) -> str:
+        return self.name(shard, "inbox")
+
+    def taken(self, shard: int) -> str:
+        return self.name(shard, "inbox:taken")
+
     def stream(self, shard: int) -> str:
-        return f"ks:{{{self.namespace}:{shard}}}:stream"
+        return self.name(shard, "stream")
 
     def results(self, shard: int) -> str:
-        return f"ks:{{{self.namespace}:{shard}}}:results"
+        return self.name(shard, "results")
 
     def state(self, shard: int) -> str:
-        return f"ks:{{{self.namespace}:{shard}}}:state"
+        return self.name(shard, "state")
 
     def dead(self, shard: int) -> str:
-        return f"ks:{{{self.namespace}:{shard}}}:dead"
+        return self.name(shard, "dead")
 
     def wake(self, shard: int) -> str:
         return f"ks:{self.namespace}:wake:{shard}"
@@ -148,24 +166,51 @@ class ForeignClient:
             envelope["reply"] = self.reply_channel
         return envelope
 
-    async def xadd(
+    def _next_place(self, shard: int) -> int:
+        self._pushes[shard] = self._pushes.get(shard, 0) + 1
+        return self._pushes[shard]
+
+    async def push(
         self, shard: int, envelopes: Sequence[dict[str, Any]], *, version: str = "1"
     ) -> str:
-        """Append with XADD, then PUBLISH the wake channel."""
-        ops = json.dumps(list(envelopes), separators=(",", ":"))
-        entry_id: str = await self.commands.xadd(self.stream(shard), {"v": version, "ops": ops})
-        await self.node.publish(self.wake(shard), entry_id)
-        return entry_id
+        """Push the item of an entry with RPUSH, then PUBLISH its place on the wake channel."""
+        return await self.push_item(shard, f"{version}\n{_packed(envelopes)}")
+
+    async def push_item(self, shard: int, item: str) -> str:
+        """Push ``item`` as it is with RPUSH, and PUBLISH its place; the place. The taken count
+        read before and after it, if the same, gives the place as documented."""
+        before = await self.commands.get(self.taken(shard))
+        length = await self.commands.rpush(self.inbox(shard), item)
+        after = await self.commands.get(self.taken(shard))
+        place = self._next_place(shard)
+        if before == after:
+            assert int(before or 0) + length == place
+        await self.node.publish(self.wake(shard), str(place))
+        return str(place)
 
     async def eval_submit(
-        self, shard: int, envelopes: Sequence[dict[str, Any]], *, backlog: int = 100_000
+        self,
+        shard: int,
+        envelopes: Sequence[dict[str, Any]],
+        *,
+        backlog: int = 100_000,
+        fresh: bool = False,
     ) -> str:
-        """Append with the document's submit script."""
-        ops = json.dumps(list(envelopes), separators=(",", ":"))
-        entry_id: str = await self.commands.eval(
-            doc_submit_script(), 1, self.stream(shard), backlog, "1", ops, self.wake(shard)
+        """Push with the document's submit script; the place it returns."""
+        fresh_arg = ["1"] if fresh else []
+        place, at_ms, ahead = await self.commands.eval(
+            doc_submit_script(),
+            1,
+            self.inbox(shard),
+            backlog,
+            "1",
+            _packed(envelopes),
+            self.wake(shard),
+            *fresh_arg,
         )
-        return entry_id
+        assert place == self._next_place(shard)
+        assert abs(at_ms - time.time() * 1000) < 60_000 and ahead >= 0
+        return str(place)
 
     async def next_message(self, *, timeout: float = 10) -> str:
         """The next message on the reply channel, as published."""
@@ -195,13 +240,18 @@ class ForeignClient:
         return None if raw is None else _as_read(json.loads(raw))
 
 
+def _packed(envelopes: Sequence[dict[str, Any]]) -> str:
+    """An entry's ops: its envelopes as a compact JSON array."""
+    return json.dumps(list(envelopes), separators=(",", ":"))
+
+
 def _as_replied(outcome: dict[str, Any]) -> dict[str, Any]:
-    """An outcome as a reply carries it: as stored, with the shard, layout generation and
-    entries it answers."""
+    """An outcome as a reply carries it: as stored, with the shard, layout generation and the
+    places of the entries it answers."""
     assert isinstance(outcome.pop("s"), int), "s is the op's shard"
     assert outcome.pop("g") == 0, "g is its layout generation (0: never resharded)"
     entries = outcome.pop("e")  # (none for an op of an entry that could not be read)
-    assert all(re.fullmatch(r"[0-9]+-[0-9]+", entry) for entry in entries)
+    assert all(re.fullmatch(r"[1-9][0-9]*", entry) for entry in entries), "places"
     return _as_read(outcome)
 
 
@@ -228,7 +278,7 @@ async def test_a_signed_reply_checks_out_as_documented(redis_url: str, namespace
         key = "account:5"
         shard = client.shard(key)
         deposit = client.envelope(key, "deposit", 100)
-        entry_id = await client.xadd(shard, [deposit])
+        place = await client.eval_submit(shard, [deposit])
         message = await client.next_message()
         signed = message[: message.rindex(',"k":')]
         suffix = json.loads("{" + message[len(signed) + 1 :])
@@ -253,11 +303,11 @@ async def test_a_signed_reply_checks_out_as_documented(redis_url: str, namespace
         assert tag[:16].hex() == suffix["t"]
         assert json.loads(signed + "}") == {
             "v": 1,
-            "r": [[deposit["id"], {"ok": 100, "s": shard, "g": 0, "e": [entry_id]}]],
+            "r": [[deposit["id"], {"ok": 100, "s": shard, "g": 0, "e": [place]}]],
         }
 
 
-async def test_xadd_and_publish_then_reply_stored_result_state_and_dedup(
+async def test_rpush_and_publish_then_reply_stored_result_state_and_dedup(
     redis_url: str, namespace: str
 ) -> None:
     async with (
@@ -270,24 +320,27 @@ async def test_xadd_and_publish_then_reply_stored_result_state_and_dedup(
         assert shard == shard_for(key, SHARDS)
 
         deposit = client.envelope(key, "deposit", 100)
-        entry_id = await client.xadd(shard, [deposit])
-        assert re.fullmatch(r"\d+-\d+", entry_id)
+        place = await client.push(shard, [deposit])
+        assert place == "1", "the shard's first push"
         # The reply, byte for byte as documented; committed before it was published. The stored
         # outcome carries the op's binding too.
         expected = (
             '{"v":1,"r":[['
             + json.dumps(deposit["id"])
-            + f',{{"ok":100,"s":{shard},"g":0,"e":["{entry_id}"]}}]]}}'
+            + f',{{"ok":100,"s":{shard},"g":0,"e":["{place}"]}}]]}}'
         )
         assert await client.next_message() == expected
         stored = await client.commands.hget(client.results(shard), deposit["id"])
         assert re.fullmatch(r'\{"ok":100,"b":"[0-9a-f]{16}"\}', stored)
         assert await client.commands.hget(client.state(shard), key) == "100"
-        # A committed entry is trimmed: XLEN is the backlog of entries not committed yet.
-        assert await client.commands.xlen(client.stream(shard)) == 0
+        # The owner moved the item out of the inbox, and trims a committed entry from the
+        # stream: XLEN plus LLEN is the backlog of entries not committed yet.
+        assert await client.commands.get(client.taken(shard)) == "1"
+        assert await client.commands.llen(client.inbox(shard)) == 0
+        await eventually(lambda: _backlog_is_empty(client, shard), message="an empty backlog")
 
         withdraw = client.envelope(key, "withdraw", 500)
-        await client.xadd(shard, [withdraw])
+        await client.push(shard, [withdraw])
         outcome = (await client.replies([withdraw["id"]]))[withdraw["id"]]
         assert outcome == {
             "error": {
@@ -300,10 +353,10 @@ async def test_xadd_and_publish_then_reply_stored_result_state_and_dedup(
         assert await client.commands.hget(client.state(shard), key) == "100"
 
         # A resubmitted op id returns the stored outcome and does not run again.
-        await client.xadd(shard, [deposit])
+        await client.push(shard, [deposit])
         assert (await client.replies([deposit["id"]]))[deposit["id"]] == {"ok": 100}
         balance = client.envelope(key, "balance")
-        await client.xadd(shard, [balance])
+        await client.push(shard, [balance])
         assert (await client.replies([balance["id"]]))[balance["id"]] == {"ok": 100}
 
 
@@ -350,9 +403,9 @@ async def test_another_op_under_a_used_op_id_is_refused_by_the_worker(
         key = "account:6"
         shard = client.shard(key)
         deposit = client.envelope(key, "deposit", 100)
-        await client.xadd(shard, [deposit])
+        await client.push(shard, [deposit])
         assert (await client.replies([deposit["id"]]))[deposit["id"]] == {"ok": 100}
-        await client.xadd(shard, [{**deposit, "args": [7]}])
+        await client.push(shard, [{**deposit, "args": [7]}])
         refused = (await client.replies([deposit["id"]]))[deposit["id"]]
         assert refused["error"]["type"] == "keyserial.MalformedOperation"
         assert "belongs to another op" in refused["error"]["message"]
@@ -376,7 +429,7 @@ async def test_refused_ops_carry_the_documented_error_types(redis_url: str, name
         bad_type = client.envelope(key, "deposit", -5)
         no_id = {"key": key, "op": "deposit", "args": [1]}
         ops = [unknown, bad_args, misrouted, bad_type]
-        entry_id = await client.xadd(shard, [*ops, no_id])
+        place = await client.push(shard, [*ops, no_id])
         outcomes = await client.replies([op["id"] for op in ops])
         types = {op_id: outcome["error"]["type"] for op_id, outcome in outcomes.items()}
         assert types == {
@@ -386,17 +439,21 @@ async def test_refused_ops_carry_the_documented_error_types(redis_url: str, name
             bad_type["id"]: "ValueError",
         }
         assert "routes to shard" in outcomes[misrouted["id"]]["error"]["message"]
-        # The misrouted op's result is stored on the shard it was appended to.
+        # The misrouted op's result is stored on the shard it was pushed to.
         assert await client.stored(shard, misrouted["id"]) == outcomes[misrouted["id"]]
+        # The unknown op's refusal is not stored: its answered record names the entry's place.
+        assert await client.stored(shard, unknown["id"]) is None
+        answered = await client.commands.hget(client.results(shard), f"{unknown['id']}#u")
+        assert json.loads(answered)["e"] == [place]
 
         # A failure is stored under its op id: resubmitting the id, fixed, returns the failure.
-        await client.xadd(shard, [{**bad_args, "args": [1]}])
+        await client.push(shard, [{**bad_args, "args": [1]}])
         assert (await client.replies([bad_args["id"]]))[bad_args["id"]] == outcomes[bad_args["id"]]
 
         # An envelope with no id and an entry of another version are dead-lettered; the
         # entry's readable envelopes still get a MalformedOperation reply.
         wrong_version = client.envelope(key, "deposit", 1)
-        other_entry = await client.xadd(shard, [wrong_version], version="2")
+        other_place = await client.push(shard, [wrong_version], version="2")
         refused = (await client.replies([wrong_version["id"]]))[wrong_version["id"]]
         assert refused["error"]["type"] == "keyserial.MalformedOperation"
         assert "unsupported wire version '2'" in refused["error"]["message"]
@@ -405,9 +462,16 @@ async def test_refused_ops_carry_the_documented_error_types(redis_url: str, name
             dead: list[Any] = await client.commands.xrange(client.dead(shard))
             return dead if len(dead) >= 2 else None
 
-        letters = {fields["entry"]: fields for _, fields in await eventually(two_dead_letters)}
-        assert "no string 'id'" in letters[entry_id]["reason"]
-        assert "unsupported wire version" in letters[other_entry]["reason"]
+        no_id_letter, other_letter = (fields for _, fields in await eventually(two_dead_letters))
+        assert "no string 'id'" in no_id_letter["reason"]
+        assert re.fullmatch(r"\d+-\d+", no_id_letter["entry"]), "the stream entry's id"
+        assert json.loads(no_id_letter["raw"]) == no_id
+        assert "unsupported wire version '2'" in other_letter["reason"]
+        assert json.loads(other_letter["raw"]) == {
+            "v": "2",
+            "ops": _packed([wrong_version]),
+            "p": other_place,
+        }
         assert await client.stored(shard, wrong_version["id"]) == refused
         assert await client.commands.hget(client.state(shard), key) is None
 
@@ -415,7 +479,8 @@ async def test_refused_ops_carry_the_documented_error_types(redis_url: str, name
 async def test_the_submit_script_refuses_an_entry_when_the_backlog_is_full(
     redis_url: str, namespace: str
 ) -> None:
-    # No worker serves this namespace, so appended entries stay in the stream.
+    """The backlog counts the inbox's items and the stream's entries together."""
+    # No worker serves this namespace, so pushed items stay in the inbox.
     async with ForeignClient.connect(redis_url, namespace) as client:
         meta = f"ks:{{{namespace}}}:meta"
         await client.commands.hsetnx(meta, "shards", SHARDS)
@@ -425,20 +490,34 @@ async def test_the_submit_script_refuses_an_entry_when_the_backlog_is_full(
         await client.eval_submit(shard, [client.envelope(key, "deposit", 1)], backlog=0)
         with pytest.raises(redis_errors.ResponseError, match=r"^BACKLOG 1$"):
             await client.eval_submit(shard, [client.envelope(key, "deposit", 1)], backlog=1)
-        assert await client.commands.xlen(client.stream(shard)) == 1
+        assert await client.commands.llen(client.inbox(shard)) == 1
+        assert await client.commands.xlen(client.stream(shard)) == 0
+        # An entry in the stream (one a client of an earlier release appended) counts too.
+        ops = _packed([client.envelope(key, "deposit", 1)])
+        await client.commands.xadd(client.stream(shard), {"v": "1", "ops": ops})
+        with pytest.raises(redis_errors.ResponseError, match=r"^BACKLOG 2$"):
+            await client.eval_submit(shard, [client.envelope(key, "deposit", 1)], backlog=2)
+        assert await client.commands.llen(client.inbox(shard)) == 1
 
 
 async def test_the_submit_script_called_with_too_few_arguments_appends_nothing(
     redis_url: str, namespace: str
 ) -> None:
-    """An error reply means nothing was appended (a client retries it under a new op id):
-    without its wake channel the script used to append, then fail to publish."""
+    """An error reply means nothing was pushed (a client retries it under a new op id):
+    without its wake channel the script used to append, then fail to publish. Called with the
+    stream, as the submit script of an earlier release was, it refuses too."""
     async with ForeignClient.connect(redis_url, namespace) as client:
-        stream = f"ks:{{{namespace}:0}}:stream"
+        inbox, stream = client.inbox(0), client.stream(0)
         ops = json.dumps([{"id": "short", "key": "k", "op": "deposit", "args": [1]}])
-        for argv in (["0", "1", ops], []):
-            with pytest.raises(redis_errors.ResponseError, match="nothing was appended"):
-                await client.commands.eval(doc_submit_script(), 1, stream, *argv)
+        calls: list[tuple[list[str], list[str]]] = [
+            ([inbox], ["0", "1", ops]),
+            ([inbox], []),
+            ([stream], ["0", "1", ops, client.wake(0)]),
+        ]
+        for keys, argv in calls:
+            with pytest.raises(redis_errors.ResponseError, match="nothing was pushed"):
+                await client.commands.eval(doc_submit_script(), len(keys), *keys, *argv)
+        assert await client.commands.llen(inbox) == 0
         assert await client.commands.xlen(stream) == 0
 
 
@@ -446,7 +525,7 @@ async def test_a_multi_key_op_across_shards_is_appended_to_its_lowest_shard(
     redis_url: str, namespace: str
 ) -> None:
     """As documented: the envelope with ``keys`` goes to the home (lowest) shard, which replies
-    and stores the result; appended to another of its shards it is refused."""
+    and stores the result; pushed to another of its shards it is refused."""
     async with (
         running_worker(redis_url, namespace, shard_count=SHARDS),
         ForeignClient.connect(redis_url, namespace) as client,
@@ -459,7 +538,7 @@ async def test_a_multi_key_op_across_shards_is_appended_to_its_lowest_shard(
             if client.shard(f"account:{n}") > client.shard(source)
         )
         home, other = client.shard(source), client.shard(target)
-        await client.xadd(home, [client.envelope(source, "deposit", 10)])
+        await client.push(home, [client.envelope(source, "deposit", 10)])
         move = {
             "id": "move-1",
             "keys": [source, target],
@@ -467,14 +546,14 @@ async def test_a_multi_key_op_across_shards_is_appended_to_its_lowest_shard(
             "args": [4],
             "reply": client.reply_channel,
         }
-        await client.xadd(other, [{**move, "id": "move-2"}])
+        await client.push(other, [{**move, "id": "move-2"}])
         refused = (await client.replies(["move-2"]))["move-2"]
         assert refused["error"]["type"] == "keyserial.MalformedOperation"
         assert "a multi-key op goes to the lowest" in refused["error"]["message"]
         assert (
             f"{source!r} on {home}, {target!r} on {other}" in refused["error"]["message"]
         )  # (each key with its own shard)
-        await client.xadd(home, [move])
+        await client.push(home, [move])
         assert (await client.replies(["move-1"]))["move-1"] == {"ok": {source: 6, target: 4}}
         assert await client.stored(home, "move-1") == {"ok": {source: 6, target: 4}}
 
@@ -525,10 +604,9 @@ async def test_the_ledger_ops_take_plain_json_integers_and_refuse_as_documented(
         as_float, as_exponent, as_string = (client.envelope(key, "deposit", 0) for _ in range(3))
         as_float["args"], as_string["args"], as_exponent["args"] = [10.0], ["10"], ["EXP"]
         ops = [plain, as_float, as_string, client.envelope(key, "balance")]
-        await client.xadd(shard, ops)
+        await client.push(shard, ops)
         exponent_entry = json.dumps([as_exponent]).replace('"EXP"', "1e1")
-        await client.commands.xadd(client.stream(shard), {"v": "1", "ops": exponent_entry})
-        await client.node.publish(client.wake(shard), "x")
+        await client.push_item(shard, f"1\n{exponent_entry}")
         outcomes = await client.replies([*(op["id"] for op in ops), as_exponent["id"]])
         assert outcomes[plain["id"]] == {"ok": 10}
         for refused, shown in ((as_float, "10.0"), (as_exponent, "10.0"), (as_string, "'10'")):
@@ -542,9 +620,9 @@ async def test_the_ledger_ops_take_plain_json_integers_and_refuse_as_documented(
 
         # A key whose state is not an integer is not a ledger balance.
         listed_shard = client.shard(listed)
-        await client.xadd(listed_shard, [client.envelope(listed, "append", "x")])
+        await client.push(listed_shard, [client.envelope(listed, "append", "x")])
         not_a_balance = client.envelope(listed, "balance")
-        await client.xadd(listed_shard, [not_a_balance])
+        await client.push(listed_shard, [not_a_balance])
         outcome = (await client.replies([not_a_balance["id"]]))[not_a_balance["id"]]
         assert outcome == {
             "error": {
@@ -554,7 +632,7 @@ async def test_the_ledger_ops_take_plain_json_integers_and_refuse_as_documented(
         }
 
         # transfer takes exactly two keys, source first.
-        three = {
+        three: dict[str, Any] = {
             "id": "three-keys",
             "keys": [key, "account:3", "account:4"],
             "op": "transfer",
@@ -562,7 +640,7 @@ async def test_the_ledger_ops_take_plain_json_integers_and_refuse_as_documented(
             "reply": client.reply_channel,
         }
         home = min(client.shard(k) for k in three["keys"])
-        await client.xadd(home, [three])
+        await client.push(home, [three])
         outcome = (await client.replies(["three-keys"]))["three-keys"]
         assert outcome["error"]["type"] == "ValueError"
         assert outcome["error"]["message"].startswith("transfer takes two keys (source, target)")
@@ -582,8 +660,7 @@ async def test_non_finite_numbers_are_read_but_never_written(
         shard = client.shard(key)
         stored, refused = client.envelope(key, "append", "x"), client.envelope(key, "append", 0)
         entry = json.dumps([stored, refused]).replace('"args": [0]', '"args": [NaN]')
-        await client.commands.xadd(client.stream(shard), {"v": "1", "ops": entry})
-        await client.node.publish(client.wake(shard), "x")
+        await client.push_item(shard, f"1\n{entry}")
         outcomes = await client.replies([stored["id"], refused["id"]])
         assert outcomes[stored["id"]] == {"ok": ["x"]}
         error = outcomes[refused["id"]]["error"]
@@ -608,10 +685,238 @@ async def test_a_malformed_copy_of_an_op_that_ran_is_answered_with_its_outcome(
         key = "account:7"
         shard = client.shard(key)
         deposit = client.envelope(key, "deposit", 5)
-        await client.xadd(shard, [deposit])
+        await client.push(shard, [deposit])
         assert (await client.replies([deposit["id"]]))[deposit["id"]] == {"ok": 5}
         copy = {**deposit, **{name: value for name, value in broken.items() if name != "v"}}
-        await client.xadd(shard, [copy], version=broken.get("v", "1"))
+        await client.push(shard, [copy], version=broken.get("v", "1"))
         assert (await client.replies([deposit["id"]]))[deposit["id"]] == {"ok": 5}
         assert await client.stored(shard, deposit["id"]) == {"ok": 5}
         assert await client.commands.hget(client.state(shard), key) == "5"
+
+
+async def _backlog_is_empty(client: ForeignClient, shard: int) -> bool:
+    """Whether the shard's inbox and stream are both empty (LLEN plus XLEN is its backlog)."""
+    inbox: int = await client.commands.llen(client.inbox(shard))
+    stream: int = await client.commands.xlen(client.stream(shard))
+    return inbox + stream == 0
+
+
+async def test_an_item_not_of_the_documented_form_is_dead_lettered_and_answered_by_no_one(
+    redis_url: str, namespace: str
+) -> None:
+    """An item with no newline, or whose first line is neither a version nor a version and
+    `` fresh``, becomes an entry ``{raw, p}``: dead-lettered as an entry of no version, no op
+    of it run, replied or stored (none can be read); the shard moves on."""
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS),
+        ForeignClient.connect(redis_url, namespace) as client,
+    ):
+        await client.read_shard_count()
+        key = "account:8"
+        shard = client.shard(key)
+        lost = [client.envelope(key, "deposit", 1) for _ in range(3)]
+        items = [
+            _packed([lost[0]]),  # (no version line)
+            f"1 stale\n{_packed([lost[1]])}",
+            f"\n{_packed([lost[2]])}",
+        ]
+        places = [await client.push_item(shard, item) for item in items]
+        after = client.envelope(key, "deposit", 2)
+        await client.push(shard, [after])
+        # The only reply is the op pushed after them.
+        assert await client.replies([after["id"]]) == {after["id"]: {"ok": 2}}
+
+        async def three_dead_letters() -> list[Any] | None:
+            dead: list[Any] = await client.commands.xrange(client.dead(shard))
+            return dead if len(dead) >= 3 else None
+
+        letters = [fields for _, fields in await eventually(three_dead_letters)]
+        for letter, item, place in zip(letters, items, places, strict=True):
+            assert letter["reason"].startswith("unsupported wire version none")
+            assert json.loads(letter["raw"]) == {"raw": item, "p": place}
+            assert re.fullmatch(r"\d+-\d+", letter["entry"]), "the stream entry's id"
+        for op in lost:
+            assert await client.stored(shard, op["id"]) is None
+        assert await client.commands.hget(client.state(shard), key) == "2"
+        assert await client.pubsub.get_message(timeout=0.1) is None
+
+
+async def test_an_entry_an_earlier_client_appended_to_the_stream_runs_named_by_its_id(
+    redis_url: str, namespace: str
+) -> None:
+    """A worker of this version still runs an entry appended to the stream itself, as clients
+    of an earlier release did (with the ACL they had): its reply names it by its entry id."""
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS),
+        ForeignClient.connect(redis_url, namespace) as client,
+    ):
+        await client.read_shard_count()
+        key = "account:9"
+        shard = client.shard(key)
+        deposit = client.envelope(key, "deposit", 3)
+        fields = {"v": "1", "ops": _packed([deposit])}
+        entry_id = await client.commands.xadd(client.stream(shard), fields)
+        await client.node.publish(client.wake(shard), entry_id)
+        assert await client.next_message() == (
+            '{"v":1,"r":[['
+            + json.dumps(deposit["id"])
+            + f',{{"ok":3,"s":{shard},"g":0,"e":["{entry_id}"]}}]]}}'
+        )
+
+
+async def test_the_submit_script_wakes_the_owner_with_the_place_or_a_push(
+    redis_url: str, namespace: str
+) -> None:
+    """The submit script pushes the documented items, and publishes the bare place, or, for a
+    fresh entry, ``push <place> <item>``."""
+    async with ForeignClient.connect(redis_url, namespace) as client:
+        await client.commands.hsetnx(f"ks:{{{namespace}}}:meta", "shards", SHARDS)
+        await client.read_shard_count()
+        wake = client.node.pubsub(ignore_subscribe_messages=True)
+        await wake.subscribe(client.wake(2))
+        try:
+            plain, fresh = [client.envelope("k", "deposit", 1)], [client.envelope("k", "balance")]
+            first = await client.eval_submit(2, plain)
+            second = await client.eval_submit(2, fresh, fresh=True)
+            heard = [await _next_message(wake), await _next_message(wake)]
+        finally:
+            await wake.aclose()  # type: ignore[no-untyped-call]
+        items = [f"1\n{_packed(plain)}", f"1 fresh\n{_packed(fresh)}"]
+        assert (first, second) == ("1", "2")
+        assert heard == [(client.wake(2), "1"), (client.wake(2), f"push 2 {items[1]}")]
+        assert await client.commands.lrange(client.inbox(2), 0, -1) == items
+
+
+async def test_the_complete_exchange_runs_as_documented(redis_url: str, namespace: str) -> None:
+    """The commands of "A complete exchange", run as written (in this test's namespace), get
+    the answers and messages it shows."""
+    steps = doc_exchange(namespace)
+    assert [args[0] for args, _ in steps].count("RPUSH") == 2
+    async with (
+        running_worker(redis_url, namespace, shard_count=16),
+        ForeignClient.connect(redis_url, namespace) as client,
+    ):
+        subscriber = client.node.pubsub(ignore_subscribe_messages=True)
+        try:
+            for args, shown in steps:
+                if args[0] == "SUBSCRIBE":
+                    await subscriber.subscribe(*args[1:])
+                elif args[0] == "message":
+                    assert await _next_message(subscriber) == (args[1], args[2])
+                elif args[0] == "PUBLISH":
+                    await client.node.publish(args[1], args[2])
+                else:
+                    answer = await client.commands.execute_command(*args)
+                    assert shown is not None, args
+                    assert _shows(shown, answer), (args, shown, answer)
+        finally:
+            await subscriber.aclose()  # type: ignore[no-untyped-call]
+
+
+async def test_a_plain_rpush_to_a_sealed_shard_is_forwarded_to_the_new_layout(
+    redis_url: str, namespace: str
+) -> None:
+    """The submit script refuses a push to a shard a reshard sealed; a plain RPUSH is not
+    refused: the sealed shard's owner forwards its op to the new layout until the flip, and the
+    owner of the shard's heir after it. Each outcome is stored there."""
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS),
+        ForeignClient.connect(redis_url, namespace) as client,
+    ):
+        await client.read_shard_count()
+        key = "account:5"
+        old = client.shard(key)
+        first = client.envelope(key, "deposit", 1)
+        await client.push(old, [first])
+        assert (await client.replies([first["id"]]))[first["id"]] == {"ok": 1}
+        backend = await Backend.connect(redis_url)
+        try:
+            move = Move(Layout(namespace, SHARDS), Layout(namespace, 8, 1))
+            await backend.run_call(record_move(move))
+            await backend.run_call(seal(Layout(namespace, SHARDS).keys(old), move))
+            with pytest.raises(redis_errors.ResponseError, match=r"^RESHARDED"):
+                await client.eval_submit(old, [client.envelope(key, "deposit", 100)])
+            past_seal = client.envelope(key, "deposit", 2)
+            await client.push(old, [past_seal])
+            await move_namespace(backend, Settings(namespace=namespace), 8)
+            retired = client.envelope(key, "deposit", 4)
+            await client.push(old, [retired])
+        finally:
+            await backend.aclose()
+        meta = f"ks:{{{namespace}}}:meta"
+        assert await client.commands.hmget(meta, "shards", "generation") == ["8", "1"]
+        results = f"ks:{{{namespace}:{zlib.crc32(key.encode()) % 8}@1}}:results"
+        for op, balance in ((past_seal, 3), (retired, 7)):
+            raw = await eventually(partial(client.commands.hget, results, op["id"]), timeout=30)
+            assert _as_read(json.loads(raw)) == {"ok": balance}
+
+
+def doc_exchange(namespace: str) -> list[tuple[list[str], str | None]]:
+    """The lines of "A complete exchange", in ``namespace`` for ``default``: each command's
+    arguments, as redis-cli splits them, with the answer shown (None: none), and each message
+    as ``["message", channel, payload]``."""
+    section = DOC[DOC.index("\n## A complete exchange\n") :]
+    match = re.search(r"```\n(.*?)```", section, re.DOTALL)
+    assert match, "A complete exchange has no ``` block"
+    text = match.group(1).replace("ks:{default", f"ks:{{{namespace}")
+    text = text.replace("ks:default:", f"ks:{namespace}:")
+    steps: list[tuple[list[str], str | None]] = []
+    for line in text.splitlines():
+        if not line.strip() or line.startswith("#"):
+            continue
+        if line.startswith(" "):  # the answer to the command above
+            assert steps and line.strip().startswith("->"), line
+            steps[-1] = (steps[-1][0], line.strip().removeprefix("->").strip())
+        elif line.startswith("message "):
+            _, channel, payload = line.split(" ", 2)
+            steps.append((["message", channel, payload], None))
+        else:
+            command, _, shown = line.partition(" ->")
+            command = re.sub(r"\s+\(on a separate connection\)$", "", command)
+            steps.append((_cli_args(command), shown.strip() or None))
+    return steps
+
+
+_CLI_ARG = re.compile(r'"((?:[^"\\]|\\.)*)"|\'((?:[^\'\\]|\\.)*)\'|(\S+)')
+_CLI_ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "b": "\b", "a": "\a"}
+
+
+def _cli_args(line: str) -> list[str]:
+    """``line`` split as redis-cli splits what is typed: in double quotes ``\\n``, ``\\"``,
+    ``\\xHH``… are escapes; in single quotes only ``\\'``."""
+    args = []
+    for double, single, bare in _CLI_ARG.findall(line):
+        if double:
+            args.append(
+                re.sub(
+                    r"\\(x[0-9a-fA-F]{2}|.)",
+                    lambda escape: (
+                        chr(int(escape[1][1:], 16))
+                        if len(escape[1]) == 3
+                        else _CLI_ESCAPES.get(escape[1], escape[1])
+                    ),
+                    double,
+                )
+            )
+        else:
+            args.append(single.replace("\\'", "'") if single else bare)
+    return args
+
+
+def _shows(shown: str, answer: Any) -> bool:
+    """Whether ``answer`` is what redis-cli would show as ``shown`` (``…``: any text)."""
+    if shown == "nil":
+        return answer is None
+    if integer := re.fullmatch(r"\(integer\) (-?\d+)", shown):
+        return isinstance(answer, int) and answer == int(integer[1])
+    (text,) = _cli_args(shown)
+    pattern = ".*".join(re.escape(part) for part in text.split("…"))
+    return isinstance(answer, str) and re.fullmatch(pattern, answer) is not None
+
+
+async def _next_message(pubsub: PubSub, *, timeout: float = 10) -> tuple[str, str]:
+    """The next message on ``pubsub``: its channel and its data."""
+    with anyio.fail_after(timeout):
+        while (message := await pubsub.get_message(timeout=0.2)) is None:
+            pass
+    return message["channel"], message["data"]

@@ -9,8 +9,10 @@
 -- KEYS[11] handover (set by a clean release: the horizon it left)
 -- KEYS[12] the last grant, JSON {attempt id, grant}
 -- KEYS[13] the epoch of the owner that takes pushed entries (see step.lua): if it is the previous
---          owner's, every entry in the stream counts as fetched by it (any may have been pushed
---          to it and run); dropped here, so that it only ever names the current owner
+--          owner's, its inbox is moved into the stream and every entry there counts as fetched
+--          by it (any may have been pushed to it and run); dropped here, so that it only ever
+--          names the current owner
+-- KEYS[14] the shard's inbox      KEYS[15] the inbox's taken count
 -- ARGV[1]  the new owner's token   ARGV[2]  lease TTL (ms)   ARGV[3]  strikes before dead-letter
 -- ARGV[4]  the attempt id (unique per attempt, the same when the call is sent again)
 -- Returns {milliseconds} when the lease is held by someone else: how long it lives unless renewed
@@ -119,7 +121,7 @@ local epoch = redis.call('INCR', KEYS[2])
 local progress = redis.call('GET', KEYS[3]) or '0-0'
 local horizon = redis.call('GET', KEYS[4])
 if redis.call('GET', KEYS[13]) == tostring(epoch - 1) then
-  horizon = fold_pushes(KEYS[4], KEYS[6])
+  horizon = fold_pushes(KEYS[4], KEYS[6], KEYS[14], KEYS[15])
 end
 redis.call('DEL', KEYS[13])
 local since = redis.call('GET', KEYS[10]) or ''

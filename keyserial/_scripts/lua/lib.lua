@@ -39,11 +39,81 @@ local function has_outcome(results, previous, op_id)
   return redis.call('HEXISTS', results, op_id) == 1 or redis.call('HEXISTS', previous, op_id) == 1
 end
 
+-- A shard's inbox (see submit.lua): clients push entries there, and only its owner's scripts move
+-- them into the stream. An item is '<version>\n<ops>', or '<version> fresh\n<ops>'; its place is
+-- its number in the order of pushes, from 1: the inbox's taken count (the items moved out of it
+-- so far) plus its index in the inbox, from 1.
+-- The stream entry of the item at ``place``: its fields and values, as XADD takes them. An item
+-- not of that form becomes an entry of its raw text, which the owner dead-letters.
+local function inbox_entry(item, place)
+  local newline = string.find(item, '\n', 1, true)
+  local version, flags = string.match(string.sub(item, 1, (newline or 1) - 1), '^([^ ]+)(.*)$')
+  if version and flags == '' then
+    return {'v', version, 'ops', string.sub(item, newline + 1), 'p', place}
+  elseif version and flags == ' fresh' then
+    return {'v', version, 'ops', string.sub(item, newline + 1), 'fresh', '1', 'p', place}
+  end
+  return {'raw', item, 'p', place}
+end
+-- Move ``items``, the first items of ``inbox`` (read by the caller), into ``stream``, in order,
+-- and count them in ``taken`` (whose count the caller may know: ``first``). Returns the ids of
+-- their entries, and the count after (nil if nothing was read): fewer ids than items (none) if
+-- the stream has no id left (an entry under the largest id, see step.lua's RESTARTED), when
+-- the items stay in the inbox and nothing is written.
+local function move_items(inbox, taken, stream, items, first)
+  local ids = {}
+  if #items == 0 then
+    return ids, first
+  end
+  first = first or tonumber(redis.call('GET', taken) or '0')
+  for i, item in ipairs(items) do
+    local place = string.format('%d', first + i)
+    local id = redis.pcall('XADD', stream, '*', unpack(inbox_entry(item, place)))
+    if type(id) ~= 'string' then
+      break
+    end
+    ids[i] = id
+  end
+  if #ids > 0 then
+    redis.call('LTRIM', inbox, #ids, -1)
+    redis.call('SET', taken, string.format('%d', first + #ids))
+  end
+  return ids, first + #ids
+end
+-- Take ``items``, the first items of ``inbox`` (taken in from pushes), out of it: those whose
+-- ``keep`` flag ('1' or '0', one per item) is '1' move into ``stream`` as ``move_items`` moves
+-- them, the others go (their ops have all committed). ``first``: the taken count before them.
+-- Returns their entries' ids ('' for an item not kept) and the count after; nil (nothing
+-- written) if the stream has no id left for the first kept one.
+local function take_items(inbox, taken, stream, items, keep, first)
+  local ids = {}
+  for i, item in ipairs(items) do
+    ids[i] = ''
+    if string.sub(keep, i, i) == '1' then
+      local fields = inbox_entry(item, string.format('%d', first + i))
+      local id = redis.pcall('XADD', stream, '*', unpack(fields))
+      if type(id) ~= 'string' then
+        return nil
+      end
+      ids[i] = id
+    end
+  end
+  redis.call('LTRIM', inbox, #items, -1)
+  redis.call('SET', taken, string.format('%d', first + #items))
+  return ids, first + #items
+end
+-- Move the whole inbox into the stream (a seal, a takeover of an owner that took pushes).
+local function move_inbox(inbox, taken, stream)
+  return move_items(inbox, taken, stream, redis.call('LRANGE', inbox, 0, -1))
+end
+
 -- Entries pushed to an owner with their wake-ups (see submit.lua) may have run before any write
--- of the owner's recorded them: the horizon (the last entry the owner may have taken) is raised
--- to the last entry in the stream, so that whatever reads it next (a release, a takeover) treats
--- every entry the owner could have been pushed as fetched. Returns the horizon, or nil.
-local function fold_pushes(horizon_key, stream_key)
+-- of the owner's recorded them: every item of the inbox is moved into the stream, and the horizon
+-- (the last entry the owner may have taken) raised to the last entry there, so that whatever
+-- reads it next (a release, a takeover) treats every entry the owner could have been pushed as
+-- fetched. Returns the horizon, or nil.
+local function fold_pushes(horizon_key, stream_key, inbox_key, taken_key)
+  move_inbox(inbox_key, taken_key, stream_key)
   local horizon = redis.call('GET', horizon_key)
   local last = redis.call('XREVRANGE', stream_key, '+', '-', 'COUNT', 1)[1]
   if last and (not horizon or id_gt(last[1], horizon)) then

@@ -1,13 +1,14 @@
 -- Read one shard's health in one atomic snapshot, for `keyserial status`. Writes nothing.
 -- KEYS[1]  lease      KEYS[2]  epoch      KEYS[3]  progress    KEYS[4]  stream
 -- KEYS[5]  dead-letter stream            KEYS[6]  results     KEYS[7]  results since
--- KEYS[8]  paused keys
+-- KEYS[8]  paused keys            KEYS[9]  inbox
 -- Returns {owner token or '', lease PTTL (ms, -2 if none), epoch or '', progress or '',
 --          backlog, first entry id after progress or '', dead letters, results stored,
 --          results generation start or '', server time seconds, microseconds,
 --          paused keys and their records (HGETALL: key, record, key, record, ...)}
 -- backlog: the stream entries after the progress marker (entries not committed yet, and any
--- committed entry behind one that is not): XLEN less the committed entries not trimmed yet.
+-- committed entry behind one that is not): XLEN less the committed entries not trimmed yet;
+-- and the inbox's items, not moved into the stream yet.
 local progress = redis.call('GET', KEYS[3]) or ''
 local committed = 0
 if progress ~= '' then
@@ -30,7 +31,7 @@ return {
   redis.call('PTTL', KEYS[1]),
   redis.call('GET', KEYS[2]) or '',
   progress,
-  redis.call('XLEN', KEYS[4]) - committed,
+  redis.call('XLEN', KEYS[4]) - committed + redis.call('LLEN', KEYS[9]),
   oldest,
   redis.call('XLEN', KEYS[5]),
   redis.call('HLEN', KEYS[6]),

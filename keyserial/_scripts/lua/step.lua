@@ -1,5 +1,6 @@
--- One step of a shard's owner: commit the ops finished since the last step, then fetch the next
--- entries. Under load a shard costs one round trip per batch.
+-- One step of a shard's owner: commit the ops finished since the last step, move the entries it
+-- took in from pushes out of the shard's inbox into its stream, then fetch the next entries
+-- (moving them in from the inbox first). Under load a shard costs one round trip per batch.
 --
 -- The commit is atomic and fenced: the state writes, results and progress of the finished ops,
 -- then their replies (the output gate: nothing is replied before it is committed).
@@ -16,10 +17,12 @@
 -- KEYS[13] the shard's held hash: the keys it holds for other shards' cross-shard ops, by
 --          part ('<op id>#<home>.<attempt>': the grant), from the step that records a hold to the
 --          one that applies or releases it
--- KEYS[13 + 2j - 1], KEYS[13 + 2j]  the epoch and state of the j-th other shard whose keys
+-- KEYS[14] the shard's inbox, where clients push entries (see submit.lua)
+-- KEYS[15] the inbox's taken count: the items moved out of it into the stream so far
+-- KEYS[15 + 2j - 1], KEYS[15 + 2j]  the epoch and state of the j-th other shard whose keys
 --          the commit's part 10 writes (a standalone server only: a cluster keeps each script to
 --          one slot)
--- KEYS after those: results hashes of earlier layouts' shards, in pairs (see ARGV[16]; a
+-- KEYS after those: results hashes of earlier layouts' shards, in pairs (see ARGV[15]; a
 --          standalone server only too)
 -- ARGV[1]  the owner's epoch
 -- ARGV[2]  new progress: id of the last entry whose ops have all finished, or '' to keep it
@@ -30,8 +33,8 @@
 --          before the current generation began belongs to an entry appended before that.)
 -- ARGV[4]  cursor: the last entry id already fetched (exclusive)
 -- ARGV[5]  how many entries to fetch (0: commit only)
--- ARGV[6]  '1': the step commits; '0': it has nothing to commit. The commit follows ARGV[16]
---   (then come the pushed entries of ARGV[15]): first the sizes of its ten parts, one
+-- ARGV[6]  '1': the step commits; '0': it has nothing to commit. The commit follows ARGV[15]
+--   (then come the pushed items of ARGV[13]): first the sizes of its ten parts, one
 --   argument each, then the values of each part, in this order:
 --   1. state writes, (key, JSON state) pairs; 2. state deletes, keys;
 --   3. outcomes, (op id, JSON outcome) pairs; 4. records of ops answered but not stored,
@@ -42,7 +45,7 @@
 --   pairs, in the held hash: each recorded unless its part has an outcome here already (it was
 --   applied or released: the request was sent again), then skipped; 7. holds applied or
 --   released, fields of the held hash to delete; 8. dead letters, (entry id, reason, raw entry)
---   triples; 9. entries whose ops have all committed, past progress: removed from the stream;
+--   triples ('+<n>' for the entry id of the n-th pushed item of ARGV[13], which the step moves in); 9. entries whose ops have all committed, past progress: removed from the stream;
 --   10. the writes of cross-shard ops (their results are in 3) to other shards the same worker
 --   owns, each fenced by its owner's epoch: per shard j, epoch, its writes' count and its
 --   deletes' count, then its writes and deletes as in 1 and 2.
@@ -63,18 +66,19 @@
 --          [[channel, message], ...], or ''. (On keyserial's own connection the owner publishes
 --          the replies of several steps of one batch itself, one message per channel, once they
 --          have returned: see pipeline.py.)
--- ARGV[13] the last entry the owner took in from a push (not fetched) since its last step, or
---          '': the horizon is raised to it, or to the last entry fetched if that comes later
---          (never while replaying: no push is taken then)
+-- ARGV[13] '<place> <keep>': the place of the first item the owner took in from a push (not
+--          fetched) since its last step, and per item '1' to move its entry into the stream, or
+--          '0' if its ops have all committed (with this step or before: it is taken out of the
+--          inbox and appended nowhere, as an entry whose ops all committed leaves the stream); or
+--          '' (it took none). Those items are the ARGV after the commit's, to the last, as they
+--          were pushed. A push is a hint anyone allowed to publish may forge: the inbox must hold
+--          exactly these items first (compared as they are: Lua strings are compared whole), or
+--          nothing is written. The horizon is raised to the last entry kept, or to the last
+--          entry fetched if that comes later (never while replaying: no push is taken then).
 -- ARGV[14] '1': this owner takes pushed entries from now on, so KEYS[10] records its epoch (a
---          takeover then counts every entry in the stream as one it may have run)
--- ARGV[15] the cursor before the entries the owner took in from pushes since its last step, or
---          '' (it took none; optional). Those entries are the ARGV after the commit's, to the
---          last: each its id, the number of its fields and values, then those, in order. A
---          push is a hint anyone allowed to publish may forge: the stream must hold exactly these
---          entries after that cursor, each with exactly these fields and values (compared as
---          they are: Lua strings are compared whole), or nothing is written.
--- ARGV[16] the op ids whose outcomes this commit records (parts 3 and 4) to look up in the
+--          takeover then counts every entry in the stream, and in the inbox, as one it may
+--          have run)
+-- ARGV[15] the op ids whose outcomes this commit records (parts 3 and 4) to look up in the
 --          layouts before a reshard, JSON [[i, [op id, ...]], ...]: KEYS[i] and KEYS[i + 1]
 --          are the results hashes (current and previous generation) of one earlier layout's
 --          shard, where each of those ops was homed; or '' (none; optional). An outcome there
@@ -82,21 +86,25 @@
 --          again, replaying, when it looks every op up in those layouts before running it.
 -- Entries with the field fresh = '1' carry op ids appended for the first time (see the wire
 -- format), so their stored outcomes are not looked up, except while replaying.
--- Returns {} when it fetched nothing and skipped no hold, else {entries, done, states, seal,
--- paused, skipped}: entries as
--- XRANGE returns them; done = {op id, outcome, ...}; states = {key, JSON state or '', ...}; seal
--- = the seal record when entries were fetched and the shard is sealed, else false; paused = the
--- shard's paused hash (HGETALL) when entries were fetched. (Both read with the entries: an owner
--- that has not heard of a seal or a pause yet judges every fetched entry by it.) skipped = the
--- fields of the part 6 holds not recorded. Error "FENCED
--- ..." (nothing written) if another owner took over: the epoch moved on; error "UNCONFIRMED ..."
--- (nothing written) if the stream does not hold the pushed entries of ARGV[15] as pushed, or the
--- shard is sealed (no push follows a seal: the submit script refuses appends there; the owner
--- starts again, sealed); error "REPLAYED ..." (nothing written) if an outcome of part 3 is
--- stored already and the step is not this same step sent again, or another decision of a part 5
--- attempt is; error "ELSEWHERE j" (nothing written) if the j-th other shard of part 10 has another
--- owner now; error "RESTARTED ..." (after the commit) if the new progress is the largest id (see
--- below).
+-- Returns, when it fetched and moved nothing and skipped no hold, the inbox's taken count if it
+-- asked to fetch, else {}; otherwise {entries, done, states, seal, paused, skipped, moved,
+-- taken}: entries as XRANGE returns them;
+-- done = {op id, outcome, ...}; states = {key, JSON state or '', ...}; seal = the seal record when
+-- entries were fetched and the shard is sealed, else false; paused = the shard's paused hash
+-- (HGETALL) when entries were fetched. (Both read with the entries: an owner that has not heard
+-- of a seal or a pause yet judges every fetched entry by it.) skipped = the fields of the part 6
+-- holds not recorded; moved = the ids of the entries the pushed items of ARGV[13] became, in
+-- order ('' for one not kept); taken = the inbox's taken count after the step (false if it neither moved nor fetched).
+-- Error "FENCED ..." (nothing written) if
+-- another owner took over: the epoch moved on; error "UNCONFIRMED ..." (nothing written) if the
+-- inbox does not hold the pushed items of ARGV[13] as pushed (nor, the step being sent again,
+-- the stream their entries), or the stream holds an entry after the cursor they would overtake
+-- (one appended to the stream itself), or has no id left for them, or the shard is sealed (no push
+-- follows a seal: the submit script refuses appends there; the owner starts again, sealed);
+-- error "REPLAYED ..." (nothing written) if an outcome of part 3 is stored already and the step is
+-- not this same step sent again, or another decision of a part 5 attempt is; error "ELSEWHERE j"
+-- (nothing written) if the j-th other shard of part 10 has another owner now; error
+-- "RESTARTED ..." (after the commit) if the new progress is the largest id (see below).
 -- (parse_id, id_gt, has_outcome, replayed_error, xrange_after and LARGEST_ID come from lib.lua.)
 
 -- One command for many arguments (a few per step, not one per op), in bounded chunks: unpack()
@@ -130,10 +138,10 @@ local commit = ARGV[6] == '1'
 local size = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 if commit then
   for i = 1, 10 do
-    size[i] = tonumber(ARGV[16 + i])
+    size[i] = tonumber(ARGV[15 + i])
   end
 end
-local home_writes = {commit and 27 or 17, size[1], 0, size[2]}
+local home_writes = {commit and 26 or 16, size[1], 0, size[2]}
 home_writes[3] = home_writes[1] + 2 * size[1]
 local stored_first = home_writes[3] + size[2]  -- parts 3 to 5: pairs for the results hash
 local results_first, n_results = stored_first, size[3]
@@ -153,37 +161,80 @@ for _ = 1, size[10] do
   pushed_at = first + 2 * n_sets + n_deletes
 end
 
--- Confirm the pushed entries before anything that ran them commits.
-local function unconfirmed(after)
-  local taken = {}  -- {entry id, number of fields and values, where they start in ARGV}
-  local at = pushed_at
-  while at <= #ARGV do
-    local count = tonumber(ARGV[at + 1])
-    taken[#taken + 1] = {ARGV[at], count, at + 2}
-    at = at + 2 + count
+-- Confirm the pushed items before anything that ran them commits: the inbox holds them first,
+-- as pushed. (Its first item is at the place the owner took the first at: only this owner's
+-- steps have moved items out since it learned the taken count, or it would be fenced, and a
+-- seal, which moves the inbox in, refuses the step below.)
+local pushed = {}
+for at = pushed_at, #ARGV do
+  pushed[#pushed + 1] = ARGV[at]
+end
+local pushed_place, keep = string.match(ARGV[13], '^(%d+) ([01]+)$')
+pushed_place = tonumber(pushed_place)
+-- The entries of the pushed items kept, after the cursor, if a first sending of this same step
+-- moved them in already (its reply was lost: the taken count is past them), each with its place
+-- and as it was moved in: their ids ('' for an item not kept).
+local function moved_before()
+  if tonumber(redis.call('GET', KEYS[15]) or '0') < pushed_place + #pushed - 1 then
+    return nil
   end
-  local held = xrange_after(KEYS[4], after, taken[#taken][1], #taken + 1)
-  if #held ~= #taken then
-    return 'the stream holds ' .. #held .. ' entries where ' .. #taken .. ' came pushed'
+  local kept = {}
+  for i = 1, #pushed do
+    if string.sub(keep, i, i) == '1' then
+      kept[#kept + 1] = i
+    end
   end
-  for i, entry in ipairs(held) do
-    local fields = entry[2]
-    local same = entry[1] == taken[i][1] and #fields == taken[i][2]
-    local first = taken[i][3]
-    for j = 1, same and #fields or 0 do
-      if fields[j] ~= ARGV[first + j - 1] then
-        same = false
-        break
+  local entries = #kept > 0 and xrange_after(KEYS[4], ARGV[4], '+', #kept) or {}
+  if #entries ~= #kept then
+    return nil
+  end
+  local ids = {}
+  for i = 1, #pushed do
+    ids[i] = ''
+  end
+  for n, entry in ipairs(entries) do
+    local i = kept[n]
+    local fields = inbox_entry(pushed[i], string.format('%d', pushed_place + i - 1))
+    if #entry[2] ~= #fields then
+      return nil
+    end
+    for j = 1, #fields do
+      if entry[2][j] ~= fields[j] then
+        return nil
       end
     end
-    if not same then
-      return 'entry ' .. taken[i][1] .. ' is not in the stream as pushed'
+    ids[i] = entry[1]
+  end
+  return ids
+end
+local moved_already = nil
+local function unconfirmed()
+  local held = redis.call('LRANGE', KEYS[14], 0, #pushed - 1)
+  local same = #held == #pushed
+  for i = 1, same and #held or 0 do
+    if held[i] ~= pushed[i] then
+      same = false
+      break
     end
   end
-  return nil
+  if same and #xrange_after(KEYS[4], ARGV[4], '+', 1) > 0 then
+    -- (An entry appended to the stream itself, by hand or by a client of an earlier release:
+    -- the pushed ones ran ahead of it.)
+    return 'the stream holds an entry after the cursor that the pushed items overtook'
+  elseif same then
+    return nil
+  end
+  moved_already = moved_before()
+  if moved_already then
+    return nil
+  end
+  if #held ~= #pushed then
+    return 'the inbox holds ' .. #held .. ' items where ' .. #pushed .. ' came pushed'
+  end
+  return 'the items from place ' .. pushed_place .. ' are not in the inbox as pushed'
 end
-if ARGV[15] and ARGV[15] ~= '' then
-  local problem = unconfirmed(ARGV[15])
+if ARGV[13] ~= '' then
+  local problem = unconfirmed()
   if not problem and redis.call('EXISTS', KEYS[11]) == 1 then
     problem = 'the shard is sealed for a reshard'
   end
@@ -230,13 +281,13 @@ local function writes_hold(hash, writes)
 end
 -- Whether the j-th other shard of part 10 is still owned by ``epoch``.
 local function owns_other(j, epoch)
-  return redis.call('GET', KEYS[13 + 2 * j - 1]) == epoch
+  return redis.call('GET', KEYS[15 + 2 * j - 1]) == epoch
 end
 -- Whether the part 10 writes hold on every other shard still owned by the epoch they name (a
 -- shard that changed hands since may have moved on, and its old owner is fenced).
 local function others_hold(others)
   for _, other in ipairs(others) do
-    if owns_other(other[1], other[2]) and not writes_hold(KEYS[13 + 2 * other[1]], other[3]) then
+    if owns_other(other[1], other[2]) and not writes_hold(KEYS[15 + 2 * other[1]], other[3]) then
       return false
     end
   end
@@ -259,7 +310,7 @@ if commit then
     commit = false
   end
 end
--- An op id with an outcome in a layout before a reshard ran there (see ARGV[16]).
+-- An op id with an outcome in a layout before a reshard ran there (see ARGV[15]).
 local function earlier_outcome(checks)
   for _, check in ipairs(checks) do
     for _, hash in ipairs({KEYS[check[1]], KEYS[check[1] + 1]}) do
@@ -272,8 +323,8 @@ local function earlier_outcome(checks)
   end
   return nil
 end
-if commit and ARGV[16] and ARGV[16] ~= '' then
-  local ran = earlier_outcome(cjson.decode(ARGV[16]))
+if commit and ARGV[15] and ARGV[15] ~= '' then
+  local ran = earlier_outcome(cjson.decode(ARGV[15]))
   if ran then
     return replayed_error('op ' .. ran .. ' (in a layout before a reshard)')
   end
@@ -300,6 +351,19 @@ if commit then
     return redis.error_reply(refusal)
   end
 end
+-- The pushed items leave the inbox first, those kept moving into the stream: the first writes,
+-- so that a stream with no id left for them (an entry under the largest id, see RESTARTED below)
+-- refuses the step before any. (The first pushed item's place is in ARGV[13], so the taken count
+-- before them is known.)
+local moved, taken = moved_already, nil
+if not moved and #pushed > 0 then
+  moved, taken = take_items(KEYS[14], KEYS[15], KEYS[4], pushed, keep, pushed_place - 1)
+  if not moved then
+    return redis.error_reply('UNCONFIRMED the stream has no id left for the pushed items (an'
+      .. ' entry under the largest id); nothing was written')
+  end
+end
+moved = moved or {}
 local function write_states(hash, writes)
   local sets, n_sets, deletes, n_deletes = unpack(writes)
   multi('HSET', hash, sets, sets + 2 * n_sets - 1)
@@ -308,7 +372,7 @@ end
 if commit then
   write_states(KEYS[2], home_writes)
   for _, other in ipairs(others) do
-    write_states(KEYS[13 + 2 * other[1]], other[3])
+    write_states(KEYS[15 + 2 * other[1]], other[3])
   end
 end
 -- Results expire a generation at a time: no expiry to record per result. (UNLINK frees the
@@ -354,8 +418,12 @@ if commit then
   end
   multi('HSET', KEYS[5], stored_first, stored_last)
   for i = dead_first, dead_first + 3 * n_dead - 1, 3 do
+    local entry = ARGV[i]
+    if string.sub(entry, 1, 1) == '+' then  -- (the n-th pushed item's entry, moved in above)
+      entry = moved[tonumber(string.sub(entry, 2))]
+    end
     redis.call('XADD', KEYS[7], 'MAXLEN', '~', 10000, '*',
-      'entry', ARGV[i], 'reason', ARGV[i + 1], 'raw', ARGV[i + 2])
+      'entry', entry, 'reason', ARGV[i + 1], 'raw', ARGV[i + 2])
   end
   multi('XDEL', KEYS[4], passed_first, passed_first + n_passed - 1)
 end
@@ -364,15 +432,27 @@ if ARGV[6] == '1' then
   multi('HDEL', KEYS[13], released_first, released_first + n_released - 1)
 end
 
--- Fetch, then set progress, horizon and who takes pushes (in one command), then trim.
+-- Fetch (moving in up to as many more items first), then set progress, horizon and who takes
+-- pushes (in one command), and trim.
+local last_kept = nil  -- (the last pushed item moved into the stream)
+for i = #moved, 1, -1 do
+  if moved[i] ~= '' then
+    last_kept = moved[i]
+    break
+  end
+end
+local cursor = last_kept or ARGV[4]
 local entries, done, states = {}, {}, {}
 local fetching = tonumber(ARGV[5]) > 0
 if fetching then
-  entries = xrange_after(KEYS[4], ARGV[4], '+', ARGV[5])
+  local _
+  _, taken = move_items(KEYS[14], KEYS[15], KEYS[4],
+    redis.call('LRANGE', KEYS[14], 0, tonumber(ARGV[5]) - 1), taken)
+  entries = xrange_after(KEYS[4], cursor, '+', ARGV[5])
 end
 local horizon = nil
-if #entries == 0 and ARGV[13] ~= '' then
-  horizon = ARGV[13]
+if #entries == 0 and last_kept then
+  horizon = last_kept
 elseif #entries > 0 then
   horizon = entries[#entries][1]
   if ARGV[7] == '1' then
@@ -425,11 +505,14 @@ if ARGV[9] ~= '' and (ARGV[10] == '1' or not fetching or #entries == 0) then
   local ms, seq = parse_id(ARGV[9])
   redis.call('XTRIM', KEYS[4], 'MINID', string.format('%d-%d', ms, seq + 1))
 end
+if fetching and not taken then
+  taken = tonumber(redis.call('GET', KEYS[15]) or '0')
+end
 if #entries == 0 then
-  if #skipped > 0 then
-    return {{}, {}, {}, false, {}, skipped}
+  if #skipped > 0 or #moved > 0 then
+    return {{}, {}, {}, false, {}, skipped, moved, taken or false}
   end
-  return {}  -- (five empty parts cost the reply's conversion about a microsecond more)
+  return taken or {}  -- (seven empty parts cost the reply's conversion about a microsecond more)
 end
 -- cjson refuses a lone UTF-16 surrogate escape ('\ud83d' with no pair), which the workers'
 -- JSON decoder takes (and refuses the op that holds it): such an entry is decoded again with
@@ -515,4 +598,4 @@ for i, state in ipairs(hmget(KEYS[2], keys)) do
   states[#states + 1] = state or ''
 end
 return {entries, done, states, redis.call('GET', KEYS[11]), redis.call('HGETALL', KEYS[12]),
-  skipped}
+  skipped, moved, taken or false}
