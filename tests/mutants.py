@@ -2248,6 +2248,39 @@ MUTANTS: tuple[Mutant, ...] = (
         (_INBOX + "test_progress_never_passes_a_pushed_entry_whose_op_still_runs" + _STANDALONE,),
     ),
     Mutant(
+        "poll-skips-busy-runners",
+        "G3.13",
+        "the poll leaves a busy runner be: an entry taken in from a push waits in the inbox"
+        " while its op runs on and nothing else steps, a backlog status cannot age",
+        (
+            Edit(
+                "keyserial/_worker/worker.py",
+                "                else:\n                    held.runner.entries_waiting()\n",
+                "",
+            ),
+        ),
+        (
+            _INBOX
+            + "test_a_pushed_entry_whose_op_runs_on_moves_into_the_stream_though_nothing_steps"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "oom-taken-for-no-id-left",
+        "G6.21",
+        "a move into the stream refused out of memory is taken for a stream with no id left: the"
+        " owner gives its shard up instead of waiting the server out",
+        (
+            Edit(
+                _LUA + "lib.lua",
+                "elseif string.find(id.err, 'exhausted the last possible ID', 1, true) then",
+                "elseif true then",
+            ),
+        ),
+        (_INBOX + "test_a_move_refused_out_of_memory_writes_nothing_and_is_sent_again",),
+        fast=True,
+    ),
+    Mutant(
         "pushed-dead-letter-dropped",
         "G3.13",
         "a step takes a pushed entry with a dead letter out of the inbox for nowhere: the letter"
@@ -2348,7 +2381,13 @@ MUTANTS: tuple[Mutant, ...] = (
         "G3.13",
         "lib.lua's move_items trims the inbox whether or not the stream took its items: ops pushed"
         " while the stream has no id left are lost",
-        (Edit(_LUA + "lib.lua", "    if type(id) ~= 'string' then\n      break\n    end\n", ""),),
+        (
+            Edit(
+                _LUA + "lib.lua",
+                "  if #ids > 0 then\n    redis.call('LTRIM', inbox, #ids, -1)\n",
+                "  if #items > 0 then\n    redis.call('LTRIM', inbox, #items, -1)\n",
+            ),
+        ),
         (_INBOX + "test_items_wait_in_the_inbox_while_the_stream_has_no_id_left" + _STANDALONE,),
         fast=True,
     ),

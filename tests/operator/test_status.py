@@ -191,6 +191,7 @@ async def test_status_shows_each_shard_s_paused_keys_the_longest_paused_first(
                 await pause(backend, namespace, key, pausing=True)
                 await anyio.sleep(0.005)  # (each paused a millisecond or more after the last)
             await ks.enqueue(held[0], deposit(1))  # waits: the shard's backlog
+            await eventually(lambda: _stream_length(redis_url, ShardKeys(namespace, 0)))
             options = ["--redis", redis_url, "--namespace", namespace, "--interval", "0.1"]
             code, out, err = await keyserial_cli("status", "--json", *options)
             assert code == 0, err
@@ -212,6 +213,12 @@ async def test_status_shows_each_shard_s_paused_keys_the_longest_paused_first(
     at = lines.index("paused keys (their ops wait until `keyserial keys resume KEY`):")
     assert lines[at + 1] == f"  shard 0: {named} and 2 more (`keyserial keys paused` lists them)"
     assert lines[-1] == "ok: every shard has an owner"
+
+
+async def _stream_length(redis_url: str, keys: ShardKeys) -> int:
+    """(An op that runs on, a paused key's, moves from the inbox into the stream.)"""
+    async with redis.asyncio.Redis.from_url(redis_url) as client:
+        return int(await client.xlen(keys.stream))
 
 
 @pytest.mark.slow

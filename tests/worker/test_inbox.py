@@ -23,8 +23,9 @@ from keyserial._scripts.submit import Pushed, present
 from keyserial._wire.codec import LARGEST_ID, parse_id
 from keyserial._wire.layout import Layout
 from keyserial._wire.resharding import Move, Seal, sealed_key
+from keyserial.errors import BackendUnavailable
 from keyserial.ledger import deposit
-from keyserial.testing import ShardKeys, running_worker
+from keyserial.testing import LocalServer, ShardKeys, running_worker
 from tests import apps
 from tests.entries import step_args
 from tests.helpers import eventually, submit_quietly
@@ -107,6 +108,49 @@ async def test_progress_never_passes_a_pushed_entry_whose_op_still_runs(
 
             await ks.submit("other:0", deposit(1))
             await eventually(passed, message="progress past the finished op's entry")
+            group.cancel_scope.cancel()
+
+
+async def test_a_pushed_entry_whose_op_runs_on_moves_into_the_stream_though_nothing_steps(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """The step that confirms an entry taken in from a push comes with the next commit; where
+    none comes (its op runs on, and nothing else finishes), the worker's poll brings one, which
+    moves the entry into the stream while its op still runs: an operator sees it waiting there,
+    aged."""
+    note, gate = tmp_path / "running", tmp_path / "gate"
+    keys = ShardKeys(namespace, 0)
+    with anyio.fail_after(60):
+        async with (
+            inspector(redis_url) as client,
+            running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]),
+            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
+            anyio.create_task_group() as group,
+        ):
+            await ks.submit("warm", deposit(1))  # (pushes are taken from now on)
+            done = anyio.Event()
+
+            async def stuck() -> None:
+                await ks.submit("stuck", apps.gated_hold(str(gate), str(note)))
+                done.set()
+
+            group.start_soon(stuck)
+            await eventually(note.exists, message="the stuck op running")
+
+            async def moved_in() -> list[tuple[bytes, dict[bytes, bytes]]]:
+                entries = await client.xrange(keys.stream)
+                return [entry for entry in entries if b"gated_hold" in entry[1].get(b"ops", b"")]
+
+            ((entry_id, fields),) = await eventually(moved_in, message="its entry moved in")
+            assert fields[b"p"] == b"2"
+            assert await client.llen(keys.inbox) == 0
+            assert not done.is_set()  # (its op still runs)
+            gate.touch()
+            await done.wait()
+            progress = await client.get(keys.progress)
+            assert progress is not None and parse_id(progress.decode()) >= parse_id(
+                entry_id.decode()
+            )
             group.cancel_scope.cancel()
 
 
@@ -208,6 +252,33 @@ async def test_items_wait_in_the_inbox_while_the_stream_has_no_id_left(
         assert fetched.entries == [] and fetched.taken == 0
         assert await client.lrange(keys.inbox, 0, -1) == items
         assert await client.xlen(keys.stream) == 1
+
+
+async def test_a_move_refused_out_of_memory_writes_nothing_and_is_sent_again(
+    namespace: str,
+) -> None:
+    """A server at its maxmemory refuses a script's first write: a step whose first write moves
+    items into the stream (an op still runs; a fetch) is refused as "not now" with nothing
+    written, never taken for a stream with no id left (which would give the shard up), and
+    moves them once the server takes writes again."""
+    keys = ShardKeys(namespace, 0)
+    items = [_item("a", "k").encode()]
+    with LocalServer() as server:
+        async with _scripts_and_client(server.url) as (backend, client):
+            await client.set(keys.epoch, 1)
+            await client.rpush(keys.inbox, *items, _item("b", "k"))
+            kept = step(keys, step_args(1, pushed="1 1", fetch=0), pushed=items)
+            fetch = step(keys, step_args(1, fetch=10))
+            await client.config_set("maxmemory", 1)
+            for call in (kept, fetch):
+                with pytest.raises(BackendUnavailable, match="maxmemory"):
+                    await backend.run_call(call)
+            assert await client.llen(keys.inbox) == 2 and await client.xlen(keys.stream) == 0
+            await client.config_set("maxmemory", 0)
+            (moved,) = (await backend.run_call(kept)).moved
+            fetched = (await backend.run_call(fetch)).entries
+            assert [fields[b"p"] for _, fields in fetched] == [b"1", b"2"]
+            assert fetched[0][0] == moved
 
 
 async def test_a_dead_letter_of_a_pushed_entry_names_the_entry_it_was_moved_in_as(

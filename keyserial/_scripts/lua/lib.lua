@@ -55,6 +55,18 @@ local function inbox_entry(item, place)
   end
   return {'raw', item, 'p', place}
 end
+-- Append an entry of ``fields`` to ``stream`` under an id of Redis's own. Returns its id, or nil
+-- if the stream has no id left (an entry under the largest id). Any other refusal ends the script
+-- with it: out of memory (OOM) comes only at a script's first write, so nothing is written then.
+local function append_moved(stream, fields)
+  local id = redis.pcall('XADD', stream, '*', unpack(fields))
+  if type(id) == 'string' then
+    return id
+  elseif string.find(id.err, 'exhausted the last possible ID', 1, true) then
+    return nil
+  end
+  error(id)
+end
 -- Move ``items``, the first items of ``inbox`` (read by the caller), into ``stream``, in order,
 -- and count them in ``taken`` (whose count the caller may know: ``first``). Returns the ids of
 -- their entries, and the count after (nil if nothing was read): fewer ids than items (none) if
@@ -68,8 +80,8 @@ local function move_items(inbox, taken, stream, items, first)
   first = first or tonumber(redis.call('GET', taken) or '0')
   for i, item in ipairs(items) do
     local place = string.format('%d', first + i)
-    local id = redis.pcall('XADD', stream, '*', unpack(inbox_entry(item, place)))
-    if type(id) ~= 'string' then
+    local id = append_moved(stream, inbox_entry(item, place))
+    if not id then
       break
     end
     ids[i] = id
@@ -91,8 +103,8 @@ local function take_items(inbox, taken, stream, items, keep, first)
     ids[i] = ''
     if string.sub(keep, i, i) == '1' then
       local fields = inbox_entry(item, string.format('%d', first + i))
-      local id = redis.pcall('XADD', stream, '*', unpack(fields))
-      if type(id) ~= 'string' then
+      local id = append_moved(stream, fields)
+      if not id then
         return nil
       end
       ids[i] = id
