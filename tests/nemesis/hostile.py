@@ -921,6 +921,11 @@ def _layouts(record: LayoutRecord) -> list[Layout]:
 
 
 def _envelopes(fields: dict[bytes, bytes]) -> list[dict[str, Any]]:
+    """The op envelopes of an entry a worker runs: none of one of another wire version, such as
+    the forger's own garbage moved in (pushed again as an item of the documented form, its op
+    would be one the client user submitted, and run)."""
+    if fields.get(b"v") != b"1":
+        return []
     try:
         envelopes = json.loads(fields.get(b"ops", b"[]"))
     except (ValueError, RecursionError):  # (garbage: the nemesis appends entries nested deep)

@@ -355,6 +355,15 @@ REGRESSIONS: list[KnownFailure] = [
         " the flip (fixed with it)",
     ),
     KnownFailure(
+        9131,
+        "reshard",
+        "a forged tag applied, once: a harness error, not a defect. The forger's garbage item of"
+        " another wire version was moved into the stream as it was (and dead-lettered); the"
+        " forger then read its op there and pushed it again as an item of the documented form,"
+        " which made it an op the client user submitted, and it ran (fixed: the forger reads"
+        " only entries of the documented version)",
+    ),
+    KnownFailure(
         7572,
         "reshard",
         "a client's silently dropped subscription not replaced within its 4 s bound, once, with"
