@@ -2459,9 +2459,9 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_worker/strays.py",
-                "    raise_errors(await backend.run_many([move_in(shard.keys, STRAY_BATCH)"
-                " for shard in shards]))\n",
-                "",
+                "            await _forward_items(backend, record, shard, int(taken or 0),"
+                " items)\n",
+                "            pass\n",
             ),
         ),
         (
@@ -2469,6 +2469,51 @@ MUTANTS: tuple[Mutant, ...] = (
             + "test_an_op_pushed_with_a_plain_rpush_to_a_retired_shard_is_forwarded_and_runs_once"
             + _STANDALONE,
         ),
+    ),
+    Mutant(
+        "heir-exposes-strays",
+        "G11.4",
+        "the heir of a retired shard appends its inbox items to its stream before forwarding"
+        " them: a client user reads a stale client's op id there and takes it ahead",
+        (
+            Edit(
+                "keyserial/_worker/strays.py",
+                '        fields = item_fields(item) or {b"raw": item}\n',
+                '        fields = item_fields(item) or {b"raw": item}\n'
+                '        await backend.call("XADD", shard.keys.stream, "*", *fields_of(fields))\n',
+            ),
+            Edit(
+                "keyserial/_worker/strays.py",
+                "def _name(keys: ShardKeys) -> str:\n",
+                "def fields_of(fields: dict[bytes, bytes]) -> list[bytes]:\n"
+                "    return [part for pair in fields.items() for part in pair]\n\n\n"
+                "def _name(keys: ShardKeys) -> str:\n",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_an_op_pushed_with_a_plain_rpush_to_a_retired_shard_is_forwarded_and_runs_once"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "forwarded-takes-whatever-taken",
+        "G11.4",
+        "forwarded.lua takes items out of a retired shard's inbox whatever its taken count: a"
+        " second forwarder of the same items takes out ones neither read, which are lost",
+        (
+            Edit(
+                _LUA + "forwarded.lua",
+                "if (redis.call('GET', KEYS[2]) or '0') ~= ARGV[1] then\n",
+                "if false then\n",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_forwarded_strays_leave_a_retired_inbox_once_and_only_those_read"
+            + _STANDALONE,
+        ),
+        fast=True,
     ),
     Mutant(
         "caught-up-at-any-full-fetch",

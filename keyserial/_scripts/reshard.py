@@ -1,6 +1,6 @@
 """Typed calls of the reshard scripts: ``move`` (record a move), ``seal`` (an old shard),
 ``drained`` (its owner says it is), ``quiet`` (read the three at once), ``flip`` (end the move)
-and ``move_in`` (a retired shard's inbox into its stream, for its heir to forward). See
+and ``forwarded`` (a retired shard's inbox items, once its heir forwarded them). See
 ``_wire.resharding`` for the records."""
 
 from __future__ import annotations
@@ -38,15 +38,18 @@ def seal(shard: ShardKeys, move: Move) -> ScriptCall[str]:
     return SealArgs(seal_target(move.target)).call(keys, text)
 
 
-@script_args("move_in")
-class MoveInArgs(ScriptArgs):
-    #: Items to move at most.
+@script_args("forwarded")
+class ForwardedArgs(ScriptArgs):
+    #: The inbox's taken count, read with the items.
+    taken: int
+    #: How many of its first items were forwarded.
     count: int
 
 
-def move_in(shard: ShardKeys, count: int) -> ScriptCall[int]:
-    """Move up to ``count`` items of a retired shard's inbox into its stream; how many."""
-    return MoveInArgs(count).call([shard.inbox, shard.inbox_taken, shard.stream], int)
+def forwarded(shard: ShardKeys, taken: int, count: int) -> ScriptCall[int]:
+    """Take the first ``count`` items of a retired shard's inbox out, forwarded, if its taken
+    count is still ``taken``; 1 if it did, 0 if another worker had taken some out first."""
+    return ForwardedArgs(taken, count).call([shard.inbox, shard.inbox_taken], int)
 
 
 @script_args("drained")

@@ -3,14 +3,17 @@
 
 Until the flip, the sealed shard's owner moves such ops into its stream and forwards them (see
 ``ShardRunner``). After it, no worker serves the old shard, so the owner of its heir, shard
-``old % M`` of the live layout, forwards them: every ``idle_poll`` it moves what the old shard's
-inbox holds into its stream, reads the entries after the last one the old shard was recorded
-drained through (the move flipped only once it had drained every entry appended), pushes each
-op to its home where new ops go now, and deletes the entry. An op forwarded twice (two
-workers, or a crash between the append and the delete) still runs once: its id finds the first
-one's outcome, here or in a layout before (the runner looks there for twice ``result_ttl``).
-An entry that is malformed, or that asks for a grant (no op of a retired layout is under way
-to have sent it), goes to the heir's dead letters instead.
+``old % M`` of the live layout, forwards them: every ``idle_poll`` it reads the first items of
+the retired shard's inbox, pushes each op to its home where new ops go now, and takes the items
+out (the ``forwarded`` script, once: another worker forwarding them too takes out none it did
+not read). They are never moved into the retired stream, where a client user could read their
+op ids and push other ops under them to their new home first; a client user cannot read an
+inbox. An op forwarded twice (two workers, or a crash between the push and the take) still
+runs once: its id finds the first one's outcome, here or in a layout before (the runner looks
+there for twice ``result_ttl``). An item that is malformed, or that asks for a grant (no op
+of a retired layout is under way to have sent it), goes to the heir's dead letters instead.
+Entries of the retired stream past the one it was recorded drained through (appended to the
+stream itself) are forwarded the same way, and deleted.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import anyio
 from .._backend.backend import Backend
 from .._backend.commands import raise_errors
 from .._scripts.refusals import ShardSealed
-from .._scripts.reshard import move_in
+from .._scripts.reshard import forwarded
 from .._scripts.submit import SubmitArgs, submit
 from .._settings import Settings
 from .._wire.codec import (
@@ -33,6 +36,7 @@ from .._wire.codec import (
     Envelope,
     MalformedEntry,
     decode_entry,
+    item_fields,
     pack_entry,
     reencoded,
 )
@@ -115,29 +119,53 @@ async def _retired(backend: Backend, record: LayoutRecord) -> list[Retired]:
 
 
 async def _forward_pass(backend: Backend, settings: Settings, shards: Sequence[Retired]) -> None:
-    """Forward what was pushed to ``shards`` after they drained, to where new ops go now."""
-    raise_errors(await backend.run_many([move_in(shard.keys, STRAY_BATCH) for shard in shards]))
+    """Forward what was pushed to ``shards`` after they drained, to where new ops go now: the
+    first items of their inboxes, then any entries of their streams past the drained one."""
+    reads: list[Sequence[str | int]] = []
+    for shard in shards:
+        reads += [("GET", shard.keys.inbox_taken), ("LRANGE", shard.keys.inbox, 0, STRAY_BATCH - 1)]
+    read = raise_errors(await backend.pipeline(reads))
+    pushed = list(zip(shards, read[0::2], read[1::2], strict=True))
     entries = await backend.entries_since(
         [(shard.keys, shard.drained_through) for shard in shards], STRAY_BATCH
     )
-    if not any(entries):
+    if not any(items for _, _, items in pushed) and not any(entries):
         return
     record = await backend.layout_record(settings.namespace)
     if record is None:
         return
+    for shard, taken, items in pushed:
+        if items:
+            await _forward_items(backend, record, shard, int(taken or 0), items)
     for shard, found in zip(shards, entries, strict=True):
         for entry_id, fields in found:
-            await _forward_entry(backend, record, shard, entry_id, fields)
+            letters = await _forward_ops(backend, record, shard, entry_id.decode(), fields)
+            raise_errors(await backend.pipeline([*letters, ("XDEL", shard.keys.stream, entry_id)]))
 
 
-async def _forward_entry(
+async def _forward_items(
+    backend: Backend, record: LayoutRecord, shard: Retired, taken: int, items: list[bytes]
+) -> None:
+    """Forward the ops of the first ``items`` of a retired shard's inbox (its taken count:
+    ``taken``), dead-lettering what cannot run, then take the items out."""
+    letters: list[Sequence[str | bytes]] = []
+    for place, item in enumerate(items, taken + 1):
+        fields = item_fields(item) or {b"raw": item}
+        letters += await _forward_ops(backend, record, shard, f"inbox {place}", fields)
+    if letters:
+        raise_errors(await backend.pipeline(letters))
+    await backend.run_call(forwarded(shard.keys, taken, len(items)))
+
+
+async def _forward_ops(
     backend: Backend,
     record: LayoutRecord,
     shard: Retired,
-    entry_id: bytes,
+    name: str,
     fields: dict[bytes, bytes],
-) -> None:
-    """Forward one stray entry's ops (dead-lettering what cannot run), then delete it."""
+) -> list[Sequence[str | bytes]]:
+    """Forward the ops of one stray entry (``name``: its stream id, or ``inbox <place>``); the
+    command that dead-letters what cannot run, if anything."""
     try:
         items = decode_entry(fields)
     except MalformedEntry as exc:
@@ -154,16 +182,13 @@ async def _forward_entry(
                 there.shard,
                 record.routing.shards,
             )
-    commands: list[Sequence[str | bytes]] = []
-    if refused:
-        heir = record.live.keys(shard.heir)
-        reason = "; ".join(_refusal(item) for item in refused)
-        letter = DeadLetterRecord(entry_id.decode(), reason, entry_raw(fields))
-        commands.append(("XADD", heir.dead, "*", *letter.fields()))
-        name = _name(shard.keys)
-        log.error("stray entry %s of shard %s dead-lettered: %s", entry_id.decode(), name, reason)
-    commands.append(("XDEL", shard.keys.stream, entry_id))
-    raise_errors(await backend.pipeline(commands))
+    if not refused:
+        return []
+    heir = record.live.keys(shard.heir)
+    reason = "; ".join(_refusal(item) for item in refused)
+    letter = DeadLetterRecord(name, reason, entry_raw(fields))
+    log.error("stray entry %s of shard %s dead-lettered: %s", name, _name(shard.keys), reason)
+    return [("XADD", heir.dead, "*", *letter.fields())]
 
 
 def _name(keys: ShardKeys) -> str:

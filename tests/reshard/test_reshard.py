@@ -28,8 +28,15 @@ from keyserial._reshard.mover import (
     _drained,
     move_namespace,
 )
-from keyserial._scripts.reshard import flip, quiet, record_drained, record_move, seal
-from keyserial._wire.codec import LARGEST_ID, decode_reply
+from keyserial._scripts.reshard import (
+    flip,
+    forwarded,
+    quiet,
+    record_drained,
+    record_move,
+    seal,
+)
+from keyserial._wire.codec import LARGEST_ID, decode_reply, parse_id
 from keyserial._wire.layout import Layout, ShardKeys, part_id, signers_key
 from keyserial._wire.resharding import (
     LAYOUT_CHANGED,
@@ -616,10 +623,11 @@ async def test_an_op_pushed_with_a_plain_rpush_to_a_retired_shard_is_forwarded_a
     """After the flip no worker serves the old shards, but a client user that pushes with a
     plain RPUSH (the submit script refuses a sealed shard) may still route by the count it
     read before, and may not XADD there (NOPERM): the owner of the old shard's heir (shard
-    ``old % M``) moves what the old shard's inbox holds into its stream and forwards its ops
-    to their new shards, each running once (a copy of an op that ran before the move is
-    answered, not run), and dead-letters what cannot run there (a malformed entry, an item not
-    of the documented form, a grant request); each stray entry is then deleted."""
+    ``old % M``) reads what the old shard's inbox holds and forwards its ops to their new
+    shards, each running once (a copy of an op that ran before the move is answered, not run),
+    dead-letters what cannot run there (a malformed entry, an item not of the documented form,
+    a grant request), and takes the items out. None is ever moved into the old stream, where
+    a client user could read its op id and push another op under it to its new shard first."""
     key = "victim"
     with documented_users(redis_url) as users:
         stale = redis.asyncio.Redis.from_url(users.client_url)
@@ -648,8 +656,9 @@ async def test_an_op_pushed_with_a_plain_rpush_to_a_retired_shard_is_forwarded_a
                 record = Drained.decode(users.admin.get(f"{old.tag}:drained").decode())
                 assert record is not None
                 drained = record.through
-                await eventually(lambda: _no_entry_after(users.admin, old.stream, drained))
-                assert users.admin.llen(old.inbox) == 0
+                await eventually(lambda: users.admin.llen(old.inbox) == 0)
+                never_appended = users.admin.xinfo_stream(old.stream)["last-generated-id"]
+                assert parse_id(never_appended.decode()) <= parse_id(drained)
                 reasons = [
                     fields[b"reason"].decode() for _, fields in users.admin.xrange(heir.dead)
                 ]
@@ -658,8 +667,26 @@ async def test_an_op_pushed_with_a_plain_rpush_to_a_retired_shard_is_forwarded_a
             await stale.aclose()
 
 
-async def _no_entry_after(admin: Any, stream: str, entry_id: str) -> bool:
-    return not admin.xrange(stream, f"({entry_id}", "+")
+async def test_forwarded_strays_leave_a_retired_inbox_once_and_only_those_read(
+    redis_url: str, namespace: str
+) -> None:
+    """The heir's owner takes the items it forwarded out of a retired shard's inbox only if
+    its taken count is still the one read with them: a second worker that forwarded them too
+    (the heir changing owner) takes out nothing, so no item that neither read is lost."""
+    keys = Layout(namespace, 4).keys(1)
+    backend = await Backend.connect(redis_url)
+    try:
+        await backend.call("SET", keys.inbox_taken, 5)
+        await backend.call("RPUSH", keys.inbox, "a", "b", "c")
+        assert await backend.run_call(forwarded(keys, 4, 2)) == 0
+        assert await backend.call("LLEN", keys.inbox) == 3
+        assert await backend.run_call(forwarded(keys, 5, 2)) == 1
+        assert await backend.call("LRANGE", keys.inbox, 0, -1) == [b"c"]
+        assert await backend.call("GET", keys.inbox_taken) == b"7"
+        assert await backend.run_call(forwarded(keys, 5, 2)) == 0  # (the other forwarder)
+        assert await backend.call("LRANGE", keys.inbox, 0, -1) == [b"c"]
+    finally:
+        await backend.aclose()
 
 
 @pytest.mark.slow
