@@ -375,6 +375,14 @@ REGRESSIONS: list[KnownFailure] = [
         " only entries of the documented version)",
     ),
     KnownFailure(
+        9146,
+        "reshard",
+        "a shard no worker served after healing: a harness error, not a defect. Healing started"
+        " a worker with the shard count before the move it then finished; that worker exited"
+        " on reading the new count only after the one check for outdated workers (fixed:"
+        " healing checks three times, a second apart, as the reshard fault does)",
+    ),
+    KnownFailure(
         7572,
         "reshard",
         "a client's silently dropped subscription not replaced within its 4 s bound, once, with"

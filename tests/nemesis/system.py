@@ -242,7 +242,9 @@ class BaseSystem:
                 group.cancel_scope.cancel()
             if await self.move_under_way() is not None:
                 self.unfinished_move = self.heal_notes[-1] if self.heal_notes else "no progress"
-            self.restart_outdated()
+            for _ in range(3):  # (a worker started above with the count before the flip exits
+                self.restart_outdated()  # only once it has read the new one: seed 9146)
+                await anyio.sleep(1.0)
 
     async def _until_the_old_shards_stall(self) -> None:
         """Until the shards a move leaves have committed nothing for
