@@ -221,6 +221,11 @@ class ForeignClient:
         data: str = message["data"]
         return data
 
+    async def push_one(self, shard: int, envelope: dict[str, Any]) -> Any:
+        """Push an entry of one op, and wait for its outcome's reply message."""
+        await self.push(shard, [envelope])
+        return (await self.replies([envelope["id"]]))[envelope["id"]]
+
     async def replies(self, op_ids: Sequence[str], *, timeout: float = 10) -> dict[str, Any]:
         """Outcomes by op id from reply messages, until every id in ``op_ids`` has one."""
         found: dict[str, Any]
@@ -353,11 +358,9 @@ async def test_rpush_and_publish_then_reply_stored_result_state_and_dedup(
         assert await client.commands.hget(client.state(shard), key) == "100"
 
         # A resubmitted op id returns the stored outcome and does not run again.
-        await client.push(shard, [deposit])
-        assert (await client.replies([deposit["id"]]))[deposit["id"]] == {"ok": 100}
+        assert await client.push_one(shard, deposit) == {"ok": 100}
         balance = client.envelope(key, "balance")
-        await client.push(shard, [balance])
-        assert (await client.replies([balance["id"]]))[balance["id"]] == {"ok": 100}
+        assert await client.push_one(shard, balance) == {"ok": 100}
 
 
 async def test_the_submit_script_appends_an_entry_of_several_ops_run_in_array_order(
@@ -403,8 +406,7 @@ async def test_another_op_under_a_used_op_id_is_refused_by_the_worker(
         key = "account:6"
         shard = client.shard(key)
         deposit = client.envelope(key, "deposit", 100)
-        await client.push(shard, [deposit])
-        assert (await client.replies([deposit["id"]]))[deposit["id"]] == {"ok": 100}
+        assert await client.push_one(shard, deposit) == {"ok": 100}
         await client.push(shard, [{**deposit, "args": [7]}])
         refused = (await client.replies([deposit["id"]]))[deposit["id"]]
         assert refused["error"]["type"] == "keyserial.MalformedOperation"
@@ -685,8 +687,7 @@ async def test_a_malformed_copy_of_an_op_that_ran_is_answered_with_its_outcome(
         key = "account:7"
         shard = client.shard(key)
         deposit = client.envelope(key, "deposit", 5)
-        await client.push(shard, [deposit])
-        assert (await client.replies([deposit["id"]]))[deposit["id"]] == {"ok": 5}
+        assert await client.push_one(shard, deposit) == {"ok": 5}
         copy = {**deposit, **{name: value for name, value in broken.items() if name != "v"}}
         await client.push(shard, [copy], version=broken.get("v", "1"))
         assert (await client.replies([deposit["id"]]))[deposit["id"]] == {"ok": 5}
@@ -827,8 +828,7 @@ async def test_a_plain_rpush_to_a_sealed_shard_is_forwarded_to_the_new_layout(
         key = "account:5"
         old = client.shard(key)
         first = client.envelope(key, "deposit", 1)
-        await client.push(old, [first])
-        assert (await client.replies([first["id"]]))[first["id"]] == {"ok": 1}
+        assert await client.push_one(old, first) == {"ok": 1}
         backend = await Backend.connect(redis_url)
         try:
             move = Move(Layout(namespace, SHARDS), Layout(namespace, 8, 1))

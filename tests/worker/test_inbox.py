@@ -13,6 +13,7 @@ from typing import Any
 
 import anyio
 import pytest
+from anyio.abc import TaskGroup
 
 import keyserial
 from keyserial._backend.backend import Backend
@@ -71,14 +72,12 @@ async def test_a_seal_moves_the_inbox_into_the_stream_before_it_names_the_last_e
         assert await client.exists(sealed_key(old)) == 1
 
 
-async def test_progress_never_passes_a_pushed_entry_whose_op_still_runs(
-    redis_url: str, namespace: str, tmp_path: Path
-) -> None:
-    """A step moves a pushed entry into the stream while its op still runs: progress stays
-    below it, however many pushed entries behind it commit, so that a takeover runs it again.
-    Once it has finished, progress passes it."""
-    note, gate = tmp_path / "running", tmp_path / "gate"
-    keys = ShardKeys(namespace, 0)
+@contextlib.asynccontextmanager
+async def _one_shard_taking_pushes(
+    redis_url: str, namespace: str
+) -> AsyncIterator[tuple[Any, keyserial.Client, TaskGroup]]:
+    """A plain client, a client and a task group, beside a worker owning the namespace's one
+    shard that takes pushes (a first op has gone through); the group is cancelled at the end."""
     with anyio.fail_after(60):
         async with (
             inspector(redis_url) as client,
@@ -87,28 +86,42 @@ async def test_progress_never_passes_a_pushed_entry_whose_op_still_runs(
             anyio.create_task_group() as group,
         ):
             await ks.submit("warm", deposit(1))  # (pushes are taken from now on)
-            group.start_soon(submit_quietly, ks, "stuck", apps.gated_hold(str(gate), str(note)))
-            await eventually(note.exists, message="the stuck op running")
-            for n in range(20):
-                await ks.submit(f"other:{n % 3}", deposit(1))
-            (stuck_id,) = [
-                entry_id
-                for entry_id, fields in await client.xrange(keys.stream)
-                if b"gated_hold" in fields.get(b"ops", b"")
-            ]
-            progress = await client.get(keys.progress)
-            assert progress is None or parse_id(progress.decode()) < parse_id(stuck_id.decode())
-            gate.touch()
-
-            async def passed() -> bool:
-                progress = await client.get(keys.progress)
-                return progress is not None and parse_id(progress.decode()) >= parse_id(
-                    stuck_id.decode()
-                )
-
-            await ks.submit("other:0", deposit(1))
-            await eventually(passed, message="progress past the finished op's entry")
+            yield client, ks, group
             group.cancel_scope.cancel()
+
+
+async def _gated_entries(client: Any, keys: ShardKeys) -> list[tuple[bytes, dict[bytes, bytes]]]:
+    """The stream's entries of ``apps.gated_hold`` ops."""
+    entries = await client.xrange(keys.stream)
+    return [entry for entry in entries if b"gated_hold" in entry[1].get(b"ops", b"")]
+
+
+async def _progress_reached(client: Any, keys: ShardKeys, entry_id: bytes) -> bool:
+    progress = await client.get(keys.progress)
+    return progress is not None and parse_id(progress.decode()) >= parse_id(entry_id.decode())
+
+
+async def test_progress_never_passes_a_pushed_entry_whose_op_still_runs(
+    redis_url: str, namespace: str, tmp_path: Path
+) -> None:
+    """A step moves a pushed entry into the stream while its op still runs: progress stays
+    below it, however many pushed entries behind it commit, so that a takeover runs it again.
+    Once it has finished, progress passes it."""
+    note, gate = tmp_path / "running", tmp_path / "gate"
+    keys = ShardKeys(namespace, 0)
+    async with _one_shard_taking_pushes(redis_url, namespace) as (client, ks, group):
+        group.start_soon(submit_quietly, ks, "stuck", apps.gated_hold(str(gate), str(note)))
+        await eventually(note.exists, message="the stuck op running")
+        for n in range(20):
+            await ks.submit(f"other:{n % 3}", deposit(1))
+        ((stuck_id, _),) = await _gated_entries(client, keys)
+        assert not await _progress_reached(client, keys, stuck_id)
+        gate.touch()
+        await ks.submit("other:0", deposit(1))
+        await eventually(
+            lambda: _progress_reached(client, keys, stuck_id),
+            message="progress past the finished op's entry",
+        )
 
 
 async def test_a_pushed_entry_whose_op_runs_on_moves_into_the_stream_though_nothing_steps(
@@ -120,38 +133,23 @@ async def test_a_pushed_entry_whose_op_runs_on_moves_into_the_stream_though_noth
     aged."""
     note, gate = tmp_path / "running", tmp_path / "gate"
     keys = ShardKeys(namespace, 0)
-    with anyio.fail_after(60):
-        async with (
-            inspector(redis_url) as client,
-            running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]),
-            keyserial.connect(redis_url, shards=1, namespace=namespace) as ks,
-            anyio.create_task_group() as group,
-        ):
-            await ks.submit("warm", deposit(1))  # (pushes are taken from now on)
-            done = anyio.Event()
+    async with _one_shard_taking_pushes(redis_url, namespace) as (client, ks, group):
+        done = anyio.Event()
 
-            async def stuck() -> None:
-                await ks.submit("stuck", apps.gated_hold(str(gate), str(note)))
-                done.set()
+        async def stuck() -> None:
+            await ks.submit("stuck", apps.gated_hold(str(gate), str(note)))
+            done.set()
 
-            group.start_soon(stuck)
-            await eventually(note.exists, message="the stuck op running")
-
-            async def moved_in() -> list[tuple[bytes, dict[bytes, bytes]]]:
-                entries = await client.xrange(keys.stream)
-                return [entry for entry in entries if b"gated_hold" in entry[1].get(b"ops", b"")]
-
-            ((entry_id, fields),) = await eventually(moved_in, message="its entry moved in")
-            assert fields[b"p"] == b"2"
-            assert await client.llen(keys.inbox) == 0
-            assert not done.is_set()  # (its op still runs)
-            gate.touch()
-            await done.wait()
-            progress = await client.get(keys.progress)
-            assert progress is not None and parse_id(progress.decode()) >= parse_id(
-                entry_id.decode()
-            )
-            group.cancel_scope.cancel()
+        group.start_soon(stuck)
+        await eventually(note.exists, message="the stuck op running")
+        moved = await eventually(lambda: _gated_entries(client, keys), message="moved in")
+        ((entry_id, fields),) = moved
+        assert fields[b"p"] == b"2"
+        assert await client.llen(keys.inbox) == 0
+        assert not done.is_set()  # (its op still runs)
+        gate.touch()
+        await done.wait()
+        assert await _progress_reached(client, keys, entry_id)
 
 
 async def test_the_sweep_finds_an_entry_in_the_inbox_or_moved_in_by_its_place(
