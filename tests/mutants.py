@@ -545,8 +545,8 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_scripts/lua/release.lua",
-                "  horizon = fold_pushes(KEYS[2], KEYS[5], KEYS[7], KEYS[8])\nend\n",
-                "  horizon = fold_pushes(KEYS[2], KEYS[5], KEYS[7], KEYS[8])\nend\n"
+                "  horizon = fold_pushes(KEYS[2], KEYS[5], KEYS[7], KEYS[8], KEYS[9])\nend\n",
+                "  horizon = fold_pushes(KEYS[2], KEYS[5], KEYS[7], KEYS[8], KEYS[9])\nend\n"
                 "redis.call('SET', KEYS[2], redis.call('GET', (string.gsub(KEYS[2], 'horizon$',"
                 " 'progress'))) or '0-0')\n"
                 "horizon = redis.call('GET', KEYS[2])\n",
@@ -2459,8 +2459,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_worker/strays.py",
-                "            await _forward_items(backend, record, shard, int(taken or 0),"
-                " items)\n",
+                "            await strays.forward_items(backend, int(taken or 0), items)\n",
                 "            pass\n",
             ),
         ),
@@ -2478,9 +2477,10 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_worker/strays.py",
-                '        fields = item_fields(item) or {b"raw": item}\n',
-                '        fields = item_fields(item) or {b"raw": item}\n'
-                '        await backend.call("XADD", shard.keys.stream, "*", *fields_of(fields))\n',
+                '            fields = item_fields(item) or {b"raw": item}\n',
+                '            fields = item_fields(item) or {b"raw": item}\n'
+                '            await backend.call("XADD", self.keys.stream, "*",'
+                " *fields_of(fields))\n",
             ),
             Edit(
                 "keyserial/_worker/strays.py",
@@ -2493,6 +2493,73 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             _RESHARD
             + "test_an_op_pushed_with_a_plain_rpush_to_a_retired_shard_is_forwarded_and_runs_once"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "sealed-step-moves-strays-in",
+        "G11.4",
+        "a sealed shard's step moves what a stale client pushed past the seal into the old"
+        " stream before it is forwarded: a client user reads its op id there and takes it ahead",
+        (Edit(_STEP, "  if #items > 0 and not strays_seal then\n", "  if #items > 0 then\n"),),
+        (
+            _RESHARD
+            + "test_an_owner_that_has_not_heard_of_its_seal_forwards_what_follows_it"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "takeover-moves-sealed-inbox-in",
+        "G11.4",
+        "a takeover (or release) after an owner that took pushes moves a sealed shard's inbox"
+        " into its stream: a stale client's op id is readable there before it is forwarded",
+        (
+            Edit(
+                _LUA + "lib.lua",
+                "  if redis.call('EXISTS', sealed_key) == 0 then\n",
+                "  if true then\n",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_a_worker_that_takes_a_sealed_shard_over_forwards_what_follows_the_seal"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "seal-unread-where-strays-wait",
+        "G11.4",
+        "a step that leaves strays in a sealed shard's inbox does not say it is sealed: an owner"
+        " that missed the seal's wake-up forwards nothing until its poll",
+        (
+            Edit(
+                _STEP,
+                "  if #skipped > 0 or #moved > 0 or strays_seal then\n",
+                "  if #skipped > 0 or #moved > 0 then\n",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_an_owner_that_has_not_heard_of_its_seal_forwards_what_follows_it"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "sealed-owner-leaves-inbox",
+        "G11.4",
+        "a sealed shard's owner never forwards what a stale client pushed to its inbox: those"
+        " ops wait for the flip",
+        (
+            Edit(
+                _SHARD,
+                "                if fetch and self.sealed:\n"
+                "                    self._drain.forward_inbox()\n",
+                "",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_an_owner_that_has_not_heard_of_its_seal_forwards_what_follows_it"
             + _STANDALONE,
         ),
     ),

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._wire.layout import ShardKeys
+from .._wire.resharding import sealed_key
 from .calls import ScriptArgs, ScriptCall, script_args, text
 
 
@@ -82,6 +83,7 @@ def acquire(shard: ShardKeys, args: AcquireArgs) -> ScriptCall[LeaseGrant | Leas
         k.pushes,
         k.inbox,
         k.inbox_taken,
+        sealed_key(k),
     ]
     return args.call(keys, _grant)
 
@@ -123,5 +125,6 @@ def release(shard: ShardKeys, args: ReleaseArgs) -> ScriptCall[bool]:
         shard.epoch,
         shard.inbox,
         shard.inbox_taken,
+        sealed_key(shard),
     ]
     return args.call(keys, _one)

@@ -26,7 +26,7 @@ from .._wire.resharding import Seal
 from .._wire.routing import home_shard
 from .commits import Finished
 from .execution import Run
-from .strays import forward
+from .strays import Strays, forward, forward_inbox
 
 log = logging.getLogger("keyserial.worker")
 
@@ -72,6 +72,8 @@ class Drain:
         #: Forwards go out one at a time, in the order of their entries (a FIFO lock): ops on a
         #: key keep their order in the new layout.
         self._forwarding = asyncio.Lock()
+        #: A pass of :meth:`forward_inbox` is under way.
+        self._forwarding_inbox = False
 
     def fetched(self, *, reached_end: bool) -> None:
         """A step fetched entries; ``reached_end``: fewer than it asked for."""
@@ -120,6 +122,29 @@ class Drain:
             return []
         self._ran += len(runs)
         return runs
+
+    def forward_inbox(self) -> None:
+        """Forward what a client pushed to the inbox since the seal (with a plain ``RPUSH``: the
+        submit script refuses a sealed shard), until it is empty, in the background. Such items
+        are never moved into the stream (``step.lua``), where a client user could read their op
+        ids and push its own ops under them to the new layout first. Not work of this shard's:
+        the shard counts as drained whatever the inbox holds (after the flip the heir forwards
+        the rest, see :mod:`.strays`)."""
+        if self.seal is None or self._forwarding_inbox:
+            return
+        self._forwarding_inbox = True
+        if not self._spawn(self._forward_inbox):
+            self._forwarding_inbox = False
+
+    async def _forward_inbox(self) -> None:
+        assert self.seal is not None
+        strays = Strays(self._keys, self.seal.target, self._keys.dead)
+        try:
+            async with self._forwarding:
+                while await self._retrying(lambda: forward_inbox(self._backend, strays)):
+                    pass
+        finally:
+            self._forwarding_inbox = False
 
     def took_request(self) -> None:
         """A grant request's run was taken (from a message, or held again at a takeover): it

@@ -301,10 +301,11 @@ class ShardRunner:
 
     def seal(self, seal: Seal) -> None:
         """A reshard sealed this shard: clients append no more ops here (``submit.lua``), and
-        the shard drains. An op found in an entry appended after the seal (by a client of an
-        older version, or a plain ``RPUSH``) is forwarded to its shard in the new layout, not
-        run; a grant request is still taken (its op was appended before the seal). Once nothing
-        is under way, the owner records the shard drained (:meth:`Drain.record`)."""
+        the shard drains. An op pushed after the seal (a plain ``RPUSH``), or found in an entry
+        appended to the stream after it (by a client of an older version), is forwarded to its
+        shard in the new layout, not run; a grant request is still taken (its op was appended
+        before the seal). Once nothing is under way, the owner records the shard drained
+        (:meth:`Drain.record`)."""
         if self._drain.seal_with(seal):
             self._wakeups.must_fetch = True  # (pushes waiting now are never taken in)
             self.wake()
@@ -325,8 +326,8 @@ class ShardRunner:
 
     def push(self, pushed: Push) -> None:
         """A wake-up that carries an entry: taken in without a fetch where it follows on. A
-        sealed shard takes none in: it forwards the ops of entries past its seal at once,
-        before any step could confirm a pushed entry, so it forwards only what it fetched."""
+        sealed shard takes none in (a client user may publish a push of an op nobody pushed):
+        its next step looks, and it forwards from the inbox what a client pushed there."""
         if self.sealed:
             self.entries_waiting()
             return
@@ -402,6 +403,8 @@ class ShardRunner:
                 fetched = await self._step(fetch, record=record)
                 if fetched.entries:
                     await self._dispatch(fetched)
+                if fetch and self.sealed:
+                    self._drain.forward_inbox()
                 continue
             if self._stopping and not self._running:
                 return

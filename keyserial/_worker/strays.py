@@ -1,19 +1,19 @@
-"""Ops pushed to a shard after a reshard retired it, by a client that pushes with a plain
+"""Ops pushed to a shard after a reshard sealed it, by a client that pushes with a plain
 ``RPUSH`` and still routes by the count it read before the move.
 
-Until the flip, the sealed shard's owner moves such ops into its stream and forwards them (see
-``ShardRunner``). After it, no worker serves the old shard, so the owner of its heir, shard
-``old % M`` of the live layout, forwards them: every ``idle_poll`` it reads the first items of
-the retired shard's inbox, pushes each op to its home where new ops go now, and takes the items
-out (the ``forwarded`` script, once: another worker forwarding them too takes out none it did
-not read). They are never moved into the retired stream, where a client user could read their
-op ids and push other ops under them to their new home first; a client user cannot read an
-inbox. An op forwarded twice (two workers, or a crash between the push and the take) still
-runs once: its id finds the first one's outcome, here or in a layout before (the runner looks
-there for twice ``result_ttl``). An item that is malformed, or that asks for a grant (no op
-of a retired layout is under way to have sent it), goes to the heir's dead letters instead.
-Entries of the retired stream past the one it was recorded drained through (appended to the
-stream itself) are forwarded the same way, and deleted.
+Such items are never moved into the old stream, where a client user could read their op ids
+and push other ops under them to their new home first; a client user cannot read an inbox.
+They are forwarded from the inbox (:func:`forward_inbox`): each op pushed to its home where new
+ops go now, and the items taken out by the ``forwarded`` script, once (another worker
+forwarding them too takes out none it did not read). Until the flip the sealed shard's owner
+forwards them (see ``Drain``); after it no worker serves the old shard, so the owner of its
+heir, shard ``old % M`` of the live layout, does, every ``idle_poll``. An op forwarded twice (two
+workers, or a crash between the push and the take) still runs once: its id finds the first
+one's outcome, here or in a layout before (the runner looks there for twice ``result_ttl``). An
+item that is malformed, or that asks for a grant (no op of an old layout is under way to have
+sent it), goes to dead letters instead (the sealed shard's, or the heir's). Entries of a
+retired stream past the one it was recorded drained through (appended to the stream itself)
+are forwarded the same way, and deleted.
 """
 
 from __future__ import annotations
@@ -123,7 +123,7 @@ async def _forward_pass(backend: Backend, settings: Settings, shards: Sequence[R
     first items of their inboxes, then any entries of their streams past the drained one."""
     reads: list[Sequence[str | int]] = []
     for shard in shards:
-        reads += [("GET", shard.keys.inbox_taken), ("LRANGE", shard.keys.inbox, 0, STRAY_BATCH - 1)]
+        reads += _inbox_reads(shard.keys)
     read = raise_errors(await backend.pipeline(reads))
     pushed = list(zip(shards, read[0::2], read[1::2], strict=True))
     entries = await backend.entries_since(
@@ -136,59 +136,78 @@ async def _forward_pass(backend: Backend, settings: Settings, shards: Sequence[R
         return
     for shard, taken, items in pushed:
         if items:
-            await _forward_items(backend, record, shard, int(taken or 0), items)
+            strays = Strays(shard.keys, record.routing, record.live.keys(shard.heir).dead)
+            await strays.forward_items(backend, int(taken or 0), items)
     for shard, found in zip(shards, entries, strict=True):
+        strays = Strays(shard.keys, record.routing, record.live.keys(shard.heir).dead)
         for entry_id, fields in found:
-            letters = await _forward_ops(backend, record, shard, entry_id.decode(), fields)
+            letters = await strays.forward_ops(backend, entry_id.decode(), fields)
             raise_errors(await backend.pipeline([*letters, ("XDEL", shard.keys.stream, entry_id)]))
 
 
-async def _forward_items(
-    backend: Backend, record: LayoutRecord, shard: Retired, taken: int, items: list[bytes]
-) -> None:
-    """Forward the ops of the first ``items`` of a retired shard's inbox (its taken count:
-    ``taken``), dead-lettering what cannot run, then take the items out."""
-    letters: list[Sequence[str | bytes]] = []
-    for place, item in enumerate(items, taken + 1):
-        fields = item_fields(item) or {b"raw": item}
-        letters += await _forward_ops(backend, record, shard, f"inbox {place}", fields)
-    if letters:
-        raise_errors(await backend.pipeline(letters))
-    await backend.run_call(forwarded(shard.keys, taken, len(items)))
+def _inbox_reads(keys: ShardKeys) -> list[Sequence[str | int]]:
+    """The inbox's taken count and first items, in one pipeline with others."""
+    return [("GET", keys.inbox_taken), ("LRANGE", keys.inbox, 0, STRAY_BATCH - 1)]
 
 
-async def _forward_ops(
-    backend: Backend,
-    record: LayoutRecord,
-    shard: Retired,
-    name: str,
-    fields: dict[bytes, bytes],
-) -> list[Sequence[str | bytes]]:
-    """Forward the ops of one stray entry (``name``: its stream id, or ``inbox <place>``); the
-    command that dead-letters what cannot run, if anything."""
-    try:
-        items = decode_entry(fields)
-    except MalformedEntry as exc:
-        items = [exc]
-    refused = [item for item in items if not _forwardable(item)]
-    for item in items:
-        if isinstance(item, Envelope) and _forwardable(item):
-            there = await forward(backend, item, record.routing)
-            log.warning(
-                "op %s was appended to shard %s after a reshard retired it (a client routing by"
-                " an old count, with a plain RPUSH): forwarded to shard %d of %d",
-                item.op_id,
-                _name(shard.keys),
-                there.shard,
-                record.routing.shards,
-            )
-    if not refused:
-        return []
-    heir = record.live.keys(shard.heir)
-    reason = "; ".join(_refusal(item) for item in refused)
-    letter = DeadLetterRecord(name, reason, entry_raw(fields))
-    log.error("stray entry %s of shard %s dead-lettered: %s", name, _name(shard.keys), reason)
-    return [("XADD", heir.dead, "*", *letter.fields())]
+async def forward_inbox(backend: Backend, strays: Strays) -> bool:
+    """Forward the ops of the first items of a sealed or retired shard's inbox and take them
+    out; whether there were any."""
+    taken, items = raise_errors(await backend.pipeline(_inbox_reads(strays.keys)))
+    if items:
+        await strays.forward_items(backend, int(taken or 0), items)
+    return bool(items)
+
+
+@dataclass(frozen=True)
+class Strays:
+    """Where the strays of a sealed or retired shard go."""
+
+    #: The old shard.
+    keys: ShardKeys
+    #: The layout where new ops go now (a later reshard's, if one sealed its shards too).
+    routing: Layout
+    #: The dead-letter stream for what cannot run there.
+    dead: str
+
+    async def forward_items(self, backend: Backend, taken: int, items: list[bytes]) -> None:
+        """Forward the ops of the first ``items`` of the inbox (its taken count: ``taken``),
+        dead-lettering what cannot run, then take the items out."""
+        letters: list[Sequence[str | bytes]] = []
+        for place, item in enumerate(items, taken + 1):
+            fields = item_fields(item) or {b"raw": item}
+            letters += await self.forward_ops(backend, f"inbox {place}", fields)
+        if letters:
+            raise_errors(await backend.pipeline(letters))
+        await backend.run_call(forwarded(self.keys, taken, len(items)))
+
+    async def forward_ops(
+        self, backend: Backend, name: str, fields: dict[bytes, bytes]
+    ) -> list[Sequence[str | bytes]]:
+        """Forward the ops of one stray entry (``name``: its stream id, or ``inbox <place>``);
+        the command that dead-letters what cannot run, if anything."""
+        try:
+            items = decode_entry(fields)
+        except MalformedEntry as exc:
+            items = [exc]
+        refused = [item for item in items if not _forwardable(item)]
+        for item in items:
+            if isinstance(item, Envelope) and _forwardable(item):
+                there = await forward(backend, item, self.routing)
+                log.warning(
+                    "op %s was pushed to shard %s after a reshard sealed it (a client routing"
+                    " by an old count, with a plain RPUSH): forwarded to shard %d of %d",
+                    item.op_id,
+                    _name(self.keys),
+                    there.shard,
+                    self.routing.shards,
+                )
+        if not refused:
+            return []
+        reason = "; ".join(_refusal(item) for item in refused)
+        letter = DeadLetterRecord(name, reason, entry_raw(fields))
+        log.error("stray entry %s of shard %s dead-lettered: %s", name, _name(self.keys), reason)
+        return [("XADD", self.dead, "*", *letter.fields())]
 
 
 def _name(keys: ShardKeys) -> str:
@@ -201,5 +220,5 @@ def _forwardable(item: Envelope | MalformedEntry) -> bool:
 
 def _refusal(item: Envelope | MalformedEntry) -> str:
     if isinstance(item, MalformedEntry):
-        return f"malformed, appended after a reshard retired its shard: {item.reason}"
-    return f"grant request {item.op_id} appended after a reshard retired its shard"
+        return f"malformed, appended after a reshard sealed its shard: {item.reason}"
+    return f"grant request {item.op_id} appended after a reshard sealed its shard"

@@ -542,19 +542,20 @@ async def _next_message(listener: Any) -> bytes:
 async def test_an_outcome_stored_past_a_seal_never_answers_an_op_of_the_new_layout(
     redis_url: str, namespace: str
 ) -> None:
-    """A client user reads the id of an op waiting in the new layout for the flip, and pushes
-    it past the seal of the op's old shard, with a plain RPUSH to its inbox (the submit script
-    refuses a sealed shard), with a key that routes elsewhere. The sealed shard refuses that
-    entry on the attacker's channel but stores nothing for it: after the flip, the new owner
-    finds no outcome of the op in the old layout, runs it, once, and its caller gets its own
-    outcome, not the refusal."""
+    """A client of an earlier release, whose user may XADD (the documented client user may only
+    push, and what it pushes to a sealed shard is forwarded from the inbox, never refused there),
+    reads the id of an op waiting in the new layout for the flip, and appends it past the seal
+    of the op's old shard, with a key that routes elsewhere. The sealed shard refuses that entry
+    on the attacker's channel but stores nothing for it: after the flip, the new owner finds no
+    outcome of the op in the old layout, runs it, once, and its caller gets its own outcome,
+    not the refusal."""
     with documented_users(redis_url) as users:
         async with _an_op_waiting_for_the_flip(users, namespace) as cut:
             channel = f"ks:{namespace}:reply:attacker"
             async with cut.attacker.pubsub() as listener:
                 await listener.subscribe(channel)
-                item = f"1\n{_misrouted(cut, channel)}"
-                await push_raw_item(cut.attacker, cut.old, item, wake=True)
+                users.admin.xadd(cut.old.stream, {"v": "1", "ops": _misrouted(cut, channel)})
+                await publish(cut.attacker, cut.old.wake_channel, "1")
                 ((op_id, refusal),) = decode_reply(await _next_message(listener))
             assert op_id == cut.op_id
             assert refusal["error"]["type"] == keyserial.MalformedOperation.wire_type
@@ -566,30 +567,24 @@ async def test_a_reply_of_an_older_layout_never_settles_a_submit(
     redis_url: str, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """The victim's op waits on shard 1 of the new layout, at place 4 of its inbox. A client
-    user pushes to the inbox of shard 1 of the old one (a plain RPUSH: the submit script
-    refuses a sealed shard), junk up to place 3, then, at the victim's own place, the op's id
-    with a key that routes elsewhere, and the victim's reply channel (it may no longer XADD
-    under the victim's entry id: NOPERM). The old owner's refusal is genuine, signed for the
-    victim, and names shard 1 and that place, but of the old layout: the client looks the op
-    up instead, finds nothing, and keeps waiting; after the flip the op runs once and its
-    caller gets its own outcome."""
+    of an earlier release, whose user may XADD (the documented client user may not: NOPERM;
+    what it pushes to a sealed shard is forwarded from the inbox, never refused there), appends
+    to the stream of shard 1 of the old one the op's id with a key that routes elsewhere, the
+    victim's reply channel and the victim's own place. The old owner's refusal is genuine,
+    signed for the victim, and names shard 1 and that place, but of the old layout: the client
+    looks the op up instead, finds nothing, and keeps waiting; after the flip the op runs once
+    and its caller gets its own outcome."""
     with documented_users(redis_url) as users:
         async with _an_op_waiting_for_the_flip(users, namespace, ahead=3) as cut:
             attacker, old = cut.attacker, cut.old
+            entry = {"v": "1", "ops": _misrouted(cut, cut.reply), "p": cut.place}
             with pytest.raises(redis.exceptions.NoPermissionError):
-                entry = {"v": "1", "ops": _misrouted(cut, cut.reply)}
                 await attacker.xadd(old.stream, entry)  # type: ignore[arg-type]
             async with attacker.pubsub() as listener:
                 # (Published by another slot's script, so with PUBLISH, even on a cluster.)
                 await listener.subscribe(cut.reply)
-                taken = int(await attacker.get(old.inbox_taken) or 0)
-                waiting = await attacker.llen(old.inbox)  # type: ignore[misc]
-                pushed = taken + int(waiting)  # (no client pushes here)
-                assert pushed < int(cut.place), "the old shard's places are ahead"
-                for n in range(pushed + 1, int(cut.place)):
-                    await push_raw_item(attacker, old, f"junk {n}")
-                item = f"1\n{_misrouted(cut, cut.reply)}"
-                assert await push_raw_item(attacker, old, item, wake=True) == int(cut.place)
+                users.admin.xadd(old.stream, entry)  # type: ignore[arg-type]
+                await publish(attacker, old.wake_channel, "1")
                 signed = await _next_message(listener)
             ((_, refusal),) = decode_reply(signed)
             assert "t" in json.loads(signed), "signed for the victim"
@@ -742,7 +737,9 @@ async def test_a_worker_that_takes_a_sealed_shard_over_forwards_what_follows_the
     poll a minute away; after a flip, a worker that has not noticed it yet) reads the shard's
     seal first: an op a stale client pushed past the seal (a plain RPUSH to the inbox: the
     submit script refuses a sealed shard) is forwarded to the new layout, never run where its
-    effects would be left behind."""
+    effects would be left behind. The dead owner took pushes, so the takeover counts every
+    entry it may have been pushed as fetched, but moves nothing of a sealed shard's inbox into
+    its stream: what waits there was pushed past the seal."""
     key = "victim"
     first = start(redis_url, namespace, shards="0-3")
     as_worker = await Backend.connect(redis_url)
@@ -752,6 +749,7 @@ async def test_a_worker_that_takes_a_sealed_shard_over_forwards_what_follows_the
             await ks.submit(key, apps.append(0))
             move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
             old = move.source.keys(shard_for(key, 4))
+            await eventually(lambda: takes_pushes(stale, old), timeout=15)
             await as_worker.run_call(record_move(move))
             await as_worker.run_call(seal(old, move))
             first.kill()
@@ -761,9 +759,25 @@ async def test_a_worker_that_takes_a_sealed_shard_over_forwards_what_follows_the
             there = move.target.keys(shard_for(key, 16))
             await eventually(lambda: _holds_op(stale, there, "past-the-seal"))
             assert await stale.hget(old.results, "past-the-seal") is None
+            await _never_moved_past_the_seal(stale, old)
     finally:
         await stale.aclose()
         await as_worker.aclose()
+
+
+async def _never_moved_past_the_seal(client: redis.asyncio.Redis, old: ShardKeys) -> None:
+    """Nothing was appended to the sealed shard's stream after its seal, and its inbox is
+    empty: what was pushed there past the seal went from the inbox to the new layout."""
+    seal_record = json.loads(await client.get(f"{old.tag}:sealed"))
+    last = "0-0"  # (a stream that never existed: every op came pushed and left no entry)
+    if await client.exists(old.stream):
+        last = (await client.xinfo_stream(old.stream))["last-generated-id"].decode()
+    assert last == seal_record["last"]
+    await eventually(lambda: _empty(client, old.inbox))
+
+
+async def _empty(client: redis.asyncio.Redis, key: str) -> bool:
+    return int(await client.llen(key)) == 0  # type: ignore[misc]
 
 
 async def _holds_op(client: redis.asyncio.Redis, shard: ShardKeys, op_id: str) -> bool:
@@ -779,11 +793,12 @@ async def test_a_worker_that_takes_a_sealed_idle_shard_over_forwards_a_push_past
     redis_url: str, namespace: str, client: redis.asyncio.Redis, start: Starter
 ) -> None:
     """The same takeover of a sealed shard, its stream and inbox empty: the new owner's replay
-    fetches no entry (a step reads the seal only with the entries it fetches), and the first
-    entry past the seal comes in its push, as ``submit.lua`` writes one (a client user may
-    ``RPUSH`` the item to the inbox and ``PUBLISH`` the push). The owner read the seal as it
-    took the shard over, so it takes no push in: it fetches the entry (moving it in from the
-    inbox) and forwards its op (one that kills the worker that runs it)."""
+    fetches no entry (a step reads the seal only with the entries it fetches, or with items it
+    leaves in the inbox), and the first entry past the seal comes in its push, as
+    ``submit.lua`` writes one (a client user may ``RPUSH`` the item to the inbox and
+    ``PUBLISH`` the push). The owner read the seal as it took the shard over, so it takes no
+    push in: its next step leaves the item in the inbox, and it forwards the item's op from
+    there (one that kills the worker that runs it)."""
     key = "victim"
     move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
     old = move.source.keys(shard_for(key, 4))
@@ -1190,10 +1205,11 @@ async def test_an_owner_that_has_not_heard_of_its_seal_forwards_what_follows_it(
     redis_url: str, namespace: str
 ) -> None:
     """The seal is written and no wake-up says so (lost, or late): the old shard's owner,
-    polling once in 30 s, fetches an op a stale client pushed past the seal (a plain RPUSH to
-    the inbox: the submit script refuses a sealed shard), woken by the client's own wake-up
-    (its place). The step moves it in and reads the seal with the entries: the op is forwarded
-    to the new layout, not run where, after the flip, nobody would read its effect."""
+    polling once in 30 s, is woken by a stale client's own wake-up (its place) for an op it
+    pushed past the seal (a plain RPUSH to the inbox: the submit script refuses a sealed
+    shard). The step leaves the item in the inbox and reads the seal: the op is forwarded to
+    the new layout from the inbox, not run where, after the flip, nobody would read its
+    effect, and never moved into the old stream, where a client user could read its id."""
     key = keys_on_shard(1, 16, 1, "late")[0]  # (shard 1 of 16, so of 4 too)
     move = Move(Layout(namespace, 4), Layout(namespace, 16, 1))
     old, new = move.source.keys(1), move.target.keys(1)
@@ -1217,6 +1233,7 @@ async def test_an_owner_that_has_not_heard_of_its_seal_forwards_what_follows_it(
             await eventually(lambda: _holds_op(client, new, "past-the-seal"))
             assert runner.sealed
             assert json.loads(await client.hget(old.state, key)) == [0]
+            await _never_moved_past_the_seal(client, old)
     finally:
         await client.aclose()
         await backend.aclose()

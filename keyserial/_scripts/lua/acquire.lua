@@ -13,6 +13,7 @@
 --          by it (any may have been pushed to it and run); dropped here, so that it only ever
 --          names the current owner
 -- KEYS[14] the shard's inbox      KEYS[15] the inbox's taken count
+-- KEYS[16] the shard's seal (a sealed shard's inbox holds strays, never moved in)
 -- ARGV[1]  the new owner's token   ARGV[2]  lease TTL (ms)   ARGV[3]  strikes before dead-letter
 -- ARGV[4]  the attempt id (unique per attempt, the same when the call is sent again)
 -- Returns {milliseconds} when the lease is held by someone else: how long it lives unless renewed
@@ -121,7 +122,7 @@ local epoch = redis.call('INCR', KEYS[2])
 local progress = redis.call('GET', KEYS[3]) or '0-0'
 local horizon = redis.call('GET', KEYS[4])
 if redis.call('GET', KEYS[13]) == tostring(epoch - 1) then
-  horizon = fold_pushes(KEYS[4], KEYS[6], KEYS[14], KEYS[15])
+  horizon = fold_pushes(KEYS[4], KEYS[6], KEYS[14], KEYS[15], KEYS[16])
 end
 redis.call('DEL', KEYS[13])
 local since = redis.call('GET', KEYS[10]) or ''

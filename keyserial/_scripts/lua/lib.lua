@@ -123,9 +123,13 @@ end
 -- of the owner's recorded them: every item of the inbox is moved into the stream, and the horizon
 -- (the last entry the owner may have taken) raised to the last entry there, so that whatever
 -- reads it next (a release, a takeover) treats every entry the owner could have been pushed as
--- fetched. Returns the horizon, or nil.
-local function fold_pushes(horizon_key, stream_key, inbox_key, taken_key)
-  move_inbox(inbox_key, taken_key, stream_key)
+-- fetched. Not on a sealed shard: its seal moved the inbox in, and no item pushed since was
+-- taken (a step refuses pushes there); they are strays, forwarded from the inbox, where a
+-- client user cannot read their op ids. Returns the horizon, or nil.
+local function fold_pushes(horizon_key, stream_key, inbox_key, taken_key, sealed_key)
+  if redis.call('EXISTS', sealed_key) == 0 then
+    move_inbox(inbox_key, taken_key, stream_key)
+  end
   local horizon = redis.call('GET', horizon_key)
   local last = redis.call('XREVRANGE', stream_key, '+', '-', 'COUNT', 1)[1]
   if last and (not horizon or id_gt(last[1], horizon)) then

@@ -9,7 +9,7 @@
 --   failed ('0', the runner crashed on something): as after a crash, the first unfinished op is
 --     suspected and takes a strike, so data that kills runners is dead-lettered in the end.
 -- If the owner took pushed entries (see submit.lua), every entry in the stream (its inbox moved
--- in first) counts as fetched
+-- in first, unless the shard is sealed) counts as fetched
 -- (a drain that gave up may have left one running that no step recorded yet), and the record
 -- that it takes pushes is dropped, so that a takeover counts nothing appended after the release.
 -- The epoch moves on with the release: every late write of the releasing owner (a step still
@@ -18,6 +18,7 @@
 -- KEYS[1]  lease      KEYS[2]  horizon      KEYS[3]  handover
 -- KEYS[4]  the epoch of the owner that takes pushed entries      KEYS[5]  stream
 -- KEYS[6]  epoch      KEYS[7]  inbox      KEYS[8]  the inbox's taken count
+-- KEYS[9]  the shard's seal (a sealed shard's inbox holds strays, never moved in)
 -- ARGV[1]  the owner's token      ARGV[2]  '1' clean, '0' failed
 -- Returns 1 if released, 0 if the lease was not the caller's.
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
@@ -27,7 +28,7 @@ redis.call('DEL', KEYS[1])
 redis.call('INCR', KEYS[6])
 local horizon = redis.call('GET', KEYS[2])
 if redis.call('DEL', KEYS[4]) == 1 then
-  horizon = fold_pushes(KEYS[2], KEYS[5], KEYS[7], KEYS[8])
+  horizon = fold_pushes(KEYS[2], KEYS[5], KEYS[7], KEYS[8], KEYS[9])
 end
 if ARGV[2] == '1' and horizon then
   redis.call('SET', KEYS[3], horizon)

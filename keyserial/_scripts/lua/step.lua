@@ -90,7 +90,7 @@
 -- asked to fetch, else {}; otherwise {entries, done, states, seal, paused, skipped, moved,
 -- taken}: entries as XRANGE returns them;
 -- done = {op id, outcome, ...}; states = {key, JSON state or '', ...}; seal = the seal record when
--- entries were fetched and the shard is sealed, else false; paused = the shard's paused hash
+-- entries were fetched, or items wait in the inbox, and the shard is sealed, else false; paused = the shard's paused hash
 -- (HGETALL) when entries were fetched. (Both read with the entries: an owner that has not heard
 -- of a seal or a pause yet judges every fetched entry by it.) skipped = the fields of the part 6
 -- holds not recorded; moved = the ids of the entries the pushed items of ARGV[13] became, in
@@ -432,8 +432,10 @@ if ARGV[6] == '1' then
   multi('HDEL', KEYS[13], released_first, released_first + n_released - 1)
 end
 
--- Fetch (moving in up to as many more items first), then set progress, horizon and who takes
--- pushes (in one command), and trim.
+-- Fetch (moving in up to as many more items first, unless the shard is sealed: its seal moved
+-- in what was pushed before it, and what a client pushed since with a plain RPUSH is a stray its
+-- owner forwards from the inbox, where a client user cannot read its op id), then set progress,
+-- horizon and who takes pushes (in one command), and trim.
 local last_kept = nil  -- (the last pushed item moved into the stream)
 for i = #moved, 1, -1 do
   if moved[i] ~= '' then
@@ -444,10 +446,16 @@ end
 local cursor = last_kept or ARGV[4]
 local entries, done, states = {}, {}, {}
 local fetching = tonumber(ARGV[5]) > 0
+local strays_seal = false  -- (the seal, where it leaves items in the inbox to forward)
 if fetching then
-  local _
-  _, taken = move_items(KEYS[14], KEYS[15], KEYS[4],
-    redis.call('LRANGE', KEYS[14], 0, tonumber(ARGV[5]) - 1), taken)
+  local items = redis.call('LRANGE', KEYS[14], 0, tonumber(ARGV[5]) - 1)
+  if #items > 0 then
+    strays_seal = redis.call('GET', KEYS[11]) or false
+  end
+  if #items > 0 and not strays_seal then
+    local _
+    _, taken = move_items(KEYS[14], KEYS[15], KEYS[4], items, taken)
+  end
   entries = xrange_after(KEYS[4], cursor, '+', ARGV[5])
 end
 local horizon = nil
@@ -509,8 +517,8 @@ if fetching and not taken then
   taken = tonumber(redis.call('GET', KEYS[15]) or '0')
 end
 if #entries == 0 then
-  if #skipped > 0 or #moved > 0 then
-    return {{}, {}, {}, false, {}, skipped, moved, taken or false}
+  if #skipped > 0 or #moved > 0 or strays_seal then
+    return {{}, {}, {}, strays_seal, {}, skipped, moved, taken or false}
   end
   return taken or {}  -- (seven empty parts cost the reply's conversion about a microsecond more)
 end
