@@ -2564,6 +2564,24 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "sealed-strays-dead-lettered-behind",
+        "G11.4",
+        "a sealed shard dead-letters what a stale client pushed past its seal in its own dead"
+        " letters, which the mover may have copied to the new layout already: nobody lists them",
+        (
+            Edit(
+                "keyserial/_worker/draining.py",
+                "        strays = Strays(self._keys, target, heir.dead)\n",
+                "        strays = Strays(self._keys, target, self._keys.dead)\n",
+            ),
+        ),
+        (
+            _RESHARD
+            + "test_an_owner_that_has_not_heard_of_its_seal_forwards_what_follows_it"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
         "forwarded-takes-whatever-taken",
         "G11.4",
         "forwarded.lua takes items out of a retired shard's inbox whatever its taken count: a"

@@ -138,7 +138,11 @@ class Drain:
 
     async def _forward_inbox(self) -> None:
         assert self.seal is not None
-        strays = Strays(self._keys, self.seal.target, self._keys.dead)
+        target = self.seal.target
+        # (What cannot run goes to the dead letters of the shard's heir in the new layout, as
+        # after the flip: the mover may have copied this shard's dead letters there already.)
+        heir = target.keys(self._keys.shard % target.shards)
+        strays = Strays(self._keys, target, heir.dead)
         try:
             async with self._forwarding:
                 while await self._retrying(lambda: forward_inbox(self._backend, strays)):

@@ -1229,11 +1229,17 @@ async def test_an_owner_that_has_not_heard_of_its_seal_forwards_what_follows_it(
             assert not runner.sealed
             envelope = {"id": "past-the-seal", "key": key, "op": "append", "args": [1]}
             place = await push_raw_item(client, old, inbox_item([envelope], fresh=False))
+            await push_raw_item(client, old, "no form at all")
             await publish(client, old.wake_channel, str(place))
             await eventually(lambda: _holds_op(client, new, "past-the-seal"))
             assert runner.sealed
             assert json.loads(await client.hget(old.state, key)) == [0]
             await _never_moved_past_the_seal(client, old)
+            # (What cannot run goes where the heir's would after the flip: the mover copies
+            # the old shards' dead letters to the new layout before it.)
+            letters = await client.xrange(new.dead)
+            assert [fields[b"entry"] for _, fields in letters] == [f"inbox {place + 1}".encode()]
+            assert await client.xlen(old.dead) == 0
     finally:
         await client.aclose()
         await backend.aclose()
