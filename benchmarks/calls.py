@@ -22,6 +22,8 @@ counts once per resumption (cProfile's count), so an ``await`` that suspends add
 ``--by-module N`` adds, per op kind, the N modules the workers' Python calls per op go to most:
 keyserial's by their path in the repository, the standard library's and third-party code by
 package (``asyncio``, ``redis``), dataclasses' generated ``__init__`` functions apart.
+``--by-function N`` adds the N functions they go to most, each named by its module, the line
+it starts on and its name.
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ def save_calls(profiler: cProfile.Profile, out: Path) -> None:
     """Save the profile's calls, of Python functions and of functions written in C, each
     function counted apart (``pstats`` keys functions by file, line and name, and keeps one of
     those that share them, such as every dataclass's generated ``__init__``); and, next to
-    ``out`` (:func:`modules_file`), the Python calls summed by module (:func:`module_calls`)."""
+    ``out`` (:func:`modules_file`), the Python calls summed by module (:func:`module_calls`) and
+    by function (:func:`function_calls`)."""
     entries = profiler.getstats()
     python = c = 0
     for entry in entries:
@@ -90,12 +93,29 @@ def save_calls(profiler: cProfile.Profile, out: Path) -> None:
             python += entry.callcount
     # (The modules first: ``out`` appearing tells the parent both are written.)
     modules_file(out).write_text(json.dumps(module_calls(entries)))
+    functions_file(out).write_text(json.dumps(function_calls(entries)))
     out.write_text(json.dumps({"python": python, "c": c}))
 
 
 def modules_file(out: Path) -> Path:
     """Where :func:`save_calls` saves the per-module sums of the profile it saves to ``out``."""
     return out.with_name(f"{out.stem}.modules.json")
+
+
+def functions_file(out: Path) -> Path:
+    """Where :func:`save_calls` saves the per-function counts of the profile it saves to ``out``."""
+    return out.with_name(f"{out.stem}.functions.json")
+
+
+def function_calls(entries: Iterable[profiler_entry]) -> dict[str, int]:
+    """The calls of each Python function, named ``<module> :<line> <name>`` (:func:`module_of`;
+    the line its code starts on)."""
+    calls: Counter[str] = Counter()
+    for entry in entries:
+        code = entry.code
+        if not isinstance(code, str):
+            calls[f"{module_of(code)} :{code.co_firstlineno} {code.co_name}"] += entry.callcount
+    return dict(calls)
 
 
 def module_calls(entries: Iterable[profiler_entry]) -> dict[str, int]:
@@ -140,9 +160,18 @@ def _package(parts: Sequence[str]) -> str:
 
 def per_module(saved: Sequence[Path], ops: int) -> dict[str, float]:
     """The Python calls per op by module of the processes that saved ``saved``, summed."""
+    return _per_op(map(modules_file, saved), ops)
+
+
+def per_function(saved: Sequence[Path], ops: int) -> dict[str, float]:
+    """The Python calls per op by function of the processes that saved ``saved``, summed."""
+    return _per_op(map(functions_file, saved), ops)
+
+
+def _per_op(files: Iterable[Path], ops: int) -> dict[str, float]:
     total: Counter[str] = Counter()
-    for out in saved:
-        total.update(json.loads(modules_file(out).read_text()))
+    for found in files:
+        total.update(json.loads(found.read_text()))
     return {name: calls / ops for name, calls in total.items()}
 
 
@@ -220,9 +249,9 @@ async def _load(url: str, op: str, accounts: int, ops: int, workers: list[int], 
 
 def _measure(
     kind: str, accounts: int, ops: int, folder: Path
-) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
     """One kind's calls per op: of its workers (summed) and of its client; and its workers'
-    Python calls per op by module."""
+    Python calls per op by module and by function (under ``"module"`` and ``"function"``)."""
     worker_count, op, cluster = KINDS[kind]
     with LocalCluster(masters=3, replicas=0) if cluster else LocalServer() as server:
         url = server.url
@@ -250,7 +279,7 @@ def _measure(
             "workers": summed([counts(out, ops) for out in outs]),
             "client": counts(client_out, ops),
         }
-        return figures, per_module(outs, ops)
+        return figures, {"module": per_module(outs, ops), "function": per_function(outs, ops)}
 
 
 # -- the table ------------------------------------------------------------------------------
@@ -296,10 +325,12 @@ def markdown(rows: list[dict[str, Any]], command: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def module_tables(modules: dict[str, dict[str, float]], largest: int) -> list[dict[str, Any]]:
-    """Per op kind measured, the ``largest`` modules by the workers' Python calls per op, and
-    the calls per op of all of them (a transfer between workers derived as in :func:`rows_of`,
-    if the one-worker transfer was measured too)."""
+def module_tables(
+    modules: dict[str, dict[str, float]], largest: int, unit: str = "module"
+) -> list[dict[str, Any]]:
+    """Per op kind measured, the ``largest`` modules (or functions: ``unit``) by the workers'
+    Python calls per op, and the calls per op of all of them (a transfer between workers
+    derived as in :func:`rows_of`, if the one-worker transfer was measured too)."""
     tables = []
     for kind in modules:
         heading, figures, total = _module_figures(kind, modules)
@@ -308,8 +339,8 @@ def module_tables(modules: dict[str, dict[str, float]], largest: int) -> list[di
             {
                 "kind": heading,
                 "python": round(total, 1),
-                "modules": len(figures),
-                "rows": [{"module": name, "python": round(calls, 1)} for name, calls in ranked],
+                f"{unit}s": len(figures),
+                "rows": [{unit: name, "python": round(calls, 1)} for name, calls in ranked],
             }
         )
     return tables
@@ -337,18 +368,18 @@ def _module_figures(
     return f"transfer between workers (derived: the {share:.0%} that cross)", derived, total
 
 
-def modules_markdown(tables: list[dict[str, Any]]) -> str:
+def modules_markdown(tables: list[dict[str, Any]], unit: str = "module") -> str:
     """A table per kind of :func:`module_tables`, with how much of the kind its rows hold."""
     lines = []
     for table in tables:
         lines += [
-            f"### {table['kind']}: the workers' Python calls per op by module",
+            f"### {table['kind']}: the workers' Python calls per op by {unit}",
             "",
-            "| module | worker Python calls/op |",
+            f"| {unit} | worker Python calls/op |",
             "|---|---:|",
-            *(f"| `{row['module']}` | {row['python']:,} |" for row in table["rows"]),
+            *(f"| `{row[unit]}` | {row['python']:,} |" for row in table["rows"]),
             "",
-            f"The {len(table['rows'])} largest of {table['modules']} modules:"
+            f"The {len(table['rows'])} largest of {table[unit + 's']} {unit}s:"
             f" {sum(row['python'] for row in table['rows']):,.1f} of {table['python']:,} calls"
             " per op.",
             "",
@@ -377,19 +408,29 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N",
         help="also print, per op kind, the N modules with the most worker Python calls per op",
     )
+    parser.add_argument(
+        "--by-function",
+        type=int,
+        metavar="N",
+        help="also print, per op kind, the N functions with the most worker Python calls per op",
+    )
     args = parser.parse_args(argv)
     kinds = [kind.strip() for kind in args.kinds.split(",")]
     unknown = [kind for kind in kinds if kind not in KINDS]
     if unknown:
         parser.error(f"unknown op kind(s) {unknown}; choose from {list(KINDS)}")
-    if args.by_module is not None and args.by_module < 1:
-        parser.error("--by-module takes a number of modules, 1 or more")
-    measured, modules = _measure_kinds(kinds, args.accounts, args.ops)
+    for flag, value in (("--by-module", args.by_module), ("--by-function", args.by_function)):
+        if value is not None and value < 1:
+            parser.error(f"{flag} takes a number of rows, 1 or more")
+    measured, grouped = _measure_kinds(kinds, args.accounts, args.ops)
     command = "python -m benchmarks.calls " + " ".join(argv)
     text = markdown(rows_of(measured), command.strip())
-    tables = module_tables(modules, args.by_module) if args.by_module else []
-    if tables:
-        text += "\n" + modules_markdown(tables)
+    tables: dict[str, list[dict[str, Any]]] = {}
+    for unit, largest in (("module", args.by_module), ("function", args.by_function)):
+        if largest:
+            by_kind = {kind: groups[unit] for kind, groups in grouped.items()}
+            tables[unit] = module_tables(by_kind, largest, unit)
+            text += "\n" + modules_markdown(tables[unit], unit)
     print(text)
     if args.out is not None:
         _write(args.out, text, rows_of(measured), tables)
@@ -398,24 +439,28 @@ def main(argv: list[str] | None = None) -> int:
 
 def _measure_kinds(
     kinds: list[str], accounts: int, ops: int
-) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, float]]]:
-    """The kinds' calls per op (:func:`_measure`), in :data:`KINDS`' order, and by module."""
+) -> tuple[dict[str, dict[str, dict[str, float]]], dict[str, dict[str, dict[str, float]]]]:
+    """The kinds' calls per op (:func:`_measure`), in :data:`KINDS`' order, and by module and
+    by function."""
     measured: dict[str, dict[str, dict[str, float]]] = {}
-    modules: dict[str, dict[str, float]] = {}
+    grouped: dict[str, dict[str, dict[str, float]]] = {}
     for kind in KINDS:
         if kind in kinds:
             with tempfile.TemporaryDirectory() as folder:
-                measured[kind], modules[kind] = _measure(kind, accounts, ops, Path(folder))
-    return measured, modules
+                measured[kind], grouped[kind] = _measure(kind, accounts, ops, Path(folder))
+    return measured, grouped
 
 
-def _write(out: Path, text: str, rows: list[dict[str, Any]], tables: list[dict[str, Any]]) -> None:
-    """``calls.md``, ``calls.json`` and, with ``--by-module``, ``calls-by-module.json``."""
+def _write(
+    out: Path, text: str, rows: list[dict[str, Any]], tables: dict[str, list[dict[str, Any]]]
+) -> None:
+    """``calls.md``, ``calls.json`` and, with ``--by-module`` or ``--by-function``,
+    ``calls-by-module.json`` or ``calls-by-function.json``."""
     out.mkdir(parents=True, exist_ok=True)
     (out / "calls.md").write_text(text)
     (out / "calls.json").write_text(json.dumps(rows, indent=2) + "\n")
-    if tables:
-        (out / "calls-by-module.json").write_text(json.dumps(tables, indent=2) + "\n")
+    for unit, unit_tables in tables.items():
+        (out / f"calls-by-{unit}.json").write_text(json.dumps(unit_tables, indent=2) + "\n")
 
 
 if __name__ == "__main__":

@@ -639,10 +639,11 @@ def test_the_calls_table_counts_each_kind_s_python_and_c_calls_per_op(tmp_path: 
 @pytest.mark.slow
 def test_the_calls_by_module_tables_split_a_kind_s_worker_python_calls(tmp_path: Path) -> None:
     """``benchmarks.calls --by-module N``: the N modules with the most worker Python calls per
-    op, largest first, out of all the modules, which sum to the kind's Python calls per op."""
+    op, largest first, out of all the modules, which sum to the kind's Python calls per op;
+    ``--by-function N`` the same by function."""
     command = [
         sys.executable, "-m", "benchmarks.calls", "--ops", "400", "--accounts", "300",
-        "--kinds", "single key", "--by-module", "6", "--out", str(tmp_path),
+        "--kinds", "single key", "--by-module", "6", "--by-function", "8", "--out", str(tmp_path),
     ]  # fmt: skip
     completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr[-4000:]
@@ -657,6 +658,14 @@ def test_the_calls_by_module_tables_split_a_kind_s_worker_python_calls(tmp_path:
     text = (tmp_path / "calls.md").read_text()
     assert "### single key: the workers' Python calls per op by module" in text
     assert "| `keyserial/_worker/runner.py` | " in text
+    [by_function] = json.loads((tmp_path / "calls-by-function.json").read_text())
+    figures = [row["python"] for row in by_function["rows"]]
+    assert len(figures) == 8 < by_function["functions"]
+    assert figures == sorted(figures, reverse=True) and figures[-1] > 0
+    assert abs(by_function["python"] - single["workers"]["python"]) <= 0.1
+    names = [row["function"] for row in by_function["rows"]]
+    assert any(name.startswith("keyserial/_worker/runner.py :") for name in names), names
+    assert "### single key: the workers' Python calls per op by function" in text
 
 
 def test_the_calls_by_module_names_a_function_s_module() -> None:
