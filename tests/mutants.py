@@ -2501,7 +2501,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "G11.4",
         "a sealed shard's step moves what a stale client pushed past the seal into the old"
         " stream before it is forwarded: a client user reads its op id there and takes it ahead",
-        (Edit(_STEP, "  if #items > 0 and not strays_seal then\n", "  if #items > 0 then\n"),),
+        (Edit(_STEP, "  if #items > 0 and not seal then\n", "  if #items > 0 then\n"),),
         (
             _RESHARD
             + "test_an_owner_that_has_not_heard_of_its_seal_forwards_what_follows_it"
@@ -2534,7 +2534,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 _STEP,
-                "  if #skipped > 0 or #moved > 0 or strays_seal then\n",
+                "  if #skipped > 0 or #moved > 0 or seal then\n",
                 "  if #skipped > 0 or #moved > 0 then\n",
             ),
         ),
@@ -2571,7 +2571,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 "keyserial/_worker/draining.py",
-                "        strays = Strays(self._keys, target, heir.dead)\n",
+                "        strays = Strays.of(self._keys, target, target)\n",
                 "        strays = Strays(self._keys, target, self._keys.dead)\n",
             ),
         ),

@@ -141,8 +141,7 @@ class Drain:
         target = self.seal.target
         # (What cannot run goes to the dead letters of the shard's heir in the new layout, as
         # after the flip: the mover may have copied this shard's dead letters there already.)
-        heir = target.keys(self._keys.shard % target.shards)
-        strays = Strays(self._keys, target, heir.dead)
+        strays = Strays.of(self._keys, target, target)
         try:
             async with self._forwarding:
                 while await self._retrying(lambda: forward_inbox(self._backend, strays)):

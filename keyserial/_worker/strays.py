@@ -11,7 +11,7 @@ heir, shard ``old % M`` of the live layout, does, every ``idle_poll``. An op for
 workers, or a crash between the push and the take) still runs once: its id finds the first
 one's outcome, here or in a layout before (the runner looks there for twice ``result_ttl``). An
 item that is malformed, or that asks for a grant (no op of an old layout is under way to have
-sent it), goes to dead letters instead (the sealed shard's, or the heir's). Entries of a
+sent it), goes to the heir's dead letters instead, before the flip as after it. Entries of a
 retired stream past the one it was recorded drained through (appended to the stream itself)
 are forwarded the same way, and deleted.
 """
@@ -114,7 +114,7 @@ async def _retired(backend: Backend, record: LayoutRecord) -> list[Retired]:
         if drained is None:  # (a reshard flips once every old shard recorded it drained)
             log.warning("retired shard %s was never drained: its strays stay", _name(keys))
             continue
-        retired.append(Retired(keys, drained.through, keys.shard % record.live.shards))
+        retired.append(Retired(keys, drained.through, heir(keys.shard, record.live)))
     return retired
 
 
@@ -134,15 +134,19 @@ async def _forward_pass(backend: Backend, settings: Settings, shards: Sequence[R
     record = await backend.layout_record(settings.namespace)
     if record is None:
         return
-    for shard, taken, items in pushed:
+    for (shard, taken, items), found in zip(pushed, entries, strict=True):
+        strays = Strays.of(shard.keys, record.routing, record.live)
         if items:
-            strays = Strays(shard.keys, record.routing, record.live.keys(shard.heir).dead)
             await strays.forward_items(backend, int(taken or 0), items)
-    for shard, found in zip(shards, entries, strict=True):
-        strays = Strays(shard.keys, record.routing, record.live.keys(shard.heir).dead)
         for entry_id, fields in found:
             letters = await strays.forward_ops(backend, entry_id.decode(), fields)
             raise_errors(await backend.pipeline([*letters, ("XDEL", shard.keys.stream, entry_id)]))
+
+
+def heir(shard: int, live: Layout) -> int:
+    """The shard of ``live`` whose owner forwards an old shard's strays after the flip, and
+    whose dead letters take those that cannot run (before the flip too)."""
+    return shard % live.shards
 
 
 def _inbox_reads(keys: ShardKeys) -> list[Sequence[str | int]]:
@@ -169,6 +173,12 @@ class Strays:
     routing: Layout
     #: The dead-letter stream for what cannot run there.
     dead: str
+
+    @classmethod
+    def of(cls, keys: ShardKeys, routing: Layout, live: Layout) -> Strays:
+        """The strays of old shard ``keys``, going where ``routing`` routes them, and to the dead
+        letters of its :func:`heir` in ``live`` if they cannot run."""
+        return cls(keys, routing, live.keys(heir(keys.shard, live)).dead)
 
     async def forward_items(self, backend: Backend, taken: int, items: list[bytes]) -> None:
         """Forward the ops of the first ``items`` of the inbox (its taken count: ``taken``),

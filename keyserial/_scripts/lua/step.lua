@@ -90,8 +90,8 @@
 -- asked to fetch, else {}; otherwise {entries, done, states, seal, paused, skipped, moved,
 -- taken}: entries as XRANGE returns them;
 -- done = {op id, outcome, ...}; states = {key, JSON state or '', ...}; seal = the seal record when
--- entries were fetched, or items wait in the inbox, and the shard is sealed, else false; paused = the shard's paused hash
--- (HGETALL) when entries were fetched. (Both read with the entries: an owner that has not heard
+-- entries were fetched, or items wait in the inbox, and the shard is sealed, else false; paused =
+-- the shard's paused hash (HGETALL) when entries were fetched. (Both read with the entries: an owner that has not heard
 -- of a seal or a pause yet judges every fetched entry by it.) skipped = the fields of the part 6
 -- holds not recorded; moved = the ids of the entries the pushed items of ARGV[13] became, in
 -- order ('' for one not kept); taken = the inbox's taken count after the step (false if it neither moved nor fetched).
@@ -446,13 +446,13 @@ end
 local cursor = last_kept or ARGV[4]
 local entries, done, states = {}, {}, {}
 local fetching = tonumber(ARGV[5]) > 0
-local strays_seal = false  -- (the seal, where it leaves items in the inbox to forward)
+local seal = nil  -- (the seal record, read at most once a step: false where there is none)
 if fetching then
   local items = redis.call('LRANGE', KEYS[14], 0, tonumber(ARGV[5]) - 1)
   if #items > 0 then
-    strays_seal = redis.call('GET', KEYS[11]) or false
+    seal = redis.call('GET', KEYS[11])
   end
-  if #items > 0 and not strays_seal then
+  if #items > 0 and not seal then
     local _
     _, taken = move_items(KEYS[14], KEYS[15], KEYS[4], items, taken)
   end
@@ -517,8 +517,8 @@ if fetching and not taken then
   taken = tonumber(redis.call('GET', KEYS[15]) or '0')
 end
 if #entries == 0 then
-  if #skipped > 0 or #moved > 0 or strays_seal then
-    return {{}, {}, {}, strays_seal, {}, skipped, moved, taken or false}
+  if #skipped > 0 or #moved > 0 or seal then
+    return {{}, {}, {}, seal or false, {}, skipped, moved, taken or false}
   end
   return taken or {}  -- (seven empty parts cost the reply's conversion about a microsecond more)
 end
@@ -605,5 +605,7 @@ for i, state in ipairs(hmget(KEYS[2], keys)) do
   states[#states + 1] = keys[i]
   states[#states + 1] = state or ''
 end
-return {entries, done, states, redis.call('GET', KEYS[11]), redis.call('HGETALL', KEYS[12]),
-  skipped, moved, taken or false}
+if seal == nil then
+  seal = redis.call('GET', KEYS[11])
+end
+return {entries, done, states, seal, redis.call('HGETALL', KEYS[12]), skipped, moved, taken or false}
