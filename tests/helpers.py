@@ -180,6 +180,16 @@ def free_closed_port() -> int:
     return free_port()
 
 
+def lends(url: str) -> bool:
+    """Whether workers on the server at ``url`` lend their grants (a standalone server: the
+    home's step writes a participant's keys itself) rather than record them (a cluster)."""
+    client = redis.Redis.from_url(url)
+    try:
+        return not client.info("cluster").get("cluster_enabled")
+    finally:
+        client.close()
+
+
 def keys_on_shard(shard: int, shard_count: int, count: int, prefix: str = "key") -> list[str]:
     """``count`` resource keys that route to ``shard``."""
     keys: list[str] = []

@@ -75,6 +75,7 @@ _STANDALONE = "[standalone]"
 _RESHARD = "tests/reshard/test_reshard.py::"
 _SHARD = "keyserial/_worker/runner.py"
 _COORDINATOR = "keyserial/_worker/crossshard/coordinator.py"
+_PARTICIPANT = "keyserial/_worker/crossshard/participant.py"
 _RACES = "tests/crossshard/test_cross_shard_races.py::"
 _GRANTS = "tests/crossshard/test_grant_requests.py::"
 _DEFAULT = "tests/project/test_default_server.py::"
@@ -160,6 +161,72 @@ MUTANTS: tuple[Mutant, ...] = (
             "tests/crossshard/test_cross_shard.py::"
             "test_a_participant_shard_changing_hands_mid_op_lands_the_op_once"
             "[while the op runs]",
+            _XS
+            + "test_a_participant_that_lost_its_shard_after_a_lent_grant_refuses_the_home_s_step"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "lent-writes-left-out",
+        "G5.1",
+        "the home's step commits a decision without the writes of the shards that lent their"
+        " keys (their owners cache the writes from the notice, Redis never has them)",
+        (Edit(_COORDINATOR, "        if attempt.lent:\n", "        if False:\n"),),
+        (
+            "tests/crossshard/test_cross_shard.py::"
+            "test_signed_grants_and_decisions_are_taken_without_reading_their_records"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "lent-decision-applied-whatever-its-grant",
+        "G5.18",
+        "a participant that lent its keys takes a decision's writes into its cache though the"
+        " decision names another grant (a captured request replayed after its attempt was"
+        " decided: the old writes undo what ran on the key since)",
+        (
+            Edit(
+                _PARTICIPANT,
+                "            and decision.lent.get(home.shard) == grant.fence\n",
+                "            and True\n",
+            ),
+        ),
+        (
+            _GRANTS
+            + "test_a_request_replayed_after_its_part_was_applied_holds_nothing"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "lent-grant-never-sent-again",
+        "G5.17",
+        "a participant holding keys under a lent grant ignores the coordinator's request sent"
+        " again (the first grant's message lost: the coordinator waits for ever)",
+        (
+            Edit(
+                _PARTICIPANT,
+                "            self.granted(request, run.grant, None)\n",
+                "            pass\n",
+            ),
+        ),
+        (_GRANTS + "test_a_request_replayed_while_its_attempt_is_held_is_ignored" + _STANDALONE,),
+    ),
+    Mutant(
+        "lent-grant-before-its-keys-commit",
+        "G5.1",
+        "a participant lends keys whose earlier writes or outcomes have not committed yet",
+        (
+            Edit(
+                _PARTICIPANT,
+                "        return not self._services.home.states.all_committed(",
+                "        return False and not self._services.home.states.all_committed(",
+            ),
+        ),
+        tuple(
+            _GRANTS
+            + "test_a_lent_grant_goes_out_only_once_its_keys_earlier_writes_have_committed"
+            + f"[{earlier}]"
+            for earlier in ("write", "outcome")
         ),
     ),
     Mutant(
@@ -1624,10 +1691,8 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 _SHARD,
-                "        if part_id(request.op_id, request.home, request.attempt)"
-                " in self._running:\n"
-                "            return\n",
-                "",
+                "            self._cross.request_again(run, request)\n            return\n",
+                "            pass\n",
             ),
         ),
         (_GRANTS + "test_a_request_replayed_while_its_attempt_is_held_is_ignored" + _STANDALONE,),

@@ -6,7 +6,7 @@ readable by workers of other versions during a rolling deploy).
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 #: A coordination message, as it travels: a grant request ("q"), a grant ("g") or a decision
@@ -91,9 +91,13 @@ class KeyGrant:
     #: The op's home shard (-1 from a worker that sends none): a takeover of the participant
     #: shard reads its attempt's decision there.
     home: int = -1
+    #: A *lent* grant's (on a standalone server): the participant owner's epoch, which fences
+    #: the home's step that writes the keys itself. None: the participant recorded a hold and
+    #: applies the decision with its own step (a cluster).
+    epoch: int | None = None
 
     def to_wire(self) -> Wire:
-        return {
+        wire: Wire = {
             "t": "g",
             "op": self.op_id,
             "a": self.attempt,
@@ -103,11 +107,14 @@ class KeyGrant:
             "c": self.channel,
             "h": self.home,
         }
+        if self.epoch is not None:
+            wire["e"] = self.epoch
+        return wire
 
     @classmethod
     def from_wire(cls, message: Mapping[str, Any]) -> KeyGrant:
         try:
-            fence, home = message.get("f"), message.get("h", -1)
+            fence, home, epoch = message.get("f"), message.get("h", -1), message.get("e")
             return cls(
                 str(message["op"]),
                 int(message["a"]),
@@ -116,6 +123,7 @@ class KeyGrant:
                 fence if isinstance(fence, int) else None,
                 str(message["c"]),
                 home if type(home) is int else -1,
+                epoch if type(epoch) is int else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise MalformedMessage(f"bad grant {dict(message)!r}") from exc
@@ -129,6 +137,9 @@ class Decision:
     writes: dict[int, list[tuple[str, str]]]
     #: Why the attempt was aborted (None: it committed).
     aborted: str | None = None
+    #: shard -> the fence of its lent grant (see :attr:`KeyGrant.epoch`): the shards whose
+    #: writes the home's step wrote itself, each naming the grant it wrote them under.
+    lent: dict[int, int] = field(default_factory=dict)
 
     def writes_of(self, shard: int) -> list[tuple[str, str]]:
         return self.writes.get(shard, [])
@@ -136,7 +147,10 @@ class Decision:
     def to_wire(self) -> Wire:
         if self.aborted is not None:
             return {"abort": self.aborted}
-        return {"w": {str(shard): writes for shard, writes in self.writes.items()}}
+        wire: Wire = {"w": {str(shard): writes for shard, writes in self.writes.items()}}
+        if self.lent:
+            wire["l"] = {str(shard): fence for shard, fence in self.lent.items()}
+        return wire
 
     @classmethod
     def from_wire(cls, record: Mapping[str, Any]) -> Decision:
@@ -147,7 +161,8 @@ class Decision:
                 {
                     int(shard): [(str(key), str(state)) for key, state in writes]
                     for shard, writes in record.get("w", {}).items()
-                }
+                },
+                lent={int(shard): int(fence) for shard, fence in record.get("l", {}).items()},
             )
         except (AttributeError, TypeError, ValueError) as exc:
             raise MalformedMessage(f"bad decision {dict(record)!r}") from exc

@@ -56,7 +56,8 @@ class Record:
     messages go out once it has committed (the output gate)."""
 
     #: Its field: in the shard's held hash (``<op id>#<attempt>``), or in its results hash
-    #: (a decision, ``<op id>#<attempt>#d``).
+    #: (a decision, ``<op id>#<attempt>#d``); '' for none: a lent grant that only waits for
+    #: the step to commit its keys' earlier writes.
     name: str
     value: str
     #: What to publish once committed: (channel, coordination message), unsigned (the
@@ -262,7 +263,7 @@ def _payload(
         writes,
         results,
         answered=answered,
-        decisions=[(r.name, r.value) for r in records if not r.hold],
+        decisions=[(r.name, r.value) for r in records if r.name and not r.hold],
         holds=[(r.name, r.value) for r in records if r.hold],
         released=released,
         dead=dead,

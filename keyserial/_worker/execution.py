@@ -22,7 +22,7 @@ from .. import _telemetry as telemetry
 from .._logfields import fields
 from .._ops import Context, MultiContext, Op, Registry
 from .._wire.codec import Envelope, encode_error, encode_ok
-from .._wire.messages import GrantRequest
+from .._wire.messages import GrantRequest, KeyGrant
 from ..errors import MalformedOperation, OperationFailed, UnknownOperation
 from .keystates import KeyStates
 from .opthreads import DaemonThreadPool
@@ -75,6 +75,8 @@ class Run:
     request: GrantRequest | None = None
     #: A grant request whose hold is recorded already (held again at a takeover).
     recorded: bool = False
+    #: A grant request's grant, once made (sent again if the request comes again).
+    grant: KeyGrant | None = None
 
 
 @dataclass(slots=True)

@@ -311,6 +311,17 @@ class ShardMetrics:
         if committed:
             metrics.ops_per_step[(shard,)].observe(committed)
 
+    def ended(self, op_id: str) -> None:
+        """A grant request that ended with nothing to commit (a lent grant): counted as a
+        committed one is."""
+        if self._metrics is None:
+            return
+        ran = self._dispatched.pop(op_id, None)
+        if ran is not None:
+            name, dispatched = ran
+            self._metrics.latency[(name,)].observe(time.monotonic() - dispatched)
+            self._metrics.ops[self._shard, name, "ok"] += 1
+
 
 #: The runners' reporter when metrics are off: every hook returns at once.
 NO_METRICS = ShardMetrics(None, "")

@@ -179,25 +179,24 @@ class ShardRunner:
             max_state_bytes=settings.max_state_bytes,
         )
         self._task_group: TaskGroup | None = None
-        self._chains = Chains(
-            self.executor,
-            CrossShard(
-                RunnerServices(
-                    home=self,
-                    pipeliner=pipeliner,
-                    backend=backend,
-                    mailbox=mailbox,
-                    settings=settings,
-                    layout=layout,
-                    finish=self.finish,
-                    commit_record=self.commit_record,
-                    record_with_step=self.record_with_step,
-                    in_step_loop=self.in_step_loop,
-                    commit_across=self.commit_across,
-                    spawn=self._spawn,
-                )
-            ),
+        self._cross = CrossShard(
+            RunnerServices(
+                home=self,
+                pipeliner=pipeliner,
+                backend=backend,
+                mailbox=mailbox,
+                settings=settings,
+                layout=layout,
+                finish=self.finish,
+                commit_record=self.commit_record,
+                record_with_step=self.record_with_step,
+                in_step_loop=self.in_step_loop,
+                commit_across=self.commit_across,
+                end_request=self.end_request,
+                spawn=self._spawn,
+            )
         )
+        self._chains = Chains(self.executor, self._cross)
         #: The keys an operator paused on this shard (``keyserial keys pause``).
         self._paused = PausedKeys(self._chains, shard)
 
@@ -758,6 +757,14 @@ class ShardRunner:
         self._across.append(commit)
         self.wake()
 
+    def end_request(self, run: Run) -> None:
+        """End a grant request that has nothing to commit (a lent grant: see
+        ``crossshard.participant``), as its step would have."""
+        if self._running.pop(run.envelope.op_id, None) is not None:
+            self._uncommitted -= 1
+            self.metrics.ended(run.envelope.op_id)
+        self.wake()
+
     def _finish(self, finished: Finished, keys: Sequence[str] = ()) -> None:
         """``keys``: those of an op that ran (one answered from Redis, or refused, has none)."""
         self.states.answered(keys)
@@ -802,7 +809,7 @@ class ShardRunner:
         (``crossshard.participant``). Dropped, with a log line, if it is not for this shard,
         too old, or this owner is stopping (its coordinator asks again after a poll); and
         with none if the attempt's request is held or being held here already (a request sent
-        again: its grant, once recorded, is read by the coordinator's poll)."""
+        again: a lent grant is sent again, a recorded one read by the coordinator's poll)."""
         refusal = self._request_refusal(request)
         if refusal is not None:
             log.warning(
@@ -813,7 +820,8 @@ class ShardRunner:
                 refusal,
             )
             return
-        if part_id(request.op_id, request.home, request.attempt) in self._running:
+        if run := self._running.get(part_id(request.op_id, request.home, request.attempt)):
+            self._cross.request_again(run, request)
             return
         self._chains.schedule(self._request_run(request))
 

@@ -67,10 +67,8 @@ async def test_coordinator_killed_after_the_first_grant(
         group.start_soon(b.ks.submit, C, apps.hold(1.0, str(held)))  # C's grant comes later
         await eventually(held.exists, message="C held")
         group.start_soon(b.pay, 0)
-        await eventually(
-            lambda: b.holds(1, "victim#0.1"), message="B granted", timeout=15, interval=0.005
-        )
-        assert not await b.holds(2, "victim#0.1")
+        await eventually(lambda: b.granted(1), message="B granted", timeout=15, interval=0.005)
+        assert not await b.granted(2)
         b.w0.kill()
         await check_after_fault(b, b.fault(group))
 
@@ -78,9 +76,11 @@ async def test_coordinator_killed_after_the_first_grant(
 async def test_coordinator_killed_after_the_decision_record(
     redis_url: str, namespace: str, start: Starter, tmp_path: Path
 ) -> None:
-    """The coordinator dies once its decision is recorded, before any participant applied its
-    part: both participants are frozen (within their leases) from the moment the op's body
-    runs, so neither can apply until after the kill. They learn the decision and apply it."""
+    """The coordinator dies once its decision is recorded, before any participant learnt it:
+    both participants are frozen (within their leases) from the moment the op's body runs. On a
+    cluster neither can apply its part until after the kill; on one server the decision's step
+    wrote their keys already (their grants were lent). They learn the decision and apply it, or
+    take its writes into their caches."""
     async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
         group.start_soon(b.pay, 0.2)
         await eventually(lambda: noted(b.note), message="the op running with every key held")
@@ -94,8 +94,9 @@ async def test_coordinator_killed_after_the_decision_record(
         )
         b.w0.kill()
         fault_at = b.fault(group)
-        for shard, account in ((1, B), (2, C)):  # not yet applied on either participant
-            assert not await b.recorded(shard, "victim#0.1") and not await b.applied(account)
+        for shard, account in ((1, B), (2, C)):  # not yet applied by either participant
+            assert not await b.recorded(shard, "victim#0.1")
+            assert await b.applied(account) == b.lent  # (lent: written with the decision)
         for participant in (b.w1, b.w2):
             participant.signal(signal.SIGCONT)
         await check_after_fault(b, fault_at)
@@ -104,12 +105,15 @@ async def test_coordinator_killed_after_the_decision_record(
 async def test_coordinator_killed_after_part_of_the_apply(
     redis_url: str, namespace: str, start: Starter, tmp_path: Path
 ) -> None:
+    """On a cluster, B has applied its part and C (frozen) not yet when the coordinator dies.
+    On one server the decision's step writes both (their grants were lent), so the kill comes
+    after a commit that neither participant has heard of."""
     async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
         group.start_soon(b.pay, 0.3)
         await eventually(lambda: noted(b.note), message="the op running with every key held")
         b.w2.signal(signal.SIGSTOP)  # C cannot apply yet
         await eventually(lambda: b.applied(B), message="B applied", timeout=15, interval=0.005)
-        assert "victim" not in (await b.ks.read(C))["ops"]
+        assert ("victim" in (await b.ks.read(C))["ops"]) == b.lent
         b.w0.kill()
         fault_at = b.fault(group)
         b.w2.signal(signal.SIGCONT)
@@ -137,18 +141,52 @@ async def test_participant_killed_while_holding_keys(
 async def test_a_participant_s_next_owner_holds_its_keys_again_before_anything_runs(
     redis_url: str, namespace: str, start: Starter, tmp_path: Path
 ) -> None:
-    """The standby that takes B's shard over from a killed participant finds the op's hold in
-    the shard's held hash and holds B again before it runs anything: an op on B appended
-    after the kill sees the op's part applied, never B as it was before the op."""
+    """The standby that takes B's shard over from a killed participant never runs an op on B
+    as it was before the op: on a cluster it finds the op's hold in the shard's held hash and
+    holds B again before it runs anything; on one server the grant was lent, and the
+    coordinator's step, fenced by the killed owner's epoch, wrote B before the standby took
+    over (or is refused, and the op runs again, asking the standby: see the test below). An op
+    on B appended after the kill sees the op's part applied."""
     async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
         group.start_soon(b.pay, 0.5)
         await eventually(lambda: noted(b.note), message="the op running with every key held")
-        assert await b.holds(1, "victim#0.1")
+        assert await b.holds(1, "victim#0.1") != b.lent
         b.w1.kill()
         fault_at = b.fault(group)
         seen = await b.ks.submit(B, apps.peek(), timeout=20)
         assert seen == {"balance": 110, "ops": ["victim"]}, seen
         await check_after_fault(b, fault_at)
+
+
+@pytest.mark.parametrize("redis_url", ["standalone"], indirect=True)
+async def test_a_participant_that_lost_its_shard_after_a_lent_grant_refuses_the_home_s_step(
+    redis_url: str, namespace: str, start: Starter, tmp_path: Path
+) -> None:
+    """B's owner lends B and is frozen past its lease while the op's body runs; the standby
+    takes B's shard over. The home's step, which writes B fenced by the epoch B's grant named,
+    is refused as a whole: nothing of the op lands, the home's owner gives its shard up, and
+    the op runs again, asking the standby. Paid exactly once; the zombie, resumed, changes
+    nothing."""
+    async with bank(redis_url, namespace, start, tmp_path) as b, anyio.create_task_group() as group:
+        group.start_soon(b.pay, 2.5)
+        await eventually(lambda: noted(b.note), message="the op running with every key held")
+        assert await b.granted(1) and await b.granted(2)
+        await freeze(b.w1)
+        fault_at = b.fault(group)
+        await eventually(
+            lambda: holder_is(b, 1, b.standby),
+            message="the standby owns B's shard",
+            timeout=15,
+            interval=0.005,
+        )
+        await wait_for_log(
+            b.w0, "shard 1 changed hands during a cross-shard op of this shard's next step"
+        )
+        assert not await b.applied(A) and not await b.applied(B) and not await b.applied(C)
+        b.w1.signal(signal.SIGCONT)
+        await lost_its_shard(b.w1, 1)
+        await check_after_fault(b, fault_at, within=None)
+        assert len(b.note.read_text().split()) >= 2, "the op ran once: its step was not refused"
 
 
 async def test_a_grant_request_waiting_for_busy_keys_dies_with_its_owner_and_is_asked_again(

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from importlib import resources
+from types import SimpleNamespace
 from typing import Any
 
 import anyio
@@ -29,12 +30,21 @@ from keyserial import Settings
 from keyserial._backend.backend import Backend
 from keyserial._reshard.mover import move_namespace
 from keyserial._wire.layout import decision_field, part_id, signers_key, worker_channel
-from keyserial._wire.messages import GrantRequest
-from keyserial._wire.signing import ReplySigner, ReplyVerifier
+from keyserial._wire.messages import GrantRequest, KeyGrant
+from keyserial._wire.signing import ReplySigner, ReplyVerifier, without_signature
+from keyserial._worker.crossshard.participant import Participant
+from keyserial._worker.keystates import KeyStates
 from keyserial.ledger import deposit
 from keyserial.testing import ShardKeys, running_worker
 from tests.entries import push_item
-from tests.helpers import eventually, keys_on_shard, publish, subscribe, workers_split_around
+from tests.helpers import (
+    eventually,
+    keys_on_shard,
+    lends,
+    publish,
+    subscribe,
+    workers_split_around,
+)
 from tests.signers import (
     GRANT_OP,
     introduce,
@@ -95,6 +105,29 @@ class _Served:
         """What became of a part on the participant shard (``part_id``), if anything."""
         return self.users.admin.hget(self.participant.results, part)
 
+    @property
+    def lent(self) -> bool:
+        """Whether the participant lends its grants (one server: it records no hold and stores
+        no part's outcome) rather than records them (a cluster)."""
+        return lends(self.users.worker_url)
+
+    def holding(self, caplog: pytest.LogCaptureFixture, op: str, attempt: int) -> bool:
+        """Whether the participant has granted the victim to ``op``'s attempt: its hold
+        recorded (a cluster), or its grant made (lent: as it logs it)."""
+        if self.lent:
+            return _granted(caplog, f"{op}#{attempt}") > 0
+        return part_id(op, HOME, attempt).encode() in self.held()
+
+    def released(self, op: str, attempt: int) -> bool:
+        """Whether the participant let go of what it held for ``op``'s attempt, released (the
+        attempt aborted, or never begun): its part's outcome says so (a cluster), or (lent:
+        nothing is stored there) the attempt's decision in the home shard is an abort, which
+        the participant read or wrote before letting go."""
+        if not self.lent:
+            return self.outcome(part_id(op, HOME, attempt)) == b'{"ok":"released"}'
+        decided = self.users.admin.hget(self.home.results, decision_field(op, attempt))
+        return self.outcome(part_id(op, HOME, attempt)) is None and decided is not None
+
     def decide(self, op: str, attempt: int, decision: str) -> None:
         """Write the home shard's decision of an attempt, as its coordinator would."""
         self.users.admin.hset(self.home.results, decision_field(op, attempt), decision)
@@ -145,6 +178,18 @@ def _logged(caplog: pytest.LogCaptureFixture, *texts: str) -> int:
         for record in caplog.records
         if record.name == "keyserial.worker"
     )
+
+
+async def _next_grant(pubsub: Any) -> dict[str, Any]:
+    """The next grant published to ``pubsub``'s channel (signed for it: the signature's fields
+    are left out)."""
+    with anyio.fail_after(10):
+        while True:
+            got = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1)
+            if got is not None:
+                grant: dict[str, Any] = json.loads(without_signature(got["data"]))
+                assert grant["t"] == "g", grant
+                return grant
 
 
 def _granted(caplog: pytest.LogCaptureFixture, attempt: str) -> int:
@@ -238,12 +283,13 @@ async def test_a_grant_request_appended_to_a_stream_is_refused_as_reserved(
 
 
 async def test_an_op_id_with_a_hash_never_joins_a_grant_requests_run(
-    users: Users, namespace: str
+    users: Users, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """While a (signed) request's run holds the victim, a client user pushes ops under the
     run's id: a copy of the run's own envelope (which would join the run and get its outcome)
     and a deposit. Both are refused at once, while the hold stands, and the run ends as its
     decision says."""
+    caplog.set_level(logging.DEBUG, "keyserial.worker")
     reply = f"ks:{namespace}:attacker:{uuid.uuid4().hex}"
     async with _served(users, namespace) as served, served.attacker.pubsub() as pubsub:
         await pubsub.subscribe(reply)
@@ -252,8 +298,8 @@ async def test_an_op_id_with_a_hash_never_joins_a_grant_requests_run(
         attempt = served.epoch()
         field = part_id("held", HOME, attempt)  # (the run's op id, and its hold's field)
         await served.send(signer, served.request("held", attempt))
-        await eventually(lambda: field.encode() in served.held())
-        grant = served.held()[field.encode()]
+        await eventually(lambda: served.holding(caplog, "held", attempt))
+        grant = served.held()
         await _append(
             served, [{"id": field, "keys": [served.victim], "op": GRANT_OP, "reply": reply}]
         )
@@ -263,10 +309,11 @@ async def test_an_op_id_with_a_hash_never_joins_a_grant_requests_run(
         )
         answered = await _replies(pubsub, 2)
         _refused(answered[field], _RESERVED_ID)
-        assert served.held() == {field.encode(): grant}  # (still held: nothing joined it)
+        assert served.held() == grant  # (still held: nothing joined it)
+        assert _granted(caplog, f"held#{attempt}") == 1
         served.decide("held", attempt, '{"abort":"the test ended it"}')
         await eventually(lambda: served.held() == {})
-        assert served.outcome(field) == b'{"ok":"released"}'
+        await eventually(lambda: served.released("held", attempt))
         await served.serves_the_victim()
         assert await served.ks.read(served.victim) == 101
     assert users.refusals() == []
@@ -316,7 +363,7 @@ async def test_a_request_is_taken_only_from_a_message_a_listed_worker_signed_for
         assert served.outcome(part) is None
         assert _granted(caplog, field) == 0
         await served.send(signer, wanted)  # the control
-        await eventually(lambda: served.outcome(part) == b'{"ok":"released"}')
+        await eventually(lambda: served.released("wanted", attempt))
         assert _granted(caplog, field) == 1
     assert users.refusals() == []
 
@@ -386,9 +433,11 @@ async def test_a_request_replayed_after_its_part_was_applied_holds_nothing(
 ) -> None:
     """A client user captures a transfer's signed request on the participant's owner's channel
     and publishes it again once its part was applied. It is signed for that worker, so it is
-    taken, but the step records no hold for an attempt with an outcome there: the keys are let
-    go at once (a later request on them completes), and the decision is not applied again (its
-    states would undo the deposit made since)."""
+    taken, but the decision is not applied again (its states would undo the deposit made
+    since). On a cluster the step records no hold for an attempt with an outcome there: the
+    keys are let go at once. On one server the grant is lent: the copy holds the keys until the
+    participant reads the attempt's decision, which names the first grant, not the copy's, so
+    nothing of it is taken into the cache (the next op on the key builds on the deposit)."""
     caplog.set_level(logging.DEBUG, "keyserial.worker")
     source = keys_on_shard(HOME, SHARDS, 1, "acct")[0]
     target = keys_on_shard(PARTICIPANT, SHARDS, 1, "acct")[0]
@@ -412,8 +461,11 @@ async def test_a_request_replayed_after_its_part_was_applied_holds_nothing(
             channel, captured, item = await next_request(pubsub)
             field, part = f"order-9#{item['a']}", part_id("order-9", HOME, item["a"])
             assert (item["op"], item["h"]) == ("order-9", HOME)
-            applied = await eventually(lambda: users.admin.hget(participant.results, part))
-            assert applied == b'{"ok":"applied"}'
+            lent = lends(users.worker_url)
+            applied = None if lent else b'{"ok":"applied"}'
+            if not lent:
+                await eventually(lambda: users.admin.hget(participant.results, part))
+            assert users.admin.hget(participant.results, part) == applied
             await eventually(lambda: not users.admin.exists(participant.held))
             assert await ks.submit(target, deposit(1)) == 36  # (a decision applied again undoes it)
             grants = _granted(caplog, field)
@@ -432,12 +484,21 @@ async def test_a_request_replayed_after_its_part_was_applied_holds_nothing(
             # (Behind it on the target: answered once the replay's run has ended.)
             await publish(attacker, channel, message(signer, channel, after))
             after_part = part_id("after", HOME, epoch - 1)
-            await eventually(lambda: users.admin.hget(participant.results, after_part))
-            assert _granted(caplog, field) == grants + 1  # (taken: its step skipped the hold)
+            after_decided = decision_field("after", epoch - 1)
+            await eventually(  # (its run ended: it let go of the target, the copy's before it)
+                lambda: (
+                    users.admin.hget(ShardKeys(namespace, HOME).results, after_decided)
+                    if lent
+                    else users.admin.hget(participant.results, after_part)
+                ),
+                timeout=15,
+            )
+            assert _granted(caplog, field) == grants + 1  # (taken)
             assert users.admin.hgetall(participant.held) == {}
-            assert users.admin.hget(participant.results, part) == b'{"ok":"applied"}'
+            assert users.admin.hget(participant.results, part) == applied
             assert await ks.read(source) == 75
             assert await ks.read(target) == 36
+            assert await ks.submit(target, deposit(1)) == 37  # (its owner's cache kept 36)
     finally:
         await attacker.aclose()
     assert users.refusals() == []
@@ -447,23 +508,30 @@ async def test_a_request_replayed_while_its_attempt_is_held_is_ignored(
     users: Users, namespace: str, caplog: pytest.LogCaptureFixture
 ) -> None:
     """A signed request's message published again while its attempt holds the keys: the
-    attempt is running, so the copy is ignored: one grant, one hold, released once."""
+    attempt is running, so the copy holds nothing more: one hold, released once. A lent grant
+    is sent again, the same (its coordinator asks again when the first was lost); a recorded
+    one is read from its record instead."""
     caplog.set_level(logging.DEBUG, "keyserial.worker")
-    async with _served(users, namespace) as served:
+    async with _served(users, namespace) as served, served.attacker.pubsub() as pubsub:
         signer = listed_signer(users.admin, namespace)
         await introduce(served.attacker, served.worker, signer)
         attempt, owner = served.epoch(), served.owner()
-        field, part = f"held#{attempt}", part_id("held", HOME, attempt)
-        sent = message(signer, owner, served.request("held", attempt))
+        field = f"held#{attempt}"
+        held = served.request("held", attempt)
+        await subscribe(pubsub, held.channel)
+        sent = message(signer, owner, held)
         await publish(served.attacker, owner, sent)
-        await eventually(lambda: part.encode() in served.held())
+        await eventually(lambda: served.holding(caplog, "held", attempt))
+        first = await _next_grant(pubsub)
         await publish(served.attacker, owner, sent)  # the replay
+        if served.lent:
+            assert await _next_grant(pubsub) == first
         # (Behind both on the victim: answered once a copy's run, if any, has ended.)
         await served.send(signer, served.request("after", attempt - 1))
         served.decide("held", attempt, '{"abort":"the test ended it"}')
-        await eventually(lambda: served.outcome(part_id("after", HOME, attempt - 1)), timeout=15)
+        await eventually(lambda: served.released("after", attempt - 1), timeout=15)
         assert _granted(caplog, field) == 1
-        assert served.outcome(part) == b'{"ok":"released"}'
+        assert served.released("held", attempt)
         assert served.held() == {}
         await served.serves_the_victim()
     assert users.refusals() == []
@@ -611,3 +679,32 @@ async def test_a_worker_serves_no_shard_before_its_signer_is_listed(
             late.allow()
         assert moved == {source: 75, target: 25}
     assert users.refusals() == []
+
+
+# -- a lent grant's states are committed ones ---------------------------------------------------
+
+
+@pytest.mark.parametrize("earlier", ["write", "outcome"])
+def test_a_lent_grant_goes_out_only_once_its_keys_earlier_writes_have_committed(
+    earlier: str,
+) -> None:
+    """A participant that lends its keys grants them at once if nothing of theirs waits to
+    commit; else after the step that commits it (the earlier op's write, or the outcome of one
+    that wrote nothing), in flight or next. Granted before, a crash of the participant would
+    leave the coordinator's write on the key, fenced by an epoch still current, and the earlier
+    op to run again after it. A recorded grant always waits for its step."""
+    states = KeyStates(lambda: None)
+    states.load("acct", "1")
+    participant = Participant(SimpleNamespace(home=SimpleNamespace(states=states)))  # type: ignore[arg-type]
+    grant = KeyGrant("op", 1, PARTICIPANT, [("acct", "1")], 7, "channel", HOME, epoch=3)
+    assert not participant.needs_step(grant)
+    if earlier == "write":
+        states.write("acct", "2")
+    else:
+        states.answered(["acct"])
+    assert participant.needs_step(grant)
+    step, _ = states.start_step()
+    assert participant.needs_step(grant)  # (in flight)
+    states.step_done(step)
+    assert not participant.needs_step(grant)
+    assert participant.needs_step(dataclasses.replace(grant, epoch=None))

@@ -74,6 +74,8 @@ class RunnerServices:
     #: Commits a cross-shard op's writes to this worker's other shards with the runner's next
     #: step (``ShardRunner.commit_across``).
     commit_across: Callable[[AcrossCommit], None]
+    #: Ends a lent grant's request, which has nothing to commit (``ShardRunner.end_request``).
+    end_request: Callable[[Run], None]
     #: Runs a task in the runner's task group (its errors end the runner); nothing once the
     #: runner has stopped (then it returns False).
     spawn: Callable[[Callable[[], Coroutine[Any, Any, None]]], bool]

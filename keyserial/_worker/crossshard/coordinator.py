@@ -231,7 +231,10 @@ class Coordinator:
         writes = _writes_by_shard(envelope, attempt.states, new_states, services.shard_count)
         for key, state in writes.pop(home.shard, []):
             home.states.write(key, state or None)
-        notice = DecisionNotice(envelope.op_id, attempt.attempt, Decision(dict(writes)), home.shard)
+        decision = Decision(
+            dict(writes), lent={shard: fence for shard, (_, fence) in attempt.lent.items()}
+        )
+        notice = DecisionNotice(envelope.op_id, attempt.attempt, decision, home.shard)
         mailbox = services.mailbox
         notices = [
             (channel, dumps(notice.to_wire()))
@@ -242,8 +245,25 @@ class Coordinator:
         services.finish(
             run, outcome, store=True, replies=list(run.replies), binding=binding(envelope)
         )
+        if attempt.lent:
+            services.commit_across(self._lent_writes(attempt, writes))
         field = decision_field(envelope.op_id, attempt.attempt)
         return Record(field, dumps(notice.decision.to_wire()), notices), notice
+
+    def _lent_writes(self, attempt: _Attempt, writes: Mapping[int, Writes]) -> AcrossCommit:
+        """The writes to the shards that lent their keys, for the home's step that commits the
+        decision: each fenced by the epoch its owner granted under, so a shard that changed
+        hands since refuses the whole step (``ELSEWHERE``), and the home shard is given up.
+        What the step did is the decision record's to tell: nothing to settle here."""
+        layout = self._services.layout
+        return AcrossCommit(
+            [
+                OtherWrites(layout.keys(shard), epoch, writes.get(shard, []))
+                for shard, (epoch, _) in sorted(attempt.lent.items())
+            ],
+            [],
+            lambda _: None,
+        )
 
     def decided(self, attempt: _Attempt, record: Record, notice: DecisionNotice) -> None:
         """The decision is committed: this worker's participant shards hear it now."""
@@ -544,6 +564,8 @@ class _Attempt:
     fences: dict[str, int] = field(default_factory=dict)
     #: The channel of each granting shard's owner, where the decision notice goes.
     participants: list[str] = field(default_factory=list)
+    #: shard -> (epoch, fence) of each lent grant: the home's step writes those shards' keys.
+    lent: dict[int, tuple[int, int]] = field(default_factory=dict)
 
     def next_ask(self) -> tuple[int, list[str]] | None:
         """The next shard to ask, and its keys; None once every shard has granted."""
@@ -554,6 +576,8 @@ class _Attempt:
         self.states.update(grant.states)
         if grant.fence is not None:  # (a grant from an older worker has none)
             self.fences.update(dict.fromkeys(keys, grant.fence))
+            if grant.epoch is not None:
+                self.lent[grant.shard] = (grant.epoch, grant.fence)
         self.participants.append(grant.channel)
 
 

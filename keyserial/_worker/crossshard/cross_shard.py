@@ -10,6 +10,7 @@ atomic and can never deadlock is written up in docs/multi-key.md.
 from __future__ import annotations
 
 from ..._wire.codec import GRANT_OP, Envelope
+from ..._wire.messages import GrantRequest
 from ..._wire.routing import route
 from ..execution import Run
 from .coordination import RunnerServices
@@ -47,6 +48,11 @@ class CrossShard:
         if run.envelope.name == GRANT_OP:
             return self._participant.start_now(run)
         return self._coordinator.start_now(run)
+
+    def request_again(self, run: Run, request: GrantRequest) -> None:
+        """A grant request came for an attempt's part whose run holds (or waits for) the
+        keys."""
+        self._participant.grant_again(run, request)
 
     async def run(self, run: Run) -> None:
         """Run a grant request or coordinate an op, once its barrier holds the local keys."""

@@ -8,6 +8,13 @@ The request's barrier holds the keys (only they wait; the shard's other keys kee
 the grant until the decision is known, so the states the coordinator computed on stay current.
 A participant that cannot learn the decision because its coordinator lost the home shard writes
 an abort on the attempt's decision record, set-if-absent: a commit and an abort never both win.
+
+On a standalone server the grant is *lent*: it names this owner's epoch, and the home's step
+writes the keys itself, fenced by that epoch, so a shard that changed hands since refuses it.
+The participant then records no hold, takes no step for the op and writes nothing: it grants
+once the keys' states are committed, and takes the decision's writes into its cache. On a
+cluster, where a script reaches one shard only, it records a hold in the shard's held hash and
+applies the decision with its own step.
 """
 
 from __future__ import annotations
@@ -56,6 +63,11 @@ class Participant:
         _Granting(self, run, request, hold).begin()
         return True
 
+    @property
+    def lends(self) -> bool:
+        """Whether grants are lent (see the module's docstring): on a standalone server."""
+        return self._services.backend.one_script_reaches_every_shard
+
     async def grant(self, run: Run) -> None:
         """Run a grant request once its barrier holds the requested keys (or, ``recorded``, a
         hold a takeover found: its decision is read at once)."""
@@ -72,6 +84,7 @@ class Participant:
                 if not await self._send(request, key_grant):
                     self.over_already(run)
                     return
+                run.grant = key_grant  # (sent: a request that comes again gets it again)
             decision = await self.await_decision(waiter, request)
         self.settle(run, request, decision)
 
@@ -102,12 +115,16 @@ class Participant:
             home.executor.next_fence(),  # the granted keys' fencing token, for the op
             services.mailbox.channel_for(request.home),  # (the decision's script's slot)
             request.home,
+            home.epoch if self.lends else None,
         )
 
     def settle(self, run: Run, request: GrantRequest, decision: Decision | None) -> None:
         """Apply the attempt's decision (None: nobody asked) and answer the request."""
         services, envelope = self._services, run.envelope
         home = services.home
+        if run.grant is not None and run.grant.epoch is not None:
+            self._settle_lent(run, run.grant, decision)
+            return
         held = part_id(request.op_id, request.home, request.attempt)
         if decision is None:  # nobody asked: nothing is stored, so the attempt may still begin
             services.finish(run, _RELEASED, store=False, replies=[], releases=held)
@@ -129,22 +146,65 @@ class Participant:
                 home.states.write(key, state or None)
         services.finish(run, _APPLIED, store=True, replies=[], releases=held)
 
+    def _settle_lent(self, run: Run, grant: KeyGrant, decision: Decision | None) -> None:
+        """End a lent grant: nothing to write or store (the home's step wrote the keys, or
+        nothing did). The decision's writes for this shard are cached as committed only if it
+        names this very grant: a decision read for a request sent again after its attempt was
+        decided (a captured message replayed) was written under an earlier grant, whose writes
+        the cache has taken already, and may have been overwritten since."""
+        services = self._services
+        home = services.home
+        if (
+            decision is not None
+            and decision.aborted is None
+            and decision.lent.get(home.shard) == grant.fence
+        ):
+            mine = set(run.envelope.keys)
+            for key, state in decision.writes_of(home.shard):
+                if key in mine:
+                    home.committed(key, state or None)
+        services.end_request(run)
+
     def grant_record(self, request: GrantRequest, key_grant: KeyGrant) -> Record:
         """The grant's record: the hold in the shard's held hash, until the step that applies
-        or releases it (:meth:`granted` sends the grant once it has committed)."""
+        or releases it (:meth:`granted` sends the grant once it has committed). A lent grant
+        records nothing: its record only waits for the step that commits the keys' earlier
+        writes, if any are pending (see :meth:`needs_step`)."""
+        if key_grant.epoch is not None:
+            return Record("", "", [])
         field = part_id(request.op_id, request.home, request.attempt)
         return Record(field, dumps(key_grant.to_wire()), [], hold=True)
 
-    def granted(self, request: GrantRequest, key_grant: KeyGrant, record: Record) -> None:
-        """The grant's record committed (confirmed as durable where the settings ask): send
-        the grant to the coordinator, in process, or signed for its worker with whatever else
-        this worker owes that one this round (the message is as good as the record, and saves
-        the coordinator reading it back). Not for a hold the step skipped: nothing is held."""
+    def needs_step(self, key_grant: KeyGrant) -> bool:
+        """Whether the grant goes out only after the next step: a hold to record, or (lent)
+        some granted key's write or earlier op's outcome still to commit (a grant's state is a
+        committed one; see ``KeyStates.answered``)."""
+        if key_grant.epoch is None:
+            return True
+        return not self._services.home.states.all_committed(key for key, _ in key_grant.states)
+
+    def grant_again(self, run: Run, request: GrantRequest) -> None:
+        """``request`` came for the attempt's part that ``run`` holds under a lent grant sent
+        already (the grant's message lost, the coordinator asked again): send it the same
+        grant. (A recorded hold's grant is read from its record by the coordinator's poll
+        instead.) If another request took the part first, for other keys, its coordinator sees
+        a grant of keys it did not ask for, and gives the attempt up, as it would reading the
+        recorded one."""
+        if run.grant is not None and run.grant.epoch is not None:
+            self.granted(request, run.grant, None)
+
+    def granted(self, request: GrantRequest, key_grant: KeyGrant, record: Record | None) -> None:
+        """The grant's record committed (confirmed as durable where the settings ask), or a
+        lent grant's keys are committed: send the grant to the coordinator, in process, or
+        signed for its worker with whatever else this worker owes that one this round (the
+        message is as good as the record, and saves the coordinator reading it back). Not for
+        a hold the step skipped: nothing is held."""
         mailbox = self._services.mailbox
         if mailbox.is_mine(request.channel):
             mailbox.deliver(key_grant)
         else:
-            self._services.pipeliner.publish(request.channel, record.value)
+            value = record.value if record is not None and record.hold else None
+            self._services.pipeliner.publish(request.channel, value or dumps(key_grant.to_wire()))
 
     async def _send(self, request: GrantRequest, key_grant: KeyGrant) -> bool:
         """Record the grant and send it to the coordinator: in process when the coordinator is
@@ -155,7 +215,8 @@ class Participant:
         one loses the shard before the decision. False: the step skipped the hold (see
         :meth:`over_already`), and nothing was sent."""
         record = self.grant_record(request, key_grant)
-        await self._services.commit_record(record)
+        if self.needs_step(key_grant):
+            await self._services.commit_record(record)
         if record.skipped:
             return False
         self.granted(request, key_grant, record)
@@ -227,9 +288,12 @@ class _Granting:
         services = participant._services
         key_grant = participant.key_grant(request, self._run.envelope.keys)
         record = participant.grant_record(request, key_grant)
+        services.mailbox.call_within(services.poll, self._polled)
+        if not participant.needs_step(key_grant):
+            self._committed(record, key_grant)
+            return
         record.on_committed = lambda record: self._committed(record, key_grant)
         services.record_with_step(record)
-        services.mailbox.call_within(services.poll, self._polled)
 
     def _polled(self) -> None:
         if self._waiter.on_wake is None:
@@ -253,6 +317,7 @@ class _Granting:
                 participant._services.home.release(self._hold)
             return
         self._recorded = True
+        self._run.grant = key_grant  # (sent: a request that comes again gets it again)
         self._participant.granted(self._request, key_grant, record)
         waiter = self._waiter
         if isinstance(waiter.message, DecisionNotice) or waiter.pending:  # (woken meanwhile)
