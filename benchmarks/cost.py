@@ -38,14 +38,15 @@ from benchmarks.workloads import shard_table
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ("keyserial", "lock-tuned", "lua")
 #: Sequential calls to Redis on the caller's path, by op kind and system (see the docstring):
-#: keyserial's append, then the owner's step or script that commits and replies; the grant
-#: protocol adds the step that records the hold per other shard (its request is a message, which
-#: no call waits on); a lock takes, reads, writes and
+#: keyserial's append, then the owner's step or script that commits and replies; between
+#: workers on one server the participant lends its keys (its request and grant are messages,
+#: which no call waits on), and the home's step writes them; on a cluster the grant protocol
+#: adds the step that records the hold per other shard; a lock takes, reads, writes and
 #: releases (one of each per key, the reads and writes of two keys in one MGET/MSET).
 ROUND_TRIPS = {
     "single key": {"keyserial": 2, "lock-tuned": 4, "lua": 1},
     "transfer in one worker": {"keyserial": 2, "lock-tuned": 6, "lua": 1},
-    "transfer between workers": {"keyserial": 3, "lock-tuned": 6, "lua": 1},
+    "transfer between workers": {"keyserial": 2, "lock-tuned": 6, "lua": 1},
     "transfer on a cluster": {"keyserial": 3, "lock-tuned": 6, "lua": 1},
 }
 SHARDS = 16
