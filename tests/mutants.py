@@ -1935,6 +1935,9 @@ MUTANTS: tuple[Mutant, ...] = (
             _RESHARD
             + "test_a_rerun_move_leaves_each_key_paused_as_the_operator_last_set_it"
             + _STANDALONE,
+            _RESHARD
+            + "test_a_resume_between_the_copys_reading_and_its_writes_is_not_undone"
+            + _STANDALONE,
         ),
     ),
     Mutant(
@@ -2182,7 +2185,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             _XS
             + "test_a_participant_s_next_owner_holds_its_keys_again_before_anything_runs"
-            + _STANDALONE,
+            + "[cluster]",
         ),
     ),
     Mutant(
@@ -2236,7 +2239,7 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             _HOSTILE
             + "test_an_op_under_a_callers_op_id_homed_on_another_shard_never_takes_its_part"
-            + _STANDALONE,
+            + "[cluster]",
         ),
     ),
     Mutant(

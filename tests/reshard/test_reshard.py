@@ -8,7 +8,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -945,6 +945,43 @@ async def test_a_rerun_move_leaves_each_key_paused_as_the_operator_last_set_it(
         assert await _move(redis_url, namespace, 16) is not None
         assert await ks.submit(resumed, deposit(10), timeout=10) == 11
         await _held_until_resumed(ks, redis_url, namespace, paused)
+
+
+async def test_a_resume_between_the_copys_reading_and_its_writes_is_not_undone(
+    redis_url: str, namespace: str
+) -> None:
+    """The operator resumes a paused key just after the mover read the old layout's paused
+    keys, and before it wrote them to the new layout: the resume writes both layouts, and the
+    mover's writes, made from the reading before, pause the key in the new one again. Its next
+    reading of the old layout finds the change, and the round after makes the new paused keys
+    the old ones again, removing what is no longer paused: after the flip the key's ops run."""
+    key = "acct:resumed"
+    backend = await Backend.connect(redis_url)
+    read_paused = backend.all_paused
+    readings = 0
+
+    async def all_paused(shards: Sequence[ShardKeys]) -> list[dict[bytes, bytes]]:
+        nonlocal readings
+        paused = await read_paused(shards)
+        readings += 1
+        if readings == 1:  # (the copy's first reading, of the old layout)
+            code, out, _ = await cli(redis_url, namespace, "keys", "resume", key)
+            assert code == 0 and f"resumed {key!r}" in out
+        return paused
+
+    backend.all_paused = all_paused  # type: ignore[method-assign]
+    try:
+        async with (
+            running_worker(redis_url, namespace, shard_count=4),
+            keyserial.connect(redis_url, namespace=namespace, shards=4) as ks,
+        ):
+            assert await ks.submit(key, deposit(1)) == 1
+            assert (await cli(redis_url, namespace, "keys", "pause", key))[0] == 0
+            assert await move_namespace(backend, Settings(namespace=namespace), 16) is not None
+            assert readings >= 3  # (the change found, and a round made from it confirmed)
+            assert await ks.submit(key, deposit(10), timeout=10) == 11
+    finally:
+        await backend.aclose()
 
 
 async def test_a_reshard_keeps_old_layouts_as_long_as_the_workers_keep_results(
