@@ -193,5 +193,15 @@ async def lost_its_shard(worker: WorkerProcess, shard: int) -> None:
     )
 
 
-async def holder_is(b: Bank, shard: int, worker: WorkerProcess) -> bool:
+async def standby_took(b: Bank, shard: int) -> None:
+    """Wait until the standby owns ``shard`` (taken over from a faulted owner)."""
+    await eventually(
+        lambda: _holder_is(b, shard, b.standby),
+        message=f"the standby owns shard {shard}",
+        timeout=15,
+        interval=0.005,
+    )
+
+
+async def _holder_is(b: Bank, shard: int, worker: WorkerProcess) -> bool:
     return await b.holder(shard) == worker.pid

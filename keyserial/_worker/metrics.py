@@ -299,14 +299,11 @@ class ShardMetrics:
             if not finished.op_id:
                 continue  # an entry dead-lettered whole (counted above)
             committed += 1
-            ran = self._dispatched.pop(finished.op_id, None)
-            if ran is not None:
-                name, dispatched = ran
-                metrics.latency[(name,)].observe(now - dispatched)
-            elif finished.store:
+            name = self._ran(metrics, finished.op_id, now)
+            if name is None:
+                if not finished.store:
+                    continue  # a stored outcome answered again
                 name = UNKNOWN_OP  # refused before it ran (malformed, misrouted)
-            else:
-                continue  # a stored outcome answered again
             metrics.ops[shard, name, outcome_class(finished.outcome)] += 1
         if committed:
             metrics.ops_per_step[(shard,)].observe(committed)
@@ -314,13 +311,19 @@ class ShardMetrics:
     def ended(self, op_id: str) -> None:
         """A grant request that ended with nothing to commit (a lent grant): counted as a
         committed one is."""
-        if self._metrics is None:
-            return
+        metrics = self._metrics
+        if metrics is not None and (name := self._ran(metrics, op_id, time.monotonic())):
+            metrics.ops[self._shard, name, "ok"] += 1
+
+    def _ran(self, metrics: Metrics, op_id: str, now: float) -> str | None:
+        """The name of the op ``op_id`` dispatched here, its latency observed; None if it was
+        not dispatched (refused before it ran, or answered from a stored outcome)."""
         ran = self._dispatched.pop(op_id, None)
-        if ran is not None:
-            name, dispatched = ran
-            self._metrics.latency[(name,)].observe(time.monotonic() - dispatched)
-            self._metrics.ops[self._shard, name, "ok"] += 1
+        if ran is None:
+            return None
+        name, dispatched = ran
+        metrics.latency[(name,)].observe(now - dispatched)
+        return name
 
 
 #: The runners' reporter when metrics are off: every hook returns at once.

@@ -39,8 +39,8 @@ from tests.cross_shard_bank import (
     C,
     bank,
     check_after_fault,
-    holder_is,
     lost_its_shard,
+    standby_took,
 )
 from tests.helpers import (
     Starter,
@@ -129,12 +129,7 @@ async def test_participant_killed_while_holding_keys(
         b.w1.kill()
         fault_at = b.fault(group)
         assert not await b.recorded(1, "victim#0.1"), "B's part was applied before the kill"
-        await eventually(
-            lambda: holder_is(b, 1, b.standby),
-            message="the standby owns B's shard",
-            timeout=15,
-            interval=0.005,
-        )
+        await standby_took(b, 1)
         await check_after_fault(b, fault_at)
 
 
@@ -173,12 +168,7 @@ async def test_a_participant_that_lost_its_shard_after_a_lent_grant_refuses_the_
         assert await b.granted(1) and await b.granted(2)
         await freeze(b.w1)
         fault_at = b.fault(group)
-        await eventually(
-            lambda: holder_is(b, 1, b.standby),
-            message="the standby owns B's shard",
-            timeout=15,
-            interval=0.005,
-        )
+        await standby_took(b, 1)
         await wait_for_log(
             b.w0, "shard 1 changed hands during a cross-shard op of this shard's next step"
         )
@@ -231,12 +221,7 @@ async def test_zombie_coordinator_changes_nothing(
         await eventually(lambda: noted(b.note), message="the op running with every key held")
         b.w0.signal(signal.SIGSTOP)
         fault_at = b.fault(group)
-        await eventually(
-            lambda: holder_is(b, 0, b.standby),
-            message="the standby owns the home shard",
-            timeout=15,
-            interval=0.005,
-        )
+        await standby_took(b, 0)
         await eventually(
             lambda: b.recorded(0, "victim"),
             message="the standby finished the op",
@@ -258,12 +243,7 @@ async def test_zombie_participant_changes_nothing(
         await eventually(lambda: noted(b.note), message="the op running with every key held")
         b.w1.signal(signal.SIGSTOP)
         fault_at = b.fault(group)
-        await eventually(
-            lambda: holder_is(b, 1, b.standby),
-            message="the standby owns B's shard",
-            timeout=15,
-            interval=0.005,
-        )
+        await standby_took(b, 1)
         await eventually(
             lambda: b.applied(B), message="the standby applied B's part", timeout=15, interval=0.005
         )

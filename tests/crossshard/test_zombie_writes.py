@@ -31,8 +31,8 @@ from tests.cross_shard_bank import (
     Bank,
     bank,
     check_after_fault,
-    holder_is,
     lost_its_shard,
+    standby_took,
 )
 from tests.helpers import Starter, WorkerProcess, eventually, keys_on_shard, noted, wait_for_log
 from tests.ownership import fenced_errors, stale_calls
@@ -105,12 +105,7 @@ async def test_a_zombie_coordinator_s_decision_reaches_redis_and_is_refused(
         group.start_soon(b.submit_payment, apps.pay_frozen(10, str(gate), str(b.note)))
         await eventually(lambda: noted(b.note), message="the op running with every key held")
         fault_at = b.fault(group)  # (its worker is frozen from now on)
-        await eventually(
-            lambda: holder_is(b, 0, b.standby),
-            message="the standby owns the home shard",
-            timeout=15,
-            interval=0.005,
-        )
+        await standby_took(b, 0)
         await eventually(
             lambda: b.recorded(0, "victim"),
             message="the standby finished the op",
@@ -148,12 +143,7 @@ async def test_a_zombie_participant_s_commit_reaches_redis_and_is_refused(
         assert not await b.holds(1, "victim#0.1"), "B is still busy: no grant yet"
         freeze.touch()  # (B's owner blocks in the op; the standby's replay of it ends at once)
         fault_at = b.fault(group)
-        await eventually(
-            lambda: holder_is(b, 1, b.standby),
-            message="the standby owns B's shard",
-            timeout=15,
-            interval=0.005,
-        )
+        await standby_took(b, 1)
         await eventually(
             lambda: b.applied(B),
             message="the standby granted and applied B's part",

@@ -24,7 +24,7 @@ from keyserial._worker.metrics import Metrics
 from keyserial.ledger import deposit, withdraw
 from keyserial.testing import LocalServer, ShardKeys, free_port
 from tests import apps
-from tests.helpers import ROOT, WorkerProcess, holder_pid, wait_for_log
+from tests.helpers import ROOT, WorkerProcess, holder_pid, keys_on_shard, wait_for_log
 
 SHARDS = 4
 Starter = Callable[..., WorkerProcess]
@@ -132,6 +132,28 @@ async def test_a_worker_counts_its_ops_by_name_and_outcome(
     assert value(text, "keyserial_shard_backlog_ops", **on) == 0
     assert value(text, "keyserial_takeovers_total", mode="clean") == SHARDS
     assert worker.process.poll() is None
+
+
+async def test_a_participant_counts_each_grant_it_lent_once_its_op_is_decided(
+    standalone_server: LocalServer, namespace: str, start: Starter
+) -> None:
+    """A participant on one server lends its keys and commits nothing for the op: each grant
+    request is counted once its decision is known, as a committed op is (no step counts it)."""
+    url, port = standalone_server.url, free_port()
+    start(url, namespace, shards="0", shard_count=2)
+    start(url, namespace, shards="1", shard_count=2, extra_args=metrics_args(port))
+    source, target = (keys_on_shard(shard, 2, 1, "acct")[0] for shard in (0, 1))
+    async with keyserial.connect(url, shards=2, namespace=namespace) as ks:
+        await ks.submit(source, deposit(10), timeout=10)
+        for _ in range(3):
+            await ks.transfer(source, target, 1, timeout=10)
+
+    def counted(text: str) -> bool:
+        return value(text, "keyserial_ops_total", shard="1", outcome="ok") == 3
+
+    text = await scraped_when(port, counted)
+    assert value(text, "keyserial_ops_total", shard="1", op="keyserial.grant", outcome="ok") == 3
+    assert value(text, "keyserial_op_latency_seconds_count", op="keyserial.grant") == 3
 
 
 @pytest.mark.slow

@@ -169,7 +169,9 @@ class Participant:
         """The grant's record: the hold in the shard's held hash, until the step that applies
         or releases it (:meth:`granted` sends the grant once it has committed). A lent grant
         records nothing: its record only waits for the step that commits the keys' earlier
-        writes, if any are pending (see :meth:`needs_step`)."""
+        writes, if any are pending (see :meth:`needs_step`). (A record, not
+        ``KeyStates.flush``: the step sets its ``error`` when the replicas did not confirm
+        those writes, where a flush returns all the same; and it calls back with no task.)"""
         if key_grant.epoch is not None:
             return Record("", "", [])
         field = part_id(request.op_id, request.home, request.attempt)
