@@ -135,7 +135,12 @@ async def run_callers(spec: RunSpec, system: System, index: int, window: Window)
                 for n in range(spec.callers):
                     rng = random.Random(f"{spec.seed}:{index}:{n}")
                     chooser = make_chooser(
-                        spec.distribution, spec.keys, rng, zipf_s=spec.zipf_s, shards=spec.shards
+                        spec.distribution,
+                        spec.keys,
+                        rng,
+                        zipf_s=spec.zipf_s,
+                        shards=spec.shards,
+                        ranges=spec.shard_ranges,
                     )
                     callers.start_soon(_caller, op, deltas_of, chooser, tally, window)
     return tally

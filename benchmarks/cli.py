@@ -105,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds",
         type=_positive_int,
         default=None,
-        help="rounds of the hot, zipf, uniform and transfer runs, back to back per workload;"
+        help="rounds of the hot, zipf, uniform, transfer and local-transfer runs, back to back"
+        " per workload;"
         " each system's median round counts (default: the profile's: quick 1, full 3)",
     )
     parser.add_argument(
@@ -216,6 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             fewest = min(fewest, config.slow_shards)
         if config.split_shards and config.workers > fewest:
             parser.error(f"--split-shards: {config.workers} workers cannot split {fewest} shards")
+        ranges = config.workers if config.split_shards else 1
+        if "local-transfer" in config.workloads and config.shards < 2 * ranges:
+            parser.error(f"local-transfer: {config.shards} shards give a worker fewer than two")
         command = shlex.join(["keyserial", "bench", *arguments])
         document = anyio.run(run_suite, config, stderr_progress, command)
         stem = config.out_dir / f"bench-{config.profile}"

@@ -66,13 +66,22 @@ def is_keyserial(system: str) -> bool:
 LOCKS: tuple[str, ...] = ("lock-default", "lock-tuned", "lock-notify")
 
 #: Workload ids, in table order; ``slow`` and ``sweep`` have several variants each.
-WORKLOADS: tuple[str, ...] = ("hot", "zipf", "uniform", "transfer", "slow", "sweep")
+WORKLOADS: tuple[str, ...] = (
+    "hot",
+    "zipf",
+    "uniform",
+    "transfer",
+    "local-transfer",
+    "slow",
+    "sweep",
+)
 
 WORKLOAD_LABELS: dict[str, str] = {
     "hot": "hot key (every caller on one account)",
     "zipf": "Zipf-skewed keys",
     "uniform": "uniform keys",
     "transfer": "cross-shard transfers",
+    "local-transfer": "cross-shard transfers within one worker's shards",
     "slow": "slow I/O while holding the key",
     "sweep": "concurrency sweep (hot key)",
 }
@@ -110,7 +119,7 @@ PROFILES: dict[str, Profile] = {
     ),
     "full": Profile(
         name="full",
-        workloads=WORKLOADS,
+        workloads=("hot", "zipf", "uniform", "transfer", "slow", "sweep"),
         duration=4.0,
         warmup=1.0,
         variant_duration=3.0,
@@ -179,7 +188,8 @@ class RunSpec:
     workload: str
     #: ``deposit`` (+1 on one account), ``slow`` (read, 5 ms of I/O, write) or ``transfer``.
     op: str
-    #: ``hot``, ``zipf``, ``uniform`` (one account per op) or ``pairs`` (two, cross-shard).
+    #: ``hot``, ``zipf``, ``uniform`` (one account per op), ``pairs`` (two, cross-shard) or
+    #: ``local-pairs`` (two, cross-shard, in one of :attr:`shard_ranges`).
     distribution: str
     keys: int
     clients: int
@@ -202,6 +212,8 @@ class RunSpec:
     durable_replicas: int = 0
     #: Whether ``url`` is a cluster node: the systems then route keys with a cluster client.
     cluster: bool = False
+    #: The contiguous ranges the keyserial workers split the shards into (1: not split).
+    shard_ranges: int = 1
 
     @property
     def total_callers(self) -> int:

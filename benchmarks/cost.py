@@ -8,9 +8,12 @@ baselines from the same run:
   between two random accounts (a *transfer in one worker*: one script across both shards);
 - **two workers** splitting the shards (``--split-shards``): transfers, of which those whose
   shards fall in different ranges go *between workers* (the grant protocol), the others stay
-  in one worker. The row shows the measured mix, and the per-op cost of a transfer between
-  workers derived from it and the one-worker row (``mix = f × between + (1 - f) × within``,
-  ``f`` the share that crosses, counted from the shard ranges);
+  in one worker; and transfers kept within one worker's range (``local-transfer``: a
+  *transfer in one of two workers*, which pays the split's smaller steps but not the grant
+  protocol). The rows show the measured mix, and the per-op cost of a transfer between
+  workers derived from it and the local transfers of the same run
+  (``mix = f × between + (1 - f) × within``, ``f`` the share that crosses, counted from the
+  shard ranges);
 - **a cluster** of three masters, one worker: transfers (*on a cluster* every cross-shard op
   takes the grant protocol, one script cannot touch two hash slots).
 
@@ -33,7 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from benchmarks.workloads import shard_table
+from benchmarks.workloads import shard_range_of, shard_table
 
 ROOT = Path(__file__).resolve().parent.parent
 SYSTEMS = ("keyserial", "lock-tuned", "lua")
@@ -46,6 +49,7 @@ SYSTEMS = ("keyserial", "lock-tuned", "lua")
 ROUND_TRIPS = {
     "single key": {"keyserial": 2, "lock-tuned": 4, "lua": 1},
     "transfer in one worker": {"keyserial": 2, "lock-tuned": 6, "lua": 1},
+    "transfer in one of two workers": {"keyserial": 2, "lock-tuned": 6, "lua": 1},
     "transfer between workers": {"keyserial": 2, "lock-tuned": 6, "lua": 1},
     "transfer on a cluster": {"keyserial": 3, "lock-tuned": 6, "lua": 1},
 }
@@ -62,22 +66,23 @@ class Shape:
 
 SHAPES = (
     Shape("one worker", ("uniform", "transfer"), ("--workers", "1")),
-    Shape("two workers", ("transfer",), ("--workers", "2", "--split-shards")),
+    Shape("two workers", ("transfer", "local-transfer"), ("--workers", "2", "--split-shards")),
     Shape("cluster", ("transfer",), ("--workers", "1", "--cluster", "3")),
 )
-#: The workload that measures each op kind, in its shape.
+#: The workloads that measure each op kind, in their shape (a transfer between workers is
+#: derived from the mix and the local transfers of the same run).
 KIND_WORKLOADS = {
-    "single key": ("one worker", "uniform"),
-    "transfer in one worker": ("one worker", "transfer"),
-    "transfer between workers": ("two workers", "transfer"),
-    "transfer on a cluster": ("cluster", "transfer"),
+    "single key": ("one worker", ("uniform",)),
+    "transfer in one worker": ("one worker", ("transfer",)),
+    "transfer between workers": ("two workers", ("transfer", "local-transfer")),
+    "transfer on a cluster": ("cluster", ("transfer",)),
 }
 
 
 def shapes_for(shapes: set[str], kinds: set[str]) -> list[Shape]:
     """The shapes to run, each with only the workloads of ``kinds`` it measures (a shape left
     with none is not run)."""
-    wanted = [KIND_WORKLOADS[kind] for kind in kinds]
+    wanted = {(shape, w) for shape, ws in map(KIND_WORKLOADS.__getitem__, kinds) for w in ws}
     chosen = []
     for shape in SHAPES:
         workloads = tuple(w for w in shape.workloads if (shape.name, w) in wanted)
@@ -129,20 +134,22 @@ def _us(part: dict[str, float | None]) -> float | None:
 def crossing_share(shards: int = SHARDS, workers: int = 2) -> float:
     """The share of the bench's transfers (two random accounts of :data:`ACCOUNTS` on
     different shards) whose shards fall in different workers' contiguous ranges."""
-    width = -(-shards // workers)
     per_shard = Counter(shard_table(ACCOUNTS, shards))
     pairs = crossing = 0
     for first, first_count in per_shard.items():
         for second, second_count in per_shard.items():
             if first != second:
+                apart = shard_range_of(first, shards, workers) != shard_range_of(
+                    second, shards, workers
+                )
                 pairs += first_count * second_count
-                crossing += first_count * second_count * (first // width != second // width)
+                crossing += first_count * second_count * apart
     return crossing / pairs
 
 
 def derived_between(mix: dict[str, Any], within: dict[str, Any], share: float) -> dict[str, Any]:
     """The per-op figures of a transfer between workers, from the two-worker mix and the
-    one-worker (within) figures: ``(mix - (1 - share) × within) / share``."""
+    figures of transfers that stay within a worker: ``(mix - (1 - share) × within) / share``."""
     derived: dict[str, Any] = {}
     for name, value in mix.items():
         other = within.get(name)
@@ -174,8 +181,9 @@ def rows_of(runs: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     add("single key", runs["one worker"], "uniform")
     add("transfer in one worker", runs["one worker"], "transfer")
     share = crossing_share()
+    add("transfer in one of two workers", runs["two workers"], "local-transfer")
     add("transfer between workers", runs["two workers"], "transfer", "measured mix")
-    within, mix = (_keyserial_row(rows, kind) for kind in ("transfer in one worker", "mix"))
+    within, mix = (_keyserial_row(rows, k) for k in ("transfer in one of two workers", "mix"))
     if mix is not None and within is not None:
         fields = {k: v for k, v in mix.items() if k in figures_keys()}
         rows.append(

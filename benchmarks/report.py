@@ -23,7 +23,7 @@ _COLORS = {
     "no-lock": "#999999",
     "lua": "#e7298a",
 }
-_MAIN = ("hot", "zipf", "uniform", "transfer")
+_MAIN = ("hot", "zipf", "uniform", "transfer", "local-transfer")
 
 
 def _num(value: float | None, digits: int = 0) -> str:

@@ -16,7 +16,7 @@ Record = dict[str, Any]
 
 #: Workloads whose runs are repeated: those with ratio targets between systems. (The slow-I/O
 #: target compares keyserial with itself, and the sweep is a curve: one round each.)
-REPEATED: tuple[str, ...] = ("hot", "zipf", "uniform", "transfer")
+REPEATED: tuple[str, ...] = ("hot", "zipf", "uniform", "transfer", "local-transfer")
 
 
 def median_rounds(runs: list[Record]) -> list[Record]:

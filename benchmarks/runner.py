@@ -131,6 +131,7 @@ def _spec(
         variant=variant,
         round=round_,
         durable_replicas=1 if system == DURABLE else 0,
+        shard_ranges=config.workers if config.split_shards else 1,
         **lock,
     )
 

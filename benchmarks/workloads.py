@@ -40,10 +40,27 @@ def shard_table(keys: int, shards: int) -> tuple[int, ...]:
     return tuple(shard_for(account_key(n), shards) for n in range(keys))
 
 
+def shard_range_of(shard: int, shards: int, ranges: int) -> int:
+    """Which of ``ranges`` contiguous ranges of ``shards`` holds ``shard``: the split
+    ``--split-shards`` gives its workers (the first ranges take one more when it does not
+    divide)."""
+    size, extra = divmod(shards, ranges)
+    wide = extra * (size + 1)
+    return shard // (size + 1) if shard < wide else extra + (shard - wide) // size
+
+
 def make_chooser(
-    distribution: str, keys: int, rng: random.Random, *, zipf_s: float = 1.1, shards: int = 16
+    distribution: str,
+    keys: int,
+    rng: random.Random,
+    *,
+    zipf_s: float = 1.1,
+    shards: int = 16,
+    ranges: int = 1,
 ) -> Chooser:
-    """A chooser for ``hot``, ``uniform``, ``zipf`` (one account) or ``pairs`` (two)."""
+    """A chooser for ``hot``, ``uniform``, ``zipf`` (one account), ``pairs`` (two, on
+    different shards) or ``local-pairs`` (two on different shards of one of ``ranges``
+    contiguous ranges: one worker's, where the workers split the shards)."""
     if distribution == "hot":
         return lambda: (0,)
     if distribution == "uniform":
@@ -54,17 +71,23 @@ def make_chooser(
         return lambda: (bisect.bisect_left(cdf, rng.random() * total),)
     if distribution == "pairs":
         return _pair_chooser(keys, rng, shards)
+    if distribution == "local-pairs":
+        return _pair_chooser(keys, rng, shards, ranges)
     raise ValueError(f"unknown key distribution {distribution!r}")
 
 
-def _pair_chooser(keys: int, rng: random.Random, shards: int) -> Chooser:
-    """Two distinct accounts on different keyserial shards (with one shard: just distinct)."""
+def _pair_chooser(keys: int, rng: random.Random, shards: int, ranges: int = 0) -> Chooser:
+    """Two distinct accounts on different keyserial shards (with one shard: just distinct);
+    with ``ranges``, on shards of the same range."""
     shard_of = shard_table(keys, shards)
+    range_of = [shard_range_of(shard, shards, ranges or 1) for shard in range(shards)]
 
     def choose() -> tuple[int, ...]:
         while True:
             first, second = rng.randrange(keys), rng.randrange(keys)
-            if first != second and (shards == 1 or shard_of[first] != shard_of[second]):
+            apart = shards == 1 or shard_of[first] != shard_of[second]
+            together = not ranges or range_of[shard_of[first]] == range_of[shard_of[second]]
+            if first != second and apart and together:
                 return first, second
 
     return choose
@@ -93,6 +116,8 @@ def cells(config: BenchConfig, workload: str) -> list[Cell]:
         return [_main_cell(config, workload, "deposit", workload, config.keys)]
     if workload == "transfer":
         return [_main_cell(config, "transfer", "transfer", "pairs", config.keys)]
+    if workload == "local-transfer":
+        return [_main_cell(config, workload, "transfer", "local-pairs", config.keys)]
     if workload == "slow":
         return [_slow_cell(config, keys) for keys in config.slow_keys]
     if workload == "sweep":

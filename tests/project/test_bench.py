@@ -28,6 +28,7 @@ from redis.asyncio import Redis
 from benchmarks import calls, cost, notifylock, state
 from benchmarks.agent import Tally, Window, run_callers
 from benchmarks.cli import build_parser, config_from
+from benchmarks.cli import main as bench_main
 from benchmarks.config import DEFAULT_SYSTEMS, RESULTS_DIR, RunSpec
 from benchmarks.metrics import parse_commandstats, percentile
 from benchmarks.procs import shard_range
@@ -35,7 +36,7 @@ from benchmarks.rounds import median_rounds
 from benchmarks.runner import Final, correctness, plan
 from benchmarks.server import BenchServer
 from benchmarks.systems import NoLockSystem
-from benchmarks.workloads import make_chooser, shard_table
+from benchmarks.workloads import make_chooser, shard_range_of, shard_table
 from keyserial.testing import LocalServer
 from tests.helpers import ROOT
 
@@ -295,6 +296,38 @@ def test_choosers_are_deterministic_and_pairs_cross_shards() -> None:
     for _ in range(200):
         a, b = pairs()
         assert a != b and shards[a] != shards[b]
+
+
+@pytest.mark.parametrize(("shards", "ranges"), [(16, 2), (16, 3), (7, 4), (5, 5), (16, 1)])
+def test_a_shards_range_is_the_one_its_worker_is_given(shards: int, ranges: int) -> None:
+    """``local-pairs`` and the cost table's crossing share split the shards as
+    ``--split-shards`` gives them to the workers."""
+    given = []
+    for index in range(ranges):
+        first, last = map(int, shard_range(shards, ranges, index).split("-"))
+        given += [index] * (last - first + 1)
+    assert [shard_range_of(shard, shards, ranges) for shard in range(shards)] == given
+
+
+def test_local_transfers_refuse_a_split_that_leaves_a_worker_one_shard(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--workloads", "local-transfer", "--shards", "4", "--workers", "3", "--split-shards"]
+    with pytest.raises(SystemExit):
+        bench_main(argv)
+    assert "local-transfer: 4 shards give a worker fewer than two" in capsys.readouterr().err
+
+
+def test_local_pairs_stay_on_two_shards_of_one_workers_range() -> None:
+    pairs = make_chooser("local-pairs", 1000, random.Random(5), shards=16, ranges=2)
+    shards = shard_table(1000, 16)
+    halves = Counter()
+    for _ in range(400):
+        a, b = pairs()
+        assert a != b and shards[a] != shards[b]
+        assert shards[a] // 8 == shards[b] // 8
+        halves[shards[a] // 8] += 1
+    assert set(halves) == {0, 1}  # both workers' ranges are used
 
 
 def test_percentiles_and_commandstats() -> None:
@@ -587,6 +620,43 @@ def test_the_cost_table_derives_a_crossing_transfer_from_the_mix() -> None:
     assert derived["commands"] == pytest.approx(30.0, abs=0.1)
     assert derived["workers_us"] == pytest.approx(500.0, abs=0.1)
     assert derived["ops_per_s"] is None  # (a throughput of a mix cannot be split)
+
+
+def _bench_result(workload: str, system: str, workers_us: float, commands: float) -> dict[str, Any]:
+    return {
+        "workload": workload,
+        "system": system,
+        "status": "ok",
+        "ops_in_window": 1000,
+        "throughput": 1000.0,
+        "commands": {"publish": 500},
+        "commands_per_op": commands,
+        "script_calls_per_op": 1.0,
+        "cpu": {
+            "clients": {"us_per_op": 50.0},
+            "workers": {"us_per_op": workers_us},
+            "server": {"us_per_op": 20.0},
+        },
+    }
+
+
+def test_the_cost_table_derives_a_crossing_transfer_from_the_local_transfers_of_its_run() -> None:
+    """The transfers that stay within a worker are taken out at their cost in the same
+    two-worker run (smaller steps than one worker's), not at one worker's."""
+    share = cost.crossing_share()
+    mix = share * 900 + (1 - share) * 300
+    runs = {
+        "one worker": [_bench_result("transfer", "keyserial", 200.0, 9.0)],
+        "two workers": [
+            _bench_result("transfer", "keyserial", mix, 15.0),
+            _bench_result("local-transfer", "keyserial", 300.0, 11.0),
+        ],
+        "cluster": [],
+    }
+    rows = {(row["kind"], row["note"]): row for row in cost.rows_of(runs)}
+    assert rows["transfer in one of two workers", ""]["workers_us"] == 300.0
+    derived = rows["transfer between workers", f"derived: the {share:.0%} that cross"]
+    assert derived["workers_us"] == pytest.approx(900.0, abs=0.1)
 
 
 def test_the_cost_table_names_each_op_kind_and_system_in_one_row() -> None:
