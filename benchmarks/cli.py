@@ -63,8 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile",
         choices=sorted(PROFILES),
         default="quick",
-        help="quick: hot, zipf, uniform, transfer, < 2 min; full: every workload"
-        " (default: %(default)s)",
+        help="quick: hot, zipf, uniform, transfer, < 2 min; full: every workload but"
+        " local-transfer (default: %(default)s)",
     )
     parser.add_argument(
         "--redis",
