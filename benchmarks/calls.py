@@ -10,9 +10,12 @@ C (builtins and methods of built-in types), for the workers and for the client:
 
 - **single key**: one worker owning every shard, deposits on random accounts;
 - **transfer in one worker**: one worker, transfers between two accounts on different shards;
+- **transfer in one of two workers**: two workers splitting the shards, transfers whose two
+  shards one worker owns (the split's smaller steps, no grant protocol);
 - **transfer between workers**: two workers splitting the shards; the row is derived from the
-  two-worker mix and the one-worker transfer as ``benchmarks.cost`` derives it (the share that
-  crosses, from the shard ranges);
+  two-worker mix and the transfers in one of two workers as ``benchmarks.cost`` derives it (the
+  share that crosses, from the shard ranges; from the one-worker transfers where those are not
+  measured);
 - **transfer on a cluster**: one worker on a three-master Redis Cluster.
 
 Only the main thread of each process is profiled: ops that run in a worker thread (sync ops
@@ -66,6 +69,7 @@ CALLERS = 64
 KINDS = {
     "single key": (1, "deposit", False),
     "transfer in one worker": (1, "transfer", False),
+    "transfer in one of two workers": (2, "local-transfer", False),
     "transfer between workers": (2, "transfer", False),
     "transfer on a cluster": (1, "transfer", True),
 }
@@ -213,8 +217,8 @@ def _serve(out: Path, worker_args: list[str]) -> int:
 async def _load(url: str, op: str, accounts: int, ops: int, workers: list[int], out: Path) -> None:
     """Fund each account (the warm-up), then run ``ops`` ops with ``CALLERS`` callers, each
     process profiled meanwhile (this one included)."""
-    kind = "pairs" if op == "transfer" else "uniform"
-    chooser = make_chooser(kind, accounts, random.Random(7), shards=SHARDS)
+    kind = {"transfer": "pairs", "local-transfer": "local-pairs"}.get(op, "uniform")
+    chooser = make_chooser(kind, accounts, random.Random(7), shards=SHARDS, ranges=len(workers))
     async with keyserial.connect(url, shards=SHARDS) as ks:
         for start in range(0, accounts, CALLERS):
             await asyncio.gather(
@@ -230,7 +234,7 @@ async def _load(url: str, op: str, accounts: int, ops: int, workers: list[int], 
             while left > 0:
                 left -= 1
                 accounts = chooser()
-                if op == "transfer":
+                if op != "deposit":
                     await ks.transfer(account_key(accounts[0]), account_key(accounts[1]), 1)
                 else:
                     await ks.submit(account_key(accounts[0]), keyserial.call("deposit", 1))
@@ -295,7 +299,8 @@ def rows_of(measured: dict[str, dict[str, dict[str, float]]]) -> list[dict[str, 
             else kind
         )
         rows.append({"kind": name, **found})
-    mix, within = measured.get("transfer between workers"), measured.get("transfer in one worker")
+    mix = measured.get("transfer between workers")
+    within = measured.get("transfer in one of two workers", measured.get("transfer in one worker"))
     if mix is not None and within is not None:
         share = crossing_share(SHARDS, 2)
         rows.append(

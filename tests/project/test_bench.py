@@ -685,6 +685,26 @@ def test_the_cost_table_refuses_an_unknown_op_kind(capsys: pytest.CaptureFixture
     assert "unknown op kinds: hot key" in capsys.readouterr().err
 
 
+def test_the_calls_table_derives_a_crossing_transfer_as_the_cost_table_does() -> None:
+    """From the transfers in one of the two workers where measured, else one worker's."""
+    share = cost.crossing_share()
+
+    def figures(workers: float) -> dict[str, dict[str, float]]:
+        return {"workers": {"python": workers, "c": 0.0}, "client": {"python": 1.0, "c": 0.0}}
+
+    measured = {
+        "transfer in one worker": figures(100.0),
+        "transfer in one of two workers": figures(200.0),
+        "transfer between workers": figures(share * 600.0 + (1 - share) * 200.0),
+    }
+    derived = calls.rows_of(measured)[-1]
+    assert derived["kind"].startswith("transfer between workers (derived")
+    assert derived["workers"]["python"] == pytest.approx(600.0, abs=0.1)
+    del measured["transfer in one of two workers"]
+    measured["transfer between workers"] = figures(share * 600.0 + (1 - share) * 100.0)
+    assert calls.rows_of(measured)[-1]["workers"]["python"] == pytest.approx(600.0, abs=0.1)
+
+
 @pytest.mark.slow
 def test_the_calls_table_counts_each_kind_s_python_and_c_calls_per_op(tmp_path: Path) -> None:
     """``benchmarks.calls``: each process is profiled for the measured ops only (a worker
