@@ -354,13 +354,15 @@ def module_tables(
 def _module_figures(
     kind: str, modules: dict[str, dict[str, float]]
 ) -> tuple[str, dict[str, float], float]:
-    """A kind's heading, calls per op by module and in all: the mix's derived from the one-worker
-    transfer's as :func:`rows_of` derives them, if that was measured."""
-    mix, within = modules[kind], modules.get("transfer in one worker")
+    """A kind's heading, calls per op by module and in all: the mix's derived from the
+    transfers that stay within a worker as :func:`rows_of` derives them, if those were
+    measured."""
+    mix = modules[kind]
+    within = modules.get("transfer in one of two workers", modules.get("transfer in one worker"))
     if kind != "transfer between workers":
         return kind, mix, sum(mix.values())
     if within is None:
-        heading = "transfer between workers (measured mix, not derived: no one-worker transfer)"
+        heading = "transfer between workers (measured mix, not derived: none within a worker)"
         return heading, mix, sum(mix.values())
     share = crossing_share(SHARDS, 2)
     names = mix.keys() | within.keys()
