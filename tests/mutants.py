@@ -1628,7 +1628,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "grant-request-any-shard",
         "G5.17",
         "a participant takes a grant request for another shard or layout generation",
-        (_no_check(_SHARD, "        if request.target != self.name:\n"),),
+        (_no_check(_PARTICIPANT, "    if request.target != name:\n"),),
         (
             _GRANTS
             + "test_a_signed_request_that_breaks_a_rule_is_dropped[standalone-another-generation]",
@@ -1641,7 +1641,7 @@ MUTANTS: tuple[Mutant, ...] = (
         " holding '#'",
         (
             _no_check(
-                _SHARD, '        if not 0 <= request.home < self.shard or "#" in request.op_id:\n'
+                _PARTICIPANT, '    if not 0 <= request.home < shard or "#" in request.op_id:\n'
             ),
         ),
         (
@@ -1657,9 +1657,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "a participant takes a grant request naming keys that route to other shards",
         (
             _no_check(
-                _SHARD,
-                "        if any(shard_for(key, self._shard_count) != self.shard"
-                " for key in request.keys):\n",
+                _PARTICIPANT,
+                "    if any(shard_for(key, shard_count) != shard for key in request.keys):\n",
             ),
         ),
         (
@@ -1673,9 +1672,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "a participant takes a grant request made more than half of result_ttl ago, or ahead",
         (
             _no_check(
-                _SHARD,
-                "        if abs(time.time() * 1000 - request.at)"
-                " > self._settings.result_ttl_ms / 2:\n",
+                _PARTICIPANT, "    if abs(time.time() * 1000 - request.at) > result_ttl_ms / 2:\n"
             ),
         ),
         (
@@ -2249,10 +2246,10 @@ MUTANTS: tuple[Mutant, ...] = (
         " part (or names no home): its keys wait for a decision no coordinator makes",
         (
             Edit(
-                _SHARD,
-                "        if grant.home < 0 or part_id(grant.op_id, grant.home, grant.attempt)"
+                _PARTICIPANT,
+                "    if grant.home < 0 or part_id(grant.op_id, grant.home, grant.attempt)"
                 " != field:\n",
-                "        if False:\n",
+                "    if False:\n",
             ),
         ),
         (

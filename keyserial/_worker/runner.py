@@ -49,11 +49,9 @@ from .._wire.codec import (
     binding,
     parse_id,
 )
-from .._wire.json_text import loads
 from .._wire.layout import Layout, part_id, shard_name
-from .._wire.messages import GrantRequest, KeyGrant, MalformedMessage
+from .._wire.messages import GrantRequest
 from .._wire.resharding import Seal
-from .._wire.routing import shard_for
 from ..errors import BackendUnavailable, LeaseLost
 from .chains import Chains, Hold
 from .commits import (
@@ -68,6 +66,7 @@ from .commits import (
 from .crossshard.coordination import RunnerServices
 from .crossshard.cross_shard import CrossShard
 from .crossshard.mailbox import Mailbox
+from .crossshard.participant import held_request, request_refusal
 from .draining import Drain, EarlierLayouts
 from .execution import Entry, Executor, Run
 from .intake import accept, entry_place
@@ -250,24 +249,9 @@ class ShardRunner:
         its decision is applied (read at once: its notice went to the last owner)."""
         held = await self._retrying(lambda: self._backend.held(self.keys))
         for name, raw in held.items():
-            request = self._held_request(name.decode(), raw)
+            request = held_request(name.decode(), raw, self.name)
             if request is not None:
                 self._held_again.append(self._request_run(request, recorded=True))
-
-    def _held_request(self, field: str, raw: bytes) -> GrantRequest | None:
-        """The request a recorded hold was taken for; None, logged, for a record that is not
-        a grant of its field's part (only workers write there: such a record is a defect, and
-        what it holds cannot be held again)."""
-        try:
-            grant = KeyGrant.from_wire(loads(raw.decode()))
-        except (ValueError, MalformedMessage) as exc:
-            log.error("shard %d: an unreadable hold %s: %s", self.shard, field, exc)
-            return None
-        if grant.home < 0 or part_id(grant.op_id, grant.home, grant.attempt) != field:
-            log.error("shard %d: hold %s is not a grant of that part: %r", self.shard, field, raw)
-            return None
-        keys = tuple(key for key, _ in grant.states)
-        return GrantRequest(grant.home, grant.op_id, grant.attempt, self.name, keys, "", 0)
 
     def _hold_again(self) -> None:
         """Hold the keys of the holds read by :meth:`_read_holds` (nothing else is queued yet)."""
@@ -829,17 +813,8 @@ class ShardRunner:
         """Why this owner does not take ``request``; None if it does."""
         if self._ended or self._stopping:
             return "this owner is stopping"
-        if request.target != self.name:
-            return f"it is for shard {request.target!r}"
-        if not 0 <= request.home < self.shard or "#" in request.op_id:
-            return "its home or op id cannot be a coordinator's"
-        if any(shard_for(key, self._shard_count) != self.shard for key in request.keys):
-            return "it names keys of other shards"
-        if abs(time.time() * 1000 - request.at) > self._settings.result_ttl_ms / 2:
-            # (A copy: what became of its attempt is kept at least result_ttl, by the server's
-            # clock; half of it is left for the clocks of two workers to disagree.)
-            return "it was made more than half of result_ttl away from now"
-        return None
+        ttl = self._settings.result_ttl_ms
+        return request_refusal(request, self.shard, self.name, self._shard_count, ttl)
 
     def try_hold(self, keys: tuple[str, ...], *, committed: bool = True) -> Hold | None:
         """Hold ``keys`` at once, with no task, if they are idle: nothing queued on them, their

@@ -1,8 +1,8 @@
 """A participant shard's side of a cross-shard op: run a grant request (hold the keys, grant
 their committed states to the coordinator), then apply the decision for them. A request comes
 from the coordinator's worker in a coordination message (or in process), never from a stream;
-the runner checks it and queues its run behind the ops taken in on its keys
-(``ShardRunner.take_request``).
+the runner checks it by this module's rules (:func:`request_refusal`) and queues its run behind
+the ops taken in on its keys (``ShardRunner.take_request``).
 
 The request's barrier holds the keys (only they wait; the shard's other keys keep flowing) from
 the grant until the decision is known, so the states the coordinator computed on stay current.
@@ -20,14 +20,16 @@ applies the decision with its own step.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Coroutine
 from typing import Any
 
 from ..._scripts.cross import ResolveArgs, resolve
 from ..._scripts.refusals import AttemptAhead
-from ..._wire.json_text import dumps
+from ..._wire.json_text import dumps, loads
 from ..._wire.layout import part_id
-from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant
+from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant, MalformedMessage
+from ..._wire.routing import shard_for
 from ...errors import BackendUnavailable
 from ..chains import Hold
 from ..commits import Record
@@ -367,3 +369,38 @@ class _Granting:
             self._waiter.woken()
             decision = await self._participant.await_decision(self._waiter, self._request)
         self._end(decision)
+
+
+def request_refusal(
+    request: GrantRequest, shard: int, name: str, shard_count: int, result_ttl_ms: int
+) -> str | None:
+    """Why the owner of ``shard`` (named ``name`` in its layout generation) does not take
+    ``request``, signed for it as it is; None if it does. (Its coordinator asks again after a
+    poll: a refusal loses nothing.)"""
+    if request.target != name:
+        return f"it is for shard {request.target!r}"
+    if not 0 <= request.home < shard or "#" in request.op_id:
+        return "its home or op id cannot be a coordinator's"
+    if any(shard_for(key, shard_count) != shard for key in request.keys):
+        return "it names keys of other shards"
+    if abs(time.time() * 1000 - request.at) > result_ttl_ms / 2:
+        # (A copy: what became of its attempt is kept at least result_ttl, by the server's
+        # clock; half of it is left for the clocks of two workers to disagree.)
+        return "it was made more than half of result_ttl away from now"
+    return None
+
+
+def held_request(field: str, raw: bytes, name: str) -> GrantRequest | None:
+    """The request a hold recorded in shard ``name``'s held hash was taken for; None, logged,
+    for a record that is not a grant of its field's part (only workers write there: such a
+    record is a defect, and what it holds cannot be held again)."""
+    try:
+        grant = KeyGrant.from_wire(loads(raw.decode()))
+    except (ValueError, MalformedMessage) as exc:
+        log.error("shard %s: an unreadable hold %s: %s", name, field, exc)
+        return None
+    if grant.home < 0 or part_id(grant.op_id, grant.home, grant.attempt) != field:
+        log.error("shard %s: hold %s is not a grant of that part: %r", name, field, raw)
+        return None
+    keys = tuple(key for key, _ in grant.states)
+    return GrantRequest(grant.home, grant.op_id, grant.attempt, name, keys, "", 0)
