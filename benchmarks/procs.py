@@ -26,7 +26,7 @@ from anyio.streams.buffered import BufferedByteReceiveStream
 import keyserial
 
 from .config import RunSpec
-from .workloads import account_key
+from .workloads import account_key, shard_range_bounds
 
 #: The directory that holds the ``benchmarks`` package: subprocesses import it from there.
 ROOT = Path(__file__).resolve().parent.parent
@@ -152,11 +152,9 @@ async def _stop(process: Process, timeout: float) -> None:
 
 
 def shard_range(shards: int, workers: int, index: int) -> str:
-    """Worker ``index``'s share of ``shards`` split into ``workers`` contiguous ranges, as
-    ``--shards`` takes it ("0-7"); the first ranges take one more when it does not divide."""
-    size, extra = divmod(shards, workers)
-    first = index * size + min(index, extra)
-    last = first + size + (index < extra) - 1
+    """Worker ``index``'s share of ``shards`` (:func:`shard_range_bounds`), as ``--shards``
+    takes it ("0-7")."""
+    first, last = shard_range_bounds(shards, workers, index)
     return f"{first}-{last}"
 
 

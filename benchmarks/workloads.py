@@ -40,13 +40,20 @@ def shard_table(keys: int, shards: int) -> tuple[int, ...]:
     return tuple(shard_for(account_key(n), shards) for n in range(keys))
 
 
-def shard_range_of(shard: int, shards: int, ranges: int) -> int:
-    """Which of ``ranges`` contiguous ranges of ``shards`` holds ``shard``: the split
-    ``--split-shards`` gives its workers (the first ranges take one more when it does not
-    divide)."""
+def shard_range_bounds(shards: int, ranges: int, index: int) -> tuple[int, int]:
+    """The first and last shard of range ``index`` of ``shards`` split into ``ranges``
+    contiguous ranges, as ``--split-shards`` gives them to its workers (the first ranges take
+    one more when it does not divide)."""
     size, extra = divmod(shards, ranges)
-    wide = extra * (size + 1)
-    return shard // (size + 1) if shard < wide else extra + (shard - wide) // size
+    first = index * size + min(index, extra)
+    return first, first + size + (index < extra) - 1
+
+
+def shard_range_of(shard: int, shards: int, ranges: int) -> int:
+    """Which of :func:`shard_range_bounds`' ranges holds ``shard``."""
+    return next(
+        index for index in range(ranges) if shard <= shard_range_bounds(shards, ranges, index)[1]
+    )
 
 
 def make_chooser(
@@ -76,17 +83,17 @@ def make_chooser(
     raise ValueError(f"unknown key distribution {distribution!r}")
 
 
-def _pair_chooser(keys: int, rng: random.Random, shards: int, ranges: int = 0) -> Chooser:
-    """Two distinct accounts on different keyserial shards (with one shard: just distinct);
-    with ``ranges``, on shards of the same range."""
+def _pair_chooser(keys: int, rng: random.Random, shards: int, ranges: int = 1) -> Chooser:
+    """Two distinct accounts on different keyserial shards (with one shard: just distinct),
+    both in the same one of ``ranges`` contiguous ranges of shards (one range: any two)."""
     shard_of = shard_table(keys, shards)
-    range_of = [shard_range_of(shard, shards, ranges or 1) for shard in range(shards)]
+    range_of = [shard_range_of(shard, shards, ranges) for shard in range(shards)]
 
     def choose() -> tuple[int, ...]:
         while True:
             first, second = rng.randrange(keys), rng.randrange(keys)
             apart = shards == 1 or shard_of[first] != shard_of[second]
-            together = not ranges or range_of[shard_of[first]] == range_of[shard_of[second]]
+            together = range_of[shard_of[first]] == range_of[shard_of[second]]
             if first != second and apart and together:
                 return first, second
 
