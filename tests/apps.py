@@ -24,6 +24,15 @@ def append(ctx: Context, value: Any) -> list[Any]:
 
 
 @op(inline=True)
+def stamp(ctx: Context, label: str) -> float:
+    """Append ``[label, the worker's clock]`` to the key's list; return that clock (delayed ops'
+    tests: when each ran, and in which order)."""
+    now = time.time()
+    ctx.state = [*(ctx.state or []), [label, now]]
+    return now
+
+
+@op(inline=True)
 def record(ctx: Context) -> int:
     """Log the op id in the key's state: exactly-once is checked op by op, not by a sum."""
     applied = ctx.state or []

@@ -113,6 +113,10 @@ _HOSTILE = "tests/security/test_hostile_clients.py::"
 _INTAKE = "keyserial/_worker/intake.py"
 _LEASE = "tests/backend/test_lease_scripts.py::"
 _RELEASE_LUA = "keyserial/_scripts/lua/release.lua"
+_LIB = "keyserial/_scripts/lua/lib.lua"
+_TIMER_SCRIPTS = "tests/timers/test_timer_scripts.py::"
+_DELAYED = "tests/timers/test_delayed_ops.py::"
+_HAND = "tests/timers/test_hand_pushed_timers.py::"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -2599,8 +2603,8 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 _STEP,
-                "  if #skipped > 0 or #moved > 0 or seal then\n",
-                "  if #skipped > 0 or #moved > 0 then\n",
+                "  if #skipped > 0 or #moved > 0 or seal or next_timer then\n",
+                "  if #skipped > 0 or #moved > 0 or next_timer then\n",
             ),
         ),
         (
@@ -2682,6 +2686,164 @@ MUTANTS: tuple[Mutant, ...] = (
             "test_no_push_is_taken_while_a_fetch_may_have_left_entries_in_the_stream",
         ),
         fast=True,
+    ),
+    Mutant(
+        "timers-fire-early",
+        "G12.1",
+        "a step fires every timer, due or not",
+        (
+            Edit(
+                _LIB,
+                "redis.call('ZRANGE', timers, '-inf', now, 'BYSCORE'",
+                "redis.call('ZRANGE', timers, '-inf', '+inf', 'BYSCORE'",
+            ),
+        ),
+        (
+            _TIMER_SCRIPTS
+            + "test_a_step_fires_what_is_due_in_order_and_says_when_the_next_is_due"
+            + _STANDALONE,
+            _DELAYED
+            + "test_a_delayed_op_runs_once_due_behind_the_ops_appended_before_then"
+            + _STANDALONE,
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "timers-fire-twice",
+        "G12.1",
+        "a step fires a due timer without removing it: it fires again at every fetch",
+        (Edit(_LIB, "    redis.call('ZREM', timers, unpack(fired))\n", ""),),
+        (
+            _TIMER_SCRIPTS
+            + "test_a_step_fires_what_is_due_in_order_and_says_when_the_next_is_due"
+            + _STANDALONE,
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "timers-fire-in-id-order-only",
+        "G12.1",
+        "timers due in one millisecond fire in the order of their ids as text (place 10 before 9)",
+        (
+            Edit(
+                _LIB,
+                "  return string.format('%016d', place)",
+                "  return string.format('%d', place)",
+            ),
+        ),
+        (
+            _TIMER_SCRIPTS
+            + "test_a_step_fires_what_is_due_in_order_and_says_when_the_next_is_due"
+            + _STANDALONE,
+            _DELAYED
+            + "test_delayed_ops_due_in_one_millisecond_run_in_the_order_they_were_appended"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "sealed-shard-fires-timers",
+        "G12.2",
+        "a sealed shard's step fires its due timers (a reshard moves them too)",
+        (
+            Edit(
+                _STEP,
+                "  if not seal then\n    local _\n    _, next_timer",
+                "  if true then\n    local _\n    _, next_timer",
+            ),
+        ),
+        (_TIMER_SCRIPTS + "test_a_sealed_shard_fires_no_timer" + _STANDALONE,),
+        fast=True,
+    ),
+    Mutant(
+        "mover-leaves-timers",
+        "G12.2",
+        "a reshard leaves the old shards' timers where they are: they never fire",
+        (
+            Edit(
+                "keyserial/_reshard/mover.py",
+                "    await _move_timers(backend, move, progress)\n",
+                "",
+            ),
+        ),
+        (
+            "tests/timers/test_timer_reshard.py::"
+            "test_pending_timers_move_with_their_keys_and_fire_once_in_the_new_layout"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "alarm-never-rings",
+        "G12.1",
+        "an owner keeps no alarm for its next timer: timers fire at its poll",
+        (
+            Edit(
+                _SHARD, "            self._alarm.follow(fetched.next_timer_ms)", "            pass"
+            ),
+        ),
+        (
+            _DELAYED
+            + "test_an_idle_owner_wakes_for_its_next_timer_rather_than_its_poll"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "pushed-delayed-item-taken",
+        "G12.3",
+        "a worker takes a pushed item whose first line ends in a due time as a fresh one",
+        (
+            Edit(
+                "keyserial/_wire/codec.py",
+                '    if not newline or not version or (space and flags != b"fresh"):',
+                '    if not newline or not version or (space and not flags.startswith(b"fresh")):',
+            ),
+        ),
+        (_HAND + "test_a_forged_push_of_a_delayed_item_never_runs_it_early" + _STANDALONE,),
+    ),
+    Mutant(
+        "due-time-unchecked",
+        "G12.3",
+        "a step takes a due time of any length (16 digits lose their last ones to Lua's numbers)",
+        (Edit(_LIB, "  if not head or #due > 15 then", "  if not head then"),),
+        (
+            _HAND + "test_a_delayed_item_whose_due_time_cannot_be_read_is_dead_lettered"
+            "[standalone-1 at 1000000000000000]",
+        ),
+    ),
+    Mutant(
+        "present-misses-timers",
+        "G12.3",
+        "the client's sweep looks for an overdue op in its shard's inbox and stream, not its"
+        " timers: it appends a second copy",
+        (
+            Edit(
+                _LUA + "present.lua",
+                "  elseif place <= taken and redis.call('HGET', timed,",
+                "  elseif false and redis.call('HGET', timed,",
+            ),
+        ),
+        (
+            _DELAYED
+            + "test_an_awaited_delayed_op_due_while_no_worker_runs_is_not_appended_again"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "submit-due-unchecked",
+        "G12.4",
+        "the submit script pushes an item whatever its due time argument holds",
+        (
+            Edit(
+                _LUA + "submit.lua",
+                "if not shard or #ARGV < 4 or (due_arg ~= ''"
+                " and (not digits or #digits > 15)) then",
+                "if not shard or #ARGV < 4 then",
+            ),
+        ),
+        (
+            _TIMER_SCRIPTS
+            + "test_the_submit_script_refuses_a_due_time_it_cannot_read_and_pushes_nothing"
+            + "[standalone-soon]",
+        ),
     ),
 )
 

@@ -156,6 +156,18 @@ class Backend:
         """Every state of the shard, by key."""
         return _as_dict(await self.call("HGETALL", shard.state))
 
+    async def timers(self, shard: ShardKeys) -> list[tuple[bytes, float, bytes]]:
+        """The shard's timers, soonest due first: (id, due time in ms, item)."""
+        scored, items = raise_errors(
+            await self.pipeline(
+                [("ZRANGE", shard.timers, 0, -1, "WITHSCORES"), ("HGETALL", shard.timed)]
+            )
+        )
+        timed = _as_dict(items)
+        if not scored or not isinstance(scored[0], (list, tuple)):  # (RESP2: a flat list)
+            scored = list(zip(scored[::2], scored[1::2], strict=True))
+        return [(member, float(due), timed[member]) for member, due in scored if member in timed]
+
     async def held(self, shard: ShardKeys) -> dict[bytes, bytes]:
         """The shard's holds for other shards' cross-shard ops (its held hash), by attempt: what
         a new owner holds again before it runs anything."""

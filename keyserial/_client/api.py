@@ -5,7 +5,10 @@ trio)."""
 from __future__ import annotations
 
 import abc
+import math
+import time
 from collections.abc import Mapping, Sequence
+from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -17,6 +20,7 @@ from .._wire.json_text import encodes
 from .._wire.layout import Layout
 from .._wire.routing import shard_for
 from .metrics import CLIENT_METRICS
+from .pending import When
 
 R = TypeVar("R")
 
@@ -74,12 +78,24 @@ class Client(abc.ABC):
         """
 
     async def submit(
-        self, key: str, call: Call[R], *, timeout: float | None = None, op_id: str | None = None
+        self,
+        key: str,
+        call: Call[R],
+        *,
+        timeout: float | None = None,
+        op_id: str | None = None,
+        delay: float | None = None,
+        at: datetime | None = None,
     ) -> R:
         """Run ``call`` on ``key``'s shard, after every op already appended for the key.
 
         Returns the op's return value once its effects are committed. Resubmitting an ``op_id``
         returns the stored outcome instead of running the op again.
+
+        ``delay`` (seconds) or ``at`` (a datetime; a naive one is local time) runs it later: it
+        waits in Redis, in the shard's timers, and takes its place in the key's order at its
+        due time, by Redis's clock, never before, behind every op appended before then. The
+        ``timeout`` then counts from the due time.
 
         :raises OperationFailed: (or a subclass such as ``InsufficientFunds``) if the op failed.
         ``timeout`` is in seconds; ``None`` means the ``submit_timeout`` setting (30 s by default)
@@ -96,14 +112,22 @@ class Client(abc.ABC):
             ``ValueError`` for a malformed ``op_id`` or a reserved op name too.
         """
         check_key(key)
-        return await self._checked_submit(key, call, timeout, op_id)
+        return await self._checked_submit(key, call, timeout, op_id, when_due(delay, at))
 
     async def enqueue(
-        self, key: str, call: Call[Any], *, op_id: str | None = None, timeout: float | None = None
+        self,
+        key: str,
+        call: Call[Any],
+        *,
+        op_id: str | None = None,
+        timeout: float | None = None,
+        delay: float | None = None,
+        at: datetime | None = None,
     ) -> str:
         """Append ``call`` for ``key`` as :meth:`submit` does, and return its op id as soon as
         it is appended, without waiting for it to run: fetch its outcome later with
-        ``ks.result(op_id, key=key)`` (``ResultNotFound`` until it has run).
+        ``ks.result(op_id, key=key)`` (``ResultNotFound`` until it has run). ``delay`` or
+        ``at``: as :meth:`submit` takes them.
 
         ``timeout`` bounds the wait for the append (default: ``submit_timeout``). Sending it
         again under the returned (or a given) ``op_id`` never runs it twice.
@@ -114,8 +138,9 @@ class Client(abc.ABC):
         append fails (then it may have been appended: enqueue it again under the same op id).
         """
         check_key(key)
+        when = when_due(delay, at)
         seconds = self._checked(call, timeout, op_id)
-        return await self._enqueue(key, call, seconds, op_id)
+        return await self._enqueue(key, call, seconds, op_id, when)
 
     async def submit_many(
         self,
@@ -124,6 +149,8 @@ class Client(abc.ABC):
         *,
         timeout: float | None = None,
         op_id: str | None = None,
+        delay: float | None = None,
+        at: datetime | None = None,
     ) -> R:
         """Run a multi-key op (``@keyserial.multi_op``) on ``keys``, atomically and isolated:
         it sees and writes all their states as if alone, after every op already appended for
@@ -133,10 +160,11 @@ class Client(abc.ABC):
         coordinated by the lowest one (the op's home, where its result is stored): it takes the
         other shards' keys in ascending shard order, so two such ops can never deadlock.
 
+        ``delay`` or ``at``: as :meth:`submit` takes them (the op waits on its home shard).
         Raises as :meth:`submit` does.
         """
         check_keys(keys)
-        return await self._checked_submit(tuple(keys), call, timeout, op_id)
+        return await self._checked_submit(tuple(keys), call, timeout, op_id, when_due(delay, at))
 
     async def transfer(
         self,
@@ -146,14 +174,21 @@ class Client(abc.ABC):
         *,
         timeout: float | None = None,
         op_id: str | None = None,
+        delay: float | None = None,
+        at: datetime | None = None,
     ) -> dict[str, int]:
         """Move ``amount`` from ledger key ``source`` to ``target``, atomically; returns both
-        new balances by key.
+        new balances by key. ``delay`` or ``at``: as :meth:`submit` takes them.
 
         :raises InsufficientFunds: if ``source`` holds less (neither balance changes).
         """
         return await self.submit_many(
-            [source, target], ledger.transfer(amount), timeout=timeout, op_id=op_id
+            [source, target],
+            ledger.transfer(amount),
+            timeout=timeout,
+            op_id=op_id,
+            delay=delay,
+            at=at,
         )
 
     async def read(self, key: str) -> Any:
@@ -193,13 +228,17 @@ class Client(abc.ABC):
     # -- what each kind of client does with checked arguments ---------------------------------
 
     @abc.abstractmethod
-    async def _send(self, keys: Keys, call: Call[R], timeout: float, op_id: str | None) -> R:
-        """Append the op to its home shard and wait for its outcome (``timeout``: seconds, or
-        ``math.inf``)."""
+    async def _send(
+        self, keys: Keys, call: Call[R], timeout: float, op_id: str | None, when: When | None
+    ) -> R:
+        """Append the op to its home shard (due ``when``; None: now) and wait for its outcome
+        (``timeout``: seconds after it is due, or ``math.inf``)."""
 
     @abc.abstractmethod
-    async def _enqueue(self, keys: Keys, call: Call[Any], timeout: float, op_id: str | None) -> str:
-        """Append the op to its home shard; its op id once appended."""
+    async def _enqueue(
+        self, keys: Keys, call: Call[Any], timeout: float, op_id: str | None, when: When | None
+    ) -> str:
+        """Append the op to its home shard (due ``when``); its op id once appended."""
 
     @abc.abstractmethod
     async def _state(self, key: str) -> Any:
@@ -215,13 +254,18 @@ class Client(abc.ABC):
     # -- checks --------------------------------------------------------------------------------
 
     async def _checked_submit(
-        self, keys: Keys, call: Call[R], timeout: float | None, op_id: str | None
+        self,
+        keys: Keys,
+        call: Call[R],
+        timeout: float | None,
+        op_id: str | None,
+        when: When | None = None,
     ) -> R:
         seconds = self._checked(call, timeout, op_id)
         namespace = self.settings.namespace
         began, error = CLIENT_METRICS.began(namespace), None
         try:
-            return await self._send(keys, call, seconds, op_id)
+            return await self._send(keys, call, seconds, op_id, when)
         except BaseException as exc:
             error = exc
             raise
@@ -245,6 +289,31 @@ class Client(abc.ABC):
         if not timeout > 0:  # (NaN too: it would never expire)
             raise ValueError(f"timeout must be positive seconds or math.inf, not {timeout!r}")
         return timeout
+
+
+#: The longest delay, in ms: the submit script takes a due time of at most 15 digits.
+_LONGEST_DELAY_MS = 10**14
+
+
+def when_due(delay: object, at: object) -> When | None:
+    """When an op given ``delay`` (seconds) or ``at`` (a datetime) is due; None for now."""
+    if delay is not None and at is not None:
+        raise TypeError("give delay or at, not both")
+    if at is not None:
+        if not isinstance(at, datetime):
+            raise TypeError(f"at must be a datetime, not {at!r}")
+        due_ms = math.ceil(at.timestamp() * 1000)  # (never early: rounded up; 15 digits at most)
+        return When(str(max(due_ms, 0)), max(0.0, due_ms / 1000 - time.time()))
+    if delay is None:
+        return None
+    if not isinstance(delay, (int, float)) or type(delay) is bool:
+        raise TypeError(f"delay must be a number of seconds, not {delay!r}")
+    if not 0 <= delay < math.inf:  # (NaN too)
+        raise ValueError(f"delay must be zero or more finite seconds, not {delay!r}")
+    delay_ms = math.ceil(delay * 1000)
+    if delay_ms > _LONGEST_DELAY_MS:
+        raise ValueError(f"delay is too long: {delay!r} seconds")
+    return When(f"+{delay_ms}", float(delay))
 
 
 def check_call(call: object) -> None:

@@ -144,7 +144,9 @@ class Appender:
         # (A list, made in one call: a generator here would be resumed once per op.)
         fresh = all([pending.fresh for pending in group])
         wake = keys.wake(self._backend.sharded_pubsub)
-        return SubmitArgs(self._settings.max_backlog, WIRE_VERSION, packed, wake, fresh)
+        return SubmitArgs(
+            self._settings.max_backlog, WIRE_VERSION, packed, wake, fresh, group[0].due
+        )
 
     def _append_error(self, keys: ShardKeys, reply: Exception) -> KeyserialError:
         """The error of an append the server answered with an error: nothing was appended."""
@@ -156,14 +158,15 @@ class Appender:
 
 
 def _pack(batch: list[Pending]) -> Iterator[tuple[ShardKeys, list[Pending]]]:
-    """Group a batch by shard, in submit order, into entries of bounded size."""
+    """Group a batch by shard (and due time), in submit order, into entries of bounded size."""
     # (By the shard's hash tag, which names it as its keys do: a string's hash is kept, where
     # the dataclass's is computed in Python at every lookup.)
     by_shard: dict[str, tuple[ShardKeys, list[Pending]]] = {}
     for pending in batch:
         shard = pending.shard
-        if (found := by_shard.get(shard.tag)) is None:
-            by_shard[shard.tag] = (shard, [pending])
+        packing = shard.tag if not pending.due else f"{shard.tag} {pending.due}"
+        if (found := by_shard.get(packing)) is None:
+            by_shard[packing] = (shard, [pending])
         else:
             found[1].append(pending)
     for shard, group in by_shard.values():

@@ -45,7 +45,7 @@ from ..errors import (
 from .api import Client, Keys
 from .appender import Appender
 from .outcomes import ReplyLookups, StoredOutcomes, own_outcome, settle_signed
-from .pending import TIMED_OUT, Deadlines, Pending, closed_while_waiting, value_or_raise
+from .pending import TIMED_OUT, Deadlines, Pending, When, closed_while_waiting, value_or_raise
 from .routes import Routes
 from .sweep import Sweep
 
@@ -146,13 +146,17 @@ class AsyncioClient(Client):
     def layout(self) -> Layout:
         return self._routes.routing
 
-    async def _send(self, keys: Keys, call: Call[R], timeout: float, op_id: str | None) -> R:
-        pending = await self._settled(keys, call, timeout, op_id, appended_only=False)
+    async def _send(
+        self, keys: Keys, call: Call[R], timeout: float, op_id: str | None, when: When | None
+    ) -> R:
+        pending = await self._settled(keys, call, timeout, op_id, when, appended_only=False)
         value: R = self._unwrap(pending)
         return value
 
-    async def _enqueue(self, keys: Keys, call: Call[Any], timeout: float, op_id: str | None) -> str:
-        pending = await self._settled(keys, call, timeout, op_id, appended_only=True)
+    async def _enqueue(
+        self, keys: Keys, call: Call[Any], timeout: float, op_id: str | None, when: When | None
+    ) -> str:
+        pending = await self._settled(keys, call, timeout, op_id, when, appended_only=True)
         if isinstance(pending.outcome, BaseException):
             raise pending.outcome
         return pending.op_id  # (appended; or answered already, which it could only be if so)
@@ -163,6 +167,7 @@ class AsyncioClient(Client):
         call: Call[Any],
         timeout: float,
         op_id: str | None,
+        when: When | None,
         *,
         appended_only: bool,
     ) -> Coroutine[Any, Any, Pending]:
@@ -170,14 +175,15 @@ class AsyncioClient(Client):
         its outcome, or (``appended_only``) as soon as it is appended. (Not a coroutine itself:
         it hands back the one to await, which spares each submit a coroutine's two calls.)
 
-        :raises SubmitTimeout: if it is not settled within ``timeout`` seconds.
+        :raises SubmitTimeout: if it is not settled within ``timeout`` seconds (once due, for
+            a delayed op awaited).
         """
         fresh = op_id is None
         op_id = op_id or next(self._op_ids)
         traced = tracer()
         if traced is None:  # (the common case: no span, and no context manager either)
-            return self._traced(keys, call, timeout, op_id, fresh, None, appended_only)
-        return self._in_span(traced, keys, call, timeout, op_id, fresh, appended_only)
+            return self._traced(keys, call, timeout, op_id, fresh, None, appended_only, when)
+        return self._in_span(traced, keys, call, timeout, op_id, fresh, appended_only, when)
 
     async def _in_span(
         self,
@@ -188,9 +194,10 @@ class AsyncioClient(Client):
         op_id: str,
         fresh: bool,
         appended_only: bool,
+        when: When | None,
     ) -> Pending:
         with submitting(traced, call.name, keys, op_id) as trace:
-            return await self._traced(keys, call, timeout, op_id, fresh, trace, appended_only)
+            return await self._traced(keys, call, timeout, op_id, fresh, trace, appended_only, when)
 
     async def _traced(
         self,
@@ -201,6 +208,7 @@ class AsyncioClient(Client):
         fresh: bool,
         trace: Carrier | None,
         appended_only: bool,
+        when: When | None = None,
     ) -> Pending:
         """:meth:`_settled` in the submit's span (``trace``: its context, sent with the op)."""
         loop = self._check_loop()
@@ -219,6 +227,11 @@ class AsyncioClient(Client):
             fresh=fresh,
             appended_only=appended_only,
         )
+        if when is not None:
+            pending.due = when.due
+            if not appended_only:  # (its reply, and its timeout, wait for its due time)
+                pending.since += when.seconds
+                timeout += when.seconds
         self._waiting[op_id].append(pending)
         self._appender.add(pending)
         # A deadline, not a cancel scope: one on every submit then costs next to nothing.

@@ -23,6 +23,7 @@ from .._wire.layout import Layout
 from ..errors import KeyserialError
 from .api import Client, Keys
 from .hosted import HostedClient, Opener
+from .pending import When
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -66,11 +67,15 @@ class ForeignLoopClient(Client):
     def layout(self) -> Layout:
         return self._inner.layout
 
-    async def _send(self, keys: Keys, call: Call[R], timeout: float, op_id: str | None) -> R:
-        return await self._run(lambda: self._inner._send(keys, call, timeout, op_id))
+    async def _send(
+        self, keys: Keys, call: Call[R], timeout: float, op_id: str | None, when: When | None
+    ) -> R:
+        return await self._run(lambda: self._inner._send(keys, call, timeout, op_id, when))
 
-    async def _enqueue(self, keys: Keys, call: Call[Any], timeout: float, op_id: str | None) -> str:
-        return await self._run(lambda: self._inner._enqueue(keys, call, timeout, op_id))
+    async def _enqueue(
+        self, keys: Keys, call: Call[Any], timeout: float, op_id: str | None, when: When | None
+    ) -> str:
+        return await self._run(lambda: self._inner._enqueue(keys, call, timeout, op_id, when))
 
     async def _state(self, key: str) -> Any:
         return await self._run(lambda: self._inner._state(key))

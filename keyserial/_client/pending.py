@@ -13,6 +13,17 @@ from .._wire.codec import envelope_binding, with_reply
 from .._wire.layout import ShardKeys
 from ..errors import KeyserialError, OperationFailed
 
+
+@dataclass(frozen=True, slots=True)
+class When:
+    """When a delayed op is due: the submit script's ``due`` argument (``+<ms>`` from now, or
+    ``<ms>`` since the Unix epoch, by Redis's clock), and about how many seconds that is from
+    now by this process's clock (its waits count from then)."""
+
+    due: str
+    seconds: float
+
+
 #: What a pending submit is settled with when its timeout fires first.
 TIMED_OUT: dict[str, Any] = {}
 #: What an enqueued op is settled with once it is appended.
@@ -36,8 +47,12 @@ class Pending:
     fresh: bool
     #: Settled once appended (:data:`APPENDED`), for an enqueue that does not wait for the op.
     appended_only: bool = False
+    #: When the op is due (None: now): the submit script's ``due`` argument.
+    due: str = ""
     outcome: dict[str, Any] | BaseException | None = field(default=None, init=False)
-    since: float = field(default_factory=time.monotonic, init=False)
+    #: When its reply may be expected from (by :func:`time.monotonic`): a delayed op's, once
+    #: it is due (the sweep looks up the replies overdue since).
+    since: float = field(default_factory=time.monotonic)
     #: Where the entry that carries the op was pushed, once it was (the sweep checks it is
     #: there).
     entry: Pushed | None = field(default=None, init=False)
@@ -74,6 +89,13 @@ class Pending:
         self.entry = entry
         if self.appended_only:
             self.settle(APPENDED)
+
+    def lost(self) -> None:
+        """Its entry is gone with no outcome (a failover lost it): it is appended again, not
+        fresh, and a delayed one due when it was (by Redis's clock, as its push was told)."""
+        if self.entry is not None and self.entry.delayed:
+            self.due = str(self.entry.due_ms)
+        self.entry, self.fresh = None, False
 
 
 #: The slices of time submits' deadlines are kept in, in seconds: a submit times out at most

@@ -122,7 +122,7 @@ class Sweep:
                 pending.op_id,
                 pending.entry.place if pending.entry is not None else "?",
             )
-            pending.entry, pending.fresh = None, False
+            pending.lost()
         if lost:
             self._requeue(lost)
 

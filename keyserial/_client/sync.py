@@ -8,6 +8,7 @@ threads are packed into stream entries exactly as concurrent tasks' submits are.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any, TypeVar
 
 from .._ops import Call
@@ -44,19 +45,35 @@ class SyncClient:
         return self._client.new_op_id()
 
     def submit(
-        self, key: str, call: Call[R], *, timeout: float | None = None, op_id: str | None = None
+        self,
+        key: str,
+        call: Call[R],
+        *,
+        timeout: float | None = None,
+        op_id: str | None = None,
+        delay: float | None = None,
+        at: datetime | None = None,
     ) -> R:
         """:meth:`keyserial.Client.submit`, blocking."""
         return self._hosted.run(
-            lambda: self._client.submit(key, call, timeout=timeout, op_id=op_id)
+            lambda: self._client.submit(key, call, timeout=timeout, op_id=op_id, delay=delay, at=at)
         )
 
     def enqueue(
-        self, key: str, call: Call[Any], *, op_id: str | None = None, timeout: float | None = None
+        self,
+        key: str,
+        call: Call[Any],
+        *,
+        op_id: str | None = None,
+        timeout: float | None = None,
+        delay: float | None = None,
+        at: datetime | None = None,
     ) -> str:
         """:meth:`keyserial.Client.enqueue`, blocking until the op is appended."""
         return self._hosted.run(
-            lambda: self._client.enqueue(key, call, op_id=op_id, timeout=timeout)
+            lambda: self._client.enqueue(
+                key, call, op_id=op_id, timeout=timeout, delay=delay, at=at
+            )
         )
 
     def submit_many(
@@ -66,10 +83,14 @@ class SyncClient:
         *,
         timeout: float | None = None,
         op_id: str | None = None,
+        delay: float | None = None,
+        at: datetime | None = None,
     ) -> R:
         """:meth:`keyserial.Client.submit_many`, blocking."""
         return self._hosted.run(
-            lambda: self._client.submit_many(keys, call, timeout=timeout, op_id=op_id)
+            lambda: self._client.submit_many(
+                keys, call, timeout=timeout, op_id=op_id, delay=delay, at=at
+            )
         )
 
     def transfer(
@@ -80,10 +101,14 @@ class SyncClient:
         *,
         timeout: float | None = None,
         op_id: str | None = None,
+        delay: float | None = None,
+        at: datetime | None = None,
     ) -> dict[str, int]:
         """:meth:`keyserial.Client.transfer`, blocking."""
         return self._hosted.run(
-            lambda: self._client.transfer(source, target, amount, timeout=timeout, op_id=op_id)
+            lambda: self._client.transfer(
+                source, target, amount, timeout=timeout, op_id=op_id, delay=delay, at=at
+            )
         )
 
     def result(self, op_id: str, *, key: str | Sequence[str], op: Call[Any] | None = None) -> Any:

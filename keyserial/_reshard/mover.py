@@ -46,6 +46,7 @@ from .._wire.layout import Layout, ShardKeys, shard_name
 from .._wire.resharding import LAYOUT_CHANGED, LayoutRecord, Move, Seal, layout_channel
 from .._wire.roster import live_entries
 from .._wire.routing import shard_for
+from .._wire.timers import moved_timer_id, split_by_home
 from ..errors import ConfigError, ReshardRefused
 
 log = logging.getLogger("keyserial.reshard")
@@ -99,6 +100,7 @@ async def move_namespace(
     await _until_quiet(backend, move.source, progress)
     drained = time.monotonic()
     states = await _copy_states(backend, move, progress)
+    await _move_timers(backend, move, progress)
     await _move_dead_letters(backend, move, progress)
     copied = time.monotonic()
     await _flip(backend, move, settings, progress)
@@ -284,6 +286,30 @@ def _writes(
         for shard, values in by_shard.items()
         for at in range(0, len(values), 2 * COPY_BATCH)
     ]
+
+
+async def _move_timers(backend: Backend, move: Move, progress: Progress) -> None:
+    """Move each old shard's timers (delayed ops not due yet, or due since its seal: a sealed
+    shard fires none) to their ops' home shards in the new layout, under the same due times,
+    then delete them: the new shards run nothing until the flip, so none has fired, and a rerun
+    after an interruption writes the same timers again (see ``_wire.timers``)."""
+    target = move.target
+    new_keys = target.all_keys()
+    moved = 0
+    for old in move.source.all_keys():
+        writes: list[tuple[str | bytes | float, ...]] = []
+        for timer_id, due, item in await backend.timers(old):
+            new_id = moved_timer_id(old, timer_id)
+            fallback = old.shard % target.shards
+            for home, split in split_by_home(item, target.shards, fallback).items():
+                writes.append(("ZADD", new_keys[home].timers, due, new_id))
+                writes.append(("HSET", new_keys[home].timed, new_id, split))
+        if writes:
+            raise_errors(await backend.pipeline(writes))
+            moved += len(writes) // 2
+        raise_errors(await backend.pipeline([("DEL", old.timers), ("DEL", old.timed)]))
+    if moved:
+        progress(f"moved {moved} timers to the new shards")
 
 
 async def _move_dead_letters(backend: Backend, move: Move, progress: Progress) -> None:

@@ -151,6 +151,9 @@ class StepReply:
     #: The inbox's taken count after the step (None: not read): the place of the next item to
     #: take from a push follows it.
     taken: int | None = None
+    #: Milliseconds until the shard's next timer is due by Redis's clock (0: one is due now),
+    #: read by a step that fetched; None if none waits, or the step did not fetch.
+    next_timer_ms: int | None = None
 
 
 def fields(raw: Any) -> dict[bytes, bytes]:
@@ -163,7 +166,7 @@ def _step_reply(reply: list[Any] | int) -> StepReply:
         return StepReply([], {}, {}, taken=reply)
     if not reply:  # (nothing fetched or moved, nor read)
         return StepReply([], {}, {})
-    entries, outcomes, states, sealed, paused, skipped, moved, taken = reply
+    entries, outcomes, states, sealed, paused, skipped, moved, taken, next_timer = reply
     return StepReply(
         entries=[(text(entry_id), fields(raw)) for entry_id, raw in entries],
         done={text(op_id): text(outcome) for op_id, outcome in pairs(outcomes)},
@@ -173,6 +176,7 @@ def _step_reply(reply: list[Any] | int) -> StepReply:
         skipped=[text(name) for name in skipped],
         moved=[text(entry_id) for entry_id in moved],
         taken=None if taken is None else int(taken),
+        next_timer_ms=None if next_timer is None else int(next_timer),
     )
 
 

@@ -28,20 +28,37 @@ class SubmitArgs(ScriptArgs):
     #: Every op id in the entry is appended for the first time: its owner looks none up, and the
     #: entry travels to it in its wake-up (a push).
     fresh: bool = False
+    #: When its ops are due, by the server's clock: ``+<ms>`` from now, or ``<ms>`` since the
+    #: Unix epoch; '' for now. One due later waits in the shard's timers until then.
+    due: str = ""
 
 
 @dataclass(frozen=True, slots=True)
 class Pushed:
     """Where an entry was pushed: its place in the shard's inbox (the entry a signed reply
     names), the server's clock then and how many items were ahead of it (where the client's
-    sweep looks for it once it has been moved into the stream: see ``present.lua``)."""
+    sweep looks for it once it has been moved into the stream: see ``present.lua``), and when
+    it is due (None: at once)."""
 
     place: str
     at_ms: int
     ahead: int
+    due_ms: int | None = None
+
+    @property
+    def delayed(self) -> bool:
+        return self.due_ms is not None and self.due_ms > self.at_ms
+
+    @property
+    def since_ms(self) -> int:
+        """When it was moved into the stream at the earliest: when it was pushed, or due."""
+        return self.due_ms if self.due_ms is not None and self.delayed else self.at_ms
 
 
 def _pushed(reply: list[int]) -> Pushed:
+    if len(reply) == 4:
+        place, at_ms, ahead, due_ms = reply
+        return Pushed(str(place), at_ms, ahead, due_ms)
     place, at_ms, ahead = reply
     return Pushed(str(place), at_ms, ahead)
 
@@ -55,9 +72,9 @@ PRESENT = Script.load("present")
 
 
 def present(shard: ShardKeys, pushed: Sequence[Pushed]) -> ScriptCall[list[bool]]:
-    """Whether each pushed entry is still in the shard's inbox or stream (not lost to a
-    failover; one that has committed and left counts as gone too)."""
-    args = [value for entry in pushed for value in (entry.place, entry.at_ms, entry.ahead)]
+    """Whether each pushed entry is still in the shard's inbox, timers or stream (not lost to
+    a failover; one that has committed and left counts as gone too)."""
+    args = [value for entry in pushed for value in (entry.place, entry.since_ms, entry.ahead)]
     return ScriptCall(PRESENT, [shard.inbox], args, lambda reply: [bool(found) for found in reply])
 
 

@@ -194,8 +194,9 @@ class ShardKeys:
     #: Ops waiting to run, in order; each entry packs one or more op envelopes. Only the shard's
     #: owner writes it, moving in what clients push to :attr:`inbox`.
     stream = _ShardKey("stream")
-    #: List: entries clients push (``submit.lua``), each ``<version>[ fresh]\n<ops>``, until the
-    #: owner's next step moves them into :attr:`stream`.
+    #: List: entries clients push (``submit.lua``), each ``<version>[ fresh][ at <ms>]\n<ops>``,
+    #: until the owner's next step moves them into :attr:`stream` (a delayed one, ``at`` its
+    #: due time, into :attr:`timers`).
     inbox = _ShardKey("inbox")
     #: How many items the owner has moved out of :attr:`inbox` so far: an item's place (its
     #: number in the order of pushes, from 1) is this count plus its index in the inbox.
@@ -237,6 +238,12 @@ class ShardKeys:
     #: Hash: resource key -> JSON ``{"at": ms}``, the keys an operator paused (``keyserial
     #: keys pause``): their ops queue and none runs until resumed, whoever owns the shard.
     paused = _ShardKey("paused")
+    #: Sorted set: the shard's timers, each an op due later (member: its id, its inbox place 16
+    #: digits wide; score: its due time in ms by the server's clock). Only the owner's steps
+    #: write it, firing each due one into :attr:`stream` (see ``lib.lua``).
+    timers = _ShardKey("timers")
+    #: Hash: timer id -> the inbox item (``<version>[ fresh]\n<ops>``) it fires as.
+    timed = _ShardKey("timed")
     #: Hash: ``<op id>#<attempt>`` -> JSON grant, the keys this shard holds for other shards'
     #: cross-shard ops, from the step that records a hold to the one that applies or releases
     #: it (see docs/multi-key.md).

@@ -74,6 +74,7 @@ from .keystates import KeyStates
 from .metrics import NO_METRICS, ShardMetrics
 from .pauses import PausedKeys
 from .pipeline import Pipeliner
+from .timers import TimerAlarm
 from .wakeups import Wakeups
 from .writes import Replies, WriteChain, WriteChainBroken
 
@@ -144,6 +145,8 @@ class ShardRunner:
         self._sleeping: asyncio.Future[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeups = Wakeups()
+        #: Asks for a fetch when the shard's next timer is due.
+        self._alarm = TimerAlarm(self.entries_waiting)
         self._commits = CommitPlanner(self.keys, settings.idle_poll)
         self._generations = ResultGenerations(grant.results_since, settings.result_ttl_ms)
         #: Steps in a row that committed, trimmed, fetched and confirmed nothing (see
@@ -220,6 +223,7 @@ class ShardRunner:
                 task_group.cancel_scope.cancel()
         finally:
             self._ended = True
+            self._alarm.cancel()
             self._replayed.set()  # (holds waiting for it find the runner ended: abandoned)
             self.states.end()  # flush() waiters from other shards' coordinators
             self._task_group = None
@@ -482,6 +486,8 @@ class ShardRunner:
         self._wakeups.sending(want)
         began = time.monotonic()  # (metrics)
         fetched = await self._send_step(call, commit, across)
+        if want:
+            self._alarm.follow(fetched.next_timer_ms)
         self._follow_records(fetched)
         self._moved_in(pushed_entries, fetched.moved)
         _settle(records, self.write_chain, fetched.skipped)

@@ -227,7 +227,7 @@ def _expect_the_example_s_output(user: User, folder: Path) -> None:
         timeout=TIMEOUT,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["70 70", "refused: 70 < 1000"], result.stdout
+    assert result.stdout.splitlines() == ["70 70", "refused: 70 < 1000", "later: 65"], result.stdout
 
 
 def _a_new_user_s_environment(venv: Path) -> dict[str, str]:

@@ -39,12 +39,13 @@ async def test_documented_users_can_submit_transfer_and_read_results(
         keyserial.connect(users.client_url, namespace=namespace) as ks,
     ):
         assert await ks.submit(source, deposit(100), op_id="opening", timeout=20) == 100
-        moved = await ks.transfer(source, target, 40)
-        assert moved == {source: 60, target: 40}
+        assert await ks.submit(source, deposit(1), delay=0.2) == 101  # (waits in the timers)
+        moved = await ks.transfer(source, target, 41)
+        assert moved == {source: 60, target: 41}
         assert await ks.result("opening", key=source) == 100
         # (Queued behind the transfer's apply on the target's shard, which read() may trail.)
-        assert await ks.submit(target, deposit(1)) == 41
-        assert (await ks.read(source), await ks.read(target)) == (60, 41)
+        assert await ks.submit(target, deposit(1)) == 42
+        assert (await ks.read(source), await ks.read(target)) == (60, 42)
     assert users.refusals() == []
 
 
@@ -52,8 +53,9 @@ async def test_documented_users_can_submit_transfer_and_read_results(
 async def test_the_client_user_cannot_write_state_or_results(users: Users, namespace: str) -> None:
     """The client user's writes to a key's state, a result, an epoch, a stream (a ``SET``, and
     an ``XADD``: only a shard's owner appends to it, moving in what its inbox holds), its inbox
-    other than by ``RPUSH`` (an ``LTRIM``), and a script of its own that writes state, are all
-    refused and change nothing; the server's ACL log shows these refusals and no other."""
+    other than by ``RPUSH`` (an ``LTRIM``), its timers (a ``ZADD`` that would move a delayed
+    op's due time, a ``ZREM`` that would drop it), and a script of its own that writes state,
+    are all refused and change nothing; the server's ACL log shows these refusals and no other."""
     async with running_worker(users.worker_url, namespace, shard_count=4):
         pass  # records the namespace's shard count
     shard = ShardKeys(namespace, 0)
@@ -70,6 +72,8 @@ async def test_the_client_user_cannot_write_state_or_results(users: Users, names
         ),
         (("XADD", shard.stream, "*", "v", "1", "ops", "[]"), "xadd"),
         (("LTRIM", shard.inbox, 1, 0), "ltrim"),
+        (("ZADD", shard.timers, 0, "0000000000000001"), "zadd"),
+        (("ZREM", shard.timers, "0000000000000001"), "zrem"),
     ]
     for command, _ in forged:
         with pytest.raises(redis.exceptions.ResponseError, match="no permissions"):

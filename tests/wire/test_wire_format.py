@@ -195,10 +195,12 @@ class ForeignClient:
         *,
         backlog: int = 100_000,
         fresh: bool = False,
+        due: str = "",
     ) -> str:
-        """Push with the document's submit script; the place it returns."""
-        fresh_arg = ["1"] if fresh else []
-        place, at_ms, ahead = await self.commands.eval(
+        """Push with the document's submit script (``due``: its sixth argument, a delayed
+        entry's due time); the place it returns."""
+        more = ["1" if fresh else "0", due] if due else ["1"] if fresh else []
+        place, at_ms, ahead, *due_ms = await self.commands.eval(
             doc_submit_script(),
             1,
             self.inbox(shard),
@@ -206,10 +208,11 @@ class ForeignClient:
             "1",
             _packed(envelopes),
             self.wake(shard),
-            *fresh_arg,
+            *more,
         )
         assert place == self._next_place(shard)
         assert abs(at_ms - time.time() * 1000) < 60_000 and ahead >= 0
+        assert len(due_ms) == (1 if due else 0) and all(ms >= at_ms for ms in due_ms)
         return str(place)
 
     async def next_message(self, *, timeout: float = 10) -> str:
@@ -390,6 +393,28 @@ async def test_the_submit_script_appends_an_entry_of_several_ops_run_in_array_or
         await client.eval_submit(shard, [silent])
         assert await eventually(lambda: client.stored(shard, silent["id"])) == {"ok": 5}
         assert await client.pubsub.get_message(timeout=0.1) is None
+
+
+async def test_a_delayed_entry_waits_in_the_timers_and_runs_once_due(
+    redis_url: str, namespace: str
+) -> None:
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS),
+        ForeignClient.connect(redis_url, namespace) as client,
+    ):
+        await client.read_shard_count()
+        key = "wallet:8"
+        shard = client.shard(key)
+        later, now = client.envelope(key, "deposit", 7), client.envelope(key, "deposit", 1)
+        pushed_at = time.time()
+        place = await client.eval_submit(shard, [later], due="+400")
+        timers = f"ks:{{{namespace}:{shard}}}:timers"
+        assert await eventually(lambda: client.commands.zscore(timers, f"{int(place):016d}"))
+        await client.eval_submit(shard, [now])
+        outcomes = await client.replies([now["id"], later["id"]])
+        assert outcomes == {now["id"]: {"ok": 1}, later["id"]: {"ok": 8}}
+        assert time.time() >= pushed_at + 0.4
+        assert await client.commands.zcard(timers) == 0
 
 
 async def test_another_op_under_a_used_op_id_is_refused_by_the_worker(

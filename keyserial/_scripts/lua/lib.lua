@@ -42,7 +42,9 @@ end
 -- A shard's inbox (see submit.lua): clients push entries there, and only its owner's scripts move
 -- them into the stream. An item is '<version>\n<ops>', or '<version> fresh\n<ops>'; its place is
 -- its number in the order of pushes, from 1: the inbox's taken count (the items moved out of it
--- so far) plus its index in the inbox, from 1.
+-- so far) plus its index in the inbox, from 1. A delayed item's first line ends in ' at <ms>',
+-- its due time by the server's clock: moved out of the inbox, it waits in the shard's timers
+-- (see below) as the item without it, until a step fires it into the stream.
 -- The stream entry of the item at ``place``: its fields and values, as XADD takes them. An item
 -- not of that form becomes an entry of its raw text, which the owner dead-letters.
 local function inbox_entry(item, place)
@@ -54,6 +56,32 @@ local function inbox_entry(item, place)
     return {'v', version, 'ops', string.sub(item, newline + 1), 'fresh', '1', 'p', place}
   end
   return {'raw', item, 'p', place}
+end
+-- A delayed item's due time (ms) and the item it waits as; nil for any other item. (At most 15
+-- digits: a larger one would lose its last ones to Lua's numbers.)
+local function item_due(item)
+  local newline = string.find(item, '\n', 1, true)
+  local head, due = string.match(string.sub(item, 1, (newline or 1) - 1), '^(.-) at (%d+)$')
+  if not head or #due > 15 then
+    return nil
+  end
+  return tonumber(due), head .. string.sub(item, newline)
+end
+-- The server's clock, in ms.
+local function now_ms()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+-- A shard's timers: a sorted set (member: the timer's id; score: its due time in ms by the
+-- server's clock) and a hash (the timer's id -> the inbox item it fires as), named after its
+-- stream. Only its owner's scripts write them. A delayed item's timer id is its place, 16 digits
+-- wide: timers due in the same millisecond fire in the order they were pushed.
+local function timer_keys(stream)
+  local shard = string.match(stream, '^(ks:{[^}]*}):stream$')
+  return shard .. ':timers', shard .. ':timed'
+end
+local function timer_id(place)
+  return string.format('%016d', place)
 end
 -- Append an entry of ``fields`` to ``stream`` under an id of Redis's own. Returns its id, or nil
 -- if the stream has no id left (an entry under the largest id). Any other refusal ends the script
@@ -67,20 +95,43 @@ local function append_moved(stream, fields)
   end
   error(id)
 end
+-- Put the delayed item at ``place`` in the timers, or append it at once if it is due (the clock
+-- read once per call: ``clock``, a table the caller keeps).
+local function schedule_item(stream, item, place, clock)
+  local due, waiting = item_due(item)
+  clock.now = clock.now or now_ms()
+  if due <= clock.now then
+    local fields = inbox_entry(waiting, string.format('%d', place))
+    fields[#fields + 1] = 'due'
+    fields[#fields + 1] = string.format('%d', due)
+    return append_moved(stream, fields)
+  end
+  local timers, timed = timer_keys(stream)
+  redis.call('ZADD', timers, due, timer_id(place))
+  redis.call('HSET', timed, timer_id(place), waiting)
+  return ''
+end
 -- Move ``items``, the first items of ``inbox`` (read by the caller), into ``stream``, in order,
--- and count them in ``taken`` (whose count the caller may know: ``first``). Returns the ids of
--- their entries, and the count after (nil if nothing was read): fewer ids than items (none) if
--- the stream has no id left (an entry under the largest id, see step.lua's RESTARTED), when
--- the items stay in the inbox and nothing is written.
+-- and count them in ``taken`` (whose count the caller may know: ``first``); a delayed item goes
+-- to the timers instead (its id ''), unless it is due. Returns the ids of their entries, and the
+-- count after (nil if nothing was read): fewer ids than items (none) if the stream has no id
+-- left (an entry under the largest id, see step.lua's RESTARTED), when the items stay in the
+-- inbox and nothing is written.
 local function move_items(inbox, taken, stream, items, first)
   local ids = {}
   if #items == 0 then
     return ids, first
   end
   first = first or tonumber(redis.call('GET', taken) or '0')
+  local clock = {}
   for i, item in ipairs(items) do
     local place = string.format('%d', first + i)
-    local id = append_moved(stream, inbox_entry(item, place))
+    local id
+    if item_due(item) then
+      id = schedule_item(stream, item, first + i, clock)
+    else
+      id = append_moved(stream, inbox_entry(item, place))
+    end
     if not id then
       break
     end
@@ -91,6 +142,42 @@ local function move_items(inbox, taken, stream, items, first)
     redis.call('SET', taken, string.format('%d', first + #ids))
   end
   return ids, first + #ids
+end
+-- Fire the timers of ``stream``'s shard that are due by the server's clock: append up to
+-- ``count`` of them to the stream, in the order of their due times (then ids), and remove them.
+-- Each fires once (its removal and its append are one script's writes) and never early (the
+-- script compares the clock it reads). Its entry is its item's, with 'p' its place and 'due'
+-- its due time. Returns how many fired, and the ms until the next timer is due (0 if one is
+-- due already; nil if none is waiting).
+local function fire_timers(stream, count)
+  local timers, timed = timer_keys(stream)
+  local now = now_ms()
+  local due = redis.call('ZRANGE', timers, '-inf', now, 'BYSCORE', 'LIMIT', 0, count,
+    'WITHSCORES')
+  local fired = {}
+  for i = 1, #due, 2 do
+    local id = due[i]
+    local item = redis.call('HGET', timed, id)
+    if item then
+      local place = tonumber(id)  -- (a timer a reshard moved keeps its id: not a place here)
+      local fields = inbox_entry(item, place and string.format('%d', place) or id)
+      fields[#fields + 1] = 'due'
+      fields[#fields + 1] = due[i + 1]
+      if not append_moved(stream, fields) then
+        break
+      end
+    end
+    fired[#fired + 1] = id
+  end
+  if #fired > 0 then
+    redis.call('ZREM', timers, unpack(fired))
+    redis.call('HDEL', timed, unpack(fired))
+  end
+  local next_due = redis.call('ZRANGE', timers, 0, 0, 'WITHSCORES')[2]
+  if not next_due then
+    return #fired, nil
+  end
+  return #fired, math.max(0, tonumber(next_due) - now)
 end
 -- Take ``items``, the first items of ``inbox`` (taken in from pushes), out of it: those whose
 -- ``keep`` flag ('1' or '0', one per item) is '1' move into ``stream`` as ``move_items`` moves

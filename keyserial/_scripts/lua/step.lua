@@ -86,15 +86,19 @@
 --          again, replaying, when it looks every op up in those layouts before running it.
 -- Entries with the field fresh = '1' carry op ids appended for the first time (see the wire
 -- format), so their stored outcomes are not looked up, except while replaying.
--- Returns, when it fetched and moved nothing and skipped no hold, the inbox's taken count if it
--- asked to fetch, else {}; otherwise {entries, done, states, seal, paused, skipped, moved,
--- taken}: entries as XRANGE returns them;
+-- A step that fetches first moves the inbox's items into the stream (a delayed one into the
+-- shard's timers, see lib.lua), then fires the timers due, unless the shard is sealed.
+-- Returns, when it fetched and moved nothing, skipped no hold and found no timer waiting, the
+-- inbox's taken count if it asked to fetch, else {}; otherwise {entries, done, states, seal,
+-- paused, skipped, moved, taken, next timer}: entries as XRANGE returns them;
 -- done = {op id, outcome, ...}; states = {key, JSON state or '', ...}; seal = the seal record when
 -- entries were fetched, or items wait in the inbox, and the shard is sealed, else false; paused =
 -- the shard's paused hash (HGETALL) when entries were fetched. (Both read with the entries: an owner that has not heard
 -- of a seal or a pause yet judges every fetched entry by it.) skipped = the fields of the part 6
 -- holds not recorded; moved = the ids of the entries the pushed items of ARGV[13] became, in
--- order ('' for one not kept); taken = the inbox's taken count after the step (false if it neither moved nor fetched).
+-- order ('' for one not kept); taken = the inbox's taken count after the step (false if it neither moved nor fetched);
+-- next timer = the ms until the shard's next timer is due by the server's clock (0: one is due
+-- already, which the next fetch fires), false if none waits or the step did not fetch.
 -- Error "FENCED ..." (nothing written) if
 -- another owner took over: the epoch moved on; error "UNCONFIRMED ..." (nothing written) if the
 -- inbox does not hold the pushed items of ARGV[13] as pushed (nor, the step being sent again,
@@ -447,6 +451,7 @@ local cursor = last_kept or ARGV[4]
 local entries, done, states = {}, {}, {}
 local fetching = tonumber(ARGV[5]) > 0
 local seal = nil  -- (the seal record, read at most once a step: false where there is none)
+local next_timer = nil  -- (the ms until the shard's next timer is due, once fired)
 if fetching then
   local items = redis.call('LRANGE', KEYS[14], 0, tonumber(ARGV[5]) - 1)
   if #items > 0 then
@@ -455,6 +460,15 @@ if fetching then
   if #items > 0 and not seal then
     local _
     _, taken = move_items(KEYS[14], KEYS[15], KEYS[4], items, taken)
+  end
+  -- Timers due fire behind what the inbox held (a sealed shard fires none: a reshard moves its
+  -- timers to the new layout's shards).
+  if seal == nil and redis.call('EXISTS', timer_keys(KEYS[4])) > 0 then
+    seal = redis.call('GET', KEYS[11])
+  end
+  if not seal then
+    local _
+    _, next_timer = fire_timers(KEYS[4], tonumber(ARGV[5]))
   end
   entries = xrange_after(KEYS[4], cursor, '+', ARGV[5])
 end
@@ -517,8 +531,8 @@ if fetching and not taken then
   taken = tonumber(redis.call('GET', KEYS[15]) or '0')
 end
 if #entries == 0 then
-  if #skipped > 0 or #moved > 0 or seal then
-    return {{}, {}, {}, seal or false, {}, skipped, moved, taken or false}
+  if #skipped > 0 or #moved > 0 or seal or next_timer then
+    return {{}, {}, {}, seal or false, {}, skipped, moved, taken or false, next_timer or false}
   end
   return taken or {}  -- (seven empty parts cost the reply's conversion about a microsecond more)
 end
@@ -608,4 +622,5 @@ end
 if seal == nil then
   seal = redis.call('GET', KEYS[11])
 end
-return {entries, done, states, seal, redis.call('HGETALL', KEYS[12]), skipped, moved, taken or false}
+return {entries, done, states, seal, redis.call('HGETALL', KEYS[12]), skipped, moved, taken or false,
+  next_timer or false}

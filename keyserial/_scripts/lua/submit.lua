@@ -17,14 +17,23 @@
 --          is published on with SPUBLISH, and stays on the shard's node
 -- ARGV[5]  '1' if every op id in the entry is appended for the first time (the item is marked
 --          fresh: its owner skips looking up their stored outcomes, and it is pushed); optional
--- Returns {place, the server's clock (ms), the items ahead of it in the inbox}; the error
+-- ARGV[6]  when its ops are due, by the server's clock: '+<ms>' from now, or '<ms>' since the
+--          Unix epoch; '' or none for now. A delayed item (one due later than now) is marked
+--          ' at <due ms>' and never pushed (announced by its place): its owner's step moves it
+--          into the shard's timers, and fires it into the stream once it is due (see lib.lua).
+-- Returns {place, the server's clock (ms), the items ahead of it in the inbox}, and the due
+-- time (ms) fourth when ARGV[6] is given (its clock, if due now); the error
 -- "BACKLOG <length>" when the backlog is full, or "RESHARDED ..." when a reshard sealed the shard
 -- (nothing pushed either way): the ops route by the namespace's layout as its meta hash records
 -- it now.
 local shard = #KEYS == 1 and string.match(KEYS[1], '^(ks:{[^}]*}):inbox$')
-if not shard or #ARGV < 4 then  -- (checked first: an error must mean that nothing was pushed)
+local due_arg = ARGV[6] or ''
+local relative, digits = string.match(due_arg, '^(%+?)(%d+)$')
+if not shard or #ARGV < 4 or (due_arg ~= '' and (not digits or #digits > 15)) then
+  -- (checked first: an error must mean that nothing was pushed)
   return redis.error_reply('ERR submit takes a shard\'s inbox as KEYS[1], and the limit,'
-    .. ' version, ops and wake channel (and fresh) as ARGV; nothing was pushed')
+    .. ' version, ops and wake channel (and fresh, and a due time of at most 15 digits) as'
+    .. ' ARGV; nothing was pushed')
 end
 if redis.call('EXISTS', shard .. ':sealed') == 1 then
   return redis.error_reply('RESHARDED the shard moved to a new layout; read it again')
@@ -47,17 +56,31 @@ local function wake(message)
   end
   redis.call('PUBLISH', ARGV[4], message)
 end
-local fresh = ARGV[5] == '1'
-local item = ARGV[2] .. '\n' .. ARGV[3]
-if fresh then
-  item = ARGV[2] .. ' fresh\n' .. ARGV[3]
+local now = redis.call('TIME')
+now = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+local due = now
+if digits and relative == '+' then
+  due = now + tonumber(digits)
+elseif digits then
+  due = math.max(now, tonumber(digits))
 end
+local fresh = ARGV[5] == '1'
+local head = ARGV[2]
+if fresh then
+  head = head .. ' fresh'
+end
+if due > now then
+  head = head .. ' at ' .. string.format('%d', due)
+end
+local item = head .. '\n' .. ARGV[3]
 local ahead = redis.call('RPUSH', KEYS[1], item) - 1
 local place = tonumber(redis.call('GET', shard .. ':inbox:taken') or '0') + ahead + 1
-if fresh and ARGV[4] ~= '' then
+if fresh and due == now and ARGV[4] ~= '' then
   wake('push ' .. string.format('%d', place) .. ' ' .. item)
 elseif ARGV[4] ~= '' then
   wake(string.format('%d', place))
 end
-local now = redis.call('TIME')
-return {place, tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000), ahead}
+if due_arg ~= '' then
+  return {place, now, ahead, due}
+end
+return {place, now, ahead}

@@ -1,0 +1,41 @@
+"""A shard owner's alarm for its shard's timers (ops due later, see ``lib.lua``): the timers
+live in Redis, and the owner keeps only when the next one is due, as its last fetching step
+read it, so a million pending timers cost it one number per shard. The alarm asks the step
+loop for a fetch at that time; the fetch fires what is due (early is harmless: it fires nothing
+not due, and reads the next due time again). One per runner, on the worker's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+#: Seconds added to a timer's wait: Redis's clock and this process's run apart a little, and a
+#: fetch a moment early would find nothing due and set the alarm again.
+MARGIN = 0.001
+
+
+class TimerAlarm:
+    """Calls ``fetch`` once the shard's next timer is due."""
+
+    def __init__(self, fetch: Callable[[], None]) -> None:
+        self._fetch = fetch
+        self._handle: asyncio.TimerHandle | None = None
+
+    def follow(self, next_timer_ms: int | None) -> None:
+        """A fetching step read that the next timer is due in ``next_timer_ms`` (by Redis's
+        clock when the step ran: a little before now, so the alarm is never early by more than
+        the margin), or that none waits (None)."""
+        self.cancel()
+        if next_timer_ms is not None:
+            loop = asyncio.get_running_loop()
+            self._handle = loop.call_later(next_timer_ms / 1000 + MARGIN, self._ring)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+    def _ring(self) -> None:
+        self._handle = None
+        self._fetch()
