@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import re
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,17 @@ _ABSENT: Any = object()
 
 #: Op names keyserial keeps for itself (a cross-shard grant request is one).
 RESERVED_PREFIX = "keyserial."
+#: The longest a timer an op sets may wait, in seconds (about 3,000 years: a due time of at
+#: most 15 digits in ms).
+MAX_TIMER_SECONDS = 10**11
+_TIMER_ID = re.compile(r"[^#]+(#t[1-9][0-9]*)+")
+
+
+def is_timer_id(op_id: str) -> bool:
+    """Whether ``op_id`` names a timer an op set (``<op id>#t<n>``, ``…#t<n>#t<m>`` for one a
+    timer's op set): the one kind of op id with '#' a worker runs, and only as its timer
+    fires."""
+    return _TIMER_ID.fullmatch(op_id) is not None
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,9 +65,22 @@ class Context:
     larger one than the op before it on that key, across owners, so an external store that
     keeps the last token per key refuses a stale writer (``UPDATE … WHERE fence < $1``). An op
     run again (its worker died before it committed) gets a new, larger token.
+
+    :meth:`after` sets a timer: an op on the same key, due later, committed with this op's
+    writes (none if the op raises); :meth:`cancel` removes one, likewise.
     """
 
-    __slots__ = ("_accessed", "_encoded", "_value", "fence", "key", "op_id", "shard")
+    __slots__ = (
+        "_accessed",
+        "_encoded",
+        "_value",
+        "fence",
+        "key",
+        "op_id",
+        "shard",
+        "timers_cancelled",
+        "timers_set",
+    )
 
     def __init__(
         self, *, key: str, op_id: str, shard: int, fence: int, encoded_state: str | None
@@ -67,6 +92,42 @@ class Context:
         self._encoded = encoded_state
         self._value: Any = _ABSENT
         self._accessed = False
+        #: The timers this run sets: (timer id, seconds, call), in order.
+        self.timers_set: list[tuple[str, float, Call[Any]]] = []
+        #: The timer ids this run cancels, in order.
+        self.timers_cancelled: list[str] = []
+
+    def after(self, seconds: float, call: Call[Any]) -> str:
+        """Run ``call`` on this key ``seconds`` from this op's commit (by Redis's clock), in the
+        key's order then, once; returns the timer's id, ``<op id>#t<n>`` (the n-th this op
+        sets), for :meth:`cancel` and ``ks.result(timer_id, key=...)``. The timer exists only
+        if this op commits: if it raises, or its commit is fenced out, nothing is set. The
+        same op run again sets the same ids.
+
+        :raises TypeError, ValueError: for a bad delay or call (the op fails, nothing is set).
+        """
+        if not isinstance(seconds, (int, float)) or type(seconds) is bool:
+            raise TypeError(f"seconds must be a number, not {seconds!r}")
+        if not 0 <= seconds <= MAX_TIMER_SECONDS:  # (NaN too)
+            raise ValueError(f"seconds must be 0 to {MAX_TIMER_SECONDS}, not {seconds!r}")
+        if not isinstance(call, Call) or not isinstance(call.name, str) or not call.name:
+            raise TypeError(f"expected an op call (op(...) or keyserial.call(...)), not {call!r}")
+        if call.name.startswith(RESERVED_PREFIX):
+            raise ValueError(f"op {call.name!r} is keyserial's own; a timer cannot run it")
+        timer_id = f"{self.op_id}#t{len(self.timers_set) + 1}"
+        self.timers_set.append((timer_id, float(seconds), call))
+        return timer_id
+
+    def cancel(self, timer_id: str) -> None:
+        """Cancel the timer ``timer_id`` (an id :meth:`after` returned, on this key), with this
+        op's writes: its op never runs after this op. One that ran before this op (or an id
+        that names no timer) is left as it is.
+
+        :raises ValueError: for a string that is not a timer's id.
+        """
+        if not isinstance(timer_id, str) or not is_timer_id(timer_id):
+            raise ValueError(f"not a timer id (as ctx.after returns it): {timer_id!r}")
+        self.timers_cancelled.append(timer_id)
 
     @property
     def state(self) -> Any:

@@ -466,3 +466,75 @@ def append_slowly(ctx: Context, value: Any, seconds: float) -> list[Any]:
 def raise_cancelled_in_thread(ctx: Context) -> None:
     """:func:`raise_cancelled` as a plain sync op: in a worker thread, where no task is."""
     raise asyncio.CancelledError()
+
+
+# -- timers an op sets ---------------------------------------------------------------------------
+
+
+@op(inline=True)
+def hold_seat(ctx: Context, holder: str, seconds: float) -> str:
+    """Hold the seat for ``holder``, released by a timer unless paid first; the timer's id."""
+    if ctx.state:
+        raise ValueError(f"the seat is held by {ctx.state['holder']}")
+    timer = ctx.after(seconds, release_seat(holder))
+    ctx.state = {"holder": holder, "timer": timer}
+    return timer
+
+
+@op(inline=True)
+def release_seat(ctx: Context, holder: str) -> bool:
+    """The hold's timer: free the seat, unless someone else holds it or it was paid."""
+    state = ctx.state
+    if state and state["holder"] == holder and not state.get("paid"):
+        ctx.state = None
+        return True
+    return False
+
+
+@op(inline=True)
+def pay_seat(ctx: Context, holder: str) -> str:
+    """Pay for the held seat: its release is cancelled with this op's write."""
+    state = ctx.state
+    if not state or state["holder"] != holder:
+        raise ValueError("the seat is not held by this holder")
+    ctx.cancel(state["timer"])
+    ctx.state = {"holder": holder, "paid": True}
+    return str(state["timer"])
+
+
+@op
+def append_in_thread(ctx: Context, value: Any) -> list[Any]:
+    """:func:`append`, as a sync op that runs in a worker thread."""
+    items = ctx.state or []
+    items.append(value)
+    ctx.state = items
+    return list(items)
+
+
+@op(inline=True)
+def append_later(
+    ctx: Context, seconds: float, value: Any, fail: bool = False, threaded: bool = False
+) -> str:
+    """Append ``value`` to the key's list ``seconds`` after this op commits (a timer's op, run
+    in a worker thread if ``threaded``); with ``fail``, raise after setting it (the timer must
+    not exist)."""
+    timer = ctx.after(seconds, (append_in_thread if threaded else append)(value))
+    if fail:
+        raise RuntimeError("failed after setting a timer")
+    return timer
+
+
+@op(inline=True)
+def cancel_timer(ctx: Context, timer_id: str) -> None:
+    ctx.cancel(timer_id)
+
+
+@op
+def append_later_in_thread(ctx: Context, seconds: float, value: Any) -> str:
+    """:func:`append_later`, as a sync op that runs in a worker thread."""
+    return ctx.after(seconds, append(value))
+
+
+@op
+def cancel_timer_in_thread(ctx: Context, timer_id: str) -> None:
+    ctx.cancel(timer_id)

@@ -117,6 +117,8 @@ _LIB = "keyserial/_scripts/lua/lib.lua"
 _TIMER_SCRIPTS = "tests/timers/test_timer_scripts.py::"
 _DELAYED = "tests/timers/test_delayed_ops.py::"
 _HAND = "tests/timers/test_hand_pushed_timers.py::"
+_OP_TIMERS = "tests/timers/test_op_timers.py::"
+_EXECUTION = "keyserial/_worker/execution.py"
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
@@ -2167,8 +2169,8 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             _no_check(
                 _INTAKE,
-                '        if item.op_id is not None and "#" in item.op_id:'
-                "  # (before it could join a run)\n",
+                "        if item.op_id is not None and reserved(item.op_id, fired):"
+                "  # (before it joins a run)\n",
             ),
         ),
         (
@@ -2844,6 +2846,137 @@ MUTANTS: tuple[Mutant, ...] = (
             + "test_the_submit_script_refuses_a_due_time_it_cannot_read_and_pushes_nothing"
             + "[standalone-soon]",
         ),
+    ),
+    Mutant(
+        "failed-op-sets-its-timers",
+        "G12.5",
+        "an op that raises still sets the timers it set before raising",
+        (
+            Edit(
+                _EXECUTION,
+                "            return self._error_outcome(envelope, value.error), None, None\n",
+                "            return self._error_outcome(envelope, value.error), None, (\n"
+                "                timer_changes(context) if isinstance(context, Context) else None\n"
+                "            )\n",
+            ),
+        ),
+        (_OP_TIMERS + "test_an_op_that_raises_sets_no_timer" + _STANDALONE,),
+    ),
+    Mutant(
+        "cancel-forgotten-inline",
+        "G12.5",
+        "a timer that fired before its cancel ran, and waits behind it, runs anyway",
+        (
+            Edit(
+                _EXECUTION,
+                "        if self.cancelled and envelope.op_id in self.cancelled:",
+                "        if False:",
+            ),
+        ),
+        (
+            _OP_TIMERS
+            + "test_a_timer_that_fired_and_waits_behind_its_cancel_never_runs[standalone-inline]",
+        ),
+    ),
+    Mutant(
+        "cancel-forgotten-in-a-trip",
+        "G12.5",
+        "a timer's sync op runs in the same trip to a thread as the op that cancelled it",
+        (
+            Edit(
+                _EXECUTION,
+                "            if (op_id := run.envelope.op_id) in self.executor.cancelled:",
+                "            if (op_id := run.envelope.op_id) in ():",
+            ),
+        ),
+        (
+            _OP_TIMERS
+            + "test_a_timer_that_fired_and_waits_behind_its_cancel_never_runs"
+            + "[standalone-in a thread]",
+        ),
+    ),
+    Mutant(
+        "cancel-stores-no-answer",
+        "G12.5",
+        "a cancel removes the timer but stores nothing under its id: a fetch of its op looks"
+        " nothing up, and ks.result() finds nothing",
+        (Edit(_STEP, "      redis.call('HSET', KEYS[5], ARGV[i], ARGV[i + 1])\n", ""),),
+        (
+            _TIMER_SCRIPTS
+            + "test_a_commit_sets_its_ops_timers_and_cancels_others_storing_their_answer"
+            + _STANDALONE,
+            _OP_TIMERS + "test_paying_cancels_the_hold_s_timer_with_its_write" + _STANDALONE,
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "cancel-overwrites-an-outcome",
+        "G12.5",
+        "a cancel stores its answer over the outcome of a timer's op that ran before it",
+        (
+            Edit(
+                _STEP,
+                "    if not has_outcome(KEYS[5], KEYS[6], ARGV[i]) then\n",
+                "    if true then\n",
+            ),
+        ),
+        (
+            _TIMER_SCRIPTS
+            + "test_a_commit_sets_its_ops_timers_and_cancels_others_storing_their_answer"
+            + _STANDALONE,
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "timer-op-id-from-any-entry",
+        "G12.5",
+        "an entry no timer fired runs an op under a timer's id: a client runs it ahead, or"
+        " answers it with an outcome of its own",
+        (
+            Edit(
+                _INTAKE,
+                '    return "#" in op_id and not (fired and is_timer_id(op_id))',
+                '    return "#" in op_id and not is_timer_id(op_id)',
+            ),
+        ),
+        (
+            "tests/timers/test_timer_intake.py::"
+            "test_a_timer_s_op_id_in_an_entry_no_timer_fired_is_refused[a#t1]",
+            _OP_TIMERS
+            + "test_an_entry_a_client_pushes_under_a_timer_s_op_id_is_refused"
+            + _STANDALONE,
+        ),
+        fast=True,
+    ),
+    Mutant(
+        "fired-timer-unmarked",
+        "G12.5",
+        "a timer an op set fires unmarked: its op id is refused as reserved, and it never runs",
+        (
+            Edit(
+                _LIB,
+                "        fields[#fields + 1] = 'timer'\n        fields[#fields + 1] = '1'\n",
+                "",
+            ),
+        ),
+        (
+            _TIMER_SCRIPTS + "test_a_timer_an_op_set_fires_marked_as_one" + _STANDALONE,
+            _OP_TIMERS + "test_a_seat_hold_lapses_by_the_timer_its_op_set" + _STANDALONE,
+        ),
+    ),
+    Mutant(
+        "alarm-ignores-timers-just-set",
+        "G12.5",
+        "an owner sets no alarm for a timer its op just committed: it fires at the next poll",
+        (
+            Edit(
+                _SHARD,
+                "                self._alarm.expect(min(delay for _, delay, _ in"
+                " finished.timers.set))",
+                "                pass",
+            ),
+        ),
+        (_OP_TIMERS + "test_an_idle_owner_wakes_for_a_timer_its_op_just_set" + _STANDALONE,),
     ),
 )
 

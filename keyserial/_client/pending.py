@@ -50,7 +50,7 @@ class Pending:
     #: When the op is due (None: now): the submit script's ``due`` argument.
     due: str = ""
     outcome: dict[str, Any] | BaseException | None = field(default=None, init=False)
-    #: When its reply may be expected from (by :func:`time.monotonic`): a delayed op's, once
+    #: When its reply may be expected from (by the monotonic clock): a delayed op's, once
     #: it is due (the sweep looks up the replies overdue since).
     since: float = field(default_factory=time.monotonic)
     #: Where the entry that carries the op was pushed, once it was (the sweep checks it is

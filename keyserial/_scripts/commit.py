@@ -64,7 +64,7 @@ Write = tuple[str, str]
 @dataclass(frozen=True, slots=True)
 class StepCommit:
     """What one step commits, as step.lua takes it after its named arguments: the sizes of its
-    ten parts, then their values. The script hands the values to ``HSET`` and ``HMGET`` as they
+    twelve parts, then their values. The script hands the values to ``HSET`` and ``HMGET`` as they
     come: one JSON argument cost it about a microsecond per op to decode and flatten."""
 
     #: The sizes, then the values.
@@ -82,6 +82,8 @@ class StepCommit:
         released: Sequence[str] = (),
         dead: Sequence[tuple[str, str, str]] = (),
         passed: Sequence[str] = (),
+        timers: Sequence[tuple[str, int, str]] = (),
+        cancelled: Sequence[tuple[str, str]] = (),
         others: Sequence[tuple[int, int, Sequence[Write]]] = (),
     ) -> StepCommit:
         """The commit of the shard's ``writes``; the ``results`` (op id, outcome) and
@@ -89,9 +91,10 @@ class StepCommit:
         this shard coordinates, the ``holds`` of its keys for others' (field, grant: each
         recorded unless its attempt has an outcome here already) and the holds ``released``
         (their fields); the ``dead`` letters (entry id, reason, raw entry); the ``passed``
-        entries to delete from the stream; and ``others``, the writes to other shards (j, that
-        shard's owner's epoch, writes), j counting from 1 in the order :func:`step` is given
-        their keys."""
+        entries to delete from the stream; the ``timers`` its ops set (id, delay in ms, inbox
+        item) and those they ``cancelled`` (id, the outcome its op is answered with); and
+        ``others``, the writes to other shards (j, that shard's owner's epoch, writes), j
+        counting from 1 in the order :func:`step` is given their keys."""
         sets, deletes = _split(writes)
         values = [
             str(len(sets) >> 1),
@@ -104,17 +107,31 @@ class StepCommit:
             str(len(dead)),
             str(len(passed)),
             str(len(others)),
+            str(len(timers)),
+            str(len(cancelled)),
             *sets,
             *deletes,
             *chain.from_iterable(results),
         ]
-        if answered or decisions or holds or released or dead or passed or others:  # (seldom)
-            values += chain.from_iterable(answered)
+        if (
+            answered
+            or decisions
+            or holds
+            or released
+            or dead
+            or passed
+            or others
+            or timers
+            or cancelled
+        ):
+            values += chain.from_iterable(answered)  # (seldom, these)
             values += chain.from_iterable(decisions)
             values += chain.from_iterable(holds)
             values += released
             values += chain.from_iterable(dead)
             values += passed
+            values += (str(value) for timer in timers for value in timer)
+            values += chain.from_iterable(cancelled)
             for j, epoch, other_writes in others:
                 other_sets, other_deletes = _split(other_writes)
                 values += (str(j), str(epoch), str(len(other_sets) >> 1), str(len(other_deletes)))

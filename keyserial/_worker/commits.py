@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from .._scripts.commit import StepCommit
 from .._wire.codec import answered_record, bound, reply_outcome
 from .._wire.layout import ShardKeys, answered_field
-from .execution import Entry
+from .execution import Entry, cancelled_outcome
+from .timers import TimerChanges
 from .writes import WriteChain
 
 #: Committed entries a busy shard leaves in its stream at most before a step trims them.
@@ -45,6 +46,8 @@ class Finished:
     #: A grant request's answer: the hold it ends, its field in the shard's held hash ('' for
     #: none), deleted by the step that commits the answer.
     releases: str = ""
+    #: The timers the op set and cancelled, which commit with its outcome (None: none).
+    timers: TimerChanges | None = None
 
 
 @dataclass(slots=True, eq=False)
@@ -163,10 +166,13 @@ class CommitPlanner:
         results: list[tuple[str, str]] = []
         answered: list[tuple[str, str]] = []
         released: list[str] = []
+        timers: list[TimerChanges] = []
         replies: dict[str, list[tuple[str, str]]] = defaultdict(list)
         for finished in batch:
             for entry in finished.entries:
                 entry.remaining -= 1
+            if finished.timers is not None:
+                timers.append(finished.timers)
             if finished.releases:
                 released.append(finished.releases)
             if finished.store:
@@ -188,9 +194,19 @@ class CommitPlanner:
             or time.monotonic() - self._trimmed_at >= self._trim_interval
         )
         payload, shards = None, list[ShardKeys]()
-        if writes or results or answered or released or dead or passed or records or others:
+        if (
+            writes
+            or results
+            or answered
+            or released
+            or dead
+            or passed
+            or records
+            or others
+            or timers
+        ):
             payload, shards = _payload(
-                writes, results, answered, released, dead, passed, records, others
+                writes, results, answered, released, dead, passed, records, others, timers
             )
         return Commit(
             progress,
@@ -253,6 +269,7 @@ def _payload(
     passed: list[str],
     records: Sequence[Record],
     others: Sequence[OtherWrites],
+    timers: Sequence[TimerChanges] = (),
 ) -> tuple[StepCommit, list[ShardKeys]]:
     """What the step script commits, and the other shards it writes."""
     shards: list[ShardKeys] = []
@@ -268,6 +285,12 @@ def _payload(
         released=released,
         dead=dead,
         passed=passed,
+        timers=[timer for changes in timers for timer in changes.set],
+        cancelled=[
+            (timer_id, cancelled_outcome(timer_id))
+            for changes in timers
+            for timer_id in changes.cancelled
+        ],
         others=by_shard,
     )
     return payload, shards

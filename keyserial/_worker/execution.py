@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import os
 import sys
 import time
@@ -21,16 +22,18 @@ from typing import Any, TypeGuard
 from .. import _telemetry as telemetry
 from .._logfields import fields
 from .._ops import Context, MultiContext, Op, Registry
-from .._wire.codec import Envelope, encode_error, encode_ok
+from .._wire.codec import Envelope, encode_envelope, encode_error, encode_ok, inbox_item, pack_entry
 from .._wire.messages import GrantRequest, KeyGrant
 from ..errors import MalformedOperation, OperationFailed, UnknownOperation
 from .keystates import KeyStates
 from .opthreads import DaemonThreadPool
+from .timers import TimerChanges
 
 log = logging.getLogger("keyserial.worker")
 
-#: An op's outcome (JSON) and its keys' new states (None: it failed, nothing is written).
-Evaluated = tuple[str, dict[str, str | None] | None]
+#: An op's outcome (JSON), its keys' new states (None: it failed, nothing is written) and the
+#: timers it set and cancelled (None: none, or it failed).
+Evaluated = tuple[str, dict[str, str | None] | None, TimerChanges | None]
 #: Seconds an ``inline`` op may hold the event loop before the worker warns that it should not
 #: be (every shard of the worker, and its lease renewals, wait while it runs).
 SLOW_INLINE_OP = 0.1
@@ -77,6 +80,8 @@ class Run:
     recorded: bool = False
     #: A grant request's grant, once made (sent again if the request comes again).
     grant: KeyGrant | None = None
+    #: The timers the op set and cancelled, once it has run (None: none).
+    timers: TimerChanges | None = None
 
 
 @dataclass(slots=True)
@@ -125,6 +130,10 @@ class Executor:
     on_complete: Callable[[Run, str], None]
     max_state_bytes: int = 16 << 20
     _slow_inline_ops: _SlowInlineOps = field(default_factory=lambda: _SlowInlineOps())
+    #: Timers cancelled by ops that ran (from the moment each ran, in a worker thread too),
+    #: whose own ops may still come: each is answered as cancelled instead of running (the
+    #: runner forgets one once neither can be in memory).
+    cancelled: set[str] = field(default_factory=set)
 
     def definition(self, envelope: Envelope) -> Op[..., Any] | None:
         return self.registry.get(envelope.name)
@@ -206,6 +215,9 @@ class Executor:
         ``definition``: the op's, if the caller looked it up already (once per op: this is
         every single-key op's path)."""
         envelope = run.envelope
+        if self.cancelled and envelope.op_id in self.cancelled:
+            self.on_complete(run, cancelled_outcome(envelope.op_id))
+            return
         if definition is None:
             definition = self.definition(envelope)
         if not _accepts_keys(definition, envelope):
@@ -224,7 +236,12 @@ class Executor:
         """Run any op on the shard's states: an ``async`` one is awaited, a sync one not
         declared ``inline`` runs in a worker thread."""
         definition = self.definition(run.envelope)
-        if definition is None or not definition.awaited or self.cannot_run(run.envelope):
+        if (
+            definition is None
+            or not definition.awaited
+            or self.cannot_run(run.envelope)
+            or run.envelope.op_id in self.cancelled
+        ):
             self.execute_now(run)
             return
         if self.in_thread(run.envelope):
@@ -277,10 +294,13 @@ class Executor:
         return {key: self.states[key] for key in envelope.keys}
 
     def applied(self, run: Run, evaluated: Evaluated) -> None:
-        """Write an op's new states and report its outcome."""
-        outcome, new_states = evaluated
+        """Write an op's new states and report its outcome (with the timers it set and
+        cancelled, which commit with it)."""
+        outcome, new_states, timers = evaluated
         for key, state in (new_states or {}).items():
             self.states.write(key, state)
+        if timers is not None:
+            run.timers = timers
         self.on_complete(run, outcome)
 
     # -- running on given states ---------------------------------------------------------------
@@ -359,19 +379,24 @@ class Executor:
     def _end(self, envelope: Envelope, context: Context | MultiContext, value: Any) -> Evaluated:
         """The outcome of an op that returned ``value`` (or raised: :class:`_Raised`)."""
         if isinstance(value, _Raised):
-            return self._error_outcome(envelope, value.error), None
+            return self._error_outcome(envelope, value.error), None, None
+        timers = None
         try:
             outcome = encode_ok(value)
             if isinstance(context, MultiContext):
                 states = context.encoded_states()
             else:
                 states = {context.key: context.encoded_state()}
+                timers = timer_changes(context)
         except (TypeError, ValueError) as exc:
             error = TypeError(f"op {envelope.name!r} returned or stored non-JSON: {exc}")
-            return self._error_outcome(envelope, error), None
+            return self._error_outcome(envelope, error), None, None
         if (too_large := self._too_large(envelope, outcome, states)) is not None:
-            return self._error_outcome(envelope, too_large), None
-        return outcome, states
+            return self._error_outcome(envelope, too_large), None, None
+        if timers is not None and timers.cancelled:
+            # (At once, in a worker thread too: an op of the same trip behind it checks it.)
+            self.cancelled.update(timers.cancelled)
+        return outcome, states, timers
 
     def _too_large(
         self, envelope: Envelope, outcome: str, states: Mapping[str, str | None]
@@ -451,7 +476,10 @@ class _Trip:
         for run, fence in zip(self.runs, self.fences, strict=True):
             if self.abandoned:
                 break
-            evaluated = self.executor.evaluate_in_thread(run.envelope, state, fence)
+            if (op_id := run.envelope.op_id) in self.executor.cancelled:
+                evaluated: Evaluated = (cancelled_outcome(op_id), None, None)
+            else:
+                evaluated = self.executor.evaluate_in_thread(run.envelope, state, fence)
             if evaluated[1] is not None:
                 state = evaluated[1][run.envelope.key]
             pending.append((run, evaluated))
@@ -473,6 +501,35 @@ class _Trip:
             assert run is self.runs[self.applied_count], "a trip's outcomes apply in order"
             self.applied_count += 1
             self.executor.applied(run, evaluated)
+
+
+#: The error type of a cancelled timer's outcome.
+TIMER_CANCELLED = "keyserial.TimerCancelled"
+
+
+def timer_changes(context: Context) -> TimerChanges | None:
+    """What ``context``'s op set and cancelled (None: nothing), encoded for its commit.
+
+    :raises TypeError, ValueError: for a timer's call that JSON cannot carry.
+    """
+    if not context.timers_set and not context.timers_cancelled:
+        return None
+    timers = tuple(
+        (
+            timer_id,
+            math.ceil(seconds * 1000),
+            inbox_item(
+                pack_entry([encode_envelope(timer_id, context.key, call, None)]), fresh=False
+            ),
+        )
+        for timer_id, seconds, call in context.timers_set
+    )
+    return TimerChanges(timers, tuple(context.timers_cancelled))
+
+
+def cancelled_outcome(timer_id: str) -> str:
+    """What a cancelled timer's op id is answered with (stored by the cancel's commit)."""
+    return encode_error(TIMER_CANCELLED, f"timer {timer_id!r} was cancelled before it ran")
 
 
 #: The most of a failed op's traceback an outcome carries: its start (the outermost frames)

@@ -10,6 +10,7 @@ from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
 
 from .._logfields import fields as log_fields
+from .._ops import is_timer_id
 from .._wire.codec import (
     GRANT_OP,
     Envelope,
@@ -79,8 +80,9 @@ def accept(
         return accepted
     accepted = Accepted(Entry(entry_id, len(items), place))
     entry = accepted.entry
+    fired = fields.get(b"timer") == b"1"
     for item in items:
-        if item.op_id is not None and "#" in item.op_id:  # (before it could join a run)
+        if item.op_id is not None and reserved(item.op_id, fired):  # (before it joins a run)
             _reject(accepted, MalformedEntry(_RESERVED_ID, op_id=item.op_id, reply=item.reply))
             continue
         # An op id that already ran, or runs, keeps its outcome: a malformed copy appended
@@ -93,7 +95,7 @@ def accept(
             _reject(accepted, item)
         elif item.name == GRANT_OP:
             _reject(accepted, MalformedEntry(_RESERVED_NAME, op_id=item.op_id, reply=item.reply))
-        elif (wrong := misrouted(item, shard, shard_count)) is not None:
+        elif (wrong := misrouted(item, shard, shard_count, fired=fired)) is not None:
             _reject(accepted, MalformedEntry(wrong, op_id=item.op_id, reply=item.reply))
         else:
             run = running[item.op_id] = Run(item, [entry], channels(item.reply))
@@ -178,12 +180,22 @@ def storable(op_id: str) -> bool:
     return "#" not in op_id
 
 
-def misrouted(envelope: Envelope, shard: int, shard_count: int) -> str | None:
+def reserved(op_id: str, fired: bool = False) -> bool:
+    """Whether an entry may not carry ``op_id``: one with '#' names a record of keyserial's,
+    but for a timer's op id (``<op id>#t<n>``) in an entry its timer fired (``fired``: marked
+    so by the step that fired it, which no client can make)."""
+    return "#" in op_id and not (fired and is_timer_id(op_id))
+
+
+def misrouted(
+    envelope: Envelope, shard: int, shard_count: int, *, fired: bool = False
+) -> str | None:
     """Why the envelope does not belong on ``shard``, or None. A multi-key op belongs on the
-    lowest shard of its keys (its home), which coordinates the others."""
+    lowest shard of its keys (its home), which coordinates the others. ``fired``: see
+    :func:`reserved`."""
     if not envelope.multi and shard_for(envelope.keys[0], shard_count) == shard:
-        return _RESERVED_ID if "#" in envelope.op_id else None  # most ops: one key, routed right
-    if "#" in envelope.op_id:
+        return _RESERVED_ID if reserved(envelope.op_id, fired) else None  # (most ops: one key)
+    if reserved(envelope.op_id, fired):
         return _RESERVED_ID
     shards = route(envelope, shard_count)
     if envelope.multi:

@@ -508,9 +508,7 @@ class ShardRunner:
         _settle_across(across, True)
         if commit.trim_to and (commit.trim_now or not want or not fetched.entries):
             self._commits.trimmed()
-        for finished in batch:
-            if self._running.pop(finished.op_id, None) is not None:
-                self._uncommitted -= 1
+        self._committed(batch)
         self._drain.committed(batch)
         if not fetched.entries:
             if want and self._replay_until is not None:
@@ -551,6 +549,30 @@ class ShardRunner:
         except BaseException:
             _settle_across(across, None)
             raise
+
+    def _committed(self, batch: Sequence[Finished]) -> None:
+        """``batch`` has committed: its runs leave memory, and the alarm rings for the
+        timers they set."""
+        if self.executor.cancelled:
+            self._forget_cancelled(batch)
+        for finished in batch:
+            if self._running.pop(finished.op_id, None) is not None:
+                self._uncommitted -= 1
+            if finished.timers is not None and finished.timers.set:
+                self._alarm.expect(min(delay for _, delay, _ in finished.timers.set))
+
+    def _forget_cancelled(self, batch: Sequence[Finished]) -> None:
+        """Forget the cancelled timers that no op in memory can be any more, now that ``batch``
+        has committed: one that ran (answered as cancelled), and one whose cancel committed
+        while its op is not waiting here (it fires no more, or its entry, fetched from now on,
+        is answered from the outcome the cancel stored)."""
+        cancelled = self.executor.cancelled
+        for finished in batch:
+            cancelled.discard(finished.op_id)
+            for timer_id in finished.timers.cancelled if finished.timers else ():
+                run = self._running.get(timer_id)
+                if run is None or run.outcome is not None:
+                    cancelled.discard(timer_id)
 
     def _moved_in(self, pushed: list[Entry], ids: list[str]) -> None:
         """The step took the entries taken in from pushes out of the inbox, moving those not
@@ -673,6 +695,7 @@ class ShardRunner:
                 run.keep,
                 answered=not run.keep,
                 binding=binding(run.envelope) if run.keep else "",
+                timers=run.timers,
             ),
             run.envelope.keys,
         )

@@ -1,4 +1,7 @@
-"""A shard owner's alarm for its shard's timers (ops due later, see ``lib.lua``): the timers
+"""A shard owner's side of its shard's timers: the alarm for the next one, and what an op's
+timers become in its commit.
+
+The alarm: for its shard's timers (ops due later, see ``lib.lua``): the timers
 live in Redis, and the owner keeps only when the next one is due, as its last fetching step
 read it, so a million pending timers cost it one number per shard. The alarm asks the step
 loop for a fetch at that time; the fetch fires what is due (early is harmless: it fires nothing
@@ -9,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass
 
 #: Seconds added to a timer's wait: Redis's clock and this process's run apart a little, and a
 #: fetch a moment early would find nothing due and set the alarm again.
@@ -31,6 +35,14 @@ class TimerAlarm:
             loop = asyncio.get_running_loop()
             self._handle = loop.call_later(next_timer_ms / 1000 + MARGIN, self._ring)
 
+    def expect(self, delay_ms: int) -> None:
+        """A step just committed a timer due in ``delay_ms``: ring then, unless set sooner."""
+        loop = asyncio.get_running_loop()
+        at = loop.time() + delay_ms / 1000 + MARGIN
+        if self._handle is None or self._handle.when() > at:
+            self.cancel()
+            self._handle = loop.call_at(at, self._ring)
+
     def cancel(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
@@ -39,3 +51,14 @@ class TimerAlarm:
     def _ring(self) -> None:
         self._handle = None
         self._fetch()
+
+
+@dataclass(frozen=True, slots=True)
+class TimerChanges:
+    """The timers one op sets and cancels, as its commit writes them (see ``step.lua``)."""
+
+    #: Per timer set: its id, its delay in ms (from the commit, by Redis's clock) and the inbox
+    #: item it fires as (one op: its call on the key, no reply channel).
+    set: tuple[tuple[str, int, str], ...] = ()
+    #: The timer ids cancelled.
+    cancelled: tuple[str, ...] = ()

@@ -41,7 +41,7 @@ def test_the_quick_start_runs_as_written() -> None:
 
         result = anyio.run(run)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == ["70 70", "refused: 70 < 1000"]
+    assert result.stdout.splitlines() == ["70 70", "refused: 70 < 1000", "later: 65"]
 
 
 def test_the_two_setup_commands_are_the_ones_ci_runs() -> None:

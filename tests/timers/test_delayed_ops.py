@@ -51,17 +51,21 @@ async def test_a_delayed_op_runs_once_due_behind_the_ops_appended_before_then(
 async def test_delayed_ops_due_in_one_millisecond_run_in_the_order_they_were_appended(
     redis_url: str, namespace: str
 ) -> None:
-    due = datetime.now() + timedelta(seconds=0.4)
-    async with keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
-        for n in range(12):  # (one entry each: their places order them, 1 to 12)
-            await ks.enqueue("seat:2", apps.append(n), at=due)
-        async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]):
-            assert await ks.submit("seat:2", apps.append("now")) == ["now"]
-            await eventually(
-                lambda: ks.read("seat:2"), message="the delayed ops"
-            )  # (their state, once one ran)
-            await eventually(lambda: _length(ks, "seat:2", 13), message="all 13 ops")
-            assert await ks.read("seat:2") == ["now", *range(12)]
+    due = datetime.now() + timedelta(seconds=2)
+    keys = ShardKeys(namespace, 0)
+    admin = redis.asyncio.Redis.from_url(redis_url)
+    try:
+        async with keyserial.connect(redis_url, shards=1, namespace=namespace) as ks:
+            for n in range(12):  # (one entry each: their places order them, 1 to 12)
+                await ks.enqueue("seat:2", apps.append(n), at=due)
+            async with running_worker(redis_url, namespace, shard_count=1, apps=["tests.apps"]):
+                assert await ks.submit("seat:2", apps.append("now")) == ["now"]
+                assert await admin.zcard(keys.timers) == 12, "all waiting as timers, due at once"
+                assert len(set(await admin.zrange(keys.timers, 0, -1, withscores=True))) == 12
+                await eventually(lambda: _length(ks, "seat:2", 13), message="all 13 ops")
+                assert await ks.read("seat:2") == ["now", *range(12)]
+    finally:
+        await admin.aclose()
 
 
 async def _length(ks: keyserial.Client, key: str, length: int) -> bool:

@@ -135,3 +135,21 @@ async def test_timers_due_while_redis_was_down_fire_once_after_its_restart(
             await anyio.to_thread.run_sync(durable_server.start)
             await _check_fired(ks, key, due)
             assert worker.process.poll() is None, "the worker survived the restart"
+
+
+async def test_timers_ops_set_fire_once_after_a_kill_9_of_their_owner(
+    redis_url: str, namespace: str, start: Starter
+) -> None:
+    lists = [f"later:{n}" for n in range(6)]
+    with anyio.fail_after(60):
+        async with (
+            inspector(redis_url) as client,
+            keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+        ):
+            owner, standby = await _owner_and_standby(start, redis_url, namespace, client)
+            timers = {key: await ks.submit(key, apps.append_later(0.3, key)) for key in lists}
+            owner.kill()
+            await wait_for_holder(client, namespace, standby.pid, timeout=10)
+            for key, timer in timers.items():
+                assert await stored_outcome(ks, timer, key, timeout=20) == [key]
+                assert await ks.read(key) == [key], "each timer's op ran once"

@@ -52,6 +52,8 @@ async def test_pending_timers_move_with_their_keys_and_fire_once_in_the_new_layo
                     group.start_soon(enqueue, key)
             await eventually(lambda: _inboxes_empty(client, old), message="the timers set")
             assert 0 < await _pending_timers(client, old) < len(keys)
+            lists = [f"later:{n}" for n in range(4)]
+            set_by_ops = {key: await ks.submit(key, apps.append_later(3, key)) for key in lists}
 
             backend = await Backend.connect(redis_url)
             try:
@@ -60,6 +62,8 @@ async def test_pending_timers_move_with_their_keys_and_fire_once_in_the_new_layo
                 await backend.aclose()
             assert await _pending_timers(client, old) == 0
             homes = {keyserial.shard_for(key, 16) for key in keys}
+            moved = [m for k in new.all_keys() for m in await client.zrange(k.timers, 0, -1)]
+            assert sum(b"#t1" in member for member in moved) == len(lists), "ops' timers moved"
             assert await _pending_timers(client, new) >= len(homes)
             assert time.time() < earliest, "moved before they were due"
             for key in keys:
@@ -70,4 +74,6 @@ async def test_pending_timers_move_with_their_keys_and_fire_once_in_the_new_layo
                 assert len(stamps) == 1 and stamps[0][0] == key, ran
                 assert stamps[0][1] >= earliest
             assert (await ks.read(keys[0]))[0] == "before"
+            for key, timer in set_by_ops.items():
+                assert await stored_outcome(ks, timer, key, timeout=20) == [key]
             assert await _pending_timers(client, new) == 0

@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio
 
 from keyserial._backend.backend import Backend
-from keyserial._scripts.commit import step
+from keyserial._scripts.commit import StepCommit, step
 from keyserial._scripts.refusals import Fenced
 from keyserial._scripts.submit import SubmitArgs, submit
 from keyserial._wire.resharding import sealed_key
@@ -139,3 +139,40 @@ async def test_the_submit_script_marks_an_item_due_later_and_answers_its_due_tim
         f"1 fresh at {later.due_ms}\n{ops}".encode(),
         f"1\n{ops}".encode(),
     ]
+
+
+async def test_a_commit_sets_its_ops_timers_and_cancels_others_storing_their_answer(
+    backend: Backend, client: redis.asyncio.Redis, keys: ShardKeys
+) -> None:
+    await client.set(keys.epoch, 2)
+    await client.xadd(keys.stream, {"v": "1", "ops": "[]"}, id="1-1")
+    await _timer(client, keys, 7, await _server_ms(client) + 60_000)
+    await client.zadd(keys.timers, {"ran#t1": 1})
+    await client.hset(keys.results, "ran#t1", '{"ok":1}')  # (it ran before the cancel)
+    ops = json.dumps([envelope("setter#t1", "k", "deposit", 1)])
+    commit = StepCommit.of(
+        results=[("setter", '{"ok":null}')],
+        timers=[("setter#t1", 5000, f"1\n{ops}")],
+        cancelled=[(f"{7:016d}", '{"error":1}'), ("ran#t1", '{"error":1}')],
+    )
+    now = await _server_ms(client)
+    await backend.run_call(step(keys, step_args(2, progress="1-1", cursor="1-1"), commit=commit))
+    [(timer_id, due)] = await client.zrange(keys.timers, 0, -1, withscores=True)
+    assert timer_id == b"setter#t1" and now + 5000 <= due <= now + 5000 + 1000
+    assert await client.hget(keys.timed, "setter#t1") == f"1\n{ops}".encode()
+    assert await client.hget(keys.results, f"{7:016d}") == b'{"error":1}'
+    assert await client.hget(keys.results, "ran#t1") == b'{"ok":1}', "an outcome stays"
+
+
+async def test_a_timer_an_op_set_fires_marked_as_one(
+    backend: Backend, client: redis.asyncio.Redis, keys: ShardKeys
+) -> None:
+    """(Its entry may carry an op id with '#': see the worker's intake.)"""
+    await client.set(keys.epoch, 2)
+    ops = json.dumps([envelope("setter#t1", "k", "deposit", 1)])
+    await client.zadd(keys.timers, {"setter#t1": 1})
+    await client.hset(keys.timed, "setter#t1", f"1\n{ops}")
+    fetched = await backend.run_call(step(keys, step_args(2, fetch=10)))
+    [(_, fields)] = fetched.entries
+    assert fields[b"timer"] == b"1" and fields[b"p"] == b"setter#t1"
+    assert b"fresh" not in fields, "its op id is looked up: a cancel may have answered it"

@@ -146,9 +146,10 @@ end
 -- Fire the timers of ``stream``'s shard that are due by the server's clock: append up to
 -- ``count`` of them to the stream, in the order of their due times (then ids), and remove them.
 -- Each fires once (its removal and its append are one script's writes) and never early (the
--- script compares the clock it reads). Its entry is its item's, with 'p' its place and 'due'
--- its due time. Returns how many fired, and the ms until the next timer is due (0 if one is
--- due already; nil if none is waiting).
+-- script compares the clock it reads). Its entry is its item's, with 'p' its place (or its id)
+-- and 'due' its due time, and 'timer' = '1' for a timer an op set (its id holds '#', which no
+-- client's item has: its op may run under that id). Returns how many fired, and the ms until
+-- the next timer is due (0 if one is due already; nil if none is waiting).
 local function fire_timers(stream, count)
   local timers, timed = timer_keys(stream)
   local now = now_ms()
@@ -161,6 +162,10 @@ local function fire_timers(stream, count)
     if item then
       local place = tonumber(id)  -- (a timer a reshard moved keeps its id: not a place here)
       local fields = inbox_entry(item, place and string.format('%d', place) or id)
+      if string.find(id, '#', 1, true) then  -- (set by an op: its op id is the timer's)
+        fields[#fields + 1] = 'timer'
+        fields[#fields + 1] = '1'
+      end
       fields[#fields + 1] = 'due'
       fields[#fields + 1] = due[i + 1]
       if not append_moved(stream, fields) then

@@ -34,7 +34,7 @@
 -- ARGV[4]  cursor: the last entry id already fetched (exclusive)
 -- ARGV[5]  how many entries to fetch (0: commit only)
 -- ARGV[6]  '1': the step commits; '0': it has nothing to commit. The commit follows ARGV[15]
---   (then come the pushed items of ARGV[13]): first the sizes of its ten parts, one
+--   (then come the pushed items of ARGV[13]): first the sizes of its twelve parts, one
 --   argument each, then the values of each part, in this order:
 --   1. state writes, (key, JSON state) pairs; 2. state deletes, keys;
 --   3. outcomes, (op id, JSON outcome) pairs; 4. records of ops answered but not stored,
@@ -48,7 +48,11 @@
 --   triples ('+<n>' for the entry id of the n-th pushed item of ARGV[13], which the step moves in); 9. entries whose ops have all committed, past progress: removed from the stream;
 --   10. the writes of cross-shard ops (their results are in 3) to other shards the same worker
 --   owns, each fenced by its owner's epoch: per shard j, epoch, its writes' count and its
---   deletes' count, then its writes and deletes as in 1 and 2.
+--   deletes' count, then its writes and deletes as in 1 and 2; 11. timers the ops set,
+--   (timer id, delay in ms, inbox item) triples, each due at the step's clock plus its delay;
+--   12. timers the ops cancelled, (timer id, outcome) pairs: each removed, and its op id
+--   answered with the outcome unless it has one. (Sizes in this order; values: 1 to 9, then
+--   11 and 12, then 10.)
 --   (Values the script hands to HSET and HMGET as they come: decoding one JSON argument cost
 --   it about a microsecond per op.)
 -- ARGV[7]  '1' while replaying (after a takeover, up to the previous owner's horizon: those
@@ -139,13 +143,13 @@ end
 -- are. A shard's writes are {sets, n_sets, deletes, n_deletes}. (Plain arithmetic: the sizes
 -- parsed from one text, with a table per part, cost a step more than the commands it sends.)
 local commit = ARGV[6] == '1'
-local size = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+local size = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
 if commit then
-  for i = 1, 10 do
+  for i = 1, 12 do
     size[i] = tonumber(ARGV[15 + i])
   end
 end
-local home_writes = {commit and 26 or 16, size[1], 0, size[2]}
+local home_writes = {commit and 28 or 16, size[1], 0, size[2]}
 home_writes[3] = home_writes[1] + 2 * size[1]
 local stored_first = home_writes[3] + size[2]  -- parts 3 to 5: pairs for the results hash
 local results_first, n_results = stored_first, size[3]
@@ -155,7 +159,9 @@ local holds_first, n_holds = stored_last + 1, size[6]
 local released_first, n_released = holds_first + 2 * n_holds, size[7]
 local dead_first, n_dead = released_first + n_released, size[8]
 local passed_first, n_passed = dead_first + 3 * n_dead, size[9]
-local pushed_at = passed_first + n_passed
+local timers_first, n_timers = passed_first + n_passed, size[11]
+local cancels_first, n_cancels = timers_first + 3 * n_timers, size[12]
+local pushed_at = cancels_first + 2 * n_cancels
 local others = {}
 for _ = 1, size[10] do
   local n_sets, n_deletes = tonumber(ARGV[pushed_at + 2]), tonumber(ARGV[pushed_at + 3])
@@ -333,6 +339,27 @@ if commit and ARGV[15] and ARGV[15] ~= '' then
     return replayed_error('op ' .. ran .. ' (in a layout before a reshard)')
   end
 end
+-- The timers of parts 11 and 12: each set due at the server's clock plus its delay, under its
+-- id; each cancelled removed, and its op answered with the outcome given, unless it has one
+-- (it ran before the op that cancels it).
+local function set_timers(first, count, cancels, cancelled)
+  if count == 0 and cancelled == 0 then
+    return
+  end
+  local timers, timed = timer_keys(KEYS[4])
+  local now = now_ms()
+  for i = first, first + 3 * count - 1, 3 do
+    redis.call('ZADD', timers, now + tonumber(ARGV[i + 1]), ARGV[i])
+    redis.call('HSET', timed, ARGV[i], ARGV[i + 2])
+  end
+  for i = cancels, cancels + 2 * cancelled - 1, 2 do
+    redis.call('ZREM', timers, ARGV[i])
+    redis.call('HDEL', timed, ARGV[i])
+    if not has_outcome(KEYS[5], KEYS[6], ARGV[i]) then
+      redis.call('HSET', KEYS[5], ARGV[i], ARGV[i + 1])
+    end
+  end
+end
 -- The cross-shard records' conditions, before anything is written.
 local function record_refusal()
   for _, other in ipairs(others) do
@@ -430,6 +457,7 @@ if commit then
       'entry', entry, 'reason', ARGV[i + 1], 'raw', ARGV[i + 2])
   end
   multi('XDEL', KEYS[4], passed_first, passed_first + n_passed - 1)
+  set_timers(timers_first, n_timers, cancels_first, n_cancels)
 end
 -- A hold ends even with a step taken as sent again (its part's outcome stored by the first).
 if ARGV[6] == '1' then

@@ -148,7 +148,7 @@ class Coordinator:
         it landed is not known)."""
         services, envelope = self._services, run.envelope
         home = services.home
-        outcome, new_states = evaluated
+        outcome, new_states, _ = evaluated
         writes = _writes_by_shard(envelope, states, new_states, services.shard_count)
         for key, state in writes.pop(home.shard, []):
             home.states.write(key, state or None)
@@ -227,7 +227,7 @@ class Coordinator:
         a different decision there already, an abort, refuses the whole step.)"""
         services, home, run = self._services, self._services.home, attempt.run
         envelope = run.envelope
-        outcome, new_states = evaluated
+        outcome, new_states, _ = evaluated
         writes = _writes_by_shard(envelope, attempt.states, new_states, services.shard_count)
         for key, state in writes.pop(home.shard, []):
             home.states.write(key, state or None)
