@@ -37,6 +37,7 @@ from .errors import ReshardRefused as ReshardRefused
 from .errors import ResultNotFound as ResultNotFound
 from .errors import ShardCountMismatch as ShardCountMismatch
 from .errors import SubmitTimeout as SubmitTimeout
+from .errors import TimerCancelled as TimerCancelled
 from .errors import UnknownOperation as UnknownOperation
 
 __version__ = "0.1.0"
@@ -66,6 +67,7 @@ __all__ = [
     "ShardCountMismatch",
     "SubmitTimeout",
     "SyncClient",
+    "TimerCancelled",
     "UnknownOperation",
     "Worker",
     "call",

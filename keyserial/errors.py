@@ -380,6 +380,13 @@ class PoisonOperation(OperationFailed):
     wire_type = "keyserial.PoisonOperation"
 
 
+class TimerCancelled(OperationFailed):
+    """The op was a timer (a delayed op, or one an op set with ``ctx.after``) cancelled before
+    it ran: by an op's ``ctx.cancel``, or an operator's ``keyserial timers cancel``."""
+
+    wire_type = "keyserial.TimerCancelled"
+
+
 class InsufficientFunds(OperationFailed):
     """A withdrawal or transfer larger than the balance; the balance is left untouched."""
 
@@ -420,5 +427,11 @@ class InsufficientFunds(OperationFailed):
 
 _WIRE_TYPES: dict[str, type[OperationFailed]] = {
     kind.wire_type: kind
-    for kind in (UnknownOperation, MalformedOperation, PoisonOperation, InsufficientFunds)
+    for kind in (
+        UnknownOperation,
+        MalformedOperation,
+        PoisonOperation,
+        TimerCancelled,
+        InsufficientFunds,
+    )
 }

@@ -24,7 +24,7 @@ from .._logfields import fields
 from .._ops import Context, MultiContext, Op, Registry
 from .._wire.codec import Envelope, encode_envelope, encode_error, encode_ok, inbox_item, pack_entry
 from .._wire.messages import GrantRequest, KeyGrant
-from ..errors import MalformedOperation, OperationFailed, UnknownOperation
+from ..errors import MalformedOperation, OperationFailed, TimerCancelled, UnknownOperation
 from .keystates import KeyStates
 from .opthreads import DaemonThreadPool
 from .timers import TimerChanges
@@ -503,10 +503,6 @@ class _Trip:
             self.executor.applied(run, evaluated)
 
 
-#: The error type of a cancelled timer's outcome.
-TIMER_CANCELLED = "keyserial.TimerCancelled"
-
-
 def timer_changes(context: Context) -> TimerChanges | None:
     """What ``context``'s op set and cancelled (None: nothing), encoded for its commit.
 
@@ -529,7 +525,7 @@ def timer_changes(context: Context) -> TimerChanges | None:
 
 def cancelled_outcome(timer_id: str) -> str:
     """What a cancelled timer's op id is answered with (stored by the cancel's commit)."""
-    return encode_error(TIMER_CANCELLED, f"timer {timer_id!r} was cancelled before it ran")
+    return encode_error(TimerCancelled.wire_type, f"timer {timer_id!r} was cancelled before it ran")
 
 
 #: The most of a failed op's traceback an outcome carries: its start (the outermost frames)

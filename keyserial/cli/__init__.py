@@ -1,5 +1,5 @@
 """The ``keyserial`` command, one module per group of subcommands: ``serving`` (``worker``,
-``dev``), ``status``, ``deadletters`` (``dead-letters``), ``keys`` (``call``, ``read``,
+``dev``), ``status``, ``deadletters`` (``dead-letters``), ``timers``, ``keys`` (``call``, ``read``,
 ``result``, ``keys``), ``dashboard``, ``reshard`` and ``bench``."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Protocol, TypeVar
 
 from .. import __version__
 from ..errors import ConfigError, KeyserialError, ShardCountMismatch, redact
-from . import bench, dashboard, deadletters, keys, reshard, serving, status
+from . import bench, dashboard, deadletters, keys, reshard, serving, status, timers
 from .arguments import Subcommands, chosen_server, import_from_cwd
 from .logs import configure
 
@@ -32,7 +32,7 @@ class _Group(Protocol):
     def run(self, args: argparse.Namespace) -> int: ...
 
 
-_GROUPS: tuple[_Group, ...] = (serving, status, deadletters, keys, dashboard, reshard)
+_GROUPS: tuple[_Group, ...] = (serving, status, deadletters, timers, keys, dashboard, reshard)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -166,6 +166,16 @@ async def test_operator_commands_run_as_the_documented_worker_user(
                 await anyio.sleep(0.02)
         status = ("status", "--json", "--interval", "0.1")  # (ops/s over 0.1 s, not 1 s)
         assert (await _cli(*status, url=users.worker_url, namespace=namespace))[0] == 0
+        async with keyserial.connect(users.client_url, namespace=namespace) as ks:
+            await ks.enqueue(keys_on_shard(0, 2, 1, "acct")[0], deposit(1), delay=60)
+        with anyio.fail_after(10):
+            while not users.admin.zcard(shard.timers):
+                await anyio.sleep(0.02)
+        [timer] = users.admin.zrange(shard.timers, 0, -1)
+        for action in (("list",), ("cancel", timer.decode())):
+            code, _, err = await _cli("timers", *action, url=users.worker_url, namespace=namespace)
+            assert code == 0, f"timers {action[0]}: {err}"
+        assert users.admin.zcard(shard.timers) == 0
     code, out, err = await _cli(
         "dead-letters", "list", "--json", url=users.worker_url, namespace=namespace
     )
