@@ -2779,7 +2779,9 @@ MUTANTS: tuple[Mutant, ...] = (
         "an owner keeps no alarm for its next timer: timers fire at its poll",
         (
             Edit(
-                _SHARD, "            self._alarm.follow(fetched.next_timer_ms)", "            pass"
+                _SHARD,
+                "            self._alarm.follow(fetched.next_timer_ms, fetched.timers_waiting)",
+                "            pass",
             ),
         ),
         (

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._backend.backend import Backend
-from .._operator import deadletters
+from .._operator import deadletters, timers
 from .._operator.namespace import layout_in_use, record_in_use
 from .._operator.pauses import pause
 from .._operator.status import Rates, as_json, snapshot, workers
@@ -63,7 +63,8 @@ class Dashboard:
         return view
 
     async def key(self, key: str) -> dict[str, Any]:
-        """A key's state, whether it is paused, its queued ops and its recent outcomes."""
+        """A key's state, whether it is paused, its queued ops, its pending timers (soonest
+        first) and its recent outcomes."""
         layout = await self._layout()
         shard = shard_for(key, layout.shards)
         keys = layout.keys(shard)
@@ -77,6 +78,10 @@ class Dashboard:
             "state_truncated": text is not None and len(text) > STATE_SHOWN,
             "paused": key.encode() in paused,
             "queued": await self._queued(keys, key),
+            "timers": [
+                timer.as_json()
+                for timer in await timers.pending(self.backend, layout, [shard], key=key)
+            ][:SHOWN],
             "recent": await self._recent(key),
         }
 

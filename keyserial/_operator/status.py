@@ -68,6 +68,16 @@ class Snapshot:
     time_ms: int
     #: The shard's paused keys (``keyserial keys pause``), longest paused first.
     paused: tuple[str, ...] = ()
+    #: Timers waiting on the shard, and when the next is due (ms, server clock; None: none).
+    timers: int = 0
+    next_timer_ms: int | None = None
+
+    @property
+    def next_timer_in_ms(self) -> int | None:
+        """How long until the shard's next timer is due (0: overdue, its owner fires it)."""
+        if self.next_timer_ms is None:
+            return None
+        return max(0, self.next_timer_ms - self.time_ms)
 
     @property
     def oldest_age_ms(self) -> int | None:
@@ -98,6 +108,8 @@ class ShardStatus:
             "ops_per_s": None if self.ops_per_s is None else round(self.ops_per_s, 1),
             "paused": len(now.paused),
             "paused_keys": list(now.paused[:PAUSED_SHOWN]),
+            "timers": now.timers,
+            "next_timer_in_ms": now.next_timer_in_ms,
         }
 
 
@@ -125,6 +137,8 @@ def _snapshot(shard: int, reply: StatusReply) -> Snapshot:
         results_since=reply.results_since,
         time_ms=reply.time_ms,
         paused=tuple(key for key, _ in reply.paused),
+        timers=reply.timers,
+        next_timer_ms=reply.next_timer_ms,
     )
 
 

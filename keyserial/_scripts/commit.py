@@ -171,6 +171,9 @@ class StepReply:
     #: Milliseconds until the shard's next timer is due by Redis's clock (0: one is due now),
     #: read by a step that fetched; None if none waits, or the step did not fetch.
     next_timer_ms: int | None = None
+    #: How many timers wait on the shard, read with :attr:`next_timer_ms` (0 if none, or not
+    #: read).
+    timers_waiting: int = 0
 
 
 def fields(raw: Any) -> dict[bytes, bytes]:
@@ -183,7 +186,7 @@ def _step_reply(reply: list[Any] | int) -> StepReply:
         return StepReply([], {}, {}, taken=reply)
     if not reply:  # (nothing fetched or moved, nor read)
         return StepReply([], {}, {})
-    entries, outcomes, states, sealed, paused, skipped, moved, taken, next_timer = reply
+    entries, outcomes, states, sealed, paused, skipped, moved, taken, next_timer, waiting = reply
     return StepReply(
         entries=[(text(entry_id), fields(raw)) for entry_id, raw in entries],
         done={text(op_id): text(outcome) for op_id, outcome in pairs(outcomes)},
@@ -194,6 +197,7 @@ def _step_reply(reply: list[Any] | int) -> StepReply:
         moved=[text(entry_id) for entry_id in moved],
         taken=None if taken is None else int(taken),
         next_timer_ms=None if next_timer is None else int(next_timer),
+        timers_waiting=int(waiting),
     )
 
 

@@ -102,6 +102,10 @@ class StatusReply:
     #: The keys an operator paused on the shard, each with when it was paused (ms since the
     #: epoch; None for a record that does not say), longest paused first.
     paused: tuple[tuple[str, int | None], ...] = ()
+    #: Timers waiting on the shard (delayed ops, and timers ops set), and when the next is due
+    #: (ms since the epoch, by the server's clock; None if none waits).
+    timers: int = 0
+    next_timer_ms: int | None = None
 
 
 STATUS = Script.load("status")
@@ -109,7 +113,9 @@ STATUS = Script.load("status")
 
 def _status_reply(reply: list[Any]) -> StatusReply:
     *fields, paused = reply
-    token, pttl, epoch, _, backlog, oldest, dead, results, since, secs, micros = map(text, fields)
+    token, pttl, epoch, _, backlog, oldest, dead, results, since, secs, micros, timers, due = map(
+        text, fields
+    )
     return StatusReply(
         owner=token or None,
         lease_ms=int(pttl) if token and int(pttl) >= 0 else None,
@@ -121,6 +127,8 @@ def _status_reply(reply: list[Any]) -> StatusReply:
         results_since=since,
         time_ms=int(secs) * 1000 + int(micros) // 1000,
         paused=_paused(paused),
+        timers=int(timers),
+        next_timer_ms=int(float(due)) if due else None,
     )
 
 
@@ -147,5 +155,5 @@ def status(shard: ShardKeys) -> ScriptCall[StatusReply]:
     """Read the shard's health in one snapshot; writes nothing."""
     k = shard
     keys = [k.lease, k.epoch, k.progress, k.stream, k.dead, k.results, k.results_since, k.paused]
-    keys.append(k.inbox)
+    keys += [k.inbox, k.timers]
     return ScriptCall(STATUS, keys, [], _status_reply)

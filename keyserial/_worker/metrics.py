@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from .._scripts.lease import LeaseGrant
     from .commits import Finished
     from .execution import Run
+    from .timers import TimerAlarm
 
 log = logging.getLogger("keyserial.worker")
 
@@ -114,6 +115,9 @@ class Gauged(Protocol):
     @property
     def states(self) -> Sized: ...
 
+    @property
+    def timers(self) -> TimerAlarm: ...
+
 
 class Metrics:
     """One worker's metrics. ``owned`` gives the runners of the shards it holds now (read at
@@ -142,6 +146,8 @@ class Metrics:
         self.renew_failures: defaultdict[str, int] = defaultdict(int)  # shard
         self.takeovers: defaultdict[tuple[str, str], int] = defaultdict(int)  # shard, mode
         self.dead_letters: defaultdict[tuple[str, str], int] = defaultdict(int)  # shard, reason
+        self.timers_fired: defaultdict[str, int] = defaultdict(int)  # shard
+        self.timer_lateness = _Histogram(LATENCY_BUCKETS)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_Collector(self))
 
@@ -308,6 +314,20 @@ class ShardMetrics:
         if committed:
             metrics.ops_per_step[(shard,)].observe(committed)
 
+    def fired(self, due_ms: bytes) -> None:
+        """A timer's entry (a delayed op, or a timer an op set) due at ``due_ms`` is taken in
+        now: counted, and how late observed (by this process's clock against Redis's: on one
+        machine they agree)."""
+        metrics = self._metrics
+        if metrics is None:
+            return
+        metrics.timers_fired[self._shard] += 1
+        try:
+            late = time.time() - int(due_ms) / 1000
+        except ValueError:
+            return
+        metrics.timer_lateness.observe(max(0.0, late))
+
     def ended(self, op_id: str) -> None:
         """A grant request that ended with nothing to commit (a lent grant): counted as a
         committed one is."""
@@ -396,6 +416,20 @@ class _Collector:
             m.dead_letters,
             ns,
         )
+        yield _counter(
+            "keyserial_timers_fired",
+            "Timers (delayed ops, and timers ops set) whose entries this worker took in.",
+            ["shard"],
+            {(shard,): n for shard, n in m.timers_fired.items()},
+            ns,
+        )
+        yield _histogram(
+            "keyserial_timer_lateness_seconds",
+            "Seconds from a timer's due time to its entry's intake by the shard's owner.",
+            [],
+            {(): m.timer_lateness},
+            ns,
+        )
         yield from self._shard_gauges(ns)
 
     def _shard_gauges(self, ns: str) -> Iterator[Metric]:
@@ -410,12 +444,27 @@ class _Collector:
             "Keys whose state this worker holds in memory for the shard.",
             labels=labels,
         )
+        waiting = GaugeMetricFamily(
+            "keyserial_shard_timers_waiting",
+            "Timers waiting on the shard, as its owner's last fetch read them.",
+            labels=labels,
+        )
+        next_due = GaugeMetricFamily(
+            "keyserial_shard_next_timer_seconds",
+            "Seconds until the shard's next timer is due (shards with one waiting).",
+            labels=labels,
+        )
         owned = dict(self._m._owned())
         for shard, runner in sorted(owned.items()):
             backlog.add_metric([ns, str(shard)], runner.uncommitted)
             cached.add_metric([ns, str(shard)], len(runner.states))
+            waiting.add_metric([ns, str(shard)], runner.timers.waiting)
+            if (next_in := runner.timers.next_in) is not None:
+                next_due.add_metric([ns, str(shard)], next_in)
         yield backlog
         yield cached
+        yield waiting
+        yield next_due
         yield _owned_gauge(ns, len(owned))
 
 

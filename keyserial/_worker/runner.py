@@ -358,6 +358,12 @@ class ShardRunner:
         )
 
     @property
+    def timers(self) -> TimerAlarm:
+        """The shard's timers as this owner last read them: how many wait, and when the next
+        is due."""
+        return self._alarm
+
+    @property
     def cursor(self) -> str:
         """The last entry this owner has fetched or taken in."""
         return self._cursor
@@ -487,7 +493,7 @@ class ShardRunner:
         began = time.monotonic()  # (metrics)
         fetched = await self._send_step(call, commit, across)
         if want:
-            self._alarm.follow(fetched.next_timer_ms)
+            self._alarm.follow(fetched.next_timer_ms, fetched.timers_waiting)
         self._follow_records(fetched)
         self._moved_in(pushed_entries, fetched.moved)
         _settle(records, self.write_chain, fetched.skipped)
@@ -664,6 +670,8 @@ class ShardRunner:
                 self._commits.track(accepted.entry)
                 self._dead.extend(accepted.dead)
                 past_seal = self._drain.past_seal(entry_id)
+                if b"due" in fields:
+                    self.metrics.fired(fields[b"due"])
             else:
                 self._pushed.append(accepted.entry)
                 n = f"+{len(self._pushed)}"

@@ -25,11 +25,22 @@ class TimerAlarm:
     def __init__(self, fetch: Callable[[], None]) -> None:
         self._fetch = fetch
         self._handle: asyncio.TimerHandle | None = None
+        #: How many timers wait on the shard, as the last fetching step read it.
+        self.waiting = 0
 
-    def follow(self, next_timer_ms: int | None) -> None:
+    @property
+    def next_in(self) -> float | None:
+        """Seconds until the alarm rings (about when the shard's next timer is due); None if
+        it is not set."""
+        if self._handle is None:
+            return None
+        return max(0.0, self._handle.when() - asyncio.get_running_loop().time())
+
+    def follow(self, next_timer_ms: int | None, waiting: int = 0) -> None:
         """A fetching step read that the next timer is due in ``next_timer_ms`` (by Redis's
         clock when the step ran: a little before now, so the alarm is never early by more than
-        the margin), or that none waits (None)."""
+        the margin), or that none waits (None), and that ``waiting`` timers wait."""
+        self.waiting = waiting
         self.cancel()
         if next_timer_ms is not None:
             loop = asyncio.get_running_loop()

@@ -39,6 +39,8 @@ _COLUMNS = (
     "DEAD",
     "OPS/S",
     "PAUSED",
+    "TIMERS",
+    "NEXT",
 )
 
 
@@ -64,6 +66,8 @@ def render_table(
                 str(now.dead_letters),
                 "-" if status.ops_per_s is None else f"{status.ops_per_s:.1f}",
                 str(len(now.paused)),
+                str(now.timers),
+                _duration(now.next_timer_in_ms),
             )
         )
     lines = [f"namespace {namespace!r}: {len(statuses)} shards", *_aligned(rows)]

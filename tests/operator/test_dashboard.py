@@ -519,3 +519,33 @@ def test_the_command_refuses_what_it_cannot_serve(
     )
     assert without_extra.returncode == 2
     assert "pip install 'keyserial[dashboard]'" in without_extra.stderr
+
+
+async def test_the_api_shows_a_key_s_pending_timers_and_each_shard_s_next_one(
+    standalone_server: LocalServer, namespace: str
+) -> None:
+    url = standalone_server.url
+    async with served(url, namespace) as ks:
+        timer = await ks.submit("seat:9", apps.hold_seat("carol", 900))
+        later = await ks.enqueue("seat:9", deposit(1), delay=1800)
+        keys = ShardKeys(namespace, ks.shard_of("seat:9"))
+        client = redis.asyncio.Redis.from_url(url)
+        try:
+            await eventually(lambda: _count_is(client, keys.timers, 2), message="two timers")
+        finally:
+            await client.aclose()
+        with dashboard(url, namespace) as page:
+            base = page.partition("#")[0].rstrip("/")
+            authorized = {"Authorization": f"Bearer {TOKEN}"}
+            async with httpx.AsyncClient(base_url=base, headers=authorized) as http:
+                overview = (await http.get("/api/overview")).json()
+                key = (await http.get("/api/keys/seat:9")).json()
+    assert [[op["id"] for op in each["ops"]] for each in key["timers"]] == [[timer], [later]]
+    assert key["timers"][0]["ops"][0]["op"] == "release_seat"
+    by_shard = {s["shard"]: s for s in overview["shards"]}
+    assert by_shard[keys.shard]["timers"] == 2
+    assert 800_000 < by_shard[keys.shard]["next_timer_in_ms"] <= 900_000
+
+
+async def _count_is(client: redis.asyncio.Redis, timers: str, count: int) -> bool:
+    return int(await client.zcard(timers)) == count

@@ -207,8 +207,8 @@ async def test_status_shows_each_shard_s_paused_keys_the_longest_paused_first(
     assert holding["paused_keys"] == held[: _status.PAUSED_SHOWN]
     assert (other["paused"], other["paused_keys"]) == (0, [])
     lines = table.splitlines()
-    assert lines[1].split()[-1] == "PAUSED"
-    assert lines[2].split()[-1] == str(len(held)) and lines[3].split()[-1] == "0"
+    assert lines[1].split()[-3:] == ["PAUSED", "TIMERS", "NEXT"]
+    assert lines[2].split()[-3] == str(len(held)) and lines[3].split()[-3] == "0"
     named = ", ".join(repr(key) for key in held[: _status.PAUSED_SHOWN])
     at = lines.index("paused keys (their ops wait until `keyserial keys resume KEY`):")
     assert lines[at + 1] == f"  shard 0: {named} and 2 more (`keyserial keys paused` lists them)"

@@ -83,3 +83,25 @@ async def _ran(ks: keyserial.Client, op_id: str) -> bool:
     except keyserial.ResultNotFound:
         return False
     return True
+
+
+async def test_status_counts_each_shard_s_timers_and_when_the_next_is_due(
+    redis_url: str, namespace: str, client: redis.asyncio.Redis
+) -> None:
+    async with (
+        keyserial.connect(redis_url, shards=2, namespace=namespace) as ks,
+        running_worker(redis_url, namespace, shard_count=2),
+    ):
+        shard = ks.shard_of("account:4")
+        for delay in (600, 60):
+            await ks.enqueue("account:4", deposit(1), delay=delay)
+        await eventually(lambda: _two(client, namespace), message="two timers")
+        code, out, err = await cli(redis_url, namespace, "status", "--json", "--interval", "0.1")
+    assert code == 0, err
+    shards = json.loads(out)["shards"]
+    assert shards[shard]["timers"] == 2 and 50_000 < shards[shard]["next_timer_in_ms"] <= 60_000
+    assert (shards[1 - shard]["timers"], shards[1 - shard]["next_timer_in_ms"]) == (0, None)
+
+
+async def _two(client: redis.asyncio.Redis, namespace: str) -> bool:
+    return await _timers(client, namespace, 2) == 2

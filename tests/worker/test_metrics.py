@@ -440,3 +440,28 @@ def test_the_metrics_doc_describes_every_metric() -> None:
     for family in metrics.registry.collect():
         name = family.name + ("_total" if family.type == "counter" else "")
         assert f"`{name}`" in doc, name
+
+
+async def test_timer_metrics_count_fired_timers_their_lateness_and_what_waits(
+    standalone_server: LocalServer, namespace: str, start: Callable[..., WorkerProcess]
+) -> None:
+    url, port = standalone_server.url, free_port()
+    start(url, namespace, extra_args=metrics_args(port))
+    async with keyserial.connect(url, shards=SHARDS, namespace=namespace) as ks:
+        shard = ks.shard_of("account:7")
+        await ks.submit("account:7", deposit(1), timeout=10)
+        for _ in range(2):
+            await ks.submit("account:7", deposit(1), delay=0.2, timeout=10)
+        await ks.enqueue("account:7", deposit(1), delay=3600)
+
+        def settled(text: str) -> bool:
+            return value(text, "keyserial_shard_timers_waiting", shard=str(shard)) == 1
+
+        text = await scraped_when(port, settled)
+    on = {"namespace": namespace, "shard": str(shard)}
+    assert value(text, "keyserial_timers_fired_total", **on) == 2
+    assert value(text, "keyserial_timer_lateness_seconds_count", namespace=namespace) == 2
+    assert value(text, "keyserial_timer_lateness_seconds_sum", namespace=namespace) < 2
+    assert 3500 < value(text, "keyserial_shard_next_timer_seconds", **on) <= 3600.1
+    other = {"namespace": namespace, "shard": str((shard + 1) % SHARDS)}
+    assert value(text, "keyserial_shard_timers_waiting", **other) == 0

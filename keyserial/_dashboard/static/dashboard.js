@@ -96,7 +96,8 @@ function render(view) {
       cell(duration(shard.lease_expires_in_ms), "num"), cell(shard.backlog, "num"),
       cell(duration(shard.oldest_waiting_age_ms), "num"), cell(shard.dead_letters, "num"),
       cell(shard.ops_per_s === null ? "-" : shard.ops_per_s.toFixed(1), "num"),
-      cell(pausedKeys(shard)));
+      cell(pausedKeys(shard)), cell(shard.timers, "num"),
+      cell(duration(shard.next_timer_in_ms), "num"));
   });
   fill("workers", view.workers, (worker, tr) => {
     let ops = worker.ops.join(", ");
@@ -195,6 +196,10 @@ async function inspect(key) {
   fill("key-queued", view.queued, (op, tr) => {
     tr.append(cell(op.entry), cell(op.id), cell(op.op), cell(op.keys.join(", ")),
       cell(`${op.args} ${op.kwargs}`));
+  });
+  fill("key-timers", view.timers, (timer, tr) => {
+    tr.append(cell(new Date(timer.due_ms).toLocaleString()), cell(timer.id),
+      cell(timer.ops.map((op) => op.id).join(", ")), cell(timer.ops.map((op) => op.op).join(", ")));
   });
   fill("key-recent", view.recent, (op, tr) => {
     tr.append(cell(when(op.at)), cell(op.id), cell(op.op), outcomeCell(op.outcome));

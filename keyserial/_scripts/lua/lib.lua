@@ -180,9 +180,9 @@ local function fire_timers(stream, count)
   end
   local next_due = redis.call('ZRANGE', timers, 0, 0, 'WITHSCORES')[2]
   if not next_due then
-    return #fired, nil
+    return #fired, nil, 0
   end
-  return #fired, math.max(0, tonumber(next_due) - now)
+  return #fired, math.max(0, tonumber(next_due) - now), redis.call('ZCARD', timers)
 end
 -- Take ``items``, the first items of ``inbox`` (taken in from pushes), out of it: those whose
 -- ``keep`` flag ('1' or '0', one per item) is '1' move into ``stream`` as ``move_items`` moves

@@ -1,10 +1,11 @@
 -- Read one shard's health in one atomic snapshot, for `keyserial status`. Writes nothing.
 -- KEYS[1]  lease      KEYS[2]  epoch      KEYS[3]  progress    KEYS[4]  stream
 -- KEYS[5]  dead-letter stream            KEYS[6]  results     KEYS[7]  results since
--- KEYS[8]  paused keys            KEYS[9]  inbox
+-- KEYS[8]  paused keys            KEYS[9]  inbox       KEYS[10] timers
 -- Returns {owner token or '', lease PTTL (ms, -2 if none), epoch or '', progress or '',
 --          backlog, first entry id after progress or '', dead letters, results stored,
 --          results generation start or '', server time seconds, microseconds,
+--          timers waiting, the next one's due time (ms) or '',
 --          paused keys and their records (HGETALL: key, record, key, record, ...)}
 -- backlog: the stream entries after the progress marker (entries not committed yet, and any
 -- committed entry behind one that is not): XLEN less the committed entries not trimmed yet;
@@ -38,6 +39,8 @@ return {
   redis.call('GET', KEYS[7]) or '',
   now[1],
   now[2],
+  redis.call('ZCARD', KEYS[10]),
+  redis.call('ZRANGE', KEYS[10], 0, 0, 'WITHSCORES')[2] or '',
   -- An operator's list, a few keys at most (the owner reads it whole too, see runner.py).
   redis.call('HGETALL', KEYS[8]),
 }

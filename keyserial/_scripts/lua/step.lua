@@ -94,7 +94,7 @@
 -- shard's timers, see lib.lua), then fires the timers due, unless the shard is sealed.
 -- Returns, when it fetched and moved nothing, skipped no hold and found no timer waiting, the
 -- inbox's taken count if it asked to fetch, else {}; otherwise {entries, done, states, seal,
--- paused, skipped, moved, taken, next timer}: entries as XRANGE returns them;
+-- paused, skipped, moved, taken, next timer, timers}: entries as XRANGE returns them;
 -- done = {op id, outcome, ...}; states = {key, JSON state or '', ...}; seal = the seal record when
 -- entries were fetched, or items wait in the inbox, and the shard is sealed, else false; paused =
 -- the shard's paused hash (HGETALL) when entries were fetched. (Both read with the entries: an owner that has not heard
@@ -102,7 +102,8 @@
 -- holds not recorded; moved = the ids of the entries the pushed items of ARGV[13] became, in
 -- order ('' for one not kept); taken = the inbox's taken count after the step (false if it neither moved nor fetched);
 -- next timer = the ms until the shard's next timer is due by the server's clock (0: one is due
--- already, which the next fetch fires), false if none waits or the step did not fetch.
+-- already, which the next fetch fires), false if none waits or the step did not fetch;
+-- timers = how many wait (0 if the step did not fetch, or found the shard sealed).
 -- Error "FENCED ..." (nothing written) if
 -- another owner took over: the epoch moved on; error "UNCONFIRMED ..." (nothing written) if the
 -- inbox does not hold the pushed items of ARGV[13] as pushed (nor, the step being sent again,
@@ -479,7 +480,7 @@ local cursor = last_kept or ARGV[4]
 local entries, done, states = {}, {}, {}
 local fetching = tonumber(ARGV[5]) > 0
 local seal = nil  -- (the seal record, read at most once a step: false where there is none)
-local next_timer = nil  -- (the ms until the shard's next timer is due, once fired)
+local next_timer, timers_waiting = nil, 0  -- (the ms until the next timer is due; how many)
 if fetching then
   local items = redis.call('LRANGE', KEYS[14], 0, tonumber(ARGV[5]) - 1)
   if #items > 0 then
@@ -496,7 +497,7 @@ if fetching then
   end
   if not seal then
     local _
-    _, next_timer = fire_timers(KEYS[4], tonumber(ARGV[5]))
+    _, next_timer, timers_waiting = fire_timers(KEYS[4], tonumber(ARGV[5]))
   end
   entries = xrange_after(KEYS[4], cursor, '+', ARGV[5])
 end
@@ -560,7 +561,8 @@ if fetching and not taken then
 end
 if #entries == 0 then
   if #skipped > 0 or #moved > 0 or seal or next_timer then
-    return {{}, {}, {}, seal or false, {}, skipped, moved, taken or false, next_timer or false}
+    return {{}, {}, {}, seal or false, {}, skipped, moved, taken or false, next_timer or false,
+      timers_waiting}
   end
   return taken or {}  -- (seven empty parts cost the reply's conversion about a microsecond more)
 end
@@ -651,4 +653,4 @@ if seal == nil then
   seal = redis.call('GET', KEYS[11])
 end
 return {entries, done, states, seal, redis.call('HGETALL', KEYS[12]), skipped, moved, taken or false,
-  next_timer or false}
+  next_timer or false, timers_waiting}
