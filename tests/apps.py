@@ -538,3 +538,10 @@ def append_later_in_thread(ctx: Context, seconds: float, value: Any) -> str:
 @op
 def cancel_timer_in_thread(ctx: Context, timer_id: str) -> None:
     ctx.cancel(timer_id)
+
+
+@op(inline=True)
+def stamp_later(ctx: Context, seconds: float, label: str) -> str:
+    """Set a timer running :func:`stamp` ``seconds`` after this op commits; its id (the
+    nemesis's timer workload: when a timer an op set ran, against its due time)."""
+    return ctx.after(seconds, stamp(label))

@@ -2980,6 +2980,30 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         (_OP_TIMERS + "test_an_idle_owner_wakes_for_a_timer_its_op_just_set" + _STANDALONE,),
     ),
+    Mutant(
+        "due-items-skip-the-timers",
+        "G12.1",
+        "a delayed item due by the time its owner moves it out of the inbox goes straight to the"
+        " stream, in push order, ahead of timers due before it",
+        (
+            Edit(
+                _LIB,
+                "    if item_due(item) then\n",
+                "    if item_due(item) and item_due(item) > now_ms() then\n",
+            ),
+            Edit(
+                _LIB,
+                "      id = append_moved(stream, inbox_entry(item, place))\n",
+                "      local _, waiting = item_due(item)\n"
+                "      id = append_moved(stream, inbox_entry(waiting or item, place))\n",
+            ),
+        ),
+        (
+            _TIMER_SCRIPTS
+            + "test_delayed_items_that_came_due_in_the_inbox_fire_in_due_order_with_the_timers"
+            + _STANDALONE,
+        ),
+    ),
 )
 
 

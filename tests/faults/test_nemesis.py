@@ -27,6 +27,7 @@ from tests.nemesis.checkers import (
     check_appended_were_applied,
     check_epochs,
     check_refusals,
+    check_timers,
 )
 from tests.nemesis.runner import _stored, lost_by_failovers, run_seed
 from tests.nemesis.schedule import PROFILES, make_plan
@@ -40,6 +41,7 @@ from tests.nemesis.seeds import (
     TAKEOVER_SEEDS,
 )
 from tests.nemesis.tap import Appended, StreamTap, direct_client
+from tests.nemesis.timers import TimerHistory, TimerObserved, TimerRecord
 from tests.nemesis.workloads import History, OpRecord
 
 
@@ -268,3 +270,64 @@ async def test_the_tap_gives_a_read_up_at_once_when_redis_does_not_answer() -> N
     finally:
         await client.aclose()
     assert time.monotonic() - began < 1.0
+
+
+def test_the_timers_checker_flags_each_breach_of_the_delayed_ops_guarantees() -> None:
+    """``check_timers`` on a made-up history of the timer workload: a clean one passes; a
+    delayed op run twice or early, one acknowledged and never run, a cancelled timer that ran,
+    an acknowledged timer that never fired, and two timers run against their due order are
+    each flagged; an unacknowledged op that never ran is not."""
+
+    def delayed(tag: str, sent: float, delay: float, **fields: Any) -> TimerRecord:
+        record = TimerRecord(tag, "delayed", "timer:0", apps.stamp(tag), True, how="enqueue")
+        record.sent, record.delay, record.answered, record.acked = sent, delay, sent + 0.01, True
+        for name, value in fields.items():
+            setattr(record, name, value)
+        return record
+
+    def setter(tag: str, sent: float, seconds: float) -> TimerRecord:
+        record = TimerRecord(tag, "set", "timer:0", apps.stamp_later(seconds, tag), True)
+        record.sent, record.delay, record.answered = sent, seconds, sent + 0.02
+        record.acked, record.outcome, record.via = True, "applied", "reply"
+        record.timer_id = record.value = f"{tag}#t1"
+        return record
+
+    def cancel(tag: str, target: str, sent: float) -> TimerRecord:
+        record = TimerRecord(tag, "cancel", "timer:0", apps.cancel_timer(target), True)
+        record.sent, record.answered, record.target = sent, sent + 0.02, target
+        record.acked, record.outcome, record.via = True, "applied", "reply"
+        return record
+
+    records = [
+        delayed("a", 100.0, 1.0),
+        delayed("b", 100.1, 0.3),  # due 100.4: ran first
+        delayed("lost", 100.2, 0.5, acked=False, answered=None, via="timeout"),
+        setter("s", 100.3, 0.5),  # due 100.8: ran
+        setter("c", 100.4, 1.5),  # cancelled at 101.0
+        cancel("x", "c#t1", 101.0),
+    ]
+    cancelled = ("error", "keyserial.TimerCancelled: timer 'c#t1' was cancelled before it ran")
+    outcomes = {"a": ("ok", 101.01), "b": ("ok", 100.41), "s": ("ok", "s#t1")}
+    outcomes |= {"s#t1": ("ok", 100.83), "c": ("ok", "c#t1"), "c#t1": cancelled, "x": ("ok", None)}
+    final = [["b", 100.41], ["s", 100.83], ["a", 101.01]]
+
+    def flagged(final: list[Any], **changes: Any) -> list[str]:
+        observed = TimerObserved(TimerHistory(records), {"timer:0": final}, {**outcomes, **changes})
+        return sorted(f"{v.checker}: {v.what}" for v in check_timers(observed))
+
+    assert flagged(final) == []
+    assert flagged([*final, ["a", 101.2]]) == ["timers-once: a delayed op ran twice"]
+    assert flagged([["b", 100.41], ["s", 100.83]], a=("ok", 101.01)) == [
+        "timers-once: an acknowledged delayed op never ran"
+    ]
+    assert flagged([["b", 100.3], ["s", 100.83], ["a", 101.01]], b=("ok", 100.3)) == [
+        "timers-early: an op ran before its due time"
+    ]
+    assert flagged([*final, ["c", 102.0]]) == ["timers-cancel: a timer answered as cancelled ran"]
+    del outcomes["s#t1"]
+    assert flagged(final[:1] + final[2:]) == ["timers-once: an acknowledged timer never fired"]
+    outcomes["s#t1"] = ("ok", 100.83)
+    assert (
+        flagged([["s", 100.83], ["a", 101.01], ["b", 100.41]])
+        == ["timers-order: an op due earlier ran after one due later on its key"] * 2
+    )

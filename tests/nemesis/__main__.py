@@ -1,4 +1,4 @@
-"""``python -m tests.nemesis --seeds 200 [--profile short|long|cluster|takeover]
+"""``python -m tests.nemesis --seeds 200 [--profile short|long|timers|cluster|takeover]
 [--seed-start K] [--json OUT]``"""
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
         "--profile",
         choices=sorted(PROFILES),
         default="long",
-        help="short (CI), long, cluster (3 masters + 3 replicas), or takeover"
-        " (cluster, with leases that outlive a TAKEOVER)",
+        help="short (CI), long, timers (long, with delayed ops and timers ops set), cluster"
+        " (3 masters + 3 replicas), or takeover (cluster, with leases that outlive a TAKEOVER)",
     )
     parser.add_argument("--json", type=Path, default=None, help="write every report here")
     parser.add_argument("--keep", action="store_true", help="keep logs of passing seeds too")

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tests.nemesis.tap import Appended
+from tests.nemesis.timers import TimerObserved, TimerRecord, is_cancelled
 from tests.nemesis.workloads import (
     APPLIED,
     NOT_APPLIED,
@@ -50,6 +51,8 @@ class Observed:
     gone: frozenset[str] = frozenset()
     #: Shard -> when (monotonic) a replica took its slot over from the master (a failover).
     promotions: Mapping[int, list[float]] = field(default_factory=dict)
+    #: The timer workload's history and what was read back (None: the profile runs none).
+    timers: TimerObserved | None = None
 
 
 def effective(record: OpRecord, observed: Observed) -> tuple[str, Any]:
@@ -82,6 +85,8 @@ def check_all(observed: Observed) -> list[Violation]:
         Violation("client-errors", "a submit raised outside keyserial's errors", item)
         for item in observed.history.unexpected
     ]
+    if observed.timers is not None:
+        violations += check_timers(observed.timers)
     return violations
 
 
@@ -426,3 +431,414 @@ def check_epochs(worker_logs: Mapping[str, str]) -> list[Violation]:
         for (shard, epoch), holders in sorted(owners.items())
         if len(holders) > 1
     ]
+
+
+#: How far before the due time this process computed a stamp's clock may read (5 ms): Redis
+#: floors its clock to the millisecond before adding the delay (which the client rounds up), and
+#: Redis, the workers and this process read one machine's clock, so 1 ms would do; the rest is
+#: room for float rounding, never for a timer run early.
+TIMER_CLOCK_SLACK = 0.005
+#: Two timers are held to their order in the key's list only when the earlier one's latest
+#: possible due time comes this much (50 ms) before the later one's earliest (each due time
+#: known between the push, or the setting op's commit, and its acknowledgement, plus the delay).
+TIMER_ORDER_MARGIN = 0.05
+#: At most this many order violations are reported per key (then their count).
+_ORDER_REPORTED = 5
+
+
+@dataclass
+class _Fired:
+    """One entry of a timer key's list: its position, label and clock (None: an append)."""
+
+    index: int
+    label: str
+    clock: float | None
+
+
+def check_timers(observed: TimerObserved) -> list[Violation]:
+    """The timer workload (``timers.TimerLoad``), key by key, once every timer has had time to
+    fire (docs/guarantees.md, Delayed ops):
+
+    - fired once: each label at most once in its key's list; an acknowledged delayed op, and an
+      acknowledged timer that no cancel which may have applied names, exactly once; an op or
+      timer whose stored outcome is a value in it once (its stamp's clock that value), and one
+      with no stored outcome not in it (a state write commits with its outcome); nothing from a
+      setting op that failed, nor from a delayed op answered with an error;
+    - never early: a stamp's clock is at least its earliest possible due time, less
+      :data:`TIMER_CLOCK_SLACK`;
+    - cancelled never fired: a timer answered ``keyserial.TimerCancelled`` is not in the list,
+      and only a cancel which may have applied makes it so; after an acknowledged cancel of a
+      timer whose setting op ran, the timer has an outcome (ran, or cancelled), and one that ran
+      (a stamp) ran before the cancel was acknowledged;
+    - per-key order: of two acknowledged ops that waited in the timers, the one due earlier
+      (its latest possible due time :data:`TIMER_ORDER_MARGIN` before the other's earliest) is
+      earlier in the list.
+    """
+    violations = [
+        Violation(
+            "client-errors", "a timer workload submit raised outside keyserial's errors", item
+        )
+        for item in observed.history.unexpected
+    ]
+    if not observed.stable:
+        violations.append(
+            Violation(
+                "harness",
+                "the timer keys' lists kept changing after every timer was due",
+                {"keys": sorted(observed.finals)},
+            )
+        )
+    by_key: dict[str, list[TimerRecord]] = defaultdict(list)
+    for record in observed.history.records:
+        by_key[record.key].append(record)
+    for key, records in sorted(by_key.items()):
+        violations += _check_timer_key(key, records, observed)
+    return violations
+
+
+def _check_timer_key(
+    key: str, records: list[TimerRecord], observed: TimerObserved
+) -> list[Violation]:
+    final = observed.finals.get(key) or []
+    if isinstance(final, dict) and "unread" in final:  # (see ``TimerLoad._read``)
+        return [Violation("harness", "a timer key could not be read", {"key": key, **final})]
+    fired, malformed = _timer_entries(final)
+    if not isinstance(final, list) or malformed:
+        return [
+            Violation(
+                "timers-once",
+                "a timer key's state is not a list of stamps and labels",
+                {"key": key, "state": repr(final)[:300], "malformed": malformed[:5]},
+            )
+        ]
+    violations = []
+    by_label: dict[str, list[_Fired]] = defaultdict(list)
+    for entry in fired:
+        by_label[entry.label].append(entry)
+    stray = sorted(set(by_label) - {record.tag for record in records})
+    if stray:
+        violations.append(
+            Violation(
+                "timers-once",
+                "a label no caller submitted on this key",
+                {"key": key, "labels": stray[:10]},
+            )
+        )
+    cancels: dict[str, list[TimerRecord]] = defaultdict(list)
+    for record in records:
+        if record.kind == "cancel" and record.target:
+            cancels[record.target].append(record)
+    for record in records:
+        entries = by_label.get(record.tag, [])
+        if record.kind == "delayed":
+            violations += _check_delayed(record, entries, observed)
+        elif record.kind == "set":
+            timer = _Timer(record, entries, cancels.get(record.timer_id or "", []), observed)
+            violations += timer.check()
+    violations += _check_timer_order(key, records, by_label, observed)
+    return violations
+
+
+def _timer_entries(final: Any) -> tuple[list[_Fired], list[Any]]:
+    """A timer key's list as its entries: ``[label, clock]`` (a stamp) or ``label`` (an
+    append); and the entries of neither form."""
+    if not isinstance(final, list):
+        return [], []
+    fired, malformed = [], []
+    for index, entry in enumerate(final):
+        if isinstance(entry, str):
+            fired.append(_Fired(index, entry, None))
+        elif (
+            isinstance(entry, list)
+            and len(entry) == 2
+            and isinstance(entry[0], str)
+            and isinstance(entry[1], (int, float))
+        ):
+            fired.append(_Fired(index, entry[0], float(entry[1])))
+        else:
+            malformed.append(entry)
+    return fired, malformed
+
+
+def _timer_outcome(record: TimerRecord, observed: TimerObserved) -> tuple[str, Any]:
+    """What the record's op did: its caller's outcome, else the one stored under its id, else
+    unknown (as :func:`effective` for the other workloads)."""
+    if record.outcome != UNKNOWN:
+        return record.outcome, record.value if record.outcome == APPLIED else record.error
+    stored = observed.outcomes.get(record.op_id or "")
+    if stored is None:
+        return UNKNOWN, None
+    return (APPLIED, stored[1]) if stored[0] == "ok" else (NOT_APPLIED, stored[1])
+
+
+def _timer_evidence(record: TimerRecord, observed: TimerObserved, **extra: Any) -> dict[str, Any]:
+    evidence: dict[str, Any] = {
+        "key": record.key,
+        "label": record.tag,
+        "kind": record.kind,
+        "call": f"{record.call.name}{tuple(record.call.args)}",
+        "how": record.how,
+        "op_id": record.op_id,
+        "caller_saw": record.via or "nothing (the run ended first)",
+        "sent": _at(observed, record.sent),
+        "answered": _at(observed, record.answered),
+        "due_between": [_at(observed, record.earliest), _at(observed, record.latest)],
+        "stored": observed.outcomes.get(record.op_id or ""),
+    }
+    if record.kind == "set":
+        evidence["timer_id"] = record.timer_id
+        evidence["timer_outcome"] = observed.outcomes.get(record.timer_id or "")
+    if record.error:
+        evidence["error"] = record.error[:200]
+    return {**extra, **evidence}
+
+
+def _check_delayed(
+    record: TimerRecord, entries: list[_Fired], observed: TimerObserved
+) -> list[Violation]:
+    violations = []
+    outcome, value = _timer_outcome(record, observed)
+    ran = [entry.index for entry in entries]
+    if len(entries) > 1:
+        violations.append(
+            Violation(
+                "timers-once", "a delayed op ran twice", _timer_evidence(record, observed, at=ran)
+            )
+        )
+    if not entries and ((record.acked and outcome != NOT_APPLIED) or outcome == APPLIED):
+        what = (
+            "an acknowledged delayed op never ran"
+            if record.acked
+            else "a delayed op's stored outcome says it ran, the key's list lacks it"
+        )
+        violations.append(Violation("timers-once", what, _timer_evidence(record, observed)))
+    if entries and outcome == NOT_APPLIED:
+        violations.append(
+            Violation(
+                "timers-once",
+                "a delayed op answered with an error ran",
+                _timer_evidence(record, observed, at=ran),
+            )
+        )
+    if entries and outcome == APPLIED and entries[0].clock != value:
+        violations.append(
+            Violation(
+                "timers-once",
+                "a delayed op's outcome is not the stamp in the key's list",
+                _timer_evidence(
+                    record, observed, outcome=value, stamp=_at(observed, entries[0].clock)
+                ),
+            )
+        )
+    if entries and record.op_id and record.op_id not in observed.outcomes:
+        violations.append(
+            Violation(
+                "timers-once",
+                "a delayed op in the key's list has no stored outcome",
+                _timer_evidence(record, observed, at=ran),
+            )
+        )
+    violations += _check_early(record, entries, record.earliest, observed)
+    return violations
+
+
+def _check_early(
+    record: TimerRecord, entries: list[_Fired], earliest: float, observed: TimerObserved
+) -> list[Violation]:
+    return [
+        Violation(
+            "timers-early",
+            "an op ran before its due time",
+            _timer_evidence(
+                record,
+                observed,
+                stamp=_at(observed, entry.clock),
+                early_by=round(earliest - entry.clock, 4),
+            ),
+        )
+        for entry in entries
+        if entry.clock is not None and entry.clock < earliest - TIMER_CLOCK_SLACK
+    ]
+
+
+class _Timer:
+    """A timer an op set (a set record), what its key's list holds of it, and the cancels that
+    name it."""
+
+    def __init__(
+        self,
+        record: TimerRecord,
+        entries: list[_Fired],
+        cancels: list[TimerRecord],
+        observed: TimerObserved,
+    ) -> None:
+        self.record, self.entries, self.cancels, self.observed = record, entries, cancels, observed
+        self.setter = _timer_outcome(record, observed)[0]
+        self.stored = observed.outcomes.get(record.timer_id) if record.timer_id else None
+        #: Cancels that may have applied: acknowledged, or unknown, or stored as ok.
+        self.cancelling = [
+            cancel for cancel in cancels if _timer_outcome(cancel, observed)[0] != NOT_APPLIED
+        ]
+        self.violations: list[Violation] = []
+
+    def check(self) -> list[Violation]:
+        self._once()
+        self._cancelled()
+        self.violations += _check_early(
+            self.record, self.entries, self.record.earliest, self.observed
+        )
+        return self.violations
+
+    def flag(self, checker: str, what: str, **extra: Any) -> None:
+        evidence = _timer_evidence(self.record, self.observed, **extra)
+        if self.entries:
+            evidence["at"] = [entry.index for entry in self.entries]
+        if self.cancels:
+            evidence["cancels"] = [
+                {
+                    "label": cancel.tag,
+                    "caller_saw": cancel.via,
+                    "stored": self.observed.outcomes.get(cancel.op_id or ""),
+                    "sent": _at(self.observed, cancel.sent),
+                    "answered": _at(self.observed, cancel.answered),
+                }
+                for cancel in self.cancels
+            ]
+        self.violations.append(Violation(checker, what, evidence))
+
+    def _once(self) -> None:
+        entries, stored, record = self.entries, self.stored, self.record
+        ran = stored is not None and stored[0] == "ok"
+        value = stored[1] if stored is not None else None
+        if len(entries) > 1:
+            self.flag("timers-once", "a timer fired twice")
+        if (record.fails or self.setter == NOT_APPLIED) and (entries or stored is not None):
+            self.flag("timers-once", "a timer set by an op that failed ran, or has an outcome")
+        if entries and record.timer_id and stored is None:
+            self.flag("timers-once", "a timer in the key's list has no stored outcome")
+        if ran and not entries:
+            self.flag(
+                "timers-once", "a timer's stored outcome says it ran, the key's list lacks it"
+            )
+        if ran and entries and entries[0].clock is not None and value != entries[0].clock:
+            self.flag(
+                "timers-once",
+                "a timer's outcome is not the stamp in the key's list",
+                stamp=_at(self.observed, entries[0].clock),
+            )
+        if (
+            self.setter == APPLIED
+            and not record.fails
+            and not self.cancelling
+            and (not entries or stored is None)
+        ):
+            self.flag(
+                "timers-once",
+                "an acknowledged timer never fired"
+                if record.outcome == APPLIED
+                else "a timer whose setting op's stored outcome says it ran never fired",
+            )
+
+    def _cancelled(self) -> None:
+        stored = self.stored
+        if is_cancelled(stored) and self.entries:
+            self.flag("timers-cancel", "a timer answered as cancelled ran")
+        if is_cancelled(stored) and self.setter == APPLIED and not self.cancelling:
+            self.flag(
+                "timers-cancel", "a timer answered as cancelled that no cancel may have applied to"
+            )
+        if self.setter != APPLIED:
+            return
+        for cancel in self.cancels:
+            if cancel.outcome != APPLIED or cancel.answered is None:
+                continue
+            if stored is None:
+                self.flag(
+                    "timers-cancel",
+                    "an acknowledged cancel left its timer without an outcome",
+                    cancel=cancel.tag,
+                )
+                continue
+            clock = self.entries[0].clock if self.entries else None
+            if (
+                stored[0] == "ok"
+                and clock is not None
+                and clock > cancel.answered + TIMER_CLOCK_SLACK
+            ):
+                self.flag(
+                    "timers-cancel",
+                    "a timer ran after the op that cancelled it was acknowledged",
+                    cancel=cancel.tag,
+                    stamp=_at(self.observed, clock),
+                    cancel_answered=_at(self.observed, cancel.answered),
+                )
+
+
+def _check_timer_order(
+    key: str,
+    records: list[TimerRecord],
+    by_label: dict[str, list[_Fired]],
+    observed: TimerObserved,
+) -> list[Violation]:
+    """Pairs of acknowledged ops that waited in the timers, each once in the list, the first
+    due clearly before the second (by :data:`TIMER_ORDER_MARGIN`) yet after it in the list."""
+    placed = []
+    for record in records:
+        entries = by_label.get(record.tag, [])
+        latest = record.latest
+        if not record.timed or len(entries) != 1 or latest is None:
+            continue
+        if record.kind == "set" and (record.outcome != APPLIED or record.fails):
+            continue
+        placed.append((record, entries[0], record.earliest, latest))
+    inverted = [
+        (first, second)
+        for first in placed
+        for second in placed
+        if first[3] + TIMER_ORDER_MARGIN < second[2] and first[1].index > second[1].index
+    ]
+    violations = []
+    for first, second in inverted[:_ORDER_REPORTED]:
+        violations.append(
+            Violation(
+                "timers-order",
+                "an op due earlier ran after one due later on its key",
+                {
+                    "key": key,
+                    "due_first": _placed(first, observed),
+                    "due_later_ran_first": _placed(second, observed),
+                    "apart_at_least": round(second[2] - first[3], 3),
+                },
+            )
+        )
+    if len(inverted) > _ORDER_REPORTED:
+        violations.append(
+            Violation(
+                "timers-order",
+                "more ops due earlier ran after ones due later on this key",
+                {"key": key, "pairs": len(inverted)},
+            )
+        )
+    return violations
+
+
+def _placed(
+    placed: tuple[TimerRecord, _Fired, float, float], observed: TimerObserved
+) -> dict[str, Any]:
+    record, entry, earliest, latest = placed
+    return {
+        "label": record.tag,
+        "kind": record.kind,
+        "call": f"{record.call.name}{tuple(record.call.args)}",
+        "how": record.how,
+        "index": entry.index,
+        "due_between": [_at(observed, earliest), _at(observed, latest)],
+        "ran": _at(observed, entry.clock),
+        "sent": _at(observed, record.sent),
+        "answered": _at(observed, record.answered),
+    }
+
+
+def _at(observed: TimerObserved, wall: float | None) -> str | None:
+    """A wall-clock time as the fault log shows times: seconds since the load began."""
+    return None if wall is None else f"t={wall - observed.began:.3f}s"

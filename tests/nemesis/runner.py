@@ -42,7 +42,8 @@ from tests.nemesis.faults import Faults, GarbageSent
 from tests.nemesis.schedule import Plan, Profile, make_plan
 from tests.nemesis.system import BaseSystem, System
 from tests.nemesis.tap import StreamTap
-from tests.nemesis.workloads import OPENING_BALANCE, UNKNOWN, Keys, Load
+from tests.nemesis.timers import SETTLE_GRACE, TimerLoad, TimerObserved, is_cancelled
+from tests.nemesis.workloads import APPLIED, OPENING_BALANCE, UNKNOWN, Keys, Load
 
 
 @dataclass
@@ -82,6 +83,8 @@ async def run_seed(seed: int, profile: Profile, workdir: Path) -> RunReport:
     report = RunReport(seed, profile.name, plan.describe(), workdir=str(workdir))
     began = time.monotonic()
     deadline = profile.load_seconds + profile.submit_timeout + profile.resolve_seconds + 90
+    if profile.timer_callers:  # (timers are given until they are all due, and then some)
+        deadline += profile.resolve_seconds + SETTLE_GRACE + 10
     with anyio.move_on_after(deadline) as run:
         async with make_system(plan, workdir) as system:
             if not await system.wait_all_held(30):
@@ -130,13 +133,18 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
             stale = aredis.Redis.from_url(system.client_urls()[0], socket_timeout=5)
             stack.push_async_callback(stale.aclose)
         load = Load(plan.seed, profile, keys, clients, stale)
+        timer_load = TimerLoad(plan.seed, profile, clients) if profile.timer_callers else None
         faults = Faults(system, load)
         async with anyio.create_task_group() as running:
             running.start_soon(load.run)
+            if timer_load is not None:
+                running.start_soon(timer_load.run)
             with anyio.move_on_after(profile.load_seconds):
                 await faults.run(plan.events)
                 await anyio.sleep_forever()
             load.stop()
+            if timer_load is not None:
+                timer_load.stop()
             await system.heal()
             for note in system.heal_notes:
                 faults.note(f"healing: {note}")
@@ -157,6 +165,10 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
         report.violations += await _tap_caught_up(system, tap, faults)
         resolved = await _resolve(clients[0], load, tap, profile)
         finals = await _finals(clients[0], system, load, keys)
+        timers = None
+        if timer_load is not None:
+            timers = await timer_load.observe(clients[0])
+            faults.note(f"timer keys read: {len(timers.outcomes)} outcomes found")
         report.violations += await _garbage_answered(system, faults)
         observed = Observed(
             load.history,
@@ -166,6 +178,7 @@ async def _run(plan: Plan, system: BaseSystem, report: RunReport) -> None:
             faults.started,
             gone=await _gone(tap, resolved),
             promotions=_promotions_by_shard(faults, system.namespace, profile.shard_count),
+            timers=timers,
         )
         report.violations += check_all(observed)
         report.violations += check_epochs(
@@ -531,13 +544,38 @@ def _stats(observed: Observed) -> dict[str, Any]:
     for record in observed.history.records:
         name = f"{record.outcome}:{record.via}"
         counts[name] = counts.get(name, 0) + 1
-    return {
+    stats = {
         "ops": len(observed.history.records),
         "appended_seen": len(observed.appended),
         "resolved": len(observed.resolved),
         **dict(sorted(counts.items())),
         **lost_by_failovers(observed),
     }
+    if observed.timers is not None:
+        stats["timers"] = _timer_stats(observed.timers)
+    return stats
+
+
+def _timer_stats(observed: TimerObserved) -> dict[str, int]:
+    """The timer workload's ops by kind and what their callers learned, and how its timers
+    ended: fired (ran), cancelled (answered ``TimerCancelled``), or neither."""
+    counts: dict[str, int] = {}
+
+    def count(name: str) -> None:
+        counts[name] = counts.get(name, 0) + 1
+
+    for record in observed.history.records:
+        count(f"{record.kind}:{'acked' if record.acked else record.via or 'unknown'}")
+        if record.kind == "set" and record.outcome == APPLIED and not record.fails:
+            stored = observed.outcomes.get(record.timer_id or "")
+            count(
+                "timer:cancelled"
+                if is_cancelled(stored)
+                else "timer:ran"
+                if stored and stored[0] == "ok"
+                else "timer:neither"
+            )
+    return dict(sorted(counts.items()))
 
 
 def lost_by_failovers(observed: Observed) -> dict[str, Any]:

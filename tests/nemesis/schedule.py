@@ -142,6 +142,12 @@ class Profile:
     #: failover lost is appended again only while its submit waits: where faults lose appends
     #: by design (the takeover profile), every caller waits, so that every loss is a defect.
     callers_cancel: bool = True
+    #: Callers of the timer workload (``timers.TimerLoad``: delayed ops, timers ops set, and
+    #: cancels, on keys of their own), besides ``callers``; each draws from a stream of its
+    #: own, so turning them on left every other draw of a seed as it was.
+    timer_callers: int = 0
+    #: The longest pause, in seconds, of a timer caller between two of its ops.
+    timer_pause: float = 0.3
 
 
 LONG = Profile(
@@ -151,6 +157,7 @@ LONG = Profile(
     edge_faults=(1, 3),
     hostile_faults=(1, 2),
     commit_kills=(0, 1),
+    timer_callers=2,
 )
 
 PROFILES = {
@@ -162,8 +169,14 @@ PROFILES = {
     "long": LONG,
     # The long profile with one or two live reshards in every run.
     # (No kill mid-commit: it finds the busiest worker by the first layout's leases.)
+    # (Neither it nor resize runs the timer workload: each runs as it did before it came.)
     "reshard": replace(
-        LONG, name="reshard", reshard_faults=(1, 2), stale_appends=0.1, commit_kills=(0, 0)
+        LONG,
+        name="reshard",
+        reshard_faults=(1, 2),
+        stale_appends=0.1,
+        commit_kills=(0, 0),
+        timer_callers=0,
     ),
     # 4 -> 16 -> 64 -> 8 shards under the long profile's load and faults.
     "resize": replace(
@@ -174,7 +187,11 @@ PROFILES = {
         reshard_path=(16, 64, 8),
         stale_appends=0.1,
         commit_kills=(0, 0),
+        timer_callers=0,
     ),
+    # The long profile's load and faults, with eight timer callers: delayed ops, timers ops
+    # set and cancels (``timers.TimerLoad``, judged by ``checkers.check_timers``).
+    "timers": replace(LONG, name="timers", timer_callers=8, timer_pause=0.1),
     "cluster": Profile(
         "cluster",
         load_seconds=20.0,

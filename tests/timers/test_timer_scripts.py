@@ -176,3 +176,19 @@ async def test_a_timer_an_op_set_fires_marked_as_one(
     [(_, fields)] = fetched.entries
     assert fields[b"timer"] == b"1" and fields[b"p"] == b"setter#t1"
     assert b"fresh" not in fields, "its op id is looked up: a cancel may have answered it"
+
+
+async def test_delayed_items_that_came_due_in_the_inbox_fire_in_due_order_with_the_timers(
+    backend: Backend, client: redis.asyncio.Redis, keys: ShardKeys
+) -> None:
+    """(Pushed while the shard had no owner: by its first step they are all due, and their
+    push order is not their due order.)"""
+    await client.set(keys.epoch, 2)
+    now = await _server_ms(client)
+    await _timer(client, keys, 1, now - 10)  # (moved in before the owner died)
+    ops = json.dumps([envelope("x", "k", "deposit", 1)])
+    await client.set(keys.inbox_taken, 1)
+    await client.rpush(keys.inbox, f"1 at {now - 5}\n{ops}", f"1 at {now - 20}\n{ops}")
+    fetched = await backend.run_call(step(keys, step_args(2, fetch=10)))
+    assert [fields[b"p"] for _, fields in fetched.entries] == [b"3", b"1", b"2"]
+    assert [int(fields[b"due"]) for _, fields in fetched.entries] == [now - 20, now - 10, now - 5]

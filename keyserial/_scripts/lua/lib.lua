@@ -95,17 +95,11 @@ local function append_moved(stream, fields)
   end
   error(id)
 end
--- Put the delayed item at ``place`` in the timers, or append it at once if it is due (the clock
--- read once per call: ``clock``, a table the caller keeps).
-local function schedule_item(stream, item, place, clock)
+-- Put the delayed item at ``place`` in the timers, due or not: the fetching step that fires
+-- timers fires every due one in the order of their due times (a delayed item that came due
+-- while the shard had no owner takes its place among the timers due meanwhile).
+local function schedule_item(stream, item, place)
   local due, waiting = item_due(item)
-  clock.now = clock.now or now_ms()
-  if due <= clock.now then
-    local fields = inbox_entry(waiting, string.format('%d', place))
-    fields[#fields + 1] = 'due'
-    fields[#fields + 1] = string.format('%d', due)
-    return append_moved(stream, fields)
-  end
   local timers, timed = timer_keys(stream)
   redis.call('ZADD', timers, due, timer_id(place))
   redis.call('HSET', timed, timer_id(place), waiting)
@@ -113,7 +107,7 @@ local function schedule_item(stream, item, place, clock)
 end
 -- Move ``items``, the first items of ``inbox`` (read by the caller), into ``stream``, in order,
 -- and count them in ``taken`` (whose count the caller may know: ``first``); a delayed item goes
--- to the timers instead (its id ''), unless it is due. Returns the ids of their entries, and the
+-- to the timers instead (its id ''). Returns the ids of their entries, and the
 -- count after (nil if nothing was read): fewer ids than items (none) if the stream has no id
 -- left (an entry under the largest id, see step.lua's RESTARTED), when the items stay in the
 -- inbox and nothing is written.
@@ -123,12 +117,11 @@ local function move_items(inbox, taken, stream, items, first)
     return ids, first
   end
   first = first or tonumber(redis.call('GET', taken) or '0')
-  local clock = {}
   for i, item in ipairs(items) do
     local place = string.format('%d', first + i)
     local id
     if item_due(item) then
-      id = schedule_item(stream, item, first + i, clock)
+      id = schedule_item(stream, item, first + i)
     else
       id = append_moved(stream, inbox_entry(item, place))
     end
