@@ -122,9 +122,14 @@ class Wakeups:
         got all it asked for fetches again), having ``recorded`` that this owner takes pushes,
         and leaving the inbox's taken count at ``taken`` (None: not read); ``last``: the place
         of the last entry fetched. A fetch reached the end of the stream if it got fewer than it
-        asked for, or if its last entry was the last item the inbox had moved out."""
+        asked for, or if its last entry was the last item the inbox had moved out. One that moved
+        as many items out of the inbox as it asked for fetches again too."""
         self._taken = []
         self.recorded |= recorded
+        if fetch and taken is not None and self.next_place and taken - self.next_place >= fetch - 1:
+            # (It moved a full batch out of the inbox, delayed items among them, which went to
+            # the shard's timers, not the stream: more may wait there.)
+            self.must_fetch = True
         if taken is not None:
             self.next_place = taken + 1
         if fetch:

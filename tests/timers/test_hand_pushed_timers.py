@@ -69,3 +69,21 @@ async def test_a_delayed_item_whose_due_time_cannot_be_read_is_dead_lettered(
         await eventually(lambda: client.xlen(keys.dead), message="the dead letter")
         assert await ks.submit("account:3", balance()) == 0
         assert await client.zcard(keys.timers) == 0
+
+
+async def test_delayed_items_by_the_hundred_reach_the_timers_without_waiting_for_polls(
+    redis_url: str, namespace: str, client: redis.asyncio.Redis
+) -> None:
+    """(Pushed with one wake-up for all: each fetch moves a batch of 64 into the timers, and
+    fetches again while the inbox may hold more; its poll is 10 s here.)"""
+    keys = ShardKeys(namespace, 0)
+    due_ms = int(time.time() * 1000) + 600_000
+    async with running_worker(redis_url, namespace, shard_count=1, idle_poll=10.0):
+        for n in range(300):
+            await push_raw_item(client, keys, _item(f"bulk-{n}", "account:4", f"1 at {due_ms}"))
+        await client.publish(keys.wake_channel, "300")
+        await eventually(lambda: _all_timers(client, keys, 300), timeout=5, message="300 timers")
+
+
+async def _all_timers(client: redis.asyncio.Redis, keys: ShardKeys, count: int) -> bool:
+    return int(await client.zcard(keys.timers)) == count

@@ -125,6 +125,18 @@ def test_a_step_that_got_all_it_asked_for_fetches_again() -> None:
     assert wakeups.fetch_size(64, replaying=True) == 64
 
 
+def test_a_step_that_moved_a_full_batch_out_of_the_inbox_fetches_again() -> None:
+    """(Delayed items among them went to the shard's timers: the entries it got do not show
+    them, the inbox's taken count does.)"""
+    wakeups = recorded(taken=10)
+    wakeups.sending(64)
+    wakeups.stepped(64, fetched=2, recorded=False, taken=74)
+    assert wakeups.fetch_size(64, replaying=False) == 64
+    wakeups.sending(64)
+    wakeups.stepped(64, fetched=0, recorded=False, taken=137)
+    assert wakeups.fetch_size(64, replaying=False) == 0, "63 moved: the inbox is empty"
+
+
 def test_the_next_step_confirms_every_item_taken_from_pushes_since_the_last() -> None:
     wakeups = recorded(taken=4)
     first, second = pushed(5), pushed(6)
