@@ -12,6 +12,8 @@ worker thread) or declared ``inline=True`` (run on the worker's event loop); ``a
 ``deposit_in_thread`` and ``transfer_in_thread`` are the ledger's deposit and transfer as a user
 writes them, with no declaration (run in a worker thread; the ledger's are declared inline):
 the ``keyserial-thread`` system of ``keyserial bench``.
+
+``stamp`` returns when it ran: the lateness of delayed ops, ``python -m benchmarks.timers``.
 """
 
 from __future__ import annotations
@@ -90,3 +92,11 @@ def transfer_in_thread(ctx: keyserial.MultiContext, amount: int) -> int:
     ctx.states[source] = available - amount
     ctx.states[target] = (ctx.states[target] or 0) + amount
     return int(ctx.states[source])
+
+
+@keyserial.op(name="bench_stamp", inline=True)
+def stamp(ctx: keyserial.Context) -> float:
+    """When it ran, by the worker's clock: ``python -m benchmarks.timers`` compares it with the
+    op's due time (Redis runs on the same machine, so their clocks agree)."""
+    ctx.state = (ctx.state or 0) + 1
+    return time.time()

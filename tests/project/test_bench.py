@@ -770,3 +770,27 @@ def test_the_calls_by_module_names_a_function_s_module() -> None:
     assert calls.module_of(asyncio.sleep.__code__) == "asyncio"
     assert calls.module_of(anyio.sleep.__code__) == "anyio"
     assert calls.module_of(os.path.join.__code__) == "posixpath"  # (frozen)
+
+
+@pytest.mark.slow
+def test_the_timers_benchmark_prints_each_phase_and_checks_its_target() -> None:
+    """``python -m benchmarks.timers --check`` on small counts: each phase's lateness, the
+    memory of the pending timers, then the verdict, which the exit status follows (the target
+    itself is for a quiet machine: it is not asserted)."""
+    small = ["--timers", "40", "--burst", "200", "--million", "3000", "--check"]
+    completed = subprocess.run(
+        [sys.executable, "-m", "benchmarks.timers", *small],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    *phases, memory, verdict = [json.loads(line) for line in completed.stdout.splitlines()]
+    assert [phase["phase"] for phase in phases] == ["idle", "under load", "burst"]
+    assert [phase["ops"] for phase in phases] == [40, 40, 200]
+    assert all(0 <= phase["p50_ms"] <= phase["p99_ms"] <= phase["max_ms"] for phase in phases)
+    assert memory["phase"] == "memory" and memory["timers"] == 3000
+    assert memory["redis_bytes_per_timer"] > 0
+    met = all(phase["p99_ms"] < 100 for phase in phases)
+    assert verdict["met"] == met
+    assert completed.returncode == (0 if met else 1), completed.stderr[-2000:]
