@@ -3004,6 +3004,23 @@ MUTANTS: tuple[Mutant, ...] = (
             + _STANDALONE,
         ),
     ),
+    Mutant(
+        "enqueue-unconfirmed",
+        "G4.4",
+        "an enqueue returns once its append is on the master, whatever durable_replicas asks:"
+        " a failover can lose an op its caller was told was appended",
+        (
+            Edit(
+                "keyserial/_client/appender.py",
+                "        if not any([pending.appended_only for pending in batch]):\n",
+                "        if True:\n",
+            ),
+        ),
+        (
+            "tests/faults/test_durability.py::"
+            "test_an_enqueue_returns_only_once_a_replica_has_its_append",
+        ),
+    ),
 )
 
 

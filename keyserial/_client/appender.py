@@ -90,9 +90,14 @@ class Appender:
         if not batch:
             return
         entries = list(_pack(batch))
+        # An enqueue's answer is the append itself: with durable_replicas, replicas confirm it
+        # first (an awaited submit's client appends again an entry a failover lost).
+        durability = self._settings.durability
+        if not any([pending.appended_only for pending in batch]):
+            durability = None
         try:
-            replies = await self._backend.append(
-                [(shard, self._entry(shard, group)) for shard, group in entries]
+            replies, confirmed = await self._backend.append(
+                [(shard, self._entry(shard, group)) for shard, group in entries], durability
             )
         except BackendUnavailable as exc:
             for pending in batch:
@@ -107,19 +112,22 @@ class Appender:
             for pending in batch:
                 pending.settle(KeyserialError(f"appending op {pending.op_id!r} failed: {exc}"))
             return
-        self._after_append(entries, replies)
+        self._after_append(entries, replies, confirmed)
 
     def _after_append(
-        self, entries: list[tuple[ShardKeys, list[Pending]]], replies: list[Any]
+        self,
+        entries: list[tuple[ShardKeys, list[Pending]]],
+        replies: list[Any],
+        confirmed: bool = True,
     ) -> None:
-        """Note each appended op's entry; fail the ops of entries the server refused, and queue
-        again those refused for now."""
+        """Note each appended op's entry (an enqueue's only if replicas ``confirmed`` it, as
+        ``durable_replicas`` asks); fail the ops of entries the server refused, and queue again
+        those refused for now."""
         refused: list[Pending] = []
         sealed: list[Pending] = []
         for (shard, group), reply in zip(entries, replies, strict=True):
             if isinstance(reply, Pushed):
-                for pending in group:
-                    pending.appended(reply)
+                self._appended(group, reply, confirmed)
             elif isinstance(reply, BackendUnavailable):
                 refused += group  # "not now" (BUSY, LOADING): nothing was appended
             elif isinstance(reply, ShardSealed):
@@ -146,6 +154,26 @@ class Appender:
         wake = keys.wake(self._backend.sharded_pubsub)
         return SubmitArgs(
             self._settings.max_backlog, WIRE_VERSION, packed, wake, fresh, group[0].due
+        )
+
+    def _appended(self, group: list[Pending], entry: Pushed, confirmed: bool) -> None:
+        for pending in group:
+            if pending.appended_only and not confirmed:
+                pending.settle(self._unconfirmed(pending))
+            else:
+                pending.appended(entry)
+
+    def _unconfirmed(self, pending: Pending) -> BackendUnavailable:
+        """What an enqueue whose append its replicas did not confirm in time fails with: it
+        may have been appended (and a failover may lose it)."""
+        settings = self._settings
+        return BackendUnavailable(
+            self._backend.url,
+            f"op {pending.op_id!r} was appended, but its durability (durable_replicas="
+            f"{settings.durable_replicas}, durable_fsync={settings.durable_fsync}) was not"
+            " confirmed in time: enqueue it again under the same op_id (it never runs twice)",
+            op_id=pending.op_id,
+            keys=pending.all_keys,
         )
 
     def _append_error(self, keys: ShardKeys, reply: Exception) -> KeyserialError:

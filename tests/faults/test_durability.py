@@ -334,3 +334,28 @@ async def test_with_durable_fsync_an_acknowledgement_waits_for_the_replica_s_aof
                     release=lambda: replica_client.config_set("appendonly", "yes"),
                 ) == ["x"]
                 assert await ks.result("fsynced", key="acct") == ["x"]
+
+
+@pytest.mark.slow
+async def test_an_enqueue_returns_only_once_a_replica_has_its_append(
+    replicated: tuple[LocalServer, LocalServer], namespace: str
+) -> None:
+    """An enqueue's answer is its append: with ``durable_replicas``, a replica confirms the
+    append first (a failover to it then loses nothing enqueued), or the enqueue fails saying
+    it may have been appended (a delayed one waits in the inbox until a worker moves it)."""
+    master, replica = replicated
+    inbox = ShardKeys(namespace, shard_for("acct", SHARDS)).inbox
+    async with keyserial.connect(
+        master.url, shards=SHARDS, namespace=namespace, durable_replicas=1
+    ) as ks:
+        await ks.enqueue("acct", apps.append(1), op_id="confirmed", delay=60)
+        with redis.Redis(port=replica.port) as client:
+            assert client.llen(inbox) == 1, "the replica has the append"
+        replica.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(keyserial.BackendUnavailable, match="not confirmed in time"):
+                await ks.enqueue("acct", apps.append(2), op_id="unconfirmed", delay=60)
+        finally:
+            replica.send_signal(signal.SIGCONT)
+        with redis.Redis(port=master.port) as client:
+            assert client.llen(inbox) == 2, "appended on the master, unconfirmed"

@@ -218,6 +218,8 @@ PROFILES = {
         callers_cancel=False,
     ),
 }
+# The cluster profile's failovers (with ``durable_replicas``) and faults, with four timer callers.
+PROFILES["cluster-timers"] = replace(PROFILES["cluster"], name="cluster-timers", timer_callers=4)
 
 
 @dataclass(frozen=True)
