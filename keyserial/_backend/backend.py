@@ -16,7 +16,6 @@ from typing import Any, TypeVar
 from .._scripts.calls import ScriptArg, ScriptCall, decoded
 from .._scripts.refusals import ScriptMissing
 from .._scripts.submit import Pushed, SubmitArgs, present, submit
-from .._settings import Durability
 from .._wire.codec import LARGEST_ID, item_fields
 from .._wire.layout import (
     PAUSES_CHANGED,
@@ -31,7 +30,6 @@ from .._wire.layout import (
 from .._wire.resharding import LayoutRecord, Seal, sealed_key
 from ..errors import ConfigError, ShardCountMismatch
 from .commands import Command, merged_stored, publish_command, raise_errors, raised, stored_commands
-from .durability import run_confirmed
 from .resp import AnyRedis
 from .transport import Transport, open_transport
 
@@ -108,24 +106,21 @@ class Backend:
         result: R = raised(reply)
         return result
 
-    async def append(
-        self,
-        entries: Sequence[tuple[ShardKeys, SubmitArgs]],
-        durability: Durability | None = None,
-    ) -> tuple[list[Any], bool]:
-        """Push entries to shards' inboxes (``submit`` calls) in one pipeline: where each went
-        (:class:`Pushed`), or its error; and, with ``durability``, whether replicas confirmed
-        them (a WAIT behind them, on the same connection: the entries must all live on one
-        node). An entry marked ``fresh`` (op ids appended for the first time: its owner looks
-        none up) must land once, so it goes out marked only where a command is sent at most
-        once: on keyserial's own connection, which never sends one again (redis-py may, after a
-        lost connection)."""
+    def append_calls(
+        self, entries: Sequence[tuple[ShardKeys, SubmitArgs]]
+    ) -> list[ScriptCall[Pushed]]:
+        """The ``submit`` calls that push entries to shards' inboxes. An entry marked ``fresh``
+        (op ids appended for the first time: its owner looks none up) must land once, so it goes
+        out marked only where a command is sent at most once: on keyserial's own connection,
+        which never sends one again (redis-py may, after a lost connection)."""
         if not self.transport.sends_once:
             entries = [(keys, replace(args, fresh=False)) for keys, args in entries]
-        calls = [submit(keys, args) for keys, args in entries]
-        if durability is None:
-            return await self.run_many(calls), True
-        return await run_confirmed(self, calls, durability)
+        return [submit(keys, args) for keys, args in entries]
+
+    async def append(self, entries: Sequence[tuple[ShardKeys, SubmitArgs]]) -> list[Any]:
+        """Push entries to shards' inboxes (:meth:`append_calls`) in one pipeline: where each
+        went (:class:`Pushed`), or its error."""
+        return await self.run_many(self.append_calls(entries))
 
     # -- keys ----------------------------------------------------------------------------------
 

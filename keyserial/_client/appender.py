@@ -16,6 +16,7 @@ from anyio.abc import TaskGroup
 
 from .._backend.backend import Backend
 from .._backend.batching import NodeBatcher
+from .._backend.durability import run_confirmed
 from .._scripts.refusals import BacklogRefused, Refused, ShardSealed
 from .._scripts.submit import Pushed, SubmitArgs
 from .._settings import Settings
@@ -95,10 +96,14 @@ class Appender:
         durability = self._settings.durability
         if not any([pending.appended_only for pending in batch]):
             durability = None
+        calls = self._backend.append_calls(
+            [(shard, self._entry(shard, group)) for shard, group in entries]
+        )
         try:
-            replies, confirmed = await self._backend.append(
-                [(shard, self._entry(shard, group)) for shard, group in entries], durability
-            )
+            if durability is None:
+                replies, confirmed = await self._backend.run_many(calls), True
+            else:  # (a WAIT behind the appends, on their connection: they live on one node)
+                replies, confirmed = await run_confirmed(self._backend, calls, durability)
         except BackendUnavailable as exc:
             for pending in batch:
                 pending.settle(

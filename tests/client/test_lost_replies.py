@@ -90,7 +90,7 @@ async def test_a_lost_reply_is_fetched_by_the_client_s_sweep(
 
 async def _push(backend: Backend, keys: ShardKeys) -> Pushed:
     """Push an entry of no ops to the shard's inbox, as a client does; where it went."""
-    [pushed], _ = await backend.append([(keys, SubmitArgs(0, "1", "[]", ""))])
+    [pushed] = await backend.append([(keys, SubmitArgs(0, "1", "[]", ""))])
     assert isinstance(pushed, Pushed), pushed
     return pushed
 
