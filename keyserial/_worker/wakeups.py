@@ -126,7 +126,8 @@ class Wakeups:
         as many items out of the inbox as it asked for fetches again too."""
         self._taken = []
         self.recorded |= recorded
-        if fetch and taken is not None and self.next_place and taken - self.next_place >= fetch - 1:
+        moved = taken - (self.next_place - 1) if taken is not None and self.next_place else 0
+        if fetch and moved >= fetch:
             # (It moved a full batch out of the inbox, delayed items among them, which went to
             # the shard's timers, not the stream: more may wait there.)
             self.must_fetch = True
