@@ -368,9 +368,9 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 _COORDINATOR,
-                "            evaluated = await home.executor.evaluate(envelope, states, fences)\n",
-                "            await stack.aclose()\n"
-                "            evaluated = await home.executor.evaluate(envelope, states, fences)\n",
+                "                yield _Held(run, others, states, fences)\n",
+                "                await stack.aclose()\n"
+                "                yield _Held(run, others, states, fences)\n",
             ),
         ),
         (

@@ -14,8 +14,8 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
-from contextlib import AsyncExitStack
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -89,18 +89,22 @@ class Coordinator:
         self._commit_with_step(run, others, states, evaluated, landed)
         return True
 
-    async def _commit_in_process(
+    @asynccontextmanager
+    async def _held_in_process(
         self, run: Run, local: list[str], by_shard: dict[int, list[str]]
-    ) -> bool:
-        """:meth:`start_now` for an op that had to queue: wait for its keys on the other shards,
-        run it (an ``async`` op too), and commit it with the home's next step. False, with
-        nothing written, if some shard is not (or no longer) this worker's: the grant protocol
-        runs instead."""
-        services, envelope = self._services, run.envelope
+    ) -> AsyncIterator[_Held | None]:
+        """The op's keys on the other shards, held until the end of the block, once each is
+        idle: :meth:`start_now`'s way for an op that had to queue. None, with nothing held, if
+        some shard is not (or no longer) this worker's, or the server is a cluster: the grant
+        protocol runs instead."""
+        services = self._services
         home = services.home
-        others = self._local_owners(by_shard)
+        others = None
+        if services.backend.one_script_reaches_every_shard:
+            others = self._local_owners(by_shard)
         if others is None:
-            return False
+            yield None
+            return
         states = {key: home.states[key] for key in local}
         async with AsyncExitStack() as stack:
             for other in others:
@@ -110,17 +114,15 @@ class Coordinator:
                         "shard %d: shard %d stopped during op %s; asking it for a grant",
                         home.shard,
                         other.shard,
-                        envelope.op_id,
+                        run.envelope.op_id,
                     )
-                    return False
+                    break
                 states.update(held)
-            fences = _fences((other, by_shard[other.shard]) for other in others)
-            evaluated = await home.executor.evaluate(envelope, states, fences)
-            landed = asyncio.get_running_loop().create_future()
-            self._commit_with_step(run, others, states, evaluated, landed.set_result)
-            # (If the step writes nothing, the runner ends, and cancels this.)
-            await landed
-        return True
+            else:
+                fences = _fences((other, by_shard[other.shard]) for other in others)
+                yield _Held(run, others, states, fences)
+                return
+        yield None
 
     def _local_owners(self, by_shard: Mapping[int, list[str]]) -> list[LocalShard] | None:
         """This worker's runners of an op's other shards, in ascending shard order (so that no
@@ -179,6 +181,8 @@ class Coordinator:
         await self._coordinating(self._coordinate(run))
 
     async def _coordinate(self, run: Run) -> None:
+        """Take the op's keys on the other shards (held in process, or granted), run the op,
+        and commit it with the home's step."""
         services, envelope = self._services, run.envelope
         home = services.home
         refused = home.executor.refusal(run)
@@ -186,11 +190,27 @@ class Coordinator:
             services.finish(run, refused, store=run.keep, replies=list(run.replies))
             return
         local, by_shard = _split_keys(envelope, home, services.shard_count)
-        if services.backend.one_script_reaches_every_shard and await self._commit_in_process(
-            run, local, by_shard
-        ):
+        async with self._held_in_process(run, local, by_shard) as held:
+            if held is not None:
+                await self._run_and_commit(held)
+                return
+        attempt = self._attempt(run, local, by_shard)
+        await self._ask_the_rest(attempt)
+        await self._run_and_commit(attempt)
+
+    async def _run_and_commit(self, taken: _Held | _Attempt) -> None:
+        """Run the op on the states ``taken``, and commit it with the home's next step: with
+        the held shards' writes, or with the attempt's decision."""
+        evaluated = await self._services.home.executor.evaluate(
+            taken.run.envelope, taken.states, taken.fences
+        )
+        if isinstance(taken, _Attempt):
+            await self._decide(taken, evaluated)
             return
-        await self._ask_the_rest(self._attempt(run, local, by_shard))
+        landed = asyncio.get_running_loop().create_future()
+        self._commit_with_step(taken.run, taken.others, taken.states, evaluated, landed.set_result)
+        # (If the step writes nothing, the runner ends, and cancels this.)
+        await landed
 
     def _attempt(self, run: Run, local: list[str], by_shard: dict[int, list[str]]) -> _Attempt:
         """An attempt at an op that asks the other shards for grants. The attempt is this
@@ -201,17 +221,11 @@ class Coordinator:
         return _Attempt(run, home.epoch, states, sorted(by_shard.items()))
 
     async def _ask_the_rest(self, attempt: _Attempt) -> None:
-        """Ask the shards not asked yet for their grants, one after another, then run the op
-        and commit its decision."""
+        """Ask the shards not asked yet for their grants, one after another."""
         op_id = attempt.run.envelope.op_id
         while (ask := attempt.next_ask()) is not None:
             shard, keys = ask
             attempt.granted(await self._request_grant(op_id, attempt.attempt, shard, keys), keys)
-        envelope = attempt.run.envelope
-        evaluated = await self._services.home.executor.evaluate(
-            envelope, attempt.states, attempt.fences
-        )
-        await self._decide(attempt, evaluated)
 
     async def _decide(self, attempt: _Attempt, evaluated: Evaluated) -> None:
         """Commit the attempt's decision (:meth:`decision_record`), then tell everyone."""
@@ -320,6 +334,7 @@ class Coordinator:
                 grant = await self._granted(waiting, op_id, attempt.attempt)
             attempt.granted(grant, keys)
         await self._ask_the_rest(attempt)
+        await self._run_and_commit(attempt)
 
     async def _coordinating(self, coordinating: Coroutine[Any, Any, None]) -> None:
         try:
@@ -547,6 +562,18 @@ def _writes_by_shard(
         if state != states[key]:
             writes[shard].append((key, state or ""))
     return writes
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """A cross-shard op's keys on the other shards, held in process: this worker owns them."""
+
+    run: Run
+    #: The other shards' runners, in ascending shard order.
+    others: list[LocalShard]
+    #: The states of the op's keys, here and on the others.
+    states: dict[str, str | None]
+    fences: dict[str, int]
 
 
 @dataclass(slots=True)
