@@ -24,7 +24,7 @@ from typing import Any
 from .._backend.backend import Backend
 from .._scripts.refusals import BacklogRefused
 from .._scripts.submit import SubmitArgs, submit
-from .._wire.codec import WIRE_VERSION, dead_letter_envelopes, pack_entry
+from .._wire.codec import WIRE_VERSION, dead_letter_envelopes, keys_named, pack_entry
 from .._wire.deadletters import DeadLetterRecord
 from .._wire.json_text import dumps
 from .._wire.layout import Layout
@@ -100,14 +100,8 @@ async def read(
 def _home(envelope: dict[str, Any], shard_count: int) -> int | None:
     """The shard an envelope belongs on (a multi-key op's: the lowest of its keys'), or None
     if it names no key to route by."""
-    keys = envelope.get("keys", [envelope.get("key")])
-    if (
-        not isinstance(keys, list)
-        or not keys
-        or not all(isinstance(key, str) and key for key in keys)
-    ):
-        return None
-    return home_shard(keys, shard_count)
+    keys = keys_named(envelope)
+    return None if keys is None else home_shard(keys, shard_count)
 
 
 class ReplayStopped(Exception):

@@ -11,7 +11,7 @@ from typing import Any
 
 from .._backend.backend import Backend
 from .._scripts.timers import cancel_timer
-from .._wire.codec import encode_error
+from .._wire.codec import encode_error, keys_named
 from .._wire.json_text import parse
 from .._wire.layout import Layout
 from .._wire.routing import shard_for
@@ -57,8 +57,7 @@ def _ops(item: bytes) -> tuple[tuple[str, str, tuple[str, ...]], ...]:
     for envelope in envelopes if isinstance(envelopes, list) else ():
         if not isinstance(envelope, dict) or not isinstance(envelope.get("id"), str):
             continue
-        keys = envelope.get("keys", [envelope.get("key")])
-        named = tuple(key for key in keys if isinstance(key, str)) if isinstance(keys, list) else ()
+        named = tuple(keys_named(envelope) or ())
         found.append((envelope["id"], str(envelope.get("op", "")), named))
     return tuple(found)
 

@@ -319,6 +319,18 @@ def dead_letter_envelopes(raw: str) -> tuple[list[dict[str, Any]], list[str]]:
     return found, skipped
 
 
+def keys_named(item: Any) -> list[str] | None:
+    """The keys a parsed envelope names, by the decoder's rule (``keys`` if it has them, else
+    ``[key]``), or None unless each is a non-empty string: for the tools that route an
+    envelope they do not run (dead letters, timers, the mover)."""
+    if not isinstance(item, dict):
+        return None
+    keys = item["keys"] if "keys" in item else [item.get("key")]
+    if not isinstance(keys, list) or not keys:
+        return None
+    return keys if all(isinstance(key, str) and key for key in keys) else None
+
+
 def _distinct_keys(keys: Any) -> bool:
     # (A list, not a generator: one call fewer per key on every multi-key op's path.)
     return (

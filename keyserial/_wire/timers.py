@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .codec import keys_named
 from .json_text import dumps, parse
 from .layout import ShardKeys, shard_name
 from .routing import home_shard
@@ -38,8 +39,8 @@ def split_by_home(item: bytes, shards: int, fallback: int) -> dict[int, str]:
 
 
 def _keys(envelope: Any) -> list[str]:
-    """An envelope's keys (``keys`` of a multi-key op, else ``key``): TypeError if none."""
-    keys = envelope.get("keys") if isinstance(envelope.get("keys"), list) else [envelope["key"]]
-    if not keys or not all(isinstance(key, str) and key for key in keys):
+    """An envelope's keys: TypeError if it names none to route by."""
+    keys = keys_named(envelope)
+    if keys is None:
         raise TypeError("an envelope without keys")
     return keys

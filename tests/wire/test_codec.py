@@ -1,6 +1,7 @@
 import json
 import re
 import uuid
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,7 @@ from keyserial._wire.codec import (
     encode_error,
     encode_ok,
     encode_reply,
+    keys_named,
     pack_entry,
     salvage_replies,
     with_reply,
@@ -284,3 +286,28 @@ def test_parse_reads_exactly_what_json_loads_reads(text: str | bytes) -> None:
         return ("ok", value, type(value))
 
     assert outcome(parse) == outcome(json.loads)
+
+
+@pytest.mark.parametrize(
+    ("item", "named"),
+    [
+        ({"id": "1", "key": "a"}, ["a"]),
+        ({"id": "1", "keys": ["a", "b"]}, ["a", "b"]),
+        ({"id": "1", "keys": ["a", "b"], "key": "c"}, ["a", "b"]),
+        ({"id": "1", "keys": "a", "key": "a"}, None),
+        ({"id": "1", "keys": []}, None),
+        ({"id": "1", "keys": ["a", 1]}, None),
+        ({"id": "1", "keys": ["a", ""]}, None),
+        ({"id": "1", "key": ""}, None),
+        ({"id": "1"}, None),
+        (["a"], None),
+    ],
+)
+def test_the_keys_an_envelope_names_follow_the_decoder_s_rule(item: Any, named: Any) -> None:
+    assert keys_named(item) == named
+    op = {"op": "o", **item} if isinstance(item, dict) else item
+    (decoded,) = decode_entry({b"v": b"1", b"ops": dumps([op]).encode()})
+    if named is None:
+        assert isinstance(decoded, MalformedEntry)
+    else:
+        assert isinstance(decoded, Envelope) and list(decoded.keys) == named
