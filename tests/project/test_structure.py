@@ -278,3 +278,14 @@ def test_every_cross_reference_names_something_that_exists() -> None:
             line = text.count("\n", 0, match.start()) + 1
             broken.append(f"{where}:{line}: {written}")
     assert broken == []
+
+
+def test_the_architecture_page_lists_every_record_of_a_shard() -> None:
+    """Every name ``ShardKeys`` gives a shard's records is a row of the records table."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    table = text.split("### The records", 1)[1]
+    rows = [line.split("|")[1] for line in table.splitlines() if line.startswith("| `")]
+    listed = {name for row in rows for name in re.findall(r"`([^`]+)`", row)}
+    layout = (PACKAGE / "_wire" / "layout.py").read_text()
+    records = set(re.findall(r'= _ShardKey\("([^"]+)"\)', layout))
+    assert records and sorted(records - listed) == []
