@@ -106,7 +106,7 @@ def _no_check(path: str, check: str) -> Edit:
     return Edit(path, check, check.split("if ", 1)[0] + "if False:\n")
 
 
-_SUSPECT = "            if run.envelope.op_id == self._suspect:\n"
+_SUSPECT = "            if self._replay.runs_alone(run):\n"
 _PUSH = "tests/client/test_push.py::"
 _INBOX = "tests/worker/test_inbox.py::"
 _HOSTILE = "tests/security/test_hostile_clients.py::"
@@ -635,7 +635,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "replay-runs-every-op-alone",
         "G6.5",
         "after a crash, the new owner runs every replayed op alone, a lease TTL at most each",
-        (Edit(_SHARD, _SUSPECT, "            if self._replay_until is not None:\n"),),
+        (Edit(_SHARD, _SUSPECT, "            if self._replay.replaying:\n"),),
         (
             "tests/faults/test_reliability.py::"
             "test_a_takeover_with_many_stuck_ops_in_flight_stalls_its_shard_one_lease_ttl_at_most"
@@ -657,8 +657,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "G5.2",
         "another shard's in-process op may hold keys while a new owner still replays",
         (
-            Edit(_SHARD, "        await self._replayed.wait()\n", ""),
-            Edit(_SHARD, " or not self._replayed.is_set():\n", ":\n"),
+            Edit(_SHARD, "        await self._replay.over.wait()\n", ""),
+            Edit(_SHARD, " or not self._replay.over.is_set():\n", ":\n"),
         ),
         (
             _RACES

@@ -9,17 +9,7 @@ committed), and fetches entries when some may be waiting that no push brought (:
 takes them in). Fresh entries come pushed with their wake-ups (:mod:`.wakeups`), and are taken
 in without a fetch while each follows on from the cursor.
 
-After a crash, the acquire script strikes the first op without a result, in stream order (the
-*suspect*). The new owner replays as usual (batched, ops on different keys overlapping), except
-that the suspect runs alone: nothing after it starts until it has committed, or has run for a
-lease TTL. If it kills this owner too, it is again the first op without a result and takes the
-next strike, so a poison op reaches ``max_strikes`` in that many deaths in a row. The trade-off:
-when an owner dies with several ops in flight, the strike may land on an innocent op ahead of the
-killer (a slow one). That op then runs alone and commits, and clears its name; the killer is
-struck once every op ahead of it has committed, after one more death per such op. An innocent op
-is dead-lettered only if it is still running, a lease TTL after it started alone, at
-``max_strikes`` deaths in a row. In exchange a takeover stalls the shard for at most one lease
-TTL (the suspect), however many slow ops were in flight: an op stuck forever holds its key only.
+After a crash, the new owner replays what the last one may have run (:mod:`.replay`).
 """
 
 from __future__ import annotations
@@ -47,7 +37,6 @@ from .._wire.codec import (
     Envelope,
     Push,
     binding,
-    parse_id,
 )
 from .._wire.layout import Layout, part_id, shard_name
 from .._wire.messages import GrantRequest
@@ -74,6 +63,7 @@ from .keystates import KeyStates
 from .metrics import NO_METRICS, ShardMetrics
 from .pauses import PausedKeys
 from .pipeline import Pipeliner
+from .replay import Replay
 from .timers import TimerAlarm
 from .wakeups import Wakeups
 from .writes import Replies, WriteChain, WriteChainBroken
@@ -109,15 +99,7 @@ class ShardRunner:
         self._settings = settings
         self._shard_count = layout.shards
         self._cursor = grant.progress
-        #: Up to this entry, the previous owner may have committed some ops: look them up.
-        self._replay_until = parse_id(grant.replay_until) if grant.replay_until else None
-        #: The op blamed for the previous owner's death: it runs alone (see the module doc).
-        self._suspect = grant.suspect
-        #: Set once the replay is over: only then can another shard's op hold keys here in
-        #: process, since until then this owner does not know what the last one had granted.
-        self._replayed = anyio.Event()
-        if self._replay_until is None:
-            self._replayed.set()
+        self._replay = Replay(grant.replay_until, grant.suspect)
         self.states = KeyStates(request_step=self.wake)
         #: This owner's writes: broken once one of them is not confirmed as durable.
         self.write_chain = WriteChain()
@@ -224,7 +206,7 @@ class ShardRunner:
         finally:
             self._ended = True
             self._alarm.cancel()
-            self._replayed.set()  # (holds waiting for it find the runner ended: abandoned)
+            self._replay.end()  # (holds waiting for it find the runner ended: abandoned)
             self.states.end()  # flush() waiters from other shards' coordinators
             self._task_group = None
             self._chains.close()
@@ -388,7 +370,7 @@ class ShardRunner:
                 await self._follow_pauses()
             if pushed := self._take_push():
                 await self._dispatch_pushed(pushed)
-            want, replaying = self._fetch_size(), self._replay_until is not None
+            want, replaying = self._fetch_size(), self._replay.replaying
             fetch = self._wakeups.fetch_size(want, replaying)
             record = self._wakeups.records(want, replaying)
             if self._finished or self._dead or self._records or self._across or fetch or record:
@@ -418,7 +400,7 @@ class ShardRunner:
         seal is checked first, so an unsealed shard asks the drain nothing.)"""
         return (
             self.sealed
-            and self._replay_until is None
+            and not self._replay.replaying
             and not (self._dead or self._records or self._across)
             and self._drain.due(
                 self._cursor,
@@ -431,21 +413,15 @@ class ShardRunner:
     def _fetch_size(self) -> int:
         if self._stopping or self._uncommitted >= self._settings.max_inflight:
             return 0
-        if self._replay_until is not None and parse_id(self._cursor) >= self._replay_until:
-            self._end_replay()
+        self._replay.reached(self._cursor)
         return self._settings.fetch_batch
 
     def _take_push(self) -> list[Push]:
         """The pushed entries that follow on from the last item taken, if this owner would
         fetch now (not replaying)."""
-        if not self._fetch_size() or self._replay_until is not None or self.sealed:
+        if not self._fetch_size() or self._replay.replaying or self.sealed:
             return []
         return self._wakeups.take(self.states)
-
-    def _end_replay(self) -> None:
-        self._replay_until = None
-        self._suspect = None
-        self._replayed.set()
 
     async def _step(self, want: int, *, record: bool = False) -> StepReply:
         """Commit what finished; fetch up to ``want`` entries, with the stored outcomes of op
@@ -476,7 +452,7 @@ class ShardRunner:
                 rotate=self._generations.rotate(int(time.time() * 1000)),
                 cursor=self._cursor,
                 fetch=want,
-                replaying=self._replay_until is not None,
+                replaying=self._replay.replaying,
                 result_ttl_ms=self._settings.result_ttl_ms,
                 trim_to=commit.trim_to,
                 trim_now=commit.trim_now,
@@ -517,8 +493,8 @@ class ShardRunner:
         self._committed(batch)
         self._drain.committed(batch)
         if not fetched.entries:
-            if want and self._replay_until is not None:
-                self._end_replay()
+            if want and self._replay.replaying:
+                self._replay.end()
             return fetched
         for key, state in fetched.states.items():
             self.states.load(key, state)
@@ -639,7 +615,7 @@ class ShardRunner:
         """Take entries in: fetched from the stream, or (``places``: their places in the
         inbox) taken in from pushes (see :meth:`_dispatch_pushed`)."""
         if self._earlier and fetched.entries:
-            await self._earlier.answer(fetched, replaying=self._replay_until is not None)
+            await self._earlier.answer(fetched, replaying=self._replay.replaying)
         runnable: list[Run] = []
         for at, (entry_id, fields) in enumerate(fetched.entries):
             if places is None:
@@ -684,10 +660,7 @@ class ShardRunner:
         self.metrics.dispatched(runnable)
         for run in runnable:
             self._chains.schedule(run)
-            if run.envelope.op_id == self._suspect:
-                # Alone: every op before it has a result, and nothing after it starts until it
-                # has committed.
-                self._suspect = None
+            if self._replay.runs_alone(run):
                 await self._commit_through(run)
 
     # -- outcomes ------------------------------------------------------------------------------
@@ -799,7 +772,7 @@ class ShardRunner:
         """Hold ``keys`` for a cross-shard op coordinated by another shard of this worker:
         yields their committed states once every earlier op on them has run and committed (None
         if this runner stopped first); later ops on them wait until the block exits."""
-        await self._replayed.wait()
+        await self._replay.over.wait()
         hold = self._chains.hold(keys)
         try:
             if hold.held is not None:
@@ -857,7 +830,7 @@ class ShardRunner:
         """Hold ``keys`` at once, with no task, if they are idle: nothing queued on them, their
         states cached, and (``committed``) every write to them committed. None if not (or if
         this runner is stopping); :meth:`hold` waits instead."""
-        if self._ended or self._stopping or not self._replayed.is_set():
+        if self._ended or self._stopping or not self._replay.over.is_set():
             return None
         if committed and not self.states.all_committed(keys):
             return None
