@@ -9,7 +9,6 @@ from ._client.connect import connect as connect
 from ._client.metrics import register_client_metrics as register_client_metrics
 from ._client.sync import SyncClient as SyncClient
 from ._client.sync import connect_sync as connect_sync
-from ._ops import Call as Call
 from ._ops import Context as Context
 from ._ops import MultiContext as MultiContext
 from ._ops import Op as Op
@@ -20,6 +19,7 @@ from ._ops import op as op
 from ._reshard.api import reshard as reshard
 from ._reshard.mover import Resharded as Resharded
 from ._settings import Settings as Settings
+from ._wire.call import Call as Call
 from ._wire.routing import shard_for as shard_for
 from ._worker.worker import Worker as Worker
 from .errors import BackendUnavailable as BackendUnavailable

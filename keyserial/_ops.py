@@ -7,16 +7,15 @@ import inspect
 import re
 import warnings
 from collections.abc import Awaitable, Callable, Iterable, Mapping
-from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Concatenate, Generic, ParamSpec, Protocol, TypeVar, overload
 
+from ._wire.call import Call
 from ._wire.json_text import dumps, loads
 from .errors import ConfigError
 
 P = ParamSpec("P")
 R = TypeVar("R")
-R_co = TypeVar("R_co", covariant=True)
 
 _ABSENT: Any = object()
 
@@ -33,15 +32,6 @@ def is_timer_id(op_id: str) -> bool:
     timer's op set): the one kind of op id with '#' a worker runs, and only as its timer
     fires."""
     return _TIMER_ID.fullmatch(op_id) is not None
-
-
-@dataclass(frozen=True, slots=True)
-class Call(Generic[R_co]):
-    """A registered op's name and its JSON arguments: all that travels to the worker."""
-
-    name: str
-    args: tuple[Any, ...] = ()
-    kwargs: Mapping[str, Any] = field(default_factory=dict)
 
 
 def call(name: str, *args: Any, **kwargs: Any) -> Call[Any]:

@@ -13,8 +13,9 @@ from types import TracebackType
 from typing import Any, TypeVar
 
 from .. import ledger
-from .._ops import RESERVED_PREFIX, Call
+from .._ops import RESERVED_PREFIX
 from .._settings import Settings
+from .._wire.call import Call
 from .._wire.codec import call_binding
 from .._wire.json_text import encodes
 from .._wire.layout import Layout

@@ -26,9 +26,9 @@ from anyio.abc import TaskGroup, TaskStatus
 from .._backend.backend import Backend
 from .._backend.durability import stored_confirmed
 from .._backoff import Backoff
-from .._ops import Call
 from .._settings import Settings
 from .._telemetry import Carrier, submitting, tracer
+from .._wire.call import Call
 from .._wire.codec import decode_outcome, decode_reply, encode_envelope, replied_op_ids
 from .._wire.layout import Layout, ShardKeys, reply_channel
 from .._wire.resharding import LayoutRecord

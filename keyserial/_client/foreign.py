@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 import anyio
 import sniffio
 
-from .._ops import Call
+from .._wire.call import Call
 from .._wire.layout import Layout
 from ..errors import KeyserialError
 from .api import Client, Keys

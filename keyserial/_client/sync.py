@@ -11,8 +11,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
-from .._ops import Call
 from .._settings import Settings
+from .._wire.call import Call
 from .api import Client
 from .connect import connect_asyncio
 from .hosted import HostedClient

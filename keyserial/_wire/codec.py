@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .._ops import Call
 from ..errors import MalformedOperation, UnknownOperation
+from .call import Call
 from .json_text import dumps, encodes, parse
 from .layout import ShardKeys
 
