@@ -83,6 +83,19 @@ def test_the_wire_format_and_the_scripts_import_no_layer_above_them() -> None:
     assert imports_between({"_wire", "_scripts"}, above) == []
 
 
+def test_the_wire_format_imports_nothing_of_keyserial_but_its_errors() -> None:
+    """``_wire`` is the floor every layer stands on (``_ops`` included, which imports it): it
+    may name keyserial's errors, and nothing else outside itself."""
+    outside = {
+        target
+        for name, targets in GRAPH.items()
+        if layer(name) == "_wire"
+        for target in targets
+        if layer(target) != "_wire"
+    }
+    assert outside <= {"keyserial.errors"}, outside
+
+
 def test_the_dashboard_and_the_operator_layer_never_import_the_cli() -> None:
     """The command line is the top: the dashboard calls what it calls, in ``_operator``."""
     assert imports_between({"_dashboard", "_operator"}, {"cli"}) == []
