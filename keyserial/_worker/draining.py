@@ -9,12 +9,13 @@ under way: the mover flips once every old shard has said so twice, with no op ru
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from functools import partial
 from typing import Any
+
+import anyio
 
 from .._backend.backend import Backend
 from .._logfields import fields as log_fields
@@ -71,7 +72,7 @@ class Drain:
         self.fetched_all = False
         #: Forwards go out one at a time, in the order of their entries (a FIFO lock): ops on a
         #: key keep their order in the new layout.
-        self._forwarding = asyncio.Lock()
+        self._forwarding = anyio.Lock()
         #: A pass of :meth:`forward_inbox` is under way.
         self._forwarding_inbox = False
 
