@@ -1506,8 +1506,8 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
             Edit(
                 "keyserial/_worker/runner.py",
-                " or self._replay_until is not None or self.sealed:",
-                " or self._replay_until is not None:",
+                " or self._replay.replaying or self.sealed:",
+                " or self._replay.replaying:",
             ),
             Edit(
                 "keyserial/_worker/draining.py",
