@@ -106,7 +106,7 @@ def _no_check(path: str, check: str) -> Edit:
     return Edit(path, check, check.split("if ", 1)[0] + "if False:\n")
 
 
-_SUSPECT = "            if self._replay.runs_alone(run):\n"
+_SUSPECT = "            if self._replay.suspect is not None and self._replay.runs_alone(run):\n"
 _PUSH = "tests/client/test_push.py::"
 _INBOX = "tests/worker/test_inbox.py::"
 _HOSTILE = "tests/security/test_hostile_clients.py::"

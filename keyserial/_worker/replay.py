@@ -23,13 +23,15 @@ from .execution import Run
 
 class Replay:
     """Up to the last owner's horizon, entries may have run already: while replaying, a step
-    looks up their ops' stored outcomes, and the suspect runs alone."""
+    looks up their ops' stored outcomes, and the suspect runs alone. (Fields, not properties:
+    the runner reads them at every step, and asks more only while it replays.)"""
 
-    __slots__ = ("_until", "over", "suspect")
+    __slots__ = ("_until", "over", "replaying", "suspect")
 
     def __init__(self, until: str | None, suspect: str | None) -> None:
         #: Up to this entry, the last owner may have committed some ops; None once past it.
         self._until = parse_id(until) if until else None
+        self.replaying = self._until is not None
         #: The op blamed for the last owner's death, until it runs.
         self.suspect = suspect
         #: Set once the replay is over: only then can another shard's op hold keys here in
@@ -37,10 +39,6 @@ class Replay:
         self.over = anyio.Event()
         if self._until is None:
             self.over.set()
-
-    @property
-    def replaying(self) -> bool:
-        return self._until is not None
 
     def reached(self, cursor: str) -> None:
         """The owner has fetched up to ``cursor``: at the horizon, the replay is over."""
@@ -50,12 +48,13 @@ class Replay:
     def end(self) -> None:
         """The replay is over (or the runner is: holds waiting for it find it ended)."""
         self._until = None
+        self.replaying = False
         self.suspect = None
         self.over.set()
 
     def runs_alone(self, run: Run) -> bool:
         """Whether ``run`` is the suspect: every op before it has a result, and nothing after it
-        starts until it has committed (asked once per op: the suspect runs once)."""
+        starts until it has committed (the suspect runs once: asked again, it is not)."""
         if run.envelope.op_id != self.suspect:
             return False
         self.suspect = None

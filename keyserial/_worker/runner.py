@@ -413,7 +413,8 @@ class ShardRunner:
     def _fetch_size(self) -> int:
         if self._stopping or self._uncommitted >= self._settings.max_inflight:
             return 0
-        self._replay.reached(self._cursor)
+        if self._replay.replaying:
+            self._replay.reached(self._cursor)
         return self._settings.fetch_batch
 
     def _take_push(self) -> list[Push]:
@@ -660,7 +661,7 @@ class ShardRunner:
         self.metrics.dispatched(runnable)
         for run in runnable:
             self._chains.schedule(run)
-            if self._replay.runs_alone(run):
+            if self._replay.suspect is not None and self._replay.runs_alone(run):
                 await self._commit_through(run)
 
     # -- outcomes ------------------------------------------------------------------------------
