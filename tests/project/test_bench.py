@@ -529,15 +529,22 @@ def test_the_standalone_benchmark_scripts_run_and_print_a_row_per_point(
 
 def _rows_printed_by(script: str, arguments: list[str]) -> list[dict[str, Any]]:
     """The JSON rows ``python -m benchmarks.<script>`` prints, one a line."""
-    printed = subprocess.run(
+    completed = _benchmark(script, arguments, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    return [json.loads(line) for line in completed.stdout.splitlines()]
+
+
+def _benchmark(
+    script: str, arguments: list[str], *, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``python -m benchmarks.<script> <arguments>``, run to its end, its output captured."""
+    return subprocess.run(
         [sys.executable, "-m", f"benchmarks.{script}", *arguments],
         cwd=ROOT,
         capture_output=True,
         text=True,
-        timeout=120,
-        check=True,
-    ).stdout
-    return [json.loads(line) for line in printed.splitlines()]
+        timeout=timeout,
+    )
 
 
 def test_the_lua_cost_benchmark_prints_each_shape_with_its_scripts_time() -> None:
@@ -568,13 +575,7 @@ def test_the_blocking_benchmark_checks_its_target_and_says_so_in_its_exit_status
     """``python -m benchmarks.blocking --check``: the plain op's row, then the verdict, which
     the exit status follows (the target itself is for a quiet machine: it is not asserted)."""
     check = ["--check", "--spin", "0.3", "--lease-ttl", "1", "--callers", "2"]
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.blocking", *check],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    completed = _benchmark("blocking", check, timeout=120)
     row, verdict = [json.loads(line) for line in completed.stdout.splitlines()]
     assert row["op"] == "plain" and row["other_ops_during_spin"] > 0
     assert set(verdict) == {"target", "p99_ms", "leases_lost", "met"}
@@ -590,13 +591,8 @@ def test_the_scaling_benchmark_writes_its_table_json_and_chart(
     """``python -m benchmarks.scaling`` on one small point, on a standalone server and on a
     3-master cluster: a row per workload, in its three files."""
     point = ["--workers", "2", "--shards", "4", "--seconds", "0.3", "--out", str(tmp_path), *where]
-    subprocess.run(
-        [sys.executable, "-m", "benchmarks.scaling", *point],
-        cwd=ROOT,
-        capture_output=True,
-        timeout=180,
-        check=True,
-    )
+    completed = _benchmark("scaling", point, timeout=180)
+    assert completed.returncode == 0, completed.stderr[-2000:]
     rows = json.loads((tmp_path / "scaling.json").read_text())
     assert [(row["workers"], row["shards"], row["workload"]) for row in rows] == [
         (2, 4, "uniform"),
@@ -778,13 +774,7 @@ def test_the_timers_benchmark_prints_each_phase_and_checks_its_target() -> None:
     memory of the pending timers, then the verdict, which the exit status follows (the target
     itself is for a quiet machine: it is not asserted)."""
     small = ["--timers", "40", "--burst", "200", "--million", "3000", "--check"]
-    completed = subprocess.run(
-        [sys.executable, "-m", "benchmarks.timers", *small],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    completed = _benchmark("timers", small, timeout=300)
     *phases, memory, verdict = [json.loads(line) for line in completed.stdout.splitlines()]
     assert [phase["phase"] for phase in phases] == ["idle", "under load", "burst"]
     assert [phase["ops"] for phase in phases] == [40, 40, 200]
