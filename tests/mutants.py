@@ -349,9 +349,11 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 _COORDINATOR,
-                "        self._commit_with_step(run, others, states, evaluated, landed)\n",
+                "        self._commit_with_step(run, split, others, states, evaluated, landed)\n",
                 "        for owner, hold in holds:\n            owner.release(hold)\n"
-                "        self._commit_with_step(run, others, states, evaluated, lambda _: None)\n",
+                "        self._commit_with_step(\n"
+                "            run, split, others, states, evaluated, lambda _: None\n"
+                "        )\n",
             ),
         ),
         (
@@ -368,9 +370,9 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 _COORDINATOR,
-                "                yield _Held(run, others, states, fences)\n",
+                "                yield _Held(run, split, others, states, fences)\n",
                 "                await stack.aclose()\n"
-                "                yield _Held(run, others, states, fences)\n",
+                "                yield _Held(run, split, others, states, fences)\n",
             ),
         ),
         (

@@ -23,6 +23,17 @@ from .execution import Executor, Run
 from .taskpool import TaskPool
 
 
+@dataclass(frozen=True, slots=True)
+class Split:
+    """The keys of an op that involves other shards (or of a grant request), by shard: routed
+    once, where the runner takes the op in, for every step of its way."""
+
+    #: Its keys on this shard: the ones its barrier holds here.
+    here: tuple[str, ...]
+    #: Its keys on each other shard, in the op's order (none for a grant request).
+    elsewhere: dict[int, list[str]]
+
+
 @dataclass(slots=True)
 class Barrier:
     """A multi-key op's place in each of its (local) keys' chains: it runs once it heads all of
@@ -30,8 +41,9 @@ class Barrier:
 
     run: Run
     needed: int
-    #: Run by the cross-shard coordination (a grant request, or an op with keys elsewhere).
-    coordinated: bool = False
+    #: Its keys by shard, if the cross-shard coordination runs it (a grant request, or an op
+    #: with keys elsewhere).
+    split: Split | None = None
     arrived: int = 0
     #: Set once it has run; created by the first chain that has to wait for that.
     done: anyio.Event | None = None
@@ -57,13 +69,13 @@ class Coordination(Protocol):
     """Runs the ops that involve other shards (see ``_worker.crossshard.cross_shard``) once their
     local keys are held."""
 
-    def local_keys(self, envelope: Envelope) -> tuple[str, ...] | None:
-        """The keys the op's barrier holds here if the coordination runs it, else None."""
+    def split(self, envelope: Envelope) -> Split | None:
+        """The op's keys by shard if the coordination runs it, else None."""
         ...
 
-    async def run(self, run: Run) -> None: ...
+    async def run(self, run: Run, split: Split) -> None: ...
 
-    def start_now(self, run: Run) -> bool:
+    def start_now(self, run: Run, split: Split) -> bool:
         """Take the op without a task if it can (see ``Coordinator.start_now``)."""
         ...
 
@@ -84,10 +96,10 @@ class Chains:
         each of its keys' chains (a multi-key op as a barrier)."""
         envelope = run.envelope
         # Only an op that involves other shards holds fewer keys here than it names.
-        local = self._coordination.local_keys(envelope)
-        keys = envelope.keys if local is None else local
+        split = self._coordination.split(envelope)
+        keys = envelope.keys if split is None else split.here
         chains = self._chains
-        if local is None and (
+        if split is None and (
             keys[0] not in chains if len(keys) == 1 else chains.keys().isdisjoint(keys)
         ):
             definition = self._executor.definition(envelope)
@@ -95,10 +107,10 @@ class Chains:
                 # Nothing to wait for (or an op that cannot run): no task needed.
                 self._executor.execute_now(run, definition)
                 return
-        if local is not None and self._coordination.start_now(run):
+        if split is not None and self._coordination.start_now(run, split):
             return
         item: Run | Barrier = (
-            run if len(keys) == 1 and local is None else Barrier(run, len(keys), local is not None)
+            run if len(keys) == 1 and split is None else Barrier(run, len(keys), split)
         )
         for key in keys:
             self._enqueue(key, item)
@@ -192,8 +204,8 @@ class Chains:
                 await item.released.wait()
                 continue
             if item.arrived == item.needed:  # the last of its keys to get here runs it
-                if item.coordinated:
-                    await self._coordination.run(item.run)
+                if item.split is not None:
+                    await self._coordination.run(item.run, item.split)
                 else:
                     await self._executor.execute(item.run)
                 if item.done is not None:

@@ -208,6 +208,15 @@ class Executor:
             )
         return refused
 
+    def refuse_now(self, run: Run) -> bool:
+        """Answer an op that cannot run with its :meth:`refusal`, now; False, with nothing
+        done, if it can run."""
+        refused = self.refusal(run)
+        if refused is None:
+            return False
+        self.on_complete(run, refused)
+        return True
+
     # -- running on the shard's states ---------------------------------------------------------
 
     def execute_now(self, run: Run, definition: Op[..., Any] | None = None) -> None:
@@ -221,9 +230,7 @@ class Executor:
         if definition is None:
             definition = self.definition(envelope)
         if not _accepts_keys(definition, envelope):
-            refused = self.refusal(run)
-            assert refused is not None
-            self.on_complete(run, refused)
+            self.refuse_now(run)
             return
         if envelope.multi:
             states = self._current(envelope)

@@ -441,6 +441,24 @@ async def test_an_unknown_or_single_key_op_across_shards_is_refused_with_nothing
         assert await ks.transfer(second, first, 1) == {second: 0, first: 1}
 
 
+async def test_a_refusal_across_shards_is_stored_bound_to_its_op(
+    redis_url: str, namespace: str
+) -> None:
+    """A refused cross-shard op stores its refusal as any op does, bound to the op: the same
+    op id submitted with another op is refused as taken, never answered with that refusal."""
+    first, second = keys_on_shard(2, SHARDS, 1, "k")[0], keys_on_shard(6, SHARDS, 1, "k")[0]
+    async with (
+        running_worker(redis_url, namespace, shard_count=SHARDS),
+        keyserial.connect(redis_url, shards=SHARDS, namespace=namespace) as ks,
+    ):
+        with pytest.raises(keyserial.MalformedOperation, match=r"takes one key"):
+            await ks.submit_many([first, second], deposit(1), op_id="chosen-1")
+        with pytest.raises(keyserial.MalformedOperation, match=r"belongs to another op"):
+            await ks.submit_many([first, second], deposit(2), op_id="chosen-1")
+        with pytest.raises(keyserial.MalformedOperation, match=r"takes one key"):
+            await ks.submit_many([first, second], deposit(1), op_id="chosen-1")
+
+
 #: What the home's owner logs when a participant shard changed hands under its step.
 ELSEWHERE = (
     "shard 0: shard 2 changed hands during a cross-shard op of this shard's next step, which"

@@ -13,7 +13,6 @@ import asyncio
 import json
 import logging
 import time
-from collections import defaultdict
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -23,21 +22,18 @@ from ..._backend.durability import held_confirmed
 from ..._ops import Op
 from ..._scripts.refusals import Replayed
 from ..._wire.codec import (
-    GRANT_OP,
-    Envelope,
     binding,
 )
 from ..._wire.json_text import dumps
 from ..._wire.layout import ShardKeys, decision_field, owner_channel, part_id, shard_name
 from ..._wire.messages import Decision, DecisionNotice, GrantRequest, KeyGrant
-from ..._wire.routing import route
 from ...errors import BackendUnavailable, LeaseLost
-from ..chains import Hold
+from ..chains import Hold, Split
 from ..commits import AcrossCommit, OtherWrites, Record
 from ..execution import Evaluated, Run
 from ..writes import WriteChainBroken
 from .coordination import RunnerServices
-from .mailbox import HomeShard, LocalShard, Waiter
+from .mailbox import LocalShard, Waiter
 
 log = logging.getLogger("keyserial.worker")
 
@@ -53,28 +49,27 @@ class Coordinator:
 
     # -- in process: every shard of the op is this worker's ----------------------------------
 
-    def start_now(self, run: Run) -> bool:
+    def start_now(self, run: Run, split: Split) -> bool:
         """Start an op whose shards this worker owns and whose keys are all idle, with no task:
         hold its keys, run it, and commit it with the home's next step
         (:meth:`_commit_with_step`), which lets the keys go. Under load most transfers go this
         way. Else, if the op's keys here are idle, it asks the other shards for grants with no
-        task either (:meth:`_ask_now`). False, with nothing done, if the op has to queue: some
-        key busy, uncommitted or not cached, or an op that is not ``inline``."""
+        task either (:meth:`_ask_now`). An op that cannot run is refused now, with nothing
+        held. False, with nothing done, if the op has to queue: some key busy, uncommitted or
+        not cached, or an op that is not ``inline``."""
         services, envelope = self._services, run.envelope
         home = services.home
-        if envelope.name == GRANT_OP:
-            return False
         definition = home.executor.inline_definition(envelope)
         if definition is None:
-            return False
-        local, by_shard = _split_keys(envelope, home, services.shard_count)
+            return home.executor.refuse_now(run)
+        by_shard = split.elsewhere
         others = None
         if services.backend.one_script_reaches_every_shard:
             others = self._local_owners(by_shard)
         if others is None:  # (some shard is another worker's, or a cluster's)
-            return self._ask_now(run, definition, local, by_shard)
+            return self._ask_now(run, definition, split)
         holds = _try_hold_all(
-            [(home, local), *[(other, by_shard[other.shard]) for other in others]]
+            [(home, split.here), *[(other, by_shard[other.shard]) for other in others]]
         )
         if holds is None:
             return False
@@ -86,26 +81,24 @@ class Coordinator:
             for owner, hold in holds:
                 owner.release(hold)
 
-        self._commit_with_step(run, others, states, evaluated, landed)
+        self._commit_with_step(run, split, others, states, evaluated, landed)
         return True
 
     @asynccontextmanager
-    async def _held_in_process(
-        self, run: Run, local: list[str], by_shard: dict[int, list[str]]
-    ) -> AsyncIterator[_Held | None]:
+    async def _held_in_process(self, run: Run, split: Split) -> AsyncIterator[_Held | None]:
         """The op's keys on the other shards, held until the end of the block, once each is
         idle: :meth:`start_now`'s way for an op that had to queue. None, with nothing held, if
         some shard is not (or no longer) this worker's, or the server is a cluster: the grant
         protocol runs instead."""
         services = self._services
-        home = services.home
+        home, by_shard = services.home, split.elsewhere
         others = None
         if services.backend.one_script_reaches_every_shard:
             others = self._local_owners(by_shard)
         if others is None:
             yield None
             return
-        states = {key: home.states[key] for key in local}
+        states = {key: home.states[key] for key in split.here}
         async with AsyncExitStack() as stack:
             for other in others:
                 held = await stack.enter_async_context(other.hold(tuple(by_shard[other.shard])))
@@ -120,7 +113,7 @@ class Coordinator:
                 states.update(held)
             else:
                 fences = _fences((other, by_shard[other.shard]) for other in others)
-                yield _Held(run, others, states, fences)
+                yield _Held(run, split, others, states, fences)
                 return
         yield None
 
@@ -138,6 +131,7 @@ class Coordinator:
     def _commit_with_step(
         self,
         run: Run,
+        split: Split,
         others: list[LocalShard],
         states: Mapping[str, str | None],
         evaluated: Evaluated,
@@ -151,7 +145,7 @@ class Coordinator:
         services, envelope = self._services, run.envelope
         home = services.home
         outcome, new_states, _ = evaluated
-        writes = _writes_by_shard(envelope, states, new_states, services.shard_count)
+        writes = _writes_by_shard(split, home.shard, states, new_states)
         for key, state in writes.pop(home.shard, []):
             home.states.write(key, state or None)
         services.finish(
@@ -177,24 +171,18 @@ class Coordinator:
 
     # -- with a task, once the op's barrier holds its home keys --------------------------------
 
-    async def coordinate(self, run: Run) -> None:
-        await self._coordinating(self._coordinate(run))
+    async def coordinate(self, run: Run, split: Split) -> None:
+        await self._coordinating(self._coordinate(run, split))
 
-    async def _coordinate(self, run: Run) -> None:
+    async def _coordinate(self, run: Run, split: Split) -> None:
         """Take the op's keys on the other shards (held in process, or granted), run the op,
-        and commit it with the home's step."""
-        services, envelope = self._services, run.envelope
-        home = services.home
-        refused = home.executor.refusal(run)
-        if refused is not None:
-            services.finish(run, refused, store=run.keep, replies=list(run.replies))
-            return
-        local, by_shard = _split_keys(envelope, home, services.shard_count)
-        async with self._held_in_process(run, local, by_shard) as held:
+        and commit it with the home's step. (An op that cannot run never queues:
+        :meth:`start_now` refused it.)"""
+        async with self._held_in_process(run, split) as held:
             if held is not None:
                 await self._run_and_commit(held)
                 return
-        attempt = self._attempt(run, local, by_shard)
+        attempt = self._attempt(run, split)
         await self._ask_the_rest(attempt)
         await self._run_and_commit(attempt)
 
@@ -208,17 +196,19 @@ class Coordinator:
             await self._decide(taken, evaluated)
             return
         landed = asyncio.get_running_loop().create_future()
-        self._commit_with_step(taken.run, taken.others, taken.states, evaluated, landed.set_result)
+        self._commit_with_step(
+            taken.run, taken.split, taken.others, taken.states, evaluated, landed.set_result
+        )
         # (If the step writes nothing, the runner ends, and cancels this.)
         await landed
 
-    def _attempt(self, run: Run, local: list[str], by_shard: dict[int, list[str]]) -> _Attempt:
+    def _attempt(self, run: Run, split: Split) -> _Attempt:
         """An attempt at an op that asks the other shards for grants. The attempt is this
         owner's epoch: unique to it, and over once the fence moves on."""
         home = self._services.home
-        states = {key: home.states[key] for key in local}
+        states = {key: home.states[key] for key in split.here}
         # (Ascending: no wait cycle can form.)
-        return _Attempt(run, home.epoch, states, sorted(by_shard.items()))
+        return _Attempt(run, split, home.epoch, states, sorted(split.elsewhere.items()))
 
     async def _ask_the_rest(self, attempt: _Attempt) -> None:
         """Ask the shards not asked yet for their grants, one after another."""
@@ -242,7 +232,7 @@ class Coordinator:
         services, home, run = self._services, self._services.home, attempt.run
         envelope = run.envelope
         outcome, new_states, _ = evaluated
-        writes = _writes_by_shard(envelope, attempt.states, new_states, services.shard_count)
+        writes = _writes_by_shard(attempt.split, home.shard, attempt.states, new_states)
         for key, state in writes.pop(home.shard, []):
             home.states.write(key, state or None)
         decision = Decision(
@@ -295,19 +285,14 @@ class Coordinator:
 
     # -- with no task: the op's keys here are idle ---------------------------------------------
 
-    def _ask_now(
-        self, run: Run, definition: Op[..., Any], local: list[str], by_shard: dict[int, list[str]]
-    ) -> bool:
+    def _ask_now(self, run: Run, definition: Op[..., Any], split: Split) -> bool:
         """Hold the op's keys here at once, if they are idle, and ask the other shards for
-        grants with no task (:class:`_Asking`). False, with nothing done, if they are not, or
-        the op is to be refused (the task path answers it)."""
+        grants with no task (:class:`_Asking`). False, with nothing done, if they are not."""
         home = self._services.home
-        if home.executor.refusal(run) is not None:
-            return False
-        hold = home.try_hold(tuple(local), committed=False)
+        hold = home.try_hold(split.here, committed=False)
         if hold is None:
             return False
-        _Asking(self, self._attempt(run, local, by_shard), definition, hold).ask()
+        _Asking(self, self._attempt(run, split), definition, hold).ask()
         return True
 
     def continue_in_task(
@@ -510,7 +495,7 @@ def _outcome_unknown(owners: Sequence[LocalShard], op_id: str) -> None:
 
 
 def _try_hold_all(
-    wanted: Sequence[tuple[LocalShard, list[str]]],
+    wanted: Sequence[tuple[LocalShard, Sequence[str]]],
 ) -> list[tuple[LocalShard, Hold]] | None:
     """Each owner's hold on its keys, if every one of them is idle now; else None, with nothing
     held."""
@@ -533,34 +518,20 @@ def _fences(held: Iterable[tuple[LocalShard, Sequence[str]]]) -> dict[str, int]:
     return fences
 
 
-def _split_keys(
-    envelope: Envelope, here: HomeShard, shard_count: int
-) -> tuple[list[str], dict[int, list[str]]]:
-    """The op's keys on ``here``, and on each other shard."""
-    by_shard: dict[int, list[str]] = defaultdict(list)
-    for key, shard in zip(envelope.keys, route(envelope, shard_count), strict=True):
-        by_shard[shard].append(key)
-    local = by_shard.pop(here.shard)
-    for keys in by_shard.values():
-        for key in keys:
-            here.states.forget(key)  # the fetch looked it up here: it is not ours
-    return local, by_shard
-
-
 def _writes_by_shard(
-    envelope: Envelope,
+    split: Split,
+    home: int,
     states: Mapping[str, str | None],
     new_states: Mapping[str, str | None] | None,
-    shard_count: int,
 ) -> dict[int, Writes]:
     """The keys an op changed, by shard ('' for a deleted state)."""
-    writes: dict[int, Writes] = defaultdict(list)
+    writes: dict[int, Writes] = {}
     if new_states is None:
         return writes
-    for key, shard in zip(envelope.keys, route(envelope, shard_count), strict=True):
-        state = new_states[key]
-        if state != states[key]:
-            writes[shard].append((key, state or ""))
+    for shard, keys in ((home, split.here), *split.elsewhere.items()):
+        changed = [(key, new_states[key] or "") for key in keys if new_states[key] != states[key]]
+        if changed:
+            writes[shard] = changed
     return writes
 
 
@@ -569,6 +540,7 @@ class _Held:
     """A cross-shard op's keys on the other shards, held in process: this worker owns them."""
 
     run: Run
+    split: Split
     #: The other shards' runners, in ascending shard order.
     others: list[LocalShard]
     #: The states of the op's keys, here and on the others.
@@ -582,6 +554,7 @@ class _Attempt:
     gathered so far."""
 
     run: Run
+    split: Split
     #: The home shard's epoch when it began.
     attempt: int
     #: The states of its keys: here, then those granted.

@@ -9,9 +9,12 @@ atomic and can never deadlock is written up in docs/multi-key.md.
 
 from __future__ import annotations
 
+from collections import defaultdict
+
 from ..._wire.codec import GRANT_OP, Envelope
 from ..._wire.messages import GrantRequest
 from ..._wire.routing import route
+from ..chains import Split
 from ..execution import Run
 from .coordination import RunnerServices
 from .coordinator import Coordinator
@@ -27,36 +30,45 @@ class CrossShard:
         self._coordinator = Coordinator(services)
         self._participant = Participant(services)
 
-    def local_keys(self, envelope: Envelope) -> tuple[str, ...] | None:
-        """For a grant request or an op with keys on other shards, its keys on this shard (the
-        ones its barrier holds here); None for any other op."""
+    def split(self, envelope: Envelope) -> Split | None:
+        """For a grant request or an op with keys on other shards, its keys by shard (those on
+        this shard are the ones its barrier holds here); None for any other op. The states the
+        fetch read here of the op's keys elsewhere are forgotten: this shard's owner keeps
+        only its own."""
         if envelope.name == GRANT_OP:
-            return envelope.keys
+            return Split(envelope.keys, {})
         if not envelope.multi:
             return None
-        here = self._services.home.shard
+        home = self._services.home
+        here = home.shard
         shards = route(envelope, self._services.shard_count)
         if shards.count(here) == len(shards):
             return None
-        return tuple(
-            [key for key, shard in zip(envelope.keys, shards, strict=True) if shard == here]
-        )
+        local: list[str] = []
+        elsewhere: defaultdict[int, list[str]] = defaultdict(list)
+        for key, shard in zip(envelope.keys, shards, strict=True):
+            if shard == here:
+                local.append(key)
+            else:
+                elsewhere[shard].append(key)
+                home.states.forget(key)
+        return Split(tuple(local), elsewhere)
 
-    def start_now(self, run: Run) -> bool:
+    def start_now(self, run: Run, split: Split) -> bool:
         """Take the op (or the grant request) with no task, if it can: see
         :meth:`Coordinator.start_now` and :meth:`Participant.start_now`."""
         if run.envelope.name == GRANT_OP:
             return self._participant.start_now(run)
-        return self._coordinator.start_now(run)
+        return self._coordinator.start_now(run, split)
 
     def request_again(self, run: Run, request: GrantRequest) -> None:
         """A grant request came for an attempt's part whose run holds (or waits for) the
         keys."""
         self._participant.grant_again(run, request)
 
-    async def run(self, run: Run) -> None:
+    async def run(self, run: Run, split: Split) -> None:
         """Run a grant request or coordinate an op, once its barrier holds the local keys."""
         if run.envelope.name == GRANT_OP:
             await self._participant.grant(run)
         else:
-            await self._coordinator.coordinate(run)
+            await self._coordinator.coordinate(run, split)
