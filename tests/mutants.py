@@ -478,6 +478,23 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "home-keeps-other-shards-states",
+        "G2.7",
+        "the home shard of a cross-shard op keeps the states its step read of the op's keys on"
+        " other shards (stale once their owners write them, and counted against its bound)",
+        (
+            Edit(
+                "keyserial/_worker/crossshard/cross_shard.py",
+                "                home.states.forget(key)\n",
+                "",
+            ),
+        ),
+        (
+            "tests/worker/test_state_cache.py::"
+            "test_a_home_shard_keeps_no_state_of_another_shard_s_key[standalone-at once]",
+        ),
+    ),
+    Mutant(
         "sync-op-inline-by-default",
         "G6.23",
         "a plain sync op runs on the worker's event loop, as if declared inline=True",

@@ -14,7 +14,7 @@ import keyserial
 from keyserial.ledger import deposit
 from keyserial.testing import running_worker
 from tests import apps
-from tests.helpers import Starter, eventually
+from tests.helpers import Starter, eventually, keys_on_shard
 from tests.ownership import inspector, wait_for_holder
 
 OPENING = 100
@@ -80,6 +80,31 @@ async def test_a_worker_keeps_at_most_max_cached_states_and_reads_dropped_ones_a
         for runner in runners:
             assert runner is not None
             assert not runner.states.complete  # (it dropped some: a missing key is read again)
+
+
+@pytest.mark.parametrize("queued", [False, True], ids=["at once", "queued"])
+async def test_a_home_shard_keeps_no_state_of_another_shard_s_key(
+    redis_url: str, namespace: str, queued: bool
+) -> None:
+    """The step that takes a cross-shard op in reads the states of all its keys; the home
+    shard's owner keeps only its own (another shard's owner holds the rest), so the home's cache,
+    and what ``keyserial_shard_cached_keys`` counts for it, is its own keys. ``queued``: the op
+    is appended behind a slow async op on its home key (it queues), else it runs at once."""
+    here, there = keys_on_shard(0, 4, 1, "acct")[0], keys_on_shard(2, 4, 1, "acct")[0]
+    async with (
+        keyserial.connect(redis_url, shards=4, namespace=namespace) as ks,
+        running_worker(
+            redis_url, namespace, shard_count=4, apps=["tests.apps"], preload_states=0
+        ) as worker,
+    ):
+        await ks.submit(there, deposit(10))
+        home = worker._runner(0)
+        assert home is not None
+        if queued:
+            await ks.enqueue(here, apps.slow_increment(0.3))
+        await ks.transfer(there, here, 3)
+        assert await ks.read(here) == (4 if queued else 3)
+        assert home.states.missing([here, there]) == [there]
 
 
 @pytest.mark.slow
