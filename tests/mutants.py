@@ -1720,6 +1720,26 @@ MUTANTS: tuple[Mutant, ...] = (
         (_GRANTS + "test_a_request_replayed_while_its_attempt_is_held_is_ignored" + _STANDALONE,),
     ),
     Mutant(
+        "refused-copy-ends-the-run",
+        "G5.17",
+        "the refusal of a copy appended under a running grant request's id ends that run in"
+        " memory: the request sent again is held a second time (a lent grant is never sent"
+        " again)",
+        (
+            Edit(
+                _SHARD,
+                "            if finished.ends_run and self._running.pop(finished.op_id, None)"
+                " is not None:\n",
+                "            if self._running.pop(finished.op_id, None) is not None:\n",
+            ),
+        ),
+        (
+            _GRANTS
+            + "test_a_copy_refused_under_a_request_s_id_leaves_its_run_to_answer_the_replay"
+            + _STANDALONE,
+        ),
+    ),
+    Mutant(
         "dashboard-replay-without-token",
         "G8.29",
         "the dashboard replays a dead letter for a request without its token",

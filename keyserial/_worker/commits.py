@@ -48,6 +48,11 @@ class Finished:
     releases: str = ""
     #: The timers the op set and cancelled, which commit with its outcome (None: none).
     timers: TimerChanges | None = None
+    #: The outcome of a run this owner has in memory, which leaves memory once it commits.
+    #: False: the answer to an entry that only names the op id of such a run (a copy refused
+    #: as another op's, or as a record's name, or answered with the run's outcome), which
+    #: leaves the run be.
+    ends_run: bool = True
 
 
 @dataclass(slots=True, eq=False)

@@ -539,7 +539,7 @@ class ShardRunner:
         if self.executor.cancelled:
             self._forget_cancelled(batch)
         for finished in batch:
-            if self._running.pop(finished.op_id, None) is not None:
+            if finished.ends_run and self._running.pop(finished.op_id, None) is not None:
                 self._uncommitted -= 1
             if finished.timers is not None and finished.timers.set:
                 self._alarm.expect(min(delay for _, delay, _ in finished.timers.set))
