@@ -215,7 +215,11 @@ MUTANTS: tuple[Mutant, ...] = (
                 "            pass\n",
             ),
         ),
-        (_GRANTS + "test_a_request_replayed_while_its_attempt_is_held_is_ignored" + _STANDALONE,),
+        (
+            _GRANTS
+            + "test_a_request_replayed_while_its_attempt_is_held_is_ignored"
+            + "[standalone-replayed]",
+        ),
     ),
     Mutant(
         "lent-grant-before-its-keys-commit",
@@ -1717,7 +1721,11 @@ MUTANTS: tuple[Mutant, ...] = (
                 "            pass\n",
             ),
         ),
-        (_GRANTS + "test_a_request_replayed_while_its_attempt_is_held_is_ignored" + _STANDALONE,),
+        (
+            _GRANTS
+            + "test_a_request_replayed_while_its_attempt_is_held_is_ignored"
+            + "[standalone-replayed]",
+        ),
     ),
     Mutant(
         "refused-copy-ends-the-run",
@@ -1735,8 +1743,8 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         (
             _GRANTS
-            + "test_a_copy_refused_under_a_request_s_id_leaves_its_run_to_answer_the_replay"
-            + _STANDALONE,
+            + "test_a_request_replayed_while_its_attempt_is_held_is_ignored"
+            + "[standalone-copy refused first]",
         ),
     ),
     Mutant(

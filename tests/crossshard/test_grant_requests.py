@@ -504,47 +504,17 @@ async def test_a_request_replayed_after_its_part_was_applied_holds_nothing(
     assert users.refusals() == []
 
 
+@pytest.mark.parametrize("copied", [False, True], ids=["replayed", "copy refused first"])
 async def test_a_request_replayed_while_its_attempt_is_held_is_ignored(
-    users: Users, namespace: str, caplog: pytest.LogCaptureFixture
+    users: Users, namespace: str, caplog: pytest.LogCaptureFixture, copied: bool
 ) -> None:
     """A signed request's message published again while its attempt holds the keys: the
     attempt is running, so the copy holds nothing more: one hold, released once. A lent grant
     is sent again, the same (its coordinator asks again when the first was lost); a recorded
-    one is read from its record instead."""
-    caplog.set_level(logging.DEBUG, "keyserial.worker")
-    async with _served(users, namespace) as served, served.attacker.pubsub() as pubsub:
-        signer = listed_signer(users.admin, namespace)
-        await introduce(served.attacker, served.worker, signer)
-        attempt, owner = served.epoch(), served.owner()
-        field = f"held#{attempt}"
-        held = served.request("held", attempt)
-        await subscribe(pubsub, held.channel)
-        sent = message(signer, owner, held)
-        await publish(served.attacker, owner, sent)
-        await eventually(lambda: served.holding(caplog, "held", attempt))
-        first = await _next_grant(pubsub)
-        await publish(served.attacker, owner, sent)  # the replay
-        if served.lent:
-            assert await _next_grant(pubsub) == first
-        # (Behind both on the victim: answered once a copy's run, if any, has ended.)
-        await served.send(signer, served.request("after", attempt - 1))
-        served.decide("held", attempt, '{"abort":"the test ended it"}')
-        await eventually(lambda: served.released("after", attempt - 1), timeout=15)
-        assert _granted(caplog, field) == 1
-        assert served.released("held", attempt)
-        assert served.held() == {}
-        await served.serves_the_victim()
-    assert users.refusals() == []
-
-
-async def test_a_copy_refused_under_a_request_s_id_leaves_its_run_to_answer_the_replay(
-    users: Users, namespace: str, caplog: pytest.LogCaptureFixture
-) -> None:
-    """While a signed request's run holds the keys, a client user pushes a copy of it under the
-    run's id, refused as reserved. Its refusal commits, but the run stays the part's own: the
-    request published again is answered from that run (a lent grant sent again, the same) and
-    holds nothing more, as when no copy came (a copy that ended the run in memory left the
-    replay a second hold behind the first, and a coordinator whose grant was lost none)."""
+    one is read from its record instead. ``copied``: before the replay, a client user pushes
+    a copy of the request under its run's id, refused as reserved; the run stays the part's
+    own all the same (had the refusal ended it in memory, the replay would be held a second
+    time, and a lost lent grant never sent again)."""
     caplog.set_level(logging.DEBUG, "keyserial.worker")
     reply = f"ks:{namespace}:attacker:{uuid.uuid4().hex}"
     async with (
@@ -563,16 +533,19 @@ async def test_a_copy_refused_under_a_request_s_id_leaves_its_run_to_answer_the_
         await publish(served.attacker, owner, sent)
         await eventually(lambda: served.holding(caplog, "held", attempt))
         first = await _next_grant(pubsub)
-        copy = {"id": part, "keys": [served.victim], "op": GRANT_OP, "kwargs": held.to_wire()}
-        await _append(served, [{**copy, "reply": reply}])
-        _refused((await _replies(replies, 1))[part], _RESERVED_ID)
+        if copied:
+            copy = {"id": part, "keys": [served.victim], "op": GRANT_OP, "kwargs": held.to_wire()}
+            await _append(served, [{**copy, "reply": reply}])
+            _refused((await _replies(replies, 1))[part], _RESERVED_ID)
         await publish(served.attacker, owner, sent)  # the replay
         if served.lent:
             assert await _next_grant(pubsub) == first
+        # (Behind both on the victim: answered once a copy's run, if any, has ended.)
         await served.send(signer, served.request("after", attempt - 1))
         served.decide("held", attempt, '{"abort":"the test ended it"}')
         await eventually(lambda: served.released("after", attempt - 1), timeout=15)
         assert _granted(caplog, field) == 1
+        assert served.released("held", attempt)
         assert served.held() == {}
         await served.serves_the_victim()
     assert users.refusals() == []
