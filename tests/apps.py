@@ -110,11 +110,14 @@ def raise_unprintable(ctx: Context) -> None:
 @op
 async def noted_slow_record(ctx: Context, delay: float, note_path: str) -> int:
     """``slow_record`` that first appends the running process's pid to ``note_path``, so a test
-    can wait until the op is running (and see which processes ran it)."""
+    can wait until the op is running (and see which processes ran it). It ends ``delay``
+    seconds after it starts, however long the note takes: a process frozen once the note is
+    written finds the op done when it resumes."""
+    ends = anyio.current_time() + delay
     async with await anyio.open_file(note_path, "a") as note:
         await note.write(f"{os.getpid()}\n")
     applied = list(ctx.state or [])
-    await anyio.sleep(delay)
+    await anyio.sleep_until(ends)
     ctx.state = [*applied, ctx.op_id]
     return len(ctx.state)
 
