@@ -65,12 +65,22 @@ def submitting(traced: Any, op: str, keys: str | Sequence[str], op_id: str) -> I
         yield carrier
 
 
+class RunSpan:
+    """An op's run as its span hears of it: the executor sets ``error`` when the op raised, and
+    the span records it as it ends (the run itself goes on: a raised error is an outcome)."""
+
+    __slots__ = ("error",)
+
+    def __init__(self) -> None:
+        self.error: BaseException | None = None
+
+
 @contextmanager
 def running(
     traced: Any, op: str, keys: str | Sequence[str], op_id: str, sent: Mapping[str, str] | None
-) -> Iterator[Any]:
+) -> Iterator[RunSpan]:
     """An op's run on the worker, a child of the submit that ``sent`` its trace context (a
-    root span if it sent none); yields the span."""
+    root span if it sent none)."""
     parent = _propagate.extract(dict(sent)) if sent else None
     attributes = {"keyserial.op": op, "keyserial.op_id": op_id, "keyserial.key": _key(keys)}
     with traced.start_as_current_span(
@@ -80,13 +90,13 @@ def running(
         attributes=attributes,
         record_exception=False,
     ) as span:
-        yield span
-
-
-def failed(span: Any, error: BaseException) -> None:
-    """The op raised: its span records the error (the run itself goes on: it is an outcome)."""
-    span.record_exception(error)
-    span.set_status(_trace.Status(_trace.StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        run = RunSpan()
+        yield run
+        if (error := run.error) is not None:
+            span.record_exception(error)
+            span.set_status(
+                _trace.Status(_trace.StatusCode.ERROR, f"{type(error).__name__}: {error}")
+            )
 
 
 def _key(keys: str | Sequence[str]) -> str | list[str]:

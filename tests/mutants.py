@@ -465,6 +465,22 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
     ),
     Mutant(
+        "run-span-hides-failure",
+        "G8.27",
+        "the span of an op that raised records neither the error nor its exception",
+        (
+            Edit(
+                "keyserial/_telemetry.py",
+                "        if (error := run.error) is not None:\n",
+                "        if (error := run.error) is not None and False:\n",
+            ),
+        ),
+        (
+            "tests/operator/test_telemetry.py::"
+            "test_a_traced_submit_and_the_op_s_run_are_one_trace_across_processes" + _STANDALONE,
+        ),
+    ),
+    Mutant(
         "preload-past-cache-bound",
         "G2.7",
         "a takeover preloads a shard up to preload_states, whatever max_cached_states says",

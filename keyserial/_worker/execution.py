@@ -593,15 +593,15 @@ def _threads_of(pid: int) -> DaemonThreadPool:
     return DaemonThreadPool(MAX_OP_THREADS, f"keyserial-op-{pid}")
 
 
-def _run_span(traced: Any, envelope: Envelope) -> AbstractContextManager[Any]:
+def _run_span(traced: Any, envelope: Envelope) -> AbstractContextManager[telemetry.RunSpan]:
     """The op's run as a span, the child of the submit that sent it (OpenTelemetry)."""
     keys = envelope.keys if envelope.multi else envelope.key
     return telemetry.running(traced, envelope.name, keys, envelope.op_id, envelope.trace)
 
 
-def _record(span: Any, value: Any) -> None:
+def _record(span: telemetry.RunSpan, value: Any) -> None:
     if isinstance(value, _Raised):
-        telemetry.failed(span, value.error)
+        span.error = value.error
 
 
 def _called(

@@ -25,13 +25,19 @@ CLIENT = """
 import sys
 import anyio
 import keyserial
-from keyserial.ledger import deposit
+from keyserial.ledger import deposit, withdraw
 from opentelemetry import trace
 
 async def main() -> None:
     async with keyserial.connect(sys.argv[1], shards=2, namespace=sys.argv[2]) as ks:
         with trace.get_tracer("shop").start_as_current_span("checkout"):
             assert await ks.submit("acct:1", deposit(5), timeout=30) == 5
+            try:
+                await ks.submit("acct:1", withdraw(7), timeout=30)
+            except keyserial.InsufficientFunds:
+                pass
+            else:
+                raise AssertionError("the withdraw of 7 from 5 succeeded")
 
 anyio.run(main)
 """
@@ -95,6 +101,16 @@ def test_a_traced_submit_and_the_op_s_run_are_one_trace_across_processes(
     assert len(trace_ids) == 1
     assert (submit["kind"], run["kind"]) == ("SpanKind.PRODUCER", "SpanKind.CONSUMER")
     assert run["attributes"]["keyserial.key"] == "acct:1"
+    assert run["status"]["status_code"] == "UNSET" and not run["events"]
+    # The op that raised: its run's span records the error, and ends with it.
+    failed = spans["keyserial run withdraw"]
+    assert [event["name"] for event in failed["events"]] == ["exception"]
+    error = failed["events"][0]["attributes"]
+    assert error["exception.type"].endswith("InsufficientFunds")
+    assert failed["status"] == {
+        "status_code": "ERROR",
+        "description": f"InsufficientFunds: {error['exception.message']}",
+    }
 
 
 def test_a_trace_context_travels_in_the_envelope_and_a_bad_one_is_dropped() -> None:
