@@ -1752,9 +1752,9 @@ MUTANTS: tuple[Mutant, ...] = (
         (
             Edit(
                 _SHARD,
-                "            if finished.ends_run and self._running.pop(finished.op_id, None)"
-                " is not None:\n",
-                "            if self._running.pop(finished.op_id, None) is not None:\n",
+                "            if finished.run is not None and self._running.get(finished.op_id)"
+                " is finished.run:\n",
+                "            if self._running.get(finished.op_id) is not None:\n",
             ),
         ),
         (

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from .._scripts.commit import StepCommit
 from .._wire.codec import answered_record, bound, reply_outcome
 from .._wire.layout import ShardKeys, answered_field
-from .execution import Entry, cancelled_outcome
+from .execution import Entry, Run, cancelled_outcome
 from .timers import TimerChanges
 from .writes import WriteChain
 
@@ -48,11 +48,11 @@ class Finished:
     releases: str = ""
     #: The timers the op set and cancelled, which commit with its outcome (None: none).
     timers: TimerChanges | None = None
-    #: The outcome of a run this owner has in memory, which leaves memory once it commits.
-    #: False: the answer to an entry that only names the op id of such a run (a copy refused
-    #: as another op's, or as a record's name, or answered with the run's outcome), which
-    #: leaves the run be.
-    ends_run: bool = True
+    #: The run this is the outcome of, which leaves this owner's memory once it commits. None:
+    #: an answer to an entry that only names an op id (a copy refused as another op's or as a
+    #: record's name, answered with a stored or running op's outcome, salvaged), which leaves
+    #: any run of that id be.
+    run: Run | None = None
 
 
 @dataclass(slots=True, eq=False)

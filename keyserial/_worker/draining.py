@@ -173,7 +173,7 @@ class Drain:
             there.shard,
             extra=log_fields(shard=self._keys.shard, epoch=self._epoch, op_id=op_id),
         )
-        self._finish(Finished(op_id, "", run.entries, [], store=False))
+        self._finish(Finished(op_id, "", run.entries, [], store=False, run=run))
 
     def due(
         self, cursor: str, *, running: Iterable[str], finished: Iterable[str], uncommitted: int

@@ -116,7 +116,7 @@ def _answer_salvaged(
     for op_id, reply in salvage_replies(fields):
         if "#" in op_id or not _answered(accepted, None, op_id, reply, None, done, running):
             accepted.finished.append(
-                Finished(op_id, outcome, [], channels(reply), store=storable(op_id), ends_run=False)
+                Finished(op_id, outcome, [], channels(reply), store=storable(op_id))
             )
 
 
@@ -136,23 +136,19 @@ def _answered(
     if (stored := done.get(op_id)) is not None:
         if envelope is not None and binding_of(stored) not in (None, binding(envelope) or None):
             stored = taken_outcome(op_id)
-        accepted.finished.append(
-            Finished(op_id, stored, entries, channels(reply), store=False, ends_run=False)
-        )
+        accepted.finished.append(Finished(op_id, stored, entries, channels(reply), store=False))
     elif (run := running.get(op_id)) is None:
         return False
     elif envelope is not None and binding(run.envelope) != binding(envelope):
         accepted.finished.append(
-            Finished(
-                op_id, taken_outcome(op_id), entries, channels(reply), store=False, ends_run=False
-            )
+            Finished(op_id, taken_outcome(op_id), entries, channels(reply), store=False)
         )
     elif run.outcome is None:
         run.entries.extend(entries)
         run.replies.extend(channels(reply))
     else:
         accepted.finished.append(
-            Finished(op_id, run.outcome, entries, channels(reply), store=False, ends_run=False)
+            Finished(op_id, run.outcome, entries, channels(reply), store=False)
         )
     return True
 
@@ -171,7 +167,6 @@ def _reject(accepted: Accepted, problem: MalformedEntry) -> None:
             [entry],
             channels(problem.reply),
             store=storable(problem.op_id),
-            ends_run=False,
         )
     )
 

@@ -539,7 +539,8 @@ class ShardRunner:
         if self.executor.cancelled:
             self._forget_cancelled(batch)
         for finished in batch:
-            if finished.ends_run and self._running.pop(finished.op_id, None) is not None:
+            if finished.run is not None and self._running.get(finished.op_id) is finished.run:
+                del self._running[finished.op_id]
                 self._uncommitted -= 1
             if finished.timers is not None and finished.timers.set:
                 self._alarm.expect(min(delay for _, delay, _ in finished.timers.set))
@@ -678,6 +679,7 @@ class ShardRunner:
                 answered=not run.keep,
                 binding=binding(run.envelope) if run.keep else "",
                 timers=run.timers,
+                run=run,
             ),
             run.envelope.keys,
         )
@@ -709,6 +711,7 @@ class ShardRunner:
                 answered=not run.keep,
                 binding=binding,
                 releases=releases,
+                run=run,
             ),
             () if committed_already else run.envelope.keys,
         )
