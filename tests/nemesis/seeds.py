@@ -389,6 +389,17 @@ REGRESSIONS: list[KnownFailure] = [
         " four nemesis runs at once on two cores; it passed run alone on the same code (timing,"
         " not a defect found: listed so that it is run again)",
     ),
+    KnownFailure(
+        12744,
+        "long",
+        "liveness: 33 cross-shard ops never got an outcome, a participant never granting a key"
+        " its coordinator asked for again and again. The forger's copy of the grant request,"
+        " appended under its part id, was refused as reserved, and that refusal's commit ended"
+        " the genuine request's run in memory; the request sent again was then held a second"
+        " time, and the lent grant never sent again. It failed in 4 of about 30 runs (fixed:"
+        " only a run's own outcome ends it;"
+        " test_a_request_replayed_while_its_attempt_is_held_is_ignored[copy refused first])",
+    ),
 ]
 
 #: The regression seeds CI runs (the rest run with ``python -m tests.nemesis``).
